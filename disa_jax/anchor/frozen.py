@@ -1,0 +1,163 @@
+"""The frozen anchor g_psi*: what Stage 3 queries for log Z(q), with everything needed to refuse misuse.
+
+An `Anchor` bundles the fitted `AnchorMLP` with the facts its labels depend on: the embedding spec
+(which model / pooling produced the inputs, and their width), beta, the reward transform and the label
+scale ('sum' of trajectory log-probs, the paper's residual, or 'mean', length-normalised as in FlowRL's
+code). Stage 3 calls `check_compatible` once and refuses a mismatch with an error naming the field.
+
+Calling the anchor returns log Z under `jax.lax.stop_gradient`: no gradient ever reaches psi (§2.2,
+Stage 3).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from disa_jax.anchor.mlp import AnchorMLP
+from disa_jax.estimators.reward_transforms import RewardTransform
+
+LABEL_SCALES = ("sum", "mean")
+META_FILE = "anchor_meta.json"
+STATE_DIR = "state"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSpec:
+  """Where the anchor's input embeddings come from.
+
+  Attributes:
+    source: 'precomputed' (any ``[P, D]`` array supplied by the user) or 'model_mean_pool' (masked mean
+      of a Flax LM's final hidden state over the prompt tokens).
+    dim: embedding width D.
+    model_path: the model directory for 'model_mean_pool' (recorded for provenance).
+    prompt_format: how prompts were rendered before tokenisation (e.g. 'chat_template', 'raw').
+  """
+
+  source: str = "precomputed"
+  dim: int = 0
+  model_path: str | None = None
+  prompt_format: str = "raw"
+
+  def __post_init__(self):
+    if self.source not in ("precomputed", "model_mean_pool"):
+      raise ValueError(f"EmbeddingSpec.source must be 'precomputed' or 'model_mean_pool', got {self.source!r}")
+    if self.dim < 1:
+      raise ValueError(f"EmbeddingSpec.dim must be >= 1, got {self.dim!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnchorMeta:
+  """Everything about an anchor except its weights (saved as JSON next to them)."""
+
+  embedding: EmbeddingSpec
+  beta: float
+  reward_transform: RewardTransform
+  label_scale: str
+  hidden_sizes: tuple[int, ...] = (64,)
+  activation: str = "relu"
+  label_kind: str = "log_z_is"  # which Stage 1 label was regressed (e.g. 'log_z_is', 'jensen_corrected')
+  fit_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if self.label_scale not in LABEL_SCALES:
+      raise ValueError(f"AnchorMeta.label_scale must be one of {LABEL_SCALES}, got {self.label_scale!r}")
+    if not self.beta > 0:
+      raise ValueError(f"AnchorMeta.beta must be > 0, got {self.beta!r}")
+
+  def to_json(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["reward_transform"] = self.reward_transform.to_dict()
+    d["hidden_sizes"] = list(self.hidden_sizes)
+    return d
+
+  @classmethod
+  def from_json(cls, d: dict[str, Any]) -> "AnchorMeta":
+    d = dict(d)
+    d["embedding"] = EmbeddingSpec(**d["embedding"])
+    d["reward_transform"] = RewardTransform.from_dict(d["reward_transform"])
+    d["hidden_sizes"] = tuple(d["hidden_sizes"])
+    return cls(**d)
+
+
+class Anchor:
+  """A frozen g_psi*: ``anchor(embeddings [P, D]) -> [P]`` log Z under stop_gradient."""
+
+  def __init__(self, mlp: AnchorMLP, meta: AnchorMeta):
+    self.meta = meta
+    self._graphdef, self._state = nnx.split(mlp)
+    self._apply = jax.jit(lambda state, x: nnx.merge(self._graphdef, state)(x))
+
+  @property
+  def state(self) -> nnx.State:
+    return self._state
+
+  def __call__(self, embeddings: jax.Array) -> jax.Array:
+    """log Z predictions with no gradient path to psi.
+
+    Args:
+      embeddings: ``[P, D]`` prompt embeddings made as ``meta.embedding`` describes.
+
+    Returns:
+      ``[P]`` float32.
+    """
+    x = jnp.asarray(embeddings, jnp.float32)
+    if x.ndim != 2 or x.shape[1] != self.meta.embedding.dim:
+      raise ValueError(f"anchor expects embeddings of shape [P, {self.meta.embedding.dim}], got {x.shape}")
+    return jax.lax.stop_gradient(self._apply(jax.lax.stop_gradient(self._state), x))
+
+  def check_compatible(self, *, beta: float, reward_transform: RewardTransform, label_scale: str,
+                       embedding_dim: int | None = None) -> None:
+    """Raises ValueError naming the first field on which this anchor and a Stage 3 run disagree."""
+    m = self.meta
+    if abs(float(beta) - m.beta) > 1e-9 * max(1.0, abs(m.beta)):
+      raise ValueError(f"anchor was fitted with beta={m.beta}, but the run uses beta={beta}")
+    if label_scale != m.label_scale:
+      raise ValueError(f"anchor labels use label_scale={m.label_scale!r} (log-prob "
+                       f"{'sums' if m.label_scale == 'sum' else 'length-normalised means'}), but the run uses "
+                       f"label_scale={label_scale!r}; the residual would mix scales")
+    reward_transform.check_matches(m.reward_transform, what="anchor")
+    if embedding_dim is not None and embedding_dim != m.embedding.dim:
+      raise ValueError(f"anchor expects embedding dim {m.embedding.dim}, the run provides {embedding_dim}")
+
+  # --------------------------------------------------------------------------------------------
+  # persistence
+  # --------------------------------------------------------------------------------------------
+
+  def save(self, directory: str | os.PathLike) -> Path:
+    """Writes ``anchor_meta.json`` and the orbax-saved weights under ``directory`` (created)."""
+    import orbax.checkpoint as ocp
+    d = Path(directory).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    state_dir = d / STATE_DIR
+    if state_dir.exists():
+      raise FileExistsError(f"anchor weights already exist at {state_dir}; choose a new directory")
+    with ocp.StandardCheckpointer() as ckptr:
+      ckptr.save(state_dir, nnx.to_pure_dict(self._state))
+    tmp = d / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(self.meta.to_json(), indent=1, allow_nan=True))
+    os.replace(tmp, d / META_FILE)
+    return d
+
+  @classmethod
+  def load(cls, directory: str | os.PathLike) -> "Anchor":
+    """Restores an anchor written by `save`."""
+    import orbax.checkpoint as ocp
+    d = Path(directory).resolve()
+    if not (d / META_FILE).exists():
+      raise FileNotFoundError(f"no {META_FILE} in {d}: not an anchor directory")
+    meta = AnchorMeta.from_json(json.loads((d / META_FILE).read_text()))
+    mlp = AnchorMLP(meta.embedding.dim, meta.hidden_sizes, meta.activation, rngs=nnx.Rngs(0))
+    state = nnx.state(mlp)
+    target = nnx.to_pure_dict(state)
+    with ocp.StandardCheckpointer() as ckptr:
+      restored = ckptr.restore(d / STATE_DIR, target)
+    nnx.replace_by_pure_dict(state, restored)
+    nnx.update(mlp, state)
+    return cls(mlp, meta)

@@ -1,0 +1,375 @@
+"""The Stage 1 dataset: one record per prompt with its N proposal samples, labels and diagnostics.
+
+Record schema (DESIGN.md), one JSON object per line (``.jsonl``) or one row per prompt in parquet part
+files (a directory of ``part-NNNNNN.parquet``):
+
+    prompt_id         str, unique
+    prompt            str
+    samples           list of N >= 1 objects:
+        token_ids       list[int]   response tokens
+        text            str         decoded response
+        logp_ref        float       log pi_ref(o|q), trajectory sum (may be -inf, never NaN)
+        logp_proposal   float       log p_T(o|q), trajectory sum, of the density actually sampled (finite)
+        reward          float       raw verifier reward r(q, o) (finite)
+        num_tokens      int         |o| >= 1, for the length-normalised scale
+    log_z_is, log_z_gm, ess, cv2, max_weight_share   float (labels and diagnostics; NaN allowed)
+    n_valid           int
+    beta              float > 0
+    reward_transform  dict (RewardTransform.to_dict())
+    label_scale       'sum' | 'mean'     scale of the log-prob terms in the label
+    proposal_logprobs 'processed' | 'raw' which proposal density was used
+
+Writes are append-only and resumable: `Stage1Writer.completed_ids()` tells a rerun which prompts to
+skip, each `write` call is flushed and fsync'ed (jsonl) or written to a temporary part file that is
+renamed into place (parquet), so a killed run loses at most the prompts in flight. A jsonl file whose
+last line was cut by a crash is repaired on open (the partial line is dropped and reported).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from disa_jax.estimators.importance import log_importance_weights, stage1_statistics
+from disa_jax.estimators.reward_transforms import RewardTransform
+
+LABEL_SCALES = ("sum", "mean")
+PROPOSAL_LOGPROBS = ("processed", "raw")
+SAMPLE_FIELDS = ("token_ids", "text", "logp_ref", "logp_proposal", "reward", "num_tokens")
+STAT_FIELDS = ("log_z_is", "log_z_gm", "ess", "cv2", "max_weight_share")
+
+
+class Stage1FormatError(ValueError):
+  """A Stage 1 file has invalid rows; ``errors`` lists (row index, reason)."""
+
+  def __init__(self, path: str, errors: list[tuple[int, str]]):
+    self.errors = errors
+    shown = "\n".join(f"  row {i}: {why}" for i, why in errors[:20])
+    more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+    super().__init__(f"{path}: {len(errors)} invalid Stage 1 row(s):\n{shown}{more}")
+
+
+def scaled_logps(logp: np.ndarray, num_tokens: np.ndarray, label_scale: str) -> np.ndarray:
+  """Trajectory log-probs on the requested scale: the sum, or the sum / |o| ('mean')."""
+  if label_scale not in LABEL_SCALES:
+    raise ValueError(f"label_scale must be one of {LABEL_SCALES}, got {label_scale!r}")
+  if label_scale == "sum":
+    return logp
+  return logp / np.maximum(num_tokens, 1)
+
+
+def build_records(prompt_ids: Sequence[str],
+                  prompts: Sequence[str],
+                  samples: Sequence[Sequence[dict[str, Any]]],
+                  *,
+                  beta: float,
+                  reward_transform: RewardTransform,
+                  label_scale: str = "sum",
+                  proposal_logprobs: str = "processed") -> list[dict[str, Any]]:
+  """Computes labels and diagnostics for a batch of prompts and returns Stage 1 records.
+
+  Args:
+    prompt_ids: P unique ids.
+    prompts: P prompt strings.
+    samples: P lists of sample dicts with the fields of ``SAMPLE_FIELDS`` (N may differ per prompt).
+    beta: inverse temperature (> 0).
+    reward_transform: transform applied to the raw rewards before weighting, per prompt group.
+    label_scale: 'sum' (the paper's trajectory residual) or 'mean' (length-normalised, FlowRL's code).
+    proposal_logprobs: which proposal density ``logp_proposal`` holds.
+
+  Returns:
+    P record dicts (see module docstring).
+  """
+  if not beta > 0:
+    raise ValueError(f"beta must be > 0, got {beta!r}")
+  if proposal_logprobs not in PROPOSAL_LOGPROBS:
+    raise ValueError(f"proposal_logprobs must be one of {PROPOSAL_LOGPROBS}, got {proposal_logprobs!r}")
+  if not (len(prompt_ids) == len(prompts) == len(samples)):
+    raise ValueError(f"prompt_ids, prompts and samples differ in length: "
+                     f"{len(prompt_ids)}, {len(prompts)}, {len(samples)}")
+  arr = _pad_samples(samples)
+  r_t = np.asarray(reward_transform.apply(arr["reward"], arr["mask"]))
+  lw = log_importance_weights(scaled_logps(arr["logp_ref"], arr["num_tokens"], label_scale),
+                              scaled_logps(arr["logp_proposal"], arr["num_tokens"], label_scale),
+                              r_t, beta, arr["mask"])
+  stats = {k: np.asarray(v) for k, v in stage1_statistics(lw, arr["mask"]).items()}
+  out = []
+  for i, (pid, prompt, ss) in enumerate(zip(prompt_ids, prompts, samples)):
+    rec = {"prompt_id": str(pid), "prompt": prompt, "samples": [_clean_sample(s) for s in ss]}
+    rec.update({k: float(stats[k][i]) for k in STAT_FIELDS})
+    rec.update({"n_valid": int(stats["n_valid"][i]), "beta": float(beta),
+                "reward_transform": reward_transform.to_dict(), "label_scale": label_scale,
+                "proposal_logprobs": proposal_logprobs})
+    out.append(rec)
+  return out
+
+
+def _clean_sample(s: dict[str, Any]) -> dict[str, Any]:
+  missing = [f for f in SAMPLE_FIELDS if f not in s]
+  if missing:
+    raise ValueError(f"sample is missing fields {missing}: {sorted(s)}")
+  return {"token_ids": [int(t) for t in s["token_ids"]], "text": str(s["text"]),
+          "logp_ref": float(s["logp_ref"]), "logp_proposal": float(s["logp_proposal"]),
+          "reward": float(s["reward"]), "num_tokens": int(s["num_tokens"])}
+
+
+def _pad_samples(samples: Sequence[Sequence[dict[str, Any]]]) -> dict[str, np.ndarray]:
+  """Pads ragged per-prompt sample lists to ``[P, Nmax]`` arrays plus a validity mask."""
+  p = len(samples)
+  nmax = max((len(s) for s in samples), default=0)
+  out = {k: np.zeros((p, max(nmax, 1)), np.float32) for k in ("logp_ref", "logp_proposal", "reward")}
+  out["num_tokens"] = np.ones((p, max(nmax, 1)), np.int32)
+  out["mask"] = np.zeros((p, max(nmax, 1)), bool)
+  for i, ss in enumerate(samples):
+    for j, s in enumerate(ss):
+      for k in ("logp_ref", "logp_proposal", "reward"):
+        out[k][i, j] = float(s[k])
+      out["num_tokens"][i, j] = int(s["num_tokens"])
+      out["mask"][i, j] = True
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing (append-only, resumable)
+# ------------------------------------------------------------------------------------------------
+
+
+def _json_default(o):
+  if isinstance(o, (np.floating, np.integer)):
+    return o.item()
+  raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+class Stage1Writer:
+  """Append-only, resumable writer of Stage 1 records.
+
+  Args:
+    path: a ``.jsonl`` file, or a directory (created) of parquet part files when ``fmt='parquet'``.
+    fmt: 'jsonl' | 'parquet' | 'auto' (by suffix: ``.jsonl`` -> jsonl, anything else -> parquet).
+  """
+
+  def __init__(self, path: str | os.PathLike, fmt: str = "auto"):
+    self.path = Path(path)
+    if fmt == "auto":
+      fmt = "jsonl" if self.path.suffix == ".jsonl" else "parquet"
+    if fmt not in ("jsonl", "parquet"):
+      raise ValueError(f"fmt must be 'jsonl', 'parquet' or 'auto', got {fmt!r}")
+    self.fmt = fmt
+    self.repaired_lines = 0
+    if fmt == "jsonl":
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._repair_jsonl_tail()
+    else:
+      self.path.mkdir(parents=True, exist_ok=True)
+      for tmp in self.path.glob("*.parquet.tmp"):  # a part that was being written when a run was killed
+        tmp.unlink()
+    self._done = set(_iter_ids(self.path, fmt))
+
+  def _repair_jsonl_tail(self) -> None:
+    if not self.path.exists():
+      return
+    data = self.path.read_bytes()
+    if not data or data.endswith(b"\n"):
+      return
+    cut = data.rfind(b"\n") + 1  # keep every complete line
+    warnings.warn(f"{self.path}: dropping a partial last line of {len(data) - cut} bytes left by an "
+                  f"interrupted run; that prompt will be recomputed")
+    with open(self.path, "r+b") as f:
+      f.truncate(cut)
+    self.repaired_lines = 1
+
+  def completed_ids(self) -> set[str]:
+    """prompt_ids already written (a rerun skips them)."""
+    return set(self._done)
+
+  def write(self, records: Iterable[dict[str, Any]]) -> int:
+    """Appends records durably; raises on a duplicate prompt_id. Returns the number written."""
+    records = list(records)
+    ids = [r["prompt_id"] for r in records]
+    dup = sorted(set(i for i in ids if i in self._done) | set(i for i in ids if ids.count(i) > 1))
+    if dup:
+      raise ValueError(f"duplicate prompt_id(s) for {self.path}: {dup[:10]}")
+    if not records:
+      return 0
+    if self.fmt == "jsonl":
+      with open(self.path, "a", encoding="utf-8") as f:
+        for r in records:
+          f.write(json.dumps(r, default=_json_default, allow_nan=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    else:
+      import pyarrow as pa
+      import pyarrow.parquet as pq
+      k = len(list(self.path.glob("part-*.parquet")))
+      rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
+      final = self.path / f"part-{k:06d}.parquet"
+      tmp = self.path / f"part-{k:06d}.parquet.tmp"
+      pq.write_table(pa.Table.from_pylist(rows), tmp)
+      os.replace(tmp, final)  # atomic: a part is either complete or absent
+    self._done.update(ids)
+    return len(records)
+
+
+def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any]]:
+  """Yields (row index, raw record or an Exception for an unparseable row)."""
+  if fmt == "jsonl":
+    if not path.exists():
+      return
+    with open(path, encoding="utf-8") as f:
+      for i, line in enumerate(f):
+        try:
+          yield i, json.loads(line)
+        except json.JSONDecodeError as e:
+          yield i, e
+  else:
+    import pyarrow.parquet as pq
+    i = 0
+    for part in sorted(path.glob("part-*.parquet")):
+      for row in pq.read_table(part).to_pylist():
+        if isinstance(row.get("reward_transform"), str):
+          try:
+            row["reward_transform"] = json.loads(row["reward_transform"])
+          except json.JSONDecodeError as e:
+            row["reward_transform"] = e
+        yield i, row
+        i += 1
+
+
+def _iter_ids(path: Path, fmt: str) -> Iterable[str]:
+  for _, r in _iter_raw(path, fmt):
+    if isinstance(r, dict) and "prompt_id" in r:
+      yield str(r["prompt_id"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading with validation
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Stage1Data:
+  """A validated Stage 1 dataset as padded arrays (P prompts, up to N samples each)."""
+
+  prompt_ids: list[str]
+  prompts: list[str]
+  logp_ref: np.ndarray  # [P, N] trajectory sums
+  logp_proposal: np.ndarray  # [P, N] trajectory sums
+  reward: np.ndarray  # [P, N] raw verifier rewards
+  num_tokens: np.ndarray  # [P, N]
+  mask: np.ndarray  # [P, N] bool
+  stats: dict[str, np.ndarray]  # each [P], as stored
+  beta: float
+  reward_transform: RewardTransform
+  label_scale: str
+  proposal_logprobs: str
+  records: list[dict[str, Any]]
+
+  @property
+  def labels(self) -> np.ndarray:
+    """``[P]`` stored log Z_IS labels (eq. 6)."""
+    return self.stats["log_z_is"]
+
+  def log_weights(self, label_scale: str | None = None) -> np.ndarray:
+    """``[P, N]`` log importance weights (eq. 5) recomputed on the given scale (default: the stored one)."""
+    scale = label_scale or self.label_scale
+    r_t = self.reward_transform.apply(self.reward, self.mask)
+    return np.asarray(log_importance_weights(scaled_logps(self.logp_ref, self.num_tokens, scale),
+                                             scaled_logps(self.logp_proposal, self.num_tokens, scale),
+                                             r_t, self.beta, self.mask))
+
+
+def _check_record(r: Any) -> str | None:
+  """Returns the reason a raw record is invalid, or None."""
+  if isinstance(r, Exception):
+    return f"not valid JSON ({r})"
+  if not isinstance(r, dict):
+    return f"not an object: {type(r).__name__}"
+  for f in ("prompt_id", "prompt", "samples", "beta", "reward_transform", "label_scale", "proposal_logprobs"):
+    if f not in r:
+      return f"missing field {f!r}"
+  if not isinstance(r["prompt_id"], str) or not r["prompt_id"]:
+    return f"prompt_id must be a non-empty string, got {r['prompt_id']!r}"
+  if not isinstance(r["prompt"], str):
+    return f"prompt must be a string, got {type(r['prompt']).__name__}"
+  if not isinstance(r["beta"], (int, float)) or not r["beta"] > 0:
+    return f"beta must be a number > 0, got {r['beta']!r}"
+  if r["label_scale"] not in LABEL_SCALES:
+    return f"label_scale must be one of {LABEL_SCALES}, got {r['label_scale']!r}"
+  if r["proposal_logprobs"] not in PROPOSAL_LOGPROBS:
+    return f"proposal_logprobs must be one of {PROPOSAL_LOGPROBS}, got {r['proposal_logprobs']!r}"
+  try:
+    RewardTransform.from_dict(r["reward_transform"])
+  except (TypeError, ValueError) as e:
+    return f"reward_transform invalid: {e}"
+  ss = r["samples"]
+  if not isinstance(ss, list) or not ss:
+    return "samples must be a non-empty list"
+  for j, s in enumerate(ss):
+    if not isinstance(s, dict):
+      return f"samples[{j}] is not an object"
+    for f in SAMPLE_FIELDS:
+      if f not in s:
+        return f"samples[{j}] missing field {f!r}"
+    for f in ("logp_ref", "logp_proposal", "reward"):
+      v = s[f]
+      if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
+        return f"samples[{j}].{f} must be a number, got {v!r}"
+    if math.isinf(s["logp_proposal"]) or math.isinf(s["reward"]) or s["logp_ref"] == math.inf:
+      return f"samples[{j}]: logp_proposal and reward must be finite and logp_ref < inf"
+    if not isinstance(s["num_tokens"], int) or s["num_tokens"] < 1:
+      return f"samples[{j}].num_tokens must be an int >= 1, got {s['num_tokens']!r}"
+    if not isinstance(s["token_ids"], list) or not all(isinstance(t, int) for t in s["token_ids"]):
+      return f"samples[{j}].token_ids must be a list of ints"
+    if not isinstance(s["text"], str):
+      return f"samples[{j}].text must be a string"
+  return None
+
+
+def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
+  """Loads and validates a Stage 1 dataset.
+
+  Every row is checked; all invalid rows are reported together in a `Stage1FormatError` with their
+  index and reason. Rows must agree on beta, reward transform, label scale and proposal log-probs.
+  """
+  path = Path(path)
+  if fmt == "auto":
+    fmt = "jsonl" if path.suffix == ".jsonl" else "parquet"
+  if not path.exists():
+    raise FileNotFoundError(f"Stage 1 dataset not found: {path}")
+  errors: list[tuple[int, str]] = []
+  good: list[dict[str, Any]] = []
+  seen: dict[str, int] = {}
+  for i, r in _iter_raw(path, fmt):
+    why = _check_record(r)
+    if why is None and r["prompt_id"] in seen:
+      why = f"duplicate prompt_id {r['prompt_id']!r} (first at row {seen[r['prompt_id']]})"
+    if why is not None:
+      errors.append((i, why))
+      continue
+    seen[r["prompt_id"]] = i
+    good.append(r)
+  if good:
+    ref = good[0]
+    for i, r in enumerate(good):
+      for f in ("beta", "reward_transform", "label_scale", "proposal_logprobs"):
+        if r[f] != ref[f]:
+          errors.append((seen[r["prompt_id"]], f"{f}={r[f]!r} differs from the first row's {ref[f]!r}"))
+  if errors:
+    raise Stage1FormatError(str(path), sorted(errors))
+  if not good:
+    raise ValueError(f"{path}: the Stage 1 dataset is empty")
+  arr = _pad_samples([r["samples"] for r in good])
+  stats = {k: np.asarray([r.get(k, np.nan) for r in good], np.float64) for k in STAT_FIELDS}
+  stats["n_valid"] = arr["mask"].sum(-1)
+  return Stage1Data(prompt_ids=[r["prompt_id"] for r in good], prompts=[r["prompt"] for r in good],
+                    logp_ref=arr["logp_ref"], logp_proposal=arr["logp_proposal"], reward=arr["reward"],
+                    num_tokens=arr["num_tokens"], mask=arr["mask"], stats=stats, beta=float(ref["beta"]),
+                    reward_transform=RewardTransform.from_dict(ref["reward_transform"]),
+                    label_scale=ref["label_scale"], proposal_logprobs=ref["proposal_logprobs"],
+                    records=good)

@@ -1,0 +1,105 @@
+"""Reward transforms r -> r~ shared by Stage 1 labels and the Stage 3 residual.
+
+The paper states its guarantees for a fixed prompt-conditional affine transform
+r~(q, o) = a_q * r(q, o) + b_q with a_q > 0 (§2.1, below eq. 3), and uses the group z-score of
+eq. (3) as its finite-sample plug-in, as FlowRL does. Three kinds are offered:
+
+- ``raw``:          r~ = r
+- ``affine``:       r~ = a * r + b, with fixed scalars a > 0, b
+- ``group_zscore``: r~_i = (r_i - mean_q) / (std_q + eps), mean and (population) std over the valid
+                    samples of one prompt, eq. (3). A group whose rewards are all equal has std 0 and
+                    maps to 0 for every sample.
+
+Stage 1 records the transform with its labels (``RewardTransform.to_dict``) and Stage 3 refuses an
+anchor fitted under a different one (``RewardTransform.check_matches``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+KINDS = ("raw", "affine", "group_zscore")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardTransform:
+  """A reward transform, recorded with the Stage 1 labels and the Stage 3 run.
+
+  Attributes:
+    kind: one of ``raw``, ``affine``, ``group_zscore``.
+    scale: a in r~ = a r + b (``affine`` only; must be > 0).
+    shift: b in r~ = a r + b (``affine`` only).
+    eps: added to the group std (``group_zscore`` only; must be > 0).
+  """
+
+  kind: str = "raw"
+  scale: float = 1.0
+  shift: float = 0.0
+  eps: float = 1e-6
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"RewardTransform.kind must be one of {KINDS}, got {self.kind!r}")
+    if not self.scale > 0:
+      raise ValueError(f"RewardTransform.scale must be > 0 (a_q > 0 in the paper), got {self.scale!r}")
+    if not self.eps > 0:
+      raise ValueError(f"RewardTransform.eps must be > 0, got {self.eps!r}")
+
+  def apply(self, reward: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Applies the transform; see `transform_rewards`."""
+    return transform_rewards(reward, mask, kind=self.kind, scale=self.scale, shift=self.shift, eps=self.eps)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "RewardTransform":
+    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise ValueError(f"RewardTransform: unknown fields {sorted(unknown)} in {d!r}")
+    return cls(**d)
+
+  def check_matches(self, other: "RewardTransform", what: str = "anchor") -> None:
+    """Raises if ``other`` differs from this transform (e.g. the anchor's vs the run's)."""
+    if self != other:
+      raise ValueError(
+          f"reward transform mismatch: this run uses {self.to_dict()} but the {what} was built with "
+          f"{other.to_dict()}; refit the {what} or change reward_transform")
+
+
+def transform_rewards(reward: jnp.ndarray,
+                      mask: jnp.ndarray | None = None,
+                      *,
+                      kind: str = "raw",
+                      scale: float = 1.0,
+                      shift: float = 0.0,
+                      eps: float = 1e-6) -> jnp.ndarray:
+  """Transforms verifier rewards, per prompt group.
+
+  Args:
+    reward: ``[P, N]`` rewards of N samples for each of P prompts.
+    mask: ``[P, N]`` bool, True where the sample is valid; None means all valid. Invalid entries
+      are ignored by the group statistics and returned as 0.
+    kind: ``raw`` | ``affine`` | ``group_zscore`` (see module docstring).
+    scale, shift: the affine a and b.
+    eps: added to the group std for ``group_zscore``.
+
+  Returns:
+    ``[P, N]`` float32 transformed rewards r~; 0 where ``mask`` is False.
+  """
+  r = jnp.asarray(reward, jnp.float32)
+  m = jnp.ones(r.shape, bool) if mask is None else jnp.asarray(mask, bool)
+  if kind == "raw":
+    out = r
+  elif kind == "affine":
+    out = scale * r + shift
+  elif kind == "group_zscore":
+    cnt = jnp.maximum(m.sum(-1, keepdims=True), 1)  # [P, 1]
+    mean = jnp.where(m, r, 0.0).sum(-1, keepdims=True) / cnt
+    var = jnp.where(m, (r - mean) ** 2, 0.0).sum(-1, keepdims=True) / cnt  # population variance, eq. (3)
+    out = (r - mean) / (jnp.sqrt(var) + eps)
+  else:
+    raise ValueError(f"reward transform kind must be one of {KINDS}, got {kind!r}")
+  return jnp.where(m, out, 0.0)

@@ -1,0 +1,90 @@
+"""Stage 2: the regressor recovers a known function, refuses bad labels, freezes and round-trips."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from disa_jax.anchor import Anchor, AnchorFitConfig, EmbeddingSpec, fit_anchor
+from disa_jax.estimators import RewardTransform
+
+RT = RewardTransform("group_zscore")
+
+
+def _data(p=3000, d=8, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(p, d)).astype(np.float32)
+  y = 2.0 + np.sin(1.5 * x[:, 0]) + 0.5 * x[:, 1] - 0.3 * x[:, 2] ** 2  # smooth, non-linear
+  return x, y
+
+
+@pytest.fixture(scope="module")
+def fitted():
+  x, y = _data()
+  return x, y, fit_anchor(x, y, beta=15.0, reward_transform=RT, label_scale="mean",
+                          config=AnchorFitConfig(epochs=80, batch_size=64, val_fraction=0.2, seed=1))
+
+
+def test_recovers_smooth_function(fitted):
+  x, y, res = fitted
+  s = res.summary()
+  assert s["val_r2"] >= 0.95, s
+  assert len(res.history["val_mse"]) == 80 and s["best_epoch"] == int(np.argmin(res.history["val_mse"]))
+  assert res.history["val_mse"][-1] < res.history["val_mse"][0]
+  # fresh held-out points from the same function
+  xt, yt = _data(500, seed=123)
+  pred = np.asarray(res.anchor(xt))
+  r2 = 1 - np.mean((pred - yt) ** 2) / np.var(yt)
+  assert r2 >= 0.95, r2
+
+
+def test_anchor_is_frozen_no_gradient_reaches_psi(fitted):
+  x, _, res = fitted
+  anchor = res.anchor
+  g_state = jax.grad(lambda st: jnp.sum(anchor._apply(jax.lax.stop_gradient(st), jnp.asarray(x[:4]))))(
+      anchor.state)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(g_state))
+  g_x = jax.grad(lambda e: jnp.sum(anchor(e)))(jnp.asarray(x[:4]))
+  assert float(jnp.abs(g_x).max()) == 0.0  # stop_gradient on the output too
+
+
+def test_rejects_nan_and_inf_labels_with_indices():
+  x, y = _data(100)
+  y = y.copy()
+  y[[3, 17]] = [np.nan, -np.inf]
+  with pytest.raises(ValueError, match=r"index\(es\) \[3, 17\]"):
+    fit_anchor(x, y, beta=1.0, reward_transform=RT, label_scale="sum")
+  with pytest.raises(ValueError, match="labels must be"):
+    fit_anchor(x, y[:50], beta=1.0, reward_transform=RT, label_scale="sum")
+  with pytest.raises(ValueError, match="learning_rate"):
+    AnchorFitConfig(learning_rate=0.0)
+
+
+def test_weighted_least_squares_follows_weights():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(400, 2)).astype(np.float32)
+  y = np.where(np.arange(400) % 2 == 0, 1.0, 5.0)  # two labels for the same x distribution
+  w = np.where(np.arange(400) % 2 == 0, 1.0, 0.0)  # weight only the first group
+  res = fit_anchor(x, y, beta=1.0, reward_transform=RT, label_scale="sum", sample_weights=w,
+                   config=AnchorFitConfig(epochs=60, batch_size=64, val_fraction=0.0))
+  assert abs(float(np.mean(res.anchor(x))) - 1.0) < 0.5
+
+
+def test_save_load_roundtrip_and_compatibility(fitted, tmp_path):
+  x, _, res = fitted
+  res.anchor.save(tmp_path / "anchor")
+  loaded = Anchor.load(tmp_path / "anchor")
+  np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(res.anchor(x)))
+  assert loaded.meta == res.anchor.meta
+  loaded.check_compatible(beta=15.0, reward_transform=RT, label_scale="mean", embedding_dim=8)
+  with pytest.raises(ValueError, match="beta"):
+    loaded.check_compatible(beta=10.0, reward_transform=RT, label_scale="mean")
+  with pytest.raises(ValueError, match="label_scale"):
+    loaded.check_compatible(beta=15.0, reward_transform=RT, label_scale="sum")
+  with pytest.raises(ValueError, match="reward transform mismatch"):
+    loaded.check_compatible(beta=15.0, reward_transform=RewardTransform(), label_scale="mean")
+  with pytest.raises(ValueError, match="embeddings of shape"):
+    loaded(np.zeros((2, 3), np.float32))
+  with pytest.raises(FileExistsError):
+    res.anchor.save(tmp_path / "anchor")
+  with pytest.raises(ValueError, match="source"):
+    EmbeddingSpec(source="tfidf", dim=3)
