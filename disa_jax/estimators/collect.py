@@ -1,0 +1,111 @@
+"""Stage 1 collection: sample from the proposal, grade, score under pi_ref, write labelled records.
+
+For each batch of prompts not yet in the dataset (resume), the proposal engine draws N samples with
+the log-probs of the distribution it actually sampled from (processed: after temperature / top-p; or
+raw, recorded either way), the verifier grades them, pi_ref scores them teacher-forced, and
+`build_records` turns them into labels log Z_IS (eq. 6) and diagnostics, written durably.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from disa_jax.estimators.dataset import Stage1Writer, build_records
+from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.rollout.types import Completion, Engine, SamplingParams
+from disa_jax.scoring.batched import SequenceScorer
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage1Prompt:
+  """One prompt to label: its id, text, token ids and whatever the verifier needs (``meta``)."""
+
+  prompt_id: str
+  text: str
+  token_ids: tuple[int, ...]
+  meta: Any = None
+
+
+RewardFn = Callable[[Sequence[Stage1Prompt], Sequence[Completion], Sequence[str]], np.ndarray]
+
+
+def collect_stage1(*,
+                   engine: Engine,
+                   ref_scorer: SequenceScorer,
+                   prompts: Sequence[Stage1Prompt],
+                   reward_fn: RewardFn,
+                   decode: Callable[[Sequence[int]], str],
+                   sampling: SamplingParams,
+                   beta: float,
+                   reward_transform: RewardTransform,
+                   writer: Stage1Writer,
+                   label_scale: str = "sum",
+                   proposal_logprobs: str = "processed",
+                   prompts_per_batch: int = 16,
+                   progress: bool = True) -> dict[str, float]:
+  """Runs Stage 1 for every prompt not already in ``writer``.
+
+  Args:
+    engine: the proposal's rollout engine (any `Engine`; typically in its own process).
+    ref_scorer: scores responses under pi_ref.
+    prompts: the offline prompt set D_Z.
+    reward_fn: ``(prompts, completions, texts) -> [n]`` raw verifier rewards, one per completion.
+    decode: token ids -> text.
+    sampling: the proposal's sampling parameters (``n`` = N samples per prompt).
+    beta, reward_transform, label_scale: as in `build_records`.
+    proposal_logprobs: 'processed' uses `Completion.logprobs`, 'raw' uses `Completion.raw_logprobs`
+      (``sampling.return_raw_logprobs`` must then be set).
+    writer: the resumable dataset writer.
+    prompts_per_batch: prompts per engine call and per durable write.
+    progress: show a progress bar.
+
+  Returns:
+    dict with ``prompts_done``, ``prompts_skipped``, ``samples``, ``seconds``, ``samples_per_s``.
+  """
+  if proposal_logprobs == "raw" and not sampling.return_raw_logprobs:
+    raise ValueError("proposal_logprobs='raw' needs SamplingParams(return_raw_logprobs=True)")
+  if proposal_logprobs not in ("processed", "raw"):
+    raise ValueError(f"proposal_logprobs must be 'processed' or 'raw', got {proposal_logprobs!r}")
+  ids = [p.prompt_id for p in prompts]
+  if len(set(ids)) != len(ids):
+    raise ValueError("prompt ids must be unique")
+  done = writer.completed_ids()
+  todo = [p for p in prompts if p.prompt_id not in done]
+  t0, n_samples = time.time(), 0
+  bar = tqdm(total=len(todo), desc="stage 1", unit="prompt", disable=not progress)
+  for start in range(0, len(todo), prompts_per_batch):
+    batch = todo[start:start + prompts_per_batch]
+    comps = engine.generate([list(p.token_ids) for p in batch], sampling)  # [P][N]
+    flat_p = [p for p, cs in zip(batch, comps) for _ in cs]
+    flat_c = [c for cs in comps for c in cs]
+    texts = [decode(c.token_ids.tolist()) for c in flat_c]
+    rewards = np.asarray(reward_fn(flat_p, flat_c, texts), np.float64)
+    if rewards.shape != (len(flat_c),):
+      raise ValueError(f"reward_fn returned shape {rewards.shape}, expected ({len(flat_c)},)")
+    logp_ref = ref_scorer.sequence_logprobs([list(p.token_ids) for p in flat_p],
+                                            [c.token_ids.tolist() for c in flat_c])
+    samples, k = [], 0
+    for cs in comps:
+      row = []
+      for c in cs:
+        lp = c.logprobs if proposal_logprobs == "processed" else c.raw_logprobs
+        row.append({"token_ids": c.token_ids.tolist(), "text": texts[k], "logp_ref": float(logp_ref[k]),
+                    "logp_proposal": float(np.sum(lp, dtype=np.float64)), "reward": float(rewards[k]),
+                    "num_tokens": max(int(c.token_ids.size), 1)})
+        k += 1
+      samples.append(row)
+    recs = build_records([p.prompt_id for p in batch], [p.text for p in batch], samples, beta=beta,
+                         reward_transform=reward_transform, label_scale=label_scale,
+                         proposal_logprobs=proposal_logprobs)
+    writer.write(recs)
+    n_samples += len(flat_c)
+    bar.update(len(batch))
+    bar.set_postfix(samples_per_s=f"{n_samples / max(time.time() - t0, 1e-9):.1f}")
+  bar.close()
+  secs = time.time() - t0
+  return {"prompts_done": len(todo), "prompts_skipped": len(prompts) - len(todo), "samples": n_samples,
+          "seconds": secs, "samples_per_s": n_samples / secs if secs > 0 else 0.0}

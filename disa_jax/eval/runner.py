@@ -1,0 +1,166 @@
+"""Benchmark runner: sample k responses per prompt with an `Engine`, grade them, report metrics.
+
+The paper's protocol (App. C.1, table "Shared RL training and evaluation configuration"):
+temperature 0.6, top-p 0.95, Mean@8 for math (math-verify on the boxed final answer), pass@1 and
+pass@16 for code (execution). `eval_sampling_params(k, max_tokens, eos_id)` builds those settings;
+`evaluate_benchmark(engine, tokenizer, records, params)` runs one benchmark and returns a
+`BenchmarkResult` (the `[P, k]` correctness matrix, the responses, the extracted answers and the
+metrics); `evaluate_suite` runs several and `suite_table` turns them into the markdown table with an
+average column.
+
+Metrics per benchmark: math: `mean@k`, `maj@k`, `pass@1`, `pass@k`; code: `pass@1`, `pass@k`
+(unbiased estimator). The engine is any object with `generate(prompt_token_ids, params)` as in
+`disa_jax.rollout.Engine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from disa_jax.data import templates
+from disa_jax.data.records import PromptRecord
+from disa_jax.eval import metrics
+from disa_jax.rewards import math_answer
+from disa_jax.rewards import registry
+from disa_jax.rollout.types import SamplingParams
+
+__all__ = ["BenchmarkResult", "eval_sampling_params", "evaluate_benchmark", "evaluate_suite",
+           "suite_table"]
+
+
+@dataclasses.dataclass
+class BenchmarkResult:
+  """Outcome of one benchmark.
+
+  Attributes:
+    name: benchmark name.
+    ability: 'math' or 'code'.
+    prompt_ids: `[P]` record ids.
+    correct: `[P, k]` bool.
+    responses: `[P][k]` decoded responses.
+    answers: `[P][k]` normalised final answers (math; None where there is none), else None.
+    metrics: metric name -> value in [0, 1].
+  """
+  name: str
+  ability: str
+  prompt_ids: list[str]
+  correct: np.ndarray
+  responses: list[list[str]]
+  answers: list[list[str | None]] | None
+  metrics: dict[str, float]
+
+  def to_json(self) -> dict[str, Any]:
+    return {"name": self.name, "ability": self.ability, "metrics": self.metrics,
+            "per_prompt": [{"prompt_id": pid, "correct": row.astype(int).tolist()}
+                           for pid, row in zip(self.prompt_ids, self.correct)]}
+
+
+def eval_sampling_params(k: int, max_tokens: int, eos_id: int | None, *, seed: int = 0,
+                         temperature: float = 0.6, top_p: float = 0.95) -> SamplingParams:
+  """The paper's evaluation sampling: k samples at temperature 0.6, top-p 0.95."""
+  stop = () if eos_id is None else (int(eos_id),)
+  return SamplingParams(n=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                        stop_token_ids=stop, seed=seed)
+
+
+def _answer_key(text: str) -> str | None:
+  ans = math_answer.extract_final_answer(text)
+  if ans is None or len(ans) > 1000:
+    return None
+  return "".join(math_answer.answer_variants(ans)[-1].split())
+
+
+def evaluate_benchmark(engine: Any, tokenizer: Any, records: Sequence[PromptRecord],
+                       params: SamplingParams, *, name: str = "benchmark",
+                       use_chat_template: bool = True, pass_ks: Sequence[int] | None = None,
+                       reward_fn_name: str | None = None) -> BenchmarkResult:
+  """Samples `params.n` responses per record, grades them, computes the metrics.
+
+  Args:
+    engine: an `Engine` (`generate(prompt_token_ids, params) -> [P][n] Completion`).
+    tokenizer: the policy's tokenizer (chat template, encode/decode).
+    records: the benchmark's prompts (one ability for all).
+    params: sampling parameters; `params.n` is the k of the metrics.
+    name: benchmark name in the result.
+    use_chat_template: render chat prompts with the tokenizer's template (else the user text).
+    pass_ks: the k's of pass@k (default: 1 and n).
+    reward_fn_name: registry name (default: the records' ability).
+
+  Returns:
+    The `BenchmarkResult`.
+  """
+  if not records:
+    raise ValueError(f"{name}: no records")
+  abilities = {r.ability for r in records}
+  if len(abilities) != 1:
+    raise ValueError(f"{name}: records mix abilities {sorted(abilities)}")
+  ability = abilities.pop()
+  k = params.n
+  texts = [templates.render_chat(tokenizer, r.prompt) if use_chat_template
+           else r.prompt_text() for r in records]
+  prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+  completions = engine.generate(prompt_ids, params)
+  if len(completions) != len(records) or any(len(c) != k for c in completions):
+    raise ValueError(f"{name}: engine returned {[len(c) for c in completions]} completions for "
+                     f"{len(records)} prompts x n={k}")
+  responses = [[tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in row]
+               for row in completions]
+  flat_resp = [r for row in responses for r in row]
+  flat_meta = [rec.reward_meta() for rec in records for _ in range(k)]
+  reward = registry.get_reward_fn(reward_fn_name or ability)(flat_resp, flat_meta)
+  correct = reward.reshape(len(records), k) > 0.5  # [P*k] -> [P, k], prompt-major as flattened
+  result_metrics: dict[str, float] = {}
+  answers = None
+  ks = sorted(set(pass_ks if pass_ks is not None else (1, k)))
+  for kk in ks:
+    result_metrics[f"pass@{kk}"] = metrics.pass_at_k_from_correct(correct, kk)
+  if ability == "math":
+    answers = [[_answer_key(r) for r in row] for row in responses]
+    result_metrics[f"mean@{k}"] = metrics.mean_at_k(correct)
+    result_metrics[f"maj@{k}"] = metrics.maj_at_k(answers, correct)
+  return BenchmarkResult(name, ability, [r.prompt_id for r in records], correct, responses,
+                         answers, result_metrics)
+
+
+def evaluate_suite(engine: Any, tokenizer: Any, benchmarks: Mapping[str, Sequence[PromptRecord]],
+                   params: SamplingParams, **kwargs) -> dict[str, BenchmarkResult]:
+  """`evaluate_benchmark` over `{name: records}`; same sampling for all."""
+  return {name: evaluate_benchmark(engine, tokenizer, recs, params, name=name, **kwargs)
+          for name, recs in benchmarks.items()}
+
+
+def suite_table(results_by_method: Mapping[str, Mapping[str, BenchmarkResult]], metric: str,
+                *, json_path: str | None = None, md_path: str | None = None) -> str:
+  """Markdown table of `metric` (e.g. 'mean@8', 'pass@16') per method and benchmark, with Average.
+
+  Args:
+    results_by_method: `{method: {benchmark: BenchmarkResult}}`.
+    metric: a key of `BenchmarkResult.metrics`.
+    json_path: also write the values (and per-prompt correctness) as JSON.
+    md_path: also write the table.
+
+  Returns:
+    The markdown table.
+  """
+  values = {}
+  for method, res in results_by_method.items():
+    row = {}
+    for bench, r in res.items():
+      if metric not in r.metrics:
+        raise KeyError(f"{method}/{bench}: no metric {metric!r} (has {sorted(r.metrics)})")
+      row[bench] = r.metrics[metric]
+    values[method] = row
+  table = metrics.markdown_table(values)
+  if md_path:
+    with open(md_path, "w") as f:
+      f.write(table)
+  if json_path:
+    with open(json_path, "w") as f:
+      json.dump({"metric": metric, "results": metrics.results_json(values),
+                 "details": {m: {b: r.to_json() for b, r in res.items()}
+                             for m, res in results_by_method.items()}}, f, indent=1)
+  return table

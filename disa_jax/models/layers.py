@@ -1,0 +1,128 @@
+"""Pure functions of the decoder block: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+They follow the numerics of the Hugging Face implementations (normalisation and softmax in float32,
+rotate-half RoPE with float32 angles) so that float32 logits agree to ~1e-5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from disa_jax.models.config import RopeScaling
+
+_MASK_VALUE = float(np.finfo(np.float32).min)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis, computed in float32, scaled by `weight`.
+
+  Args:
+    x: `[..., D]` activations.
+    weight: `[D]` scale.
+    eps: added to the mean square.
+
+  Returns:
+    `[..., D]` in x's dtype (HF: normalise in float32, cast back, then multiply by the weight).
+  """
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  normed = (x32 * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+  return weight.astype(x.dtype) * normed
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+  """Inverse RoPE frequencies `[head_dim // 2]` float32, with HF's 'linear'/'llama3' scaling."""
+  exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
+  inv_freq = (1.0 / (theta ** exponents.astype(np.float64))).astype(np.float32)
+  if scaling is None:
+    return inv_freq
+  if scaling.rope_type == "linear":
+    return (inv_freq / scaling.factor).astype(np.float32)
+  # llama3: long wavelengths divided by `factor`, short ones kept, a smooth blend in between.
+  old_len = scaling.original_max_position_embeddings
+  low_wavelen = old_len / scaling.low_freq_factor
+  high_wavelen = old_len / scaling.high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+  smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+      scaling.high_freq_factor - scaling.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+  is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+  """cos/sin tables for rotate-half RoPE.
+
+  Args:
+    positions: `[B, T]` int positions.
+    inv_freq: `[H/2]` inverse frequencies.
+
+  Returns:
+    (cos, sin), each `[B, T, H]` float32 (the `H/2` angles repeated twice, as HF does).
+  """
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+  angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, H/2] -> [B, T, H]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotate-half RoPE.
+
+  Args:
+    x: `[B, T, N, H]` queries or keys.
+    cos, sin: `[B, T, H]` float32 tables.
+
+  Returns:
+    `[B, T, N, H]` in x's dtype (tables are cast to x's dtype first, like HF).
+  """
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)  # [B, T, H] -> [B, T, 1, H]
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query softmax attention with an explicit boolean mask; softmax in float32.
+
+  Args:
+    q: `[B, T, N, H]` queries (N = K * G query heads).
+    k: `[B, S, K, H]` keys.
+    v: `[B, S, K, H]` values.
+    mask: `[B, T, S]` bool, True where query t may attend to key s.
+
+  Returns:
+    `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key gets the mean of
+    the values (finite, never NaN).
+  """
+  b, t, n, h = q.shape
+  kv_heads = k.shape[2]
+  groups = n // kv_heads
+  q = q.reshape(b, t, kv_heads, groups, h)  # [B, T, N, H] -> [B, T, K, G, H]
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(h))
+  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+  return out.reshape(b, t, n, h)  # [B, T, K, G, H] -> [B, T, N, H]
+
+
+def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
+  """SwiGLU MLP: down(silu(x @ gate) * (x @ up)).
+
+  Args:
+    x: `[B, T, D]`.
+    gate, up: `[D, F]` kernels.
+    down: `[F, D]` kernel.
+
+  Returns:
+    `[B, T, D]`.
+  """
+  g = jnp.einsum("btd,df->btf", x, gate)
+  u = jnp.einsum("btd,df->btf", x, up)
+  return jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, down)

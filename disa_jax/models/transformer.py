@@ -1,0 +1,289 @@
+"""Generic Flax NNX decoder covering Qwen2/2.5, Qwen3 and Llama-3 (dense) models.
+
+The L decoder layers are stored stacked (each layer parameter has a leading `[L]` axis) and run with
+`jax.lax.scan`, which keeps compile time flat in depth and matches the `[L, B, S, K, H]` KV cache.
+Parameters carry logical axis names in their `logical_axes` metadata; `disa_jax.parallel` maps them
+onto a mesh. Activations are constrained through the same logical names when a `ShardingContext`
+is attached (`model.sharding`); model code never names mesh axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from disa_jax.models import layers as L
+from disa_jax.models.config import ModelConfig
+from disa_jax.parallel.rules import ShardingContext
+
+# Parameter name -> (shape as a function of the config, logical axes). Layer parameters get a
+# leading 'layers' axis of size num_layers.
+_INIT_STD = 0.02
+
+
+def layer_param_specs(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+  """Per-layer parameter shapes (without the leading L axis) and logical axes for config `c`."""
+  d, f, n, k, h = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+  specs = {
+      "attn_norm": ((d,), ("norm",)),
+      "q_kernel": ((d, n, h), ("embed", "q_heads", "head_dim")),
+      "k_kernel": ((d, k, h), ("embed", "kv_heads", "head_dim")),
+      "v_kernel": ((d, k, h), ("embed", "kv_heads", "head_dim")),
+      "o_kernel": ((n, h, d), ("q_heads", "head_dim", "embed")),
+      "mlp_norm": ((d,), ("norm",)),
+      "gate_kernel": ((d, f), ("embed", "mlp")),
+      "up_kernel": ((d, f), ("embed", "mlp")),
+      "down_kernel": ((f, d), ("mlp", "embed")),
+  }
+  if c.qkv_bias:
+    specs["q_bias"] = ((n, h), ("q_heads", "head_dim"))
+    specs["k_bias"] = ((k, h), ("kv_heads", "head_dim"))
+    specs["v_bias"] = ((k, h), ("kv_heads", "head_dim"))
+  if c.o_bias:
+    specs["o_bias"] = ((d,), ("norm",))
+  if c.qk_norm:
+    specs["q_norm"] = ((h,), ("norm",))
+    specs["k_norm"] = ((h,), ("norm",))
+  return specs
+
+
+class DecoderLayers(nnx.Module):
+  """The L decoder layers' parameters, stacked on a leading `[L]` axis."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, param_dtype: Any = jnp.float32):
+    self.names = tuple(sorted(layer_param_specs(config)))
+    for name, (shape, axes) in layer_param_specs(config).items():
+      full = (config.num_layers,) + shape
+      if name.endswith("norm"):
+        value = jnp.ones(full, param_dtype)
+      elif name.endswith("bias"):
+        value = jnp.zeros(full, param_dtype)
+      else:
+        value = _INIT_STD * jax.random.normal(rngs.params(), full, param_dtype)
+      setattr(self, name, nnx.Param(value, logical_axes=("layers",) + axes))
+
+  def stacked(self) -> dict[str, jax.Array]:
+    """The parameters as a dict of `[L, ...]` arrays."""
+    return {name: getattr(self, name)[...] for name in self.names}
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model (see module docstring).
+
+  Args:
+    config: the architecture.
+    rngs: parameter initialisation RNGs (`rngs.params()`).
+    dtype: computation dtype of activations (logits are returned in it).
+    param_dtype: storage dtype of parameters.
+    remat: recompute each layer's activations in the backward pass (`jax.checkpoint`).
+    scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled).
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
+               param_dtype: Any = jnp.float32, remat: bool = False, scan_unroll: int = 1):
+    self.config = config
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.remat = remat
+    self.scan_unroll = scan_unroll
+    self.sharding: ShardingContext | None = None
+    v, d = config.vocab_size, config.hidden_size
+    self.embed = nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), (v, d), param_dtype),
+                           logical_axes=("vocab", "embed"))
+    self.layers = DecoderLayers(config, rngs=rngs, param_dtype=param_dtype)
+    self.final_norm = nnx.Param(jnp.ones((d,), param_dtype), logical_axes=("norm",))
+    if config.tie_word_embeddings:
+      self.lm_head = None
+    else:
+      self.lm_head = nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), (d, v), param_dtype),
+                               logical_axes=("embed", "vocab"))
+
+  # ----------------------------------------------------------------------------------------------
+  # helpers
+  # ----------------------------------------------------------------------------------------------
+
+  def _constrain(self, x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+    if self.sharding is None:
+      return x
+    return self.sharding.constrain(x, axes)
+
+  def lm_head_kernel(self) -> jax.Array:
+    """The output projection `[D, V]` (the embedding transposed when tied), in param dtype."""
+    if self.lm_head is None:
+      return self.embed[...].T
+    return self.lm_head[...]
+
+  def _embed(self, input_ids: jax.Array) -> jax.Array:
+    x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)
+    return self._constrain(x, ("batch", "seq", "act_embed"))
+
+  def _layer(self, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array, sin: jax.Array,
+             mask: jax.Array, kv: tuple[jax.Array, jax.Array] | None,
+             cache_index: jax.Array | None):
+    """One decoder layer. x `[B, T, D]`; kv: this layer's cache `([B, S, K, H], [B, S, K, H])`."""
+    c = self.config
+    p = {name: a.astype(self.dtype) for name, a in p.items()}
+    h = L.rms_norm(x, p["attn_norm"], c.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, p["q_kernel"])
+    k = jnp.einsum("btd,dkh->btkh", h, p["k_kernel"])
+    v = jnp.einsum("btd,dkh->btkh", h, p["v_kernel"])
+    if c.qkv_bias:
+      q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if c.qk_norm:
+      q = L.rms_norm(q, p["q_norm"], c.rms_norm_eps)
+      k = L.rms_norm(k, p["k_norm"], c.rms_norm_eps)
+    q = self._constrain(L.apply_rope(q, cos, sin), ("batch", "seq", "act_heads", None))
+    k = self._constrain(L.apply_rope(k, cos, sin), ("batch", "seq", "act_kv_heads", None))
+    v = self._constrain(v, ("batch", "seq", "act_kv_heads", None))
+    new_kv = None
+    if kv is not None:
+      k_cache, v_cache = kv
+      start = (0, cache_index, 0, 0)
+      k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+      v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+      new_kv = (k_cache, v_cache)
+      k, v = k_cache.astype(self.dtype), v_cache.astype(self.dtype)
+    attn = L.gqa_attention(q, k, v, mask)
+    out = jnp.einsum("btnh,nhd->btd", attn, p["o_kernel"])
+    if c.o_bias:
+      out = out + p["o_bias"]
+    x = self._constrain(x + out, ("batch", "seq", "act_embed"))
+    h = L.rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
+    g = self._constrain(jnp.einsum("btd,df->btf", h, p["gate_kernel"]), ("batch", "seq", "act_mlp"))
+    u = self._constrain(jnp.einsum("btd,df->btf", h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, p["down_kernel"])
+    x = self._constrain(x, ("batch", "seq", "act_embed"))
+    return x, new_kv
+
+  def _run(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, *,
+           cache: dict[str, jax.Array] | None = None, cache_index: jax.Array | None = None,
+           collect: bool = False):
+    """Embeds, runs the layers; returns (pre-norm x `[B,T,D]`, per-layer outputs | None, cache)."""
+    x = self._embed(input_ids)
+    c = self.config
+    cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling))
+    stacked = self.layers.stacked()
+
+    def body(x, xs):
+      p, kv = xs
+      y, new_kv = self._layer(p, x, cos, sin, mask, kv, cache_index)
+      return y, (new_kv, y if collect else None)
+
+    if self.remat:
+      body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    kv_xs = None if cache is None else (cache["k"], cache["v"])
+    x, (new_kv, per_layer) = jax.lax.scan(body, x, (stacked, kv_xs), unroll=self.scan_unroll)
+    new_cache = None if cache is None else {"k": new_kv[0], "v": new_kv[1]}
+    return x, per_layer, new_cache
+
+  @staticmethod
+  def _default_positions(input_ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+    if attention_mask is None:
+      return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
+
+  def _full_mask(self, input_ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+    """`[B, T, T]` causal & key-padding mask."""
+    t = input_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]  # [1, T, T]
+    if attention_mask is None:
+      return jnp.broadcast_to(causal, (input_ids.shape[0], t, t))
+    return causal & attention_mask.astype(bool)[:, None, :]
+
+  def _check_ids(self, input_ids: jax.Array) -> None:
+    if input_ids.ndim != 2:
+      raise ValueError(f"input_ids must be [B, T], got shape {input_ids.shape}")
+
+  # ----------------------------------------------------------------------------------------------
+  # public API
+  # ----------------------------------------------------------------------------------------------
+
+  def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
+                    attention_mask: jax.Array | None = None) -> jax.Array:
+    """Final-normed hidden states.
+
+    Args:
+      input_ids: `[B, T]` int token ids.
+      positions: `[B, T]` int RoPE positions; default cumsum(attention_mask) - 1 clipped at 0.
+      attention_mask: `[B, T]` (1 = real token, 0 = pad); default all ones.
+
+    Returns:
+      `[B, T, D]` in the computation dtype.
+    """
+    self._check_ids(input_ids)
+    if positions is None:
+      positions = self._default_positions(input_ids, attention_mask)
+    x, _, _ = self._run(input_ids, positions, self._full_mask(input_ids, attention_mask))
+    return L.rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
+
+  def layer_outputs(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
+                    attention_mask: jax.Array | None = None) -> jax.Array:
+    """Residual stream after the embedding and after each layer (before the final norm).
+
+    Returns:
+      `[L + 1, B, T, D]`: index 0 = embeddings, index i = output of layer i.
+    """
+    self._check_ids(input_ids)
+    if positions is None:
+      positions = self._default_positions(input_ids, attention_mask)
+    x0 = self._embed(input_ids)
+    _, per_layer, _ = self._run(input_ids, positions, self._full_mask(input_ids, attention_mask),
+                                collect=True)
+    return jnp.concatenate([x0[None], per_layer], axis=0)
+
+  def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+    """`[..., D]` final-normed hidden -> `[..., V]` logits in the computation dtype."""
+    logits = jnp.einsum("...d,dv->...v", hidden, self.lm_head_kernel().astype(self.dtype))
+    return logits
+
+  def __call__(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
+               attention_mask: jax.Array | None = None, return_hidden: bool = False):
+    """Logits of every position.
+
+    Args:
+      input_ids: `[B, T]` int token ids.
+      positions: `[B, T]` int positions (default: cumsum(attention_mask) - 1 clipped at 0).
+      attention_mask: `[B, T]` (1 = real, 0 = pad); causal + key-padding masking.
+      return_hidden: also return the final-normed hidden states.
+
+    Returns:
+      logits `[B, T, V]`, or `(logits, hidden [B, T, D])` with return_hidden.
+    """
+    hidden = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask)
+    logits = self._constrain(self.logits_from_hidden(hidden), ("batch", "seq", "act_vocab"))
+    return (logits, hidden) if return_hidden else logits
+
+  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32
+                 ) -> dict[str, jax.Array]:
+    """An empty KV cache: `{'k': [L, B, S, K, H], 'v': [L, B, S, K, H]}` zeros, S = max_len."""
+    c = self.config
+    shape = (c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+  def forward_with_cache(self, input_ids: jax.Array, positions: jax.Array,
+                         cache: dict[str, jax.Array], cache_index: jax.Array, kv_mask: jax.Array):
+    """Incremental forward through the KV cache (prefill or decode).
+
+    Args:
+      input_ids: `[B, T]` new tokens, written to slots `[cache_index, cache_index + T)`.
+      positions: `[B, T]` their RoPE positions.
+      cache: from `init_cache` (`[L, B, S, K, H]` k and v).
+      cache_index: int32 scalar (may be traced), the slot of `input_ids[:, 0]`.
+      kv_mask: `[B, S]` bool, True where a slot holds a real token (new tokens included).
+
+    Returns:
+      (logits `[B, T, V]`, updated cache). Query at slot i attends to slots j <= i with kv_mask.
+    """
+    self._check_ids(input_ids)
+    t = input_ids.shape[1]
+    s = cache["k"].shape[2]
+    cache_index = jnp.asarray(cache_index, jnp.int32)
+    q_slot = cache_index + jnp.arange(t, dtype=jnp.int32)  # [T]
+    causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_slot[:, None]  # [T, S]
+    mask = causal[None] & kv_mask.astype(bool)[:, None, :]  # [B, T, S]
+    x, _, new_cache = self._run(input_ids, positions, mask, cache=cache, cache_index=cache_index)
+    hidden = L.rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
+    return self.logits_from_hidden(hidden), new_cache

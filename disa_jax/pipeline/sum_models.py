@@ -1,0 +1,113 @@
+"""The main job's two models, made by the pipeline itself: a weak reference and a stronger proposal.
+
+Both are tiny Qwen3-architecture Flax models trained from random initialisation by supervised
+fine-tuning on made-up answers to the sum task, then saved as Hugging Face checkpoints (config.json,
+model.safetensors, tokenizer) so that every later stage loads them through the real loading path.
+
+- pi_ref (weak, broad): ``ref_correct_frac`` of its training answers are correct, with a uniform
+  over the n + 1 correct splits (a, n - a); the rest are wrong pairs.
+- p_T (stronger, different preference): pi_ref fine-tuned further on ``proposal_correct_frac``
+  correct answers with a skewed preference among them: a is drawn with probability proportional to
+  ``proposal_skew ** a`` (small first summands preferred). Starting from pi_ref keeps the warm-up
+  cheap and the proposal's support close to the reference's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from disa_jax.data.batching import pack_sequences
+from disa_jax.data.sum_task import SumTask, make_tokenizer
+from disa_jax.models import ModelConfig, Transformer, save_pretrained
+from disa_jax.sft import SFTConfig, make_sft_step
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyLMSpec:
+  """Architecture of the main job's models (the TRL peer's tiny Qwen3 by default)."""
+
+  hidden_size: int = 128
+  intermediate_size: int = 256
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupSpec:
+  """Supervised warm-up of one model on made-up answers."""
+
+  correct_frac: float  # share of correct answers in the training data
+  skew: float = 1.0  # preference among correct answers: P(a) ~ skew ** a (1 = uniform)
+  steps: int = 400
+  batch_size: int = 64
+  learning_rate: float = 3e-3
+  seed: int = 0
+
+  def __post_init__(self):
+    if not 0.0 <= self.correct_frac <= 1.0:
+      raise ValueError(f"WarmupSpec.correct_frac must be in [0, 1], got {self.correct_frac!r}")
+    if not self.skew > 0:
+      raise ValueError(f"WarmupSpec.skew must be > 0, got {self.skew!r}")
+    if self.steps < 1 or self.batch_size < 1:
+      raise ValueError(f"WarmupSpec.steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+
+
+def model_config(tokenizer, spec: TinyLMSpec) -> ModelConfig:
+  return ModelConfig(family="qwen3", vocab_size=len(tokenizer), hidden_size=spec.hidden_size,
+                     intermediate_size=spec.intermediate_size, num_layers=spec.num_layers,
+                     num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                     qk_norm=True, max_position_embeddings=128, tie_word_embeddings=False,
+                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id)
+
+
+def _answers(rng: np.random.Generator, task: SumTask, n: int, spec: WarmupSpec) -> tuple[int, int]:
+  if rng.random() < spec.correct_frac:
+    w = spec.skew ** np.arange(n + 1, dtype=np.float64)
+    a = int(rng.choice(n + 1, p=w / w.sum()))
+    return a, n - a
+  while True:  # a wrong pair in the same number range
+    a, b = int(rng.integers(0, task.n_max + 1)), int(rng.integers(0, task.n_max + 1))
+    if a + b != n:
+      return a, b
+
+
+def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_from: Transformer | None = None,
+                    progress: bool = True, desc: str = "warm-up") -> tuple[Transformer, dict]:
+  """Supervised warm-up from random init (or in place from ``init_from``).
+
+  Returns:
+    (model, summary with the loss curve and the time).
+  """
+  tok = make_tokenizer()
+  model = init_from if init_from is not None else Transformer(model_config(tok, arch), rngs=nnx.Rngs(spec.seed))
+  init, step = make_sft_step(SFTConfig(learning_rate=spec.learning_rate, warmup_steps=min(20, spec.steps),
+                                       total_steps=spec.steps, schedule="constant"))
+  opt = init(model)
+  rng = np.random.default_rng(spec.seed + 1)
+  prompts = {n: tok.encode(task.prompt(n), add_special_tokens=False) for n in task.ns}
+  losses, t0 = [], time.time()
+  for _ in tqdm(range(spec.steps), desc=desc, disable=not progress):
+    ns = rng.integers(task.n_min, task.n_max + 1, size=spec.batch_size)
+    pairs = [_answers(rng, task, int(n), spec) for n in ns]
+    resp = [tok.encode(task.answer_text(a, b), add_special_tokens=False) + [tok.eos_token_id] for a, b in pairs]
+    b = pack_sequences([prompts[int(n)] for n in ns], resp, pad_id=tok.pad_token_id, pad_to=32)
+    losses.append(float(step(model, opt, {k: jnp.asarray(v) for k, v in b.items()})))
+  return model, {"steps": spec.steps, "seconds": time.time() - t0, "loss_first": losses[0],
+                 "loss_last20": float(np.mean(losses[-20:])), "losses": losses}
+
+
+def save_model(model: Transformer, path: str | Path) -> str:
+  """Writes the HF checkpoint and the task tokenizer to ``path``."""
+  path = Path(path)
+  save_pretrained(model, str(path))
+  make_tokenizer().save_pretrained(str(path))
+  return str(path)

@@ -1,0 +1,23 @@
+"""Verifiable rewards: math (math-verify, time-bounded) and code (sandboxed execution).
+
+- `math_reward(response, ground_truth) -> float`, `math_rewards(responses, ground_truths, *,
+  timeout_s, workers) -> [n] float32` (`disa_jax.rewards.math_pool`; answer extraction and
+  normalisation in `math_answer`, math-verify calls in `math_verify_grader`).
+- `disa_jax.rewards.code`: `run_stdio(program, cases, timeout_s) -> list[bool]`,
+  `run_humaneval(problem, completion, timeout_s) -> bool`, `extract_code(response)`; the sandbox
+  itself is `disa_jax.rewards.sandbox`.
+- Registry: `get_reward_fn(name)(responses, metas) -> [n] float32` for 'math', 'code' and anything
+  added with `register_reward(name, fn)`.
+"""
+
+from disa_jax.rewards import code
+from disa_jax.rewards import sandbox
+from disa_jax.rewards.math_pool import MathGraderPool
+from disa_jax.rewards.math_pool import math_reward
+from disa_jax.rewards.math_pool import math_rewards
+from disa_jax.rewards.registry import get_reward_fn
+from disa_jax.rewards.registry import register_reward
+from disa_jax.rewards.registry import reward_names
+
+__all__ = ["code", "sandbox", "MathGraderPool", "math_reward", "math_rewards", "get_reward_fn",
+           "register_reward", "reward_names"]

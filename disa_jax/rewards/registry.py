@@ -1,0 +1,142 @@
+"""Reward functions by name: `get_reward_fn(name)(responses, metas) -> np.ndarray [n] float32`.
+
+Built in:
+
+- `'math'`: meta `{"ground_truth": str | number | list of acceptable answers}`; graded by
+  `math_rewards` (time-bounded worker pool). Optional meta key `timeout_s`.
+- `'code'`: the response's last fenced code block is run in the sandbox. Meta, one of
+    `{"tests": [{"input": str, "output": str}, ...]}` (stdin/stdout; reward 1 iff all pass; tests
+    with `"testtype": "functional"` are LiveCodeBench calls and need `"func_name"`), or
+    `{"humaneval": <HumanEval+ record>}` (function calls on base + plus inputs),
+  with optional `timeout_s` (per case / per HumanEval run). Candidates are graded concurrently by a
+  thread pool (`code_workers`, default 2): the threads only wait on sandbox subprocesses.
+
+Task-specific rewards are added with `register_reward(name, fn)`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from disa_jax.rewards import code as code_lib
+from disa_jax.rewards import math_pool
+
+__all__ = ["RewardFn", "register_reward", "get_reward_fn", "reward_names", "math_reward_fn",
+           "code_reward_fn"]
+
+RewardFn = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], np.ndarray]
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+def _check_lengths(responses: Sequence[str], metas: Sequence[Mapping[str, Any]]) -> None:
+  if len(responses) != len(metas):
+    raise ValueError(f"responses ({len(responses)}) and metas ({len(metas)}) differ in length")
+
+
+def math_reward_fn(responses: Sequence[str], metas: Sequence[Mapping[str, Any]], *,
+                   workers: int = 2) -> np.ndarray:
+  """Math reward (see module docstring).
+
+  Args:
+    responses: n responses.
+    metas: n dicts with `ground_truth` (and optionally `timeout_s`, the same for the batch).
+    workers: grading processes.
+
+  Returns:
+    `[n]` float32.
+  """
+  _check_lengths(responses, metas)
+  gts = []
+  for i, m in enumerate(metas):
+    if "ground_truth" not in m:
+      raise ValueError(f"metas[{i}] has no 'ground_truth' (keys: {sorted(m)})")
+    gts.append(m["ground_truth"])
+  timeout_s = float(metas[0].get("timeout_s", math_pool.DEFAULT_TIMEOUT_S)) if metas else 1.0
+  return math_pool.math_rewards(list(responses), gts, timeout_s=timeout_s, workers=workers)
+
+
+def _code_one(response: str, meta: Mapping[str, Any]) -> float:
+  program = code_lib.extract_code(response)
+  if "tests" in meta:
+    timeout_s = float(meta.get("timeout_s", 6.0))
+    tests = meta["tests"]
+    if any(t.get("testtype") == "functional" for t in tests):
+      if not meta.get("func_name"):
+        raise ValueError("functional tests need 'func_name' in the meta")
+      results = code_lib.run_functional(program, tests, meta["func_name"], timeout_s)
+    else:
+      results = code_lib.run_stdio(program, tests, timeout_s)
+    return 1.0 if results and all(results) else 0.0
+  if "humaneval" in meta:
+    timeout_s = float(meta.get("timeout_s", 30.0))
+    return 1.0 if code_lib.run_humaneval(meta["humaneval"], program, timeout_s) else 0.0
+  raise ValueError(f"code meta needs 'tests' or 'humaneval', got keys {sorted(meta)}")
+
+
+def code_reward_fn(responses: Sequence[str], metas: Sequence[Mapping[str, Any]], *,
+                   workers: int | None = None) -> np.ndarray:
+  """Code reward (see module docstring).
+
+  Args:
+    responses: n responses (a fenced code block is extracted from each).
+    metas: n dicts with `tests` or `humaneval`.
+    workers: concurrent sandboxes (default `min(2, os.cpu_count())`).
+
+  Returns:
+    `[n]` float32.
+  """
+  _check_lengths(responses, metas)
+  for i, m in enumerate(metas):
+    if "tests" not in m and "humaneval" not in m:
+      raise ValueError(f"metas[{i}] needs 'tests' or 'humaneval' (keys: {sorted(m)})")
+  workers = workers or min(2, os.cpu_count() or 1)
+  if workers == 1 or len(responses) <= 1:
+    return np.asarray([_code_one(r, m) for r, m in zip(responses, metas)], np.float32)
+  with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+    return np.asarray(list(ex.map(_code_one, responses, metas)), np.float32)
+
+
+def register_reward(name: str, fn: RewardFn, *, overwrite: bool = False) -> None:
+  """Registers `fn(responses, metas) -> [n] float32` under `name`.
+
+  Raises:
+    ValueError: when `name` is taken and `overwrite` is False.
+  """
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"reward name must be a non-empty str, got {name!r}")
+  if name in _REGISTRY and not overwrite:
+    raise ValueError(f"reward {name!r} is already registered")
+  _REGISTRY[name] = fn
+
+
+def get_reward_fn(name: str) -> RewardFn:
+  """The reward function registered as `name`, wrapped to return `[n]` float32.
+
+  Raises:
+    KeyError: for an unknown name (the message lists the known ones).
+  """
+  if name not in _REGISTRY:
+    raise KeyError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
+  fn = _REGISTRY[name]
+
+  def wrapped(responses: Sequence[str], metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    _check_lengths(responses, metas)
+    out = np.asarray(fn(responses, metas), dtype=np.float32)
+    if out.shape != (len(responses),):
+      raise ValueError(f"reward {name!r} returned shape {out.shape}, expected ({len(responses)},)")
+    return out
+
+  wrapped.__name__ = f"reward_{name}"
+  return wrapped
+
+
+def reward_names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+register_reward("math", math_reward_fn)
+register_reward("code", code_reward_fn)

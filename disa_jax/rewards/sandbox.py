@@ -1,0 +1,378 @@
+"""Sandbox for untrusted programs: namespaces, a throw-away uid, rlimits and wall-clock kills.
+
+`run_cases(files, script, stdins, timeout_s=..., limits=...)` runs the Python script `script` (with
+the grader's interpreter version, standard library only) from a private directory holding `files`,
+once per stdin, and returns each run's exit status, whether it timed out,
+and its (size-capped) stdout/stderr. One sandbox (one supervisor process) serves one candidate; its
+cases run one after another, each in its own session.
+
+Isolation, strongest mode first (probed once per process and cached; `DISA_SANDBOX_MODE` =
+`ns` | `userns` | `none` forces one):
+
+- `ns` (running as root): `unshare --mount --net --pid --fork --kill-child --mount-proc`; the
+  program runs as a fresh unprivileged uid/gid (random in [10^6, 2*10^6), so RLIMIT_NPROC counts
+  only this sandbox's processes even though the grader is root), with no network (an empty network
+  namespace), its own /proc, world-writable directories covered by read-only tmpfs, the directories
+  holding user data (/root, /home, /work, /mnt, /opt, ..., the grader's cwd and this repository, so
+  also the datasets with the expected outputs) hidden under empty tmpfs, and a private work
+  directory as cwd and HOME. System directories (/usr, /lib, /etc, ...) stay readable. The supervisor is PID 1: when it exits or is killed every process
+  of the sandbox dies with it.
+- `userns` (not root, user namespaces allowed): the same namespaces inside
+  `unshare --user --map-root-user`; no uid change, so RLIMIT_NPROC counts all of the user's
+  processes.
+- `none` (no usable `unshare`; weaker, documented fallback): rlimits, a new session, a private
+  directory and a scrubbed environment only; as root the program still runs as a fresh uid (so it
+  cannot write root-owned files or signal the grader), but **the network is reachable**,
+  world-writable directories such as /tmp are writable and world-readable files (datasets
+  included) are readable.
+
+In every mode: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (caps stdout/stderr too: they are files),
+RLIMIT_NPROC and RLIMIT_NOFILE; the environment holds only PATH, HOME, TMPDIR, locale and thread
+caps (plus LD_LIBRARY_PATH of the bind-mounted interpreter); the wall-clock timeout kills every process of the case, and the grader additionally kills the
+supervisor's whole process group if the supervisor itself overruns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Mapping, Sequence
+
+__all__ = ["SandboxLimits", "CaseResult", "run_cases", "sandbox_mode", "MODES"]
+
+MODES = ("ns", "userns", "none")
+_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
+_COVER = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
+# Directories that hold user data (code, datasets with the expected outputs, credentials): hidden
+# from the program in the namespace modes, together with the grader's cwd and this repository.
+_HIDE = ("/root", "/home", "/work", "/workspace", "/mnt", "/media", "/srv", "/opt", "/data",
+         "/scratch")
+_SYSTEM = ("/", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/dev", "/proc", "/sys", "/tmp",
+           "/var", "/run")
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HOME_NS = "/tmp/home"
+_NS_PREFIX = ("unshare", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
+_USERNS_PREFIX = ("unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork",
+                  "--kill-child", "--mount-proc")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+  """Resource limits of one sandboxed process (each case's process and its children).
+
+  Attributes:
+    cpu_s: RLIMIT_CPU in seconds, per process.
+    memory_mb: RLIMIT_AS in MiB, per process.
+    fsize_mb: RLIMIT_FSIZE in MiB: the largest file, stdout and stderr included, it may write.
+    nproc: RLIMIT_NPROC: processes of the sandbox uid (modes `ns` and root `none`).
+    nofile: RLIMIT_NOFILE.
+    output_cap_bytes: how much of stdout/stderr the grader reads back.
+  """
+  cpu_s: int = 10
+  memory_mb: int = 2048
+  fsize_mb: int = 16
+  nproc: int = 32
+  nofile: int = 64
+  output_cap_bytes: int = 16 * 1024 * 1024
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"SandboxLimits.{f.name} must be a positive int, got {v!r}")
+
+  def rlimits(self) -> dict[str, int]:
+    return {
+      "RLIMIT_CPU": self.cpu_s,
+      "RLIMIT_AS": self.memory_mb * 1024 * 1024,
+      "RLIMIT_FSIZE": self.fsize_mb * 1024 * 1024,
+      "RLIMIT_NPROC": self.nproc,
+      "RLIMIT_NOFILE": self.nofile,
+      "RLIMIT_CORE": 0,
+    }
+
+
+@dataclasses.dataclass
+class CaseResult:
+  """Outcome of one case.
+
+  Attributes:
+    exit_code: the exit status, or None when killed by a signal / not run.
+    signal: the killing signal number, or None.
+    timed_out: the wall-clock bound expired.
+    skipped: not run (an earlier case timed out and `stop_on_timeout` was set, or the supervisor
+      failed).
+    wall_s: wall-clock seconds of the case.
+    stdout: captured stdout (at most `output_cap_bytes`).
+    stderr: captured stderr (at most `output_cap_bytes`).
+  """
+  exit_code: int | None
+  signal: int | None
+  timed_out: bool
+  skipped: bool
+  wall_s: float
+  stdout: bytes
+  stderr: bytes
+
+  @property
+  def ok(self) -> bool:
+    """Exited normally with status 0 within its bound."""
+    return self.exit_code == 0 and not self.timed_out and not self.skipped
+
+
+_MODE: str | None = None
+_MODE_LOCK = threading.Lock()
+
+
+_PYTHON_NS = "/tmp/python"
+# The program runs as `python -I -S -c _LAUNCH <script>`: no `site` (its .pth hooks cost ~40 ms per
+# start on some machines and only matter for third-party packages, which the sandboxed interpreter
+# does not promise), with the `exit`/`quit` builtins that `site` would add, and the script executed
+# as `__main__` (plain `exec`: importing `runpy` alone costs ~25 ms).
+_LAUNCH = ("import sys, builtins, _sitebuiltins as s\n"
+           "builtins.exit = s.Quitter('exit', 'Ctrl-D (i.e. EOF)')\n"
+           "builtins.quit = s.Quitter('quit', 'Ctrl-D (i.e. EOF)')\n"
+           "sys.argv = sys.argv[1:]\n"
+           "with open(sys.argv[0], 'rb') as f:\n"
+           "  code = compile(f.read(), sys.argv[0], 'exec')\n"
+           "g = {'__name__': '__main__', '__file__': sys.argv[0], '__builtins__': builtins}\n"
+           "del f, s\n"
+           "exec(code, g)\n")
+
+
+def _interpreter(mode: str, setuid: bool) -> tuple[str, list[str] | None]:
+  """The interpreter the program runs with, and the bind mount that exposes it.
+
+  In the namespace modes the grader's own base interpreter (same version) is bind-mounted read-only
+  at /tmp/python, since its install tree may sit in a directory the sandbox uid cannot traverse
+  (e.g. /root). Without namespaces, a root grader that drops to a fresh uid uses /usr/bin/python3
+  when it exists (the only interpreter such a uid can be expected to reach); otherwise
+  `sys.executable`.
+
+  Returns:
+    (argv[0], [bind source, bind target] or None).
+  """
+  if mode in ("ns", "userns"):
+    base = os.path.realpath(sys.base_prefix)
+    exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if exe.startswith(base + os.sep):
+      return _PYTHON_NS + exe[len(base):], [base, _PYTHON_NS]
+    return exe, None
+  if setuid and os.path.exists("/usr/bin/python3"):
+    return "/usr/bin/python3", None
+  return sys.executable, None
+
+
+def _python() -> str:
+  return sys.executable
+
+
+def _hidden_dirs() -> list[str]:
+  """`_HIDE` plus the grader's cwd and the repository, minus system directories."""
+  out = []
+  for d in list(_HIDE) + [os.getcwd(), _REPO]:
+    d = os.path.realpath(d)
+    if d in _SYSTEM or any(d.startswith(h + "/") for h in _HIDE) or d in out:
+      continue
+    if d.startswith(("/usr/", "/lib/", "/etc/", "/proc/", "/sys/", "/dev/")):
+      continue
+    out.append(d)
+  return out
+
+
+def _scrubbed_env(home: str) -> dict[str, str]:
+  return {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": home,
+    "TMPDIR": home,
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+  }
+
+
+def _run(mode: str, files: Mapping[str, str | bytes], script: str, stdins: Sequence[bytes | None],
+         timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool) -> list[CaseResult]:
+  """Runs the cases in the given mode (see `run_cases`)."""
+  is_root = os.geteuid() == 0
+  uid = random.randrange(1_000_000, 2_000_000) if (is_root and mode in ("ns", "none")) else None
+  stage = tempfile.mkdtemp(prefix="disa_sbx_")
+  try:
+    # Without namespaces the work directory is reached through the stage path itself, so the stage
+    # must be traversable (not listable); io/ stays root-only.
+    os.chmod(stage, 0o700 if mode in ("ns", "userns") else 0o711)
+    work = os.path.join(stage, "work")
+    io_dir = os.path.join(stage, "io")
+    os.mkdir(work, 0o700)
+    os.mkdir(io_dir, 0o700)
+    for name, content in files.items():
+      if os.path.isabs(name) or ".." in name.split("/") or not name:
+        raise ValueError(f"files: bad file name {name!r} (must be relative, without '..')")
+      path = os.path.join(work, name)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
+    if uid is not None:
+      for root, dirs, fnames in os.walk(work):
+        for n in [root] + [os.path.join(root, d) for d in dirs] + [
+            os.path.join(root, fn) for fn in fnames]:
+          os.chown(n, uid, uid)
+    for i, data in enumerate(stdins):
+      if data is not None:
+        with open(os.path.join(io_dir, f"in_{i}"), "wb") as f:
+          f.write(data)
+    home = _HOME_NS if mode in ("ns", "userns") else work
+    python, python_bind = _interpreter(mode, uid is not None)
+    env = _scrubbed_env(home)
+    if python_bind:  # the interpreter's RUNPATH may point into a hidden directory
+      env["LD_LIBRARY_PATH"] = python_bind[1] + "/lib"
+    cfg = {
+      "mounts": mode in ("ns", "userns"),
+      "pid_namespace": mode in ("ns", "userns"),
+      "cover": [d for d in _COVER if os.path.isdir(d) and not os.path.islink(d)],
+      "home": home,
+      "uid": uid,
+      "gid": uid,
+      "rlimits": limits.rlimits(),
+      "python_bind": python_bind,
+      "hide": _hidden_dirs() if mode in ("ns", "userns") else [],
+      "argv": [python, "-I", "-S", "-c", _LAUNCH, script],
+      "env": env,
+      "num_cases": len(stdins),
+      "timeout_s": float(timeout_s),
+      "stop_on_timeout": bool(stop_on_timeout),
+    }
+    with open(os.path.join(io_dir, "config.json"), "w") as f:
+      json.dump(cfg, f)
+    prefix = {"ns": _NS_PREFIX, "userns": _USERNS_PREFIX, "none": ()}[mode]
+    cmd = list(prefix) + [_python(), "-I", "-S", _BOOT]
+    boot_err = os.path.join(stage, "boot_err")
+    with open(boot_err, "wb") as err_f:
+      proc = subprocess.Popen(cmd, cwd=stage, stdin=subprocess.DEVNULL, stdout=err_f,
+                              stderr=err_f, start_new_session=True,
+                              env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+      overall = len(stdins) * (float(timeout_s) + 2.0) + 20.0
+      if not _wait_pid(proc, overall):
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+      proc.wait()
+    result_path = os.path.join(io_dir, "result.json")
+    if not os.path.exists(result_path):
+      with open(boot_err, "rb") as f:
+        msg = f.read(4000).decode(errors="replace")
+      return [CaseResult(None, None, False, True, 0.0, b"", msg.encode()) for _ in stdins]
+    with open(result_path) as f:
+      statuses = json.load(f)
+    out = []
+    for i, st in enumerate(statuses):
+      out.append(CaseResult(
+        exit_code=st["exit"], signal=st["signal"], timed_out=st["timed_out"],
+        skipped=st["skipped"], wall_s=st["wall_s"],
+        stdout=_read_capped(os.path.join(io_dir, f"out_{i}"), limits.output_cap_bytes),
+        stderr=_read_capped(os.path.join(io_dir, f"err_{i}"), limits.output_cap_bytes)))
+    return out
+  finally:
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def _wait_pid(proc: subprocess.Popen, timeout_s: float) -> bool:
+  """Waits up to `timeout_s` for `proc`; True if it exited.
+
+  Blocks on a pidfd where the kernel has them (`Popen.wait(timeout)` polls with sleeps of up to
+  50 ms, which would add that much latency to every sandbox run).
+  """
+  try:
+    pidfd = os.pidfd_open(proc.pid)
+  except (AttributeError, OSError):
+    try:
+      proc.wait(timeout=timeout_s)
+      return True
+    except subprocess.TimeoutExpired:
+      return False
+  try:
+    done, _, _ = select.select([pidfd], [], [], timeout_s)
+  finally:
+    os.close(pidfd)
+  return bool(done)
+
+
+def _read_capped(path: str, cap: int) -> bytes:
+  try:
+    with open(path, "rb") as f:
+      return f.read(cap)
+  except FileNotFoundError:
+    return b""
+
+
+def sandbox_mode() -> str:
+  """The isolation mode in use (probed once: the strongest one that runs a test program)."""
+  global _MODE
+  with _MODE_LOCK:
+    if _MODE is not None:
+      return _MODE
+    forced = os.environ.get("DISA_SANDBOX_MODE")
+    if forced:
+      if forced not in MODES:
+        raise ValueError(f"DISA_SANDBOX_MODE must be one of {MODES}, got {forced!r}")
+      _MODE = forced
+      return _MODE
+    candidates = ["ns", "none"] if os.geteuid() == 0 else ["userns", "none"]
+    probe = "import os\nprint('sandbox-ok', os.getpid())\n"
+    for mode in candidates:
+      if mode != "none" and shutil.which("unshare") is None:
+        continue
+      try:
+        res = _run(mode, {"probe.py": probe}, "probe.py", [None], 20.0, SandboxLimits(), False)
+      except OSError:
+        continue
+      if res[0].ok and res[0].stdout.startswith(b"sandbox-ok"):
+        _MODE = mode
+        return _MODE
+    _MODE = "none"
+    return _MODE
+
+
+def run_cases(files: Mapping[str, str | bytes], script: str, stdins: Sequence[bytes | None], *,
+              timeout_s: float, limits: SandboxLimits | None = None,
+              stop_on_timeout: bool = True, mode: str | None = None) -> list[CaseResult]:
+  """Runs `python -I -S <script>` once per stdin inside one sandbox.
+
+  Args:
+    files: relative file name -> content, written into the private work directory.
+    script: the file among `files` to run.
+    stdins: one entry per case: bytes for stdin, or None for /dev/null.
+    timeout_s: wall-clock bound of each case.
+    limits: rlimits (default `SandboxLimits()`).
+    stop_on_timeout: after a case times out, mark the remaining cases skipped instead of running
+      them (they count as failures).
+    mode: force an isolation mode (default: `sandbox_mode()`).
+
+  Returns:
+    One `CaseResult` per stdin.
+  """
+  if script not in files:
+    raise ValueError(f"script {script!r} is not among files {sorted(files)}")
+  if not timeout_s > 0:
+    raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+  if mode is not None and mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if not stdins:
+    return []
+  return _run(mode or sandbox_mode(), files, script, list(stdins), timeout_s,
+              limits or SandboxLimits(), stop_on_timeout)

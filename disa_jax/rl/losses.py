@@ -1,0 +1,468 @@
+"""Stage 3 policy losses: DISA, FlowRL, GRPO and GSPO as pure jittable functions.
+
+All four methods share one convention for a batch of B = P * G sampled responses (P prompts, G
+responses each, prompt-major so that rows ``p*G : (p+1)*G`` belong to prompt p):
+
+- ``logp``, ``old_logp``, ``ref_logp``: ``[B, T]`` per-token log-probs of the sampled response
+  tokens under the current policy pi_theta, the rollout policy pi_old (recorded at rollout time)
+  and the frozen reference pi_ref. Values outside ``mask`` are ignored (any finite value).
+- ``mask``: ``[B, T]`` 1 on response tokens, 0 on prompt and padding tokens. A row with no response
+  token is an invalid (padding) sample: it contributes nothing to the loss or to the metrics.
+- per-sequence scalars (transformed rewards r~, advantages): ``[B]``.
+- per-prompt scalars (log Z): ``[P]`` with B divisible by P; they are repeated over the G rows of
+  each prompt (``G = B // P``; a ``[B]`` array is the special case G = 1).
+
+Every loss averages its per-sequence terms over the valid rows, so that a batch split into
+micro-batches is recovered exactly by weighting each micro-batch's gradient by its valid-row count
+(`disa_jax.rl.train_step` does this). Every loss returns ``(loss, metrics)`` with scalar float32
+metrics that are safe to average over micro-batches.
+
+Equation numbers follow the project's convention for the paper (``disa.tex``), with the LaTeX
+labels to remove any doubt: eq. (1) token ratio (``eq:bg:ratio``); eq. (2) clipped surrogate
+(``eq:bg:ppo``); eq. (3) group z-score (``eq:bg:grpo-rhat``); eq. (4) the FlowRL objective with
+rollout weights (``eq:bg:flowrl``, whose residual is the TB loss ``eq:bg:tb``); eq. (8) the DISA
+objective (``eq:m:decrl``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from disa_jax.estimators.reward_transforms import transform_rewards
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+OMEGA_MODES = ("one", "clipped_ratio")
+KL_KINDS = ("k1", "k3")
+
+
+# ----------------------------------------------------------------------------------------------
+# Masked reductions and shape helpers.
+# ----------------------------------------------------------------------------------------------
+
+
+def _f32(x: Any) -> Array:
+  return jnp.asarray(x, jnp.float32)
+
+
+def response_lengths(mask: Array) -> Array:
+  """Number of response tokens per row: ``[B, T] -> [B]`` float32."""
+  return _f32(mask).sum(-1)
+
+
+def valid_rows(mask: Array) -> Array:
+  """``[B]`` bool: rows with at least one response token."""
+  return response_lengths(mask) > 0
+
+
+def sequence_sum(x: Array, mask: Array) -> Array:
+  """Masked sum over tokens: ``[B, T] -> [B]``."""
+  return jnp.where(mask > 0, _f32(x), 0.0).sum(-1)
+
+
+def sequence_mean(x: Array, mask: Array) -> Array:
+  """Masked mean over tokens, 0 for empty rows: ``[B, T] -> [B]``."""
+  return sequence_sum(x, mask) / jnp.maximum(response_lengths(mask), 1.0)
+
+
+def sequence_logprob(token_lp: Array, mask: Array, length_normalize: bool) -> Array:
+  """log pi(o|q) as a trajectory sum, or its 1/|o| length-normalised form: ``[B, T] -> [B]``."""
+  return sequence_mean(token_lp, mask) if length_normalize else sequence_sum(token_lp, mask)
+
+
+def masked_row_mean(x: Array, valid: Array) -> Array:
+  """Mean of ``x [B]`` over rows where ``valid [B]``; 0 when none is valid."""
+  v = _f32(valid)
+  return (_f32(x) * v).sum() / jnp.maximum(v.sum(), 1.0)
+
+
+def _masked_row_std(x: Array, valid: Array) -> Array:
+  mean = masked_row_mean(x, valid)
+  return jnp.sqrt(masked_row_mean((_f32(x) - mean)**2, valid))
+
+
+def _masked_row_max(x: Array, valid: Array) -> Array:
+  return jnp.where(valid, _f32(x), -jnp.inf).max(initial=-jnp.inf)
+
+
+def _masked_row_min(x: Array, valid: Array) -> Array:
+  return jnp.where(valid, _f32(x), jnp.inf).min(initial=jnp.inf)
+
+
+def _masked_token_mean(x: Array, mask: Array) -> Array:
+  m = _f32(mask)
+  return (jnp.where(mask > 0, _f32(x), 0.0)).sum() / jnp.maximum(m.sum(), 1.0)
+
+
+def expand_prompt_values(values: Array, batch_size: int, name: str = "log_z") -> Array:
+  """Repeats per-prompt values ``[P]`` over the G = B // P responses of each prompt -> ``[B]``.
+
+  Rows are prompt-major: row b belongs to prompt b // G.
+  """
+  values = _f32(values)
+  if values.ndim != 1:
+    raise ValueError(f"{name} must have shape [P], got shape {values.shape}")
+  num_prompts = values.shape[0]
+  if num_prompts == 0 or batch_size % num_prompts:
+    raise ValueError(f"{name} has P={num_prompts} entries but the batch has B={batch_size} rows; "
+                     "B must be a multiple of P (G = B // P responses per prompt)")
+  return jnp.repeat(values, batch_size // num_prompts)  # [P] -> [P * G]
+
+
+def _check_tokens(mask: Array, **arrays: Array) -> None:
+  if mask.ndim != 2:
+    raise ValueError(f"mask must have shape [B, T], got shape {mask.shape}")
+  for name, a in arrays.items():
+    if a is not None and a.shape != mask.shape:
+      raise ValueError(f"{name} must have the mask's shape {mask.shape}, got shape {a.shape}")
+
+
+def _check_rows(batch_size: int, **arrays: Array) -> None:
+  for name, a in arrays.items():
+    if a is not None and a.shape != (batch_size,):
+      raise ValueError(f"{name} must have shape [B]=({batch_size},), got shape {a.shape}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Advantages and rollout weights.
+# ----------------------------------------------------------------------------------------------
+
+
+def group_zscore_advantages(reward: Array, mask: Array | None = None, eps: float = 1e-6) -> Array:
+  """Group-normalised rewards r^_i = (r_i - mean_q) / (std_q + eps), eq. (3).
+
+  Args:
+    reward: ``[P, G]`` verifier rewards.
+    mask: ``[P, G]`` bool valid samples, or None.
+    eps: added to the population std (a group with equal rewards gets 0 advantage).
+
+  Returns:
+    ``[P, G]`` float32 advantages (0 where ``mask`` is False).
+  """
+  return transform_rewards(reward, mask, kind="group_zscore", eps=eps)
+
+
+def rollout_weights(logp: Array,
+                    old_logp: Array | None,
+                    mask: Array,
+                    *,
+                    mode: str = "one",
+                    max_weight: float = 10.0) -> tuple[Array, Array]:
+  """Rollout weights omega_i of eqs. (4) and (8), detached.
+
+  ``one``: omega = 1 (on-policy). ``clipped_ratio``: omega = min(pi_theta(o|q) / pi_old(o|q),
+  max_weight) with the trajectory ratio exp(sum_t (logp - old_logp)), under stop_gradient (FlowRL
+  clips at 10).
+
+  Args:
+    logp, old_logp: ``[B, T]`` token log-probs (old_logp may be None for ``one``).
+    mask: ``[B, T]`` response mask.
+    mode: ``one`` | ``clipped_ratio``.
+    max_weight: the clip for ``clipped_ratio`` (> 0).
+
+  Returns:
+    (omega ``[B]``, raw ratio ``[B]``) both float32 and without gradient; the raw ratio is 1 for
+    ``one``.
+  """
+  if mode not in OMEGA_MODES:
+    raise ValueError(f"omega mode must be one of {OMEGA_MODES}, got {mode!r}")
+  if mode == "one":
+    ones = jnp.ones(mask.shape[:1], jnp.float32)
+    return ones, ones
+  if old_logp is None:
+    raise ValueError("omega mode 'clipped_ratio' needs old_logp, got None")
+  if not max_weight > 0:
+    raise ValueError(f"omega max_weight must be > 0, got {max_weight!r}")
+  log_ratio = sequence_sum(jax.lax.stop_gradient(_f32(logp)) - _f32(old_logp), mask)  # [B]
+  # Clip in log space first so that exp cannot overflow.
+  raw = jnp.exp(jnp.minimum(log_ratio, 80.0))
+  return jnp.minimum(raw, max_weight), raw
+
+
+# ----------------------------------------------------------------------------------------------
+# Trajectory balance: DISA (eq. 8) and FlowRL (eq. 4).
+# ----------------------------------------------------------------------------------------------
+
+
+def tb_residual(log_z: Array,
+                logp: Array,
+                ref_logp: Array,
+                reward: Array,
+                mask: Array,
+                *,
+                beta: float,
+                length_normalize: bool) -> Array:
+  """Trajectory-balance residual of eqs. (4) and (8) (labels eq:bg:tb, eq:bg:flowrl, eq:m:decrl).
+
+  R_i = log Z(q) + log pi_theta(o_i|q) - log pi_ref(o_i|q) - beta * r~(q, o_i), with the two
+  log-prob terms either trajectory sums (the paper's formal residual) or multiplied by 1/|o_i|
+  (FlowRL's implementation; log Z must then be on the same length-normalised scale).
+
+  Args:
+    log_z: ``[P]`` per-prompt log Z (repeated over G = B // P rows) or ``[B]``.
+    logp: ``[B, T]`` current-policy token log-probs.
+    ref_logp: ``[B, T]`` reference token log-probs.
+    reward: ``[B]`` transformed reward r~ per sequence.
+    mask: ``[B, T]`` response mask.
+    beta: inverse temperature beta > 0.
+    length_normalize: 1/|o| on the log-prob terms if True, trajectory sums if False.
+
+  Returns:
+    ``[B]`` float32 residuals (0 on rows without response tokens).
+  """
+  _check_tokens(mask, logp=logp, ref_logp=ref_logp)
+  batch = mask.shape[0]
+  _check_rows(batch, reward=reward)
+  lz = expand_prompt_values(log_z, batch)  # [B]
+  res = (lz + sequence_logprob(logp, mask, length_normalize) -
+         sequence_logprob(ref_logp, mask, length_normalize) - beta * _f32(reward))
+  return jnp.where(valid_rows(mask), res, 0.0)
+
+
+def tb_loss(log_z: Array,
+            logp: Array,
+            ref_logp: Array,
+            reward: Array,
+            mask: Array,
+            *,
+            beta: float,
+            length_normalize: bool,
+            old_logp: Array | None = None,
+            omega_mode: str = "one",
+            omega_max: float = 10.0,
+            sample_weight: Array | None = None) -> tuple[Array, Metrics]:
+  """Weighted squared TB residual, mean over valid rows: (1/B) sum_i omega_i R_i^2 (eq. 4 / 8).
+
+  Gradients flow into ``log_z`` (FlowRL) unless the caller stops them (DISA, see `disa_loss`).
+
+  Args:
+    log_z, logp, ref_logp, reward, mask, beta, length_normalize: see `tb_residual`.
+    old_logp: ``[B, T]`` rollout-time log-probs (needed for ``omega_mode='clipped_ratio'``).
+    omega_mode, omega_max: see `rollout_weights`.
+    sample_weight: optional fixed ``[B]`` nonnegative weights multiplied into omega (no gradient).
+
+  Returns:
+    (scalar loss, metrics): ``tb_residual_mean``/``_std``/``_abs_mean``, ``log_z_mean``/``_std``,
+    ``omega_mean``/``_max``, ``omega_raw_mean``, ``omega_clip_frac``, ``logp_seq_mean``,
+    ``ref_logp_seq_mean``, ``beta_reward_mean``.
+  """
+  _check_tokens(mask, old_logp=old_logp)
+  if not beta > 0:
+    raise ValueError(f"beta must be > 0, got {beta!r}")
+  batch = mask.shape[0]
+  _check_rows(batch, sample_weight=sample_weight)
+  valid = valid_rows(mask)
+  res = tb_residual(log_z, logp, ref_logp, reward, mask, beta=beta,
+                    length_normalize=length_normalize)
+  omega, omega_raw = rollout_weights(logp, old_logp, mask, mode=omega_mode, max_weight=omega_max)
+  if sample_weight is not None:
+    omega = omega * jax.lax.stop_gradient(_f32(sample_weight))
+  loss = masked_row_mean(omega * res**2, valid)
+  res_d = jax.lax.stop_gradient(res)
+  lz = jax.lax.stop_gradient(expand_prompt_values(log_z, batch))
+  metrics = {
+      "tb_residual_mean": masked_row_mean(res_d, valid),
+      "tb_residual_std": _masked_row_std(res_d, valid),
+      "tb_residual_abs_mean": masked_row_mean(jnp.abs(res_d), valid),
+      "log_z_mean": masked_row_mean(lz, valid),
+      "log_z_std": _masked_row_std(lz, valid),
+      "omega_mean": masked_row_mean(omega, valid),
+      "omega_max": _masked_row_max(omega, valid),
+      "omega_raw_mean": masked_row_mean(omega_raw, valid),
+      "omega_clip_frac": masked_row_mean(_f32(omega_raw > omega_max) *
+                                         (omega_mode == "clipped_ratio"), valid),
+      "logp_seq_mean": masked_row_mean(
+          jax.lax.stop_gradient(sequence_logprob(logp, mask, length_normalize)), valid),
+      "ref_logp_seq_mean": masked_row_mean(sequence_logprob(ref_logp, mask, length_normalize),
+                                           valid),
+      "beta_reward_mean": masked_row_mean(beta * _f32(reward), valid),
+  }
+  return loss, metrics
+
+
+def disa_loss(anchor_log_z: Array, logp: Array, ref_logp: Array, reward: Array, mask: Array,
+              **kwargs) -> tuple[Array, Metrics]:
+  """DISA objective, eq. (8): the TB loss with a frozen anchor g_psi*(q) in place of log Z.
+
+  The anchor values ``[P]`` pass through stop_gradient, so no gradient reaches psi whatever the
+  caller differentiates. Keyword arguments are those of `tb_loss`.
+  """
+  return tb_loss(jax.lax.stop_gradient(_f32(anchor_log_z)), logp, ref_logp, reward, mask, **kwargs)
+
+
+def flowrl_loss(head_log_z: Array, logp: Array, ref_logp: Array, reward: Array, mask: Array,
+                **kwargs) -> tuple[Array, Metrics]:
+  """FlowRL objective, eq. (4): the TB loss with a co-trained log Z_phi head ``[P]``.
+
+  Gradients reach both the policy (through ``logp``) and the head (through ``head_log_z``).
+  Keyword arguments are those of `tb_loss`.
+  """
+  return tb_loss(head_log_z, logp, ref_logp, reward, mask, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reward maximisation: GRPO (eqs. 1-3) and GSPO.
+# ----------------------------------------------------------------------------------------------
+
+
+def kl_penalty(logp: Array, ref_logp: Array, kind: str) -> Array:
+  """Per-token KL(pi_theta || pi_ref) estimators on samples from pi_theta: ``[B, T] -> [B, T]``.
+
+  ``k1``: log pi_theta - log pi_ref. ``k3``: exp(d) - d - 1 with d = log pi_ref - log pi_theta
+  (nonnegative, unbiased).
+  """
+  if kind not in KL_KINDS:
+    raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+  d = _f32(ref_logp) - _f32(logp)
+  if kind == "k1":
+    return -d
+  d = jnp.clip(d, -20.0, 20.0)  # keeps exp finite; far outside any useful regime
+  return jnp.exp(d) - d - 1.0
+
+
+def _ratio_metrics(log_ratio: Array, weights: Array, prefix: str) -> Metrics:
+  """Mean / min / max of exp(log_ratio) over entries with weights > 0."""
+  valid = weights > 0
+  ratio = jnp.exp(jnp.clip(log_ratio, -80.0, 80.0))
+  w = _f32(valid)
+  return {
+      f"{prefix}_mean": (ratio * w).sum() / jnp.maximum(w.sum(), 1.0),
+      f"{prefix}_min": jnp.where(valid, ratio, jnp.inf).min(initial=jnp.inf),
+      f"{prefix}_max": jnp.where(valid, ratio, -jnp.inf).max(initial=-jnp.inf),
+  }
+
+
+def grpo_loss(logp: Array,
+              old_logp: Array,
+              advantages: Array,
+              mask: Array,
+              *,
+              eps_low: float = 0.2,
+              eps_high: float = 0.2,
+              dual_clip: float | None = None,
+              ref_logp: Array | None = None,
+              kl_coef: float = 0.0,
+              kl_kind: str = "k3") -> tuple[Array, Metrics]:
+  """GRPO: token-level clipped surrogate of eq. (2) with group advantages of eq. (3).
+
+  Per token rho_t = pi_theta / pi_old (eq. 1) and
+  l_t = -min(rho_t A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) A_i); with ``dual_clip`` c > 1,
+  tokens with A_i < 0 are bounded as l_t = min(l_t, -c A_i) (the dual clip). With ``kl_coef`` > 0
+  the per-token KL estimate to pi_ref (``k1`` | ``k3``) is added: l_t += kl_coef * kl_t. The loss is
+  (1/B) sum_i (1/T_i) sum_t l_t over valid rows, the sequence-mean of token-means of eq. (2).
+
+  Args:
+    logp, old_logp: ``[B, T]`` current and rollout-time token log-probs.
+    advantages: ``[B]`` per-sequence advantages (eq. 3, see `group_zscore_advantages`).
+    mask: ``[B, T]`` response mask.
+    eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
+    dual_clip: None, or c > 1 for the dual clip on negative advantages.
+    ref_logp: ``[B, T]`` reference log-probs (required when kl_coef > 0).
+    kl_coef: KL penalty coefficient (>= 0).
+    kl_kind: ``k1`` | ``k3``.
+
+  Returns:
+    (scalar loss, metrics): ``pg_loss``, ``clip_frac`` (tokens where the clipped branch is taken),
+    ``clip_frac_low``/``_high``, ``dual_clip_frac``, ``ratio_mean``/``_min``/``_max``,
+    ``approx_kl_old`` (k3 to pi_old), ``kl_ref`` (when ref_logp given), ``advantage_mean``.
+  """
+  _check_tokens(mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
+  _check_rows(mask.shape[0], advantages=advantages)
+  if not (0 <= eps_low < 1 and eps_high >= 0):
+    raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low!r}, "
+                     f"eps_high={eps_high!r}")
+  if dual_clip is not None and not dual_clip > 1:
+    raise ValueError(f"dual_clip must be None or > 1, got {dual_clip!r}")
+  if kl_coef < 0:
+    raise ValueError(f"kl_coef must be >= 0, got {kl_coef!r}")
+  if kl_coef > 0 and ref_logp is None:
+    raise ValueError("kl_coef > 0 needs ref_logp, got None")
+  valid = valid_rows(mask)
+  tok = mask > 0
+  adv = _f32(advantages)[:, None]  # [B] -> [B, 1], broadcast over tokens
+  log_ratio = jnp.where(tok, _f32(logp) - _f32(old_logp), 0.0)  # [B, T]
+  ratio = jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  loss_unclipped = -ratio * adv
+  loss_clipped = -clipped * adv
+  pg = jnp.maximum(loss_unclipped, loss_clipped)  # = -min(rho A, clip(rho) A)
+  took_clip = loss_clipped > loss_unclipped
+  dual_taken = jnp.zeros_like(took_clip)
+  if dual_clip is not None:
+    bound = -dual_clip * adv  # > 0 for A < 0
+    dual_taken = (adv < 0) & (pg > bound)
+    pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
+  per_token = pg
+  metrics: Metrics = {}
+  if ref_logp is not None:
+    kl = kl_penalty(logp, ref_logp, kl_kind)
+    metrics["kl_ref"] = _masked_token_mean(jax.lax.stop_gradient(kl), mask)
+    if kl_coef > 0:
+      per_token = per_token + kl_coef * kl
+  loss = masked_row_mean(sequence_mean(per_token, mask), valid)
+  sg_log_ratio = jax.lax.stop_gradient(log_ratio)
+  metrics.update({
+      "pg_loss": masked_row_mean(sequence_mean(jax.lax.stop_gradient(pg), mask), valid),
+      "clip_frac": _masked_token_mean(took_clip, mask),
+      "clip_frac_low": _masked_token_mean(took_clip & (ratio < 1.0 - eps_low), mask),
+      "clip_frac_high": _masked_token_mean(took_clip & (ratio > 1.0 + eps_high), mask),
+      "dual_clip_frac": _masked_token_mean(dual_taken, mask),
+      "approx_kl_old": _masked_token_mean(jnp.exp(-sg_log_ratio) + sg_log_ratio - 1.0, mask),
+      "advantage_mean": masked_row_mean(_f32(advantages), valid),
+  })
+  metrics.update(_ratio_metrics(sg_log_ratio, _f32(tok), "ratio"))
+  return loss, metrics
+
+
+def gspo_loss(logp: Array,
+              old_logp: Array,
+              advantages: Array,
+              mask: Array,
+              *,
+              eps_low: float = 3e-4,
+              eps_high: float = 4e-4) -> tuple[Array, Metrics]:
+  """GSPO: sequence-level clipped surrogate with the geometric-mean ratio.
+
+  s_i = exp((1/|o_i|) sum_t (log pi_theta - log pi_old)) and
+  l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), averaged over valid rows.
+
+  Args:
+    logp, old_logp: ``[B, T]`` current and rollout-time token log-probs.
+    advantages: ``[B]`` group-normalised advantages (eq. 3).
+    mask: ``[B, T]`` response mask.
+    eps_low, eps_high: clip range (GSPO's defaults 3e-4 and 4e-4).
+
+  Returns:
+    (scalar loss, metrics): ``pg_loss``, ``clip_frac`` (sequences where the clipped branch is
+    taken), ``clip_frac_low``/``_high``, ``seq_ratio_mean``/``_min``/``_max``, ``approx_kl_old``,
+    ``advantage_mean``.
+  """
+  _check_tokens(mask, logp=logp, old_logp=old_logp)
+  _check_rows(mask.shape[0], advantages=advantages)
+  if not (0 <= eps_low < 1 and eps_high >= 0):
+    raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low!r}, "
+                     f"eps_high={eps_high!r}")
+  valid = valid_rows(mask)
+  adv = _f32(advantages)
+  log_s = sequence_mean(_f32(logp) - _f32(old_logp), mask)  # [B]
+  s = jnp.exp(jnp.clip(log_s, -20.0, 20.0))
+  clipped = jnp.clip(s, 1.0 - eps_low, 1.0 + eps_high)
+  loss_unclipped = -s * adv
+  loss_clipped = -clipped * adv
+  per_seq = jnp.maximum(loss_unclipped, loss_clipped)
+  took_clip = loss_clipped > loss_unclipped
+  loss = masked_row_mean(per_seq, valid)
+  sg_log_ratio = jax.lax.stop_gradient(jnp.where(mask > 0, _f32(logp) - _f32(old_logp), 0.0))
+  metrics = {
+      "pg_loss": jax.lax.stop_gradient(loss),
+      "clip_frac": masked_row_mean(took_clip, valid),
+      "clip_frac_low": masked_row_mean(took_clip & (s < 1.0 - eps_low), valid),
+      "clip_frac_high": masked_row_mean(took_clip & (s > 1.0 + eps_high), valid),
+      "approx_kl_old": _masked_token_mean(jnp.exp(-sg_log_ratio) + sg_log_ratio - 1.0, mask),
+      "advantage_mean": masked_row_mean(adv, valid),
+  }
+  metrics.update(_ratio_metrics(jax.lax.stop_gradient(log_s), _f32(valid), "seq_ratio"))
+  return loss, metrics

@@ -1,0 +1,465 @@
+"""The generation process: a rollout engine in its own spawned process, driven through shared memory.
+
+`RemoteEngine` (trainer side) spawns `_worker_main` with the `spawn` start method. Requests go
+through a request `ShmRing`, results come back through a result `ShmRing`, weights through a
+`ShmBlock` rewritten in place, and a small control block carries the worker's state, pid, a
+heartbeat and, on failure, its traceback.
+
+Failure handling (never a hang):
+* every call waits with a deadline (`timeout_s`) and checks, every ~50 ms, that the worker is alive
+  and that its heartbeat is fresher than `heartbeat_timeout_s` (a stopped or wedged process stops
+  beating). Death gives `GenerationProcessError` at once; a hang or a missed deadline kills the worker
+  and raises `TimeoutError`. After either, the proxy is closed and later calls raise.
+* shared-memory names are unlinked as soon as both sides have mapped them; before that, the worker's
+  watchdog unlinks them if the trainer dies, and the trainer's watchdog if the worker dies. The worker
+  also exits by itself when the trainer dies, so a `kill -9` of either side leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import secrets
+import threading
+import time
+import traceback
+import weakref
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from disa_jax.rollout import shm
+from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
+
+# Control block layout: float64 fields, then the error text.
+_CTL_BYTES = 1 << 16
+_CTL_FIELDS = 8  # state, pid, heartbeat (time.time()), error length
+_CTL_TEXT = 256
+_STARTING, _ATTACHED, _READY, _FAILED, _EXITED = 0.0, 1.0, 2.0, 3.0, 4.0
+_FINISH = ("stop", "length")
+
+
+class GenerationProcessError(RuntimeError):
+  """The generation process died, failed to start, or reported an error."""
+
+
+class GenerationProcessHung(TimeoutError):
+  """The generation process stopped sending heartbeats."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _WorkerSpec:
+  kind: str
+  model_path: str
+  engine_kwargs: dict
+  parent_pid: int
+  ctl_name: str
+  req_name: str
+  res_name: str
+  env: dict
+  result_bytes: int
+
+
+def make_local_engine(kind: str, model_path: str, **engine_kwargs):
+  """Builds an engine in this process: 'jax' (`JaxSampler`) or 'vllm' (`VllmEngine`)."""
+  if kind == "jax":
+    from disa_jax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+    return JaxSampler.from_pretrained(model_path, **engine_kwargs)
+  if kind == "vllm":
+    from disa_jax.rollout.vllm_engine import VllmEngine  # pylint: disable=g-import-not-at-top
+    return VllmEngine(model_path, **engine_kwargs)
+  raise ValueError(f"engine kind must be 'jax' or 'vllm', got {kind!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Wire format of generate results.
+# ----------------------------------------------------------------------------------------------
+
+
+def _pack_completions(comps: Sequence[Completion], with_raw: bool) -> dict[str, np.ndarray]:
+  arrays = {
+      "lengths": np.array([len(c.token_ids) for c in comps], np.int64),
+      "finish": np.array([_FINISH.index(c.finish_reason) for c in comps], np.int8),
+      "token_ids": np.concatenate([c.token_ids for c in comps] or [np.zeros(0, np.int32)]),
+      "logprobs": np.concatenate([c.logprobs for c in comps] or [np.zeros(0, np.float32)]),
+  }
+  if with_raw:
+    arrays["raw_logprobs"] = np.concatenate([c.raw_logprobs for c in comps]
+                                            or [np.zeros(0, np.float32)])
+  return arrays
+
+
+def _unpack_completions(arrays: Mapping[str, np.ndarray]) -> list[Completion]:
+  ends = np.cumsum(arrays["lengths"])
+  starts = ends - arrays["lengths"]
+  raw = arrays.get("raw_logprobs")
+  return [
+      Completion(token_ids=np.array(arrays["token_ids"][s:e]),
+                 logprobs=np.array(arrays["logprobs"][s:e]),
+                 raw_logprobs=None if raw is None else np.array(raw[s:e]),
+                 finish_reason=_FINISH[int(f)])
+      for s, e, f in zip(starts, ends, arrays["finish"])
+  ]
+
+
+def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Completion]]:
+  """Splits completions into groups whose packed size stays below `max_bytes`."""
+  chunks, cur, cur_bytes = [], [], 0
+  for c in comps:
+    nbytes = 12 * len(c.token_ids) + 64
+    if cur and cur_bytes + nbytes > max_bytes:
+      chunks.append(cur)
+      cur, cur_bytes = [], 0
+    cur.append(c)
+    cur_bytes += nbytes
+  chunks.append(cur)
+  return chunks
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker side.
+# ----------------------------------------------------------------------------------------------
+
+
+def _worker_main(spec: _WorkerSpec) -> None:
+  """Entry point of the generation process."""
+  os.environ.update(spec.env)
+  ctl = shm.ShmBlock.attach(spec.ctl_name)
+  fields = np.ndarray((_CTL_FIELDS,), np.float64, buffer=ctl._shm.buf)  # pylint: disable=protected-access
+  known_names = {spec.ctl_name, spec.req_name, spec.res_name}
+  req = shm.ShmRing.attach(spec.req_name)
+  res = shm.ShmRing.attach(spec.res_name)
+  fields[1], fields[2] = os.getpid(), time.time()
+  fields[0] = _ATTACHED
+
+  def watchdog():
+    while True:
+      fields[2] = time.time()
+      if os.getppid() != spec.parent_pid or not shm._pid_alive(spec.parent_pid):  # pylint: disable=protected-access
+        for name in list(known_names):
+          shm.unlink_segment(name)
+        os._exit(70)  # The trainer is gone: nobody will read our results.
+      time.sleep(0.1)
+
+  threading.Thread(target=watchdog, name="disa-rollout-watchdog", daemon=True).start()
+
+  try:
+    engine = make_local_engine(spec.kind, spec.model_path, **spec.engine_kwargs)
+  except BaseException:  # pylint: disable=broad-except
+    text = traceback.format_exc().encode()[:_CTL_BYTES - _CTL_TEXT]
+    ctl._shm.buf[_CTL_TEXT:_CTL_TEXT + len(text)] = text  # pylint: disable=protected-access
+    fields[3] = len(text)
+    fields[0] = _FAILED
+    os._exit(1)
+  fields[0] = _READY
+
+  weights: shm.ShmBlock | None = None
+  while True:
+    meta, arrays = req.get()
+    rid, cmd = meta["id"], meta["cmd"]
+    try:
+      if cmd == "close":
+        res.put({"id": rid, "ok": True, "last": True})
+        break
+      if cmd == "ping":
+        res.put({"id": rid, "ok": True, "last": True, "pid": os.getpid()})
+      elif cmd == "generate":
+        params = SamplingParams.from_dict(meta["params"])
+        ends = np.cumsum(arrays["lengths"])
+        prompts = [arrays["tokens"][e - n:e] for e, n in zip(ends, arrays["lengths"])]
+        out = engine.generate(prompts, params)
+        flat = [c for per_prompt in out for c in per_prompt]
+        chunks = _chunk_completions(flat, spec.result_bytes // 2)
+        for k, chunk in enumerate(chunks):
+          res.put({"id": rid, "ok": True, "last": k == len(chunks) - 1},
+                  _pack_completions(chunk, params.return_raw_logprobs))
+      elif cmd == "update_weights":
+        if weights is None or weights.name != meta["block"]:
+          if weights is not None:
+            known_names.discard(weights.name)
+            weights.close(unlink=True)
+          weights = shm.ShmBlock.attach(meta["block"])
+          known_names.add(weights.name)
+        _, views = weights.read()
+        t0 = time.perf_counter()
+        engine.update_weights(views)
+        load_s = time.perf_counter() - t0
+        del views
+        res.put({"id": rid, "ok": True, "last": True, "load_s": load_s})
+      else:
+        raise ValueError(f"unknown generation-process command {cmd!r}")
+    except BaseException:  # pylint: disable=broad-except
+      res.put({"id": rid, "ok": False, "last": True, "error": traceback.format_exc()})
+  engine.close()
+  fields[0] = _EXITED
+  if weights is not None:
+    weights.close(unlink=True)
+  req.close(unlink=True)
+  res.close(unlink=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Trainer side.
+# ----------------------------------------------------------------------------------------------
+
+
+class RemoteEngine:
+  """An `Engine` proxy that runs the real engine in a spawned generation process.
+
+  Args:
+    kind: 'jax' or 'vllm'.
+    model_path: local HF checkpoint directory.
+    timeout_s: deadline of each `generate` / `update_weights` call (seconds).
+    startup_timeout_s: deadline for the worker to build its engine.
+    heartbeat_timeout_s: the worker is declared hung when its heartbeat is older than this.
+    request_bytes: slot size of the request ring (prompt tokens of one call must fit).
+    result_bytes: slot size of the result ring (results are sent in as many chunks as needed).
+    env: environment variables set in the worker before anything is imported there.
+    **engine_kwargs: passed to the engine's constructor inside the worker.
+  """
+
+  def __init__(self, kind: str, model_path: str, *, timeout_s: float = 3600.0,
+               startup_timeout_s: float = 900.0, heartbeat_timeout_s: float = 60.0,
+               request_bytes: int = 16 << 20, result_bytes: int = 32 << 20,
+               env: Mapping[str, str] | None = None, **engine_kwargs: Any):
+    if kind not in ("jax", "vllm"):
+      raise ValueError(f"engine kind must be 'jax' or 'vllm', got {kind!r}")
+    for field, value in (("timeout_s", timeout_s), ("startup_timeout_s", startup_timeout_s),
+                         ("heartbeat_timeout_s", heartbeat_timeout_s)):
+      if not value > 0:
+        raise ValueError(f"RemoteEngine.{field} must be > 0, got {value!r}")
+    self.kind = kind
+    self.timeout_s = timeout_s
+    self.heartbeat_timeout_s = heartbeat_timeout_s
+    self._lock = threading.Lock()
+    self._closed = False
+    self._next_id = 0
+    self._weights: shm.ShmBlock | None = None
+    self._weights_count = 0
+    # Timing of the last update_weights: bytes, copy_s (into shared memory), load_s (engine's own load
+    # in the worker), total_s (call to return).
+    self.last_sync: dict[str, float] = {}
+    self._names: set[str] = set()
+    shm.cleanup_stale_segments()
+
+    self._token = secrets.token_hex(4)
+    self._ctl = shm.ShmBlock.create(shm.segment_name("ctl", self._token), _CTL_BYTES)
+    self._names.add(self._ctl.name)
+    self._fields = np.ndarray((_CTL_FIELDS,), np.float64, buffer=self._ctl._shm.buf)  # pylint: disable=protected-access
+    self._fields[:] = 0.0
+    self._req = shm.ShmRing.create(shm.segment_name("req", self._token), 2, request_bytes)
+    self._names.add(self._req.name)
+    self._res = shm.ShmRing.create(shm.segment_name("res", self._token), 4, result_bytes)
+    self._names.add(self._res.name)
+
+    worker_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+                  "TOKENIZERS_PARALLELISM": "false"}
+    worker_env = {k: os.environ.get(k, v) for k, v in worker_env.items()}
+    worker_env.update(env or {})
+    spec = _WorkerSpec(kind=kind, model_path=str(model_path), engine_kwargs=dict(engine_kwargs),
+                       parent_pid=os.getpid(), ctl_name=self._ctl.name, req_name=self._req.name,
+                       res_name=self._res.name, env=worker_env, result_bytes=self._res.slot_bytes)
+    ctx = mp.get_context("spawn")
+    # Not daemonic: a daemonic process may not start children (vLLM may). Shutdown is ours: close(),
+    # atexit, and the worker's own watchdog when this process dies.
+    self._proc = ctx.Process(target=_worker_main, args=(spec,), name=f"disa-rollout-{kind}",
+                             daemon=False)
+    self.startup_s = float("nan")
+    t0 = time.monotonic()
+    self._proc.start()
+    self._finalizer = weakref.finalize(self, RemoteEngine._cleanup, self._proc, self._names)
+    # Registered now, i.e. after multiprocessing's own exit hook, so it runs before that hook joins
+    # the (non-daemonic) worker at interpreter exit.
+    atexit.register(self._finalizer)
+    threading.Thread(target=RemoteEngine._watch_worker, args=(self._proc, self._names),
+                     name="disa-rollout-parent-watchdog", daemon=True).start()
+    try:
+      self._wait_startup(startup_timeout_s)
+    except BaseException:
+      self._abort()
+      raise
+    self.startup_s = time.monotonic() - t0
+
+  # -- lifecycle ---------------------------------------------------------------------------------
+
+  @property
+  def pid(self) -> int | None:
+    return self._proc.pid
+
+  @property
+  def segment_names(self) -> list[str]:
+    return sorted(self._names)
+
+  @staticmethod
+  def _cleanup(proc: mp.Process, names: set[str]) -> None:
+    if proc.is_alive():
+      proc.kill()
+      proc.join(5.0)
+    for name in list(names):
+      shm.unlink_segment(name)
+
+  @staticmethod
+  def _watch_worker(proc: mp.Process, names: set[str]) -> None:
+    """Unlinks our names when the worker exits (covers the windows before they are unlinked)."""
+    mp.connection.wait([proc.sentinel])
+    for name in list(names):
+      shm.unlink_segment(name)
+
+  def _unlink_shared_names(self) -> None:
+    for name in (self._ctl.name, self._req.name, self._res.name):
+      shm.unlink_segment(name)
+      self._names.discard(name)
+
+  def _wait_startup(self, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+      state = self._fields[0]
+      if state >= _ATTACHED:
+        self._unlink_shared_names()  # both sides have them mapped now
+      if state == _READY:
+        return
+      if state == _FAILED:
+        n = int(self._fields[3])
+        text = bytes(self._ctl._shm.buf[_CTL_TEXT:_CTL_TEXT + n]).decode(errors="replace")  # pylint: disable=protected-access
+        raise GenerationProcessError(f"{self.kind} generation process failed to start:\n{text}")
+      if not self._proc.is_alive():
+        raise GenerationProcessError(f"{self.kind} generation process (pid {self._proc.pid}) exited "
+                                     f"with code {self._proc.exitcode} during startup")
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"{self.kind} generation process did not start within {timeout} s")
+      time.sleep(0.01)
+
+  def _check_alive(self) -> None:
+    if not self._proc.is_alive():
+      raise GenerationProcessError(f"{self.kind} generation process (pid {self._proc.pid}) died "
+                                   f"with exit code {self._proc.exitcode}")
+    age = time.time() - self._fields[2]
+    if age > self.heartbeat_timeout_s:
+      raise GenerationProcessHung(f"{self.kind} generation process (pid {self._proc.pid}) is hung: no "
+                         f"heartbeat for {age:.1f} s (heartbeat_timeout_s="
+                         f"{self.heartbeat_timeout_s})")
+
+  def _abort(self) -> None:
+    """Kills the worker and releases everything; used on any failure."""
+    self._closed = True
+    RemoteEngine._cleanup(self._proc, self._names)
+    self._release_local()
+
+  def _release_local(self) -> None:
+    if self._weights is not None:
+      self._weights.close(unlink=True)
+      self._weights = None
+    self._fields = None
+    for seg in (self._req, self._res, self._ctl):
+      seg.close(unlink=True)
+    self._finalizer.detach()
+    atexit.unregister(self._finalizer)
+
+  def close(self) -> None:
+    """Asks the worker to exit (kills it if it does not within 30 s); idempotent."""
+    with self._lock:
+      if self._closed:
+        return
+      try:
+        self._call("close", {}, {}, timeout=30.0)
+        self._proc.join(30.0)
+      except (GenerationProcessError, TimeoutError):
+        pass
+      self._abort()
+
+  def __enter__(self) -> "RemoteEngine":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  # -- requests ----------------------------------------------------------------------------------
+
+  def _call(self, cmd: str, meta: dict, arrays: dict, timeout: float | None = None
+            ) -> list[tuple[dict, dict[str, np.ndarray]]]:
+    if self._closed:
+      raise GenerationProcessError(f"{self.kind} generation process is closed")
+    timeout = self.timeout_s if timeout is None else timeout
+    rid = self._next_id
+    self._next_id += 1
+    deadline = time.monotonic() + timeout
+    try:
+      self._req.put({"id": rid, "cmd": cmd, **meta}, arrays, timeout=timeout,
+                    check=self._check_alive)
+      parts = []
+      while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+          raise TimeoutError(f"{self.kind} generation process did not answer {cmd!r} within "
+                             f"{timeout} s (timeout_s)")
+        try:
+          m, a = self._res.get(timeout=remaining, check=self._check_alive)
+        except GenerationProcessHung:
+          raise
+        except TimeoutError as e:
+          raise TimeoutError(f"{self.kind} generation process did not answer {cmd!r} within "
+                             f"{timeout} s (timeout_s)") from e
+        if m["id"] != rid:
+          raise GenerationProcessError(f"result for request {m['id']} while waiting for {rid}")
+        if not m["ok"]:
+          parts = None
+          error = m["error"]
+          break
+        parts.append((m, a))
+        if m["last"]:
+          break
+    except (GenerationProcessError, TimeoutError):
+      if cmd != "close":
+        self._abort()
+      raise
+    if parts is None:
+      raise GenerationProcessError(f"{cmd!r} failed in the {self.kind} generation process:\n"
+                                   f"{error}")
+    return parts
+
+  def ping(self) -> int:
+    """Round trip through the worker; returns its pid."""
+    with self._lock:
+      return int(self._call("ping", {}, {})[0][0]["pid"])
+
+  def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+               params: SamplingParams) -> list[list[Completion]]:
+    """See `Engine.generate`; returns `[P][n]` completions."""
+    prompts = validate_prompts(prompt_token_ids)
+    arrays = {"lengths": np.array([len(p) for p in prompts], np.int64),
+              "tokens": np.concatenate(prompts)}
+    with self._lock:
+      parts = self._call("generate", {"params": params.to_dict()}, arrays)
+    flat = [c for _, a in parts for c in _unpack_completions(a)]
+    if len(flat) != len(prompts) * params.n:
+      raise GenerationProcessError(f"expected {len(prompts) * params.n} completions, "
+                                   f"got {len(flat)}")
+    return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+  def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
+    """Copies `state_dict` (HF names/layouts) into shared memory and loads it in the worker."""
+    arrays = {k: np.asarray(v) for k, v in state_dict.items()}
+    nbytes = shm.message_nbytes({}, arrays)
+    with self._lock:
+      if self._closed:
+        raise GenerationProcessError(f"{self.kind} generation process is closed")
+      if self._weights is None or self._weights.size < nbytes:
+        if self._weights is not None:
+          self._weights.close(unlink=True)
+          self._names.discard(self._weights.name)
+        self._weights_count += 1
+        self._weights = shm.ShmBlock.create(
+            shm.segment_name(f"w{self._weights_count}", self._token), nbytes)
+        self._names.add(self._weights.name)
+      t0 = time.perf_counter()
+      self._weights.write({}, arrays)
+      t1 = time.perf_counter()
+      meta = self._call("update_weights", {"block": self._weights.name}, {})[0][0]
+      self.last_sync = {"bytes": nbytes, "copy_s": t1 - t0, "load_s": meta["load_s"],
+                        "total_s": time.perf_counter() - t0}
+      # The worker has it mapped now: drop the name so that nothing can leak.
+      shm.unlink_segment(self._weights.name)
+      self._names.discard(self._weights.name)

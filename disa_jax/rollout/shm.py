@@ -1,0 +1,389 @@
+"""Shared-memory transport between the trainer and the generation process.
+
+Three pieces, all on `multiprocessing.shared_memory` segments:
+
+* `pack_message` / `unpack_message`: a message is a small JSON header plus named NumPy arrays laid out
+  at 64-byte aligned offsets; unpacking returns zero-copy views into the segment.
+* `ShmRing`: a ring of fixed-size slots with a header holding, per slot, its state, a sequence number
+  and the payload length. Any number of producers and consumers (threads or processes) may use it.
+  The header is guarded by an in-process `threading.Lock` plus an `fcntl.flock` on the segment's file
+  descriptor, which the kernel releases when a process dies, so a `kill -9` never leaves the ring
+  locked. Payloads are copied outside the lock (slot states WRITING / READING), and waiting is by
+  polling with a deadline and an optional liveness check, so no wait can hang forever.
+* `ShmBlock`: one segment holding one message (used for weights, rewritten in place each update).
+
+Lifetime. Segments are created with names `disa_ro_<creator pid>_<token>_<role>` and are not tracked
+by Python's resource tracker (this module manages them). The generation-process protocol unlinks each
+name as soon as both sides have it mapped, so from then on nothing can leak; the short windows before
+that are covered by watchdogs on both sides and by `cleanup_stale_segments`, which removes segments
+whose creator pid is no longer alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any, Callable, Iterator, Mapping
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 & co. so np.dtype('bfloat16') works)
+import numpy as np
+
+try:  # POSIX only; used to unlink names that the resource tracker does not know about.
+  import _posixshmem  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+  _posixshmem = None
+
+PREFIX = "disa_ro_"
+_ALIGN = 64
+_SHM_DIR = "/dev/shm"
+
+
+def _align(n: int) -> int:
+  return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def segment_name(role: str, token: str | None = None, pid: int | None = None) -> str:
+  """Returns `disa_ro_<pid>_<token>_<role>`; the pid lets a survivor find a dead creator's segments."""
+  if not re.fullmatch(r"[a-z0-9]+", role):
+    raise ValueError(f"segment role must be [a-z0-9]+, got {role!r}")
+  token = token or secrets.token_hex(4)
+  return f"{PREFIX}{os.getpid() if pid is None else pid}_{token}_{role}"
+
+
+def open_segment(name: str, size: int = 0, create: bool = False) -> shared_memory.SharedMemory:
+  """Creates or attaches a segment that the resource tracker does not manage (see module doc)."""
+  if create and size <= 0:
+    raise ValueError(f"segment size must be > 0, got {size} for {name!r}")
+  shm = shared_memory.SharedMemory(name=name, create=create, size=size)
+  # Python registers every open segment with its resource tracker (shared by spawned children), which
+  # would unlink it (with warnings) when *any* process exits; lifetime is managed here instead.
+  resource_tracker.unregister(shm._name, "shared_memory")  # pylint: disable=protected-access
+  return shm
+
+
+def unlink_segment(name: str) -> bool:
+  """Removes a segment name (mappings stay valid); returns False if it did not exist."""
+  try:
+    if _posixshmem is not None:
+      _posixshmem.shm_unlink("/" + name.lstrip("/"))
+    else:  # pragma: no cover
+      os.unlink(os.path.join(_SHM_DIR, name))
+    return True
+  except FileNotFoundError:
+    return False
+
+
+def close_segment(shm: shared_memory.SharedMemory) -> None:
+  """Unmaps a segment; if NumPy views still reference it, the mapping is freed when they are."""
+  try:
+    shm.close()
+  except BufferError:
+    pass
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def list_segments(pid: int | None = None) -> list[str]:
+  """Names of this module's segments in /dev/shm (of creator `pid` if given)."""
+  if not os.path.isdir(_SHM_DIR):
+    return []
+  prefix = PREFIX if pid is None else f"{PREFIX}{pid}_"
+  return sorted(n for n in os.listdir(_SHM_DIR) if n.startswith(prefix))
+
+
+def cleanup_stale_segments() -> list[str]:
+  """Unlinks segments whose creator pid is dead; returns the removed names."""
+  removed = []
+  for name in list_segments():
+    m = re.match(rf"{PREFIX}(\d+)_", name)
+    if m and not _pid_alive(int(m.group(1))) and unlink_segment(name):
+      removed.append(name)
+  return removed
+
+
+# ----------------------------------------------------------------------------------------------
+# Messages.
+# ----------------------------------------------------------------------------------------------
+
+
+def _layout(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> tuple[bytes, list, int]:
+  entries, offset = [], 0
+  for name, a in arrays.items():
+    a = np.asarray(a)
+    if a.dtype.hasobject:
+      raise TypeError(f"array {name!r} has object dtype; only plain NumPy dtypes can be shared")
+    if a.dtype.byteorder == ">":
+      raise TypeError(f"array {name!r} is big-endian ({a.dtype}); convert it first")
+    entries.append([name, a.dtype.name, list(a.shape), offset])
+    offset = _align(offset + a.nbytes)
+  header = json.dumps({"meta": dict(meta), "arrays": entries}).encode()
+  return header, entries, offset
+
+
+def message_nbytes(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+  """Bytes that `pack_message` needs for this message."""
+  header, _, data = _layout(meta, arrays)
+  return _align(8 + len(header)) + data
+
+
+def pack_message(buf: memoryview, meta: Mapping[str, Any],
+                 arrays: Mapping[str, np.ndarray]) -> int:
+  """Writes `meta` (JSON-able) and `arrays` into `buf`; returns the bytes used.
+
+  Raises:
+    ValueError: if the message does not fit into `buf` (the error gives both sizes).
+  """
+  header, entries, data = _layout(meta, arrays)
+  base = _align(8 + len(header))
+  total = base + data
+  if total > len(buf):
+    raise ValueError(f"message of {total} bytes does not fit a {len(buf)}-byte slot; "
+                     f"increase the slot size (arrays: {[(e[0], e[2]) for e in entries]})")
+  buf[:8] = len(header).to_bytes(8, "little")
+  buf[8:8 + len(header)] = header
+  for (name, dtype, shape, offset), a in zip(entries, arrays.values()):
+    a = np.asarray(a)
+    dst = np.ndarray(tuple(shape), dtype=np.dtype(dtype), buffer=buf, offset=base + offset)
+    dst[...] = a
+  return total
+
+
+def unpack_message(buf: memoryview) -> tuple[dict, dict[str, np.ndarray]]:
+  """Reads a message written by `pack_message`; arrays are zero-copy views into `buf`."""
+  n = int.from_bytes(bytes(buf[:8]), "little")
+  header = json.loads(bytes(buf[8:8 + n]))
+  base = _align(8 + n)
+  arrays = {}
+  for name, dtype, shape, offset in header["arrays"]:
+    arrays[name] = np.ndarray(tuple(shape), dtype=np.dtype(dtype), buffer=buf, offset=base + offset)
+  return header["meta"], arrays
+
+
+# ----------------------------------------------------------------------------------------------
+# Ring buffer.
+# ----------------------------------------------------------------------------------------------
+
+_MAGIC = 0x44495341524F4E47  # "DISARONG"
+_EMPTY, _WRITING, _FULL, _READING = 0, 1, 2, 3
+_GLOBAL_FIELDS = 8  # magic, num_slots, slot_bytes, next_seq, puts, gets, reserved x2
+_SLOT_FIELDS = 4  # state, seq, nbytes, reserved
+
+
+class RingClosed(RuntimeError):
+  """The ring's peer is gone (raised by a liveness check while waiting)."""
+
+
+def _sleep_backoff(i: int) -> None:
+  """Polling back-off: yield, then sleep up to 1 ms; after ~2 s idle, up to 5 ms (low idle CPU)."""
+  time.sleep(0.0 if i < 20 else min(1e-3 if i < 2000 else 5e-3, 2e-5 * (i - 19)))
+
+
+class ShmRing:
+  """A multi-producer multi-consumer ring of fixed-size message slots in one shared segment.
+
+  Create it in one process (`ShmRing.create`) and attach elsewhere by name (`ShmRing.attach`).
+  `put` copies a message into a free slot; `get` copies the oldest ready message out, and `read`
+  yields zero-copy views that stay valid until the `with` block ends (the slot is then freed).
+  Messages from one producer are delivered in the order they were put.
+  """
+
+  lock_timeout_s = 30.0  # the header lock is held for microseconds; waiting longer means a wedge
+
+  def __init__(self, shm: shared_memory.SharedMemory, owner: bool):
+    self._shm = shm
+    self.name = shm.name
+    self._owner = owner
+    self._tlock = threading.Lock()
+    hdr = np.ndarray((_GLOBAL_FIELDS,), np.int64, buffer=shm.buf)
+    if int(hdr[0]) != _MAGIC:
+      raise ValueError(f"shared segment {shm.name!r} is not a ShmRing (bad magic)")
+    self.num_slots = int(hdr[1])
+    self.slot_bytes = int(hdr[2])
+    self._glob = hdr
+    # Per-slot header fields; reshape the flat int64 block to [num_slots, _SLOT_FIELDS].
+    self._slots = np.ndarray((self.num_slots, _SLOT_FIELDS), np.int64, buffer=shm.buf,
+                             offset=_GLOBAL_FIELDS * 8)
+    self._data_offset = _align((_GLOBAL_FIELDS + _SLOT_FIELDS * self.num_slots) * 8)
+
+  @classmethod
+  def create(cls, name: str, num_slots: int, slot_bytes: int) -> "ShmRing":
+    if num_slots < 1 or slot_bytes < 64:
+      raise ValueError(f"ShmRing needs num_slots >= 1 and slot_bytes >= 64, "
+                       f"got {num_slots}, {slot_bytes}")
+    slot_bytes = _align(slot_bytes)
+    data_offset = _align((_GLOBAL_FIELDS + _SLOT_FIELDS * num_slots) * 8)
+    shm = open_segment(name, data_offset + num_slots * slot_bytes, create=True)
+    hdr = np.ndarray((_GLOBAL_FIELDS + _SLOT_FIELDS * num_slots,), np.int64, buffer=shm.buf)
+    hdr[:] = 0
+    hdr[1], hdr[2] = num_slots, slot_bytes
+    hdr[0] = _MAGIC
+    return cls(shm, owner=True)
+
+  @classmethod
+  def attach(cls, name: str) -> "ShmRing":
+    return cls(open_segment(name), owner=False)
+
+  @contextlib.contextmanager
+  def _locked(self, timeout: float | None = None) -> Iterator[None]:
+    """Holds the header lock; polls (non-blocking flock) so that `timeout` is honoured."""
+    timeout = self.lock_timeout_s if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    if not self._tlock.acquire(timeout=timeout):
+      raise TimeoutError(f"ShmRing {self.name!r}: header lock not acquired within {timeout} s")
+    try:
+      i = 0
+      while True:
+        try:
+          fcntl.flock(self._shm._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # pylint: disable=protected-access
+          break
+        except BlockingIOError:
+          if time.monotonic() >= deadline:
+            raise TimeoutError(f"ShmRing {self.name!r}: header lock held by another process for "
+                               f"more than {timeout} s") from None
+          _sleep_backoff(i)
+          i += 1
+      try:
+        yield
+      finally:
+        fcntl.flock(self._shm._fd, fcntl.LOCK_UN)  # pylint: disable=protected-access
+    finally:
+      self._tlock.release()
+
+  def _slot_view(self, i: int, nbytes: int | None = None) -> memoryview:
+    start = self._data_offset + i * self.slot_bytes
+    return self._shm.buf[start:start + (self.slot_bytes if nbytes is None else nbytes)]
+
+  def _claim(self, from_state: int, to_state: int, oldest: bool,
+             timeout: float | None) -> int | None:
+    with self._locked(timeout):
+      idx = np.flatnonzero(self._slots[:, 0] == from_state)
+      if idx.size == 0:
+        return None
+      i = int(idx[np.argmin(self._slots[idx, 1])]) if oldest else int(idx[0])
+      self._slots[i, 0] = to_state
+      if to_state == _WRITING:
+        self._slots[i, 1] = self._glob[3]
+        self._glob[3] += 1
+      return i
+
+  def _set_state(self, i: int, state: int, nbytes: int | None = None) -> None:
+    with self._locked():
+      if nbytes is not None:
+        self._slots[i, 2] = nbytes
+      self._slots[i, 0] = state
+
+  def _wait_claim(self, from_state: int, to_state: int, oldest: bool, timeout: float | None,
+                  check: Callable[[], None] | None, what: str) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    i = 0
+    next_check = time.monotonic() + 0.05
+    while True:
+      left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+      slot = self._claim(from_state, to_state, oldest, left)
+      if slot is not None:
+        return slot
+      now = time.monotonic()
+      if deadline is not None and now >= deadline:
+        raise TimeoutError(f"ShmRing {self.name!r}: no {what} slot within {timeout} s")
+      if check is not None and now >= next_check:
+        check()
+        next_check = now + 0.05
+      _sleep_backoff(i)
+      i += 1
+
+  def put(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
+          timeout: float | None = None, check: Callable[[], None] | None = None) -> None:
+    """Copies a message into a free slot, waiting up to `timeout` seconds for one.
+
+    Args:
+      meta: JSON-serialisable metadata.
+      arrays: named NumPy arrays.
+      timeout: seconds to wait for a free slot (None: no limit, but `check` still runs).
+      check: called every ~50 ms while waiting; raise from it to abort (e.g. peer died).
+    """
+    arrays = arrays or {}
+    nbytes = message_nbytes(meta, arrays)
+    if nbytes > self.slot_bytes:
+      raise ValueError(f"message of {nbytes} bytes exceeds ShmRing {self.name!r} slot size "
+                       f"{self.slot_bytes}")
+    i = self._wait_claim(_EMPTY, _WRITING, False, timeout, check, "free")
+    try:
+      pack_message(self._slot_view(i), meta, arrays)
+    except BaseException:
+      self._set_state(i, _EMPTY)
+      raise
+    self._set_state(i, _FULL, nbytes)
+
+  @contextlib.contextmanager
+  def read(self, *, timeout: float | None = None,
+           check: Callable[[], None] | None = None) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
+    """Yields the oldest ready message as zero-copy views; the slot is freed on exit."""
+    i = self._wait_claim(_FULL, _READING, True, timeout, check, "ready")
+    try:
+      yield unpack_message(self._slot_view(i, int(self._slots[i, 2])))
+    finally:
+      self._set_state(i, _EMPTY, 0)
+
+  def get(self, *, timeout: float | None = None,
+          check: Callable[[], None] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """Like `read` but returns copies, so the slot is free when this returns."""
+    with self.read(timeout=timeout, check=check) as (meta, arrays):
+      return meta, {k: np.array(v) for k, v in arrays.items()}
+
+  def pending(self) -> int:
+    """Number of messages ready to be read."""
+    with self._locked():
+      return int(np.sum(self._slots[:, 0] == _FULL))
+
+  def close(self, unlink: bool | None = None) -> None:
+    """Unmaps the ring; unlinks its name if `unlink` (default: if this process created it)."""
+    if unlink if unlink is not None else self._owner:
+      unlink_segment(self.name)
+    # Drop our own views before unmapping.
+    self._glob = self._slots = None
+    close_segment(self._shm)
+
+
+class ShmBlock:
+  """One shared segment holding one message (e.g. a weight state dict), rewritten in place."""
+
+  def __init__(self, shm: shared_memory.SharedMemory, owner: bool):
+    self._shm = shm
+    self.name = shm.name
+    self.size = shm.size
+    self._owner = owner
+
+  @classmethod
+  def create(cls, name: str, size: int) -> "ShmBlock":
+    return cls(open_segment(name, _align(size), create=True), owner=True)
+
+  @classmethod
+  def attach(cls, name: str) -> "ShmBlock":
+    return cls(open_segment(name), owner=False)
+
+  def write(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+    return pack_message(self._shm.buf, meta, arrays)
+
+  def read(self) -> tuple[dict, dict[str, np.ndarray]]:
+    """Zero-copy views; valid until the block is rewritten or closed."""
+    return unpack_message(self._shm.buf)
+
+  def close(self, unlink: bool | None = None) -> None:
+    if unlink if unlink is not None else self._owner:
+      unlink_segment(self.name)
+    close_segment(self._shm)

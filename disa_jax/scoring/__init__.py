@@ -1,0 +1,7 @@
+"""Teacher-forced scoring: chunked per-token log-probs, sequence log-probs, prompt embeddings."""
+
+from disa_jax.scoring.logprobs import (DEFAULT_CHUNK_SIZE, logprobs_from_hidden, prompt_embeddings,
+                                       sequence_logprob, token_logprobs, token_logprobs_naive)
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "logprobs_from_hidden", "prompt_embeddings", "sequence_logprob",
+           "token_logprobs", "token_logprobs_naive"]

@@ -1,0 +1,125 @@
+"""Tiny models, tokenizers and checkpoints for tests (no hub downloads, no torch).
+
+- `make_tokenizer()`: a character-level tokenizer with a few whole-word tokens, special tokens and a
+  Qwen-style chat template, built with the `tokenizers` library and wrapped as a transformers fast
+  tokenizer (so `AutoTokenizer.from_pretrained` works on a saved directory).
+- `tiny_config(family)`, `make_tiny_model(family, seed)`: small random models of each family.
+- `save_tiny_checkpoint(path, family, seed)`: an HF-format directory (config.json,
+  model.safetensors, tokenizer files) that `disa_jax.models.from_pretrained`, `transformers` and
+  vLLM load.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
+from disa_jax.models.config import ModelConfig, RopeScaling
+from disa_jax.models.hf_interop import save_pretrained
+from disa_jax.models.transformer import Transformer
+
+PAD, BOS, EOS, EOT = "<|pad|>", "<|bos|>", "<|im_end|>", "<|endoftext|>"
+IM_START = "<|im_start|>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, EOT, IM_START)
+WORD_TOKENS = ("the", " the", "answer", " answer", " is", "boxed", "\\boxed{", "user", "assistant",
+               "system", "think", "</think>", "<think>", " and", "=", "123", " of")
+TINY_VOCAB_SIZE = 128
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _base_vocab() -> dict[str, int]:
+  chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+  vocab: dict[str, int] = {}
+  for token in SPECIAL_TOKENS + ("<unk>",) + tuple(chars):
+    vocab.setdefault(token, len(vocab))
+  return vocab
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+  """Character-level tokenizer plus whole-word tokens, specials and a chat template.
+
+  Ids: `<|pad|>`=0, `<|bos|>`=1, `<|im_end|>`=2 (eos), `<|endoftext|>`=3, `<|im_start|>`=4, then
+  `<unk>`, printable ASCII characters and the word tokens; fewer than `TINY_VOCAB_SIZE` in all.
+  """
+  vocab = _base_vocab()
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+  tok.decoder = decoders.Fuse()
+  tok.add_special_tokens(list(SPECIAL_TOKENS))
+  tok.add_tokens(list(WORD_TOKENS))
+  if tok.get_vocab_size() > TINY_VOCAB_SIZE:
+    raise AssertionError(f"tiny tokenizer has {tok.get_vocab_size()} > {TINY_VOCAB_SIZE} tokens")
+  return PreTrainedTokenizerFast(
+      tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token="<unk>",
+      chat_template=CHAT_TEMPLATE, padding_side="left", model_max_length=4096)
+
+
+def tiny_config(family: str = "qwen3", vocab_size: int | None = None, **overrides: Any
+                ) -> ModelConfig:
+  """A small config of `family` ('qwen2' | 'qwen3' | 'llama') matching `make_tokenizer`.
+
+  d=64, 2 layers, 4 query heads, 2 kv heads, head_dim 16, mlp 128. Qwen2 has qkv bias, Qwen3
+  q/k norm and tied embeddings, Llama llama3 RoPE scaling (short original context so it matters).
+
+  Args:
+    family: the model family.
+    vocab_size: default `TINY_VOCAB_SIZE` (covers the tiny tokenizer).
+    **overrides: any other `ModelConfig` field.
+  """
+  base: dict[str, Any] = dict(
+      family=family, vocab_size=vocab_size or TINY_VOCAB_SIZE, hidden_size=64,
+      intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+      rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
+      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+  if family == "qwen2":
+    base.update(qkv_bias=True, tie_word_embeddings=False)
+  elif family == "qwen3":
+    base.update(qk_norm=True, tie_word_embeddings=True, rope_theta=1_000_000.0)
+  elif family == "llama":
+    base.update(rms_norm_eps=1e-5, rope_theta=500_000.0, tie_word_embeddings=False,
+                rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+  else:
+    raise ValueError(f"tiny_config: unknown family {family!r}")
+  base.update(overrides)
+  return ModelConfig(**base)
+
+
+def make_tiny_model(family: str = "qwen3", seed: int = 0, *, dtype: Any = jnp.float32,
+                    **overrides: Any) -> Transformer:
+  """A randomly initialised tiny `Transformer` (see `tiny_config`; overrides go to the config).
+
+  Norm weights are randomised too (around 1) so that tests exercise them.
+  """
+  config = tiny_config(family, **overrides)
+  model = Transformer(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=dtype)
+  rngs = nnx.Rngs(seed + 1)
+  for name in model.layers.names:
+    var = getattr(model.layers, name)
+    if name.endswith("norm") or name.endswith("bias"):
+      noise = 0.1 * jnp.asarray(nnx.initializers.normal(1.0)(rngs.params(), var[...].shape))
+      var[...] = (var[...] + noise).astype(var[...].dtype)
+  model.final_norm[...] = (model.final_norm[...] + 0.1 * nnx.initializers.normal(1.0)(
+      rngs.params(), model.final_norm[...].shape)).astype(model.final_norm[...].dtype)
+  return model
+
+
+def save_tiny_checkpoint(path: str, family: str = "qwen3", seed: int = 0, **overrides: Any) -> str:
+  """Writes a tiny model (our `save_pretrained`) and the tiny tokenizer into `path`.
+
+  Returns:
+    `path`.
+  """
+  model = make_tiny_model(family, seed, **overrides)
+  save_pretrained(model, path)
+  make_tokenizer().save_pretrained(path)
+  return path

@@ -1,0 +1,44 @@
+"""Stage 1 collection end to end on a tiny checkpoint with the in-process JAX sampler."""
+import numpy as np
+import pytest
+
+from disa_jax import estimators as E
+from disa_jax.estimators.collect import Stage1Prompt, collect_stage1
+from disa_jax.models import from_pretrained
+from disa_jax.rollout import SamplingParams, make_local_engine
+from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.testing import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  return save_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "m"), "qwen3", seed=0)
+
+
+def _reward(prompts, comps, texts):  # a deterministic verifier: first generated token is even
+  return np.asarray([float(c.token_ids[0] % 2 == 0) for c in comps])
+
+
+def test_collect_labels_resume_and_self_proposal_identity(ckpt, tmp_path):
+  engine = make_local_engine("jax", ckpt)
+  scorer = SequenceScorer(from_pretrained(ckpt), pad_id=0, batch_size=8, pad_to=8)
+  prompts = [Stage1Prompt(f"p{i}", f"prompt {i}", tuple(range(5 + i, 9 + i))) for i in range(5)]
+  sampling = SamplingParams(n=4, temperature=1.0, max_tokens=5, seed=3, return_raw_logprobs=True)
+  kw = dict(engine=engine, ref_scorer=scorer, reward_fn=_reward, decode=lambda ids: str(ids),
+            sampling=sampling, beta=2.0, reward_transform=E.RewardTransform(), prompts_per_batch=2,
+            progress=False)
+  w = E.Stage1Writer(tmp_path / "s1.jsonl")
+  stats = collect_stage1(prompts=prompts[:3], writer=w, **kw)
+  assert stats["prompts_done"] == 3 and stats["samples"] == 12
+  stats = collect_stage1(prompts=prompts, writer=E.Stage1Writer(tmp_path / "s1.jsonl"), **kw)
+  assert stats["prompts_done"] == 2 and stats["prompts_skipped"] == 3  # resumed
+  data = E.load_stage1(tmp_path / "s1.jsonl")
+  assert data.prompt_ids == [p.prompt_id for p in prompts] and data.mask.sum() == 20
+  # proposal == reference at temperature 1: log pi_ref - log p_T = 0, so log w = beta * r exactly
+  np.testing.assert_allclose(data.logp_ref, data.logp_proposal, atol=2e-4)
+  expected = np.log(np.mean(np.exp(2.0 * data.reward), axis=1))
+  np.testing.assert_allclose(data.labels, expected, atol=2e-4)
+  with pytest.raises(ValueError, match="return_raw_logprobs"):
+    collect_stage1(prompts=prompts, writer=w, proposal_logprobs="raw",
+                   **dict(kw, sampling=SamplingParams(n=2, max_tokens=3)))
+  engine.close()

@@ -1,0 +1,117 @@
+"""Transformer: jit vs eager, padding invariance, KV-cache path vs full forward, rope scaling."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from disa_jax import testing
+from disa_jax.models import layers
+
+FAMILIES = ("qwen2", "qwen3", "llama")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+  return testing.make_tiny_model(request.param, seed=3)
+
+
+def _ids(b, t, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).integers(5, 100, size=(b, t)), jnp.int32)
+
+
+def test_shapes_and_jit_matches_eager(model):
+  ids = _ids(2, 12)
+  logits, hidden = model(ids, return_hidden=True)
+  assert logits.shape == (2, 12, 128) and hidden.shape == (2, 12, 64)
+  assert model.lm_head_kernel().shape == (64, 128)
+  jitted = nnx.jit(lambda m, x: m(x))(model, ids)
+  np.testing.assert_allclose(np.asarray(jitted), np.asarray(logits), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(model.logits_from_hidden(hidden)), np.asarray(logits),
+                             atol=1e-6)
+
+
+def test_left_padding_equals_unpadded(model):
+  ids = _ids(1, 9)
+  pad = jnp.zeros((1, 4), jnp.int32)
+  padded = jnp.concatenate([pad, ids], axis=1)
+  mask = jnp.concatenate([jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 9), jnp.int32)], axis=1)
+  a = model(ids)
+  b = model(padded, attention_mask=mask)[:, 4:]
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  assert np.isfinite(np.asarray(model(padded, attention_mask=mask))).all()
+
+
+def test_cache_prefill_then_decode_equals_full_forward(model):
+  b, prompt, gen, pad = 2, 6, 5, 3
+  ids = _ids(b, prompt + gen, seed=1)
+  # row 0 left-padded by `pad` slots; row 1 unpadded
+  mask = np.ones((b, prompt + gen), np.int32)
+  mask[0, :pad] = 0
+  mask = jnp.asarray(mask)
+  full = model(ids, attention_mask=mask)
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+  max_len = prompt + gen + 2
+  cache = model.init_cache(b, max_len)
+  assert cache["k"].shape == (2, b, max_len, 2, 16)
+  kv_mask = jnp.zeros((b, max_len), bool).at[:, :prompt].set(mask[:, :prompt].astype(bool))
+  step = nnx.jit(lambda m, *a: m.forward_with_cache(*a))
+  logits, cache = step(model, ids[:, :prompt], positions[:, :prompt], cache, jnp.int32(0), kv_mask)
+  outs = [logits]
+  for t in range(prompt, prompt + gen):
+    kv_mask = kv_mask.at[:, t].set(True)
+    logits, cache = step(model, ids[:, t:t + 1], positions[:, t:t + 1], cache, jnp.int32(t),
+                         kv_mask)
+    outs.append(logits)
+  got = jnp.concatenate(outs, axis=1)
+  real = np.asarray(mask).astype(bool)
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(full)[real], atol=1e-5)
+
+
+def test_cache_in_bfloat16_close():
+  model = testing.make_tiny_model("qwen3", seed=0)
+  ids = _ids(1, 8)
+  pos = jnp.arange(8, dtype=jnp.int32)[None]
+  cache = model.init_cache(1, 8, dtype=jnp.bfloat16)
+  logits, cache = model.forward_with_cache(ids, pos, cache, jnp.int32(0), jnp.ones((1, 8), bool))
+  assert cache["k"].dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(model(ids)), atol=5e-2)
+
+
+@pytest.mark.slow
+def test_remat_and_unroll_do_not_change_values_or_grads():
+  base = testing.make_tiny_model("llama", seed=1)
+  other = testing.make_tiny_model("llama", seed=1)
+  other.remat, other.scan_unroll = True, 2
+  ids = _ids(2, 7)
+
+  def loss(m):
+    return jnp.mean(jax.nn.log_softmax(m(ids))[..., 3])
+
+  g1 = nnx.grad(loss)(base)
+  g2 = nnx.grad(loss)(other)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_llama3_rope_scaling_frequencies():
+  from disa_jax.models import RopeScaling
+  scaling = RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
+  base = layers.rope_inv_freq(16, 500000.0, None)
+  scaled = layers.rope_inv_freq(16, 500000.0, scaling)
+  wavelen = 2 * np.pi / base
+  high = wavelen < 64 / 4  # short wavelengths untouched
+  low = wavelen > 64 / 1  # long wavelengths divided by the factor
+  np.testing.assert_array_equal(scaled[high], base[high])
+  np.testing.assert_allclose(scaled[low], base[low] / 8.0, rtol=1e-6)
+  assert high.any() and low.any()
+  lin = layers.rope_inv_freq(16, 10000.0, RopeScaling("linear", 2.0))
+  np.testing.assert_allclose(lin, layers.rope_inv_freq(16, 10000.0, None) / 2, rtol=1e-6)
+
+
+def test_bad_input_rank():
+  model = testing.make_tiny_model("qwen3")
+  with pytest.raises(ValueError, match=r"input_ids must be \[B, T\]"):
+    model(jnp.zeros((4,), jnp.int32))

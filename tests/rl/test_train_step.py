@@ -1,0 +1,132 @@
+"""disa_jax.rl.train_step: exact accumulation, all methods, sharded == single device."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from disa_jax import parallel, testing
+from disa_jax.rl import train_step as ts
+from disa_jax.rl.logz_head import LogZHead
+from tests.rl.helpers import naive_token_logprobs, synthetic_batch
+
+ROWS, WIDTH, PROMPT = 16, 12, 4
+TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
+
+
+
+def _init_params():
+  return nnx.state(testing.make_tiny_model(seed=0, **TINY), nnx.Param)
+
+
+def _setup(method, mesh=None, adamw=False):
+  model = testing.make_tiny_model(seed=0, **TINY)
+  if mesh is not None:
+    parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
+  # Plain SGD makes parameter differences proportional to gradient differences; AdamW's
+  # normalisation amplifies rounding in near-zero gradients to O(lr) and is checked separately.
+  if adamw:
+    opt = ts.make_optimizer(1e-3, weight_decay=0.01, grad_clip=1.0)
+  else:
+    opt = optax.sgd(0.5)
+  head = head_opt = None
+  if method == "flowrl":
+    head = LogZHead(model.config.hidden_size, rngs=nnx.Rngs(1))
+    head_opt = ts.make_optimizer(1e-2, grad_clip=1.0)
+  graphdef, head_graphdef, state, shardings = ts.init_train_state(model, opt, head, head_opt,
+                                                                  mesh=mesh)
+  settings = ts.LossSettings(method=method, beta=2.0, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
+                             kl_coef=0.01)
+  return graphdef, head_graphdef, state, shardings, settings, opt, head_opt
+
+
+def _run(method, micro, steps=2, mesh=None, invalid_rows=0, adamw=False):
+  graphdef, head_graphdef, state, shardings, settings, opt, head_opt = _setup(method, mesh, adamw)
+  step = ts.make_train_step(graphdef, settings, opt, head_graphdef=head_graphdef,
+                            head_optimizer=head_opt, logprob_fn=naive_token_logprobs,
+                            prompt_width=PROMPT, mesh=mesh, state_shardings=shardings)
+  all_metrics = []
+  for i in range(steps):
+    batch = synthetic_batch(i, ROWS, WIDTH, PROMPT, vocab=128, invalid_rows=invalid_rows)
+    state, metrics = step(state, ts.split_micro_batches(batch, micro))
+    all_metrics.append(jax.tree.map(float, metrics))
+  return state, all_metrics
+
+
+def _assert_states_close(a, b, tol):
+  """Max |a - b| over params, relative to the largest parameter change made by the updates."""
+  flat_a = jax.tree.leaves(a.params) + jax.tree.leaves(a.head_params)
+  flat_b = jax.tree.leaves(b.params) + jax.tree.leaves(b.head_params)
+  flat_0 = jax.tree.leaves(_init_params())
+  assert len(flat_a) == len(flat_b)
+  worst = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+              zip(flat_a, flat_b))
+  moved = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+              zip(flat_a, flat_0))
+  assert moved > 1e-3, moved
+  assert worst / moved < tol, (worst, moved)
+  return worst, moved
+
+
+def _assert_metrics_close(ma, mb, tol):
+  for sa, sb in zip(ma, mb):
+    assert sa.keys() == sb.keys()
+    for k in sa:
+      np.testing.assert_allclose(sa[k], sb[k], rtol=tol, atol=tol, err_msg=k)
+
+
+@pytest.mark.parametrize("method", [
+    "flowrl",
+    pytest.param("disa", marks=pytest.mark.slow),
+    pytest.param("grpo", marks=pytest.mark.slow),
+    pytest.param("gspo", marks=pytest.mark.slow)])
+def test_accumulation_matches_one_big_micro_batch(method):
+  # 3 invalid (no-response) rows: the valid-count weighting must still give the exact mean.
+  s1, m1 = _run(method, micro=ROWS, steps=1, invalid_rows=3)
+  s4, m4 = _run(method, micro=4, steps=1, invalid_rows=3)
+  _assert_states_close(s1, s4, 1e-4)
+  for k in ("loss", "grad_norm", "num_sequences"):
+    np.testing.assert_allclose(m1[0][k], m4[0][k], rtol=1e-4, err_msg=k)
+  assert m1[0]["num_sequences"] == ROWS - 3
+  assert int(s4.step) == 1
+  if method == "flowrl":
+    assert m1[0]["head_grad_norm"] > 0
+    # The head is its own state: the policy's params hold no head variable.
+    assert s1.head_params is not None
+    assert len(jax.tree.leaves(s1.params)) == len(
+        jax.tree.leaves(nnx.state(testing.make_tiny_model(**TINY), nnx.Param)))
+  else:
+    assert s1.head_params is None
+
+
+def test_params_change_and_metrics_present():
+  graphdef, _, state0, _, settings, opt, _ = _setup("disa")
+  before = jax.tree.map(np.asarray, state0.params)
+  state, metrics = _run("disa", micro=8, steps=1, adamw=True)
+  diff = max(float(np.abs(np.asarray(a) - b).max()) for a, b in
+             zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
+  assert diff > 0
+  for k in ("loss", "tb_residual_mean", "tb_residual_std", "log_z_mean", "omega_mean",
+            "grad_norm"):
+    assert np.isfinite(metrics[0][k]), k
+
+
+def test_sharded_step_equals_single_device(n_devices):
+  assert n_devices == 8
+  mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
+  for method, adamw, tol in (("flowrl", False, 1e-4),):
+    single, m_single = _run(method, micro=8, steps=2, adamw=adamw)
+    sharded, m_sharded = _run(method, micro=8, steps=2, mesh=mesh, adamw=adamw)
+    worst, moved = _assert_states_close(single, sharded, tol)
+    _assert_metrics_close(m_single, m_sharded, 2e-4)
+    # Parameters stay sharded as the model was placed.
+    emb = sharded.params["embed"][...]
+    assert len(emb.sharding.device_set) == 8 and not emb.sharding.is_fully_replicated
+    print(f"{method} ({'adamw' if adamw else 'sgd'}): max |sharded - single| param diff after "
+          f"2 steps = {worst:.3g} (largest parameter change {moved:.3g})")
+
+
+def test_split_micro_batches_error():
+  with pytest.raises(ValueError, match=r"field 'x'.*micro_batch_size=3"):
+    ts.split_micro_batches({"x": np.zeros((8, 2))}, 3)

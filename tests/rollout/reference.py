@@ -1,0 +1,73 @@
+"""NumPy reference of the sampled distribution and teacher-forced log-probs, for rollout tests."""
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from disa_jax import scoring
+
+PAD_TO = 64  # sequences are right-padded to this length so that one compiled forward serves all
+
+
+@nnx.jit
+def _forward(model, ids):
+  return model(ids).astype(jnp.float32)
+
+
+def _logits(model, ids: np.ndarray) -> np.ndarray:
+  """`[T, V]` logits of one sequence (right padding cannot change earlier causal positions)."""
+  if len(ids) > PAD_TO:
+    raise ValueError(f"sequence of length {len(ids)} exceeds PAD_TO={PAD_TO}")
+  padded = np.zeros((1, PAD_TO), np.int32)
+  padded[0, :len(ids)] = ids
+  return np.asarray(_forward(model, jnp.asarray(padded)))[0, :len(ids)]
+
+
+def processed_logprobs_np(logits: np.ndarray, temperature: float, top_k: int,
+                          top_p: float) -> np.ndarray:
+  """`[V]` float64 log-probs after temperature, top-k, top-p (-inf outside the kept set).
+
+  Independent of the JAX implementation: a token is kept when it is among the k largest and the
+  probability mass of the kept tokens ranked above it is < top_p.
+  """
+  s = logits.astype(np.float64) / temperature
+  order = np.argsort(-s, kind="stable")
+  kept = np.zeros(s.shape, bool)
+  k = len(s) if top_k == 0 else min(top_k, len(s))
+  top = order[:k]
+  probs = np.exp(s[top] - s[top].max())
+  probs /= probs.sum()
+  mass_above = np.cumsum(probs) - probs
+  kept[top[mass_above < top_p]] = True
+  out = np.full(s.shape, -np.inf)
+  z = s[kept].max()
+  out[kept] = s[kept] - z - np.log(np.exp(s[kept] - z).sum())
+  return out
+
+
+def teacher_forced_logits(model, prompt, completion) -> np.ndarray:
+  """`[L, V]` float32 logits predicting each completion token (one full forward, no cache)."""
+  ids = np.concatenate([np.asarray(prompt), np.asarray(completion)]).astype(np.int32)
+  return _logits(model, ids)[len(prompt) - 1:len(prompt) - 1 + len(completion)]
+
+
+def next_token_logits(model, prompt) -> np.ndarray:
+  """`[V]` float32 logits of the token after `prompt`."""
+  return _logits(model, np.asarray(prompt, np.int32))[-1]
+
+
+@nnx.jit
+def _token_logprobs(model, ids, mask):
+  return scoring.token_logprobs(model, ids, mask)
+
+
+def raw_logprobs_ref(model, prompt, completion) -> np.ndarray:
+  """`[L]` raw log-probs of the completion by `disa_jax.scoring.token_logprobs` (teacher forced)."""
+  ids = np.concatenate([np.asarray(prompt), np.asarray(completion)]).astype(np.int32)
+  if len(ids) > PAD_TO:
+    raise ValueError(f"sequence of length {len(ids)} exceeds PAD_TO={PAD_TO}")
+  padded = np.zeros((1, PAD_TO), np.int32)
+  padded[0, :len(ids)] = ids
+  mask = (np.arange(PAD_TO) < len(ids)).astype(np.int32)[None]
+  out = np.asarray(_token_logprobs(model, jnp.asarray(padded), jnp.asarray(mask)))[0]
+  return out[len(prompt):len(ids)]

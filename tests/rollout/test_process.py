@@ -1,0 +1,178 @@
+"""The generation process: a JAX engine behind `RemoteEngine`, and every failure path."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from disa_jax.rollout import GenerationProcessError, RemoteEngine, SamplingParams, make_engine, shm
+from disa_jax.rollout.jax_sampler import JaxSampler
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70]]
+PARAMS = SamplingParams(n=4, temperature=0.9, top_p=0.95, max_tokens=16, seed=3,
+                        return_raw_logprobs=True)
+
+
+def _wait_for(pred, timeout, what):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if pred():
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def _children(pid):
+  kids = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          fields = f.read().split(")")[-1].split()
+      except OSError:
+        continue
+      if int(fields[1]) == pid:
+        kids.append(int(entry))
+  return kids
+
+
+@pytest.fixture(scope="module")
+def remote(tiny_ckpt):
+  # Small result slots so that results travel in several chunks.
+  with make_engine("jax", tiny_ckpt, result_bytes=8192, heartbeat_timeout_s=30.0) as engine:
+    yield engine
+
+
+def test_remote_matches_in_process_and_leaves_no_names(remote, tiny_ckpt, hf_state):
+  assert isinstance(remote, RemoteEngine) and remote.startup_s > 0
+  assert shm.list_segments(os.getpid()) == []  # unlinked once both sides mapped them
+  local = JaxSampler.from_pretrained(tiny_ckpt)
+  got, want = remote.generate(PROMPTS, PARAMS), local.generate(PROMPTS, PARAMS)
+  assert [len(x) for x in got] == [PARAMS.n] * len(PROMPTS)
+  for pg, pw in zip(got, want):
+    for a, b in zip(pg, pw):
+      np.testing.assert_array_equal(a.token_ids, b.token_ids)
+      np.testing.assert_array_equal(a.logprobs, b.logprobs)
+      np.testing.assert_array_equal(a.raw_logprobs, b.raw_logprobs)
+      assert a.finish_reason == b.finish_reason
+  assert remote.ping() == remote.pid
+
+
+def test_remote_weight_update_changes_and_restores(remote, hf_state):
+  before = remote.generate(PROMPTS, PARAMS)
+  rng = np.random.default_rng(1)
+  perturbed = {k: v + 0.5 * v.std() * rng.standard_normal(v.shape).astype(v.dtype)
+               for k, v in hf_state.items()}
+  remote.update_weights(perturbed)
+  during = remote.generate(PROMPTS, PARAMS)
+  remote.update_weights(hf_state)
+  after = remote.generate(PROMPTS, PARAMS)
+  flat = lambda out: [c for per in out for c in per]
+  assert any(not np.array_equal(a.token_ids, b.token_ids)
+             for a, b in zip(flat(before), flat(during)))
+  for a, b in zip(flat(before), flat(after)):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+  assert shm.list_segments(os.getpid()) == []
+
+
+def test_worker_errors_are_reported_and_engine_survives(remote, hf_state):
+  with pytest.raises(GenerationProcessError, match="outside"):
+    remote.generate([[1, 100_000]], PARAMS)
+  with pytest.raises(GenerationProcessError, match="layers.0"):
+    remote.update_weights({k: v for k, v in hf_state.items() if "layers.0." not in k})
+  assert len(remote.generate(PROMPTS[:1], PARAMS)[0]) == PARAMS.n
+
+
+def test_startup_failure_is_reported(tmp_path):
+  with pytest.raises(GenerationProcessError, match="failed to start"):
+    RemoteEngine("jax", str(tmp_path / "missing"), startup_timeout_s=120)
+  assert shm.list_segments(os.getpid()) == []
+
+
+def test_kill_9_of_generation_process(tiny_ckpt):
+  engine = make_engine("jax", tiny_ckpt)
+  pid = engine.pid
+  os.kill(pid, signal.SIGKILL)
+  t0 = time.monotonic()
+  with pytest.raises(GenerationProcessError, match="died"):
+    engine.generate(PROMPTS, PARAMS)
+  assert time.monotonic() - t0 < 5.0
+  assert shm.list_segments(os.getpid()) == []
+  with pytest.raises(GenerationProcessError, match="closed"):
+    engine.generate(PROMPTS, PARAMS)
+  engine.close()
+
+
+def test_hung_generation_process_times_out(tiny_ckpt):
+  engine = make_engine("jax", tiny_ckpt, heartbeat_timeout_s=1.5)
+  pid = engine.pid
+  os.kill(pid, signal.SIGSTOP)
+  try:
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="hung"):
+      engine.generate(PROMPTS, PARAMS)
+    assert time.monotonic() - t0 < 10.0
+    _wait_for(lambda: not _alive(pid), 10, "the hung worker to be killed")
+  finally:
+    if _alive(pid):
+      os.kill(pid, signal.SIGKILL)
+  assert shm.list_segments(os.getpid()) == []
+
+
+_TRAINER = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from disa_jax.rollout import make_engine, SamplingParams
+    from disa_jax import models
+    if __name__ == "__main__":
+      print("spawning", flush=True)
+      engine = make_engine("jax", sys.argv[1])
+      engine.update_weights(models.to_hf_state_dict(models.from_pretrained(sys.argv[1])))
+      print("ready", engine.pid, flush=True)
+      time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("when", ["startup", "ready"])
+def test_kill_9_of_trainer(tiny_ckpt, tmp_path, when):
+  """The trainer dies (during the worker's startup, or once it runs): the worker exits and every
+  segment named after the trainer's pid disappears."""
+  script = tmp_path / "trainer.py"
+  script.write_text(_TRAINER)
+  repo_root = pathlib.Path(__file__).resolve().parents[2]
+  env = dict(os.environ, PYTHONPATH=str(repo_root))
+  proc = subprocess.Popen([sys.executable, str(script), tiny_ckpt], stdout=subprocess.PIPE,
+                          env=env, text=True)
+  try:
+    assert proc.stdout.readline().strip() == "spawning"
+    if when == "ready":
+      line = proc.stdout.readline().split()
+      assert line[0] == "ready", line
+    else:
+      # Kill while the worker is still starting and the names are still linked.
+      _wait_for(lambda: shm.list_segments(proc.pid), 60, "the trainer's segments")
+      _wait_for(lambda: len(_children(proc.pid)) >= 1, 60, "the worker process")
+    kids = _children(proc.pid)
+    assert kids
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    _wait_for(lambda: not any(_alive(k) for k in kids), 30, "the worker to exit")
+    _wait_for(lambda: not shm.list_segments(proc.pid), 10, "segments to be unlinked")
+  finally:
+    if proc.poll() is None:
+      proc.kill()

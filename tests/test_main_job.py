@@ -1,0 +1,64 @@
+"""A shortened main job: every stage runs on the sum task, the report is complete, and a rerun resumes."""
+import json
+
+import pytest
+
+from configs import main as main_config
+from disa_jax.pipeline.sum_job import MainConfig, SumJob
+
+
+def _cfg(**over):
+  c = main_config.get_config()
+  c.task.n_max = 6
+  c.models.ref_steps = 15
+  c.models.proposal_steps = 15
+  c.models.hidden_size = 64
+  c.models.intermediate_size = 128
+  c.stage1.samples = 4
+  c.stage1.pool = 8
+  c.stage1.n_study = (2, 4)
+  c.stage1.n_study_repeats = 4
+  c.stage2.epochs = 5
+  c.stage2.val_fraction = 0.3
+  c.stage3.steps = 2
+  c.stage3.prompts_per_batch = 4
+  c.stage3.group_size = 4
+  c.stage3.micro_batch_size = 16
+  c.methods = ("disa", "flowrl", "grpo", "gspo")
+  c.eval.samples = 4
+  c.eval.kl_samples = 4
+  for k, v in over.items():
+    node, field = (c, k) if "." not in k else (c[k.split(".")[0]], k.split(".")[1])
+    node[field] = v
+  return c
+
+
+@pytest.mark.slow
+def test_main_job_end_to_end_and_resume(tmp_path):
+  cfg = MainConfig.from_config(_cfg())
+  report = SumJob(cfg, tmp_path, progress=False).run()
+  assert set(report["methods"]) == {"reference", "proposal", "disa", "flowrl", "grpo", "gspo"}
+  for row in report["methods"].values():
+    assert 0 <= row["accuracy_mean_at_k"] <= 1 and row["kl_to_target"] > -1.0  # an MC estimate of KL >= 0
+  assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}
+  assert {c["claim"] for c in report["claims"]} >= {"Stage 1 error shrinks with N"}
+  for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png"):
+    assert (tmp_path / f).exists(), f
+  for m in ("disa", "flowrl", "grpo", "gspo"):
+    assert (tmp_path / "stage3" / m / "final" / "config.json").exists()
+    assert (tmp_path / "stage3" / m / "metrics.jsonl").exists()
+  stamps = {p: p.stat().st_mtime for p in (tmp_path / "stage1" / "pool.jsonl", tmp_path / "anchor" / "anchor_meta.json",
+                                           tmp_path / "stage3" / "disa" / "final" / "model.safetensors")}
+  report2 = SumJob(cfg, tmp_path, progress=False).run()  # resumes: nothing recomputed
+  assert all(p.stat().st_mtime == t for p, t in stamps.items())
+  assert report2["methods"] == json.loads((tmp_path / "report.json").read_text())["methods"]
+
+
+@pytest.mark.parametrize("field,value,match", [("engine", "sglang", "config.engine"),
+                                               ("beta", -1.0, "config.beta"),
+                                               ("methods", ("disa", "ppo"), "config.methods"),
+                                               ("stage1.pool", 2, "config.stage1.pool"),
+                                               ("stage3.lr", 0.0, "config.stage3.lr")])
+def test_bad_config_stops_at_once_naming_the_field(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    MainConfig.from_config(_cfg(**{field: value}))
