@@ -53,13 +53,15 @@ def get_config() -> ml_collections.ConfigDict:
   c.stage2.val_fraction = 0.2  # held-out prompts (val MSE / R^2, best epoch, sigma_g)
 
   c.stage3 = ml_collections.ConfigDict()
-  c.stage3.steps = 120  # RL steps per method
+  c.stage3.steps = 200  # RL steps per method
   c.stage3.prompts_per_batch = 8  # prompts per RL step (the TRL peer: 8)
   c.stage3.group_size = 8  # G (paper: 8)
   c.stage3.lr = 1e-4  # AdamW (the tiny model needs more than the paper's 1e-6; the TRL peer uses 1e-4)
-  c.stage3.num_minibatches = 1  # optimizer updates per rollout batch
-  c.stage3.micro_batch_size = 64  # sequences per forward/backward
-  c.stage3.flowrl_head_lr = 1e-3  # FlowRL's co-trained log Z head learning rate
+  c.stage3.num_minibatches = 2  # optimizer updates per rollout batch (> 1 makes the later ones off-policy,
+  # which is where GRPO's token clip and GSPO's sequence clip differ; with 1 their gradients coincide)
+  c.stage3.micro_batch_size = 32  # sequences per forward/backward
+  c.stage3.flowrl_head_lr = 1e-2  # FlowRL's co-trained log Z head learning rate (its log Z starts at 0;
+  # the exact log Z here is ~13, so a small rate would leave FlowRL far from its own fixed point)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.samples = 8  # k: Mean@k, pass@k and distinct correct answers among k samples

@@ -23,7 +23,7 @@ def _cfg(**over):
   c.stage3.steps = 2
   c.stage3.prompts_per_batch = 4
   c.stage3.group_size = 4
-  c.stage3.micro_batch_size = 16
+  c.stage3.micro_batch_size = 8
   c.methods = ("disa", "flowrl", "grpo", "gspo")
   c.eval.samples = 4
   c.eval.kl_samples = 4

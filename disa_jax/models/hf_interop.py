@@ -231,7 +231,12 @@ def load_hf_state_dict(model: Transformer, state_dict: Mapping[str, Any]) -> Non
     current = var[...]
     host = _assemble(c, rule, tuple(current.shape), lambda k: np.asarray(state_dict[k]),
                      _np_dtype(current.dtype))
-    var.set_value(jax.device_put(host, current.sharding))
+    # Keep the array's committedness: jit caches executables per committed/uncommitted inputs, so a
+    # committed replacement of an uncommitted parameter would force a recompilation after every load.
+    if getattr(current, "committed", True):
+      var.set_value(jax.device_put(host, current.sharding))
+    else:
+      var.set_value(jnp.asarray(host))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from disa_jax.estimators.reward_transforms import transform_rewards
+from disa_jax.scoring.logprobs import sequence_logprob
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -66,11 +67,6 @@ def sequence_sum(x: Array, mask: Array) -> Array:
 def sequence_mean(x: Array, mask: Array) -> Array:
   """Masked mean over tokens, 0 for empty rows: ``[B, T] -> [B]``."""
   return sequence_sum(x, mask) / jnp.maximum(response_lengths(mask), 1.0)
-
-
-def sequence_logprob(token_lp: Array, mask: Array, length_normalize: bool) -> Array:
-  """log pi(o|q) as a trajectory sum, or its 1/|o| length-normalised form: ``[B, T] -> [B]``."""
-  return sequence_mean(token_lp, mask) if length_normalize else sequence_sum(token_lp, mask)
 
 
 def masked_row_mean(x: Array, valid: Array) -> Array:

@@ -105,7 +105,7 @@ def sequence_logprob(token_lp: jax.Array, response_mask: jax.Array, normalize: b
   """Sequence log-prob over response tokens.
 
   Args:
-    token_lp: `[B, T]` per-token log-probs.
+    token_lp: `[B, T]` per-token log-probs (entries outside the mask are ignored, even if -inf/NaN).
     response_mask: `[B, T]` (1 = response token).
     normalize: False -> sum (the trajectory log-prob); True -> mean over response tokens
       (the 1/|y| length-normalised form; 0 for an empty response).
@@ -113,11 +113,11 @@ def sequence_logprob(token_lp: jax.Array, response_mask: jax.Array, normalize: b
   Returns:
     `[B]` float32.
   """
-  m = response_mask.astype(jnp.float32)
-  total = jnp.sum(token_lp.astype(jnp.float32) * m, axis=-1)
+  m = response_mask > 0
+  total = jnp.sum(jnp.where(m, token_lp.astype(jnp.float32), 0.0), axis=-1)
   if not normalize:
     return total
-  return total / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+  return total / jnp.maximum(jnp.sum(m, axis=-1).astype(jnp.float32), 1.0)
 
 
 def prompt_embeddings(model: Any, input_ids: jax.Array, prompt_mask: jax.Array) -> jax.Array:
