@@ -63,6 +63,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.stage3.flowrl_head_lr = 1e-2  # FlowRL's co-trained log Z head learning rate (its log Z starts at 0;
   # the exact log Z here is ~13, so a small rate would leave FlowRL far from its own fixed point)
 
+  c.sft = ml_collections.ConfigDict()  # the LoRA-SFT baseline (App. C.4) on the reward-1 Stage 1 samples
+  c.sft.enabled = True  # add the 'lora_sft' row to the report
+  c.sft.rank = 16  # LoRA rank (paper: 64 on 4-7B models; the tiny model has d = 128)
+  c.sft.learning_rate = 1e-3  # AdamW peak, cosine (paper: 2e-5 on 4-7B models)
+  c.sft.batch_size = 32  # sequences per update (paper: 128; ~250 kept samples here)
+  c.sft.epochs = 3  # paper: 3
+
   c.eval = ml_collections.ConfigDict()
   c.eval.samples = 8  # k: Mean@k, pass@k and distinct correct answers among k samples
   c.eval.kl_samples = 64  # samples per prompt for the Monte Carlo KL(pi_theta || pi~)

@@ -25,6 +25,9 @@ def _cfg(**over):
   c.stage3.group_size = 4
   c.stage3.micro_batch_size = 8
   c.methods = ("disa", "flowrl", "grpo", "gspo")
+  c.sft.rank = 4
+  c.sft.epochs = 1
+  c.sft.batch_size = 8
   c.eval.samples = 4
   c.eval.kl_samples = 4
   for k, v in over.items():
@@ -37,7 +40,7 @@ def _cfg(**over):
 def test_main_job_end_to_end_and_resume(tmp_path):
   cfg = MainConfig.from_config(_cfg())
   report = SumJob(cfg, tmp_path, progress=False).run()
-  assert set(report["methods"]) == {"reference", "proposal", "disa", "flowrl", "grpo", "gspo"}
+  assert set(report["methods"]) == {"reference", "proposal", "disa", "flowrl", "grpo", "gspo", "lora_sft"}
   for row in report["methods"].values():
     assert 0 <= row["accuracy_mean_at_k"] <= 1 and row["kl_to_target"] > -1.0  # an MC estimate of KL >= 0
   assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}
@@ -58,7 +61,8 @@ def test_main_job_end_to_end_and_resume(tmp_path):
                                                ("beta", -1.0, "config.beta"),
                                                ("methods", ("disa", "ppo"), "config.methods"),
                                                ("stage1.pool", 2, "config.stage1.pool"),
-                                               ("stage3.lr", 0.0, "config.stage3.lr")])
+                                               ("stage3.lr", 0.0, "config.stage3.lr"),
+                                               ("sft.learning_rate", -1.0, "config.sft.learning_rate")])
 def test_bad_config_stops_at_once_naming_the_field(field, value, match):
   with pytest.raises(ValueError, match=match):
     MainConfig.from_config(_cfg(**{field: value}))

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from disa_jax.anchor.mlp import AnchorMLP
@@ -107,6 +108,12 @@ class Anchor:
     Returns:
       ``[P]`` float32.
     """
+    # The anchor is tiny and lives on one device; embeddings may arrive sharded over a mesh, so a
+    # multi-device array is gathered to the host first ([P, D] is small) rather than mixing device
+    # sets in one jit. Tracers (the anchor called under jit / grad) pass through unchanged.
+    if isinstance(embeddings, jax.Array) and not isinstance(embeddings, jax.core.Tracer) \
+        and len(embeddings.sharding.device_set) > 1:
+      embeddings = np.asarray(embeddings)
     x = jnp.asarray(embeddings, jnp.float32)
     if x.ndim != 2 or x.shape[1] != self.meta.embedding.dim:
       raise ValueError(f"anchor expects embeddings of shape [P, {self.meta.embedding.dim}], got {x.shape}")

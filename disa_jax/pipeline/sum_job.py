@@ -9,6 +9,7 @@ Stages (each writes to the workdir and is skipped when its output exists, so a r
    exact.json  exact log Z(q) from the n + 1 correct answers scored under pi_ref.
 2. anchor/     g_psi on mean-pooled pi_ref prompt states, fitted to the labels and frozen.
 3. stage3/<m>/ DISA, FlowRL, GRPO, GSPO from pi_ref in the same loop; final policies exported as HF.
+   sft/        the LoRA-SFT baseline (App. C.4): pi_ref + LoRA on the reward-1 Stage 1 samples, merged.
 4. eval/<m>.json and report.{json,md} + PNG plots: accuracy, pass@k, distinct correct answers,
                entropy over correct answers, KL(pi_theta || pi~) against the exact target.
 """
@@ -49,6 +50,7 @@ class MainConfig:
   n_study_repeats: int
   fit: Any
   stage3: dict
+  sft: dict
   eval_samples: int
   kl_samples: int
 
@@ -73,6 +75,9 @@ class MainConfig:
     for f in ("steps", "prompts_per_batch", "group_size", "num_minibatches", "micro_batch_size"):
       need(c.stage3[f] >= 1, f"stage3.{f}", c.stage3[f], "must be >= 1")
     need(c.stage3.lr > 0, "stage3.lr", c.stage3.lr, "must be > 0")
+    need(c.sft.rank >= 1 and c.sft.batch_size >= 1 and c.sft.epochs >= 1, "sft", dict(c.sft),
+         "rank, batch_size and epochs must be >= 1")
+    need(c.sft.learning_rate > 0, "sft.learning_rate", c.sft.learning_rate, "must be > 0")
     need(c.eval.samples >= 1 and c.eval.kl_samples >= 2, "eval", dict(c.eval), "samples >= 1 and kl_samples >= 2")
     try:
       task = SumTask(c.task.n_min, c.task.n_max)
@@ -90,7 +95,7 @@ class MainConfig:
                max_tokens=c.task.max_tokens, arch=arch, ref_warmup=ref, proposal_warmup=prop,
                samples=c.stage1.samples, pool=c.stage1.pool, stage1_temperature=c.stage1.temperature,
                n_study=tuple(c.stage1.n_study), n_study_repeats=c.stage1.n_study_repeats, fit=fit,
-               stage3=dict(c.stage3), eval_samples=c.eval.samples, kl_samples=c.eval.kl_samples)
+               stage3=dict(c.stage3), sft=dict(c.sft), eval_samples=c.eval.samples, kl_samples=c.eval.kl_samples)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -299,6 +304,17 @@ class SumJob:
     self.tok.save_pretrained(str(final))
     return True
 
+  def lora_sft(self):
+    """The LoRA-SFT baseline (App. C.4): pi_ref + LoRA on the reward-1 Stage 1 samples, merged and exported."""
+    from disa_jax.sft.baseline import LoRASFTConfig, run_lora_sft
+    s = self.cfg.sft
+    cfg = LoRASFTConfig(rank=s["rank"], alpha=2.0 * s["rank"], learning_rate=s["learning_rate"],
+                        batch_size=s["batch_size"], micro_batch_size=s["batch_size"], epochs=s["epochs"],
+                        max_seq_len=64, pad_to=16, seed=self.cfg.seed, checkpoint_every=0)
+    summary = run_lora_sft(self.ref_path, str(self.dir / "stage1" / "labels.jsonl"), str(self.dir / "sft"), cfg,
+                           encode_prompt=lambda t: self.tok.encode(t, add_special_tokens=False))
+    return None if summary.get("skipped") else summary
+
   # ---------------------------------------------------------------------------------------------
   # 4. evaluation against the exact target
   # ---------------------------------------------------------------------------------------------
@@ -367,5 +383,8 @@ class SumJob:
       self._timed(f"stage3_{m}", self.stage3, m)
     rows = {"reference": self.ref_path, "proposal": self.proposal_path}
     rows.update({m: str(self.dir / "stage3" / m / "final") for m in self.cfg.methods})
+    if self.cfg.sft["enabled"]:
+      self._timed("lora_sft", self.lora_sft)
+      rows["lora_sft"] = str(self.dir / "sft")
     evals = {name: self._timed(f"eval_{name}", self.evaluate, name, path, exact) for name, path in rows.items()}
     return write_report(self, exact, evals)

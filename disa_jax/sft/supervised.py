@@ -43,14 +43,17 @@ class SFTConfig:
                        f"{self.total_steps}, {self.warmup_steps}")
 
   def optimizer(self) -> optax.GradientTransformation:
+    lr = self.learning_rate
     if self.schedule == "cosine":
-      lr = optax.warmup_cosine_decay_schedule(0.0, self.learning_rate, max(self.warmup_steps, 1),
-                                              max(self.total_steps, self.warmup_steps + 1), 0.1 * self.learning_rate)
+      decay = optax.cosine_decay_schedule(lr, max(self.total_steps - self.warmup_steps, 1), alpha=0.1)
     else:
-      lr = optax.join_schedules([optax.linear_schedule(0.0, self.learning_rate, max(self.warmup_steps, 1)),
-                                 optax.constant_schedule(self.learning_rate)], [max(self.warmup_steps, 1)])
+      decay = optax.constant_schedule(lr)
+    if self.warmup_steps > 0:  # linear warm-up from 0; with none, the first update uses the full rate
+      sched = optax.join_schedules([optax.linear_schedule(0.0, lr, self.warmup_steps), decay], [self.warmup_steps])
+    else:
+      sched = decay
     parts = [optax.clip_by_global_norm(self.grad_clip)] if self.grad_clip > 0 else []
-    return optax.chain(*parts, optax.adamw(lr, weight_decay=self.weight_decay))
+    return optax.chain(*parts, optax.adamw(sched, weight_decay=self.weight_decay))
 
 
 def sft_loss(model: nnx.Module, input_ids: jax.Array, attention_mask: jax.Array,

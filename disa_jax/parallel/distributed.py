@@ -1,0 +1,304 @@
+"""Multi-process (multi-host) runs on JAX's distributed runtime.
+
+One JAX process runs per host (or per GPU); `initialize` connects them through
+`jax.distributed.initialize`, taking the coordinator address, the process count and this process's
+id from the launcher's environment:
+
+- explicit variables (any launcher, e.g. ``torchrun``-style wrappers or a hand-written ``ssh`` loop):
+  ``DISA_COORDINATOR`` (``host:port``), ``DISA_NUM_PROCESSES``, ``DISA_PROCESS_ID`` and optionally
+  ``DISA_LOCAL_PROCESS_ID`` / ``DISA_LOCAL_DEVICE_IDS`` (comma-separated);
+- SLURM (``srun``): ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``, the first host of
+  ``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST`` as coordinator (port ``DISA_COORDINATOR_PORT``,
+  default 12356). With several tasks per node (one process per GPU) each process sees only
+  GPU ``SLURM_LOCALID`` (``local_device_ids``); ``DISA_LOCAL_DEVICE_IDS`` overrides the GPUs a
+  process drives (one process per host that leaves some GPUs to the generation process);
+- Cloud TPU pods (the same command on every worker): ``TPU_WORKER_HOSTNAMES`` / ``TPU_WORKER_ID``
+  or ``CLOUD_TPU_TASK_ID`` present -> ``jax.distributed.initialize()`` with no arguments, which
+  reads the TPU metadata itself;
+- nothing of the above: a single process, no distributed runtime.
+
+After `initialize`, every process builds the same global `Mesh` over ``jax.devices()`` and runs the
+same jitted program. Data: each process holds the rows of the global batch that live on its own
+devices and hands them to `global_batch` (``jax.make_array_from_process_local_data``);
+`process_rows` says which rows those are. Checkpoints: every process calls the same
+`disa_jax.checkpoint.CheckpointManager` methods on a directory all hosts can reach (orbax writes each
+process's shards and process 0 finalises). Logs and reports: only `is_main_process()`. Weights for
+the generation side: `host_state_dict` gathers the (possibly cross-host sharded) parameters into a
+full host copy on every process, which the host's leader (`is_host_leader()`) pushes into its local
+generation process with ``engine.update_weights``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+DEFAULT_PORT = 12356
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+  """How this process joins a multi-process run.
+
+  Attributes:
+    source: 'env' | 'slurm' | 'tpu' | 'single' (which variables it came from).
+    coordinator_address: ``host:port`` of process 0's coordinator (None: JAX finds it, TPU).
+    num_processes: total number of JAX processes (None: JAX finds it, TPU).
+    process_id: this process's id in ``[0, num_processes)`` (None: JAX finds it, TPU).
+    local_process_id: this process's index among the processes on its host.
+    local_device_ids: the accelerator ids this process drives (None: all visible ones).
+  """
+  source: str
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  local_process_id: int = 0
+  local_device_ids: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    if self.source not in ("env", "slurm", "tpu", "single"):
+      raise ValueError(f"LaunchSpec.source must be env|slurm|tpu|single, got {self.source!r}")
+    if self.num_processes is not None and self.num_processes < 1:
+      raise ValueError(f"LaunchSpec.num_processes must be >= 1, got {self.num_processes!r}")
+    if (self.process_id is not None and self.num_processes is not None
+        and not 0 <= self.process_id < self.num_processes):
+      raise ValueError(f"LaunchSpec.process_id={self.process_id!r} is outside "
+                       f"[0, num_processes={self.num_processes})")
+
+  @property
+  def is_distributed(self) -> bool:
+    return self.source == "tpu" or (self.num_processes or 1) > 1
+
+
+def first_slurm_host(nodelist: str) -> str:
+  """The first host name of a SLURM node list (``'gpu[003-005,9],cpu1'`` -> ``'gpu003'``)."""
+  m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+  if not m or not m.group(1):
+    raise ValueError(f"cannot parse SLURM node list {nodelist!r}")
+  prefix, ranges = m.group(1), m.group(3)
+  if ranges is None:
+    return prefix
+  first = ranges.split(",")[0].split("-")[0]
+  return prefix + first
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int:
+  value = env[name]
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchSpec:
+  """Reads the launcher's environment (see the module docstring for the precedence)."""
+  env = os.environ if env is None else env
+  if "DISA_COORDINATOR" in env:
+    ids = env.get("DISA_LOCAL_DEVICE_IDS")
+    return LaunchSpec(
+        "env", env["DISA_COORDINATOR"], _int_env(env, "DISA_NUM_PROCESSES"),
+        _int_env(env, "DISA_PROCESS_ID"),
+        _int_env(env, "DISA_LOCAL_PROCESS_ID") if "DISA_LOCAL_PROCESS_ID" in env else 0,
+        tuple(int(i) for i in ids.split(",")) if ids else None)
+  if "SLURM_NTASKS" in env and "SLURM_PROCID" in env:
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+      raise ValueError("SLURM launch without SLURM_STEP_NODELIST / SLURM_JOB_NODELIST")
+    ntasks = _int_env(env, "SLURM_NTASKS")
+    nnodes = _int_env(env, "SLURM_NNODES") if "SLURM_NNODES" in env else 1
+    local = _int_env(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+    port = _int_env(env, "DISA_COORDINATOR_PORT") if "DISA_COORDINATOR_PORT" in env else DEFAULT_PORT
+    per_gpu = ntasks > nnodes  # several tasks per node: one process per GPU
+    visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    # One process per GPU: drive GPU SLURM_LOCALID, unless SLURM already bound one GPU per task.
+    device_ids = (local,) if per_gpu and len(visible) != 1 else None
+    if env.get("DISA_LOCAL_DEVICE_IDS"):  # e.g. keep some GPUs of the host for generation
+      device_ids = tuple(int(i) for i in env["DISA_LOCAL_DEVICE_IDS"].split(","))
+    return LaunchSpec("slurm", f"{first_slurm_host(nodelist)}:{port}", ntasks,
+                      _int_env(env, "SLURM_PROCID"), local, device_ids)
+  if "TPU_WORKER_HOSTNAMES" in env or "CLOUD_TPU_TASK_ID" in env:
+    return LaunchSpec("tpu")
+  return LaunchSpec("single", num_processes=1, process_id=0)
+
+
+_SPEC: LaunchSpec | None = None
+
+
+def initialize(spec: LaunchSpec | None = None, *, cpu_collectives: str = "gloo",
+               initialization_timeout_s: int = 300) -> LaunchSpec:
+  """Joins the multi-process run described by ``spec`` (default: `detect_launch()`).
+
+  Call before anything touches a JAX backend. Idempotent: a second call returns the first spec.
+
+  Args:
+    spec: the launch; None reads the environment.
+    cpu_collectives: CPU collective implementation for CPU-only runs (tests): 'gloo' or 'mpi'.
+    initialization_timeout_s: how long to wait for every process to connect.
+
+  Returns:
+    The spec used.
+  """
+  global _SPEC
+  if _SPEC is not None:
+    return _SPEC
+  spec = detect_launch() if spec is None else spec
+  if spec.is_distributed:
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    if spec.source == "tpu":
+      jax.distributed.initialize(initialization_timeout=initialization_timeout_s)
+    else:
+      jax.distributed.initialize(spec.coordinator_address, spec.num_processes, spec.process_id,
+                                 local_device_ids=list(spec.local_device_ids)
+                                 if spec.local_device_ids is not None else None,
+                                 initialization_timeout=initialization_timeout_s)
+  _SPEC = spec
+  return spec
+
+
+def is_main_process() -> bool:
+  """True on process 0, the only one that writes logs, reports and exports."""
+  return jax.process_index() == 0
+
+
+def is_host_leader() -> bool:
+  """True on the first process of each host: the one that owns the host's generation process."""
+  return (_SPEC.local_process_id if _SPEC is not None else 0) == 0
+
+
+def process_rows(sharding: NamedSharding, global_shape: tuple[int, ...], axis: int = 0) -> slice:
+  """The contiguous range of ``axis`` this process's devices hold under ``sharding``.
+
+  Args:
+    sharding: the global batch sharding (e.g. ``PartitionSpec(None, ('data', 'fsdp'))``).
+    global_shape: the global array shape.
+    axis: the sharded batch axis.
+
+  Returns:
+    ``slice(start, stop)``; the rows this process must feed to `global_batch`.
+
+  Raises:
+    ValueError: the process's devices hold a non-contiguous set of rows (a mesh whose device
+      order interleaves processes along the batch axes).
+  """
+  index_map = sharding.addressable_devices_indices_map(tuple(global_shape))
+  spans = sorted({(idx[axis].start or 0,
+                   global_shape[axis] if idx[axis].stop is None else idx[axis].stop)
+                  for idx in index_map.values()})
+  start, stop = spans[0]
+  for s, e in spans[1:]:
+    if s > stop:
+      raise ValueError(f"process {jax.process_index()} holds non-contiguous rows {spans} of axis "
+                       f"{axis}; build the mesh with each process's devices adjacent")
+    stop = max(stop, e)
+  return slice(start, stop)
+
+
+def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,
+                 global_leading: Mapping[str, tuple[int, ...]] | None = None,
+                 axis: int = 0) -> dict[str, jax.Array]:
+  """Assembles global arrays from each process's own rows (``jax.make_array_from_process_local_data``).
+
+  Args:
+    local: field -> this process's rows (the `process_rows` range of ``axis``).
+    sharding: the global batch sharding, used for every field (its spec applies to the leading
+      dims; trailing dims are replicated).
+    global_leading: field -> global shape; default: ``axis`` scaled by the process count.
+    axis: the batch axis.
+
+  Returns:
+    field -> global `jax.Array`.
+  """
+  out = {}
+  for k, v in local.items():
+    v = np.asarray(v)
+    if global_leading is not None and k in global_leading:
+      shape = tuple(global_leading[k])
+    else:
+      shape = list(v.shape)
+      shape[axis] *= jax.process_count()  # every process feeds the same number of rows
+      shape = tuple(shape)
+    out[k] = jax.make_array_from_process_local_data(sharding, v, shape)
+  return out
+
+
+def shard_global_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding,
+                       axis: int = 0) -> dict[str, jax.Array]:
+  """`global_batch` for a batch every process holds in full: each feeds only its own rows."""
+  out = {}
+  for k, v in batch.items():
+    v = np.asarray(v)
+    rows = process_rows(sharding, v.shape, axis)
+    idx = (slice(None),) * axis + (rows,)
+    out[k] = jax.make_array_from_process_local_data(sharding, v[idx], v.shape)
+  return out
+
+
+def replicate_to_hosts(tree: Any) -> Any:
+  """Every leaf as a full NumPy copy on every process (an all-gather across hosts when needed)."""
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+  return jax.tree.map(one, tree)
+
+
+def host_state_dict(model: Any, dtype: Any = None) -> dict[str, np.ndarray]:
+  """The model's weights in HF names and layouts, complete on every process.
+
+  Collective: every process must call it. The host leader then pushes the result into its local
+  generation process (``engine.update_weights``).
+
+  Args:
+    model: a `disa_jax.models.Transformer` whose parameters may be sharded across processes.
+    dtype: optional dtype of the exported arrays (as `to_hf_state_dict`).
+  """
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from disa_jax import models  # pylint: disable=g-import-not-at-top
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  local = nnx.merge(graphdef, replicate_to_hosts(params), rest)  # NumPy leaves: a host copy
+  local.sharding = None
+  kwargs = {} if dtype is None else {"dtype": dtype}
+  return models.to_hf_state_dict(local, **kwargs)
+
+
+def push_weights(model: Any, engine: Any, dtype: Any = None) -> None:
+  """Collective: gathers ``model``'s weights and, on each host leader, loads them into ``engine``.
+
+  ``engine`` may be None on processes that are not host leaders.
+  """
+  state = host_state_dict(model, dtype)
+  if is_host_leader():
+    if engine is None:
+      raise ValueError("the host leader process has no generation engine (engine=None)")
+    engine.update_weights(state)
+
+
+def generation_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+  """Environment for this host's generation process (``make_engine(..., env=...)``).
+
+  ``DISA_GENERATION_GPUS`` (e.g. ``'6,7'``) becomes the child's ``CUDA_VISIBLE_DEVICES``, so the
+  engine (vLLM with tensor parallelism inside the host) uses the GPUs the trainer leaves free
+  (``DISA_LOCAL_DEVICE_IDS``). Empty when unset (the child inherits the parent's GPUs).
+  """
+  env = os.environ if env is None else env
+  gpus = env.get("DISA_GENERATION_GPUS", "")
+  if not gpus:
+    return {}
+  ids = [g.strip() for g in gpus.split(",")]
+  if not all(i.isdigit() for i in ids):
+    raise ValueError(f"DISA_GENERATION_GPUS={gpus!r} must be comma-separated GPU ids")
+  return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
+def sync_global(name: str) -> None:
+  """A barrier across all processes (no-op in a single process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

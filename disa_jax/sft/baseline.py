@@ -1,0 +1,354 @@
+"""The LoRA-SFT distillation baseline (paper §4.2 / App. C.4) on the Stage 1 trajectories.
+
+Pipeline: keep the Stage 1 samples whose verifier reward is 1 (`filter_reward_one`), pair each with
+its prompt, LoRA fine-tune pi_ref on the response tokens (AdamW, cosine schedule, global batch 128,
+3 epochs, bf16 compute where the accelerator has it), fold the adapters into the base weights and
+export the merged model in Hugging Face format (`save_pretrained`), so that it is evaluated exactly
+like the RL policies.
+
+`run_lora_sft` is resumable: it returns the stored summary when the merged export exists, and
+otherwise restarts from the newest adapter checkpoint (adapters + optimizer state, orbax) under
+``<out_path>.ckpt``. Batches are fixed by (seed, epoch): a restarted run sees the same data order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from disa_jax import models, parallel
+from disa_jax.checkpoint import CheckpointManager
+from disa_jax.data.batching import pack_sequences
+from disa_jax.estimators.dataset import Stage1Data, load_stage1
+from disa_jax.parallel import distributed
+from disa_jax.scoring import token_logprobs
+from disa_jax.sft import lora
+from disa_jax.sft.supervised import SFTConfig
+
+SUMMARY_FILE = "sft_summary.json"
+_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASFTConfig:
+  """Settings of the LoRA-SFT baseline (defaults: App. C.4, Table 13).
+
+  Attributes:
+    rank, alpha, targets: the adapters (`lora.LoRAConfig`).
+    learning_rate: AdamW peak learning rate.
+    warmup_steps: linear warm-up before the cosine decay (not stated in the paper).
+    weight_decay: AdamW weight decay on the adapters.
+    grad_clip: global-norm clip (0 = off).
+    batch_size: sequences per optimizer update (global batch).
+    micro_batch_size: sequences per forward/backward; gradients are accumulated over
+      batch_size / micro_batch_size micro-batches (token-weighted, i.e. equal to the full batch).
+    epochs: passes over the kept samples.
+    max_seq_len: prompt + response tokens; longer responses are truncated (counted in the summary).
+    keep_reward: the reward a sample must have to be kept (1.0 = verified correct).
+    compute_dtype: 'auto' (bfloat16 on GPU/TPU, float32 on CPU), 'bfloat16' or 'float32'.
+    pad_to: sequence lengths are padded to a multiple of this (fewer recompilations).
+    seed: data order and adapter initialisation.
+    checkpoint_every: optimizer updates between adapter checkpoints (0 = only at the end).
+    remat: recompute each layer's activations in the backward pass (long sequences).
+  """
+  rank: int = 64
+  alpha: float = 128.0
+  targets: tuple[str, ...] = lora.ALL_TARGETS
+  learning_rate: float = 2e-5
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  batch_size: int = 128
+  micro_batch_size: int = 8
+  epochs: int = 3
+  max_seq_len: int = 18432
+  keep_reward: float = 1.0
+  compute_dtype: str = "auto"
+  pad_to: int = 64
+  seed: int = 0
+  checkpoint_every: int = 100
+  remat: bool = False
+
+  def __post_init__(self):
+    lora.LoRAConfig(self.rank, self.alpha, tuple(self.targets))  # validates the adapter fields
+    for field in ("batch_size", "micro_batch_size", "epochs", "max_seq_len", "pad_to"):
+      if getattr(self, field) < 1:
+        raise ValueError(f"LoRASFTConfig.{field} must be >= 1, got {getattr(self, field)!r}")
+    if self.batch_size % self.micro_batch_size:
+      raise ValueError(f"LoRASFTConfig.batch_size={self.batch_size} is not a multiple of "
+                       f"micro_batch_size={self.micro_batch_size}")
+    if self.compute_dtype not in ("auto", "bfloat16", "float32"):
+      raise ValueError(f"LoRASFTConfig.compute_dtype must be auto|bfloat16|float32, got "
+                       f"{self.compute_dtype!r}")
+    if self.checkpoint_every < 0:
+      raise ValueError(f"LoRASFTConfig.checkpoint_every must be >= 0, got {self.checkpoint_every!r}")
+
+  @property
+  def lora(self) -> lora.LoRAConfig:
+    return lora.LoRAConfig(self.rank, self.alpha, tuple(self.targets))
+
+  def sft(self, total_steps: int) -> SFTConfig:
+    return SFTConfig(learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
+                     total_steps=total_steps, schedule="cosine", weight_decay=self.weight_decay,
+                     grad_clip=self.grad_clip)
+
+  def dtype(self) -> Any:
+    if self.compute_dtype == "auto":
+      return jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32
+    return jnp.dtype(self.compute_dtype)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "LoRASFTConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"LoRASFTConfig: unknown field(s) {unknown}; known: {sorted(known)}")
+    d = dict(d)
+    if "targets" in d:
+      d["targets"] = tuple(d["targets"])
+    return cls(**d)
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["targets"] = list(self.targets)
+    return d
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTExample:
+  """One kept trajectory: prompt text, its response tokens (and where it came from)."""
+  prompt_id: str
+  prompt: str
+  response_ids: tuple[int, ...]
+  sample_index: int
+
+
+def filter_reward_one(data: Stage1Data, keep_reward: float = 1.0) -> list[SFTExample]:
+  """The Stage 1 samples with reward exactly ``keep_reward``, in (prompt, sample) order.
+
+  Args:
+    data: a loaded Stage 1 dataset (``data.records[p]['samples'][i]`` holds the tokens).
+    keep_reward: the reward to keep (1.0: verified correct).
+
+  Returns:
+    One `SFTExample` per kept sample.
+  """
+  out = []
+  for p, record in enumerate(data.records):
+    for i, sample in enumerate(record["samples"]):
+      if float(sample["reward"]) == keep_reward:
+        if len(sample["token_ids"]) == 0:
+          raise ValueError(f"Stage 1 prompt {record['prompt_id']!r} sample {i} has reward "
+                           f"{keep_reward} but no response tokens")
+        out.append(SFTExample(data.prompt_ids[p], data.prompts[p],
+                              tuple(int(t) for t in sample["token_ids"]), i))
+  return out
+
+
+def make_accumulating_step(sft_config: SFTConfig, graphdef: nnx.GraphDef
+                           ) -> tuple[optax.GradientTransformation, Callable]:
+  """The adapter update with gradient accumulation over micro-batches.
+
+  The loss is the response-token mean NLL over the whole batch (as `sft_loss` on the unsplit
+  batch): micro-batch k contributes its token-sum NLL, and the sum is divided by the batch's total
+  number of response tokens.
+
+  Args:
+    sft_config: optimiser settings.
+    graphdef: from ``nnx.split(model, lora.LoRAParam, ...)``.
+
+  Returns:
+    (tx, step) with ``step(lora_params, opt_state, rest, batch) -> (lora_params, opt_state, loss)``;
+    batch fields ``input_ids``, ``attention_mask``, ``response_mask`` are ``[K, b, T]``.
+  """
+  tx = sft_config.optimizer()
+
+  def nll_sum(lora_params, rest, mb):
+    model = nnx.merge(graphdef, lora_params, rest)
+    lp = token_logprobs(model, mb["input_ids"], mb["attention_mask"])  # [b, T]
+    return -jnp.sum(lp * mb["response_mask"].astype(jnp.float32))
+
+  grad_fn = jax.value_and_grad(nll_sum)
+
+  @jax.jit
+  def step(lora_params, opt_state, rest, batch):
+    def body(carry, mb):
+      g_acc, l_acc = carry
+      loss, g = grad_fn(lora_params, rest, mb)
+      return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss), None
+
+    init = (jax.tree.map(jnp.zeros_like, lora_params), jnp.float32(0.0))
+    (g_sum, l_sum), _ = jax.lax.scan(body, init, batch)
+    n_tok = jnp.maximum(jnp.sum(batch["response_mask"].astype(jnp.float32)), 1.0)
+    grads = jax.tree.map(lambda g: g / n_tok, g_sum)
+    updates, opt_state = tx.update(grads, opt_state, lora_params)
+    return optax.apply_updates(lora_params, updates), opt_state, l_sum / n_tok
+
+  return tx, step
+
+
+def _default_encoder(reference_path: str) -> Callable[[str], Sequence[int]]:
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+  tok = AutoTokenizer.from_pretrained(reference_path)
+  return lambda text: tok.encode(text, add_special_tokens=False)
+
+
+def _pad_id(reference_path: str) -> int:
+  cfg = models.load_config(reference_path)
+  return int(cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+
+
+def _export_complete(out_path: str) -> bool:
+  return (os.path.exists(os.path.join(out_path, SUMMARY_FILE))
+          and os.path.exists(os.path.join(out_path, "config.json")))
+
+
+def _copy_tokenizer_files(src: str, dst: str) -> None:
+  for name in os.listdir(src):
+    full = os.path.join(src, name)
+    if os.path.isfile(full) and name not in _MODEL_FILES and not name.startswith("model-"):
+      shutil.copy2(full, os.path.join(dst, name))
+
+
+def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
+                 config: LoRASFTConfig = LoRASFTConfig(), *,
+                 encode_prompt: Callable[[str], Sequence[int]] | None = None,
+                 mesh: Mesh | None = None,
+                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+  """Runs the LoRA-SFT baseline and writes the merged HF checkpoint to ``out_path``.
+
+  Args:
+    reference_path: pi_ref's HF checkpoint directory.
+    stage1_path: the Stage 1 dataset (jsonl or parquet directory).
+    out_path: directory of the merged export (config.json, model.safetensors, tokenizer files
+      copied from ``reference_path``, ``sft_summary.json``).
+    config: settings.
+    encode_prompt: prompt text -> token ids, as the RL stages encode prompts (default: the
+      reference directory's tokenizer, ``add_special_tokens=False``).
+    mesh: optional device mesh (`disa_jax.parallel.make_mesh`, possibly spanning several
+      processes after `disa_jax.parallel.distributed.initialize`): weights and adapters are
+      sharded with `TRAIN_RULES`, each micro-batch over ('data', 'fsdp'), and every process feeds
+      only its own rows. Every process must call this function; only process 0 writes the export.
+    log: progress messages (e.g. ``print``); None = silent.
+
+  Returns:
+    The summary dict (also in ``sft_summary.json``): counts of prompts / samples / kept samples,
+    truncations, steps, first and last loss, adapter size, timings, ``skipped`` (True when the
+    export already existed).
+  """
+  say = log or (lambda _: None)
+  if _export_complete(out_path):
+    with open(os.path.join(out_path, SUMMARY_FILE)) as f:
+      summary = json.load(f)
+    say(f"lora-sft: export exists at {out_path}; skipped")
+    return dict(summary, skipped=True)
+  t0 = time.perf_counter()
+  data = load_stage1(stage1_path)
+  examples = filter_reward_one(data, config.keep_reward)
+  if not examples:
+    raise ValueError(f"{stage1_path}: no Stage 1 sample has reward {config.keep_reward}; "
+                     "nothing to fine-tune on")
+  encode = encode_prompt or _default_encoder(reference_path)
+  prompt_cache: dict[str, list[int]] = {}
+  prompts, responses, truncated = [], [], 0
+  for ex in examples:
+    if ex.prompt_id not in prompt_cache:
+      prompt_cache[ex.prompt_id] = [int(t) for t in encode(ex.prompt)]
+    p = prompt_cache[ex.prompt_id]
+    if len(p) >= config.max_seq_len:
+      raise ValueError(f"prompt {ex.prompt_id!r} has {len(p)} tokens >= max_seq_len="
+                       f"{config.max_seq_len}")
+    r = list(ex.response_ids)
+    if len(p) + len(r) > config.max_seq_len:
+      r = r[:config.max_seq_len - len(p)]
+      truncated += 1
+    prompts.append(p)
+    responses.append(r)
+  n = len(examples)
+  steps_per_epoch = math.ceil(n / config.batch_size)
+  total_steps = steps_per_epoch * config.epochs
+  dtype = config.dtype()
+  pad_id = _pad_id(reference_path)
+
+  model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat)
+  lora.apply_lora(model, config.lora, seed=config.seed)
+  batch_sharding = None
+  if mesh is not None:
+    parallel.shard_model(model, mesh, parallel.TRAIN_RULES)  # places the adapters too
+    batch_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+  graphdef, lora_params, rest = nnx.split(model, lora.LoRAParam, ...)
+  tx, step_fn = make_accumulating_step(config.sft(total_steps), graphdef)
+  opt_state = tx.init(lora_params)
+  ckpt = CheckpointManager(out_path.rstrip("/") + ".ckpt", max_to_keep=1, async_save=False)
+  start, losses = 0, []
+
+  def ckpt_state():
+    return {"lora": nnx.to_pure_dict(lora_params), "opt_state": opt_state}
+
+  latest = ckpt.latest_step()
+  if latest is not None:
+    _, restored, meta = ckpt.restore(ckpt_state(), latest)
+    if meta["config"] != config.to_dict() or meta["num_examples"] != n:
+      raise ValueError(f"cannot resume {out_path}.ckpt: it was written with config "
+                       f"{meta['config']} on {meta['num_examples']} examples, this run has "
+                       f"{config.to_dict()} on {n}")
+    nnx.replace_by_pure_dict(lora_params, restored["lora"])
+    opt_state = restored["opt_state"]
+    start, losses = latest, list(meta["losses"])
+    say(f"lora-sft: resumed at step {start}/{total_steps}")
+
+  k = config.batch_size // config.micro_batch_size
+  for step in range(start, total_steps):
+    epoch, j = divmod(step, steps_per_epoch)
+    order = np.random.default_rng([config.seed, epoch]).permutation(n)
+    idx = order[j * config.batch_size:(j + 1) * config.batch_size]
+    if len(idx) < config.batch_size:  # last batch of the epoch: wrap around to fill it
+      idx = np.concatenate([idx, order[:config.batch_size - len(idx)]])
+    packed = pack_sequences([prompts[i] for i in idx], [responses[i] for i in idx],
+                            pad_id=pad_id, pad_to=config.pad_to)
+    batch = {f: packed[f].reshape((k, config.micro_batch_size) + packed[f].shape[1:])  # [B, T] -> [K, b, T]
+             for f in ("input_ids", "attention_mask", "response_mask")}
+    if batch_sharding is not None:
+      batch = distributed.shard_global_batch(batch, batch_sharding, axis=1)
+    lora_params, opt_state, loss = step_fn(lora_params, opt_state, rest, batch)
+    losses.append(float(loss))
+    done = step + 1
+    if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total_steps:
+      ckpt.save(done, ckpt_state(), {"config": config.to_dict(), "num_examples": n,
+                                     "losses": losses}, force=True)
+    say(f"lora-sft: step {done}/{total_steps} loss {losses[-1]:.4f}")
+  ckpt.close()
+
+  if jax.process_count() > 1:  # a full host copy on every process for the export
+    lora_params, rest = jax.tree.map(jnp.asarray,
+                                     distributed.replicate_to_hosts((lora_params, rest)))
+  model = nnx.merge(graphdef, lora_params, rest)
+  model.sharding = None
+  merged = lora.merge_lora(model)
+  summary = {
+      "num_prompts": len(data.prompt_ids), "num_samples": int(data.mask.sum()),
+      "num_kept": n, "num_prompts_with_kept": len(prompt_cache), "num_truncated": truncated,
+      "steps": total_steps, "steps_per_epoch": steps_per_epoch, "epochs": config.epochs,
+      "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+      "lora_params": lora.lora_param_count(model), "compute_dtype": jnp.dtype(dtype).name,
+      "config": config.to_dict(), "out_path": out_path, "seconds": time.perf_counter() - t0,
+      "skipped": False,
+  }
+  if jax.process_index() == 0:
+    models.save_pretrained(merged, out_path)
+    _copy_tokenizer_files(reference_path, out_path)
+    with open(os.path.join(out_path, SUMMARY_FILE), "w") as f:  # written last: marks completion
+      json.dump(summary, f, indent=2)
+  say(f"lora-sft: merged export written to {out_path}")
+  return summary

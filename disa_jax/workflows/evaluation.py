@@ -1,0 +1,201 @@
+"""The evaluation command: one checkpoint x a benchmark suite -> per-benchmark and suite tables.
+
+`run_evaluation(EvalConfig)` serves the checkpoint (any local HF directory, or a Stage 3 run whose
+policy checkpoint is first exported to ``<output_dir>/policy_step<k>`` by `workflows.export`) with
+a rollout engine (vLLM by default), samples k responses per problem with the paper's protocol
+(temperature 0.6, top-p 0.95, the configured response length; k = 8 for math, Mean@8; k = 16 for
+code, pass@1 and pass@16), grades them (math-verify / execution) through
+`disa_jax.eval.runner.evaluate_benchmark`, and optionally scores diversity (the local metric:
+distinct final answers and mean pairwise distance; the App. C.5 LLM judge on an OpenAI-compatible
+endpoint). Output directory:
+
+    <name>.json, <name>.md        metrics (and per-problem correctness, diversity) of one benchmark
+    <name>_responses.jsonl        every response with its correctness (reused by a rerun)
+    summary.md, summary.json      the suite tables: Mean@k over the math benchmarks, pass@1 and
+                                  pass@k over the code benchmarks, each with an Average column
+
+A rerun skips the benchmarks whose results exist and rebuilds the suite tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disa_jax.workflows import typed_config
+from disa_jax.workflows.stage1 import EngineConfig
+
+MATH_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+CODE_BENCHMARKS = ("livecodebench", "codeforces", "humanevalplus")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Typed view of `configs/eval_paper.py` (the fields are documented there)."""
+
+  output_dir: str
+  model_path: str = ""
+  run_dir: str = ""
+  run_step: int = -1
+  benchmarks: dict = dataclasses.field(default_factory=dict)
+  label: str = ""
+  limit: int = 0
+  math_k: int = 8
+  code_k: int = 16
+  temperature: float = 0.6
+  top_p: float = 0.95
+  max_tokens: int = 32768
+  seed: int = 0
+  stop_token_ids: tuple[int, ...] = ()
+  use_chat_template: bool = True
+  reward_plugins: tuple[str, ...] = ()
+  engine: EngineConfig = EngineConfig()
+  local_diversity: bool = False
+  judge_url: str = ""
+  judge_model: str = "gpt-4o-mini"
+  judge_api_key_env: str = "OPENAI_API_KEY"
+  judge_cache_dir: str = ""
+  diversity_benchmarks: tuple[str, ...] = ("aime24", "aime25")
+  diversity_k: int = 8
+
+  def __post_init__(self):
+    if not self.output_dir:
+      raise ValueError("output_dir is required (a local path), got ''")
+    if bool(self.model_path) == bool(self.run_dir):
+      raise ValueError(f"set exactly one of model_path (an HF directory) and run_dir (a Stage 3 "
+                       f"workdir); got model_path={self.model_path!r}, run_dir={self.run_dir!r}")
+    known = MATH_BENCHMARKS + CODE_BENCHMARKS
+    for name, path in self.benchmarks.items():
+      if name not in known:
+        raise ValueError(f"benchmarks.{name}: unknown benchmark; known: {known}")
+      if not isinstance(path, str):
+        raise ValueError(f"benchmarks.{name} must be a path string ('' skips it), got {path!r}")
+    if not any(self.benchmarks.values()):
+      raise ValueError("benchmarks: every path is empty; set at least one benchmarks.<name>=PATH")
+    if self.math_k < 1 or self.code_k < 1 or self.diversity_k < 2 or self.limit < 0:
+      raise ValueError(f"math_k and code_k must be >= 1, diversity_k >= 2, limit >= 0; got "
+                       f"{self.math_k}, {self.code_k}, {self.diversity_k}, {self.limit}")
+
+  @classmethod
+  def from_config(cls, config: Any) -> "EvalConfig":
+    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
+    return typed_config.from_mapping(cls, config)
+
+  @property
+  def method(self) -> str:
+    """The row name of the tables."""
+    return self.label or os.path.basename(os.path.normpath(self.model_path or self.run_dir))
+
+
+def resolve_model(cfg: EvalConfig) -> str:
+  """The HF directory to serve: ``model_path``, or the run's checkpoint exported to output_dir."""
+  if cfg.model_path:
+    return cfg.model_path
+  from disa_jax.workflows import export  # pylint: disable=g-import-not-at-top
+  step = export.latest_step(cfg.run_dir) if cfg.run_step < 0 else cfg.run_step
+  out = Path(cfg.output_dir) / f"policy_step{step}"
+  if not (out / "export_info.json").exists():
+    if out.exists():
+      import shutil  # pylint: disable=g-import-not-at-top
+      shutil.rmtree(out)  # an export interrupted before its last file
+    export.export_policy(cfg.run_dir, out, step=step)
+  return str(out)
+
+
+def _diversity(cfg: EvalConfig, name: str, records, responses) -> dict[str, Any]:
+  """Local and judge diversity over the first ``diversity_k`` responses of each problem."""
+  from disa_jax.eval import diversity  # pylint: disable=g-import-not-at-top
+  out: dict[str, Any] = {}
+  rows = [r[:cfg.diversity_k] for r in responses]
+  if cfg.local_diversity:
+    per = [diversity.local_diversity(r) for r in rows]
+    out["local"] = {k: float(np.mean([p[k] for p in per])) for k in per[0]}
+  if cfg.judge_url and name in cfg.diversity_benchmarks:
+    judge = diversity.DiversityJudge(cfg.judge_url, cfg.judge_model,
+                                     os.environ.get(cfg.judge_api_key_env) or None,
+                                     cache_dir=cfg.judge_cache_dir or None)
+    problems = [str(rec.extra.get("problem") or rec.prompt_text()) for rec in records]
+    scores = judge.score_many(problems, rows)  # [P]
+    out["judge"] = {"model": cfg.judge_model, "mean": float(scores.mean()),
+                    "std": float(scores.std(ddof=1)) if scores.size > 1 else 0.0,
+                    "scores": scores.tolist()}
+  return out
+
+
+def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
+  """Evaluates (or resumes evaluating) the suite; returns the summary written to summary.json."""
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
+  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+  from disa_jax.eval import metrics, runner  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
+
+  out_dir = Path(cfg.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  import_reward_plugins(cfg.reward_plugins)
+  model_path = resolve_model(cfg)
+  tokenizer = AutoTokenizer.from_pretrained(model_path)
+  stop = cfg.stop_token_ids or (int(tokenizer.eos_token_id),)
+  todo = {n: p for n, p in cfg.benchmarks.items() if p and not (out_dir / f"{n}.json").exists()}
+  results: dict[str, dict[str, Any]] = {}
+  engine = None
+  try:
+    for name, path in cfg.benchmarks.items():
+      if not path:
+        continue
+      if name not in todo:
+        results[name] = json.loads((out_dir / f"{name}.json").read_text())
+        continue
+      if engine is None:
+        engine = cfg.engine.make(model_path)
+      records = loaders.load_prompts(path, name, limit=cfg.limit or None)
+      k = cfg.code_k if name in CODE_BENCHMARKS else cfg.math_k
+      params = runner.eval_sampling_params(k, cfg.max_tokens, None, seed=cfg.seed,
+                                           temperature=cfg.temperature, top_p=cfg.top_p)
+      params = dataclasses.replace(params, stop_token_ids=stop)
+      res = runner.evaluate_benchmark(engine, tokenizer, records, params, name=name,
+                                      use_chat_template=cfg.use_chat_template,
+                                      pass_ks=(1, k) if name in CODE_BENCHMARKS else None)
+      with open(out_dir / f"{name}_responses.jsonl", "w", encoding="utf-8") as f:
+        for pid, resp, corr in zip(res.prompt_ids, res.responses, res.correct):
+          f.write(json.dumps({"prompt_id": pid, "responses": resp,
+                              "correct": corr.astype(int).tolist()}) + "\n")
+      out = res.to_json()
+      out.update(k=k, n_problems=len(records), path=path, method=cfg.method,
+                 sampling=params.to_dict(), diversity=_diversity(cfg, name, records, res.responses))
+      (out_dir / f"{name}.md").write_text(
+          f"# {name} ({len(records)} problems, k = {k})\n\n"
+          + metrics.markdown_table({cfg.method: res.metrics}, average=False))
+      tmp = out_dir / f"{name}.json.tmp"
+      tmp.write_text(json.dumps(out, indent=1))
+      os.replace(tmp, out_dir / f"{name}.json")  # written last: marks the benchmark done
+      results[name] = out
+  finally:
+    if engine is not None:
+      engine.close()
+
+  tables: dict[str, dict[str, float]] = {}
+  for name, out in results.items():
+    if out["ability"] == "math":
+      tables.setdefault(f"mean@{out['k']}", {})[name] = out["metrics"][f"mean@{out['k']}"]
+    else:
+      tables.setdefault("pass@1", {})[name] = out["metrics"]["pass@1"]
+      tables.setdefault(f"pass@{out['k']}", {})[name] = out["metrics"][f"pass@{out['k']}"]
+  md = [f"# {cfg.method}: evaluation\n"]
+  for metric, vals in tables.items():
+    md.append(f"## {metric}\n\n" + metrics.markdown_table({cfg.method: vals}))
+  div = {n: o["diversity"] for n, o in results.items() if o.get("diversity")}
+  if div:
+    md.append("## diversity\n\n```\n" + json.dumps(div, indent=1) + "\n```\n")
+  (out_dir / "summary.md").write_text("\n".join(md))
+  summary = {"method": cfg.method, "model_path": model_path,
+             "tables": {m: metrics.results_json({cfg.method: v})[cfg.method]
+                        for m, v in tables.items()},
+             "benchmarks": {n: o["metrics"] for n, o in results.items()}, "diversity": div,
+             "evaluated_now": sorted(todo)}
+  (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+  return summary

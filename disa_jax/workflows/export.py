@@ -1,0 +1,77 @@
+"""Exports a Stage 3 policy checkpoint as a local HF directory (for evaluation and serving).
+
+The trainer saves orbax checkpoints under ``<run_dir>/checkpoints/<step>`` whose ``state`` item
+holds ``params`` (the policy's `nnx.Param` state as a pure dict) beside the optimizer state.
+`export_policy` restores only ``params`` (a partial restore: the optimizer moments are never read),
+loads them into the backbone named by the run's ``config.json`` (``model.policy_path``), and writes
+``config.json`` + ``model.safetensors`` with `disa_jax.models.save_pretrained`, plus the backbone's
+tokenizer and generation files, so that vLLM, transformers and `disa_jax.models.from_pretrained`
+load the trained policy.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+SKIP_FILES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def latest_step(run_dir: str | Path) -> int:
+  """The newest finished checkpoint step of a Stage 3 run directory."""
+  root = Path(run_dir) / "checkpoints"
+  steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "state").exists())
+  if not steps:
+    raise FileNotFoundError(f"no finished checkpoint under {root}")
+  return steps[-1]
+
+
+def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
+                  dtype: str | None = None) -> str:
+  """Writes the policy of checkpoint ``step`` (default: the latest) of ``run_dir`` to ``out_dir``.
+
+  Args:
+    run_dir: a `launch/train.py` workdir (``config.json`` and ``checkpoints/``).
+    out_dir: the HF directory to create (refused when it already holds a config.json).
+    step: checkpoint step; None = the latest.
+    dtype: storage dtype of the exported weights ('bfloat16', 'float32'); None = the trained
+      parameters' dtype (the run's ``model.param_dtype``).
+
+  Returns:
+    ``out_dir`` as a string.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from disa_jax import models  # pylint: disable=g-import-not-at-top
+
+  run_dir, out_dir = Path(run_dir), Path(out_dir)
+  if (out_dir / "config.json").exists():
+    raise FileExistsError(f"{out_dir} already holds a checkpoint; choose a new directory")
+  cfg_file = run_dir / "config.json"
+  if not cfg_file.exists():
+    raise FileNotFoundError(f"{cfg_file} not found: not a launch/train.py workdir")
+  model_cfg = json.loads(cfg_file.read_text())["model"]
+  policy_path = model_cfg["policy_path"]
+  step = latest_step(run_dir) if step is None else int(step)
+  state_dir = (run_dir / "checkpoints" / str(step) / "state").resolve()
+  if not state_dir.exists():
+    raise FileNotFoundError(f"checkpoint step {step} not found: {state_dir}")
+  model = models.from_pretrained(policy_path, dtype=jnp.dtype(model_cfg["param_dtype"]))
+  params = nnx.state(model, nnx.Param)
+  target = {"params": nnx.to_pure_dict(params)}
+  with ocp.PyTreeCheckpointer() as ckptr:
+    restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=True))
+  nnx.replace_by_pure_dict(params, restored["params"])
+  nnx.update(model, params)
+  models.save_pretrained(model, str(out_dir), dtype=None if dtype is None else jnp.dtype(dtype))
+  for f in Path(policy_path).iterdir():  # tokenizer, chat template, generation config
+    if f.is_file() and f.name not in SKIP_FILES and not f.name.endswith(WEIGHT_SUFFIXES):
+      shutil.copy2(f, out_dir / f.name)
+  (out_dir / "export_info.json").write_text(json.dumps(
+      {"run_dir": str(run_dir.resolve()), "step": step, "policy_path": policy_path}, indent=1))
+  return str(out_dir)

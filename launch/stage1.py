@@ -1,0 +1,49 @@
+r"""Stage 1 entry point: proposal samples, rewards and log pi_ref -> the resumable IS-label dataset.
+
+  python launch/stage1.py --config=configs/stage1_paper.py:qwen3-4b-base,math \
+      --config.reference_path=/models/Qwen3-4B-Base \
+      --config.proposal_path=/models/Qwen3-235B-A22B-Instruct-2507 \
+      --config.prompts_path=/data/dapo-17k-processed.parquet --config.output_dir=/runs/stage1
+
+Rerunning with the same output_dir resumes (finished prompts are skipped). Prints the summary
+(ESS / CV^2 quantiles, share of prompts without a reward-bearing sample, throughput) that is also
+written to ``<output_dir>/stage1_summary.json``. See `disa_jax.workflows.stage1`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# The JAX reference scorer shares the GPUs with the proposal's vLLM engine (started after it): JAX
+# must not pre-allocate most of every GPU's memory first.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None,
+                                          "Stage 1 config (configs/stage1_paper.py:...).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate and print the config, then exit.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cfg = Stage1Config.from_config(_CONFIG.value)
+  if _DRY_RUN.value:
+    print(json.dumps(_CONFIG.value.to_dict(), indent=1))
+    return
+  print(json.dumps(run_stage1(cfg), indent=1))
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

