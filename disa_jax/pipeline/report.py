@@ -79,8 +79,8 @@ def _plots(job, s1: dict, s2: dict, curves: dict) -> list[str]:
     if pts:
       st, rw = zip(*pts)
       w = max(1, len(rw) // 20)
-      ax.plot(st, np.convolve(rw, np.ones(w) / w, mode="same"), label=m)
-  ax.set_xlabel("RL step"); ax.set_ylabel("train reward (smoothed)"); ax.legend(); ax.set_title("Stage 3")
+      ax.plot(st[w - 1:], np.convolve(rw, np.ones(w) / w, mode="valid"), label=m)  # trailing moving average
+  ax.set_xlabel("RL step"); ax.set_ylabel("train reward (moving average)"); ax.legend(); ax.set_title("Stage 3")
   fig.tight_layout(); fig.savefig(job.dir / "training_curves.png", dpi=110); plt.close(fig)
   files.append("training_curves.png")
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
@@ -134,7 +134,8 @@ def _claims(s1: dict, evals: dict) -> list[dict[str, Any]]:
   return out
 
 
-def write_report(job, exact: dict, evals: dict[str, dict]) -> dict:
+def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
+  skipped = skipped or {}
   s1 = _stage1_section(job, exact)
   s2 = _stage2_section(job, exact)
   curves = _training_curves(job)
@@ -143,7 +144,7 @@ def write_report(job, exact: dict, evals: dict[str, dict]) -> dict:
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine, "stage3_steps": job.cfg.stage3["steps"]},
             "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
-            "methods": evals, "claims": claims, "times_s": job.times, "plots": plots}
+            "methods": evals, "skipped_methods": skipped, "claims": claims, "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   k = next(iter(evals.values()))["k"] if evals else 8
   md = [f"# DISA main job: sum task, n in [{job.task.n_min}, {job.task.n_max}], beta = {job.cfg.beta}",
@@ -156,6 +157,7 @@ def write_report(job, exact: dict, evals: dict[str, dict]) -> dict:
     md.append(f"| {name} | {e['accuracy_mean_at_k']:.3f} | {e['pass_at_k']:.3f} | {e['distinct_correct_mean']:.2f} | "
               f"{e['p_correct_exact']:.3f} | {e['entropy_correct']:.2f} ({e['target_entropy_correct']:.2f}) | "
               f"{e['kl_to_target']:.3f} ± {e['kl_to_target_se']:.3f} |")
+  md += [f"| {name} | not trained: {why} | | | | | |" for name, why in skipped.items()]
   md += ["", "## Stage 1 (log Z_IS against the exact log Z)", "",
          f"- N = {s1['n']}: mean |log Z_IS - log Z| = {s1['label_mae_vs_exact']:.4f}, mean signed error "
          f"{s1['label_signed_error_mean']:+.4f}; median ESS {s1['ess_median']:.2f}, median CV^2 {s1['cv2_median']:.3f}; "

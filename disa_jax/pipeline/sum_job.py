@@ -307,6 +307,10 @@ class SumJob:
   def lora_sft(self):
     """The LoRA-SFT baseline (App. C.4): pi_ref + LoRA on the reward-1 Stage 1 samples, merged and exported."""
     from disa_jax.sft.baseline import LoRASFTConfig, run_lora_sft
+    labels = E.load_stage1(self.dir / "stage1" / "labels.jsonl")
+    if not (labels.reward[labels.mask] >= 1.0).any():  # nothing to distil: say so in the report
+      _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
+      return None
     s = self.cfg.sft
     cfg = LoRASFTConfig(rank=s["rank"], alpha=2.0 * s["rank"], learning_rate=s["learning_rate"],
                         batch_size=s["batch_size"], micro_batch_size=s["batch_size"], epochs=s["epochs"],
@@ -383,8 +387,12 @@ class SumJob:
       self._timed(f"stage3_{m}", self.stage3, m)
     rows = {"reference": self.ref_path, "proposal": self.proposal_path}
     rows.update({m: str(self.dir / "stage3" / m / "final") for m in self.cfg.methods})
+    skipped = {}
     if self.cfg.sft["enabled"]:
       self._timed("lora_sft", self.lora_sft)
-      rows["lora_sft"] = str(self.dir / "sft")
+      if (self.dir / "sft" / "config.json").exists():
+        rows["lora_sft"] = str(self.dir / "sft")
+      else:
+        skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
     evals = {name: self._timed(f"eval_{name}", self.evaluate, name, path, exact) for name, path in rows.items()}
-    return write_report(self, exact, evals)
+    return write_report(self, exact, evals, skipped)
