@@ -20,7 +20,6 @@ The FlowRL log Z head is a separate module with its own parameters and optimizer
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -30,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax.rl import losses
+from disa_jax.rl.config import LossCfg
 from disa_jax.rl.logz_head import masked_mean_embedding
 
 LogprobFn = Callable[[nnx.Module, jax.Array, jax.Array], jax.Array]
@@ -39,23 +39,8 @@ TOKEN_FIELDS = ("input_ids", "attention_mask", "prompt_mask", "response_mask", "
 ROW_FIELDS = ("reward", "advantage", "log_z")
 
 
-@dataclasses.dataclass(frozen=True)
-class LossSettings:
-  """What the update optimises; the fields of `disa_jax.rl.config.LossCfg` the loss needs."""
-  method: str = "disa"
-  beta: float = 15.0
-  length_normalize: bool = True
-  omega_mode: str = "clipped_ratio"
-  omega_max: float = 10.0
-  eps_low: float = 0.2
-  eps_high: float = 0.28
-  dual_clip: float = 0.0
-  kl_coef: float = 0.0
-  kl_kind: str = "k3"
-
-  def __post_init__(self):
-    if self.method not in ("disa", "flowrl", "grpo", "gspo"):
-      raise ValueError(f"LossSettings.method must be disa|flowrl|grpo|gspo, got {self.method!r}")
+# What the update optimises: the run's validated loss section (method, beta, scale, omega, clips, KL).
+LossSettings = LossCfg
 
 
 class TrainState(NamedTuple):

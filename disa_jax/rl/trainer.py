@@ -195,10 +195,7 @@ class Trainer:
                                    warmup_steps=oc.warmup_steps)
     self.graphdef, head_graphdef, self.state, shardings = ts.init_train_state(
         policy, optimizer, head, head_opt, mesh=self.mesh)
-    settings = ts.LossSettings(
-        method=lc.method, beta=lc.beta, length_normalize=lc.length_normalize,
-        omega_mode=lc.omega_mode, omega_max=lc.omega_max, eps_low=lc.eps_low,
-        eps_high=lc.eps_high, dual_clip=lc.dual_clip, kl_coef=lc.kl_coef, kl_kind=lc.kl_kind)
+    settings = lc
     self.update = ts.make_train_step(
         self.graphdef, settings, optimizer, head_graphdef=head_graphdef, head_optimizer=head_opt,
         logprob_fn=logprob_fn, prompt_width=rc.max_prompt_len, mesh=self.mesh,
