@@ -18,27 +18,9 @@ import pytest
 
 from disa_jax.rewards import code
 from disa_jax.rewards import sandbox
+from disa_jax.rewards._sandbox_boot import _pids_of_uid  # processes running as a uid
 
 PWNED = [{"input": "", "output": "PWNED"}]
-
-
-def _pids_of_uid(uid: int) -> list[int]:
-  """Processes running as `uid` (each sandbox has its own uid, so concurrent sandboxes of other
-  tests do not interfere)."""
-  pids = []
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
-      continue
-    try:
-      with open(f"/proc/{name}/status") as f:
-        for line in f:
-          if line.startswith("Uid:"):
-            if int(line.split()[1]) == uid:
-              pids.append(int(name))
-            break
-    except OSError:
-      pass
-  return pids
 
 
 def _timed(fn, *args, **kwargs):

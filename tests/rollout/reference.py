@@ -71,3 +71,21 @@ def raw_logprobs_ref(model, prompt, completion) -> np.ndarray:
   mask = (np.arange(PAD_TO) < len(ids)).astype(np.int32)[None]
   out = np.asarray(_token_logprobs(model, jnp.asarray(padded), jnp.asarray(mask)))[0]
   return out[len(prompt):len(ids)]
+
+
+def check_update_changes_and_restores(engine, prompts, params, hf_state, seed: int) -> None:
+  """Perturbed weights change the samples; restoring the weights restores them bit for bit."""
+  before = engine.generate(prompts, params)
+  rng = np.random.default_rng(seed)
+  perturbed = {k: v + 0.5 * v.std() * rng.standard_normal(v.shape).astype(v.dtype)
+               for k, v in hf_state.items()}
+  engine.update_weights(perturbed)
+  during = engine.generate(prompts, params)
+  engine.update_weights(hf_state)
+  after = engine.generate(prompts, params)
+  flat = lambda out: [c for per in out for c in per]
+  assert any(not np.array_equal(a.token_ids, b.token_ids)
+             for a, b in zip(flat(before), flat(during)))
+  for a, b in zip(flat(before), flat(after)):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)

@@ -13,6 +13,7 @@ import pytest
 
 from disa_jax.rollout import GenerationProcessError, RemoteEngine, SamplingParams, make_engine, shm
 from disa_jax.rollout.jax_sampler import JaxSampler
+from tests.rollout import reference
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70]]
 PARAMS = SamplingParams(n=4, temperature=0.9, top_p=0.95, max_tokens=16, seed=3,
@@ -73,20 +74,7 @@ def test_remote_matches_in_process_and_leaves_no_names(remote, tiny_ckpt, hf_sta
 
 
 def test_remote_weight_update_changes_and_restores(remote, hf_state):
-  before = remote.generate(PROMPTS, PARAMS)
-  rng = np.random.default_rng(1)
-  perturbed = {k: v + 0.5 * v.std() * rng.standard_normal(v.shape).astype(v.dtype)
-               for k, v in hf_state.items()}
-  remote.update_weights(perturbed)
-  during = remote.generate(PROMPTS, PARAMS)
-  remote.update_weights(hf_state)
-  after = remote.generate(PROMPTS, PARAMS)
-  flat = lambda out: [c for per in out for c in per]
-  assert any(not np.array_equal(a.token_ids, b.token_ids)
-             for a, b in zip(flat(before), flat(during)))
-  for a, b in zip(flat(before), flat(after)):
-    np.testing.assert_array_equal(a.token_ids, b.token_ids)
-    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+  reference.check_update_changes_and_restores(remote, PROMPTS, PARAMS, hf_state, seed=1)
   assert shm.list_segments(os.getpid()) == []
 
 
