@@ -13,6 +13,9 @@ Failure handling (never a hang):
 * shared-memory names are unlinked as soon as both sides have mapped them; before that, the worker's
   watchdog unlinks them if the trainer dies, and the trainer's watchdog if the worker dies. The worker
   also exits by itself when the trainer dies, so a `kill -9` of either side leaves nothing behind.
+  One window remains: a trainer killed after creating the segments but before its worker has mapped
+  them leaves names that no live process knows; the next `RemoteEngine` on the machine removes them
+  (`shm.cleanup_stale_segments`: creator pid dead).
 """
 
 from __future__ import annotations

@@ -37,6 +37,15 @@ def _alive(pid):
     return False
 
 
+def _maps_segment(pid, prefix):
+  """True if process `pid` has a /dev/shm segment whose name starts with `prefix` mapped."""
+  try:
+    with open(f"/proc/{pid}/maps") as f:
+      return any(f"/dev/shm/{prefix}" in line for line in f)
+  except OSError:
+    return False
+
+
 def _children(pid):
   kids = []
   for entry in os.listdir("/proc"):
@@ -152,9 +161,13 @@ def test_kill_9_of_trainer(tiny_ckpt, tmp_path, when):
       line = proc.stdout.readline().split()
       assert line[0] == "ready", line
     else:
-      # Kill while the worker is still starting and the names are still linked.
-      _wait_for(lambda: shm.list_segments(proc.pid), 60, "the trainer's segments")
-      _wait_for(lambda: len(_children(proc.pid)) >= 1, 60, "the worker process")
+      # Kill while the worker is still starting (its engine is not built yet). The worker must have
+      # mapped the control block: before that, the segments are the next engine's to clean up
+      # (`cleanup_stale_segments`, tested in test_shm), as no process alive knows them. A child
+      # alone is not enough: the first one may be multiprocessing's resource tracker.
+      prefix = f"{shm.PREFIX}{proc.pid}_"
+      _wait_for(lambda: any(_maps_segment(k, prefix) for k in _children(proc.pid)), 60,
+                "the worker to map the trainer's segments")
     kids = _children(proc.pid)
     assert kids
     os.kill(proc.pid, signal.SIGKILL)
