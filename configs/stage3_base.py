@@ -79,6 +79,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.anchor_path = ""  # Frozen Stage 2 anchor directory (DISA only).
   c.data.shuffle = True  # Reshuffle the prompts every epoch (seeded).
 
+  c.replay = ml_collections.ConfigDict()  # Stage 1 replay (beyond the paper; DISA / FlowRL only)
+  c.replay.path = ""  # Stage 1 dataset (jsonl/parquet) whose proposal samples are replayed.
+  c.replay.fraction = 0.0  # Share of each prompt's G samples taken from Stage 1 (0 = paper recipe).
+  c.replay.schedule = "constant"  # 'constant' | 'linear_decay' (to 0 over decay_steps).
+  c.replay.decay_steps = 0  # Steps of the linear decay.
+  c.replay.max_ref_logp_drift = 0.05  # Refuse a Stage 1 file scored under another pi_ref (nats).
+
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 50  # Evaluate every this many RL steps; 0 = never.
   c.eval.paths = ()  # Benchmark prompt files (held-out validation subset for checkpoint selection).

@@ -44,6 +44,7 @@ def build_and_run(cfg: TrainConfig, workdir: str) -> None:
 
   from disa_jax import models, parallel, rewards, rollout  # pylint: disable=g-import-not-at-top
   from disa_jax.data import loaders, templates  # pylint: disable=g-import-not-at-top
+  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   from disa_jax.rl.trainer import PromptItem, Trainer  # pylint: disable=g-import-not-at-top
 
   mc = cfg.model
@@ -81,8 +82,13 @@ def build_and_run(cfg: TrainConfig, workdir: str) -> None:
     from disa_jax.anchor import Anchor  # pylint: disable=g-import-not-at-top
     anchor = Anchor.load(cfg.data.anchor_path)
   eval_items = [it for p in cfg.eval.paths for it in items_from(p)]
-  engine = rollout.make_engine(cfg.rollout.engine, mc.policy_path,
-                               separate_process=cfg.rollout.separate_process)
+  # One generation process per host, owned by the host's first process (all of them in a
+  # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
+  engine = None
+  if distributed.is_host_leader():
+    child_env = {"env": distributed.generation_env()} if cfg.rollout.separate_process else {}
+    engine = rollout.make_engine(cfg.rollout.engine, mc.policy_path,
+                                 separate_process=cfg.rollout.separate_process, **child_env)
   try:
     trainer = Trainer(cfg, workdir, policy=policy, reference=reference, engine=engine,
                       prompts=items_from(cfg.data.train_path), reward_fn=reward_fn,
@@ -91,21 +97,25 @@ def build_and_run(cfg: TrainConfig, workdir: str) -> None:
     trainer.run()
     trainer.close()
   finally:
-    engine.close()
+    if engine is not None:
+      engine.close()
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cfg = config_from_flags(_CONFIG.value)
+  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize()  # no-op without a multi-process launcher's variables
   if _DRY_RUN.value:
     print(json.dumps(cfg.to_dict(), indent=1))
     return
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required")
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
-    json.dump(cfg.to_dict(), f, indent=1)
+  if distributed.is_main_process():
+    with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
+      json.dump(cfg.to_dict(), f, indent=1)
   build_and_run(cfg, _WORKDIR.value)
 
 

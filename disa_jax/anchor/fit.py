@@ -4,7 +4,9 @@
 
 Defaults follow Table 6: Adam with learning rate 1e-3, batch 1024, 80 epochs. A held-out split gives
 the per-epoch validation MSE and R^2 (the separable diagnostic of §2.2) and the best epoch is kept.
-Optional per-prompt weights turn eq. (7) into weighted least squares (e.g. inverse label variance).
+Optional per-prompt weights turn eq. (7) into weighted least squares (e.g. inverse label variance), and
+``huber_delta > 0`` into a robust (Huber) fit. `fit_anchor_many` trains many such fits at once (vmapped),
+e.g. the cross-validation folds of the sigma_g study (`disa_jax.pipeline.anchor_study`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ class AnchorFitConfig:
   epochs: int = 80
   val_fraction: float = 0.1  # held-out share of prompts; 0 disables validation (last epoch kept)
   seed: int = 0
+  # 0: least squares (eq. 7). > 0: Huber loss with this threshold in standardised label units, i.e.
+  # squared below it and linear above, so a few far-off labels (e.g. a prompt whose N samples missed
+  # every high-reward output, whose log Z_IS is ~beta too low) pull the fit less.
+  huber_delta: float = 0.0
 
   def __post_init__(self):
     if not self.learning_rate > 0:
@@ -44,6 +50,26 @@ class AnchorFitConfig:
       raise ValueError(f"AnchorFitConfig.epochs must be >= 1, got {self.epochs!r}")
     if not 0.0 <= self.val_fraction < 1.0:
       raise ValueError(f"AnchorFitConfig.val_fraction must be in [0, 1), got {self.val_fraction!r}")
+    if not self.huber_delta >= 0.0:
+      raise ValueError(f"AnchorFitConfig.huber_delta must be >= 0, got {self.huber_delta!r}")
+
+
+def residual_loss(resid: jax.Array, huber_delta: float) -> jax.Array:
+  """Per-example loss of the standardised residual: resid^2 (eq. 7), or 2 x Huber(resid; delta) if delta > 0.
+
+  The Huber branch is scaled by 2 so that both agree (resid^2) for |resid| <= delta.
+
+  Args:
+    resid: ``[B]`` residuals g - label in standardised units.
+    huber_delta: 0 for least squares, else the Huber threshold.
+
+  Returns:
+    ``[B]`` losses.
+  """
+  if huber_delta == 0.0:
+    return resid ** 2
+  a = jnp.abs(resid)
+  return jnp.where(a <= huber_delta, resid ** 2, 2.0 * huber_delta * a - huber_delta ** 2)
 
 
 @dataclasses.dataclass
@@ -143,7 +169,8 @@ def fit_anchor(embeddings: np.ndarray,
   def batch_loss(params, xb, yb, wb):
     model = nnx.merge(graphdef, params, rest)
     z = (yb - model.y_mean.value) / model.y_std.value  # labels in standardised units
-    return jnp.sum(wb * (model.normalized(xb) - z) ** 2) / jnp.maximum(jnp.sum(wb), 1e-12)
+    loss = residual_loss(model.normalized(xb) - z, config.huber_delta)  # [B]
+    return jnp.sum(wb * loss) / jnp.maximum(jnp.sum(wb), 1e-12)
 
   @jax.jit
   def epoch(params, opt_state, order):
@@ -190,3 +217,153 @@ def fit_anchor(embeddings: np.ndarray,
   result = FitResult(anchor=Anchor(final, meta), history=hist, best_epoch=best, train_idx=train, val_idx=val)
   result.anchor.meta = dataclasses.replace(meta, fit_summary=result.summary())
   return result
+
+
+def fit_anchor_many(embeddings: np.ndarray,
+                    labels: np.ndarray,
+                    train_mask: np.ndarray,
+                    *,
+                    config: AnchorFitConfig = AnchorFitConfig(),
+                    sample_weights: np.ndarray | None = None,
+                    val_mask: np.ndarray | None = None) -> np.ndarray:
+  """Fits F anchors on the same prompts at once (vmapped), each with its own labels, weights and rows.
+
+  Every fit is the eq. (7) fit of `fit_anchor` on its training rows: the same `AnchorMLP`, the same
+  initialisation (``nnx.Rngs(config.seed)``, shared by all fits), standardisation on its own training
+  rows, Adam, minibatches of ``min(batch_size, n_train)`` in a fresh random order each epoch, and the
+  same loss (``config.huber_delta``). With ``val_mask`` the epoch with the lowest unweighted MSE
+  against the labels on the fit's validation rows is kept, as `fit_anchor` does with ``val_idx``;
+  without it the last epoch is kept, as `fit_anchor` does with ``val_fraction=0``. Rows in neither mask
+  are never seen, so they measure the anchor's error honestly (cross-validation). Fits with fewer
+  minibatches than the largest skip the missing steps (no Adam update), so each fit takes exactly its
+  own ``epochs * ceil(n_train / batch)`` steps. Only the shuffling differs from `fit_anchor` (its
+  full-batch fits are reproduced to float32 rounding).
+
+  Args:
+    embeddings: ``[P, D]`` frozen prompt embeddings, shared by all fits.
+    labels: ``[F, P]`` labels per fit; must be finite on each fit's training and validation rows.
+    train_mask: ``[F, P]`` bool, the training rows of each fit (at least 2 per fit).
+    config: `AnchorFitConfig` (``val_fraction`` is not used: the split is ``train_mask`` / ``val_mask``).
+    sample_weights: optional ``[F, P]`` non-negative weights (weighted least squares), finite with a
+      positive sum on each fit's training rows.
+    val_mask: optional ``[F, P]`` bool validation rows for best-epoch selection, disjoint from
+      ``train_mask``, at least one per fit.
+
+  Returns:
+    ``[F, P]`` float64 predictions g_psi(q) of every fit's kept anchor on all P prompts.
+  """
+  x = np.asarray(embeddings, np.float32)
+  y = np.asarray(labels, np.float64)
+  tm = np.asarray(train_mask, bool)
+  if x.ndim != 2:
+    raise ValueError(f"embeddings must be [P, D], got shape {x.shape}")
+  p, d = x.shape
+  if y.ndim != 2 or y.shape[1] != p or tm.shape != y.shape:
+    raise ValueError(f"labels and train_mask must both be [F, P={p}], got {y.shape} and {tm.shape}")
+  vm = np.zeros_like(tm) if val_mask is None else np.asarray(val_mask, bool)
+  if vm.shape != tm.shape:
+    raise ValueError(f"val_mask must be [F, P] = {tm.shape}, got {vm.shape}")
+  if (vm & tm).any():
+    raise ValueError(f"val_mask overlaps train_mask at (fit, prompt) {np.argwhere(vm & tm)[:10].tolist()}")
+  if val_mask is not None and not vm.any(1).all():
+    raise ValueError(f"val_mask: every fit needs at least 1 validation prompt; fit {int(vm.sum(1).argmin())} has 0")
+  if not np.isfinite(x).all():
+    raise ValueError("embeddings contain non-finite values at prompt index(es) "
+                     f"{np.flatnonzero(~np.isfinite(x).all(1))[:10].tolist()}")
+  n_train = tm.sum(1)  # [F]
+  if n_train.min() < 2:
+    raise ValueError(f"train_mask: every fit needs at least 2 training prompts; fit {int(n_train.argmin())} has "
+                     f"{int(n_train.min())}")
+  bad = np.argwhere((tm | vm) & ~np.isfinite(y))
+  if bad.size:
+    raise ValueError(f"labels contain {len(bad)} non-finite value(s) on training/validation rows; (fit, prompt) "
+                     f"{bad[:10].tolist()}, values {y[tuple(bad[:10].T)].tolist()}")
+  w = np.ones_like(y) if sample_weights is None else np.asarray(sample_weights, np.float64)
+  if w.shape != y.shape:
+    raise ValueError(f"sample_weights must be [F, P] = {y.shape}, got {w.shape}")
+  w = np.where(tm, w, 0.0)
+  if not np.isfinite(w).all() or (w < 0).any() or not (w.sum(1) > 0).all():
+    raise ValueError("sample_weights must be finite, >= 0 and not all zero on each fit's training rows")
+  y = np.where(tm | vm, y, 0.0)
+  f = y.shape[0]
+
+  # Per-fit standardisation on the training rows (as AnchorMLP.set_standardization: population std).
+  cnt = n_train[:, None].astype(np.float64)  # [F, 1]
+  x_mean = (tm.astype(np.float64) @ x) / cnt  # [F, D]
+  x_var = (tm.astype(np.float64) @ (x.astype(np.float64) ** 2)) / cnt - x_mean ** 2
+  x_std = np.maximum(np.sqrt(np.maximum(x_var, 0.0)), 1e-6)
+  y_tr = np.where(tm, y, 0.0)
+  y_mean = y_tr.sum(1) / n_train  # [F]
+  y_std = np.maximum(np.sqrt(np.sum(np.where(tm, (y - y_mean[:, None]) ** 2, 0.0), 1) / n_train), 1e-6)
+
+  # Minibatch order: [epochs, steps, F, width] prompt indices, -1 for padding.
+  rng = np.random.default_rng(config.seed)
+  bs = np.minimum(config.batch_size, n_train)  # [F] per-fit batch size
+  n_batches = -(-n_train // bs)  # [F] ceil
+  steps, width = int(n_batches.max()), int(bs.max())
+  keys = rng.random((config.epochs, f, p))
+  keys[:, ~tm] = np.inf  # non-training rows sort last
+  perm = np.argsort(keys, axis=-1)  # [E, F, P]: each fit's training rows first, in random order
+  b_idx, k_idx = np.arange(steps)[:, None, None], np.arange(width)[None, None, :]  # [S, 1, 1], [1, 1, W]
+  pos = b_idx * bs[None, :, None] + k_idx  # [S, F, W] position in the permutation
+  ok = (k_idx < bs[None, :, None]) & (pos < n_train[None, :, None])  # [S, F, W]
+  gathered = np.take_along_axis(perm[:, None], np.minimum(pos, p - 1)[None].repeat(config.epochs, 0), axis=-1)
+  order = np.where(ok[None], gathered, -1)  # [E, S, F, W]
+
+  mlp = AnchorMLP(d, config.hidden_sizes, config.activation, rngs=nnx.Rngs(config.seed))
+  # The standardisers carry a leading fit axis ([F, D] and [F]); vmap maps them with the parameters.
+  mlp.x_mean.value, mlp.x_std.value = jnp.asarray(x_mean, jnp.float32), jnp.asarray(x_std, jnp.float32)
+  mlp.y_mean.value, mlp.y_std.value = jnp.asarray(y_mean, jnp.float32), jnp.asarray(y_std, jnp.float32)
+  graphdef, params0, stats = nnx.split(mlp, nnx.Param, ...)
+  params = jax.tree.map(lambda a: jnp.broadcast_to(a, (f,) + a.shape), params0)  # [F, ...] shared init
+  tx = optax.adam(config.learning_rate)
+  opt_state = jax.vmap(tx.init)(params)
+  xs = jnp.asarray(x)
+
+  def predict(prm, st):  # -> [P]
+    return nnx.merge(graphdef, prm, st)(xs)
+
+  def fit_step(prm, opt, st, idx, yf, wf):
+    valid = idx >= 0  # [W]
+    safe = jnp.maximum(idx, 0)
+
+    def loss_fn(prm):
+      model = nnx.merge(graphdef, prm, st)
+      z = (yf[safe] - model.y_mean.value) / model.y_std.value  # labels in standardised units
+      wb = wf[safe] * valid
+      loss = residual_loss(model.normalized(xs[safe]) - z, config.huber_delta)  # [W]
+      return jnp.sum(wb * loss) / jnp.maximum(jnp.sum(wb), 1e-12)
+
+    grads = jax.grad(loss_fn)(prm)
+    updates, new_opt = tx.update(grads, opt, prm)
+    new_prm = optax.apply_updates(prm, updates)
+    live = jnp.any(valid)  # an all-padding step (a fit with fewer minibatches) changes nothing
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(live, a, b), new, old)
+    return keep(new_prm, prm), keep(new_opt, opt)
+
+  select = val_mask is not None
+
+  @jax.jit
+  def train(params, opt_state, order, ys, ws, vmask):
+    def epoch(carry, order_e):  # order_e: [S, F, W]
+      prm, opt, best_prm, best_mse = carry
+      def step(c, idx):  # idx: [F, W]
+        return jax.vmap(fit_step)(*c, stats, idx, ys, ws), None
+      (prm, opt), _ = jax.lax.scan(step, (prm, opt), order_e)
+      if select:  # validation MSE of this epoch, per fit; keep the parameters of the best epoch so far
+        pred = jax.vmap(predict)(prm, stats)  # [F, P]
+        mse = jnp.sum(vmask * (pred - ys) ** 2, -1) / jnp.sum(vmask, -1)  # [F]
+        better = mse < best_mse
+        best_prm = jax.tree.map(lambda a, b: jnp.where(better.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
+                                prm, best_prm)
+        best_mse = jnp.where(better, mse, best_mse)
+      else:
+        best_prm = prm
+      return (prm, opt, best_prm, best_mse), None
+    init = (params, opt_state, params, jnp.full((f,), jnp.inf, jnp.float32))
+    (_, _, best_prm, _), _ = jax.lax.scan(epoch, init, order)
+    return jax.vmap(predict)(best_prm, stats)  # [F, P]
+
+  pred = train(params, opt_state, jnp.asarray(order, jnp.int32), jnp.asarray(y, jnp.float32),
+               jnp.asarray(w, jnp.float32), jnp.asarray(vm, jnp.float32))
+  return np.asarray(pred, np.float64)

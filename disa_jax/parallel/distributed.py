@@ -302,3 +302,84 @@ def sync_global(name: str) -> None:
   """A barrier across all processes (no-op in a single process)."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+def host_leaders() -> list[int]:
+  """Process indices of the host leaders, ascending (collective: every process must call it)."""
+  if jax.process_count() == 1:
+    return [0]
+  flags = multihost_utils.process_allgather(np.array([int(is_host_leader())], np.int32))
+  flags = np.asarray(flags).reshape(jax.process_count())  # [num_processes, 1] -> [num_processes]
+  return [int(i) for i in np.nonzero(flags)[0]]
+
+
+def leader_slice(num_items: int, leaders: list[int], process_index: int | None = None) -> slice:
+  """The contiguous share of ``num_items`` (prompts) that ``process_index``'s generation process
+  handles: `np.array_split` over the leaders in order; an empty slice for non-leaders."""
+  process_index = jax.process_index() if process_index is None else process_index
+  if process_index not in leaders:
+    return slice(0, 0)
+  r = leaders.index(process_index)
+  bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(num_items), len(leaders))])
+  return slice(int(bounds[r]), int(bounds[r + 1]))
+
+
+def allgather_completions(local: list[Any], rewards: np.ndarray) -> tuple[list[Any], np.ndarray]:
+  """Every process's completions and ``[R_p]`` rewards, concatenated in process order (collective).
+
+  Completions are ragged, so each process pads its rows to the largest row count and length of
+  any process (one small all-gather of the sizes first), all-gathers, and unpads.
+
+  Args:
+    local: this process's `disa_jax.rollout.Completion` list (may be empty).
+    rewards: ``[len(local)]`` float32 rewards of ``local``.
+
+  Returns:
+    (completions of all processes ``[sum_p R_p]``, rewards ``[sum_p R_p]``).
+  """
+  from disa_jax.rollout.types import FINISH_REASONS, Completion  # pylint: disable=g-import-not-at-top
+  rewards = np.asarray(rewards, np.float32).reshape(-1)
+  if rewards.shape[0] != len(local):
+    raise ValueError(f"allgather_completions: {len(local)} completions but rewards of shape "
+                     f"{rewards.shape}")
+  if jax.process_count() == 1:
+    return list(local), rewards
+  width = max((len(c.token_ids) for c in local), default=0)
+  sizes = np.asarray(multihost_utils.process_allgather(np.array([len(local), width], np.int64)))
+  sizes = sizes.reshape(jax.process_count(), 2)  # [num_processes, (rows, width)]
+  rows, width = max(int(sizes[:, 0].max()), 1), max(int(sizes[:, 1].max()), 1)
+  buf = {"tok": np.zeros((rows, width), np.int32), "lp": np.zeros((rows, width), np.float32),
+         "raw": np.zeros((rows, width), np.float32), "has_raw": np.zeros((rows,), np.int8),
+         "length": np.zeros((rows,), np.int32), "finish": np.zeros((rows,), np.int8),
+         "reward": np.zeros((rows,), np.float32)}
+  for i, c in enumerate(local):
+    n = len(c.token_ids)
+    buf["tok"][i, :n], buf["lp"][i, :n], buf["length"][i] = c.token_ids, c.logprobs, n
+    if c.raw_logprobs is not None:
+      buf["raw"][i, :n], buf["has_raw"][i] = c.raw_logprobs, 1
+    buf["finish"][i] = FINISH_REASONS.index(c.finish_reason)
+    buf["reward"][i] = rewards[i]
+  got = jax.tree.map(np.asarray, multihost_utils.process_allgather(buf))  # each [num_processes, rows, ...]
+  out, out_r = [], []
+  for p in range(jax.process_count()):
+    for i in range(int(sizes[p, 0])):
+      n = int(got["length"][p, i])
+      out.append(Completion(got["tok"][p, i, :n], got["lp"][p, i, :n],
+                            got["raw"][p, i, :n] if got["has_raw"][p, i] else None,
+                            FINISH_REASONS[int(got["finish"][p, i])]))
+      out_r.append(got["reward"][p, i])
+  return out, np.asarray(out_r, np.float32)
+
+
+def to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding, axis: int = 0) -> Any:
+  """`shard_global_batch` across processes; the batch itself (NumPy) in a single process."""
+  if jax.process_count() == 1:
+    return dict(batch)
+  return shard_global_batch(batch, sharding, axis)
+
+
+def to_host(tree: Any) -> Any:
+  """`replicate_to_hosts` across processes; ``jax.device_get`` in a single process."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return replicate_to_hosts(tree)

@@ -207,6 +207,57 @@ class DataCfg:
   shuffle: bool = True
 
 
+REPLAY_SCHEDULES = ("constant", "linear_decay")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayCfg:
+  """Stage 1 replay in Stage 3 (DISA / FlowRL only; see `disa_jax.rl.replay`).
+
+  Of the G samples of a prompt, round(fraction(step) * G) are Stage 1 proposal samples of that
+  prompt (drawn without replacement, seeded by the step) and the rest are sampled on-policy, so the
+  batch size and compute per step do not change. Replayed rows enter the TB residual like on-policy
+  rows (Prop. 3(i): with a fixed log Z the minimiser is the tilted target for any full-support
+  behaviour distribution); GRPO / GSPO refuse them (their ratios assume on-policy rollouts).
+
+  Attributes:
+    path: Stage 1 dataset (jsonl / parquet directory written by Stage 1); '' = replay off.
+    fraction: share of each prompt's group replaced by Stage 1 samples, in [0, 1).
+    schedule: 'constant' | 'linear_decay' (fraction -> 0 linearly over `decay_steps`).
+    decay_steps: length of the linear decay (steps; 'linear_decay' only).
+    max_ref_logp_drift: the median |stored log pi_ref - recomputed| (nats, trajectory sums) over the
+      replayed rows of the first replay step must stay below this; a larger drift means the Stage 1
+      file was scored with another reference model or prompt rendering.
+  """
+  path: str = ""
+  fraction: float = 0.0
+  schedule: str = "constant"
+  decay_steps: int = 0
+  max_ref_logp_drift: float = 0.05
+
+  def __post_init__(self):
+    if not 0.0 <= self.fraction < 1.0:
+      _fail("replay", "fraction", self.fraction, "must be in [0, 1)")
+    if self.schedule not in REPLAY_SCHEDULES:
+      _fail("replay", "schedule", self.schedule, f"must be one of {REPLAY_SCHEDULES}")
+    if self.schedule == "linear_decay" and self.decay_steps < 1:
+      _fail("replay", "decay_steps", self.decay_steps, "must be >= 1 for schedule='linear_decay'")
+    if self.fraction > 0 and not self.path:
+      _fail("replay", "path", self.path, f"is required when replay.fraction={self.fraction} > 0")
+    if not self.max_ref_logp_drift > 0:
+      _fail("replay", "max_ref_logp_drift", self.max_ref_logp_drift, "must be > 0")
+
+  @property
+  def enabled(self) -> bool:
+    return self.fraction > 0
+
+  def fraction_at(self, step: int) -> float:
+    """The replay fraction of RL step ``step`` (0-based)."""
+    if self.schedule == "linear_decay":
+      return self.fraction * max(0.0, 1.0 - step / self.decay_steps)
+    return self.fraction
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalCfg:
   """Periodic evaluation (paper: temperature 0.6, top-p 0.95, Mean@8 / pass@k).
@@ -272,6 +323,7 @@ class TrainConfig:
   optim: OptimCfg = OptimCfg()
   rollout: RolloutCfg = RolloutCfg()
   data: DataCfg = DataCfg()
+  replay: ReplayCfg = ReplayCfg()
   eval: EvalCfg = EvalCfg()
   mesh: MeshCfg = MeshCfg()
   checkpoint: CheckpointCfg = CheckpointCfg()
@@ -288,6 +340,17 @@ class TrainConfig:
       _fail("config", "log_every", self.log_every, "must be >= 1")
     if self.loss.method == "disa" and not self.data.anchor_path:
       _fail("data", "anchor_path", self.data.anchor_path, "is required for method='disa'")
+    if self.replay.enabled and self.loss.method not in ("disa", "flowrl"):
+      _fail("replay", "fraction", self.replay.fraction,
+            f"must be 0 for loss.method={self.loss.method!r} (off-policy Stage 1 samples would "
+            "enter its ratio terms uncorrected; replay is for 'disa' and 'flowrl')")
+    if self.replay.enabled and round(self.replay.fraction * self.rollout.group_size) < 1:
+      _fail("replay", "fraction", self.replay.fraction,
+            f"replays no sample of a group of rollout.group_size={self.rollout.group_size}")
+    if self.replay.enabled and round(self.replay.fraction * self.rollout.group_size) >= (
+        self.rollout.group_size):
+      _fail("replay", "fraction", self.replay.fraction,
+            f"leaves no on-policy sample in a group of {self.rollout.group_size}")
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":

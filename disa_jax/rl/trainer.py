@@ -13,8 +13,21 @@ One RL step (Alg. 1, lines 10-13):
 6. push the new policy weights (HF names; never the FlowRL head) to the engine;
 7. evaluate every ``eval.every`` steps and checkpoint every ``checkpoint.every`` steps.
 
+With Stage 1 replay (``cfg.replay``, DISA / FlowRL), step 2 samples G - k responses per prompt and
+k come from the Stage 1 pool (`disa_jax.rl.replay`); they are scored like the others.
+
+Multi-host (``jax.process_count() > 1``, see `disa_jax.parallel.distributed`): every process runs
+this same loop on the same global mesh. The host leaders' generation processes each sample a
+contiguous slice of the step's prompts (``SamplingParams.prompt_index_offset`` keeps the samples
+those of a single engine), grade them, and all-gather the completions, so every process then holds
+the whole rollout batch in NumPy and feeds only its own rows to the jitted scoring and update
+functions. New weights are gathered into a host copy on every process and pushed by each host
+leader into its own generation process. Checkpoints go through orbax's multi-process path; only
+process 0 writes metrics.
+
 Metrics go to ``<workdir>/metrics.jsonl`` and TensorBoard; a tqdm bar shows the ETA. A run resumes
-from the latest checkpoint in ``<workdir>/checkpoints`` automatically.
+from the latest checkpoint in ``<workdir>/checkpoints`` automatically. The sampling seed of step k
+is derived from (seed, k), so a resumed run samples what an uninterrupted one would.
 """
 from __future__ import annotations
 
@@ -29,13 +42,15 @@ import numpy as np
 from flax import nnx
 
 from disa_jax import models, parallel
-from disa_jax.checkpoint import CheckpointManager, array_to_rng, rng_to_array
+from disa_jax.checkpoint import CheckpointManager
 from disa_jax.data.batching import pack_sequences
+from disa_jax.parallel import distributed
 from disa_jax.rl import losses
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.logz_head import LogZHead
 from disa_jax.rl.metrics import MetricsLogger
+from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
 from disa_jax.rollout.types import Completion, Engine, SamplingParams
 
 # (prompt items [B], responses [B] token ids) -> [B] float32 rewards
@@ -99,6 +114,26 @@ def _derive_seed(*parts: Any) -> int:
   return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
+def grade(reward_fn: RewardFn, items: Sequence[PromptItem],
+          comps: Sequence[Sequence[Completion]]) -> np.ndarray:
+  """``[P, n]`` float32 rewards of ``comps`` (``[P][n]``) through ``reward_fn``, shape-checked."""
+  flat_items = [it for it, group in zip(items, comps) for _ in group]
+  flat = [c.token_ids for group in comps for c in group]
+  r = np.asarray(reward_fn(flat_items, flat), np.float32)
+  if r.shape != (len(flat),):
+    raise ValueError(f"reward_fn returned shape {r.shape}, expected ({len(flat)},)")
+  return r.reshape(len(items), -1) if len(items) else r.reshape(0, 0)  # [P * n] -> [P, n]
+
+
+def _eval_metrics(rewards: np.ndarray, lengths: Sequence[int]) -> dict[str, float]:
+  n = rewards.shape[1]
+  return {
+      f"eval/mean@{n}": float(rewards.mean()),
+      f"eval/pass@{n}": float((rewards.max(-1) > 0.5).mean()),
+      "eval/response_length": float(np.mean(lengths)),
+  }
+
+
 def evaluate(engine: Engine, items: Sequence[PromptItem], reward_fn: RewardFn, *, n: int,
              temperature: float, top_p: float, max_tokens: int, stop_token_ids: tuple[int, ...],
              seed: int) -> dict[str, float]:
@@ -106,14 +141,8 @@ def evaluate(engine: Engine, items: Sequence[PromptItem], reward_fn: RewardFn, *
   params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                           stop_token_ids=stop_token_ids, seed=seed)
   comps = engine.generate([list(it.token_ids) for it in items], params)
-  flat_items = [it for it in items for _ in range(n)]
-  flat = [c.token_ids for group in comps for c in group]
-  r = np.asarray(reward_fn(flat_items, flat), np.float32).reshape(len(items), n)  # [P*n] -> [P, n]
-  return {
-      f"eval/mean@{n}": float(r.mean()),
-      f"eval/pass@{n}": float((r.max(-1) > 0.5).mean()),
-      "eval/response_length": float(np.mean([len(t) for t in flat])),
-  }
+  r = grade(reward_fn, items, comps)
+  return _eval_metrics(r, [len(c.token_ids) for group in comps for c in group])
 
 
 class Trainer:
@@ -124,7 +153,8 @@ class Trainer:
     workdir: run directory (metrics, TensorBoard, checkpoints).
     policy: the trained `Transformer` (initialised from pi_ref's weights; updated in place).
     reference: the frozen pi_ref `Transformer`.
-    engine: the rollout engine; it must start with the policy's weights.
+    engine: the rollout engine; it must start with the policy's weights. In a multi-process run,
+      each host leader passes its host's engine and the other processes None.
     prompts: training prompts.
     reward_fn: ``(items [B], response ids [B]) -> [B]`` rewards.
     stop_token_ids: tokens that end a response (EOS).
@@ -134,6 +164,7 @@ class Trainer:
     mesh: device mesh (default: one built from ``cfg.mesh``).
     logprob_fn: token log-prob function (default `disa_jax.scoring.token_logprobs`).
     pad_to: sequence lengths are padded to a multiple of this (fewer recompilations).
+    replay_pool: Stage 1 samples for ``cfg.replay`` (default: read from ``cfg.replay.path``).
   """
 
   def __init__(self,
@@ -142,7 +173,7 @@ class Trainer:
                *,
                policy: models.Transformer,
                reference: models.Transformer,
-               engine: Engine,
+               engine: Engine | None,
                prompts: Sequence[PromptItem],
                reward_fn: RewardFn,
                stop_token_ids: tuple[int, ...],
@@ -151,7 +182,8 @@ class Trainer:
                eval_prompts: Sequence[PromptItem] = (),
                mesh: jax.sharding.Mesh | None = None,
                logprob_fn: ts.LogprobFn | None = None,
-               pad_to: int = 64):
+               pad_to: int = 64,
+               replay_pool: ReplayPool | None = None):
     self.cfg = cfg
     self.workdir = workdir
     self.engine = engine
@@ -161,6 +193,22 @@ class Trainer:
     self.pad_to = pad_to
     self.eval_prompts = list(eval_prompts)
     lc, rc = cfg.loss, cfg.rollout
+    self.multi = jax.process_count() > 1
+    self.leaders = distributed.host_leaders()
+    if engine is None and jax.process_index() in self.leaders:
+      raise ValueError(f"process {jax.process_index()} leads its host's generation but engine=None")
+    self.replay = None
+    if cfg.replay.enabled:
+      self.replay = replay_pool or ReplayPool.from_stage1(cfg.replay.path,
+                                                          max_response_len=rc.max_response_len)
+      coverage = self.replay.coverage([it.prompt_id for it in prompts])
+      if coverage == 0:
+        raise ValueError(f"replay.path={cfg.replay.path!r}: none of the {len(prompts)} training "
+                         "prompt ids has a Stage 1 sample")
+      self.replay_coverage = coverage
+    elif replay_pool is not None:
+      raise ValueError("a replay_pool was given but replay.fraction=0")
+    self._replay_checked = False
     if lc.method == "disa":
       if anchor is None:
         raise ValueError("method 'disa' needs the frozen anchor, got anchor=None")
@@ -204,14 +252,20 @@ class Trainer:
     self.ref_params = nnx.state(reference, nnx.Param)
     ref_graphdef = nnx.graphdef(reference)
     self._embed = jax.jit(lambda p, ids, m: _prompt_embeddings(nnx.merge(ref_graphdef, p), ids, m))
-    self.rng = jax.random.key(cfg.seed)
+    n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self._n_batch_shards = n_shards
+    self._row_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
+        ts.BATCH_AXES))  # [B, ...] rows over the batch axes
+    self._micro_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
+        None, ts.BATCH_AXES))  # [K, b, ...] micro-batches: rows of each over the batch axes
     self.ckpt = CheckpointManager(f"{workdir}/checkpoints", max_to_keep=cfg.checkpoint.keep,
                                   async_save=cfg.checkpoint.async_save)
     self.start_step = 0
     latest = self.ckpt.latest_step()
     if latest is not None:
       self._restore(latest)
-    self.logger = MetricsLogger(workdir, resume_step=latest, tensorboard=cfg.tensorboard)
+    self.logger = (MetricsLogger(workdir, resume_step=latest, tensorboard=cfg.tensorboard)
+                   if distributed.is_main_process() else None)
 
   # ------------------------------------------------------------------------------------------
   # checkpoints
@@ -219,8 +273,7 @@ class Trainer:
 
   def _ckpt_state(self) -> dict[str, Any]:
     s = self.state
-    out = {"step": s.step, "params": nnx.to_pure_dict(s.params), "opt_state": s.opt_state,
-           "rng": rng_to_array(self.rng)}
+    out = {"step": s.step, "params": nnx.to_pure_dict(s.params), "opt_state": s.opt_state}
     if s.head_params is not None:
       out["head_params"] = nnx.to_pure_dict(s.head_params)
       out["head_opt_state"] = s.head_opt_state
@@ -239,7 +292,9 @@ class Trainer:
     if saved["seed"] != now["seed"]:
       raise ValueError(f"cannot resume {self.workdir}: checkpoint {step} was written with "
                        f"seed={saved['seed']!r}, this run has {now['seed']!r}")
-    for section in ("model", "loss", "rollout", "data"):
+    # A checkpoint from before replay existed ran without it.
+    saved.setdefault("replay", dataclasses.asdict(type(self.cfg.replay)()))
+    for section in ("model", "loss", "rollout", "data", "replay"):
       for key, value in now[section].items():
         if saved[section].get(key) != value:
           raise ValueError(f"cannot resume {self.workdir}: checkpoint {step} was written with "
@@ -251,67 +306,137 @@ class Trainer:
       nnx.replace_by_pure_dict(head_params, restored["head_params"])
     self.state = ts.TrainState(restored["step"], params, restored["opt_state"], head_params,
                                restored.get("head_opt_state"))
-    self.rng = array_to_rng(restored["rng"])
     self.start_step = step
     self._sync_weights()
 
   def _sync_weights(self) -> None:
     """Pushes the policy (never the FlowRL head) to the engine in HF names and layouts."""
     nnx.update(self.policy, self.state.params)
-    self.engine.update_weights(models.to_hf_state_dict(self.policy, dtype=self.cfg.model.dtype))
+    if self.multi:  # collective: a host copy on every process, pushed by each host leader
+      distributed.push_weights(self.policy, self.engine, dtype=self.cfg.model.dtype)
+    else:
+      self.engine.update_weights(models.to_hf_state_dict(self.policy, dtype=self.cfg.model.dtype))
 
   # ------------------------------------------------------------------------------------------
   # one RL step
   # ------------------------------------------------------------------------------------------
 
   def _score_batched(self, params, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``[B, T]`` token log-probs of the rows of ``batch`` in micro-batches (on every process)."""
     mb = self.cfg.rollout.micro_batch_size
     rows = batch["input_ids"].shape[0]
     out = []
     for i in range(0, rows, mb):
-      out.append(np.asarray(self.score(params, batch["input_ids"][i:i + mb],
-                                       batch["attention_mask"][i:i + mb])))
+      chunk = distributed.to_global({"ids": batch["input_ids"][i:i + mb],
+                                     "mask": batch["attention_mask"][i:i + mb]},
+                                    self._row_sharding)
+      out.append(distributed.to_host(self.score(params, chunk["ids"], chunk["mask"])))
     return np.concatenate(out, 0)
 
   def _anchor_log_z(self, items: Sequence[PromptItem]) -> np.ndarray:
-    packed = pack_sequences([list(it.token_ids) for it in items], [[] for _ in items],
-                            pad_id=self.pad_id, pad_to=self.pad_to)
-    emb = self._embed(self.ref_params, packed["input_ids"], packed["prompt_mask"])
-    return np.asarray(self.anchor(emb), np.float32)  # [P]
+    prompts = [list(it.token_ids) for it in items]
+    # Every batch shard needs rows: pad with copies of the first prompt, dropped below.
+    prompts += [prompts[0]] * (-len(prompts) % self._n_batch_shards)
+    packed = pack_sequences(prompts, [[] for _ in prompts], pad_id=self.pad_id, pad_to=self.pad_to)
+    glob = distributed.to_global({"ids": packed["input_ids"], "mask": packed["prompt_mask"]},
+                                 self._row_sharding)
+    emb = distributed.to_host(self._embed(self.ref_params, glob["ids"], glob["mask"]))
+    return np.asarray(self.anchor(emb), np.float32)[:len(items)]  # [P]
+
+  def _generate(self, items: Sequence[PromptItem], params: SamplingParams
+                ) -> tuple[list[list[Completion]], np.ndarray, float]:
+    """Samples ``params.n`` responses per item and grades them where the engines are.
+
+    Returns:
+      (``[P][n]`` completions, ``[P, n]`` rewards, this process's generation seconds), the same
+      on every process.
+    """
+    n = params.n
+    if not self.multi:
+      t0 = time.perf_counter()
+      comps = self.engine.generate([list(it.token_ids) for it in items], params)
+      t_gen = time.perf_counter() - t0
+      return comps, grade(self.reward_fn, items, comps), t_gen
+    sl = distributed.leader_slice(len(items), self.leaders)
+    local_items = list(items[sl])
+    comps, t_gen = [], 0.0
+    if local_items:
+      t0 = time.perf_counter()
+      comps = self.engine.generate([list(it.token_ids) for it in local_items],
+                                   dataclasses.replace(params, prompt_index_offset=sl.start))
+      t_gen = time.perf_counter() - t0
+    rewards = grade(self.reward_fn, local_items, comps) if local_items else np.zeros((0,))
+    flat, r = distributed.allgather_completions([c for g in comps for c in g], rewards.reshape(-1))
+    return ([flat[i * n:(i + 1) * n] for i in range(len(items))],  # [P * n] -> [P][n]
+            r.reshape(len(items), n), t_gen)
+
+  def _draw_replay(self, step: int, items: Sequence[PromptItem]) -> list[list[ReplaySample]]:
+    if self.replay is None:
+      return [[] for _ in items]
+    k = replay_count(self.cfg.replay.fraction_at(step), self.cfg.rollout.group_size)
+    return self.replay.draw([it.prompt_id for it in items], k,
+                            seed=_derive_seed(self.cfg.seed, "replay", step))
 
   def rollout(self, step: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Samples, scores and packs the rollout batch of RL step ``step``."""
+    """Samples, scores and packs the rollout batch of RL step ``step``.
+
+    Rows are prompt-major ``[P * G]``; within a prompt's group the on-policy samples come first
+    and the replayed Stage 1 samples (if any) last.
+    """
     cfg, rc = self.cfg, self.cfg.rollout
     items = self.stream.batch(step)
     g = rc.group_size
-    self.rng, sample_key = jax.random.split(self.rng)
-    seed = int(jax.random.randint(sample_key, (), 0, 2**31 - 1))
+    seed = _derive_seed(cfg.seed, "rollout", step)
     params = SamplingParams(n=g, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
                             max_tokens=rc.max_response_len, stop_token_ids=self.stop_token_ids,
                             seed=seed, return_raw_logprobs=rc.old_logp_source == "engine")
-    t0 = time.perf_counter()
-    comps: list[list[Completion]] = self.engine.generate([list(it.token_ids) for it in items],
-                                                         params)
-    t_gen = time.perf_counter() - t0
-    flat = [c for group in comps for c in group]  # prompt-major [P * G]
+    replayed = self._draw_replay(step, items)
+    k = max(len(r) for r in replayed)
+    # On-policy samples: G - k for prompts with replay rows, G for the others (a second call).
+    comps, rewards, t_gen = self._generate(items, dataclasses.replace(params, n=g - k))
+    full = [i for i, r in enumerate(replayed) if not r]
+    if k and full:
+      extra, extra_r, t_extra = self._generate(
+          [items[i] for i in full], dataclasses.replace(params, n=k, seed=seed + 1))
+      t_gen += t_extra
+    rows_resp: list[np.ndarray] = []
+    rows_reward: list[float] = []
+    is_replay: list[bool] = []
+    engine_lp: list[np.ndarray | None] = []
+    for i in range(len(items)):
+      group = list(comps[i])
+      group_r = list(rewards[i])
+      if k and not replayed[i]:
+        j = full.index(i)
+        group += list(extra[j])
+        group_r += list(extra_r[j])
+      rows_resp += [c.token_ids for c in group]
+      rows_reward += group_r
+      is_replay += [False] * len(group)
+      engine_lp += [c.raw_logprobs for c in group]
+      for s in replayed[i]:
+        rows_resp.append(s.token_ids)
+        rows_reward.append(s.reward)
+        is_replay.append(True)
+        engine_lp.append(None)
+    reward = np.asarray(rows_reward, np.float32)  # [P * G]
+    is_replay = np.asarray(is_replay)
     flat_items = [it for it in items for _ in range(g)]
-    reward = np.asarray(self.reward_fn(flat_items, [c.token_ids for c in flat]), np.float32)
-    if reward.shape != (len(flat),):
-      raise ValueError(f"reward_fn returned shape {reward.shape}, expected ({len(flat)},)")
     batch = pack_sequences([list(it.token_ids) for it in flat_items],
-                           [c.token_ids.tolist() for c in flat], pad_id=self.pad_id,
+                           [np.asarray(t).tolist() for t in rows_resp], pad_id=self.pad_id,
                            pad_to=self.pad_to)
-    batch = {k: v for k, v in batch.items()}
+    batch = {k_: v for k_, v in batch.items()}
     batch["response_mask"] = batch["response_mask"].astype(np.float32)
     batch["prompt_mask"] = batch["prompt_mask"].astype(np.float32)
     batch["ref_logp"] = self._score_batched(self.ref_params, batch)
-    if rc.old_logp_source == "recompute":
+    if rc.old_logp_source == "recompute" or is_replay.any():
+      # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
       batch["old_logp"] = self._score_batched(self.state.params, batch)
     else:
       old = np.zeros(batch["input_ids"].shape, np.float32)
-      for i, (it, c) in enumerate(zip(flat_items, flat)):
+      for i, (it, lp) in enumerate(zip(flat_items, engine_lp)):
         start = len(it.token_ids)
-        old[i, start:start + len(c.token_ids)] = c.raw_logprobs
+        old[i, start:start + len(lp)] = lp
       batch["old_logp"] = old
     grouped = reward.reshape(len(items), g)  # [P * G] -> [P, G]
     lc = cfg.loss
@@ -320,22 +445,46 @@ class Trainer:
     if lc.method == "disa":
       batch["log_z"] = np.repeat(self._anchor_log_z(items), g)  # [P] -> [P * G]
     else:
-      batch["log_z"] = np.zeros(len(flat), np.float32)
-    lengths = np.array([len(c.token_ids) for c in flat])
-    sampled_lp = np.concatenate([c.logprobs for c in flat])
-    stats = {
-        "reward": float(reward.mean()),
-        "accuracy": float((reward > 0.5).mean()),
+      batch["log_z"] = np.zeros(len(rows_resp), np.float32)
+    on = ~is_replay
+    on_comps = [c for i in range(len(items)) for c in comps[i]] + (
+        [c for e in extra for c in e] if k and full else [])
+    lengths = np.array([len(t) for t, r in zip(rows_resp, is_replay) if not r])
+    sampled_lp = np.concatenate([c.logprobs for c in on_comps])
+    stats = {  # over the on-policy rows
+        "reward": float(reward[on].mean()),
+        "accuracy": float((reward[on] > 0.5).mean()),
         "response_length": float(lengths.mean()),
         "response_length_max": float(lengths.max()),
-        "truncated_frac": float(np.mean([c.finish_reason == "length" for c in flat])),
+        "truncated_frac": float(np.mean([c.finish_reason == "length" for c in on_comps])),
         # Monte-Carlo entropy estimate of the sampling distribution: -E[log p(sampled token)].
         "entropy": float(-sampled_lp.mean()),
         "reward_std_in_group": float(grouped.std(-1).mean()),
         "time/generate_s": t_gen,
         "tokens_generated": float(lengths.sum()),
     }
+    if self.replay is not None:
+      stats.update(self._replay_stats(step, batch, reward, is_replay, replayed))
     return batch, stats
+
+  def _replay_stats(self, step, batch, reward, is_replay, replayed) -> dict[str, float]:
+    out = {"replay/fraction": float(is_replay.mean()), "replay/prompt_coverage": float(
+        np.mean([bool(r) for r in replayed]))}
+    if not is_replay.any():
+      return out
+    stored = np.asarray([s.logp_ref for r in replayed for s in r])
+    recomputed = (batch["ref_logp"] * batch["response_mask"]).sum(-1)[is_replay]  # [B, T] -> [R]
+    drift = float(np.median(np.abs(recomputed - stored)))
+    if not self._replay_checked and drift > self.cfg.replay.max_ref_logp_drift:
+      raise ValueError(
+          f"replay.path={self.cfg.replay.path!r}: median |stored log pi_ref - recomputed| = "
+          f"{drift:.4g} nats at step {step} exceeds replay.max_ref_logp_drift="
+          f"{self.cfg.replay.max_ref_logp_drift}: the Stage 1 file was scored under another "
+          "reference model or prompt rendering")
+    self._replay_checked = True
+    out["replay/accuracy"] = float((reward[is_replay] > 0.5).mean())
+    out["replay/ref_logp_drift"] = drift
+    return out
 
   def train_on(self, step: int, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
     """``num_minibatches`` updates over the rollout batch, rows shuffled with the step's seed."""
@@ -347,9 +496,10 @@ class Trainer:
     for m in range(rc.num_minibatches):
       idx = order[m * size:(m + 1) * size]
       mini = {k: v[idx] for k, v in batch.items() if k in ts.TOKEN_FIELDS + ts.ROW_FIELDS}
-      self.state, metrics = self.update(self.state, ts.split_micro_batches(mini,
-                                                                           rc.micro_batch_size))
-      collected.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+      micro = ts.split_micro_batches(mini, rc.micro_batch_size)  # [M, ...] -> [K, b, ...]
+      self.state, metrics = self.update(self.state, distributed.to_global(
+          micro, self._micro_sharding, axis=1))
+      collected.append({k: float(v) for k, v in distributed.to_host(metrics).items()})
     out = {}
     for k in collected[0]:
       vals = [c[k] for c in collected]
@@ -357,11 +507,20 @@ class Trainer:
           np.mean(vals))
     return out
 
+  def _evaluate(self, done: int) -> dict[str, float]:
+    ec = self.cfg.eval
+    params = SamplingParams(n=ec.n, temperature=ec.temperature, top_p=ec.top_p,
+                            max_tokens=ec.max_tokens, stop_token_ids=self.stop_token_ids,
+                            seed=_derive_seed(self.cfg.seed, "eval", done))
+    comps, rewards, _ = self._generate(self.eval_prompts, params)
+    return _eval_metrics(rewards, [len(c.token_ids) for group in comps for c in group])
+
   def run(self) -> list[dict[str, float]]:
     """Trains from the current step to ``total_steps``; returns the metrics of the steps run."""
     cfg = self.cfg
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm(total=cfg.total_steps, initial=self.start_step, disable=not cfg.progress_bar,
+    bar = tqdm(total=cfg.total_steps, initial=self.start_step,
+               disable=not cfg.progress_bar or not distributed.is_main_process(),
                desc=f"stage3/{cfg.loss.method}", unit="step")
     history = []
     try:
@@ -382,12 +541,8 @@ class Trainer:
         trained_tokens = float(np.asarray(batch["attention_mask"]).sum())
         metrics["tokens_per_s"] = (trained_tokens) / max(t3 - t0, 1e-9)
         if cfg.eval.every and self.eval_prompts and done % cfg.eval.every == 0:
-          ec = cfg.eval
-          metrics.update(evaluate(self.engine, self.eval_prompts, self.reward_fn, n=ec.n,
-                                  temperature=ec.temperature, top_p=ec.top_p,
-                                  max_tokens=ec.max_tokens, stop_token_ids=self.stop_token_ids,
-                                  seed=_derive_seed(cfg.seed, "eval", done)))
-        if done % cfg.log_every == 0 or done == cfg.total_steps:
+          metrics.update(self._evaluate(done))
+        if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
           self.logger.write(done, metrics)
         if done % cfg.checkpoint.every == 0 or done == cfg.total_steps:
           self.save(done)
@@ -397,12 +552,15 @@ class Trainer:
     finally:
       bar.close()
       self.ckpt.wait_until_finished()
-      self.logger.flush()
+      if self.logger is not None:
+        self.logger.flush()
     return history
 
   def close(self) -> None:
     self.ckpt.close()
-    self.logger.close()
+    if self.logger is not None:
+      self.logger.close()
+
 
 
 def _prompt_embeddings(model: models.Transformer, ids: jax.Array, prompt_mask: jax.Array):

@@ -228,7 +228,8 @@ class JaxSampler:
         mask[r, prompt_len - len(prompts[p]):] = 1
       mask[len(chunk):, -1] = 1  # padding rows hold one dummy token
       active = np.arange(batch) < len(chunk)
-      p_idx = np.array([p for p, _ in chunk] + [0] * (batch - len(chunk)), np.int32)
+      p_idx = np.array([p + params.prompt_index_offset for p, _ in chunk]
+                       + [0] * (batch - len(chunk)), np.int32)
       j_idx = np.array([j for _, j in chunk] + [0] * (batch - len(chunk)), np.int32)
       keys = _row_keys(jnp.uint32(params.seed % (1 << 32)), p_idx, j_idx)
       out = self._fn(num_new)(self._state, jnp.asarray(ids), jnp.asarray(mask),

@@ -32,6 +32,9 @@ class SamplingParams:
       included in the completion). No other token (not even the tokenizer's EOS) stops generation.
     seed: random seed; the same prompts, parameters and seed give the same samples.
     return_raw_logprobs: also return the log-probs of the generated tokens under the raw model.
+    prompt_index_offset: seeding only: prompt p of this call draws the samples that prompt
+      p + offset of a larger call with the same seed would, so a batch split across hosts (each
+      generating its own slice) samples what one engine given the whole batch would.
   """
 
   n: int = 1
@@ -42,6 +45,7 @@ class SamplingParams:
   stop_token_ids: tuple[int, ...] = ()
   seed: int = 0
   return_raw_logprobs: bool = False
+  prompt_index_offset: int = 0
 
   def __post_init__(self):
     if not isinstance(self.n, int) or self.n < 1:
@@ -60,6 +64,9 @@ class SamplingParams:
     object.__setattr__(self, "stop_token_ids", ids)
     if not isinstance(self.seed, int):
       raise ValueError(f"SamplingParams.seed must be an int, got {self.seed!r}")
+    if not isinstance(self.prompt_index_offset, int) or self.prompt_index_offset < 0:
+      raise ValueError(f"SamplingParams.prompt_index_offset must be an int >= 0, got "
+                       f"{self.prompt_index_offset!r}")
 
   @property
   def greedy(self) -> bool:

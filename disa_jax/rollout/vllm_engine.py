@@ -87,7 +87,8 @@ class VllmEngine:
     for p, prompt in enumerate(prompts):
       for j in range(params.n):
         requests.append(TokensPrompt(prompt_token_ids=prompt.tolist()))
-        sps.append(self._sampling_params(params, derive_seed(params.seed, p, j)))
+        seed = derive_seed(params.seed, p + params.prompt_index_offset, j)
+        sps.append(self._sampling_params(params, seed))
     outputs = self.llm.generate(requests, sps, use_tqdm=False)
     flat = []
     for out in outputs:

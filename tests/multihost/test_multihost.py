@@ -41,8 +41,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_phase(phase: str, workdir: str, timeout_s: float = 150.0) -> None:
-  """Starts NUM_PROCESSES workers; kills all of them if one fails or the deadline passes."""
+def run_phase(phase: str, workdir: str, timeout_s: float = 150.0,
+              script: str = "mh_worker.py") -> None:
+  """Starts NUM_PROCESSES ``script PHASE WORKDIR`` workers; kills all of them if one fails or the
+  deadline passes."""
   port = _free_port()
   procs, logs = [], []
   env_base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
@@ -52,7 +54,7 @@ def _run_phase(phase: str, workdir: str, timeout_s: float = 150.0) -> None:
     log = open(os.path.join(workdir, f"log_{phase}_{pid}.txt"), "w")
     logs.append(log)
     procs.append(subprocess.Popen(
-        [sys.executable, os.path.join(os.path.dirname(__file__), "mh_worker.py"), phase, workdir],
+        [sys.executable, os.path.join(os.path.dirname(__file__), script), phase, workdir],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
   try:
     for p in procs:
@@ -91,10 +93,10 @@ def _reference_updates(model_path: str):
   return out
 
 
-def _engine_logprobs_match(graphdef, params, npz) -> float:
+def engine_logprobs_match(graphdef, params, npz, prompt=mh_worker.PROMPT) -> float:
   """Max |engine raw log-prob - reference token log-prob| over the sampled tokens."""
   model = nnx.merge(graphdef, params)
-  prompt = list(mh_worker.PROMPT)
+  prompt = list(prompt)
   toks = [int(t) for t in npz["token_ids"]]
   ids = jnp.asarray([prompt + toks], jnp.int32)
   lp = np.asarray(token_logprobs(model, ids, jnp.ones_like(ids)))[0, len(prompt):]
@@ -105,8 +107,8 @@ def _engine_logprobs_match(graphdef, params, npz) -> float:
 def test_two_process_train_checkpoint_and_weight_push(tmp_path):
   workdir = str(tmp_path)
   model_path = save_tiny_checkpoint(os.path.join(workdir, "model"))
-  _run_phase("a", workdir)
-  _run_phase("b", workdir)
+  run_phase("a", workdir)
+  run_phase("b", workdir)
   ref = _reference_updates(model_path)
   init = models.from_pretrained(model_path)
   init_graphdef, init_params = nnx.split(init, nnx.Param)
@@ -125,8 +127,8 @@ def test_two_process_train_checkpoint_and_weight_push(tmp_path):
     for pid in range(NUM_PROCESSES):
       npz = np.load(os.path.join(workdir, f"engine_{phase}_{pid}.npz"))
       assert list(npz["rows"]) == [2 * pid, 2 * pid + 2]  # each process fed its own rows
-      assert _engine_logprobs_match(graphdef, params, npz) < 1e-4
-      assert _engine_logprobs_match(init_graphdef, init_params, npz) > 1e-3
+      assert engine_logprobs_match(graphdef, params, npz) < 1e-4
+      assert engine_logprobs_match(init_graphdef, init_params, npz) > 1e-3
   # Only process 0 wrote the parameters and metrics.
   written = sorted(f for f in os.listdir(workdir) if f.startswith(("params_", "metrics_")))
   assert written == ["metrics_a.json", "metrics_b.json", "params_a.npz", "params_b.npz"]

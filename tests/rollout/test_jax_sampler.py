@@ -1,5 +1,7 @@
 """The JAX sampler: sampled distribution, reported log-probs, determinism, buckets, weight updates."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.stats
@@ -86,6 +88,10 @@ def test_seed_determinism_and_independent_samples(sampler):
   # A prompt's samples do not depend on the prompts after it in the request.
   first = sampler.generate(PROMPTS[:1], params)
   assert [x.token_ids.tolist() for x in first[0]] == [x.token_ids.tolist() for x in a[0]]
+  # A slice of the request with its prompt_index_offset samples what the whole request did.
+  tail = sampler.generate(PROMPTS[1:], dataclasses.replace(params, prompt_index_offset=1))
+  assert flat(tail) == flat(a[1:])
+  assert flat(sampler.generate(PROMPTS[1:], params)) != flat(a[1:])
 
 
 def test_stop_tokens_and_early_exit(sampler):

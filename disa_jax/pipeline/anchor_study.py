@@ -1,0 +1,274 @@
+"""The sigma_g study: how close each Stage 2 label / weighting variant gets the anchor to the exact log Z.
+
+Issue 9 (scope 2) asks whether sharper Stage 2 targets than the paper's plain least squares on log Z_IS
+(eq. 7) lower the anchor error sigma_g = RMS(g_psi(q) - log Z(q)) that bounds the TB-loss perturbation
+(Prop. 4). On a task with an exact log Z (the main job's sum task) this is measured directly:
+
+  for each N in ``ns`` and each repeat r:
+    draw N of each prompt's Stage 1 pool samples (without replacement, seeded);
+    build the labels of every variant (`disa_jax.anchor.labels`) from those N samples;
+    split the prompts into K folds (each prompt held out exactly once);
+    fit g_psi on K - 1 folds and predict the held-out fold (all fits at once, `fit_anchor_many`);
+    sigma_g = RMS over prompts of (held-out prediction - exact log Z);
+    label RMSE = RMS over prompts of (label - exact log Z), the same labels without the regressor.
+
+Within a repeat every variant sees the same subsample and the same folds (paired comparison). The
+verdict compares each variant with plain least squares through the per-repeat paired differences.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from disa_jax.anchor.fit import AnchorFitConfig, fit_anchor_many
+from disa_jax.anchor.labels import DEFAULT_FLOOR, LABEL_VARIANTS, WEIGHTINGS, check_variant, targets_from_log_weights
+from disa_jax.estimators.dataset import Stage1Data, scaled_logps
+from disa_jax.estimators.importance import log_importance_weights
+
+BASELINE = ("plain", "uniform", "squared")  # the paper's eq. (7)
+
+
+def loss_name(huber_delta: float) -> str:
+  """'squared' for least squares, 'huber(delta)' otherwise."""
+  return "squared" if huber_delta == 0 else f"huber({huber_delta:g})"
+
+
+def subsample_pool(log_w: np.ndarray, mask: np.ndarray, n: int,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """Draws ``n`` of each prompt's valid samples without replacement.
+
+  Args:
+    log_w: ``[P, M]`` pool log importance weights.
+    mask: ``[P, M]`` bool validity mask.
+    n: samples per prompt to draw (a prompt with fewer valid samples keeps all of them).
+    rng: numpy generator.
+
+  Returns:
+    (``[P, n]`` log weights, ``[P, n]`` bool mask).
+  """
+  if n < 1:
+    raise ValueError(f"n must be >= 1, got n={n}")
+  keys = rng.random(log_w.shape)
+  keys[~mask] = np.inf  # invalid pool entries sort last
+  idx = np.argsort(keys, axis=-1)[:, :n]  # [P, n] random valid samples first
+  if idx.shape[1] < n:  # the pool is narrower than n: pad with invalid columns
+    idx = np.concatenate([idx, np.zeros((idx.shape[0], n - idx.shape[1]), idx.dtype)], axis=1)
+    sub_mask = np.zeros(idx.shape, bool)
+    sub_mask[:, :log_w.shape[1]] = np.take_along_axis(mask, idx[:, :log_w.shape[1]], axis=-1)
+  else:
+    sub_mask = np.take_along_axis(mask, idx, axis=-1)
+  return np.take_along_axis(log_w, idx, axis=-1), sub_mask
+
+
+def fold_masks(p: int, folds: int, rng: np.random.Generator) -> np.ndarray:
+  """``[folds, P]`` bool held-out masks: a random partition of the P prompts into ``folds`` near-equal parts."""
+  if not 2 <= folds <= p:
+    raise ValueError(f"folds must be in [2, P={p}], got folds={folds}")
+  assign = np.empty(p, np.int64)
+  assign[rng.permutation(p)] = np.arange(p) % folds  # fold of each prompt
+  return assign[None, :] == np.arange(folds)[:, None]
+
+
+def pool_log_weights(pool: Stage1Data, beta: float | None = None) -> np.ndarray:
+  """``[P, M]`` eq. (5) log weights of the pool on its label scale, at ``beta`` (default: the pool's)."""
+  beta = pool.beta if beta is None else float(beta)
+  if not beta > 0:
+    raise ValueError(f"beta must be > 0, got beta={beta!r}")
+  r_t = pool.reward_transform.apply(pool.reward, pool.mask)
+  return np.asarray(log_importance_weights(scaled_logps(pool.logp_ref, pool.num_tokens, pool.label_scale),
+                                           scaled_logps(pool.logp_proposal, pool.num_tokens, pool.label_scale),
+                                           r_t, beta, pool.mask))
+
+
+def _rms(x: np.ndarray, axis=None) -> np.ndarray:
+  return np.sqrt(np.mean(np.square(x), axis=axis))
+
+
+def sigma_g_study(embeddings: np.ndarray,
+                  pool: Stage1Data,
+                  exact_log_z: np.ndarray,
+                  *,
+                  ns: Sequence[int] = (2, 4, 8, 16),
+                  variants: Sequence[str] = LABEL_VARIANTS,
+                  weightings: Sequence[str] = WEIGHTINGS,
+                  folds: int = 5,
+                  repeats: int = 4,
+                  fit: AnchorFitConfig = AnchorFitConfig(),
+                  beta: float | None = None,
+                  seed: int = 0,
+                  floor: float = DEFAULT_FLOOR,
+                  huber_deltas: Sequence[float] = (0.0,)) -> dict[str, Any]:
+  """Cross-validated sigma_g of every (label variant, weighting, loss) at each N, against the exact log Z.
+
+  Args:
+    embeddings: ``[P, D]`` prompt embeddings, rows in the order of ``pool.prompt_ids``.
+    pool: the Stage 1 pool (``[P, M]`` i.i.d. proposal samples per prompt, M >= max(ns)).
+    exact_log_z: ``[P]`` exact log Z(q), same order, at ``beta``.
+    ns: samples per prompt N to study.
+    variants: label variants (`LABEL_VARIANTS`).
+    weightings: regression weightings (`WEIGHTINGS`).
+    folds: K of the K-fold split over prompts.
+    repeats: subsample + split repetitions per N.
+    fit: the regressor's `AnchorFitConfig` (its ``val_fraction`` is not used: the last epoch is kept).
+    beta: inverse temperature of the weights (default: the pool's).
+    seed: seeds subsamples and folds (the fits use ``fit.seed``).
+    floor: variance floor of the 'inverse_variance' weighting.
+    huber_deltas: regression losses to compare: 0 = least squares (eq. 7), > 0 = Huber with that
+      threshold (`AnchorFitConfig.huber_delta`); ``fit.huber_delta`` itself is replaced by each.
+
+  Returns:
+    dict with ``ns``, ``folds``, ``repeats``, ``seed``, ``floor``, ``fit`` (the config as a dict),
+    ``rows`` (one per variant x weighting x loss: ``variant``, ``weighting``, ``loss``, and per N lists
+    ``sigma_g_mean``, ``sigma_g_std``, ``sigma_g`` ([len(ns)][repeats] values), ``label_rmse_mean``,
+    ``label_rmse_std``, ``label_bias_mean`` (mean signed label error)), ``constant_sigma_g_mean`` (per N:
+    sigma_g of the constant predictor = mean of the training folds' plain labels), ``exact_std`` (std of
+    the exact log Z over prompts), ``pool_label_rmse`` (plain label on the whole pool) and ``seconds``.
+  """
+  t0 = time.time()
+  x = np.asarray(embeddings, np.float32)
+  exact = np.asarray(exact_log_z, np.float64)
+  p = len(pool.prompt_ids)
+  if x.ndim != 2 or x.shape[0] != p:
+    raise ValueError(f"embeddings must be [P={p}, D], got shape {x.shape}")
+  if exact.shape != (p,) or not np.isfinite(exact).all():
+    raise ValueError(f"exact_log_z must be [P={p}] and finite, got shape {exact.shape}")
+  ns = tuple(int(n) for n in ns)
+  width = int(pool.mask.sum(-1).min())
+  if not ns or min(ns) < 1 or max(ns) > width:
+    raise ValueError(f"ns must be in [1, {width}] (the smallest pool size), got ns={ns}")
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got repeats={repeats}")
+  if not variants or not weightings:
+    raise ValueError(f"variants and weightings must be non-empty, got {variants!r}, {weightings!r}")
+  for v in variants:
+    for w in weightings:
+      check_variant(v, w, floor)
+  huber_deltas = tuple(float(h) for h in huber_deltas)
+  if not huber_deltas or min(huber_deltas) < 0:
+    raise ValueError(f"huber_deltas must be non-empty and >= 0, got huber_deltas={huber_deltas}")
+  combos = [(v, w) for v in variants for w in weightings]
+
+  log_w = pool_log_weights(pool, beta)
+  full_labels, _ = targets_from_log_weights(log_w, pool.mask, "plain", "uniform", floor)
+  rng = np.random.default_rng(seed)
+
+  # Build every fit of the study, then train them all in one vmapped call.
+  labels_all, weights_all, train_all, meta = [], [], [], []  # meta: (n index, repeat, combo index, fold)
+  label_err = np.zeros((len(ns), repeats, len(variants), p))  # [len(ns), R, V, P] label - exact
+  const_pred = np.zeros((len(ns), repeats, p))  # held-out constant predictions
+  for i, n in enumerate(ns):
+    for r in range(repeats):
+      sub_w, sub_m = subsample_pool(log_w, pool.mask, n, rng)
+      held = fold_masks(p, folds, rng)  # [K, P]
+      targets = {}
+      for vi, v in enumerate(variants):
+        for w in weightings:
+          targets[(v, w)] = targets_from_log_weights(sub_w, sub_m, v, w, floor)
+        label_err[i, r, vi] = targets[(v, weightings[0])][0] - exact
+      plain = targets_from_log_weights(sub_w, sub_m, "plain", "uniform", floor)[0]
+      for k in range(folds):
+        const_pred[i, r, held[k]] = plain[~held[k]].mean()
+      for ci, (v, w) in enumerate(combos):
+        lab, wt = targets[(v, w)]
+        for k in range(folds):
+          labels_all.append(lab)
+          weights_all.append(np.ones(p) if wt is None else wt)
+          train_all.append(~held[k])
+          meta.append((i, r, ci, k))
+  rows = []
+  for h in huber_deltas:
+    pred = fit_anchor_many(x, np.stack(labels_all), np.stack(train_all),
+                           config=dataclasses.replace(fit, huber_delta=h),
+                           sample_weights=np.stack(weights_all))  # [F, P]
+    held_pred = np.zeros((len(ns), repeats, len(combos), p))  # each prompt's held-out prediction
+    for row, (i, r, ci, k) in enumerate(meta):
+      test = ~train_all[row]
+      held_pred[i, r, ci, test] = pred[row, test]
+    sig = _rms(held_pred - exact, axis=-1)  # [len(ns), R, C]
+    for ci, (v, w) in enumerate(combos):
+      vi = list(variants).index(v)
+      lr = _rms(label_err[:, :, vi], axis=-1)  # [len(ns), R]
+      rows.append({"variant": v, "weighting": w, "loss": loss_name(h), "huber_delta": h,
+                   "sigma_g_mean": sig[:, :, ci].mean(1).tolist(), "sigma_g_std": sig[:, :, ci].std(1).tolist(),
+                   "sigma_g": sig[:, :, ci].tolist(),
+                   "label_rmse_mean": lr.mean(1).tolist(), "label_rmse_std": lr.std(1).tolist(),
+                   "label_bias_mean": label_err[:, :, vi].mean((1, 2)).tolist()})
+  return {"ns": list(ns), "folds": folds, "repeats": repeats, "seed": seed, "floor": floor,
+          "fit": dataclasses.asdict(fit), "rows": rows,
+          "constant_sigma_g_mean": _rms(const_pred - exact, axis=-1).mean(1).tolist(),
+          "exact_std": float(exact.std()), "pool_label_rmse": float(_rms(full_labels - exact)),
+          "pool_size": width, "seconds": round(time.time() - t0, 2)}
+
+
+def _cell(mean: float, std: float) -> str:
+  return f"{mean:.3f} ± {std:.3f}"
+
+
+def format_sigma_table(result: dict[str, Any]) -> str:
+  """Markdown: the sigma_g table (rows variant x weighting x loss, columns N; "mean ± std" over repeats), then
+  the raw label RMSE vs the exact log Z (rows: label variant), then the constant-predictor line."""
+  ns = result["ns"]
+  head = "| variant | weighting | loss | " + " | ".join(f"N = {n}" for n in ns) + " |"
+  sep = "|---|---|---|" + "---|" * len(ns)
+  lines = [f"sigma_g = RMS(g(q) - log Z(q)) on held-out prompts ({result['folds']}-fold CV, "
+           f"{result['repeats']} repeats, mean ± std):", "", head, sep]
+  for row in result["rows"]:
+    cells = [_cell(m, s) for m, s in zip(row["sigma_g_mean"], row["sigma_g_std"])]
+    lines.append(f"| {row['variant']} | {row['weighting']} | {row['loss']} | " + " | ".join(cells) + " |")
+  lines += ["", "Raw label RMSE vs the exact log Z (no regressor; mean signed error in brackets):", "",
+            "| label | " + " | ".join(f"N = {n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
+  seen = set()
+  for row in result["rows"]:
+    if row["variant"] in seen:
+      continue
+    seen.add(row["variant"])
+    cells = [f"{_cell(m, s)} ({b:+.3f})" for m, s, b in
+             zip(row["label_rmse_mean"], row["label_rmse_std"], row["label_bias_mean"])]
+    lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
+  const = ", ".join(f"N = {n}: {c:.3f}" for n, c in zip(ns, result["constant_sigma_g_mean"]))
+  lines += ["", f"Constant predictor (mean training label) sigma_g: {const}; std of the exact log Z over "
+            f"prompts {result['exact_std']:.3f}; plain label on the whole {result['pool_size']}-sample pool: "
+            f"RMSE {result['pool_label_rmse']:.3f}."]
+  return "\n".join(lines)
+
+
+def sigma_verdict(result: dict[str, Any]) -> dict[str, Any]:
+  """Per variant and N: does it beat plain least squares?
+
+  Uses the per-repeat paired difference d_r = sigma_g(plain, uniform, squared) - sigma_g(row) (same subsample
+  and folds): 'better' if mean(d) > std(d), 'worse' if mean(d) < -std(d), else 'no clear difference'.
+  With one repeat std(d) = 0, so any difference counts; use several repeats.
+
+  Returns:
+    dict with ``verdicts`` ({"variant/weighting/loss": [per N: {"n", "mean_diff", "std_diff", "verdict"}]}),
+    ``text`` (plain-words lines) and ``best`` (per N, the row with the lowest mean sigma_g).
+  """
+  rows = {(r["variant"], r["weighting"], r["loss"]): r for r in result["rows"]}
+  if BASELINE not in rows:
+    raise ValueError(f"the study has no baseline row {BASELINE}; rows: {sorted(rows)}")
+  base = np.asarray(rows[BASELINE]["sigma_g"])  # [len(ns), R]
+  verdicts, text = {}, []
+  for key, row in rows.items():
+    if key == BASELINE:
+      continue
+    d = base - np.asarray(row["sigma_g"])  # [len(ns), R] positive = the variant is better
+    out, words = [], []
+    for i, n in enumerate(result["ns"]):
+      m, s = float(d[i].mean()), float(d[i].std())
+      v = "better" if m > s else ("worse" if m < -s else "no clear difference")
+      out.append({"n": n, "mean_diff": m, "std_diff": s, "verdict": v})
+      words.append(f"N = {n}: {v} ({-m:+.3f} ± {s:.3f})")
+    name = "/".join(key)
+    verdicts[name] = out
+    text.append(f"- {name} vs plain/uniform/squared (change in sigma_g, paired over repeats): " + "; ".join(words))
+  best = []
+  for i, n in enumerate(result["ns"]):
+    k = min(rows, key=lambda kk: rows[kk]["sigma_g_mean"][i])
+    best.append({"n": n, "row": "/".join(k), "sigma_g_mean": rows[k]["sigma_g_mean"][i]})
+  wins = [name for name, out in verdicts.items() if any(o["verdict"] == "better" for o in out)]
+  text.append("- No variant beats plain least squares by more than the repeat spread at any N."
+              if not wins else f"- Variants that beat plain least squares at some N: {', '.join(wins)}.")
+  return {"verdicts": verdicts, "text": "\n".join(text), "best": best}
