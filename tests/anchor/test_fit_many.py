@@ -88,3 +88,19 @@ def test_huber_is_pulled_less_by_an_outlier_label():
     err[delta] = np.sqrt(np.mean((pred[rest] - y[rest]) ** 2))
     np.testing.assert_allclose(_single(x, y_bad, cfg), pred, atol=1e-4)  # fit_anchor uses the same loss
   assert err[0.5] < 0.7 * err[0.0], err
+
+
+def test_best_epoch_selection_matches_fit_anchor_val_idx():
+  x, y, _ = _data()
+  y = y + np.random.default_rng(5).normal(scale=1.0, size=30)  # noisy labels: validation MSE turns up
+  cfg = AnchorFitConfig(hidden_sizes=(64,), batch_size=64, epochs=120, learning_rate=1e-2, seed=1)
+  val = np.arange(30) >= 24
+  res = fit_anchor(x, y, beta=1.0, reward_transform=RT, label_scale="sum", config=cfg,
+                   val_idx=np.flatnonzero(val))
+  assert 0 < res.best_epoch < cfg.epochs - 1  # an interior epoch is selected
+  pred = fit_anchor_many(x, y[None], (~val)[None], config=cfg, val_mask=val[None])
+  np.testing.assert_allclose(pred[0], np.asarray(res.anchor(x)), atol=1e-4)
+  last = fit_anchor_many(x, y[None], (~val)[None], config=cfg)
+  assert np.mean((last[0, val] - y[val]) ** 2) > np.mean((pred[0, val] - y[val]) ** 2)
+  with pytest.raises(ValueError, match="overlaps"):
+    fit_anchor_many(x, y[None], np.ones((1, 30), bool), config=cfg, val_mask=val[None])
