@@ -57,6 +57,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.stage2.batch_size = 8  # Table 6 uses 1024 for 17k prompts; 41 prompts need small batches
   c.stage2.epochs = 300  # Table 6 uses 80 epochs of 17 steps; 300 x 5 steps here
   c.stage2.val_fraction = 0.2  # held-out prompts (val MSE / R^2, best epoch, sigma_g)
+  c.stage2.study_repeats = 8  # sigma_g study of sharper anchors (Jensen / jackknife labels, WLS): repeats
+  # per N of subsample + K-fold fits against the exact log Z (0 = skip); ~60 s here
+  c.stage2.study_folds = 5  # K of the study's K-fold split over prompts
 
   c.stage3 = ml_collections.ConfigDict()
   c.stage3.steps = 200  # RL steps per method

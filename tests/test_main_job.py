@@ -20,6 +20,8 @@ def _cfg(**over):
   c.stage1.n_study_repeats = 4
   c.stage2.epochs = 5
   c.stage2.val_fraction = 0.3
+  c.stage2.study_repeats = 2
+  c.stage2.study_folds = 3
   c.stage3.steps = 2
   c.stage3.prompts_per_batch = 4
   c.stage3.group_size = 4
@@ -49,6 +51,8 @@ def test_main_job_end_to_end_and_resume(tmp_path):
     assert 0 <= row["accuracy_mean_at_k"] <= 1 and row["kl_to_target"] > -1.0  # an MC estimate of KL >= 0
   assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}
   assert {c["claim"] for c in report["claims"]} >= {"Stage 1 error shrinks with N"}
+  study = report["anchor_study"]
+  assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in (tmp_path / "report.md").read_text()
   for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png"):
     assert (tmp_path / f).exists(), f
   for m in ("disa", "flowrl", "grpo", "gspo"):
@@ -63,7 +67,8 @@ def test_main_job_end_to_end_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_replay_methods_and_several_seeds_give_mean_and_std_rows(tmp_path):
-  cfg = MainConfig.from_config(_cfg(methods=("disa", "disa+replay"), **{"stage3.seeds": (0, 1), "sft.enabled": False}))
+  cfg = MainConfig.from_config(_cfg(methods=("disa", "disa+replay"), **{"stage3.seeds": (0, 1), "sft.enabled": False,
+                                                                             "stage2.study_repeats": 0}))
   report = SumJob(cfg, tmp_path, progress=False).run()
   assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa+replay", "disa+replay_seed1"}
   for m in ("disa", "disa+replay"):

@@ -8,6 +8,8 @@ Stages (each writes to the workdir and is skipped when its output exists, so a r
                graded; log Z_IS labels and diagnostics (eq. 6); the N-study against the exact log Z.
    exact.json  exact log Z(q) from the n + 1 correct answers scored under pi_ref.
 2. anchor/     g_psi on mean-pooled pi_ref prompt states, fitted to the labels and frozen.
+   anchor_study.json  sigma_g against the exact log Z of plain least squares vs sharper label / weighting
+               variants (Jensen, jackknife, inverse-variance WLS) at each N, cross-validated (issue 9).
 3. stage3/<m>/ DISA, FlowRL, GRPO, GSPO from pi_ref in the same loop; final policies exported as HF.
                'disa+replay' / 'flowrl+replay' mix Stage 1 samples into each batch (`disa_jax.rl.replay`);
                with several Stage 3 seeds, runs after the first are in stage3/<m>_seed<s>/.
@@ -59,6 +61,8 @@ class MainConfig:
   n_study: tuple[int, ...]
   n_study_repeats: int
   fit: Any
+  study_repeats: int
+  study_folds: int
   stage3: dict
   sft: dict
   eval_samples: int
@@ -86,6 +90,8 @@ class MainConfig:
     need(c.stage1.pool >= max(c.stage1.samples, *c.stage1.n_study), "stage1.pool", c.stage1.pool,
          "must be >= stage1.samples and every stage1.n_study value")
     need(c.stage1.temperature > 0, "stage1.temperature", c.stage1.temperature, "must be > 0")
+    need(c.stage2.study_repeats >= 0, "stage2.study_repeats", c.stage2.study_repeats, "must be >= 0 (0 = off)")
+    need(c.stage2.study_folds >= 2, "stage2.study_folds", c.stage2.study_folds, "must be >= 2")
     for f in ("steps", "prompts_per_batch", "group_size", "num_minibatches", "micro_batch_size"):
       need(c.stage3[f] >= 1, f"stage3.{f}", c.stage3[f], "must be >= 1")
     k = round(c.stage3.replay_fraction * c.stage3.group_size)
@@ -113,6 +119,7 @@ class MainConfig:
                max_tokens=c.task.max_tokens, arch=arch, ref_warmup=ref, proposal_warmup=prop,
                samples=c.stage1.samples, pool=c.stage1.pool, stage1_temperature=c.stage1.temperature,
                n_study=tuple(c.stage1.n_study), n_study_repeats=c.stage1.n_study_repeats, fit=fit,
+               study_repeats=c.stage2.study_repeats, study_folds=c.stage2.study_folds,
                stage3=dict(c.stage3), sft=dict(c.sft), eval_samples=c.eval.samples, kl_samples=c.eval.kl_samples)
 
 
@@ -269,6 +276,24 @@ class SumJob:
     anchor.save(anchor_dir)
     return res.summary()
 
+  def anchor_study(self) -> dict | None:
+    """sigma_g of each Stage 2 label / weighting variant against the exact log Z (`pipeline.anchor_study`)."""
+    from disa_jax.anchor.embeddings import embed_prompts
+    from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
+    path = self.dir / "anchor_study.json"
+    if path.exists() or not self.cfg.study_repeats:
+      return None
+    pool = E.load_stage1(self.dir / "stage1" / "pool.jsonl")
+    ns = [int(pid[3:]) for pid in pool.prompt_ids]
+    exact = self.exact()
+    by_n = dict(zip(exact["ns"], exact["log_z"]))
+    emb, _ = embed_prompts(self.load(self.ref_path), [self.prompt_ids[n] for n in ns], pad_id=self.tok.pad_token_id)
+    res = sigma_g_study(emb, pool, np.asarray([by_n[n] for n in ns]), ns=self.cfg.n_study, folds=self.cfg.study_folds,
+                        repeats=self.cfg.study_repeats, fit=self.cfg.fit, seed=self.cfg.seed)
+    res["verdict"] = sigma_verdict(res)
+    _write_json(path, res)
+    return None
+
   # ---------------------------------------------------------------------------------------------
   # 3. Stage 3
   # ---------------------------------------------------------------------------------------------
@@ -412,6 +437,7 @@ class SumJob:
     self._timed("stage1", self.stage1)
     exact = self._timed("exact_log_z", self.exact)
     self._timed("stage2", self.stage2)
+    self._timed("anchor_study", self.anchor_study)
     rows = {"reference": self.ref_path, "proposal": self.proposal_path}
     for m in self.cfg.methods:
       for seed in self.cfg.seeds:
