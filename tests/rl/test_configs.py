@@ -73,8 +73,20 @@ def test_bad_values_name_field_and_value():
     TrainConfig.from_dict(d)
   with pytest.raises(ValueError, match=r"METHOD must be one of .* got 'ppo'"):
     _load("stage3_paper").get_config("ppo,qwen2.5-7b,math")
-  with pytest.raises(ValueError, match=r"proposal=.*only applies to method 'disa'"):
+  with pytest.raises(ValueError, match=r"proposal=.*only applies to 'disa' and 'flowrl'"):
     _load("stage3_paper").get_config("grpo,qwen2.5-7b,math,proposal=qwen3-4b-instruct-2507")
+  with pytest.raises(ValueError, match=r"replay only applies to 'disa' and 'flowrl', got method 'gspo'"):
+    _load("stage3_paper").get_config("gspo,qwen2.5-7b,math,replay=0.25")
+
+
+@pytest.mark.parametrize("method", ["disa", "flowrl"])
+def test_replay_variant_reads_the_stage1_samples_of_the_proposal(method):
+  cd = _load("stage3_paper").get_config(f"{method},qwen3-4b-base,math,replay=0.25")
+  cfg = TrainConfig.from_dict(cd.to_dict())
+  assert cfg.replay.fraction == 0.25
+  assert cfg.replay.path == "stage1/qwen3-4b-base_math_qwen3-235b-a22b-instruct-2507_beta15"
+  plain = TrainConfig.from_dict(_load("stage3_paper").get_config(f"{method},qwen3-4b-base,math").to_dict())
+  assert not plain.replay.enabled
 
 
 def test_every_base_field_is_commented():
