@@ -212,7 +212,7 @@ def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, st
         f"trained here and reloaded from HF checkpoints.", "",
         "## Methods (evaluation at temperature 1; KL by Monte Carlo with the exact log Z)", "",
         *([f"Stage 3 seeds {list(job.cfg.seeds)}: cells are mean ± std over seeds (KL: ± std over seeds, not the "
-           "Monte Carlo standard error)."] if len(job.cfg.seeds) > 1 else []), "",
+           "Monte Carlo standard error).", ""] if len(job.cfg.seeds) > 1 else []),
         f"| method | Mean@{k} | pass@{k} | distinct correct in {k} | P(correct) exact | entropy over correct (target) | KL(pi ‖ pi~) ± se |",
         "|---|---|---|---|---|---|---|"]
   def cell(e, key, fmt):
