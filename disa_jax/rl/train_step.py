@@ -70,8 +70,13 @@ def default_logprob_fn() -> LogprobFn:
 
 
 def compute_loss(settings: LossSettings, logp: jax.Array, mb: dict[str, jax.Array],
-                 head_log_z: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Dispatches to the method's loss for one micro-batch (arrays ``[b, T]`` / ``[b]``)."""
+                 head_log_z: jax.Array | None = None, *, use_ref: bool = True
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Dispatches to the method's loss for one micro-batch (arrays ``[b, T]`` / ``[b]``).
+
+  ``use_ref=False`` (GRPO / GSPO without a KL penalty): ``mb['ref_logp']`` is not read, so the
+  reference need not be scored; GRPO then reports no ``kl_ref``.
+  """
   s = settings
   mask = mb["response_mask"]
   if s.method in ("disa", "flowrl"):
@@ -83,7 +88,8 @@ def compute_loss(settings: LossSettings, logp: jax.Array, mb: dict[str, jax.Arra
   if s.method == "grpo":
     return losses.grpo_loss(logp, mb["old_logp"], mb["advantage"], mask, eps_low=s.eps_low,
                             eps_high=s.eps_high, dual_clip=s.dual_clip or None,
-                            ref_logp=mb["ref_logp"], kl_coef=s.kl_coef, kl_kind=s.kl_kind)
+                            ref_logp=mb["ref_logp"] if use_ref else None, kl_coef=s.kl_coef,
+                            kl_kind=s.kl_kind)
   return losses.gspo_loss(logp, mb["old_logp"], mb["advantage"], mask, eps_low=s.eps_low,
                           eps_high=s.eps_high)
 
@@ -112,7 +118,9 @@ def make_train_step(graphdef: nnx.GraphDef,
                     prompt_width: int | None = None,
                     mesh: Mesh | None = None,
                     state_shardings: Any = None,
-                    donate: bool = True) -> Callable[[TrainState, dict[str, jax.Array]], Any]:
+                    donate: bool = True,
+                    on_policy_old_logp: bool = False,
+                    use_ref: bool = True) -> Callable[[TrainState, dict[str, jax.Array]], Any]:
   """Builds the jitted update ``(state, batch) -> (state, metrics)``.
 
   Args:
@@ -128,6 +136,12 @@ def make_train_step(graphdef: nnx.GraphDef,
       keeps ``state_shardings``.
     state_shardings: shardings of `TrainState` (e.g. ``jax.tree.map(lambda x: x.sharding, state)``).
     donate: donate the input state buffers.
+    on_policy_old_logp: the batch was sampled from the current parameters and this is its only
+      update (one mini-batch): pi_old is the policy itself, so ``old_logp`` is taken as the
+      detached log-probs of this forward pass and ``batch['old_logp']`` is ignored (saves the
+      separate scoring pass; what TRL does with one iteration per batch).
+    use_ref: read ``batch['ref_logp']`` (see `compute_loss`); required for DISA / FlowRL and for
+      a GRPO KL penalty.
 
   Returns:
     The jitted update. Metrics: the loss's metrics combined over micro-batches, plus ``loss``,
@@ -137,10 +151,15 @@ def make_train_step(graphdef: nnx.GraphDef,
   if flowrl and (head_graphdef is None or head_optimizer is None):
     raise ValueError("method 'flowrl' needs head_graphdef and head_optimizer, got None")
   logprob_fn = logprob_fn or default_logprob_fn()
+  if not use_ref and (settings.method in ("disa", "flowrl") or settings.kl_coef > 0):
+    raise ValueError(f"use_ref=False but loss.method={settings.method!r} / kl_coef="
+                     f"{settings.kl_coef} needs the reference log-probs")
 
   def micro_loss(params, head_params, mb):
     model = nnx.merge(graphdef, params)
     logp = logprob_fn(model, mb["input_ids"], mb["attention_mask"])
+    if on_policy_old_logp:
+      mb = dict(mb, old_logp=jax.lax.stop_gradient(logp))
     head_log_z = None
     if flowrl:
       w = min(prompt_width or mb["input_ids"].shape[1], mb["input_ids"].shape[1])
@@ -148,7 +167,7 @@ def make_train_step(graphdef: nnx.GraphDef,
                                    attention_mask=mb["attention_mask"][:, :w])  # [b, w, D]
       emb = masked_mean_embedding(hidden, mb["prompt_mask"][:, :w])  # [b, D]
       head_log_z = nnx.merge(head_graphdef, head_params)(emb)  # [b]
-    return compute_loss(settings, logp, mb, head_log_z)
+    return compute_loss(settings, logp, mb, head_log_z, use_ref=use_ref)
 
   grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1), has_aux=True)
 

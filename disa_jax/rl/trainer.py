@@ -6,9 +6,10 @@ One RL step (Alg. 1, lines 10-13):
 2. sample G responses per prompt with the rollout `Engine` (its own process in production);
 3. score them with the reward function; transform rewards (TB methods) or z-score them into group
    advantages (GRPO / GSPO, eq. 3);
-4. score pi_ref (frozen reference copy) and, with ``old_logp_source='recompute'``, pi_old (the
-   policy before this step's updates) through `disa_jax.scoring`; DISA queries the frozen anchor
-   on the reference model's prompt embeddings;
+4. score pi_ref (frozen reference copy; skipped for GRPO / GSPO without a KL penalty) and, with
+   ``old_logp_source='recompute'`` and several mini-batches, pi_old (the policy before this step's
+   updates) through `disa_jax.scoring` (with one mini-batch pi_old is the policy of the update's own
+   forward pass); DISA queries the frozen anchor on the reference model's prompt embeddings;
 5. run ``num_minibatches`` optimizer updates over the rollout batch (`disa_jax.rl.train_step`);
 6. push the new policy weights (HF names; never the FlowRL head) to the engine;
 7. evaluate every ``eval.every`` steps and checkpoint every ``checkpoint.every`` steps.
@@ -243,11 +244,15 @@ class Trainer:
                                    warmup_steps=oc.warmup_steps)
     self.graphdef, head_graphdef, self.state, shardings = ts.init_train_state(
         policy, optimizer, head, head_opt, mesh=self.mesh)
-    settings = lc
+    # Passes the step can skip: the reference when nothing reads it (GRPO / GSPO without a KL
+    # penalty), and pi_old's scoring when the batch gets one on-policy update (pi_old = pi_theta).
+    self._use_ref = lc.method in ("disa", "flowrl") or lc.kl_coef > 0
+    self._old_in_update = rc.num_minibatches == 1 and rc.old_logp_source == "recompute"
     self.update = ts.make_train_step(
-        self.graphdef, settings, optimizer, head_graphdef=head_graphdef, head_optimizer=head_opt,
+        self.graphdef, lc, optimizer, head_graphdef=head_graphdef, head_optimizer=head_opt,
         logprob_fn=logprob_fn, prompt_width=rc.max_prompt_len, mesh=self.mesh,
-        state_shardings=shardings)
+        state_shardings=shardings, on_policy_old_logp=self._old_in_update,
+        use_ref=self._use_ref)
     self.score = ts.make_scoring_fn(self.graphdef, logprob_fn)
     self.ref_params = nnx.state(reference, nnx.Param)
     ref_graphdef = nnx.graphdef(reference)
@@ -428,8 +433,11 @@ class Trainer:
     batch = {k_: v for k_, v in batch.items()}
     batch["response_mask"] = batch["response_mask"].astype(np.float32)
     batch["prompt_mask"] = batch["prompt_mask"].astype(np.float32)
-    batch["ref_logp"] = self._score_batched(self.ref_params, batch)
-    if rc.old_logp_source == "recompute" or is_replay.any():
+    zeros = np.zeros(batch["input_ids"].shape, np.float32)
+    batch["ref_logp"] = self._score_batched(self.ref_params, batch) if self._use_ref else zeros
+    if self._old_in_update:
+      batch["old_logp"] = zeros  # taken from the update's own forward pass (pi_old = pi_theta)
+    elif rc.old_logp_source == "recompute" or is_replay.any():
       # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
       batch["old_logp"] = self._score_batched(self.state.params, batch)
     else:

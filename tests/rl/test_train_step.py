@@ -130,3 +130,38 @@ def test_sharded_step_equals_single_device(n_devices):
 def test_split_micro_batches_error():
   with pytest.raises(ValueError, match=r"field 'x'.*micro_batch_size=3"):
     ts.split_micro_batches({"x": np.zeros((8, 2))}, 3)
+
+
+@pytest.mark.parametrize("method", ["disa", "grpo"])
+def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
+  """One update per batch: taking pi_old from the update's own forward equals scoring it first."""
+  graphdef, _, state, _, settings, opt, _ = _setup(method)
+  batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128)
+  model = nnx.merge(graphdef, state.params)
+  scored = dict(batch, old_logp=np.asarray(naive_token_logprobs(model, batch["input_ids"],
+                                                                batch["attention_mask"])))
+  unscored = dict(batch, old_logp=np.full_like(batch["old_logp"], np.nan))  # must not be read
+  outs = []
+  for on_policy, b in ((False, scored), (True, unscored)):
+    step = ts.make_train_step(graphdef, settings, opt, logprob_fn=naive_token_logprobs,
+                              donate=False, on_policy_old_logp=on_policy)
+    outs.append(step(state, ts.split_micro_batches(b, 8)))
+  (s_a, m_a), (s_b, m_b) = outs
+  for x, y in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+  np.testing.assert_allclose(float(m_a["loss"]), float(m_b["loss"]), rtol=1e-5)
+
+
+def test_grpo_without_reference_ignores_ref_logp_and_refuses_where_needed():
+  graphdef, _, state, _, settings, opt, _ = _setup("grpo")
+  settings = ts.LossSettings(method="grpo", beta=2.0, kl_coef=0.0)
+  batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128)
+  step = ts.make_train_step(graphdef, settings, opt, logprob_fn=naive_token_logprobs,
+                            donate=False, use_ref=False)
+  _, metrics = step(state, ts.split_micro_batches(dict(batch, ref_logp=np.full_like(
+      batch["ref_logp"], np.nan)), 8))
+  assert np.isfinite(float(metrics["loss"])) and "kl_ref" not in metrics
+  for method, kl in (("disa", 0.0), ("grpo", 0.01)):
+    with pytest.raises(ValueError, match="needs the reference log-probs"):
+      ts.make_train_step(graphdef, ts.LossSettings(method=method, beta=2.0, kl_coef=kl), opt,
+                         use_ref=False)
