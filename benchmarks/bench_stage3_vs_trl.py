@@ -52,7 +52,7 @@ def run_trl(trl_python: str, peer: str, workdir: Path, steps: int, model: str | 
   return json.loads((workdir / "summary.json").read_text())
 
 
-def run_ours(model_dir: str, workdir: Path, steps: int, method: str, seed: int) -> list[dict]:
+def run_ours(model_dir: str, workdir: Path, steps: int, method: str, seed: int, scan_unroll: int = 1) -> list[dict]:
   import jax
   from transformers import AutoTokenizer
 
@@ -80,7 +80,9 @@ def run_ours(model_dir: str, workdir: Path, steps: int, method: str, seed: int) 
       checkpoint=C.CheckpointCfg(every=10 ** 6, keep=1, async_save=True),
       seed=seed, total_steps=steps, progress_bar=False, tensorboard=False)
   with make_engine("jax", model_dir) as engine:
-    trainer = Trainer(cfg, str(workdir), policy=models.from_pretrained(model_dir),
+    policy = models.from_pretrained(model_dir)
+    policy.scan_unroll = scan_unroll  # 1: the rolled scan over layers; num_layers: fully unrolled
+    trainer = Trainer(cfg, str(workdir), policy=policy,
                       reference=models.from_pretrained(model_dir), engine=engine, prompts=items,
                       reward_fn=reward_fn, stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
                       mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16)
@@ -101,12 +103,14 @@ def main():
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--blocks", type=int, default=2)
   ap.add_argument("--workdir", default=None)
+  ap.add_argument("--scan-unroll", type=int, default=1, help="unroll of our scan over decoder layers")
   args = ap.parse_args()
   if not Path(args.peer).exists():
     sys.exit(f"peer script not found: {args.peer}")
   work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_trl_"))
   work.mkdir(parents=True, exist_ok=True)
   trl_steps, ours_steps, ours_compile, rewards = [], [], [], {"trl": [], "ours": []}
+  phases: dict[str, list[float]] = {}
   warm = work / "peer" / "warm"
   for b in range(args.blocks):
     s = run_trl(args.trl_python, args.peer, work / "peer" if b == 0 else work / f"peer{b}", args.steps,
@@ -114,7 +118,9 @@ def main():
     run = s["runs"][0]
     trl_steps += run["step_seconds_per_step"]
     rewards["trl"].append(run["train_reward_last5_mean"])
-    hist = run_ours(str(warm), work / f"ours{b}", args.steps, "grpo", seed=b)
+    hist = run_ours(str(warm), work / f"ours{b}", args.steps, "grpo", seed=b, scan_unroll=args.scan_unroll)
+    for k in ("time/rollout_s", "time/generate_s", "time/train_s", "time/sync_s"):
+      phases.setdefault(k, []).extend(h[k] for h in hist[3:])
     t = [h["time/step_s"] for h in hist]
     ours_compile += t[:3]
     ours_steps += t[3:]
@@ -126,6 +132,8 @@ def main():
   print(f"  disa_jax GRPO   : {_stats(ours_steps)}   (first 3 steps per block, compilation: {_stats(ours_compile)})")
   print(f"  speed ratio (TRL time / ours): {mt / mo:.2f}x  -> target >= 1: {'MET' if mt / mo >= 1 else 'NOT MET'}")
   print(f"  train reward, mean of last 5 steps per block: trl {rewards['trl']}, ours {rewards['ours']}")
+  print("  our step by phase (medians): " + ", ".join(f"{k[5:-2]} {statistics.median(v):.4f} s"
+                                                    for k, v in phases.items()))
 
 
 if __name__ == "__main__":

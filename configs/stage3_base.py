@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"  # Activation dtype of the forward/backward passes.
   c.model.param_dtype = "float32"  # Storage dtype of the trained parameters (AdamW master copy).
   c.model.remat = True  # Recompute decoder layers in the backward pass (long responses).
+  c.model.scan_unroll = 1  # Unroll of the scan over layers (num_layers: faster small models, slower compile).
 
   c.loss = ml_collections.ConfigDict()
   c.loss.method = "disa"  # 'disa' (eq. 8) | 'flowrl' (eq. 5) | 'grpo' (eqs. 1-3) | 'gspo'.

@@ -57,7 +57,7 @@ def build_and_run(cfg: TrainConfig, workdir: str) -> None:
   # from_pretrained ties storage and compute dtype: the policy is loaded in param_dtype (the AdamW
   # master copy) and then computes in dtype; the frozen reference is stored in dtype.
   policy = models.from_pretrained(mc.policy_path, dtype=jnp.dtype(mc.param_dtype), mesh=mesh,
-                                  remat=mc.remat)
+                                  remat=mc.remat, scan_unroll=mc.scan_unroll)
   policy.dtype = jnp.dtype(mc.dtype)
   reference = models.from_pretrained(mc.reference_path or mc.policy_path,
                                      dtype=jnp.dtype(mc.dtype), mesh=mesh)

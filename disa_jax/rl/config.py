@@ -32,14 +32,19 @@ class ModelCfg:
     dtype: computation dtype.
     param_dtype: parameter storage dtype of the trained policy.
     remat: recompute decoder layers in the backward pass.
+    scan_unroll: unroll of the scan over decoder layers (1 = a rolled loop, compile time flat in
+      depth; num_layers = fully unrolled, faster backward on small models, longer compiles).
   """
   policy_path: str = ""
   reference_path: str = ""
   dtype: str = "bfloat16"
   param_dtype: str = "float32"
   remat: bool = True
+  scan_unroll: int = 1
 
   def __post_init__(self):
+    if self.scan_unroll < 1:
+      _fail("model", "scan_unroll", self.scan_unroll, "must be >= 1")
     for f in ("dtype", "param_dtype"):
       if getattr(self, f) not in DTYPES:
         _fail("model", f, getattr(self, f), f"must be one of {DTYPES}")
