@@ -275,13 +275,17 @@ class Stage1Data:
     """``[P]`` stored log Z_IS labels (eq. 6)."""
     return self.stats["log_z_is"]
 
-  def log_weights(self, label_scale: str | None = None) -> np.ndarray:
-    """``[P, N]`` log importance weights (eq. 5) recomputed on the given scale (default: the stored one)."""
+  def log_weights(self, label_scale: str | None = None, beta: float | None = None) -> np.ndarray:
+    """``[P, N]`` log importance weights (eq. 5) recomputed on the given scale and at the given beta
+    (defaults: the stored ones)."""
     scale = label_scale or self.label_scale
+    beta = self.beta if beta is None else float(beta)
+    if not beta > 0:
+      raise ValueError(f"beta must be > 0, got beta={beta!r}")
     r_t = self.reward_transform.apply(self.reward, self.mask)
     return np.asarray(log_importance_weights(scaled_logps(self.logp_ref, self.num_tokens, scale),
                                              scaled_logps(self.logp_proposal, self.num_tokens, scale),
-                                             r_t, self.beta, self.mask))
+                                             r_t, beta, self.mask))
 
 
 def _check_record(r: Any) -> str | None:

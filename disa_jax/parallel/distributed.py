@@ -262,10 +262,12 @@ def host_state_dict(model: Any, dtype: Any = None) -> dict[str, np.ndarray]:
   """
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from disa_jax import models  # pylint: disable=g-import-not-at-top
+  kwargs = {} if dtype is None else {"dtype": dtype}
+  if jax.process_count() == 1:  # every shard is addressable: export directly
+    return models.to_hf_state_dict(model, **kwargs)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   local = nnx.merge(graphdef, replicate_to_hosts(params), rest)  # NumPy leaves: a host copy
   local.sharding = None
-  kwargs = {} if dtype is None else {"dtype": dtype}
   return models.to_hf_state_dict(local, **kwargs)
 
 
@@ -377,9 +379,3 @@ def to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding, axis: in
     return dict(batch)
   return shard_global_batch(batch, sharding, axis)
 
-
-def to_host(tree: Any) -> Any:
-  """`replicate_to_hosts` across processes; ``jax.device_get`` in a single process."""
-  if jax.process_count() == 1:
-    return jax.device_get(tree)
-  return replicate_to_hosts(tree)

@@ -27,8 +27,7 @@ import numpy as np
 
 from disa_jax.anchor.fit import AnchorFitConfig, fit_anchor_many
 from disa_jax.anchor.labels import DEFAULT_FLOOR, LABEL_VARIANTS, WEIGHTINGS, check_variant, targets_from_log_weights
-from disa_jax.estimators.dataset import Stage1Data, scaled_logps
-from disa_jax.estimators.importance import log_importance_weights
+from disa_jax.estimators.dataset import Stage1Data
 
 BASELINE = ("plain", "uniform", "squared")  # the paper's eq. (7)
 
@@ -72,17 +71,6 @@ def fold_masks(p: int, folds: int, rng: np.random.Generator) -> np.ndarray:
   assign = np.empty(p, np.int64)
   assign[rng.permutation(p)] = np.arange(p) % folds  # fold of each prompt
   return assign[None, :] == np.arange(folds)[:, None]
-
-
-def pool_log_weights(pool: Stage1Data, beta: float | None = None) -> np.ndarray:
-  """``[P, M]`` eq. (5) log weights of the pool on its label scale, at ``beta`` (default: the pool's)."""
-  beta = pool.beta if beta is None else float(beta)
-  if not beta > 0:
-    raise ValueError(f"beta must be > 0, got beta={beta!r}")
-  r_t = pool.reward_transform.apply(pool.reward, pool.mask)
-  return np.asarray(log_importance_weights(scaled_logps(pool.logp_ref, pool.num_tokens, pool.label_scale),
-                                           scaled_logps(pool.logp_proposal, pool.num_tokens, pool.label_scale),
-                                           r_t, beta, pool.mask))
 
 
 def _rms(x: np.ndarray, axis=None) -> np.ndarray:
@@ -155,7 +143,7 @@ def sigma_g_study(embeddings: np.ndarray,
     raise ValueError(f"huber_deltas must be non-empty and >= 0, got huber_deltas={huber_deltas}")
   combos = [(v, w) for v in variants for w in weightings]
 
-  log_w = pool_log_weights(pool, beta)
+  log_w = pool.log_weights(beta=beta)  # [P, M] on the pool's label scale
   full_labels, _ = targets_from_log_weights(log_w, pool.mask, "plain", "uniform", floor)
   rng = np.random.default_rng(seed)
 

@@ -177,12 +177,10 @@ def _claims(s1: dict, evals: dict) -> list[dict[str, Any]]:
   return out
 
 
-def _anchor_study_md(job) -> list[str]:
-  path = job.dir / "anchor_study.json"
-  if not path.exists():
+def _anchor_study_md(res: dict | None) -> list[str]:
+  if res is None:  # the study is off (stage2.study_repeats = 0)
     return []
   from disa_jax.pipeline.anchor_study import format_sigma_table
-  res = json.loads(path.read_text())
   return ["## Sharper anchors? sigma_g against the exact log Z (issue 9)", "",
           f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res['folds']}-fold cross-validation over prompts, "
           f"{res['repeats']} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
@@ -199,11 +197,12 @@ def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, st
   curves = _training_curves(job)
   plots = _plots(job, s1, s2, curves)
   claims = _claims(s1, evals)
+  study_path = job.dir / "anchor_study.json"
+  study = json.loads(study_path.read_text()) if study_path.exists() else None
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine, "stage3_steps": job.cfg.stage3["steps"]},
             "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
-            "anchor_study": (json.loads((job.dir / "anchor_study.json").read_text())
-                             if (job.dir / "anchor_study.json").exists() else None),
+            "anchor_study": study,
             "methods": evals, "runs": runs, "stage3_seeds": list(job.cfg.seeds), "skipped_methods": skipped, "claims": claims, "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   k = next(iter(evals.values()))["k"] if evals else 8
@@ -239,7 +238,7 @@ def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, st
          f"{s2['val_r2_vs_labels']:.3f} ({s2['n_val']} held-out prompts)",
          f"- sigma_g = RMS(g(q) - log Z(q)): held-out {s2['sigma_g_heldout']:.4f}, all prompts {s2['sigma_g_all']:.4f} "
          f"(the raw labels' RMS error on the held-out prompts: {s2['label_rmse_heldout']:.4f})", "",
-         *_anchor_study_md(job), "## The paper's claims on this task", ""]
+         *_anchor_study_md(study), "## The paper's claims on this task", ""]
   for c in claims:
     md.append(f"- **{c['claim']}**: {'holds' if c['holds'] else 'does NOT hold'} — {json.dumps(c['numbers'], default=float)}")
     if c.get("why"):

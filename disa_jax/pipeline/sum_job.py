@@ -302,7 +302,7 @@ class SumJob:
     """The Stage 3 run directory / evaluation row of (method, seed)."""
     return method if seed == self.cfg.seeds[0] else f"{method}_seed{seed}"
 
-  def train_config(self, name: str, workdir: Path, seed: int | None = None):
+  def train_config(self, name: str, seed: int):
     from disa_jax.rl import config as C
     s = self.cfg.stage3
     method = base_method(name)
@@ -323,7 +323,7 @@ class SumJob:
         data=C.DataCfg(reward="sum_task", anchor_path=str(self.dir / "anchor") if method == "disa" else ""),
         replay=replay,
         mesh=C.MeshCfg(1, 1, 1), checkpoint=C.CheckpointCfg(every=max(1, s["steps"] // 4), keep=1),
-        seed=self.cfg.seed if seed is None else seed, total_steps=s["steps"], progress_bar=self.progress)
+        seed=seed, total_steps=s["steps"], progress_bar=self.progress)
 
   def stage3(self, method: str, seed: int | None = None):
     from disa_jax.anchor import Anchor
@@ -337,7 +337,7 @@ class SumJob:
     if (final / "config.json").exists():
       return None
     wd.mkdir(parents=True, exist_ok=True)
-    cfg = self.train_config(method, wd, seed)
+    cfg = self.train_config(method, seed)
     items = [PromptItem(self.task.prompt_id(n), tuple(self.prompt_ids[n]), {"n": n}) for n in self.task.ns]
     reward_fn = lambda its, resp: np.asarray([self.task.reward(self.tok, it.meta["n"], r) for it, r in zip(its, resp)],
                                              np.float32)

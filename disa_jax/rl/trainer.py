@@ -194,7 +194,6 @@ class Trainer:
     self.pad_to = pad_to
     self.eval_prompts = list(eval_prompts)
     lc, rc = cfg.loss, cfg.rollout
-    self.multi = jax.process_count() > 1
     self.leaders = distributed.host_leaders()
     if engine is None and jax.process_index() in self.leaders:
       raise ValueError(f"process {jax.process_index()} leads its host's generation but engine=None")
@@ -202,11 +201,9 @@ class Trainer:
     if cfg.replay.enabled:
       self.replay = replay_pool or ReplayPool.from_stage1(cfg.replay.path,
                                                           max_response_len=rc.max_response_len)
-      coverage = self.replay.coverage([it.prompt_id for it in prompts])
-      if coverage == 0:
+      if self.replay.coverage([it.prompt_id for it in prompts]) == 0:
         raise ValueError(f"replay.path={cfg.replay.path!r}: none of the {len(prompts)} training "
                          "prompt ids has a Stage 1 sample")
-      self.replay_coverage = coverage
     elif replay_pool is not None:
       raise ValueError("a replay_pool was given but replay.fraction=0")
     self._replay_checked = False
@@ -257,8 +254,7 @@ class Trainer:
     self.ref_params = nnx.state(reference, nnx.Param)
     ref_graphdef = nnx.graphdef(reference)
     self._embed = jax.jit(lambda p, ids, m: _prompt_embeddings(nnx.merge(ref_graphdef, p), ids, m))
-    n_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    self._n_batch_shards = n_shards
+    self._n_batch_shards = batch_shards
     self._row_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
         ts.BATCH_AXES))  # [B, ...] rows over the batch axes
     self._micro_sharding = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
@@ -317,10 +313,8 @@ class Trainer:
   def _sync_weights(self) -> None:
     """Pushes the policy (never the FlowRL head) to the engine in HF names and layouts."""
     nnx.update(self.policy, self.state.params)
-    if self.multi:  # collective: a host copy on every process, pushed by each host leader
-      distributed.push_weights(self.policy, self.engine, dtype=self.cfg.model.dtype)
-    else:
-      self.engine.update_weights(models.to_hf_state_dict(self.policy, dtype=self.cfg.model.dtype))
+    # Collective across processes: a host copy on every process, pushed by each host leader.
+    distributed.push_weights(self.policy, self.engine, dtype=self.cfg.model.dtype)
 
   # ------------------------------------------------------------------------------------------
   # one RL step
@@ -335,7 +329,7 @@ class Trainer:
       chunk = distributed.to_global({"ids": batch["input_ids"][i:i + mb],
                                      "mask": batch["attention_mask"][i:i + mb]},
                                     self._row_sharding)
-      out.append(distributed.to_host(self.score(params, chunk["ids"], chunk["mask"])))
+      out.append(distributed.replicate_to_hosts(self.score(params, chunk["ids"], chunk["mask"])))
     return np.concatenate(out, 0)
 
   def _anchor_log_z(self, items: Sequence[PromptItem]) -> np.ndarray:
@@ -345,7 +339,7 @@ class Trainer:
     packed = pack_sequences(prompts, [[] for _ in prompts], pad_id=self.pad_id, pad_to=self.pad_to)
     glob = distributed.to_global({"ids": packed["input_ids"], "mask": packed["prompt_mask"]},
                                  self._row_sharding)
-    emb = distributed.to_host(self._embed(self.ref_params, glob["ids"], glob["mask"]))
+    emb = distributed.replicate_to_hosts(self._embed(self.ref_params, glob["ids"], glob["mask"]))
     return np.asarray(self.anchor(emb), np.float32)[:len(items)]  # [P]
 
   def _generate(self, items: Sequence[PromptItem], params: SamplingParams
@@ -357,20 +351,15 @@ class Trainer:
       on every process.
     """
     n = params.n
-    if not self.multi:
-      t0 = time.perf_counter()
-      comps = self.engine.generate([list(it.token_ids) for it in items], params)
-      t_gen = time.perf_counter() - t0
-      return comps, grade(self.reward_fn, items, comps), t_gen
-    sl = distributed.leader_slice(len(items), self.leaders)
+    sl = distributed.leader_slice(len(items), self.leaders)  # all items in a single process
     local_items = list(items[sl])
-    comps, t_gen = [], 0.0
+    comps, rewards, t_gen = [], np.zeros((0,), np.float32), 0.0
     if local_items:
       t0 = time.perf_counter()
       comps = self.engine.generate([list(it.token_ids) for it in local_items],
                                    dataclasses.replace(params, prompt_index_offset=sl.start))
       t_gen = time.perf_counter() - t0
-    rewards = grade(self.reward_fn, local_items, comps) if local_items else np.zeros((0,))
+      rewards = grade(self.reward_fn, local_items, comps)
     flat, r = distributed.allgather_completions([c for g in comps for c in g], rewards.reshape(-1))
     return ([flat[i * n:(i + 1) * n] for i in range(len(items))],  # [P * n] -> [P][n]
             r.reshape(len(items), n), t_gen)
@@ -399,38 +388,32 @@ class Trainer:
     k = max(len(r) for r in replayed)
     # On-policy samples: G - k for prompts with replay rows, G for the others (a second call).
     comps, rewards, t_gen = self._generate(items, dataclasses.replace(params, n=g - k))
+    groups = [list(c) for c in comps]  # [P][on-policy samples]
+    group_r = [list(r) for r in rewards]
     full = [i for i, r in enumerate(replayed) if not r]
     if k and full:
       extra, extra_r, t_extra = self._generate(
           [items[i] for i in full], dataclasses.replace(params, n=k, seed=seed + 1))
       t_gen += t_extra
+      for i, e, er in zip(full, extra, extra_r):
+        groups[i] += e
+        group_r[i] += list(er)
+    on_comps = [c for group in groups for c in group]
     rows_resp: list[np.ndarray] = []
     rows_reward: list[float] = []
     is_replay: list[bool] = []
     engine_lp: list[np.ndarray | None] = []
-    for i in range(len(items)):
-      group = list(comps[i])
-      group_r = list(rewards[i])
-      if k and not replayed[i]:
-        j = full.index(i)
-        group += list(extra[j])
-        group_r += list(extra_r[j])
-      rows_resp += [c.token_ids for c in group]
-      rows_reward += group_r
-      is_replay += [False] * len(group)
-      engine_lp += [c.raw_logprobs for c in group]
-      for s in replayed[i]:
-        rows_resp.append(s.token_ids)
-        rows_reward.append(s.reward)
-        is_replay.append(True)
-        engine_lp.append(None)
+    for group, r, rep in zip(groups, group_r, replayed):
+      rows_resp += [c.token_ids for c in group] + [s.token_ids for s in rep]
+      rows_reward += r + [s.reward for s in rep]
+      is_replay += [False] * len(group) + [True] * len(rep)
+      engine_lp += [c.raw_logprobs for c in group] + [None] * len(rep)
     reward = np.asarray(rows_reward, np.float32)  # [P * G]
     is_replay = np.asarray(is_replay)
     flat_items = [it for it in items for _ in range(g)]
     batch = pack_sequences([list(it.token_ids) for it in flat_items],
-                           [np.asarray(t).tolist() for t in rows_resp], pad_id=self.pad_id,
+                           [t.tolist() for t in rows_resp], pad_id=self.pad_id,
                            pad_to=self.pad_to)
-    batch = {k_: v for k_, v in batch.items()}
     batch["response_mask"] = batch["response_mask"].astype(np.float32)
     batch["prompt_mask"] = batch["prompt_mask"].astype(np.float32)
     zeros = np.zeros(batch["input_ids"].shape, np.float32)
@@ -455,8 +438,6 @@ class Trainer:
     else:
       batch["log_z"] = np.zeros(len(rows_resp), np.float32)
     on = ~is_replay
-    on_comps = [c for i in range(len(items)) for c in comps[i]] + (
-        [c for e in extra for c in e] if k and full else [])
     lengths = np.array([len(t) for t, r in zip(rows_resp, is_replay) if not r])
     sampled_lp = np.concatenate([c.logprobs for c in on_comps])
     stats = {  # over the on-policy rows
@@ -507,7 +488,7 @@ class Trainer:
       micro = ts.split_micro_batches(mini, rc.micro_batch_size)  # [M, ...] -> [K, b, ...]
       self.state, metrics = self.update(self.state, distributed.to_global(
           micro, self._micro_sharding, axis=1))
-      collected.append({k: float(v) for k, v in distributed.to_host(metrics).items()})
+      collected.append({k: float(v) for k, v in distributed.replicate_to_hosts(metrics).items()})
     out = {}
     for k in collected[0]:
       vals = [c[k] for c in collected]
