@@ -30,7 +30,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from disa_jax.data import templates
 from disa_jax.data.records import PromptRecord
@@ -170,6 +170,15 @@ def _load_verl(rows, src):
   return out
 
 
+def _math_record(src: str, pid: str, problem: str, gt: Any, row: Mapping[str, Any],
+                 consumed: tuple[str, ...]) -> PromptRecord:
+  """A math benchmark prompt: the paper's math template; the row's other fields kept in ``extra``."""
+  extra = {k: v for k, v in row.items() if k not in consumed}
+  extra.update(ability="math", problem=problem)
+  return PromptRecord(f"{src}/{pid}", templates.chat_messages(templates.math_prompt(problem)), gt,
+                      src, extra)
+
+
 def _load_math(rows, src):
   out = []
   for i, row in enumerate(rows):
@@ -179,10 +188,7 @@ def _load_math(rows, src):
                        f"{sorted(row)}")
     gt = _answer_str(row["answer"], f"{src}[{i}].answer")
     pid = _row_id(row, i, ("unique_id", "id", "idx"))
-    extra = {k: v for k, v in row.items() if k not in ("problem", "question", "answer")}
-    extra.update(ability="math", problem=problem)
-    out.append(PromptRecord(f"{src}/{pid}", templates.chat_messages(templates.math_prompt(problem)),
-                            gt, src, extra))
+    out.append(_math_record(src, pid, problem, gt, row, ("problem", "question", "answer")))
   return out
 
 
@@ -199,10 +205,7 @@ def _load_minerva(rows, src):
       if not gt:
         raise ValueError(f"{src}[{i}]: no answer field and no \\boxed{{}} in the solution")
     pid = _row_id(row, i, ("idx", "id", "unique_id"))
-    extra = {k: v for k, v in row.items() if k not in ("problem", "question", "answer")}
-    extra.update(ability="math", problem=problem)
-    out.append(PromptRecord(f"{src}/{pid}", templates.chat_messages(templates.math_prompt(problem)),
-                            gt, src, extra))
+    out.append(_math_record(src, pid, problem, gt, row, ("problem", "question", "answer")))
   return out
 
 
@@ -224,10 +227,7 @@ def _load_olympiadbench(rows, src):
       raise ValueError(f"{src}[{i}]: empty final_answer {fa!r}")
     problem = question if not row.get("context") else f"{row['context']}\n\n{question}"
     pid = _row_id(row, i, ("id", "idx", "unique_id"))
-    extra = {k: v for k, v in row.items() if k not in ("question", "final_answer")}
-    extra.update(ability="math", problem=problem)
-    out.append(PromptRecord(f"{src}/{pid}", templates.chat_messages(templates.math_prompt(problem)),
-                            gt, src, extra))
+    out.append(_math_record(src, pid, problem, gt, row, ("question", "final_answer")))
   return out
 
 

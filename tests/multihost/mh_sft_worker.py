@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-DEVICES_PER_PROCESS = 2
+import mh_worker  # this script's directory is on sys.path; mh_worker imports no JAX
 
 
 def make_config():
@@ -26,7 +26,7 @@ def main(workdir: str) -> None:
   from disa_jax.parallel import make_mesh  # pylint: disable=g-import-not-at-top
   from disa_jax.sft import baseline  # pylint: disable=g-import-not-at-top
 
-  assert jax.process_count() == 2 and len(jax.devices()) == 2 * DEVICES_PER_PROCESS
+  assert jax.process_count() == 2 and len(jax.devices()) == 2 * mh_worker.DEVICES_PER_PROCESS
   summary = baseline.run_lora_sft(os.path.join(workdir, "ref"), os.path.join(workdir, "s1.jsonl"),
                                   os.path.join(workdir, "sft"), make_config(),
                                   mesh=make_mesh(fsdp=-1))
@@ -35,7 +35,5 @@ def main(workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+  mh_worker.prepare_process()
   main(sys.argv[2])

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-DEVICES_PER_PROCESS = 2
+import mh_worker  # this script's directory is on sys.path; mh_worker imports no JAX
+
 PROBE_PROMPT = [5, 9, 11, 7]
 
 
@@ -38,10 +39,9 @@ def main(steps: int, workdir: str) -> None:
   from disa_jax import models, rollout  # pylint: disable=g-import-not-at-top
   from disa_jax.parallel import make_mesh  # pylint: disable=g-import-not-at-top
   from disa_jax.rl.trainer import Trainer  # pylint: disable=g-import-not-at-top
-  from tests.multihost import mh_worker  # pylint: disable=g-import-not-at-top
   from tests.rl import test_trainer as T  # pylint: disable=g-import-not-at-top
 
-  assert jax.process_count() == 2 and len(jax.devices()) == 2 * DEVICES_PER_PROCESS
+  assert jax.process_count() == 2 and len(jax.devices()) == 2 * mh_worker.DEVICES_PER_PROCESS
   model_path = os.path.join(workdir, "model")
   engine = rollout.make_engine("jax", model_path, timeout_s=120.0, startup_timeout_s=120.0)
   try:
@@ -55,7 +55,7 @@ def main(steps: int, workdir: str) -> None:
                       eval_prompts=T._prompts(3), mesh=mesh, pad_to=16)  # pylint: disable=protected-access
     trainer.run()
     trainer.close()
-    params = distributed.to_host(nnx.to_pure_dict(trainer.state.params))
+    params = distributed.replicate_to_hosts(nnx.to_pure_dict(trainer.state.params))
     if distributed.is_main_process():
       np.savez(os.path.join(workdir, f"params_{steps}.npz"), **mh_worker.flat_params(params))
     comp = engine.generate([PROBE_PROMPT], rollout.SamplingParams(
@@ -69,7 +69,5 @@ def main(steps: int, workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+  mh_worker.prepare_process()
   main(int(sys.argv[1]), sys.argv[2])

@@ -23,6 +23,13 @@ PROMPT = [5, 9, 11, 7]
 MAX_TOKENS = 6
 
 
+def prepare_process() -> None:
+  """Run before JAX is imported in a worker: CPU only, DEVICES_PER_PROCESS devices, repo importable."""
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
+  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+
 def make_batch(step: int, vocab: int):
   """The global mini-batch of update ``step`` (identical on every process), numpy ``[M, T]``."""
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -125,7 +132,5 @@ def main(phase: str, workdir: str) -> None:
 
 
 if __name__ == "__main__":
-  os.environ["JAX_PLATFORMS"] = "cpu"
-  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
-  sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+  prepare_process()
   main(sys.argv[1], sys.argv[2])
