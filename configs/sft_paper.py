@@ -9,31 +9,26 @@ attention and MLP projection of pi_ref, AdamW 2e-5 with a cosine schedule, globa
 to ``out_path`` and evaluated with the main results' Mean@8 protocol (vLLM, temperature 0.6,
 top-p 0.95), e.g. with ``launch/evaluate.py``.
 
-Paths are local directories named after the experiment; override with
---config.reference_path=..., --config.stage1_path=..., --config.out_path=....
+Paths are local directories named by `configs/common.py` (the Stage 1 dataset that
+`configs/stage1_paper.py:BACKBONE,math` writes); override with --config.reference_path=...,
+--config.stage1_path=..., --config.out_path=....
 """
 import ml_collections
 
-BACKBONES = {  # config name -> pi_ref's local HF directory
-    "qwen2.5-7b": "models/Qwen2.5-7B",
-    "qwen3-4b-base": "models/Qwen3-4B-Base",
-}
-PROPOSAL = "qwen3-235b-a22b-instruct-2507"
+from configs import common
 
 
 def get_config(arg: str = "qwen2.5-7b") -> ml_collections.ConfigDict:
   """The config of one backbone's SFT baseline."""
-  backbone = (arg or "").strip()
-  if backbone not in BACKBONES:
-    raise ValueError(f"config BACKBONE must be one of {sorted(BACKBONES)}, got {arg!r}")
+  (backbone,), _ = common.parse(arg, first=("BACKBONE",), options=())
+  common.check(backbone, "math", common.DEFAULT_PROPOSAL)
   c = ml_collections.ConfigDict()
-  c.reference_path = BACKBONES[backbone]  # pi_ref, the model fine-tuned
-  c.stage1_path = f"stage1/{backbone}_math_{PROPOSAL}"  # Stage 1 dataset (parquet directory)
+  c.reference_path = common.BACKBONES[backbone]  # pi_ref, the model fine-tuned
+  # The math Stage 1 dataset of the default proposal (parquet part directory).
+  c.stage1_path = common.stage1_dataset(backbone, "math", common.DEFAULT_PROPOSAL,
+                                        common.DEFAULT_BETA)
   c.out_path = f"sft/{backbone}_math_lora64"  # merged HF export (+ '.ckpt' adapter checkpoints)
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = 1  # data-parallel replicas
-  c.mesh.fsdp = -1  # parameter sharding over the remaining devices
-  c.mesh.tensor = 1
+  c.mesh = common.mesh()  # the training mesh
   s = c.sft = ml_collections.ConfigDict()  # every field of disa_jax.sft.baseline.LoRASFTConfig
   s.rank = 64  # Table 13: LoRA rank r = 64
   s.alpha = 128.0  # not stated in the paper: 2r

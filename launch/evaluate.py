@@ -36,7 +36,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cfg = EvalConfig.from_config(_CONFIG.value)
   if _DRY_RUN.value:
-    print(json.dumps(_CONFIG.value.to_dict(), indent=1))
+    from disa_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+    print(json.dumps(config_lib.to_dict(cfg), indent=1))
     return
   print(json.dumps(run_evaluation(cfg), indent=1))
 

@@ -1,9 +1,11 @@
 """The main job: the whole DISA pipeline on the sum task with an exact partition function.
 
-    python -m launch.main --workdir=/tmp/disa_main [--config=configs/main.py] [--config.engine=vllm]
+    python -m launch.main --workdir=/tmp/disa_main [--config=configs/main.py] [--config.engine.kind=vllm]
 
-Prints report.md at the end; the workdir holds report.json, plots, models, Stage 1 data, the anchor,
-Stage 3 runs and evaluations. Rerunning with the same workdir resumes.
+A thin flag parser around `disa_jax.pipeline.sum_job.SumJob`, which builds the task's tiny models and
+prompts and runs the real Stage 1 / 2 / 3 / SFT / evaluation workflows. Prints report.md at the
+end; the workdir holds report.json, plots, models, Stage 1 data, the anchor, Stage 3 runs and
+evaluations. Rerunning with the same workdir resumes.
 """
 from pathlib import Path
 
@@ -18,8 +20,9 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   from disa_jax.pipeline.sum_job import MainConfig, SumJob
-  cfg = MainConfig.from_config(_CONFIG.value)  # validates once: a bad value stops here, naming the field
-  SumJob(cfg, _WORKDIR.value).run()
+  # Every stage's config is converted and validated here: a bad value stops at once, naming it.
+  job = SumJob(MainConfig.from_config(_CONFIG.value), _WORKDIR.value)
+  job.run()
   print((Path(_WORKDIR.value) / "report.md").read_text())
 
 

@@ -7,6 +7,10 @@ from configs import main as main_config
 from disa_jax.pipeline.sum_job import MainConfig, SumJob
 
 
+def _job(c, workdir):
+  return SumJob(MainConfig.from_config(c), workdir, progress=False)
+
+
 def _cfg(**over):
   c = main_config.get_config()
   c.task.n_max = 6
@@ -14,34 +18,38 @@ def _cfg(**over):
   c.models.proposal_steps = 15
   c.models.hidden_size = 64
   c.models.intermediate_size = 128
-  c.stage1.samples = 4
-  c.stage1.pool = 8
-  c.stage1.n_study = (2, 4)
-  c.stage1.n_study_repeats = 4
-  c.stage2.epochs = 5
-  c.stage2.val_fraction = 0.3
-  c.stage2.study_repeats = 2
-  c.stage2.study_folds = 3
-  c.stage3.steps = 2
-  c.stage3.prompts_per_batch = 4
-  c.stage3.group_size = 4
-  c.stage3.micro_batch_size = 8
+  c.stage2.samples = 4
+  c.stage1.sampling.n = 8
+  c.n_study = (2, 4)
+  c.n_study_repeats = 4
+  c.stage2.fit.epochs = 5
+  c.stage2.fit.val_fraction = 0.3
+  c.anchor_study.repeats = 2
+  c.anchor_study.folds = 3
+  c.train.total_steps = 2
+  c.train.rollout.prompts_per_batch = 4
+  c.train.rollout.group_size = 4
+  c.train.rollout.micro_batch_size = 8
   c.methods = ("disa", "flowrl", "grpo", "gspo")
   c.sft.rank = 4
+  c.sft.alpha = 8.0
   c.sft.epochs = 1
   c.sft.batch_size = 8
-  c.eval.samples = 4
-  c.eval.kl_samples = 4
+  c.sft.micro_batch_size = 8
+  c.eval.math_k = 4
+  c.eval.exact_target.kl_samples = 4
   for k, v in over.items():
-    node, field = (c, k) if "." not in k else (c[k.split(".")[0]], k.split(".")[1])
+    *path, field = k.split(".")
+    node = c
+    for p in path:
+      node = node[p]
     node[field] = v
   return c
 
 
 @pytest.mark.slow
 def test_main_job_end_to_end_and_resume(tmp_path):
-  cfg = MainConfig.from_config(_cfg())
-  report = SumJob(cfg, tmp_path, progress=False).run()
+  report = _job(_cfg(), tmp_path).run()
   # the LoRA-SFT row exists, or is reported as not trained with its reason (barely trained models here
   # may give no reward-1 Stage 1 sample to distil)
   assert set(report["methods"]) | set(report["skipped_methods"]) == {"reference", "proposal", "disa", "flowrl",
@@ -58,39 +66,43 @@ def test_main_job_end_to_end_and_resume(tmp_path):
   for m in ("disa", "flowrl", "grpo", "gspo"):
     assert (tmp_path / "stage3" / m / "final" / "config.json").exists()
     assert (tmp_path / "stage3" / m / "metrics.jsonl").exists()
-  stamps = {p: p.stat().st_mtime for p in (tmp_path / "stage1" / "pool.jsonl", tmp_path / "anchor" / "anchor_meta.json",
+  stamps = {p: p.stat().st_mtime for p in (tmp_path / "stage1" / "stage1.jsonl", tmp_path / "anchor" / "anchor_meta.json",
                                            tmp_path / "stage3" / "disa" / "final" / "model.safetensors")}
-  report2 = SumJob(cfg, tmp_path, progress=False).run()  # resumes: nothing recomputed
+  report2 = _job(_cfg(), tmp_path).run()  # resumes: nothing recomputed
   assert all(p.stat().st_mtime == t for p, t in stamps.items())
   assert report2["methods"] == json.loads((tmp_path / "report.json").read_text())["methods"]
 
 
 @pytest.mark.slow
 def test_replay_methods_and_several_seeds_give_mean_and_std_rows(tmp_path):
-  cfg = MainConfig.from_config(_cfg(methods=("disa", "disa+replay"), **{"stage3.seeds": (0, 1), "sft.enabled": False,
-                                                                             "stage2.study_repeats": 0}))
-  report = SumJob(cfg, tmp_path, progress=False).run()
-  assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa+replay", "disa+replay_seed1"}
-  for m in ("disa", "disa+replay"):
+  report = _job(_cfg(methods=("disa", "disa_replay"), seeds=(0, 1), sft_enabled=False,
+                      **{"anchor_study.repeats": 0}), tmp_path).run()
+  assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa_replay", "disa_replay_seed1"}
+  for m in ("disa", "disa_replay"):
     row = report["methods"][m]
     assert row["seeds"] == 2 and row["kl_to_target_std"] >= 0
     runs = [report["runs"][m], report["runs"][f"{m}_seed1"]]
     assert row["accuracy_mean_at_k"] == pytest.approx(sum(r["accuracy_mean_at_k"] for r in runs) / 2)
-  rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa+replay" / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_replay" / "metrics.jsonl").read_text().splitlines()]
   assert all(r["replay/fraction"] == 0.25 for r in rows)  # round(0.25 * 4) = 1 of 4 samples per prompt
   assert "replay/fraction" not in json.loads((tmp_path / "stage3" / "disa" / "metrics.jsonl").read_text().splitlines()[0])
   assert any(c["claim"].startswith("Stage 1 replay brings disa") for c in report["claims"])
   assert "disa (2 seeds)" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.parametrize("field,value,match", [("engine", "sglang", "config.engine"),
-                                               ("beta", -1.0, "config.beta"),
-                                               ("methods", ("disa", "ppo"), "config.methods"),
-                                               ("stage1.pool", 2, "config.stage1.pool"),
-                                               ("stage3.lr", 0.0, "config.stage3.lr"),
-                                               ("stage3.seeds", (0, 0), "config.stage3.seeds"),
-                                               ("stage3.replay_fraction", 1.0, "config.stage3.replay_fraction"),
-                                               ("sft.learning_rate", -1.0, "config.sft.learning_rate")])
-def test_bad_config_stops_at_once_naming_the_field(field, value, match):
+@pytest.mark.parametrize("field,value,match", [
+    ("engine.kind", "sglang", "engine.kind must be one of"),
+    ("beta", -1.0, "beta must be > 0"),
+    ("methods", ("disa", "ppo"), "methods must be a non-empty subset"),
+    ("stage1.sampling.temperature", 0.0, "stage1: sampling.temperature must be > 0"),
+    ("train.optim.lr", 0.0, "optim.lr must be > 0"),
+    ("seeds", (0, 0), "seeds must be distinct"),
+    ("runs.disa_replay.replay", 1.0, r"runs.disa_replay.train.replay.fraction must be in \[0, 1\)"),
+    ("sft.learning_rate", -1.0, "sft: LoRASFTConfig.learning_rate must be > 0"),
+    ("runs.grpo.anchor", "exact", "objective 'grpo' uses no anchor")])
+def test_bad_config_stops_at_once_naming_the_field(tmp_path, field, value, match):
+  c = _cfg(**{field: value})
+  if field.startswith("runs.disa_replay"):
+    c.methods = ("disa_replay",)
   with pytest.raises(ValueError, match=match):
-    MainConfig.from_config(_cfg(**{field: value}))
+    _job(c, tmp_path)

@@ -90,6 +90,8 @@ class AnchorMeta:
 class Anchor:
   """A frozen g_psi*: ``anchor(embeddings [P, D]) -> [P]`` log Z under stop_gradient."""
 
+  needs_embeddings = True
+
   def __init__(self, mlp: AnchorMLP, meta: AnchorMeta):
     self.meta = meta
     self._graphdef, self._state = nnx.split(mlp)
@@ -118,6 +120,12 @@ class Anchor:
     if x.ndim != 2 or x.shape[1] != self.meta.embedding.dim:
       raise ValueError(f"anchor expects embeddings of shape [P, {self.meta.embedding.dim}], got {x.shape}")
     return jax.lax.stop_gradient(self._apply(jax.lax.stop_gradient(self._state), x))
+
+  def query(self, prompt_ids, embeddings: jax.Array) -> np.ndarray:
+    """``[P]`` float32 log Z of the prompts with these ``[P, D]`` embeddings (Stage 3's query; the
+    ids are for anchors keyed by prompt, `disa_jax.anchor.table.TableAnchor`)."""
+    del prompt_ids
+    return np.asarray(self(embeddings), np.float32)
 
   def check_compatible(self, *, beta: float, reward_transform: RewardTransform, label_scale: str,
                        embedding_dim: int | None = None) -> None:

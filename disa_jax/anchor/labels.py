@@ -78,7 +78,8 @@ def targets_from_log_weights(log_w: np.ndarray,
 def anchor_targets(data: Stage1Data,
                    variant: str = "plain",
                    weighting: str = "uniform",
-                   floor: float = DEFAULT_FLOOR) -> tuple[np.ndarray, np.ndarray | None]:
+                   floor: float = DEFAULT_FLOOR,
+                   samples: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
   """The Stage 2 labels and weights of a Stage 1 dataset (log weights recomputed on its label scale).
 
   ``anchor_targets(data)`` with the defaults returns the stored eq. (6) labels (recomputed) and None,
@@ -87,9 +88,15 @@ def anchor_targets(data: Stage1Data,
   Args:
     data: a loaded `Stage1Data`.
     variant, weighting, floor: see `targets_from_log_weights`.
+    samples: use only the first this many samples of each prompt (N of eq. 6; e.g. the labels at
+      N = 8 of a Stage 1 pool drawn with N = 32 for the App. D.3 study); 0 = all.
 
   Returns:
     (``[P]`` labels, ``[P]`` weights or None).
   """
   check_variant(variant, weighting, floor)
-  return targets_from_log_weights(data.log_weights(), data.mask, variant, weighting, floor)
+  if samples < 0:
+    raise ValueError(f"samples must be >= 0 (0 = all), got samples={samples!r}")
+  n = samples or data.mask.shape[1]
+  return targets_from_log_weights(data.log_weights()[:, :n], data.mask[:, :n], variant, weighting,
+                                  floor)

@@ -117,6 +117,18 @@ class CheckpointManager:
                                 meta=ocp.args.JsonRestore()))
     return step, out["state"], dict(out["meta"])
 
+  def read_meta(self, step: int | None = None) -> dict[str, Any]:
+    """The JSON metadata of the checkpoint at ``step`` (default: the latest), without its arrays.
+
+    Lets a caller compare what a checkpoint was written with before restoring it onto a target.
+    """
+    if step is None:
+      step = self.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"no finished checkpoint under {self.directory}")
+    out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(out["meta"])
+
   def wait_until_finished(self) -> None:
     """Blocks until any background save has been written."""
     self._mngr.wait_until_finished()

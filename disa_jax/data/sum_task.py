@@ -16,8 +16,9 @@ tokenisation, which the reward checks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -99,6 +100,52 @@ class SumTask:
     """1.0 iff the response is one of ``correct_completions(n)``."""
     pair = self.parse(tokenizer, token_ids)
     return 1.0 if pair is not None and pair[0] + pair[1] == n else 0.0
+
+
+@functools.lru_cache(maxsize=1)
+def task_tokenizer():
+  """The task's tokenizer (`make_tokenizer`), built once per process."""
+  return make_tokenizer()
+
+
+def _n_of(meta: Mapping[str, Any], i: int) -> int:
+  gt = meta.get("ground_truth") if isinstance(meta, Mapping) else None
+  try:
+    n = int(str(gt).strip())
+  except ValueError:
+    raise ValueError(f"sum_task metas[{i}]['ground_truth'] must be the integer n, got {gt!r}") from None
+  if n < 0:
+    raise ValueError(f"sum_task metas[{i}]['ground_truth'] must be >= 0, got {n}")
+  return n
+
+
+def sum_task_rewards(token_ids: Sequence[Sequence[int]],
+                     metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """The registered 'sum_task' reward: 1.0 iff a response is one of n's canonical answers.
+
+  Args:
+    token_ids: n generated token-id sequences (stop token included).
+    metas: n dicts with ``ground_truth`` = the prompt's n (an int or its decimal string).
+
+  Returns:
+    ``[n]`` float32 rewards.
+  """
+  tok, task = task_tokenizer(), SumTask(0, 0)
+  return np.asarray([task.reward(tok, _n_of(m, i), list(ids))
+                     for i, (ids, m) in enumerate(zip(token_ids, metas))], np.float32)
+
+
+def correct_set(tokenizer, meta: Mapping[str, Any]) -> list[list[int]]:
+  """Every correct response of the prompt whose meta is ``meta`` (the exact evaluator's input)."""
+  return SumTask(0, 0).correct_completions(tokenizer, _n_of(meta, 0))
+
+
+def prompt_records(task: SumTask) -> list[Any]:
+  """The task's prompts as `PromptRecord`s: ability and data source 'sum_task', ground truth n
+  (a string, as veRL stores math answers); `disa_jax.data.loaders.save_prompts` writes them."""
+  from disa_jax.data.records import PromptRecord  # pylint: disable=g-import-not-at-top
+  return [PromptRecord(task.prompt_id(n), [{"role": "user", "content": task.prompt(n)}], str(n),
+                       "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
 
 def exact_log_z(logp_correct: Sequence[np.ndarray], beta: float) -> np.ndarray:

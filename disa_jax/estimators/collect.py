@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from disa_jax.estimators.dataset import Stage1Writer, build_records
 from disa_jax.estimators.reward_transforms import RewardTransform
-from disa_jax.rollout.types import Completion, Engine, SamplingParams
+from disa_jax.rewards.graded import Response, RewardFn
+from disa_jax.rollout.types import Engine, SamplingParams
 from disa_jax.scoring.batched import SequenceScorer
 
 
@@ -28,9 +29,6 @@ class Stage1Prompt:
   text: str
   token_ids: tuple[int, ...]
   meta: Any = None
-
-
-RewardFn = Callable[[Sequence[Stage1Prompt], Sequence[Completion], Sequence[str]], np.ndarray]
 
 
 def collect_stage1(*,
@@ -53,8 +51,9 @@ def collect_stage1(*,
     engine: the proposal's rollout engine (any `Engine`; typically in its own process).
     ref_scorer: scores responses under pi_ref.
     prompts: the offline prompt set D_Z.
-    reward_fn: ``(prompts, completions, texts) -> [n]`` raw verifier rewards, one per completion.
-    decode: token ids -> text.
+    reward_fn: the verifier, a `RewardFn` (``(responses, metas) -> Graded``); each prompt's
+      ``meta`` is its samples' meta. Grading errors are recorded per sample (``grade_error``).
+    decode: token ids -> text (special tokens skipped), the ``text`` of each sample.
     sampling: the proposal's sampling parameters (``n`` = N samples per prompt).
     beta, reward_transform, label_scale: as in `build_records`.
     proposal_logprobs: 'processed' uses `Completion.logprobs`, 'raw' uses `Completion.raw_logprobs`
@@ -73,6 +72,8 @@ def collect_stage1(*,
   ids = [p.prompt_id for p in prompts]
   if len(set(ids)) != len(ids):
     raise ValueError("prompt ids must be unique")
+  if sampling.n < 1:
+    raise ValueError(f"sampling.n must be >= 1, got {sampling.n}")
   done = writer.completed_ids()
   todo = [p for p in prompts if p.prompt_id not in done]
   t0, n_samples = time.time(), 0
@@ -83,9 +84,11 @@ def collect_stage1(*,
     flat_p = [p for p, cs in zip(batch, comps) for _ in cs]
     flat_c = [c for cs in comps for c in cs]
     texts = [decode(c.token_ids.tolist()) for c in flat_c]
-    rewards = np.asarray(reward_fn(flat_p, flat_c, texts), np.float64)
-    if rewards.shape != (len(flat_c),):
-      raise ValueError(f"reward_fn returned shape {rewards.shape}, expected ({len(flat_c)},)")
+    graded = reward_fn([Response(t, tuple(int(x) for x in c.token_ids), c.finish_reason)
+                        for t, c in zip(texts, flat_c)], [p.meta for p in flat_p])
+    if graded.reward.shape != (len(flat_c),):
+      raise ValueError(f"reward_fn returned shape {graded.reward.shape}, expected ({len(flat_c)},)")
+    rewards = graded.reward.astype(np.float64)
     logp_ref = ref_scorer.sequence_logprobs([list(p.token_ids) for p in flat_p],
                                             [c.token_ids.tolist() for c in flat_c])
     samples, k = [], 0
@@ -95,7 +98,8 @@ def collect_stage1(*,
         lp = c.logprobs if proposal_logprobs == "processed" else c.raw_logprobs
         row.append({"token_ids": c.token_ids.tolist(), "text": texts[k], "logp_ref": float(logp_ref[k]),
                     "logp_proposal": float(np.sum(lp, dtype=np.float64)), "reward": float(rewards[k]),
-                    "num_tokens": max(int(c.token_ids.size), 1)})
+                    "num_tokens": max(int(c.token_ids.size), 1),
+                    "grade_error": bool(graded.error[k])})
         k += 1
       samples.append(row)
     recs = build_records([p.prompt_id for p in batch], [p.text for p in batch], samples, beta=beta,

@@ -12,6 +12,7 @@ files (a directory of ``part-NNNNNN.parquet``):
         logp_proposal   float       log p_T(o|q), trajectory sum, of the density actually sampled (finite)
         reward          float       raw verifier reward r(q, o) (finite)
         num_tokens      int         |o| >= 1, for the length-normalised scale
+        grade_error     bool        optional: the grader raised or timed out (reward 0 then)
     log_z_is, log_z_gm, ess, cv2, max_weight_share   float (labels and diagnostics; NaN allowed)
     n_valid           int
     beta              float > 0
@@ -114,9 +115,12 @@ def _clean_sample(s: dict[str, Any]) -> dict[str, Any]:
   missing = [f for f in SAMPLE_FIELDS if f not in s]
   if missing:
     raise ValueError(f"sample is missing fields {missing}: {sorted(s)}")
-  return {"token_ids": [int(t) for t in s["token_ids"]], "text": str(s["text"]),
-          "logp_ref": float(s["logp_ref"]), "logp_proposal": float(s["logp_proposal"]),
-          "reward": float(s["reward"]), "num_tokens": int(s["num_tokens"])}
+  out = {"token_ids": [int(t) for t in s["token_ids"]], "text": str(s["text"]),
+         "logp_ref": float(s["logp_ref"]), "logp_proposal": float(s["logp_proposal"]),
+         "reward": float(s["reward"]), "num_tokens": int(s["num_tokens"])}
+  if "grade_error" in s:
+    out["grade_error"] = bool(s["grade_error"])
+  return out
 
 
 def _pad_samples(samples: Sequence[Sequence[dict[str, Any]]]) -> dict[str, np.ndarray]:
@@ -269,6 +273,7 @@ class Stage1Data:
   label_scale: str
   proposal_logprobs: str
   records: list[dict[str, Any]]
+  grade_error: np.ndarray | None = None  # [P, N] bool: the grader raised or timed out; None: never
 
   @property
   def labels(self) -> np.ndarray:
@@ -369,11 +374,15 @@ def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
   if not good:
     raise ValueError(f"{path}: the Stage 1 dataset is empty")
   arr = _pad_samples([r["samples"] for r in good])
+  grade_error = np.zeros_like(arr["mask"])
+  for i, r in enumerate(good):
+    grade_error[i, :len(r["samples"])] = [bool(s.get("grade_error", False)) for s in r["samples"]]
   stats = {k: np.asarray([r.get(k, np.nan) for r in good], np.float64) for k in STAT_FIELDS}
   stats["n_valid"] = arr["mask"].sum(-1)
   return Stage1Data(prompt_ids=[r["prompt_id"] for r in good], prompts=[r["prompt"] for r in good],
                     logp_ref=arr["logp_ref"], logp_proposal=arr["logp_proposal"], reward=arr["reward"],
-                    num_tokens=arr["num_tokens"], mask=arr["mask"], stats=stats, beta=float(ref["beta"]),
+                    num_tokens=arr["num_tokens"], mask=arr["mask"], grade_error=grade_error,
+                    stats=stats, beta=float(ref["beta"]),
                     reward_transform=RewardTransform.from_dict(ref["reward_transform"]),
                     label_scale=ref["label_scale"], proposal_logprobs=ref["proposal_logprobs"],
                     records=good)

@@ -8,9 +8,10 @@ pass@16 for code (execution). `eval_sampling_params(k, max_tokens, eos_id)` buil
 metrics); `evaluate_suite` runs several and `suite_table` turns them into the markdown table with an
 average column.
 
-Metrics per benchmark: math: `mean@k`, `maj@k`, `pass@1`, `pass@k`; code: `pass@1`, `pass@k`
-(unbiased estimator). The engine is any object with `generate(prompt_token_ids, params)` as in
-`disa_jax.rollout.Engine`.
+Metrics per benchmark: `pass@1`, `pass@k` (unbiased estimator) and `distinct_correct@k` (distinct
+correct response texts per problem) for every ability; `mean@k` for all but code; `maj@k` for math.
+The grading-error share of the reward function is reported as `grade_error_share`. The engine is any
+object with `generate(prompt_token_ids, params)` as in `disa_jax.rollout.Engine`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.data import templates
+from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
 from disa_jax.eval import metrics
 from disa_jax.rewards import math_answer
@@ -43,7 +44,8 @@ class BenchmarkResult:
     correct: `[P, k]` bool.
     responses: `[P][k]` decoded responses.
     answers: `[P][k]` normalised final answers (math; None where there is none), else None.
-    metrics: metric name -> value in [0, 1].
+    metrics: metric name -> value.
+    prompt_token_ids: `[P]` the prompts' token ids as the engine saw them.
   """
   name: str
   ability: str
@@ -52,6 +54,7 @@ class BenchmarkResult:
   responses: list[list[str]]
   answers: list[list[str | None]] | None
   metrics: dict[str, float]
+  prompt_token_ids: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
 
   def to_json(self) -> dict[str, Any]:
     return {"name": self.name, "ability": self.ability, "metrics": self.metrics,
@@ -74,9 +77,16 @@ def _answer_key(text: str) -> str | None:
   return "".join(math_answer.answer_variants(ans)[-1].split())
 
 
+def _distinct_correct(responses: Sequence[Sequence[str]], correct: np.ndarray) -> float:
+  """Mean over problems of the number of distinct correct responses (whitespace-normalised)."""
+  return float(np.mean([len({" ".join(r.split()) for r, ok in zip(row, cr) if ok})
+                        for row, cr in zip(responses, correct)]))
+
+
 def evaluate_benchmark(engine: Any, tokenizer: Any, records: Sequence[PromptRecord],
                        params: SamplingParams, *, name: str = "benchmark",
-                       use_chat_template: bool = True, pass_ks: Sequence[int] | None = None,
+                       rendering: str = "chat_template", max_prompt_len: int = 4096,
+                       pass_ks: Sequence[int] | None = None,
                        reward_fn_name: str | None = None) -> BenchmarkResult:
   """Samples `params.n` responses per record, grades them, computes the metrics.
 
@@ -86,13 +96,15 @@ def evaluate_benchmark(engine: Any, tokenizer: Any, records: Sequence[PromptReco
     records: the benchmark's prompts (one ability for all).
     params: sampling parameters; `params.n` is the k of the metrics.
     name: benchmark name in the result.
-    use_chat_template: render chat prompts with the tokenizer's template (else the user text).
+    rendering: prompt rendering (`disa_jax.data.prompting`).
+    max_prompt_len: the longest prompt allowed (tokens).
     pass_ks: the k's of pass@k (default: 1 and n).
     reward_fn_name: registry name (default: the records' ability).
 
   Returns:
     The `BenchmarkResult`.
   """
+  from disa_jax.rewards.graded import Response  # pylint: disable=g-import-not-at-top
   if not records:
     raise ValueError(f"{name}: no records")
   abilities = {r.ability for r in records}
@@ -100,30 +112,31 @@ def evaluate_benchmark(engine: Any, tokenizer: Any, records: Sequence[PromptReco
     raise ValueError(f"{name}: records mix abilities {sorted(abilities)}")
   ability = abilities.pop()
   k = params.n
-  texts = [templates.render_chat(tokenizer, r.prompt) if use_chat_template
-           else r.prompt_text() for r in records]
-  prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-  completions = engine.generate(prompt_ids, params)
+  prompt_ids = [encode_prompt(tokenizer, r, rendering, max_len=max_prompt_len) for r in records]
+  completions = engine.generate([list(p) for p in prompt_ids], params)
   if len(completions) != len(records) or any(len(c) != k for c in completions):
     raise ValueError(f"{name}: engine returned {[len(c) for c in completions]} completions for "
                      f"{len(records)} prompts x n={k}")
   responses = [[tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in row]
                for row in completions]
-  flat_resp = [r for row in responses for r in row]
+  flat = [Response(t, tuple(int(x) for x in c.token_ids), c.finish_reason)
+          for row, texts in zip(completions, responses) for c, t in zip(row, texts)]
   flat_meta = [rec.reward_meta() for rec in records for _ in range(k)]
-  reward = registry.get_reward_fn(reward_fn_name or ability)(flat_resp, flat_meta)
-  correct = reward.reshape(len(records), k) > 0.5  # [P*k] -> [P, k], prompt-major as flattened
+  graded = registry.get_reward_fn(reward_fn_name or ability)(flat, flat_meta)
+  correct = graded.reward.reshape(len(records), k) > 0.5  # [P*k] -> [P, k], prompt-major
   result_metrics: dict[str, float] = {}
   answers = None
-  ks = sorted(set(pass_ks if pass_ks is not None else (1, k)))
-  for kk in ks:
+  for kk in sorted(set(pass_ks if pass_ks is not None else (1, k))):
     result_metrics[f"pass@{kk}"] = metrics.pass_at_k_from_correct(correct, kk)
+  if ability != "code":
+    result_metrics[f"mean@{k}"] = metrics.mean_at_k(correct)
   if ability == "math":
     answers = [[_answer_key(r) for r in row] for row in responses]
-    result_metrics[f"mean@{k}"] = metrics.mean_at_k(correct)
     result_metrics[f"maj@{k}"] = metrics.maj_at_k(answers, correct)
+  result_metrics[f"distinct_correct@{k}"] = _distinct_correct(responses, correct)
+  result_metrics["grade_error_share"] = graded.error_share
   return BenchmarkResult(name, ability, [r.prompt_id for r in records], correct, responses,
-                         answers, result_metrics)
+                         answers, result_metrics, prompt_ids)
 
 
 def evaluate_suite(engine: Any, tokenizer: Any, benchmarks: Mapping[str, Sequence[PromptRecord]],

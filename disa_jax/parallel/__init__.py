@@ -1,12 +1,12 @@
 """Device meshes and logical-axis sharding rules (training vs sampling)."""
 
-from disa_jax.parallel.mesh import MESH_AXES, make_mesh
+from disa_jax.parallel.mesh import MESH_AXES, MeshConfig, make_mesh
 from disa_jax.parallel.rules import (SAMPLING_RULES, TRAIN_RULES, Rules, ShardingContext,
                                      logical_to_sharding, logical_to_spec)
 from disa_jax.parallel.sharding import model_shardings, param_logical_axes, shard_model
 
 __all__ = [
-    "MESH_AXES", "make_mesh", "SAMPLING_RULES", "TRAIN_RULES", "Rules", "ShardingContext",
+    "MESH_AXES", "MeshConfig", "make_mesh", "SAMPLING_RULES", "TRAIN_RULES", "Rules", "ShardingContext",
     "logical_to_sharding", "logical_to_spec", "model_shardings", "param_logical_axes",
     "shard_model",
 ]

@@ -227,16 +227,17 @@ def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,
   return out
 
 
-def shard_global_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding,
-                       axis: int = 0) -> dict[str, jax.Array]:
-  """`global_batch` for a batch every process holds in full: each feeds only its own rows."""
-  out = {}
-  for k, v in batch.items():
+def shard_global_batch(batch: Any, sharding: NamedSharding, axis: int = 0) -> Any:
+  """`global_batch` for a batch (any pytree of arrays) every process holds in full: each process
+  feeds only its own rows of ``axis``."""
+
+  def one(v):
     v = np.asarray(v)
     rows = process_rows(sharding, v.shape, axis)
     idx = (slice(None),) * axis + (rows,)
-    out[k] = jax.make_array_from_process_local_data(sharding, v[idx], v.shape)
-  return out
+    return jax.make_array_from_process_local_data(sharding, v[idx], v.shape)
+
+  return jax.tree.map(one, batch)
 
 
 def replicate_to_hosts(tree: Any) -> Any:
@@ -326,8 +327,10 @@ def leader_slice(num_items: int, leaders: list[int], process_index: int | None =
   return slice(int(bounds[r]), int(bounds[r + 1]))
 
 
-def allgather_completions(local: list[Any], rewards: np.ndarray) -> tuple[list[Any], np.ndarray]:
-  """Every process's completions and ``[R_p]`` rewards, concatenated in process order (collective).
+def allgather_completions(local: list[Any], rewards: np.ndarray, errors: np.ndarray | None = None
+                          ) -> tuple[list[Any], np.ndarray, np.ndarray]:
+  """Every process's completions, ``[R_p]`` rewards and grading errors, concatenated in process
+  order (collective).
 
   Completions are ragged, so each process pads its rows to the largest row count and length of
   any process (one small all-gather of the sizes first), all-gathers, and unpads.
@@ -335,17 +338,20 @@ def allgather_completions(local: list[Any], rewards: np.ndarray) -> tuple[list[A
   Args:
     local: this process's `disa_jax.rollout.Completion` list (may be empty).
     rewards: ``[len(local)]`` float32 rewards of ``local``.
+    errors: ``[len(local)]`` bool grading errors of ``local`` (default: none).
 
   Returns:
-    (completions of all processes ``[sum_p R_p]``, rewards ``[sum_p R_p]``).
+    (completions of all processes ``[sum_p R_p]``, rewards ``[sum_p R_p]``, errors ``[sum_p R_p]``).
   """
   from disa_jax.rollout.types import FINISH_REASONS, Completion  # pylint: disable=g-import-not-at-top
   rewards = np.asarray(rewards, np.float32).reshape(-1)
   if rewards.shape[0] != len(local):
     raise ValueError(f"allgather_completions: {len(local)} completions but rewards of shape "
                      f"{rewards.shape}")
+  errors = (np.zeros(len(local), bool) if errors is None
+            else np.asarray(errors, bool).reshape(-1))
   if jax.process_count() == 1:
-    return list(local), rewards
+    return list(local), rewards, errors
   width = max((len(c.token_ids) for c in local), default=0)
   sizes = np.asarray(multihost_utils.process_allgather(np.array([len(local), width], np.int64)))
   sizes = sizes.reshape(jax.process_count(), 2)  # [num_processes, (rows, width)]
@@ -353,16 +359,16 @@ def allgather_completions(local: list[Any], rewards: np.ndarray) -> tuple[list[A
   buf = {"tok": np.zeros((rows, width), np.int32), "lp": np.zeros((rows, width), np.float32),
          "raw": np.zeros((rows, width), np.float32), "has_raw": np.zeros((rows,), np.int8),
          "length": np.zeros((rows,), np.int32), "finish": np.zeros((rows,), np.int8),
-         "reward": np.zeros((rows,), np.float32)}
+         "reward": np.zeros((rows,), np.float32), "error": np.zeros((rows,), np.int8)}
   for i, c in enumerate(local):
     n = len(c.token_ids)
     buf["tok"][i, :n], buf["lp"][i, :n], buf["length"][i] = c.token_ids, c.logprobs, n
     if c.raw_logprobs is not None:
       buf["raw"][i, :n], buf["has_raw"][i] = c.raw_logprobs, 1
     buf["finish"][i] = FINISH_REASONS.index(c.finish_reason)
-    buf["reward"][i] = rewards[i]
+    buf["reward"][i], buf["error"][i] = rewards[i], errors[i]
   got = jax.tree.map(np.asarray, multihost_utils.process_allgather(buf))  # each [num_processes, rows, ...]
-  out, out_r = [], []
+  out, out_r, out_e = [], [], []
   for p in range(jax.process_count()):
     for i in range(int(sizes[p, 0])):
       n = int(got["length"][p, i])
@@ -370,12 +376,13 @@ def allgather_completions(local: list[Any], rewards: np.ndarray) -> tuple[list[A
                             got["raw"][p, i, :n] if got["has_raw"][p, i] else None,
                             FINISH_REASONS[int(got["finish"][p, i])]))
       out_r.append(got["reward"][p, i])
-  return out, np.asarray(out_r, np.float32)
+      out_e.append(bool(got["error"][p, i]))
+  return out, np.asarray(out_r, np.float32), np.asarray(out_e, bool)
 
 
-def to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding, axis: int = 0) -> Any:
+def to_global(batch: Any, sharding: NamedSharding, axis: int = 0) -> Any:
   """`shard_global_batch` across processes; the batch itself (NumPy) in a single process."""
   if jax.process_count() == 1:
-    return dict(batch)
+    return batch
   return shard_global_batch(batch, sharding, axis)
 

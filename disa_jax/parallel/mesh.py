@@ -8,6 +8,7 @@ array's type and require explicit resharding in model code; we do not want that.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -48,3 +49,38 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
                      f"devices, have {len(devices)}")
   grid = np.asarray(devices, dtype=object).reshape(shape)  # [n] -> [data, fsdp, tensor]
   return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The device mesh of a stage, shared by every command's config.
+
+  Attributes:
+    data, fsdp, tensor: axis sizes; at most one may be -1 (all remaining devices).
+    num_devices: use the first this many devices of `jax.devices()`; 0 = all.
+  """
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+  num_devices: int = 0
+
+  def __post_init__(self):
+    for name in ("data", "fsdp", "tensor"):
+      size = getattr(self, name)
+      if size != -1 and size < 1:
+        raise ValueError(f"mesh.{name} must be >= 1 or -1, got {size!r}")
+    if [self.data, self.fsdp, self.tensor].count(-1) > 1:
+      raise ValueError(f"mesh: only one of data/fsdp/tensor may be -1, got "
+                       f"{(self.data, self.fsdp, self.tensor)}")
+    if self.num_devices < 0:
+      raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {self.num_devices!r}")
+
+  def make(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh over ``devices`` (default: the first ``num_devices`` of `jax.devices()`)."""
+    if devices is None:
+      devices = jax.devices()
+      if self.num_devices:
+        if self.num_devices > len(devices):
+          raise ValueError(f"mesh.num_devices={self.num_devices} > {len(devices)} available devices")
+        devices = devices[:self.num_devices]
+    return make_mesh(self.data, self.fsdp, self.tensor, devices=devices)

@@ -21,20 +21,24 @@ from disa_jax import estimators as E
 
 
 def _stage1_section(job, exact: dict) -> dict:
-  pool = E.load_stage1(job.dir / "stage1" / "pool.jsonl")
-  labels = E.load_stage1(job.dir / "stage1" / "labels.jsonl")
-  idx = {f"sum{n:04d}": i for i, n in enumerate(exact["ns"])}
-  log_z = np.asarray(exact["log_z"])[[idx[p] for p in pool.prompt_ids]]
+  from disa_jax.anchor.labels import anchor_targets
+  pool = E.load_stage1(job.stage1_cfg.dataset_path())
+  by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
+  log_z = np.asarray([by_id[p] for p in pool.prompt_ids])
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
                     repeats=job.cfg.n_study_repeats, log_z_ref=log_z)
-  lz_labels = labels.labels
+  n = job.stage2_cfg.samples or pool.mask.shape[1]
+  labels, _ = anchor_targets(pool, samples=n)  # the labels Stage 2 fitted: first N samples
+  stats = E.stage1_statistics(pool.log_weights()[:, :n], pool.mask[:, :n])
   return {
-      "n": job.cfg.samples, "pool": job.cfg.pool,
-      "label_mae_vs_exact": float(np.mean(np.abs(lz_labels - log_z))),
-      "label_signed_error_mean": float(np.mean(lz_labels - log_z)),
-      "ess_median": float(np.nanmedian(labels.stats["ess"])), "cv2_median": float(np.nanmedian(labels.stats["cv2"])),
+      "n": n, "pool": int(pool.mask.shape[1]),
+      "label_mae_vs_exact": float(np.mean(np.abs(labels - log_z))),
+      "label_signed_error_mean": float(np.mean(labels - log_z)),
+      "ess_median": float(np.nanmedian(np.asarray(stats["ess"]))),
+      "cv2_median": float(np.nanmedian(np.asarray(stats["cv2"]))),
       "proposal_accuracy": float(pool.reward[pool.mask].mean()),
-      "prompts_without_correct_sample": int(np.sum((labels.reward * labels.mask).max(1) == 0)),
+      "prompts_without_correct_sample": int(np.sum((pool.reward[:, :n] * pool.mask[:, :n]).max(1) == 0)),
+      "grade_errors": int(0 if pool.grade_error is None else pool.grade_error.sum()),
       "n_study_mae_vs_exact": {str(m): float(np.nanmean(study.log_abs_error[i])) for i, m in enumerate(study.ms)},
       "n_study_variance": {str(m): float(np.nanmean(study.variance[i])) for i, m in enumerate(study.ms)},
       "log_z_exact_mean": float(log_z.mean()), "log_z_exact_std": float(log_z.std()),
@@ -44,25 +48,34 @@ def _stage1_section(job, exact: dict) -> dict:
 def _stage2_section(job, exact: dict) -> dict:
   from disa_jax.anchor import Anchor
   from disa_jax.anchor.diagnostics import sigma_g
-  from disa_jax.anchor.embeddings import embed_prompts
-  anchor = Anchor.load(job.dir / "anchor")
-  fs = anchor.meta.fit_summary
-  ns = exact["ns"]
-  emb, _ = embed_prompts(job.load(job.ref_path), [job.prompt_ids[n] for n in ns], pad_id=job.tok.pad_token_id)
-  pred = np.asarray(anchor(emb))
-  log_z = np.asarray(exact["log_z"])
-  val = [ns.index(n) for n in fs.get("val_ns", [])] or list(range(len(ns)))
-  labels = E.load_stage1(job.dir / "stage1" / "labels.jsonl")
-  lab = dict(zip(labels.prompt_ids, labels.labels))
-  lab_val = np.asarray([lab[f"sum{ns[i]:04d}"] for i in val])
-  return {"best_epoch": fs.get("best_epoch"), "val_mse_vs_labels": fs.get("val_mse"), "val_r2_vs_labels": fs.get("val_r2"),
+  summary = json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())
+  ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
+  pred = np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")))
+  by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
+  log_z = np.asarray([by_id[p] for p in ids])
+  val = [ids.index(p) for p in summary["val_prompt_ids"]] or list(range(len(ids)))
+  from disa_jax.anchor.labels import anchor_targets
+  labels, _ = anchor_targets(E.load_stage1(job.stage1_cfg.dataset_path()), samples=job.stage2_cfg.samples)
+  fs = summary["fit"]
+  return {"best_epoch": fs["best_epoch"], "val_mse_vs_labels": fs["val_mse"], "val_r2_vs_labels": fs["val_r2"],
           "sigma_g_heldout": sigma_g(pred[val], log_z[val]), "sigma_g_all": sigma_g(pred, log_z),
-          "label_rmse_heldout": sigma_g(lab_val, log_z[val]), "n_val": len(val),
-          "val_mse_curve": fs.get("history", {}).get("val_mse", [])}
+          "label_rmse_heldout": sigma_g(labels[val], log_z[val]), "n_val": len(val),
+          "val_mse_curve": summary["history"]["val_mse"]}
+
+
+def eval_row(summary: dict) -> dict:
+  """A report row from `run_evaluation`'s sum.json (sampled metrics and the exact target)."""
+  k, m, x = summary["k"], summary["metrics"], summary["exact"]
+  return {"k": k, "accuracy_mean_at_k": m[f"mean@{k}"], "pass_at_k": m[f"pass@{k}"],
+          "distinct_correct_mean": m[f"distinct_correct@{k}"], "p_correct_exact": x["p_correct"],
+          "entropy_correct": x["entropy_correct"], "target_entropy_correct": x["target_entropy_correct"],
+          "kl_to_target": x["kl_mc"], "kl_to_target_se": x["kl_mc_se"],
+          "kl_binary": x["kl_binary"], "kl_correct": x["kl_correct"],
+          "p_wrong_kl_wrong": x["p_wrong_kl_wrong"], "kl_decomposed": x["kl_decomposed"]}
 
 
 AGGREGATED = ("accuracy_mean_at_k", "pass_at_k", "distinct_correct_mean", "p_correct_exact", "entropy_correct",
-              "kl_to_target")
+              "kl_to_target", "kl_binary", "kl_correct", "p_wrong_kl_wrong", "kl_decomposed")
 
 
 def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
@@ -92,7 +105,7 @@ def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
 def _training_curves(job) -> dict[str, list[tuple[int, float]]]:
   curves = {}
   for m in job.cfg.methods:  # the first seed's run
-    path = job.dir / "stage3" / m / "metrics.jsonl"
+    path = Path(job.stage3_cfgs[(m, job.cfg.seeds[0])].workdir) / "metrics.jsonl"
     if path.exists():
       rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
       curves[m] = [(int(r["step"]), float(r["reward"])) for r in rows if "reward" in r]
@@ -188,9 +201,10 @@ def _anchor_study_md(res: dict | None) -> list[str]:
           res["verdict"]["text"], ""]
 
 
-def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
+def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
   skipped = skipped or {}
-  runs = evals
+  exact = job.exact()
+  runs = {name: eval_row(s) for name, s in summaries.items()}
   evals = aggregate_seeds(job, runs)
   s1 = _stage1_section(job, exact)
   s2 = _stage2_section(job, exact)
@@ -200,14 +214,14 @@ def write_report(job, exact: dict, evals: dict[str, dict], skipped: dict[str, st
   study_path = job.dir / "anchor_study.json"
   study = json.loads(study_path.read_text()) if study_path.exists() else None
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
-                       "engine": job.cfg.engine, "stage3_steps": job.cfg.stage3["steps"]},
+                       "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train["total_steps"]},
             "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
             "anchor_study": study,
             "methods": evals, "runs": runs, "stage3_seeds": list(job.cfg.seeds), "skipped_methods": skipped, "claims": claims, "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   k = next(iter(evals.values()))["k"] if evals else 8
   md = [f"# DISA main job: sum task, n in [{job.task.n_min}, {job.task.n_max}], beta = {job.cfg.beta}",
-        "", f"Engine: {job.cfg.engine}. Models: tiny Qwen3 ({job.cfg.arch.num_layers} layers, d = {job.cfg.arch.hidden_size}), "
+        "", f"Engine: {job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = {job.arch.hidden_size}), "
         f"trained here and reloaded from HF checkpoints.", "",
         "## Methods (evaluation at temperature 1; KL by Monte Carlo with the exact log Z)", "",
         *([f"Stage 3 seeds {list(job.cfg.seeds)}: cells are mean ± std over seeds (KL: ± std over seeds, not the "

@@ -1,21 +1,21 @@
 """The main job: the whole DISA pipeline on the sum task, checked against the exact partition function.
 
-Stages (each writes to the workdir and is skipped when its output exists, so a rerun resumes):
+A thin driver over the real workflows. It builds what only the sum task has (its tiny models and its
+prompt file), then runs the commands a researcher runs on real checkpoints, with the configs of
+`configs/main.py`; each stage is skipped when its output exists, so a rerun resumes:
 
-0. models/     pi_ref (weak, broad) and p_T (stronger, other preference), trained here, saved as HF
-               checkpoints, reloaded through `from_pretrained` from then on.
-1. stage1/     N proposal samples per prompt from p_T in the generation process, scored under pi_ref,
-               graded; log Z_IS labels and diagnostics (eq. 6); the N-study against the exact log Z.
-   exact.json  exact log Z(q) from the n + 1 correct answers scored under pi_ref.
-2. anchor/     g_psi on mean-pooled pi_ref prompt states, fitted to the labels and frozen.
-   anchor_study.json  sigma_g against the exact log Z of plain least squares vs sharper label / weighting
-               variants (Jensen, jackknife, inverse-variance WLS) at each N, cross-validated (issue 9).
-3. stage3/<m>/ DISA, FlowRL, GRPO, GSPO from pi_ref in the same loop; final policies exported as HF.
-               'disa+replay' / 'flowrl+replay' mix Stage 1 samples into each batch (`disa_jax.rl.replay`);
-               with several Stage 3 seeds, runs after the first are in stage3/<m>_seed<s>/.
-   sft/        the LoRA-SFT baseline (App. C.4): pi_ref + LoRA on the reward-1 Stage 1 samples, merged.
-4. eval/<m>.json and report.{json,md} + PNG plots: accuracy, pass@k, distinct correct answers,
-               entropy over correct answers, KL(pi_theta || pi~) against the exact target.
+0. models/          pi_ref (weak, broad) and p_T (stronger, other preference), trained here and saved
+                    as HF checkpoints; data/sum_prompts.jsonl, the prompts as veRL rows.
+1. stage1/          `run_stage1`: N-study pool of proposal samples per prompt, graded by the
+                    registered 'sum_task' reward, scored under pi_ref, labelled (eq. 6).
+   exact.json       the exact log Z(q) (`disa_jax.eval.exact`), for the report and the oracle anchor.
+2. stage2/, anchor/ `run_stage2`: g_psi on pi_ref's prompt embeddings, fitted to the labels of the
+                    first N samples, frozen; anchor_exact/: the exact log Z as a `TableAnchor`.
+   anchor_study.json  sigma_g of sharper label / weighting variants (`pipeline.anchor_study`).
+3. stage3/<run>/    `run_stage3` per run and seed (DISA, FlowRL, GRPO, GSPO, ...; the policy exported
+                    to final/); sft/: `run_sft`, the LoRA-SFT baseline.
+4. eval/<row>/      `run_evaluation` of every model on the prompts, with the exact target.
+   report.{json,md} and PNG plots (`pipeline.report`).
 """
 from __future__ import annotations
 
@@ -23,104 +23,130 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import jax
 import numpy as np
 
-from disa_jax import estimators as E
-from disa_jax.data.sum_task import SumTask, make_tokenizer
+from disa_jax import config as config_lib
+from disa_jax.data.sum_task import SumTask
+from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.rl.objectives import Objective
+from disa_jax.rollout.engines import EngineConfig
 
+ANCHORS = ("fitted", "exact")
 REFERENCE_ROWS = ("reference", "proposal")
-METHODS = ("disa", "flowrl", "grpo", "gspo", "disa+replay", "flowrl+replay")
 
 
-def base_method(name: str) -> str:
-  """'disa+replay' -> 'disa' (the loss of a main-job method name)."""
-  return name.split("+")[0]
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One Stage 3 run of the main job: an objective, its Stage 1 replay share and its anchor."""
+  objective: Objective
+  replay: float = 0.0
+  anchor: str = "fitted"
+
+  def __post_init__(self):
+    if self.anchor not in ANCHORS:
+      raise ValueError(f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
+    if self.anchor != "fitted" and not self.objective.needs_anchor:
+      raise ValueError(f"anchor={self.anchor!r} is set but objective {self.objective.name!r} uses "
+                       "no anchor")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """The sum task: prompts n = n_min..n_max, responses of at most ``max_tokens`` tokens."""
+  n_min: int = 0
+  n_max: int = 40
+  max_tokens: int = 8
+
+  def __post_init__(self):
+    SumTask(self.n_min, self.n_max)  # validates the range
+    if self.max_tokens < 6:
+      raise ValueError(f"max_tokens must be >= 6 (the longest correct answer), got "
+                       f"{self.max_tokens!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelsConfig:
+  """The tiny pi_ref / p_T (see `configs/main.py` and `disa_jax.pipeline.sum_models`)."""
+  hidden_size: int = 128
+  intermediate_size: int = 256
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  ref_correct_frac: float = 0.6
+  ref_skew: float = 1.0
+  ref_steps: int = 1200
+  proposal_correct_frac: float = 0.95
+  proposal_skew: float = 0.85
+  proposal_steps: int = 400
+  batch_size: int = 64
+  learning_rate: float = 3e-3
+
+  def specs(self, seed: int):
+    """(architecture, reference warm-up, proposal warm-up) specs; validates their values."""
+    from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec  # pylint: disable=g-import-not-at-top
+    arch = TinyLMSpec(self.hidden_size, self.intermediate_size, self.num_layers, self.num_heads,
+                      self.num_kv_heads, self.head_dim)
+    ref = WarmupSpec(self.ref_correct_frac, self.ref_skew, self.ref_steps, self.batch_size,
+                     self.learning_rate, seed)
+    prop = WarmupSpec(self.proposal_correct_frac, self.proposal_skew, self.proposal_steps,
+                      self.batch_size, self.learning_rate, seed + 1)
+    return arch, ref, prop
+
+
+@dataclasses.dataclass(frozen=True)
+class AnchorStudyConfig:
+  """The sigma_g study of sharper anchors: ``repeats`` per N (0 = off), ``folds`` of the split."""
+  repeats: int = 8
+  folds: int = 5
+
+  def __post_init__(self):
+    if self.repeats < 0 or self.folds < 2:
+      raise ValueError(f"anchor_study needs repeats >= 0 and folds >= 2, got {self.repeats}, "
+                       f"{self.folds}")
 
 
 @dataclasses.dataclass(frozen=True)
 class MainConfig:
-  """Typed, validated view of `configs/main.py` (see the comments there)."""
+  """`configs/main.py`, typed. ``stage1`` / ``stage2`` / ``train`` / ``sft`` / ``eval`` are the
+  workflows' own sections; `SumJob` completes them with paths and converts them (validated)."""
+  seed: int = 0
+  beta: float = 15.0
+  engine: EngineConfig = EngineConfig(kind="jax", dtype="float32")
+  methods: tuple[str, ...] = ("disa", "flowrl", "grpo", "gspo")
+  seeds: tuple[int, ...] = (0,)
+  runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
+  sft_enabled: bool = True
+  task: TaskConfig = TaskConfig()
+  models: TinyModelsConfig = TinyModelsConfig()
+  n_study: tuple[int, ...] = (2, 4, 8, 16)
+  n_study_repeats: int = 64
+  anchor_study: AnchorStudyConfig = AnchorStudyConfig()
+  stage1: dict = dataclasses.field(default_factory=dict)
+  stage2: dict = dataclasses.field(default_factory=dict)
+  train: dict = dataclasses.field(default_factory=dict)
+  sft: dict = dataclasses.field(default_factory=dict)
+  eval: dict = dataclasses.field(default_factory=dict)
 
-  seed: int
-  engine: str
-  beta: float
-  methods: tuple[str, ...]
-  seeds: tuple[int, ...]
-  replay_fraction: float
-  task: SumTask
-  max_tokens: int
-  arch: Any
-  ref_warmup: Any
-  proposal_warmup: Any
-  samples: int
-  pool: int
-  stage1_temperature: float
-  n_study: tuple[int, ...]
-  n_study_repeats: int
-  fit: Any
-  study_repeats: int
-  study_folds: int
-  stage3: dict
-  sft: dict
-  eval_samples: int
-  kl_samples: int
+  def __post_init__(self):
+    if not self.beta > 0:
+      raise ValueError(f"beta must be > 0, got {self.beta!r}")
+    unknown = [m for m in self.methods if m not in self.runs]
+    if not self.methods or unknown:
+      raise ValueError(f"methods must be a non-empty subset of runs {sorted(self.runs)}, got "
+                       f"{self.methods!r}")
+    if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"seeds must be distinct ints, at least one, got {self.seeds!r}")
+    if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
+      raise ValueError(f"n_study values and n_study_repeats must be >= 1, got {self.n_study}, "
+                       f"{self.n_study_repeats}")
+    self.models.specs(self.seed)
 
   @classmethod
-  def from_config(cls, c) -> "MainConfig":
-    from disa_jax.anchor import AnchorFitConfig
-    from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
-
-    def need(cond: bool, field: str, value: Any, what: str) -> None:
-      if not cond:
-        raise ValueError(f"config.{field}={value!r}: {what}")
-
-    need(c.engine in ("jax", "vllm"), "engine", c.engine, "must be 'jax' or 'vllm'")
-    need(c.beta > 0, "beta", c.beta, "must be > 0")
-    bad = [m for m in c.methods if m not in METHODS]
-    need(not bad and len(c.methods) > 0, "methods", c.methods, f"must be a non-empty subset of {METHODS}")
-    seeds = tuple(c.stage3.seeds)
-    need(len(seeds) >= 1 and len(set(seeds)) == len(seeds) and all(isinstance(x, int) for x in seeds),
-         "stage3.seeds", c.stage3.seeds, "must be distinct ints, at least one")
-    need(0 < c.stage3.replay_fraction < 1, "stage3.replay_fraction", c.stage3.replay_fraction, "must be in (0, 1)")
-    need(c.task.max_tokens >= 6, "task.max_tokens", c.task.max_tokens, "must be >= 6 (the longest correct answer)")
-    need(c.stage1.samples >= 1, "stage1.samples", c.stage1.samples, "must be >= 1")
-    need(c.stage1.pool >= max(c.stage1.samples, *c.stage1.n_study), "stage1.pool", c.stage1.pool,
-         "must be >= stage1.samples and every stage1.n_study value")
-    need(c.stage1.temperature > 0, "stage1.temperature", c.stage1.temperature, "must be > 0")
-    need(c.stage2.study_repeats >= 0, "stage2.study_repeats", c.stage2.study_repeats, "must be >= 0 (0 = off)")
-    need(c.stage2.study_folds >= 2, "stage2.study_folds", c.stage2.study_folds, "must be >= 2")
-    for f in ("steps", "prompts_per_batch", "group_size", "num_minibatches", "micro_batch_size"):
-      need(c.stage3[f] >= 1, f"stage3.{f}", c.stage3[f], "must be >= 1")
-    k = round(c.stage3.replay_fraction * c.stage3.group_size)
-    need(not any("+replay" in m for m in c.methods) or 1 <= k < c.stage3.group_size, "stage3.replay_fraction",
-         c.stage3.replay_fraction, f"must replay between 1 and group_size - 1 of the {c.stage3.group_size} samples")
-    need(c.stage3.lr > 0, "stage3.lr", c.stage3.lr, "must be > 0")
-    need(c.sft.rank >= 1 and c.sft.batch_size >= 1 and c.sft.epochs >= 1, "sft", dict(c.sft),
-         "rank, batch_size and epochs must be >= 1")
-    need(c.sft.learning_rate > 0, "sft.learning_rate", c.sft.learning_rate, "must be > 0")
-    need(c.eval.samples >= 1 and c.eval.kl_samples >= 2, "eval", dict(c.eval), "samples >= 1 and kl_samples >= 2")
-    try:
-      task = SumTask(c.task.n_min, c.task.n_max)
-      m = c.models
-      arch = TinyLMSpec(m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim)
-      ref = WarmupSpec(m.ref_correct_frac, m.ref_skew, m.ref_steps, m.batch_size, m.learning_rate, c.seed)
-      prop = WarmupSpec(m.proposal_correct_frac, m.proposal_skew, m.proposal_steps, m.batch_size,
-                        m.learning_rate, c.seed + 1)
-      fit = AnchorFitConfig(hidden_sizes=tuple(c.stage2.hidden_sizes), learning_rate=c.stage2.learning_rate,
-                            batch_size=c.stage2.batch_size, epochs=c.stage2.epochs,
-                            val_fraction=c.stage2.val_fraction, seed=c.seed)
-    except ValueError as e:
-      raise ValueError(f"config: {e}") from None
-    return cls(seed=c.seed, engine=c.engine, beta=float(c.beta), methods=tuple(c.methods), seeds=seeds,
-               replay_fraction=float(c.stage3.replay_fraction), task=task,
-               max_tokens=c.task.max_tokens, arch=arch, ref_warmup=ref, proposal_warmup=prop,
-               samples=c.stage1.samples, pool=c.stage1.pool, stage1_temperature=c.stage1.temperature,
-               n_study=tuple(c.stage1.n_study), n_study_repeats=c.stage1.n_study_repeats, fit=fit,
-               study_repeats=c.stage2.study_repeats, study_folds=c.stage2.study_folds,
-               stage3=dict(c.stage3), sft=dict(c.sft), eval_samples=c.eval.samples, kl_samples=c.eval.kl_samples)
+  def from_config(cls, config: Any) -> "MainConfig":
+    return config_lib.from_mapping(cls, config)
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -130,312 +156,225 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 class SumJob:
-  """Runs the stages of the module docstring in ``workdir``."""
+  """Runs the stages of the module docstring in ``workdir`` (every stage config built and
+  validated here, before any work)."""
 
   def __init__(self, cfg: MainConfig, workdir: str | Path, *, progress: bool = True):
-    self.cfg = cfg
+    from disa_jax.data.sum_task import task_tokenizer  # pylint: disable=g-import-not-at-top
+    self.cfg, self.progress = cfg, progress
     self.dir = Path(workdir).resolve()
-    self.dir.mkdir(parents=True, exist_ok=True)
-    self.progress = progress
-    self.tok = make_tokenizer()
-    self.task = cfg.task
-    self.prompt_ids = {n: self.tok.encode(self.task.prompt(n), add_special_tokens=False) for n in self.task.ns}
+    self.task = SumTask(cfg.task.n_min, cfg.task.n_max)
+    self.tok = task_tokenizer()
+    self.arch, self.ref_warmup, self.proposal_warmup = cfg.models.specs(cfg.seed)
+    self.stage1_cfg = self._stage1_config()
+    self.stage2_cfg = self._stage2_config()
+    self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods for s in cfg.seeds}
+    self.sft_cfg = self._sft_config()
+    self.eval_template = self._eval_config("reference", self.ref_path)
     self.times: dict[str, float] = {}
-    timing = self.dir / "times.json"
-    if timing.exists():
-      self.times.update(json.loads(timing.read_text()))
+    self.dir.mkdir(parents=True, exist_ok=True)
+    if (self.dir / "times.json").exists():
+      self.times.update(json.loads((self.dir / "times.json").read_text()))
 
-  def _timed(self, name: str, fn, *args, **kw):
-    t0 = time.time()
-    out = fn(*args, **kw)
-    if name not in self.times:  # the time of the run that did the work (a resumed run skips the stage)
-      self.times[name] = round(time.time() - t0, 2)
-      _write_json(self.dir / "times.json", self.times)
-    return out
+  # -- paths and configs -------------------------------------------------------------------------
 
-  @property
-  def ref_path(self) -> str:
-    return str(self.dir / "models" / "reference")
+  ref_path = property(lambda self: str(self.dir / "models" / "reference"))
+  proposal_path = property(lambda self: str(self.dir / "models" / "proposal"))
+  prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts.jsonl"))
+  anchor_path = property(lambda self: str(self.dir / "anchor"))
+  exact_anchor_path = property(lambda self: str(self.dir / "anchor_exact"))
+  mesh = property(lambda self: MeshConfig(fsdp=1, num_devices=1))
 
-  @property
-  def proposal_path(self) -> str:
-    return str(self.dir / "models" / "proposal")
+  def _stage1_config(self):
+    from disa_jax.workflows.stage1 import Stage1Config  # pylint: disable=g-import-not-at-top
+    return config_lib.from_mapping(Stage1Config, dict(
+        self.cfg.stage1, prompts_path=self.prompts_path, reference_path=self.ref_path,
+        proposal_path=self.proposal_path, output_dir=str(self.dir / "stage1"),
+        beta=self.cfg.beta, engine=self.cfg.engine, progress=self.progress), "stage1")
 
-  # ---------------------------------------------------------------------------------------------
-  # 0. models
-  # ---------------------------------------------------------------------------------------------
-
-  def build_models(self) -> dict | None:
-    from disa_jax.pipeline.sum_models import save_model, train_sum_model
-    out = {}
-    ref_marker = Path(self.ref_path) / "warmup.json"
-    prop_marker = Path(self.proposal_path) / "warmup.json"
-    if not ref_marker.exists():
-      model, summary = train_sum_model(self.task, self.cfg.arch, self.cfg.ref_warmup, progress=self.progress,
-                                       desc="warm-up reference")
-      save_model(model, self.ref_path)
-      _write_json(ref_marker, {k: v for k, v in summary.items() if k != "losses"}
-                  | {"spec": dataclasses.asdict(self.cfg.ref_warmup)})
-      out["reference"] = summary
-    if not prop_marker.exists():  # p_T = pi_ref fine-tuned on more, and differently preferred, correct answers
-      model, summary = train_sum_model(self.task, self.cfg.arch, self.cfg.proposal_warmup,
-                                       init_from=self.load(self.ref_path), progress=self.progress,
-                                       desc="warm-up proposal")
-      save_model(model, self.proposal_path)
-      _write_json(prop_marker, {k: v for k, v in summary.items() if k != "losses"}
-                  | {"spec": dataclasses.asdict(self.cfg.proposal_warmup), "init_from": self.ref_path})
-      out["proposal"] = summary
-    return out or None
-
-  def load(self, path: str):
-    from disa_jax.models import from_pretrained
-    return from_pretrained(path)
-
-  def scorer(self, model):
-    from disa_jax.scoring.batched import SequenceScorer
-    return SequenceScorer(model, pad_id=self.tok.pad_token_id, batch_size=64, pad_to=16)
-
-  # ---------------------------------------------------------------------------------------------
-  # exact log Z
-  # ---------------------------------------------------------------------------------------------
-
-  def exact(self) -> dict:
-    path = self.dir / "exact.json"
-    if path.exists():
-      return json.loads(path.read_text())
-    from disa_jax.pipeline.exact import log_z_from_reference, score_correct_set
-    ref_scores = score_correct_set(self.task, self.tok, self.scorer(self.load(self.ref_path)), self.prompt_ids,
-                                   self.task.ns)
-    out = {"ns": self.task.ns, "beta": self.cfg.beta,
-           "log_z": log_z_from_reference(ref_scores, self.cfg.beta).tolist(),
-           "p_correct_ref": ref_scores.p_correct().tolist(),
-           "target_entropy_correct": ref_scores.entropy().tolist(),
-           "ref_logp_correct": [lp.tolist() for lp in ref_scores.logp]}
-    _write_json(path, out)
-    return out
-
-  # ---------------------------------------------------------------------------------------------
-  # 1. Stage 1
-  # ---------------------------------------------------------------------------------------------
-
-  def _reward_fn(self, prompts, comps, texts):
-    return np.asarray([self.task.reward(self.tok, p.meta, c.token_ids.tolist()) for p, c in zip(prompts, comps)])
-
-  def stage1(self) -> dict | None:
-    from disa_jax.estimators.collect import Stage1Prompt, collect_stage1
-    from disa_jax.rollout import SamplingParams, make_engine
-    pool_path = self.dir / "stage1" / "pool.jsonl"
-    pool_path.parent.mkdir(exist_ok=True)
-    writer = E.Stage1Writer(pool_path)
-    prompts = [Stage1Prompt(self.task.prompt_id(n), self.task.prompt(n), tuple(self.prompt_ids[n]), n)
-               for n in self.task.ns]
-    stats = None
-    if len(writer.completed_ids()) < len(prompts):
-      sampling = SamplingParams(n=self.cfg.pool, temperature=self.cfg.stage1_temperature, max_tokens=self.cfg.max_tokens,
-                                stop_token_ids=(self.tok.eos_token_id,), seed=self.cfg.seed)
-      with make_engine(self.cfg.engine, self.proposal_path, **self._engine_kwargs()) as engine:
-        stats = collect_stage1(engine=engine, ref_scorer=self.scorer(self.load(self.ref_path)), prompts=prompts,
-                               reward_fn=self._reward_fn, decode=self.tok.decode, sampling=sampling,
-                               beta=self.cfg.beta, reward_transform=E.RewardTransform("raw"), writer=writer,
-                               label_scale="sum", prompts_per_batch=len(prompts), progress=self.progress)
-    labels_path = self.dir / "stage1" / "labels.jsonl"
-    if not labels_path.exists():  # the N-sample labels: the first N of each prompt's i.i.d. pool
-      pool = E.load_stage1(pool_path)
-      recs = E.build_records(pool.prompt_ids, pool.prompts, [r["samples"][:self.cfg.samples] for r in pool.records],
-                             beta=self.cfg.beta, reward_transform=E.RewardTransform("raw"), label_scale="sum")
-      tmp = labels_path.with_name("labels.partial.jsonl")
-      tmp.unlink(missing_ok=True)
-      E.Stage1Writer(tmp, fmt="jsonl").write(recs)
-      tmp.replace(labels_path)
-    return stats
-
-  def _engine_kwargs(self) -> dict:
-    if self.cfg.engine == "vllm":
-      return {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
-    return {}
-
-  # ---------------------------------------------------------------------------------------------
-  # 2. Stage 2
-  # ---------------------------------------------------------------------------------------------
-
-  def stage2(self):
-    from disa_jax.anchor import Anchor, fit_anchor
-    from disa_jax.anchor.embeddings import embed_prompts
-    anchor_dir = self.dir / "anchor"
-    if (anchor_dir / "anchor_meta.json").exists():
-      return None
-    data = E.load_stage1(self.dir / "stage1" / "labels.jsonl")
-    ns = [int(pid[3:]) for pid in data.prompt_ids]
-    emb, spec = embed_prompts(self.load(self.ref_path), [self.prompt_ids[n] for n in ns],
-                              pad_id=self.tok.pad_token_id, model_path=self.ref_path)
-    res = fit_anchor(emb, data.labels, embedding=spec, beta=self.cfg.beta, reward_transform=data.reward_transform,
-                     label_scale=data.label_scale, config=self.cfg.fit)
-    anchor = res.anchor
-    anchor.meta = dataclasses.replace(anchor.meta, fit_summary=dict(res.summary(), val_ns=[ns[i] for i in res.val_idx],
-                                                                    history=res.history))
-    anchor.save(anchor_dir)
-    return res.summary()
-
-  def anchor_study(self) -> dict | None:
-    """sigma_g of each Stage 2 label / weighting variant against the exact log Z (`pipeline.anchor_study`)."""
-    from disa_jax.anchor.embeddings import embed_prompts
-    from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
-    path = self.dir / "anchor_study.json"
-    if path.exists() or not self.cfg.study_repeats:
-      return None
-    pool = E.load_stage1(self.dir / "stage1" / "pool.jsonl")
-    ns = [int(pid[3:]) for pid in pool.prompt_ids]
-    exact = self.exact()
-    by_n = dict(zip(exact["ns"], exact["log_z"]))
-    emb, _ = embed_prompts(self.load(self.ref_path), [self.prompt_ids[n] for n in ns], pad_id=self.tok.pad_token_id)
-    res = sigma_g_study(emb, pool, np.asarray([by_n[n] for n in ns]), ns=self.cfg.n_study, folds=self.cfg.study_folds,
-                        repeats=self.cfg.study_repeats, fit=self.cfg.fit, seed=self.cfg.seed)
-    res["verdict"] = sigma_verdict(res)
-    _write_json(path, res)
-    return None
-
-  # ---------------------------------------------------------------------------------------------
-  # 3. Stage 3
-  # ---------------------------------------------------------------------------------------------
+  def _stage2_config(self):
+    from disa_jax.workflows.stage2 import Stage2Config  # pylint: disable=g-import-not-at-top
+    s2 = dict(self.cfg.stage2, stage1_path=str(self.stage1_cfg.dataset_path()),
+              reference_path=self.ref_path, anchor_path=self.anchor_path,
+              output_dir=str(self.dir / "stage2"))
+    s2["fit"] = dict(s2.get("fit", {}), seed=self.cfg.seed)
+    return config_lib.from_mapping(Stage2Config, s2, "stage2")
 
   def run_name(self, method: str, seed: int) -> str:
     """The Stage 3 run directory / evaluation row of (method, seed)."""
     return method if seed == self.cfg.seeds[0] else f"{method}_seed{seed}"
 
-  def train_config(self, name: str, seed: int):
-    from disa_jax.rl import config as C
-    s = self.cfg.stage3
-    method = base_method(name)
-    gspo = method == "gspo"
-    replay = C.ReplayCfg()
-    if name.endswith("+replay"):  # the Stage 1 samples behind the labels (N per prompt)
-      replay = C.ReplayCfg(path=str(self.dir / "stage1" / "labels.jsonl"), fraction=self.cfg.replay_fraction)
-    loss = C.LossCfg(method=method, beta=self.cfg.beta, length_normalize=False,
-                     reward_transform=E.RewardTransform("raw"), omega_mode="one",
-                     eps_low=3e-4 if gspo else 0.2, eps_high=4e-4 if gspo else 0.28,
-                     logz_head_lr=s["flowrl_head_lr"])
-    return C.TrainConfig(
-        model=C.ModelCfg(policy_path=self.ref_path, dtype="float32", remat=False), loss=loss,
-        optim=C.OptimCfg(lr=s["lr"], weight_decay=0.0),
-        rollout=C.RolloutCfg(prompts_per_batch=s["prompts_per_batch"], group_size=s["group_size"],
-                             max_prompt_len=64, max_response_len=self.cfg.max_tokens, engine=self.cfg.engine,
-                             num_minibatches=s["num_minibatches"], micro_batch_size=s["micro_batch_size"]),
-        data=C.DataCfg(reward="sum_task", anchor_path=str(self.dir / "anchor") if method == "disa" else ""),
-        replay=replay,
-        mesh=C.MeshCfg(1, 1, 1), checkpoint=C.CheckpointCfg(every=max(1, s["steps"] // 4), keep=1),
-        seed=seed, total_steps=s["steps"], progress_bar=self.progress)
+  def _stage3_config(self, method: str, seed: int):
+    from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
+    spec = self.cfg.runs[method]
+    obj = spec.objective.to_config()
+    if "beta" in obj:  # the job's one beta (the anchors' labels use it too)
+      obj["beta"] = self.cfg.beta
+    train = dict(self.cfg.train, objective=obj, seed=seed, progress_bar=self.progress,
+                 replay=dict(self.cfg.train.get("replay", {}), fraction=spec.replay))
+    anchor = "" if not spec.objective.needs_anchor else (
+        self.anchor_path if spec.anchor == "fitted" else self.exact_anchor_path)
+    return config_lib.from_mapping(Stage3Config, dict(
+        workdir=str(self.dir / "stage3" / self.run_name(method, seed)),
+        model=dict(policy_path=self.ref_path, dtype="float32", remat=False),
+        data=dict(train_path=self.prompts_path, reward="sum_task", rendering="plain",
+                  anchor_path=anchor,
+                  replay_path=str(self.stage1_cfg.dataset_path()) if spec.replay else ""),
+        engine=self.cfg.engine, mesh=self.mesh, train=train), f"runs.{method}")
 
-  def stage3(self, method: str, seed: int | None = None):
-    from disa_jax.anchor import Anchor
-    from disa_jax.models import save_pretrained
-    from disa_jax.rl.trainer import PromptItem, Trainer
-    from disa_jax.parallel import make_mesh
-    from disa_jax.rollout import make_engine
-    seed = self.cfg.seeds[0] if seed is None else seed
-    wd = self.dir / "stage3" / self.run_name(method, seed)
-    final = wd / "final"
-    if (final / "config.json").exists():
-      return None
-    wd.mkdir(parents=True, exist_ok=True)
-    cfg = self.train_config(method, seed)
-    items = [PromptItem(self.task.prompt_id(n), tuple(self.prompt_ids[n]), {"n": n}) for n in self.task.ns]
-    reward_fn = lambda its, resp: np.asarray([self.task.reward(self.tok, it.meta["n"], r) for it, r in zip(its, resp)],
-                                             np.float32)
-    policy = self.load(self.ref_path)
-    with make_engine(self.cfg.engine, self.ref_path, **self._engine_kwargs()) as engine:
-      trainer = Trainer(cfg, str(wd), policy=policy, reference=self.load(self.ref_path), engine=engine,
-                        prompts=items, reward_fn=reward_fn, stop_token_ids=(self.tok.eos_token_id,),
-                        pad_id=self.tok.pad_token_id,
-                        anchor=Anchor.load(self.dir / "anchor") if cfg.loss.method == "disa" else None,
-                        mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16)
-      try:
-        trainer.run()
-      finally:
-        trainer.close()
-    from flax import nnx
-    nnx.update(policy, trainer.state.params)
-    save_pretrained(policy, str(final))
-    self.tok.save_pretrained(str(final))
-    return True
+  def _sft_config(self):
+    from disa_jax.workflows.sft import SftConfig  # pylint: disable=g-import-not-at-top
+    return config_lib.from_mapping(SftConfig, dict(
+        reference_path=self.ref_path, stage1_path=str(self.stage1_cfg.dataset_path()),
+        out_path=str(self.dir / "sft"), mesh=self.mesh,
+        sft=dict(self.cfg.sft, seed=self.cfg.seed)), "sft")
 
-  def lora_sft(self):
-    """The LoRA-SFT baseline (App. C.4): pi_ref + LoRA on the reward-1 Stage 1 samples, merged and exported."""
-    from disa_jax.sft.baseline import LoRASFTConfig, run_lora_sft
-    labels = E.load_stage1(self.dir / "stage1" / "labels.jsonl")
-    if not (labels.reward[labels.mask] >= 1.0).any():  # nothing to distil: say so in the report
+  def _eval_config(self, row: str, model_path: str):
+    from disa_jax.workflows.evaluation import EvalConfig  # pylint: disable=g-import-not-at-top
+    e = dict(self.cfg.eval)
+    e["exact_target"] = dict(e.get("exact_target", {}), reference_path=self.ref_path,
+                             beta=self.cfg.beta, seed=self.cfg.seed + 8)
+    return config_lib.from_mapping(EvalConfig, dict(
+        e, output_dir=str(self.dir / "eval" / row), model_path=model_path, label=row,
+        benchmarks={"sum": self.prompts_path}, seed=self.cfg.seed + 7,
+        engine=dataclasses.replace(self.cfg.engine, separate_process=False)), "eval")
+
+  def _timed(self, name: str, fn, *args):
+    t0 = time.time()
+    out = fn(*args)
+    if name not in self.times:  # the time of the run that did the work (a resumed run skips it)
+      self.times[name] = round(time.time() - t0, 2)
+      _write_json(self.dir / "times.json", self.times)
+    return out
+
+  # -- 0. the task's own pieces ------------------------------------------------------------------
+
+  def build_models(self) -> None:
+    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt file."""
+    from disa_jax.data.loaders import save_prompts  # pylint: disable=g-import-not-at-top
+    from disa_jax.data.sum_task import prompt_records  # pylint: disable=g-import-not-at-top
+    from disa_jax.models import from_pretrained  # pylint: disable=g-import-not-at-top
+    from disa_jax.pipeline.sum_models import save_model, train_sum_model  # pylint: disable=g-import-not-at-top
+    for path, spec, init in ((self.ref_path, self.ref_warmup, None),
+                             (self.proposal_path, self.proposal_warmup, self.ref_path)):
+      marker = Path(path) / "warmup.json"
+      if marker.exists():
+        continue
+      model, summary = train_sum_model(
+          self.task, self.arch, spec, init_from=from_pretrained(init) if init else None,
+          progress=self.progress, desc=f"warm-up {Path(path).name}")
+      save_model(model, path)
+      self.tok.save_pretrained(path)
+      _write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
+                  | {"spec": dataclasses.asdict(spec), "init_from": init})
+    if not Path(self.prompts_path).exists():
+      Path(self.prompts_path).parent.mkdir(parents=True, exist_ok=True)
+      save_prompts(prompt_records(self.task), self.prompts_path)
+
+  def exact(self) -> dict[str, Any]:
+    """The exact log Z(q) of every prompt (`disa_jax.eval.exact`), cached in exact.json."""
+    path = self.dir / "exact.json"
+    if path.exists():
+      return json.loads(path.read_text())
+    from disa_jax import models  # pylint: disable=g-import-not-at-top
+    from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+    from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
+    from disa_jax.data.sum_task import correct_set  # pylint: disable=g-import-not-at-top
+    from disa_jax.eval.exact import correct_set_terms  # pylint: disable=g-import-not-at-top
+    from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
+    scorer = SequenceScorer(models.from_pretrained(self.ref_path), pad_id=self.tok.pad_token_id,
+                            batch_size=64, pad_to=16)
+    out = {"prompt_ids": [], "log_z": [], "target_entropy_correct": [], "p_correct_ref": []}
+    for rec in loaders.load_prompts(self.prompts_path):
+      prompt = encode_prompt(self.tok, rec, "plain", max_len=self.stage1_cfg.max_prompt_len)
+      answers = correct_set(self.tok, rec.reward_meta())
+      lp = scorer.sequence_logprobs([list(prompt)] * len(answers), answers)
+      terms = correct_set_terms(lp, lp, self.cfg.beta)
+      out["prompt_ids"].append(rec.prompt_id)
+      for key in ("log_z", "target_entropy_correct", "p_correct_ref"):
+        out[key].append(terms[key])
+    out["beta"] = self.cfg.beta
+    _write_json(path, out)
+    return out
+
+  # -- 1-3. the workflows ------------------------------------------------------------------------
+
+  def stage1(self) -> None:
+    from disa_jax.workflows.stage1 import run_stage1  # pylint: disable=g-import-not-at-top
+    run_stage1(self.stage1_cfg)
+
+  def stage2(self) -> None:
+    """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
+    from disa_jax.anchor import TableAnchor  # pylint: disable=g-import-not-at-top
+    from disa_jax.estimators.reward_transforms import RewardTransform  # pylint: disable=g-import-not-at-top
+    from disa_jax.workflows.stage2 import run_stage2  # pylint: disable=g-import-not-at-top
+    run_stage2(self.stage2_cfg)
+    if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not Path(
+        self.exact_anchor_path).exists():
+      ex = self.exact()
+      TableAnchor(dict(zip(ex["prompt_ids"], ex["log_z"])), beta=self.cfg.beta,
+                  reward_transform=RewardTransform("raw"),
+                  label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
+
+  def anchor_study(self) -> None:
+    """sigma_g of each Stage 2 label / weighting variant against the exact log Z."""
+    from disa_jax import estimators  # pylint: disable=g-import-not-at-top
+    from disa_jax.anchor.fit import AnchorFitConfig  # pylint: disable=g-import-not-at-top
+    from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict  # pylint: disable=g-import-not-at-top
+    path = self.dir / "anchor_study.json"
+    if path.exists() or not self.cfg.anchor_study.repeats:
+      return
+    pool = estimators.load_stage1(self.stage1_cfg.dataset_path())
+    emb = np.load(self.dir / "stage2" / "embeddings.npy")  # Stage 2's cache, in the pool's order
+    ex = self.exact()
+    by_id = dict(zip(ex["prompt_ids"], ex["log_z"]))
+    res = sigma_g_study(emb, pool, np.asarray([by_id[p] for p in pool.prompt_ids]),
+                        ns=self.cfg.n_study, folds=self.cfg.anchor_study.folds,
+                        repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
+                        seed=self.cfg.seed)
+    res["verdict"] = sigma_verdict(res)
+    _write_json(path, res)
+
+  def stage3(self, method: str, seed: int) -> None:
+    from disa_jax.workflows.stage3 import run_stage3  # pylint: disable=g-import-not-at-top
+    cfg = self.stage3_cfgs[(method, seed)]
+    if not (Path(cfg.workdir) / "final" / "export_info.json").exists():
+      run_stage3(cfg)
+
+  def lora_sft(self) -> str | None:
+    """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
+    from disa_jax import estimators  # pylint: disable=g-import-not-at-top
+    from disa_jax.workflows.sft import run_sft  # pylint: disable=g-import-not-at-top
+    data = estimators.load_stage1(self.stage1_cfg.dataset_path())
+    if not (data.reward[data.mask] >= 1.0).any():  # nothing to distil: say so in the report
       _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
       return None
-    s = self.cfg.sft
-    cfg = LoRASFTConfig(rank=s["rank"], alpha=2.0 * s["rank"], learning_rate=s["learning_rate"],
-                        batch_size=s["batch_size"], micro_batch_size=s["batch_size"], epochs=s["epochs"],
-                        max_seq_len=64, pad_to=16, seed=self.cfg.seed, checkpoint_every=0)
-    summary = run_lora_sft(self.ref_path, str(self.dir / "stage1" / "labels.jsonl"), str(self.dir / "sft"), cfg,
-                           encode_prompt=lambda t: self.tok.encode(t, add_special_tokens=False))
-    return None if summary.get("skipped") else summary
+    run_sft(self.sft_cfg)
+    return self.sft_cfg.out_path
 
-  # ---------------------------------------------------------------------------------------------
-  # 4. evaluation against the exact target
-  # ---------------------------------------------------------------------------------------------
+  # -- 4. evaluation and report ------------------------------------------------------------------
 
-  def _eval_tools(self):
-    """One in-process sampler and two scorers shared by every evaluation (weights swapped, no recompile)."""
-    if not hasattr(self, "_eval_cache"):
-      from disa_jax.rollout import make_engine
-      self._eval_cache = (make_engine("jax", self.ref_path, separate_process=False),
-                          self.scorer(self.load(self.ref_path)), self.scorer(self.load(self.ref_path)))
-    return self._eval_cache
+  def evaluate(self, rows: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`run_evaluation` of every row (one in-process engine, weights swapped between rows)."""
+    from disa_jax.workflows.evaluation import run_evaluation  # pylint: disable=g-import-not-at-top
+    out, engine = {}, None
+    try:
+      for row, path in rows.items():
+        cfg = self._eval_config(row, path)
+        if engine is None and not (Path(cfg.output_dir) / "sum.json").exists():
+          engine = cfg.engine.make(self.ref_path)
+        self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
+        out[row] = json.loads((Path(cfg.output_dir) / "sum.json").read_text())
+    finally:
+      if engine is not None:
+        engine.close()
+    return out
 
-  def evaluate(self, name: str, path: str, exact: dict) -> dict:
-    from disa_jax.models import to_hf_state_dict
-    from disa_jax.pipeline.exact import kl_to_target_mc, score_correct_set
-    from disa_jax.rollout import SamplingParams
-    out_path = self.dir / "eval" / f"{name}.json"
-    if out_path.exists():
-      return json.loads(out_path.read_text())
-    out_path.parent.mkdir(exist_ok=True)
-    engine, ref_scorer, pol_scorer = self._eval_tools()
-    model = self.load(path)
-    engine.update_weights(to_hf_state_dict(model))
-    pol_scorer.update(model)
-    ns = self.task.ns
-    pol = score_correct_set(self.task, self.tok, pol_scorer, self.prompt_ids, ns)
-    stop = (self.tok.eos_token_id,)
-    prompts = [self.prompt_ids[n] for n in ns]
-    k = self.cfg.eval_samples
-    comps = engine.generate(prompts, SamplingParams(n=k, temperature=1.0, max_tokens=self.cfg.max_tokens,
-                                                    stop_token_ids=stop, seed=self.cfg.seed + 7))
-    kl_comps = engine.generate(prompts, SamplingParams(n=self.cfg.kl_samples, temperature=1.0,
-                                                       max_tokens=self.cfg.max_tokens, stop_token_ids=stop,
-                                                       seed=self.cfg.seed + 8, return_raw_logprobs=True))
-    rewards = np.asarray([[self.task.reward(self.tok, n, c.token_ids.tolist()) for c in cs] for n, cs in zip(ns, comps)])
-    distinct = [len({self.task.parse(self.tok, c.token_ids.tolist()) for c, r in zip(cs, rr) if r > 0})
-                for cs, rr in zip(comps, rewards)]
-    kl_r = np.asarray([[self.task.reward(self.tok, n, c.token_ids.tolist()) for c in cs] for n, cs in zip(ns, kl_comps)])
-    flat_lp = ref_scorer.sequence_logprobs([prompts[i] for i, cs in enumerate(kl_comps) for _ in cs],
-                                           [c.token_ids.tolist() for cs in kl_comps for c in cs])
-    kl, kl_se = kl_to_target_mc(kl_comps, kl_r, flat_lp.reshape(kl_r.shape), np.asarray(exact["log_z"]),
-                                self.cfg.beta)
-    res = {
-        "accuracy_mean_at_k": float(rewards.mean()), "pass_at_k": float((rewards.max(1) > 0).mean()),
-        "k": int(rewards.shape[1]),
-        "distinct_correct_mean": float(np.mean(distinct)),
-        "p_correct_exact": float(pol.p_correct().mean()),
-        "entropy_correct": float(pol.entropy().mean()),
-        "target_entropy_correct": float(np.mean(exact["target_entropy_correct"])),
-        "kl_to_target": float(kl.mean()), "kl_to_target_se": float(np.sqrt(np.sum(kl_se ** 2)) / len(kl)),
-    }
-    _write_json(out_path, res)
-    return res
-
-  # ---------------------------------------------------------------------------------------------
-  # everything
-  # ---------------------------------------------------------------------------------------------
-
-  def run(self) -> dict:
-    from disa_jax.pipeline.report import write_report
+  def run(self) -> dict[str, Any]:
+    from disa_jax.pipeline.report import write_report  # pylint: disable=g-import-not-at-top
     self._timed("models", self.build_models)
     self._timed("stage1", self.stage1)
-    exact = self._timed("exact_log_z", self.exact)
+    self._timed("exact_log_z", self.exact)
     self._timed("stage2", self.stage2)
     self._timed("anchor_study", self.anchor_study)
     rows = {"reference": self.ref_path, "proposal": self.proposal_path}
@@ -443,13 +382,13 @@ class SumJob:
       for seed in self.cfg.seeds:
         name = self.run_name(m, seed)
         self._timed(f"stage3_{name}", self.stage3, m, seed)
-        rows[name] = str(self.dir / "stage3" / name / "final")
+        rows[name] = str(Path(self.stage3_cfgs[(m, seed)].workdir) / "final")
     skipped = {}
-    if self.cfg.sft["enabled"]:
-      self._timed("lora_sft", self.lora_sft)
-      if (self.dir / "sft" / "config.json").exists():
-        rows["lora_sft"] = str(self.dir / "sft")
+    if self.cfg.sft_enabled:
+      sft = self._timed("lora_sft", self.lora_sft)
+      if sft is not None:
+        rows["lora_sft"] = sft
       else:
         skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
-    evals = {name: self._timed(f"eval_{name}", self.evaluate, name, path, exact) for name, path in rows.items()}
-    return write_report(self, exact, evals, skipped)
+    evals = self.evaluate(rows)
+    return write_report(self, evals, skipped)

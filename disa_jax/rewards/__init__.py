@@ -6,12 +6,14 @@
 - `disa_jax.rewards.code`: `run_stdio(program, cases, timeout_s) -> list[bool]`,
   `run_humaneval(problem, completion, timeout_s) -> bool`, `extract_code(response)`; the sandbox
   itself is `disa_jax.rewards.sandbox`.
-- Registry: `get_reward_fn(name)(responses, metas) -> [n] float32` for 'math', 'code' and anything
-  added with `register_reward(name, fn)`.
+- Registry: `get_reward_fn(name)` is the one `RewardFn` type, ``(responses, metas) -> Graded``
+  (rewards plus grading errors; `disa_jax.rewards.graded`), for 'math', 'code', 'sum_task' and
+  anything added with `register_reward(name, fn)`.
 """
 
 from disa_jax.rewards import code
 from disa_jax.rewards import sandbox
+from disa_jax.rewards.graded import Graded, Response, RewardFn
 from disa_jax.rewards.math_pool import MathGraderPool
 from disa_jax.rewards.math_pool import math_reward
 from disa_jax.rewards.math_pool import math_rewards
@@ -19,5 +21,5 @@ from disa_jax.rewards.registry import get_reward_fn
 from disa_jax.rewards.registry import register_reward
 from disa_jax.rewards.registry import reward_names
 
-__all__ = ["code", "sandbox", "MathGraderPool", "math_reward", "math_rewards", "get_reward_fn",
+__all__ = ["code", "sandbox", "Graded", "Response", "RewardFn", "MathGraderPool", "math_reward", "math_rewards", "get_reward_fn",
            "register_reward", "reward_names"]

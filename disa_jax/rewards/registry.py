@@ -1,4 +1,5 @@
-"""Reward functions by name: `get_reward_fn(name)(responses, metas) -> np.ndarray [n] float32`.
+"""Reward functions by name: `get_reward_fn(name)` is a `RewardFn` (`disa_jax.rewards.graded`):
+``(responses [n], metas [n]) -> Graded`` (``[n]`` float32 rewards and ``[n]`` grading errors).
 
 Built in:
 
@@ -10,8 +11,11 @@ Built in:
     `{"humaneval": <HumanEval+ record>}` (function calls on base + plus inputs),
   with optional `timeout_s` (per case / per HumanEval run). Candidates are graded concurrently by a
   thread pool (`code_workers`, default 2): the threads only wait on sandbox subprocesses.
+- `'sum_task'`: the main job's task (`disa_jax.data.sum_task`): meta `{"ground_truth": n}`; 1 iff the
+  token ids are exactly one of the n + 1 canonical answers " a+b" EOS.
 
-Task-specific rewards are added with `register_reward(name, fn)`.
+Task-specific rewards are added with `register_reward(name, fn)`; `fn(responses, metas)` receives
+`Response` objects and returns a `Graded` or an ``[n]`` array of rewards (no grading errors).
 """
 
 from __future__ import annotations
@@ -24,20 +28,20 @@ import numpy as np
 
 from disa_jax.rewards import code as code_lib
 from disa_jax.rewards import math_pool
+from disa_jax.rewards.graded import Graded, Response, RewardFn, warn_on_errors
 
-__all__ = ["RewardFn", "register_reward", "get_reward_fn", "reward_names", "math_reward_fn",
-           "code_reward_fn"]
+__all__ = ["Graded", "Response", "RewardFn", "register_reward", "get_reward_fn", "reward_names",
+           "math_reward_fn", "code_reward_fn"]
 
-RewardFn = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], np.ndarray]
-_REGISTRY: dict[str, RewardFn] = {}
+_REGISTRY: dict[str, Callable[..., Any]] = {}
 
 
-def _check_lengths(responses: Sequence[str], metas: Sequence[Mapping[str, Any]]) -> None:
+def _check_lengths(responses: Sequence[Any], metas: Sequence[Mapping[str, Any]]) -> None:
   if len(responses) != len(metas):
     raise ValueError(f"responses ({len(responses)}) and metas ({len(metas)}) differ in length")
 
 
-def math_reward_fn(responses: Sequence[str], metas: Sequence[Mapping[str, Any]], *,
+def math_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, Any]], *,
                    workers: int = 2) -> np.ndarray:
   """Math reward (see module docstring).
 
@@ -56,7 +60,8 @@ def math_reward_fn(responses: Sequence[str], metas: Sequence[Mapping[str, Any]],
       raise ValueError(f"metas[{i}] has no 'ground_truth' (keys: {sorted(m)})")
     gts.append(m["ground_truth"])
   timeout_s = float(metas[0].get("timeout_s", math_pool.DEFAULT_TIMEOUT_S)) if metas else 1.0
-  return math_pool.math_rewards(list(responses), gts, timeout_s=timeout_s, workers=workers)
+  return math_pool.math_rewards([r.text for r in responses], gts, timeout_s=timeout_s,
+                                workers=workers)
 
 
 def _code_one(response: str, meta: Mapping[str, Any]) -> float:
@@ -77,7 +82,7 @@ def _code_one(response: str, meta: Mapping[str, Any]) -> float:
   raise ValueError(f"code meta needs 'tests' or 'humaneval', got keys {sorted(meta)}")
 
 
-def code_reward_fn(responses: Sequence[str], metas: Sequence[Mapping[str, Any]], *,
+def code_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, Any]], *,
                    workers: int | None = None) -> np.ndarray:
   """Code reward (see module docstring).
 
@@ -94,14 +99,22 @@ def code_reward_fn(responses: Sequence[str], metas: Sequence[Mapping[str, Any]],
     if "tests" not in m and "humaneval" not in m:
       raise ValueError(f"metas[{i}] needs 'tests' or 'humaneval' (keys: {sorted(m)})")
   workers = workers or min(2, os.cpu_count() or 1)
+  texts = [r.text for r in responses]
   if workers == 1 or len(responses) <= 1:
-    return np.asarray([_code_one(r, m) for r, m in zip(responses, metas)], np.float32)
+    return np.asarray([_code_one(r, m) for r, m in zip(texts, metas)], np.float32)
   with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-    return np.asarray(list(ex.map(_code_one, responses, metas)), np.float32)
+    return np.asarray(list(ex.map(_code_one, texts, metas)), np.float32)
 
 
-def register_reward(name: str, fn: RewardFn, *, overwrite: bool = False) -> None:
-  """Registers `fn(responses, metas) -> [n] float32` under `name`.
+def sum_task_reward_fn(responses: Sequence[Response],
+                       metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """The sum task's verifier on token ids (see `disa_jax.data.sum_task.sum_task_rewards`)."""
+  from disa_jax.data import sum_task  # pylint: disable=g-import-not-at-top
+  return sum_task.sum_task_rewards([r.token_ids for r in responses], metas)
+
+
+def register_reward(name: str, fn: Callable[..., Any], *, overwrite: bool = False) -> None:
+  """Registers ``fn(responses: Sequence[Response], metas) -> Graded | [n] rewards`` under `name`.
 
   Raises:
     ValueError: when `name` is taken and `overwrite` is False.
@@ -113,8 +126,20 @@ def register_reward(name: str, fn: RewardFn, *, overwrite: bool = False) -> None
   _REGISTRY[name] = fn
 
 
+def _as_response(r: Any, i: int) -> Response:
+  if isinstance(r, Response):
+    return r
+  if isinstance(r, str):
+    return Response(r)
+  raise ValueError(f"responses[{i}] must be a Response or a str, got {type(r).__name__}: {r!r}")
+
+
 def get_reward_fn(name: str) -> RewardFn:
-  """The reward function registered as `name`, wrapped to return `[n]` float32.
+  """The reward function registered as `name`, as a `RewardFn`.
+
+  The returned function accepts `Response` objects (or plain strings, taken as the text), checks
+  that the grader returned one finite reward per response, and warns loudly when more than
+  `graded.ERROR_WARN_SHARE` of a call could not be graded.
 
   Raises:
     KeyError: for an unknown name (the message lists the known ones).
@@ -123,12 +148,19 @@ def get_reward_fn(name: str) -> RewardFn:
     raise KeyError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
   fn = _REGISTRY[name]
 
-  def wrapped(responses: Sequence[str], metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  def wrapped(responses: Sequence[Any], metas: Sequence[Mapping[str, Any]]) -> Graded:
     _check_lengths(responses, metas)
-    out = np.asarray(fn(responses, metas), dtype=np.float32)
-    if out.shape != (len(responses),):
-      raise ValueError(f"reward {name!r} returned shape {out.shape}, expected ({len(responses)},)")
-    return out
+    out = fn([_as_response(r, i) for i, r in enumerate(responses)], metas)
+    graded = out if isinstance(out, Graded) else Graded.ok(out)
+    if graded.reward.shape != (len(responses),):
+      raise ValueError(f"reward {name!r} returned shape {graded.reward.shape}, expected "
+                       f"({len(responses)},)")
+    bad = np.flatnonzero(~np.isfinite(graded.reward))
+    if bad.size:
+      raise ValueError(f"reward {name!r} returned {bad.size} non-finite reward(s) at response "
+                       f"index(es) {bad[:10].tolist()}: {graded.reward[bad[:10]].tolist()}")
+    warn_on_errors(graded, name)
+    return graded
 
   wrapped.__name__ = f"reward_{name}"
   return wrapped
@@ -140,3 +172,4 @@ def reward_names() -> list[str]:
 
 register_reward("math", math_reward_fn)
 register_reward("code", code_reward_fn)
+register_reward("sum_task", sum_task_reward_fn)

@@ -1,11 +1,17 @@
 """Stage 3: anchored trajectory-balance RL (DISA) and the FlowRL, GRPO and GSPO baselines.
 
-- `losses`: the four objectives as pure jittable functions (eqs. 1-4, 8).
-- `logz_head`: FlowRL's co-trained log Z_phi head (kept apart from the policy).
-- `train_step`: the jitted, sharded, micro-batched AdamW update.
-- `trainer`: the rollout -> reward -> update -> sync -> eval -> checkpoint loop.
-- `config`: typed, validated run configuration; `metrics`: JSONL + TensorBoard logging.
+A step reads rollout -> score -> objective -> update -> sync, one module per part:
 
-Sub-modules are imported on use (``from disa_jax.rl import losses``) so that importing the package
-stays cheap.
+- `collect`: `RolloutCollector`, sampling + grading + packing into a `RolloutBatch`;
+- `scorer`: `BatchScorer`, the reference / old log-probs and the anchor's log Z;
+- `objectives`: one frozen class per method (`Disa`, `FlowRL`, `Grpo`, `Gspo`), with its
+  hyperparameters and declared needs, on the pure loss functions of `losses` (eqs. 1-4, 8);
+- `update`: `PolicyUpdater`, the jitted sharded micro-batched AdamW update of `train_step`, and
+  the weight sync to the engine;
+- `trainer`: the loop, validation, checkpoints and resume.
+
+Also: `batch` (the typed batches), `prompts` (the resumable prompt stream), `replay` (Stage 1
+replay), `logz_head` (FlowRL's head), `config` (what the trainer reads), `metrics` (JSONL +
+TensorBoard). Sub-modules are imported on use (``from disa_jax.rl import objectives``) so that
+importing the package stays cheap.
 """

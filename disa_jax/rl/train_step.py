@@ -1,22 +1,16 @@
 """The jitted Stage 3 update: micro-batched gradient accumulation, AdamW, sharded over a Mesh.
 
 One call of the function built by `make_train_step` performs one optimizer update on one
-mini-batch. The mini-batch arrives already split into micro-batches: every array has a leading
-micro-batch axis ``[K, b, ...]`` (K micro-batches of b sequences), sharded over the mesh's batch
-axes on ``b``. The micro-batches run in a `lax.scan`; micro-batch k's gradient is weighted by its
-number of valid sequences n_k, so that the accumulated gradient equals the gradient of the loss
-averaged over all valid sequences of the mini-batch (every loss in `disa_jax.rl.losses` is a mean
-over valid rows).
+mini-batch. The mini-batch arrives as a `TrainBatch` already split into micro-batches: every array
+has a leading micro-batch axis ``[K, b, ...]`` (K micro-batches of b rows), sharded over the mesh's
+batch axes on ``b``. The micro-batches run in a `lax.scan`; micro-batch k's gradient is weighted
+by the objective's `normalizer` n_k (its number of valid rows), so that the accumulated gradient
+equals the gradient of the objective's loss over the whole mini-batch.
 
-Batch fields (``[K, b, T]`` unless noted):
-  ``input_ids`` int32, ``attention_mask`` (1 real / 0 pad), ``prompt_mask`` (1 on prompt tokens),
-  ``response_mask`` (1 on response tokens), ``old_logp``, ``ref_logp`` float32 token log-probs
-  aligned with the tokens (entry t scores token t), and ``[K, b]`` float32 ``reward`` (transformed
-  r~, TB methods), ``advantage`` (GRPO / GSPO), ``log_z`` (DISA: the anchor's value for the row's
-  prompt; ignored otherwise).
-
-The FlowRL log Z head is a separate module with its own parameters and optimizer state (`TrainState`
-``head_params`` / ``head_opt_state``), never part of the policy's state.
+The FlowRL log Z head (objectives with ``needs_logz_head``) is a separate module with its own
+parameters and optimizer state (`TrainState` ``head_params`` / ``head_opt_state``), never part of
+the policy's state; its input is the masked mean of the policy's final hidden states over the
+prompt tokens of the same forward pass.
 """
 from __future__ import annotations
 
@@ -28,23 +22,16 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from disa_jax.rl import losses
-from disa_jax.rl.config import LossCfg
+from disa_jax.rl.batch import TrainBatch
 from disa_jax.rl.logz_head import masked_mean_embedding
+from disa_jax.rl.objectives import Objective
+from disa_jax.scoring.logprobs import logprobs_from_hidden, token_logprobs
 
-LogprobFn = Callable[[nnx.Module, jax.Array, jax.Array], jax.Array]
 BATCH_AXES = ("data", "fsdp")
-TOKEN_FIELDS = ("input_ids", "attention_mask", "prompt_mask", "response_mask", "old_logp",
-                "ref_logp")
-ROW_FIELDS = ("reward", "advantage", "log_z")
-
-
-# What the update optimises: the run's validated loss section (method, beta, scale, omega, clips, KL).
-LossSettings = LossCfg
 
 
 class TrainState(NamedTuple):
-  """Everything the update changes. ``head_*`` are None unless the method is FlowRL."""
+  """Everything the update changes. ``head_*`` are None unless the objective has a log Z head."""
   step: jax.Array  # int32 scalar: optimizer updates done
   params: nnx.State  # policy nnx.Param state
   opt_state: Any
@@ -63,37 +50,6 @@ def make_optimizer(lr: float, *, weight_decay: float = 0.01, b1: float = 0.9, b2
   return adamw
 
 
-def default_logprob_fn() -> LogprobFn:
-  """`disa_jax.scoring.token_logprobs` (imported lazily)."""
-  from disa_jax import scoring  # pylint: disable=g-import-not-at-top
-  return scoring.token_logprobs
-
-
-def compute_loss(settings: LossSettings, logp: jax.Array, mb: dict[str, jax.Array],
-                 head_log_z: jax.Array | None = None, *, use_ref: bool = True
-                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Dispatches to the method's loss for one micro-batch (arrays ``[b, T]`` / ``[b]``).
-
-  ``use_ref=False`` (GRPO / GSPO without a KL penalty): ``mb['ref_logp']`` is not read, so the
-  reference need not be scored; GRPO then reports no ``kl_ref``.
-  """
-  s = settings
-  mask = mb["response_mask"]
-  if s.method in ("disa", "flowrl"):
-    log_z = mb["log_z"] if s.method == "disa" else head_log_z
-    fn = losses.disa_loss if s.method == "disa" else losses.flowrl_loss
-    return fn(log_z, logp, mb["ref_logp"], mb["reward"], mask, beta=s.beta,
-              length_normalize=s.length_normalize, old_logp=mb["old_logp"],
-              omega_mode=s.omega_mode, omega_max=s.omega_max)
-  if s.method == "grpo":
-    return losses.grpo_loss(logp, mb["old_logp"], mb["advantage"], mask, eps_low=s.eps_low,
-                            eps_high=s.eps_high, dual_clip=s.dual_clip or None,
-                            ref_logp=mb["ref_logp"] if use_ref else None, kl_coef=s.kl_coef,
-                            kl_kind=s.kl_kind)
-  return losses.gspo_loss(logp, mb["old_logp"], mb["advantage"], mask, eps_low=s.eps_low,
-                          eps_high=s.eps_high)
-
-
 def _combine_metrics(stacked: dict[str, jax.Array], weights: jax.Array) -> dict[str, jax.Array]:
   """Micro-batch metrics ``[K]`` -> scalars: max/min for ``*_max``/``*_min``, else weighted mean."""
   out = {}
@@ -108,84 +64,74 @@ def _combine_metrics(stacked: dict[str, jax.Array], weights: jax.Array) -> dict[
   return out
 
 
+def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Array]:
+  """(``[b, T]`` token log-probs, ``[b, T, D]`` final hidden states) of one micro-batch."""
+  hidden = model.hidden_states(mb.input_ids, attention_mask=mb.attention_mask)
+  logp = logprobs_from_hidden(hidden, model.lm_head_kernel(), mb.input_ids, mb.attention_mask)
+  return logp, hidden
+
+
 def make_train_step(graphdef: nnx.GraphDef,
-                    settings: LossSettings,
+                    objective: Objective,
                     optimizer: optax.GradientTransformation,
                     *,
                     head_graphdef: nnx.GraphDef | None = None,
                     head_optimizer: optax.GradientTransformation | None = None,
-                    logprob_fn: LogprobFn | None = None,
-                    prompt_width: int | None = None,
                     mesh: Mesh | None = None,
                     state_shardings: Any = None,
                     donate: bool = True,
-                    on_policy_old_logp: bool = False,
-                    use_ref: bool = True) -> Callable[[TrainState, dict[str, jax.Array]], Any]:
-  """Builds the jitted update ``(state, batch) -> (state, metrics)``.
+                    on_policy_old_logp: bool = False) -> Callable[[TrainState, TrainBatch], Any]:
+  """Builds the jitted update ``(state, batch [K, b, ...]) -> (state, metrics)``.
 
   Args:
     graphdef: the policy's graph (from ``nnx.split(model, nnx.Param, ...)``).
-    settings: the loss to optimise.
+    objective: what to optimise (`disa_jax.rl.objectives`).
     optimizer: the policy's optax transformation (see `make_optimizer`).
-    head_graphdef, head_optimizer: the FlowRL log Z head's graph and optimizer (FlowRL only).
-    logprob_fn: ``(model, input_ids [b, T], attention_mask [b, T]) -> [b, T]`` token log-probs;
-      default `disa_jax.scoring.token_logprobs`.
-    prompt_width: FlowRL only: prompts occupy the first ``prompt_width`` columns; the head's input
-      is computed from a forward over those columns only (default: all T).
+    head_graphdef, head_optimizer: the log Z head's graph and optimizer (objectives with
+      ``needs_logz_head``).
     mesh: when given, the batch is sharded over ('data', 'fsdp') on its second axis and the state
       keeps ``state_shardings``.
     state_shardings: shardings of `TrainState` (e.g. ``jax.tree.map(lambda x: x.sharding, state)``).
     donate: donate the input state buffers.
     on_policy_old_logp: the batch was sampled from the current parameters and this is its only
       update (one mini-batch): pi_old is the policy itself, so ``old_logp`` is taken as the
-      detached log-probs of this forward pass and ``batch['old_logp']`` is ignored (saves the
+      detached log-probs of this forward pass and ``batch.old_logp`` is ignored (saves the
       separate scoring pass; what TRL does with one iteration per batch).
-    use_ref: read ``batch['ref_logp']`` (see `compute_loss`); required for DISA / FlowRL and for
-      a GRPO KL penalty.
 
   Returns:
     The jitted update. Metrics: the loss's metrics combined over micro-batches, plus ``loss``,
-    ``grad_norm`` (before clipping), ``num_sequences`` and, for FlowRL, ``head_grad_norm``.
+    ``grad_norm`` (before clipping), ``num_sequences`` (the summed normalizer) and, with a head,
+    ``head_grad_norm``.
   """
-  flowrl = settings.method == "flowrl"
-  if flowrl and (head_graphdef is None or head_optimizer is None):
-    raise ValueError("method 'flowrl' needs head_graphdef and head_optimizer, got None")
-  logprob_fn = logprob_fn or default_logprob_fn()
-  if not use_ref and (settings.method in ("disa", "flowrl") or settings.kl_coef > 0):
-    raise ValueError(f"use_ref=False but loss.method={settings.method!r} / kl_coef="
-                     f"{settings.kl_coef} needs the reference log-probs")
+  with_head = objective.needs_logz_head
+  if with_head and (head_graphdef is None or head_optimizer is None):
+    raise ValueError(f"objective {objective.name!r} has a log Z head: it needs head_graphdef and "
+                     "head_optimizer, got None")
 
-  def micro_loss(params, head_params, mb):
+  def micro_loss(params, head_params, mb: TrainBatch):
     model = nnx.merge(graphdef, params)
-    logp = logprob_fn(model, mb["input_ids"], mb["attention_mask"])
+    logp, hidden = policy_forward(model, mb)
     if on_policy_old_logp:
-      mb = dict(mb, old_logp=jax.lax.stop_gradient(logp))
+      mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     head_log_z = None
-    if flowrl:
-      w = min(prompt_width or mb["input_ids"].shape[1], mb["input_ids"].shape[1])
-      hidden = model.hidden_states(mb["input_ids"][:, :w],
-                                   attention_mask=mb["attention_mask"][:, :w])  # [b, w, D]
-      emb = masked_mean_embedding(hidden, mb["prompt_mask"][:, :w])  # [b, D]
+    if with_head:
+      emb = masked_mean_embedding(hidden, mb.prompt_mask)  # [b, D]
       head_log_z = nnx.merge(head_graphdef, head_params)(emb)  # [b]
-    return compute_loss(settings, logp, mb, head_log_z, use_ref=use_ref)
+    return objective.loss(logp, mb, head_log_z)
 
   grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1), has_aux=True)
 
-  def step(state: TrainState, batch: dict[str, jax.Array]):
-    for k in TOKEN_FIELDS + ROW_FIELDS:
-      if k not in batch:
-        raise ValueError(f"train batch is missing field {k!r}; has {sorted(batch)}")
+  def step(state: TrainState, batch: TrainBatch):
     zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
     init = (zeros(state.params), zeros(state.head_params), jnp.float32(0.0))
 
     def body(carry, mb):
       g_acc, hg_acc, n_acc = carry
       (loss, metrics), (g, hg) = grad_fn(state.params, state.head_params, mb)
-      n = losses.valid_rows(mb["response_mask"]).sum().astype(jnp.float32)
+      n = objective.normalizer(mb)
       g_acc = jax.tree.map(lambda a, b: a + n * b, g_acc, g)
       hg_acc = jax.tree.map(lambda a, b: a + n * b, hg_acc, hg)
-      metrics = dict(metrics, loss=loss)
-      return (g_acc, hg_acc, n_acc + n), (metrics, n)
+      return (g_acc, hg_acc, n_acc + n), (dict(metrics, loss=loss), n)
 
     (g_sum, hg_sum, n_total), (stacked, counts) = jax.lax.scan(body, init, batch)
     denom = jnp.maximum(n_total, 1.0)
@@ -196,7 +142,7 @@ def make_train_step(graphdef: nnx.GraphDef,
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["num_sequences"] = n_total
     head_params, head_opt_state = state.head_params, state.head_opt_state
-    if flowrl:
+    if with_head:
       head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
       h_updates, head_opt_state = head_optimizer.update(head_grads, head_opt_state, head_params)
       head_params = optax.apply_updates(head_params, h_updates)
@@ -249,30 +195,17 @@ def init_train_state(model: nnx.Module,
   return graphdef, head_graphdef, state, shardings
 
 
-def split_micro_batches(batch: dict[str, Any], micro_batch_size: int) -> dict[str, Any]:
-  """Reshapes every field ``[M, ...]`` -> ``[M // b, b, ...]`` (numpy or jax arrays)."""
-  out = {}
-  for k, v in batch.items():
-    m = v.shape[0]
-    if m % micro_batch_size:
-      raise ValueError(f"mini-batch of {m} rows (field {k!r}) is not divisible by "
-                       f"micro_batch_size={micro_batch_size}")
-    out[k] = v.reshape((m // micro_batch_size, micro_batch_size) + v.shape[1:])  # [M] -> [K, b]
-  return out
-
-
-def make_scoring_fn(graphdef: nnx.GraphDef, logprob_fn: LogprobFn | None = None
+def make_scoring_fn(graphdef: nnx.GraphDef
                     ) -> Callable[[nnx.State, jax.Array, jax.Array], jax.Array]:
   """Jitted ``(params, input_ids [b, T], attention_mask [b, T]) -> [b, T]`` token log-probs.
 
   Used for the reference log-probs (frozen reference params) and for recomputing old log-probs
   with the policy before the updates. No gradient is taken.
   """
-  logprob_fn = logprob_fn or default_logprob_fn()
 
   @jax.jit
   def score(params, input_ids, attention_mask):
-    model = nnx.merge(graphdef, params)
-    return jax.lax.stop_gradient(logprob_fn(model, input_ids, attention_mask))
+    return jax.lax.stop_gradient(
+        token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask))
 
   return score

@@ -35,14 +35,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from disa_jax.rollout import shm
+from disa_jax.rollout.engines import ProcessOptions, check_kind, make_local_engine
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 
-# Control block layout: float64 fields, then the error text.
-_CTL_BYTES = 1 << 16
-_CTL_FIELDS = 8  # state, pid, heartbeat (time.time()), error length
-_CTL_TEXT = 256
-_STARTING, _ATTACHED, _READY, _FAILED, _EXITED = 0.0, 1.0, 2.0, 3.0, 4.0
 _FINISH = ("stop", "length")
+_CTL = shm.ControlBlock
 
 
 class GenerationProcessError(RuntimeError):
@@ -64,17 +61,6 @@ class _WorkerSpec:
   res_name: str
   env: dict
   result_bytes: int
-
-
-def make_local_engine(kind: str, model_path: str, **engine_kwargs):
-  """Builds an engine in this process: 'jax' (`JaxSampler`) or 'vllm' (`VllmEngine`)."""
-  if kind == "jax":
-    from disa_jax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
-    return JaxSampler.from_pretrained(model_path, **engine_kwargs)
-  if kind == "vllm":
-    from disa_jax.rollout.vllm_engine import VllmEngine  # pylint: disable=g-import-not-at-top
-    return VllmEngine(model_path, **engine_kwargs)
-  raise ValueError(f"engine kind must be 'jax' or 'vllm', got {kind!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,17 +116,16 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
   os.environ.update(spec.env)
-  ctl = shm.ShmBlock.attach(spec.ctl_name)
-  fields = np.ndarray((_CTL_FIELDS,), np.float64, buffer=ctl._shm.buf)  # pylint: disable=protected-access
+  ctl = shm.ControlBlock.attach(spec.ctl_name)
   known_names = {spec.ctl_name, spec.req_name, spec.res_name}
   req = shm.ShmRing.attach(spec.req_name)
   res = shm.ShmRing.attach(spec.res_name)
-  fields[1], fields[2] = os.getpid(), time.time()
-  fields[0] = _ATTACHED
+  ctl.pid, ctl.heartbeat = os.getpid(), time.time()
+  ctl.state = _CTL.ATTACHED
 
   def watchdog():
     while True:
-      fields[2] = time.time()
+      ctl.heartbeat = time.time()
       if os.getppid() != spec.parent_pid or not shm._pid_alive(spec.parent_pid):  # pylint: disable=protected-access
         for name in list(known_names):
           shm.unlink_segment(name)
@@ -152,12 +137,9 @@ def _worker_main(spec: _WorkerSpec) -> None:
   try:
     engine = make_local_engine(spec.kind, spec.model_path, **spec.engine_kwargs)
   except BaseException:  # pylint: disable=broad-except
-    text = traceback.format_exc().encode()[:_CTL_BYTES - _CTL_TEXT]
-    ctl._shm.buf[_CTL_TEXT:_CTL_TEXT + len(text)] = text  # pylint: disable=protected-access
-    fields[3] = len(text)
-    fields[0] = _FAILED
+    ctl.fail(traceback.format_exc())
     os._exit(1)
-  fields[0] = _READY
+  ctl.state = _CTL.READY
 
   weights: shm.ShmBlock | None = None
   while True:
@@ -197,7 +179,7 @@ def _worker_main(spec: _WorkerSpec) -> None:
     except BaseException:  # pylint: disable=broad-except
       res.put({"id": rid, "ok": False, "last": True, "error": traceback.format_exc()})
   engine.close()
-  fields[0] = _EXITED
+  ctl.state = _CTL.EXITED
   if weights is not None:
     weights.close(unlink=True)
   req.close(unlink=True)
@@ -213,30 +195,18 @@ class RemoteEngine:
   """An `Engine` proxy that runs the real engine in a spawned generation process.
 
   Args:
-    kind: 'jax' or 'vllm'.
+    kind: one of `disa_jax.rollout.engines.ENGINES`.
     model_path: local HF checkpoint directory.
-    timeout_s: deadline of each `generate` / `update_weights` call (seconds).
-    startup_timeout_s: deadline for the worker to build its engine.
-    heartbeat_timeout_s: the worker is declared hung when its heartbeat is older than this.
-    request_bytes: slot size of the request ring (prompt tokens of one call must fit).
-    result_bytes: slot size of the result ring (results are sent in as many chunks as needed).
-    env: environment variables set in the worker before anything is imported there.
-    **engine_kwargs: passed to the engine's constructor inside the worker.
+    options: the engine's constructor options (passed to it inside the worker).
+    process: how the generation process is run and watched (`ProcessOptions`).
   """
 
-  def __init__(self, kind: str, model_path: str, *, timeout_s: float = 3600.0,
-               startup_timeout_s: float = 900.0, heartbeat_timeout_s: float = 60.0,
-               request_bytes: int = 16 << 20, result_bytes: int = 32 << 20,
-               env: Mapping[str, str] | None = None, **engine_kwargs: Any):
-    if kind not in ("jax", "vllm"):
-      raise ValueError(f"engine kind must be 'jax' or 'vllm', got {kind!r}")
-    for field, value in (("timeout_s", timeout_s), ("startup_timeout_s", startup_timeout_s),
-                         ("heartbeat_timeout_s", heartbeat_timeout_s)):
-      if not value > 0:
-        raise ValueError(f"RemoteEngine.{field} must be > 0, got {value!r}")
+  def __init__(self, kind: str, model_path: str, *, options: Mapping[str, Any] | None = None,
+               process: ProcessOptions = ProcessOptions()):
+    check_kind(kind, "RemoteEngine kind")
     self.kind = kind
-    self.timeout_s = timeout_s
-    self.heartbeat_timeout_s = heartbeat_timeout_s
+    self.timeout_s = process.timeout_s
+    self.heartbeat_timeout_s = process.heartbeat_timeout_s
     self._lock = threading.Lock()
     self._closed = False
     self._next_id = 0
@@ -249,20 +219,18 @@ class RemoteEngine:
     shm.cleanup_stale_segments()
 
     self._token = secrets.token_hex(4)
-    self._ctl = shm.ShmBlock.create(shm.segment_name("ctl", self._token), _CTL_BYTES)
+    self._ctl = shm.ControlBlock.create(shm.segment_name("ctl", self._token))
     self._names.add(self._ctl.name)
-    self._fields = np.ndarray((_CTL_FIELDS,), np.float64, buffer=self._ctl._shm.buf)  # pylint: disable=protected-access
-    self._fields[:] = 0.0
-    self._req = shm.ShmRing.create(shm.segment_name("req", self._token), 2, request_bytes)
+    self._req = shm.ShmRing.create(shm.segment_name("req", self._token), 2, process.request_bytes)
     self._names.add(self._req.name)
-    self._res = shm.ShmRing.create(shm.segment_name("res", self._token), 4, result_bytes)
+    self._res = shm.ShmRing.create(shm.segment_name("res", self._token), 4, process.result_bytes)
     self._names.add(self._res.name)
 
     worker_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
                   "TOKENIZERS_PARALLELISM": "false"}
     worker_env = {k: os.environ.get(k, v) for k, v in worker_env.items()}
-    worker_env.update(env or {})
-    spec = _WorkerSpec(kind=kind, model_path=str(model_path), engine_kwargs=dict(engine_kwargs),
+    worker_env.update(process.env)
+    spec = _WorkerSpec(kind=kind, model_path=str(model_path), engine_kwargs=dict(options or {}),
                        parent_pid=os.getpid(), ctl_name=self._ctl.name, req_name=self._req.name,
                        res_name=self._res.name, env=worker_env, result_bytes=self._res.slot_bytes)
     ctx = mp.get_context("spawn")
@@ -280,7 +248,7 @@ class RemoteEngine:
     threading.Thread(target=RemoteEngine._watch_worker, args=(self._proc, self._names),
                      name="disa-rollout-parent-watchdog", daemon=True).start()
     try:
-      self._wait_startup(startup_timeout_s)
+      self._wait_startup(process.startup_timeout_s)
     except BaseException:
       self._abort()
       raise
@@ -319,15 +287,14 @@ class RemoteEngine:
   def _wait_startup(self, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-      state = self._fields[0]
-      if state >= _ATTACHED:
+      state = self._ctl.state
+      if state >= _CTL.ATTACHED:
         self._unlink_shared_names()  # both sides have them mapped now
-      if state == _READY:
+      if state == _CTL.READY:
         return
-      if state == _FAILED:
-        n = int(self._fields[3])
-        text = bytes(self._ctl._shm.buf[_CTL_TEXT:_CTL_TEXT + n]).decode(errors="replace")  # pylint: disable=protected-access
-        raise GenerationProcessError(f"{self.kind} generation process failed to start:\n{text}")
+      if state == _CTL.FAILED:
+        raise GenerationProcessError(f"{self.kind} generation process failed to start:\n"
+                                     f"{self._ctl.error()}")
       if not self._proc.is_alive():
         raise GenerationProcessError(f"{self.kind} generation process (pid {self._proc.pid}) exited "
                                      f"with code {self._proc.exitcode} during startup")
@@ -339,7 +306,7 @@ class RemoteEngine:
     if not self._proc.is_alive():
       raise GenerationProcessError(f"{self.kind} generation process (pid {self._proc.pid}) died "
                                    f"with exit code {self._proc.exitcode}")
-    age = time.time() - self._fields[2]
+    age = time.time() - self._ctl.heartbeat
     if age > self.heartbeat_timeout_s:
       raise GenerationProcessHung(f"{self.kind} generation process (pid {self._proc.pid}) is hung: no "
                          f"heartbeat for {age:.1f} s (heartbeat_timeout_s="
@@ -355,7 +322,6 @@ class RemoteEngine:
     if self._weights is not None:
       self._weights.close(unlink=True)
       self._weights = None
-    self._fields = None
     for seg in (self._req, self._res, self._ctl):
       seg.close(unlink=True)
     self._finalizer.detach()

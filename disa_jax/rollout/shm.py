@@ -387,3 +387,63 @@ class ShmBlock:
     if unlink if unlink is not None else self._owner:
       unlink_segment(self.name)
     close_segment(self._shm)
+
+
+class ControlBlock:
+  """The generation process's control block: state, pid, heartbeat and a startup error text.
+
+  A small shared segment: four float64 fields at the start (``state``, ``pid``, ``heartbeat`` as
+  `time.time()`, ``error_len``), the UTF-8 error text from byte ``TEXT_OFFSET`` on. The trainer
+  creates it; the worker attaches, reports its pid, beats, and moves ``state`` through the
+  ``STARTING -> ATTACHED -> READY | FAILED -> EXITED`` states below.
+  """
+
+  STARTING, ATTACHED, READY, FAILED, EXITED = 0.0, 1.0, 2.0, 3.0, 4.0
+  SIZE = 1 << 16
+  TEXT_OFFSET = 256
+  _FIELDS = ("state", "pid", "heartbeat", "error_len")
+
+  def __init__(self, shm: shared_memory.SharedMemory, owner: bool):
+    self._shm = shm
+    self.name = shm.name
+    self._owner = owner
+    self._fields = np.ndarray((len(self._FIELDS),), np.float64, buffer=shm.buf)
+
+  @classmethod
+  def create(cls, name: str) -> "ControlBlock":
+    block = cls(open_segment(name, cls.SIZE, create=True), owner=True)
+    block._fields[:] = 0.0
+    return block
+
+  @classmethod
+  def attach(cls, name: str) -> "ControlBlock":
+    return cls(open_segment(name), owner=False)
+
+  def _get(self, field: str) -> float:
+    return float(self._fields[self._FIELDS.index(field)])
+
+  def _set(self, field: str, value: float) -> None:
+    self._fields[self._FIELDS.index(field)] = value
+
+  state = property(lambda self: self._get("state"), lambda self, v: self._set("state", v))
+  pid = property(lambda self: int(self._get("pid")), lambda self, v: self._set("pid", v))
+  heartbeat = property(lambda self: self._get("heartbeat"),
+                       lambda self, v: self._set("heartbeat", v))
+
+  def fail(self, text: str) -> None:
+    """Stores ``text`` (truncated to fit) and sets the state to FAILED."""
+    data = text.encode()[:self.SIZE - self.TEXT_OFFSET]
+    self._shm.buf[self.TEXT_OFFSET:self.TEXT_OFFSET + len(data)] = data
+    self._set("error_len", len(data))
+    self.state = self.FAILED
+
+  def error(self) -> str:
+    """The text stored by `fail` ('' if none)."""
+    n = int(self._get("error_len"))
+    return bytes(self._shm.buf[self.TEXT_OFFSET:self.TEXT_OFFSET + n]).decode(errors="replace")
+
+  def close(self, unlink: bool | None = None) -> None:
+    self._fields = None  # drop the view before closing the mapping
+    if unlink if unlink is not None else self._owner:
+      unlink_segment(self.name)
+    close_segment(self._shm)

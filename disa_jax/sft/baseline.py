@@ -91,6 +91,11 @@ class LoRASFTConfig:
     if self.compute_dtype not in ("auto", "bfloat16", "float32"):
       raise ValueError(f"LoRASFTConfig.compute_dtype must be auto|bfloat16|float32, got "
                        f"{self.compute_dtype!r}")
+    if not self.learning_rate > 0:
+      raise ValueError(f"LoRASFTConfig.learning_rate must be > 0, got {self.learning_rate!r}")
+    if self.weight_decay < 0 or self.warmup_steps < 0:
+      raise ValueError(f"LoRASFTConfig.weight_decay and warmup_steps must be >= 0, got "
+                       f"{self.weight_decay!r}, {self.warmup_steps!r}")
     if self.checkpoint_every < 0:
       raise ValueError(f"LoRASFTConfig.checkpoint_every must be >= 0, got {self.checkpoint_every!r}")
 
@@ -107,17 +112,6 @@ class LoRASFTConfig:
     if self.compute_dtype == "auto":
       return jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32
     return jnp.dtype(self.compute_dtype)
-
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> "LoRASFTConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"LoRASFTConfig: unknown field(s) {unknown}; known: {sorted(known)}")
-    d = dict(d)
-    if "targets" in d:
-      d["targets"] = tuple(d["targets"])
-    return cls(**d)
 
   def to_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)

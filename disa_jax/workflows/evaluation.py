@@ -4,10 +4,12 @@
 policy checkpoint is first exported to ``<output_dir>/policy_step<k>`` by `workflows.export`) with
 a rollout engine (vLLM by default), samples k responses per problem with the paper's protocol
 (temperature 0.6, top-p 0.95, the configured response length; k = 8 for math, Mean@8; k = 16 for
-code, pass@1 and pass@16), grades them (math-verify / execution) through
+code, pass@1 and pass@16), grades them (math-verify / execution / a registered task reward) through
 `disa_jax.eval.runner.evaluate_benchmark`, and optionally scores diversity (the local metric:
-distinct final answers and mean pairwise distance; the App. C.5 LLM judge on an OpenAI-compatible
-endpoint). Output directory:
+distinct final answers and mean pairwise distance; the App. D.5 LLM judge on an OpenAI-compatible
+endpoint). For a task whose correct set can be enumerated (`disa_jax.eval.exact`), ``exact_target``
+adds the exact measures against the reward-tilted target: P(correct), the entropy over correct
+answers, and KL(pi || pi~) with its decomposition. Output directory:
 
     <name>.json, <name>.md        metrics (and per-problem correctness, diversity) of one benchmark
     <name>_responses.jsonl        every response with its correctness (reused by a rerun)
@@ -26,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from disa_jax.workflows import typed_config
-from disa_jax.workflows.stage1 import EngineConfig
+from disa_jax import config as config_lib
+from disa_jax.data.prompting import check_rendering
+from disa_jax.eval.exact import ExactTargetConfig
+from disa_jax.rollout.engines import EngineConfig
 
-MATH_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-CODE_BENCHMARKS = ("livecodebench", "codeforces", "humanevalplus")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +53,11 @@ class EvalConfig:
   max_tokens: int = 32768
   seed: int = 0
   stop_token_ids: tuple[int, ...] = ()
-  use_chat_template: bool = True
+  rendering: str = "chat_template"
+  max_prompt_len: int = 4096
   reward_plugins: tuple[str, ...] = ()
   engine: EngineConfig = EngineConfig()
+  exact_target: ExactTargetConfig = ExactTargetConfig()
   local_diversity: bool = False
   judge_url: str = ""
   judge_model: str = "gpt-4o-mini"
@@ -68,10 +72,8 @@ class EvalConfig:
     if bool(self.model_path) == bool(self.run_dir):
       raise ValueError(f"set exactly one of model_path (an HF directory) and run_dir (a Stage 3 "
                        f"workdir); got model_path={self.model_path!r}, run_dir={self.run_dir!r}")
-    known = MATH_BENCHMARKS + CODE_BENCHMARKS
+    check_rendering(self.rendering)
     for name, path in self.benchmarks.items():
-      if name not in known:
-        raise ValueError(f"benchmarks.{name}: unknown benchmark; known: {known}")
       if not isinstance(path, str):
         raise ValueError(f"benchmarks.{name} must be a path string ('' skips it), got {path!r}")
     if not any(self.benchmarks.values()):
@@ -83,7 +85,7 @@ class EvalConfig:
   @classmethod
   def from_config(cls, config: Any) -> "EvalConfig":
     """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return typed_config.from_mapping(cls, config)
+    return config_lib.from_mapping(cls, config)
 
   @property
   def method(self) -> str:
@@ -99,10 +101,7 @@ def resolve_model(cfg: EvalConfig) -> str:
   step = export.latest_step(cfg.run_dir) if cfg.run_step < 0 else cfg.run_step
   out = Path(cfg.output_dir) / f"policy_step{step}"
   if not (out / "export_info.json").exists():
-    if out.exists():
-      import shutil  # pylint: disable=g-import-not-at-top
-      shutil.rmtree(out)  # an export interrupted before its last file
-    export.export_policy(cfg.run_dir, out, step=step)
+    export.export_policy(cfg.run_dir, out, step=step, overwrite_partial=True)
   return str(out)
 
 
@@ -126,12 +125,74 @@ def _diversity(cfg: EvalConfig, name: str, records, responses) -> dict[str, Any]
   return out
 
 
-def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
-  """Evaluates (or resumes evaluating) the suite; returns the summary written to summary.json."""
+class _Scorers:
+  """The policy / reference scorers of the exact evaluation, built on first use."""
+
+  def __init__(self, cfg: EvalConfig, model_path: str, pad_id: int):
+    self.cfg, self.model_path, self.pad_id = cfg, model_path, pad_id
+    self._pair = None
+
+  def get(self):
+    if self._pair is None:
+      from disa_jax import models  # pylint: disable=g-import-not-at-top
+      from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
+      make = lambda path: SequenceScorer(models.from_pretrained(path), pad_id=self.pad_id,
+                                         batch_size=64, pad_to=16)
+      self._pair = (make(self.model_path), make(self.cfg.exact_target.reference_path))
+    return self._pair
+
+
+def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scorers: _Scorers,
+                  out_dir: Path) -> dict[str, Any]:
+  """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
+  from disa_jax import rewards  # pylint: disable=g-import-not-at-top
+  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+  from disa_jax.eval import exact, metrics, runner  # pylint: disable=g-import-not-at-top
+  records = loaders.load_prompts(path, name if name in loaders.BENCHMARK_FORMATS else "auto",
+                                 limit=cfg.limit or None)
+  if not records:
+    raise ValueError(f"benchmarks.{name}={path!r}: the file holds no prompts")
+  code = records[0].ability == "code"
+  k = cfg.code_k if code else cfg.math_k
+  params = runner.eval_sampling_params(k, cfg.max_tokens, None, seed=cfg.seed,
+                                       temperature=cfg.temperature, top_p=cfg.top_p)
+  params = dataclasses.replace(params, stop_token_ids=cfg.stop_token_ids or (
+      int(tokenizer.eos_token_id),))
+  res = runner.evaluate_benchmark(engine, tokenizer, records, params, name=name,
+                                  rendering=cfg.rendering, max_prompt_len=cfg.max_prompt_len,
+                                  pass_ks=(1, k) if code else None)
+  with open(out_dir / f"{name}_responses.jsonl", "w", encoding="utf-8") as f:
+    for pid, resp, corr in zip(res.prompt_ids, res.responses, res.correct):
+      f.write(json.dumps({"prompt_id": pid, "responses": resp,
+                          "correct": corr.astype(int).tolist()}) + "\n")
+  out = res.to_json()
+  out.update(k=k, n_problems=len(records), path=path, method=cfg.method,
+             sampling=params.to_dict(), diversity=_diversity(cfg, name, records, res.responses))
+  if cfg.exact_target.enabled:
+    pol, ref = scorers.get()
+    out["exact"] = exact.exact_target_metrics(
+        engine, pol, ref, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
+        records[0].ability, cfg.exact_target, rewards.get_reward_fn(records[0].ability))
+  (out_dir / f"{name}.md").write_text(
+      f"# {name} ({len(records)} problems, k = {k})\n\n"
+      + metrics.markdown_table({cfg.method: res.metrics}, average=False))
+  tmp = out_dir / f"{name}.json.tmp"
+  tmp.write_text(json.dumps(out, indent=1))
+  os.replace(tmp, out_dir / f"{name}.json")  # written last: marks the benchmark done
+  return out
+
+
+def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
+  """Evaluates (or resumes evaluating) the suite; returns the summary written to summary.json.
+
+  Args:
+    cfg: the evaluation config.
+    engine: an engine to reuse (e.g. across the checkpoints of a study): the model's weights are
+      loaded into it and it is left open. Default: ``cfg.engine`` builds one, closed at the end.
+  """
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
-  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.eval import metrics, runner  # pylint: disable=g-import-not-at-top
+  from disa_jax import models  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
 
   out_dir = Path(cfg.output_dir)
@@ -139,10 +200,11 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
   import_reward_plugins(cfg.reward_plugins)
   model_path = resolve_model(cfg)
   tokenizer = AutoTokenizer.from_pretrained(model_path)
-  stop = cfg.stop_token_ids or (int(tokenizer.eos_token_id),)
+  scorers = _Scorers(cfg, model_path, int(tokenizer.pad_token_id if tokenizer.pad_token_id
+                                          is not None else tokenizer.eos_token_id))
   todo = {n: p for n, p in cfg.benchmarks.items() if p and not (out_dir / f"{n}.json").exists()}
   results: dict[str, dict[str, Any]] = {}
-  engine = None
+  own = engine is None
   try:
     for name, path in cfg.benchmarks.items():
       if not path:
@@ -152,35 +214,22 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
         continue
       if engine is None:
         engine = cfg.engine.make(model_path)
-      records = loaders.load_prompts(path, name, limit=cfg.limit or None)
-      k = cfg.code_k if name in CODE_BENCHMARKS else cfg.math_k
-      params = runner.eval_sampling_params(k, cfg.max_tokens, None, seed=cfg.seed,
-                                           temperature=cfg.temperature, top_p=cfg.top_p)
-      params = dataclasses.replace(params, stop_token_ids=stop)
-      res = runner.evaluate_benchmark(engine, tokenizer, records, params, name=name,
-                                      use_chat_template=cfg.use_chat_template,
-                                      pass_ks=(1, k) if name in CODE_BENCHMARKS else None)
-      with open(out_dir / f"{name}_responses.jsonl", "w", encoding="utf-8") as f:
-        for pid, resp, corr in zip(res.prompt_ids, res.responses, res.correct):
-          f.write(json.dumps({"prompt_id": pid, "responses": resp,
-                              "correct": corr.astype(int).tolist()}) + "\n")
-      out = res.to_json()
-      out.update(k=k, n_problems=len(records), path=path, method=cfg.method,
-                 sampling=params.to_dict(), diversity=_diversity(cfg, name, records, res.responses))
-      (out_dir / f"{name}.md").write_text(
-          f"# {name} ({len(records)} problems, k = {k})\n\n"
-          + metrics.markdown_table({cfg.method: res.metrics}, average=False))
-      tmp = out_dir / f"{name}.json.tmp"
-      tmp.write_text(json.dumps(out, indent=1))
-      os.replace(tmp, out_dir / f"{name}.json")  # written last: marks the benchmark done
-      results[name] = out
+      elif not own and name == next(iter(todo)):
+        engine.update_weights(models.to_hf_state_dict(models.from_pretrained(model_path)))
+      results[name] = _evaluate_one(cfg, name, path, engine, tokenizer, scorers, out_dir)
   finally:
-    if engine is not None:
+    if own and engine is not None:
       engine.close()
+  return _write_summary(cfg, model_path, results, sorted(todo), out_dir)
 
+
+def _write_summary(cfg: EvalConfig, model_path: str, results: dict[str, dict[str, Any]],
+                   evaluated_now: list[str], out_dir: Path) -> dict[str, Any]:
+  """The suite tables (summary.md / summary.json)."""
+  from disa_jax.eval import metrics  # pylint: disable=g-import-not-at-top
   tables: dict[str, dict[str, float]] = {}
   for name, out in results.items():
-    if out["ability"] == "math":
+    if out["ability"] != "code":
       tables.setdefault(f"mean@{out['k']}", {})[name] = out["metrics"][f"mean@{out['k']}"]
     else:
       tables.setdefault("pass@1", {})[name] = out["metrics"]["pass@1"]
@@ -191,11 +240,15 @@ def run_evaluation(cfg: EvalConfig) -> dict[str, Any]:
   div = {n: o["diversity"] for n, o in results.items() if o.get("diversity")}
   if div:
     md.append("## diversity\n\n```\n" + json.dumps(div, indent=1) + "\n```\n")
+  exact = {n: {k: v for k, v in o["exact"].items() if k != "per_prompt"}
+           for n, o in results.items() if o.get("exact")}
+  if exact:
+    md.append("## exact target\n\n```\n" + json.dumps(exact, indent=1) + "\n```\n")
   (out_dir / "summary.md").write_text("\n".join(md))
   summary = {"method": cfg.method, "model_path": model_path,
              "tables": {m: metrics.results_json({cfg.method: v})[cfg.method]
                         for m, v in tables.items()},
              "benchmarks": {n: o["metrics"] for n, o in results.items()}, "diversity": div,
-             "evaluated_now": sorted(todo)}
+             "exact": exact, "evaluated_now": evaluated_now}
   (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
   return summary

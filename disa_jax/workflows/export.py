@@ -28,7 +28,7 @@ def latest_step(run_dir: str | Path) -> int:
 
 
 def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
-                  dtype: str | None = None) -> str:
+                  dtype: str | None = None, overwrite_partial: bool = False) -> str:
   """Writes the policy of checkpoint ``step`` (default: the latest) of ``run_dir`` to ``out_dir``.
 
   Args:
@@ -37,6 +37,8 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
     step: checkpoint step; None = the latest.
     dtype: storage dtype of the exported weights ('bfloat16', 'float32'); None = the trained
       parameters' dtype (the run's ``model.param_dtype``).
+    overwrite_partial: remove an ``out_dir`` left by an interrupted export (one without
+      ``export_info.json``, the file written last) instead of refusing it.
 
   Returns:
     ``out_dir`` as a string.
@@ -48,6 +50,8 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
   from disa_jax import models  # pylint: disable=g-import-not-at-top
 
   run_dir, out_dir = Path(run_dir), Path(out_dir)
+  if overwrite_partial and out_dir.exists() and not (out_dir / "export_info.json").exists():
+    shutil.rmtree(out_dir)
   if (out_dir / "config.json").exists():
     raise FileExistsError(f"{out_dir} already holds a checkpoint; choose a new directory")
   cfg_file = run_dir / "config.json"

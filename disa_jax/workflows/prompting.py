@@ -1,4 +1,6 @@
-"""Prompts as each model sees them, tokenizer compatibility, and the proposal-side engine adapter.
+"""Stage 1's two-model prompting: tokenizer compatibility and the proposal-side engine adapter.
+
+Prompts are tokenised by `disa_jax.data.prompting.encode_prompt` (every stage's one encoder).
 
 Stage 1 scores proposal samples under pi_ref, so the response token ids must mean the same thing to
 both models (`check_same_vocabulary`), while each model may see the prompt in its own chat format:
@@ -17,40 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.data import templates
-from disa_jax.data.records import PromptRecord
 from disa_jax.rollout.types import Completion, SamplingParams
-
-
-def render_prompt(tokenizer: Any, record: PromptRecord, use_chat_template: bool) -> str:
-  """The prompt text of ``record`` for ``tokenizer`` (chat template applied, or the user text)."""
-  if use_chat_template:
-    return templates.render_chat(tokenizer, record.prompt)
-  return record.prompt_text()
-
-
-def encode_prompts(tokenizer: Any, texts: Sequence[str], *, max_len: int,
-                   where: str) -> list[tuple[int, ...]]:
-  """Tokenises rendered prompts exactly as Stage 3 does (no added special tokens).
-
-  Args:
-    tokenizer: a transformers tokenizer.
-    texts: P rendered prompts.
-    max_len: the longest prompt allowed (tokens); a longer one is refused, naming it.
-    where: names the prompt set in errors.
-
-  Returns:
-    P token-id tuples.
-  """
-  out = []
-  for i, t in enumerate(texts):
-    ids = tuple(int(x) for x in tokenizer(t, add_special_tokens=False)["input_ids"])
-    if not ids:
-      raise ValueError(f"{where}[{i}]: the prompt tokenises to nothing")
-    if len(ids) > max_len:
-      raise ValueError(f"{where}[{i}]: prompt has {len(ids)} tokens > max_prompt_len={max_len}")
-    out.append(ids)
-  return out
 
 
 def check_same_vocabulary(reference_tok: Any, proposal_tok: Any) -> None:

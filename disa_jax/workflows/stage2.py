@@ -1,16 +1,19 @@
 """The Stage 2 command on real checkpoints: reference embeddings -> anchor fit -> frozen anchor.
 
-`run_stage2(Stage2Config)` loads the Stage 1 dataset, embeds every prompt with the reference model
-(the masked mean of its final hidden state over the prompt tokens, as the Stage 3 trainer does;
-the prompt is the Stage 1 record's text, which is the reference rendering, tokenised without added
-special tokens exactly as `launch/train.py` tokenises training prompts), fits g_psi to the labels by
-least squares (eq. 7; Table 6 defaults), and writes:
+`run_stage2(Stage2Config)` loads the Stage 1 dataset, re-encodes its prompts exactly as Stage 1 did
+(the prompt file, limit and rendering recorded in Stage 1's ``stage1_config.json``, through
+`disa_jax.data.prompting.encode_prompt`, the encoder Stage 3 uses too; the rendered text must equal
+what Stage 1 stored), embeds them with the reference model (the masked mean of its final hidden
+state over the prompt tokens, as the Stage 3 scorer does), computes the regression targets with
+`disa_jax.anchor.labels` (plain log Z_IS of eq. 6, or the Jensen / jackknife variants; uniform or
+inverse-variance weights; optionally from the first N samples of each prompt), fits g_psi by least
+squares (eq. 7; Table 6 defaults), and writes:
 
     <output_dir>/embeddings.npy, embeddings_ids.json   the embedding cache (reused by a rerun)
     <output_dir>/validation_curve.png                  train / held-out MSE and R^2 per epoch
     <output_dir>/stage2_summary.json                   fit summary, history, label statistics
-    <anchor_path>/                                     the frozen `Anchor` (orbax + metadata) that
-                                                       Stage 3 configs point at (data.anchor_path)
+    <anchor_path>/                                     the frozen `Anchor` (orbax + metadata, with
+                                                       the reference and rendering it was fitted on)
 
 A rerun finds the anchor and the summary and returns the stored summary without refitting.
 Prompts whose label is not finite (no valid Stage 1 sample) are dropped only when
@@ -20,17 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from disa_jax import config as config_lib
 from disa_jax.anchor.fit import AnchorFitConfig
-from disa_jax.workflows import typed_config
+from disa_jax.anchor.labels import LABEL_KINDS, check_variant
 from disa_jax.workflows.stage1 import ScorerConfig
-
-LABEL_KINDS = ("log_z_is", "jensen_corrected")
-WEIGHTINGS = ("none", "inverse_variance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +44,9 @@ class Stage2Config:
   anchor_path: str
   output_dir: str
   stage1_format: str = "auto"
-  label_kind: str = "log_z_is"
-  weighting: str = "none"
+  samples: int = 0
+  labels: str = "plain"
+  weighting: str = "uniform"
   drop_nonfinite: bool = False
   fit: AnchorFitConfig = AnchorFitConfig()
   embedding: ScorerConfig = ScorerConfig()
@@ -52,15 +55,14 @@ class Stage2Config:
     for name in ("stage1_path", "reference_path", "anchor_path", "output_dir"):
       if not getattr(self, name):
         raise ValueError(f"{name} is required (a local path), got ''")
-    if self.label_kind not in LABEL_KINDS:
-      raise ValueError(f"label_kind must be one of {LABEL_KINDS}, got {self.label_kind!r}")
-    if self.weighting not in WEIGHTINGS:
-      raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+    check_variant(self.labels, self.weighting, 1e-3)
+    if self.samples < 0:
+      raise ValueError(f"samples must be >= 0 (0 = all of Stage 1's), got {self.samples!r}")
 
   @classmethod
   def from_config(cls, config: Any) -> "Stage2Config":
     """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return typed_config.from_mapping(cls, config)
+    return config_lib.from_mapping(cls, config)
 
 
 def plot_validation_curve(history: dict[str, list[float]], best_epoch: int, path: Path) -> None:
@@ -87,37 +89,39 @@ def plot_validation_curve(history: dict[str, list[float]], best_epoch: int, path
   plt.close(fig)
 
 
-def _embeddings(cfg: Stage2Config, prompt_ids: list[str], prompts: list[str], out_dir: Path):
-  """``[P, D]`` reference embeddings of the Stage 1 prompts, cached in ``out_dir``."""
+def _embeddings(cfg: Stage2Config, data, out_dir: Path):
+  """``[P, D]`` reference embeddings of the Stage 1 prompts (cached in ``out_dir``), and the spec."""
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
   from disa_jax.anchor.embeddings import embed_prompts  # pylint: disable=g-import-not-at-top
   from disa_jax.anchor.frozen import EmbeddingSpec  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage1 import load_reference  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows.stage1 import encode_stage1_prompts  # pylint: disable=g-import-not-at-top
+  token_ids, rendering = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
   cache, ids_file = out_dir / "embeddings.npy", out_dir / "embeddings_ids.json"
   key = {"reference_path": cfg.reference_path, "dtype": cfg.embedding.dtype,
-         "prompt_ids": prompt_ids}
+         "rendering": rendering, "prompt_ids": data.prompt_ids}
   if cache.exists() and ids_file.exists() and json.loads(ids_file.read_text()) == key:
     emb = np.load(cache)
   else:
     tok = AutoTokenizer.from_pretrained(cfg.reference_path)
-    token_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     model = load_reference(cfg.reference_path, cfg.embedding)
     emb, _ = embed_prompts(model, token_ids, pad_id=int(tok.pad_token_id),
                            batch_size=cfg.embedding.batch_size, pad_to=cfg.embedding.pad_to)
     np.save(cache, emb)
     ids_file.write_text(json.dumps(key))
   spec = EmbeddingSpec(source="model_mean_pool", dim=int(emb.shape[1]),
-                       model_path=cfg.reference_path, prompt_format="stage1_prompt_text")
+                       model_path=cfg.reference_path, prompt_format=rendering)
   return emb, spec
 
 
 def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
   """Runs (or finds finished) Stage 2; returns the summary (also in ``stage2_summary.json``)."""
+  from disa_jax import estimators  # pylint: disable=g-import-not-at-top
   from disa_jax.anchor import Anchor, fit_anchor  # pylint: disable=g-import-not-at-top
   from disa_jax.anchor import diagnostics  # pylint: disable=g-import-not-at-top
   from disa_jax.anchor.frozen import META_FILE  # pylint: disable=g-import-not-at-top
-  from disa_jax import estimators  # pylint: disable=g-import-not-at-top
+  from disa_jax.anchor.labels import anchor_targets  # pylint: disable=g-import-not-at-top
 
   out_dir = Path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,10 +137,7 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
     return summary
 
   data = estimators.load_stage1(cfg.stage1_path, cfg.stage1_format)
-  labels = np.asarray(data.labels, np.float64)  # [P]
-  if cfg.label_kind == "jensen_corrected":
-    labels = np.asarray(estimators.jensen_corrected_log_z(labels, data.stats["cv2"],
-                                                          data.stats["n_valid"]), np.float64)
+  labels, weights = anchor_targets(data, cfg.labels, cfg.weighting, samples=cfg.samples)  # [P]
   keep = np.isfinite(labels)
   dropped = [data.prompt_ids[i] for i in np.flatnonzero(~keep)]
   if dropped and not cfg.drop_nonfinite:
@@ -144,15 +145,12 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
                      f"sample, or all weights zero): {dropped[:10]}; rerun Stage 1 for them or "
                      f"set drop_nonfinite=True")
   idx = np.flatnonzero(keep)
-  emb_all, spec = _embeddings(cfg, data.prompt_ids, data.prompts, out_dir)
+  emb_all, spec = _embeddings(cfg, data, out_dir)
   emb, y = emb_all[idx], labels[idx]  # [P_kept, D], [P_kept]
-  weights = None
-  if cfg.weighting == "inverse_variance":
-    weights = diagnostics.inverse_variance_weights(data.stats["cv2"][idx],
-                                                   data.stats["n_valid"][idx])
   res = fit_anchor(emb, y, embedding=spec, beta=data.beta, reward_transform=data.reward_transform,
-                   label_scale=data.label_scale, config=cfg.fit, sample_weights=weights,
-                   label_kind=cfg.label_kind)
+                   label_scale=data.label_scale, config=cfg.fit,
+                   sample_weights=None if weights is None else weights[idx],
+                   label_kind=LABEL_KINDS[cfg.labels])
   plot_validation_curve(res.history, res.best_epoch, out_dir / "validation_curve.png")
   pred = np.asarray(res.anchor(emb), np.float64)  # [P_kept]
   res.anchor.save(anchor_dir)
@@ -160,13 +158,15 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
       "anchor_path": str(anchor_dir.resolve()),
       "stage1_path": cfg.stage1_path,
       "prompts": int(len(data.prompt_ids)), "prompts_fitted": int(idx.size),
+      "samples_per_prompt": int(cfg.samples or data.mask.shape[1]),
       "dropped_nonfinite": dropped,
       "embedding": dataclasses.asdict(spec),
-      "beta": data.beta, "label_scale": data.label_scale, "label_kind": cfg.label_kind,
-      "reward_transform": data.reward_transform.to_dict(),
-      "labels": {"mean": float(y.mean()), "std": float(y.std()), "min": float(y.min()),
-                 "max": float(y.max())},
+      "beta": data.beta, "label_scale": data.label_scale, "labels": cfg.labels,
+      "weighting": cfg.weighting, "reward_transform": data.reward_transform.to_dict(),
+      "label_stats": {"mean": float(y.mean()), "std": float(y.std()), "min": float(y.min()),
+                      "max": float(y.max())},
       "fit": res.summary(),
+      "val_prompt_ids": [data.prompt_ids[idx[i]] for i in res.val_idx],
       "sigma_g_train": diagnostics.sigma_g(pred[res.train_idx], y[res.train_idx]),
       "sigma_g_val": (diagnostics.sigma_g(pred[res.val_idx], y[res.val_idx])
                       if res.val_idx.size else None),

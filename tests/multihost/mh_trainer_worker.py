@@ -43,7 +43,8 @@ def main(steps: int, workdir: str) -> None:
 
   assert jax.process_count() == 2 and len(jax.devices()) == 2 * mh_worker.DEVICES_PER_PROCESS
   model_path = os.path.join(workdir, "model")
-  engine = rollout.make_engine("jax", model_path, timeout_s=120.0, startup_timeout_s=120.0)
+  engine = rollout.make_engine("jax", model_path, process=rollout.ProcessOptions(
+      timeout_s=120.0, startup_timeout_s=120.0))
   try:
     mesh = make_mesh(fsdp=-1)  # the 4 devices of both processes
     policy = models.from_pretrained(model_path, mesh=mesh)

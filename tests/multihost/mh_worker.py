@@ -84,7 +84,8 @@ def main(phase: str, workdir: str) -> None:
       DEVICES_PER_PROCESS * jax.process_count())
   model_path = os.path.join(workdir, "model")
   # One generation process per (simulated) host, started from the initial weights.
-  engine = rollout.make_engine("jax", model_path, timeout_s=120.0, startup_timeout_s=120.0)
+  engine = rollout.make_engine("jax", model_path, process=rollout.ProcessOptions(
+      timeout_s=120.0, startup_timeout_s=120.0))
   try:
     mesh = make_mesh(fsdp=-1)  # all devices of all processes
     model = models.from_pretrained(model_path, mesh=mesh)

@@ -3,6 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from disa_jax.rl.batch import TrainBatch
+
 
 def naive_token_logprobs(model, input_ids, attention_mask):
   """out[:, t] = log p(ids[t] | ids[<t]) from full float32 logits (reference implementation)."""
@@ -15,7 +17,7 @@ def naive_token_logprobs(model, input_ids, attention_mask):
 
 
 def synthetic_batch(seed, rows, width, prompt_len, vocab, group_size=4, invalid_rows=0):
-  """A right-padded prompt+response batch with made-up log-probs and rewards (numpy)."""
+  """A right-padded prompt+response `TrainBatch` with made-up log-probs and signals (numpy)."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(3, vocab, (rows, width)).astype(np.int32)
   resp_len = rng.integers(1, width - prompt_len + 1, rows)
@@ -33,8 +35,6 @@ def synthetic_batch(seed, rows, width, prompt_len, vocab, group_size=4, invalid_
   adv = ((grouped - grouped.mean(-1, keepdims=True)) /
          (grouped.std(-1, keepdims=True) + 1e-6)).reshape(-1)  # [P, G] -> [B]
   log_z = np.repeat(rng.normal(-4.0, 1.0, rows // group_size), group_size).astype(np.float32)
-  return {
-      "input_ids": ids, "attention_mask": attn, "prompt_mask": prompt_mask,
-      "response_mask": resp_mask, "old_logp": old, "ref_logp": ref,
-      "reward": adv.astype(np.float32), "advantage": adv.astype(np.float32), "log_z": log_z,
-  }
+  return TrainBatch(input_ids=ids, attention_mask=attn, prompt_mask=prompt_mask,
+                    response_mask=resp_mask, old_logp=old, ref_logp=ref,
+                    signal=adv.astype(np.float32), log_z=log_z)

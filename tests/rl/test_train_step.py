@@ -7,9 +7,15 @@ import pytest
 from flax import nnx
 
 from disa_jax import parallel, testing
+from disa_jax.rl import objectives
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.logz_head import LogZHead
 from tests.rl.helpers import naive_token_logprobs, synthetic_batch
+
+OBJECTIVES = {"disa": objectives.Disa(beta=2.0, scale="mean", omega="clipped_ratio"),
+              "flowrl": objectives.FlowRL(beta=2.0, scale="mean", omega="clipped_ratio"),
+              "grpo": objectives.Grpo(eps_high=0.28, kl_coef=0.01),
+              "gspo": objectives.Gspo()}
 
 ROWS, WIDTH, PROMPT = 16, 12, 4
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
@@ -36,20 +42,17 @@ def _setup(method, mesh=None, adamw=False):
     head_opt = ts.make_optimizer(1e-2, grad_clip=1.0)
   graphdef, head_graphdef, state, shardings = ts.init_train_state(model, opt, head, head_opt,
                                                                   mesh=mesh)
-  settings = ts.LossSettings(method=method, beta=2.0, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
-                             kl_coef=0.01)
-  return graphdef, head_graphdef, state, shardings, settings, opt, head_opt
+  return graphdef, head_graphdef, state, shardings, OBJECTIVES[method], opt, head_opt
 
 
 def _run(method, micro, steps=2, mesh=None, invalid_rows=0, adamw=False):
   graphdef, head_graphdef, state, shardings, settings, opt, head_opt = _setup(method, mesh, adamw)
   step = ts.make_train_step(graphdef, settings, opt, head_graphdef=head_graphdef,
-                            head_optimizer=head_opt, logprob_fn=naive_token_logprobs,
-                            prompt_width=PROMPT, mesh=mesh, state_shardings=shardings)
+                            head_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
   all_metrics = []
   for i in range(steps):
     batch = synthetic_batch(i, ROWS, WIDTH, PROMPT, vocab=128, invalid_rows=invalid_rows)
-    state, metrics = step(state, ts.split_micro_batches(batch, micro))
+    state, metrics = step(state, batch.split(micro))
     all_metrics.append(jax.tree.map(float, metrics))
   return state, all_metrics
 
@@ -128,8 +131,9 @@ def test_sharded_step_equals_single_device(n_devices):
 
 
 def test_split_micro_batches_error():
-  with pytest.raises(ValueError, match=r"field 'x'.*micro_batch_size=3"):
-    ts.split_micro_batches({"x": np.zeros((8, 2))}, 3)
+  batch = synthetic_batch(0, 8, WIDTH, PROMPT, vocab=128)
+  with pytest.raises(ValueError, match=r"8 rows.*micro_batch_size=3"):
+    batch.split(3)
 
 
 @pytest.mark.parametrize("method", ["disa", "grpo"])
@@ -138,30 +142,31 @@ def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
   graphdef, _, state, _, settings, opt, _ = _setup(method)
   batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128)
   model = nnx.merge(graphdef, state.params)
-  scored = dict(batch, old_logp=np.asarray(naive_token_logprobs(model, batch["input_ids"],
-                                                                batch["attention_mask"])))
-  unscored = dict(batch, old_logp=np.full_like(batch["old_logp"], np.nan))  # must not be read
+  scored = batch.replace(old_logp=np.asarray(naive_token_logprobs(model, batch.input_ids,
+                                                                  batch.attention_mask)))
+  unscored = batch.replace(old_logp=np.full_like(batch.old_logp, np.nan))  # must not be read
   outs = []
   for on_policy, b in ((False, scored), (True, unscored)):
-    step = ts.make_train_step(graphdef, settings, opt, logprob_fn=naive_token_logprobs,
-                              donate=False, on_policy_old_logp=on_policy)
-    outs.append(step(state, ts.split_micro_batches(b, 8)))
+    step = ts.make_train_step(graphdef, settings, opt, donate=False,
+                              on_policy_old_logp=on_policy)
+    outs.append(step(state, b.split(8)))
   (s_a, m_a), (s_b, m_b) = outs
   for x, y in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
   np.testing.assert_allclose(float(m_a["loss"]), float(m_b["loss"]), rtol=1e-5)
 
 
-def test_grpo_without_reference_ignores_ref_logp_and_refuses_where_needed():
-  graphdef, _, state, _, settings, opt, _ = _setup("grpo")
-  settings = ts.LossSettings(method="grpo", beta=2.0, kl_coef=0.0)
+def test_grpo_without_reference_ignores_ref_logp():
+  graphdef, _, state, _, _, opt, _ = _setup("grpo")
+  settings = objectives.Grpo(kl_coef=0.0)
+  assert not settings.needs_reference and objectives.Grpo(kl_coef=0.1).needs_reference
   batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128)
-  step = ts.make_train_step(graphdef, settings, opt, logprob_fn=naive_token_logprobs,
-                            donate=False, use_ref=False)
-  _, metrics = step(state, ts.split_micro_batches(dict(batch, ref_logp=np.full_like(
-      batch["ref_logp"], np.nan)), 8))
+  step = ts.make_train_step(graphdef, settings, opt, donate=False)
+  _, metrics = step(state, batch.replace(ref_logp=np.full_like(batch.ref_logp, np.nan)).split(8))
   assert np.isfinite(float(metrics["loss"])) and "kl_ref" not in metrics
-  for method, kl in (("disa", 0.0), ("grpo", 0.01)):
-    with pytest.raises(ValueError, match="needs the reference log-probs"):
-      ts.make_train_step(graphdef, ts.LossSettings(method=method, beta=2.0, kl_coef=kl), opt,
-                         use_ref=False)
+
+
+def test_head_objective_needs_the_head():
+  graphdef, _, _, _, _, opt, _ = _setup("grpo")
+  with pytest.raises(ValueError, match="'flowrl' has a log Z head"):
+    ts.make_train_step(graphdef, OBJECTIVES["flowrl"], opt)

@@ -9,29 +9,31 @@ from flax import nnx
 
 from disa_jax import models, parallel, testing
 from disa_jax.anchor import Anchor, AnchorMeta, AnchorMLP, EmbeddingSpec
+from disa_jax.config import from_mapping
 from disa_jax.estimators.reward_transforms import RewardTransform
-from disa_jax.rl import config as rl_config
+from disa_jax.rewards.graded import Graded
+from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
-from disa_jax.rl.trainer import PromptItem, PromptStream, Trainer
+from disa_jax.rl.prompts import PromptItem, PromptStream
+from disa_jax.rl.trainer import Trainer
 from disa_jax.rollout.jax_sampler import JaxSampler
 
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
 EOS = 2
+OBJECTIVES = {"disa": dict(beta=2.0, scale="mean", omega="clipped_ratio"),
+              "flowrl": dict(beta=2.0, scale="mean", omega="clipped_ratio"),
+              "grpo": dict(eps_high=0.28), "gspo": {}}
 
 
-def _cfg(method="disa", steps=2, **loss):
-  return rl_config.TrainConfig(
-      model=rl_config.ModelCfg(dtype="float32"),
-      loss=rl_config.LossCfg(method=method, beta=2.0, **loss),
-      optim=rl_config.OptimCfg(lr=1e-3),
-      rollout=rl_config.RolloutCfg(prompts_per_batch=2, group_size=4, max_prompt_len=8,
-                                   max_response_len=6, num_minibatches=2, micro_batch_size=2,
-                                   engine="jax", separate_process=False),
-      data=rl_config.DataCfg(anchor_path="in-test" if method == "disa" else "", shuffle=True),
-      eval=rl_config.EvalCfg(every=2, n=4, max_tokens=6),
-      mesh=rl_config.MeshCfg(data=1, fsdp=-1, tensor=1),
-      checkpoint=rl_config.CheckpointCfg(every=1, keep=2, async_save=True),
-      total_steps=steps, progress_bar=False)
+def _cfg(method="disa", steps=2, **objective):
+  return from_mapping(TrainConfig, dict(
+      objective=dict(name=method, **{**OBJECTIVES[method], **objective}),
+      optim=dict(lr=1e-3),
+      rollout=dict(prompts_per_batch=2, group_size=4, max_prompt_len=8, max_response_len=6,
+                   num_minibatches=2, micro_batch_size=2),
+      validation=dict(every=2, n=4, max_tokens=6),
+      checkpoint=dict(every=1, keep=2, async_save=True),
+      total_steps=steps, progress_bar=False), "train")
 
 
 def _prompts(n=5):
@@ -40,10 +42,14 @@ def _prompts(n=5):
                      {"target": int(i % 2)}) for i in range(n)]
 
 
-def _reward(items, responses):
+def _reward(responses, metas):
   # 1 when the first response token has the prompt's target parity.
-  return np.array([float(len(r) > 0 and int(r[0]) % 2 == it.meta["target"])
-                   for it, r in zip(items, responses)], np.float32)
+  return Graded.ok([float(len(r.token_ids) > 0 and r.token_ids[0] % 2 == m["target"])
+                    for r, m in zip(responses, metas)])
+
+
+def _decode(ids):
+  return " ".join(str(int(t)) for t in ids)
 
 
 def _anchor(dim, label_scale="mean", beta=2.0):
@@ -69,10 +75,11 @@ def _trainer(cfg, workdir, anchor="auto"):
   reference = testing.make_tiny_model(seed=0, **TINY)
   engine = RecordingEngine(testing.make_tiny_model(seed=0, **TINY))
   if anchor == "auto":
-    anchor = _anchor(policy.config.hidden_size) if cfg.loss.method == "disa" else None
+    anchor = (_anchor(policy.config.hidden_size, beta=cfg.objective.beta)
+              if cfg.objective.needs_anchor else None)
   return Trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
-                 prompts=_prompts(), reward_fn=_reward, stop_token_ids=(EOS,), pad_id=0,
-                 anchor=anchor, eval_prompts=_prompts(2), pad_to=16,
+                 prompts=_prompts(), reward_fn=_reward, decode=_decode, stop_token_ids=(EOS,),
+                 pad_id=0, anchor=anchor, validation_prompts=_prompts(2), pad_to=16,
                  mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
 
 
@@ -188,17 +195,16 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
                                           learning_rate=1e-2, val_fraction=0.0))
   anchor_err = float(np.abs(np.asarray(fit.anchor(emb)) - log_z).max())
 
-  cfg = _cfg(steps=steps)
+  cfg = _cfg(steps=steps, beta=beta, scale="sum", reward_transform=dict(kind="raw"))
   cfg = dataclasses.replace(
-      cfg, loss=rl_config.LossCfg(method="disa", beta=beta, length_normalize=False,
-                                  reward_transform=RewardTransform("raw")),
-      optim=rl_config.OptimCfg(lr=5e-3),
+      cfg, optim=dataclasses.replace(cfg.optim, lr=5e-3),
       rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, group_size=8,
                                   num_minibatches=2, micro_batch_size=8),
-      eval=rl_config.EvalCfg(every=0), checkpoint=rl_config.CheckpointCfg(every=100))
+      validation=dataclasses.replace(cfg.validation, every=0),
+      checkpoint=dataclasses.replace(cfg.checkpoint, every=100))
   trainer = Trainer(cfg, str(tmp_path), policy=testing.make_tiny_model(seed=0, **TINY),
                     reference=reference, engine=RecordingEngine(testing.make_tiny_model(
-                        seed=0, **TINY)), prompts=prompts, reward_fn=_reward,
+                        seed=0, **TINY)), prompts=prompts, reward_fn=_reward, decode=_decode,
                     stop_token_ids=(EOS,), pad_id=0, anchor=fit.anchor, pad_to=16,
                     mesh=parallel.make_mesh(devices=jax.devices()[:1]))
   trainer.run()
@@ -223,7 +229,6 @@ def test_resume_refuses_a_changed_config(tmp_path):
   trainer, _ = _trainer(_cfg(steps=1), tmp_path)
   trainer.save(1)
   trainer.close()
-  changed = _cfg(steps=2)
-  changed = dataclasses.replace(changed, loss=dataclasses.replace(changed.loss, beta=3.0))
-  with pytest.raises(ValueError, match=r"loss.beta=2.0, this run has 3.0"):
+  changed = _cfg(steps=2, beta=3.0)
+  with pytest.raises(ValueError, match=r"objective.beta=2.0, this run has 3.0"):
     _trainer(changed, tmp_path, anchor=_anchor(TINY["hidden_size"], beta=3.0))

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from disa_jax.rollout import GenerationProcessError, RemoteEngine, SamplingParams, make_engine, shm
+from disa_jax.rollout import (GenerationProcessError, ProcessOptions, RemoteEngine, SamplingParams,
+                              make_engine, shm)
 from disa_jax.rollout.jax_sampler import JaxSampler
 from tests.rollout import reference
 
@@ -63,7 +64,7 @@ def _children(pid):
 @pytest.fixture(scope="module")
 def remote(tiny_ckpt):
   # Small result slots so that results travel in several chunks.
-  with make_engine("jax", tiny_ckpt, result_bytes=8192, heartbeat_timeout_s=30.0) as engine:
+  with make_engine("jax", tiny_ckpt, process=ProcessOptions(result_bytes=8192, heartbeat_timeout_s=30.0)) as engine:
     yield engine
 
 
@@ -97,7 +98,7 @@ def test_worker_errors_are_reported_and_engine_survives(remote, hf_state):
 
 def test_startup_failure_is_reported(tmp_path):
   with pytest.raises(GenerationProcessError, match="failed to start"):
-    RemoteEngine("jax", str(tmp_path / "missing"), startup_timeout_s=120)
+    RemoteEngine("jax", str(tmp_path / "missing"), process=ProcessOptions(startup_timeout_s=120))
   assert shm.list_segments(os.getpid()) == []
 
 
@@ -116,7 +117,7 @@ def test_kill_9_of_generation_process(tiny_ckpt):
 
 
 def test_hung_generation_process_times_out(tiny_ckpt):
-  engine = make_engine("jax", tiny_ckpt, heartbeat_timeout_s=1.5)
+  engine = make_engine("jax", tiny_ckpt, process=ProcessOptions(heartbeat_timeout_s=1.5))
   pid = engine.pid
   os.kill(pid, signal.SIGSTOP)
   try:

@@ -39,7 +39,7 @@ def test_buckets_are_powers_of_two():
 def test_make_engine_rejects_unknown_kind(tiny_ckpt):
   with pytest.raises(ValueError, match="kind"):
     make_engine("tpu", tiny_ckpt)
-  engine = make_engine("jax", tiny_ckpt, separate_process=False)
+  engine = make_engine("jax", tiny_ckpt, process=None)
   assert isinstance(engine, JaxSampler) and isinstance(engine, Engine)
   engine.close()
   with pytest.raises(RuntimeError, match="closed"):

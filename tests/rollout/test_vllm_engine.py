@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from disa_jax.rollout import SamplingParams, make_engine, shm
+from disa_jax.rollout import ProcessOptions, SamplingParams, make_engine, shm
 from disa_jax.rollout.jax_sampler import JaxSampler
 from tests.rollout import reference
 
@@ -24,8 +24,8 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_ckpt):
-  with make_engine("vllm", tiny_ckpt, max_model_len=128, max_num_seqs=32,
-                   startup_timeout_s=600) as engine:
+  with make_engine("vllm", tiny_ckpt, options=dict(max_model_len=128, max_num_seqs=32),
+                   process=ProcessOptions(startup_timeout_s=600)) as engine:
     yield engine
 
 

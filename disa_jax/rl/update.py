@@ -1,0 +1,110 @@
+"""Update and sync: the last parts of a Stage 3 step.
+
+`PolicyUpdater` owns the trained state (the policy's parameters, its AdamW state and, for an
+objective with a log Z head, the head and its optimizer) and the jitted update of
+`disa_jax.rl.train_step`. `update(step, batch)` runs ``rollout.num_minibatches`` optimizer updates
+over a `TrainBatch`, its rows shuffled with the step's seed and each mini-batch split into
+micro-batches; `sync(engine)` pushes the new policy weights (HF names, never the head) to the
+rollout engine.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from disa_jax import models
+from disa_jax.parallel import distributed
+from disa_jax.rl import train_step as ts
+from disa_jax.rl.batch import TrainBatch
+from disa_jax.rl.collect import derive_seed
+from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.logz_head import LogZHead
+from disa_jax.rollout.types import Engine
+
+
+def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
+  """Per-mini-batch metrics -> one dict: max of ``*_max``, min of ``*_min``, mean otherwise."""
+  out = {}
+  for k in collected[0]:
+    vals = [c[k] for c in collected]
+    out[k] = max(vals) if k.endswith("_max") else min(vals) if k.endswith("_min") else float(
+        np.mean(vals))
+  return out
+
+
+class PolicyUpdater:
+  """The trained state and its update (see the module docstring).
+
+  Args:
+    cfg: the run's `TrainConfig` (objective, optim, rollout, seed).
+    policy: the trained `Transformer`, already sharded on ``mesh``.
+    mesh: the training mesh.
+    old_in_update: take pi_old from the update's own forward (one on-policy update per batch).
+  """
+
+  def __init__(self, cfg: TrainConfig, policy: models.Transformer, mesh: jax.sharding.Mesh, *,
+               old_in_update: bool):
+    self.cfg, self.policy = cfg, policy
+    obj, oc = cfg.objective, cfg.optim
+    opt_kwargs = dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
+                      grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps)
+    optimizer = ts.make_optimizer(oc.lr, **opt_kwargs)
+    head = head_opt = None
+    if obj.needs_logz_head:
+      head = LogZHead(policy.config.hidden_size, obj.head_layers,
+                      rngs=nnx.Rngs(derive_seed(cfg.seed, "logz_head")), init_bias=obj.head_init)
+      head_opt = ts.make_optimizer(obj.head_lr, **opt_kwargs)
+    self.graphdef, head_graphdef, self.state, shardings = ts.init_train_state(
+        policy, optimizer, head, head_opt, mesh=mesh)
+    self._step = ts.make_train_step(self.graphdef, obj, optimizer, head_graphdef=head_graphdef,
+                                    head_optimizer=head_opt, mesh=mesh, state_shardings=shardings,
+                                    on_policy_old_logp=old_in_update)
+    self._micro = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+        None, ts.BATCH_AXES))  # [K, b, ...] micro-batches: rows of each over the batch axes
+
+  def update(self, step: int, batch: TrainBatch) -> dict[str, float]:
+    """``num_minibatches`` updates over ``batch``'s rows, shuffled with the step's seed."""
+    rc = self.cfg.rollout
+    order = np.random.default_rng([self.cfg.seed, step, 17]).permutation(batch.num_rows)
+    size = batch.num_rows // rc.num_minibatches
+    collected = []
+    for m in range(rc.num_minibatches):
+      micro = batch.take(order[m * size:(m + 1) * size]).split(rc.micro_batch_size)
+      self.state, metrics = self._step(self.state, distributed.to_global(micro, self._micro, 1))
+      collected.append(metrics)
+    # One host transfer for all mini-batches' metrics.
+    return _combine([{k: float(v) for k, v in m.items()}
+                     for m in distributed.replicate_to_hosts(collected)])
+
+  def sync(self, engine: Engine | None, dtype: Any = None) -> None:
+    """Pushes the policy (never the log Z head) to the engine in HF names and layouts."""
+    nnx.update(self.policy, self.state.params)
+    # Collective across processes: a host copy on every process, pushed by each host leader.
+    distributed.push_weights(self.policy, engine, dtype=dtype)
+
+  # -- checkpoints -------------------------------------------------------------------------------
+
+  def checkpoint_state(self) -> dict[str, Any]:
+    s = self.state
+    out = {"step": s.step, "params": nnx.to_pure_dict(s.params), "opt_state": s.opt_state}
+    if s.head_params is not None:
+      out["head_params"] = nnx.to_pure_dict(s.head_params)
+      out["head_opt_state"] = s.head_opt_state
+    return out
+
+  def load_checkpoint_state(self, restored: dict[str, Any]) -> None:
+    params = self.state.params
+    nnx.replace_by_pure_dict(params, restored["params"])
+    head_params = self.state.head_params
+    if head_params is not None:
+      nnx.replace_by_pure_dict(head_params, restored["head_params"])
+    self.state = ts.TrainState(restored["step"], params, restored["opt_state"], head_params,
+                               restored.get("head_opt_state"))
+
+  def param_shapes(self) -> dict[str, list[int]]:
+    """``{parameter path: shape}`` of the trained state (compared before a resume)."""
+    flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(self.state.params))[0]
+    return {jax.tree_util.keystr(p): list(np.shape(v)) for p, v in flat}

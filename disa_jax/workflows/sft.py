@@ -1,0 +1,49 @@
+"""The LoRA-SFT baseline command (paper §4.2, App. D.4): reward-1 Stage 1 samples -> merged model.
+
+`run_sft(SftConfig)` re-encodes the Stage 1 prompts exactly as Stage 1 did
+(`disa_jax.workflows.stage1.encode_stage1_prompts`, i.e. `encode_prompt` under Stage 1's rendering),
+then runs `disa_jax.sft.baseline.run_lora_sft`: LoRA on pi_ref, trained on the samples with
+verifier reward 1, merged and exported as a Hugging Face directory at ``out_path``. A rerun resumes
+from the adapter checkpoints under ``<out_path>.ckpt`` and does nothing once the export exists.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from disa_jax import config as config_lib
+from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.sft.baseline import LoRASFTConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SftConfig:
+  """Typed view of `configs/sft_paper.py` (the fields are documented there)."""
+
+  reference_path: str
+  stage1_path: str
+  out_path: str
+  mesh: MeshConfig = MeshConfig()
+  sft: LoRASFTConfig = LoRASFTConfig()
+
+  def __post_init__(self):
+    for name in ("reference_path", "stage1_path", "out_path"):
+      if not getattr(self, name):
+        raise ValueError(f"{name} is required (a local path), got ''")
+
+  @classmethod
+  def from_config(cls, config: Any) -> "SftConfig":
+    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
+    return config_lib.from_mapping(cls, config)
+
+
+def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+  """Runs (or resumes, or finds finished) the LoRA-SFT baseline; returns its summary."""
+  from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
+  from disa_jax.sft.baseline import run_lora_sft  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows.stage1 import encode_stage1_prompts  # pylint: disable=g-import-not-at-top
+  data = load_stage1(cfg.stage1_path)
+  ids, _ = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
+  by_text = dict(zip(data.prompts, ids))  # the stored (rendered) text -> its ids
+  return run_lora_sft(cfg.reference_path, cfg.stage1_path, cfg.out_path, cfg.sft,
+                      encode_prompt=by_text.__getitem__, mesh=cfg.mesh.make(), log=log)

@@ -1,0 +1,245 @@
+"""The Stage 3 command: DISA / FlowRL / GRPO / GSPO training from a backbone, end to end.
+
+`run_stage3(Stage3Config)` loads the policy (initialised from the backbone, pi_ref's weights) and
+the frozen reference on the training mesh, the training prompts (tokenised by
+`disa_jax.data.prompting.encode_prompt` under the run's rendering, as Stages 1 and 2 did), the
+registered reward, the frozen anchor (checked against the objective and against the reference model
+and rendering it was fitted on) and the Stage 1 replay pool when asked for, starts the rollout
+engine (one generation process per host), runs the `Trainer`, and exports the final policy as a
+Hugging Face directory. Run directory:
+
+    config.json        the resolved config (process 0)
+    metrics.jsonl, tb/ per-step metrics
+    checkpoints/<s>/   orbax checkpoints; a rerun resumes from the latest
+    final/             the exported policy (`workflows.export`), with ``export_info.json``
+
+A rerun with the same ``workdir`` resumes; one whose checkpoint comes from another config or model
+stops at once, naming the field that differs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from disa_jax import config as config_lib
+from disa_jax.data.prompting import check_rendering
+from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.rl.config import TrainConfig
+from disa_jax.rollout.engines import EngineConfig
+
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackboneConfig:
+  """The models of a Stage 3 run.
+
+  Attributes:
+    policy_path: local HF directory of the initial policy (pi_ref's weights; Alg. 1 line 9).
+    reference_path: local HF directory of pi_ref ('' = policy_path).
+    dtype: computation dtype of the forward / backward passes.
+    param_dtype: storage dtype of the trained policy (the AdamW master copy).
+    remat: recompute decoder layers in the backward pass.
+    scan_unroll: unroll of the scan over decoder layers (num_layers = fully unrolled).
+  """
+  policy_path: str = ""
+  reference_path: str = ""
+  dtype: str = "bfloat16"
+  param_dtype: str = "float32"
+  remat: bool = True
+  scan_unroll: int = 1
+
+  def __post_init__(self):
+    for f in ("dtype", "param_dtype"):
+      if getattr(self, f) not in DTYPES:
+        raise ValueError(f"model.{f} must be one of {DTYPES}, got {getattr(self, f)!r}")
+    if self.scan_unroll < 1:
+      raise ValueError(f"model.scan_unroll must be >= 1, got {self.scan_unroll!r}")
+
+  @property
+  def reference(self) -> str:
+    return self.reference_path or self.policy_path
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """What a Stage 3 run trains on.
+
+  Attributes:
+    train_path: training prompts (veRL parquet / jsonl, or a benchmark file).
+    prompts_format: loader format ('auto' | 'verl' | a benchmark format of `disa_jax.data`).
+    reward: registered reward name ('math' | 'code' | 'sum_task' | a plugin's).
+    reward_plugins: modules imported first that register further rewards.
+    rendering: 'chat_template' | 'plain' (`disa_jax.data.prompting`); the anchor must match.
+    anchor_path: the frozen Stage 2 anchor (objectives with ``needs_anchor``).
+    replay_path: the Stage 1 dataset replayed when ``train.replay.fraction > 0``.
+    validation_paths: held-out prompt files for periodic validation (``train.validation``).
+  """
+  train_path: str = ""
+  prompts_format: str = "auto"
+  reward: str = "math"
+  reward_plugins: tuple[str, ...] = ()
+  rendering: str = "chat_template"
+  anchor_path: str = ""
+  replay_path: str = ""
+  validation_paths: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    check_rendering(self.rendering, "data.rendering")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage3Config:
+  """A Stage 3 command (`configs/stage3_base.py` documents every field).
+
+  Attributes:
+    workdir: the run directory (metrics, checkpoints, the exported policy).
+    model, data, engine, mesh: the models, data, rollout engine and training mesh.
+    train: what the `Trainer` reads (`disa_jax.rl.config.TrainConfig`).
+    export: write the final policy to ``<workdir>/final`` as an HF directory.
+  """
+  workdir: str = ""
+  model: BackboneConfig = BackboneConfig()
+  data: DataConfig = DataConfig()
+  engine: EngineConfig = EngineConfig()
+  mesh: MeshConfig = MeshConfig()
+  train: TrainConfig = TrainConfig()
+  export: bool = True
+
+  def __post_init__(self):
+    if not self.model.policy_path:
+      raise ValueError("model.policy_path is required (a local HF directory), got ''")
+    if not self.data.train_path:
+      raise ValueError("data.train_path is required (a prompt file), got ''")
+    obj, replay = self.train.objective, self.train.replay
+    if obj.needs_anchor and not self.data.anchor_path:
+      raise ValueError(f"data.anchor_path is required for objective {obj.name!r}, got ''")
+    if not obj.needs_anchor and self.data.anchor_path:
+      raise ValueError(f"data.anchor_path={self.data.anchor_path!r} is set but objective "
+                       f"{obj.name!r} uses no anchor")
+    if replay.enabled != bool(self.data.replay_path):
+      raise ValueError(f"data.replay_path={self.data.replay_path!r} and train.replay.fraction="
+                       f"{replay.fraction} must be set together (replay needs the Stage 1 file)")
+
+  @classmethod
+  def from_config(cls, config: Any) -> "Stage3Config":
+    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
+    return config_lib.from_mapping(cls, config)
+
+
+def load_prompt_items(path: str, fmt: str, tokenizer: Any, rendering: str, max_len: int):
+  """The prompts of ``path`` as `PromptItem`s (ids by `encode_prompt`, reward meta attached)."""
+  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+  from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl.prompts import PromptItem  # pylint: disable=g-import-not-at-top
+  return [PromptItem(r.prompt_id, encode_prompt(tokenizer, r, rendering, max_len=max_len),
+                     r.reward_meta()) for r in loaders.load_prompts(path, fmt)]
+
+
+def load_anchor(cfg: Stage3Config, hidden_size: int):
+  """The frozen anchor, refused if it was fitted on another reference, rendering or label facts."""
+  from disa_jax.anchor import load_anchor  # pylint: disable=g-import-not-at-top
+  anchor = load_anchor(cfg.data.anchor_path)
+  if not anchor.needs_embeddings:  # a table by prompt id (e.g. the exact log Z): facts only
+    cfg.train.objective.check_anchor(anchor, embedding_dim=None)
+    return anchor
+  spec = anchor.meta.embedding
+  fitted_on = os.path.realpath(spec.model_path) if spec.model_path else None
+  ours = os.path.realpath(cfg.model.reference)
+  if spec.source == "model_mean_pool" and fitted_on != ours:
+    raise ValueError(f"data.anchor_path={cfg.data.anchor_path!r} was fitted on embeddings of the "
+                     f"reference {spec.model_path!r}, but this run's reference is "
+                     f"{cfg.model.reference!r}; refit the anchor (Stage 2) on this reference")
+  if spec.source == "model_mean_pool" and spec.prompt_format != cfg.data.rendering:
+    raise ValueError(f"data.anchor_path={cfg.data.anchor_path!r} was fitted on prompts rendered "
+                     f"as {spec.prompt_format!r}, but this run renders them as "
+                     f"{cfg.data.rendering!r} (data.rendering)")
+  cfg.train.objective.check_anchor(anchor, embedding_dim=hidden_size)
+  return anchor
+
+
+def _load_models(cfg: Stage3Config, mesh):
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from disa_jax import models  # pylint: disable=g-import-not-at-top
+  mc = cfg.model
+  # from_pretrained ties storage and compute dtype: the policy is loaded in param_dtype (the AdamW
+  # master copy) and then computes in dtype; the frozen reference is stored in dtype.
+  policy = models.from_pretrained(mc.policy_path, dtype=jnp.dtype(mc.param_dtype), mesh=mesh,
+                                  remat=mc.remat, scan_unroll=mc.scan_unroll)
+  policy.dtype = jnp.dtype(mc.dtype)
+  obj = cfg.train.objective
+  reference = None
+  if obj.needs_reference or obj.needs_anchor:
+    reference = models.from_pretrained(mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh)
+  return policy, reference
+
+
+def _identity(cfg: Stage3Config) -> dict[str, Any]:
+  """What a resumed checkpoint must have been written with, beside the train config."""
+  return {"model.policy_path": cfg.model.policy_path, "model.reference": cfg.model.reference,
+          "data.train_path": cfg.data.train_path, "data.reward": cfg.data.reward,
+          "data.rendering": cfg.data.rendering, "data.anchor_path": cfg.data.anchor_path,
+          "data.replay_path": cfg.data.replay_path}
+
+
+def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
+  """Trains (or resumes) the run; returns its summary (final metrics, export path)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+
+  from disa_jax import rewards  # pylint: disable=g-import-not-at-top
+  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl.replay import ReplayPool  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows import export  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
+
+  if not cfg.workdir:
+    raise ValueError("workdir is required (the run directory), got ''")
+  workdir = Path(cfg.workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if distributed.is_main_process():
+    (workdir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
+  import_reward_plugins(cfg.data.reward_plugins)
+  tc, dc = cfg.train, cfg.data
+  tokenizer = AutoTokenizer.from_pretrained(cfg.model.policy_path)
+  items = lambda p: load_prompt_items(p, dc.prompts_format, tokenizer, dc.rendering,
+                                      tc.rollout.max_prompt_len)
+  prompts = items(dc.train_path)
+  validation = [it for p in dc.validation_paths for it in items(p)]
+  reward_fn = rewards.get_reward_fn(dc.reward)
+  mesh = cfg.mesh.make()
+  policy, reference = _load_models(cfg, mesh)
+  anchor = load_anchor(cfg, policy.config.hidden_size) if tc.objective.needs_anchor else None
+  pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len)
+          if tc.replay.enabled else None)
+  # One generation process per host, owned by the host's first process (all of them in a
+  # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
+  engine = (cfg.engine.make(cfg.model.policy_path, env=distributed.generation_env())
+            if distributed.is_host_leader() else None)
+  try:
+    trainer = Trainer(tc, str(workdir), policy=policy, reference=reference, engine=engine,
+                      prompts=prompts, reward_fn=reward_fn,
+                      decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                      stop_token_ids=(int(tokenizer.eos_token_id),),
+                      pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                 else tokenizer.eos_token_id),
+                      anchor=anchor, validation_prompts=validation, mesh=mesh,
+                      replay_pool=pool, identity=_identity(cfg),
+                      sync_dtype=jnp.dtype(cfg.engine.dtype))
+    history = trainer.run()
+    trainer.close()
+  finally:
+    if engine is not None:
+      engine.close()
+  summary = {"workdir": str(workdir), "steps_run": len(history), "start_step": trainer.start_step,
+             "final": history[-1] if history else None, "export": None}
+  final = workdir / "final"
+  if cfg.export and distributed.is_main_process():
+    if not (final / "export_info.json").exists():
+      export.export_policy(workdir, final, overwrite_partial=True)
+    summary["export"] = str(final)
+  return summary
