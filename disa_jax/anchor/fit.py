@@ -6,12 +6,13 @@ Defaults follow Table 6: Adam with learning rate 1e-3, batch 1024, 80 epochs. A 
 the per-epoch validation MSE and R^2 (the separable diagnostic of §2.2) and the best epoch is kept.
 Optional per-prompt weights turn eq. (7) into weighted least squares (e.g. inverse label variance), and
 ``huber_delta > 0`` into a robust (Huber) fit. `fit_anchor_many` trains many such fits at once (vmapped),
-e.g. the cross-validation folds of the sigma_g study (`disa_jax.pipeline.anchor_study`).
+e.g. the cross-validation folds of the sigma_g study (`disa_jax.pipeline.anchor_study`); `fit_anchor` is
+the same fit with F = 1 (one shared core, `_fit_core`), which also returns the history and the frozen anchor.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -109,6 +110,28 @@ def _check_inputs(x: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
       raise ValueError(f"sample_weights must be [P] finite, >= 0 and not all zero; got shape {w.shape}")
 
 
+def _split(p: int, config: AnchorFitConfig, val_idx: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+  """`fit_anchor`'s train / validation split: ``val_idx`` if given, else a seeded ``val_fraction`` share.
+
+  Returns:
+    ``(train, val)``: sorted int64 prompt indices, ``[P - V]`` and ``[V]``.
+
+  Raises:
+    ValueError: ``val_idx`` out of range, or fewer than 2 training prompts.
+  """
+  if val_idx is not None:
+    val = np.unique(np.asarray(val_idx, np.int64))
+    if val.size and (val.min() < 0 or val.max() >= p):
+      raise ValueError(f"val_idx out of range [0, {p})")
+  else:
+    n_val = int(round(config.val_fraction * p))
+    val = np.sort(np.random.default_rng(config.seed).permutation(p)[:n_val]) if n_val else np.zeros((0,), np.int64)
+  train = np.setdiff1d(np.arange(p), val)
+  if train.size < 2:
+    raise ValueError(f"need at least 2 training prompts, got {train.size} (P={p}, val={val.size})")
+  return train, val
+
+
 def fit_anchor(embeddings: np.ndarray,
                labels: np.ndarray,
                *,
@@ -120,7 +143,7 @@ def fit_anchor(embeddings: np.ndarray,
                sample_weights: np.ndarray | None = None,
                label_kind: str = "log_z_is",
                val_idx: Sequence[int] | None = None) -> FitResult:
-  """Fits and freezes the anchor.
+  """Fits and freezes the anchor: `fit_anchor_many` with one fit, plus its history and metadata.
 
   Args:
     embeddings: ``[P, D]`` frozen prompt embeddings.
@@ -133,7 +156,11 @@ def fit_anchor(embeddings: np.ndarray,
     val_idx: optional explicit held-out indices (otherwise a random ``val_fraction`` split).
 
   Returns:
-    `FitResult` with the best-epoch anchor.
+    `FitResult` with the best-epoch anchor (the last epoch without a validation split).
+
+  Raises:
+    ValueError: bad shapes, non-finite labels or embeddings (naming the indices), bad weights, an
+      embedding spec of another width, ``val_idx`` out of range, or fewer than 2 training prompts.
   """
   x = np.asarray(embeddings, np.float32)
   y = np.asarray(labels, np.float64)
@@ -143,78 +170,21 @@ def fit_anchor(embeddings: np.ndarray,
   embedding = embedding or EmbeddingSpec(source="precomputed", dim=d)
   if embedding.dim != d:
     raise ValueError(f"embedding spec dim {embedding.dim} != embeddings width {d}")
-  rng = np.random.default_rng(config.seed)
-  if val_idx is not None:
-    val = np.unique(np.asarray(val_idx, np.int64))
-    if val.size and (val.min() < 0 or val.max() >= p):
-      raise ValueError(f"val_idx out of range [0, {p})")
-  else:
-    n_val = int(round(config.val_fraction * p))
-    val = np.sort(rng.permutation(p)[:n_val]) if n_val else np.zeros((0,), np.int64)
-  train = np.setdiff1d(np.arange(p), val)
-  if train.size < 2:
-    raise ValueError(f"need at least 2 training prompts, got {train.size} (P={p}, val={val.size})")
-
-  mlp = AnchorMLP(d, config.hidden_sizes, config.activation, rngs=nnx.Rngs(config.seed))
-  mlp.set_standardization(jnp.asarray(x[train]), jnp.asarray(y[train], jnp.float32))
-  graphdef, params, rest = nnx.split(mlp, nnx.Param, ...)
-  tx = optax.adam(config.learning_rate)
-  opt_state = tx.init(params)
-
-  wt = np.ones(p) if w is None else w / w[train].mean()  # weights normalised to mean 1 on train
-  xs, ys, ws = jnp.asarray(x), jnp.asarray(y, jnp.float32), jnp.asarray(wt, jnp.float32)
-  bs = min(config.batch_size, train.size)
-  n_batches = math.ceil(train.size / bs)
-
-  def batch_loss(params, xb, yb, wb):
-    model = nnx.merge(graphdef, params, rest)
-    z = (yb - model.y_mean.value) / model.y_std.value  # labels in standardised units
-    loss = residual_loss(model.normalized(xb) - z, config.huber_delta)  # [B]
-    return jnp.sum(wb * loss) / jnp.maximum(jnp.sum(wb), 1e-12)
-
-  @jax.jit
-  def epoch(params, opt_state, order):
-    # order: [n_batches, bs] indices into the prompts, -1 for padding of the last batch.
-    def step(carry, idx):
-      params, opt_state = carry
-      valid = (idx >= 0).astype(jnp.float32)
-      safe = jnp.maximum(idx, 0)
-      loss, grads = jax.value_and_grad(batch_loss)(params, xs[safe], ys[safe], ws[safe] * valid)
-      updates, opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), loss
-    (params, opt_state), _ = jax.lax.scan(step, (params, opt_state), order)
-    return params, opt_state
-
-  @jax.jit
-  def predict(params, xb):
-    return nnx.merge(graphdef, params, rest)(xb)
-
-  hist = {"train_mse": [], "val_mse": [], "val_r2": []}
-  best, best_score, best_params = 0, np.inf, params
-  y_val = y[val]
-  for e in range(config.epochs):
-    perm = rng.permutation(train)
-    order = np.full(n_batches * bs, -1, np.int64)
-    order[:train.size] = perm
-    params, opt_state = epoch(params, opt_state, jnp.asarray(order.reshape(n_batches, bs)))  # [n_batches, bs]
-    pred = np.asarray(predict(params, xs), np.float64)
-    hist["train_mse"].append(float(np.mean((pred[train] - y[train]) ** 2)))
-    if val.size:
-      mse = float(np.mean((pred[val] - y_val) ** 2))
-      sst = float(np.mean((y_val - y_val.mean()) ** 2))
-      hist["val_mse"].append(mse)
-      hist["val_r2"].append(1.0 - mse / sst if sst > 0 else float("nan"))
-      score = mse
-    else:
-      score = -e  # no validation: keep the last epoch
-    if score < best_score:
-      best, best_score, best_params = e, score, params
-
-  final = nnx.merge(graphdef, best_params, rest)
+  train, val = _split(p, config, val_idx)
+  if w is not None and not w[train].sum() > 0:
+    raise ValueError(f"sample_weights are all zero on the {train.size} training prompts (sum {w[train].sum()}); "
+                     f"only the {val.size} validation prompts carry weight")
+  tm, vm = np.zeros((1, p), bool), np.zeros((1, p), bool)
+  tm[0, train], vm[0, val] = True, True
+  fits = _fit_core(x, y[None], tm, vm, np.ones((1, p)) if w is None else w[None], config)
+  hist = {"train_mse": fits.train_mse[0].tolist(),
+          "val_mse": fits.val_mse[0].tolist() if val.size else [],
+          "val_r2": fits.val_r2[0].tolist() if val.size else []}
   meta = AnchorMeta(embedding=embedding, beta=float(beta), reward_transform=reward_transform,
                     label_scale=label_scale, hidden_sizes=tuple(config.hidden_sizes),
                     activation=config.activation, label_kind=label_kind)
-  result = FitResult(anchor=Anchor(final, meta), history=hist, best_epoch=best, train_idx=train, val_idx=val)
+  result = FitResult(anchor=Anchor(fits.mlp(0), meta), history=hist, best_epoch=int(fits.best_epoch[0]),
+                     train_idx=train, val_idx=val)
   result.anchor.meta = dataclasses.replace(meta, fit_summary=result.summary())
   return result
 
@@ -228,16 +198,15 @@ def fit_anchor_many(embeddings: np.ndarray,
                     val_mask: np.ndarray | None = None) -> np.ndarray:
   """Fits F anchors on the same prompts at once (vmapped), each with its own labels, weights and rows.
 
-  Every fit is the eq. (7) fit of `fit_anchor` on its training rows: the same `AnchorMLP`, the same
-  initialisation (``nnx.Rngs(config.seed)``, shared by all fits), standardisation on its own training
-  rows, Adam, minibatches of ``min(batch_size, n_train)`` in a fresh random order each epoch, and the
-  same loss (``config.huber_delta``). With ``val_mask`` the epoch with the lowest unweighted MSE
-  against the labels on the fit's validation rows is kept, as `fit_anchor` does with ``val_idx``;
-  without it the last epoch is kept, as `fit_anchor` does with ``val_fraction=0``. Rows in neither mask
-  are never seen, so they measure the anchor's error honestly (cross-validation). Fits with fewer
-  minibatches than the largest skip the missing steps (no Adam update), so each fit takes exactly its
-  own ``epochs * ceil(n_train / batch)`` steps. Only the shuffling differs from `fit_anchor` (its
-  full-batch fits are reproduced to float32 rounding).
+  Every fit is the eq. (7) fit of `fit_anchor` on its training rows (both run `_fit_core`): the same
+  `AnchorMLP`, the same initialisation (``nnx.Rngs(config.seed)``, shared by all fits), standardisation
+  on its own training rows, Adam, minibatches of ``min(batch_size, n_train)`` in a fresh random order
+  each epoch, and the same loss (``config.huber_delta``). With ``val_mask`` the epoch with the lowest
+  unweighted MSE against the labels on the fit's validation rows is kept, as `fit_anchor` does with
+  ``val_idx``; without it the last epoch is kept, as `fit_anchor` does with ``val_fraction=0``. Rows in
+  neither mask are never seen, so they measure the anchor's error honestly (cross-validation). Fits with
+  fewer minibatches than the largest skip the missing steps (no Adam update), so each fit takes exactly
+  its own ``epochs * ceil(n_train / batch)`` steps. With F = 1 this is `fit_anchor` on the same split.
 
   Args:
     embeddings: ``[P, D]`` frozen prompt embeddings, shared by all fits.
@@ -251,13 +220,31 @@ def fit_anchor_many(embeddings: np.ndarray,
 
   Returns:
     ``[F, P]`` float64 predictions g_psi(q) of every fit's kept anchor on all P prompts.
+
+  Raises:
+    ValueError: bad shapes, overlapping masks, a fit with < 2 training or 0 validation rows (with
+      ``val_mask``), non-finite embeddings or labels on used rows, or bad weights.
+  """
+  x, y, tm, vm, w = _check_many(embeddings, labels, train_mask, sample_weights, val_mask)
+  return _fit_core(x, y, tm, vm, w, config).pred
+
+
+def _check_many(embeddings: np.ndarray, labels: np.ndarray, train_mask: np.ndarray,
+                sample_weights: np.ndarray | None, val_mask: np.ndarray | None) -> tuple[np.ndarray, ...]:
+  """`fit_anchor_many`'s input checks.
+
+  Returns:
+    ``(x [P, D] float32, y [F, P] float64, train [F, P] bool, val [F, P] bool, w [F, P] float64)``.
+
+  Raises:
+    ValueError: naming the offending argument, fit and prompt.
   """
   x = np.asarray(embeddings, np.float32)
   y = np.asarray(labels, np.float64)
   tm = np.asarray(train_mask, bool)
   if x.ndim != 2:
     raise ValueError(f"embeddings must be [P, D], got shape {x.shape}")
-  p, d = x.shape
+  p = x.shape[0]
   if y.ndim != 2 or y.shape[1] != p or tm.shape != y.shape:
     raise ValueError(f"labels and train_mask must both be [F, P={p}], got {y.shape} and {tm.shape}")
   vm = np.zeros_like(tm) if val_mask is None else np.asarray(val_mask, bool)
@@ -284,19 +271,99 @@ def fit_anchor_many(embeddings: np.ndarray,
   w = np.where(tm, w, 0.0)
   if not np.isfinite(w).all() or (w < 0).any() or not (w.sum(1) > 0).all():
     raise ValueError("sample_weights must be finite, >= 0 and not all zero on each fit's training rows")
+  return x, y, tm, vm, w
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fits:
+  """F fits of E epochs each, as `_fit_core` returns them."""
+
+  graphdef: nnx.GraphDef  # of the `AnchorMLP`
+  params: nnx.State  # [F, ...] parameters of each fit's kept (best) epoch
+  stats: nnx.State  # [F, ...] each fit's standardisers
+  pred: np.ndarray  # [F, P] float64 predictions of the kept parameters on all prompts
+  train_mse: np.ndarray  # [F, E] float64 MSE on the training rows after each epoch
+  val_mse: np.ndarray  # [F, E] float64 MSE on the validation rows (NaN for a fit without any)
+  val_r2: np.ndarray  # [F, E] float64 1 - val_mse / var(validation labels) (NaN when that var is 0)
+  best_epoch: np.ndarray  # [F] int, 0-based
+
+  def mlp(self, i: int) -> AnchorMLP:
+    """Fit ``i``'s kept `AnchorMLP`."""
+    take = lambda s: jax.tree.map(lambda a: a[i], s)
+    return nnx.merge(self.graphdef, take(self.params), take(self.stats))
+
+
+def _fit_core(x: np.ndarray, y: np.ndarray, tm: np.ndarray, vm: np.ndarray, w: np.ndarray,
+              config: AnchorFitConfig) -> _Fits:
+  """The eq. (7) fit shared by `fit_anchor` and `fit_anchor_many`: F fits at once on validated inputs.
+
+  Args:
+    x: ``[P, D]`` float32 embeddings, finite.
+    y: ``[F, P]`` float64 labels, finite on each fit's training and validation rows (others unused).
+    tm: ``[F, P]`` bool training rows, at least 2 per fit.
+    vm: ``[F, P]`` bool validation rows, disjoint from ``tm``; a fit without any keeps its last epoch.
+    w: ``[F, P]`` float64 weights, finite, >= 0 with a positive sum on each fit's training rows.
+    config: `AnchorFitConfig` (``val_fraction`` unused).
+
+  Returns:
+    `_Fits`.
+  """
+  f, p = y.shape
   y = np.where(tm | vm, y, 0.0)
-  f = y.shape[0]
+  w = np.where(tm, w, 0.0)
+  w = w * (tm.sum(1) / w.sum(1))[:, None]  # mean 1 on each fit's training rows
+  mlp = AnchorMLP(x.shape[1], config.hidden_sizes, config.activation, rngs=nnx.Rngs(config.seed))
+  # The standardisers carry a leading fit axis ([F, D] and [F]); vmap maps them with the parameters.
+  for name, value in zip(("x_mean", "x_std", "y_mean", "y_std"), _standardizers(x, y, tm)):
+    getattr(mlp, name).value = jnp.asarray(value, jnp.float32)
+  graphdef, params0, stats = nnx.split(mlp, nnx.Param, ...)
+  params = jax.tree.map(lambda a: jnp.broadcast_to(a, (f,) + a.shape), params0)  # [F, ...] shared init
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  best, pred, train_mse, val_mse, best_epoch = _train(
+      params, stats, jnp.asarray(x), jnp.asarray(_minibatch_order(tm, config), jnp.int32), f32(y), f32(w),
+      f32(tm), f32(vm), graphdef=graphdef, learning_rate=config.learning_rate, huber_delta=config.huber_delta)
+  val_mse = np.where(vm.any(1)[:, None], np.asarray(val_mse, np.float64).T, np.nan)  # [F, E]
+  n_val = np.maximum(vm.sum(1), 1)
+  y_val_mean = (vm * y).sum(1) / n_val
+  sst = ((vm * (y - y_val_mean[:, None]) ** 2).sum(1) / n_val)[:, None]  # [F, 1] population variance
+  val_r2 = 1.0 - np.divide(val_mse, sst, out=np.full_like(val_mse, np.nan), where=sst > 0)
+  return _Fits(graphdef=graphdef, params=best, stats=stats, pred=np.asarray(pred, np.float64),
+               train_mse=np.asarray(train_mse, np.float64).T, val_mse=val_mse, val_r2=val_r2,
+               best_epoch=np.asarray(best_epoch, np.int64))
 
-  # Per-fit standardisation on the training rows (as AnchorMLP.set_standardization: population std).
-  cnt = n_train[:, None].astype(np.float64)  # [F, 1]
-  x_mean = (tm.astype(np.float64) @ x) / cnt  # [F, D]
-  x_var = (tm.astype(np.float64) @ (x.astype(np.float64) ** 2)) / cnt - x_mean ** 2
+
+def _standardizers(x: np.ndarray, y: np.ndarray, tm: np.ndarray) -> tuple[np.ndarray, ...]:
+  """Per-fit statistics on the training rows, as `AnchorMLP.set_standardization` (population std, floor 1e-6).
+
+  Args:
+    x: ``[P, D]`` embeddings. y: ``[F, P]`` labels, finite. tm: ``[F, P]`` bool training rows.
+
+  Returns:
+    float64 ``x_mean [F, D]``, ``x_std [F, D]``, ``y_mean [F]``, ``y_std [F]``.
+  """
+  n_train = tm.sum(1)  # [F]
+  m = tm.astype(np.float64)
+  x_mean = (m @ x) / n_train[:, None]
+  x_var = (m @ (x.astype(np.float64) ** 2)) / n_train[:, None] - x_mean ** 2
   x_std = np.maximum(np.sqrt(np.maximum(x_var, 0.0)), 1e-6)
-  y_tr = np.where(tm, y, 0.0)
-  y_mean = y_tr.sum(1) / n_train  # [F]
+  y_mean = np.where(tm, y, 0.0).sum(1) / n_train
   y_std = np.maximum(np.sqrt(np.sum(np.where(tm, (y - y_mean[:, None]) ** 2, 0.0), 1) / n_train), 1e-6)
+  return x_mean, x_std, y_mean, y_std
 
-  # Minibatch order: [epochs, steps, F, width] prompt indices, -1 for padding.
+
+def _minibatch_order(tm: np.ndarray, config: AnchorFitConfig) -> np.ndarray:
+  """Each fit's minibatches of every epoch: its training rows in a fresh random order (seeded by ``config.seed``).
+
+  Args:
+    tm: ``[F, P]`` bool training rows.
+    config: ``epochs``, ``batch_size`` and ``seed``.
+
+  Returns:
+    ``[E, S, F, W]`` int prompt indices, -1 for padding, with ``W = max_f min(batch_size, n_train_f)``
+    and ``S = max_f ceil(n_train_f / W_f)``; fit f's batches hold ``min(batch_size, n_train_f)`` rows.
+  """
+  f, p = tm.shape
+  n_train = tm.sum(1)  # [F]
   rng = np.random.default_rng(config.seed)
   bs = np.minimum(config.batch_size, n_train)  # [F] per-fit batch size
   n_batches = -(-n_train // bs)  # [F] ceil
@@ -308,62 +375,64 @@ def fit_anchor_many(embeddings: np.ndarray,
   pos = b_idx * bs[None, :, None] + k_idx  # [S, F, W] position in the permutation
   ok = (k_idx < bs[None, :, None]) & (pos < n_train[None, :, None])  # [S, F, W]
   gathered = np.take_along_axis(perm[:, None], np.minimum(pos, p - 1)[None].repeat(config.epochs, 0), axis=-1)
-  order = np.where(ok[None], gathered, -1)  # [E, S, F, W]
+  return np.where(ok[None], gathered, -1)  # [E, S, F, W]
 
-  mlp = AnchorMLP(d, config.hidden_sizes, config.activation, rngs=nnx.Rngs(config.seed))
-  # The standardisers carry a leading fit axis ([F, D] and [F]); vmap maps them with the parameters.
-  mlp.x_mean.value, mlp.x_std.value = jnp.asarray(x_mean, jnp.float32), jnp.asarray(x_std, jnp.float32)
-  mlp.y_mean.value, mlp.y_std.value = jnp.asarray(y_mean, jnp.float32), jnp.asarray(y_std, jnp.float32)
-  graphdef, params0, stats = nnx.split(mlp, nnx.Param, ...)
-  params = jax.tree.map(lambda a: jnp.broadcast_to(a, (f,) + a.shape), params0)  # [F, ...] shared init
-  tx = optax.adam(config.learning_rate)
-  opt_state = jax.vmap(tx.init)(params)
-  xs = jnp.asarray(x)
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "learning_rate", "huber_delta"))
+def _train(params, stats, xs, order, ys, ws, tmask, vmask, *, graphdef, learning_rate, huber_delta):
+  """Trains F fits for E epochs (Adam, vmapped over fits) and keeps each fit's best epoch.
+
+  Args:
+    params: ``[F, ...]`` initial `AnchorMLP` parameters. stats: ``[F, ...]`` its standardisers.
+    xs: ``[P, D]`` embeddings. order: ``[E, S, F, W]`` minibatch prompt indices, -1 for padding.
+    ys, ws, tmask, vmask: ``[F, P]`` float32 labels, weights (0 off the training rows), training and
+      validation masks.
+    graphdef, learning_rate, huber_delta: static: the model graph, Adam's step size, the loss.
+
+  Returns:
+    ``(params [F, ...], pred [F, P], train_mse [E, F], val_mse [E, F], best_epoch [F] int32)``: the kept
+    parameters (lowest validation MSE, first on ties; the last epoch for a fit without validation rows),
+    their predictions on all prompts, and the per-epoch MSEs.
+  """
+  tx = optax.adam(learning_rate)
+  has_val = jnp.any(vmask > 0, -1)  # [F]
 
   def predict(prm, st):  # -> [P]
     return nnx.merge(graphdef, prm, st)(xs)
 
-  def fit_step(prm, opt, st, idx, yf, wf):
-    valid = idx >= 0  # [W]
+  def fit_step(prm, opt, st, idx, yf, wf):  # one fit, one minibatch idx: [W]
+    valid = idx >= 0
     safe = jnp.maximum(idx, 0)
 
     def loss_fn(prm):
       model = nnx.merge(graphdef, prm, st)
       z = (yf[safe] - model.y_mean.value) / model.y_std.value  # labels in standardised units
       wb = wf[safe] * valid
-      loss = residual_loss(model.normalized(xs[safe]) - z, config.huber_delta)  # [W]
+      loss = residual_loss(model.normalized(xs[safe]) - z, huber_delta)  # [W]
       return jnp.sum(wb * loss) / jnp.maximum(jnp.sum(wb), 1e-12)
 
-    grads = jax.grad(loss_fn)(prm)
-    updates, new_opt = tx.update(grads, opt, prm)
-    new_prm = optax.apply_updates(prm, updates)
+    updates, new_opt = tx.update(jax.grad(loss_fn)(prm), opt, prm)
     live = jnp.any(valid)  # an all-padding step (a fit with fewer minibatches) changes nothing
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(live, a, b), new, old)
-    return keep(new_prm, prm), keep(new_opt, opt)
+    return keep(optax.apply_updates(prm, updates), prm), keep(new_opt, opt)
 
-  select = val_mask is not None
+  def epoch(carry, inputs):  # order_e: [S, F, W]
+    prm, opt, best_prm, best_mse, best_e = carry
+    order_e, e = inputs
+    (prm, opt), _ = jax.lax.scan(lambda c, idx: (jax.vmap(fit_step)(*c, stats, idx, ys, ws), None),
+                                 (prm, opt), order_e)
+    sq = (jax.vmap(predict)(prm, stats) - ys) ** 2  # [F, P]
+    train_mse = jnp.sum(tmask * sq, -1) / jnp.sum(tmask, -1)  # [F]
+    val_mse = jnp.sum(vmask * sq, -1) / jnp.maximum(jnp.sum(vmask, -1), 1.0)  # [F], unweighted
+    better = jnp.where(has_val, val_mse < best_mse, True)  # without validation rows: keep the last epoch
+    pick = lambda a, b: jnp.where(better.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+    carry = (prm, opt, jax.tree.map(pick, prm, best_prm), jnp.where(better, val_mse, best_mse),
+             jnp.where(better, e, best_e))
+    return carry, (train_mse, val_mse)
 
-  @jax.jit
-  def train(params, opt_state, order, ys, ws, vmask):
-    def epoch(carry, order_e):  # order_e: [S, F, W]
-      prm, opt, best_prm, best_mse = carry
-      def step(c, idx):  # idx: [F, W]
-        return jax.vmap(fit_step)(*c, stats, idx, ys, ws), None
-      (prm, opt), _ = jax.lax.scan(step, (prm, opt), order_e)
-      if select:  # validation MSE of this epoch, per fit; keep the parameters of the best epoch so far
-        pred = jax.vmap(predict)(prm, stats)  # [F, P]
-        mse = jnp.sum(vmask * (pred - ys) ** 2, -1) / jnp.sum(vmask, -1)  # [F]
-        better = mse < best_mse
-        best_prm = jax.tree.map(lambda a, b: jnp.where(better.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
-                                prm, best_prm)
-        best_mse = jnp.where(better, mse, best_mse)
-      else:
-        best_prm = prm
-      return (prm, opt, best_prm, best_mse), None
-    init = (params, opt_state, params, jnp.full((f,), jnp.inf, jnp.float32))
-    (_, _, best_prm, _), _ = jax.lax.scan(epoch, init, order)
-    return jax.vmap(predict)(best_prm, stats)  # [F, P]
-
-  pred = train(params, opt_state, jnp.asarray(order, jnp.int32), jnp.asarray(y, jnp.float32),
-               jnp.asarray(w, jnp.float32), jnp.asarray(vm, jnp.float32))
-  return np.asarray(pred, np.float64)
+  f = ys.shape[0]
+  init = (params, jax.vmap(tx.init)(params), params, jnp.full((f,), jnp.inf, jnp.float32),
+          jnp.zeros((f,), jnp.int32))
+  epochs = jnp.arange(order.shape[0], dtype=jnp.int32)
+  (_, _, best, _, best_epoch), (train_mse, val_mse) = jax.lax.scan(epoch, init, (order, epochs))
+  return best, jax.vmap(predict)(best, stats), train_mse, val_mse, best_epoch

@@ -1,4 +1,6 @@
-"""`fit_anchor_many` (vmapped Stage 2 fits for cross-validation) and the Huber option of the fit."""
+"""`fit_anchor_many` (vmapped Stage 2 fits for cross-validation), `fit_anchor` as its one-fit case, and Huber."""
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -104,3 +106,33 @@ def test_best_epoch_selection_matches_fit_anchor_val_idx():
   assert np.mean((last[0, val] - y[val]) ** 2) > np.mean((pred[0, val] - y[val]) ** 2)
   with pytest.raises(ValueError, match="overlaps"):
     fit_anchor_many(x, y[None], np.ones((1, 30), bool), config=cfg, val_mask=val[None])
+
+
+def test_fit_anchor_is_fit_anchor_many_with_one_fit():
+  # One shared core: on fit_anchor's own split, minibatches (same shuffles) and weights included, both give
+  # the same anchor, and fit_anchor's history belongs to the anchor it returns.
+  x, y, w = _data(p=50)
+  y = y + np.random.default_rng(5).normal(scale=0.7, size=50)  # noisy labels: validation MSE turns up
+  cfg = AnchorFitConfig(hidden_sizes=(32,), batch_size=8, epochs=50, learning_rate=1e-2, val_fraction=0.2, seed=4)
+  res = fit_anchor(x, y, beta=1.0, reward_transform=RT, label_scale="sum", config=cfg, sample_weights=w)
+  train, val = res.train_idx, res.val_idx
+  assert val.size == 10 and np.array_equal(np.union1d(train, val), np.arange(50))
+  tm = np.isin(np.arange(50), train)[None]
+  g = np.asarray(res.anchor(x), np.float64)
+  pred = fit_anchor_many(x, y[None], tm, config=cfg, sample_weights=w[None], val_mask=~tm)
+  np.testing.assert_allclose(g, pred[0], rtol=0, atol=1e-5)
+  h, s = res.history, res.summary()
+  assert len(h["train_mse"]) == len(h["val_mse"]) == len(h["val_r2"]) == cfg.epochs
+  assert res.best_epoch == int(np.argmin(h["val_mse"])) and 0 < res.best_epoch < cfg.epochs - 1
+  np.testing.assert_allclose(s["train_mse"], np.mean((g[train] - y[train]) ** 2), rtol=1e-4)
+  np.testing.assert_allclose(s["val_mse"], np.mean((g[val] - y[val]) ** 2), rtol=1e-4)
+  np.testing.assert_allclose(s["val_r2"], 1.0 - s["val_mse"] / np.var(y[val]), rtol=1e-9)
+  assert res.anchor.meta.fit_summary == s and (s["n_train"], s["n_val"]) == (40, 10)
+  # no validation split: the last epoch is kept and there is no validation history
+  cfg0 = dataclasses.replace(cfg, val_fraction=0.0)
+  res0 = fit_anchor(x, y, beta=1.0, reward_transform=RT, label_scale="sum", config=cfg0)
+  assert res0.best_epoch == cfg.epochs - 1 and res0.history["val_mse"] == [] and res0.summary()["val_r2"] is None
+  pred0 = fit_anchor_many(x, y[None], np.ones((1, 50), bool), config=cfg0)
+  np.testing.assert_allclose(np.asarray(res0.anchor(x), np.float64), pred0[0], rtol=0, atol=1e-5)
+  with pytest.raises(ValueError, match="all zero on the 40 training prompts"):
+    fit_anchor(x, y, beta=1.0, reward_transform=RT, label_scale="sum", config=cfg, sample_weights=1.0 * ~tm[0])
