@@ -13,10 +13,11 @@ responses each, prompt-major so that rows ``p*G : (p+1)*G`` belong to prompt p):
   each prompt (``G = B // P``; a ``[B]`` array is the special case G = 1).
 
 Aggregation and micro-batching. DISA, FlowRL and GSPO average per-sequence terms over the valid
-rows; GRPO averages over rows (``loss_agg='seq-mean-token-mean'``, eq. 2) or over all valid tokens of
-the batch (``loss_agg='token-mean'``, veRL's default). A batch split into micro-batches is recovered
-exactly by weighting each micro-batch's loss (and gradient) by its normaliser and dividing by the sum
-of the normalisers: `loss_normalizer` gives it (valid rows, or valid tokens for 'token-mean').
+rows; GRPO averages over rows (``loss_agg='seq-mean-token-mean'``, eq. 2) or over all valid tokens
+of the batch (``loss_agg='token-mean'``, veRL's default). A batch split into micro-batches is
+recovered exactly by weighting each micro-batch's loss (and gradient) by its normaliser and dividing
+by the sum of the normalisers: `loss_normalizer` gives it (valid rows, or valid tokens for
+'token-mean').
 Every loss returns ``(loss, metrics)`` with scalar float32 metrics.
 
 Defaults are what the paper states; where it is silent they follow FlowRL's veRL fork / veRL, and
@@ -413,7 +414,8 @@ def kl_penalty(logp: Array, ref_logp: Array, kind: str, *, clamp: float | None =
   ``k1``: log pi_theta - log pi_ref. ``k3``: exp(d) - d - 1 with d = log pi_ref - log pi_theta
   clipped to [-20, 20] (nonnegative, unbiased), then clipped to [-clamp, clamp]: veRL's
   ``low_var_kl`` (``kl_penalty_forward`` in ``core_algos.py``) clamps k3 to [-10, 10], and the
-  paper, which gives no KL term, is silent, so 10 is the default. Beyond the clamp the gradient is 0.
+  paper, which gives no KL term, is silent, so 10 is the default. Beyond the clamp the gradient is
+  0.
 
   Args:
     logp, ref_logp: ``[B, T]`` token log-probs under pi_theta and pi_ref.
