@@ -1,10 +1,10 @@
-"""Stage 2: fit g_psi to the Stage 1 labels by least squares (paper eq. 7), then freeze it.
+"""Stage 2: fit g_psi to the Stage 1 labels by least squares (paper eq. 9), then freeze it.
 
-    psi* = argmin_psi  E_{q ~ D_Z} [ (g_psi(q) - log Z_IS(q))^2 ]                     (eq. 7)
+    psi* = argmin_psi  E_{q ~ D_Z} [ (g_psi(q) - log Z_IS(q))^2 ]                     (eq. 9)
 
 Defaults follow Table 6: Adam with learning rate 1e-3, batch 1024, 80 epochs. A held-out split gives
 the per-epoch validation MSE and R^2 (the separable diagnostic of §2.2) and the best epoch is kept.
-Optional per-prompt weights turn eq. (7) into weighted least squares (e.g. inverse label variance), and
+Optional per-prompt weights turn eq. (9) into weighted least squares (e.g. inverse label variance), and
 ``huber_delta > 0`` into a robust (Huber) fit. `fit_anchor_many` trains many such fits at once (vmapped),
 e.g. the cross-validation folds of the sigma_g study (`disa_jax.pipeline.anchor_study`); `fit_anchor` is
 the same fit with F = 1 (one shared core, `_fit_core`), which also returns the history and the frozen anchor.
@@ -37,7 +37,7 @@ class AnchorFitConfig:
   epochs: int = 80
   val_fraction: float = 0.1  # held-out share of prompts; 0 disables validation (last epoch kept)
   seed: int = 0
-  # 0: least squares (eq. 7). > 0: Huber loss with this threshold in standardised label units, i.e.
+  # 0: least squares (eq. 9). > 0: Huber loss with this threshold in standardised label units, i.e.
   # squared below it and linear above, so a few far-off labels (e.g. a prompt whose N samples missed
   # every high-reward output, whose log Z_IS is ~beta too low) pull the fit less.
   huber_delta: float = 0.0
@@ -56,7 +56,7 @@ class AnchorFitConfig:
 
 
 def residual_loss(resid: jax.Array, huber_delta: float) -> jax.Array:
-  """Per-example loss of the standardised residual: resid^2 (eq. 7), or 2 x Huber(resid; delta) if delta > 0.
+  """Per-example loss of the standardised residual: resid^2 (eq. 9), or 2 x Huber(resid; delta) if delta > 0.
 
   The Huber branch is scaled by 2 so that both agree (resid^2) for |resid| <= delta.
 
@@ -147,7 +147,7 @@ def fit_anchor(embeddings: np.ndarray,
 
   Args:
     embeddings: ``[P, D]`` frozen prompt embeddings.
-    labels: ``[P]`` log Z_IS labels (eq. 6); must be finite (a clear error names bad indices).
+    labels: ``[P]`` log Z_IS labels (eq. 8); must be finite (a clear error names bad indices).
     embedding: the spec of the embeddings (defaults to 'precomputed' with D = embeddings.shape[1]).
     beta, reward_transform, label_scale: facts of the labels, recorded in the anchor.
     config: `AnchorFitConfig`.
@@ -198,7 +198,7 @@ def fit_anchor_many(embeddings: np.ndarray,
                     val_mask: np.ndarray | None = None) -> np.ndarray:
   """Fits F anchors on the same prompts at once (vmapped), each with its own labels, weights and rows.
 
-  Every fit is the eq. (7) fit of `fit_anchor` on its training rows (both run `_fit_core`): the same
+  Every fit is the eq. (9) fit of `fit_anchor` on its training rows (both run `_fit_core`): the same
   `AnchorMLP`, the same initialisation (``nnx.Rngs(config.seed)``, shared by all fits), standardisation
   on its own training rows, Adam, minibatches of ``min(batch_size, n_train)`` in a fresh random order
   each epoch, and the same loss (``config.huber_delta``). With ``val_mask`` the epoch with the lowest

@@ -1,16 +1,16 @@
 """Stage 2 regression targets: which per-prompt label the anchor regresses, and with which weights.
 
-The paper fits g_psi by plain least squares on the logsumexp labels log Z_IS (eq. 7). The options here
+The paper fits g_psi by plain least squares on the logsumexp labels log Z_IS (eq. 9). The options here
 keep that as the default and add the sharper variants of issue 9, each measured against the exact log Z
 by `disa_jax.pipeline.anchor_study`:
 
 Labels (``LABEL_VARIANTS``):
-  'plain'      log Z_IS, eq. (6): Jensen-biased downward by about CV^2(w) / (2N) (Prop. 1).
+  'plain'      log Z_IS, eq. (8): Jensen-biased downward by about CV^2(w) / (2N) (Prop. 1).
   'jensen'     log Z_IS + CV^2 / (2N): removes Prop. 1's second-order bias with the sample CV^2.
   'jackknife'  N L_N - (N - 1) mean_i L_{N-1}^{(-i)}: cancels the whole 1/N bias term; bias O(1/N^2).
 
 Weightings (``WEIGHTINGS``):
-  'uniform'           ordinary least squares, eq. (7).
+  'uniform'           ordinary least squares, eq. (9).
   'inverse_variance'  weighted least squares with per-prompt weights 1 / max(CV^2 / N, floor), the
                       delta-method inverse variance of log Z_IS (`diagnostics.inverse_variance_weights`).
 """
@@ -48,7 +48,7 @@ def targets_from_log_weights(log_w: np.ndarray,
   """Labels and regression weights from a ragged ``[P, N]`` matrix of log importance weights.
 
   Args:
-    log_w: ``[P, N]`` log importance weights (eq. 5), -inf allowed.
+    log_w: ``[P, N]`` log importance weights (w of eq. 7), -inf allowed.
     mask: ``[P, N]`` bool validity mask.
     variant: one of ``LABEL_VARIANTS``.
     weighting: one of ``WEIGHTINGS``.
@@ -82,7 +82,7 @@ def anchor_targets(data: Stage1Data,
                    samples: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
   """The Stage 2 labels and weights of a Stage 1 dataset (log weights recomputed on its label scale).
 
-  ``anchor_targets(data)`` with the defaults returns the stored eq. (6) labels (recomputed) and None,
+  ``anchor_targets(data)`` with the defaults returns the stored eq. (8) labels (recomputed) and None,
   i.e. the paper's plain least squares.
 
   Args:

@@ -1,6 +1,6 @@
 """The Stage 2 regressor g_psi: a small MLP from frozen prompt embeddings to log Z(q).
 
-App. C.2 (Table 6): a two-layer MLP of hidden width 64 with a scalar output. Inputs and labels are
+App. D.2 (Table 6): a two-layer MLP of hidden width 64 with a scalar output. Inputs and labels are
 standardised with statistics of the training split (stored in the module as non-trainable
 `Standardizer` variables), so the same learning rate works for embeddings and labels of any scale.
 """

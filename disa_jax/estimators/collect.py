@@ -3,7 +3,7 @@
 For each batch of prompts not yet in the dataset (resume), the proposal engine draws N samples with
 the log-probs of the distribution it actually sampled from (processed: after temperature / top-p; or
 raw, recorded either way), the verifier grades them, pi_ref scores them teacher-forced, and
-`build_records` turns them into labels log Z_IS (eq. 6) and diagnostics, written durably.
+`build_records` turns them into labels log Z_IS (eq. 8) and diagnostics, written durably.
 """
 from __future__ import annotations
 

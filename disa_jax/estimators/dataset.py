@@ -277,11 +277,11 @@ class Stage1Data:
 
   @property
   def labels(self) -> np.ndarray:
-    """``[P]`` stored log Z_IS labels (eq. 6)."""
+    """``[P]`` stored log Z_IS labels (eq. 8)."""
     return self.stats["log_z_is"]
 
   def log_weights(self, label_scale: str | None = None, beta: float | None = None) -> np.ndarray:
-    """``[P, N]`` log importance weights (eq. 5) recomputed on the given scale and at the given beta
+    """``[P, N]`` log importance weights (w of eq. 7) recomputed on the given scale and at the given beta
     (defaults: the stored ones)."""
     scale = label_scale or self.label_scale
     beta = self.beta if beta is None else float(beta)

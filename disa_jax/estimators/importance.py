@@ -2,11 +2,11 @@
 
 For each prompt q, N trajectories o_i ~ p_T(.|q) from a proposal give log importance weights
 
-    log w_i = log pi_ref(o_i|q) - log p_T(o_i|q) + beta * r~(q, o_i)            (paper eq. 5)
+    log w_i = log pi_ref(o_i|q) - log p_T(o_i|q) + beta * r~(q, o_i)            (w: paper eq. 7)
 
 and the label
 
-    log Z_IS(q) = logsumexp_i(log w_i) - log N                                    (paper eq. 6)
+    log Z_IS(q) = logsumexp_i(log w_i) - log N                                    (paper eq. 8)
 
 All functions take ``[P, N]`` arrays (P prompts, N samples) and an optional ``[P, N]`` validity mask for
 ragged sample counts; invalid entries are ignored and N means the number of *valid* samples of the row.
@@ -56,7 +56,7 @@ def log_importance_weights(logp_ref: Array,
                            reward: Array,
                            beta: float | Array,
                            mask: Array | None = None) -> Array:
-  """Log importance weights log w of paper eq. (5).
+  """Log importance weights log w of paper eq. (7).
 
   Args:
     logp_ref: ``[P, N]`` log pi_ref(o_i | q), trajectory level (sum of token log-probs, or the
@@ -76,7 +76,7 @@ def log_importance_weights(logp_ref: Array,
 
 @jax.jit
 def log_z_is(log_w: Array, mask: Array | None = None) -> Array:
-  """The logsumexp IS estimate of log Z(q), paper eq. (6).
+  """The logsumexp IS estimate of log Z(q), paper eq. (8).
 
   log Z_IS = logsumexp over valid i of log w_i, minus log N_valid. Jensen-biased downward by about
   CV^2(w) / (2N) (Prop. 1), a bias that shrinks with N.
@@ -96,7 +96,7 @@ def log_z_is(log_w: Array, mask: Array | None = None) -> Array:
 
 @jax.jit
 def log_z_gm(log_w: Array, mask: Array | None = None) -> Array:
-  """The geometric-mean aggregator (1/N) sum_i log w_i of App. B.2 (Prop. 2).
+  """The geometric-mean aggregator (1/N) sum_i log w_i of App. C.2 (Prop. 2).
 
   Biased downward by about CV^2(w) / 2, a bias that does not shrink with N. Provided as the
   baseline the paper argues against.
@@ -179,7 +179,7 @@ def stage1_statistics(log_w: Array, mask: Array | None = None) -> dict[str, Arra
     mask: optional ``[P, N]`` bool validity mask.
 
   Returns:
-    dict of ``[P]`` arrays: ``log_z_is`` (eq. 6), ``log_z_gm`` (App. B.2), ``ess``, ``cv2``,
+    dict of ``[P]`` arrays: ``log_z_is`` (eq. 8), ``log_z_gm`` (App. C.2), ``ess``, ``cv2``,
     ``max_weight_share``, ``n_valid`` (int32).
   """
   valid = _valid(log_w, mask)
@@ -212,7 +212,7 @@ def jensen_corrected_log_z(log_z: Array, cv2: Array, n_valid: Array) -> Array:
 def jackknife_log_z(log_w: Array, mask: Array | None = None) -> Array:
   """Jackknife bias-corrected log Z_IS: N L_N - (N - 1) mean_i L_{N-1}^{(-i)} (an optional label variant).
 
-  L_N is the logsumexp label of eq. (6) over the N valid samples of a row and L_{N-1}^{(-i)} the same
+  L_N is the logsumexp label of eq. (8) over the N valid samples of a row and L_{N-1}^{(-i)} the same
   label with sample i left out. By Prop. 1, E[L_N] = log Z - c_1 / N - c_2 / N^2 + O(N^-3) with
   c_1 = CV^2(w) / 2; the jackknife combination cancels the 1/N term exactly, leaving a bias
   c_2 / (N (N - 1)) + O(N^-3) = O(1/N^2), whatever CV^2 is (it needs no plug-in estimate of CV^2, unlike
@@ -227,7 +227,7 @@ def jackknife_log_z(log_w: Array, mask: Array | None = None) -> Array:
   weights (a single nonzero weight) gives L_N, since the correction would be +inf.
 
   Args:
-    log_w: ``[P, N]`` log importance weights (eq. 5).
+    log_w: ``[P, N]`` log importance weights (w of eq. 7).
     mask: optional ``[P, N]`` bool validity mask.
 
   Returns:

@@ -1,4 +1,4 @@
-"""The offline-budget study of App. C.3: how log Z_IS behaves as the number of samples M grows.
+"""The offline-budget study of App. D.3: how log Z_IS behaves as the number of samples M grows.
 
 From a pool of samples per prompt (the paper uses 32), M in {2, 4, 8, 16} samples are drawn without
 replacement many times; for each prompt we record
@@ -83,7 +83,7 @@ def n_study(key: Array,
             ms: Sequence[int] = (2, 4, 8, 16),
             repeats: int = 64,
             log_z_ref: Array | None = None) -> NStudyResult:
-  """Runs the App. C.3 subsampling study.
+  """Runs the App. D.3 subsampling study.
 
   Args:
     key: PRNG key.
@@ -168,7 +168,7 @@ def kmeans(key: Array, x: Array, *, k: int, iters: int = 50) -> tuple[Array, Arr
 
 
 def sse_curve(key: Array, x: Array, ks: Sequence[int], iters: int = 50, restarts: int = 3) -> np.ndarray:
-  """SSE of k-means for each k (best of ``restarts``), for the elbow plot of App. C.3.
+  """SSE of k-means for each k (best of ``restarts``), for the elbow plot of App. D.3.
 
   Returns:
     ``[len(ks)]`` float SSE values.

@@ -6,9 +6,18 @@ eq. (3) as its finite-sample plug-in, as FlowRL does. Three kinds are offered:
 
 - ``raw``:          r~ = r
 - ``affine``:       r~ = a * r + b, with fixed scalars a > 0, b
-- ``group_zscore``: r~_i = (r_i - mean_q) / (std_q + eps), mean and (population) std over the valid
-                    samples of one prompt, eq. (3). A group whose rewards are all equal has std 0 and
-                    maps to 0 for every sample.
+- ``group_zscore``: r~_i = (r_i - mean_q) / (std_q + eps), mean and std over the valid samples of one
+                    prompt. ``ddof`` picks the std:
+
+  - ``ddof=0`` (default): the population std s_q^2 = (1/G) sum_i (r_i - mean_q)^2 of the paper's
+    eq. (3). A group with one valid sample, or whose rewards are all equal, has std 0 and maps to 0.
+  - ``ddof=1``: the sample std (Bessel, 1/(G-1)), as veRL's ``compute_grpo_outcome_advantage``
+    (``verl/trainer/ppo/core_algos.py``, ``torch.std``) computes the GRPO advantages that FlowRL's
+    veRL fork feeds its TB loss as the reward, and as TRL's GRPOTrainer does (``nanstd``). With
+    G = 8, every value is sqrt(7/8) ~ 0.935 times its ``ddof=0`` value. eps is added to the std in
+    both references (veRL 1e-6, TRL 1e-4), so an all-equal group maps to 0. A group with one valid
+    sample follows veRL: mean 0 and std 1, i.e. r~ = r / (1 + eps). (TRL never trains with G = 1, it
+    requires ``num_generations >= 2``; at evaluation it sets the std to 0 there, giving 0.)
 
 Stage 1 records the transform with its labels (``RewardTransform.to_dict``) and Stage 3 refuses an
 anchor fitted under a different one (``RewardTransform.check_matches``).
@@ -21,6 +30,7 @@ from typing import Any
 import jax.numpy as jnp
 
 KINDS = ("raw", "affine", "group_zscore")
+DDOFS = (0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,12 +42,15 @@ class RewardTransform:
     scale: a in r~ = a r + b (``affine`` only; must be > 0).
     shift: b in r~ = a r + b (``affine`` only).
     eps: added to the group std (``group_zscore`` only; must be > 0).
+    ddof: 0 (population std, the paper's eq. 3) or 1 (sample std, veRL / FlowRL / TRL);
+      ``group_zscore`` only. Records written before this field existed load with 0.
   """
 
   kind: str = "raw"
   scale: float = 1.0
   shift: float = 0.0
   eps: float = 1e-6
+  ddof: int = 0
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -46,10 +59,13 @@ class RewardTransform:
       raise ValueError(f"RewardTransform.scale must be > 0 (a_q > 0 in the paper), got {self.scale!r}")
     if not self.eps > 0:
       raise ValueError(f"RewardTransform.eps must be > 0, got {self.eps!r}")
+    if self.ddof not in DDOFS:
+      raise ValueError(f"RewardTransform.ddof must be one of {DDOFS}, got {self.ddof!r}")
 
   def apply(self, reward: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
     """Applies the transform; see `transform_rewards`."""
-    return transform_rewards(reward, mask, kind=self.kind, scale=self.scale, shift=self.shift, eps=self.eps)
+    return transform_rewards(reward, mask, kind=self.kind, scale=self.scale, shift=self.shift, eps=self.eps,
+                             ddof=self.ddof)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -75,7 +91,8 @@ def transform_rewards(reward: jnp.ndarray,
                       kind: str = "raw",
                       scale: float = 1.0,
                       shift: float = 0.0,
-                      eps: float = 1e-6) -> jnp.ndarray:
+                      eps: float = 1e-6,
+                      ddof: int = 0) -> jnp.ndarray:
   """Transforms verifier rewards, per prompt group.
 
   Args:
@@ -84,7 +101,9 @@ def transform_rewards(reward: jnp.ndarray,
       are ignored by the group statistics and returned as 0.
     kind: ``raw`` | ``affine`` | ``group_zscore`` (see module docstring).
     scale, shift: the affine a and b.
-    eps: added to the group std for ``group_zscore``.
+    eps: added to the group std for ``group_zscore`` (r - mean) / (std + eps).
+    ddof: ``group_zscore`` std: 0 = population (eq. 3), 1 = sample std with veRL's rule for a
+      group of one valid sample (mean 0, std 1); see the module docstring.
 
   Returns:
     ``[P, N]`` float32 transformed rewards r~; 0 where ``mask`` is False.
@@ -96,10 +115,18 @@ def transform_rewards(reward: jnp.ndarray,
   elif kind == "affine":
     out = scale * r + shift
   elif kind == "group_zscore":
-    cnt = jnp.maximum(m.sum(-1, keepdims=True), 1)  # [P, 1]
+    if ddof not in DDOFS:
+      raise ValueError(f"group_zscore ddof must be one of {DDOFS}, got {ddof!r}")
+    n = m.sum(-1, keepdims=True)  # [P, 1] valid samples per group
+    cnt = jnp.maximum(n, 1)
     mean = jnp.where(m, r, 0.0).sum(-1, keepdims=True) / cnt
-    var = jnp.where(m, (r - mean) ** 2, 0.0).sum(-1, keepdims=True) / cnt  # population variance, eq. (3)
-    out = (r - mean) / (jnp.sqrt(var) + eps)
+    ss = jnp.where(m, (r - mean) ** 2, 0.0).sum(-1, keepdims=True)  # [P, 1]
+    std = jnp.sqrt(ss / jnp.maximum(n - ddof, 1))
+    if ddof == 1:  # veRL: a group of one sample gets mean 0 and std 1
+      single = n == 1
+      mean = jnp.where(single, 0.0, mean)
+      std = jnp.where(single, 1.0, std)
+    out = (r - mean) / (std + eps)
   else:
     raise ValueError(f"reward transform kind must be one of {KINDS}, got {kind!r}")
   return jnp.where(m, out, 0.0)

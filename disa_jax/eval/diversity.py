@@ -1,10 +1,22 @@
-"""Diversity of k responses to one problem: the LLM judge of App. C.5 and a local, offline metric.
+"""Diversity of k responses to one problem: the LLM judge of App. D.5 and a local, offline metric.
 
-Judge. `DiversityJudge(url, model, api_key)` sends the App. C.5 prompt (the FlowRL diversity-judge
-prompt the paper reproduces) to an OpenAI-compatible chat-completions endpoint with `urllib`,
-retries transient failures with exponential back-off, caches every answer on disk (keyed by model,
-messages and decoding settings), and returns the integer score 1..5. An unreachable endpoint raises
-`JudgeUnavailableError` naming the URL and the last error.
+Judge. `DiversityJudge(url, model, api_key)` sends the App. D.5 prompt (the FlowRL diversity-judge
+prompt the paper reproduces; the paper's judge is GPT-4o-mini) to an OpenAI-compatible
+chat-completions endpoint, retries transient failures with capped exponential back-off, caches every
+answer on disk (keyed by the whole request body: model, messages, decoding settings and any extra
+fields), and returns the integer score 1..5. An endpoint that stays unreachable raises
+`JudgeUnavailableError` naming the URL, the number of attempts and the last error. `extra_body`
+adds provider-specific fields to the request, e.g. vLLM's
+``{"structured_outputs": {"choice": ["1", "2", "3", "4", "5"]}}`` to constrain an open judge model
+served with ``vllm serve`` to the answer format (tests/eval/test_diversity_vllm.py runs this
+against a real vLLM server).
+
+Why `urllib` and not the `openai` client: `openai` is not a dependency of this package (it only
+arrives with vLLM), and the judge needs one POST to ``/chat/completions`` whose JSON we read
+ourselves. What the judge does need is policy the `openai` client does not give in one place: the
+same retry loop for transport errors, HTTP 408/429/5xx *and* replies without a parseable score;
+a count of the HTTP requests actually sent (so a cache hit is checkable); and a cache keyed by the
+exact request body. The wire format is the same either way.
 
 The prompt is transcribed from the paper's LaTeX: math-mode numbers become plain digits and the
 typeset dashes become "-"; `{n}` is the number of responses (8 in the paper) and the responses are
@@ -80,7 +92,7 @@ def _format_responses(responses: Sequence[str]) -> str:
 
 
 def judge_messages(problem: str, responses: Sequence[str]) -> list[dict[str, str]]:
-  """The chat messages of App. C.5 for one problem and its responses."""
+  """The chat messages of App. D.5 for one problem and its responses."""
   if not responses:
     raise ValueError("responses is empty")
   user = JUDGE_USER_TEMPLATE.format(problem=problem.strip(), n=len(responses),
@@ -110,20 +122,29 @@ class DiversityJudge:
     max_retries: attempts after the first one, for connection errors, timeouts, HTTP 408/429/5xx
       and unparseable replies.
     backoff_s: first retry delay (doubles each retry).
+    max_backoff_s: cap on one retry delay (None: no cap).
     timeout_s: per-request timeout.
     temperature: sampling temperature sent to the judge.
     max_tokens: completion budget of the reply.
+    extra_body: further JSON fields merged into every request (they may not override ``model``,
+      ``messages``, ``temperature`` or ``max_tokens``); part of the cache key.
   """
 
   def __init__(self, url: str, model: str, api_key: str | None = None, *,
                cache_dir: str | None = None, max_retries: int = 3, backoff_s: float = 1.0,
-               timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 16):
+               max_backoff_s: float | None = None, timeout_s: float = 60.0,
+               temperature: float = 0.0, max_tokens: int = 16, extra_body: dict | None = None):
     if not url.startswith(("http://", "https://")):
       raise ValueError(f"url must start with http:// or https://, got {url!r}")
     if not model:
       raise ValueError("model must be a non-empty string")
     if max_retries < 0:
       raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    if max_backoff_s is not None and max_backoff_s < 0:
+      raise ValueError(f"max_backoff_s must be None or >= 0, got {max_backoff_s}")
+    clash = sorted(set(extra_body or {}) & {"model", "messages", "temperature", "max_tokens"})
+    if clash:
+      raise ValueError(f"extra_body may not set {clash}; use the DiversityJudge arguments")
     url = url.rstrip("/")
     self.endpoint = url if url.endswith("/chat/completions") else url + "/chat/completions"
     self.model = model
@@ -134,6 +155,8 @@ class DiversityJudge:
     self.timeout_s = timeout_s
     self.temperature = temperature
     self.max_tokens = max_tokens
+    self.max_backoff_s = max_backoff_s
+    self.extra_body = dict(extra_body or {})
     self.num_requests = 0  # HTTP requests actually sent (cache hits send none)
 
   def _cache_path(self, body: dict) -> str | None:
@@ -163,7 +186,7 @@ class DiversityJudge:
       JudgeUnavailableError: the endpoint is unreachable, keeps failing, or never returns a score.
     """
     body = {"model": self.model, "messages": judge_messages(problem, responses),
-            "temperature": self.temperature, "max_tokens": self.max_tokens}
+            "temperature": self.temperature, "max_tokens": self.max_tokens, **self.extra_body}
     path = self._cache_path(body)
     if path and os.path.exists(path):
       with open(path) as f:
@@ -171,7 +194,8 @@ class DiversityJudge:
     last_err: Exception | None = None
     for attempt in range(self.max_retries + 1):
       if attempt:
-        time.sleep(self.backoff_s * 2 ** (attempt - 1))
+        delay = self.backoff_s * 2 ** (attempt - 1)
+        time.sleep(delay if self.max_backoff_s is None else min(delay, self.max_backoff_s))
       try:
         text = self._post(body)
       except urllib.error.HTTPError as e:

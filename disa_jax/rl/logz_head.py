@@ -1,43 +1,107 @@
-"""FlowRL's co-trained partition-function head log Z_phi(q) (eq. 4).
+"""FlowRL's co-trained partition-function head log Z_phi(q) (eq. 6).
 
-An MLP on the masked mean of the policy's final hidden state over the prompt tokens:
-``num_layers - 1`` blocks of (Linear D->D, GELU, LayerNorm), then Linear D->1. It lives in its own
-`nnx.Module`, separate from the policy `Transformer`, so that weight sync to the rollout engine and
-HF export (which walk the policy only) never see it; the trainer keeps its parameters and optimizer
-state beside the policy's. The head's input is not detached: as in FlowRL, where the head sits on
-the actor's last hidden state, the TB loss also reaches the policy through the prompt embedding.
+An MLP on a masked mean of the policy's final hidden state over the prompt tokens:
+``num_layers - 1`` blocks of (Linear D->D, GELU, LayerNorm, Dropout), then Linear D->1. It lives in
+its own `nnx.Module`, separate from the policy `Transformer`, so that weight sync to the rollout
+engine and HF export (which walk the policy only) never see it; the trainer keeps its parameters and
+optimizer state beside the policy's. The head's input is not detached: as in FlowRL, where the head
+sits on the actor's last hidden state, the TB loss also reaches the policy through the prompt
+embedding.
+
+The paper says nothing about the head, so every default follows FlowRL: ``ProjZModule`` in
+github.com/Xuekai-Zhu/FlowRL ``verl@FlowRL/verl/workers/fsdp_workers.py`` (the same class is in
+veRL's ``recipe/flowrl/flowrl_actor.py``): ``num_layers=3`` (``porj_layer=3`` in its run scripts),
+exact GELU, ``torch.nn.LayerNorm`` (eps 1e-5), ``Dropout(0.1)`` after each LayerNorm, and
+``torch.nn.Linear``'s default initialisation. Its input, in ``DataParallelPPOActor.
+_forward_micro_batch``, is ``masked_mean`` of the last hidden states over the prompt columns
+``[:, :-response_length - 1]``, i.e. every prompt position but the last one
+(``pooling='exclude_last_prompt_token'``).
+
+Dropout is applied only when `LogZHead.__call__` is given a ``dropout_key`` (FlowRL's update runs
+the actor in ``train()`` mode, so its dropout is on while the TB loss is differentiated); without a
+key the head is deterministic (``eval()`` mode). The key is an explicit input, so the head stays a
+pure function of (parameters, embeddings, key) and jits.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+POOLINGS = ("exclude_last_prompt_token", "all_prompt_tokens")
+INITS = ("torch", "flax")
 
-def masked_mean_embedding(hidden: jax.Array, prompt_mask: jax.Array) -> jax.Array:
-  """Masked mean of hidden states over prompt tokens.
+
+def pooling_mask(prompt_mask: jax.Array, pooling: str = "exclude_last_prompt_token") -> jax.Array:
+  """The positions the head's input averages over.
+
+  Args:
+    prompt_mask: ``[B, T]`` 1 on prompt tokens, 0 elsewhere (left or right padding, any layout).
+    pooling: ``exclude_last_prompt_token`` (FlowRL: every prompt position but the last prompt
+      token of each row) | ``all_prompt_tokens``.
+
+  Returns:
+    ``[B, T]`` bool.
+  """
+  if pooling not in POOLINGS:
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+  m = jnp.asarray(prompt_mask) > 0
+  if pooling == "all_prompt_tokens":
+    return m
+  at_or_after = jnp.cumsum(m[:, ::-1].astype(jnp.int32), axis=1)[:, ::-1]  # prompt tokens >= t
+  return m & (at_or_after > 1)
+
+
+def masked_mean_embedding(hidden: jax.Array,
+                          prompt_mask: jax.Array,
+                          *,
+                          pooling: str = "exclude_last_prompt_token") -> jax.Array:
+  """Masked mean of hidden states over the prompt positions `pooling_mask` selects.
 
   Args:
     hidden: ``[B, T, D]`` final hidden states.
     prompt_mask: ``[B, T]`` 1 on prompt tokens, 0 elsewhere.
+    pooling: see `pooling_mask`; the default is FlowRL's (the paper is silent).
 
   Returns:
-    ``[B, D]`` float32 (zeros for a row without prompt tokens).
+    ``[B, D]`` float32 (zeros for a row with no selected position, e.g. a one-token prompt under
+    ``exclude_last_prompt_token``).
   """
   if hidden.ndim != 3 or prompt_mask.shape != hidden.shape[:2]:
     raise ValueError(f"need hidden [B, T, D] and prompt_mask [B, T], got {hidden.shape} and "
                      f"{prompt_mask.shape}")
-  m = jnp.asarray(prompt_mask, jnp.float32)
+  m = pooling_mask(prompt_mask, pooling).astype(jnp.float32)
   total = jnp.einsum("btd,bt->bd", hidden.astype(jnp.float32), m)
   return total / jnp.maximum(m.sum(-1, keepdims=True), 1.0)
 
 
+def _torch_uniform(fan_in: int, shift: float = 0.0):
+  """torch.nn.Linear's default bias init U(-1/sqrt(fan_in), 1/sqrt(fan_in)), plus ``shift``."""
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound) + jnp.asarray(shift, dtype)
+
+  return init
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+  """Inverted dropout as ``torch.nn.Dropout`` in train mode; identity when ``key`` is None."""
+  if key is None or rate == 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
 class LogZHead(nnx.Module):
-  """log Z_phi head: ``[P, D]`` prompt embeddings -> ``[P]`` log Z.
+  """log Z_phi head: ``[N, D]`` prompt embeddings -> ``[N]`` log Z (N = P prompts or B rows).
 
   Attributes:
     hidden_size: D, the policy's hidden size.
     num_layers: number of Linear layers (>= 1); FlowRL uses 3.
+    dropout_rate: dropout after each LayerNorm when a key is given (FlowRL: 0.1).
   """
 
   def __init__(self,
@@ -46,30 +110,69 @@ class LogZHead(nnx.Module):
                *,
                rngs: nnx.Rngs,
                init_bias: float = 0.0,
-               param_dtype=jnp.float32):
+               param_dtype=jnp.float32,
+               dropout_rate: float = 0.1,
+               layer_norm_eps: float = 1e-5,
+               init: str = "torch"):
+    """Builds the head.
+
+    Args:
+      hidden_size: D.
+      num_layers: Linear layers (>= 1).
+      rngs: parameter initialisation.
+      init_bias: added to the output bias at initialisation (the initial log Z offset; FlowRL: 0).
+      param_dtype: parameter dtype.
+      dropout_rate: in [0, 1); FlowRL 0.1.
+      layer_norm_eps: LayerNorm epsilon; FlowRL (torch default) 1e-5.
+      init: ``torch`` (FlowRL: kernel and bias U(+-1/sqrt(fan_in)), as ``torch.nn.Linear``) |
+        ``flax`` (LeCun-normal kernels, zero biases).
+    """
     if hidden_size < 1:
       raise ValueError(f"LogZHead hidden_size must be >= 1, got {hidden_size!r}")
     if num_layers < 1:
       raise ValueError(f"LogZHead num_layers must be >= 1, got {num_layers!r}")
+    if not 0.0 <= dropout_rate < 1.0:
+      raise ValueError(f"LogZHead dropout_rate must be in [0, 1), got {dropout_rate!r}")
+    if init not in INITS:
+      raise ValueError(f"LogZHead init must be one of {INITS}, got {init!r}")
     self.hidden_size = hidden_size
     self.num_layers = num_layers
+    self.dropout_rate = dropout_rate
+    kw = {}
+    out_bias = nnx.initializers.constant(init_bias)
+    if init == "torch":
+      kw = {"kernel_init": nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform"),
+            "bias_init": _torch_uniform(hidden_size)}
+      out_bias = _torch_uniform(hidden_size, init_bias)
     self.linears = nnx.List([
-        nnx.Linear(hidden_size, hidden_size, rngs=rngs, param_dtype=param_dtype)
+        nnx.Linear(hidden_size, hidden_size, rngs=rngs, param_dtype=param_dtype, **kw)
         for _ in range(num_layers - 1)
     ])
     self.norms = nnx.List([
-        nnx.LayerNorm(hidden_size, rngs=rngs, param_dtype=param_dtype)
+        nnx.LayerNorm(hidden_size, epsilon=layer_norm_eps, rngs=rngs, param_dtype=param_dtype)
         for _ in range(num_layers - 1)
     ])
     self.out = nnx.Linear(hidden_size, 1, rngs=rngs, param_dtype=param_dtype,
-                          bias_init=nnx.initializers.constant(init_bias))
+                          kernel_init=kw.get("kernel_init", nnx.initializers.lecun_normal()),
+                          bias_init=out_bias)
 
-  def __call__(self, embeddings: jax.Array) -> jax.Array:
-    """Args: embeddings ``[P, D]``. Returns: ``[P]`` float32 log Z values."""
+  def __call__(self, embeddings: jax.Array, *, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Applies the head.
+
+    Args:
+      embeddings: ``[N, D]`` prompt embeddings (see `masked_mean_embedding`).
+      dropout_key: a PRNG key to train with dropout (independent masks per row and layer), or
+        None for the deterministic head.
+
+    Returns:
+      ``[N]`` float32 log Z values.
+    """
     if embeddings.ndim != 2 or embeddings.shape[-1] != self.hidden_size:
-      raise ValueError(f"LogZHead expects embeddings [P, {self.hidden_size}], got "
+      raise ValueError(f"LogZHead expects embeddings [N, {self.hidden_size}], got "
                        f"{embeddings.shape}")
     x = embeddings.astype(jnp.float32)
-    for linear, norm in zip(self.linears, self.norms):
+    for i, (linear, norm) in enumerate(zip(self.linears, self.norms)):
       x = norm(jax.nn.gelu(linear(x), approximate=False))
-    return self.out(x)[:, 0].astype(jnp.float32)  # [P, 1] -> [P]
+      key = None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+      x = dropout(x, self.dropout_rate, key)
+    return self.out(x)[:, 0].astype(jnp.float32)  # [N, 1] -> [N]

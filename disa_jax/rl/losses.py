@@ -12,16 +12,27 @@ responses each, prompt-major so that rows ``p*G : (p+1)*G`` belong to prompt p):
 - per-prompt scalars (log Z): ``[P]`` with B divisible by P; they are repeated over the G rows of
   each prompt (``G = B // P``; a ``[B]`` array is the special case G = 1).
 
-Every loss averages its per-sequence terms over the valid rows, so that a batch split into
-micro-batches is recovered exactly by weighting each micro-batch's gradient by its valid-row count
-(`disa_jax.rl.train_step` does this). Every loss returns ``(loss, metrics)`` with scalar float32
-metrics that are safe to average over micro-batches.
+Aggregation and micro-batching. DISA, FlowRL and GSPO average per-sequence terms over the valid
+rows; GRPO averages over rows (``loss_agg='seq-mean-token-mean'``, eq. 2) or over all valid tokens
+of the batch (``loss_agg='token-mean'``, veRL's default). A batch split into micro-batches is
+recovered exactly by weighting each micro-batch's loss (and gradient) by its normaliser and dividing
+by the sum of the normalisers: `loss_normalizer` gives it (valid rows, or valid tokens for
+'token-mean').
+Every loss returns ``(loss, metrics)`` with scalar float32 metrics.
 
-Equation numbers follow the project's convention for the paper (``disa.tex``), with the LaTeX
-labels to remove any doubt: eq. (1) token ratio (``eq:bg:ratio``); eq. (2) clipped surrogate
-(``eq:bg:ppo``); eq. (3) group z-score (``eq:bg:grpo-rhat``); eq. (4) the FlowRL objective with
-rollout weights (``eq:bg:flowrl``, whose residual is the TB loss ``eq:bg:tb``); eq. (8) the DISA
-objective (``eq:m:decrl``).
+Defaults are what the paper states; where it is silent they follow FlowRL's veRL fork / veRL, and
+the docstring says so. The options that exist to match a reference implementation name its file and
+function. References read for this module: veRL ``verl/trainer/ppo/core_algos.py``
+(``compute_grpo_outcome_advantage``, ``compute_policy_loss_vanilla``, ``compute_policy_loss_gspo``,
+``agg_loss``, ``kl_penalty_forward``) and ``verl/trainer/config/actor/actor.yaml``; FlowRL
+(github.com/Xuekai-Zhu/FlowRL, ``verl@FlowRL/verl/workers/actor/dp_actor.py``) and its recipe in
+veRL (``recipe/flowrl/flowrl_actor.py``) and in the veRL fork (github.com/Xuekai-Zhu/verl_FlowRL).
+
+Equation numbers are those of the compiled paper (``disa.tex``, numbered equations in order), with
+the LaTeX labels: eq. (1) token ratio (``eq:bg:ratio``); eq. (2) clipped surrogate (``eq:bg:ppo``);
+eq. (3) group z-score (``eq:bg:grpo-rhat``); eq. (4) the tilted target pi~ and Z(q)
+(``eq:m:target``); eq. (5) the TB loss (``eq:bg:tb``); eq. (6) the FlowRL objective with rollout
+weights (``eq:bg:flowrl``); eq. (10) the DISA objective (``eq:m:decrl``).
 """
 from __future__ import annotations
 
@@ -36,7 +47,8 @@ from disa_jax.scoring.logprobs import sequence_logprob
 Array = jax.Array
 Metrics = dict[str, Array]
 
-OMEGA_MODES = ("one", "clipped_ratio")
+OMEGA_MODES = ("one", "ratio", "clipped_ratio", "clamped_ratio")
+AGG_KINDS = ("seq-mean-token-mean", "token-mean")
 KL_KINDS = ("k1", "k3")
 
 
@@ -89,8 +101,55 @@ def _masked_row_min(x: Array, valid: Array) -> Array:
 
 
 def _masked_token_mean(x: Array, mask: Array) -> Array:
-  m = _f32(mask)
+  m = _f32(mask > 0)
   return (jnp.where(mask > 0, _f32(x), 0.0)).sum() / jnp.maximum(m.sum(), 1.0)
+
+
+def _check_agg(loss_agg: str) -> None:
+  if loss_agg not in AGG_KINDS:
+    raise ValueError(f"loss_agg must be one of {AGG_KINDS}, got {loss_agg!r}")
+
+
+def aggregate(per_token: Array, mask: Array, loss_agg: str) -> Array:
+  """Reduces a ``[B, T]`` per-token loss to a scalar.
+
+  ``seq-mean-token-mean``: (1/B_valid) sum_i (1/T_i) sum_t l_it, the paper's eq. (2) (and TRL's
+  ``loss_type='grpo'``). ``token-mean``: sum_it l_it / sum_i T_i over all valid tokens, veRL's
+  ``agg_loss(loss_agg_mode='token-mean')`` (its default, ``actor.yaml`` ``loss_agg_mode``).
+
+  Args:
+    per_token: ``[B, T]`` per-token losses (values outside ``mask`` ignored).
+    mask: ``[B, T]`` response mask.
+    loss_agg: one of `AGG_KINDS`.
+
+  Returns:
+    Scalar float32 (0 when no token is valid).
+  """
+  _check_agg(loss_agg)
+  if loss_agg == "token-mean":
+    return _masked_token_mean(per_token, mask)
+  return masked_row_mean(sequence_mean(per_token, mask), valid_rows(mask))
+
+
+def loss_normalizer(loss_agg: str, mask: Array) -> Array:
+  """The count a loss averages over, for exact micro-batch recombination.
+
+  A loss L_k computed on micro-batch k of a mini-batch with ``loss_agg`` is a mean over n_k items;
+  the mini-batch loss is sum_k n_k L_k / sum_k n_k, and likewise its gradient. The items are
+  valid rows (sequences) for ``seq-mean-token-mean`` (GRPO's eq. 2; also what DISA, FlowRL and GSPO
+  average over) and valid tokens for ``token-mean`` (GRPO with veRL's default).
+
+  Args:
+    loss_agg: one of `AGG_KINDS`.
+    mask: ``[b, T]`` response mask of the micro-batch.
+
+  Returns:
+    Scalar float32 n_k: the number of rows with a response token, or of response tokens.
+  """
+  _check_agg(loss_agg)
+  if loss_agg == "token-mean":
+    return _f32(mask > 0).sum()
+  return _f32(valid_rows(mask)).sum()
 
 
 def expand_prompt_values(values: Array, batch_size: int, name: str = "log_z") -> Array:
@@ -127,18 +186,26 @@ def _check_rows(batch_size: int, **arrays: Array) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def group_zscore_advantages(reward: Array, mask: Array | None = None, eps: float = 1e-6) -> Array:
+def group_zscore_advantages(reward: Array,
+                            mask: Array | None = None,
+                            eps: float = 1e-6,
+                            *,
+                            ddof: int = 0) -> Array:
   """Group-normalised rewards r^_i = (r_i - mean_q) / (std_q + eps), eq. (3).
 
   Args:
     reward: ``[P, G]`` verifier rewards.
     mask: ``[P, G]`` bool valid samples, or None.
-    eps: added to the population std (a group with equal rewards gets 0 advantage).
+    eps: added to the std (a group with equal rewards gets 0 advantage); veRL uses 1e-6.
+    ddof: 0 = population std as eq. (3) writes s_q (default); 1 = sample std as veRL's
+      ``compute_grpo_outcome_advantage`` (``torch.std``), FlowRL and TRL compute it, with veRL's
+      rule for a group of one valid sample (mean 0, std 1). See
+      `disa_jax.estimators.reward_transforms`.
 
   Returns:
     ``[P, G]`` float32 advantages (0 where ``mask`` is False).
   """
-  return transform_rewards(reward, mask, kind="group_zscore", eps=eps)
+  return transform_rewards(reward, mask, kind="group_zscore", eps=eps, ddof=ddof)
 
 
 def rollout_weights(logp: Array,
@@ -146,21 +213,41 @@ def rollout_weights(logp: Array,
                     mask: Array,
                     *,
                     mode: str = "one",
-                    max_weight: float = 10.0) -> tuple[Array, Array]:
-  """Rollout weights omega_i of eqs. (4) and (8), detached.
+                    max_weight: float = 10.0,
+                    eps_low: float = 0.2,
+                    eps_high: float = 0.28) -> tuple[Array, Array]:
+  """Rollout weights omega_i of eqs. (6) and (10), per sequence and detached.
 
-  ``one``: omega = 1 (on-policy). ``clipped_ratio``: omega = min(pi_theta(o|q) / pi_old(o|q),
-  max_weight) with the trajectory ratio exp(sum_t (logp - old_logp)), under stop_gradient (FlowRL
-  clips at 10).
+  Every mode but ``one`` starts from the trajectory ratio w_i = pi_theta(o_i|q) / pi_old(o_i|q) =
+  exp(sum_t (logp - old_logp)) over the response tokens, under stop_gradient (all FlowRL versions
+  detach it: ``torch.exp(log_w).detach()``):
+
+  - ``one``: omega = 1, the on-policy value the paper states below eq. (6) (default).
+  - ``ratio``: omega = w, unclipped. What FlowRL's released code computes
+    (github.com/Xuekai-Zhu/FlowRL, ``verl@FlowRL/verl/workers/actor/dp_actor.py``,
+    ``compute_flowrl_objective``: it also forms ``clamp(w, 1 - clip_ratio, 1 + clip_ratio)`` but
+    multiplies the squared residual by the unclipped w), and the veRL fork's "vanilla" variant
+    (``compute_flowrl_objective_vanilla``, ``FLOWRL_LOSS_VARIANT=vanilla``).
+  - ``clipped_ratio``: omega = min(w, max_weight), max_weight 10: veRL's FlowRL recipe
+    (``recipe/flowrl/flowrl_actor.py``, ``compute_flowrl``, ``torch.clamp(imp_w_raw, max=10)``) and
+    the fork's ``recipe/flowrl/flowrl_objectives.py``.
+  - ``clamped_ratio``: omega = clip(w, 1 - eps_low, 1 + eps_high), [0.8, 1.28] by default: the
+    fork's "flowrl_clip" variant (``compute_flowrl_clip``, ``torch.clamp(imp_w_raw, 1 - 0.2,
+    1 + 0.28)``); the first veRL recipe (``compute_flowrl_objective``) clamps to the actor's
+    ``clip_ratio_low/high`` (0.2 / 0.28 in its run script) but also drops tokens with a CISPO mask,
+    which is not reproduced here.
+
+  For numerical safety the log ratio is capped at 80 before exp (float32 overflows near 88).
 
   Args:
     logp, old_logp: ``[B, T]`` token log-probs (old_logp may be None for ``one``).
     mask: ``[B, T]`` response mask.
-    mode: ``one`` | ``clipped_ratio``.
-    max_weight: the clip for ``clipped_ratio`` (> 0).
+    mode: one of `OMEGA_MODES`.
+    max_weight: the upper clip for ``clipped_ratio`` (> 0).
+    eps_low, eps_high: the clamp [1 - eps_low, 1 + eps_high] for ``clamped_ratio``.
 
   Returns:
-    (omega ``[B]``, raw ratio ``[B]``) both float32 and without gradient; the raw ratio is 1 for
+    (omega ``[B]``, raw ratio w ``[B]``) both float32 and without gradient; the raw ratio is 1 for
     ``one``.
   """
   if mode not in OMEGA_MODES:
@@ -169,17 +256,23 @@ def rollout_weights(logp: Array,
     ones = jnp.ones(mask.shape[:1], jnp.float32)
     return ones, ones
   if old_logp is None:
-    raise ValueError("omega mode 'clipped_ratio' needs old_logp, got None")
-  if not max_weight > 0:
+    raise ValueError(f"omega mode {mode!r} needs old_logp, got None")
+  if mode == "clipped_ratio" and not max_weight > 0:
     raise ValueError(f"omega max_weight must be > 0, got {max_weight!r}")
+  if mode == "clamped_ratio" and not (0 <= eps_low < 1 and eps_high >= 0):
+    raise ValueError(f"omega clamp needs 0 <= eps_low < 1 and eps_high >= 0, got "
+                     f"eps_low={eps_low!r}, eps_high={eps_high!r}")
   log_ratio = sequence_sum(jax.lax.stop_gradient(_f32(logp)) - _f32(old_logp), mask)  # [B]
-  # Clip in log space first so that exp cannot overflow.
   raw = jnp.exp(jnp.minimum(log_ratio, 80.0))
-  return jnp.minimum(raw, max_weight), raw
+  if mode == "ratio":
+    return raw, raw
+  if mode == "clipped_ratio":
+    return jnp.minimum(raw, max_weight), raw
+  return jnp.clip(raw, 1.0 - eps_low, 1.0 + eps_high), raw
 
 
 # ----------------------------------------------------------------------------------------------
-# Trajectory balance: DISA (eq. 8) and FlowRL (eq. 4).
+# Trajectory balance: DISA (eq. 10) and FlowRL (eq. 6).
 # ----------------------------------------------------------------------------------------------
 
 
@@ -191,11 +284,12 @@ def tb_residual(log_z: Array,
                 *,
                 beta: float,
                 length_normalize: bool) -> Array:
-  """Trajectory-balance residual of eqs. (4) and (8) (labels eq:bg:tb, eq:bg:flowrl, eq:m:decrl).
+  """Trajectory-balance residual of eqs. (5), (6) and (10) (eq:bg:tb, eq:bg:flowrl, eq:m:decrl).
 
   R_i = log Z(q) + log pi_theta(o_i|q) - log pi_ref(o_i|q) - beta * r~(q, o_i), with the two
   log-prob terms either trajectory sums (the paper's formal residual) or multiplied by 1/|o_i|
-  (FlowRL's implementation; log Z must then be on the same length-normalised scale).
+  (FlowRL's implementation: ``masked_mean`` of the token log-probs of pi_theta and pi_ref, the
+  reward term not normalised; log Z must then be on the same length-normalised scale).
 
   Args:
     log_z: ``[P]`` per-prompt log Z (repeated over G = B // P rows) or ``[B]``.
@@ -229,21 +323,26 @@ def tb_loss(log_z: Array,
             old_logp: Array | None = None,
             omega_mode: str = "one",
             omega_max: float = 10.0,
+            omega_eps_low: float = 0.2,
+            omega_eps_high: float = 0.28,
             sample_weight: Array | None = None) -> tuple[Array, Metrics]:
-  """Weighted squared TB residual, mean over valid rows: (1/B) sum_i omega_i R_i^2 (eq. 4 / 8).
+  """Weighted squared TB residual, mean over valid rows: (1/B) sum_i omega_i R_i^2 (eq. 6 / 10).
 
+  FlowRL's code takes ``torch.mean`` over the rows of a micro-batch and weights micro-batches by
+  their row count, i.e. the same row mean (`loss_normalizer` 'seq-mean-token-mean').
   Gradients flow into ``log_z`` (FlowRL) unless the caller stops them (DISA, see `disa_loss`).
 
   Args:
     log_z, logp, ref_logp, reward, mask, beta, length_normalize: see `tb_residual`.
-    old_logp: ``[B, T]`` rollout-time log-probs (needed for ``omega_mode='clipped_ratio'``).
-    omega_mode, omega_max: see `rollout_weights`.
+    old_logp: ``[B, T]`` rollout-time log-probs (needed for every omega mode but ``one``).
+    omega_mode, omega_max, omega_eps_low, omega_eps_high: see `rollout_weights` (its ``mode``,
+      ``max_weight``, ``eps_low``, ``eps_high``).
     sample_weight: optional fixed ``[B]`` nonnegative weights multiplied into omega (no gradient).
 
   Returns:
     (scalar loss, metrics): ``tb_residual_mean``/``_std``/``_abs_mean``, ``log_z_mean``/``_std``,
-    ``omega_mean``/``_max``, ``omega_raw_mean``, ``omega_clip_frac``, ``logp_seq_mean``,
-    ``ref_logp_seq_mean``, ``beta_reward_mean``.
+    ``omega_mean``/``_max``, ``omega_raw_mean``, ``omega_clip_frac`` (rows whose weight was
+    clipped), ``logp_seq_mean``, ``ref_logp_seq_mean``, ``beta_reward_mean``.
   """
   _check_tokens(mask, old_logp=old_logp)
   if not beta > 0:
@@ -253,7 +352,9 @@ def tb_loss(log_z: Array,
   valid = valid_rows(mask)
   res = tb_residual(log_z, logp, ref_logp, reward, mask, beta=beta,
                     length_normalize=length_normalize)
-  omega, omega_raw = rollout_weights(logp, old_logp, mask, mode=omega_mode, max_weight=omega_max)
+  omega, omega_raw = rollout_weights(logp, old_logp, mask, mode=omega_mode, max_weight=omega_max,
+                                     eps_low=omega_eps_low, eps_high=omega_eps_high)
+  omega_clipped = omega != omega_raw
   if sample_weight is not None:
     omega = omega * jax.lax.stop_gradient(_f32(sample_weight))
   loss = masked_row_mean(omega * res**2, valid)
@@ -268,8 +369,7 @@ def tb_loss(log_z: Array,
       "omega_mean": masked_row_mean(omega, valid),
       "omega_max": _masked_row_max(omega, valid),
       "omega_raw_mean": masked_row_mean(omega_raw, valid),
-      "omega_clip_frac": masked_row_mean(_f32(omega_raw > omega_max) *
-                                         (omega_mode == "clipped_ratio"), valid),
+      "omega_clip_frac": masked_row_mean(omega_clipped, valid),
       "logp_seq_mean": masked_row_mean(
           jax.lax.stop_gradient(sequence_logprob(logp, mask, length_normalize)), valid),
       "ref_logp_seq_mean": masked_row_mean(sequence_logprob(ref_logp, mask, length_normalize),
@@ -281,7 +381,7 @@ def tb_loss(log_z: Array,
 
 def disa_loss(anchor_log_z: Array, logp: Array, ref_logp: Array, reward: Array, mask: Array,
               **kwargs) -> tuple[Array, Metrics]:
-  """DISA objective, eq. (8): the TB loss with a frozen anchor g_psi*(q) in place of log Z.
+  """DISA objective, eq. (10): the TB loss with a frozen anchor g_psi*(q) in place of log Z.
 
   The anchor values ``[P]`` pass through stop_gradient, so no gradient reaches psi whatever the
   caller differentiates. Keyword arguments are those of `tb_loss`.
@@ -291,10 +391,14 @@ def disa_loss(anchor_log_z: Array, logp: Array, ref_logp: Array, reward: Array, 
 
 def flowrl_loss(head_log_z: Array, logp: Array, ref_logp: Array, reward: Array, mask: Array,
                 **kwargs) -> tuple[Array, Metrics]:
-  """FlowRL objective, eq. (4): the TB loss with a co-trained log Z_phi head ``[P]``.
+  """FlowRL objective, eq. (6): the TB loss with a co-trained log Z_phi head.
 
-  Gradients reach both the policy (through ``logp``) and the head (through ``head_log_z``).
-  Keyword arguments are those of `tb_loss`.
+  ``head_log_z`` is ``[P]`` (one value per prompt) or ``[B]`` (one per row, as FlowRL's code
+  computes it: its head runs on every row's prompt states, so with dropout on, the G rows of a
+  prompt get different values). Gradients reach both the policy (through ``logp``) and the head
+  (through ``head_log_z``). Keyword arguments are those of `tb_loss`; FlowRL's settings are
+  ``length_normalize=True``, ``beta=15``, the reward r~ = the GRPO advantage with ``ddof=1``, and
+  an omega mode from `rollout_weights`.
   """
   return tb_loss(head_log_z, logp, ref_logp, reward, mask, **kwargs)
 
@@ -304,19 +408,33 @@ def flowrl_loss(head_log_z: Array, logp: Array, ref_logp: Array, reward: Array, 
 # ----------------------------------------------------------------------------------------------
 
 
-def kl_penalty(logp: Array, ref_logp: Array, kind: str) -> Array:
+def kl_penalty(logp: Array, ref_logp: Array, kind: str, *, clamp: float | None = 10.0) -> Array:
   """Per-token KL(pi_theta || pi_ref) estimators on samples from pi_theta: ``[B, T] -> [B, T]``.
 
   ``k1``: log pi_theta - log pi_ref. ``k3``: exp(d) - d - 1 with d = log pi_ref - log pi_theta
-  (nonnegative, unbiased).
+  clipped to [-20, 20] (nonnegative, unbiased), then clipped to [-clamp, clamp]: veRL's
+  ``low_var_kl`` (``kl_penalty_forward`` in ``core_algos.py``) clamps k3 to [-10, 10], and the
+  paper, which gives no KL term, is silent, so 10 is the default. Beyond the clamp the gradient is
+  0.
+
+  Args:
+    logp, ref_logp: ``[B, T]`` token log-probs under pi_theta and pi_ref.
+    kind: ``k1`` | ``k3``.
+    clamp: bound on k3 (> 0), or None for no bound; not applied to k1 (veRL does not clamp it).
+
+  Returns:
+    ``[B, T]`` float32 per-token estimates.
   """
   if kind not in KL_KINDS:
     raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+  if clamp is not None and not clamp > 0:
+    raise ValueError(f"kl clamp must be None or > 0, got {clamp!r}")
   d = _f32(ref_logp) - _f32(logp)
   if kind == "k1":
     return -d
   d = jnp.clip(d, -20.0, 20.0)  # keeps exp finite; far outside any useful regime
-  return jnp.exp(d) - d - 1.0
+  k3 = jnp.exp(d) - d - 1.0
+  return k3 if clamp is None else jnp.clip(k3, -clamp, clamp)
 
 
 def _ratio_metrics(log_ratio: Array, weights: Array, prefix: str) -> Metrics:
@@ -331,6 +449,31 @@ def _ratio_metrics(log_ratio: Array, weights: Array, prefix: str) -> Metrics:
   }
 
 
+def _check_clip(eps_low: float, eps_high: float) -> None:
+  if not (0 <= eps_low < 1 and eps_high >= 0):
+    raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low!r}, "
+                     f"eps_high={eps_high!r}")
+
+
+def _clipped_surrogate(ratio: Array, adv: Array, eps_low: float, eps_high: float,
+                       dual_clip: float | None) -> tuple[Array, Array, Array]:
+  """-min(rho A, clip(rho) A), then veRL's dual clip for A < 0; elementwise.
+
+  Returns:
+    (loss, took_clip, dual_taken), same shape as ``ratio``.
+  """
+  loss_unclipped = -ratio * adv
+  loss_clipped = -jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+  loss = jnp.maximum(loss_unclipped, loss_clipped)  # = -min(rho A, clip(rho) A)
+  took_clip = loss_clipped > loss_unclipped
+  dual_taken = jnp.zeros_like(took_clip)
+  if dual_clip is not None:
+    bound = -dual_clip * adv  # > 0 for A < 0
+    dual_taken = (adv < 0) & (loss > bound)
+    loss = jnp.where(adv < 0, jnp.minimum(loss, bound), loss)
+  return loss, took_clip, dual_taken
+
+
 def grpo_loss(logp: Array,
               old_logp: Array,
               advantages: Array,
@@ -341,35 +484,44 @@ def grpo_loss(logp: Array,
               dual_clip: float | None = None,
               ref_logp: Array | None = None,
               kl_coef: float = 0.0,
-              kl_kind: str = "k3") -> tuple[Array, Metrics]:
+              kl_kind: str = "k3",
+              kl_clamp: float | None = 10.0,
+              loss_agg: str = "seq-mean-token-mean") -> tuple[Array, Metrics]:
   """GRPO: token-level clipped surrogate of eq. (2) with group advantages of eq. (3).
 
-  Per token rho_t = pi_theta / pi_old (eq. 1) and
-  l_t = -min(rho_t A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) A_i); with ``dual_clip`` c > 1,
-  tokens with A_i < 0 are bounded as l_t = min(l_t, -c A_i) (the dual clip). With ``kl_coef`` > 0
-  the per-token KL estimate to pi_ref (``k1`` | ``k3``) is added: l_t += kl_coef * kl_t. The loss is
-  (1/B) sum_i (1/T_i) sum_t l_t over valid rows, the sequence-mean of token-means of eq. (2).
+  Per token rho_t = pi_theta / pi_old (eq. 1; log rho clipped to [-20, 20] as veRL does) and
+  l_t = -min(rho_t A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) A_i). With ``dual_clip`` c > 1,
+  tokens with A_i < 0 are bounded as l_t = min(l_t, -c A_i), exactly veRL's dual clip
+  (``compute_policy_loss_vanilla``: ``torch.where(A < 0, min(-A c, l), l)``, ``clip_ratio_c``
+  3.0, always on there; the paper's eq. (2) has none, so the default here is off). With
+  ``kl_coef`` > 0 the per-token KL estimate to pi_ref is added, l_t += kl_coef * kl_t (veRL's
+  ``use_kl_loss``: the same aggregation applied to both terms). The loss aggregates l over the
+  batch with ``loss_agg`` (see `aggregate`): the sequence-mean of token-means of eq. (2) by
+  default, or veRL's ``token-mean``.
 
   Args:
     logp, old_logp: ``[B, T]`` current and rollout-time token log-probs.
     advantages: ``[B]`` per-sequence advantages (eq. 3, see `group_zscore_advantages`).
     mask: ``[B, T]`` response mask.
-    eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
-    dual_clip: None, or c > 1 for the dual clip on negative advantages.
+    eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] (veRL ``actor.yaml``: 0.2 / 0.2).
+    dual_clip: None, or c > 1 for the dual clip on negative advantages (veRL: 3.0).
     ref_logp: ``[B, T]`` reference log-probs (required when kl_coef > 0).
     kl_coef: KL penalty coefficient (>= 0).
     kl_kind: ``k1`` | ``k3``.
+    kl_clamp: bound on the k3 estimate, see `kl_penalty` (veRL: 10).
+    loss_agg: ``seq-mean-token-mean`` (eq. 2) | ``token-mean`` (veRL's default); the caller
+      recombines micro-batches with `loss_normalizer` of the same kind.
 
   Returns:
-    (scalar loss, metrics): ``pg_loss``, ``clip_frac`` (tokens where the clipped branch is taken),
-    ``clip_frac_low``/``_high``, ``dual_clip_frac``, ``ratio_mean``/``_min``/``_max``,
-    ``approx_kl_old`` (k3 to pi_old), ``kl_ref`` (when ref_logp given), ``advantage_mean``.
+    (scalar loss, metrics): ``pg_loss`` (same aggregation), ``clip_frac`` (tokens where the clipped
+    branch is taken), ``clip_frac_low``/``_high``, ``dual_clip_frac``, ``ratio_mean``/``_min``/
+    ``_max``, ``approx_kl_old`` (k3 to pi_old), ``kl_ref`` (when ref_logp given),
+    ``advantage_mean``.
   """
   _check_tokens(mask, logp=logp, old_logp=old_logp, ref_logp=ref_logp)
   _check_rows(mask.shape[0], advantages=advantages)
-  if not (0 <= eps_low < 1 and eps_high >= 0):
-    raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low!r}, "
-                     f"eps_high={eps_high!r}")
+  _check_clip(eps_low, eps_high)
+  _check_agg(loss_agg)
   if dual_clip is not None and not dual_clip > 1:
     raise ValueError(f"dual_clip must be None or > 1, got {dual_clip!r}")
   if kl_coef < 0:
@@ -381,27 +533,18 @@ def grpo_loss(logp: Array,
   adv = _f32(advantages)[:, None]  # [B] -> [B, 1], broadcast over tokens
   log_ratio = jnp.where(tok, _f32(logp) - _f32(old_logp), 0.0)  # [B, T]
   ratio = jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))
-  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-  loss_unclipped = -ratio * adv
-  loss_clipped = -clipped * adv
-  pg = jnp.maximum(loss_unclipped, loss_clipped)  # = -min(rho A, clip(rho) A)
-  took_clip = loss_clipped > loss_unclipped
-  dual_taken = jnp.zeros_like(took_clip)
-  if dual_clip is not None:
-    bound = -dual_clip * adv  # > 0 for A < 0
-    dual_taken = (adv < 0) & (pg > bound)
-    pg = jnp.where(adv < 0, jnp.minimum(pg, bound), pg)
+  pg, took_clip, dual_taken = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
   per_token = pg
   metrics: Metrics = {}
   if ref_logp is not None:
-    kl = kl_penalty(logp, ref_logp, kl_kind)
+    kl = kl_penalty(logp, ref_logp, kl_kind, clamp=kl_clamp)
     metrics["kl_ref"] = _masked_token_mean(jax.lax.stop_gradient(kl), mask)
     if kl_coef > 0:
       per_token = per_token + kl_coef * kl
-  loss = masked_row_mean(sequence_mean(per_token, mask), valid)
+  loss = aggregate(per_token, mask, loss_agg)
   sg_log_ratio = jax.lax.stop_gradient(log_ratio)
   metrics.update({
-      "pg_loss": masked_row_mean(sequence_mean(jax.lax.stop_gradient(pg), mask), valid),
+      "pg_loss": aggregate(jax.lax.stop_gradient(pg), mask, loss_agg),
       "clip_frac": _masked_token_mean(took_clip, mask),
       "clip_frac_low": _masked_token_mean(took_clip & (ratio < 1.0 - eps_low), mask),
       "clip_frac_high": _masked_token_mean(took_clip & (ratio > 1.0 + eps_high), mask),
@@ -423,7 +566,12 @@ def gspo_loss(logp: Array,
   """GSPO: sequence-level clipped surrogate with the geometric-mean ratio.
 
   s_i = exp((1/|o_i|) sum_t (log pi_theta - log pi_old)) and
-  l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), averaged over valid rows.
+  l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), averaged over valid rows. This is
+  veRL's ``compute_policy_loss_gspo`` with its forced ``seq-mean-token-mean``: there every token of
+  row i carries the ratio sg[s_i] * pi_theta / sg[pi_theta], whose value is s_i and whose gradient
+  with respect to token t is s_i, so the per-row token-mean has the value and the gradient of l_i
+  here. As in veRL, log s_i is capped at 10 (no lower cap): beyond it the value stays exp(10) and
+  the gradient is 0.
 
   Args:
     logp, old_logp: ``[B, T]`` current and rollout-time token log-probs.
@@ -438,18 +586,12 @@ def gspo_loss(logp: Array,
   """
   _check_tokens(mask, logp=logp, old_logp=old_logp)
   _check_rows(mask.shape[0], advantages=advantages)
-  if not (0 <= eps_low < 1 and eps_high >= 0):
-    raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low!r}, "
-                     f"eps_high={eps_high!r}")
+  _check_clip(eps_low, eps_high)
   valid = valid_rows(mask)
   adv = _f32(advantages)
   log_s = sequence_mean(_f32(logp) - _f32(old_logp), mask)  # [B]
-  s = jnp.exp(jnp.clip(log_s, -20.0, 20.0))
-  clipped = jnp.clip(s, 1.0 - eps_low, 1.0 + eps_high)
-  loss_unclipped = -s * adv
-  loss_clipped = -clipped * adv
-  per_seq = jnp.maximum(loss_unclipped, loss_clipped)
-  took_clip = loss_clipped > loss_unclipped
+  s = jnp.exp(jnp.minimum(log_s, 10.0))
+  per_seq, took_clip, _ = _clipped_surrogate(s, adv, eps_low, eps_high, None)
   loss = masked_row_mean(per_seq, valid)
   sg_log_ratio = jax.lax.stop_gradient(jnp.where(mask > 0, _f32(logp) - _f32(old_logp), 0.0))
   metrics = {

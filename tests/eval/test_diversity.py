@@ -1,4 +1,4 @@
-"""Diversity: the App. C.5 judge against a local OpenAI-compatible server, and the local metric."""
+"""Diversity: the App. D.5 judge against a local OpenAI-compatible server, and the local metric."""
 
 import http.server
 import json

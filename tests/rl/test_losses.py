@@ -1,4 +1,4 @@
-"""Tests for disa_jax.rl.losses: hand-computed values, invariants, App. B.5 and Prop. 3."""
+"""Tests for disa_jax.rl.losses: hand-computed values, invariants, App. C.5 and Prop. 3."""
 import math
 
 import jax
@@ -183,8 +183,10 @@ def test_anchor_gradient_zero_under_disa_and_head_gradient_nonzero_under_flowrl(
 
 def test_masked_mean_embedding():
   h = jnp.arange(2 * 3 * 2, dtype=jnp.float32).reshape(2, 3, 2)
-  m = jnp.array([[1, 1, 0], [0, 0, 1]])
-  np.testing.assert_allclose(masked_mean_embedding(h, m), [[1.0, 2.0], [10.0, 11.0]])
+  m = jnp.array([[1, 1, 0], [0, 1, 1]])
+  np.testing.assert_allclose(masked_mean_embedding(h, m, pooling="all_prompt_tokens"),
+                             [[1.0, 2.0], [9.0, 10.0]])
+  np.testing.assert_allclose(masked_mean_embedding(h, m), [[0.0, 1.0], [8.0, 9.0]])  # FlowRL
 
 
 def _counterexample_loss(p, eta=-2.0):
@@ -200,7 +202,7 @@ def _counterexample_loss(p, eta=-2.0):
   return float(loss)
 
 
-def test_app_b5_counterexample():
+def test_app_c5_counterexample():
   assert _counterexample_loss(2 / 3) == pytest.approx(4.0, abs=1e-5)
   l09 = _counterexample_loss(0.9)
   assert l09 == pytest.approx(3.63, abs=5e-3)
@@ -283,3 +285,181 @@ def test_group_zscore_advantages():
   a = losses.group_zscore_advantages(r)
   np.testing.assert_allclose(a[0], [1, -1, 1, -1], rtol=1e-5)
   np.testing.assert_allclose(a[1], 0.0)
+
+
+def test_group_zscore_ddof_single_sample_and_equal_groups():
+  r = jnp.array([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [3.0, 9.0, 9.0, 9.0]])
+  mask = jnp.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]], bool)
+  pop = losses.group_zscore_advantages(r, mask, eps=0.0 + 1e-12)
+  smp = losses.group_zscore_advantages(r, mask, eps=1e-6, ddof=1)
+  # mean .25; population std sqrt(.1875), sample std sqrt(.25) = .5
+  np.testing.assert_allclose(pop[0], (r[0] - 0.25) / math.sqrt(0.1875), rtol=1e-5)
+  np.testing.assert_allclose(smp[0], (r[0] - 0.25) / (0.5 + 1e-6), rtol=1e-6)
+  np.testing.assert_allclose(smp[0] / pop[0], math.sqrt(3 / 4), rtol=1e-5)  # sqrt((G-1)/G)
+  np.testing.assert_allclose(pop[1], 0.0)  # all-equal group: std 0 -> 0 under both
+  np.testing.assert_allclose(smp[1], 0.0)
+  # one valid sample: population -> 0; sample follows veRL (mean 0, std 1): r / (1 + eps)
+  np.testing.assert_allclose(pop[2], 0.0)
+  np.testing.assert_allclose(smp[2], [3.0 / (1 + 1e-6), 0.0, 0.0, 0.0], rtol=1e-6)
+  with pytest.raises(ValueError, match=r"ddof must be one of \(0, 1\), got 2"):
+    losses.group_zscore_advantages(r, ddof=2)
+
+
+def test_reward_transform_ddof_field_roundtrip_and_old_records():
+  from disa_jax.estimators import RewardTransform
+  t = RewardTransform("group_zscore", ddof=1)
+  r = jnp.array([[1.0, 0.0, 1.0, 1.0]])
+  np.testing.assert_allclose(t.apply(r), losses.group_zscore_advantages(r, ddof=1), rtol=1e-6)
+  assert RewardTransform.from_dict(t.to_dict()) == t
+  old = {"kind": "group_zscore", "scale": 1.0, "shift": 0.0, "eps": 1e-6}  # written before ddof
+  assert RewardTransform.from_dict(old).ddof == 0
+  with pytest.raises(ValueError, match="mismatch"):
+    t.check_matches(RewardTransform("group_zscore"))
+  with pytest.raises(ValueError, match=r"RewardTransform.ddof must be one of .* got 3"):
+    RewardTransform("group_zscore", ddof=3)
+
+
+def test_grpo_token_mean_vs_seq_mean_and_loss_normalizer():
+  # Row 0: one token, rho = 1, A = 1 -> l = -1. Row 1: three tokens, rho = 1, A = -2 -> l = 2 each.
+  logp = jnp.zeros((2, 3))
+  mask = jnp.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+  adv = jnp.array([1.0, -2.0])
+  seq, m_seq = losses.grpo_loss(logp, logp, adv, mask)
+  tok, m_tok = losses.grpo_loss(logp, logp, adv, mask, loss_agg="token-mean")
+  np.testing.assert_allclose(seq, (-1.0 + 2.0) / 2)
+  np.testing.assert_allclose(tok, (-1.0 + 3 * 2.0) / 4)
+  np.testing.assert_allclose(m_tok["pg_loss"], tok)
+  g_tok = jax.grad(lambda lp: losses.grpo_loss(lp, logp, adv, mask, loss_agg="token-mean")[0])(
+      logp)
+  np.testing.assert_allclose(g_tok, [[-0.25, 0, 0], [0.5, 0.5, 0.5]], rtol=1e-6)  # -A / 4 tokens
+  assert float(losses.loss_normalizer("seq-mean-token-mean", mask)) == 2.0
+  assert float(losses.loss_normalizer("token-mean", mask)) == 4.0
+  with pytest.raises(ValueError, match=r"loss_agg must be one of .* got 'sum'"):
+    losses.grpo_loss(logp, logp, adv, mask, loss_agg="sum")
+
+
+@pytest.mark.parametrize("loss_agg", losses.AGG_KINDS)
+def test_micro_batches_recombined_with_loss_normalizer_equal_the_whole_batch(loss_agg):
+  logp, old, ref, mask, adv = _batch(seed=5, b=6, t=5)
+  mask = mask.at[4, 2:].set(0.0).at[5].set(0.0)  # uneven lengths and an empty row
+
+  def loss(lp, rows):
+    return losses.grpo_loss(lp[rows], old[rows], adv[rows], mask[rows], dual_clip=3.0,
+                            ref_logp=ref[rows], kl_coef=0.1, loss_agg=loss_agg)[0]
+
+  whole_l, whole_g = jax.value_and_grad(loss)(logp, slice(None))
+  parts = [slice(0, 2), slice(2, 3), slice(3, 6)]
+  ns = [float(losses.loss_normalizer(loss_agg, mask[p])) for p in parts]
+  vg = [jax.value_and_grad(loss)(logp, p) for p in parts]
+  comb_l = sum(n * l for n, (l, _) in zip(ns, vg)) / sum(ns)
+  comb_g = sum(n * g for n, (_, g) in zip(ns, vg)) / sum(ns)
+  np.testing.assert_allclose(comb_l, whole_l, rtol=1e-5)
+  np.testing.assert_allclose(comb_g, whole_g, rtol=1e-5, atol=1e-7)
+  # Weighting by rows is wrong for token-mean (and right for the row mean): the test can fail.
+  rows = [float(losses.loss_normalizer("seq-mean-token-mean", mask[p])) for p in parts]
+  by_rows = sum(n * l for n, (l, _) in zip(rows, vg)) / sum(rows)
+  assert (abs(float(by_rows) - float(whole_l)) < 1e-6) == (loss_agg == "seq-mean-token-mean")
+
+
+def test_grpo_dual_clip_is_verl_formula():
+  # (rho, A): dual clip binds only for A < 0 and rho > c: veRL's where(A < 0, min(-cA, l), l).
+  rho = jnp.array([4.0, 2.5, 5.0, 0.1])
+  adv = jnp.array([-1.0, -1.0, 1.0, -2.0])
+  old = jnp.zeros((4, 1))
+  logp = jnp.log(rho)[:, None]
+  mask = jnp.ones((4, 1))
+  loss, m = losses.grpo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.2, dual_clip=3.0)
+  # -min(rho A, clip(rho) A): 4, 2.5, -1.2, 1.6; dual clip at -cA for A < 0: min(4, 3) = 3.
+  np.testing.assert_allclose(loss, (3.0 + 2.5 - 1.2 + 1.6) / 4, rtol=1e-6)
+  np.testing.assert_allclose(m["dual_clip_frac"], 0.25)
+  g = jax.grad(lambda lp: losses.grpo_loss(lp, old, adv, mask, dual_clip=3.0)[0])(logp)
+  # d/dlogp of l / 4: row 0 flat (dual clip), row 1 -A rho / 4, rows 2 and 3 clipped (flat).
+  np.testing.assert_allclose(g[:, 0], [0.0, 2.5 / 4, 0.0, 0.0], atol=1e-7)
+
+
+def test_kl_k3_clamp():
+  logp = jnp.array([[0.0, 0.0]])
+  ref = jnp.array([[1.0, 15.0]])  # d = 1 and 15: k3 = e - 2 and e^15 - 16
+  np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3"), [[math.e - 2.0, 10.0]],
+                             rtol=1e-6)
+  np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k3", clamp=None)[0, 1],
+                             math.exp(15.0) - 16.0, rtol=1e-6)
+  np.testing.assert_allclose(losses.kl_penalty(logp, ref, "k1", clamp=1.0), [[-1.0, -15.0]])
+  g = jax.grad(lambda lp: losses.kl_penalty(lp, ref, "k3").sum())(logp)
+  np.testing.assert_allclose(g, [[1.0 - math.e, 0.0]], rtol=1e-6)  # flat beyond the clamp
+  with pytest.raises(ValueError, match=r"kl clamp must be None or > 0, got -1"):
+    losses.kl_penalty(logp, ref, "k3", clamp=-1.0)
+
+
+def test_gspo_log_ratio_cap_as_verl():
+  old = jnp.zeros((1, 2))
+  logp = jnp.full((1, 2), 12.0)  # mean log-ratio 12 > 10
+  adv = jnp.array([-1.0])
+  loss, _ = losses.gspo_loss(logp, old, adv, jnp.ones((1, 2)))
+  np.testing.assert_allclose(loss, math.exp(10.0), rtol=1e-6)
+  g = jax.grad(lambda lp: losses.gspo_loss(lp, old, adv, jnp.ones((1, 2)))[0])(logp)
+  np.testing.assert_allclose(g, 0.0)
+
+
+@pytest.mark.parametrize("mode,want", [
+    ("one", [1.0, 1.0, 1.0]),
+    ("ratio", [math.exp(2.5), math.exp(0.1), math.exp(-1.0)]),
+    ("clipped_ratio", [10.0, math.exp(0.1), math.exp(-1.0)]),
+    ("clamped_ratio", [1.28, math.exp(0.1), 0.8]),
+])
+def test_omega_modes_hand_values(mode, want):
+  logp = jnp.full((3, 2), -1.0)
+  old = jnp.array([[-2.5, -2.0], [-1.1, -1.0], [-0.5, -0.5]])  # log-ratios 2.5, 0.1, -1
+  mask = jnp.ones((3, 2))
+  omega, raw = losses.rollout_weights(logp, old, mask, mode=mode)
+  np.testing.assert_allclose(omega, want, rtol=1e-6)
+  if mode != "one":
+    np.testing.assert_allclose(raw, np.exp([2.5, 0.1, -1.0]), rtol=1e-6)
+  log_z = jnp.array([1.0, -2.0, 0.5])  # G = 1 and zero reward: residual = log_z
+  loss_fn = lambda lp: losses.tb_loss(log_z, lp, logp, jnp.zeros(3), mask, beta=1.0,
+                                      length_normalize=False, old_logp=old, omega_mode=mode)
+  (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(logp)
+  np.testing.assert_allclose(loss, np.mean(np.array(want) * np.array([1.0, 4.0, 0.25])), rtol=1e-5)
+  # omega is detached: d/dlogp_t = 2 omega_i R_i / 3 for every token of row i
+  np.testing.assert_allclose(g, (2.0 / 3.0) * (np.array(want) * np.array(log_z))[:, None]
+                             * np.ones((1, 2)), rtol=1e-5)
+  clipped = {"one": 0, "ratio": 0, "clipped_ratio": 1, "clamped_ratio": 2}[mode]
+  np.testing.assert_allclose(m["omega_clip_frac"], clipped / 3, rtol=1e-6)
+
+
+def test_pooling_masks_and_embeddings():
+  from disa_jax.rl.logz_head import pooling_mask
+  m = jnp.array([[0, 1, 1, 1, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 1]])  # left / right pad, 1 token
+  np.testing.assert_array_equal(pooling_mask(m), [[0, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0] * 5])
+  np.testing.assert_array_equal(pooling_mask(m, "all_prompt_tokens"), m > 0)
+  h = jnp.arange(3 * 5, dtype=jnp.float32).reshape(3, 5, 1)
+  np.testing.assert_allclose(masked_mean_embedding(h, m)[:, 0], [1.5, 5.0, 0.0])
+  np.testing.assert_allclose(masked_mean_embedding(h, m, pooling="all_prompt_tokens")[:, 0],
+                             [2.0, 5.5, 14.0])
+  with pytest.raises(ValueError, match=r"pooling must be one of .* got 'last'"):
+    masked_mean_embedding(h, m, pooling="last")
+
+
+def test_logz_head_dropout_and_init():
+  emb = jax.random.normal(jax.random.key(0), (4096, 16))
+  head = LogZHead(16, rngs=nnx.Rngs(0))
+  base = head(emb)
+  np.testing.assert_array_equal(head(emb), base)  # no key: deterministic (torch eval mode)
+  k = jax.random.key(1)
+  drop = jax.jit(lambda e, key: head(e, dropout_key=key))
+  np.testing.assert_array_equal(drop(emb, k), drop(emb, k))
+  assert not np.allclose(drop(emb, k), base)
+  assert not np.allclose(drop(emb, k), drop(emb, jax.random.key(2)))
+  # Inverted dropout keeps the mean of the pre-output activations: E[head] is close to base.
+  assert abs(float(drop(emb, k).mean() - base.mean())) < 0.05 * float(base.std()) + 0.02
+  no_drop = LogZHead(16, rngs=nnx.Rngs(0), dropout_rate=0.0)
+  np.testing.assert_allclose(no_drop(emb, dropout_key=k), base, rtol=1e-6)
+  bound = 1.0 / math.sqrt(16)
+  for leaf in jax.tree.leaves(nnx.state(head.linears, nnx.Param)):
+    assert 0.5 * bound < float(jnp.abs(leaf).max()) <= bound  # torch.nn.Linear's U(+-1/sqrt(D))
+  shifted = LogZHead(16, rngs=nnx.Rngs(0), init_bias=3.0)
+  np.testing.assert_allclose(shifted(emb), base + 3.0, rtol=1e-5, atol=1e-5)
+  flax_head = LogZHead(16, rngs=nnx.Rngs(0), init="flax", init_bias=3.0)
+  np.testing.assert_allclose(flax_head.out.bias[...], [3.0])
+  with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\), got 1.0"):
+    LogZHead(16, rngs=nnx.Rngs(0), dropout_rate=1.0)
