@@ -28,6 +28,21 @@ TASKS = {  # task -> (training prompts = Stage 1 prompts, reward, evaluation sam
     "code": ("data/deepcoder.parquet", "code", 16),  # pass@1 and pass@16
 }
 DEFAULT_BETA = 15.0
+# Implementation presets (`,impl=...` in the Stage 1 / 2 / 3 config strings), see configs/README.md:
+#   ''            the paper's stated settings; where it is silent, FlowRL's code (length-normalised
+#                 residual and labels, omega = min(w, 10), population std of eq. 3)
+#   'paper'       the equations as written: trajectory sums in both stages (Props. 1-3), omega = 1
+#   'flowrl_verl' everything as FlowRL's veRL fork runs it (sample std, omega = w, head settings,
+#                 optimizer; veRL core_algos for GRPO / GSPO: token-mean, dual clip 3)
+IMPLS = ("", "paper", "flowrl_verl")
+
+
+def label_facts(impl: str) -> dict:
+  """The label facts (Stage 1's scale and z-score std) an implementation preset uses in both stages."""
+  if impl not in IMPLS:
+    raise ValueError(f"config impl must be one of {IMPLS[1:]} (or absent), got {impl!r}")
+  return {"label_scale": "sum" if impl == "paper" else "mean",
+          "ddof": 1 if impl == "flowrl_verl" else 0}
 
 
 def parse(arg: str, *, first: tuple[str, ...], options: tuple[str, ...]):
@@ -54,28 +69,29 @@ def check(backbone: str, task: str, proposal: str) -> None:
     raise ValueError(f"config proposal must be one of {sorted(PROPOSALS)}, got {proposal!r}")
 
 
-def run_name(backbone: str, task: str, proposal: str, beta: float) -> str:
-  return f"{backbone}_{task}_{proposal}_beta{beta:g}"
+def run_name(backbone: str, task: str, proposal: str, beta: float, impl: str = "") -> str:
+  """``<backbone>_<task>_<proposal>_beta<beta>[_<impl>]``: the labels depend on all of them."""
+  return f"{backbone}_{task}_{proposal}_beta{beta:g}" + (f"_{impl}" if impl else "")
 
 
-def stage1_dir(backbone: str, task: str, proposal: str, beta: float) -> str:
-  """Stage 1's output directory."""
-  return f"stage1/{run_name(backbone, task, proposal, beta)}"
+def stage1_dir(*run) -> str:
+  """Stage 1's output directory (``run``: the arguments of `run_name`)."""
+  return f"stage1/{run_name(*run)}"
 
 
-def stage1_dataset(backbone: str, task: str, proposal: str, beta: float) -> str:
+def stage1_dataset(*run) -> str:
   """The Stage 1 dataset inside `stage1_dir` (Stage 1's default parquet format)."""
-  return f"{stage1_dir(backbone, task, proposal, beta)}/stage1"
+  return f"{stage1_dir(*run)}/stage1"
 
 
-def stage2_dir(backbone: str, task: str, proposal: str, beta: float) -> str:
+def stage2_dir(*run) -> str:
   """Stage 2's output directory (embedding cache, validation curve, summary)."""
-  return f"stage2/{run_name(backbone, task, proposal, beta)}"
+  return f"stage2/{run_name(*run)}"
 
 
-def anchor_dir(backbone: str, task: str, proposal: str, beta: float) -> str:
+def anchor_dir(*run) -> str:
   """The frozen anchor Stage 2 writes and DISA's Stage 3 reads."""
-  return f"anchors/{run_name(backbone, task, proposal, beta)}"
+  return f"anchors/{run_name(*run)}"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Stage 1 (offline IS labels) of the paper's DISA runs, selected by a config string.
 
-  python launch/stage1.py --config=configs/stage1_paper.py:BACKBONE,TASK[,proposal=P][,beta=B]
+  python launch/stage1.py --config=configs/stage1_paper.py:BACKBONE,TASK[,proposal=P][,beta=B][,impl=I]
 
 BACKBONE qwen2.5-7b | qwen3-4b-base         the reference pi_ref (§3.1)
 TASK     math (DAPO-17k-processed) | code (DeepCoder)
 proposal qwen3-235b-a22b-instruct-2507 (default, tensor-parallel over 8 GPUs) |
          qwen3-4b-instruct-2507 (the weaker-proposal ablation, Fig. 4)
 beta     inverse temperature (paper: 15; the Fig. 5 sweep uses 10 / 15 / 20)
+impl     the label facts of a Stage 3 implementation preset (configs/common.py: 'paper' = sums,
+         'flowrl_verl' = sample std); the same string in Stages 1, 2 and 3
 
 Paths are local directories/files named by `configs/common.py` (the Stage 2, Stage 3 and SFT configs
 read what this one writes); override them with --config.reference_path=...,
@@ -20,16 +22,20 @@ from configs import common
 
 
 def _parse(arg: str):
+  """(backbone, task, proposal, beta, impl) of a Stage 1 / 2 config string."""
   (backbone, task), extra = common.parse(arg, first=("BACKBONE", "TASK"),
-                                         options=("proposal", "beta"))
+                                         options=("proposal", "beta", "impl"))
   proposal = extra.get("proposal", common.DEFAULT_PROPOSAL)
   common.check(backbone, task, proposal)
-  return backbone, task, proposal, float(extra.get("beta", common.DEFAULT_BETA))
+  impl = extra.get("impl", "")
+  common.label_facts(impl)  # validates it
+  return backbone, task, proposal, float(extra.get("beta", common.DEFAULT_BETA)), impl
 
 
 def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
-  """The Stage 1 config of one (backbone, task, proposal, beta); see the module docstring."""
-  backbone, task, proposal, beta = _parse(arg)
+  """The Stage 1 config of one (backbone, task, proposal, beta, impl); see the module docstring."""
+  backbone, task, proposal, beta, impl = run = _parse(arg)
+  facts = common.label_facts(impl)
   proposal_path, tp = common.PROPOSALS[proposal]
   c = ml_collections.ConfigDict()
   # --- inputs ---------------------------------------------------------------------------------
@@ -43,7 +49,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.max_prompt_len = 2048  # Longest prompt (tokens; paper max_prompt_length); longer ones stop.
   # --- output ---------------------------------------------------------------------------------
   # Stage 1 dataset + stage1_summary.json + stage1_config.json; a rerun resumes here.
-  c.output_dir = common.stage1_dir(backbone, task, proposal, beta)
+  c.output_dir = common.stage1_dir(*run)
   c.dataset_format = "parquet"  # 'parquet' (atomic part files, in <output_dir>/stage1) | 'jsonl'.
   # --- grading and labels -----------------------------------------------------------------------
   c.reward = common.TASKS[task][1]  # Registered reward: 'math' (math-verify) | 'code' (sandbox).
@@ -54,9 +60,10 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.reward_transform.scale = 1.0  # a in r~ = a r + b ('affine' only).
   c.reward_transform.shift = 0.0  # b in r~ = a r + b ('affine' only).
   c.reward_transform.eps = 1e-6  # Added to the group std ('group_zscore').
+  c.reward_transform.ddof = facts["ddof"]  # Group std: 0 population (eq. 3) | 1 sample (veRL).
   # Log-prob scale of the label: 'mean' (1/|o|, Stage 3's objective.scale='mean', FlowRL's code) or
   # 'sum' (the paper's trajectory residual, eqs. 5-8). The dataset keeps the raw sums either way.
-  c.label_scale = "mean"
+  c.label_scale = facts["label_scale"]
   # Proposal log-probs: 'processed' (of the distribution sampled from: temperature 0.6, top-p 0.95)
   # or 'raw' (the unmodified proposal, one extra teacher-forced vLLM pass). Recorded in the dataset.
   c.proposal_logprobs = "processed"

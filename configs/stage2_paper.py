@@ -1,6 +1,6 @@
 """Stage 2 (anchor fit) of the paper's DISA runs, selected by the same string as Stage 1.
 
-  python launch/stage2.py --config=configs/stage2_paper.py:BACKBONE,TASK[,proposal=P][,beta=B]
+  python launch/stage2.py --config=configs/stage2_paper.py:BACKBONE,TASK[,proposal=P][,beta=B][,impl=I]
 
 Reads the Stage 1 dataset that `configs/stage1_paper.py` writes for the same string, embeds the
 prompts with the reference model, fits g_psi (Table 6: two-layer MLP of width 64, Adam 1e-3, batch
@@ -15,16 +15,16 @@ from configs import stage1_paper
 
 
 def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
-  """The Stage 2 config of one (backbone, task, proposal, beta)."""
-  backbone, task, proposal, beta = stage1_paper._parse(arg)  # pylint: disable=protected-access
+  """The Stage 2 config of one (backbone, task, proposal, beta, impl)."""
+  backbone, *_ = run = stage1_paper._parse(arg)  # pylint: disable=protected-access
   c = ml_collections.ConfigDict()
   # The Stage 1 dataset (a parquet part directory, or a .jsonl file) inside Stage 1's output_dir,
   # whose stage1_config.json gives the prompt file and rendering the prompts are re-encoded with.
-  c.stage1_path = common.stage1_dataset(backbone, task, proposal, beta)
+  c.stage1_path = common.stage1_dataset(*run)
   c.stage1_format = "auto"  # 'auto' (by suffix) | 'jsonl' | 'parquet'.
   c.reference_path = common.BACKBONES[backbone]  # pi_ref: embeds the prompts (mean-pooled last hidden).
-  c.anchor_path = common.anchor_dir(backbone, task, proposal, beta)  # = stage3 data.anchor_path.
-  c.output_dir = common.stage2_dir(backbone, task, proposal, beta)  # Embeddings, curve, summary.
+  c.anchor_path = common.anchor_dir(*run)  # = stage3 data.anchor_path.
+  c.output_dir = common.stage2_dir(*run)  # Embeddings, curve, summary.
   c.samples = 0  # Labels from the first this many samples of each prompt; 0 = all (paper: N = 8).
   c.labels = "plain"  # 'plain' (log Z_IS, eq. 6) | 'jensen' (+CV^2/2N) | 'jackknife'.
   c.weighting = "uniform"  # Least squares weights: 'uniform' (eq. 7) | 'inverse_variance'.

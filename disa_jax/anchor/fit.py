@@ -295,7 +295,7 @@ class _Fits:
 
 def _fit_core(x: np.ndarray, y: np.ndarray, tm: np.ndarray, vm: np.ndarray, w: np.ndarray,
               config: AnchorFitConfig) -> _Fits:
-  """The eq. (7) fit shared by `fit_anchor` and `fit_anchor_many`: F fits at once on validated inputs.
+  """The eq. (9) fit shared by `fit_anchor` and `fit_anchor_many`: F fits at once on validated inputs.
 
   Args:
     x: ``[P, D]`` float32 embeddings, finite.

@@ -32,6 +32,9 @@ import numpy as np
 from disa_jax.estimators.dataset import LABEL_SCALES
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rl import losses
+from disa_jax.rl.logz_head import POOLINGS
+
+HEAD_OPTIMIZERS = ("separate", "joint")
 
 Array = jax.Array
 REGISTRY: dict[str, type["Objective"]] = {}
@@ -149,15 +152,20 @@ class TrajectoryBalance(Objective):
       anchor must use the same scale.
     reward_transform: r -> r~ of the residual (group z-score: the plug-in of FlowRL's code; the
       paper's statements are for a fixed affine transform).
-    omega: rollout weights: 'one' (on-policy, the paper's omega = 1) or 'clipped_ratio'
-      (min(pi_theta / pi_old, omega_max), detached; FlowRL's code).
+    omega: rollout weights w = pi_theta(o) / pi_old(o), detached, per sequence
+      (`disa_jax.rl.losses.rollout_weights`): 'one' (on-policy, the paper's omega = 1), 'ratio'
+      (w; FlowRL HEAD), 'clipped_ratio' (min(w, omega_max); veRL's flowrl recipe) or
+      'clamped_ratio' (clip(w, 1 - omega_eps_low, 1 + omega_eps_high); the fork's flowrl_clip).
     omega_max: the clip of 'clipped_ratio' (FlowRL: 10).
+    omega_eps_low, omega_eps_high: the clamp of 'clamped_ratio' (the fork: 0.2, 0.28).
   """
   beta: float = 15.0
   scale: str = "sum"
   reward_transform: RewardTransform = RewardTransform("group_zscore")
   omega: str = "one"
   omega_max: float = 10.0
+  omega_eps_low: float = 0.2
+  omega_eps_high: float = 0.28
 
   allows_replay: ClassVar[bool] = True
 
@@ -184,7 +192,8 @@ class TrajectoryBalance(Objective):
 
   def _tb_kwargs(self, batch: Any) -> dict[str, Any]:
     return dict(beta=self.beta, length_normalize=self.scale == "mean", old_logp=batch.old_logp,
-                omega_mode=self.omega, omega_max=self.omega_max)
+                omega_mode=self.omega, omega_max=self.omega_max,
+                omega_eps_low=self.omega_eps_low, omega_eps_high=self.omega_eps_high)
 
 
 @register
@@ -214,16 +223,29 @@ class Disa(TrajectoryBalance):
 class FlowRL(TrajectoryBalance):
   """FlowRL, eq. (4): the TB residual with a co-trained log Z_phi head on the policy's prompt states.
 
+  FlowRL's head (`proj_z`) sits on the policy's prompt states; the paper does not describe it, so the
+  defaults follow FlowRL's code: 3 layers, dropout 0.1 after each LayerNorm, torch's initialisation,
+  pooling over the prompt positions but the last.
+
   Attributes (beyond `TrajectoryBalance`):
     head_layers: Linear layers of the head (FlowRL: 3).
-    head_lr: the head's learning rate (its own AdamW; FlowRL's code shares the policy's).
-    head_init: the head's initial output bias (its initial log Z).
+    head_lr: the head's learning rate with ``head_optimizer='separate'``.
+    head_init: added to the head's initial output bias (its initial log Z offset).
+    head_dropout: dropout after each LayerNorm during training (FlowRL: 0.1).
+    head_pooling: 'exclude_last_prompt_token' (FlowRL) | 'all_prompt_tokens'
+      (`disa_jax.rl.logz_head.POOLINGS`).
+    head_optimizer: 'separate' (its own AdamW at ``head_lr`` with its own gradient clip) or
+      'joint' (FlowRL's code: the head is part of the actor, so one global-norm clip over policy +
+      head gradients and the policy's AdamW settings, learning rate included).
   """
   name: ClassVar[str] = "flowrl"
   needs_logz_head: ClassVar[bool] = True
   head_layers: int = 3
   head_lr: float = 1e-6
   head_init: float = 0.0
+  head_dropout: float = 0.1
+  head_pooling: str = "exclude_last_prompt_token"
+  head_optimizer: str = "separate"
 
   def __post_init__(self):
     super().__post_init__()
@@ -231,6 +253,13 @@ class FlowRL(TrajectoryBalance):
       raise ValueError(f"head_layers must be >= 1, got {self.head_layers!r}")
     if not self.head_lr > 0:
       raise ValueError(f"head_lr must be > 0, got {self.head_lr!r}")
+    if not 0.0 <= self.head_dropout < 1.0:
+      raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout!r}")
+    if self.head_pooling not in POOLINGS:
+      raise ValueError(f"head_pooling must be one of {POOLINGS}, got {self.head_pooling!r}")
+    if self.head_optimizer not in HEAD_OPTIMIZERS:
+      raise ValueError(f"head_optimizer must be one of {HEAD_OPTIMIZERS}, got "
+                       f"{self.head_optimizer!r}")
 
   def loss(self, logp, batch, head_log_z=None):
     if head_log_z is None:
@@ -250,22 +279,27 @@ class PolicyGradient(Objective):
 
   Attributes:
     eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] of the ratio.
+    ddof: the group std of the advantages: 0 (population, the paper's eq. 3) or 1 (the sample
+      std of veRL's `compute_grpo_outcome_advantage`, FlowRL and TRL).
   """
   eps_low: float = 0.2
   eps_high: float = 0.2
+  ddof: int = 0
 
   def __post_init__(self):
     if not 0 <= self.eps_low < 1:
       raise ValueError(f"eps_low must be in [0, 1), got {self.eps_low!r}")
     if not self.eps_high >= 0:
       raise ValueError(f"eps_high must be >= 0, got {self.eps_high!r}")
+    if self.ddof not in (0, 1):
+      raise ValueError(f"ddof must be 0 or 1, got {self.ddof!r}")
 
   @property
   def needs_old_logp(self) -> bool:
     return True
 
   def row_signal(self, reward: np.ndarray) -> np.ndarray:
-    return np.asarray(losses.group_zscore_advantages(reward), np.float32)
+    return np.asarray(losses.group_zscore_advantages(reward, ddof=self.ddof), np.float32)
 
 
 @register
@@ -273,16 +307,20 @@ class PolicyGradient(Objective):
 class Grpo(PolicyGradient):
   """GRPO, eqs. (1)-(3): the token-level clipped surrogate with group advantages.
 
-  Attributes (beyond `PolicyGradient`; paper eq. 2: eps 0.2 / 0.2):
+  Attributes (beyond `PolicyGradient`; paper eq. 2: eps 0.2 / 0.2, no dual clip):
     dual_clip: c > 1 bounds the loss of negative-advantage tokens at -c A (veRL's dual clip,
-      c = 3); 0 = off.
+      always on there with c = 3); 0 = off.
     kl_coef: coefficient of the per-token KL penalty to pi_ref (0 = off; the paper states none).
     kl_kind: 'k1' | 'k3' KL estimator.
+    kl_clamp: the k3 estimate is clamped to [-kl_clamp, kl_clamp] (veRL's low_var_kl: 10); 0 = off.
+    loss_agg: 'seq-mean-token-mean' (eq. 2, TRL's 'grpo') | 'token-mean' (veRL's default).
   """
   name: ClassVar[str] = "grpo"
-  dual_clip: float = 3.0
+  dual_clip: float = 0.0
   kl_coef: float = 0.0
   kl_kind: str = "k3"
+  kl_clamp: float = 10.0
+  loss_agg: str = "seq-mean-token-mean"
 
   def __post_init__(self):
     super().__post_init__()
@@ -292,6 +330,10 @@ class Grpo(PolicyGradient):
       raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
     if self.kl_kind not in losses.KL_KINDS:
       raise ValueError(f"kl_kind must be one of {losses.KL_KINDS}, got {self.kl_kind!r}")
+    if self.kl_clamp < 0:
+      raise ValueError(f"kl_clamp must be >= 0 (0 = off), got {self.kl_clamp!r}")
+    if self.loss_agg not in losses.AGG_KINDS:
+      raise ValueError(f"loss_agg must be one of {losses.AGG_KINDS}, got {self.loss_agg!r}")
 
   @property
   def needs_reference(self) -> bool:
@@ -302,7 +344,12 @@ class Grpo(PolicyGradient):
                             eps_low=self.eps_low, eps_high=self.eps_high,
                             dual_clip=self.dual_clip or None,
                             ref_logp=batch.ref_logp if self.needs_reference else None,
-                            kl_coef=self.kl_coef, kl_kind=self.kl_kind)
+                            kl_coef=self.kl_coef, kl_kind=self.kl_kind,
+                            kl_clamp=self.kl_clamp or None, loss_agg=self.loss_agg)
+
+  def normalizer(self, batch: Any) -> Array:
+    """Valid rows for 'seq-mean-token-mean', valid tokens for 'token-mean' (exact recombination)."""
+    return losses.loss_normalizer(self.loss_agg, batch.response_mask)
 
 
 @register

@@ -80,7 +80,9 @@ def make_train_step(graphdef: nnx.GraphDef,
                     mesh: Mesh | None = None,
                     state_shardings: Any = None,
                     donate: bool = True,
-                    on_policy_old_logp: bool = False) -> Callable[[TrainState, TrainBatch], Any]:
+                    on_policy_old_logp: bool = False,
+                    joint_clip: float = 0.0,
+                    dropout_seed: int = 0) -> Callable[[TrainState, TrainBatch], Any]:
   """Builds the jitted update ``(state, batch [K, b, ...]) -> (state, metrics)``.
 
   Args:
@@ -97,6 +99,11 @@ def make_train_step(graphdef: nnx.GraphDef,
       update (one mini-batch): pi_old is the policy itself, so ``old_logp`` is taken as the
       detached log-probs of this forward pass and ``batch.old_logp`` is ignored (saves the
       separate scoring pass; what TRL does with one iteration per batch).
+    joint_clip: > 0: one global-norm clip at this value over the policy's and the head's gradients
+      together, before both optimizers (which then must not clip themselves); FlowRL's code, where
+      the head is part of the actor.
+    dropout_seed: seeds the head's dropout (`FlowRL.head_dropout`), folded with the update count and
+      the micro-batch index, so a resumed run draws the same masks.
 
   Returns:
     The jitted update. Metrics: the loss's metrics combined over micro-batches, plus ``loss``,
@@ -108,15 +115,16 @@ def make_train_step(graphdef: nnx.GraphDef,
     raise ValueError(f"objective {objective.name!r} has a log Z head: it needs head_graphdef and "
                      "head_optimizer, got None")
 
-  def micro_loss(params, head_params, mb: TrainBatch):
+  def micro_loss(params, head_params, mb: TrainBatch, key: jax.Array):
     model = nnx.merge(graphdef, params)
     logp, hidden = policy_forward(model, mb)
     if on_policy_old_logp:
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     head_log_z = None
     if with_head:
-      emb = masked_mean_embedding(hidden, mb.prompt_mask)  # [b, D]
-      head_log_z = nnx.merge(head_graphdef, head_params)(emb)  # [b]
+      emb = masked_mean_embedding(hidden, mb.prompt_mask, pooling=objective.head_pooling)  # [b, D]
+      head_log_z = nnx.merge(head_graphdef, head_params)(
+          emb, dropout_key=key if objective.head_dropout > 0 else None)  # [b]
     return objective.loss(logp, mb, head_log_z)
 
   grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1), has_aux=True)
@@ -124,29 +132,36 @@ def make_train_step(graphdef: nnx.GraphDef,
   def step(state: TrainState, batch: TrainBatch):
     zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
     init = (zeros(state.params), zeros(state.head_params), jnp.float32(0.0))
+    step_key = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
+    keys = jax.random.split(step_key, batch.input_ids.shape[0])  # one per micro-batch
 
-    def body(carry, mb):
+    def body(carry, xs):
+      mb, key = xs
       g_acc, hg_acc, n_acc = carry
-      (loss, metrics), (g, hg) = grad_fn(state.params, state.head_params, mb)
+      (loss, metrics), (g, hg) = grad_fn(state.params, state.head_params, mb, key)
       n = objective.normalizer(mb)
       g_acc = jax.tree.map(lambda a, b: a + n * b, g_acc, g)
       hg_acc = jax.tree.map(lambda a, b: a + n * b, hg_acc, hg)
       return (g_acc, hg_acc, n_acc + n), (dict(metrics, loss=loss), n)
 
-    (g_sum, hg_sum, n_total), (stacked, counts) = jax.lax.scan(body, init, batch)
+    (g_sum, hg_sum, n_total), (stacked, counts) = jax.lax.scan(body, init, (batch, keys))
     denom = jnp.maximum(n_total, 1.0)
     grads = jax.tree.map(lambda x: x / denom, g_sum)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
     metrics = _combine_metrics(stacked, counts)
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["num_sequences"] = n_total
+    if joint_clip > 0:  # one clip over policy + head gradients (FlowRL's code)
+      scale = jnp.minimum(1.0, joint_clip / jnp.maximum(optax.global_norm((grads, head_grads)),
+                                                        1e-12))
+      grads, head_grads = jax.tree.map(lambda x: x * scale, (grads, head_grads))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
     head_params, head_opt_state = state.head_params, state.head_opt_state
     if with_head:
-      head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
       h_updates, head_opt_state = head_optimizer.update(head_grads, head_opt_state, head_params)
       head_params = optax.apply_updates(head_params, h_updates)
-      metrics["head_grad_norm"] = optax.global_norm(head_grads)
+      metrics["head_grad_norm"] = optax.global_norm(jax.tree.map(lambda x: x / denom, hg_sum))
     return TrainState(state.step + 1, params, opt_state, head_params, head_opt_state), metrics
 
   if mesh is None:

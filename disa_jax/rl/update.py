@@ -51,17 +51,23 @@ class PolicyUpdater:
     obj, oc = cfg.objective, cfg.optim
     opt_kwargs = dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
                       grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps)
-    optimizer = ts.make_optimizer(oc.lr, **opt_kwargs)
     head = head_opt = None
+    joint = obj.needs_logz_head and obj.head_optimizer == "joint"
+    if joint:  # one clip over policy + head, in the step; the policy's AdamW settings for both
+      opt_kwargs["grad_clip"] = 0.0
+    optimizer = ts.make_optimizer(oc.lr, **opt_kwargs)
     if obj.needs_logz_head:
       head = LogZHead(policy.config.hidden_size, obj.head_layers,
-                      rngs=nnx.Rngs(derive_seed(cfg.seed, "logz_head")), init_bias=obj.head_init)
-      head_opt = ts.make_optimizer(obj.head_lr, **opt_kwargs)
+                      rngs=nnx.Rngs(derive_seed(cfg.seed, "logz_head")), init_bias=obj.head_init,
+                      dropout_rate=obj.head_dropout)
+      head_opt = ts.make_optimizer(oc.lr if joint else obj.head_lr, **opt_kwargs)
     self.graphdef, head_graphdef, self.state, shardings = ts.init_train_state(
         policy, optimizer, head, head_opt, mesh=mesh)
     self._step = ts.make_train_step(self.graphdef, obj, optimizer, head_graphdef=head_graphdef,
                                     head_optimizer=head_opt, mesh=mesh, state_shardings=shardings,
-                                    on_policy_old_logp=old_in_update)
+                                    on_policy_old_logp=old_in_update,
+                                    joint_clip=oc.grad_clip if joint else 0.0,
+                                    dropout_seed=derive_seed(cfg.seed, "head_dropout"))
     self._micro = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
         None, ts.BATCH_AXES))  # [K, b, ...] micro-batches: rows of each over the batch axes
 

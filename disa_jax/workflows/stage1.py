@@ -41,7 +41,7 @@ from disa_jax.rollout.types import SamplingParams
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 # Fields that determine the labels: a rerun into the same directory must not change them.
-IDENTITY_FIELDS = ("prompts_path", "prompts_format", "limit", "reference_path", "proposal_path",
+IDENTITY_FIELDS = ("prompts_path", "prompts_format", "reference_path", "proposal_path",
                    "rendering", "reward", "beta", "reward_transform", "label_scale",
                    "proposal_logprobs", "sampling")
 
@@ -167,7 +167,7 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
   """The token ids of a Stage 1 dataset's prompts as the reference saw them, and their rendering.
 
   Stage 2 (embeddings) and the SFT baseline re-encode Stage 1's prompts with `encode_prompt`: the
-  prompt file, limit and rendering come from Stage 1's ``stage1_config.json`` beside the dataset.
+  prompt file and rendering come from Stage 1's ``stage1_config.json`` beside the dataset.
   A reference other than Stage 1's, or a prompt whose rendered text differs from the one Stage 1
   stored (the prompt file or tokenizer changed), is refused.
 
@@ -192,8 +192,7 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
     raise ValueError(f"reference_path={reference_path!r} differs from the reference Stage 1 "
                      f"scored the labels under ({s1['reference_path']!r}, in {s1_file})")
   tok = AutoTokenizer.from_pretrained(reference_path)
-  by_id = {r.prompt_id: r for r in loaders.load_prompts(s1["prompts_path"], s1["prompts_format"],
-                                                         limit=s1["limit"] or None)}
+  by_id = {r.prompt_id: r for r in loaders.load_prompts(s1["prompts_path"], s1["prompts_format"])}
   ids = []
   for pid, stored in zip(data.prompt_ids, data.prompts):
     if pid not in by_id:

@@ -5,6 +5,7 @@ import pytest
 from disa_jax import estimators as E
 from disa_jax.estimators.collect import Stage1Prompt, collect_stage1
 from disa_jax.models import from_pretrained
+from disa_jax.rewards.graded import Graded
 from disa_jax.rollout import SamplingParams, make_local_engine
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.testing import save_tiny_checkpoint
@@ -15,8 +16,8 @@ def ckpt(tmp_path_factory):
   return save_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "m"), "qwen3", seed=0)
 
 
-def _reward(prompts, comps, texts):  # a deterministic verifier: first generated token is even
-  return np.asarray([float(c.token_ids[0] % 2 == 0) for c in comps])
+def _reward(responses, metas):  # a deterministic verifier: first generated token is even
+  return Graded.ok([float(r.token_ids[0] % 2 == 0) for r in responses])
 
 
 def test_collect_labels_resume_and_self_proposal_identity(ckpt, tmp_path):

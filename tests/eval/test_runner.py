@@ -53,6 +53,7 @@ def test_math_benchmark_metrics():
   assert res.metrics["maj@4"] == pytest.approx(0.5)  # p0 majority "2" right, p1 majority "6" wrong
   assert res.answers[1] == ["6", "6", "5", "6"]
   assert res.responses[0][0] == "so \\boxed{2}"
+  assert res.metrics["distinct_correct@4"] == pytest.approx((2 + 1) / 2)  # p0: "so \boxed{2}", "\boxed{2}"
   table = runner.suite_table({"base": {"toy": res}}, "mean@4")
   assert "| base | 37.5 | 37.5 |" in table
   with pytest.raises(KeyError, match="no metric"):
@@ -72,7 +73,8 @@ def test_code_benchmark_and_suite(tmp_path):
   res = out["code"]
   np.testing.assert_array_equal(res.correct, [[1, 0, 0, 1]])
   assert res.metrics == {"pass@1": pytest.approx(0.5), "pass@2": pytest.approx(1 - 1 / 6),
-                         "pass@4": pytest.approx(1.0)}
+                         "pass@4": pytest.approx(1.0), "distinct_correct@4": 1.0,
+                         "grade_error_share": 0.0}  # the two correct responses are the same text
   runner.suite_table({"m": out}, "pass@1", json_path=str(tmp_path / "r.json"),
                      md_path=str(tmp_path / "r.md"))
   assert (tmp_path / "r.md").read_text().startswith("| Method | code | Average |")

@@ -23,10 +23,9 @@ def make_config(steps: int):
   from tests.rl import test_trainer as T  # pylint: disable=g-import-not-at-top
   cfg = T._cfg(method="disa", steps=steps)  # pylint: disable=protected-access
   return dataclasses.replace(
-      cfg, rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, micro_batch_size=4,
-                                       engine="jax", separate_process=True),
-      eval=rl_config.EvalCfg(every=2, n=2, max_tokens=6),
-      checkpoint=rl_config.CheckpointCfg(every=1, keep=3, async_save=False), tensorboard=False)
+      cfg, rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, micro_batch_size=4),
+      validation=rl_config.ValidationConfig(every=2, n=2, max_tokens=6),
+      checkpoint=rl_config.CheckpointConfig(every=1, keep=3, async_save=False), tensorboard=False)
 
 
 def main(steps: int, workdir: str) -> None:
@@ -51,9 +50,9 @@ def main(steps: int, workdir: str) -> None:
     reference = models.from_pretrained(model_path, mesh=mesh)
     trainer = Trainer(make_config(steps), os.path.join(workdir, "run"), policy=policy,
                       reference=reference, engine=engine, prompts=T._prompts(),  # pylint: disable=protected-access
-                      reward_fn=T._reward, stop_token_ids=(T.EOS,), pad_id=0,  # pylint: disable=protected-access
+                      reward_fn=T._reward, decode=T._decode, stop_token_ids=(T.EOS,), pad_id=0,  # pylint: disable=protected-access
                       anchor=T._anchor(policy.config.hidden_size),  # pylint: disable=protected-access
-                      eval_prompts=T._prompts(3), mesh=mesh, pad_to=16)  # pylint: disable=protected-access
+                      validation_prompts=T._prompts(3), mesh=mesh, pad_to=16)  # pylint: disable=protected-access
     trainer.run()
     trainer.close()
     params = distributed.replicate_to_hosts(nnx.to_pure_dict(trainer.state.params))

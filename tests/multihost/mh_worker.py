@@ -31,8 +31,9 @@ def prepare_process() -> None:
 
 
 def make_batch(step: int, vocab: int):
-  """The global mini-batch of update ``step`` (identical on every process), numpy ``[M, T]``."""
+  """The global mini-batch of update ``step`` (identical on every process): a numpy `TrainBatch`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl.batch import TrainBatch  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1000 + step)
   ids = rng.integers(3, vocab, (ROWS, WIDTH)).astype(np.int32)
   resp_len = rng.integers(1, WIDTH - PROMPT_LEN + 1, ROWS)
@@ -40,12 +41,17 @@ def make_batch(step: int, vocab: int):
   attn = (pos < PROMPT_LEN + resp_len[:, None]).astype(np.int32)
   resp = ((pos >= PROMPT_LEN) & (attn > 0)).astype(np.float32)
   logp = lambda: (-rng.uniform(3.5, 5.5, (ROWS, WIDTH)) * resp).astype(np.float32)
-  return {"input_ids": np.where(attn > 0, ids, 0).astype(np.int32), "attention_mask": attn,
-          "prompt_mask": np.broadcast_to(pos < PROMPT_LEN, (ROWS, WIDTH)).astype(np.float32),
-          "response_mask": resp, "old_logp": logp(), "ref_logp": logp(),
-          "reward": rng.integers(0, 2, ROWS).astype(np.float32),
-          "advantage": rng.normal(size=ROWS).astype(np.float32),
-          "log_z": rng.normal(-4.0, 1.0, ROWS).astype(np.float32)}
+  return TrainBatch(input_ids=np.where(attn > 0, ids, 0).astype(np.int32), attention_mask=attn,
+                    prompt_mask=np.broadcast_to(pos < PROMPT_LEN, (ROWS, WIDTH)).astype(np.float32),
+                    response_mask=resp, old_logp=logp(), ref_logp=logp(),
+                    signal=rng.integers(0, 2, ROWS).astype(np.float32),
+                    log_z=rng.normal(-4.0, 1.0, ROWS).astype(np.float32))
+
+
+def objective():
+  """The update's objective: DISA, omega = 1."""
+  from disa_jax.rl.objectives import Disa  # pylint: disable=g-import-not-at-top
+  return Disa(beta=15.0, scale="mean")
 
 
 def make_optimizer():
@@ -91,7 +97,7 @@ def main(phase: str, workdir: str) -> None:
     model = models.from_pretrained(model_path, mesh=mesh)
     opt = make_optimizer()
     graphdef, _, state, shardings = ts.init_train_state(model, opt, mesh=mesh)
-    update = ts.make_train_step(graphdef, ts.LossSettings("disa"), opt, mesh=mesh,
+    update = ts.make_train_step(graphdef, objective(), opt, mesh=mesh,
                                 state_shardings=shardings, donate=False)
     ckpt = CheckpointManager(os.path.join(workdir, "ckpt"), async_save=False)
 
@@ -106,9 +112,9 @@ def main(phase: str, workdir: str) -> None:
       state = ts.TrainState(restored["step"], params, restored["opt_state"], None, None)
       assert int(restored_step) == 1
     step = int(jax.device_get(state.step))
-    batch = ts.split_micro_batches(make_batch(step, model.config.vocab_size), MICRO_BATCH)
+    batch = make_batch(step, model.config.vocab_size).split(MICRO_BATCH)
     sharding = NamedSharding(mesh, PartitionSpec(None, ts.BATCH_AXES))
-    rows = distributed.process_rows(sharding, batch["input_ids"].shape, axis=1)
+    rows = distributed.process_rows(sharding, batch.input_ids.shape, axis=1)
     global_batch = distributed.shard_global_batch(batch, sharding, axis=1)
     state, metrics = update(state, global_batch)
     ckpt.save(step + 1, ckpt_state(state), {"process_count": jax.process_count()}, force=True)

@@ -82,11 +82,10 @@ def _reference_updates(model_path: str):
   model = models.from_pretrained(model_path)
   opt = mh_worker.make_optimizer()
   graphdef, _, state, _ = ts.init_train_state(model, opt)
-  update = ts.make_train_step(graphdef, ts.LossSettings("disa"), opt, donate=False)
+  update = ts.make_train_step(graphdef, mh_worker.objective(), opt, donate=False)
   out = []
   for step in range(2):
-    batch = ts.split_micro_batches(mh_worker.make_batch(step, model.config.vocab_size),
-                                   mh_worker.MICRO_BATCH)
+    batch = mh_worker.make_batch(step, model.config.vocab_size).split(mh_worker.MICRO_BATCH)
     state, metrics = update(state, batch)
     out.append((mh_worker.flat_params(jax.device_get(nnx.to_pure_dict(state.params))),
                 jax.device_get(metrics), graphdef, state.params))

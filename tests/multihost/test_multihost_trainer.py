@@ -34,8 +34,9 @@ def _single_process_run(model_path: str, workdir: str):
   engine = JaxSampler.from_pretrained(model_path)
   trainer = Trainer(W.make_config(3), workdir, policy=policy,
                     reference=models.from_pretrained(model_path), engine=engine,
-                    prompts=T._prompts(), reward_fn=T._reward, stop_token_ids=(T.EOS,), pad_id=0,  # pylint: disable=protected-access
-                    anchor=T._anchor(policy.config.hidden_size), eval_prompts=T._prompts(3),  # pylint: disable=protected-access
+                    prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,  # pylint: disable=protected-access
+                    stop_token_ids=(T.EOS,), pad_id=0,
+                    anchor=T._anchor(policy.config.hidden_size), validation_prompts=T._prompts(3),  # pylint: disable=protected-access
                     mesh=parallel.make_mesh(devices=jax.devices()[:1]), pad_to=16)
   trainer.run()
   trainer.close()

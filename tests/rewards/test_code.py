@@ -84,7 +84,7 @@ def test_run_functional_leetcode_style():
   tests = [dict(c, testtype="functional") for c in cases[:2]]
   out = fn(["```python\n" + prog + "```"] * 2,
            [{"tests": tests, "func_name": "twoSum"}, {"tests": tests, "func_name": "threeSum"}])
-  np.testing.assert_array_equal(out, [1.0, 0.0])
+  np.testing.assert_array_equal(out.reward, [1.0, 0.0])
 
 
 @pytest.mark.parametrize("value", [
@@ -203,7 +203,7 @@ def test_code_registry(he):
            {"humaneval": he["HumanEval/55"]},
            {"tests": [{"input": "", "output": "1"}]}]
   out = fn(responses, metas)
-  assert out.dtype == np.float32
-  np.testing.assert_array_equal(out, [1.0, 0.0, 1.0, 0.0])
+  assert out.reward.dtype == np.float32
+  np.testing.assert_array_equal(out.reward, [1.0, 0.0, 1.0, 0.0])
   with pytest.raises(ValueError, match="'tests' or 'humaneval'"):
     fn(["x"], [{"ground_truth": "1"}])

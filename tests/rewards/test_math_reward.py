@@ -175,8 +175,9 @@ def test_public_api_and_registry():
   fn = rewards.get_reward_fn("math")
   out = fn(["\\boxed{3}", "\\boxed{0.5}", "none"],
            [{"ground_truth": "3"}, {"ground_truth": ["1/2"]}, {"ground_truth": "1"}])
-  assert out.dtype == np.float32
-  np.testing.assert_array_equal(out, [1.0, 1.0, 0.0])
+  assert isinstance(out, rewards.Graded) and out.reward.dtype == np.float32
+  np.testing.assert_array_equal(out.reward, [1.0, 1.0, 0.0])
+  assert not out.error.any()
   with pytest.raises(ValueError, match="ground_truth"):
     fn(["x"], [{"answer": "1"}])
   with pytest.raises(KeyError, match="registered"):
@@ -185,10 +186,16 @@ def test_public_api_and_registry():
 
 def test_register_custom_reward():
   name = "length_test_reward"
-  rewards.register_reward(name, lambda rs, ms: [float(len(r)) for r in rs], overwrite=True)
-  np.testing.assert_array_equal(rewards.get_reward_fn(name)(["ab", ""], [{}, {}]), [2.0, 0.0])
+  rewards.register_reward(name, lambda rs, ms: [float(len(r.text)) for r in rs], overwrite=True)
+  np.testing.assert_array_equal(rewards.get_reward_fn(name)(["ab", ""], [{}, {}]).reward, [2.0, 0.0])
   with pytest.raises(ValueError, match="already registered"):
     rewards.register_reward(name, lambda rs, ms: rs)
   rewards.register_reward("bad_shape_test_reward", lambda rs, ms: [1.0], overwrite=True)
   with pytest.raises(ValueError, match="shape"):
     rewards.get_reward_fn("bad_shape_test_reward")(["a", "b"], [{}, {}])
+  # A NaN or inf reward is refused, naming the reward and the index (it would enter the loss).
+  rewards.register_reward("nan_test_reward", lambda rs, ms: [1.0, float("nan")], overwrite=True)
+  with pytest.raises(ValueError, match=r"'nan_test_reward' returned 1 non-finite .* \[1\]"):
+    rewards.get_reward_fn("nan_test_reward")(["a", "b"], [{}, {}])
+  with pytest.raises(ValueError, match=r"responses\[1\] must be a Response or a str, got NoneType"):
+    rewards.get_reward_fn(name)(["a", None], [{}, {}])

@@ -28,12 +28,14 @@ def test_launch_runs_one_step_and_resumes(tmp_path):
            "--config=" + os.path.join(ROOT, "configs", "stage3_paper.py") + ":grpo,qwen3-4b-base,math",
            f"--config.model.policy_path={ckpt}", "--config.model.dtype=float32",
            "--config.model.remat=False", f"--config.data.train_path={data}",
-           "--config.rollout.prompts_per_batch=2", "--config.rollout.group_size=2",
-           "--config.rollout.max_response_len=4", "--config.rollout.num_minibatches=1",
-           "--config.rollout.micro_batch_size=4", "--config.rollout.engine=jax",
-           "--config.rollout.separate_process=False", "--config.eval.every=0",
-           "--config.checkpoint.every=1", f"--config.total_steps={steps}",
-           "--config.progress_bar=False", f"--workdir={workdir}"]
+           "--config.data.rendering=plain",
+           "--config.train.rollout.prompts_per_batch=2", "--config.train.rollout.group_size=2",
+           "--config.train.rollout.max_response_len=4", "--config.train.rollout.num_minibatches=1",
+           "--config.train.rollout.micro_batch_size=4", "--config.engine.kind=jax",
+           "--config.engine.separate_process=False", "--config.engine.dtype=float32",
+           "--config.train.validation.every=0",
+           "--config.train.checkpoint.every=1", f"--config.train.total_steps={steps}",
+           "--config.train.progress_bar=False", f"--workdir={workdir}"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
 
@@ -41,5 +43,6 @@ def test_launch_runs_one_step_and_resumes(tmp_path):
   launch(2)  # resumes from the step-1 checkpoint
   rows = read_jsonl(str(workdir / "metrics.jsonl"))
   assert [r["step"] for r in rows] == [1, 2]
-  assert json.loads((workdir / "config.json").read_text())["loss"]["method"] == "grpo"
+  assert json.loads((workdir / "config.json").read_text())["train"]["objective"]["name"] == "grpo"
   assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2"]
+  assert (workdir / "final" / "export_info.json").exists()  # the exported policy

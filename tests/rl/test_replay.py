@@ -8,8 +8,9 @@ import pytest
 from disa_jax import estimators as E
 from disa_jax import parallel, testing
 from disa_jax.rl import config as rl_config
+from disa_jax.rl.collect import derive_seed
 from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
-from disa_jax.rl import trainer as trainer_lib
+from disa_jax.rl.scorer import replay_stats
 from disa_jax.rl.trainer import Trainer
 from disa_jax.scoring.batched import SequenceScorer
 from tests.rl import test_trainer as T
@@ -41,9 +42,9 @@ def _write_stage1(path, *, shift=0.0, n=3, long_sample=False, neg_inf=False):
   return str(path)
 
 
-def _replay_cfg(method, path, fraction=0.5, **kw):
+def _replay_cfg(method, fraction=0.5, **kw):
   cfg = T._cfg(method=method, steps=2)
-  return dataclasses.replace(cfg, replay=rl_config.ReplayCfg(path=path, fraction=fraction, **kw))
+  return dataclasses.replace(cfg, replay=rl_config.ReplayConfig(fraction=fraction, **kw))
 
 
 class CountingEngine(T.RecordingEngine):
@@ -58,14 +59,15 @@ class CountingEngine(T.RecordingEngine):
     return super().generate(prompt_token_ids, params)
 
 
-def _trainer(cfg, workdir):
+def _trainer(cfg, workdir, path):
   policy = testing.make_tiny_model(seed=0, **T.TINY)
   reference = testing.make_tiny_model(seed=0, **T.TINY)
   engine = CountingEngine(testing.make_tiny_model(seed=0, **T.TINY))
-  anchor = T._anchor(policy.config.hidden_size) if cfg.loss.method == "disa" else None
+  anchor = T._anchor(policy.config.hidden_size) if cfg.objective.needs_anchor else None
   return Trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
-                 prompts=T._prompts(), reward_fn=T._reward, stop_token_ids=(T.EOS,), pad_id=0,
-                 anchor=anchor, pad_to=16,
+                 prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
+                 stop_token_ids=(T.EOS,), pad_id=0, anchor=anchor, pad_to=16,
+                 replay_pool=ReplayPool.from_stage1(path, max_response_len=6),
                  mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
 
 
@@ -94,36 +96,37 @@ def test_pool_counts_what_it_leaves_out_and_draws_deterministically(tmp_path):
 
 
 def test_config_rules():
+  from disa_jax.config import from_mapping, to_dict
   base = T._cfg(method="grpo")
-  with pytest.raises(ValueError, match="replay.fraction .*'grpo'"):
-    dataclasses.replace(base, replay=rl_config.ReplayCfg(path="x", fraction=0.25))
-  with pytest.raises(ValueError, match="replay.path is required"):
-    rl_config.ReplayCfg(fraction=0.25)
+  with pytest.raises(ValueError, match="replay.fraction=0.25 is not allowed for objective 'grpo'"):
+    dataclasses.replace(base, replay=rl_config.ReplayConfig(fraction=0.25))
   with pytest.raises(ValueError, match=r"replay.fraction must be in \[0, 1\), got 1.0"):
-    rl_config.ReplayCfg(path="x", fraction=1.0)
+    rl_config.ReplayConfig(fraction=1.0)
   with pytest.raises(ValueError, match="replay.decay_steps"):
-    rl_config.ReplayCfg(path="x", fraction=0.5, schedule="linear_decay")
-  with pytest.raises(ValueError, match="replays no sample"):
-    dataclasses.replace(T._cfg(), replay=rl_config.ReplayCfg(path="x", fraction=0.1))  # G = 4
-  c = rl_config.ReplayCfg(path="x", fraction=0.5, schedule="linear_decay", decay_steps=4)
+    rl_config.ReplayConfig(fraction=0.5, schedule="linear_decay")
+  with pytest.raises(ValueError, match="must replay between 1 and group_size - 1"):
+    dataclasses.replace(T._cfg(), replay=rl_config.ReplayConfig(fraction=0.1))  # G = 4
+  c = rl_config.ReplayConfig(fraction=0.5, schedule="linear_decay", decay_steps=4)
   assert [c.fraction_at(s) for s in (0, 2, 4, 9)] == [0.5, 0.25, 0.0, 0.0]
   # The typed config round-trips through the ConfigDict layout.
-  cfg = _replay_cfg("flowrl", "x")
-  assert rl_config.TrainConfig.from_dict(cfg.to_dict()).replay == cfg.replay
+  cfg = _replay_cfg("flowrl")
+  assert from_mapping(rl_config.TrainConfig, to_dict(cfg)) == cfg
 
 
 @pytest.mark.parametrize("method", ["disa", "flowrl"])
 def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
   path = _write_stage1(tmp_path / "s1.jsonl")
-  trainer, engine = _trainer(_replay_cfg(method, path), tmp_path / "run")
-  pool = trainer.replay
+  trainer, engine = _trainer(_replay_cfg(method), tmp_path / "run", path)
+  pool = trainer.collector.replay
   g, k = 4, 2
   for step in range(2):
     engine.calls.clear()
-    items = trainer.stream.batch(step)
-    batch, stats = trainer.rollout(step)
+    items = trainer.collector.stream.batch(step)
+    batch = trainer.collector.collect(step)
+    trainer.scorer.score(batch, trainer.state.params)
+    stats = replay_stats(batch)
     drawn = pool.draw([it.prompt_id for it in items], k,
-                      seed=trainer_lib._derive_seed(trainer.cfg.seed, "replay", step))  # pylint: disable=protected-access
+                      seed=derive_seed(trainer.cfg.seed, "replay", step))
     covered = [it.prompt_id in pool for it in items]
     # One call with G - k for every prompt, then one with k for the uncovered ones.
     assert engine.calls[0][0] == g - k and len(engine.calls[0][1]) == len(items)
@@ -133,7 +136,7 @@ def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
       assert engine.calls[1] == (k, [it.token_ids for it, c in zip(items, covered) if not c])
     for i, it in enumerate(items):
       rows = slice(i * g, (i + 1) * g)
-      resp = [batch["input_ids"][r][batch["response_mask"][r] > 0].tolist()
+      resp = [batch.tokens["input_ids"][r][batch.tokens["response_mask"][r] > 0].tolist()
               for r in range(rows.start, rows.stop)]
       if covered[i]:
         assert resp[g - k:] == [s.token_ids.tolist() for s in drawn[i]]
@@ -146,8 +149,8 @@ def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
 
 def test_training_with_replay_runs_and_logs(tmp_path):
   path = _write_stage1(tmp_path / "s1.jsonl")
-  cfg = dataclasses.replace(_replay_cfg("disa", path), eval=rl_config.EvalCfg())
-  trainer, _ = _trainer(cfg, tmp_path / "run")
+  cfg = dataclasses.replace(_replay_cfg("disa"), validation=rl_config.ValidationConfig())
+  trainer, _ = _trainer(cfg, tmp_path / "run", path)
   trainer.run()
   trainer.close()
   rows = T.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
@@ -159,21 +162,21 @@ def test_training_with_replay_runs_and_logs(tmp_path):
 
 def test_stage1_scored_under_another_reference_is_refused(tmp_path):
   path = _write_stage1(tmp_path / "s1.jsonl", shift=1.0)
-  trainer, _ = _trainer(_replay_cfg("disa", path), tmp_path / "run")
+  trainer, _ = _trainer(_replay_cfg("disa"), tmp_path / "run", path)
   with pytest.raises(ValueError, match="replay.max_ref_logp_drift"):
-    trainer.rollout(0)
+    trainer.step(0)
   trainer.close()
 
 
 def test_no_training_prompt_in_the_pool_is_refused(tmp_path):
-  path = _write_stage1(tmp_path / "s1.jsonl")
   pool = ReplayPool({"other": [ReplaySample(np.array([5], np.int32), 1.0, -2.0)]})
-  cfg = _replay_cfg("disa", path)
+  cfg = _replay_cfg("disa")
   policy = testing.make_tiny_model(seed=0, **T.TINY)
   with pytest.raises(ValueError, match="none of the 5 training prompt ids"):
     Trainer(cfg, str(tmp_path / "run"), policy=policy,
             reference=testing.make_tiny_model(seed=0, **T.TINY),
             engine=T.RecordingEngine(testing.make_tiny_model(seed=0, **T.TINY)),
-            prompts=T._prompts(), reward_fn=T._reward, stop_token_ids=(T.EOS,), pad_id=0,
+            prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
+            stop_token_ids=(T.EOS,), pad_id=0,
             anchor=T._anchor(policy.config.hidden_size), replay_pool=pool,
             mesh=parallel.make_mesh(devices=jax.devices()[:1]))

@@ -13,7 +13,8 @@ from disa_jax.rl.logz_head import LogZHead
 from tests.rl.helpers import naive_token_logprobs, synthetic_batch
 
 OBJECTIVES = {"disa": objectives.Disa(beta=2.0, scale="mean", omega="clipped_ratio"),
-              "flowrl": objectives.FlowRL(beta=2.0, scale="mean", omega="clipped_ratio"),
+              "flowrl": objectives.FlowRL(beta=2.0, scale="mean", omega="clipped_ratio",
+                                          head_dropout=0.0),
               "grpo": objectives.Grpo(eps_high=0.28, kl_coef=0.01),
               "gspo": objectives.Gspo()}
 
@@ -170,3 +171,32 @@ def test_head_objective_needs_the_head():
   graphdef, _, _, _, _, opt, _ = _setup("grpo")
   with pytest.raises(ValueError, match="'flowrl' has a log Z head"):
     ts.make_train_step(graphdef, OBJECTIVES["flowrl"], opt)
+
+
+def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
+  """FlowRL's head dropout: reproducible for a seed, different masks for another; the joint clip
+  rescales policy and head gradients by one factor (FlowRL's single clip_grad_norm_)."""
+  graphdef, head_graphdef, state, _, _, _, _ = _setup("flowrl")
+  obj = objectives.FlowRL(beta=2.0, scale="mean", head_dropout=0.5)
+  batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128).split(8)
+  sgd = optax.sgd(0.1)
+  head_sgd = optax.sgd(0.1)
+  def run(seed, joint_clip=0.0):
+    step = ts.make_train_step(graphdef, obj, sgd, head_graphdef=head_graphdef,
+                              head_optimizer=head_sgd, donate=False, dropout_seed=seed,
+                              joint_clip=joint_clip)
+    s0 = ts.TrainState(state.step, state.params, sgd.init(state.params), state.head_params,
+                       head_sgd.init(state.head_params))
+    return step(s0, batch)
+  (a, ma), (b, _), (c, _) = run(1), run(1), run(2)
+  leaves = lambda s: jax.tree.leaves(s.head_params)
+  assert all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))
+  assert not all(np.allclose(x, y) for x, y in zip(leaves(a), leaves(c)))
+  clipped, mc = run(1, joint_clip=1e-3)
+  norm = float(np.sqrt(ma["grad_norm"] ** 2 + ma["head_grad_norm"] ** 2))
+  assert norm > 1e-2  # the clip is active
+  moved = [np.asarray(x) - np.asarray(y) for x, y in
+           zip(jax.tree.leaves((clipped.params, clipped.head_params)),
+               jax.tree.leaves((state.params, state.head_params)))]
+  step_norm = float(np.sqrt(sum(float((m ** 2).sum()) for m in moved)))
+  np.testing.assert_allclose(step_norm, 0.1 * 1e-3, rtol=1e-3)  # SGD step = lr x clipped norm

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from disa_jax import config as config_lib
 from flax import nnx
 
 from disa_jax import models
@@ -82,11 +84,13 @@ def test_config_validation():
     baseline.LoRASFTConfig(batch_size=6, micro_batch_size=4)
   with pytest.raises(ValueError, match="compute_dtype"):
     baseline.LoRASFTConfig(compute_dtype="fp8")
-  with pytest.raises(ValueError, match="unknown field"):
-    baseline.LoRASFTConfig.from_dict({"rnak": 3})
+  with pytest.raises(ValueError, match=r"sft: unknown field\(s\) \['rnak'\]"):
+    config_lib.from_mapping(baseline.LoRASFTConfig, {"rnak": 3}, "sft")
+  with pytest.raises(ValueError, match="learning_rate must be > 0"):
+    baseline.LoRASFTConfig(learning_rate=0.0)
   cfg = baseline.LoRASFTConfig()
   assert (cfg.rank, cfg.learning_rate, cfg.batch_size, cfg.epochs) == (64, 2e-5, 128, 3)
-  assert baseline.LoRASFTConfig.from_dict(cfg.to_dict()) == cfg
+  assert config_lib.from_mapping(baseline.LoRASFTConfig, config_lib.to_dict(cfg)) == cfg
 
 
 @pytest.mark.slow
@@ -126,15 +130,11 @@ def test_run_lora_sft_export_skip_and_resume(tmp_path):
         pad_to=16))
 
 
-def test_paper_config_is_table_13():
-  import importlib.util
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "sft_paper.py")
-  spec = importlib.util.spec_from_file_location("sft_paper", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
+def test_paper_config_is_table_7():
+  from configs import sft_paper as mod
+  from disa_jax.workflows.sft import SftConfig
   for backbone in ("qwen2.5-7b", "qwen3-4b-base"):
-    c = mod.get_config(backbone)
-    cfg = baseline.LoRASFTConfig.from_dict(c.sft.to_dict())
+    cfg = SftConfig.from_config(mod.get_config(backbone)).sft
     assert (cfg.rank, cfg.learning_rate, cfg.batch_size, cfg.epochs, cfg.max_seq_len) == (
         64, 2e-5, 128, 3, 18432)
     assert cfg.keep_reward == 1.0 and set(cfg.targets) == set(lora.ALL_TARGETS)

@@ -9,7 +9,8 @@ from disa_jax import testing
 from disa_jax.estimators import RewardTransform, build_records
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.rollout.types import Completion, SamplingParams
-from disa_jax.workflows import prompting, typed_config
+from disa_jax import config as config_lib
+from disa_jax.workflows import prompting
 from disa_jax.workflows.evaluation import EvalConfig
 from disa_jax.workflows.stage1 import IDENTITY_FIELDS, Stage1Config, check_rerun, run_stage1
 from disa_jax.workflows.stage1 import stage1_summary
@@ -39,9 +40,10 @@ def test_paper_configs_resolve_with_the_papers_settings():
     s3 = stage3_paper.get_config("disa," + arg)
     assert s2.anchor_path == s3.data.anchor_path  # Stage 2 writes where Stage 3 reads
     s1 = Stage1Config.from_config(stage1_paper.get_config(arg))
-    assert s1.beta == s3.loss.beta and s2.stage1_path.startswith(s1.output_dir)
-    assert s1.label_scale == ("mean" if s3.loss.length_normalize else "sum")
-    assert s1.reward_transform == RewardTransform(**s3.loss.reward_transform.to_dict())
+    obj = s3.train.objective
+    assert s1.beta == obj.beta and s2.stage1_path.startswith(s1.output_dir)
+    assert s1.label_scale == obj.scale
+    assert s1.reward_transform == RewardTransform(**obj.reward_transform.to_dict())
   assert (s2.fit.hidden_sizes, s2.fit.learning_rate, s2.fit.batch_size, s2.fit.epochs) == ((64,), 1e-3, 1024, 80)
   ev = eval_paper.get_config("all")
   ev.model_path, ev.output_dir = "m", "o"
@@ -74,9 +76,9 @@ def test_typed_config_refuses_unknown_and_mistyped_fields():
   with pytest.raises(ValueError, match="engine.kind"):
     Stage1Config.from_config(d)
   cfg = Stage1Config.from_config(_s1())
-  assert typed_config.from_mapping(Stage1Config, typed_config.to_dict(cfg)) == cfg  # round trip
-  with pytest.raises(ValueError, match="unknown benchmark"):
-    EvalConfig.from_config({"model_path": "m", "output_dir": "o", "benchmarks": {"gsm8k": "x"}})
+  assert config_lib.from_mapping(Stage1Config, config_lib.to_dict(cfg)) == cfg  # round trip
+  with pytest.raises(ValueError, match=r"benchmarks.gsm8k must be a path string"):
+    EvalConfig.from_config({"model_path": "m", "output_dir": "o", "benchmarks": {"gsm8k": 3}})
   with pytest.raises(ValueError, match="every path is empty"):
     EvalConfig.from_config({"model_path": "m", "output_dir": "o", "benchmarks": {"aime24": ""}})
 
@@ -147,33 +149,51 @@ def test_stage1_summary_counts_prompts_without_reward_and_quantiles():
 
 def test_stage1_refuses_a_rerun_with_other_label_settings(tmp_path):
   cfg = Stage1Config.from_config(_s1(output_dir=str(tmp_path)))
-  check_rerun(tmp_path / "stage1_config.json", typed_config.to_dict(cfg), IDENTITY_FIELDS)
+  check_rerun(tmp_path / "stage1_config.json", config_lib.to_dict(cfg), IDENTITY_FIELDS)
   with pytest.raises(ValueError, match="beta=15.0; this run has beta=10.0"):
     run_stage1(Stage1Config.from_config(_s1(output_dir=str(tmp_path), beta=10.0)))
   with pytest.raises(ValueError, match="sampling="):
     run_stage1(dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, n=4)))
 
 
-def test_stage2_stops_on_nonfinite_labels_or_drops_and_lists_them(checkpoints, tmp_path):
+def write_stage1_run(tmp_path, reference, samples, *, label_scale="mean"):
+  """A hand-made Stage 1 output directory: its dataset, prompt file and stage1_config.json."""
+  import json
+  from disa_jax.data import loaders
+  from disa_jax.data.records import PromptRecord
   from disa_jax.estimators import Stage1Writer
+  prompts = tmp_path / "prompts.jsonl"
+  loaders.save_prompts([PromptRecord(f"q{i}", f"prompt number {i}", "a", "toy")
+                        for i in range(len(samples))], str(prompts))
+  ids = [r.prompt_id for r in loaders.load_prompts(str(prompts))]
+  out = tmp_path / "s1"
+  out.mkdir()
+  recs = build_records(ids, [f"prompt number {i}" for i in range(len(samples))], samples,
+                       beta=15.0, reward_transform=RewardTransform("group_zscore"),
+                       label_scale=label_scale)
+  Stage1Writer(out / "stage1.jsonl").write(recs)
+  (out / "stage1_config.json").write_text(json.dumps({
+      "prompts_path": str(prompts), "prompts_format": "auto", "limit": 0, "rendering": "plain",
+      "max_prompt_len": 64, "reference_path": reference}))
+  return str(out / "stage1.jsonl"), ids
+
+
+def test_stage2_stops_on_nonfinite_labels_or_drops_and_lists_them(checkpoints, tmp_path):
   from disa_jax.workflows.stage2 import run_stage2
-  rt = RewardTransform("group_zscore")
   samples = [[{"token_ids": [7, 8], "text": "ab", "logp_ref": -2.0 - j - i, "logp_proposal": -2.5,
                "reward": float(j % 2), "num_tokens": 2} for j in range(3)] for i in range(6)]
   for s in samples[4]:
     s["logp_ref"] = float("-inf")  # pi_ref gives every sample zero probability: log Z_IS = -inf
-  recs = build_records([f"q{i}" for i in range(6)], [f"prompt number {i}" for i in range(6)],
-                       samples, beta=15.0, reward_transform=rt, label_scale="mean")
-  Stage1Writer(tmp_path / "s1.jsonl").write(recs)
+  path, ids = write_stage1_run(tmp_path, checkpoints["reference"], samples)
   c = stage2_paper.get_config("qwen3-4b-base,math")
-  c.stage1_path, c.reference_path = str(tmp_path / "s1.jsonl"), checkpoints["reference"]
+  c.stage1_path, c.reference_path = path, checkpoints["reference"]
   c.anchor_path, c.output_dir = str(tmp_path / "anchor"), str(tmp_path / "s2")
   c.fit.epochs, c.fit.batch_size, c.fit.val_fraction = 2, 4, 0.0
   c.embedding.dtype, c.embedding.batch_size, c.embedding.pad_to = "float32", 8, 16
-  c.embedding.num_devices = 1
-  with pytest.raises(ValueError, match=r"1 Stage 1 prompt\(s\) have non-finite labels.*'q4'"):
+  c.embedding.mesh.num_devices = 1
+  with pytest.raises(ValueError, match=rf"1 Stage 1 prompt\(s\) have non-finite labels.*{ids[4]}"):
     run_stage2(Stage2Config.from_config(c))
   c.drop_nonfinite = True
   s = run_stage2(Stage2Config.from_config(c))
-  assert s["dropped_nonfinite"] == ["q4"] and s["prompts_fitted"] == 5 and s["prompts"] == 6
+  assert s["dropped_nonfinite"] == [ids[4]] and s["prompts_fitted"] == 5 and s["prompts"] == 6
   assert s["label_scale"] == "mean" and s["sigma_g_val"] is None

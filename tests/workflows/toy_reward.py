@@ -9,8 +9,9 @@ from disa_jax import rewards
 
 
 def toy_contains(responses, metas):
-  return np.asarray([1.0 if str(m["ground_truth"]) in r else 0.0 for r, m in zip(responses, metas)],
-                    np.float32)
+  """``[n]`` rewards of `disa_jax.rewards.Response` objects: 1.0 when the text holds the answer."""
+  return np.asarray([1.0 if str(m["ground_truth"]) in r.text else 0.0
+                     for r, m in zip(responses, metas)], np.float32)
 
 
 if "toy_contains" not in rewards.reward_names():
