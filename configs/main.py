@@ -39,6 +39,18 @@ def _run(objective: ml_collections.ConfigDict, replay: float = 0.0,
   return r
 
 
+def _warmup(correct_frac: float, skew: float, steps: int, seed: int) -> ml_collections.ConfigDict:
+  """The supervised warm-up of a tiny model on made-up answers (`pipeline.sum_models.WarmupSpec`)."""
+  w = ml_collections.ConfigDict()
+  w.correct_frac = correct_frac  # share of correct answers in its training data
+  w.skew = skew  # preference among correct answers: P(a) ~ skew^a (1 = uniform)
+  w.steps = steps  # warm-up steps (the proposal's start from pi_ref's weights)
+  w.batch_size = 64  # warm-up batch
+  w.learning_rate = 3e-3  # AdamW, constant after 20 warm-up steps
+  w.seed = seed  # initialisation and data seed
+  return w
+
+
 def runs() -> ml_collections.ConfigDict:
   """Every Stage 3 run the job knows, by name (``methods`` picks those it trains)."""
   r = ml_collections.ConfigDict()
@@ -75,21 +87,16 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.task.n_max = 40  # (the TRL peer benchmark's task and range)
   c.task.max_tokens = 8  # response limit in tokens (every correct answer fits in 6)
 
-  c.models = ml_collections.ConfigDict()
-  c.models.hidden_size = 128  # tiny Qwen3 (the TRL peer's architecture)
-  c.models.intermediate_size = 256
-  c.models.num_layers = 2
-  c.models.num_heads = 4
-  c.models.num_kv_heads = 2
-  c.models.head_dim = 32
-  c.models.ref_correct_frac = 0.6  # pi_ref warm-up data: share of correct answers (weak reference)
-  c.models.ref_skew = 1.0  # pi_ref: P(a) ~ skew^a among correct answers (1 = broad / uniform)
-  c.models.ref_steps = 1200  # pi_ref warm-up steps from random init
-  c.models.proposal_correct_frac = 0.95  # p_T = pi_ref fine-tuned further: stronger
-  c.models.proposal_skew = 0.85  # p_T: prefers small first summands (a different preference)
-  c.models.proposal_steps = 400  # p_T's extra steps, starting from pi_ref
-  c.models.batch_size = 64  # warm-up batch
-  c.models.learning_rate = 3e-3  # warm-up AdamW learning rate (constant after 20 warm-up steps)
+  c.arch = ml_collections.ConfigDict()  # tiny Qwen3 (the TRL peer's architecture)
+  c.arch.hidden_size = 128
+  c.arch.intermediate_size = 256
+  c.arch.num_layers = 2
+  c.arch.num_heads = 4
+  c.arch.num_kv_heads = 2
+  c.arch.head_dim = 32
+  c.reference_model = _warmup(0.6, 1.0, 1200, seed=0)  # pi_ref: weak (60% correct), broad
+  c.proposal_model = _warmup(0.95, 0.85, 400, seed=1)  # p_T = pi_ref fine-tuned: stronger, and
+  # preferring small first summands (a different preference than the target's)
 
   s1 = c.stage1 = ml_collections.ConfigDict()  # run_stage1's own fields (no paths)
   s1.rendering = "plain"  # the task's tokenizer has no chat template

@@ -14,10 +14,10 @@ def _job(c, workdir):
 def _cfg(**over):
   c = main_config.get_config()
   c.task.n_max = 6
-  c.models.ref_steps = 15
-  c.models.proposal_steps = 15
-  c.models.hidden_size = 64
-  c.models.intermediate_size = 128
+  c.reference_model.steps = 15
+  c.proposal_model.steps = 15
+  c.arch.hidden_size = 64
+  c.arch.intermediate_size = 128
   c.stage2.samples = 4
   c.stage1.sampling.n = 8
   c.n_study = (2, 4)

@@ -22,9 +22,9 @@ import numpy as np
 from flax import nnx
 
 from disa_jax.anchor.mlp import AnchorMLP
+from disa_jax.estimators.dataset import LABEL_SCALES
 from disa_jax.estimators.reward_transforms import RewardTransform
 
-LABEL_SCALES = ("sum", "mean")
 META_FILE = "anchor_meta.json"
 STATE_DIR = "state"
 

@@ -30,6 +30,7 @@ import numpy as np
 from disa_jax import config as config_lib
 from disa_jax.data.sum_task import SumTask
 from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
 from disa_jax.rl.objectives import Objective
 from disa_jax.rollout.engines import EngineConfig
 
@@ -67,36 +68,6 @@ class TaskConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TinyModelsConfig:
-  """The tiny pi_ref / p_T (see `configs/main.py` and `disa_jax.pipeline.sum_models`)."""
-  hidden_size: int = 128
-  intermediate_size: int = 256
-  num_layers: int = 2
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  head_dim: int = 32
-  ref_correct_frac: float = 0.6
-  ref_skew: float = 1.0
-  ref_steps: int = 1200
-  proposal_correct_frac: float = 0.95
-  proposal_skew: float = 0.85
-  proposal_steps: int = 400
-  batch_size: int = 64
-  learning_rate: float = 3e-3
-
-  def specs(self, seed: int):
-    """(architecture, reference warm-up, proposal warm-up) specs; validates their values."""
-    from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec  # pylint: disable=g-import-not-at-top
-    arch = TinyLMSpec(self.hidden_size, self.intermediate_size, self.num_layers, self.num_heads,
-                      self.num_kv_heads, self.head_dim)
-    ref = WarmupSpec(self.ref_correct_frac, self.ref_skew, self.ref_steps, self.batch_size,
-                     self.learning_rate, seed)
-    prop = WarmupSpec(self.proposal_correct_frac, self.proposal_skew, self.proposal_steps,
-                      self.batch_size, self.learning_rate, seed + 1)
-    return arch, ref, prop
-
-
-@dataclasses.dataclass(frozen=True)
 class AnchorStudyConfig:
   """The sigma_g study of sharper anchors: ``repeats`` per N (0 = off), ``folds`` of the split."""
   repeats: int = 8
@@ -120,7 +91,9 @@ class MainConfig:
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   sft_enabled: bool = True
   task: TaskConfig = TaskConfig()
-  models: TinyModelsConfig = TinyModelsConfig()
+  arch: TinyLMSpec = TinyLMSpec()
+  reference_model: WarmupSpec = WarmupSpec(correct_frac=0.6, skew=1.0, steps=1200, seed=0)
+  proposal_model: WarmupSpec = WarmupSpec(correct_frac=0.95, skew=0.85, steps=400, seed=1)
   n_study: tuple[int, ...] = (2, 4, 8, 16)
   n_study_repeats: int = 64
   anchor_study: AnchorStudyConfig = AnchorStudyConfig()
@@ -142,7 +115,6 @@ class MainConfig:
     if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
       raise ValueError(f"n_study values and n_study_repeats must be >= 1, got {self.n_study}, "
                        f"{self.n_study_repeats}")
-    self.models.specs(self.seed)
 
   @classmethod
   def from_config(cls, config: Any) -> "MainConfig":
@@ -165,7 +137,7 @@ class SumJob:
     self.dir = Path(workdir).resolve()
     self.task = SumTask(cfg.task.n_min, cfg.task.n_max)
     self.tok = task_tokenizer()
-    self.arch, self.ref_warmup, self.proposal_warmup = cfg.models.specs(cfg.seed)
+    self.arch = cfg.arch
     self.stage1_cfg = self._stage1_config()
     self.stage2_cfg = self._stage2_config()
     self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods for s in cfg.seeds}
@@ -255,8 +227,8 @@ class SumJob:
     from disa_jax.data.sum_task import prompt_records  # pylint: disable=g-import-not-at-top
     from disa_jax.models import from_pretrained  # pylint: disable=g-import-not-at-top
     from disa_jax.pipeline.sum_models import save_model, train_sum_model  # pylint: disable=g-import-not-at-top
-    for path, spec, init in ((self.ref_path, self.ref_warmup, None),
-                             (self.proposal_path, self.proposal_warmup, self.ref_path)):
+    for path, spec, init in ((self.ref_path, self.cfg.reference_model, None),
+                             (self.proposal_path, self.cfg.proposal_model, self.ref_path)):
       marker = Path(path) / "warmup.json"
       if marker.exists():
         continue

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from disa_jax.data.batching import pack_sequences
 from disa_jax.data.sum_task import SumTask, make_tokenizer
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
-from disa_jax.sft import SFTConfig, make_sft_step
+from disa_jax.sft import SupervisedSchedule, make_sft_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
   """
   tok = make_tokenizer()
   model = init_from if init_from is not None else Transformer(model_config(tok, arch), rngs=nnx.Rngs(spec.seed))
-  init, step = make_sft_step(SFTConfig(learning_rate=spec.learning_rate, warmup_steps=min(20, spec.steps),
+  init, step = make_sft_step(SupervisedSchedule(learning_rate=spec.learning_rate, warmup_steps=min(20, spec.steps),
                                        total_steps=spec.steps, schedule="constant"))
   opt = init(model)
   rng = np.random.default_rng(spec.seed + 1)

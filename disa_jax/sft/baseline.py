@@ -34,7 +34,7 @@ from disa_jax.estimators.dataset import Stage1Data, load_stage1
 from disa_jax.parallel import distributed
 from disa_jax.scoring import token_logprobs
 from disa_jax.sft import lora
-from disa_jax.sft.supervised import SFTConfig
+from disa_jax.sft.supervised import SupervisedSchedule
 
 SUMMARY_FILE = "sft_summary.json"
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
@@ -103,8 +103,8 @@ class LoRASFTConfig:
   def lora(self) -> lora.LoRAConfig:
     return lora.LoRAConfig(self.rank, self.alpha, tuple(self.targets))
 
-  def sft(self, total_steps: int) -> SFTConfig:
-    return SFTConfig(learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
+  def sft(self, total_steps: int) -> SupervisedSchedule:
+    return SupervisedSchedule(learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
                      total_steps=total_steps, schedule="cosine", weight_decay=self.weight_decay,
                      grad_clip=self.grad_clip)
 
@@ -150,7 +150,7 @@ def filter_reward_one(data: Stage1Data, keep_reward: float = 1.0) -> list[SFTExa
   return out
 
 
-def make_accumulating_step(sft_config: SFTConfig, graphdef: nnx.GraphDef
+def make_accumulating_step(sft_config: SupervisedSchedule, graphdef: nnx.GraphDef
                            ) -> tuple[optax.GradientTransformation, Callable]:
   """The adapter update with gradient accumulation over micro-batches.
 

@@ -23,7 +23,7 @@ from disa_jax.scoring import token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
-class SFTConfig:
+class SupervisedSchedule:
   """Optimiser settings for supervised fine-tuning."""
 
   learning_rate: float = 2e-5  # App. C.4 uses 2e-5 for LoRA-SFT
@@ -35,11 +35,11 @@ class SFTConfig:
 
   def __post_init__(self):
     if not self.learning_rate > 0:
-      raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate!r}")
+      raise ValueError(f"SupervisedSchedule.learning_rate must be > 0, got {self.learning_rate!r}")
     if self.schedule not in ("cosine", "constant"):
-      raise ValueError(f"SFTConfig.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+      raise ValueError(f"SupervisedSchedule.schedule must be 'cosine' or 'constant', got {self.schedule!r}")
     if self.total_steps < 1 or self.warmup_steps < 0:
-      raise ValueError(f"SFTConfig needs total_steps >= 1 and warmup_steps >= 0, got "
+      raise ValueError(f"SupervisedSchedule needs total_steps >= 1 and warmup_steps >= 0, got "
                        f"{self.total_steps}, {self.warmup_steps}")
 
   def optimizer(self) -> optax.GradientTransformation:
@@ -74,7 +74,7 @@ def sft_loss(model: nnx.Module, input_ids: jax.Array, attention_mask: jax.Array,
   return -jnp.sum(lp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def make_sft_step(config: SFTConfig, wrt=nnx.Param) -> tuple[Callable, Callable]:
+def make_sft_step(config: SupervisedSchedule, wrt=nnx.Param) -> tuple[Callable, Callable]:
   """Returns (init, step): ``opt = init(model)``; ``loss = step(model, opt, batch)`` updates in place.
 
   Args:

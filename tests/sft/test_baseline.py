@@ -16,7 +16,7 @@ from disa_jax.estimators import load_stage1
 from disa_jax.parallel import make_mesh
 from disa_jax.estimators.dataset import Stage1Writer, build_records
 from disa_jax.estimators.reward_transforms import RewardTransform
-from disa_jax.sft import SFTConfig, make_sft_step
+from disa_jax.sft import SupervisedSchedule, make_sft_step
 from disa_jax.sft import baseline, lora
 from disa_jax.testing import make_tiny_model, make_tokenizer, save_tiny_checkpoint
 
@@ -56,7 +56,7 @@ def test_filter_keeps_exactly_reward_one(tmp_path):
 
 @pytest.mark.slow
 def test_accumulated_step_equals_full_batch_step():
-  cfg = SFTConfig(learning_rate=1e-2, total_steps=4, schedule="cosine", warmup_steps=0)
+  cfg = SupervisedSchedule(learning_rate=1e-2, total_steps=4, schedule="cosine", warmup_steps=0)
   ids = jnp.asarray(np.random.default_rng(2).integers(3, 60, (4, 10)), jnp.int32)
   attn = jnp.asarray(np.arange(10)[None] < np.array([10, 7, 9, 5])[:, None], jnp.int32)
   resp = attn.at[:, :3].set(0)

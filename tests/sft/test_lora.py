@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from disa_jax import models
-from disa_jax.sft import SFTConfig, make_sft_step
+from disa_jax.sft import SupervisedSchedule, make_sft_step
 from disa_jax.sft import lora
 from disa_jax.testing import make_tiny_model
 
@@ -16,7 +16,7 @@ def _ids(seed=0, b=2, t=12, vocab=60):
 
 
 def _train(model, steps=3, lr=1e-2):
-  init, step = make_sft_step(SFTConfig(learning_rate=lr, total_steps=10, warmup_steps=0,
+  init, step = make_sft_step(SupervisedSchedule(learning_rate=lr, total_steps=10, warmup_steps=0,
                                        schedule="constant"), wrt=lora.LoRAParam)
   opt = init(model)
   ids = _ids(1, 4, 12)
