@@ -4,7 +4,8 @@
       --config.output_dir=eval/NAME
 
 SUITE math (AIME24, AIME25, AMC23, MATH-500, Minerva, OlympiadBench; Mean@8) |
-      code (LiveCodeBench, CodeForces, HumanEval+; pass@1 and pass@16) | all
+      code (LiveCodeBench, CodeForces, HumanEval+; pass@1 and pass@16) | all |
+      task (one custom prompt file: --config.benchmarks.task=PATH, graded by its rows' ability)
 
 CKPT is any local HF directory (a backbone, any HF model); for a Stage 3 run give
 --config.run_dir=WORKDIR instead (its latest checkpoint, or --config.run_step=S, is exported to
@@ -31,6 +32,10 @@ SUITES = {
     "code": ("livecodebench", "codeforces", "humanevalplus"),
 }
 SUITES["all"] = SUITES["math"] + SUITES["code"]
+# A custom task: one prompt file (veRL rows) graded by the registered reward of its rows' ability,
+# e.g. the main job's sum task (ability 'sum_task', with exact_target for its exact measures).
+SUITES["task"] = ("task",)
+BENCHMARK_FILES["task"] = ""
 
 
 def get_config(arg: str = "math") -> ml_collections.ConfigDict:

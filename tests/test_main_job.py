@@ -1,10 +1,19 @@
-"""A shortened main job: every stage runs on the sum task, the report is complete, and a rerun resumes."""
+"""A shortened main job: every stage runs on the sum task, the report is complete, a rerun resumes,
+and one of its methods gives the same Stage 1 labels and evaluation row through the four command lines
+of docs/real_checkpoints.md."""
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from configs import main as main_config
+from disa_jax import config as config_lib
 from disa_jax.pipeline.sum_job import MainConfig, SumJob
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _job(c, workdir):
@@ -47,9 +56,17 @@ def _cfg(**over):
   return c
 
 
+@pytest.fixture(scope="module")
+def job_run(tmp_path_factory):
+  """The shortened job, run once for the tests of this module: (job, report, workdir)."""
+  tmp_path = tmp_path_factory.mktemp("main_job")
+  job = _job(_cfg(), tmp_path)
+  return job, job.run(), tmp_path
+
+
 @pytest.mark.slow
-def test_main_job_end_to_end_and_resume(tmp_path):
-  report = _job(_cfg(), tmp_path).run()
+def test_main_job_end_to_end_and_resume(job_run):
+  _, report, tmp_path = job_run
   # the LoRA-SFT row exists, or is reported as not trained with its reason (barely trained models here
   # may give no reward-1 Stage 1 sample to distil)
   assert set(report["methods"]) | set(report["skipped_methods"]) == {"reference", "proposal", "disa", "flowrl",
@@ -71,6 +88,76 @@ def test_main_job_end_to_end_and_resume(tmp_path):
   report2 = _job(_cfg(), tmp_path).run()  # resumes: nothing recomputed
   assert all(p.stat().st_mtime == t for p, t in stamps.items())
   assert report2["methods"] == json.loads((tmp_path / "report.json").read_text())["methods"]
+
+
+def _leaves(d, prefix=""):
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict) and v:
+      out.update(_leaves(v, f"{prefix}{k}."))
+    elif not isinstance(v, dict):
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _flag(v):
+  if isinstance(v, (list, tuple)):
+    return "(" + ",".join(repr(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+  return str(v)
+
+
+def _command(script, config, typed, paper_typed, tmp_path, *extra):
+  """``launch/<script> --config=<config>`` with every field where ``typed`` differs overridden."""
+  want, base = _leaves(config_lib.to_dict(typed)), _leaves(config_lib.to_dict(paper_typed))
+  over = [f"--config.{k}={_flag(v)}" for k, v in want.items() if base.get(k) != v]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="")
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), f"--config={config}",
+                        *over, *extra], env=env, capture_output=True, text=True, timeout=900,
+                       cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-5000:]
+
+
+@pytest.mark.slow
+def test_one_method_through_the_four_commands_gives_the_same_labels_and_row(job_run, tmp_path):
+  """docs/real_checkpoints.md's commands, pointed at the job's own models and prompt file."""
+  import dataclasses
+  from configs import eval_paper, stage1_paper, stage2_paper, stage3_paper
+  from disa_jax.estimators import load_stage1
+  from disa_jax.workflows.evaluation import EvalConfig
+  from disa_jax.workflows.stage1 import Stage1Config
+  from disa_jax.workflows.stage2 import Stage2Config
+  from disa_jax.workflows.stage3 import Stage3Config
+  job, _, _ = job_run
+  arg = "qwen3-4b-base,math"
+  s1 = dataclasses.replace(job.stage1_cfg, output_dir=str(tmp_path / "stage1"))
+  _command("stage1.py", f"configs/stage1_paper.py:{arg}", s1,
+           Stage1Config.from_config(stage1_paper.get_config(arg)), tmp_path)
+  a, b = load_stage1(job.stage1_cfg.dataset_path()), load_stage1(s1.dataset_path())
+  assert a.prompt_ids == b.prompt_ids
+  np.testing.assert_array_equal(a.labels, b.labels)  # the same IS labels, bit for bit
+
+  s2 = dataclasses.replace(job.stage2_cfg, stage1_path=str(s1.dataset_path()),
+                           anchor_path=str(tmp_path / "anchor"), output_dir=str(tmp_path / "stage2"))
+  _command("stage2.py", f"configs/stage2_paper.py:{arg}", s2,
+           Stage2Config.from_config(stage2_paper.get_config(arg)), tmp_path)
+  s3 = job.stage3_cfgs[("disa", job.cfg.seeds[0])]
+  s3 = dataclasses.replace(s3, workdir=str(tmp_path / "disa"), data=dataclasses.replace(
+      s3.data, anchor_path=s2.anchor_path))
+  _command("train.py", f"configs/stage3_paper.py:disa,{arg}", s3,
+           Stage3Config.from_config(stage3_paper.get_config(f"disa,{arg}")), tmp_path)
+  ev = dataclasses.replace(job._eval_config("disa", str(tmp_path / "disa" / "final")),
+                           output_dir=str(tmp_path / "eval"))
+  paper_ev = eval_paper.get_config("task")
+  paper_ev.model_path, paper_ev.output_dir = "m", "o"
+  paper_ev.benchmarks.task = "t"
+  _command("evaluate.py", "configs/eval_paper.py:task", ev, EvalConfig.from_config(paper_ev),
+           tmp_path)
+  mine = json.loads((tmp_path / "eval" / "task.json").read_text())
+  theirs = json.loads((job.dir / "eval" / "disa" / "task.json").read_text())
+  assert mine["metrics"] == theirs["metrics"] and mine["per_prompt"] == theirs["per_prompt"]
+  for k, v in theirs["exact"].items():
+    if k != "per_prompt":
+      np.testing.assert_allclose(mine["exact"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def _stage2_section(job, exact: dict) -> dict:
 
 
 def eval_row(summary: dict) -> dict:
-  """A report row from `run_evaluation`'s sum.json (sampled metrics and the exact target)."""
+  """A report row from `run_evaluation`'s task.json (sampled metrics and the exact target)."""
   k, m, x = summary["k"], summary["metrics"], summary["exact"]
   return {"k": k, "accuracy_mean_at_k": m[f"mean@{k}"], "pass_at_k": m[f"pass@{k}"],
           "distinct_correct_mean": m[f"distinct_correct@{k}"], "p_correct_exact": x["p_correct"],

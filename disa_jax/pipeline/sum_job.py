@@ -208,7 +208,7 @@ class SumJob:
                              beta=self.cfg.beta, seed=self.cfg.seed + 8)
     return config_lib.from_mapping(EvalConfig, dict(
         e, output_dir=str(self.dir / "eval" / row), model_path=model_path, label=row,
-        benchmarks={"sum": self.prompts_path}, seed=self.cfg.seed + 7,
+        benchmarks={"task": self.prompts_path}, seed=self.cfg.seed + 7,
         engine=dataclasses.replace(self.cfg.engine, separate_process=False)), "eval")
 
   def _timed(self, name: str, fn, *args):
@@ -333,10 +333,10 @@ class SumJob:
     try:
       for row, path in rows.items():
         cfg = self._eval_config(row, path)
-        if engine is None and not (Path(cfg.output_dir) / "sum.json").exists():
+        if engine is None and not (Path(cfg.output_dir) / "task.json").exists():
           engine = cfg.engine.make(self.ref_path)
         self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
-        out[row] = json.loads((Path(cfg.output_dir) / "sum.json").read_text())
+        out[row] = json.loads((Path(cfg.output_dir) / "task.json").read_text())
     finally:
       if engine is not None:
         engine.close()
