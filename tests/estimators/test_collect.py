@@ -42,3 +42,27 @@ def test_collect_labels_resume_and_self_proposal_identity(ckpt, tmp_path):
     collect_stage1(prompts=prompts, writer=w, proposal_logprobs="raw",
                    **dict(kw, sampling=SamplingParams(n=2, max_tokens=3)))
   engine.close()
+
+
+class _Refuses:
+  """An engine / scorer / reward that fails the test if anything calls it."""
+
+  def __getattr__(self, name):
+    raise AssertionError(f"{name} called on an empty Stage 1 run")
+
+  def __call__(self, *args, **kwargs):
+    raise AssertionError("reward_fn called on an empty Stage 1 run")
+
+
+def test_collect_with_no_prompts_writes_nothing_and_counts_zero(tmp_path):
+  for name in ("s1.jsonl", "s1_parquet"):
+    writer = E.Stage1Writer(tmp_path / name)
+    stats = collect_stage1(engine=_Refuses(), ref_scorer=_Refuses(), prompts=[],
+                           reward_fn=_Refuses(), decode=_Refuses(), writer=writer,
+                           sampling=SamplingParams(n=2, max_tokens=3), beta=1.0,
+                           reward_transform=E.RewardTransform(), progress=False)
+    assert {k: stats[k] for k in ("prompts_done", "prompts_skipped", "samples")} == {
+        "prompts_done": 0, "prompts_skipped": 0, "samples": 0}
+    assert stats["samples_per_s"] == 0.0 and writer.completed_ids() == set()
+  assert not (tmp_path / "s1.jsonl").exists()  # no file is created for nothing
+  assert list((tmp_path / "s1_parquet").iterdir()) == []
