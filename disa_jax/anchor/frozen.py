@@ -3,7 +3,10 @@
 An `Anchor` bundles the fitted `AnchorMLP` with the facts its labels depend on: the embedding spec
 (which model / pooling produced the inputs, and their width), beta, the reward transform and the label
 scale ('sum' of trajectory log-probs, the paper's residual, or 'mean', length-normalised as in FlowRL's
-code). Stage 3 calls `check_compatible` once and refuses a mismatch with an error naming the field.
+code). Stage 3 calls `check_compatible` once and refuses a mismatch with an error naming the field
+and both values, including (when it passes them) the reference model the embeddings came from and
+how prompts were rendered ('chat_template' or 'plain'): an anchor's log Z is a function of one
+reference model's prompt states and is meaningless on another's.
 
 Calling the anchor returns log Z under `jax.lax.stop_gradient`: no gradient ever reaches psi (§2.2,
 Stage 3).
@@ -25,6 +28,7 @@ from disa_jax.anchor.mlp import AnchorMLP
 from disa_jax.estimators.reward_transforms import RewardTransform
 
 LABEL_SCALES = ("sum", "mean")
+RENDERINGS = ("chat_template", "plain")
 META_FILE = "anchor_meta.json"
 STATE_DIR = "state"
 
@@ -37,20 +41,36 @@ class EmbeddingSpec:
     source: 'precomputed' (any ``[P, D]`` array supplied by the user) or 'model_mean_pool' (masked mean
       of a Flax LM's final hidden state over the prompt tokens).
     dim: embedding width D.
-    model_path: the model directory for 'model_mean_pool' (recorded for provenance).
-    prompt_format: how prompts were rendered before tokenisation (e.g. 'chat_template', 'raw').
+    model_path: the reference model directory for 'model_mean_pool' (`Anchor.check_compatible`
+      compares it with the run's reference when given one).
+    prompt_format: free-form provenance of the prompt text (e.g. 'stage1_prompt_text', 'raw').
+    rendering: how prompts were rendered before tokenisation, one of `RENDERINGS` ('chat_template':
+      the tokenizer's chat template; 'plain': the user text), or None when not recorded (anchors
+      saved before this field existed load with None).
   """
 
   source: str = "precomputed"
   dim: int = 0
   model_path: str | None = None
   prompt_format: str = "raw"
+  rendering: str | None = None
 
   def __post_init__(self):
     if self.source not in ("precomputed", "model_mean_pool"):
       raise ValueError(f"EmbeddingSpec.source must be 'precomputed' or 'model_mean_pool', got {self.source!r}")
     if self.dim < 1:
       raise ValueError(f"EmbeddingSpec.dim must be >= 1, got {self.dim!r}")
+    if self.rendering is not None and self.rendering not in RENDERINGS:
+      raise ValueError(f"EmbeddingSpec.rendering must be one of {RENDERINGS} or None, got {self.rendering!r}")
+
+
+def _same_path(recorded: str | None, given: str) -> bool:
+  """Whether two model directories are the same: equal normalised paths, or one real directory."""
+  if recorded is None:
+    return False
+  if os.path.normpath(recorded) == os.path.normpath(given):
+    return True
+  return os.path.exists(recorded) and os.path.exists(given) and os.path.samefile(recorded, given)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +140,18 @@ class Anchor:
     return jax.lax.stop_gradient(self._apply(jax.lax.stop_gradient(self._state), x))
 
   def check_compatible(self, *, beta: float, reward_transform: RewardTransform, label_scale: str,
-                       embedding_dim: int | None = None) -> None:
-    """Raises ValueError naming the first field on which this anchor and a Stage 3 run disagree."""
+                       embedding_dim: int | None = None, reference: str | None = None,
+                       rendering: str | None = None) -> None:
+    """Raises ValueError naming the first field on which this anchor and a Stage 3 run disagree.
+
+    Args:
+      beta, reward_transform, label_scale: the run's; must equal the anchor's.
+      embedding_dim: the run's embedding width D (checked when given).
+      reference: the run's reference model directory (checked when given): must be the recorded
+        `EmbeddingSpec.model_path` (same normalised path, or the same directory on this machine).
+      rendering: how the run renders prompts, one of `RENDERINGS` (checked when given): must be the
+        recorded `EmbeddingSpec.rendering`.
+    """
     m = self.meta
     if abs(float(beta) - m.beta) > 1e-9 * max(1.0, abs(m.beta)):
       raise ValueError(f"anchor was fitted with beta={m.beta}, but the run uses beta={beta}")
@@ -132,6 +162,17 @@ class Anchor:
     reward_transform.check_matches(m.reward_transform, what="anchor")
     if embedding_dim is not None and embedding_dim != m.embedding.dim:
       raise ValueError(f"anchor expects embedding dim {m.embedding.dim}, the run provides {embedding_dim}")
+    if reference is not None and not _same_path(m.embedding.model_path, reference):
+      raise ValueError(f"anchor was fitted on prompt embeddings of reference model "
+                       f"{m.embedding.model_path!r} (EmbeddingSpec.model_path), but the run's reference "
+                       f"is {reference!r}; refit the anchor (Stage 2) on the run's reference model")
+    if rendering is not None:
+      if rendering not in RENDERINGS:
+        raise ValueError(f"rendering must be one of {RENDERINGS}, got {rendering!r}")
+      if m.embedding.rendering != rendering:
+        raise ValueError(f"anchor was fitted on prompts rendered as {m.embedding.rendering!r} "
+                         f"(EmbeddingSpec.rendering; None: not recorded by the Stage 2 that saved it), but "
+                         f"the run renders them as {rendering!r}; refit the anchor with that rendering")
 
   # --------------------------------------------------------------------------------------------
   # persistence
