@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -179,15 +181,28 @@ class Anchor:
   # --------------------------------------------------------------------------------------------
 
   def save(self, directory: str | os.PathLike) -> Path:
-    """Writes ``anchor_meta.json`` and the orbax-saved weights under ``directory`` (created)."""
+    """Writes the orbax-saved weights, then ``anchor_meta.json``, under ``directory`` (created).
+
+    The metadata file is written last (atomically) and marks a complete anchor: weights without it
+    are what a save killed midway left behind, and are replaced (with a warning).
+
+    Raises:
+      FileExistsError: ``directory`` already holds a complete anchor.
+    """
     import orbax.checkpoint as ocp
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
-    state_dir = d / STATE_DIR
-    if state_dir.exists():
-      raise FileExistsError(f"anchor weights already exist at {state_dir}; choose a new directory")
+    if (d / META_FILE).exists():
+      raise FileExistsError(f"{d} already holds an anchor ({META_FILE}); choose a new directory")
+    leftovers = sorted(p for p in d.iterdir() if p.name == STATE_DIR or p.name.startswith(
+        STATE_DIR + ".orbax-checkpoint-tmp") or p.name == META_FILE + ".tmp")
+    if leftovers:
+      warnings.warn(f"{d}: removing {[p.name for p in leftovers]} left by an anchor save that did not "
+                    f"finish (no {META_FILE})")
+      for p in leftovers:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     with ocp.StandardCheckpointer() as ckptr:
-      ckptr.save(state_dir, nnx.to_pure_dict(self._state))
+      ckptr.save(d / STATE_DIR, nnx.to_pure_dict(self._state))
     tmp = d / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(self.meta.to_json(), indent=1, allow_nan=True))
     os.replace(tmp, d / META_FILE)

@@ -164,3 +164,20 @@ def test_anchor_metadata_without_rendering_loads(tmp_path):
   with pytest.raises(ValueError, match=r"rendered as None \(EmbeddingSpec.rendering; None: not "
                                        r"recorded .* renders them as 'plain'"):
     old.check_compatible(**ok, rendering="plain")
+
+
+def test_save_replaces_what_an_interrupted_save_left(tmp_path):
+  """Weights without anchor_meta.json (a save killed before its last write) are replaced."""
+  anchor = _small_anchor(EmbeddingSpec(source="model_mean_pool", dim=8, model_path="/m"))
+  anchor.save(tmp_path / "a")
+  (tmp_path / "a" / "anchor_meta.json").unlink()  # as a kill between the two writes leaves it
+  (tmp_path / "a" / "anchor_meta.json.tmp").write_text("{")
+  with pytest.raises(FileNotFoundError, match="not an anchor directory"):
+    Anchor.load(tmp_path / "a")
+  with pytest.warns(UserWarning, match=r"removing \['anchor_meta.json.tmp', 'state'\] left by an "
+                                       r"anchor save that did not finish"):
+    anchor.save(tmp_path / "a")
+  x, _ = _data(5, d=8)
+  np.testing.assert_array_equal(np.asarray(Anchor.load(tmp_path / "a")(x)), np.asarray(anchor(x)))
+  with pytest.raises(FileExistsError, match=r"already holds an anchor \(anchor_meta.json\)"):
+    anchor.save(tmp_path / "a")
