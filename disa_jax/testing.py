@@ -7,10 +7,16 @@
 - `save_tiny_checkpoint(path, family, seed)`: an HF-format directory (config.json,
   model.safetensors, tokenizer files) that `disa_jax.models.from_pretrained`, `transformers` and
   vLLM load.
+- `require(available, why)`: skips the calling test when a requirement (the vLLM engine, the
+  `../shared` data) is missing, but FAILS it under `CI=true`, so CI cannot pass by skipping;
+  `in_ci()`, `shared_dir()`. `tests/conftest.py` applies it to every test marked `vllm` or
+  `shared_data`.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
 import string
 from typing import Any
 
@@ -123,3 +129,35 @@ def save_tiny_checkpoint(path: str, family: str = "qwen3", seed: int = 0, **over
   save_pretrained(model, path)
   make_tokenizer().save_pretrained(path)
   return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Requirements of optional tests: skipped locally, failed in CI.
+# ------------------------------------------------------------------------------------------------
+
+
+def in_ci() -> bool:
+  """Whether the environment variable CI is set to true (1 / true / yes, any case)."""
+  return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def shared_dir() -> pathlib.Path:
+  """The shared data directory: $DISA_SHARED_DIR, default `<repo>/../shared`."""
+  default = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared"
+  return pathlib.Path(os.environ.get("DISA_SHARED_DIR") or default).resolve()
+
+
+def require(available: bool, why: str) -> None:
+  """Skips the calling test when `available` is false; under `CI=true` fails it instead.
+
+  Args:
+    available: whether the requirement is met.
+    why: what is missing (e.g. 'vllm is not installed'), shown in the skip or failure.
+  """
+  if available:
+    return
+  import pytest  # pylint: disable=g-import-not-at-top
+  if in_ci():
+    pytest.fail(f"{why}; CI=true, so a missing requirement fails instead of skipping",
+                pytrace=False)
+  pytest.skip(why)

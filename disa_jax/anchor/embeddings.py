@@ -26,7 +26,8 @@ def embed_prompts(model: nnx.Module,
                   batch_size: int = 64,
                   pad_to: int = 16,
                   model_path: str | None = None,
-                  prompt_format: str = "raw") -> tuple[np.ndarray, EmbeddingSpec]:
+                  prompt_format: str = "raw",
+                  rendering: str | None = None) -> tuple[np.ndarray, EmbeddingSpec]:
   """Mean-pooled final hidden states of ``model`` over each prompt's tokens.
 
   Args:
@@ -35,7 +36,8 @@ def embed_prompts(model: nnx.Module,
     pad_id: padding token id.
     batch_size: prompts per forward pass (the last batch is padded with copies, then dropped).
     pad_to: sequence-length bucket.
-    model_path, prompt_format: provenance recorded in the returned spec.
+    model_path, prompt_format, rendering: provenance recorded in the returned spec (model_path and
+      rendering are what `Anchor.check_compatible(reference=, rendering=)` compares).
 
   Returns:
     (``[P, D]`` float32 embeddings, the matching `EmbeddingSpec`).
@@ -57,4 +59,4 @@ def embed_prompts(model: nnx.Module,
     out.append(np.asarray(embed(state, jnp.asarray(b["input_ids"]), jnp.asarray(b["prompt_mask"])))[:n])
   emb = np.concatenate(out) if out else np.zeros((0, model.config.hidden_size), np.float32)
   return emb, EmbeddingSpec(source="model_mean_pool", dim=int(emb.shape[1]), model_path=model_path,
-                            prompt_format=prompt_format)
+                            prompt_format=prompt_format, rendering=rendering)

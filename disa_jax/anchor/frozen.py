@@ -3,7 +3,10 @@
 An `Anchor` bundles the fitted `AnchorMLP` with the facts its labels depend on: the embedding spec
 (which model / pooling produced the inputs, and their width), beta, the reward transform and the label
 scale ('sum' of trajectory log-probs, the paper's residual, or 'mean', length-normalised as in FlowRL's
-code). Stage 3 calls `check_compatible` once and refuses a mismatch with an error naming the field.
+code). Stage 3 calls `check_compatible` once and refuses a mismatch with an error naming the field
+and both values, including (when it passes them) the reference model the embeddings came from and
+how prompts were rendered ('chat_template' or 'plain'): an anchor's log Z is a function of one
+reference model's prompt states and is meaningless on another's.
 
 Calling the anchor returns log Z under `jax.lax.stop_gradient`: no gradient ever reaches psi (§2.2,
 Stage 3).
@@ -13,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from disa_jax.anchor.mlp import AnchorMLP
+from disa_jax.data.prompting import RENDERINGS
 from disa_jax.estimators.dataset import LABEL_SCALES
 from disa_jax.estimators.reward_transforms import RewardTransform
 
@@ -37,20 +43,36 @@ class EmbeddingSpec:
     source: 'precomputed' (any ``[P, D]`` array supplied by the user) or 'model_mean_pool' (masked mean
       of a Flax LM's final hidden state over the prompt tokens).
     dim: embedding width D.
-    model_path: the model directory for 'model_mean_pool' (recorded for provenance).
-    prompt_format: how prompts were rendered before tokenisation (e.g. 'chat_template', 'raw').
+    model_path: the reference model directory for 'model_mean_pool' (`Anchor.check_compatible`
+      compares it with the run's reference when given one).
+    prompt_format: free-form provenance of the prompt text (e.g. 'stage1_prompt_text', 'raw').
+    rendering: how prompts were rendered before tokenisation, one of `RENDERINGS` ('chat_template':
+      the tokenizer's chat template; 'plain': the user text), or None when not recorded (anchors
+      saved before this field existed load with None).
   """
 
   source: str = "precomputed"
   dim: int = 0
   model_path: str | None = None
   prompt_format: str = "raw"
+  rendering: str | None = None
 
   def __post_init__(self):
     if self.source not in ("precomputed", "model_mean_pool"):
       raise ValueError(f"EmbeddingSpec.source must be 'precomputed' or 'model_mean_pool', got {self.source!r}")
     if self.dim < 1:
       raise ValueError(f"EmbeddingSpec.dim must be >= 1, got {self.dim!r}")
+    if self.rendering is not None and self.rendering not in RENDERINGS:
+      raise ValueError(f"EmbeddingSpec.rendering must be one of {RENDERINGS} or None, got {self.rendering!r}")
+
+
+def _same_path(recorded: str | None, given: str) -> bool:
+  """Whether two model directories are the same: equal normalised paths, or one real directory."""
+  if recorded is None:
+    return False
+  if os.path.normpath(recorded) == os.path.normpath(given):
+    return True
+  return os.path.exists(recorded) and os.path.exists(given) and os.path.samefile(recorded, given)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +150,18 @@ class Anchor:
     return np.asarray(self(embeddings), np.float32)
 
   def check_compatible(self, *, beta: float, reward_transform: RewardTransform, label_scale: str,
-                       embedding_dim: int | None = None) -> None:
-    """Raises ValueError naming the first field on which this anchor and a Stage 3 run disagree."""
+                       embedding_dim: int | None = None, reference: str | None = None,
+                       rendering: str | None = None) -> None:
+    """Raises ValueError naming the first field on which this anchor and a Stage 3 run disagree.
+
+    Args:
+      beta, reward_transform, label_scale: the run's; must equal the anchor's.
+      embedding_dim: the run's embedding width D (checked when given).
+      reference: the run's reference model directory (checked when given): must be the recorded
+        `EmbeddingSpec.model_path` (same normalised path, or the same directory on this machine).
+      rendering: how the run renders prompts, one of `RENDERINGS` (checked when given): must be the
+        recorded `EmbeddingSpec.rendering`.
+    """
     m = self.meta
     if abs(float(beta) - m.beta) > 1e-9 * max(1.0, abs(m.beta)):
       raise ValueError(f"anchor was fitted with beta={m.beta}, but the run uses beta={beta}")
@@ -140,21 +172,45 @@ class Anchor:
     reward_transform.check_matches(m.reward_transform, what="anchor")
     if embedding_dim is not None and embedding_dim != m.embedding.dim:
       raise ValueError(f"anchor expects embedding dim {m.embedding.dim}, the run provides {embedding_dim}")
+    if reference is not None and not _same_path(m.embedding.model_path, reference):
+      raise ValueError(f"anchor was fitted on prompt embeddings of reference model "
+                       f"{m.embedding.model_path!r} (EmbeddingSpec.model_path), but the run's reference "
+                       f"is {reference!r}; refit the anchor (Stage 2) on the run's reference model")
+    if rendering is not None:
+      if rendering not in RENDERINGS:
+        raise ValueError(f"rendering must be one of {RENDERINGS}, got {rendering!r}")
+      if m.embedding.rendering != rendering:
+        raise ValueError(f"anchor was fitted on prompts rendered as {m.embedding.rendering!r} "
+                         f"(EmbeddingSpec.rendering; None: not recorded by the Stage 2 that saved it), but "
+                         f"the run renders them as {rendering!r}; refit the anchor with that rendering")
 
   # --------------------------------------------------------------------------------------------
   # persistence
   # --------------------------------------------------------------------------------------------
 
   def save(self, directory: str | os.PathLike) -> Path:
-    """Writes ``anchor_meta.json`` and the orbax-saved weights under ``directory`` (created)."""
+    """Writes the orbax-saved weights, then ``anchor_meta.json``, under ``directory`` (created).
+
+    The metadata file is written last (atomically) and marks a complete anchor: weights without it
+    are what a save killed midway left behind, and are replaced (with a warning).
+
+    Raises:
+      FileExistsError: ``directory`` already holds a complete anchor.
+    """
     import orbax.checkpoint as ocp
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
-    state_dir = d / STATE_DIR
-    if state_dir.exists():
-      raise FileExistsError(f"anchor weights already exist at {state_dir}; choose a new directory")
+    if (d / META_FILE).exists():
+      raise FileExistsError(f"{d} already holds an anchor ({META_FILE}); choose a new directory")
+    leftovers = sorted(p for p in d.iterdir() if p.name == STATE_DIR or p.name.startswith(
+        STATE_DIR + ".orbax-checkpoint-tmp") or p.name == META_FILE + ".tmp")
+    if leftovers:
+      warnings.warn(f"{d}: removing {[p.name for p in leftovers]} left by an anchor save that did not "
+                    f"finish (no {META_FILE})")
+      for p in leftovers:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     with ocp.StandardCheckpointer() as ckptr:
-      ckptr.save(state_dir, nnx.to_pure_dict(self._state))
+      ckptr.save(d / STATE_DIR, nnx.to_pure_dict(self._state))
     tmp = d / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(self.meta.to_json(), indent=1, allow_nan=True))
     os.replace(tmp, d / META_FILE)

@@ -57,9 +57,11 @@ class TableAnchor:
     return np.asarray([self.log_z[p] for p in prompt_ids], np.float32)
 
   def check_compatible(self, *, beta: float, reward_transform: RewardTransform, label_scale: str,
-                       embedding_dim: int | None = None) -> None:
-    """The fitted anchor's checks of the label facts (there is no embedding to check)."""
-    del embedding_dim
+                       embedding_dim: int | None = None, reference: str | None = None,
+                       rendering: str | None = None) -> None:
+    """The fitted anchor's checks of the label facts (a table by prompt id has no embedding,
+    reference model or rendering to check)."""
+    del embedding_dim, reference, rendering
     Anchor.check_compatible(self, beta=beta, reward_transform=reward_transform,  # type: ignore[arg-type]
                             label_scale=label_scale)
 

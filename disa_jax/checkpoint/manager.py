@@ -11,9 +11,15 @@ Saves are asynchronous: `save` returns once the arrays are copied off the device
 proceeds in a background thread. Orbax writes into a temporary directory and renames it when the
 write finishes, so a process killed mid-save (``kill -9``) leaves the previous checkpoint as the
 latest one and the partial directory is ignored (and removed by the next manager on start).
+
+A save that fails (a full disk, a vanished directory, ...) raises `CheckpointSaveError` naming the
+step, the directory, the cause (ENOSPC is spelled out) and the latest finished checkpoint, which is
+intact. With asynchronous saves the error surfaces at the next `save`, `wait_until_finished` or
+`close`.
 """
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -23,6 +29,25 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 PyTree = Any
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint could not be written; the checkpoints finished before it are intact."""
+
+  def __init__(self, message: str, *, step: int | None, latest_step: int | None, disk_full: bool):
+    super().__init__(message)
+    self.step = step
+    self.latest_step = latest_step
+    self.disk_full = disk_full
+
+
+def _is_disk_full(e: BaseException) -> bool:
+  """Whether `e` (or an exception it was raised from) is ENOSPC."""
+  while e is not None:
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def rng_to_array(key: jax.Array) -> jax.Array:
@@ -78,6 +103,22 @@ class CheckpointManager:
     )
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "meta"))
+    self._pending_step: int | None = None  # the step of the save in flight (or the last one)
+
+  def _save_error(self, e: BaseException) -> CheckpointSaveError:
+    """The `CheckpointSaveError` for a failure `e` of the save of `self._pending_step`."""
+    try:
+      self._mngr.reload()
+      latest = self._mngr.latest_step()
+    except Exception:  # pylint: disable=broad-except
+      latest = None
+    full = _is_disk_full(e)
+    why = "the disk is full (ENOSPC: no space left on device)" if full else "the write failed"
+    return CheckpointSaveError(
+        f"checkpoint step {self._pending_step} could not be written under {self.directory}: {why}"
+        f"{'; free space or choose another checkpoint directory' if full else ''}. The finished "
+        f"checkpoints are intact; the latest is step {latest}. Cause: {type(e).__name__}: {e}",
+        step=self._pending_step, latest_step=latest, disk_full=full)
 
   def latest_step(self) -> int | None:
     """The newest finished checkpoint's step, or None."""
@@ -87,14 +128,25 @@ class CheckpointManager:
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, state: PyTree, meta: dict[str, Any], *, force: bool = False) -> bool:
-    """Starts saving ``state`` (arrays) and ``meta`` (JSON) at ``step``; True if a save started."""
+    """Starts saving ``state`` (arrays) and ``meta`` (JSON) at ``step``; True if a save started.
+
+    Raises:
+      CheckpointSaveError: this save, or the previous asynchronous one, could not be written.
+    """
     if step < 0:
       raise ValueError(f"checkpoint step must be >= 0, got {step!r}")
-    return self._mngr.save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                meta=ocp.args.JsonSave(dict(meta))),
-        force=force)
+    if not (force or self._mngr.should_save(step)):
+      return False
+    self.wait_until_finished()  # a failed previous save is reported as itself, not as this one
+    self._pending_step = step
+    try:
+      return self._mngr.save(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  meta=ocp.args.JsonSave(dict(meta))),
+          force=force)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
 
   def restore(self, target: PyTree, step: int | None = None) -> tuple[int, PyTree, dict[str, Any]]:
     """Restores the checkpoint at ``step`` (default: the latest) onto ``target``'s structure.
@@ -130,12 +182,22 @@ class CheckpointManager:
     return dict(out["meta"])
 
   def wait_until_finished(self) -> None:
-    """Blocks until any background save has been written."""
-    self._mngr.wait_until_finished()
+    """Blocks until any background save has been written.
+
+    Raises:
+      CheckpointSaveError: the background save could not be written.
+    """
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
-    self._mngr.close()
+    """Waits for the background save, then closes (raising `CheckpointSaveError` if it failed)."""
+    try:
+      self.wait_until_finished()
+    finally:
+      self._mngr.close()
 
   def __enter__(self) -> "CheckpointManager":
     return self

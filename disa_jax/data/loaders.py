@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -48,36 +49,69 @@ BENCHMARK_FORMATS = {
 }
 
 
+def _short(value: Any, limit: int = 80) -> str:
+  """`repr(value)`, cut to `limit` characters (values are quoted in errors)."""
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _json_rows(path: str, name: str, f) -> list[Any]:
+  """The rows of an open .jsonl / .json text stream (unvalidated)."""
+  if name.endswith(".jsonl"):
+    rows = []
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: invalid JSON: {e}") from e
+      if not isinstance(row, dict):
+        raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got "
+                         f"{type(row).__name__} {_short(row)}")
+      rows.append(row)
+    return rows
+  try:
+    data = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: invalid JSON: {e}") from e
+  if isinstance(data, dict):  # {id: row} maps
+    data = list(data.values())
+  if not isinstance(data, list):
+    raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+  for i, row in enumerate(data):
+    if not isinstance(row, dict):
+      raise ValueError(f"{path}: row {i}: expected a JSON object, got {type(row).__name__} "
+                       f"{_short(row)}")
+  return data
+
+
 def read_rows(path: str) -> list[dict[str, Any]]:
   """Rows of a .jsonl / .json (list) / .parquet file, optionally .gz-compressed (json/jsonl).
 
   Raises:
-    ValueError: on an unknown extension or a json file that is not a list of objects.
+    ValueError: on an unknown extension, an unreadable file (bad JSON on a line, with its line
+      number; not parquet; not gzip; not UTF-8), or a row that is not an object.
   """
   name = path[:-3] if path.endswith(".gz") else path
   if not name.endswith((".parquet", ".jsonl", ".json")):
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .json, .parquet; json/jsonl "
                      "may be .gz)")
   if name.endswith(".parquet"):
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-    return pq.read_table(path).to_pylist()
+    try:
+      return pq.read_table(path).to_pylist()
+    except pa.ArrowException as e:
+      raise ValueError(f"{path}: not a readable parquet file: {e}") from e
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rt", encoding="utf-8") as f:
-    if name.endswith(".jsonl"):
-      rows = []
-      for lineno, line in enumerate(f, 1):
-        if line.strip():
-          try:
-            rows.append(json.loads(line))
-          except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: invalid JSON: {e}") from e
-      return rows
-    data = json.load(f)
-  if isinstance(data, dict):  # {id: row} maps
-    data = list(data.values())
-  if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-    raise ValueError(f"{path}: expected a JSON list of objects")
-  return data
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      return _json_rows(path, name, f)
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text: {e}") from e
+  except gzip.BadGzipFile as e:
+    raise ValueError(f"{path}: not a gzip file: {e}") from e
 
 
 def detect_format(path: str, rows: Sequence[dict[str, Any]]) -> str:
@@ -88,7 +122,7 @@ def detect_format(path: str, rows: Sequence[dict[str, Any]]) -> str:
   """
   if not rows:
     raise ValueError(f"{path}: no rows")
-  keys = set(rows[0])
+  keys = {k for k, v in rows[0].items() if v is not None}  # parquet fills absent columns with null
   base = os.path.basename(path).lower()
   if "reward_model" in keys and "prompt" in keys:
     return "verl"
@@ -114,22 +148,84 @@ def _source_name(path: str) -> str:
   return base
 
 
-def _row_id(row: dict[str, Any], i: int, keys: Iterable[str]) -> str:
+def _row_id(row: Mapping[str, Any], i: int, keys: Iterable[str]) -> str:
   for k in keys:
     if row.get(k) not in (None, ""):
       return str(row[k])
   return str(i)
 
 
+def _text(value: Any, where: str) -> str:
+  """A required text field: a non-empty str, never None nor the text 'None'.
+
+  Args:
+    value: the field's value.
+    where: names the file, row and field in errors.
+
+  Returns:
+    `value`.
+
+  Raises:
+    ValueError: naming `where` and the value.
+  """
+  if value is None:
+    raise ValueError(f"{where} is missing or null")
+  if not isinstance(value, str):
+    raise ValueError(f"{where} must be a string, got {type(value).__name__} {_short(value)}")
+  if not value.strip():
+    raise ValueError(f"{where} is empty: {value!r}")
+  if value.strip() == "None":
+    raise ValueError(f"{where} is the string 'None' (a null written out as text upstream?)")
+  return value
+
+
+def _optional_text(row: Mapping[str, Any], key: str, where: str) -> str | None:
+  """`row[key]` when it is a non-empty string, None when absent, null or empty; else an error."""
+  value = row.get(key)
+  if value is None or (isinstance(value, str) and not value.strip()):
+    return None
+  return _text(value, f"{where}: {key}")
+
+
+def _first_text(row: Mapping[str, Any], keys: Sequence[str], where: str) -> str:
+  """The first of `keys` that is present and not null, as required text."""
+  for k in keys:
+    if row.get(k) is not None:
+      return _text(row[k], f"{where}: {k}")
+  raise ValueError(f"{where}: {' or '.join(keys)} is missing or null (row keys "
+                   f"{sorted(row)})")
+
+
 def _answer_str(value: Any, where: str) -> str:
-  if isinstance(value, bool) or value is None:
-    raise ValueError(f"{where}: answer must be a string or a number, got {value!r}")
-  if isinstance(value, (int, float)):
-    return repr(value) if isinstance(value, float) else str(value)
-  return str(value).strip()
+  """One answer as text: a non-empty string or a finite number (never None / 'None' / NaN)."""
+  if value is None:
+    raise ValueError(f"{where} is missing or null")
+  if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    raise ValueError(f"{where} must be a string or a number, got {type(value).__name__} "
+                     f"{_short(value)}")
+  if isinstance(value, float):
+    if not math.isfinite(value):
+      raise ValueError(f"{where} must be a finite number, got {value!r}")
+    return repr(value)
+  if isinstance(value, int):
+    return str(value)
+  return _text(value, where).strip()
+
+
+def _math_ground_truth(value: Any, where: str) -> str | list[str]:
+  """A math ground truth: one answer, or a non-empty list of acceptable answers."""
+  if hasattr(value, "tolist"):  # numpy arrays from pandas-written parquet
+    value = value.tolist()
+  if isinstance(value, (list, tuple)):
+    if not value:
+      raise ValueError(f"{where} is an empty list")
+    return [_answer_str(v, f"{where}[{j}]") for j, v in enumerate(value)]
+  return _answer_str(value, where)
 
 
 def _decode_tests(tests: Any, where: str) -> list[dict[str, Any]]:
+  if tests is None:
+    raise ValueError(f"{where} is missing or null")
   if isinstance(tests, str):
     try:
       tests = json.loads(tests)
@@ -137,36 +233,70 @@ def _decode_tests(tests: Any, where: str) -> list[dict[str, Any]]:
       raise ValueError(f"{where}: tests is a string but not JSON: {e}") from e
   if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:  # APPS/TACO columns
     tests = [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"])]
-  if not isinstance(tests, list) or not all(
-      isinstance(t, dict) and "input" in t and "output" in t for t in tests):
-    raise ValueError(f"{where}: tests must be a list of {{input, output}} objects")
+  if not isinstance(tests, list) or not tests:
+    raise ValueError(f"{where}: tests must be a non-empty list of {{input, output}} objects, got "
+                     f"{_short(tests)}")
+  for j, t in enumerate(tests):
+    if not isinstance(t, dict):
+      raise ValueError(f"{where}[{j}] must be an {{input, output}} object, got {_short(t)}")
+    for key in ("input", "output"):
+      if not isinstance(t.get(key), str):
+        raise ValueError(f"{where}[{j}].{key} must be a string, got "
+                         f"{type(t.get(key)).__name__} {_short(t.get(key))}")
   return tests
 
 
-def _load_verl(rows, src):
+def _verl_prompt(prompt: Any, where: str) -> str | list[dict[str, str]]:
+  """A veRL `prompt`: a non-empty string or a chat list of {role, content} strings."""
+  if hasattr(prompt, "tolist"):
+    prompt = prompt.tolist()
+  if not isinstance(prompt, list):
+    return _text(prompt, where)
+  if not prompt:
+    raise ValueError(f"{where} is an empty chat-message list")
+  out = []
+  for j, m in enumerate(prompt):
+    if not isinstance(m, dict):
+      raise ValueError(f"{where}[{j}] must be a {{role, content}} object, got {_short(m)}")
+    role = _text(m.get("role"), f"{where}[{j}].role")
+    content = m.get("content")
+    if not isinstance(content, str):
+      raise ValueError(f"{where}[{j}].content must be a string, got {type(content).__name__} "
+                       f"{_short(content)}")
+    out.append({"role": role, "content": content})
+  users = [m["content"] for m in out if m["role"] == "user"]
+  _text(users[-1] if users else out[-1]["content"], f"{where} (user message content)")
+  return out
+
+
+def _verl_ground_truth(row: Mapping[str, Any], extra: dict[str, Any], where: str):
+  """(ground truth, ability) of a veRL row; code ground truths decoded to test lists."""
+  rm = row.get("reward_model")
+  if not isinstance(rm, dict):
+    raise ValueError(f"{where}: reward_model must be an object with ground_truth, got "
+                     f"{_short(rm)} (row keys {sorted(row)})")
+  gt = rm.get("ground_truth")
+  ability = row.get("ability") or extra.get("ability")
+  if ability is not None and not isinstance(ability, str):
+    raise ValueError(f"{where}: ability must be a string, got {_short(ability)}")
+  if ability == "code" or (isinstance(gt, str) and gt.lstrip().startswith("[{")):
+    return _decode_tests(gt, f"{where}: reward_model.ground_truth"), "code"
+  return _math_ground_truth(gt, f"{where}: reward_model.ground_truth"), ability or "math"
+
+
+def _load_verl(rows, src, path):
   out = []
   for i, row in enumerate(rows):
-    where = f"{src}[{i}]"
-    rm = row.get("reward_model")
-    if not isinstance(rm, dict) or "ground_truth" not in rm:
-      raise ValueError(f"{where}: reward_model.ground_truth missing (row keys {sorted(row)})")
-    extra = dict(row.get("extra_info") or {})
-    ability = row.get("ability") or extra.get("ability")
-    gt = rm["ground_truth"]
-    if ability == "code" or (isinstance(gt, str) and gt.lstrip().startswith("[{")):
-      gt = _decode_tests(gt, where + ".reward_model.ground_truth")
-      ability = "code"
-    elif hasattr(gt, "tolist"):  # numpy arrays from pandas-written parquet
-      gt = gt.tolist()
-    extra["ability"] = ability or "math"
-    prompt = row["prompt"]
-    if hasattr(prompt, "tolist"):
-      prompt = prompt.tolist()
-    if isinstance(prompt, list):
-      prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    where = f"{path}: row {i}"
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+      raise ValueError(f"{where}: extra_info must be an object, got {_short(extra)}")
+    extra = dict(extra or {})
+    gt, extra["ability"] = _verl_ground_truth(row, extra, where)
+    prompt = _verl_prompt(row.get("prompt"), f"{where}: prompt")
+    data_source = _optional_text(row, "data_source", where) or src
     pid = extra.get("prompt_id") or _row_id(extra, i, ("id", "index", "idx"))
-    out.append(PromptRecord(f"{row.get('data_source', src)}/{pid}", prompt, gt,
-                            str(row.get("data_source", src)), extra))
+    out.append(PromptRecord(f"{data_source}/{pid}", prompt, gt, data_source, extra))
   return out
 
 
@@ -179,97 +309,103 @@ def _math_record(src: str, pid: str, problem: str, gt: Any, row: Mapping[str, An
                       src, extra)
 
 
-def _load_math(rows, src):
+def _load_math(rows, src, path):
   out = []
   for i, row in enumerate(rows):
-    problem = row.get("problem", row.get("question"))
-    if problem is None or "answer" not in row:
-      raise ValueError(f"{src}[{i}]: a math row needs problem/question and answer, has "
-                       f"{sorted(row)}")
-    gt = _answer_str(row["answer"], f"{src}[{i}].answer")
+    where = f"{path}: row {i}"
+    problem = _first_text(row, ("problem", "question"), where)
+    gt = _answer_str(row.get("answer"), f"{where}: answer")
     pid = _row_id(row, i, ("unique_id", "id", "idx"))
     out.append(_math_record(src, pid, problem, gt, row, ("problem", "question", "answer")))
   return out
 
 
-def _load_minerva(rows, src):
+def _load_minerva(rows, src, path):
   out = []
   for i, row in enumerate(rows):
-    problem = row.get("problem", row.get("question"))
-    if problem is None:
-      raise ValueError(f"{src}[{i}]: a Minerva row needs problem, has {sorted(row)}")
+    where = f"{path}: row {i}"
+    problem = _first_text(row, ("problem", "question"), where)
     if row.get("answer") not in (None, ""):
-      gt = _answer_str(row["answer"], f"{src}[{i}].answer")
+      gt = _answer_str(row["answer"], f"{where}: answer")
     else:
-      gt = math_answer.extract_boxed(str(row.get("solution", "")))
+      solution = _text(row.get("solution"), f"{where}: solution (no answer field)")
+      gt = math_answer.extract_boxed(solution)
       if not gt:
-        raise ValueError(f"{src}[{i}]: no answer field and no \\boxed{{}} in the solution")
+        raise ValueError(f"{where}: no answer field and no \\boxed{{}} in the solution")
     pid = _row_id(row, i, ("idx", "id", "unique_id"))
     out.append(_math_record(src, pid, problem, gt, row, ("problem", "question", "answer")))
   return out
 
 
-def _load_olympiadbench(rows, src):
+def _load_olympiadbench(rows, src, path):
   out = []
   for i, row in enumerate(rows):
-    question = row.get("question", row.get("problem"))
+    where = f"{path}: row {i}"
+    question = _first_text(row, ("question", "problem"), where)
     fa = row.get("final_answer")
-    if question is None or fa is None:
-      raise ValueError(f"{src}[{i}]: an OlympiadBench row needs question and final_answer, has "
-                       f"{sorted(row)}")
     if hasattr(fa, "tolist"):
       fa = fa.tolist()
+    if fa is None:
+      raise ValueError(f"{where}: final_answer is missing or null")
     answers = fa if isinstance(fa, list) else [fa]
-    gt = [a.strip().strip("$").strip() if isinstance(a, str) else _answer_str(a, f"{src}[{i}]")
-          for a in answers]
+    gt = [a.strip().strip("$").strip() if isinstance(a, str)
+          else _answer_str(a, f"{where}: final_answer[{j}]") for j, a in enumerate(answers)]
     gt = [a for a in gt if a]
     if not gt:
-      raise ValueError(f"{src}[{i}]: empty final_answer {fa!r}")
-    problem = question if not row.get("context") else f"{row['context']}\n\n{question}"
+      raise ValueError(f"{where}: empty final_answer {fa!r}")
+    for j, a in enumerate(gt):
+      _text(a, f"{where}: final_answer[{j}]")
+    context = _optional_text(row, "context", where)
+    problem = question if not context else f"{context}\n\n{question}"
     pid = _row_id(row, i, ("id", "idx", "unique_id"))
     out.append(_math_record(src, pid, problem, gt, row, ("question", "final_answer")))
   return out
 
 
-def _load_humanevalplus(rows, src):
+def _load_humanevalplus(rows, src, path):
   out = []
   for i, row in enumerate(rows):
+    where = f"{path}: row {i}"
     for key in ("task_id", "prompt", "entry_point", "canonical_solution"):
-      if key not in row:
-        raise ValueError(f"{src}[{i}]: a HumanEval+ row needs {key!r}, has {sorted(row)}")
+      _text(row.get(key), f"{where}: {key}")
+    for key in ("base_input", "plus_input"):
+      if key in row and row[key] is None:
+        raise ValueError(f"{where}: {key} is null")
     extra = {"ability": "code", "task_id": row["task_id"], "entry_point": row["entry_point"]}
-    out.append(PromptRecord(str(row["task_id"]),
+    out.append(PromptRecord(row["task_id"],
                             templates.chat_messages(templates.humaneval_prompt(row["prompt"])),
                             dict(row), src, extra))
   return out
 
 
-def _load_rllm_code(rows, src):
+def _code_metadata(row: Mapping[str, Any], where: str) -> dict[str, Any]:
+  meta = row.get("metadata")
+  if isinstance(meta, str):
+    try:
+      meta = json.loads(meta) if meta.strip() else {}
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where}: metadata is a string but not JSON: {e}") from e
+  return meta if isinstance(meta, dict) else {}
+
+
+def _load_rllm_code(rows, src, path):
   out = []
   for i, row in enumerate(rows):
-    problem = row.get("problem", row.get("question"))
-    if problem is None or "tests" not in row:
-      raise ValueError(f"{src}[{i}]: a code row needs problem and tests, has {sorted(row)}")
-    tests = _decode_tests(row["tests"], f"{src}[{i}].tests")
+    where = f"{path}: row {i}"
+    problem = _first_text(row, ("problem", "question"), where)
+    tests = _decode_tests(row.get("tests"), f"{where}: tests")
     kinds = {t.get("testtype", "stdin") for t in tests}
     if kinds - {"stdin", "functional"} or len(kinds) > 1:
-      raise ValueError(f"{src}[{i}]: tests must be all 'stdin' or all 'functional', got test types "
-                       f"{sorted(kinds)}")
-    meta = row.get("metadata")
-    if isinstance(meta, str):
-      try:
-        meta = json.loads(meta) if meta.strip() else {}
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{src}[{i}].metadata is a string but not JSON: {e}") from e
-    meta = meta if isinstance(meta, dict) else {}
+      raise ValueError(f"{where}: tests must be all 'stdin' or all 'functional', got test types "
+                       f"{sorted(map(str, kinds))}")
+    meta = _code_metadata(row, where)
     pid = _row_id({**meta, **row}, i, ("id", "problem_id", "question_id", "idx"))
     extra = {k: v for k, v in row.items() if k not in ("problem", "question", "tests")}
     extra.update(ability="code", problem=problem)
     if kinds == {"functional"}:
-      if not meta.get("func_name"):
-        raise ValueError(f"{src}[{i}]: functional tests need metadata.func_name")
-      extra["func_name"] = meta["func_name"]
-    starter = row.get("starter_code") or None
+      extra["func_name"] = _text(meta.get("func_name"),
+                                 f"{where}: metadata.func_name (functional tests need it)")
+    starter = _optional_text(row, "starter_code", where)
     out.append(PromptRecord(f"{src}/{pid}",
                             templates.chat_messages(templates.code_prompt(problem, starter)),
                             tests, src, extra))
@@ -289,25 +425,30 @@ def load_prompts(path: str, fmt: str = "auto", *, data_source: str | None = None
     path: .jsonl / .json / .parquet (json/jsonl may be .gz).
     fmt: 'auto' or one of `FORMATS`; a benchmark name of `BENCHMARK_FORMATS` is accepted too.
     data_source: the records' data source (default: the file's base name; veRL rows keep theirs).
-    limit: keep only the first `limit` rows.
+    limit: keep only the first `limit` rows (>= 1; None: all).
 
   Returns:
-    The records, in file order.
+    The records, in file order (never empty).
 
   Raises:
-    ValueError: on an unknown format or a malformed row (the message names the row and field).
+    ValueError: on an unknown format, an empty file, or a malformed row (the message names the
+      file, the row (0-based), the field and its value).
   """
   fmt = BENCHMARK_FORMATS.get(fmt, fmt)
   if fmt != "auto" and fmt not in FORMATS:
     raise ValueError(f"fmt must be 'auto', one of {FORMATS} or a benchmark of "
                      f"{sorted(BENCHMARK_FORMATS)}, got {fmt!r}")
+  if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    raise ValueError(f"limit must be an int >= 1 or None, got {limit!r}")
   rows = read_rows(path)
+  if not rows:
+    raise ValueError(f"{path}: the file has no rows")
   if limit is not None:
     rows = rows[:limit]
   if fmt == "auto":
     fmt = detect_format(path, rows)
   src = data_source or _source_name(path)
-  records = _LOADERS[fmt](rows, src)
+  records = _LOADERS[fmt](rows, src, path)
   seen = set()
   for r in records:
     if r.prompt_id in seen:

@@ -32,13 +32,26 @@ class PromptRecord:
     if not isinstance(self.prompt_id, str) or not self.prompt_id:
       raise ValueError(f"PromptRecord.prompt_id must be a non-empty str, got {self.prompt_id!r}")
     if isinstance(self.prompt, list):
+      if not self.prompt:
+        raise ValueError(f"PromptRecord({self.prompt_id}).prompt is an empty chat-message list")
       for i, m in enumerate(self.prompt):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
           raise ValueError(f"PromptRecord({self.prompt_id}).prompt[{i}] must be a dict with "
                            f"'role' and 'content', got {m!r}")
+        if not isinstance(m["role"], str) or not isinstance(m["content"], str):
+          raise ValueError(f"PromptRecord({self.prompt_id}).prompt[{i}] role and content must be "
+                           f"str, got role={m['role']!r}, content={m['content']!r}")
     elif not isinstance(self.prompt, str):
       raise ValueError(f"PromptRecord({self.prompt_id}).prompt must be str or a chat-message "
                        f"list, got {type(self.prompt).__name__}")
+    text = self.prompt_text()
+    if not text.strip() or text.strip() == "None":
+      raise ValueError(f"PromptRecord({self.prompt_id}): the prompt text is empty or 'None': "
+                       f"{text!r}")
+    if self.ground_truth is None or (isinstance(self.ground_truth, str) and (
+        not self.ground_truth.strip() or self.ground_truth.strip() == "None")):
+      raise ValueError(f"PromptRecord({self.prompt_id}).ground_truth must be set (not None, empty "
+                       f"or 'None'), got {self.ground_truth!r}")
     if not isinstance(self.data_source, str):
       raise ValueError(f"PromptRecord({self.prompt_id}).data_source must be str, got "
                        f"{self.data_source!r}")

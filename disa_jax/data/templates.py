@@ -8,7 +8,8 @@ a ```python fenced block, or the given starter code completed for function-call 
 
 `chat_messages(text, system=None)` gives the chat-message list veRL stores in its `prompt` column;
 `render_chat(tokenizer, messages)` turns it into the model's text with the tokenizer's chat
-template.
+template; a tokenizer without one raises `MissingChatTemplateError` naming it (base models: set
+`use_chat_template=False`, which prompts with the plain user text, `PromptRecord.prompt_text()`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
   "humaneval_prompt",
   "chat_messages",
   "render_chat",
+  "MissingChatTemplateError",
 ]
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -95,6 +97,14 @@ def chat_messages(text: str, system: str | None = None) -> list[dict[str, str]]:
   return msgs
 
 
+class MissingChatTemplateError(ValueError):
+  """A chat prompt was to be rendered with a tokenizer that has no chat template."""
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+  return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]] | str, *,
                 add_generation_prompt: bool = True) -> str:
   """The prompt text for `messages` under the tokenizer's chat template.
@@ -108,8 +118,23 @@ def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]] | str, *,
 
   Returns:
     The text to tokenize.
+
+  Raises:
+    MissingChatTemplateError: the tokenizer has no chat template (the message names it and says to
+      set `use_chat_template=False`).
   """
   if isinstance(messages, str):
     return messages
-  return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+  name = _tokenizer_name(tokenizer)
+  fix = (f"tokenizer {name!r} has no chat template, so chat prompts cannot be rendered with it; "
+         "set use_chat_template=False to prompt with the plain user text "
+         "(PromptRecord.prompt_text()), or give the tokenizer a chat template")
+  if hasattr(tokenizer, "chat_template") and not tokenizer.chat_template:
+    raise MissingChatTemplateError(fix)
+  try:
+    return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+  except ValueError as e:
+    if "chat_template" in str(e) or "chat template" in str(e):
+      raise MissingChatTemplateError(f"{fix} ({e})") from e
+    raise

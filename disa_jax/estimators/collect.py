@@ -4,6 +4,13 @@ For each batch of prompts not yet in the dataset (resume), the proposal engine d
 the log-probs of the distribution it actually sampled from (processed: after temperature / top-p; or
 raw, recorded either way), the verifier grades them, pi_ref scores them teacher-forced, and
 `build_records` turns them into labels log Z_IS (eq. 8) and diagnostics, written durably.
+
+Batches are fixed slices of the whole prompt list (``prompts_per_batch`` each), whatever is already
+written: engines seed each sample from its batch (its position in the call, and the
+generation-process adapter mixes the batch's prompts into the seed), so a rerun must hand the engine
+the very batches an uninterrupted run did. A batch that a killed run wrote only in part (the last
+line of a jsonl file cut by the kill) is therefore generated, graded and scored whole again, and only
+its missing records are written: the resumed dataset equals the uninterrupted one, prompt by prompt.
 """
 from __future__ import annotations
 
@@ -63,7 +70,10 @@ def collect_stage1(*,
     progress: show a progress bar.
 
   Returns:
-    dict with ``prompts_done``, ``prompts_skipped``, ``samples``, ``seconds``, ``samples_per_s``.
+    dict with ``prompts_done`` (written now), ``prompts_skipped`` (already in ``writer``),
+    ``prompts_regenerated`` (already written, sampled again to keep a partly written batch whole),
+    ``samples`` (written now), ``seconds``, ``samples_per_s``. No prompts (or none left) is a no-op:
+    nothing is generated or written and the counts are 0.
   """
   if proposal_logprobs == "raw" and not sampling.return_raw_logprobs:
     raise ValueError("proposal_logprobs='raw' needs SamplingParams(return_raw_logprobs=True)")
@@ -75,41 +85,56 @@ def collect_stage1(*,
   if sampling.n < 1:
     raise ValueError(f"sampling.n must be >= 1, got {sampling.n}")
   done = writer.completed_ids()
-  todo = [p for p in prompts if p.prompt_id not in done]
-  t0, n_samples = time.time(), 0
+  todo = {p.prompt_id for p in prompts if p.prompt_id not in done}
+  batches = [b for b in (prompts[i:i + prompts_per_batch]
+                         for i in range(0, len(prompts), prompts_per_batch))
+             if any(p.prompt_id in todo for p in b)]
+  t0, n_samples, regenerated = time.time(), 0, 0
   bar = tqdm(total=len(todo), desc="stage 1", unit="prompt", disable=not progress)
-  for start in range(0, len(todo), prompts_per_batch):
-    batch = todo[start:start + prompts_per_batch]
-    comps = engine.generate([list(p.token_ids) for p in batch], sampling)  # [P][N]
-    flat_p = [p for p, cs in zip(batch, comps) for _ in cs]
-    flat_c = [c for cs in comps for c in cs]
-    texts = [decode(c.token_ids.tolist()) for c in flat_c]
-    graded = reward_fn([Response(t, tuple(int(x) for x in c.token_ids), c.finish_reason)
-                        for t, c in zip(texts, flat_c)], [p.meta for p in flat_p])
-    if graded.reward.shape != (len(flat_c),):
-      raise ValueError(f"reward_fn returned shape {graded.reward.shape}, expected ({len(flat_c)},)")
-    rewards = graded.reward.astype(np.float64)
-    logp_ref = ref_scorer.sequence_logprobs([list(p.token_ids) for p in flat_p],
-                                            [c.token_ids.tolist() for c in flat_c])
-    samples, k = [], 0
-    for cs in comps:
-      row = []
-      for c in cs:
-        lp = c.logprobs if proposal_logprobs == "processed" else c.raw_logprobs
-        row.append({"token_ids": c.token_ids.tolist(), "text": texts[k], "logp_ref": float(logp_ref[k]),
-                    "logp_proposal": float(np.sum(lp, dtype=np.float64)), "reward": float(rewards[k]),
-                    "num_tokens": max(int(c.token_ids.size), 1),
-                    "grade_error": bool(graded.error[k])})
-        k += 1
-      samples.append(row)
-    recs = build_records([p.prompt_id for p in batch], [p.text for p in batch], samples, beta=beta,
-                         reward_transform=reward_transform, label_scale=label_scale,
-                         proposal_logprobs=proposal_logprobs)
-    writer.write(recs)
-    n_samples += len(flat_c)
-    bar.update(len(batch))
+  for batch in batches:
+    recs = _label_batch(batch, engine=engine, ref_scorer=ref_scorer, reward_fn=reward_fn,
+                        decode=decode, sampling=sampling, beta=beta,
+                        reward_transform=reward_transform, label_scale=label_scale,
+                        proposal_logprobs=proposal_logprobs)
+    new = [r for r in recs if r["prompt_id"] in todo]
+    writer.write(new)
+    regenerated += len(recs) - len(new)
+    n_samples += sum(len(r["samples"]) for r in new)
+    bar.update(len(new))
     bar.set_postfix(samples_per_s=f"{n_samples / max(time.time() - t0, 1e-9):.1f}")
   bar.close()
   secs = time.time() - t0
-  return {"prompts_done": len(todo), "prompts_skipped": len(prompts) - len(todo), "samples": n_samples,
-          "seconds": secs, "samples_per_s": n_samples / secs if secs > 0 else 0.0}
+  return {"prompts_done": len(todo), "prompts_skipped": len(prompts) - len(todo),
+          "prompts_regenerated": regenerated, "samples": n_samples, "seconds": secs,
+          "samples_per_s": n_samples / secs if secs > 0 else 0.0}
+
+
+def _label_batch(batch: Sequence[Stage1Prompt], *, engine: Engine, ref_scorer: SequenceScorer,
+                 reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
+                 sampling: SamplingParams, beta: float, reward_transform: RewardTransform,
+                 label_scale: str, proposal_logprobs: str) -> list[dict[str, Any]]:
+  """Samples, grades and scores one batch of prompts; returns its Stage 1 records (unwritten)."""
+  comps = engine.generate([list(p.token_ids) for p in batch], sampling)  # [P][N]
+  flat_p = [p for p, cs in zip(batch, comps) for _ in cs]
+  flat_c = [c for cs in comps for c in cs]
+  texts = [decode(c.token_ids.tolist()) for c in flat_c]
+  graded = reward_fn([Response(t, tuple(int(x) for x in c.token_ids), c.finish_reason)
+                      for t, c in zip(texts, flat_c)], [p.meta for p in flat_p])
+  if graded.reward.shape != (len(flat_c),):
+    raise ValueError(f"reward_fn returned shape {graded.reward.shape}, expected ({len(flat_c)},)")
+  rewards = graded.reward.astype(np.float64)
+  logp_ref = ref_scorer.sequence_logprobs([list(p.token_ids) for p in flat_p],
+                                          [c.token_ids.tolist() for c in flat_c])
+  samples, k = [], 0
+  for cs in comps:
+    row = []
+    for c in cs:
+      lp = c.logprobs if proposal_logprobs == "processed" else c.raw_logprobs
+      row.append({"token_ids": c.token_ids.tolist(), "text": texts[k], "logp_ref": float(logp_ref[k]),
+                  "logp_proposal": float(np.sum(lp, dtype=np.float64)), "reward": float(rewards[k]),
+                  "num_tokens": max(int(c.token_ids.size), 1), "grade_error": bool(graded.error[k])})
+      k += 1
+    samples.append(row)
+  return build_records([p.prompt_id for p in batch], [p.text for p in batch], samples, beta=beta,
+                       reward_transform=reward_transform, label_scale=label_scale,
+                       proposal_logprobs=proposal_logprobs)

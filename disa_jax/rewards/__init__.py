@@ -1,8 +1,9 @@
 """Verifiable rewards: math (math-verify, time-bounded) and code (sandboxed execution).
 
 - `math_reward(response, ground_truth) -> float`, `math_rewards(responses, ground_truths, *,
-  timeout_s, workers) -> [n] float32` (`disa_jax.rewards.math_pool`; answer extraction and
-  normalisation in `math_answer`, math-verify calls in `math_verify_grader`).
+  timeout_s, workers, return_errors=False) -> [n] float32 | Graded` (`disa_jax.rewards.math_pool`;
+  answer extraction and normalisation in `math_answer`, math-verify calls in `math_verify_grader`).
+  `Graded(reward, error)` (`graded`) marks the items whose grader raised or timed out.
 - `disa_jax.rewards.code`: `run_stdio(program, cases, timeout_s) -> list[bool]`,
   `run_humaneval(problem, completion, timeout_s) -> bool`, `extract_code(response)`; the sandbox
   itself is `disa_jax.rewards.sandbox`.
@@ -13,7 +14,7 @@
 
 from disa_jax.rewards import code
 from disa_jax.rewards import sandbox
-from disa_jax.rewards.graded import Graded, Response, RewardFn
+from disa_jax.rewards.graded import ERROR_SHARE_WARN, Graded, GraderErrorWarning, Response, RewardFn
 from disa_jax.rewards.math_pool import MathGraderPool
 from disa_jax.rewards.math_pool import math_reward
 from disa_jax.rewards.math_pool import math_rewards
@@ -21,5 +22,6 @@ from disa_jax.rewards.registry import get_reward_fn
 from disa_jax.rewards.registry import register_reward
 from disa_jax.rewards.registry import reward_names
 
-__all__ = ["code", "sandbox", "Graded", "Response", "RewardFn", "MathGraderPool", "math_reward", "math_rewards", "get_reward_fn",
+__all__ = ["code", "sandbox", "ERROR_SHARE_WARN", "Graded", "GraderErrorWarning", "Response",
+           "RewardFn", "MathGraderPool", "math_reward", "math_rewards", "get_reward_fn",
            "register_reward", "reward_names"]

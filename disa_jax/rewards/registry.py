@@ -28,7 +28,7 @@ import numpy as np
 
 from disa_jax.rewards import code as code_lib
 from disa_jax.rewards import math_pool
-from disa_jax.rewards.graded import Graded, Response, RewardFn, warn_on_errors
+from disa_jax.rewards.graded import Graded, Response, RewardFn
 
 __all__ = ["Graded", "Response", "RewardFn", "register_reward", "get_reward_fn", "reward_names",
            "math_reward_fn", "code_reward_fn"]
@@ -42,7 +42,7 @@ def _check_lengths(responses: Sequence[Any], metas: Sequence[Mapping[str, Any]])
 
 
 def math_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, Any]], *,
-                   workers: int = 2) -> np.ndarray:
+                   workers: int = 2) -> Graded:
   """Math reward (see module docstring).
 
   Args:
@@ -51,7 +51,7 @@ def math_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, A
     workers: grading processes.
 
   Returns:
-    `[n]` float32.
+    `Graded`: ``[n]`` float32 rewards and the items whose grading failed.
   """
   _check_lengths(responses, metas)
   gts = []
@@ -61,7 +61,7 @@ def math_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, A
     gts.append(m["ground_truth"])
   timeout_s = float(metas[0].get("timeout_s", math_pool.DEFAULT_TIMEOUT_S)) if metas else 1.0
   return math_pool.math_rewards([r.text for r in responses], gts, timeout_s=timeout_s,
-                                workers=workers)
+                                workers=workers, return_errors=True)
 
 
 def _code_one(response: str, meta: Mapping[str, Any]) -> float:
@@ -137,9 +137,9 @@ def _as_response(r: Any, i: int) -> Response:
 def get_reward_fn(name: str) -> RewardFn:
   """The reward function registered as `name`, as a `RewardFn`.
 
-  The returned function accepts `Response` objects (or plain strings, taken as the text), checks
-  that the grader returned one finite reward per response, and warns loudly when more than
-  `graded.ERROR_WARN_SHARE` of a call could not be graded.
+  The returned function accepts `Response` objects (or plain strings, taken as the text) and checks
+  that the grader returned one finite reward per response. Graders that detect failed gradings
+  return them in `Graded.error` and warn (`graded.warn_on_errors`).
 
   Raises:
     KeyError: for an unknown name (the message lists the known ones).
@@ -159,7 +159,6 @@ def get_reward_fn(name: str) -> RewardFn:
     if bad.size:
       raise ValueError(f"reward {name!r} returned {bad.size} non-finite reward(s) at response "
                        f"index(es) {bad[:10].tolist()}: {graded.reward[bad[:10]].tolist()}")
-    warn_on_errors(graded, name)
     return graded
 
   wrapped.__name__ = f"reward_{name}"

@@ -212,10 +212,11 @@ class Disa(TrajectoryBalance):
     return losses.disa_loss(batch.log_z, logp, batch.ref_logp, batch.signal,
                             batch.response_mask, **self._tb_kwargs(batch))
 
-  def check_anchor(self, anchor: Any, *, embedding_dim: int | None) -> None:
-    """Refuses an anchor whose labels used another beta, reward transform, scale or width."""
+  def check_anchor(self, anchor: Any, *, embedding_dim: int | None, **identity: str) -> None:
+    """Refuses an anchor whose labels used another beta, reward transform, scale or width, or
+    (``identity``: ``reference=``, ``rendering=``) another reference model or prompt rendering."""
     anchor.check_compatible(beta=self.beta, reward_transform=self.reward_transform,
-                            label_scale=self.scale, embedding_dim=embedding_dim)
+                            label_scale=self.scale, embedding_dim=embedding_dim, **identity)
 
 
 @register

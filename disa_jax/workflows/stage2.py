@@ -15,7 +15,10 @@ squares (eq. 7; Table 6 defaults), and writes:
     <anchor_path>/                                     the frozen `Anchor` (orbax + metadata, with
                                                        the reference and rendering it was fitted on)
 
-A rerun finds the anchor and the summary and returns the stored summary without refitting.
+A rerun finds the anchor and the summary and returns the stored summary without refitting. A run
+killed between saving the anchor and writing the summary left ``stage2_pending.json`` naming the
+anchor: the rerun removes that anchor and fits again (the same anchor: the fit is seeded). Every file
+is written through a temporary name and renamed into place.
 Prompts whose label is not finite (no valid Stage 1 sample) are dropped only when
 ``drop_nonfinite`` is set, and the summary lists them.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -104,15 +108,25 @@ def _embeddings(cfg: Stage2Config, data, out_dir: Path):
   if cache.exists() and ids_file.exists() and json.loads(ids_file.read_text()) == key:
     emb = np.load(cache)
   else:
+    ids_file.unlink(missing_ok=True)  # the key is written last: a cache without it is stale
     tok = AutoTokenizer.from_pretrained(cfg.reference_path)
     model = load_reference(cfg.reference_path, cfg.embedding)
     emb, _ = embed_prompts(model, token_ids, pad_id=int(tok.pad_token_id),
                            batch_size=cfg.embedding.batch_size, pad_to=cfg.embedding.pad_to)
-    np.save(cache, emb)
-    ids_file.write_text(json.dumps(key))
+    with open(out_dir / "embeddings.tmp.npy", "wb") as f:
+      np.save(f, emb)
+    os.replace(out_dir / "embeddings.tmp.npy", cache)
+    _write_json(ids_file, key)
   spec = EmbeddingSpec(source="model_mean_pool", dim=int(emb.shape[1]),
-                       model_path=cfg.reference_path, prompt_format=rendering)
+                       model_path=cfg.reference_path, prompt_format="stage1_prompt",
+                       rendering=rendering)
   return emb, spec
+
+
+def _write_json(path: Path, obj: Any) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=1))
+  os.replace(tmp, path)
 
 
 def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
@@ -126,7 +140,11 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
   out_dir = Path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   summary_path = out_dir / "stage2_summary.json"
+  pending = out_dir / "stage2_pending.json"
   anchor_dir = Path(cfg.anchor_path)
+  if pending.exists() and json.loads(pending.read_text())["anchor_path"] == str(
+      anchor_dir.resolve()) and not summary_path.exists():
+    shutil.rmtree(anchor_dir, ignore_errors=True)  # saved by a run killed before its summary
   if (anchor_dir / META_FILE).exists():
     if not summary_path.exists():
       raise FileExistsError(f"{anchor_dir} already holds an anchor but {summary_path} is missing; "
@@ -153,6 +171,7 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
                    label_kind=LABEL_KINDS[cfg.labels])
   plot_validation_curve(res.history, res.best_epoch, out_dir / "validation_curve.png")
   pred = np.asarray(res.anchor(emb), np.float64)  # [P_kept]
+  _write_json(pending, {"anchor_path": str(anchor_dir.resolve())})
   res.anchor.save(anchor_dir)
   summary = {
       "anchor_path": str(anchor_dir.resolve()),
@@ -174,5 +193,6 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
       "validation_curve": str(out_dir / "validation_curve.png"),
       "resumed": False,
   }
-  summary_path.write_text(json.dumps(summary, indent=1))
+  _write_json(summary_path, summary)
+  pending.unlink()
   return summary

@@ -141,23 +141,17 @@ def load_prompt_items(path: str, fmt: str, tokenizer: Any, rendering: str, max_l
 
 def load_anchor(cfg: Stage3Config, hidden_size: int):
   """The frozen anchor, refused if it was fitted on another reference, rendering or label facts."""
-  from disa_jax.anchor import load_anchor  # pylint: disable=g-import-not-at-top
-  anchor = load_anchor(cfg.data.anchor_path)
+  from disa_jax.anchor import load_anchor as load  # pylint: disable=g-import-not-at-top
+  anchor = load(cfg.data.anchor_path)
+  obj = cfg.train.objective
   if not anchor.needs_embeddings:  # a table by prompt id (e.g. the exact log Z): facts only
-    cfg.train.objective.check_anchor(anchor, embedding_dim=None)
+    obj.check_anchor(anchor, embedding_dim=None)
     return anchor
-  spec = anchor.meta.embedding
-  fitted_on = os.path.realpath(spec.model_path) if spec.model_path else None
-  ours = os.path.realpath(cfg.model.reference)
-  if spec.source == "model_mean_pool" and fitted_on != ours:
-    raise ValueError(f"data.anchor_path={cfg.data.anchor_path!r} was fitted on embeddings of the "
-                     f"reference {spec.model_path!r}, but this run's reference is "
-                     f"{cfg.model.reference!r}; refit the anchor (Stage 2) on this reference")
-  if spec.source == "model_mean_pool" and spec.prompt_format != cfg.data.rendering:
-    raise ValueError(f"data.anchor_path={cfg.data.anchor_path!r} was fitted on prompts rendered "
-                     f"as {spec.prompt_format!r}, but this run renders them as "
-                     f"{cfg.data.rendering!r} (data.rendering)")
-  cfg.train.objective.check_anchor(anchor, embedding_dim=hidden_size)
+  try:
+    obj.check_anchor(anchor, embedding_dim=hidden_size, reference=cfg.model.reference,
+                     rendering=cfg.data.rendering)
+  except ValueError as e:
+    raise ValueError(f"data.anchor_path={cfg.data.anchor_path!r}: {e}") from None
   return anchor
 
 

@@ -1,8 +1,13 @@
 """Stage 2: the regressor recovers a known function, refuses bad labels, freezes and round-trips."""
+import copy
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from disa_jax.anchor import Anchor, AnchorFitConfig, EmbeddingSpec, fit_anchor
 from disa_jax.estimators import RewardTransform
@@ -40,10 +45,24 @@ def test_recovers_smooth_function(fitted):
 def test_anchor_is_frozen_no_gradient_reaches_psi(fitted):
   x, _, res = fitted
   anchor = res.anchor
-  g_state = jax.grad(lambda st: jnp.sum(anchor._apply(jax.lax.stop_gradient(st), jnp.asarray(x[:4]))))(
-      anchor.state)
-  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(g_state))
-  g_x = jax.grad(lambda e: jnp.sum(anchor(e)))(jnp.asarray(x[:4]))
+  xs = jnp.asarray(x[:4])
+
+  def through_call(state):
+    """sum(anchor(x)) as a function of psi, through the public `__call__`."""
+    twin = copy.copy(anchor)
+    twin._state = state  # pylint: disable=protected-access
+    return jnp.sum(twin(xs))
+
+  def unfrozen(state):  # positive control: the same MLP, called without the anchor's wrapper
+    return jnp.sum(nnx.merge(anchor._graphdef, state)(xs))  # pylint: disable=protected-access
+
+  for grad in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+    leaves = jax.tree.leaves(grad(through_call)(anchor.state))
+    assert leaves and all(float(jnp.abs(g).max()) == 0.0 for g in leaves)
+  assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(jax.grad(unfrozen)(anchor.state))) > 0
+  np.testing.assert_allclose(float(through_call(anchor.state)), float(unfrozen(anchor.state)),
+                             rtol=1e-5)  # same values: only the gradient is cut
+  g_x = jax.grad(lambda e: jnp.sum(anchor(e)))(xs)
   assert float(jnp.abs(g_x).max()) == 0.0  # stop_gradient on the output too
 
 
@@ -88,3 +107,77 @@ def test_save_load_roundtrip_and_compatibility(fitted, tmp_path):
     res.anchor.save(tmp_path / "anchor")
   with pytest.raises(ValueError, match="source"):
     EmbeddingSpec(source="tfidf", dim=3)
+
+
+def _small_anchor(spec):
+  x, y = _data(64, d=spec.dim)
+  return fit_anchor(x, y, beta=15.0, reward_transform=RT, label_scale="sum", embedding=spec,
+                    config=AnchorFitConfig(epochs=2, batch_size=32, val_fraction=0.0)).anchor
+
+
+def test_check_compatible_reference_model_and_rendering(tmp_path):
+  ref = tmp_path / "models" / "qwen3-4b-base"
+  ref.mkdir(parents=True)
+  os.symlink(ref, tmp_path / "link_to_ref")
+  spec = EmbeddingSpec(source="model_mean_pool", dim=8, model_path=str(ref),
+                       rendering="chat_template")
+  _small_anchor(spec).save(tmp_path / "anchor")
+  anchor = Anchor.load(tmp_path / "anchor")
+  assert anchor.meta.embedding == spec
+  ok = dict(beta=15.0, reward_transform=RT, label_scale="sum")
+  anchor.check_compatible(**ok, reference=str(ref), rendering="chat_template")
+  anchor.check_compatible(**ok, reference=str(ref) + "/")  # the same directory, spelled otherwise
+  anchor.check_compatible(**ok, reference=str(tmp_path / "link_to_ref"))
+  anchor.check_compatible(**ok)  # nothing to compare when the run does not say
+  other = str(tmp_path / "models" / "qwen3-8b-base")
+  with pytest.raises(ValueError, match=rf"reference model '{ref}' \(EmbeddingSpec.model_path\), "
+                                       rf"but the run's reference is '{other}'"):
+    anchor.check_compatible(**ok, reference=other)
+  with pytest.raises(ValueError, match=r"prompts rendered as 'chat_template' .* but the run renders "
+                                       r"them as 'plain'"):
+    anchor.check_compatible(**ok, rendering="plain")
+  with pytest.raises(ValueError, match=r"rendering must be one of \('chat_template', 'plain'\), "
+                                       r"got 'raw'"):
+    anchor.check_compatible(**ok, rendering="raw")
+  with pytest.raises(ValueError, match=r"EmbeddingSpec.rendering must be one of"):
+    EmbeddingSpec(dim=3, rendering="jinja")
+  bare = _small_anchor(EmbeddingSpec(source="precomputed", dim=8))  # no model recorded
+  with pytest.raises(ValueError, match=rf"reference model None .* reference is '{ref}'"):
+    bare.check_compatible(**ok, reference=str(ref))
+
+
+def test_anchor_metadata_without_rendering_loads(tmp_path):
+  spec = EmbeddingSpec(source="model_mean_pool", dim=8, model_path="/models/ref",
+                       prompt_format="stage1_prompt_text", rendering="plain")
+  saved = _small_anchor(spec)
+  saved.save(tmp_path / "old")
+  meta_path = tmp_path / "old" / "anchor_meta.json"
+  meta = json.loads(meta_path.read_text())
+  del meta["embedding"]["rendering"]  # as written before the field existed
+  meta_path.write_text(json.dumps(meta))
+  old = Anchor.load(tmp_path / "old")
+  assert old.meta.embedding.rendering is None and old.meta.embedding.model_path == "/models/ref"
+  x, _ = _data(5, d=8)
+  np.testing.assert_array_equal(np.asarray(old(x)), np.asarray(saved(x)))
+  ok = dict(beta=15.0, reward_transform=RT, label_scale="sum")
+  old.check_compatible(**ok, reference="/models/ref")
+  with pytest.raises(ValueError, match=r"rendered as None \(EmbeddingSpec.rendering; None: not "
+                                       r"recorded .* renders them as 'plain'"):
+    old.check_compatible(**ok, rendering="plain")
+
+
+def test_save_replaces_what_an_interrupted_save_left(tmp_path):
+  """Weights without anchor_meta.json (a save killed before its last write) are replaced."""
+  anchor = _small_anchor(EmbeddingSpec(source="model_mean_pool", dim=8, model_path="/m"))
+  anchor.save(tmp_path / "a")
+  (tmp_path / "a" / "anchor_meta.json").unlink()  # as a kill between the two writes leaves it
+  (tmp_path / "a" / "anchor_meta.json.tmp").write_text("{")
+  with pytest.raises(FileNotFoundError, match="not an anchor directory"):
+    Anchor.load(tmp_path / "a")
+  with pytest.warns(UserWarning, match=r"removing \['anchor_meta.json.tmp', 'state'\] left by an "
+                                       r"anchor save that did not finish"):
+    anchor.save(tmp_path / "a")
+  x, _ = _data(5, d=8)
+  np.testing.assert_array_equal(np.asarray(Anchor.load(tmp_path / "a")(x)), np.asarray(anchor(x)))
+  with pytest.raises(FileExistsError, match=r"already holds an anchor \(anchor_meta.json\)"):
+    anchor.save(tmp_path / "a")

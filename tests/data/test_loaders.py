@@ -164,7 +164,7 @@ def test_errors_name_the_field(tmp_path):
     data.load_prompts(_write_jsonl(tmp_path / "x.jsonl", [{"foo": 1}]))
   with pytest.raises(ValueError, match="fmt must be"):
     data.load_prompts(_write_jsonl(tmp_path / "y.jsonl", [{"foo": 1}]), fmt="nope")
-  with pytest.raises(ValueError, match=r"y2\[0\].*answer"):
+  with pytest.raises(ValueError, match=r"y2\.jsonl: row 0: answer is missing or null"):
     data.load_prompts(_write_jsonl(tmp_path / "y2.jsonl", [{"problem": "p"}]), fmt="math")
   with pytest.raises(ValueError, match="duplicate prompt_id"):
     dup = [{"problem": "a", "answer": "1", "id": 1}, {"problem": "b", "answer": "2", "id": 1}]

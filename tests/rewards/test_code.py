@@ -58,6 +58,7 @@ def test_run_stdio_per_case_results():
            {"input": "5 5", "output": "10"}]
   assert code.run_stdio(prog, cases, 5.0) == [True, False, True]
   assert code.run_stdio("syntax error(", cases[:1], 5.0) == [False]
+  assert code.run_stdio("print(3)", cases[:1], 5.0) == [True]  # the same case, a correct program
   assert code.run_stdio(prog, [], 5.0) == []
   with pytest.raises(ValueError, match=r"cases\[0\]"):
     code.run_stdio(prog, [{"input": "1"}], 5.0)
@@ -177,6 +178,20 @@ def test_full_function_completion_and_alternative_correct_solutions(he):
 ])
 def test_wrong_solutions_fail(he, task_id, completion):
   assert not code.run_humaneval(he[task_id], completion, timeout_s=2.0)
+  # Positive control in the same configuration: the canonical solution passes.
+  assert _canonical_passes(he, task_id, 2.0)
+
+
+_CANONICAL: dict[tuple[str, float], bool] = {}
+
+
+def _canonical_passes(he, task_id, timeout_s):
+  """Whether the canonical solution of `task_id` passes with `timeout_s` (once per session)."""
+  key = (task_id, timeout_s)
+  if key not in _CANONICAL:
+    _CANONICAL[key] = code.run_humaneval(he[task_id], he[task_id]["canonical_solution"],
+                                         timeout_s=timeout_s)
+  return _CANONICAL[key]
 
 
 def test_expected_outputs_cached_on_disk(he, tmp_path, monkeypatch):

@@ -4,7 +4,10 @@ import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -121,9 +124,12 @@ def test_pool_bounds_pathological_inputs_and_keeps_working(pool):
     "\\boxed{" + "1" * 1_000_000 + "}",       # 1 MB answer
   ]
   t0 = time.perf_counter()
-  out = pool.grade(bad + ["\\boxed{2}"], ["5", "3", "2", "2", "2"], timeout_s=2.0)
+  with pytest.warns(rewards.GraderErrorWarning, match="item 0: timed out after 2.0 s"):
+    graded = pool.grade(bad + ["\\boxed{2}"], ["5", "3", "2", "2", "2"], timeout_s=2.0,
+                        return_errors=True)
   elapsed = time.perf_counter() - t0
-  np.testing.assert_array_equal(out, [0.0, 0.0, 1.0, 0.0, 1.0])
+  np.testing.assert_array_equal(graded.reward, [0.0, 0.0, 1.0, 0.0, 1.0])
+  assert graded.error[0] and not graded.error[4]  # the tower overran: a grader error, not wrong
   assert pool.num_killed >= killed0 + 1  # the tower of powers overran and was killed
   # 2 workers, 5 items, each bounded by 2 s: generous wall bound incl. one worker restart.
   assert elapsed < 30.0
@@ -135,20 +141,16 @@ def test_pool_replaces_a_worker_that_died(pool):
   pool.grade(["\\boxed{1}"], ["1"])
   victim = pool._workers[0].proc  # pylint: disable=protected-access
   victim.kill()
-  victim.join()
-  out = pool.grade(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}", "\\boxed{4}"], ["1", "2", "0", "4"])
-  np.testing.assert_array_equal(out, [1.0, 1.0, 0.0, 1.0])
-  assert all(w.proc.is_alive() for w in pool._workers)  # pylint: disable=protected-access
+  victim.wait()
+  out = pool.grade(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}", "\\boxed{4}"], ["1", "2", "0", "4"],
+                   return_errors=True)
+  np.testing.assert_array_equal(out.reward, [1.0, 1.0, 0.0, 1.0])
+  assert not out.error.any()  # the dead idle worker was replaced before it got an item
+  assert all(w.alive() for w in pool._workers)  # pylint: disable=protected-access
 
 
-def _crash_at_start(conn):
-  del conn
-  os._exit(3)
-
-
-def test_pool_reports_workers_that_cannot_start(monkeypatch):
-  monkeypatch.setattr(math_pool, "_worker_main", _crash_at_start)
-  p = math_pool.MathGraderPool(1)
+def test_pool_reports_workers_that_cannot_start():
+  p = math_pool.MathGraderPool(1, grader="tests.rewards.grader_hooks:die_at_start")
   try:
     with pytest.raises(RuntimeError, match="died before it was ready 3 times"):
       p.grade(["\\boxed{1}"], ["1"])
@@ -199,3 +201,78 @@ def test_register_custom_reward():
     rewards.get_reward_fn("nan_test_reward")(["a", "b"], [{}, {}])
   with pytest.raises(ValueError, match=r"responses\[1\] must be a Response or a str, got NoneType"):
     rewards.get_reward_fn(name)(["a", None], [{}, {}])
+
+
+# ------------------------------------------------------------------------------------------------
+# Grader errors are counted apart from wrong answers (issue 17, item 3).
+# ------------------------------------------------------------------------------------------------
+
+HOOKS = "tests.rewards.grader_hooks"
+
+
+def test_grader_exceptions_are_marked_and_warned():
+  with math_pool.MathGraderPool(1, grader=f"{HOOKS}:grade_or_raise") as p:
+    responses = ["\\boxed{1}", "RAISE \\boxed{2}", "\\boxed{3}"]
+    with pytest.warns(rewards.GraderErrorWarning,
+                      match=r"math grading: 1 of 3 items \(33\.3%\) raised or timed out .*"
+                            r"item 1: ValueError: injected grader failure"):
+      out = p.grade(responses, ["1", "2", "4"], return_errors=True)
+    assert isinstance(out, rewards.Graded)
+    assert out.reward.dtype == np.float32 and out.error.dtype == bool
+    np.testing.assert_array_equal(out.reward, [1.0, 0.0, 0.0])
+    np.testing.assert_array_equal(out.error, [False, True, False])  # item 2 is wrong, not an error
+    assert out.num_errors == 1 and out.error_share == pytest.approx(1 / 3)
+    with pytest.warns(rewards.GraderErrorWarning):  # the old call: rewards only, still warns
+      plain = p.grade(responses, ["1", "2", "4"])
+    assert isinstance(plain, np.ndarray)
+    np.testing.assert_array_equal(plain, [1.0, 0.0, 0.0])
+
+
+def test_grader_timeouts_and_dead_workers_are_errors():
+  with math_pool.MathGraderPool(2, grader=f"{HOOKS}:grade_or_die") as p:
+    responses = ["\\boxed{9^{9^{9^{9}}}}", "DIE", "\\boxed{4}", "\\boxed{5}"]
+    with pytest.warns(rewards.GraderErrorWarning, match=r"2 of 4 items \(50\.0%\)") as rec:
+      out = p.grade(responses, ["5", "1", "4", "4"], timeout_s=2.0, return_errors=True)
+    np.testing.assert_array_equal(out.reward, [0.0, 0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(out.error, [True, True, False, False])
+    text = str(rec[0].message)
+    assert "item 0: timed out after 2.0 s" in text and "the grading worker died" in text
+    assert p.num_killed == 1
+
+
+def test_error_share_at_or_below_the_threshold_is_quiet():
+  n = 40  # 2 errors of 40 = 5.0%: not above ERROR_SHARE_WARN
+  responses = ["RAISE" if i < 2 else f"\\boxed{{{i}}}" for i in range(n)]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", rewards.GraderErrorWarning)
+    out = math_pool.math_rewards(responses, [str(i) for i in range(n)], return_errors=True,
+                                 grader=f"{HOOKS}:grade_or_raise")
+  assert math_pool.ERROR_SHARE_WARN == 0.05
+  assert out.num_errors == 2 and out.reward.sum() == n - 2
+  with pytest.warns(rewards.GraderErrorWarning, match=r"3 of 40 items \(7\.5%\)"):
+    math_pool.math_rewards(["RAISE"] * 3 + responses[3:], [str(i) for i in range(n)],
+                           grader=f"{HOOKS}:grade_or_raise")
+
+
+# ------------------------------------------------------------------------------------------------
+# No `__main__` guard needed (issue 17, item 2).
+# ------------------------------------------------------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+UNGUARDED = ("from disa_jax.rewards import math_reward, math_rewards\n"
+             "print('REWARD', math_reward('so \\\\boxed{42}', '42'), math_reward('\\\\boxed{41}', '42'))\n"
+             "print('BATCH', math_rewards(['\\\\boxed{1}', 'x'], ['1', '1'], workers=2).tolist())\n")
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_math_reward_from_an_unguarded_script(tmp_path, how):
+  """A plain script (no `if __name__ == '__main__':`) and piped code (as a notebook runs it)."""
+  script = tmp_path / "plain_script.py"
+  script.write_text(UNGUARDED)
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  cmd = [sys.executable, str(script)] if how == "file" else [sys.executable, "-"]
+  out = subprocess.run(cmd, input=UNGUARDED if how == "stdin" else None, cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.splitlines() == ["REWARD 1.0 0.0", "BATCH [1.0, 0.0]"], out.stdout
+  assert "bootstrapping" not in out.stderr, out.stderr[-3000:]

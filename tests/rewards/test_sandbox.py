@@ -21,6 +21,9 @@ from disa_jax.rewards import sandbox
 from disa_jax.rewards._sandbox_boot import _pids_of_uid  # processes running as a uid
 
 PWNED = [{"input": "", "output": "PWNED"}]
+# The positive control of each hostile case: a correct program, graded in the same configuration
+# (timeout, limits), must pass, so a sandbox that fails everything cannot pass the hostile cases.
+CORRECT = "print('PWNED')\n"
 
 
 def _timed(fn, *args, **kwargs):
@@ -116,17 +119,23 @@ def test_hostile_memory_bomb_is_contained():
   lim = sandbox.SandboxLimits(memory_mb=256)
   res, dt = _timed(code.run_stdio, prog, PWNED, 10.0, limits=lim)
   assert res == [False] and dt < 10.0
+  # It ran and was contained (MemoryError), not killed; a program within the limit passes.
+  assert code.run_stdio(prog, [{"input": "", "output": "contained"}], 10.0, limits=lim) == [True]
+  within = "b = bytearray(64 * 2**20)\nprint('PWNED')\n"
+  assert code.run_stdio(within, PWNED, 10.0, limits=lim) == [True]
 
 
 def test_hostile_infinite_loop_is_killed_at_the_wall_clock_bound():
   res, dt = _timed(code.run_stdio, "while True:\n  pass\n", PWNED * 3, 1.0)
   assert res == [False, False, False]
   assert dt < 8.0  # the later cases are skipped after the first timeout
+  assert code.run_stdio(CORRECT, PWNED * 3, 1.0) == [True, True, True]
 
 
 def test_hostile_sleeper_killed_by_wall_clock_not_cpu():
   res, dt = _timed(code.run_stdio, "import time\ntime.sleep(60)\nprint('PWNED')\n", PWNED, 1.0)
   assert res == [False] and dt < 8.0
+  assert code.run_stdio("import time\ntime.sleep(0.1)\nprint('PWNED')\n", PWNED, 1.0) == [True]
 
 
 def test_hostile_writes_outside_the_sandbox(tmp_path):
@@ -255,6 +264,7 @@ def test_hostile_signals_the_parent_and_the_grader():
           "print('PWNED' if hits else 'contained', flush=True)\n")
   res, dt = _timed(code.run_stdio, prog, PWNED, 5.0)
   assert res == [False] and dt < 10.0
+  assert code.run_stdio(prog, [{"input": "", "output": "contained"}], 5.0) == [True]
   # The supervisor survived and ran the second case; the grader (this process) is alive.
   res = sandbox.run_cases({"p.py": prog}, "p.py", [None, None], timeout_s=5.0)
   assert [(r.ok, r.stdout) for r in res] == [(True, b"contained\n")] * 2
@@ -264,6 +274,7 @@ def test_hostile_closes_stdout():
   prog = "import os, sys\nos.close(1)\nos.close(2)\nprint('PWNED')\n"
   res, dt = _timed(code.run_stdio, prog, PWNED, 5.0)
   assert res == [False] and dt < 5.0
+  assert code.run_stdio("import os\nos.close(2)\n" + CORRECT, PWNED, 5.0) == [True]
 
 
 def test_hostile_floods_output():
@@ -281,6 +292,8 @@ def test_hostile_floods_output():
   assert len(res[0].stdout) <= 1 << 20 and len(res[0].stderr) <= 1 << 20
   assert dt < 8.0
   assert code.run_stdio(prog, [{"input": "", "output": "A"}], 10.0, limits=lim) == [False]
+  below = "import sys\nsys.stdout.write('A' * 65536)\n"  # 64 KiB: within the 1 MiB limit
+  assert code.run_stdio(below, [{"input": "", "output": "A" * 65536}], 10.0, limits=lim) == [True]
 
 
 def test_daemonised_children_do_not_survive_their_case():
