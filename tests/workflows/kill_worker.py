@@ -2,7 +2,7 @@
 
 Usage: kill_worker.py {stage1|stage2} CONFIG_JSON POINT
 
-CONFIG_JSON is the `Stage1Config` / `Stage2Config` as a dict (`typed_config.to_dict`). POINT is
+CONFIG_JSON is the `Stage1Config` / `Stage2Config` as a dict (`disa_jax.config.to_dict`). POINT is
 'none' (run to the end) or one of:
 
 Stage 1 (the k-th durable write of the Stage 1 dataset, k >= 1):
@@ -12,7 +12,7 @@ Stage 1 (the k-th durable write of the Stage 1 dataset, k >= 1):
   file's bytes are in its temporary file.
 
 Stage 2:
-- 'mid_fit:k': at the start of the k-th training epoch of the anchor fit (k - 1 epochs done).
+- 'mid_fit': inside the anchor fit (its jitted epochs ran in memory; nothing is on disk yet).
 - 'mid_anchor_save': the anchor's weights are written, its metadata file is not yet in place.
 - 'after_anchor_save': the anchor is saved, the Stage 2 summary is not yet written.
 
@@ -72,33 +72,16 @@ def _stage1_hooks(point: str) -> None:
   dataset.Stage1Writer.write = write
 
 
-class _JitCounting:
-  """Stands in for the `jax` module of `disa_jax.anchor.fit`: kills at the k-th epoch call."""
-
-  def __init__(self, jax_module, k: int):
-    self._jax, self._k, self._calls = jax_module, k, 0
-
-  def __getattr__(self, name):
-    return getattr(self._jax, name)
-
-  def jit(self, fn, *args, **kwargs):
-    compiled = self._jax.jit(fn, *args, **kwargs)
-    if fn.__name__ != "epoch":
-      return compiled
-
-    def counted(*a, **kw):
-      self._calls += 1
-      if self._calls == self._k:
-        _die()
-      return compiled(*a, **kw)
-
-    return counted
-
-
 def _stage2_hooks(point: str) -> None:
   from disa_jax.anchor import fit, frozen  # pylint: disable=g-import-not-at-top
-  if point.startswith("mid_fit:"):
-    fit.jax = _JitCounting(fit.jax, int(point.split(":")[1]))
+  if point == "mid_fit":
+    train = fit._train  # pylint: disable=protected-access
+
+    def dies_in_the_fit(*args, **kwargs):  # the epochs ran in memory; nothing is on disk yet
+      train(*args, **kwargs)
+      _die()
+
+    fit._train = dies_in_the_fit  # pylint: disable=protected-access
   elif point == "mid_anchor_save":
     real_replace = os.replace
 

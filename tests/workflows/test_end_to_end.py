@@ -126,9 +126,12 @@ def check_stage2(cfg: Stage2Config, files, summary, stage1_data):
   # The Stage 3 DISA config of the same experiment accepts this anchor.
   c3 = stage3_paper.get_config("disa,qwen3-4b-base,math")
   assert c3.data.anchor_path == stage2_paper.get_config("qwen3-4b-base,math").anchor_path
-  Stage3Config.from_config(c3).train.objective.check_anchor(anchor, embedding_dim=64)
-  assert anchor.meta.embedding.model_path == cfg.reference_path
-  assert anchor.meta.embedding.prompt_format == "chat_template"
+  obj = Stage3Config.from_config(c3).train.objective
+  obj.check_anchor(anchor, embedding_dim=64, reference=cfg.reference_path, rendering="chat_template")
+  with pytest.raises(ValueError, match="rendered as 'chat_template'.*renders them as 'plain'"):
+    obj.check_anchor(anchor, embedding_dim=64, reference=cfg.reference_path, rendering="plain")
+  with pytest.raises(ValueError, match="reference model"):
+    obj.check_anchor(anchor, embedding_dim=64, reference=cfg.output_dir, rendering="chat_template")
   # The embeddings are the ones the Stage 3 trainer computes: reference model, prompts rendered
   # with the chat template and tokenised without special tokens.
   tok = AutoTokenizer.from_pretrained(cfg.reference_path)

@@ -23,7 +23,7 @@ from ml_collections import ConfigDict
 from configs import stage1_paper, stage2_paper
 from disa_jax.anchor import Anchor
 from disa_jax.estimators import load_stage1
-from disa_jax.workflows import typed_config
+from disa_jax import config as typed_config
 from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage2 import Stage2Config
 from tests.workflows.conftest import write_dapo_parquet
@@ -194,7 +194,7 @@ def reference_stage2(setup):
 
 
 @pytest.mark.parametrize("point", [
-  "mid_fit:4",
+  "mid_fit",
   "mid_anchor_save",
   "after_anchor_save",
 ])
