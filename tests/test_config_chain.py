@@ -44,7 +44,7 @@ SFT = _strings("sft_paper")
 def _stage1_string(stage3_arg: str) -> str:
   method, backbone, task, *opts = stage3_arg.split(",")
   del method
-  keep = [o for o in opts if not o.startswith("replay=")]
+  keep = [o for o in opts if not o.startswith(("replay=", "variant="))]
   return ",".join([backbone, task] + keep)
 
 

@@ -23,7 +23,7 @@ def _job(c, workdir):
 def _cfg(**over):
   c = main_config.get_config()
   c.task.n_max = 6
-  c.reference_model.steps = 15
+  c.reference_model.steps = 40  # enough for some reward-1 Stage 1 samples (the LoRA-SFT data)
   c.proposal_model.steps = 15
   c.arch.hidden_size = 64
   c.arch.intermediate_size = 128
@@ -35,11 +35,13 @@ def _cfg(**over):
   c.stage2.fit.val_fraction = 0.3
   c.anchor_study.repeats = 2
   c.anchor_study.folds = 3
-  c.train.total_steps = 2
+  c.train.total_steps = 4
   c.train.rollout.prompts_per_batch = 4
   c.train.rollout.group_size = 4
-  c.train.rollout.micro_batch_size = 8
-  c.methods = ("disa", "flowrl", "grpo", "gspo")
+  c.train.rollout.micro_batch_size = 4
+  c.track.every = 2  # two exact measurements per run: the dynamics tables and plots
+  c.track.kl_samples = 4
+  c.methods = ("disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo")
   c.sft.rank = 4
   c.sft.alpha = 8.0
   c.sft.epochs = 1
@@ -64,25 +66,69 @@ def job_run(tmp_path_factory):
   return job, job.run(), tmp_path
 
 
+def _check_claims(claims):
+  """Each verdict follows from the numbers it reports."""
+  for c in claims:
+    n = c["numbers"]
+    if c["claim"] == "Stage 1 error shrinks with N":
+      errs = list(n.values())
+      assert c["holds"] == all(a > b for a, b in zip(errs, errs[1:]))
+    elif "matches the tilted target" in c["claim"]:
+      want = n["kl"] <= 1.0 and abs(n["entropy_correct"] - n["target_entropy"]) <= 0.3
+      assert c["holds"] == want and c["from_transient"] == (n["state"] == "transient")
+    elif "KL to the target is below GRPO's" in c["claim"]:
+      m = c["claim"].split("'")[0]
+      assert c["holds"] == (n["grpo"] - n[m] > 2 * n["se"])
+    elif c["claim"].startswith("Stage 1 replay brings"):
+      base = c["claim"].split()[4]
+      assert c["holds"] == (n[f"{base}_replay"] < n[base])
+
+
 @pytest.mark.slow
 def test_main_job_end_to_end_and_resume(job_run):
-  _, report, tmp_path = job_run
-  # the LoRA-SFT row exists, or is reported as not trained with its reason (barely trained models here
-  # may give no reward-1 Stage 1 sample to distil)
-  assert set(report["methods"]) | set(report["skipped_methods"]) == {"reference", "proposal", "disa", "flowrl",
-                                                                      "grpo", "gspo", "lora_sft"}
-  assert all(report["skipped_methods"].values())
+  job, report, tmp_path = job_run
+  methods = {"disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo"}
+  assert set(report["methods"]) == {"reference", "proposal", "lora_sft"} | methods
+  assert not report["skipped_methods"]
   for row in report["methods"].values():
     assert 0 <= row["accuracy_mean_at_k"] <= 1 and row["kl_to_target"] > -1.0  # an MC estimate of KL >= 0
+    # the exact decomposition's terms add up, and each exact term is a KL
+    assert row["kl_decomposed"] == pytest.approx(
+        row["kl_binary"] + row["p_correct_kl_correct"] + row["p_wrong_kl_wrong"], abs=1e-9)
+    assert row["kl_binary"] >= -1e-12 and row["p_correct_kl_correct"] >= -1e-12
+  exact = json.loads((tmp_path / "exact.json").read_text())
+  ref = report["methods"]["reference"]
+  # pi_ref evaluated exactly: its P(correct) is the exact P_ref(c), and pi_ref|c = pi~|c (binary reward)
+  assert ref["p_correct_exact"] == pytest.approx(np.mean(exact["p_correct_ref"]), abs=1e-6)
+  assert ref["kl_correct"] == pytest.approx(0.0, abs=1e-6)
+  assert ref["p_wrong_kl_wrong"] == pytest.approx(0.0, abs=1e-6)  # pi_ref|w = pi~|w too
+  assert ref["entropy_correct"] == pytest.approx(ref["target_entropy_correct"], abs=1e-6)
   assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}
   assert {c["claim"] for c in report["claims"]} >= {"Stage 1 error shrinks with N"}
+  _check_claims(report["claims"])
+  # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
+  assert set(report["end_state"]) == methods and set(report["regime"]["per_method"]) == methods
+  for m, ends in report["end_state"].items():
+    assert [e["window_steps"][1] for e in ends] == [4], m
+  assert set(report["matched_accuracy"]["disa"]) == {"0.5", "0.7", "0.9"}
+  gap = report["anchor_gap"]
+  assert gap["loss_gap"] <= gap["envelope"] + 1e-9 and gap["sigma_g"] > 0
   study = report["anchor_study"]
-  assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in (tmp_path / "report.md").read_text()
-  for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png"):
+  md = (tmp_path / "report.md").read_text()
+  assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md
+  assert "At matched accuracy" in md and "Prop. 4" in md
+  # two measurements are too few for an end state: every verdict between methods is labelled
+  assert not report["regime"]["all_at_end_state"] and "TRANSIENT" in md
+  assert all(c["from_transient"] for c in report["claims"] if "GRPO" in c["claim"])
+  for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png", "kl_vs_step.png",
+            "kl_correct_vs_step.png", "entropy_vs_accuracy.png"):
     assert (tmp_path / f).exists(), f
-  for m in ("disa", "flowrl", "grpo", "gspo"):
+  for m in methods:
     assert (tmp_path / "stage3" / m / "final" / "config.json").exists()
-    assert (tmp_path / "stage3" / m / "metrics.jsonl").exists()
+    rows = [json.loads(l) for l in (tmp_path / "stage3" / m / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "exact/kl_mc" in r] == [2, 4], m
+  rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_pos_replay" / "metrics.jsonl").read_text().splitlines()]
+  assert all(r["replay/fraction"] == 0.5 for r in rows)  # k = 2 reward-1 rows added to G = 4
   stamps = {p: p.stat().st_mtime for p in (tmp_path / "stage1" / "stage1.jsonl", tmp_path / "anchor" / "anchor_meta.json",
                                            tmp_path / "stage3" / "disa" / "final" / "model.safetensors")}
   report2 = _job(_cfg(), tmp_path).run()  # resumes: nothing recomputed
@@ -184,7 +230,9 @@ def test_replay_methods_and_several_seeds_give_mean_and_std_rows(tmp_path):
     ("stage1.sampling.temperature", 0.0, "stage1: sampling.temperature must be > 0"),
     ("train.optim.lr", 0.0, "optim.lr must be > 0"),
     ("seeds", (0, 0), "seeds must be distinct"),
-    ("runs.disa_replay.replay", 1.0, r"runs.disa_replay.train.replay.fraction must be in \[0, 1\)"),
+    ("runs.disa_replay.replay.fraction", 1.0, r"replay.fraction must be in \[0, 1\)"),
+    ("fix", "disa_ppo", "fix must name one of runs"),
+    ("track.kl_samples", 1, "track needs every >= 0 and kl_samples >= 2"),
     ("sft.learning_rate", -1.0, "sft: LoRASFTConfig.learning_rate must be > 0"),
     ("runs.grpo.anchor", "exact", "objective 'grpo' uses no anchor")])
 def test_bad_config_stops_at_once_naming_the_field(tmp_path, field, value, match):

@@ -138,9 +138,10 @@ def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndar
 
   Returns:
     ``kl_mc`` / ``kl_mc_se`` (all samples), ``kl_wrong`` / ``kl_wrong_se`` (wrong samples;
-    NaN without any), ``wrong_samples``.
+    NaN without any), ``wrong_samples``, and ``tb_sq``: the mean squared TB residual with the exact
+    log Z, the on-policy L_TB(theta; Z) of Prop. 4 (the terms of the KL are the residuals).
   """
-  terms = lp_policy - lp_ref - beta * reward + exact["log_z"]  # [k]
+  terms = lp_policy - lp_ref - beta * reward + exact["log_z"]  # [k] residuals R = log pi / pi~
   kl, kl_se = _mean_se(terms)
   wrong = reward < 0.5
   # pi|w = pi / P_w and pi~|w = pi_ref|w = pi_ref / P_ref(w), with P_ref(w) = 1 - P_ref(c).
@@ -149,39 +150,60 @@ def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndar
                                                                                     1e-300)))
   kw, kw_se = _mean_se(cond)
   return {"kl_mc": kl, "kl_mc_se": kl_se, "kl_wrong": kw, "kl_wrong_se": kw_se,
-          "wrong_samples": int(wrong.sum())}
+          "wrong_samples": int(wrong.sum()), "tb_sq": float(np.mean(terms ** 2))}
 
 
-def exact_target_metrics(engine: Any, policy_scorer: Any, ref_scorer: Any, tokenizer: Any,
-                         prompts: Sequence[Sequence[int]], metas: Sequence[Mapping[str, Any]],
-                         ability: str, cfg: ExactTargetConfig, reward_fn: Any) -> dict[str, Any]:
-  """Every exact measure of the policy served by ``engine`` (and scored by ``policy_scorer``).
+class ExactTracker:
+  """The exact measures of a policy on a fixed set of prompts (`run_evaluation`, and Stage 3 every
+  ``validation.every`` steps).
+
+  The correct sets and their log pi_ref are computed once; each `measure` scores the correct sets
+  under the current policy and draws ``cfg.kl_samples`` samples per prompt from the engine serving
+  it (temperature 1, raw log-probs) for the Monte Carlo terms.
 
   Args:
-    engine: serves the policy (its samples at temperature 1 with raw log-probs).
-    policy_scorer, ref_scorer: `SequenceScorer`s of the policy and of pi_ref.
-    tokenizer: the shared tokenizer.
+    cfg: `ExactTargetConfig` (beta, kl_samples, seed).
+    tokenizer: the shared tokenizer (decodes samples for the reward, builds the correct sets).
     prompts: ``[P]`` prompt token ids.
     metas: ``[P]`` reward metas (the correct-set function reads them).
-    ability: the records' ability (selects the correct-set function).
-    cfg: `ExactTargetConfig`.
-    reward_fn: the task's `RewardFn`.
-
-  Returns:
-    Means over prompts (with ``*_se``) and ``per_prompt`` lists of every term.
+    ability: the records' ability (selects the correct-set function and the reward).
+    ref_scorer: a `SequenceScorer` of pi_ref.
+    max_tokens: the response limit that defines the output space (a generation cut there is one
+      outcome), the same as the policy's sampling.
   """
-  sets = [correct_set_fn(ability)(tokenizer, m) for m in metas]  # [P][C_p]
-  flat_p = [list(p) for p, cs in zip(prompts, sets) for _ in cs]
-  flat_c = [c for cs in sets for c in cs]
-  lp_pol = policy_scorer.sequence_logprobs(flat_p, flat_c)
-  lp_ref = ref_scorer.sequence_logprobs(flat_p, flat_c)
-  bounds = np.cumsum([0] + [len(cs) for cs in sets])
-  exact = [correct_set_terms(lp_pol[a:b], lp_ref[a:b], cfg.beta)
-           for a, b in zip(bounds[:-1], bounds[1:])]
-  comps = engine.generate([list(p) for p in prompts], SamplingParams(
-      n=cfg.kl_samples, temperature=1.0, max_tokens=max(len(c) for c in flat_c),
-      stop_token_ids=(int(tokenizer.eos_token_id),), seed=cfg.seed, return_raw_logprobs=True))
-  return _combine(exact, comps, prompts, metas, ref_scorer, tokenizer, reward_fn, cfg.beta)
+
+  def __init__(self, cfg: ExactTargetConfig, tokenizer: Any, prompts: Sequence[Sequence[int]],
+               metas: Sequence[Mapping[str, Any]], ability: str, ref_scorer: Any, max_tokens: int):
+    from disa_jax import rewards  # pylint: disable=g-import-not-at-top
+    self.cfg, self.tokenizer, self.ref_scorer = cfg, tokenizer, ref_scorer
+    self.prompts, self.metas = [list(p) for p in prompts], list(metas)
+    self.reward_fn = rewards.get_reward_fn(ability)
+    sets = [correct_set_fn(ability)(tokenizer, m) for m in self.metas]  # [P][C_p]
+    self._flat_p = [p for p, cs in zip(self.prompts, sets) for _ in cs]
+    self._flat_c = [c for cs in sets for c in cs]
+    self._bounds = np.cumsum([0] + [len(cs) for cs in sets])
+    self._lp_ref = ref_scorer.sequence_logprobs(self._flat_p, self._flat_c)
+    longest = max(len(c) for c in self._flat_c)
+    if longest > max_tokens:
+      raise ValueError(f"max_tokens={max_tokens} cannot hold a correct answer of {longest} tokens")
+    self.max_tokens = max_tokens
+
+  def measure(self, engine: Any, policy_scorer: Any) -> dict[str, Any]:
+    """Every exact measure of the policy served by ``engine`` and scored by ``policy_scorer``.
+
+    Returns:
+      Means over prompts (with ``*_se`` for the Monte Carlo terms) and ``per_prompt`` lists.
+    """
+    lp_pol = policy_scorer.sequence_logprobs(self._flat_p, self._flat_c)
+    b = self._bounds
+    exact = [correct_set_terms(lp_pol[i:j], self._lp_ref[i:j], self.cfg.beta)
+             for i, j in zip(b[:-1], b[1:])]
+    comps = engine.generate(self.prompts, SamplingParams(
+        n=self.cfg.kl_samples, temperature=1.0, max_tokens=self.max_tokens,
+        stop_token_ids=(int(self.tokenizer.eos_token_id),), seed=self.cfg.seed,
+        return_raw_logprobs=True))
+    return _combine(exact, comps, self.prompts, self.metas, self.ref_scorer, self.tokenizer,
+                    self.reward_fn, self.cfg.beta)
 
 
 def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_scorer, tokenizer,
@@ -205,7 +227,7 @@ def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_s
                 + (1.0 - e["p_correct"]) * kl_w})
   out: dict[str, Any] = {"per_prompt": per, "samples_per_prompt": k}
   for key in ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
-              "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z"):
+              "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z", "tb_sq"):
     vals = np.asarray([p[key] for p in per], np.float64)
     out[key] = float(vals.mean())
   # Standard errors over prompts of the Monte Carlo means: combine the per-prompt MC errors.
@@ -216,4 +238,8 @@ def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_s
   out["kl_wrong"] = float(np.mean(wrong)) if wrong else float("nan")
   out["p_wrong_kl_wrong"] = float(np.mean([(1 - p["p_correct"]) * (p["kl_wrong"] if p[
       "wrong_samples"] else 0.0) for p in per]))
+  out["p_correct_kl_correct"] = float(np.mean([p["p_correct"] * p["kl_correct"] for p in per]))
+  # The decomposition's only Monte Carlo term is P_w KL(pi|w || pi~|w); its standard error:
+  se_w = np.asarray([(1 - p["p_correct"]) * p["kl_wrong_se"] for p in per if p["wrong_samples"] > 1])
+  out["kl_decomposed_se"] = float(np.sqrt(np.sum(se_w ** 2)) / len(per))
   return out

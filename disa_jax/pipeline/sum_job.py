@@ -31,18 +31,19 @@ from disa_jax import config as config_lib
 from disa_jax.data.sum_task import SumTask
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
+from disa_jax.rl.config import ReplayConfig
 from disa_jax.rl.objectives import Objective
 from disa_jax.rollout.engines import EngineConfig
 
 ANCHORS = ("fitted", "exact")
-REFERENCE_ROWS = ("reference", "proposal")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """One Stage 3 run of the main job: an objective, its Stage 1 replay share and its anchor."""
+  """One Stage 3 run of the main job: an objective, its Stage 1 replay (`ReplayConfig`: the run's
+  ``train.replay`` section, reading the job's Stage 1 file) and its anchor."""
   objective: Objective
-  replay: float = 0.0
+  replay: ReplayConfig = ReplayConfig()
   anchor: str = "fitted"
 
   def __post_init__(self):
@@ -80,15 +81,31 @@ class AnchorStudyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrackConfig:
+  """Exact measures during Stage 3: every ``every`` steps (0 = off), ``kl_samples`` policy samples
+  per prompt for the Monte Carlo KL (`Stage3Config.exact_target`)."""
+  every: int = 100
+  kl_samples: int = 16
+
+  def __post_init__(self):
+    if self.every < 0 or self.kl_samples < 2:
+      raise ValueError(f"track needs every >= 0 and kl_samples >= 2, got {self.every}, "
+                       f"{self.kl_samples}")
+
+
+@dataclasses.dataclass(frozen=True)
 class MainConfig:
   """`configs/main.py`, typed. ``stage1`` / ``stage2`` / ``train`` / ``sft`` / ``eval`` are the
   workflows' own sections; `SumJob` completes them with paths and converts them (validated)."""
+  preset: str = "default"
   seed: int = 0
   beta: float = 15.0
   engine: EngineConfig = EngineConfig(kind="jax", dtype="float32")
   methods: tuple[str, ...] = ("disa", "flowrl", "grpo", "gspo")
   seeds: tuple[int, ...] = (0,)
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
+  fix: str = ""
+  track: TrackConfig = TrackConfig()
   sft_enabled: bool = True
   task: TaskConfig = TaskConfig()
   arch: TinyLMSpec = TinyLMSpec()
@@ -110,6 +127,8 @@ class MainConfig:
     if not self.methods or unknown:
       raise ValueError(f"methods must be a non-empty subset of runs {sorted(self.runs)}, got "
                        f"{self.methods!r}")
+    if self.fix and self.fix not in self.runs:
+      raise ValueError(f"fix must name one of runs {sorted(self.runs)} (or be ''), got {self.fix!r}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds must be distinct ints, at least one, got {self.seeds!r}")
     if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
@@ -182,17 +201,22 @@ class SumJob:
     obj = spec.objective.to_config()
     if "beta" in obj:  # the job's one beta (the anchors' labels use it too)
       obj["beta"] = self.cfg.beta
+    track = self.cfg.track
     train = dict(self.cfg.train, objective=obj, seed=seed, progress_bar=self.progress,
-                 replay=dict(self.cfg.train.get("replay", {}), fraction=spec.replay))
+                 replay=config_lib.to_dict(spec.replay),
+                 validation=dict(self.cfg.train.get("validation", {}), every=track.every))
     anchor = "" if not spec.objective.needs_anchor else (
         self.anchor_path if spec.anchor == "fitted" else self.exact_anchor_path)
+    exact = dict(reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
+                 kl_samples=track.kl_samples, seed=self.cfg.seed + 9)
     return config_lib.from_mapping(Stage3Config, dict(
         workdir=str(self.dir / "stage3" / self.run_name(method, seed)),
         model=dict(policy_path=self.ref_path, dtype="float32", remat=False),
         data=dict(train_path=self.prompts_path, reward="sum_task", rendering="plain",
                   anchor_path=anchor,
-                  replay_path=str(self.stage1_cfg.dataset_path()) if spec.replay else ""),
-        engine=self.cfg.engine, mesh=self.mesh, train=train), f"runs.{method}")
+                  replay_path=str(self.stage1_cfg.dataset_path()) if spec.replay.enabled else ""),
+        engine=self.cfg.engine, mesh=self.mesh, train=train, exact_target=exact),
+        f"runs.{method}")
 
   def _sft_config(self):
     from disa_jax.workflows.sft import SftConfig  # pylint: disable=g-import-not-at-top

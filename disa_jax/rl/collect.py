@@ -133,18 +133,19 @@ class RolloutCollector:
   def collect(self, step: int) -> RolloutBatch:
     """The packed, graded rollout batch of RL step ``step`` (0-based).
 
-    Rows are prompt-major ``[P * G]``; within a prompt's group the on-policy samples come first
-    and the replayed Stage 1 samples (if any) last.
+    Rows are prompt-major ``[P * R]`` with R = `TrainConfig.rows_per_prompt` (G, or G + k with
+    replayed rows added); within a prompt's group the on-policy samples come first and the replayed
+    Stage 1 samples (if any) last. A prompt without replay samples gets R on-policy rows.
     """
     items = self.stream.batch(step)
-    g = self.cfg.rollout.group_size
+    rows = self.cfg.rows_per_prompt
     seed = derive_seed(self.cfg.seed, "rollout", step)
     replayed = self._draw_replay(step, items)
     k = max(len(r) for r in replayed)
-    comps, graded, t_gen = self.generate(items, self.sampling(g - k, seed))
+    comps, graded, t_gen = self.generate(items, self.sampling(rows - k, seed))
     groups = [list(c) for c in comps]  # [P][on-policy samples]
-    rows_r = graded.reward.reshape(len(items), g - k).tolist()
-    rows_e = graded.error.reshape(len(items), g - k).tolist()
+    rows_r = graded.reward.reshape(len(items), rows - k).tolist()
+    rows_e = graded.error.reshape(len(items), rows - k).tolist()
     full = [i for i, r in enumerate(replayed) if not r]
     if k and full:  # prompts without Stage 1 samples: k more on-policy samples
       extra, extra_g, t_extra = self.generate([items[i] for i in full],
@@ -167,8 +168,8 @@ class RolloutCollector:
       raw += [c.raw_logprobs for c in group] + [None] * len(rep)
       finish += [c.finish_reason for c in group] + ["replay"] * len(rep)
       stored += [np.nan] * len(group) + [s.logp_ref for s in rep]
-    g = self.cfg.rollout.group_size
-    prompts = [list(it.token_ids) for it in items for _ in range(g)]  # [P] -> [P * G]
+    g = self.cfg.rows_per_prompt
+    prompts = [list(it.token_ids) for it in items for _ in range(g)]  # [P] -> [P * R]
     tokens = pack_sequences(prompts, [t.tolist() for t in resp], pad_id=self.pad_id,
                             pad_to=self.pad_to)
     return RolloutBatch(

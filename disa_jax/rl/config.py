@@ -14,6 +14,7 @@ from disa_jax.rl.objectives import Disa, Objective
 
 OLD_LOGP_SOURCES = ("recompute", "engine")
 REPLAY_SCHEDULES = ("constant", "linear_decay")
+REPLAY_MODES = ("replace", "add")
 
 
 def _fail(section: str, field: str, value: Any, need: str) -> None:
@@ -30,6 +31,10 @@ class OptimConfig:
     b1, b2, eps: Adam moments.
     grad_clip: global-norm clip (<= 0 disables).
     warmup_steps: linear warm-up of the learning rate over optimizer updates.
+    decay_frac: the last this share of the run's optimizer updates use lr * decay_factor (a final
+      low-learning-rate phase: it removes the last wrong mass the constant lr leaves, issue 15's
+      end state); 0 = a constant lr.
+    decay_factor: the learning-rate factor of that phase.
   """
   lr: float = 1e-6
   weight_decay: float = 0.01
@@ -38,6 +43,8 @@ class OptimConfig:
   eps: float = 1e-8
   grad_clip: float = 1.0
   warmup_steps: int = 0
+  decay_frac: float = 0.0
+  decay_factor: float = 0.1
 
   def __post_init__(self):
     if not self.lr > 0:
@@ -48,6 +55,10 @@ class OptimConfig:
       _fail("optim", "b1/b2", (self.b1, self.b2), "must be in [0, 1)")
     if self.warmup_steps < 0:
       _fail("optim", "warmup_steps", self.warmup_steps, "must be >= 0")
+    if not 0.0 <= self.decay_frac < 1.0:
+      _fail("optim", "decay_frac", self.decay_frac, "must be in [0, 1)")
+    if not 0.0 < self.decay_factor <= 1.0:
+      _fail("optim", "decay_factor", self.decay_factor, "must be in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,27 +100,32 @@ class RolloutConfig:
     if self.old_logp_source not in OLD_LOGP_SOURCES:
       _fail("rollout", "old_logp_source", self.old_logp_source,
             f"must be one of {OLD_LOGP_SOURCES}")
-    batch = self.prompts_per_batch * self.group_size
-    if batch % self.num_minibatches:
-      _fail("rollout", "num_minibatches", self.num_minibatches,
-            f"must divide prompts_per_batch * group_size = {batch}")
-    if (batch // self.num_minibatches) % self.micro_batch_size:
-      _fail("rollout", "micro_batch_size", self.micro_batch_size,
-            f"must divide the mini-batch size {batch // self.num_minibatches}")
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
   """Stage 1 replay in Stage 3 (objectives with ``allows_replay``; see `disa_jax.rl.replay`).
 
-  Of the G samples of a prompt, round(fraction(step) * G) are Stage 1 proposal samples of that
-  prompt (drawn without replacement, seeded by the step) and the rest are sampled on-policy, so the
-  batch size and compute per step do not change. Replayed rows enter the TB residual like on-policy
+  k = round(fraction(step) * G) Stage 1 proposal samples of each prompt (drawn without replacement,
+  seeded by the step) enter its group: with ``mode='replace'`` they take k of the G slots (the
+  engine samples G - k; batch size and compute per step unchanged); with ``mode='add'`` they come on
+  top of the G on-policy samples (groups of G + k rows), so the on-policy rows that remove the
+  policy's own wrong answers are not starved. Replayed rows enter the TB residual like on-policy
   rows (Prop. 3(i): with a fixed log Z the minimiser is the tilted target for any full-support
   behaviour distribution). The Stage 1 file is the command's (``data.replay_path``).
 
+  ``correct_only`` keeps the samples the verifier accepted (raw reward > 0.5): on-policy TB pushes a
+  correct answer up at a rate proportional to its current probability (the rich get richer; see
+  docs/real_checkpoints.md), and replayed correct answers push at the proposal's rate instead, which
+  keeps the rare correct answers alive. With ``dedupe`` a response drawn several times in Stage 1
+  counts once in the pool.
+
   Attributes:
-    fraction: share of each prompt's group replaced by Stage 1 samples, in [0, 1).
+    fraction: k / G, in [0, 1) for 'replace' (some on-policy samples must remain); (0, 1] for
+      'add'.
+    mode: 'replace' | 'add' (see above).
+    correct_only: replay only the Stage 1 samples with raw reward > 0.5.
+    dedupe: identical Stage 1 responses of a prompt count once.
     schedule: 'constant' | 'linear_decay' (fraction -> 0 linearly over `decay_steps`).
     decay_steps: length of the linear decay (steps; 'linear_decay' only).
     max_ref_logp_drift: the median |stored log pi_ref - recomputed| (nats, trajectory sums) over the
@@ -117,13 +133,20 @@ class ReplayConfig:
       file was scored with another reference model or prompt rendering.
   """
   fraction: float = 0.0
+  mode: str = "replace"
+  correct_only: bool = False
+  dedupe: bool = False
   schedule: str = "constant"
   decay_steps: int = 0
   max_ref_logp_drift: float = 0.05
 
   def __post_init__(self):
-    if not 0.0 <= self.fraction < 1.0:
-      _fail("replay", "fraction", self.fraction, "must be in [0, 1)")
+    if self.mode not in REPLAY_MODES:
+      _fail("replay", "mode", self.mode, f"must be one of {REPLAY_MODES}")
+    top = 1.0 if self.mode == "add" else 1.0 - 1e-12
+    if not 0.0 <= self.fraction <= top:
+      _fail("replay", "fraction", self.fraction,
+            "must be in [0, 1]" if self.mode == "add" else "must be in [0, 1)")
     if self.schedule not in REPLAY_SCHEDULES:
       _fail("replay", "schedule", self.schedule, f"must be one of {REPLAY_SCHEDULES}")
     if self.schedule == "linear_decay" and self.decay_steps < 1:
@@ -136,7 +159,8 @@ class ReplayConfig:
     return self.fraction > 0
 
   def fraction_at(self, step: int) -> float:
-    """The replay fraction of RL step ``step`` (0-based)."""
+    """The replay fraction of RL step ``step`` (0-based). With 'add', the rows it no longer
+    replays (a decaying schedule) are sampled on-policy: a step always has G + k(0) rows."""
     if self.schedule == "linear_decay":
       return self.fraction * max(0.0, 1.0 - step / self.decay_steps)
     return self.fraction
@@ -219,8 +243,27 @@ class TrainConfig:
     if self.log_every < 1:
       _fail("train", "log_every", self.log_every, "must be >= 1")
     self.objective.check_replay(self.replay.fraction)
-    g = self.rollout.group_size
-    k = round(self.replay.fraction * g)
-    if self.replay.enabled and not 1 <= k < g:
+    g, k = self.rollout.group_size, self.replay_rows
+    top = g if self.replay.mode == "add" else g - 1
+    if self.replay.enabled and not 1 <= k <= top:
       _fail("replay", "fraction", self.replay.fraction,
-            f"must replay between 1 and group_size - 1 of the {g} samples of a group (gives {k})")
+            f"must replay between 1 and {top} samples of a group of {g} (gives {k})")
+    rc, rows = self.rollout, self.rollout.prompts_per_batch * self.rows_per_prompt
+    if rows % rc.num_minibatches:
+      _fail("rollout", "num_minibatches", rc.num_minibatches,
+            f"must divide the {rows} rows of a step ({rc.prompts_per_batch} prompts x "
+            f"{self.rows_per_prompt} rows)")
+    if (rows // rc.num_minibatches) % rc.micro_batch_size:
+      _fail("rollout", "micro_batch_size", rc.micro_batch_size,
+            f"must divide the mini-batch size {rows // rc.num_minibatches}")
+
+  @property
+  def replay_rows(self) -> int:
+    """k: the replayed rows of a prompt's group at the start of the run."""
+    return int(round(self.replay.fraction * self.rollout.group_size))
+
+  @property
+  def rows_per_prompt(self) -> int:
+    """G, or G + k when replayed rows are added."""
+    add = self.replay.enabled and self.replay.mode == "add"
+    return self.rollout.group_size + (self.replay_rows if add else 0)

@@ -58,26 +58,33 @@ class ReplayPool:
     self.skipped = dict(skipped or {})
 
   @classmethod
-  def from_stage1(cls, path: str | os.PathLike, *, max_response_len: int) -> "ReplayPool":
+  def from_stage1(cls, path: str | os.PathLike, *, max_response_len: int,
+                  correct_only: bool = False, dedupe: bool = False) -> "ReplayPool":
     """Reads a Stage 1 dataset (jsonl / parquet).
 
     Samples that Stage 3 cannot use are left out and counted in ``skipped``: a non-finite stored
     log pi_ref (the reference gives the response zero probability, so its TB residual is infinite)
-    and responses longer than ``max_response_len`` tokens (the run's rollout limit).
+    and responses longer than ``max_response_len`` tokens (the run's rollout limit). With
+    ``correct_only`` the samples with raw reward <= 0.5 are left out too, with ``dedupe`` a repeat
+    of a response already in the prompt's pool (both counted).
     """
     data = load_stage1(path)
     out: dict[str, list[ReplaySample]] = {}
-    skipped = {"logp_ref_not_finite": 0, "longer_than_max_response_len": 0}
+    skipped = {"logp_ref_not_finite": 0, "longer_than_max_response_len": 0, "not_correct": 0,
+               "duplicate": 0}
     for pid, rec in zip(data.prompt_ids, data.records):
-      keep = []
+      keep, seen = [], set()
       for s in rec["samples"]:
         ids = np.asarray(s["token_ids"], np.int32)
-        if not math.isfinite(float(s["logp_ref"])):
-          skipped["logp_ref_not_finite"] += 1
-        elif len(ids) > max_response_len:
-          skipped["longer_than_max_response_len"] += 1
-        else:
-          keep.append(ReplaySample(ids, float(s["reward"]), float(s["logp_ref"])))
+        why = ("logp_ref_not_finite" if not math.isfinite(float(s["logp_ref"])) else
+               "longer_than_max_response_len" if len(ids) > max_response_len else
+               "not_correct" if correct_only and not float(s["reward"]) > 0.5 else
+               "duplicate" if dedupe and tuple(ids.tolist()) in seen else None)
+        if why:
+          skipped[why] += 1
+          continue
+        seen.add(tuple(ids.tolist()))
+        keep.append(ReplaySample(ids, float(s["reward"]), float(s["logp_ref"])))
       out[pid] = keep
     return cls(out, skipped)
 

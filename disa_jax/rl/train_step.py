@@ -39,11 +39,30 @@ class TrainState(NamedTuple):
   head_opt_state: Any
 
 
+def lr_schedule(lr: float, *, warmup_steps: int = 0, decay_frac: float = 0.0,
+                decay_factor: float = 0.1, total_updates: int = 0) -> optax.Schedule | float:
+  """Linear warm-up, then ``lr``, then ``lr * decay_factor`` for the last ``decay_frac`` of the
+  ``total_updates`` optimizer updates (a constant ``lr`` when neither is asked for)."""
+  if decay_frac > 0 and total_updates < 1:
+    raise ValueError(f"decay_frac={decay_frac} needs the run's total_updates, got {total_updates}")
+  if warmup_steps <= 0 and decay_frac <= 0:
+    return lr
+  boundary = int(round((1.0 - decay_frac) * total_updates)) if decay_frac > 0 else None
+  def schedule(count):
+    value = lr * jnp.minimum(1.0, count / max(warmup_steps, 1)) if warmup_steps > 0 else lr
+    if boundary is not None:
+      value = jnp.where(count >= boundary, value * decay_factor, value)
+    return value
+  return schedule
+
+
 def make_optimizer(lr: float, *, weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8, grad_clip: float = 1.0,
-                   warmup_steps: int = 0) -> optax.GradientTransformation:
-  """AdamW with an optional linear warm-up, after global-norm clipping (``grad_clip`` <= 0: off)."""
-  schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0 else lr
+                   eps: float = 1e-8, grad_clip: float = 1.0, warmup_steps: int = 0,
+                   decay_frac: float = 0.0, decay_factor: float = 0.1,
+                   total_updates: int = 0) -> optax.GradientTransformation:
+  """AdamW on `lr_schedule`, after global-norm clipping (``grad_clip`` <= 0: off)."""
+  schedule = lr_schedule(lr, warmup_steps=warmup_steps, decay_frac=decay_frac,
+                         decay_factor=decay_factor, total_updates=total_updates)
   adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
   if grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
@@ -69,6 +88,74 @@ def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Ar
   hidden = model.hidden_states(mb.input_ids, attention_mask=mb.attention_mask)
   logp = logprobs_from_hidden(hidden, model.lm_head_kernel(), mb.input_ids, mb.attention_mask)
   return logp, hidden
+
+
+def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
+                   head_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool):
+  """``(params, head_params, micro-batch, dropout key) -> (loss, metrics)`` of one micro-batch."""
+
+  def micro_loss(params, head_params, mb: TrainBatch, key: jax.Array):
+    model = nnx.merge(graphdef, params)
+    logp, hidden = policy_forward(model, mb)
+    if on_policy_old_logp:
+      mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
+    head_log_z = None
+    if objective.needs_logz_head:
+      emb = masked_mean_embedding(hidden, mb.prompt_mask, pooling=objective.head_pooling)  # [b, D]
+      head_log_z = nnx.merge(head_graphdef, head_params)(
+          emb, dropout_key=key if objective.head_dropout > 0 else None)  # [b]
+    return objective.loss(logp, mb, head_log_z)
+
+  return micro_loss
+
+
+def _accumulate(grad_fn, objective: Objective, state: TrainState, batch: TrainBatch,
+                dropout_seed: int):
+  """Normalizer-weighted mean of the micro-batch gradients of ``batch`` ``[K, b, ...]``.
+
+  Returns:
+    (policy gradients, head gradients or None, metrics combined over micro-batches).
+  """
+  zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+  init = (zeros(state.params), zeros(state.head_params), jnp.float32(0.0))
+  step_key = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
+  keys = jax.random.split(step_key, batch.input_ids.shape[0])  # one per micro-batch
+
+  def body(carry, xs):
+    mb, key = xs
+    g_acc, hg_acc, n_acc = carry
+    (loss, metrics), (g, hg) = grad_fn(state.params, state.head_params, mb, key)
+    n = objective.normalizer(mb)
+    g_acc = jax.tree.map(lambda a, b: a + n * b, g_acc, g)
+    hg_acc = jax.tree.map(lambda a, b: a + n * b, hg_acc, hg)
+    return (g_acc, hg_acc, n_acc + n), (dict(metrics, loss=loss), n)
+
+  (g_sum, hg_sum, n_total), (stacked, counts) = jax.lax.scan(body, init, (batch, keys))
+  denom = jnp.maximum(n_total, 1.0)
+  grads = jax.tree.map(lambda x: x / denom, g_sum)
+  head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
+  metrics = _combine_metrics(stacked, counts)
+  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["num_sequences"] = n_total
+  if state.head_params is not None:
+    metrics["head_grad_norm"] = optax.global_norm(head_grads)
+  return grads, head_grads, metrics
+
+
+def _apply_updates(state: TrainState, grads, head_grads, metrics, optimizer, head_optimizer,
+                   joint_clip: float) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step of the policy (and head), after the optional joint clip."""
+  if joint_clip > 0:  # one clip over policy + head gradients (FlowRL's code)
+    norm = optax.global_norm((grads, head_grads))
+    scale = jnp.minimum(1.0, joint_clip / jnp.maximum(norm, 1e-12))
+    grads, head_grads = jax.tree.map(lambda x: x * scale, (grads, head_grads))
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  head_params, head_opt_state = state.head_params, state.head_opt_state
+  if head_params is not None:
+    h_updates, head_opt_state = head_optimizer.update(head_grads, head_opt_state, head_params)
+    head_params = optax.apply_updates(head_params, h_updates)
+  return TrainState(state.step + 1, params, opt_state, head_params, head_opt_state), metrics
 
 
 def make_train_step(graphdef: nnx.GraphDef,
@@ -110,59 +197,17 @@ def make_train_step(graphdef: nnx.GraphDef,
     ``grad_norm`` (before clipping), ``num_sequences`` (the summed normalizer) and, with a head,
     ``head_grad_norm``.
   """
-  with_head = objective.needs_logz_head
-  if with_head and (head_graphdef is None or head_optimizer is None):
+  if objective.needs_logz_head and (head_graphdef is None or head_optimizer is None):
     raise ValueError(f"objective {objective.name!r} has a log Z head: it needs head_graphdef and "
                      "head_optimizer, got None")
-
-  def micro_loss(params, head_params, mb: TrainBatch, key: jax.Array):
-    model = nnx.merge(graphdef, params)
-    logp, hidden = policy_forward(model, mb)
-    if on_policy_old_logp:
-      mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
-    head_log_z = None
-    if with_head:
-      emb = masked_mean_embedding(hidden, mb.prompt_mask, pooling=objective.head_pooling)  # [b, D]
-      head_log_z = nnx.merge(head_graphdef, head_params)(
-          emb, dropout_key=key if objective.head_dropout > 0 else None)  # [b]
-    return objective.loss(logp, mb, head_log_z)
-
-  grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1), has_aux=True)
+  grad_fn = jax.value_and_grad(
+      _micro_loss_fn(graphdef, objective, head_graphdef, on_policy_old_logp),
+      argnums=(0, 1), has_aux=True)
 
   def step(state: TrainState, batch: TrainBatch):
-    zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-    init = (zeros(state.params), zeros(state.head_params), jnp.float32(0.0))
-    step_key = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
-    keys = jax.random.split(step_key, batch.input_ids.shape[0])  # one per micro-batch
-
-    def body(carry, xs):
-      mb, key = xs
-      g_acc, hg_acc, n_acc = carry
-      (loss, metrics), (g, hg) = grad_fn(state.params, state.head_params, mb, key)
-      n = objective.normalizer(mb)
-      g_acc = jax.tree.map(lambda a, b: a + n * b, g_acc, g)
-      hg_acc = jax.tree.map(lambda a, b: a + n * b, hg_acc, hg)
-      return (g_acc, hg_acc, n_acc + n), (dict(metrics, loss=loss), n)
-
-    (g_sum, hg_sum, n_total), (stacked, counts) = jax.lax.scan(body, init, (batch, keys))
-    denom = jnp.maximum(n_total, 1.0)
-    grads = jax.tree.map(lambda x: x / denom, g_sum)
-    head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
-    metrics = _combine_metrics(stacked, counts)
-    metrics["grad_norm"] = optax.global_norm(grads)
-    metrics["num_sequences"] = n_total
-    if joint_clip > 0:  # one clip over policy + head gradients (FlowRL's code)
-      scale = jnp.minimum(1.0, joint_clip / jnp.maximum(optax.global_norm((grads, head_grads)),
-                                                        1e-12))
-      grads, head_grads = jax.tree.map(lambda x: x * scale, (grads, head_grads))
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    head_params, head_opt_state = state.head_params, state.head_opt_state
-    if with_head:
-      h_updates, head_opt_state = head_optimizer.update(head_grads, head_opt_state, head_params)
-      head_params = optax.apply_updates(head_params, h_updates)
-      metrics["head_grad_norm"] = optax.global_norm(jax.tree.map(lambda x: x / denom, hg_sum))
-    return TrainState(state.step + 1, params, opt_state, head_params, head_opt_state), metrics
+    grads, head_grads, metrics = _accumulate(grad_fn, objective, state, batch, dropout_seed)
+    return _apply_updates(state, grads, head_grads, metrics, optimizer, head_optimizer,
+                          joint_clip)
 
   if mesh is None:
     return jax.jit(step, donate_argnums=(0,) if donate else ())

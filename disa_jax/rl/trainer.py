@@ -66,6 +66,8 @@ class Trainer:
     replay_pool: Stage 1 samples for ``cfg.replay``.
     identity: what else a resumed checkpoint must agree on (model paths, data, anchor, ...).
     sync_dtype: dtype of the weights pushed to the engine (None: the parameters' own).
+    measures: called with no argument every ``validation.every`` steps, after the weight sync;
+      returns more validation metrics (e.g. the exact measures of `disa_jax.eval.exact`).
   """
 
   def __init__(self, cfg: TrainConfig, workdir: str, *, policy: models.Transformer,
@@ -75,9 +77,9 @@ class Trainer:
                pad_id: int, anchor: Any = None, validation_prompts: Sequence[PromptItem] = (),
                mesh: jax.sharding.Mesh | None = None, pad_to: int = 64,
                replay_pool: ReplayPool | None = None, identity: Mapping[str, Any] | None = None,
-               sync_dtype: Any = None):
+               sync_dtype: Any = None, measures: Callable[[], Mapping[str, float]] | None = None):
     self.cfg, self.workdir, self.engine, self.sync_dtype = cfg, workdir, engine, sync_dtype
-    self.identity = dict(identity or {})
+    self.identity, self.measures = dict(identity or {}), measures
     self.validation_prompts = list(validation_prompts)
     obj, rc = cfg.objective, cfg.rollout
     leaders = distributed.host_leaders()
@@ -132,15 +134,21 @@ class Trainer:
     self.ckpt.save(step, self.updater.checkpoint_state(), self._meta(step), force=True)
 
   def _check_resumable(self, step: int, saved: Mapping[str, Any]) -> None:
-    """Names the first config field, identity entry or parameter shape that differs."""
+    """Names the first config field, identity entry or parameter shape that differs.
+
+    A field the checkpoint does not record (written before the field existed) counts as its
+    default.
+    """
     now = self._meta(step)
+    defaults = config_lib.to_dict(TrainConfig(objective=type(self.cfg.objective)()))
     where = f"cannot resume {self.workdir}: checkpoint {step} was written with"
     for section in RESUME_SECTIONS:
       old, new = saved["config"].get(section), now["config"][section]
       if isinstance(new, dict):
-        for key in sorted(set(old or {}) | set(new)):
-          if (old or {}).get(key) != new.get(key):
-            raise ValueError(f"{where} {section}.{key}={(old or {}).get(key)!r}, this run has "
+        old = {**defaults[section], **(old or {})}
+        for key in sorted(set(old) | set(new)):
+          if old.get(key) != new.get(key):
+            raise ValueError(f"{where} {section}.{key}={old.get(key)!r}, this run has "
                              f"{new.get(key)!r}")
       elif old != new:
         raise ValueError(f"{where} {section}={old!r}, this run has {new!r}")
@@ -196,8 +204,11 @@ class Trainer:
       for step in range(self.start_step, cfg.total_steps):
         metrics = self.step(step)
         done = step + 1
-        if cfg.validation.every and self.validation_prompts and done % cfg.validation.every == 0:
-          metrics.update(self.collector.validate(self.validation_prompts, done))
+        if cfg.validation.every and done % cfg.validation.every == 0:
+          if self.validation_prompts:
+            metrics.update(self.collector.validate(self.validation_prompts, done))
+          if self.measures is not None:
+            metrics.update(self.measures())
         if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
           self.logger.write(done, metrics)
         if done % cfg.checkpoint.every == 0 or done == cfg.total_steps:

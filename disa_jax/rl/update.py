@@ -50,7 +50,9 @@ class PolicyUpdater:
     self.cfg, self.policy = cfg, policy
     obj, oc = cfg.objective, cfg.optim
     opt_kwargs = dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
-                      grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps)
+                      grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
+                      decay_frac=oc.decay_frac, decay_factor=oc.decay_factor,
+                      total_updates=cfg.total_steps * cfg.rollout.num_minibatches)
     head = head_opt = None
     joint = obj.needs_logz_head and obj.head_optimizer == "joint"
     if joint:  # one clip over policy + head, in the step; the policy's AdamW settings for both

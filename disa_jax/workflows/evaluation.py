@@ -145,7 +145,6 @@ class _Scorers:
 def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scorers: _Scorers,
                   out_dir: Path) -> dict[str, Any]:
   """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
-  from disa_jax import rewards  # pylint: disable=g-import-not-at-top
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
   from disa_jax.eval import exact, metrics, runner  # pylint: disable=g-import-not-at-top
   records = loaders.load_prompts(path, name if name in loaders.BENCHMARK_FORMATS else "auto",
@@ -170,9 +169,9 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scor
              sampling=params.to_dict(), diversity=_diversity(cfg, name, records, res.responses))
   if cfg.exact_target.enabled:
     pol, ref = scorers.get()
-    out["exact"] = exact.exact_target_metrics(
-        engine, pol, ref, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
-        records[0].ability, cfg.exact_target, rewards.get_reward_fn(records[0].ability))
+    out["exact"] = exact.ExactTracker(
+        cfg.exact_target, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
+        records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol)
   (out_dir / f"{name}.md").write_text(
       f"# {name} ({len(records)} problems, k = {k})\n\n"
       + metrics.markdown_table({cfg.method: res.metrics}, average=False))

@@ -26,6 +26,7 @@ from typing import Any
 
 from disa_jax import config as config_lib
 from disa_jax.data.prompting import check_rendering
+from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout.engines import EngineConfig
@@ -99,6 +100,10 @@ class Stage3Config:
     workdir: the run directory (metrics, checkpoints, the exported policy).
     model, data, engine, mesh: the models, data, rollout engine and training mesh.
     train: what the `Trainer` reads (`disa_jax.rl.config.TrainConfig`).
+    exact_target: every ``train.validation.every`` steps, the exact measures against the tilted
+      target (P(correct), entropy over correct, KL and its decomposition; `disa_jax.eval.exact`) on
+      the validation prompts (the training prompts when there are none), for a task whose correct
+      set can be enumerated; off unless ``exact_target.reference_path`` is set.
     export: write the final policy to ``<workdir>/final`` as an HF directory.
   """
   workdir: str = ""
@@ -107,6 +112,7 @@ class Stage3Config:
   engine: EngineConfig = EngineConfig()
   mesh: MeshConfig = MeshConfig()
   train: TrainConfig = TrainConfig()
+  exact_target: ExactTargetConfig = ExactTargetConfig()
   export: bool = True
 
   def __post_init__(self):
@@ -171,6 +177,41 @@ def _load_models(cfg: Stage3Config, mesh):
   return policy, reference
 
 
+def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
+  """``() -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
+  'exact/', on the validation prompts (or the training prompts)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from disa_jax import models  # pylint: disable=g-import-not-at-top
+  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+  from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
+  from disa_jax.eval.exact import ExactTracker  # pylint: disable=g-import-not-at-top
+  from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    raise ValueError("exact_target runs in single-process runs only")
+  dc = cfg.data
+  records = [r for p in (dc.validation_paths or (dc.train_path,))
+             for r in loaders.load_prompts(p, dc.prompts_format)]
+  abilities = {r.ability for r in records}
+  if len(abilities) != 1:
+    raise ValueError(f"exact_target needs prompts of one ability, got {sorted(abilities)}")
+  pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+  scorer = lambda model: SequenceScorer(model, pad_id=pad, batch_size=64, pad_to=16)
+  tracker = ExactTracker(
+      cfg.exact_target, tokenizer,
+      [encode_prompt(tokenizer, r, dc.rendering, max_len=cfg.train.rollout.max_prompt_len)
+       for r in records], [r.reward_meta() for r in records], abilities.pop(),
+      scorer(models.from_pretrained(cfg.exact_target.reference_path)),
+      max_tokens=cfg.train.rollout.max_response_len)
+  policy_scorer = scorer(policy)
+
+  def measures():
+    policy_scorer.update(policy)
+    out = tracker.measure(engine, policy_scorer)
+    return {f"exact/{k}": float(v) for k, v in out.items() if k != "per_prompt"}
+
+  return measures
+
+
 def _identity(cfg: Stage3Config) -> dict[str, Any]:
   """What a resumed checkpoint must have been written with, beside the train config."""
   return {"model.policy_path": cfg.model.policy_path, "model.reference": cfg.model.reference,
@@ -208,7 +249,8 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   mesh = cfg.mesh.make()
   policy, reference = _load_models(cfg, mesh)
   anchor = load_anchor(cfg, policy.config.hidden_size) if tc.objective.needs_anchor else None
-  pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len)
+  pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len,
+                                 correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe)
           if tc.replay.enabled else None)
   # One generation process per host, owned by the host's first process (all of them in a
   # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
@@ -223,7 +265,9 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
                                  else tokenizer.eos_token_id),
                       anchor=anchor, validation_prompts=validation, mesh=mesh,
                       replay_pool=pool, identity=_identity(cfg),
-                      sync_dtype=jnp.dtype(cfg.engine.dtype))
+                      sync_dtype=jnp.dtype(cfg.engine.dtype),
+                      measures=(exact_measures(cfg, tokenizer, policy, engine)
+                                if cfg.exact_target.enabled else None))
     history = trainer.run()
     trainer.close()
   finally:

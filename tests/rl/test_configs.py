@@ -6,7 +6,7 @@ import pytest
 
 from configs import stage3_base, stage3_paper
 from disa_jax.rl import objectives
-from disa_jax.rl.config import RolloutConfig
+from disa_jax.rl.config import RolloutConfig, TrainConfig
 from disa_jax.workflows.stage3 import Stage3Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,8 +59,8 @@ def test_bad_values_name_field_and_value():
   d["train"]["rollout"]["group_size"] = "8"
   with pytest.raises(ValueError, match=r"config.train.rollout.group_size must be int, got '8'"):
     Stage3Config.from_config(d)
-  with pytest.raises(ValueError, match=r"rollout.num_minibatches must divide"):
-    RolloutConfig(prompts_per_batch=3, group_size=1, num_minibatches=2)
+  with pytest.raises(ValueError, match=r"rollout.num_minibatches must divide the 3 rows of a step"):
+    TrainConfig(rollout=RolloutConfig(prompts_per_batch=3, group_size=1, num_minibatches=2))
   cd = stage3_paper.get_config("disa,qwen2.5-7b,math")
   cd.data.anchor_path = ""
   with pytest.raises(ValueError, match=r"data.anchor_path is required for objective 'disa'"):

@@ -74,7 +74,14 @@ def _trainer(cfg, workdir, path):
 def test_pool_counts_what_it_leaves_out_and_draws_deterministically(tmp_path):
   path = _write_stage1(tmp_path / "s1.jsonl", n=3, long_sample=True, neg_inf=True)
   pool = ReplayPool.from_stage1(path, max_response_len=6)
-  assert pool.skipped == {"logp_ref_not_finite": 1, "longer_than_max_response_len": 1}
+  assert pool.skipped == {"logp_ref_not_finite": 1, "longer_than_max_response_len": 1,
+                         "not_correct": 0, "duplicate": 0}
+  # correct_only keeps reward > 0.5 only (sample j has reward j % 2); dedupe drops repeats.
+  pos = ReplayPool.from_stage1(path, max_response_len=6, correct_only=True, dedupe=True)
+  assert all(s.reward == 1.0 for ss in pos.samples.values() for s in ss)
+  # 2 wrong per prompt; p0's long one and p1's -inf one (both wrong) are counted under their reason
+  assert pos.skipped["not_correct"] == 4 * 2 - 2
+  assert sum(len(ss) for ss in pos.samples.values()) == 4  # one correct sample per prompt
   assert len(pool.samples["p0"]) == 2 and len(pool.samples["p1"]) == 2
   assert len(pool.samples["p2"]) == 3
   assert pool.coverage(["p0", "p4"]) == 0.5 and "p4" not in pool
@@ -104,7 +111,7 @@ def test_config_rules():
     rl_config.ReplayConfig(fraction=1.0)
   with pytest.raises(ValueError, match="replay.decay_steps"):
     rl_config.ReplayConfig(fraction=0.5, schedule="linear_decay")
-  with pytest.raises(ValueError, match="must replay between 1 and group_size - 1"):
+  with pytest.raises(ValueError, match="must replay between 1 and 3 samples of a group of 4"):
     dataclasses.replace(T._cfg(), replay=rl_config.ReplayConfig(fraction=0.1))  # G = 4
   c = rl_config.ReplayConfig(fraction=0.5, schedule="linear_decay", decay_steps=4)
   assert [c.fraction_at(s) for s in (0, 2, 4, 9)] == [0.5, 0.25, 0.0, 0.0]
@@ -145,6 +152,30 @@ def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
     assert stats["replay/fraction"] == pytest.approx(k * sum(covered) / (g * len(items)))
     assert stats["replay/ref_logp_drift"] < 1e-4
   trainer.close()
+
+
+def test_added_rows_keep_the_on_policy_group_whole(tmp_path):
+  """mode='add': G on-policy rows per covered prompt plus k replayed ones (R = G + k rows), and
+  R on-policy rows for a prompt without Stage 1 samples; the step trains on all of them."""
+  path = _write_stage1(tmp_path / "s1.jsonl")
+  cfg = dataclasses.replace(_replay_cfg("disa", mode="add"),
+                            rollout=dataclasses.replace(T._cfg().rollout, micro_batch_size=3))
+  assert cfg.rows_per_prompt == 4 + 2
+  trainer, engine = _trainer(cfg, tmp_path / "run", path)
+  items = trainer.collector.stream.batch(0)
+  batch = trainer.collector.collect(0)
+  covered = [it.prompt_id in trainer.collector.replay for it in items]
+  assert batch.num_rows == len(items) * 6
+  rep = batch.is_replay.reshape(len(items), 6)
+  for i, c in enumerate(covered):
+    assert rep[i].tolist() == ([False] * 4 + [True] * 2 if c else [False] * 6)
+  assert engine.calls[0][0] == 4  # G on-policy samples for every prompt
+  metrics = trainer.step(1)
+  assert np.isfinite(metrics["loss"]) and metrics["num_sequences"] == len(items) * 6 / 2  # 2 updates
+  trainer.close()
+  with pytest.raises(ValueError, match=r"rollout.micro_batch_size must divide the mini-batch size 6"):
+    dataclasses.replace(_replay_cfg("disa", mode="add"),
+                        rollout=dataclasses.replace(T._cfg().rollout, micro_batch_size=4))
 
 
 def test_training_with_replay_runs_and_logs(tmp_path):

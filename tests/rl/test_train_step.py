@@ -200,3 +200,22 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
                jax.tree.leaves((state.params, state.head_params)))]
   step_norm = float(np.sqrt(sum(float((m ** 2).sum()) for m in moved)))
   np.testing.assert_allclose(step_norm, 0.1 * 1e-3, rtol=1e-3)  # SGD step = lr x clipped norm
+
+
+def test_lr_schedule_warmup_constant_and_final_decay():
+  s = ts.lr_schedule(1.0, warmup_steps=4, decay_frac=0.25, decay_factor=0.1, total_updates=20)
+  vals = [float(s(jnp.int32(c))) for c in range(20)]
+  assert vals[:5] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+  assert vals[5:15] == pytest.approx([1.0] * 10) and vals[15:] == pytest.approx([0.1] * 5)
+  assert ts.lr_schedule(0.3) == 0.3  # neither asked for: a constant
+  with pytest.raises(ValueError, match="decay_frac=0.1 needs the run's total_updates"):
+    ts.lr_schedule(1.0, decay_frac=0.1)
+  # the optimizer applies it: Adam moves a parameter by ~lr(count) under a constant gradient
+  opt = ts.make_optimizer(1.0, weight_decay=0.0, grad_clip=0.0, decay_frac=0.5, decay_factor=0.1,
+                          total_updates=4)
+  p, state, moves = jnp.zeros(()), None, []
+  state = opt.init(p)
+  for _ in range(4):
+    u, state = opt.update(jnp.ones(()), state, p)
+    moves.append(-float(u))
+  assert moves == pytest.approx([1.0, 1.0, 0.1, 0.1], rel=1e-4)
