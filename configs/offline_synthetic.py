@@ -2,6 +2,9 @@
 
     python -m launch.offline --config=configs/offline_synthetic.py --workdir=/tmp/disa_offline
     python -m launch.offline --config=configs/offline_synthetic.py --config.stage1.samples=16 --workdir=...
+
+Read by `disa_jax.pipeline.offline_job.OfflineConfig`: unknown fields and bad values stop the run,
+naming the field.
 """
 import ml_collections
 
@@ -21,7 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.stage1 = ml_collections.ConfigDict()
   c.stage1.samples = 8  # N: proposal samples per prompt (paper: 8)
-  c.stage1.reward_transform = "raw"  # raw | affine | group_zscore
+  c.stage1.reward_transform = ml_collections.ConfigDict()  # r -> r~ in the IS weights (RewardTransform)
+  c.stage1.reward_transform.kind = "raw"  # raw | affine | group_zscore
   c.stage1.chunk = 250  # prompts per durable write (a killed run loses at most one chunk)
   c.stage1.format = "jsonl"  # jsonl | parquet
   c.stage1.n_study = (2, 4, 8, 16)  # M values of the App. C.3 study against the exact log Z

@@ -4,17 +4,15 @@ import json
 import pytest
 
 from configs import offline_synthetic
-from launch.offline import OfflineConfig, run
+from disa_jax.pipeline.offline_job import OfflineConfig, run
 
 
-def _cfg(**stage1):
+def _cfg():
   c = offline_synthetic.get_config()
   c.problem.prompts = 300
   c.stage1.chunk = 100
   c.stage2.epochs = 30
   c.stage1.n_study_repeats = 8
-  for k, v in stage1.items():
-    c.stage1[k] = v
   return c
 
 
@@ -44,9 +42,21 @@ def test_resume_after_partial_stage1_gives_same_labels(tmp_path):
   assert (tmp_path / "part" / "stage1.jsonl").read_text() == "".join(lines)
 
 
-@pytest.mark.parametrize("field,value,match", [("samples", 0, "stage1.samples"),
-                                               ("reward_transform", "softmax", "stage1.reward_transform"),
-                                               ("format", "csv", "stage1.format")])
-def test_bad_config_names_the_field(field, value, match):
+@pytest.mark.parametrize("field,value,match", [
+    ("stage1.samples", 0, r"^config\.stage1\.samples must be >= 1, got 0$"),
+    ("stage1.reward_transform.kind", "softmax", r"^config\.stage1\.reward_transform: .*kind .*got 'softmax'$"),
+    ("stage1.format", "csv", r"^config\.stage1\.format must be one of .*got 'csv'$"),
+    ("stage1.n_study", (0, 4), r"^config\.stage1\.n_study values must be >= 1, got \(0, 4\)$"),
+    ("problem.beta", -1.0, r"^config\.problem\.beta must be > 0, got -1\.0$"),
+    ("stage2.batch_size", 0, r"^config\.stage2: .*batch_size must be >= 1, got 0$"),
+    ("stage2.seed", 1, r"^config\.stage2: unknown field\(s\) \['seed'\]"),
+])
+def test_bad_config_names_the_field_and_value(field, value, match):
+  c = _cfg()
+  *parents, leaf = field.split(".")
+  section = c
+  for name in parents:
+    section = section[name]
+  section[leaf] = value
   with pytest.raises(ValueError, match=match):
-    OfflineConfig.from_config(_cfg(**{field: value}))
+    OfflineConfig.from_config(c)

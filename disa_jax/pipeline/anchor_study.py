@@ -77,6 +77,191 @@ def _rms(x: np.ndarray, axis=None) -> np.ndarray:
   return np.sqrt(np.mean(np.square(x), axis=axis))
 
 
+@dataclasses.dataclass
+class _StudyFits:
+  """Every regressor fit of the study (F of them, over the same P prompts), built before any is trained.
+
+  Attributes:
+    variants: the label variants, V of them.
+    combos: the (variant, weighting) pairs, C of them.
+    label_err: ``[len(ns), R, V, P]`` label - exact log Z of each variant (its first weighting's labels).
+    const_pred: ``[len(ns), R, P]`` held-out predictions of the constant predictor.
+    labels: per fit, the ``[P]`` regression targets.
+    weights: per fit, the ``[P]`` regression weights (ones for uniform weighting).
+    train: per fit, the ``[P]`` bool training rows.
+    val: per fit, the ``[P]`` bool inner validation rows (best-epoch selection).
+    test: per fit, the ``[P]`` bool held-out fold.
+    meta: per fit, (N index, repeat, combo index, fold).
+  """
+
+  variants: tuple[str, ...]
+  combos: list[tuple[str, str]]
+  label_err: np.ndarray
+  const_pred: np.ndarray
+  labels: list[np.ndarray] = dataclasses.field(default_factory=list)
+  weights: list[np.ndarray] = dataclasses.field(default_factory=list)
+  train: list[np.ndarray] = dataclasses.field(default_factory=list)
+  val: list[np.ndarray] = dataclasses.field(default_factory=list)
+  test: list[np.ndarray] = dataclasses.field(default_factory=list)
+  meta: list[tuple[int, int, int, int]] = dataclasses.field(default_factory=list)
+
+
+def _check_study_args(x: np.ndarray, exact: np.ndarray, pool: Stage1Data, ns: Sequence[int], repeats: int,
+                      variants: Sequence[str], weightings: Sequence[str], floor: float,
+                      huber_deltas: Sequence[float]) -> tuple[tuple[int, ...], int, tuple[float, ...]]:
+  """Validates the arguments of `sigma_g_study`.
+
+  Args:
+    x: ``[P, D]`` float32 prompt embeddings.
+    exact: ``[P]`` float64 exact log Z.
+    pool: the Stage 1 pool.
+    ns, repeats, variants, weightings, floor, huber_deltas: as in `sigma_g_study`.
+
+  Returns:
+    (``ns`` as ints, the smallest pool size over prompts, ``huber_deltas`` as floats).
+
+  Raises:
+    ValueError: naming the argument that is out of range or of the wrong shape.
+  """
+  p = len(pool.prompt_ids)
+  if x.ndim != 2 or x.shape[0] != p:
+    raise ValueError(f"embeddings must be [P={p}, D], got shape {x.shape}")
+  if exact.shape != (p,) or not np.isfinite(exact).all():
+    raise ValueError(f"exact_log_z must be [P={p}] and finite, got shape {exact.shape}")
+  ns = tuple(int(n) for n in ns)
+  width = int(pool.mask.sum(-1).min())
+  if not ns or min(ns) < 1 or max(ns) > width:
+    raise ValueError(f"ns must be in [1, {width}] (the smallest pool size), got ns={ns}")
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got repeats={repeats}")
+  if not variants or not weightings:
+    raise ValueError(f"variants and weightings must be non-empty, got {variants!r}, {weightings!r}")
+  for v in variants:
+    for w in weightings:
+      check_variant(v, w, floor)
+  huber_deltas = tuple(float(h) for h in huber_deltas)
+  if not huber_deltas or min(huber_deltas) < 0:
+    raise ValueError(f"huber_deltas must be non-empty and >= 0, got huber_deltas={huber_deltas}")
+  return ns, width, huber_deltas
+
+
+def _inner_val_masks(held: np.ndarray, val_fraction: float, rng: np.random.Generator) -> np.ndarray:
+  """Best-epoch validation rows inside each training fold.
+
+  Args:
+    held: ``[K, P]`` bool held-out masks (`fold_masks`).
+    val_fraction: share of each fold's training prompts to validate on (rounded).
+    rng: numpy generator.
+
+  Returns:
+    ``[K, P]`` bool; row k is a random ``val_fraction`` share of the prompts outside fold k.
+  """
+  inner_val = np.zeros_like(held)
+  for k in range(held.shape[0]):
+    cand = np.flatnonzero(~held[k])
+    inner_val[k, rng.permutation(cand)[:int(round(val_fraction * cand.size))]] = True
+  return inner_val
+
+
+def _add_repeat(fits: _StudyFits, i: int, r: int, sub_w: np.ndarray, sub_m: np.ndarray, held: np.ndarray,
+                inner_val: np.ndarray, exact: np.ndarray, weightings: Sequence[str], floor: float) -> None:
+  """Adds the fits of one (N, repeat) cell: every (variant, weighting) on every fold.
+
+  Args:
+    fits: the study's fits, extended in place (also its ``label_err`` and ``const_pred`` cells).
+    i: index of N in ``ns``.
+    r: the repeat.
+    sub_w: ``[P, N]`` subsampled log weights.
+    sub_m: ``[P, N]`` bool mask of ``sub_w``.
+    held: ``[K, P]`` bool held-out folds.
+    inner_val: ``[K, P]`` bool inner validation rows (`_inner_val_masks`).
+    exact: ``[P]`` exact log Z.
+    weightings: the regression weightings.
+    floor: variance floor of the 'inverse_variance' weighting.
+  """
+  p = exact.shape[0]
+  targets = {}
+  for vi, v in enumerate(fits.variants):
+    for w in weightings:
+      targets[(v, w)] = targets_from_log_weights(sub_w, sub_m, v, w, floor)
+    fits.label_err[i, r, vi] = targets[(v, weightings[0])][0] - exact
+  plain = targets_from_log_weights(sub_w, sub_m, "plain", "uniform", floor)[0]
+  for k in range(held.shape[0]):
+    fits.const_pred[i, r, held[k]] = plain[~held[k]].mean()
+  for ci, (v, w) in enumerate(fits.combos):
+    lab, wt = targets[(v, w)]
+    for k in range(held.shape[0]):
+      fits.labels.append(lab)
+      fits.weights.append(np.ones(p) if wt is None else wt)
+      fits.train.append(~held[k] & ~inner_val[k])
+      fits.val.append(inner_val[k])
+      fits.test.append(held[k])
+      fits.meta.append((i, r, ci, k))
+
+
+def _plan_fits(log_w: np.ndarray, mask: np.ndarray, exact: np.ndarray, ns: tuple[int, ...], repeats: int,
+               variants: Sequence[str], weightings: Sequence[str], folds: int, val_fraction: float,
+               floor: float, rng: np.random.Generator) -> _StudyFits:
+  """Draws every subsample and split of the study and builds all its fits (none is trained yet).
+
+  Args:
+    log_w: ``[P, M]`` pool log importance weights.
+    mask: ``[P, M]`` bool validity mask of the pool.
+    exact: ``[P]`` exact log Z.
+    ns, repeats, variants, weightings, folds, floor: as in `sigma_g_study`.
+    val_fraction: the fit's inner validation share.
+    rng: numpy generator of the subsamples and folds (drawn in (N, repeat) order).
+
+  Returns:
+    The `_StudyFits`, in (N, repeat, combo, fold) order.
+  """
+  p = log_w.shape[0]
+  fits = _StudyFits(variants=tuple(variants), combos=[(v, w) for v in variants for w in weightings],
+                    label_err=np.zeros((len(ns), repeats, len(variants), p)),  # label - exact
+                    const_pred=np.zeros((len(ns), repeats, p)))
+  for i, n in enumerate(ns):
+    for r in range(repeats):
+      sub_w, sub_m = subsample_pool(log_w, mask, n, rng)
+      held = fold_masks(p, folds, rng)  # [K, P]
+      inner_val = _inner_val_masks(held, val_fraction, rng)  # [K, P]
+      _add_repeat(fits, i, r, sub_w, sub_m, held, inner_val, exact, weightings, floor)
+  return fits
+
+
+def _study_rows(x: np.ndarray, exact: np.ndarray, fits: _StudyFits,
+                config: AnchorFitConfig) -> list[dict[str, Any]]:
+  """Trains every fit under one regression loss and summarises sigma_g per (variant, weighting).
+
+  Args:
+    x: ``[P, D]`` prompt embeddings.
+    exact: ``[P]`` exact log Z.
+    fits: the study's fits (`_plan_fits`).
+    config: the regressor's config, its ``huber_delta`` set to the loss under study.
+
+  Returns:
+    One row per (variant, weighting), as described in `sigma_g_study`.
+  """
+  pred = fit_anchor_many(x, np.stack(fits.labels), np.stack(fits.train),
+                         config=config, sample_weights=np.stack(fits.weights),
+                         val_mask=np.stack(fits.val) if config.val_fraction > 0 else None)  # [F, P]
+  held_pred = np.zeros(fits.const_pred.shape[:2] + (len(fits.combos), exact.shape[0]))  # [len(ns), R, C, P]
+  for row, (i, r, ci, k) in enumerate(fits.meta):
+    test = fits.test[row]
+    held_pred[i, r, ci, test] = pred[row, test]
+  sig = _rms(held_pred - exact, axis=-1)  # [len(ns), R, C]
+  rows = []
+  h = config.huber_delta
+  for ci, (v, w) in enumerate(fits.combos):
+    vi = fits.variants.index(v)
+    lr = _rms(fits.label_err[:, :, vi], axis=-1)  # [len(ns), R]
+    rows.append({"variant": v, "weighting": w, "loss": loss_name(h), "huber_delta": h,
+                 "sigma_g_mean": sig[:, :, ci].mean(1).tolist(), "sigma_g_std": sig[:, :, ci].std(1).tolist(),
+                 "sigma_g": sig[:, :, ci].tolist(),
+                 "label_rmse_mean": lr.mean(1).tolist(), "label_rmse_std": lr.std(1).tolist(),
+                 "label_bias_mean": fits.label_err[:, :, vi].mean((1, 2)).tolist()})
+  return rows
+
+
 def sigma_g_study(embeddings: np.ndarray,
                   pool: Stage1Data,
                   exact_log_z: np.ndarray,
@@ -122,81 +307,19 @@ def sigma_g_study(embeddings: np.ndarray,
   t0 = time.time()
   x = np.asarray(embeddings, np.float32)
   exact = np.asarray(exact_log_z, np.float64)
-  p = len(pool.prompt_ids)
-  if x.ndim != 2 or x.shape[0] != p:
-    raise ValueError(f"embeddings must be [P={p}, D], got shape {x.shape}")
-  if exact.shape != (p,) or not np.isfinite(exact).all():
-    raise ValueError(f"exact_log_z must be [P={p}] and finite, got shape {exact.shape}")
-  ns = tuple(int(n) for n in ns)
-  width = int(pool.mask.sum(-1).min())
-  if not ns or min(ns) < 1 or max(ns) > width:
-    raise ValueError(f"ns must be in [1, {width}] (the smallest pool size), got ns={ns}")
-  if repeats < 1:
-    raise ValueError(f"repeats must be >= 1, got repeats={repeats}")
-  if not variants or not weightings:
-    raise ValueError(f"variants and weightings must be non-empty, got {variants!r}, {weightings!r}")
-  for v in variants:
-    for w in weightings:
-      check_variant(v, w, floor)
-  huber_deltas = tuple(float(h) for h in huber_deltas)
-  if not huber_deltas or min(huber_deltas) < 0:
-    raise ValueError(f"huber_deltas must be non-empty and >= 0, got huber_deltas={huber_deltas}")
-  combos = [(v, w) for v in variants for w in weightings]
-
+  ns, width, huber_deltas = _check_study_args(x, exact, pool, ns, repeats, variants, weightings, floor,
+                                              huber_deltas)
   log_w = pool.log_weights(beta=beta)  # [P, M] on the pool's label scale
   full_labels, _ = targets_from_log_weights(log_w, pool.mask, "plain", "uniform", floor)
-  rng = np.random.default_rng(seed)
-
-  # Build every fit of the study, then train them all in one vmapped call.
-  labels_all, weights_all, train_all, val_all, test_all, meta = [], [], [], [], [], []  # meta: (i, r, combo, fold)
-  label_err = np.zeros((len(ns), repeats, len(variants), p))  # [len(ns), R, V, P] label - exact
-  const_pred = np.zeros((len(ns), repeats, p))  # held-out constant predictions
-  for i, n in enumerate(ns):
-    for r in range(repeats):
-      sub_w, sub_m = subsample_pool(log_w, pool.mask, n, rng)
-      held = fold_masks(p, folds, rng)  # [K, P]
-      inner_val = np.zeros_like(held)  # [K, P] best-epoch validation rows inside each training fold
-      for k in range(folds):
-        cand = np.flatnonzero(~held[k])
-        inner_val[k, rng.permutation(cand)[:int(round(fit.val_fraction * cand.size))]] = True
-      targets = {}
-      for vi, v in enumerate(variants):
-        for w in weightings:
-          targets[(v, w)] = targets_from_log_weights(sub_w, sub_m, v, w, floor)
-        label_err[i, r, vi] = targets[(v, weightings[0])][0] - exact
-      plain = targets_from_log_weights(sub_w, sub_m, "plain", "uniform", floor)[0]
-      for k in range(folds):
-        const_pred[i, r, held[k]] = plain[~held[k]].mean()
-      for ci, (v, w) in enumerate(combos):
-        lab, wt = targets[(v, w)]
-        for k in range(folds):
-          labels_all.append(lab)
-          weights_all.append(np.ones(p) if wt is None else wt)
-          train_all.append(~held[k] & ~inner_val[k])
-          val_all.append(inner_val[k])
-          test_all.append(held[k])
-          meta.append((i, r, ci, k))
+  # Build every fit of the study, then train them all in one vmapped call per loss.
+  fits = _plan_fits(log_w, pool.mask, exact, ns, repeats, variants, weightings, folds, fit.val_fraction, floor,
+                    np.random.default_rng(seed))
   rows = []
   for h in huber_deltas:
-    pred = fit_anchor_many(x, np.stack(labels_all), np.stack(train_all),
-                           config=dataclasses.replace(fit, huber_delta=h), sample_weights=np.stack(weights_all),
-                           val_mask=np.stack(val_all) if fit.val_fraction > 0 else None)  # [F, P]
-    held_pred = np.zeros((len(ns), repeats, len(combos), p))  # each prompt's held-out prediction
-    for row, (i, r, ci, k) in enumerate(meta):
-      test = test_all[row]
-      held_pred[i, r, ci, test] = pred[row, test]
-    sig = _rms(held_pred - exact, axis=-1)  # [len(ns), R, C]
-    for ci, (v, w) in enumerate(combos):
-      vi = list(variants).index(v)
-      lr = _rms(label_err[:, :, vi], axis=-1)  # [len(ns), R]
-      rows.append({"variant": v, "weighting": w, "loss": loss_name(h), "huber_delta": h,
-                   "sigma_g_mean": sig[:, :, ci].mean(1).tolist(), "sigma_g_std": sig[:, :, ci].std(1).tolist(),
-                   "sigma_g": sig[:, :, ci].tolist(),
-                   "label_rmse_mean": lr.mean(1).tolist(), "label_rmse_std": lr.std(1).tolist(),
-                   "label_bias_mean": label_err[:, :, vi].mean((1, 2)).tolist()})
+    rows += _study_rows(x, exact, fits, dataclasses.replace(fit, huber_delta=h))
   return {"ns": list(ns), "folds": folds, "repeats": repeats, "seed": seed, "floor": floor,
           "fit": dataclasses.asdict(fit), "rows": rows,
-          "constant_sigma_g_mean": _rms(const_pred - exact, axis=-1).mean(1).tolist(),
+          "constant_sigma_g_mean": _rms(fits.const_pred - exact, axis=-1).mean(1).tolist(),
           "exact_std": float(exact.std()), "pool_label_rmse": float(_rms(full_labels - exact)),
           "pool_size": width, "seconds": round(time.time() - t0, 2)}
 

@@ -205,6 +205,151 @@ def _scrubbed_env(home: str) -> dict[str, str]:
   }
 
 
+def _write_work_files(stage: str, mode: str, files: Mapping[str, str | bytes],
+                      stdins: Sequence[bytes | None], uid: int | None) -> tuple[str, str]:
+  """Creates the stage's private work directory (the program's files) and io directory (stdins).
+
+  Args:
+    stage: the stage directory (fresh, from `tempfile.mkdtemp`).
+    mode: the isolation mode.
+    files: relative file name -> content, written under ``<stage>/work``.
+    stdins: one entry per case; each non-None one is written to ``<stage>/io/in_<i>``.
+    uid: the sandbox uid that gets to own the work directory, or None to keep the grader's.
+
+  Returns:
+    (work directory, io directory).
+
+  Raises:
+    ValueError: on an absolute file name, one containing '..', or an empty one.
+  """
+  # Without namespaces the work directory is reached through the stage path itself, so the stage
+  # must be traversable (not listable); io/ stays root-only.
+  os.chmod(stage, 0o700 if mode in ("ns", "userns") else 0o711)
+  work = os.path.join(stage, "work")
+  io_dir = os.path.join(stage, "io")
+  os.mkdir(work, 0o700)
+  os.mkdir(io_dir, 0o700)
+  for name, content in files.items():
+    if os.path.isabs(name) or ".." in name.split("/") or not name:
+      raise ValueError(f"files: bad file name {name!r} (must be relative, without '..')")
+    path = os.path.join(work, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+      f.write(content.encode() if isinstance(content, str) else content)
+  if uid is not None:
+    for root, dirs, fnames in os.walk(work):
+      for n in [root] + [os.path.join(root, d) for d in dirs] + [
+          os.path.join(root, fn) for fn in fnames]:
+        os.chown(n, uid, uid)
+  for i, data in enumerate(stdins):
+    if data is not None:
+      with open(os.path.join(io_dir, f"in_{i}"), "wb") as f:
+        f.write(data)
+  return work, io_dir
+
+
+def _boot_config(mode: str, work: str, uid: int | None, script: str, num_cases: int,
+                 timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool) -> dict:
+  """The supervisor's ``config.json`` (read by `_sandbox_boot.py`).
+
+  Args:
+    mode: the isolation mode.
+    work: the private work directory (HOME without namespaces).
+    uid: the sandbox uid and gid, or None to keep the grader's.
+    script: the file to run, relative to the work directory.
+    num_cases: number of cases (stdins).
+    timeout_s: wall-clock bound of each case.
+    limits: the rlimits.
+    stop_on_timeout: skip the remaining cases after a timeout.
+
+  Returns:
+    The JSON-ready supervisor config: mounts, hidden and covered directories, uid, rlimits, the
+    program's argv and environment, and the case settings.
+  """
+  home = _HOME_NS if mode in ("ns", "userns") else work
+  python, python_bind = _interpreter(mode, uid is not None)
+  env = _scrubbed_env(home)
+  if python_bind:  # the interpreter's RUNPATH may point into a hidden directory
+    env["LD_LIBRARY_PATH"] = python_bind[1] + "/lib"
+  return {
+    "mounts": mode in ("ns", "userns"),
+    "pid_namespace": mode in ("ns", "userns"),
+    "cover": [d for d in _COVER if os.path.isdir(d) and not os.path.islink(d)],
+    "home": home,
+    "uid": uid,
+    "gid": uid,
+    "rlimits": limits.rlimits(),
+    "python_bind": python_bind,
+    "hide": _hidden_dirs() if mode in ("ns", "userns") else [],
+    "argv": [python, "-I", "-S", "-c", _LAUNCH, script],
+    "env": env,
+    "num_cases": num_cases,
+    "timeout_s": float(timeout_s),
+    "stop_on_timeout": bool(stop_on_timeout),
+  }
+
+
+def _run_supervisor(mode: str, stage: str, num_cases: int, timeout_s: float) -> str:
+  """Runs the supervisor (`_sandbox_boot.py`) in the stage and waits for it.
+
+  The supervisor's whole process group is killed if it overruns the bound of all its cases.
+
+  Args:
+    mode: the isolation mode (picks the `unshare` prefix).
+    stage: the stage directory (its cwd; holds ``io/config.json``).
+    num_cases: number of cases (sizes the overall bound).
+    timeout_s: wall-clock bound of each case.
+
+  Returns:
+    The path of the file holding the supervisor's own stdout and stderr.
+  """
+  prefix = {"ns": _NS_PREFIX, "userns": _USERNS_PREFIX, "none": ()}[mode]
+  cmd = list(prefix) + [_python(), "-I", "-S", _BOOT]
+  boot_err = os.path.join(stage, "boot_err")
+  with open(boot_err, "wb") as err_f:
+    proc = subprocess.Popen(cmd, cwd=stage, stdin=subprocess.DEVNULL, stdout=err_f,
+                            stderr=err_f, start_new_session=True,
+                            env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    overall = num_cases * (float(timeout_s) + 2.0) + 20.0
+    if not _wait_pid(proc, overall):
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    proc.wait()
+  return boot_err
+
+
+def _case_results(io_dir: str, boot_err: str, num_cases: int, output_cap: int) -> list[CaseResult]:
+  """Reads the supervisor's ``result.json`` and each case's capped stdout / stderr.
+
+  Args:
+    io_dir: the stage's io directory.
+    boot_err: the supervisor's own output file (reported when it wrote no result).
+    num_cases: number of cases.
+    output_cap: bytes of stdout / stderr read back per case.
+
+  Returns:
+    One `CaseResult` per case; all skipped, with the supervisor's output as stderr, when the
+    supervisor failed.
+  """
+  result_path = os.path.join(io_dir, "result.json")
+  if not os.path.exists(result_path):
+    with open(boot_err, "rb") as f:
+      msg = f.read(4000).decode(errors="replace")
+    return [CaseResult(None, None, False, True, 0.0, b"", msg.encode()) for _ in range(num_cases)]
+  with open(result_path) as f:
+    statuses = json.load(f)
+  out = []
+  for i, st in enumerate(statuses):
+    out.append(CaseResult(
+      exit_code=st["exit"], signal=st["signal"], timed_out=st["timed_out"],
+      skipped=st["skipped"], wall_s=st["wall_s"],
+      stdout=_read_capped(os.path.join(io_dir, f"out_{i}"), output_cap),
+      stderr=_read_capped(os.path.join(io_dir, f"err_{i}"), output_cap)))
+  return out
+
+
 def _run(mode: str, files: Mapping[str, str | bytes], script: str, stdins: Sequence[bytes | None],
          timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool) -> list[CaseResult]:
   """Runs the cases in the given mode (see `run_cases`)."""
@@ -212,81 +357,12 @@ def _run(mode: str, files: Mapping[str, str | bytes], script: str, stdins: Seque
   uid = random.randrange(1_000_000, 2_000_000) if (is_root and mode in ("ns", "none")) else None
   stage = tempfile.mkdtemp(prefix="disa_sbx_")
   try:
-    # Without namespaces the work directory is reached through the stage path itself, so the stage
-    # must be traversable (not listable); io/ stays root-only.
-    os.chmod(stage, 0o700 if mode in ("ns", "userns") else 0o711)
-    work = os.path.join(stage, "work")
-    io_dir = os.path.join(stage, "io")
-    os.mkdir(work, 0o700)
-    os.mkdir(io_dir, 0o700)
-    for name, content in files.items():
-      if os.path.isabs(name) or ".." in name.split("/") or not name:
-        raise ValueError(f"files: bad file name {name!r} (must be relative, without '..')")
-      path = os.path.join(work, name)
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path, "wb") as f:
-        f.write(content.encode() if isinstance(content, str) else content)
-    if uid is not None:
-      for root, dirs, fnames in os.walk(work):
-        for n in [root] + [os.path.join(root, d) for d in dirs] + [
-            os.path.join(root, fn) for fn in fnames]:
-          os.chown(n, uid, uid)
-    for i, data in enumerate(stdins):
-      if data is not None:
-        with open(os.path.join(io_dir, f"in_{i}"), "wb") as f:
-          f.write(data)
-    home = _HOME_NS if mode in ("ns", "userns") else work
-    python, python_bind = _interpreter(mode, uid is not None)
-    env = _scrubbed_env(home)
-    if python_bind:  # the interpreter's RUNPATH may point into a hidden directory
-      env["LD_LIBRARY_PATH"] = python_bind[1] + "/lib"
-    cfg = {
-      "mounts": mode in ("ns", "userns"),
-      "pid_namespace": mode in ("ns", "userns"),
-      "cover": [d for d in _COVER if os.path.isdir(d) and not os.path.islink(d)],
-      "home": home,
-      "uid": uid,
-      "gid": uid,
-      "rlimits": limits.rlimits(),
-      "python_bind": python_bind,
-      "hide": _hidden_dirs() if mode in ("ns", "userns") else [],
-      "argv": [python, "-I", "-S", "-c", _LAUNCH, script],
-      "env": env,
-      "num_cases": len(stdins),
-      "timeout_s": float(timeout_s),
-      "stop_on_timeout": bool(stop_on_timeout),
-    }
+    work, io_dir = _write_work_files(stage, mode, files, stdins, uid)
+    cfg = _boot_config(mode, work, uid, script, len(stdins), timeout_s, limits, stop_on_timeout)
     with open(os.path.join(io_dir, "config.json"), "w") as f:
       json.dump(cfg, f)
-    prefix = {"ns": _NS_PREFIX, "userns": _USERNS_PREFIX, "none": ()}[mode]
-    cmd = list(prefix) + [_python(), "-I", "-S", _BOOT]
-    boot_err = os.path.join(stage, "boot_err")
-    with open(boot_err, "wb") as err_f:
-      proc = subprocess.Popen(cmd, cwd=stage, stdin=subprocess.DEVNULL, stdout=err_f,
-                              stderr=err_f, start_new_session=True,
-                              env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
-      overall = len(stdins) * (float(timeout_s) + 2.0) + 20.0
-      if not _wait_pid(proc, overall):
-        try:
-          os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-      proc.wait()
-    result_path = os.path.join(io_dir, "result.json")
-    if not os.path.exists(result_path):
-      with open(boot_err, "rb") as f:
-        msg = f.read(4000).decode(errors="replace")
-      return [CaseResult(None, None, False, True, 0.0, b"", msg.encode()) for _ in stdins]
-    with open(result_path) as f:
-      statuses = json.load(f)
-    out = []
-    for i, st in enumerate(statuses):
-      out.append(CaseResult(
-        exit_code=st["exit"], signal=st["signal"], timed_out=st["timed_out"],
-        skipped=st["skipped"], wall_s=st["wall_s"],
-        stdout=_read_capped(os.path.join(io_dir, f"out_{i}"), limits.output_cap_bytes),
-        stderr=_read_capped(os.path.join(io_dir, f"err_{i}"), limits.output_cap_bytes)))
-    return out
+    boot_err = _run_supervisor(mode, stage, len(stdins), timeout_s)
+    return _case_results(io_dir, boot_err, len(stdins), limits.output_cap_bytes)
   finally:
     shutil.rmtree(stage, ignore_errors=True)
 

@@ -215,6 +215,215 @@ def _copy_tokenizer_files(src: str, dst: str) -> None:
       shutil.copy2(full, os.path.join(dst, name))
 
 
+@dataclasses.dataclass(frozen=True)
+class _EncodedExamples:
+  """The kept examples as token ids (E of them), responses truncated to fit ``max_seq_len``.
+
+  Attributes:
+    prompts: per example, the prompt's token ids.
+    responses: per example, the response's token ids (possibly truncated).
+    num_truncated: responses that were truncated.
+    num_prompts: distinct prompts among the examples.
+  """
+  prompts: list[list[int]]
+  responses: list[list[int]]
+  num_truncated: int
+  num_prompts: int
+
+
+def _encode_examples(examples: Sequence[SFTExample], encode: Callable[[str], Sequence[int]],
+                     max_seq_len: int) -> _EncodedExamples:
+  """Encodes each example's prompt (once per prompt) and truncates its response to fit.
+
+  Args:
+    examples: the kept Stage 1 samples (`filter_reward_one`).
+    encode: prompt text -> token ids.
+    max_seq_len: the longest prompt + response, in tokens.
+
+  Returns:
+    The `_EncodedExamples`, in the order of ``examples``.
+
+  Raises:
+    ValueError: a prompt alone has ``max_seq_len`` tokens or more.
+  """
+  prompt_cache: dict[str, list[int]] = {}
+  prompts, responses, truncated = [], [], 0
+  for ex in examples:
+    if ex.prompt_id not in prompt_cache:
+      prompt_cache[ex.prompt_id] = [int(t) for t in encode(ex.prompt)]
+    p = prompt_cache[ex.prompt_id]
+    if len(p) >= max_seq_len:
+      raise ValueError(f"prompt {ex.prompt_id!r} has {len(p)} tokens >= max_seq_len="
+                       f"{max_seq_len}")
+    r = list(ex.response_ids)
+    if len(p) + len(r) > max_seq_len:
+      r = r[:max_seq_len - len(p)]
+      truncated += 1
+    prompts.append(p)
+    responses.append(r)
+  return _EncodedExamples(prompts, responses, truncated, len(prompt_cache))
+
+
+def _lora_model(reference_path: str, config: LoRASFTConfig, dtype: Any, mesh: Mesh | None
+                ) -> tuple[nnx.GraphDef, nnx.State, nnx.State, NamedSharding | None]:
+  """Loads pi_ref, adds the adapters, shards it on ``mesh`` and splits off the adapter parameters.
+
+  Args:
+    reference_path: pi_ref's HF checkpoint directory.
+    config: the adapter settings and seed.
+    dtype: the compute dtype.
+    mesh: optional device mesh (`TRAIN_RULES` sharding).
+
+  Returns:
+    (graphdef, adapter parameters, the other state, the ``[K, b, T]`` batch sharding or None without
+    a mesh).
+  """
+  model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat)
+  lora.apply_lora(model, config.lora, seed=config.seed)
+  batch_sharding = None
+  if mesh is not None:
+    parallel.shard_model(model, mesh, parallel.TRAIN_RULES)  # places the adapters too
+    batch_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+  graphdef, lora_params, rest = nnx.split(model, lora.LoRAParam, ...)
+  return graphdef, lora_params, rest, batch_sharding
+
+
+def _adapter_state(lora_params: nnx.State, opt_state: Any) -> dict[str, Any]:
+  """The checkpointed training state: adapters (a pure dict) and optimizer state."""
+  return {"lora": nnx.to_pure_dict(lora_params), "opt_state": opt_state}
+
+
+def _restore_adapters(ckpt: CheckpointManager, lora_params: nnx.State, opt_state: Any,
+                      config: LoRASFTConfig, num_examples: int, total_steps: int, out_path: str,
+                      say: Callable[[str], None]) -> tuple[Any, int, list[float]]:
+  """Restores the newest adapter checkpoint, if any, into ``lora_params`` (in place).
+
+  Args:
+    ckpt: the adapter checkpoint manager (``<out_path>.ckpt``).
+    lora_params: the freshly initialised adapters; overwritten by the restored ones.
+    opt_state: the freshly initialised optimizer state (the restore template).
+    config: this run's settings (must equal the checkpoint's).
+    num_examples: this run's number of kept examples (must equal the checkpoint's).
+    total_steps: optimizer updates of the whole run (for the message).
+    out_path: the export directory (for the message).
+    say: progress messages.
+
+  Returns:
+    (optimizer state, first step to run, losses of the steps already run).
+
+  Raises:
+    ValueError: the checkpoint was written with another config or number of examples.
+  """
+  latest = ckpt.latest_step()
+  if latest is None:
+    return opt_state, 0, []
+  _, restored, meta = ckpt.restore(_adapter_state(lora_params, opt_state), latest)
+  if meta["config"] != config.to_dict() or meta["num_examples"] != num_examples:
+    raise ValueError(f"cannot resume {out_path}.ckpt: it was written with config "
+                     f"{meta['config']} on {meta['num_examples']} examples, this run has "
+                     f"{config.to_dict()} on {num_examples}")
+  nnx.replace_by_pure_dict(lora_params, restored["lora"])
+  say(f"lora-sft: resumed at step {latest}/{total_steps}")
+  return restored["opt_state"], latest, list(meta["losses"])
+
+
+def _sft_batch(step: int, steps_per_epoch: int, enc: _EncodedExamples, config: LoRASFTConfig,
+               pad_id: int, batch_sharding: NamedSharding | None) -> dict[str, Any]:
+  """The batch of one optimizer update, fixed by (seed, epoch) so that a resumed run sees the same.
+
+  Args:
+    step: the 0-based optimizer update.
+    steps_per_epoch: updates per pass over the examples.
+    enc: the encoded examples.
+    config: batch sizes, padding and seed.
+    pad_id: the padding token id.
+    batch_sharding: where the batch goes (each process feeds its own rows), or None.
+
+  Returns:
+    ``input_ids``, ``attention_mask``, ``response_mask``, each ``[K, b, T]`` (K micro-batches of b).
+  """
+  n = len(enc.prompts)
+  epoch, j = divmod(step, steps_per_epoch)
+  order = np.random.default_rng([config.seed, epoch]).permutation(n)
+  idx = order[j * config.batch_size:(j + 1) * config.batch_size]
+  if len(idx) < config.batch_size:  # last batch of the epoch: wrap around to fill it
+    idx = np.concatenate([idx, order[:config.batch_size - len(idx)]])
+  packed = pack_sequences([enc.prompts[i] for i in idx], [enc.responses[i] for i in idx],
+                          pad_id=pad_id, pad_to=config.pad_to)
+  k = config.batch_size // config.micro_batch_size
+  batch = {f: packed[f].reshape((k, config.micro_batch_size) + packed[f].shape[1:])  # [B, T] -> [K, b, T]
+           for f in ("input_ids", "attention_mask", "response_mask")}
+  if batch_sharding is not None:
+    batch = distributed.shard_global_batch(batch, batch_sharding, axis=1)
+  return batch
+
+
+def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.State,
+                    enc: _EncodedExamples, config: LoRASFTConfig, pad_id: int,
+                    batch_sharding: NamedSharding | None, steps_per_epoch: int, out_path: str,
+                    say: Callable[[str], None]) -> tuple[nnx.State, list[float]]:
+  """Trains the adapters for ``config.epochs`` epochs, resuming from and writing adapter checkpoints.
+
+  Args:
+    graphdef, lora_params, rest: the split adapted model (`_lora_model`).
+    enc: the encoded examples.
+    config: settings.
+    pad_id: the padding token id.
+    batch_sharding: the ``[K, b, T]`` batch sharding, or None.
+    steps_per_epoch: updates per epoch.
+    out_path: the export directory (checkpoints go to ``<out_path>.ckpt``).
+    say: progress messages.
+
+  Returns:
+    (the trained adapter parameters, the loss of every update of the run).
+  """
+  n = len(enc.prompts)
+  total_steps = steps_per_epoch * config.epochs
+  tx, step_fn = make_accumulating_step(config.sft(total_steps), graphdef)
+  opt_state = tx.init(lora_params)
+  ckpt = CheckpointManager(out_path.rstrip("/") + ".ckpt", max_to_keep=1, async_save=False)
+  opt_state, start, losses = _restore_adapters(ckpt, lora_params, opt_state, config, n, total_steps,
+                                               out_path, say)
+  for step in range(start, total_steps):
+    batch = _sft_batch(step, steps_per_epoch, enc, config, pad_id, batch_sharding)
+    lora_params, opt_state, loss = step_fn(lora_params, opt_state, rest, batch)
+    losses.append(float(loss))
+    done = step + 1
+    if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total_steps:
+      ckpt.save(done, _adapter_state(lora_params, opt_state), {"config": config.to_dict(), "num_examples": n,
+                                                               "losses": losses}, force=True)
+    say(f"lora-sft: step {done}/{total_steps} loss {losses[-1]:.4f}")
+  ckpt.close()
+  return lora_params, losses
+
+
+def _merge_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.State) -> tuple[Any, int]:
+  """Folds the adapters into the base weights, on the host, for the export.
+
+  Args:
+    graphdef, lora_params, rest: the split adapted model.
+
+  Returns:
+    (the merged model without adapters or sharding, the number of adapter scalars).
+  """
+  if jax.process_count() > 1:  # a full host copy on every process for the export
+    lora_params, rest = jax.tree.map(jnp.asarray,
+                                     distributed.replicate_to_hosts((lora_params, rest)))
+  model = nnx.merge(graphdef, lora_params, rest)
+  model.sharding = None
+  merged = lora.merge_lora(model)
+  return merged, lora.lora_param_count(model)
+
+
+def _write_export(merged: Any, summary: dict[str, Any], reference_path: str, out_path: str) -> None:
+  """Process 0 writes the merged model, pi_ref's tokenizer files and, last, the summary."""
+  if jax.process_index() == 0:
+    models.save_pretrained(merged, out_path)
+    _copy_tokenizer_files(reference_path, out_path)
+    with open(os.path.join(out_path, SUMMARY_FILE), "w") as f:  # written last: marks completion
+      json.dump(summary, f, indent=2)
+
+
 def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
                  config: LoRASFTConfig = LoRASFTConfig(), *,
                  encode_prompt: Callable[[str], Sequence[int]] | None = None,
@@ -253,96 +462,24 @@ def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
   if not examples:
     raise ValueError(f"{stage1_path}: no Stage 1 sample has reward {config.keep_reward}; "
                      "nothing to fine-tune on")
-  encode = encode_prompt or _default_encoder(reference_path)
-  prompt_cache: dict[str, list[int]] = {}
-  prompts, responses, truncated = [], [], 0
-  for ex in examples:
-    if ex.prompt_id not in prompt_cache:
-      prompt_cache[ex.prompt_id] = [int(t) for t in encode(ex.prompt)]
-    p = prompt_cache[ex.prompt_id]
-    if len(p) >= config.max_seq_len:
-      raise ValueError(f"prompt {ex.prompt_id!r} has {len(p)} tokens >= max_seq_len="
-                       f"{config.max_seq_len}")
-    r = list(ex.response_ids)
-    if len(p) + len(r) > config.max_seq_len:
-      r = r[:config.max_seq_len - len(p)]
-      truncated += 1
-    prompts.append(p)
-    responses.append(r)
+  enc = _encode_examples(examples, encode_prompt or _default_encoder(reference_path), config.max_seq_len)
   n = len(examples)
   steps_per_epoch = math.ceil(n / config.batch_size)
-  total_steps = steps_per_epoch * config.epochs
   dtype = config.dtype()
   pad_id = _pad_id(reference_path)
-
-  model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat)
-  lora.apply_lora(model, config.lora, seed=config.seed)
-  batch_sharding = None
-  if mesh is not None:
-    parallel.shard_model(model, mesh, parallel.TRAIN_RULES)  # places the adapters too
-    batch_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
-  graphdef, lora_params, rest = nnx.split(model, lora.LoRAParam, ...)
-  tx, step_fn = make_accumulating_step(config.sft(total_steps), graphdef)
-  opt_state = tx.init(lora_params)
-  ckpt = CheckpointManager(out_path.rstrip("/") + ".ckpt", max_to_keep=1, async_save=False)
-  start, losses = 0, []
-
-  def ckpt_state():
-    return {"lora": nnx.to_pure_dict(lora_params), "opt_state": opt_state}
-
-  latest = ckpt.latest_step()
-  if latest is not None:
-    _, restored, meta = ckpt.restore(ckpt_state(), latest)
-    if meta["config"] != config.to_dict() or meta["num_examples"] != n:
-      raise ValueError(f"cannot resume {out_path}.ckpt: it was written with config "
-                       f"{meta['config']} on {meta['num_examples']} examples, this run has "
-                       f"{config.to_dict()} on {n}")
-    nnx.replace_by_pure_dict(lora_params, restored["lora"])
-    opt_state = restored["opt_state"]
-    start, losses = latest, list(meta["losses"])
-    say(f"lora-sft: resumed at step {start}/{total_steps}")
-
-  k = config.batch_size // config.micro_batch_size
-  for step in range(start, total_steps):
-    epoch, j = divmod(step, steps_per_epoch)
-    order = np.random.default_rng([config.seed, epoch]).permutation(n)
-    idx = order[j * config.batch_size:(j + 1) * config.batch_size]
-    if len(idx) < config.batch_size:  # last batch of the epoch: wrap around to fill it
-      idx = np.concatenate([idx, order[:config.batch_size - len(idx)]])
-    packed = pack_sequences([prompts[i] for i in idx], [responses[i] for i in idx],
-                            pad_id=pad_id, pad_to=config.pad_to)
-    batch = {f: packed[f].reshape((k, config.micro_batch_size) + packed[f].shape[1:])  # [B, T] -> [K, b, T]
-             for f in ("input_ids", "attention_mask", "response_mask")}
-    if batch_sharding is not None:
-      batch = distributed.shard_global_batch(batch, batch_sharding, axis=1)
-    lora_params, opt_state, loss = step_fn(lora_params, opt_state, rest, batch)
-    losses.append(float(loss))
-    done = step + 1
-    if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total_steps:
-      ckpt.save(done, ckpt_state(), {"config": config.to_dict(), "num_examples": n,
-                                     "losses": losses}, force=True)
-    say(f"lora-sft: step {done}/{total_steps} loss {losses[-1]:.4f}")
-  ckpt.close()
-
-  if jax.process_count() > 1:  # a full host copy on every process for the export
-    lora_params, rest = jax.tree.map(jnp.asarray,
-                                     distributed.replicate_to_hosts((lora_params, rest)))
-  model = nnx.merge(graphdef, lora_params, rest)
-  model.sharding = None
-  merged = lora.merge_lora(model)
+  graphdef, lora_params, rest, batch_sharding = _lora_model(reference_path, config, dtype, mesh)
+  lora_params, losses = _train_adapters(graphdef, lora_params, rest, enc, config, pad_id, batch_sharding,
+                                        steps_per_epoch, out_path, say)
+  merged, num_lora = _merge_adapters(graphdef, lora_params, rest)
   summary = {
       "num_prompts": len(data.prompt_ids), "num_samples": int(data.mask.sum()),
-      "num_kept": n, "num_prompts_with_kept": len(prompt_cache), "num_truncated": truncated,
-      "steps": total_steps, "steps_per_epoch": steps_per_epoch, "epochs": config.epochs,
+      "num_kept": n, "num_prompts_with_kept": enc.num_prompts, "num_truncated": enc.num_truncated,
+      "steps": steps_per_epoch * config.epochs, "steps_per_epoch": steps_per_epoch, "epochs": config.epochs,
       "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-      "lora_params": lora.lora_param_count(model), "compute_dtype": jnp.dtype(dtype).name,
+      "lora_params": num_lora, "compute_dtype": jnp.dtype(dtype).name,
       "config": config.to_dict(), "out_path": out_path, "seconds": time.perf_counter() - t0,
       "skipped": False,
   }
-  if jax.process_index() == 0:
-    models.save_pretrained(merged, out_path)
-    _copy_tokenizer_files(reference_path, out_path)
-    with open(os.path.join(out_path, SUMMARY_FILE), "w") as f:  # written last: marks completion
-      json.dump(summary, f, indent=2)
+  _write_export(merged, summary, reference_path, out_path)
   say(f"lora-sft: merged export written to {out_path}")
   return summary
