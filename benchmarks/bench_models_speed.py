@@ -17,7 +17,7 @@ the one-hot target pick that replaced a gather is not switchable. "after" uses t
 Reported: tokens/s medians and the median (min-max) of the per-repetition ratios.
 
 Usage: python benchmarks/bench_models_speed.py [--shape d512|peer] [--reps 7] [--unroll 1] [--remat]
-       [--chunk N] [--dtype float32|bfloat16] [--malloc]
+       [--chunk N] [--dtype float32|bfloat16] [--malloc] [--torch-threads N]
 ``--malloc`` re-runs the script with glibc's allocator keeping freed memory (see
 `bench_stage3_vs_trl.py`): XLA:CPU's per-execution temporaries above 64 MiB are otherwise mapped
 fresh and page-faulted on every call.
@@ -76,6 +76,8 @@ def _parse_args() -> argparse.Namespace:
   parser.add_argument("--chunk", type=int, default=None, help="after: chunk_size (default: by V)")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--malloc", action="store_true", help="glibc keeps freed memory (see doc)")
+  parser.add_argument("--torch-threads", type=int, default=0,
+                      help="torch.set_num_threads (0: torch's default; 1 resists a loaded machine)")
   args = parser.parse_args()
   if args.malloc and os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
     os.execve(sys.executable, [sys.executable] + sys.argv,
@@ -119,6 +121,8 @@ def _ours(tmodel, args, dtype, ids, mask, before: bool):
 
 def main() -> None:
   args = _parse_args()
+  if args.torch_threads > 0:
+    torch.set_num_threads(args.torch_threads)
   dtype = jnp.dtype(args.dtype)
   b, t = SHAPES[args.shape][:2]
   print(f"jax {jax.__version__} devices={jax.devices()} torch {torch.__version__} "

@@ -2,11 +2,11 @@
 
 The L decoder layers are stored stacked (each layer parameter has a leading `[L]` axis, matching the
 `[L, B, S, K, H]` KV cache). They run either as `jax.lax.scan` over that axis (compile time flat in
-depth) or as a Python loop of L layer calls on static slices (`layer_loop`). On CPU the loop's
-backward pass is several times faster: XLA:CPU runs the scan's backward as a while loop whose body
-reads and writes the per-layer residual stacks through dynamic slices fused into transposing
-copies (on the TRL peer's 2-layer model, forward+backward of the log-probs took 6-8x the forward
-with the scan, 1.5-2x with the loop; see `benchmarks/profile_train_step.py`).
+depth) or as a Python loop of L layer calls on static slices (`layer_loop`). On CPU the loop is
+the cheaper one to differentiate: XLA:CPU runs the scan's backward as while loops whose bodies
+read and write per-layer residual stacks through dynamic slices (on the TRL peer's 2-layer model,
+forward+backward of the log-probs: 496 thunks and 2,495 HLO instructions with the scan, 269 and
+2,341 with the loop, 15-17% less CPU time; `benchmarks/profile_train_step.py`).
 Parameters carry logical axis names in their `logical_axes` metadata; `disa_jax.parallel` maps them
 onto a mesh. Activations are constrained through the same logical names when a `ShardingContext`
 is attached (`model.sharding`); model code never names mesh axes.
