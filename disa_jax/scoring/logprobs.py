@@ -1,13 +1,13 @@
 """Teacher-forced per-token log-probabilities, chunked over tokens when `[B, T, V]` would be large.
 
 The final hidden states `[B, T, D]` are flattened to `[B*T, D]` rows, and each row's logits are
-reduced to `logit[target] - logsumexp(logits)` in float32. When the rows' logits exceed one chunk
-(`chunk_size` rows; by default as many rows as fit in `DEFAULT_CHUNK_ELEMENTS` logits, so the
-chunking depends on V), the rows are split into chunks processed by a `lax.scan` whose chunk
-function is wrapped in `jax.checkpoint`: the backward pass recomputes a chunk's logits instead of
-storing them, and peak memory is O(chunk_size * V) in both directions. A batch that fits in one
-chunk (small vocabularies, short batches) is computed directly, without the scan or the
-recomputation. Everything is differentiable w.r.t. the model.
+reduced to `logit[target] - logsumexp(logits)` in float32. When all rows' logits are small (at
+most `UNCHUNKED_MAX_ELEMENTS`, e.g. a small vocabulary) they are computed in one piece. Otherwise
+the rows are split into chunks of `chunk_size` rows processed by a `lax.scan` whose chunk function
+is wrapped in `jax.checkpoint`: the backward pass recomputes a chunk's logits instead of storing
+them, and peak memory is O(chunk_size * V) in both directions. Chunking pays only for a large V:
+for a small one the scan and the recomputation cost more than the logits' memory. Everything is
+differentiable w.r.t. the model.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-# Default chunk budget: logits per chunk (2**27 float32 = 512 MiB), i.e. 2**27 // V rows (883 rows
-# for a 152k vocabulary, the whole batch for small ones).
-DEFAULT_CHUNK_ELEMENTS = 1 << 27
-DEFAULT_CHUNK_SIZE = None  # rows per chunk: None = DEFAULT_CHUNK_ELEMENTS // V
+DEFAULT_CHUNK_SIZE = 1024  # rows per chunk when the logits are chunked
+# chunk_size=None: no chunking while rows * V <= this (2**25 float32 logits = 128 MiB).
+UNCHUNKED_MAX_ELEMENTS = 1 << 25
 
 
 def _shifted_mask(attention_mask: jax.Array) -> jax.Array:
@@ -29,9 +28,10 @@ def _shifted_mask(attention_mask: jax.Array) -> jax.Array:
   return jnp.concatenate([jnp.zeros_like(m[:, :1]), m[:, 1:] & m[:, :-1]], axis=1)
 
 
-def default_chunk_rows(vocab_size: int) -> int:
-  """Rows per chunk when `chunk_size` is None: `DEFAULT_CHUNK_ELEMENTS // vocab_size` (>= 1)."""
-  return max(1, DEFAULT_CHUNK_ELEMENTS // vocab_size)
+def default_chunk_rows(rows: int, vocab_size: int) -> int:
+  """Rows per chunk for `chunk_size=None`: all `rows` (one chunk, no recomputation) when
+  `rows * vocab_size <= UNCHUNKED_MAX_ELEMENTS`, else `DEFAULT_CHUNK_SIZE`."""
+  return rows if rows * vocab_size <= UNCHUNKED_MAX_ELEMENTS else DEFAULT_CHUNK_SIZE
 
 
 def _rows_logprobs(h: jax.Array, tgt: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -48,7 +48,7 @@ def _rows_logprobs(h: jax.Array, tgt: jax.Array, kernel: jax.Array) -> jax.Array
 
 
 def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
-                         attention_mask: jax.Array, *, chunk_size: int | None = DEFAULT_CHUNK_SIZE
+                         attention_mask: jax.Array, *, chunk_size: int | None = None
                          ) -> jax.Array:
   """Per-token log-probs from final hidden states and the output projection.
 
@@ -58,8 +58,8 @@ def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Ar
     input_ids: `[B, T]` int tokens; `input_ids[:, t]` is scored from `hidden[:, t - 1]`.
     attention_mask: `[B, T]` (1 = real token, 0 = pad).
     chunk_size: rows of `[B*(T-1), D]` per chunk (peak extra memory ~ chunk_size * V float32);
-      None: `default_chunk_rows(V)`. When all rows fit in one chunk there is no chunking and no
-      recomputation in the backward pass.
+      None: `default_chunk_rows(B*(T-1), V)`. When all rows fit in one chunk there is no chunking
+      and no recomputation in the backward pass.
 
   Returns:
     `[B, T]` float32: log p(input_ids[:, t] | input_ids[:, <t]) where scored (see
@@ -85,7 +85,7 @@ def _chunked_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array
   rows = hidden[:, :-1].reshape(n, d)  # [B, T-1, D] -> [N, D]; row b*(T-1)+i predicts token i+1
   targets = input_ids[:, 1:].reshape(n)  # [B, T-1] -> [N]
   kernel = kernel.astype(hidden.dtype)
-  chunk = min(chunk_size or default_chunk_rows(kernel.shape[1]), n)
+  chunk = min(chunk_size or default_chunk_rows(n, kernel.shape[1]), n)
   if chunk == n:
     lp = _rows_logprobs(rows, targets, kernel)
   else:
@@ -101,15 +101,15 @@ def _chunked_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array
 
 
 def token_logprobs(model: Any, input_ids: jax.Array, attention_mask: jax.Array, *,
-                   chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> jax.Array:
+                   chunk_size: int | None = None) -> jax.Array:
   """Teacher-forced per-token log-probs of `input_ids` under `model` (a `Transformer`).
 
   Args:
     model: provides `hidden_states(ids, attention_mask=...)` and `lm_head_kernel()`.
     input_ids: `[B, T]` int tokens (left or right padding).
     attention_mask: `[B, T]` (1 = real token, 0 = pad).
-    chunk_size: token rows per vocabulary chunk (None: `default_chunk_rows(V)`; see
-      `logprobs_from_hidden`).
+    chunk_size: token rows per vocabulary chunk (None: by the logits' size, see
+      `default_chunk_rows`).
 
   Returns:
     `[B, T]` float32; out[:, t] = log p(input_ids[:, t] | input_ids[:, <t]) for t >= 1 where tokens

@@ -62,24 +62,27 @@ def test_gradient_equals_naive_gradient(model):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_default_chunking_follows_the_vocabulary(model, monkeypatch):
-  """chunk_size=None: one chunk (no scan, no recomputation) while rows * V fits the budget,
-  checkpointed chunks of DEFAULT_CHUNK_ELEMENTS // V rows beyond; values and gradients agree."""
+def test_default_chunking_follows_the_logits_size(model, monkeypatch):
+  """chunk_size=None: one chunk (no scan, no recomputation) while rows * V fits
+  UNCHUNKED_MAX_ELEMENTS, checkpointed DEFAULT_CHUNK_SIZE-row chunks beyond; values and gradients
+  agree."""
   from disa_jax.scoring import logprobs as lp_mod
   ids, mask = _batch()
   vocab = model.config.vocab_size
-  assert scoring.default_chunk_rows(vocab) == scoring.DEFAULT_CHUNK_ELEMENTS // vocab
-  assert scoring.default_chunk_rows(10 * scoring.DEFAULT_CHUNK_ELEMENTS) == 1
+  assert scoring.default_chunk_rows(30, vocab) == 30
+  assert scoring.default_chunk_rows(scoring.UNCHUNKED_MAX_ELEMENTS // vocab + 1, vocab) == (
+      scoring.DEFAULT_CHUNK_SIZE)
   weights = jnp.asarray(np.random.default_rng(2).normal(size=ids.shape), jnp.float32)
   loss = lambda m: jnp.sum(weights * scoring.token_logprobs(m, ids, mask))
-  single_lp, single_g = scoring.token_logprobs(model, ids, mask), nnx.grad(loss)(model)
-  single_jaxpr = str(jax.make_jaxpr(lambda h: scoring.logprobs_from_hidden(
+  trace = lambda: str(jax.make_jaxpr(lambda h: scoring.logprobs_from_hidden(
       h, model.lm_head_kernel(), ids, mask))(model.hidden_states(ids, attention_mask=mask)))
-  monkeypatch.setattr(lp_mod, "DEFAULT_CHUNK_ELEMENTS", 4 * vocab)  # 4 rows per chunk
-  chunked_jaxpr = str(jax.make_jaxpr(lambda h: scoring.logprobs_from_hidden(
-      h, model.lm_head_kernel(), ids, mask))(model.hidden_states(ids, attention_mask=mask)))
+  single_lp, single_g, single_jaxpr = scoring.token_logprobs(model, ids, mask), nnx.grad(loss)(
+      model), trace()
+  monkeypatch.setattr(lp_mod, "UNCHUNKED_MAX_ELEMENTS", 8 * vocab)  # 30 rows no longer fit
+  monkeypatch.setattr(lp_mod, "DEFAULT_CHUNK_SIZE", 4)
+  chunked_lp, chunked_g, chunked_jaxpr = scoring.token_logprobs(model, ids, mask), nnx.grad(loss)(
+      model), trace()
   assert "scan" not in single_jaxpr and "scan" in chunked_jaxpr
-  chunked_lp, chunked_g = scoring.token_logprobs(model, ids, mask), nnx.grad(loss)(model)
   np.testing.assert_allclose(np.asarray(single_lp), np.asarray(chunked_lp), atol=1e-5)
   for a, b in zip(jax.tree.leaves(single_g), jax.tree.leaves(chunked_g)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
