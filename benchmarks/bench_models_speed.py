@@ -1,18 +1,28 @@
-"""Speed of our Flax decoder vs `transformers` PyTorch eager on the same tiny-but-real Qwen3.
+"""Speed of our Flax decoder vs `transformers` PyTorch eager on the same Qwen3 weights.
 
-Config: Qwen3, d=512, 4 layers, 8 heads (4 kv), head_dim 64, mlp 1536, vocab 32,000, untied;
-batch 8 x seq 512 = 4,096 tokens. The torch model is made by `transformers`, its weights are
-copied into ours via `load_hf_state_dict`, and logits are checked to agree before timing.
+Shapes (``--shape``):
+- ``d512``: Qwen3, d=512, 4 layers, 8 heads (4 kv), head_dim 64, mlp 1536, vocab 32,000, untied;
+  batch 8 x seq 512 = 4,096 tokens;
+- ``peer``: the TRL bench's tiny Qwen3 (vocab 113, d=128, mlp 256, 2 layers, 4 heads / 2 kv,
+  head_dim 32, untied) on its GRPO batch size, 64 x 32 = 2,048 tokens.
+The torch model is made by `transformers`, its weights are copied into ours via
+`load_hf_state_dict`, and logits are checked to agree before timing.
 
-Measured, alternating ours / torch within each repetition:
+Measured, alternating ours (before) / ours (after) / torch within each repetition:
 - scoring: teacher-forced per-token log-probs of the batch (no gradient);
 - train step: forward + backward + AdamW update of a mean token NLL loss.
-Reported: tokens/s medians and the median (min-max) of the per-repetition ratio ours/torch.
+"before" is the code path of the models before issue 14: the decoder layers as a `lax.scan`
+(`layer_loop='scan'`) and the log-probs in 1,024-row checkpointed chunks (`chunk_size=1024`); only
+the one-hot target pick that replaced a gather is not switchable. "after" uses the defaults.
+Reported: tokens/s medians and the median (min-max) of the per-repetition ratios.
 
-Usage: python benchmarks/bench_models_speed.py [--reps 7] [--unroll 1] [--remat] [--chunk 1024]
-       [--dtype float32|bfloat16]
+Usage: python benchmarks/bench_models_speed.py [--shape d512|peer] [--reps 7] [--unroll 1] [--remat]
+       [--chunk N] [--dtype float32|bfloat16] [--malloc] [--torch-threads N]
+``--malloc`` re-runs the script with glibc's allocator keeping freed memory (see
+`bench_stage3_vs_trl.py`): XLA:CPU's per-execution temporaries above 64 MiB are otherwise mapped
+fresh and page-faulted on every call.
 Faster on this CPU: XLA_FLAGS=--xla_cpu_experimental_onednn_custom_call=true (oneDNN matmuls; ~20%
-faster train step here, mostly in the vocabulary projection).
+faster train step at d512, mostly in the vocabulary projection).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -32,15 +43,20 @@ from flax import nnx
 
 from disa_jax import models, scoring
 
-B, T = 8, 512
+SHAPES = {  # (batch, seq, transformers.Qwen3Config kwargs)
+    "d512": (8, 512, dict(vocab_size=32000, hidden_size=512, intermediate_size=1536,
+                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                          head_dim=64, max_position_embeddings=2048, rope_theta=1_000_000.0)),
+    "peer": (64, 32, dict(vocab_size=113, hidden_size=128, intermediate_size=256,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=32, max_position_embeddings=128, rope_theta=10000.0)),
+}
+MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 
 
-def make_torch_model() -> transformers.PreTrainedModel:
+def make_torch_model(shape: str) -> transformers.PreTrainedModel:
   torch.manual_seed(0)
-  config = transformers.Qwen3Config(
-      vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-      num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048,
-      tie_word_embeddings=False, rope_theta=1_000_000.0)
+  config = transformers.Qwen3Config(tie_word_embeddings=False, **SHAPES[shape][2])
   return transformers.AutoModelForCausalLM.from_config(
       config, dtype=torch.float32, attn_implementation="sdpa")
 
@@ -51,43 +67,44 @@ def torch_logprobs(model, ids, mask):
   return torch.gather(logp, -1, ids[:, 1:, None])[..., 0] * (mask[:, 1:] * mask[:, :-1])
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
   parser = argparse.ArgumentParser()
+  parser.add_argument("--shape", choices=sorted(SHAPES), default="d512")
   parser.add_argument("--reps", type=int, default=7)
   parser.add_argument("--unroll", type=int, default=1)
   parser.add_argument("--remat", action="store_true")
-  parser.add_argument("--chunk", type=int, default=1024)
+  parser.add_argument("--chunk", type=int, default=None, help="after: chunk_size (default: by V)")
   parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--malloc", action="store_true", help="glibc keeps freed memory (see doc)")
+  parser.add_argument("--torch-threads", type=int, default=0,
+                      help="torch.set_num_threads (0: torch's default; 1 resists a loaded machine)")
   args = parser.parse_args()
-  dtype = jnp.dtype(args.dtype)
-  print(f"jax {jax.__version__} devices={jax.devices()} torch {torch.__version__} "
-        f"threads={torch.get_num_threads()} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-  print(f"ours: dtype={args.dtype} scan_unroll={args.unroll} remat={args.remat} chunk={args.chunk}")
+  if args.malloc and os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
+    os.execve(sys.executable, [sys.executable] + sys.argv,
+              dict(os.environ, GLIBC_TUNABLES=MALLOC_TUNABLES))
+  return args
 
-  tmodel = make_torch_model()
+
+def _ours(tmodel, args, dtype, ids, mask, before: bool):
+  """(score, train) closures of our model; `before`: the pre-issue-14 layer loop and chunking."""
   config = models.ModelConfig.from_hf_config(tmodel.config.to_dict())
-  ours = models.Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=jnp.float32,
-                            remat=args.remat, scan_unroll=args.unroll)
-  models.load_hf_state_dict(ours, {k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
-
-  rng = np.random.default_rng(0)
-  ids_np = rng.integers(0, 32000, size=(B, T)).astype(np.int64)
-  mask_np = np.ones((B, T), np.int64)
-  ids, mask = jnp.asarray(ids_np, jnp.int32), jnp.asarray(mask_np, jnp.int32)
-  tids, tmask = torch.tensor(ids_np), torch.tensor(mask_np)
-
-  graphdef, params = nnx.split(ours)
+  model = models.Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=jnp.float32,
+                             remat=args.remat, scan_unroll=args.unroll,
+                             layer_loop="scan" if before else "auto")
+  models.load_hf_state_dict(model, {k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
+  chunk = 1024 if before else args.chunk
+  graphdef, params = nnx.split(model)
 
   @jax.jit
   def score(params, ids, mask):
-    return scoring.token_logprobs(nnx.merge(graphdef, params), ids, mask, chunk_size=args.chunk)
+    return scoring.token_logprobs(nnx.merge(graphdef, params), ids, mask, chunk_size=chunk)
 
   def loss_fn(params, ids, mask):
-    lp = scoring.token_logprobs(nnx.merge(graphdef, params), ids, mask, chunk_size=args.chunk)
+    lp = scoring.token_logprobs(nnx.merge(graphdef, params), ids, mask, chunk_size=chunk)
     return -jnp.sum(lp) / jnp.sum(mask[:, 1:])
 
   tx = optax.adamw(1e-4)
-  opt_state = tx.init(params)
+  state = {"params": params, "opt": tx.init(params)}
 
   @jax.jit
   def train_step(params, opt_state, ids, mask):
@@ -95,6 +112,35 @@ def main() -> None:
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
+  def train():
+    state["params"], state["opt"], loss = train_step(state["params"], state["opt"], ids, mask)
+    jax.block_until_ready(loss)
+
+  return (lambda: jax.block_until_ready(score(state["params"], ids, mask))), train
+
+
+def main() -> None:
+  args = _parse_args()
+  if args.torch_threads > 0:
+    torch.set_num_threads(args.torch_threads)
+  dtype = jnp.dtype(args.dtype)
+  b, t = SHAPES[args.shape][:2]
+  print(f"jax {jax.__version__} devices={jax.devices()} torch {torch.__version__} "
+        f"threads={torch.get_num_threads()} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r} "
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} load={os.getloadavg()[0]:.1f}")
+  print(f"shape {args.shape}: batch {b} x {t}, {SHAPES[args.shape][2]}")
+  print(f"ours: dtype={args.dtype} scan_unroll={args.unroll} remat={args.remat} chunk={args.chunk}")
+
+  tmodel = make_torch_model(args.shape)
+  rng = np.random.default_rng(0)
+  vocab = SHAPES[args.shape][2]["vocab_size"]
+  ids_np = rng.integers(0, vocab, size=(b, t)).astype(np.int64)
+  mask_np = np.ones((b, t), np.int64)
+  ids, mask = jnp.asarray(ids_np, jnp.int32), jnp.asarray(mask_np, jnp.int32)
+  tids, tmask = torch.tensor(ids_np), torch.tensor(mask_np)
+  fns = {}
+  for name, before in (("before", True), ("after", False)):
+    fns[f"score_{name}"], fns[f"train_{name}"] = _ours(tmodel, args, dtype, ids, mask, before)
   topt = torch.optim.AdamW(tmodel.parameters(), lr=1e-4)
 
   def torch_train():
@@ -102,46 +148,52 @@ def main() -> None:
     loss = -torch_logprobs(tmodel, tids, tmask).sum() / tmask[:, 1:].sum()
     loss.backward()
     topt.step()
-    return loss
 
-  # correctness and warm-up (compilation)
+  def torch_score():
+    with torch.inference_mode():
+      torch_logprobs(tmodel, tids, tmask)
+
+  fns["score_torch"], fns["train_torch"] = torch_score, torch_train
+  _check_and_warm(fns, tmodel, tids, tmask, args, dtype, ids, mask)
+  res = {k: [] for k in fns}
+  for rep in range(args.reps):
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      fn()
+      res[k].append(time.perf_counter() - t0)
+    print(f"rep {rep}: " + "  ".join(f"{k}={v[-1]:.3f}s" for k, v in res.items()), flush=True)
+  _report(res, b * t)
+
+
+def _check_and_warm(fns, tmodel, tids, tmask, args, dtype, ids, mask) -> None:
+  """Checks our log-probs against torch's (before and after paths), then compiles everything."""
   with torch.inference_mode():
     ref = torch_logprobs(tmodel, tids, tmask).numpy()
-  got = np.asarray(score(params, ids, mask))[:, 1:]
-  print(f"max |logprob ours - torch| = {np.abs(got - ref).max():.2e}")
+  for name, before in (("before", True), ("after", False)):
+    config = models.ModelConfig.from_hf_config(tmodel.config.to_dict())
+    model = models.Transformer(config, rngs=nnx.Rngs(0), dtype=dtype,
+                               layer_loop="scan" if before else "auto")
+    models.load_hf_state_dict(model, {k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
+    got = np.asarray(scoring.token_logprobs(model, ids, mask, chunk_size=1024 if before else args.chunk))
+    print(f"max |logprob ours ({name}) - torch| = {np.abs(got[:, 1:] - ref).max():.2e}")
   t0 = time.perf_counter()
-  jax.block_until_ready(train_step(params, opt_state, ids, mask))
-  print(f"train-step compile+first run {time.perf_counter() - t0:.1f}s")
-  torch_train()
-
-  def timed(fn):
-    t0 = time.perf_counter()
+  for fn in fns.values():
     fn()
-    return time.perf_counter() - t0
+  print(f"compile + first runs {time.perf_counter() - t0:.1f}s")
 
-  res = {k: [] for k in ("score_ours", "score_torch", "train_ours", "train_torch")}
-  for rep in range(args.reps):
-    res["score_ours"].append(timed(lambda: jax.block_until_ready(score(params, ids, mask))))
-    with torch.inference_mode():
-      res["score_torch"].append(timed(lambda: torch_logprobs(tmodel, tids, tmask)))
 
-    def ours_train():
-      nonlocal params, opt_state
-      params, opt_state, loss = train_step(params, opt_state, ids, mask)
-      jax.block_until_ready(loss)
-
-    res["train_ours"].append(timed(ours_train))
-    res["train_torch"].append(timed(torch_train))
-    print(f"rep {rep}: " + "  ".join(f"{k}={v[-1]:.3f}s" for k, v in res.items()), flush=True)
-
-  tokens = B * T
+def _report(res: dict[str, list[float]], tokens: int) -> None:
   for what in ("score", "train"):
-    o, t = np.array(res[f"{what}_ours"]), np.array(res[f"{what}_torch"])
-    ratios = t / o  # ours tokens/s over torch tokens/s
-    print(f"{what:6s} tokens/s: ours {tokens / np.median(o):8.0f}  "
-          f"torch {tokens / np.median(t):8.0f}"
-          f"   ratio ours/torch median {statistics.median(ratios):.2f}x "
-          f"(min {ratios.min():.2f} - max {ratios.max():.2f}) over {len(o)} alternating reps")
+    t = np.array(res[f"{what}_torch"])
+    line = f"{what:6s} tokens/s: torch {tokens / np.median(t):8.0f}"
+    for name in ("before", "after"):
+      o = np.array(res[f"{what}_{name}"])
+      ratios = t / o  # ours tokens/s over torch tokens/s
+      line += (f" | ours {name} {tokens / np.median(o):8.0f}, ours/torch "
+               f"{statistics.median(ratios):.2f}x ({ratios.min():.2f}-{ratios.max():.2f})")
+    gain = np.array(res[f"{what}_before"]) / np.array(res[f"{what}_after"])
+    print(line + f" | after/before {statistics.median(gain):.2f}x ({gain.min():.2f}-{gain.max():.2f})")
+  print(f"over {len(res['train_torch'])} alternating reps; load average now {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,22 @@ as an HF directory; we load that same directory with `disa_jax.models.from_pretr
 tokenizer with `AutoTokenizer`, and run our GRPO loop with the same settings: 8 prompts x 8 samples,
 at most 8 new tokens, temperature 1, lr 1e-4, no KL, the same strict "a+b" reward on n = 0..40.
 
-Blocks alternate (TRL, ours, TRL, ours, ...), each ``--steps`` RL steps; per-step wall times are
-pooled per side (the first 3 steps of each of our blocks are compilation and are reported apart), and
-medians with min-max and their ratio are printed.
+Our step runs in a child process per block, one per variant (``--variants``):
+- ``new``: this checkout's `disa_jax`;
+- ``base``: the `disa_jax` of git revision ``--baseline-rev`` (extracted with `git archive`), the
+  "before" column;
+- a ``+malloc`` suffix runs that variant with glibc's allocator told to keep freed memory
+  (``GLIBC_TUNABLES`` arena_max=1, mmap_max=0, a 16 GiB trim threshold). XLA:CPU allocates each
+  execution's temporaries as one block; above 64 MiB (the update's is 64.5 MiB on this model)
+  glibc maps it fresh from the kernel on every call and every page faults again (16.5k minor
+  faults per update here); with the tunables the block is reused and the faults go away.
+
+Blocks alternate (TRL, then each variant), each ``--steps`` RL steps; per-step wall times are
+pooled per side (the first 3 steps of each of our blocks are compilation and are reported apart),
+and medians with min-max, ratios TRL time / ours, and our per-phase medians (min-max) are printed.
 
     python benchmarks/bench_stage3_vs_trl.py --trl-python /tmp/trl_venv/bin/python [--steps 30 --blocks 2]
+        [--variants base,new,new+malloc --baseline-rev REV]
 """
 from __future__ import annotations
 
@@ -18,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/train_s", "time/sync_s")
+MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 PROMPT = "Give two non-negative integers that sum to {n}:"
 _PAIR = re.compile(r"(\d+)\s*\+\s*(\d+)|(\d+)\s+(\d+)")
 
@@ -96,44 +110,122 @@ def _stats(xs):
   return f"median {statistics.median(xs):.4f} s (min {min(xs):.4f}, max {max(xs):.4f}, n={len(xs)})"
 
 
-def main():
+def extract_tree(rev: str, dest: Path) -> Path:
+  """`disa_jax` of git revision `rev` of this repository, extracted under `dest`; returns `dest`."""
+  dest.mkdir(parents=True, exist_ok=True)
+  archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "disa_jax"], check=True,
+                           capture_output=True).stdout
+  subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+  return dest
+
+
+def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, steps: int, seed: int,
+                   scan_unroll: int) -> list[dict]:
+  """Our GRPO run in a child process importing `disa_jax` from `tree`; returns its history."""
+  out = workdir / "history.json"
+  env = dict(os.environ, PYTHONPATH=str(tree), CUDA_VISIBLE_DEVICES="")
+  if variant.endswith("+malloc"):
+    env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+  args = [sys.executable, __file__, "--child", json.dumps(
+      {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
+       "scan_unroll": scan_unroll, "out": str(out)})]
+  proc = subprocess.run(args, env=env, capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"our run ({variant}) failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return json.loads(out.read_text())
+
+
+def _child(spec: str) -> None:
+  s = json.loads(spec)
+  Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
+  hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], "grpo", seed=s["seed"],
+                  scan_unroll=s["scan_unroll"])
+  Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
+
+
+def _parse_args():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--trl-python", required=True, help="a python with torch==2.13.0 and trl installed")
+  ap.add_argument("--trl-python", help="a python with torch==2.13.0 and trl installed")
   ap.add_argument("--peer", default=str(ROOT.parent / "shared" / "peers" / "trl_grpo_bench.py"))
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--blocks", type=int, default=2)
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--scan-unroll", type=int, default=1, help="unroll of our scan over decoder layers")
-  args = ap.parse_args()
+  ap.add_argument("--variants", default="new", help="comma list of base, new, base+malloc, new+malloc")
+  ap.add_argument("--baseline-rev", default=None, help="git revision of the 'base' variant")
+  ap.add_argument("--warm-model", default=None,
+                  help="reuse this warmed-up peer model dir (skips the peer's build and warm-up)")
+  ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  return ap.parse_args()
+
+
+def _print_summary(args, trl_steps, trl_gen, ours, rewards) -> None:
+  mt = statistics.median(trl_steps)
+  print(f"\nGRPO step (8 prompts x 8 samples, <= 8 new tokens), {args.blocks} alternating blocks of "
+        f"{args.steps} steps; load average now {os.getloadavg()[0]:.1f}")
+  print(f"  TRL GRPOTrainer : {_stats(trl_steps)}; its generate {_stats(trl_gen)}")
+  for v, d in ours.items():
+    steps = d["time/step_s"]
+    ratio = mt / statistics.median(steps)
+    print(f"  disa_jax {v:11s}: {_stats(steps)}  TRL/ours {ratio:.2f}x -> target >= 1.25: "
+          f"{'MET' if ratio >= 1.25 else 'NOT MET'}  (compilation steps: {_stats(d['compile'])})")
+  print("  per phase, medians (min-max) in s:")
+  for v, d in ours.items():
+    print(f"    {v:11s} " + ", ".join(
+        f"{k[5:-2]} {statistics.median(d[k]):.4f} ({min(d[k]):.4f}-{max(d[k]):.4f})"
+        for k in PHASES))
+  names = list(ours)
+  if len(names) > 1:
+    print("  phase ratios (median of first variant / median of each):")
+    for v in names[1:]:
+      print(f"    {names[0]} / {v}: " + ", ".join(
+          f"{k[5:-2]} {statistics.median(ours[names[0]][k]) / statistics.median(ours[v][k]):.2f}x"
+          for k in PHASES))
+  print(f"  train reward, mean of last 5 steps per block: trl {rewards.pop('trl')}, " + ", ".join(
+      f"{v} {r}" for v, r in rewards.items()))
+
+
+def main():
+  args = _parse_args()
+  if args.child:
+    return _child(args.child)
+  if not args.trl_python:
+    sys.exit("--trl-python is required")
   if not Path(args.peer).exists():
     sys.exit(f"peer script not found: {args.peer}")
+  variants = [v for v in args.variants.split(",") if v]
+  for v in variants:
+    if v.split("+")[0] not in ("base", "new") or v.split("+")[1:] not in ([], ["malloc"]):
+      sys.exit(f"--variants: unknown variant {v!r}")
+    if v.startswith("base") and not args.baseline_rev:
+      sys.exit("--variants with 'base' needs --baseline-rev")
   work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_trl_"))
   work.mkdir(parents=True, exist_ok=True)
-  trl_steps, ours_steps, ours_compile, rewards = [], [], [], {"trl": [], "ours": []}
-  phases: dict[str, list[float]] = {}
-  warm = work / "peer" / "warm"
+  trees = {"new": ROOT}
+  if any(v.startswith("base") for v in variants):
+    trees["base"] = extract_tree(args.baseline_rev, work / "base_tree")
+  trl_steps, trl_gen, rewards = [], [], {"trl": [], **{v: [] for v in variants}}
+  ours = {v: {k: [] for k in PHASES + ("compile",)} for v in variants}
+  warm = Path(args.warm_model) if args.warm_model else work / "peer0" / "warm"
   for b in range(args.blocks):
-    s = run_trl(args.trl_python, args.peer, work / "peer" if b == 0 else work / f"peer{b}", args.steps,
-                None if b == 0 else str(warm))
+    s = run_trl(args.trl_python, args.peer, work / f"peer{b}", args.steps,
+                None if b == 0 and not args.warm_model else str(warm))
     run = s["runs"][0]
     trl_steps += run["step_seconds_per_step"]
+    trl_gen.append(run["generate_seconds_per_step"]["median"])
     rewards["trl"].append(run["train_reward_last5_mean"])
-    hist = run_ours(str(warm), work / f"ours{b}", args.steps, "grpo", seed=b, scan_unroll=args.scan_unroll)
-    for k in ("time/rollout_s", "time/generate_s", "time/train_s", "time/sync_s"):
-      phases.setdefault(k, []).extend(h[k] for h in hist[3:])
-    t = [h["time/step_s"] for h in hist]
-    ours_compile += t[:3]
-    ours_steps += t[3:]
-    rewards["ours"].append(float(np.mean([h["reward"] for h in hist[-5:]])))
-    print(f"block {b}: trl {_stats(run['step_seconds_per_step'])} | ours {_stats(t[3:])}", flush=True)
-  mt, mo = statistics.median(trl_steps), statistics.median(ours_steps)
-  print(f"\nGRPO step (8 prompts x 8 samples, <= 8 new tokens), {args.blocks} alternating blocks of {args.steps} steps")
-  print(f"  TRL GRPOTrainer : {_stats(trl_steps)}")
-  print(f"  disa_jax GRPO   : {_stats(ours_steps)}   (first 3 steps per block, compilation: {_stats(ours_compile)})")
-  print(f"  speed ratio (TRL time / ours): {mt / mo:.2f}x  -> target >= 1: {'MET' if mt / mo >= 1 else 'NOT MET'}")
-  print(f"  train reward, mean of last 5 steps per block: trl {rewards['trl']}, ours {rewards['ours']}")
-  print("  our step by phase (medians): " + ", ".join(f"{k[5:-2]} {statistics.median(v):.4f} s"
-                                                    for k, v in phases.items()))
+    line = f"block {b}: trl {_stats(run['step_seconds_per_step'])}"
+    for v in variants:
+      wd = work / f"ours_{v}_{b}"
+      shutil.rmtree(wd, ignore_errors=True)
+      hist = run_ours_child(v, trees[v.split("+")[0]], str(warm), wd, args.steps, b, args.scan_unroll)
+      for k in PHASES:
+        ours[v][k].extend(h[k] for h in hist[3:])
+      ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])
+      rewards[v].append(round(float(np.mean([h["reward"] for h in hist[-5:]])), 4))
+      line += f" | {v} {_stats([h['time/step_s'] for h in hist[3:]])}"
+    print(line, flush=True)
+  _print_summary(args, trl_steps, trl_gen, ours, rewards)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
 """Generic Flax NNX decoder covering Qwen2/2.5, Qwen3 and Llama-3 (dense) models.
 
-The L decoder layers are stored stacked (each layer parameter has a leading `[L]` axis) and run with
-`jax.lax.scan`, which keeps compile time flat in depth and matches the `[L, B, S, K, H]` KV cache.
+The L decoder layers are stored stacked (each layer parameter has a leading `[L]` axis, matching the
+`[L, B, S, K, H]` KV cache). They run either as `jax.lax.scan` over that axis (compile time flat in
+depth) or as a Python loop of L layer calls on static slices (`layer_loop`). On CPU the loop is
+the cheaper one to differentiate: XLA:CPU runs the scan's backward as while loops whose bodies
+read and write per-layer residual stacks through dynamic slices (on the TRL peer's 2-layer model,
+forward+backward of the log-probs: 496 thunks and 2,495 HLO instructions with the scan, 269 and
+2,341 with the loop, 15-17% less CPU time; `benchmarks/profile_train_step.py`).
 Parameters carry logical axis names in their `logical_axes` metadata; `disa_jax.parallel` maps them
 onto a mesh. Activations are constrained through the same logical names when a `ShardingContext`
 is attached (`model.sharding`); model code never names mesh axes.
@@ -22,6 +27,7 @@ from disa_jax.parallel.rules import ShardingContext
 # Parameter name -> (shape as a function of the config, logical axes). Layer parameters get a
 # leading 'layers' axis of size num_layers.
 _INIT_STD = 0.02
+_LAYER_LOOPS = ("auto", "scan", "unrolled")
 
 
 def layer_param_specs(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -79,16 +85,24 @@ class Transformer(nnx.Module):
     dtype: computation dtype of activations (logits are returned in it).
     param_dtype: storage dtype of parameters.
     remat: recompute each layer's activations in the backward pass (`jax.checkpoint`).
-    scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled).
+    scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled);
+      used only when the layers run as a scan.
+    layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
+      per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
+      default JAX backend is CPU, where it is the faster one, else 'scan').
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
-               param_dtype: Any = jnp.float32, remat: bool = False, scan_unroll: int = 1):
+               param_dtype: Any = jnp.float32, remat: bool = False, scan_unroll: int = 1,
+               layer_loop: str = "auto"):
+    if layer_loop not in _LAYER_LOOPS:
+      raise ValueError(f"Transformer layer_loop={layer_loop!r}; expected one of {_LAYER_LOOPS}")
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype
     self.remat = remat
     self.scan_unroll = scan_unroll
+    self.layer_loop = layer_loop
     self.sharding: ShardingContext | None = None
     v, d = config.vocab_size, config.hidden_size
     self.embed = nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), (v, d), param_dtype),
@@ -117,46 +131,66 @@ class Transformer(nnx.Module):
     return self.lm_head[...]
 
   def _embed(self, input_ids: jax.Array) -> jax.Array:
-    x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)
-    return self._constrain(x, ("batch", "seq", "act_embed"))
+    with jax.named_scope("embed"):
+      x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)
+      return self._constrain(x, ("batch", "seq", "act_embed"))
 
   def _layer(self, p: dict[str, jax.Array], x: jax.Array, cos: jax.Array, sin: jax.Array,
              mask: jax.Array, kv: tuple[jax.Array, jax.Array] | None,
-             cache_index: jax.Array | None):
-    """One decoder layer. x `[B, T, D]`; kv: this layer's cache `([B, S, K, H], [B, S, K, H])`."""
+             cache_index: jax.Array | None, layer: int | None = None):
+    """One decoder layer. x `[B, T, D]`.
+
+    kv: this layer's cache `([B, S, K, H], [B, S, K, H])`, or with `layer` the whole cache
+    `([L, B, S, K, H], ...)`, of which slice `layer` is this layer's (the new entries are written
+    into it in place). Returns (x, the updated kv).
+    """
     c = self.config
     p = {name: a.astype(self.dtype) for name, a in p.items()}
-    h = L.rms_norm(x, p["attn_norm"], c.rms_norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h, p["q_kernel"])
-    k = jnp.einsum("btd,dkh->btkh", h, p["k_kernel"])
-    v = jnp.einsum("btd,dkh->btkh", h, p["v_kernel"])
-    if c.qkv_bias:
-      q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
-    if c.qk_norm:
-      q = L.rms_norm(q, p["q_norm"], c.rms_norm_eps)
-      k = L.rms_norm(k, p["k_norm"], c.rms_norm_eps)
-    q = self._constrain(L.apply_rope(q, cos, sin), ("batch", "seq", "act_heads", None))
-    k = self._constrain(L.apply_rope(k, cos, sin), ("batch", "seq", "act_kv_heads", None))
-    v = self._constrain(v, ("batch", "seq", "act_kv_heads", None))
-    new_kv = None
-    if kv is not None:
-      k_cache, v_cache = kv
-      start = (0, cache_index, 0, 0)
-      k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-      v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-      new_kv = (k_cache, v_cache)
-      k, v = k_cache.astype(self.dtype), v_cache.astype(self.dtype)
-    attn = L.gqa_attention(q, k, v, mask)
-    out = jnp.einsum("btnh,nhd->btd", attn, p["o_kernel"])
-    if c.o_bias:
-      out = out + p["o_bias"]
-    x = self._constrain(x + out, ("batch", "seq", "act_embed"))
-    h = L.rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
-    g = self._constrain(jnp.einsum("btd,df->btf", h, p["gate_kernel"]), ("batch", "seq", "act_mlp"))
-    u = self._constrain(jnp.einsum("btd,df->btf", h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
-    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, p["down_kernel"])
-    x = self._constrain(x, ("batch", "seq", "act_embed"))
+    with jax.named_scope("attention"):  # names the ops in profiles
+      h = L.rms_norm(x, p["attn_norm"], c.rms_norm_eps)
+      q = jnp.einsum("btd,dnh->btnh", h, p["q_kernel"])
+      k = jnp.einsum("btd,dkh->btkh", h, p["k_kernel"])
+      v = jnp.einsum("btd,dkh->btkh", h, p["v_kernel"])
+      if c.qkv_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+      if c.qk_norm:
+        q = L.rms_norm(q, p["q_norm"], c.rms_norm_eps)
+        k = L.rms_norm(k, p["k_norm"], c.rms_norm_eps)
+      q = self._constrain(L.apply_rope(q, cos, sin), ("batch", "seq", "act_heads", None))
+      k = self._constrain(L.apply_rope(k, cos, sin), ("batch", "seq", "act_kv_heads", None))
+      v = self._constrain(v, ("batch", "seq", "act_kv_heads", None))
+      new_kv = None
+      if kv is not None:
+        k_cache, v_cache = kv
+        if layer is None:
+          start = (0, cache_index, 0, 0)
+          k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+          v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+          k, v = k_cache.astype(self.dtype), v_cache.astype(self.dtype)
+        else:
+          start = (layer, 0, cache_index, 0, 0)
+          k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], start)
+          v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
+          k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
+        new_kv = (k_cache, v_cache)
+      attn = L.gqa_attention(q, k, v, mask)
+      out = jnp.einsum("btnh,nhd->btd", attn, p["o_kernel"])
+      if c.o_bias:
+        out = out + p["o_bias"]
+      x = self._constrain(x + out, ("batch", "seq", "act_embed"))
+    with jax.named_scope("mlp"):
+      h = L.rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
+      g = self._constrain(jnp.einsum("btd,df->btf", h, p["gate_kernel"]),
+                          ("batch", "seq", "act_mlp"))
+      u = self._constrain(jnp.einsum("btd,df->btf", h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
+      x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, p["down_kernel"])
+      x = self._constrain(x, ("batch", "seq", "act_embed"))
     return x, new_kv
+
+  def _layers_unrolled(self) -> bool:
+    if self.layer_loop == "auto":
+      return jax.default_backend() == "cpu"
+    return self.layer_loop == "unrolled"
 
   def _run(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, *,
            cache: dict[str, jax.Array] | None = None, cache_index: jax.Array | None = None,
@@ -167,14 +201,27 @@ class Transformer(nnx.Module):
     cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling))
     stacked = self.layers.stacked()
 
-    def body(x, xs):
-      p, kv = xs
-      y, new_kv = self._layer(p, x, cos, sin, mask, kv, cache_index)
-      return y, (new_kv, y if collect else None)
+    def layer(x, p, kv, i=None):
+      return self._layer(p, x, cos, sin, mask, kv, cache_index, i)
 
     if self.remat:
-      body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+      layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable,
+                             static_argnums=(3,))
     kv_xs = None if cache is None else (cache["k"], cache["v"])
+    if self._layers_unrolled():
+      outs = []
+      for i in range(c.num_layers):  # the whole cache is threaded through, written in place
+        x, kv_xs = layer(x, {name: a[i] for name, a in stacked.items()}, kv_xs, i)
+        outs.append(x)
+      per_layer = jnp.stack(outs) if collect else None
+      new_cache = None if cache is None else {"k": kv_xs[0], "v": kv_xs[1]}
+      return x, per_layer, new_cache
+
+    def body(x, xs):
+      p, kv = xs
+      y, new_kv = layer(x, p, kv, None)
+      return y, (new_kv, y if collect else None)
+
     x, (new_kv, per_layer) = jax.lax.scan(body, x, (stacked, kv_xs), unroll=self.scan_unroll)
     new_cache = None if cache is None else {"k": new_kv[0], "v": new_kv[1]}
     return x, per_layer, new_cache
@@ -264,7 +311,8 @@ class Transformer(nnx.Module):
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
   def forward_with_cache(self, input_ids: jax.Array, positions: jax.Array,
-                         cache: dict[str, jax.Array], cache_index: jax.Array, kv_mask: jax.Array):
+                         cache: dict[str, jax.Array], cache_index: jax.Array, kv_mask: jax.Array,
+                         *, last_only: bool = False):
     """Incremental forward through the KV cache (prefill or decode).
 
     Args:
@@ -273,6 +321,8 @@ class Transformer(nnx.Module):
       cache: from `init_cache` (`[L, B, S, K, H]` k and v).
       cache_index: int32 scalar (may be traced), the slot of `input_ids[:, 0]`.
       kv_mask: `[B, S]` bool, True where a slot holds a real token (new tokens included).
+      last_only: compute the logits of the last position only (`[B, 1, V]`: all a prefill before
+        sampling needs; skips the vocabulary projection of the other T - 1 positions).
 
     Returns:
       (logits `[B, T, V]`, updated cache). Query at slot i attends to slots j <= i with kv_mask.
@@ -285,5 +335,7 @@ class Transformer(nnx.Module):
     causal = jnp.arange(s, dtype=jnp.int32)[None, :] <= q_slot[:, None]  # [T, S]
     mask = causal[None] & kv_mask.astype(bool)[:, None, :]  # [B, T, S]
     x, _, new_cache = self._run(input_ids, positions, mask, cache=cache, cache_index=cache_index)
+    if last_only:
+      x = x[:, -1:]
     hidden = L.rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
     return self.logits_from_hidden(hidden), new_cache

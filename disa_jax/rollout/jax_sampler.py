@@ -113,8 +113,9 @@ def _generate_impl(graphdef, state, input_ids, prompt_mask, active, keys, max_ne
   cache = model.init_cache(batch, cache_len, dtype=cache_dtype)
   kv_mask = jnp.zeros((batch, cache_len), bool).at[:, :prompt_len].set(prompt_mask.astype(bool))
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
-  logits, cache = model.forward_with_cache(input_ids, positions, cache, jnp.int32(0), kv_mask)
   # Left padding: the last column holds every row's last prompt token.
+  logits, cache = model.forward_with_cache(input_ids, positions, cache, jnp.int32(0), kv_mask,
+                                           last_only=True)
   tok, lp, raw = _sample_step(logits[:, -1], keys, jnp.int32(0), temperature, top_k, top_p)
   real_len = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # [B]
   out_tok = jnp.zeros((batch, num_new), jnp.int32).at[:, 0].set(tok)

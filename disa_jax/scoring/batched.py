@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from disa_jax.data.batching import pack_sequences
-from disa_jax.scoring.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs
+from disa_jax.scoring.logprobs import token_logprobs
 
 
 class SequenceScorer:
@@ -25,11 +25,11 @@ class SequenceScorer:
     pad_id: padding token id.
     batch_size: sequences per forward pass (the last batch is filled with copies, then dropped).
     pad_to: sequence-length bucket.
-    chunk_size: vocabulary-chunk rows of the scorer.
+    chunk_size: vocabulary-chunk rows of the scorer (None: chosen from the logits' size).
   """
 
   def __init__(self, model: nnx.Module, *, pad_id: int, batch_size: int = 64, pad_to: int = 16,
-               chunk_size: int = DEFAULT_CHUNK_SIZE):
+               chunk_size: int | None = None):
     if batch_size < 1 or pad_to < 1:
       raise ValueError(f"batch_size and pad_to must be >= 1, got {batch_size}, {pad_to}")
     self.pad_id, self.batch_size, self.pad_to = pad_id, batch_size, pad_to

@@ -110,6 +110,51 @@ def test_remat_and_unroll_do_not_change_values_or_grads():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_layer_loops_agree_on_values_grads_and_cache(remat):
+  """layer_loop 'scan' and 'unrolled' compute the same logits, gradients and KV-cache path."""
+  scan = testing.make_tiny_model("qwen3", seed=2)
+  unrolled = testing.make_tiny_model("qwen3", seed=2)
+  scan.layer_loop, unrolled.layer_loop = "scan", "unrolled"
+  scan.remat = unrolled.remat = remat
+  ids = _ids(2, 9)
+  mask = jnp.ones_like(ids).at[0, :2].set(0)
+  np.testing.assert_allclose(np.asarray(scan(ids, attention_mask=mask)),
+                             np.asarray(unrolled(ids, attention_mask=mask)), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(scan.layer_outputs(ids)),
+                             np.asarray(unrolled.layer_outputs(ids)), atol=1e-6)
+
+  def loss(m):
+    return jnp.mean(jax.nn.log_softmax(m(ids, attention_mask=mask))[..., 3])
+
+  for a, b in zip(jax.tree.leaves(nnx.grad(loss)(scan)), jax.tree.leaves(nnx.grad(loss)(unrolled))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+  kv_mask = jnp.zeros((2, 12), bool).at[:, :9].set(mask.astype(bool))
+  outs = []
+  for m in (scan, unrolled):
+    step = nnx.jit(lambda m, *a: m.forward_with_cache(*a))
+    logits, cache = step(m, ids, positions, m.init_cache(2, 12), jnp.int32(0), kv_mask)
+    kv2 = kv_mask.at[:, 9].set(True)
+    logits2, cache2 = step(m, ids[:, :1], positions[:, -1:] + 1, cache, jnp.int32(9), kv2)
+    outs.append((logits, cache, logits2, cache2))
+  for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_forward_with_cache_last_only_is_the_last_column(model):
+  ids = _ids(2, 7, seed=4)
+  pos = jnp.broadcast_to(jnp.arange(7, dtype=jnp.int32), (2, 7))
+  kv_mask = jnp.ones((2, 9), bool)
+  full, cache = model.forward_with_cache(ids, pos, model.init_cache(2, 9), jnp.int32(0), kv_mask)
+  last, cache_last = model.forward_with_cache(ids, pos, model.init_cache(2, 9), jnp.int32(0),
+                                              kv_mask, last_only=True)
+  assert last.shape == (2, 1, full.shape[-1])
+  np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -1:]), atol=1e-6)
+  for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(cache_last)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_llama3_rope_scaling_frequencies():
   from disa_jax.models import RopeScaling
   scaling = RopeScaling("llama3", 8.0, 1.0, 4.0, 64)
@@ -129,3 +174,9 @@ def test_bad_input_rank():
   model = testing.make_tiny_model("qwen3")
   with pytest.raises(ValueError, match=r"input_ids must be \[B, T\]"):
     model(jnp.zeros((4,), jnp.int32))
+
+
+def test_bad_layer_loop_names_the_field():
+  from disa_jax.models import Transformer
+  with pytest.raises(ValueError, match="layer_loop='while'"):
+    Transformer(testing.make_tiny_model("qwen3").config, rngs=nnx.Rngs(0), layer_loop="while")

@@ -26,7 +26,7 @@ def _batch(b=3, t=11, seed=0):
 
 
 @pytest.mark.parametrize("chunk_size", [pytest.param(1, marks=pytest.mark.slow), 7,
-                                        pytest.param(30, marks=pytest.mark.slow), 4096])
+                                        pytest.param(30, marks=pytest.mark.slow), 4096, None])
 def test_equals_naive(model, chunk_size):
   ids, mask = _batch()
   got = scoring.token_logprobs(model, ids, mask, chunk_size=chunk_size)
@@ -59,6 +59,32 @@ def test_gradient_equals_naive_gradient(model):
   leaves_c, leaves_n = jax.tree.leaves(g_chunk), jax.tree.leaves(g_naive)
   assert len(leaves_c) == len(leaves_n) > 0
   for a, b in zip(leaves_c, leaves_n):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_default_chunking_follows_the_logits_size(model, monkeypatch):
+  """chunk_size=None: one chunk (no scan, no recomputation) while rows * V fits
+  UNCHUNKED_MAX_ELEMENTS, checkpointed DEFAULT_CHUNK_SIZE-row chunks beyond; values and gradients
+  agree."""
+  from disa_jax.scoring import logprobs as lp_mod
+  ids, mask = _batch()
+  vocab = model.config.vocab_size
+  assert scoring.default_chunk_rows(30, vocab) == 30
+  assert scoring.default_chunk_rows(scoring.UNCHUNKED_MAX_ELEMENTS // vocab + 1, vocab) == (
+      scoring.DEFAULT_CHUNK_SIZE)
+  weights = jnp.asarray(np.random.default_rng(2).normal(size=ids.shape), jnp.float32)
+  loss = lambda m: jnp.sum(weights * scoring.token_logprobs(m, ids, mask))
+  trace = lambda: str(jax.make_jaxpr(lambda h: scoring.logprobs_from_hidden(
+      h, model.lm_head_kernel(), ids, mask))(model.hidden_states(ids, attention_mask=mask)))
+  single_lp, single_g, single_jaxpr = scoring.token_logprobs(model, ids, mask), nnx.grad(loss)(
+      model), trace()
+  monkeypatch.setattr(lp_mod, "UNCHUNKED_MAX_ELEMENTS", 8 * vocab)  # 30 rows no longer fit
+  monkeypatch.setattr(lp_mod, "DEFAULT_CHUNK_SIZE", 4)
+  chunked_lp, chunked_g, chunked_jaxpr = scoring.token_logprobs(model, ids, mask), nnx.grad(loss)(
+      model), trace()
+  assert "scan" not in single_jaxpr and "scan" in chunked_jaxpr
+  np.testing.assert_allclose(np.asarray(single_lp), np.asarray(chunked_lp), atol=1e-5)
+  for a, b in zip(jax.tree.leaves(single_g), jax.tree.leaves(chunked_g)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
