@@ -7,21 +7,23 @@ tokenizer with `AutoTokenizer`, and run our GRPO loop with the same settings: 8 
 at most 8 new tokens, temperature 1, lr 1e-4, no KL, the same strict "a+b" reward on n = 0..40.
 
 Our step runs in a child process per block, one per variant (``--variants``):
-- ``new``: this checkout's `disa_jax`;
-- ``base``: the `disa_jax` of git revision ``--baseline-rev`` (extracted with `git archive`), the
+- ``new``: this checkout's `disa_jax`, set up as the launch entry points set it up
+  (`disa_jax.runtime.tune_host_allocator` on CPU: glibc keeps XLA's per-execution scratch block);
+- ``base``: the `disa_jax` of git revision ``--baseline-rev`` (extracted with `git archive`; it
+  must have today's Trainer API, e.g. 9d450af, the last commit before issue 14's changes), the
   "before" column;
-- a ``+malloc`` suffix runs that variant with glibc's allocator told to keep freed memory
-  (``GLIBC_TUNABLES`` arena_max=1, mmap_max=0, a 16 GiB trim threshold). XLA:CPU allocates each
-  execution's temporaries as one block; above 64 MiB (the update's is 64.5 MiB on this model)
-  glibc maps it fresh from the kernel on every call and every page faults again (16.5k minor
-  faults per update here); with the tunables the block is reused and the faults go away.
+- a ``+malloc`` suffix sets the same allocator settings through ``GLIBC_TUNABLES`` (for a base
+  tree without `disa_jax.runtime`), ``+nomalloc`` turns `disa_jax.runtime`'s off
+  (``DISA_HOST_MALLOC=0``). XLA:CPU allocates each execution's temporaries as one block; above
+  64 MiB (the update's is 64.5 MiB on this model) glibc maps it fresh from the kernel on every call
+  and every page faults again (16.5k minor faults per update); kept, the block is reused.
 
 Blocks alternate (TRL, then each variant), each ``--steps`` RL steps; per-step wall times are
 pooled per side (the first 3 steps of each of our blocks are compilation and are reported apart),
 and medians with min-max, ratios TRL time / ours, and our per-phase medians (min-max) are printed.
 
     python benchmarks/bench_stage3_vs_trl.py --trl-python /tmp/trl_venv/bin/python [--steps 30 --blocks 2]
-        [--variants base,new,new+malloc --baseline-rev REV]
+        [--variants base,new+nomalloc,new --baseline-rev 9d450af]
 """
 from __future__ import annotations
 
@@ -66,39 +68,36 @@ def run_trl(trl_python: str, peer: str, workdir: Path, steps: int, model: str | 
   return json.loads((workdir / "summary.json").read_text())
 
 
-def run_ours(model_dir: str, workdir: Path, steps: int, method: str, seed: int, scan_unroll: int = 1) -> list[dict]:
+def run_ours(model_dir: str, workdir: Path, steps: int, seed: int) -> list[dict]:
+  """Our GRPO loop (`disa_jax.rl.trainer.Trainer`) on the peer's model, task and settings."""
   import jax
   from transformers import AutoTokenizer
 
+  from disa_jax import config as config_lib
   from disa_jax import models
   from disa_jax.parallel import make_mesh
-  from disa_jax.rl import config as C
+  from disa_jax.rewards.graded import Graded
+  from disa_jax.rl.config import TrainConfig
   from disa_jax.rl.trainer import PromptItem, Trainer
   from disa_jax.rollout import make_engine
-  from disa_jax.estimators import RewardTransform
   tok = AutoTokenizer.from_pretrained(model_dir)
   items = [PromptItem(f"n{n}", tuple(tok(PROMPT.format(n=n))["input_ids"]), {"n": n}) for n in range(41)]
 
-  def reward_fn(its, resp):
-    return np.asarray([strict_pair_reward(tok.decode(list(r), skip_special_tokens=True), it.meta["n"])
-                       for it, r in zip(its, resp)], np.float32)
+  def reward_fn(responses, metas):
+    return Graded.ok([strict_pair_reward(r.text, m["n"]) for r, m in zip(responses, metas)])
 
-  cfg = C.TrainConfig(
-      model=C.ModelCfg(policy_path=model_dir, dtype="float32", remat=False),
-      loss=C.LossCfg(method=method, beta=1.0, length_normalize=False, reward_transform=RewardTransform("raw"),
-                     omega_mode="one", eps_low=0.2, eps_high=0.2),
-      optim=C.OptimCfg(lr=1e-4, weight_decay=0.0, grad_clip=1.0),
-      rollout=C.RolloutCfg(prompts_per_batch=8, group_size=8, max_prompt_len=64, max_response_len=8,
-                           engine="jax", num_minibatches=1, micro_batch_size=64),
-      data=C.DataCfg(anchor_path=""), mesh=C.MeshCfg(1, 1, 1),
-      checkpoint=C.CheckpointCfg(every=10 ** 6, keep=1, async_save=True),
-      seed=seed, total_steps=steps, progress_bar=False, tensorboard=False)
+  cfg = config_lib.from_mapping(TrainConfig, dict(
+      objective=dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0),
+      optim=dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0),
+      rollout=dict(prompts_per_batch=8, group_size=8, max_prompt_len=64, max_response_len=8,
+                   num_minibatches=1, micro_batch_size=64),
+      checkpoint=dict(every=10 ** 6, keep=1, async_save=True), validation=dict(every=0),
+      seed=seed, total_steps=steps, progress_bar=False, tensorboard=False), "bench")
   with make_engine("jax", model_dir) as engine:
-    policy = models.from_pretrained(model_dir)
-    policy.scan_unroll = scan_unroll  # 1: the rolled scan over layers; num_layers: fully unrolled
-    trainer = Trainer(cfg, str(workdir), policy=policy,
+    trainer = Trainer(cfg, str(workdir), policy=models.from_pretrained(model_dir),
                       reference=models.from_pretrained(model_dir), engine=engine, prompts=items,
-                      reward_fn=reward_fn, stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
+                      reward_fn=reward_fn, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                      stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
                       mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16)
     try:
       return trainer.run()
@@ -119,16 +118,18 @@ def extract_tree(rev: str, dest: Path) -> Path:
   return dest
 
 
-def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, steps: int, seed: int,
-                   scan_unroll: int) -> list[dict]:
+def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, steps: int,
+                   seed: int) -> list[dict]:
   """Our GRPO run in a child process importing `disa_jax` from `tree`; returns its history."""
   out = workdir / "history.json"
-  env = dict(os.environ, PYTHONPATH=str(tree), CUDA_VISIBLE_DEVICES="")
+  env = dict(os.environ, PYTHONPATH=str(tree), CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
   if variant.endswith("+malloc"):
     env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+  if variant.endswith("+nomalloc"):
+    env["DISA_HOST_MALLOC"] = "0"  # `disa_jax.runtime` leaves glibc's defaults
   args = [sys.executable, __file__, "--child", json.dumps(
       {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
-       "scan_unroll": scan_unroll, "out": str(out)})]
+       "out": str(out)})]
   proc = subprocess.run(args, env=env, capture_output=True, text=True)
   if proc.returncode != 0:
     raise RuntimeError(f"our run ({variant}) failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -137,9 +138,13 @@ def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, step
 
 def _child(spec: str) -> None:
   s = json.loads(spec)
+  try:  # as the launch entry points do (a tree from before `disa_jax.runtime` has none)
+    from disa_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.tune_host_allocator()
+  except ImportError:
+    pass
   Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
-  hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], "grpo", seed=s["seed"],
-                  scan_unroll=s["scan_unroll"])
+  hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"])
   Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
 
 
@@ -150,8 +155,9 @@ def _parse_args():
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--blocks", type=int, default=2)
   ap.add_argument("--workdir", default=None)
-  ap.add_argument("--scan-unroll", type=int, default=1, help="unroll of our scan over decoder layers")
-  ap.add_argument("--variants", default="new", help="comma list of base, new, base+malloc, new+malloc")
+  ap.add_argument("--variants", default="new",
+                  help="comma list of base | new, each optionally +malloc (GLIBC_TUNABLES) or "
+                       "+nomalloc (DISA_HOST_MALLOC=0)")
   ap.add_argument("--baseline-rev", default=None, help="git revision of the 'base' variant")
   ap.add_argument("--warm-model", default=None,
                   help="reuse this warmed-up peer model dir (skips the peer's build and warm-up)")
@@ -195,7 +201,7 @@ def main():
     sys.exit(f"peer script not found: {args.peer}")
   variants = [v for v in args.variants.split(",") if v]
   for v in variants:
-    if v.split("+")[0] not in ("base", "new") or v.split("+")[1:] not in ([], ["malloc"]):
+    if v.split("+")[0] not in ("base", "new") or v.split("+")[1:] not in ([], ["malloc"], ["nomalloc"]):
       sys.exit(f"--variants: unknown variant {v!r}")
     if v.startswith("base") and not args.baseline_rev:
       sys.exit("--variants with 'base' needs --baseline-rev")
@@ -218,7 +224,7 @@ def main():
     for v in variants:
       wd = work / f"ours_{v}_{b}"
       shutil.rmtree(wd, ignore_errors=True)
-      hist = run_ours_child(v, trees[v.split("+")[0]], str(warm), wd, args.steps, b, args.scan_unroll)
+      hist = run_ours_child(v, trees[v.split("+")[0]], str(warm), wd, args.steps, b)
       for k in PHASES:
         ours[v][k].extend(h[k] for h in hist[3:])
       ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])

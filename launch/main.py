@@ -9,8 +9,12 @@ evaluations. Rerunning with the same workdir resumes.
 """
 from pathlib import Path
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from disa_jax import runtime
+
+runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/main.py", "main-job config file")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)

@@ -18,6 +18,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
+from disa_jax import runtime  # noqa: E402
+
+runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
+
 
 def check() -> int:
   """Joins the run, sums one value per device over every device; returns a process exit code."""

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from disa_jax import runtime
 
-from disa_jax.pipeline.offline_job import OfflineConfig, run
+runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from disa_jax.pipeline.offline_job import OfflineConfig, run  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/offline_synthetic.py", "offline config file")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)

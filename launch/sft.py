@@ -20,6 +20,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
+from disa_jax import runtime  # noqa: E402
+
+runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
+
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -19,6 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from disa_jax import runtime  # noqa: E402
+
+runtime.tune_host_allocator()  # as the launch entry points do, before JAX's CPU backend exists
+
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)

@@ -116,6 +116,9 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
   os.environ.update(spec.env)
+  if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
+    from disa_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.tune_host_allocator()
   ctl = shm.ControlBlock.attach(spec.ctl_name)
   known_names = {spec.ctl_name, spec.req_name, spec.res_name}
   req = shm.ShmRing.attach(spec.req_name)

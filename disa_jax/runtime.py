@@ -1,0 +1,68 @@
+"""Process setup for runs on CPU: glibc's allocator keeps XLA's scratch memory between executions.
+
+XLA:CPU allocates each execution's temporaries as one block (64.5 MiB for the Stage 3 update of the
+main job's tiny model). glibc serves a block that large from a fresh ``mmap`` when the request comes
+from one of XLA's worker threads (their arenas are 64 MiB heaps), and returns it on free, so every
+call faults every page in again: 16.5k minor faults per update, most of the backward's apparent cost
+(issue 14's profile, `benchmarks/profile_train_step.py`). With one arena (``M_ARENA_MAX`` = 1), no
+mmapped blocks (``M_MMAP_MAX`` = 0) and a 1 GiB trim threshold, the block is reused: 30 faults per
+update, the train phase 0.197 -> 0.114 s on that model. The price is that the process keeps its
+peak heap until it exits.
+
+`tune_host_allocator` applies those three settings through ``mallopt``. It must run before JAX
+creates its backend (before the first array or jit), so the launch entry points and the test suite's
+conftest call it first. It does nothing on an accelerator (the scratch lives in device memory),
+without glibc, or with ``DISA_HOST_MALLOC=0``.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+import os
+from typing import Any
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+M_MMAP_MAX = -4
+M_ARENA_MAX = -8
+SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 1 << 30))
+ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                       "jax_rocm7_plugin", "libtpu")
+
+
+def runs_on_cpu() -> bool:
+  """Whether JAX will pick the CPU backend, decided without creating a backend.
+
+  ``JAX_PLATFORMS`` decides when set (its first entry); otherwise JAX picks an accelerator whenever
+  one of its plugins is installed.
+  """
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+  if platforms:
+    return platforms.split(",")[0].strip().lower() == "cpu"
+  return not any(importlib.util.find_spec(m) is not None for m in ACCELERATOR_PLUGINS)
+
+
+def tune_host_allocator(*, libc: Any = None) -> bool:
+  """Applies `SETTINGS` with ``mallopt`` on a CPU run (see the module docstring).
+
+  Args:
+    libc: the C library to call (tests pass a fake); default: the process's glibc.
+
+  Returns:
+    Whether the settings were applied (False: an accelerator run, ``DISA_HOST_MALLOC=0``, or a C
+    library without ``mallopt``).
+
+  Raises:
+    OSError: ``mallopt`` refused a setting (names it).
+  """
+  if os.environ.get("DISA_HOST_MALLOC", "1") == "0" or not runs_on_cpu():
+    return False
+  if libc is None:
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+  if libc is None or not hasattr(libc, "mallopt"):
+    return False
+  for param, value in SETTINGS:
+    if libc.mallopt(param, value) != 1:
+      raise OSError(f"mallopt({param}, {value}) failed: the allocator refused the setting")
+  return True
