@@ -68,6 +68,7 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.exact_target.beta = 15.0  # Inverse temperature of the target pi_ref exp(beta r) / Z.
   c.exact_target.kl_samples = 64  # Policy samples per prompt for the Monte Carlo KL terms.
   c.exact_target.seed = 8  # Their sampling seed.
+  c.exact_target.packing = True  # Score packed rows (segment ids); False: one padded row each.
   c.local_diversity = False  # Distinct answers + mean pairwise distance per problem (offline).
   c.judge_url = ""  # OpenAI-compatible endpoint of the App. C.5 judge; '' = no judge.
   c.judge_model = "gpt-4o-mini"  # Judge model (paper: GPT-4o-mini).

@@ -169,7 +169,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   t.rollout.max_response_len = 8
   # > 1 makes the later updates off-policy, where GRPO's token clip and GSPO's sequence clip act.
   t.rollout.num_minibatches = 2
-  t.rollout.micro_batch_size = 16  # sequences per forward/backward (divides 32 and 48-row mini-batches)
+  # Packed rows of max_prompt_len + max_response_len = 72 tokens (3-6 sequences of ~20 tokens);
+  # 4 rows per forward/backward: a 32-sequence mini-batch is 3 micro-batches of 288 tokens.
+  t.rollout.micro_batch_rows = 4
   t.checkpoint.every = 250  # (and at the end)
   t.checkpoint.keep = 1
 
@@ -178,7 +180,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.sft.alpha = 32.0  # 2 * rank
   c.sft.learning_rate = 1e-3  # AdamW peak, cosine (paper: 2e-5 on 4-7B models)
   c.sft.batch_size = 32  # sequences per update (paper: 128; ~250 kept samples here)
-  c.sft.micro_batch_size = 32
+  c.sft.micro_batch_rows = 12  # packed rows of max_seq_len = 64 tokens: ~11 hold 32 sequences
   c.sft.epochs = 3  # paper: 3
   c.sft.max_seq_len = 64
   c.sft.pad_to = 16

@@ -39,12 +39,15 @@ def get_config(arg: str = "qwen2.5-7b") -> ml_collections.ConfigDict:
   s.weight_decay = 0.0
   s.grad_clip = 1.0
   s.batch_size = 128  # Table 13: global batch 128
-  s.micro_batch_size = 4  # per forward/backward; gradients accumulated to 128
+  s.micro_batch_rows = 8  # rows per forward/backward (a multiple of data x fsdp); accumulated to 128
   s.epochs = 3  # Table 13
   s.max_seq_len = 18432  # Table 13: max_seq_length
   s.keep_reward = 1.0  # keep verified-correct trajectories only
   s.compute_dtype = "auto"  # bf16 on GPU/TPU (Table 13), float32 on CPU
-  s.pad_to = 512
+  s.packing = True  # several sequences per row (segment ids); False: one padded row each
+  s.row_len = 0  # tokens per packed row; 0 = the longest kept example rounded up to pad_to
+  s.seqs_per_row = 16  # most sequences in one packed row
+  s.pad_to = 512  # length bucket of row_len = 0 and, without packing, of each micro-batch
   s.seed = 0
   s.checkpoint_every = 50
   s.remat = True  # long sequences: recompute layer activations in the backward pass

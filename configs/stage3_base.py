@@ -78,7 +78,14 @@ def get_config() -> ml_collections.ConfigDict:
   # updates) or 'engine' (raw log-probs the engine recorded while sampling).
   t.rollout.old_logp_source = "recompute"
   t.rollout.num_minibatches = 4  # Optimizer updates per rollout batch (not stated in the paper).
-  t.rollout.micro_batch_size = 8  # Sequences per forward/backward; gradients are accumulated.
+  # Sequence packing (disa_jax/data/packing.py): several sequences per row, told apart by segment
+  # ids; False = one sequence per row, every row padded to the batch's longest (for comparison).
+  t.rollout.packing = True
+  t.rollout.row_len = 0  # Tokens per packed row; 0 = max_prompt_len + max_response_len.
+  # Rows per forward/backward and per scoring pass (a multiple of the data x fsdp shards); the
+  # micro-batches of a mini-batch are a token budget of micro_batch_rows x row_len tokens each.
+  t.rollout.micro_batch_rows = 8
+  t.rollout.seqs_per_row = 16  # Most sequences in one packed row.
 
   t.replay = ml_collections.ConfigDict()  # Stage 1 replay (beyond the paper; DISA / FlowRL only)
   t.replay.fraction = 0.0  # k / G: Stage 1 samples per prompt's group, over G (0 = paper recipe).

@@ -38,7 +38,7 @@ def _cfg(**over):
   c.train.total_steps = 4
   c.train.rollout.prompts_per_batch = 4
   c.train.rollout.group_size = 4
-  c.train.rollout.micro_batch_size = 4
+  c.train.rollout.micro_batch_rows = 4
   c.track.every = 2  # two exact measurements per run: the dynamics tables and plots
   c.track.kl_samples = 4
   c.methods = ("disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo")
@@ -46,7 +46,7 @@ def _cfg(**over):
   c.sft.alpha = 8.0
   c.sft.epochs = 1
   c.sft.batch_size = 8
-  c.sft.micro_batch_size = 8
+  c.sft.micro_batch_rows = 8
   c.eval.math_k = 4
   c.eval.exact_target.kl_samples = 4
   for k, v in over.items():

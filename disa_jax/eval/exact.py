@@ -62,11 +62,14 @@ class ExactTargetConfig:
     beta: inverse temperature of the target (raw binary reward).
     kl_samples: policy samples per prompt for the Monte Carlo terms (>= 2).
     seed: their sampling seed.
+    packing: the policy / reference scorers pack several sequences per row (`SequenceScorer`);
+      False: one padded row each (for comparison).
   """
   reference_path: str = ""
   beta: float = 15.0
   kl_samples: int = 64
   seed: int = 8
+  packing: bool = True
 
   def __post_init__(self):
     if not self.beta > 0:
@@ -77,6 +80,11 @@ class ExactTargetConfig:
   @property
   def enabled(self) -> bool:
     return bool(self.reference_path)
+
+  def scorer(self, model: Any, pad_id: int) -> Any:
+    """The `SequenceScorer` of these measures (64 rows per pass; packed rows grow with the data)."""
+    from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
+    return SequenceScorer(model, pad_id=pad_id, batch_size=64, pad_to=16, packing=self.packing)
 
 
 def exact_log_z(log_p_correct_ref: np.ndarray, beta: float) -> np.ndarray:

@@ -87,19 +87,24 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos + rotated * sin
 
 
-def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """Grouped-query softmax attention with an explicit boolean mask; softmax in float32.
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+  """Positions that restart at 0 in each segment of a packed row.
 
   Args:
-    q: `[B, T, N, H]` queries (N = K * G query heads).
-    k: `[B, S, K, H]` keys.
-    v: `[B, S, K, H]` values.
-    mask: `[B, T, S]` bool, True where query t may attend to key s.
+    segment_ids: `[B, T]` int; a new segment starts wherever the id differs from the previous
+      token's (padding, id 0, counts as a segment of its own).
 
   Returns:
-    `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key gets the mean of
-    the values (finite, never NaN).
+    `[B, T]` int32: the index of each token within its segment.
   """
+  seg = segment_ids.astype(jnp.int32)
+  idx = jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape)
+  starts = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Dense grouped-query attention (see `gqa_attention`)."""
   b, t, n, h = q.shape
   kv_heads = k.shape[2]
   groups = n // kv_heads
@@ -110,6 +115,37 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
   return out.reshape(b, t, n, h)  # [B, T, K, G, H] -> [B, T, N, H]
+
+
+def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
+                  query_chunk: int = 0) -> jax.Array:
+  """Grouped-query softmax attention with an explicit boolean mask; softmax in float32.
+
+  Args:
+    q: `[B, T, N, H]` queries (N = K * G query heads).
+    k: `[B, S, K, H]` keys.
+    v: `[B, S, K, H]` values.
+    mask: `[B, T, S]` bool, True where query t may attend to key s.
+    query_chunk: 0 = one dense pass (`[B, N, T, S]` float32 scores). c > 0 with T > c: the
+      queries run in T / c blocks (T must be a multiple of c) under `jax.checkpoint`, so that
+      forward and backward hold `[B, N, c, S]` scores at a time instead of `[B, N, T, S]`; the
+      result is the same (each query row's softmax is over all S keys either way).
+
+  Returns:
+    `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key gets the mean of
+    the values (finite, never NaN).
+  """
+  b, t, n, h = q.shape
+  if query_chunk <= 0 or t <= query_chunk:
+    return _attend(q, k, v, mask)
+  if t % query_chunk:
+    raise ValueError(f"attention query_chunk={query_chunk} must divide the sequence length {t}")
+  blocks = t // query_chunk
+  qb = q.reshape(b, blocks, query_chunk, n, h).swapaxes(0, 1)  # [B, T, N, H] -> [n, B, c, N, H]
+  mb = mask.reshape(b, blocks, query_chunk, -1).swapaxes(0, 1)  # [B, T, S] -> [n, B, c, S]
+  block = jax.checkpoint(lambda qi, mi: _attend(qi, k, v, mi))
+  out = jax.lax.map(lambda xs: block(*xs), (qb, mb))  # [n, B, c, N, H]
+  return out.swapaxes(0, 1).reshape(b, t, n, h)
 
 
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:

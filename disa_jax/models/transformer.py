@@ -87,6 +87,9 @@ class Transformer(nnx.Module):
     remat: recompute each layer's activations in the backward pass (`jax.checkpoint`).
     scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled);
       used only when the layers run as a scan.
+    attention_chunk: 0 = dense attention; c > 0 = queries in blocks of c under `jax.checkpoint`
+      (`layers.gqa_attention`): `[B, N, c, T]` scores at a time instead of `[B, N, T, T]`, for long
+      packed rows (T > c must be a multiple of c).
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
@@ -94,15 +97,18 @@ class Transformer(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
                param_dtype: Any = jnp.float32, remat: bool = False, scan_unroll: int = 1,
-               layer_loop: str = "auto"):
+               layer_loop: str = "auto", attention_chunk: int = 0):
     if layer_loop not in _LAYER_LOOPS:
       raise ValueError(f"Transformer layer_loop={layer_loop!r}; expected one of {_LAYER_LOOPS}")
+    if attention_chunk < 0:
+      raise ValueError(f"Transformer attention_chunk={attention_chunk!r} must be >= 0 (0 = dense)")
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype
     self.remat = remat
     self.scan_unroll = scan_unroll
     self.layer_loop = layer_loop
+    self.attention_chunk = attention_chunk
     self.sharding: ShardingContext | None = None
     v, d = config.vocab_size, config.hidden_size
     self.embed = nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), (v, d), param_dtype),
@@ -173,7 +179,7 @@ class Transformer(nnx.Module):
           v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
-      attn = L.gqa_attention(q, k, v, mask)
+      attn = L.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk)
       out = jnp.einsum("btnh,nhd->btd", attn, p["o_kernel"])
       if c.o_bias:
         out = out + p["o_bias"]
@@ -227,17 +233,30 @@ class Transformer(nnx.Module):
     return x, per_layer, new_cache
 
   @staticmethod
-  def _default_positions(input_ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+  def _default_positions(input_ids: jax.Array, attention_mask: jax.Array | None,
+                         segment_ids: jax.Array | None = None) -> jax.Array:
+    if segment_ids is not None:
+      return L.segment_positions(segment_ids)
     if attention_mask is None:
       return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
-  def _full_mask(self, input_ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
-    """`[B, T, T]` causal & key-padding mask."""
-    t = input_ids.shape[1]
+  def _full_mask(self, input_ids: jax.Array, attention_mask: jax.Array | None,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+    """`[B, T, T]` bool: causal, and key-padding (``attention_mask``) or same-segment
+    (``segment_ids``: query and key in one segment, the key's segment > 0)."""
+    b, t = input_ids.shape
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]  # [1, T, T]
+    if segment_ids is not None:
+      if attention_mask is not None:
+        raise ValueError("pass attention_mask or segment_ids, not both (segment 0 is padding)")
+      if segment_ids.shape != (b, t):
+        raise ValueError(f"segment_ids must be [B, T] = {(b, t)}, got {segment_ids.shape}")
+      seg = segment_ids.astype(jnp.int32)
+      same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)  # [B, T, T]
+      return causal & same
     if attention_mask is None:
-      return jnp.broadcast_to(causal, (input_ids.shape[0], t, t))
+      return jnp.broadcast_to(causal, (b, t, t))
     return causal & attention_mask.astype(bool)[:, None, :]
 
   def _check_ids(self, input_ids: jax.Array) -> None:
@@ -248,37 +267,48 @@ class Transformer(nnx.Module):
   # public API
   # ----------------------------------------------------------------------------------------------
 
+  def _prepare(self, input_ids, positions, attention_mask, segment_ids):
+    """Checks the ids; returns (positions `[B, T]`, mask `[B, T, T]`)."""
+    self._check_ids(input_ids)
+    mask = self._full_mask(input_ids, attention_mask, segment_ids)
+    if positions is None:
+      positions = self._default_positions(input_ids, attention_mask, segment_ids)
+    return positions, mask
+
   def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
-                    attention_mask: jax.Array | None = None) -> jax.Array:
+                    attention_mask: jax.Array | None = None,
+                    segment_ids: jax.Array | None = None) -> jax.Array:
     """Final-normed hidden states.
 
     Args:
       input_ids: `[B, T]` int token ids.
-      positions: `[B, T]` int RoPE positions; default cumsum(attention_mask) - 1 clipped at 0.
+      positions: `[B, T]` int RoPE positions; default: restarting at 0 in each segment with
+        ``segment_ids``, else cumsum(attention_mask) - 1 clipped at 0.
       attention_mask: `[B, T]` (1 = real token, 0 = pad); default all ones.
+      segment_ids: `[B, T]` int (packed rows: 0 = padding, k = the k-th sequence of the row);
+        a token attends causally to the tokens of its own segment only. Exclusive with
+        ``attention_mask``.
 
     Returns:
       `[B, T, D]` in the computation dtype.
     """
-    self._check_ids(input_ids)
-    if positions is None:
-      positions = self._default_positions(input_ids, attention_mask)
-    x, _, _ = self._run(input_ids, positions, self._full_mask(input_ids, attention_mask))
+    positions, mask = self._prepare(input_ids, positions, attention_mask, segment_ids)
+    x, _, _ = self._run(input_ids, positions, mask)
     return L.rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
 
   def layer_outputs(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
-                    attention_mask: jax.Array | None = None) -> jax.Array:
+                    attention_mask: jax.Array | None = None,
+                    segment_ids: jax.Array | None = None) -> jax.Array:
     """Residual stream after the embedding and after each layer (before the final norm).
+
+    Args: as `hidden_states`.
 
     Returns:
       `[L + 1, B, T, D]`: index 0 = embeddings, index i = output of layer i.
     """
-    self._check_ids(input_ids)
-    if positions is None:
-      positions = self._default_positions(input_ids, attention_mask)
+    positions, mask = self._prepare(input_ids, positions, attention_mask, segment_ids)
     x0 = self._embed(input_ids)
-    _, per_layer, _ = self._run(input_ids, positions, self._full_mask(input_ids, attention_mask),
-                                collect=True)
+    _, per_layer, _ = self._run(input_ids, positions, mask, collect=True)
     return jnp.concatenate([x0[None], per_layer], axis=0)
 
   def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
@@ -287,19 +317,22 @@ class Transformer(nnx.Module):
     return logits
 
   def __call__(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
-               attention_mask: jax.Array | None = None, return_hidden: bool = False):
+               attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
+               return_hidden: bool = False):
     """Logits of every position.
 
     Args:
       input_ids: `[B, T]` int token ids.
-      positions: `[B, T]` int positions (default: cumsum(attention_mask) - 1 clipped at 0).
+      positions: `[B, T]` int positions (default: see `hidden_states`).
       attention_mask: `[B, T]` (1 = real, 0 = pad); causal + key-padding masking.
+      segment_ids: `[B, T]` int packed-row segments (0 = padding); causal within a segment.
       return_hidden: also return the final-normed hidden states.
 
     Returns:
       logits `[B, T, V]`, or `(logits, hidden [B, T, D])` with return_hidden.
     """
-    hidden = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask)
+    hidden = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
+                                segment_ids=segment_ids)
     logits = self._constrain(self.logits_from_hidden(hidden), ("batch", "seq", "act_vocab"))
     return (logits, hidden) if return_hidden else logits
 

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from disa_jax.data.batching import pack_sequences
+from disa_jax.data import packing
 from disa_jax.data.sum_task import SumTask, make_tokenizer
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
 from disa_jax.sft import SupervisedSchedule, make_sft_step
@@ -80,6 +80,24 @@ def _answers(rng: np.random.Generator, task: SumTask, n: int, spec: WarmupSpec) 
       return a, b
 
 
+WARMUP_ROW_LEN = 64
+
+
+def _warmup_layout(tok, task: SumTask, prompt_lens: list[int], batch_size: int
+                   ) -> packing.PackingLayout:
+  """Packed rows of `WARMUP_ROW_LEN` tokens, enough of them that any batch fits in one micro-batch:
+  with sequences of at most ``longest`` tokens, first-fit-decreasing puts at least
+  k = row_len // longest sequences in every row it fills (a row with fewer has room for one more)."""
+  answer = max(len(tok.encode(task.answer_text(a, b), add_special_tokens=False))
+               for a in range(task.n_max + 1) for b in range(task.n_max + 1)) + 1  # + EOS
+  longest = max(prompt_lens) + answer
+  per_row = WARMUP_ROW_LEN // longest
+  if per_row < 1:
+    raise ValueError(f"a warm-up sequence of {longest} tokens exceeds WARMUP_ROW_LEN={WARMUP_ROW_LEN}")
+  return packing.PackingLayout(row_len=WARMUP_ROW_LEN, rows=-(-batch_size // per_row),
+                               seqs_per_row=per_row * 2)
+
+
 def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_from: Transformer | None = None,
                     progress: bool = True, desc: str = "warm-up") -> tuple[Transformer, dict]:
   """Supervised warm-up from random init (or in place from ``init_from``).
@@ -94,13 +112,16 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
   opt = init(model)
   rng = np.random.default_rng(spec.seed + 1)
   prompts = {n: tok.encode(task.prompt(n), add_special_tokens=False) for n in task.ns}
+  layout = _warmup_layout(tok, task, [len(p) for p in prompts.values()], spec.batch_size)
   losses, t0 = [], time.time()
   for _ in tqdm(range(spec.steps), desc=desc, disable=not progress):
     ns = rng.integers(task.n_min, task.n_max + 1, size=spec.batch_size)
     pairs = [_answers(rng, task, int(n), spec) for n in ns]
     resp = [tok.encode(task.answer_text(a, b), add_special_tokens=False) + [tok.eos_token_id] for a, b in pairs]
-    b = pack_sequences([prompts[int(n)] for n in ns], resp, pad_id=tok.pad_token_id, pad_to=32)
-    losses.append(float(step(model, opt, {k: jnp.asarray(v) for k, v in b.items()})))
+    (b,) = packing.pack([prompts[int(n)] for n in ns], resp, layout, pad_id=tok.pad_token_id)
+    rows = {k: jnp.asarray(getattr(b.rows, k)) for k in ("input_ids", "segment_ids", "positions",
+                                                          "response_mask")}
+    losses.append(float(step(model, opt, rows)))
   return model, {"steps": spec.steps, "seconds": time.time() - t0, "loss_first": losses[0],
                  "loss_last20": float(np.mean(losses[-20:])), "losses": losses}
 

@@ -2,15 +2,20 @@
 
 A step reads: rollout -> score -> objective -> update. `RolloutBatch` is filled in that order:
 
-1. the collector (`disa_jax.rl.collect`) samples and grades, and packs prompt + response tokens
-   into rows (prompt-major: the G rows of prompt p are ``p*G : (p+1)*G``);
+1. the collector (`disa_jax.rl.collect`) samples and grades (prompt-major sequences: the G
+   sequences of prompt p are ``p*G : (p+1)*G``);
 2. the scorer (`disa_jax.rl.scorer`) adds the log-probs the objective needs: ``ref_logp`` (pi_ref),
-   ``old_logp`` (pi_old) and ``log_z`` (the anchor's per-row value);
-3. the objective adds ``signal``, its per-row scalar (r~ for TB, the advantage for GRPO / GSPO);
-4. `train_batch` hands the arrays to the jitted update as a `TrainBatch` pytree.
+   ``old_logp`` (pi_old), per response token, and ``log_z`` (the anchor's per-sequence value);
+3. the objective adds ``signal``, its per-sequence scalar (r~ for TB, the advantage for GRPO/GSPO);
+4. `RolloutBatch.train_sequences` hands them to the update, which packs each mini-batch into
+   `TrainBatch` micro-batches (`TrainSequences.micro_batches`).
 
-A field a step does not need stays None on the host and is sent as zeros (the update never reads
-it: the objective declares what it reads).
+A `TrainBatch` has two sides. The model side is `disa_jax.data.packing.PackedRows`: R rows of L
+tokens, several sequences per row (one per row without packing). The loss side is per sequence
+slot, ``[S, W]`` per response token (W = the max response length) and ``[S]`` per sequence,
+exactly the layout the objectives read (`disa_jax.rl.objectives`); empty slots have an all-zero
+response mask and contribute nothing. A field a step does not need stays None on the host and is
+sent as zeros (the update never reads it: the objective declares what it reads).
 """
 from __future__ import annotations
 
@@ -20,29 +25,25 @@ from typing import Sequence
 import flax.struct
 import numpy as np
 
-TOKEN_FIELDS = ("input_ids", "attention_mask", "prompt_mask", "response_mask", "old_logp",
-                "ref_logp")
-ROW_FIELDS = ("signal", "log_z")
+from disa_jax.data import packing
+from disa_jax.data.packing import PackedRows
 
 
 @flax.struct.dataclass
 class TrainBatch:
-  """What one update reads; every array has the same leading axes (``[B]``, or ``[K, b]`` once
-  split into K micro-batches of b rows).
+  """One micro-batch of the update.
 
   Attributes:
-    input_ids: ``[..., T]`` int32 prompt then response tokens, then padding.
-    attention_mask: ``[..., T]`` int32, 1 on real tokens.
-    prompt_mask: ``[..., T]`` float32, 1 on prompt tokens.
-    response_mask: ``[..., T]`` float32, 1 on response tokens (the scored / trained tokens).
-    old_logp: ``[..., T]`` float32 log pi_old of each token (entry t scores token t).
-    ref_logp: ``[..., T]`` float32 log pi_ref of each token.
-    signal: ``[...]`` float32 the objective's per-row scalar (r~ or advantage).
-    log_z: ``[...]`` float32 the anchor's log Z of the row's prompt (DISA; zeros otherwise).
+    rows: the packed model input (``[R, L]`` fields, `PackedRows`).
+    response_index: ``[S, W]`` int32, flat index into ``[R * L]`` of each response token.
+    response_mask: ``[S, W]`` float32, 1 on the response tokens of each slot (the trained tokens).
+    old_logp: ``[S, W]`` float32 log pi_old of each response token.
+    ref_logp: ``[S, W]`` float32 log pi_ref of each response token.
+    signal: ``[S]`` float32 the objective's per-sequence scalar (r~ or advantage).
+    log_z: ``[S]`` float32 the anchor's log Z of the sequence's prompt (DISA; zeros otherwise).
   """
-  input_ids: np.ndarray
-  attention_mask: np.ndarray
-  prompt_mask: np.ndarray
+  rows: PackedRows
+  response_index: np.ndarray
   response_mask: np.ndarray
   old_logp: np.ndarray
   ref_logp: np.ndarray
@@ -50,46 +51,81 @@ class TrainBatch:
   log_z: np.ndarray
 
   @property
-  def num_rows(self) -> int:
-    return int(self.input_ids.shape[-2])
+  def num_slots(self) -> int:
+    return int(self.response_mask.shape[0])
 
-  def take(self, idx: np.ndarray) -> "TrainBatch":
-    """Rows ``idx`` of a ``[B, ...]`` batch."""
-    return TrainBatch(**{f: np.asarray(getattr(self, f))[idx] for f in TOKEN_FIELDS + ROW_FIELDS})
 
-  def split(self, micro_batch_size: int) -> "TrainBatch":
-    """``[M, ...]`` -> ``[M // b, b, ...]`` micro-batches of b = ``micro_batch_size`` rows."""
-    m = self.input_ids.shape[0]
-    if m % micro_batch_size:
-      raise ValueError(f"mini-batch of {m} rows is not divisible by "
-                       f"micro_batch_size={micro_batch_size}")
-    return TrainBatch(**{f: np.asarray(getattr(self, f)).reshape(
-        (m // micro_batch_size, micro_batch_size) + np.shape(getattr(self, f))[1:])
-                         for f in TOKEN_FIELDS + ROW_FIELDS})  # [M, ...] -> [K, b, ...]
+@dataclasses.dataclass
+class TrainSequences:
+  """The update's per-sequence inputs on the host: N sequences, responses W tokens wide at most.
+
+  Attributes:
+    prompts: ``[N]`` prompt token ids.
+    responses: ``[N]`` response token ids.
+    old_logp, ref_logp: ``[N, W]`` float32, entry j = response token j (zeros beyond its length).
+    signal: ``[N]`` float32.
+    log_z: ``[N]`` float32.
+  """
+  prompts: Sequence[Sequence[int]]
+  responses: Sequence[Sequence[int]]
+  old_logp: np.ndarray
+  ref_logp: np.ndarray
+  signal: np.ndarray
+  log_z: np.ndarray
+
+  @property
+  def width(self) -> int:
+    return int(self.old_logp.shape[1])
+
+  def micro_batches(self, idx: np.ndarray, layout: packing.PackingLayout, *, pad_id: int
+                    ) -> list[TrainBatch]:
+    """Packs sequences ``idx`` (a mini-batch) into `TrainBatch` micro-batches of ``layout``.
+
+    Every sequence lands in exactly one slot; the slots of each micro-batch carry its log-probs,
+    signal and log Z, and empty slots carry zeros and an all-zero mask.
+    """
+    idx = np.asarray(idx)
+    out = []
+    for pb in packing.pack([self.prompts[i] for i in idx], [self.responses[i] for i in idx],
+                           layout, pad_id=pad_id):
+      index, mask = pb.response_index(self.width)
+      filled = pb.seq_index >= 0
+      src = idx[pb.seq_index[filled]]
+
+      def take(a: np.ndarray) -> np.ndarray:
+        full = np.zeros((len(filled),) + a.shape[1:], np.float32)
+        full[filled] = a[src]
+        return full
+
+      on = mask > 0
+      out.append(TrainBatch(rows=pb.rows, response_index=index, response_mask=mask,
+                            old_logp=np.where(on, take(self.old_logp), 0.0),
+                            ref_logp=np.where(on, take(self.ref_logp), 0.0),
+                            signal=take(self.signal), log_z=take(self.log_z)))
+    return out
 
 
 @dataclasses.dataclass
 class RolloutBatch:
-  """One RL step's samples on the host, rows prompt-major ``[B = P * G]``.
+  """One RL step's samples on the host, sequences prompt-major ``[B = P * G]``.
 
   Attributes:
     prompt_ids: ``[P]`` ids of the step's prompts.
     prompt_tokens: ``[P]`` their token ids.
-    group_size: G rows per prompt.
-    tokens: the packed ``input_ids``, ``attention_mask``, ``prompt_mask``, ``response_mask``,
-      each ``[B, T]`` (`disa_jax.data.batching.pack_sequences`).
-    prompt_lengths: ``[B]`` int prompt tokens of each row.
+    group_size: G sequences per prompt.
+    response_width: W, the widest response (the run's max response length).
     response_ids: ``[B]`` response token ids.
     reward: ``[B]`` float32 raw verifier rewards.
     grade_error: ``[B]`` bool, the grader raised or timed out (reward 0 there).
-    is_replay: ``[B]`` bool, the row is a replayed Stage 1 sample (not sampled on-policy).
+    is_replay: ``[B]`` bool, the sequence is a replayed Stage 1 sample (not sampled on-policy).
     sampled_logp: ``[B]`` per-token log-probs of the distribution sampled from (None: replayed).
     engine_logp: ``[B]`` raw per-token log-probs recorded by the engine (None where not asked
       for or replayed).
     finish_reason: ``[B]`` 'stop' | 'length' | 'replay'.
-    stored_ref_logp: ``[B]`` float64 log pi_ref recorded by Stage 1 for replayed rows (NaN for
-      on-policy rows); checked against the recomputed value.
-    ref_logp, old_logp: ``[B, T]`` float32, filled by the scorer when the objective needs them.
+    stored_ref_logp: ``[B]`` float64 log pi_ref recorded by Stage 1 for replayed sequences (NaN
+      for on-policy ones); checked against the recomputed value.
+    ref_logp, old_logp: ``[B, W]`` float32 per response token (zeros beyond each response), filled
+      by the scorer when the objective needs them.
     log_z: ``[B]`` float32, filled by the scorer for objectives with an anchor.
     signal: ``[B]`` float32, filled by the objective (`Objective.row_signal`).
     generate_s: seconds spent in the engines.
@@ -97,8 +133,7 @@ class RolloutBatch:
   prompt_ids: list[str]
   prompt_tokens: list[tuple[int, ...]]
   group_size: int
-  tokens: dict[str, np.ndarray]
-  prompt_lengths: np.ndarray
+  response_width: int
   response_ids: list[np.ndarray]
   reward: np.ndarray
   grade_error: np.ndarray
@@ -115,35 +150,43 @@ class RolloutBatch:
 
   @property
   def num_rows(self) -> int:
+    """B, the number of sequences."""
     return len(self.response_ids)
+
+  @property
+  def prompts(self) -> list[tuple[int, ...]]:
+    """``[B]`` the prompt tokens of each sequence."""
+    return [self.prompt_tokens[b // self.group_size] for b in range(self.num_rows)]
+
+  @property
+  def num_tokens(self) -> int:
+    """Prompt + response tokens over all sequences."""
+    return sum(len(self.prompt_tokens[b // self.group_size]) + len(r)
+               for b, r in enumerate(self.response_ids))
 
   @property
   def grouped_reward(self) -> np.ndarray:
     """``[B]`` -> ``[P, G]`` raw rewards."""
     return self.reward.reshape(len(self.prompt_ids), self.group_size)
 
-  def train_batch(self) -> TrainBatch:
-    """The arrays of the update (None fields as zeros: the objective does not read them)."""
+  def train_sequences(self) -> TrainSequences:
+    """The update's inputs (None fields as zeros: the objective does not read them)."""
     if self.signal is None:
       raise ValueError("RolloutBatch.signal is unset: the objective's row_signal has not run")
-    shape = self.tokens["input_ids"].shape
-    zeros_t = np.zeros(shape, np.float32)
-    return TrainBatch(
-        input_ids=self.tokens["input_ids"].astype(np.int32),
-        attention_mask=self.tokens["attention_mask"].astype(np.int32),
-        prompt_mask=self.tokens["prompt_mask"].astype(np.float32),
-        response_mask=self.tokens["response_mask"].astype(np.float32),
+    zeros_t = np.zeros((self.num_rows, self.response_width), np.float32)
+    return TrainSequences(
+        prompts=self.prompts, responses=self.response_ids,
         old_logp=zeros_t if self.old_logp is None else self.old_logp,
         ref_logp=zeros_t if self.ref_logp is None else self.ref_logp,
         signal=np.asarray(self.signal, np.float32).reshape(-1),
-        log_z=(np.zeros(shape[0], np.float32) if self.log_z is None
+        log_z=(np.zeros(self.num_rows, np.float32) if self.log_z is None
                else np.asarray(self.log_z, np.float32)))
 
   def response_logp_rows(self, logp: Sequence[np.ndarray | None]) -> np.ndarray:
-    """Per-token log-probs of each row's response placed at its token positions: ``[B, T]``."""
-    out = np.zeros(self.tokens["input_ids"].shape, np.float32)
-    for i, (start, lp) in enumerate(zip(self.prompt_lengths, logp)):
+    """Per-token log-probs of each response, ``[B, W]`` (zeros beyond each response)."""
+    out = np.zeros((self.num_rows, self.response_width), np.float32)
+    for i, lp in enumerate(logp):
       if lp is None:
-        raise ValueError(f"row {i} has no recorded log-probs")
-      out[i, start:start + len(lp)] = lp
+        raise ValueError(f"sequence {i} has no recorded log-probs")
+      out[i, :len(lp)] = lp
     return out

@@ -1,8 +1,9 @@
-"""Rollout: the first part of a Stage 3 step. Samples, grades and packs one `RolloutBatch`.
+"""Rollout: the first part of a Stage 3 step. Samples and grades one `RolloutBatch`.
 
 `RolloutCollector.collect(step)` takes the step's P prompts from the `PromptStream`, samples G
 responses per prompt with the rollout `Engine` (its own process in production), grades them with
-the run's `RewardFn`, and packs prompt + response tokens into prompt-major rows. With Stage 1
+the run's `RewardFn`, and keeps them as prompt-major sequences (packed into rows later, by the
+scorer and the update). With Stage 1
 replay (`ReplayConfig`), k of a prompt's G rows are Stage 1 proposal samples (`disa_jax.rl.replay`)
 and the engine samples the other G - k; prompts without Stage 1 samples get a second on-policy call
 for their k slots, so every group has G rows.
@@ -22,7 +23,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from disa_jax.data.batching import pack_sequences
 from disa_jax.eval import metrics as eval_metrics
 from disa_jax.parallel import distributed
 from disa_jax.rewards.graded import Graded, Response, RewardFn
@@ -71,16 +71,14 @@ class RolloutCollector:
     reward_fn: the run's `RewardFn`.
     decode: token ids -> text (special tokens skipped), for the reward function.
     stop_token_ids: tokens that end a response.
-    pad_id: padding token id of the packed rows.
-    pad_to: packed row length is a multiple of this.
     replay_pool: Stage 1 samples (required when ``cfg.replay`` is enabled).
     leaders: process indices of the host leaders (`distributed.host_leaders`).
   """
 
   def __init__(self, cfg: TrainConfig, *, engine: Engine | None, stream: PromptStream,
                reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
-               stop_token_ids: tuple[int, ...], pad_id: int, pad_to: int,
-               replay_pool: ReplayPool | None, leaders: list[int]):
+               stop_token_ids: tuple[int, ...], replay_pool: ReplayPool | None,
+               leaders: list[int]):
     if cfg.replay.enabled and replay_pool is None:
       raise ValueError(f"replay.fraction={cfg.replay.fraction} needs a Stage 1 replay pool, got None")
     if replay_pool is not None and not cfg.replay.enabled:
@@ -90,7 +88,7 @@ class RolloutCollector:
                        "in the replay pool")
     self.cfg, self.engine, self.stream = cfg, engine, stream
     self.reward_fn, self.decode = reward_fn, decode
-    self.stop_token_ids, self.pad_id, self.pad_to = tuple(stop_token_ids), pad_id, pad_to
+    self.stop_token_ids = tuple(stop_token_ids)
     self.replay, self.leaders = replay_pool, leaders
 
   def generate(self, items: Sequence[PromptItem], params: SamplingParams
@@ -131,7 +129,7 @@ class RolloutCollector:
                             seed=derive_seed(self.cfg.seed, "replay", step))
 
   def collect(self, step: int) -> RolloutBatch:
-    """The packed, graded rollout batch of RL step ``step`` (0-based).
+    """The graded rollout batch of RL step ``step`` (0-based).
 
     Rows are prompt-major ``[P * R]`` with R = `TrainConfig.rows_per_prompt` (G, or G + k with
     replayed rows added); within a prompt's group the on-policy samples come first and the replayed
@@ -155,9 +153,9 @@ class RolloutCollector:
         groups[i] += extra[j]
         rows_r[i] += extra_g.reward[j * k:(j + 1) * k].tolist()
         rows_e[i] += extra_g.error[j * k:(j + 1) * k].tolist()
-    return self._pack(items, groups, rows_r, rows_e, replayed, t_gen)
+    return self._assemble(items, groups, rows_r, rows_e, replayed, t_gen)
 
-  def _pack(self, items, groups, rows_r, rows_e, replayed, t_gen) -> RolloutBatch:
+  def _assemble(self, items, groups, rows_r, rows_e, replayed, t_gen) -> RolloutBatch:
     resp, reward, error, is_replay, sampled, raw, finish, stored = [], [], [], [], [], [], [], []
     for group, r, e, rep in zip(groups, rows_r, rows_e, replayed):
       resp += [c.token_ids for c in group] + [s.token_ids for s in rep]
@@ -168,14 +166,10 @@ class RolloutCollector:
       raw += [c.raw_logprobs for c in group] + [None] * len(rep)
       finish += [c.finish_reason for c in group] + ["replay"] * len(rep)
       stored += [np.nan] * len(group) + [s.logp_ref for s in rep]
-    g = self.cfg.rows_per_prompt
-    prompts = [list(it.token_ids) for it in items for _ in range(g)]  # [P] -> [P * R]
-    tokens = pack_sequences(prompts, [t.tolist() for t in resp], pad_id=self.pad_id,
-                            pad_to=self.pad_to)
     return RolloutBatch(
         prompt_ids=[it.prompt_id for it in items],
-        prompt_tokens=[tuple(it.token_ids) for it in items], group_size=g, tokens=tokens,
-        prompt_lengths=np.asarray([len(p) for p in prompts]), response_ids=resp,
+        prompt_tokens=[tuple(it.token_ids) for it in items], group_size=self.cfg.rows_per_prompt,
+        response_width=self.cfg.rollout.max_response_len, response_ids=resp,
         reward=np.asarray(reward, np.float32), grade_error=np.asarray(error, bool),
         is_replay=np.asarray(is_replay, bool), sampled_logp=sampled, engine_logp=raw,
         finish_reason=finish, stored_ref_logp=np.asarray(stored, np.float64), generate_s=t_gen)

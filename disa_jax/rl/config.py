@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from disa_jax.data.packing import PackingLayout
 from disa_jax.rl.objectives import Disa, Objective
 
 OLD_LOGP_SOURCES = ("recompute", "engine")
@@ -72,8 +73,18 @@ class RolloutConfig:
     temperature, top_p, top_k: training sampling parameters.
     old_logp_source: 'recompute' (the policy before the update scores the rollouts once) or
       'engine' (the raw log-probs the engine recorded while sampling).
-    num_minibatches: optimizer updates per rollout batch.
-    micro_batch_size: sequences per forward/backward (gradient accumulation within a mini-batch).
+    num_minibatches: optimizer updates per rollout batch (each on an equal share of the
+      sequences).
+    packing: pack several sequences into each row (`disa_jax.data.packing`): micro-batches are a
+      token budget of ``micro_batch_rows`` x ``row_len`` tokens, one compiled shape. False: one
+      sequence per row, every row padded to the rollout batch's longest sequence (kept for
+      comparison; one compiled shape per length bucket).
+    row_len: tokens per packed row; 0 = max_prompt_len + max_response_len (a row must hold the
+      longest sequence).
+    micro_batch_rows: rows per forward/backward (gradient accumulation within a mini-batch) and per
+      scoring pass; a multiple of the mesh's data x fsdp shards.
+    seqs_per_row: most sequences in one packed row (sequence slots per micro-batch =
+      micro_batch_rows x seqs_per_row).
   """
   prompts_per_batch: int = 128
   group_size: int = 8
@@ -84,11 +95,14 @@ class RolloutConfig:
   top_k: int = 0
   old_logp_source: str = "recompute"
   num_minibatches: int = 4
-  micro_batch_size: int = 8
+  packing: bool = True
+  row_len: int = 0
+  micro_batch_rows: int = 8
+  seqs_per_row: int = 16
 
   def __post_init__(self):
     for f in ("prompts_per_batch", "group_size", "max_prompt_len", "max_response_len",
-              "num_minibatches", "micro_batch_size"):
+              "num_minibatches", "micro_batch_rows", "seqs_per_row"):
       if getattr(self, f) < 1:
         _fail("rollout", f, getattr(self, f), "must be >= 1")
     if not self.temperature > 0:
@@ -100,6 +114,24 @@ class RolloutConfig:
     if self.old_logp_source not in OLD_LOGP_SOURCES:
       _fail("rollout", "old_logp_source", self.old_logp_source,
             f"must be one of {OLD_LOGP_SOURCES}")
+    longest = self.max_prompt_len + self.max_response_len
+    if self.row_len < 0 or 0 < self.row_len < longest:
+      _fail("rollout", "row_len", self.row_len,
+            f"must be 0 or >= max_prompt_len + max_response_len = {longest} (a row holds the "
+            "longest sequence)")
+
+  def layout(self, lengths: Any, pad_to: int) -> PackingLayout:
+    """The micro-batch layout of a rollout batch whose sequences have ``lengths`` tokens.
+
+    Packing: fixed rows of ``row_len`` tokens. Without packing: one sequence per row, every row as
+    long as the batch's longest sequence rounded up to ``pad_to``.
+    """
+    if self.packing:
+      return PackingLayout(row_len=self.row_len or self.max_prompt_len + self.max_response_len,
+                           rows=self.micro_batch_rows, seqs_per_row=self.seqs_per_row)
+    longest = int(max(lengths, default=1))
+    return PackingLayout(packing=False, row_len=-(-longest // pad_to) * pad_to,
+                         rows=self.micro_batch_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,9 +285,6 @@ class TrainConfig:
       _fail("rollout", "num_minibatches", rc.num_minibatches,
             f"must divide the {rows} rows of a step ({rc.prompts_per_batch} prompts x "
             f"{self.rows_per_prompt} rows)")
-    if (rows // rc.num_minibatches) % rc.micro_batch_size:
-      _fail("rollout", "micro_batch_size", rc.micro_batch_size,
-            f"must divide the mini-batch size {rows // rc.num_minibatches}")
 
   @property
   def replay_rows(self) -> int:

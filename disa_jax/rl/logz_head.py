@@ -1,6 +1,7 @@
 """FlowRL's co-trained partition-function head log Z_phi(q) (eq. 6).
 
-An MLP on a masked mean of the policy's final hidden state over the prompt tokens:
+An MLP on a masked mean of the policy's final hidden state over the prompt tokens (a segment mean
+over packed rows, `packed_mean_embedding`):
 ``num_layers - 1`` blocks of (Linear D->D, GELU, LayerNorm, Dropout), then Linear D->1. It lives in
 its own `nnx.Module`, separate from the policy `Transformer`, so that weight sync to the rollout
 engine and HF export (which walk the policy only) never see it; the trainer keeps its parameters and
@@ -30,51 +31,99 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from disa_jax.scoring.logprobs import segment_mean
+
 POOLINGS = ("exclude_last_prompt_token", "all_prompt_tokens")
 INITS = ("torch", "flax")
 
 
-def pooling_mask(prompt_mask: jax.Array, pooling: str = "exclude_last_prompt_token") -> jax.Array:
-  """The positions the head's input averages over.
+def packed_pooling_mask(prompt_mask: jax.Array, token_slot: jax.Array,
+                        pooling: str = "exclude_last_prompt_token") -> jax.Array:
+  """The positions the head's input averages over, in packed rows (any number of sequences per
+  row, each prompt contiguous).
 
   Args:
-    prompt_mask: ``[B, T]`` 1 on prompt tokens, 0 elsewhere (left or right padding, any layout).
+    prompt_mask: ``[R, L]`` 1 on prompt tokens, 0 elsewhere.
+    token_slot: ``[R, L]`` the sequence slot of each token (`disa_jax.data.packing.PackedRows`).
     pooling: ``exclude_last_prompt_token`` (FlowRL: every prompt position but the last prompt
-      token of each row) | ``all_prompt_tokens``.
+      token of each sequence) | ``all_prompt_tokens``.
 
   Returns:
-    ``[B, T]`` bool.
+    ``[R, L]`` bool.
   """
   if pooling not in POOLINGS:
     raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
   m = jnp.asarray(prompt_mask) > 0
   if pooling == "all_prompt_tokens":
     return m
-  at_or_after = jnp.cumsum(m[:, ::-1].astype(jnp.int32), axis=1)[:, ::-1]  # prompt tokens >= t
-  return m & (at_or_after > 1)
+  slot = jnp.asarray(token_slot)
+  # A prompt token is the last one of its sequence unless the next token is a prompt token of
+  # the same sequence.
+  followed = m[:, 1:] & (slot[:, 1:] == slot[:, :-1])
+  return m & jnp.concatenate([followed, jnp.zeros_like(m[:, :1])], axis=1)
+
+
+def _row_slots(prompt_mask: jax.Array) -> jax.Array:
+  """``[B, T]`` slot ids of a padded batch: the row index on prompt tokens, B elsewhere."""
+  b = prompt_mask.shape[0]
+  return jnp.where(jnp.asarray(prompt_mask) > 0, jnp.arange(b, dtype=jnp.int32)[:, None], b)
+
+
+def pooling_mask(prompt_mask: jax.Array, pooling: str = "exclude_last_prompt_token") -> jax.Array:
+  """`packed_pooling_mask` of a padded batch (one sequence per row).
+
+  Args:
+    prompt_mask: ``[B, T]`` 1 on prompt tokens, 0 elsewhere (left or right padding).
+    pooling: see `packed_pooling_mask`.
+
+  Returns:
+    ``[B, T]`` bool.
+  """
+  return packed_pooling_mask(prompt_mask, _row_slots(prompt_mask), pooling)
+
+
+def packed_mean_embedding(hidden: jax.Array, prompt_mask: jax.Array, token_slot: jax.Array,
+                          num_slots: int, *, pooling: str = "exclude_last_prompt_token"
+                          ) -> jax.Array:
+  """Per-sequence mean of packed hidden states over the positions `packed_pooling_mask` selects.
+
+  Args:
+    hidden: ``[R, L, D]`` final hidden states of packed rows.
+    prompt_mask: ``[R, L]`` 1 on prompt tokens.
+    token_slot: ``[R, L]`` the sequence slot of each token (S = ``num_slots`` on padding).
+    num_slots: S.
+    pooling: see `packed_pooling_mask`; the default is FlowRL's (the paper is silent).
+
+  Returns:
+    ``[S, D]`` float32 (zeros for a slot with no selected position, e.g. an empty slot or a
+    one-token prompt under ``exclude_last_prompt_token``).
+  """
+  if hidden.ndim != 3 or prompt_mask.shape != hidden.shape[:2] or token_slot.shape != hidden.shape[:2]:
+    raise ValueError(f"need hidden [R, L, D], prompt_mask and token_slot [R, L], got "
+                     f"{hidden.shape}, {prompt_mask.shape} and {token_slot.shape}")
+  weights = packed_pooling_mask(prompt_mask, token_slot, pooling)
+  return segment_mean(hidden, weights, token_slot, num_slots)
 
 
 def masked_mean_embedding(hidden: jax.Array,
                           prompt_mask: jax.Array,
                           *,
                           pooling: str = "exclude_last_prompt_token") -> jax.Array:
-  """Masked mean of hidden states over the prompt positions `pooling_mask` selects.
+  """`packed_mean_embedding` of a padded batch (one sequence per row).
 
   Args:
     hidden: ``[B, T, D]`` final hidden states.
     prompt_mask: ``[B, T]`` 1 on prompt tokens, 0 elsewhere.
-    pooling: see `pooling_mask`; the default is FlowRL's (the paper is silent).
+    pooling: see `packed_pooling_mask`.
 
   Returns:
-    ``[B, D]`` float32 (zeros for a row with no selected position, e.g. a one-token prompt under
-    ``exclude_last_prompt_token``).
+    ``[B, D]`` float32 (zeros for a row with no selected position).
   """
   if hidden.ndim != 3 or prompt_mask.shape != hidden.shape[:2]:
     raise ValueError(f"need hidden [B, T, D] and prompt_mask [B, T], got {hidden.shape} and "
                      f"{prompt_mask.shape}")
-  m = pooling_mask(prompt_mask, pooling).astype(jnp.float32)
-  total = jnp.einsum("btd,bt->bd", hidden.astype(jnp.float32), m)
-  return total / jnp.maximum(m.sum(-1, keepdims=True), 1.0)
+  return packed_mean_embedding(hidden, prompt_mask, _row_slots(prompt_mask), hidden.shape[0],
+                               pooling=pooling)
 
 
 def _torch_uniform(fan_in: int, shift: float = 0.0):

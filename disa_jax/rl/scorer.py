@@ -11,25 +11,27 @@
 - ``log_z``: the frozen anchor's value of each row's prompt (``objective.needs_anchor``), queried on
   the reference model's mean-pooled prompt states, the embedding the anchor was fitted on.
 
-Scoring runs in micro-batches of ``rollout.micro_batch_size`` rows on the training mesh; every
-process feeds its own rows and receives the full result.
+Scoring runs on the update's micro-batch layout (`RolloutConfig.layout`: packed rows of
+``rollout.row_len`` tokens, ``rollout.micro_batch_rows`` rows per pass) on the training mesh; every
+process feeds its own rows and receives the full result. Log-probs come back per response token
+(``[B, W]``).
 """
 from __future__ import annotations
 
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from disa_jax import models
-from disa_jax.data.batching import pack_sequences
+from disa_jax.data.packing import PackedRows, sequence_lengths
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.batch import RolloutBatch
 from disa_jax.rl.config import TrainConfig
-from disa_jax.scoring import prompt_embeddings
+from disa_jax.scoring import packed_prompt_embeddings
+from disa_jax.scoring.batched import embed_packed, score_packed
 
 
 class BatchScorer:
@@ -42,7 +44,7 @@ class BatchScorer:
     anchor: the frozen `disa_jax.anchor.Anchor` (objectives with ``needs_anchor``).
     mesh: the training mesh.
     pad_id: padding token id.
-    pad_to: packed row length is a multiple of this.
+    pad_to: without packing, rows are padded to a multiple of this.
     old_in_update: pi_old comes from the update's own forward (one on-policy update per batch).
   """
 
@@ -58,50 +60,49 @@ class BatchScorer:
       raise ValueError(f"an anchor was given but objective {obj.name!r} does not use one")
     self.cfg, self.objective, self.anchor = cfg, obj, anchor
     self.pad_id, self.pad_to, self.old_in_update = pad_id, pad_to, old_in_update
-    self._n_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(ts.BATCH_AXES))
     self._score_policy = ts.make_scoring_fn(policy_graphdef)
     self._replay_checked = False
     if reference is not None:
       self.ref_params = nnx.state(reference, nnx.Param)
+      self.anchor_dim = reference.config.hidden_size
       ref_graphdef = nnx.graphdef(reference)
       self._score_ref = ts.make_scoring_fn(ref_graphdef)
-      self._embed = jax.jit(lambda p, ids, m: prompt_embeddings(
-          nnx.merge(ref_graphdef, p), ids, jnp.asarray(m, jnp.int32)))
+      self._embed = jax.jit(lambda p, rows, slots: packed_prompt_embeddings(
+          nnx.merge(ref_graphdef, p), rows, slots), static_argnums=2)
 
-  def _batched(self, fn, params, tokens: dict[str, np.ndarray]) -> np.ndarray:
-    """``[B, T]`` token log-probs of the rows of ``tokens`` in micro-batches (on every process)."""
-    mb = self.cfg.rollout.micro_batch_size
-    out = []
-    for i in range(0, tokens["input_ids"].shape[0], mb):
-      ids, mask = distributed.to_global((tokens["input_ids"][i:i + mb],
-                                         tokens["attention_mask"][i:i + mb]), self._rows)
-      out.append(distributed.replicate_to_hosts(fn(params, ids, mask)))
-    return np.concatenate(out, 0)
+  def _put(self, rows: PackedRows) -> PackedRows:
+    return distributed.shard_global_batch(rows, self._rows)
+
+  def _batched(self, fn, params, batch: RolloutBatch) -> np.ndarray:
+    """``[B, W]`` per-response-token log-probs of ``batch`` on packed micro-batches."""
+    prompts = batch.prompts
+    layout = self.cfg.rollout.layout(sequence_lengths(prompts, batch.response_ids), self.pad_to)
+    return batch.response_logp_rows(score_packed(
+        lambda rows: fn(params, rows), prompts, batch.response_ids, layout, pad_id=self.pad_id,
+        put=self._put, fetch=distributed.replicate_to_hosts))
 
   def anchor_log_z(self, prompt_ids: list[str], prompt_tokens: list[tuple[int, ...]]) -> np.ndarray:
     """``[P]`` the anchor's log Z of each prompt (from the reference's prompt embeddings, for an
     anchor that regresses on them)."""
     if not self.anchor.needs_embeddings:
       return self.anchor.query(prompt_ids, None)
-    prompts = [list(p) for p in prompt_tokens]
-    # Every batch shard needs rows: pad with copies of the first prompt, dropped below.
-    prompts += [prompts[0]] * (-len(prompts) % self._n_shards)
-    packed = pack_sequences(prompts, [[] for _ in prompts], pad_id=self.pad_id, pad_to=self.pad_to)
-    ids, mask = distributed.to_global((packed["input_ids"], packed["prompt_mask"]), self._rows)
-    emb = distributed.replicate_to_hosts(self._embed(self.ref_params, ids, mask))
-    return self.anchor.query(prompt_ids, emb[:len(prompt_tokens)])  # [P]
+    layout = self.cfg.rollout.layout([len(p) for p in prompt_tokens], self.pad_to)
+    emb = embed_packed(lambda rows: self._embed(self.ref_params, rows, layout.slots),
+                       prompt_tokens, layout, self.anchor_dim, pad_id=self.pad_id, put=self._put,
+                       fetch=distributed.replicate_to_hosts)
+    return self.anchor.query(prompt_ids, emb)  # [P]
 
   def score(self, batch: RolloutBatch, policy_params: nnx.State) -> None:
     """Fills ``batch.ref_logp``, ``old_logp`` and ``log_z`` as the objective needs."""
     obj, rc = self.objective, self.cfg.rollout
     if obj.needs_reference:
-      batch.ref_logp = self._batched(self._score_ref, self.ref_params, batch.tokens)
+      batch.ref_logp = self._batched(self._score_ref, self.ref_params, batch)
       self._check_replay_drift(batch)
     if obj.needs_old_logp and not self.old_in_update:
       if rc.old_logp_source == "recompute" or batch.is_replay.any():
         # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
-        batch.old_logp = self._batched(self._score_policy, policy_params, batch.tokens)
+        batch.old_logp = self._batched(self._score_policy, policy_params, batch)
       else:
         batch.old_logp = batch.response_logp_rows(batch.engine_logp)
     if obj.needs_anchor:
@@ -113,7 +114,7 @@ class BatchScorer:
     rep = batch.is_replay
     if self._replay_checked or not rep.any():
       return
-    recomputed = (batch.ref_logp * batch.tokens["response_mask"]).sum(-1)[rep]  # [B, T] -> [R]
+    recomputed = batch.ref_logp.sum(-1)[rep]  # [B, W] -> [R] (zeros beyond each response)
     drift = float(np.median(np.abs(recomputed - batch.stored_ref_logp[rep])))
     limit = self.cfg.replay.max_ref_logp_drift
     if drift > limit:
@@ -133,7 +134,7 @@ def replay_stats(batch: RolloutBatch) -> dict[str, float]:
   if rep.any():
     out["replay/accuracy"] = float((batch.reward[rep] > 0.5).mean())
     if batch.ref_logp is not None:
-      recomputed = (batch.ref_logp * batch.tokens["response_mask"]).sum(-1)[rep]
+      recomputed = batch.ref_logp.sum(-1)[rep]
       out["replay/ref_logp_drift"] = float(np.median(np.abs(recomputed -
                                                             batch.stored_ref_logp[rep])))
   return out

@@ -1,11 +1,17 @@
 """The jitted Stage 3 update: micro-batched gradient accumulation, AdamW, sharded over a Mesh.
 
 One call of the function built by `make_train_step` performs one optimizer update on one
-mini-batch. The mini-batch arrives as a `TrainBatch` already split into micro-batches: every array
-has a leading micro-batch axis ``[K, b, ...]`` (K micro-batches of b rows), sharded over the mesh's
-batch axes on ``b``. The micro-batches run in a `lax.scan`; micro-batch k's gradient is weighted
-by the objective's `normalizer` n_k (its number of valid rows), so that the accumulated gradient
-equals the gradient of the objective's loss over the whole mini-batch.
+mini-batch, given as a list of `TrainBatch` micro-batches (`TrainSequences.micro_batches`: packed
+rows of a fixed shape, so their number varies with the lengths but their shape does not). Each
+micro-batch runs one jitted forward/backward that adds its gradient, weighted by the objective's
+`normalizer` n_k (its number of valid sequences, or tokens), into a donated accumulator; a second
+jitted function divides by sum_k n_k and applies the optimizer. The accumulated gradient equals the
+gradient of the objective's loss over the whole mini-batch, and however many micro-batches a
+mini-batch has, nothing recompiles. On a mesh the packed rows are sharded over the batch axes and
+the per-sequence arrays (``[S, W]`` / ``[S]``) are replicated.
+
+Compiled programs: one micro step per micro-batch shape (one with packing), one optimizer step;
+``step.compiled_programs()`` counts them (what `benchmarks/bench_packing.py` checks).
 
 The FlowRL log Z head (objectives with ``needs_logz_head``) is a separate module with its own
 parameters and optimizer state (`TrainState` ``head_params`` / ``head_opt_state``), never part of
@@ -14,7 +20,7 @@ prompt tokens of the same forward pass.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,10 +28,12 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from disa_jax.data.packing import PackedRows
+from disa_jax.parallel import distributed
 from disa_jax.rl.batch import TrainBatch
-from disa_jax.rl.logz_head import masked_mean_embedding
+from disa_jax.rl.logz_head import packed_mean_embedding
 from disa_jax.rl.objectives import Objective
-from disa_jax.scoring.logprobs import logprobs_from_hidden, token_logprobs
+from disa_jax.scoring.logprobs import gather_responses, logprobs_from_hidden, packed_token_logprobs
 
 BATCH_AXES = ("data", "fsdp")
 
@@ -69,25 +77,44 @@ def make_optimizer(lr: float, *, weight_decay: float = 0.01, b1: float = 0.9, b2
   return adamw
 
 
-def _combine_metrics(stacked: dict[str, jax.Array], weights: jax.Array) -> dict[str, jax.Array]:
-  """Micro-batch metrics ``[K]`` -> scalars: max/min for ``*_max``/``*_min``, else weighted mean."""
+def _fold_metrics(acc: dict[str, jax.Array], metrics: dict[str, jax.Array], n: jax.Array
+                  ) -> dict[str, jax.Array]:
+  """Adds one micro-batch's scalar metrics: running max/min for ``*_max``/``*_min``, else the
+  n-weighted sum (divided by sum n in `_final_metrics`)."""
   out = {}
-  total = jnp.maximum(weights.sum(), 1.0)
-  for k, v in stacked.items():
+  for k, v in metrics.items():
     if k.endswith("_max"):
-      out[k] = v.max()
+      out[k] = jnp.maximum(acc[k], v)
     elif k.endswith("_min"):
-      out[k] = v.min()
+      out[k] = jnp.minimum(acc[k], v)
     else:
-      out[k] = (v * weights).sum() / total
+      out[k] = acc[k] + n * v
   return out
 
 
+def _metric_init(shapes: dict[str, Any]) -> dict[str, jax.Array]:
+  return {k: jnp.full(v.shape, -jnp.inf if k.endswith("_max") else
+                      jnp.inf if k.endswith("_min") else 0.0, jnp.float32)
+          for k, v in shapes.items()}
+
+
+def _final_metrics(acc: dict[str, jax.Array], n_total: jax.Array) -> dict[str, jax.Array]:
+  total = jnp.maximum(n_total, 1.0)
+  return {k: v if k.endswith(("_max", "_min")) else v / total for k, v in acc.items()}
+
+
 def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Array]:
-  """(``[b, T]`` token log-probs, ``[b, T, D]`` final hidden states) of one micro-batch."""
-  hidden = model.hidden_states(mb.input_ids, attention_mask=mb.attention_mask)
-  logp = logprobs_from_hidden(hidden, model.lm_head_kernel(), mb.input_ids, mb.attention_mask)
-  return logp, hidden
+  """One micro-batch through the policy.
+
+  Returns:
+    (``[S, W]`` log-probs of each slot's response tokens, ``[R, L, D]`` final hidden states).
+  """
+  rows = mb.rows
+  hidden = model.hidden_states(rows.input_ids, segment_ids=rows.segment_ids,
+                               positions=rows.positions)
+  token_lp = logprobs_from_hidden(hidden, model.lm_head_kernel(), rows.input_ids, None,
+                                  segment_ids=rows.segment_ids)  # [R, L]
+  return gather_responses(token_lp, mb.response_index, mb.response_mask), hidden
 
 
 def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
@@ -101,40 +128,38 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     head_log_z = None
     if objective.needs_logz_head:
-      emb = masked_mean_embedding(hidden, mb.prompt_mask, pooling=objective.head_pooling)  # [b, D]
+      emb = packed_mean_embedding(hidden, mb.rows.prompt_mask, mb.rows.token_slot, mb.num_slots,
+                                  pooling=objective.head_pooling)  # [S, D]
       head_log_z = nnx.merge(head_graphdef, head_params)(
-          emb, dropout_key=key if objective.head_dropout > 0 else None)  # [b]
+          emb, dropout_key=key if objective.head_dropout > 0 else None)  # [S]
     return objective.loss(logp, mb, head_log_z)
 
   return micro_loss
 
 
-def _accumulate(grad_fn, objective: Objective, state: TrainState, batch: TrainBatch,
-                dropout_seed: int):
-  """Normalizer-weighted mean of the micro-batch gradients of ``batch`` ``[K, b, ...]``.
+def _micro_step(grad_fn, objective: Objective, dropout_seed: int):
+  """``(params, head_params, step, acc, micro-batch, k) -> acc``: adds micro-batch k's
+  normalizer-weighted gradients and metrics to the accumulator ``(g, head g, sum n, metrics)``."""
 
-  Returns:
-    (policy gradients, head gradients or None, metrics combined over micro-batches).
-  """
-  zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-  init = (zeros(state.params), zeros(state.head_params), jnp.float32(0.0))
-  step_key = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
-  keys = jax.random.split(step_key, batch.input_ids.shape[0])  # one per micro-batch
-
-  def body(carry, xs):
-    mb, key = xs
-    g_acc, hg_acc, n_acc = carry
-    (loss, metrics), (g, hg) = grad_fn(state.params, state.head_params, mb, key)
+  def micro(params, head_params, step, acc, mb: TrainBatch, k):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(dropout_seed), step), k)
+    (loss, metrics), (g, hg) = grad_fn(params, head_params, mb, key)
     n = objective.normalizer(mb)
-    g_acc = jax.tree.map(lambda a, b: a + n * b, g_acc, g)
-    hg_acc = jax.tree.map(lambda a, b: a + n * b, hg_acc, hg)
-    return (g_acc, hg_acc, n_acc + n), (dict(metrics, loss=loss), n)
+    g_acc, hg_acc, n_acc, m_acc = acc
+    return (jax.tree.map(lambda a, b: a + n * b, g_acc, g),
+            jax.tree.map(lambda a, b: a + n * b, hg_acc, hg), n_acc + n,
+            _fold_metrics(m_acc, dict(metrics, loss=loss), n))
 
-  (g_sum, hg_sum, n_total), (stacked, counts) = jax.lax.scan(body, init, (batch, keys))
+  return micro
+
+
+def _finish(state: TrainState, acc) -> tuple[Any, Any, dict[str, jax.Array]]:
+  """The accumulator -> (policy gradients, head gradients or None, metrics)."""
+  g_sum, hg_sum, n_total, m_acc = acc
   denom = jnp.maximum(n_total, 1.0)
   grads = jax.tree.map(lambda x: x / denom, g_sum)
   head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
-  metrics = _combine_metrics(stacked, counts)
+  metrics = _final_metrics(m_acc, n_total)
   metrics["grad_norm"] = optax.global_norm(grads)
   metrics["num_sequences"] = n_total
   if state.head_params is not None:
@@ -158,6 +183,34 @@ def _apply_updates(state: TrainState, grads, head_grads, metrics, optimizer, hea
   return TrainState(state.step + 1, params, opt_state, head_params, head_opt_state), metrics
 
 
+def batch_shardings(mesh: Mesh) -> TrainBatch:
+  """A `TrainBatch` of shardings: packed rows over the batch axes, per-sequence arrays replicated."""
+  rep = NamedSharding(mesh, PartitionSpec())
+  return TrainBatch(rows=NamedSharding(mesh, PartitionSpec(BATCH_AXES)), response_index=rep,
+                    response_mask=rep, old_logp=rep, ref_logp=rep, signal=rep, log_z=rep)
+
+
+def place_micro_batch(mb: TrainBatch, mesh: Mesh) -> TrainBatch:
+  """A host micro-batch as global arrays on ``mesh`` (every process feeds its own rows)."""
+  sh = batch_shardings(mesh)
+  return jax.tree.map(lambda s, x: distributed.shard_global_batch(x, s), sh, mb)
+
+
+def _jit_shardings(mesh: Mesh | None, state_shardings: Any
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+  """``jax.jit`` sharding arguments of the micro step, the optimizer step and the accumulator's
+  initialiser (all empty without a mesh). The accumulator ``(g, head g, sum n, metrics)`` keeps the
+  parameters' shardings; scalars are replicated."""
+  if mesh is None:
+    return {}, {}, {}
+  rep = NamedSharding(mesh, PartitionSpec())
+  acc_sh = (state_shardings.params, state_shardings.head_params, rep, rep)
+  kw_micro = dict(in_shardings=(acc_sh[0], acc_sh[1], rep, acc_sh, batch_shardings(mesh), rep),
+                  out_shardings=acc_sh)
+  kw_finish = dict(in_shardings=(state_shardings, acc_sh), out_shardings=(state_shardings, rep))
+  return kw_micro, kw_finish, dict(out_shardings=acc_sh)
+
+
 def make_train_step(graphdef: nnx.GraphDef,
                     objective: Objective,
                     optimizer: optax.GradientTransformation,
@@ -169,8 +222,10 @@ def make_train_step(graphdef: nnx.GraphDef,
                     donate: bool = True,
                     on_policy_old_logp: bool = False,
                     joint_clip: float = 0.0,
-                    dropout_seed: int = 0) -> Callable[[TrainState, TrainBatch], Any]:
-  """Builds the jitted update ``(state, batch [K, b, ...]) -> (state, metrics)``.
+                    dropout_seed: int = 0
+                    ) -> Callable[[TrainState, Sequence[TrainBatch]], Any]:
+  """Builds the update ``(state, [micro-batch, ...]) -> (state, metrics)`` (see the module
+  docstring).
 
   Args:
     graphdef: the policy's graph (from ``nnx.split(model, nnx.Param, ...)``).
@@ -178,8 +233,8 @@ def make_train_step(graphdef: nnx.GraphDef,
     optimizer: the policy's optax transformation (see `make_optimizer`).
     head_graphdef, head_optimizer: the log Z head's graph and optimizer (objectives with
       ``needs_logz_head``).
-    mesh: when given, the batch is sharded over ('data', 'fsdp') on its second axis and the state
-      keeps ``state_shardings``.
+    mesh: when given, every micro-batch is placed by `batch_shardings` and the state keeps
+      ``state_shardings``.
     state_shardings: shardings of `TrainState` (e.g. ``jax.tree.map(lambda x: x.sharding, state)``).
     donate: donate the input state buffers.
     on_policy_old_logp: the batch was sampled from the current parameters and this is its only
@@ -193,9 +248,9 @@ def make_train_step(graphdef: nnx.GraphDef,
       the micro-batch index, so a resumed run draws the same masks.
 
   Returns:
-    The jitted update. Metrics: the loss's metrics combined over micro-batches, plus ``loss``,
-    ``grad_norm`` (before clipping), ``num_sequences`` (the summed normalizer) and, with a head,
-    ``head_grad_norm``.
+    The update. Metrics: the loss's metrics combined over micro-batches (normalizer-weighted
+    means, max of ``*_max``, min of ``*_min``), plus ``loss``, ``grad_norm`` (before clipping),
+    ``num_sequences`` (the summed normalizer) and, with a head, ``head_grad_norm``.
   """
   if objective.needs_logz_head and (head_graphdef is None or head_optimizer is None):
     raise ValueError(f"objective {objective.name!r} has a log Z head: it needs head_graphdef and "
@@ -203,20 +258,36 @@ def make_train_step(graphdef: nnx.GraphDef,
   grad_fn = jax.value_and_grad(
       _micro_loss_fn(graphdef, objective, head_graphdef, on_policy_old_logp),
       argnums=(0, 1), has_aux=True)
+  micro = _micro_step(grad_fn, objective, dropout_seed)
 
-  def step(state: TrainState, batch: TrainBatch):
-    grads, head_grads, metrics = _accumulate(grad_fn, objective, state, batch, dropout_seed)
+  def finish(state: TrainState, acc):
+    grads, head_grads, metrics = _finish(state, acc)
     return _apply_updates(state, grads, head_grads, metrics, optimizer, head_optimizer,
                           joint_clip)
 
-  if mesh is None:
-    return jax.jit(step, donate_argnums=(0,) if donate else ())
-  batch_sharding = NamedSharding(mesh, PartitionSpec(None, BATCH_AXES))
-  replicated = NamedSharding(mesh, PartitionSpec())
-  return jax.jit(step,
-                 in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, replicated),
-                 donate_argnums=(0,) if donate else ())
+  donated = (0,) if donate else ()  # (the accumulator's buffers match no output)
+  kw_micro, kw_finish, kw_init = _jit_shardings(mesh, state_shardings)
+  micro_j = jax.jit(micro, donate_argnums=(3,), **kw_micro)
+  finish_j = jax.jit(finish, donate_argnums=donated, **kw_finish)
+  init_j = []  # the accumulator's initialiser, built once the metrics' names are known
+
+  def step(state: TrainState, micro_batches: Sequence[TrainBatch]):
+    if not micro_batches:
+      raise ValueError("an update needs at least one micro-batch, got none")
+    if not init_j:
+      (_, shapes), _ = jax.eval_shape(grad_fn, state.params, state.head_params, micro_batches[0],
+                                      jax.random.key(0))
+      shapes = dict(shapes, loss=jax.ShapeDtypeStruct((), jnp.float32))
+      zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+      init_j.append(jax.jit(lambda p, hp: (zeros(p), zeros(hp), jnp.float32(0.0),
+                                           _metric_init(shapes)), **kw_init))
+    acc = init_j[0](state.params, state.head_params)
+    for k, mb in enumerate(micro_batches):
+      acc = micro_j(state.params, state.head_params, state.step, acc, mb, jnp.int32(k))
+    return finish_j(state, acc)
+
+  step.compiled_programs = lambda: micro_j._cache_size() + finish_j._cache_size()  # pylint: disable=protected-access
+  return step
 
 
 def init_train_state(model: nnx.Module,
@@ -255,17 +326,15 @@ def init_train_state(model: nnx.Module,
   return graphdef, head_graphdef, state, shardings
 
 
-def make_scoring_fn(graphdef: nnx.GraphDef
-                    ) -> Callable[[nnx.State, jax.Array, jax.Array], jax.Array]:
-  """Jitted ``(params, input_ids [b, T], attention_mask [b, T]) -> [b, T]`` token log-probs.
+def make_scoring_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, PackedRows], jax.Array]:
+  """Jitted ``(params, packed rows [R, L]) -> [R, L]`` token log-probs (`packed_token_logprobs`).
 
   Used for the reference log-probs (frozen reference params) and for recomputing old log-probs
   with the policy before the updates. No gradient is taken.
   """
 
   @jax.jit
-  def score(params, input_ids, attention_mask):
-    return jax.lax.stop_gradient(
-        token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask))
+  def score(params, rows):
+    return jax.lax.stop_gradient(packed_token_logprobs(nnx.merge(graphdef, params), rows))
 
   return score

@@ -3,11 +3,12 @@
 One RL step reads, part by part (each a small object of its own module):
 
 1. rollout (`RolloutCollector`, `disa_jax.rl.collect`): the step's prompts, G samples each from the
-   rollout engine, graded, packed into a `RolloutBatch`;
+   rollout engine, graded, into a `RolloutBatch`;
 2. score (`BatchScorer`, `disa_jax.rl.scorer`): the reference / old log-probs and the anchor's log Z
    the objective declares it needs;
 3. objective (`disa_jax.rl.objectives`): its per-row signal (r~ or the group advantage);
-4. update (`PolicyUpdater`, `disa_jax.rl.update`): ``num_minibatches`` optimizer updates;
+4. update (`PolicyUpdater`, `disa_jax.rl.update`): ``num_minibatches`` optimizer updates, each
+   over packed micro-batches (`disa_jax.data.packing`; the scorer's passes use the same rows);
 5. sync: the new policy weights to the engine.
 
 Then every ``validation.every`` steps a validation pass, every ``checkpoint.every`` steps a
@@ -62,7 +63,7 @@ class Trainer:
     anchor: the frozen `disa_jax.anchor.Anchor` (objectives with ``needs_anchor``).
     validation_prompts: prompts for periodic validation (``cfg.validation``).
     mesh: device mesh (default: all devices on the fsdp axis).
-    pad_to: sequence lengths are padded to a multiple of this (fewer recompilations).
+    pad_to: without packing (``rollout.packing=False``), rows are padded to a multiple of this.
     replay_pool: Stage 1 samples for ``cfg.replay``.
     identity: what else a resumed checkpoint must agree on (model paths, data, anchor, ...).
     sync_dtype: dtype of the weights pushed to the engine (None: the parameters' own).
@@ -92,8 +93,8 @@ class Trainer:
                                               if anchor.needs_embeddings else None))
     self.mesh = mesh if mesh is not None else parallel.make_mesh()
     batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    if rc.micro_batch_size % batch_shards:
-      raise ValueError(f"rollout.micro_batch_size={rc.micro_batch_size} must be divisible by the "
+    if rc.micro_batch_rows % batch_shards:
+      raise ValueError(f"rollout.micro_batch_rows={rc.micro_batch_rows} must be divisible by the "
                        f"mesh's data x fsdp = {batch_shards} batch shards")
     parallel.shard_model(policy, self.mesh, parallel.TRAIN_RULES)
     if reference is not None:
@@ -104,9 +105,10 @@ class Trainer:
     old_in_update = (obj.needs_old_logp and rc.num_minibatches == 1
                      and rc.old_logp_source == "recompute")
     self.collector = RolloutCollector(cfg, engine=engine, stream=stream, reward_fn=reward_fn,
-                                      decode=decode, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                                      pad_to=pad_to, replay_pool=replay_pool, leaders=leaders)
-    self.updater = PolicyUpdater(cfg, policy, self.mesh, old_in_update=old_in_update)
+                                      decode=decode, stop_token_ids=stop_token_ids,
+                                      replay_pool=replay_pool, leaders=leaders)
+    self.updater = PolicyUpdater(cfg, policy, self.mesh, old_in_update=old_in_update,
+                                 pad_id=pad_id, pad_to=pad_to)
     self.scorer = BatchScorer(cfg, policy_graphdef=self.updater.graphdef,
                               reference=reference if (obj.needs_reference or obj.needs_anchor)
                               else None, anchor=anchor, mesh=self.mesh, pad_id=pad_id,
@@ -183,13 +185,13 @@ class Trainer:
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
       metrics.update(replay_stats(batch))
-    metrics.update(self.updater.update(step, batch.train_batch()))
+    metrics.update(self.updater.update(step, batch.train_sequences()))
     t2 = time.perf_counter()
     self.updater.sync(self.engine, self.sync_dtype)
     t3 = time.perf_counter()
     metrics.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
                     "time/step_s": t3 - t0,
-                    "tokens_per_s": float(batch.tokens["attention_mask"].sum()) / max(t3 - t0, 1e-9)})
+                    "tokens_per_s": batch.num_tokens / max(t3 - t0, 1e-9)})
     return metrics
 
   def run(self) -> list[dict[str, float]]:

@@ -2,9 +2,10 @@
 
 `PolicyUpdater` owns the trained state (the policy's parameters, its AdamW state and, for an
 objective with a log Z head, the head and its optimizer) and the jitted update of
-`disa_jax.rl.train_step`. `update(step, batch)` runs ``rollout.num_minibatches`` optimizer updates
-over a `TrainBatch`, its rows shuffled with the step's seed and each mini-batch split into
-micro-batches; `sync(engine)` pushes the new policy weights (HF names, never the head) to the
+`disa_jax.rl.train_step`. `update(step, sequences)` runs ``rollout.num_minibatches`` optimizer
+updates over the step's `TrainSequences`, shuffled with the step's seed and split into equal
+mini-batches of sequences, each packed into fixed-shape micro-batches (`RolloutConfig.layout`);
+`sync(engine)` pushes the new policy weights (HF names, never the head) to the
 rollout engine.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from flax import nnx
 from disa_jax import models
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
-from disa_jax.rl.batch import TrainBatch
+from disa_jax.data.packing import sequence_lengths
+from disa_jax.rl.batch import TrainSequences
 from disa_jax.rl.collect import derive_seed
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.logz_head import LogZHead
@@ -43,11 +45,14 @@ class PolicyUpdater:
     policy: the trained `Transformer`, already sharded on ``mesh``.
     mesh: the training mesh.
     old_in_update: take pi_old from the update's own forward (one on-policy update per batch).
+    pad_id: padding token id of the packed rows.
+    pad_to: without packing, rows are padded to a multiple of this.
   """
 
   def __init__(self, cfg: TrainConfig, policy: models.Transformer, mesh: jax.sharding.Mesh, *,
-               old_in_update: bool):
-    self.cfg, self.policy = cfg, policy
+               old_in_update: bool, pad_id: int, pad_to: int):
+    self.cfg, self.policy, self.mesh = cfg, policy, mesh
+    self.pad_id, self.pad_to = pad_id, pad_to
     obj, oc = cfg.objective, cfg.optim
     opt_kwargs = dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
                       grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
@@ -70,22 +75,34 @@ class PolicyUpdater:
                                     on_policy_old_logp=old_in_update,
                                     joint_clip=oc.grad_clip if joint else 0.0,
                                     dropout_seed=derive_seed(cfg.seed, "head_dropout"))
-    self._micro = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
-        None, ts.BATCH_AXES))  # [K, b, ...] micro-batches: rows of each over the batch axes
 
-  def update(self, step: int, batch: TrainBatch) -> dict[str, float]:
-    """``num_minibatches`` updates over ``batch``'s rows, shuffled with the step's seed."""
+  def update(self, step: int, seqs: TrainSequences) -> dict[str, float]:
+    """``num_minibatches`` updates over ``seqs``, shuffled with the step's seed.
+
+    Returns:
+      The mini-batches' metrics combined, plus ``packing/micro_batches`` (per update) and
+      ``packing/efficiency`` (real tokens / computed tokens).
+    """
     rc = self.cfg.rollout
-    order = np.random.default_rng([self.cfg.seed, step, 17]).permutation(batch.num_rows)
-    size = batch.num_rows // rc.num_minibatches
-    collected = []
+    n = len(seqs.prompts)
+    layout = rc.layout(sequence_lengths(seqs.prompts, seqs.responses), self.pad_to)
+    order = np.random.default_rng([self.cfg.seed, step, 17]).permutation(n)
+    size = n // rc.num_minibatches
+    collected, micro_counts, real, computed = [], [], 0, 0
     for m in range(rc.num_minibatches):
-      micro = batch.take(order[m * size:(m + 1) * size]).split(rc.micro_batch_size)
-      self.state, metrics = self._step(self.state, distributed.to_global(micro, self._micro, 1))
+      micro = seqs.micro_batches(order[m * size:(m + 1) * size], layout, pad_id=self.pad_id)
+      micro_counts.append(len(micro))
+      real += sum(int(mb.rows.segment_ids.astype(bool).sum()) for mb in micro)
+      computed += sum(mb.rows.input_ids.size for mb in micro)
+      self.state, metrics = self._step(self.state,
+                                       [ts.place_micro_batch(mb, self.mesh) for mb in micro])
       collected.append(metrics)
     # One host transfer for all mini-batches' metrics.
-    return _combine([{k: float(v) for k, v in m.items()}
-                     for m in distributed.replicate_to_hosts(collected)])
+    out = _combine([{k: float(v) for k, v in m.items()}
+                    for m in distributed.replicate_to_hosts(collected)])
+    out.update({"packing/micro_batches": float(np.mean(micro_counts)),
+                "packing/efficiency": real / max(computed, 1)})
+    return out
 
   def sync(self, engine: Engine | None, dtype: Any = None) -> None:
     """Pushes the policy (never the log Z head) to the engine in HF names and layouts."""

@@ -1,20 +1,96 @@
-"""Scoring many (prompt, response) pairs: padded, bucketed, jitted batches of `token_logprobs`.
+"""Scoring many (prompt, response) pairs: packed rows of fixed shape, jitted `token_logprobs`.
 
 Stage 1 scores proposal samples under pi_ref, the main job scores every correct answer for the
 exact partition function, and evaluation scores samples under pi_ref for KL estimates: all through
-`SequenceScorer`, which compiles once per (batch size, length bucket).
+`SequenceScorer`. By default it packs the sequences into rows of ``row_len`` tokens
+(`disa_jax.data.packing`), ``batch_size`` rows per forward pass, so every pass has one shape. With
+``packing=False`` each sequence gets its own row, padded to the pass's longest sequence rounded up
+to ``pad_to`` (one compiled program per length bucket; kept for comparison).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from disa_jax.data.batching import pack_sequences
-from disa_jax.scoring.logprobs import token_logprobs
+from disa_jax.data import packing as packing_lib
+from disa_jax.scoring.logprobs import packed_token_logprobs
+
+MIN_GROWN_ROW_LEN = 64
+
+
+def grown_row_len(current: int, longest: int) -> int:
+  """``row_len=0``: the smallest power of two (at least `MIN_GROWN_ROW_LEN`) holding ``longest``,
+  never below ``current`` (rows only grow, so a run compiles at most log2(longest) shapes)."""
+  need = max(MIN_GROWN_ROW_LEN, 1 << max(int(longest) - 1, 0).bit_length())
+  return max(current, need)
+
+
+def scoring_layout(lengths: np.ndarray, *, packing: bool, rows: int, row_len: int, pad_to: int,
+                   seqs_per_row: int, grown: int = 0) -> packing_lib.PackingLayout:
+  """The layout of a scoring call on sequences of ``lengths``: fixed rows of ``row_len`` tokens
+  (``row_len=0``: `grown_row_len` from ``grown``, the row length used so far), or without packing
+  one sequence per row padded to the pass's longest rounded up to ``pad_to``."""
+  if not packing:
+    return packing_lib.PackingLayout(packing=False, rows=rows, pad_to=pad_to)
+  return packing_lib.PackingLayout(
+      row_len=row_len or grown_row_len(grown, max(lengths, default=1)), rows=rows,
+      seqs_per_row=seqs_per_row)
+
+
+def _to_device(rows: packing_lib.PackedRows) -> packing_lib.PackedRows:
+  return jax.tree.map(jnp.asarray, rows)
+
+
+def score_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
+                 prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                 layout: packing_lib.PackingLayout, *, pad_id: int,
+                 put: Callable[[packing_lib.PackedRows], Any] = _to_device,
+                 fetch: Callable[[jax.Array], np.ndarray] = np.asarray) -> list[np.ndarray]:
+  """Per-token values of each response, computed on packed micro-batches.
+
+  Args:
+    fn: packed rows -> ``[R, L]`` per-token values (entry t belongs to token t).
+    prompts, responses: N sequences.
+    layout: their layout (`scoring_layout`).
+    pad_id: the padding token id.
+    put: host rows -> the function's input (e.g. sharded global arrays).
+    fetch: the function's output -> a host array (e.g. gathered from every process).
+
+  Returns:
+    N float32 arrays, ``[len(response_i)]``.
+  """
+  out: list[Any] = [None] * len(prompts)
+  for batch in packing_lib.pack(prompts, responses, layout, pad_id=pad_id):
+    values = fetch(fn(put(batch.rows)))  # [R, L]
+    for i, v in batch.responses(values):
+      out[i] = np.array(v, np.float32)
+  return out
+
+
+def embed_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
+                 prompts: Sequence[Sequence[int]], layout: packing_lib.PackingLayout, dim: int, *,
+                 pad_id: int, put: Callable[[packing_lib.PackedRows], Any] = _to_device,
+                 fetch: Callable[[jax.Array], np.ndarray] = np.asarray) -> np.ndarray:
+  """Per-prompt vectors computed on packed micro-batches of the prompts alone.
+
+  Args:
+    fn: packed rows -> ``[S, dim]`` per-slot vectors (S = ``layout.slots``).
+    prompts: P prompts.
+    layout, pad_id, put, fetch: as `score_packed`.
+
+  Returns:
+    ``[P, dim]`` float32.
+  """
+  out = np.zeros((len(prompts), dim), np.float32)
+  for batch in packing_lib.pack(prompts, [[] for _ in prompts], layout, pad_id=pad_id):
+    values = fetch(fn(put(batch.rows)))  # [S, dim]
+    filled = batch.seq_index >= 0
+    out[batch.seq_index[filled]] = values[filled]
+  return out
 
 
 class SequenceScorer:
@@ -23,22 +99,33 @@ class SequenceScorer:
   Args:
     model: a `disa_jax.models.Transformer`.
     pad_id: padding token id.
-    batch_size: sequences per forward pass (the last batch is filled with copies, then dropped).
-    pad_to: sequence-length bucket.
+    batch_size: rows per forward pass (with packing a row holds several sequences; the last pass
+      is filled with empty rows).
+    row_len: packing: tokens per row; 0 = grow to the smallest power of two (>= 64) holding the
+      longest sequence seen so far (`grown_row_len`). A longer sequence than a fixed row_len is an
+      error naming it.
+    packing: pack several sequences per row (default); False: one per row, padded (`pad_to`).
+    pad_to: without packing, the sequence-length bucket.
+    seqs_per_row: with packing, most sequences per row.
     chunk_size: vocabulary-chunk rows of the scorer (None: chosen from the logits' size).
   """
 
-  def __init__(self, model: nnx.Module, *, pad_id: int, batch_size: int = 64, pad_to: int = 16,
+  def __init__(self, model: nnx.Module, *, pad_id: int, batch_size: int = 64, row_len: int = 0,
+               packing: bool = True, pad_to: int = 16, seqs_per_row: int = 64,
                chunk_size: int | None = None):
-    if batch_size < 1 or pad_to < 1:
-      raise ValueError(f"batch_size and pad_to must be >= 1, got {batch_size}, {pad_to}")
+    for name, v in (("batch_size", batch_size), ("pad_to", pad_to), ("seqs_per_row", seqs_per_row)):
+      if v < 1:
+        raise ValueError(f"SequenceScorer {name} must be >= 1, got {v}")
+    if row_len < 0:
+      raise ValueError(f"SequenceScorer row_len must be >= 0 (0 = grow), got {row_len}")
     self.pad_id, self.batch_size, self.pad_to = pad_id, batch_size, pad_to
+    self.packing, self.row_len, self.seqs_per_row = packing, row_len, seqs_per_row
+    self._grown = 0  # the grown row length (row_len=0)
     self._graphdef, self._state = nnx.split(model)
 
     @jax.jit
-    def score(state, ids, attn, resp):
-      lp = token_logprobs(nnx.merge(self._graphdef, state), ids, attn, chunk_size=chunk_size)
-      return jnp.where(resp > 0, lp, 0.0)  # [B, T] response-token log-probs
+    def score(state, rows):
+      return packed_token_logprobs(nnx.merge(self._graphdef, state), rows, chunk_size=chunk_size)
 
     self._score = score
 
@@ -46,23 +133,20 @@ class SequenceScorer:
     """Scores with new weights from now on (same architecture: no recompilation)."""
     self._state = nnx.state(model)
 
+  def layout(self, lengths: np.ndarray) -> packing_lib.PackingLayout:
+    """The layout of a call on sequences of ``lengths`` (`scoring_layout`)."""
+    layout = scoring_layout(lengths, packing=self.packing, rows=self.batch_size,
+                            row_len=self.row_len, pad_to=self.pad_to,
+                            seqs_per_row=self.seqs_per_row, grown=self._grown)
+    self._grown = max(self._grown, layout.row_len) if self.packing else 0
+    return layout
+
   def token_logprobs(self, prompts: Sequence[Sequence[int]],
                      responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
     """Per-token log-probs of each response: a list of ``[len(response_i)]`` float32 arrays."""
-    if len(prompts) != len(responses):
-      raise ValueError(f"prompts and responses differ in number: {len(prompts)} vs {len(responses)}")
-    out: list[np.ndarray] = []
-    for start in range(0, len(prompts), self.batch_size):
-      ps, rs = list(prompts[start:start + self.batch_size]), list(responses[start:start + self.batch_size])
-      n = len(ps)
-      ps += [ps[-1]] * (self.batch_size - n)  # fixed batch shape
-      rs += [rs[-1]] * (self.batch_size - n)
-      b = pack_sequences(ps, rs, pad_id=self.pad_id, pad_to=self.pad_to)
-      lp = np.asarray(self._score(self._state, jnp.asarray(b["input_ids"]), jnp.asarray(b["attention_mask"]),
-                                  jnp.asarray(b["response_mask"])))
-      for i in range(n):
-        out.append(lp[i, len(ps[i]):len(ps[i]) + len(rs[i])].copy())
-    return out
+    layout = self.layout(packing_lib.sequence_lengths(prompts, responses))
+    return score_packed(lambda rows: self._score(self._state, rows), prompts, responses, layout,
+                        pad_id=self.pad_id)
 
   def sequence_logprobs(self, prompts: Sequence[Sequence[int]],
                         responses: Sequence[Sequence[int]]) -> np.ndarray:

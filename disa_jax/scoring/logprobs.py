@@ -8,6 +8,11 @@ is wrapped in `jax.checkpoint`: the backward pass recomputes a chunk's logits in
 them, and peak memory is O(chunk_size * V) in both directions. Chunking pays only for a large V:
 for a small one the scan and the recomputation cost more than the logits' memory. Everything is
 differentiable w.r.t. the model.
+
+Packed rows (`disa_jax.data.packing`): with ``segment_ids`` the model attends within a segment and
+a segment's first token is not scored; `gather_responses` takes the ``[R, L]`` per-token values back
+to the per-sequence ``[S, W]`` response layout, and `segment_mean` pools hidden states per
+sequence (prompt embeddings, the FlowRL head's input).
 """
 
 from __future__ import annotations
@@ -22,8 +27,15 @@ DEFAULT_CHUNK_SIZE = 1024  # rows per chunk when the logits are chunked
 UNCHUNKED_MAX_ELEMENTS = 1 << 25
 
 
-def _shifted_mask(attention_mask: jax.Array) -> jax.Array:
-  """`[B, T]` bool: position t is scored iff t >= 1 and tokens t and t-1 are both real."""
+def _shifted_mask(attention_mask: jax.Array | None, segment_ids: jax.Array | None = None
+                  ) -> jax.Array:
+  """`[B, T]` bool: position t is scored iff t >= 1 and tokens t and t-1 are both real and, with
+  ``segment_ids``, in the same segment (the first token of a packed sequence is not scored
+  against the previous sequence's last token)."""
+  if segment_ids is not None:
+    seg = segment_ids.astype(jnp.int32)
+    same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+    return jnp.concatenate([jnp.zeros_like(same[:, :1]), same], axis=1)
   m = attention_mask.astype(bool)
   return jnp.concatenate([jnp.zeros_like(m[:, :1]), m[:, 1:] & m[:, :-1]], axis=1)
 
@@ -48,38 +60,43 @@ def _rows_logprobs(h: jax.Array, tgt: jax.Array, kernel: jax.Array) -> jax.Array
 
 
 def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
-                         attention_mask: jax.Array, *, chunk_size: int | None = None
-                         ) -> jax.Array:
+                         attention_mask: jax.Array | None, *, chunk_size: int | None = None,
+                         segment_ids: jax.Array | None = None) -> jax.Array:
   """Per-token log-probs from final hidden states and the output projection.
 
   Args:
     hidden: `[B, T, D]` final-normed hidden states (any float dtype).
     kernel: `[D, V]` output projection.
     input_ids: `[B, T]` int tokens; `input_ids[:, t]` is scored from `hidden[:, t - 1]`.
-    attention_mask: `[B, T]` (1 = real token, 0 = pad).
+    attention_mask: `[B, T]` (1 = real token, 0 = pad); None with ``segment_ids``.
     chunk_size: rows of `[B*(T-1), D]` per chunk (peak extra memory ~ chunk_size * V float32);
       None: `default_chunk_rows(B*(T-1), V)`. When all rows fit in one chunk there is no chunking
       and no recomputation in the backward pass.
+    segment_ids: `[B, T]` packed-row segments (0 = padding), instead of ``attention_mask``.
 
   Returns:
     `[B, T]` float32: log p(input_ids[:, t] | input_ids[:, <t]) where scored (see
-    `_shifted_mask`), 0 elsewhere, including t = 0.
+    `_shifted_mask`), 0 elsewhere, including t = 0 and each segment's first token.
   """
   if chunk_size is not None and chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+  if (attention_mask is None) == (segment_ids is None):
+    raise ValueError("pass exactly one of attention_mask and segment_ids")
   b, t, d = hidden.shape
-  if input_ids.shape != (b, t) or attention_mask.shape != (b, t):
-    raise ValueError(f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must "
+  mask = attention_mask if segment_ids is None else segment_ids
+  if input_ids.shape != (b, t) or mask.shape != (b, t):
+    raise ValueError(f"input_ids {input_ids.shape} and the mask / segment ids {mask.shape} must "
                      f"both be [B, T] = {(b, t)}")
   if t < 2:
     return jnp.zeros((b, t), jnp.float32)
   with jax.named_scope("logprobs"):  # names the ops in profiles
-    return _chunked_logprobs(hidden, kernel, input_ids, attention_mask, chunk_size)
+    lp = _chunked_logprobs(hidden, kernel, input_ids, chunk_size)
+    return jnp.where(_shifted_mask(attention_mask, segment_ids), lp, 0.0)
 
 
 def _chunked_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
-                      attention_mask: jax.Array, chunk_size: int | None) -> jax.Array:
-  """`logprobs_from_hidden` after its checks (T >= 2)."""
+                      chunk_size: int | None) -> jax.Array:
+  """`logprobs_from_hidden` after its checks (T >= 2), before masking: `[B, T]`."""
   b, t, d = hidden.shape
   n = b * (t - 1)
   rows = hidden[:, :-1].reshape(n, d)  # [B, T-1, D] -> [N, D]; row b*(T-1)+i predicts token i+1
@@ -96,29 +113,83 @@ def _chunked_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array
     chunk_logprobs = jax.checkpoint(lambda h, tgt: _rows_logprobs(h, tgt, kernel))
     _, lp = jax.lax.scan(lambda carry, xs: (carry, chunk_logprobs(*xs)), None, (rows, targets))
     lp = lp.reshape(n_chunks * chunk)[:n]  # [C, c] -> [N]
-  lp = jnp.concatenate([jnp.zeros((b, 1), jnp.float32), lp.reshape(b, t - 1)], axis=1)
-  return jnp.where(_shifted_mask(attention_mask), lp, 0.0)
+  return jnp.concatenate([jnp.zeros((b, 1), jnp.float32), lp.reshape(b, t - 1)], axis=1)
 
 
-def token_logprobs(model: Any, input_ids: jax.Array, attention_mask: jax.Array, *,
-                   chunk_size: int | None = None) -> jax.Array:
+def token_logprobs(model: Any, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                   chunk_size: int | None = None, segment_ids: jax.Array | None = None,
+                   positions: jax.Array | None = None) -> jax.Array:
   """Teacher-forced per-token log-probs of `input_ids` under `model` (a `Transformer`).
 
   Args:
-    model: provides `hidden_states(ids, attention_mask=...)` and `lm_head_kernel()`.
-    input_ids: `[B, T]` int tokens (left or right padding).
-    attention_mask: `[B, T]` (1 = real token, 0 = pad).
+    model: provides `hidden_states(ids, attention_mask=..., segment_ids=..., positions=...)` and
+      `lm_head_kernel()`.
+    input_ids: `[B, T]` int tokens (left or right padding, or packed rows).
+    attention_mask: `[B, T]` (1 = real token, 0 = pad); None with ``segment_ids``.
     chunk_size: token rows per vocabulary chunk (None: by the logits' size, see
       `default_chunk_rows`).
+    segment_ids: `[B, T]` packed rows (`disa_jax.data.packing.PackedRows`): 0 = padding, k = the
+      row's k-th sequence; attention and scoring stay within a segment.
+    positions: `[B, T]` RoPE positions (default: the model's, restarting in each segment).
 
   Returns:
     `[B, T]` float32; out[:, t] = log p(input_ids[:, t] | input_ids[:, <t]) for t >= 1 where tokens
-    t and t-1 are real, 0 elsewhere. Materialises at most `chunk_size * V` float32 logits at a
-    time; differentiable.
+    t and t-1 are real (and in one segment), 0 elsewhere. Materialises at most `chunk_size * V`
+    float32 logits at a time; differentiable.
   """
-  hidden = model.hidden_states(input_ids, attention_mask=attention_mask)
+  hidden = model.hidden_states(input_ids, attention_mask=attention_mask, segment_ids=segment_ids,
+                               positions=positions)
   return logprobs_from_hidden(hidden, model.lm_head_kernel(), input_ids, attention_mask,
-                              chunk_size=chunk_size)
+                              chunk_size=chunk_size, segment_ids=segment_ids)
+
+
+def packed_token_logprobs(model: Any, rows: Any, *, chunk_size: int | None = None) -> jax.Array:
+  """`token_logprobs` of packed rows (`disa_jax.data.packing.PackedRows`, ``[R, L]`` fields).
+
+  Returns:
+    `[R, L]` float32 (entry t scores token t; 0 on padding and each sequence's first token).
+  """
+  return token_logprobs(model, rows.input_ids, chunk_size=chunk_size, segment_ids=rows.segment_ids,
+                        positions=rows.positions)
+
+
+def gather_responses(token_lp: jax.Array, response_index: jax.Array, response_mask: jax.Array
+                     ) -> jax.Array:
+  """Per-token values of packed rows -> the per-sequence response layout.
+
+  Args:
+    token_lp: `[R, L]` per-token values of the packed rows.
+    response_index: `[S, W]` int flat indices into `[R * L]` of each sequence's response tokens
+      (`PackedBatch.response_index`).
+    response_mask: `[S, W]` 1 on real response tokens.
+
+  Returns:
+    `[S, W]` float32: entry (s, j) = the value of response token j of sequence s; 0 where masked.
+  """
+  flat = token_lp.reshape(-1)  # [R, L] -> [R * L]
+  return jnp.where(response_mask > 0, jnp.take(flat, response_index, axis=0), 0.0)
+
+
+def segment_mean(values: jax.Array, weights: jax.Array, token_slot: jax.Array, num_slots: int
+                 ) -> jax.Array:
+  """Weighted mean of each sequence slot's token values (a segment sum over packed rows).
+
+  Args:
+    values: `[R, L, D]` per-token vectors.
+    weights: `[R, L]` per-token 0 / 1 weights (0 = left out).
+    token_slot: `[R, L]` int slot of each token in `[0, S)`; S (or more) = no slot.
+    num_slots: S.
+
+  Returns:
+    `[S, D]` float32 (zeros for a slot with no weight).
+  """
+  d = values.shape[-1]
+  w = weights.astype(jnp.float32).reshape(-1)  # [R, L] -> [R * L]
+  ids = jnp.minimum(token_slot.reshape(-1), num_slots)  # out-of-range -> the dropped slot S
+  x = values.astype(jnp.float32).reshape(-1, d) * w[:, None]  # [R * L, D]
+  total = jax.ops.segment_sum(x, ids, num_segments=num_slots + 1)[:num_slots]
+  count = jax.ops.segment_sum(w, ids, num_segments=num_slots + 1)[:num_slots]
+  return total / jnp.maximum(count, 1.0)[:, None]
 
 
 def token_logprobs_naive(model: Any, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
@@ -149,18 +220,37 @@ def sequence_logprob(token_lp: jax.Array, response_mask: jax.Array, normalize: b
   return total / jnp.maximum(jnp.sum(m, axis=-1).astype(jnp.float32), 1.0)
 
 
+def packed_prompt_embeddings(model: Any, rows: Any, num_slots: int) -> jax.Array:
+  """Mean of the final-normed hidden state over each sequence's prompt tokens (the Stage 2 anchor
+  input), on packed rows.
+
+  Args:
+    model: provides `hidden_states`.
+    rows: `disa_jax.data.packing.PackedRows` (``[R, L]``): prompts, possibly with responses.
+    num_slots: S, the sequence slots of the micro-batch.
+
+  Returns:
+    `[S, D]` float32 (zeros for an empty slot).
+  """
+  hidden = model.hidden_states(rows.input_ids, segment_ids=rows.segment_ids,
+                               positions=rows.positions)
+  return segment_mean(hidden, rows.prompt_mask, rows.token_slot, num_slots)
+
+
 def prompt_embeddings(model: Any, input_ids: jax.Array, prompt_mask: jax.Array) -> jax.Array:
-  """Masked mean of the final-normed hidden state over prompt tokens (Stage 2 anchor input).
+  """`packed_prompt_embeddings` of a padded batch: one prompt per row.
 
   Args:
     model: provides `hidden_states`.
     input_ids: `[B, T]` tokens (prompt, possibly followed by more tokens; causal attention makes
       prompt states independent of what follows).
-    prompt_mask: `[B, T]` (1 = prompt token); also used as the attention mask.
+    prompt_mask: `[B, T]` (1 = prompt token), one contiguous prompt per row.
 
   Returns:
     `[B, D]` float32 (zeros for a row without prompt tokens).
   """
-  hidden = model.hidden_states(input_ids, attention_mask=prompt_mask).astype(jnp.float32)
-  m = prompt_mask.astype(jnp.float32)[..., None]  # [B, T] -> [B, T, 1]
-  return jnp.sum(hidden * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+  b = input_ids.shape[0]
+  pm = (prompt_mask > 0).astype(jnp.int32)
+  slot = jnp.where(pm > 0, jnp.arange(b, dtype=jnp.int32)[:, None], b)
+  hidden = model.hidden_states(input_ids, segment_ids=pm)
+  return segment_mean(hidden, pm, slot, b)

@@ -9,10 +9,14 @@ like the RL policies.
 `run_lora_sft` is resumable: it returns the stored summary when the merged export exists, and
 otherwise restarts from the newest adapter checkpoint (adapters + optimizer state, orbax) under
 ``<out_path>.ckpt``. Batches are fixed by (seed, epoch): a restarted run sees the same data order.
+Each batch is packed into micro-batches of ``micro_batch_rows`` rows of ``row_len`` tokens
+(`disa_jax.data.packing`; one sequence per padded row with ``packing=False``), whose number varies
+with the lengths while their shape does not.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -29,10 +33,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax import models, parallel
 from disa_jax.checkpoint import CheckpointManager
-from disa_jax.data.batching import pack_sequences
+from disa_jax.data import packing as packing_lib
 from disa_jax.estimators.dataset import Stage1Data, load_stage1
 from disa_jax.parallel import distributed
-from disa_jax.scoring import token_logprobs
+from disa_jax.scoring import packed_token_logprobs
 from disa_jax.sft import lora
 from disa_jax.sft.supervised import SupervisedSchedule
 
@@ -51,13 +55,18 @@ class LoRASFTConfig:
     weight_decay: AdamW weight decay on the adapters.
     grad_clip: global-norm clip (0 = off).
     batch_size: sequences per optimizer update (global batch).
-    micro_batch_size: sequences per forward/backward; gradients are accumulated over
-      batch_size / micro_batch_size micro-batches (token-weighted, i.e. equal to the full batch).
+    micro_batch_rows: rows per forward/backward; gradients are accumulated over the batch's
+      micro-batches (token-weighted, i.e. equal to the full batch).
     epochs: passes over the kept samples.
     max_seq_len: prompt + response tokens; longer responses are truncated (counted in the summary).
     keep_reward: the reward a sample must have to be kept (1.0 = verified correct).
     compute_dtype: 'auto' (bfloat16 on GPU/TPU, float32 on CPU), 'bfloat16' or 'float32'.
-    pad_to: sequence lengths are padded to a multiple of this (fewer recompilations).
+    packing: several sequences per row (default); False: one sequence per row, padded to the
+      batch's longest rounded up to ``pad_to`` (kept for comparison).
+    row_len: tokens per packed row; 0 = the longest kept example rounded up to ``pad_to`` (fixed
+      for the run: one compiled shape).
+    seqs_per_row: most sequences in one packed row.
+    pad_to: the length bucket of ``row_len=0`` and, without packing, of each micro-batch.
     seed: data order and adapter initialisation.
     checkpoint_every: optimizer updates between adapter checkpoints (0 = only at the end).
     remat: recompute each layer's activations in the backward pass (long sequences).
@@ -70,11 +79,14 @@ class LoRASFTConfig:
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   batch_size: int = 128
-  micro_batch_size: int = 8
+  micro_batch_rows: int = 8
   epochs: int = 3
   max_seq_len: int = 18432
   keep_reward: float = 1.0
   compute_dtype: str = "auto"
+  packing: bool = True
+  row_len: int = 0
+  seqs_per_row: int = 16
   pad_to: int = 64
   seed: int = 0
   checkpoint_every: int = 100
@@ -82,12 +94,13 @@ class LoRASFTConfig:
 
   def __post_init__(self):
     lora.LoRAConfig(self.rank, self.alpha, tuple(self.targets))  # validates the adapter fields
-    for field in ("batch_size", "micro_batch_size", "epochs", "max_seq_len", "pad_to"):
+    for field in ("batch_size", "micro_batch_rows", "epochs", "max_seq_len", "pad_to",
+                  "seqs_per_row"):
       if getattr(self, field) < 1:
         raise ValueError(f"LoRASFTConfig.{field} must be >= 1, got {getattr(self, field)!r}")
-    if self.batch_size % self.micro_batch_size:
-      raise ValueError(f"LoRASFTConfig.batch_size={self.batch_size} is not a multiple of "
-                       f"micro_batch_size={self.micro_batch_size}")
+    if self.row_len < 0 or 0 < self.row_len < self.max_seq_len:
+      raise ValueError(f"LoRASFTConfig.row_len must be 0 or >= max_seq_len={self.max_seq_len} "
+                       f"(a row holds the longest sequence), got {self.row_len!r}")
     if self.compute_dtype not in ("auto", "bfloat16", "float32"):
       raise ValueError(f"LoRASFTConfig.compute_dtype must be auto|bfloat16|float32, got "
                        f"{self.compute_dtype!r}")
@@ -107,6 +120,14 @@ class LoRASFTConfig:
     return SupervisedSchedule(learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
                      total_steps=total_steps, schedule="cosine", weight_decay=self.weight_decay,
                      grad_clip=self.grad_clip)
+
+  def layout(self, longest: int) -> packing_lib.PackingLayout:
+    """The micro-batch layout for examples of at most ``longest`` tokens (without packing: each
+    micro-batch padded to its own longest)."""
+    if not self.packing:
+      return packing_lib.PackingLayout(packing=False, rows=self.micro_batch_rows, pad_to=self.pad_to)
+    return packing_lib.PackingLayout(row_len=self.row_len or -(-longest // self.pad_to) * self.pad_to,
+                                     rows=self.micro_batch_rows, seqs_per_row=self.seqs_per_row)
 
   def dtype(self) -> Any:
     if self.compute_dtype == "auto":
@@ -155,39 +176,52 @@ def make_accumulating_step(sft_config: SupervisedSchedule, graphdef: nnx.GraphDe
   """The adapter update with gradient accumulation over micro-batches.
 
   The loss is the response-token mean NLL over the whole batch (as `sft_loss` on the unsplit
-  batch): micro-batch k contributes its token-sum NLL, and the sum is divided by the batch's total
-  number of response tokens.
+  batch): micro-batch k adds its token-sum NLL and gradient to a donated accumulator, and the sums
+  are divided by the batch's total number of response tokens before the optimizer step. One
+  compiled program per micro-batch shape, however many micro-batches a batch has.
 
   Args:
     sft_config: optimiser settings.
     graphdef: from ``nnx.split(model, lora.LoRAParam, ...)``.
 
   Returns:
-    (tx, step) with ``step(lora_params, opt_state, rest, batch) -> (lora_params, opt_state, loss)``;
-    batch fields ``input_ids``, ``attention_mask``, ``response_mask`` are ``[K, b, T]``.
+    (tx, step) with ``step(lora_params, opt_state, rest, micro_batches) -> (lora_params,
+    opt_state, loss)``; each micro-batch a `disa_jax.data.packing.PackedRows` (``[R, L]``; the
+    loss is on its ``response_mask`` tokens).
   """
   tx = sft_config.optimizer()
 
-  def nll_sum(lora_params, rest, mb):
+  def nll_sum(lora_params, rest, rows):
     model = nnx.merge(graphdef, lora_params, rest)
-    lp = token_logprobs(model, mb["input_ids"], mb["attention_mask"])  # [b, T]
-    return -jnp.sum(lp * mb["response_mask"].astype(jnp.float32))
+    lp = packed_token_logprobs(model, rows)  # [R, L]
+    m = rows.response_mask.astype(jnp.float32)
+    return -jnp.sum(lp * m), jnp.sum(m)
 
-  grad_fn = jax.value_and_grad(nll_sum)
+  grad_fn = jax.value_and_grad(nll_sum, has_aux=True)
+
+  @functools.partial(jax.jit, donate_argnums=(2,))
+  def micro(lora_params, rest, acc, rows):
+    (loss, n), g = grad_fn(lora_params, rest, rows)
+    g_acc, l_acc, n_acc = acc
+    return jax.tree.map(jnp.add, g_acc, g), l_acc + loss, n_acc + n
 
   @jax.jit
-  def step(lora_params, opt_state, rest, batch):
-    def body(carry, mb):
-      g_acc, l_acc = carry
-      loss, g = grad_fn(lora_params, rest, mb)
-      return (jax.tree.map(jnp.add, g_acc, g), l_acc + loss), None
-
-    init = (jax.tree.map(jnp.zeros_like, lora_params), jnp.float32(0.0))
-    (g_sum, l_sum), _ = jax.lax.scan(body, init, batch)
-    n_tok = jnp.maximum(jnp.sum(batch["response_mask"].astype(jnp.float32)), 1.0)
+  def apply(lora_params, opt_state, acc):
+    g_sum, l_sum, n_sum = acc
+    n_tok = jnp.maximum(n_sum, 1.0)
     grads = jax.tree.map(lambda g: g / n_tok, g_sum)
     updates, opt_state = tx.update(grads, opt_state, lora_params)
     return optax.apply_updates(lora_params, updates), opt_state, l_sum / n_tok
+
+  zeros = jax.jit(lambda p: (jax.tree.map(jnp.zeros_like, p), jnp.float32(0.0), jnp.float32(0.0)))
+
+  def step(lora_params, opt_state, rest, micro_batches):
+    if not micro_batches:
+      raise ValueError("an update needs at least one micro-batch, got none")
+    acc = zeros(lora_params)
+    for rows in micro_batches:
+      acc = micro(lora_params, rest, acc, rows)
+    return apply(lora_params, opt_state, acc)
 
   return tx, step
 
@@ -275,15 +309,22 @@ def _lora_model(reference_path: str, config: LoRASFTConfig, dtype: Any, mesh: Me
     mesh: optional device mesh (`TRAIN_RULES` sharding).
 
   Returns:
-    (graphdef, adapter parameters, the other state, the ``[K, b, T]`` batch sharding or None without
-    a mesh).
+    (graphdef, adapter parameters, the other state, the ``[R, L]`` micro-batch sharding or None
+    without a mesh).
+
+  Raises:
+    ValueError: ``micro_batch_rows`` is not a multiple of the mesh's data x fsdp shards.
   """
+  if mesh is not None and config.micro_batch_rows % (mesh.shape["data"] * mesh.shape["fsdp"]):
+    raise ValueError(f"LoRASFTConfig.micro_batch_rows={config.micro_batch_rows} must be a multiple "
+                     f"of the mesh's data x fsdp = {mesh.shape['data'] * mesh.shape['fsdp']} "
+                     "batch shards")
   model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat)
   lora.apply_lora(model, config.lora, seed=config.seed)
   batch_sharding = None
   if mesh is not None:
     parallel.shard_model(model, mesh, parallel.TRAIN_RULES)  # places the adapters too
-    batch_sharding = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+    batch_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
   graphdef, lora_params, rest = nnx.split(model, lora.LoRAParam, ...)
   return graphdef, lora_params, rest, batch_sharding
 
@@ -328,19 +369,22 @@ def _restore_adapters(ckpt: CheckpointManager, lora_params: nnx.State, opt_state
 
 
 def _sft_batch(step: int, steps_per_epoch: int, enc: _EncodedExamples, config: LoRASFTConfig,
-               pad_id: int, batch_sharding: NamedSharding | None) -> dict[str, Any]:
-  """The batch of one optimizer update, fixed by (seed, epoch) so that a resumed run sees the same.
+               layout: packing_lib.PackingLayout, pad_id: int
+               ) -> list[packing_lib.PackedBatch]:
+  """The micro-batches of one optimizer update, fixed by (seed, epoch) so that a resumed run sees
+  the same.
 
   Args:
     step: the 0-based optimizer update.
     steps_per_epoch: updates per pass over the examples.
     enc: the encoded examples.
-    config: batch sizes, padding and seed.
+    config: batch size and seed.
+    layout: the micro-batch layout (`LoRASFTConfig.layout`).
     pad_id: the padding token id.
-    batch_sharding: where the batch goes (each process feeds its own rows), or None.
 
   Returns:
-    ``input_ids``, ``attention_mask``, ``response_mask``, each ``[K, b, T]`` (K micro-batches of b).
+    The `disa_jax.data.packing.PackedBatch` micro-batches (``[R, L]`` rows each); every example
+    of the batch is in exactly one slot.
   """
   n = len(enc.prompts)
   epoch, j = divmod(step, steps_per_epoch)
@@ -348,20 +392,24 @@ def _sft_batch(step: int, steps_per_epoch: int, enc: _EncodedExamples, config: L
   idx = order[j * config.batch_size:(j + 1) * config.batch_size]
   if len(idx) < config.batch_size:  # last batch of the epoch: wrap around to fill it
     idx = np.concatenate([idx, order[:config.batch_size - len(idx)]])
-  packed = pack_sequences([enc.prompts[i] for i in idx], [enc.responses[i] for i in idx],
-                          pad_id=pad_id, pad_to=config.pad_to)
-  k = config.batch_size // config.micro_batch_size
-  batch = {f: packed[f].reshape((k, config.micro_batch_size) + packed[f].shape[1:])  # [B, T] -> [K, b, T]
-           for f in ("input_ids", "attention_mask", "response_mask")}
-  if batch_sharding is not None:
-    batch = distributed.shard_global_batch(batch, batch_sharding, axis=1)
-  return batch
+  return packing_lib.pack([enc.prompts[i] for i in idx], [enc.responses[i] for i in idx], layout,
+                          pad_id=pad_id)
+
+
+def _place(batches: Sequence[packing_lib.PackedBatch], batch_sharding: NamedSharding | None
+           ) -> list[Any]:
+  """The micro-batches' rows as step inputs: host arrays, or global arrays over ``batch_sharding``
+  (each process feeds its own rows)."""
+  if batch_sharding is None:
+    return [b.rows for b in batches]
+  return [distributed.shard_global_batch(b.rows, batch_sharding) for b in batches]
 
 
 def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.State,
                     enc: _EncodedExamples, config: LoRASFTConfig, pad_id: int,
                     batch_sharding: NamedSharding | None, steps_per_epoch: int, out_path: str,
-                    say: Callable[[str], None]) -> tuple[nnx.State, list[float]]:
+                    say: Callable[[str], None]
+                    ) -> tuple[nnx.State, list[float], dict[str, float]]:
   """Trains the adapters for ``config.epochs`` epochs, resuming from and writing adapter checkpoints.
 
   Args:
@@ -369,24 +417,32 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
     enc: the encoded examples.
     config: settings.
     pad_id: the padding token id.
-    batch_sharding: the ``[K, b, T]`` batch sharding, or None.
+    batch_sharding: the ``[R, L]`` micro-batch sharding, or None.
     steps_per_epoch: updates per epoch.
     out_path: the export directory (checkpoints go to ``<out_path>.ckpt``).
     say: progress messages.
 
   Returns:
-    (the trained adapter parameters, the loss of every update of the run).
+    (the trained adapter parameters, the loss of every update of the run, packing statistics of
+    the updates run here: ``packing_efficiency`` (real / computed tokens) and
+    ``micro_batches_per_step``).
   """
   n = len(enc.prompts)
   total_steps = steps_per_epoch * config.epochs
+  layout = config.layout(max(len(p) + len(r) for p, r in zip(enc.prompts, enc.responses)))
   tx, step_fn = make_accumulating_step(config.sft(total_steps), graphdef)
   opt_state = tx.init(lora_params)
   ckpt = CheckpointManager(out_path.rstrip("/") + ".ckpt", max_to_keep=1, async_save=False)
   opt_state, start, losses = _restore_adapters(ckpt, lora_params, opt_state, config, n, total_steps,
                                                out_path, say)
+  real = computed = micro = 0
   for step in range(start, total_steps):
-    batch = _sft_batch(step, steps_per_epoch, enc, config, pad_id, batch_sharding)
-    lora_params, opt_state, loss = step_fn(lora_params, opt_state, rest, batch)
+    batches = _sft_batch(step, steps_per_epoch, enc, config, layout, pad_id)
+    real += sum(b.num_real_tokens for b in batches)
+    computed += sum(b.rows.input_ids.size for b in batches)
+    micro += len(batches)
+    lora_params, opt_state, loss = step_fn(lora_params, opt_state, rest,
+                                           _place(batches, batch_sharding))
     losses.append(float(loss))
     done = step + 1
     if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total_steps:
@@ -394,7 +450,9 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
                                                                "losses": losses}, force=True)
     say(f"lora-sft: step {done}/{total_steps} loss {losses[-1]:.4f}")
   ckpt.close()
-  return lora_params, losses
+  run = max(total_steps - start, 1)
+  stats = {"packing_efficiency": real / max(computed, 1), "micro_batches_per_step": micro / run}
+  return lora_params, losses, stats
 
 
 def _merge_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.State) -> tuple[Any, int]:
@@ -468,15 +526,16 @@ def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
   dtype = config.dtype()
   pad_id = _pad_id(reference_path)
   graphdef, lora_params, rest, batch_sharding = _lora_model(reference_path, config, dtype, mesh)
-  lora_params, losses = _train_adapters(graphdef, lora_params, rest, enc, config, pad_id, batch_sharding,
-                                        steps_per_epoch, out_path, say)
+  lora_params, losses, packing_stats = _train_adapters(graphdef, lora_params, rest, enc, config,
+                                                       pad_id, batch_sharding, steps_per_epoch,
+                                                       out_path, say)
   merged, num_lora = _merge_adapters(graphdef, lora_params, rest)
   summary = {
       "num_prompts": len(data.prompt_ids), "num_samples": int(data.mask.sum()),
       "num_kept": n, "num_prompts_with_kept": enc.num_prompts, "num_truncated": enc.num_truncated,
       "steps": steps_per_epoch * config.epochs, "steps_per_epoch": steps_per_epoch, "epochs": config.epochs,
       "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-      "lora_params": num_lora, "compute_dtype": jnp.dtype(dtype).name,
+      "lora_params": num_lora, "compute_dtype": jnp.dtype(dtype).name, **packing_stats,
       "config": config.to_dict(), "out_path": out_path, "seconds": time.perf_counter() - t0,
       "skipped": False,
   }

@@ -7,12 +7,14 @@ The loss is the mean negative log-likelihood of the response tokens,
 
     L = - sum_{b,t} response_mask[b,t] * log p(x[b,t] | x[b,<t]) / sum_{b,t} response_mask[b,t],
 
-computed with the chunked scorer (float32 log-softmax, no [B, T, V] float32 logits).
+computed with the chunked scorer (float32 log-softmax, no [B, T, V] float32 logits). A batch is
+padded rows (``attention_mask``) or packed rows (``segment_ids`` and ``positions``, from
+`disa_jax.data.packing.PackedRows`; the default of the callers).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -56,22 +58,33 @@ class SupervisedSchedule:
     return optax.chain(*parts, optax.adamw(sched, weight_decay=self.weight_decay))
 
 
-def sft_loss(model: nnx.Module, input_ids: jax.Array, attention_mask: jax.Array,
-             response_mask: jax.Array) -> jax.Array:
+def sft_loss(model: nnx.Module, input_ids: jax.Array, attention_mask: jax.Array | None,
+             response_mask: jax.Array, *, segment_ids: jax.Array | None = None,
+             positions: jax.Array | None = None) -> jax.Array:
   """Mean NLL of response tokens.
 
   Args:
     model: a `disa_jax.models.Transformer` (or anything `token_logprobs` accepts).
-    input_ids: ``[B, T]`` prompt + response tokens.
-    attention_mask: ``[B, T]`` 1 on real tokens.
+    input_ids: ``[B, T]`` prompt + response tokens (padded or packed rows).
+    attention_mask: ``[B, T]`` 1 on real tokens (padded rows); None with ``segment_ids``.
     response_mask: ``[B, T]`` 1 on the tokens to learn.
+    segment_ids: ``[B, T]`` packed rows: 0 = padding, k = the row's k-th sequence.
+    positions: ``[B, T]`` positions of packed rows (default: restarting in each segment).
 
   Returns:
     scalar float32.
   """
-  lp = token_logprobs(model, input_ids, attention_mask)  # [B, T]
+  lp = token_logprobs(model, input_ids, attention_mask, segment_ids=segment_ids,
+                      positions=positions)  # [B, T]
   m = response_mask.astype(jnp.float32)
   return -jnp.sum(lp * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def batch_loss(model: nnx.Module, batch: Mapping[str, Any]) -> jax.Array:
+  """`sft_loss` of a batch dict: ``input_ids`` and ``response_mask``, with ``attention_mask``
+  (padded rows) or ``segment_ids`` and optionally ``positions`` (packed rows)."""
+  return sft_loss(model, batch["input_ids"], batch.get("attention_mask"), batch["response_mask"],
+                  segment_ids=batch.get("segment_ids"), positions=batch.get("positions"))
 
 
 def make_sft_step(config: SupervisedSchedule, wrt=nnx.Param) -> tuple[Callable, Callable]:
@@ -81,6 +94,8 @@ def make_sft_step(config: SupervisedSchedule, wrt=nnx.Param) -> tuple[Callable, 
     config: optimiser settings.
     wrt: the NNX filter of trainable variables (``nnx.Param`` for full fine-tuning, the LoRA
       variable type for adapters).
+
+  The batch is a dict of ``[B, T]`` arrays as `batch_loss` reads (padded or packed rows).
   """
   tx = config.optimizer()
 
@@ -89,9 +104,8 @@ def make_sft_step(config: SupervisedSchedule, wrt=nnx.Param) -> tuple[Callable, 
 
   @nnx.jit
   def step(model: nnx.Module, optimizer: nnx.Optimizer, batch: dict[str, jax.Array]) -> jax.Array:
-    def loss_fn(m):
-      return sft_loss(m, batch["input_ids"], batch["attention_mask"], batch["response_mask"])
-    loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))(model)
+    loss, grads = nnx.value_and_grad(lambda m: batch_loss(m, batch),
+                                     argnums=nnx.DiffState(0, wrt))(model)
     optimizer.update(model, grads)
     return loss
 

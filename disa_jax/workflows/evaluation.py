@@ -135,9 +135,7 @@ class _Scorers:
   def get(self):
     if self._pair is None:
       from disa_jax import models  # pylint: disable=g-import-not-at-top
-      from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
-      make = lambda path: SequenceScorer(models.from_pretrained(path), pad_id=self.pad_id,
-                                         batch_size=64, pad_to=16)
+      make = lambda path: self.cfg.exact_target.scorer(models.from_pretrained(path), self.pad_id)
       self._pair = (make(self.model_path), make(self.cfg.exact_target.reference_path))
     return self._pair
 

@@ -5,7 +5,7 @@ each prompt for the reference (its chat template: how the Stage 3 policy sees it
 proposal (its own template), samples N responses per prompt from the proposal through a rollout
 engine (vLLM by default; the JAX sampler works too), grades them with a registered reward, records
 the proposal's log-probs of the tokens it sampled ('processed': of the distribution actually sampled
-from; 'raw': the unmodified model), scores log pi_ref with the JAX `SequenceScorer` on a device
+from; 'raw': the unmodified model), scores log pi_ref with the JAX `SequenceScorer` (packed rows) on a device
 mesh, and appends labelled records (eq. 6) to the resumable Stage 1 dataset through
 `collect_stage1`.
 
@@ -52,14 +52,20 @@ class ScorerConfig:
 
   Attributes:
     dtype: parameter / compute dtype of the reference model ('bfloat16', 'float32').
-    batch_size: sequences per forward pass.
-    pad_to: sequence-length bucket (tokens).
+    batch_size: rows per forward pass (one sequence per row without packing).
+    packing: pack several sequences into each row (`disa_jax.data.packing`; one compiled shape);
+      False: one sequence per row, padded to the pass's longest rounded up to ``pad_to``.
+    row_len: tokens per packed row; 0 = the smallest power of two (>= 64) holding the longest
+      sequence seen so far (`disa_jax.scoring.batched.grown_row_len`).
+    pad_to: without packing, the sequence-length bucket (tokens).
     chunk_size: vocabulary-chunk rows of the log-prob kernel.
     mesh: the reference model's device mesh.
   """
 
   dtype: str = "bfloat16"
   batch_size: int = 16
+  packing: bool = True
+  row_len: int = 0
   pad_to: int = 256
   chunk_size: int = 1024
   mesh: MeshConfig = MeshConfig()
@@ -68,6 +74,8 @@ class ScorerConfig:
     for name in ("batch_size", "pad_to", "chunk_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"scorer.{name} must be >= 1, got {getattr(self, name)}")
+    if self.row_len < 0:
+      raise ValueError(f"scorer.row_len must be >= 0 (0 = grow with the data), got {self.row_len}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,6 +312,7 @@ def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
     t0 = time.time()
     scorer = SequenceScorer(load_reference(cfg.reference_path, cfg.scorer),
                             pad_id=int(ref_tok.pad_token_id), batch_size=cfg.scorer.batch_size,
+                            row_len=cfg.scorer.row_len, packing=cfg.scorer.packing,
                             pad_to=cfg.scorer.pad_to, chunk_size=cfg.scorer.chunk_size)
     engine = cfg.engine.make(cfg.proposal_path)
     startup_s = time.time() - t0

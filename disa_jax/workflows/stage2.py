@@ -112,7 +112,8 @@ def _embeddings(cfg: Stage2Config, data, out_dir: Path):
     tok = AutoTokenizer.from_pretrained(cfg.reference_path)
     model = load_reference(cfg.reference_path, cfg.embedding)
     emb, _ = embed_prompts(model, token_ids, pad_id=int(tok.pad_token_id),
-                           batch_size=cfg.embedding.batch_size, pad_to=cfg.embedding.pad_to)
+                           batch_size=cfg.embedding.batch_size, pad_to=cfg.embedding.pad_to,
+                           row_len=cfg.embedding.row_len, packing=cfg.embedding.packing)
     with open(out_dir / "embeddings.tmp.npy", "wb") as f:
       np.save(f, emb)
     os.replace(out_dir / "embeddings.tmp.npy", cache)

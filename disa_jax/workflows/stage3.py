@@ -185,7 +185,6 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
   from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
   from disa_jax.eval.exact import ExactTracker  # pylint: disable=g-import-not-at-top
-  from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
   if jax.process_count() > 1:
     raise ValueError("exact_target runs in single-process runs only")
   dc = cfg.data
@@ -195,7 +194,7 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   if len(abilities) != 1:
     raise ValueError(f"exact_target needs prompts of one ability, got {sorted(abilities)}")
   pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-  scorer = lambda model: SequenceScorer(model, pad_id=pad, batch_size=64, pad_to=16)
+  scorer = lambda model: cfg.exact_target.scorer(model, pad)
   tracker = ExactTracker(
       cfg.exact_target, tokenizer,
       [encode_prompt(tokenizer, r, dc.rendering, max_len=cfg.train.rollout.max_prompt_len)

@@ -16,7 +16,7 @@ def make_config():
   """The run's settings, shared with the single-process reference in the test."""
   from disa_jax.sft import baseline  # pylint: disable=g-import-not-at-top
   return baseline.LoRASFTConfig(rank=4, alpha=8.0, learning_rate=2e-2, batch_size=4,
-                                micro_batch_size=4, epochs=2, pad_to=16, checkpoint_every=1)
+                                micro_batch_rows=4, epochs=2, pad_to=16, checkpoint_every=1)
 
 
 def main(workdir: str) -> None:

@@ -23,7 +23,7 @@ def make_config(steps: int):
   from tests.rl import test_trainer as T  # pylint: disable=g-import-not-at-top
   cfg = T._cfg(method="disa", steps=steps)  # pylint: disable=protected-access
   return dataclasses.replace(
-      cfg, rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, micro_batch_size=4),
+      cfg, rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, micro_batch_rows=4),
       validation=rl_config.ValidationConfig(every=2, n=2, max_tokens=6),
       checkpoint=rl_config.CheckpointConfig(every=1, keep=3, async_save=False), tensorboard=False)
 

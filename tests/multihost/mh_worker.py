@@ -17,7 +17,7 @@ import sys
 
 DEVICES_PER_PROCESS = 2
 LEARNING_RATE = 1e-2
-MICRO_BATCH = 4  # rows per micro-batch; 2 micro-batches of 4 rows per update
+MICRO_BATCH = 4  # packed rows per micro-batch; 2 micro-batches per update
 ROWS, WIDTH, PROMPT_LEN = 8, 16, 6
 PROMPT = [5, 9, 11, 7]
 MAX_TOKENS = 6
@@ -31,21 +31,23 @@ def prepare_process() -> None:
 
 
 def make_batch(step: int, vocab: int):
-  """The global mini-batch of update ``step`` (identical on every process): a numpy `TrainBatch`."""
+  """The global mini-batch of update ``step`` (identical on every process): numpy `TrainBatch`
+  micro-batches of MICRO_BATCH packed rows of WIDTH tokens."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl.batch import TrainBatch  # pylint: disable=g-import-not-at-top
+  from disa_jax.data.packing import PackingLayout  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl.batch import TrainSequences  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1000 + step)
-  ids = rng.integers(3, vocab, (ROWS, WIDTH)).astype(np.int32)
   resp_len = rng.integers(1, WIDTH - PROMPT_LEN + 1, ROWS)
-  pos = np.arange(WIDTH)[None]
-  attn = (pos < PROMPT_LEN + resp_len[:, None]).astype(np.int32)
-  resp = ((pos >= PROMPT_LEN) & (attn > 0)).astype(np.float32)
-  logp = lambda: (-rng.uniform(3.5, 5.5, (ROWS, WIDTH)) * resp).astype(np.float32)
-  return TrainBatch(input_ids=np.where(attn > 0, ids, 0).astype(np.int32), attention_mask=attn,
-                    prompt_mask=np.broadcast_to(pos < PROMPT_LEN, (ROWS, WIDTH)).astype(np.float32),
-                    response_mask=resp, old_logp=logp(), ref_logp=logp(),
-                    signal=rng.integers(0, 2, ROWS).astype(np.float32),
-                    log_z=rng.normal(-4.0, 1.0, ROWS).astype(np.float32))
+  width = WIDTH - PROMPT_LEN
+  mask = np.arange(width)[None] < resp_len[:, None]
+  logp = lambda: (-rng.uniform(3.5, 5.5, (ROWS, width)) * mask).astype(np.float32)
+  seqs = TrainSequences(prompts=[rng.integers(3, vocab, PROMPT_LEN) for _ in range(ROWS)],
+                        responses=[rng.integers(3, vocab, n) for n in resp_len],
+                        old_logp=logp(), ref_logp=logp(),
+                        signal=rng.integers(0, 2, ROWS).astype(np.float32),
+                        log_z=rng.normal(-4.0, 1.0, ROWS).astype(np.float32))
+  return seqs.micro_batches(np.arange(ROWS), PackingLayout(row_len=WIDTH, rows=MICRO_BATCH),
+                            pad_id=0)
 
 
 def objective():
@@ -112,11 +114,10 @@ def main(phase: str, workdir: str) -> None:
       state = ts.TrainState(restored["step"], params, restored["opt_state"], None, None)
       assert int(restored_step) == 1
     step = int(jax.device_get(state.step))
-    batch = make_batch(step, model.config.vocab_size).split(MICRO_BATCH)
-    sharding = NamedSharding(mesh, PartitionSpec(None, ts.BATCH_AXES))
-    rows = distributed.process_rows(sharding, batch.input_ids.shape, axis=1)
-    global_batch = distributed.shard_global_batch(batch, sharding, axis=1)
-    state, metrics = update(state, global_batch)
+    micro = make_batch(step, model.config.vocab_size)
+    sharding = NamedSharding(mesh, PartitionSpec(ts.BATCH_AXES))
+    rows = distributed.process_rows(sharding, micro[0].rows.input_ids.shape, axis=0)
+    state, metrics = update(state, [ts.place_micro_batch(mb, mesh) for mb in micro])
     ckpt.save(step + 1, ckpt_state(state), {"process_count": jax.process_count()}, force=True)
     ckpt.close()
 

@@ -85,8 +85,9 @@ def _reference_updates(model_path: str):
   update = ts.make_train_step(graphdef, mh_worker.objective(), opt, donate=False)
   out = []
   for step in range(2):
-    batch = mh_worker.make_batch(step, model.config.vocab_size).split(mh_worker.MICRO_BATCH)
-    state, metrics = update(state, batch)
+    micro = mh_worker.make_batch(step, model.config.vocab_size)
+    assert len(micro) == 2
+    state, metrics = update(state, micro)
     out.append((mh_worker.flat_params(jax.device_get(nnx.to_pure_dict(state.params))),
                 jax.device_get(metrics), graphdef, state.params))
   return out

@@ -1,9 +1,10 @@
-"""Shared helpers for the Stage 3 tests: a reference log-prob function and synthetic batches."""
+"""Shared helpers for the Stage 3 tests: a reference log-prob function and synthetic sequences."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from disa_jax.rl.batch import TrainBatch
+from disa_jax.data.packing import PackingLayout
+from disa_jax.rl.batch import TrainSequences
 
 
 def naive_token_logprobs(model, input_ids, attention_mask):
@@ -16,25 +17,50 @@ def naive_token_logprobs(model, input_ids, attention_mask):
   return jnp.pad(tok, ((0, 0), (1, 0)))  # [B, T], zero at t = 0
 
 
-def synthetic_batch(seed, rows, width, prompt_len, vocab, group_size=4, invalid_rows=0):
-  """A right-padded prompt+response `TrainBatch` with made-up log-probs and signals (numpy)."""
+def synthetic_sequences(seed, n, max_prompt, max_response, vocab, group_size=4, invalid_rows=0,
+                        lengths=None):
+  """``n`` prompt-major (prompt, response) sequences as `TrainSequences` with made-up log-probs,
+  signals and log Z; the last ``invalid_rows`` have empty responses. ``lengths``: optional
+  ``[(prompt_len, response_len)]`` instead of random ones."""
   rng = np.random.default_rng(seed)
-  ids = rng.integers(3, vocab, (rows, width)).astype(np.int32)
-  resp_len = rng.integers(1, width - prompt_len + 1, rows)
-  pos = np.arange(width)[None]
-  attn = (pos < prompt_len + resp_len[:, None]).astype(np.int32)
-  prompt_mask = np.broadcast_to(pos < prompt_len, (rows, width)).astype(np.float32)
-  resp_mask = ((pos >= prompt_len) & (attn > 0)).astype(np.float32)
-  if invalid_rows:
-    resp_mask[-invalid_rows:] = 0.0
-  ids = np.where(attn > 0, ids, 0).astype(np.int32)
-  old = (-rng.uniform(3.5, 5.5, (rows, width)) * resp_mask).astype(np.float32)
-  ref = (-rng.uniform(3.5, 5.5, (rows, width)) * resp_mask).astype(np.float32)
-  reward = rng.integers(0, 2, rows).astype(np.float32)
+  if lengths is None:
+    lengths = list(zip(rng.integers(1, max_prompt + 1, n).tolist(),
+                       rng.integers(1, max_response + 1, n).tolist()))
+  lengths = [(p, 0 if i >= n - invalid_rows else r) for i, (p, r) in enumerate(lengths)]
+  prompts = [rng.integers(3, vocab, p).astype(np.int32) for p, _ in lengths]
+  responses = [rng.integers(3, vocab, r).astype(np.int32) for _, r in lengths]
+  mask = np.arange(max_response)[None] < np.asarray([r for _, r in lengths])[:, None]
+  old = (-rng.uniform(3.5, 5.5, (n, max_response)) * mask).astype(np.float32)
+  ref = (-rng.uniform(3.5, 5.5, (n, max_response)) * mask).astype(np.float32)
+  reward = rng.integers(0, 2, n).astype(np.float32)
   grouped = reward.reshape(-1, group_size)  # [B] -> [P, G]
   adv = ((grouped - grouped.mean(-1, keepdims=True)) /
          (grouped.std(-1, keepdims=True) + 1e-6)).reshape(-1)  # [P, G] -> [B]
-  log_z = np.repeat(rng.normal(-4.0, 1.0, rows // group_size), group_size).astype(np.float32)
-  return TrainBatch(input_ids=ids, attention_mask=attn, prompt_mask=prompt_mask,
-                    response_mask=resp_mask, old_logp=old, ref_logp=ref,
-                    signal=adv.astype(np.float32), log_z=log_z)
+  log_z = np.repeat(rng.normal(-4.0, 1.0, n // group_size), group_size).astype(np.float32)
+  return TrainSequences(prompts=prompts, responses=responses, old_logp=old, ref_logp=ref,
+                        signal=adv.astype(np.float32), log_z=log_z)
+
+
+def padded_layout(rows, row_len=0, pad_to=4):
+  """Today's padding as a layout: one sequence per row, ``rows`` rows per micro-batch."""
+  return PackingLayout(packing=False, row_len=row_len, rows=rows, pad_to=pad_to)
+
+
+def packed_layout(rows, row_len, seqs_per_row=8):
+  return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row)
+
+
+def micro_batches(seqs, layout, idx=None):
+  """All of ``seqs`` (or ``idx``) as micro-batches of ``layout`` (pad id 0)."""
+  idx = np.arange(len(seqs.prompts)) if idx is None else idx
+  return seqs.micro_batches(idx, layout, pad_id=0)
+
+
+def alone_response_logp(model, seqs):
+  """``[N, W]`` log-probs of each response token, each sequence scored alone (no padding)."""
+  out = np.zeros(seqs.old_logp.shape, np.float32)
+  for i, (p, r) in enumerate(zip(seqs.prompts, seqs.responses)):
+    ids = jnp.asarray(np.concatenate([p, r])[None])
+    lp = np.asarray(naive_token_logprobs(model, ids, jnp.ones_like(ids)))[0]
+    out[i, :len(r)] = lp[len(p):]
+  return out

@@ -61,6 +61,15 @@ def test_bad_values_name_field_and_value():
     Stage3Config.from_config(d)
   with pytest.raises(ValueError, match=r"rollout.num_minibatches must divide the 3 rows of a step"):
     TrainConfig(rollout=RolloutConfig(prompts_per_batch=3, group_size=1, num_minibatches=2))
+  with pytest.raises(ValueError, match=r"rollout.row_len must be 0 or >= max_prompt_len \+ "
+                     r"max_response_len = 24 .*, got 20"):
+    RolloutConfig(max_prompt_len=16, max_response_len=8, row_len=20)
+  with pytest.raises(ValueError, match=r"rollout.micro_batch_rows must be >= 1, got 0"):
+    RolloutConfig(micro_batch_rows=0)
+  layout = RolloutConfig(max_prompt_len=16, max_response_len=8, micro_batch_rows=2).layout([5], 8)
+  assert (layout.packing, layout.row_len, layout.rows, layout.slots) == (True, 24, 2, 32)
+  padded = RolloutConfig(packing=False, micro_batch_rows=2).layout([5, 17, 9], 8)
+  assert (padded.packing, padded.row_len, padded.slots) == (False, 24, 2)  # longest, rounded up
   cd = stage3_paper.get_config("disa,qwen2.5-7b,math")
   cd.data.anchor_path = ""
   with pytest.raises(ValueError, match=r"data.anchor_path is required for objective 'disa'"):

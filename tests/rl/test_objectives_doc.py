@@ -12,7 +12,7 @@ from disa_jax import testing
 from disa_jax.rl import losses, objectives
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.config import TrainConfig
-from tests.rl.helpers import synthetic_batch
+from tests.rl.helpers import micro_batches, packed_layout, synthetic_sequences
 
 DOC = open("docs/objectives.md").read()
 
@@ -32,8 +32,8 @@ def test_the_documented_objective_is_one_class_that_trains():
     opt = optax.sgd(0.1)
     graphdef, _, state, _ = ts.init_train_state(model, opt)
     step = ts.make_train_step(graphdef, obj, opt, donate=False)
-    batch = synthetic_batch(0, 8, 12, 4, vocab=128)
-    new, metrics = step(state, batch.split(4))
+    micro = micro_batches(synthetic_sequences(0, 8, 4, 8, vocab=128), packed_layout(4, 12))
+    new, metrics = step(state, micro)
     assert np.isfinite(float(metrics["loss"])) and float(metrics["tb_residual_abs_mean"]) > 0
     moved = max(float(jnp.abs(a - b).max()) for a, b in
                 zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params)))
@@ -41,7 +41,8 @@ def test_the_documented_objective_is_one_class_that_trains():
     # Huber = the square below delta: with a large delta the loss equals DISA's (omega = 1).
     big = type(obj)(beta=obj.beta, delta=1e6)
     disa = objectives.Disa(beta=obj.beta)
-    logp = -jnp.ones(batch.input_ids.shape) * batch.response_mask
+    batch = micro[0]
+    logp = -jnp.ones(batch.response_mask.shape) * batch.response_mask
     np.testing.assert_allclose(float(big.loss(logp, batch)[0]), float(disa.loss(logp, batch)[0]),
                                rtol=1e-6)
   finally:

@@ -1,4 +1,6 @@
 """disa_jax.rl.train_step: exact accumulation, all methods, sharded == single device."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,8 @@ from disa_jax import parallel, testing
 from disa_jax.rl import objectives
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.logz_head import LogZHead
-from tests.rl.helpers import naive_token_logprobs, synthetic_batch
+from tests.rl.helpers import (alone_response_logp, micro_batches, packed_layout, padded_layout,
+                              synthetic_sequences)
 
 OBJECTIVES = {"disa": objectives.Disa(beta=2.0, scale="mean", omega="clipped_ratio"),
               "flowrl": objectives.FlowRL(beta=2.0, scale="mean", omega="clipped_ratio",
@@ -18,7 +21,7 @@ OBJECTIVES = {"disa": objectives.Disa(beta=2.0, scale="mean", omega="clipped_rat
               "grpo": objectives.Grpo(eps_high=0.28, kl_coef=0.01),
               "gspo": objectives.Gspo()}
 
-ROWS, WIDTH, PROMPT = 16, 12, 4
+ROWS, MAX_PROMPT, MAX_RESPONSE = 16, 4, 8
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
 
 
@@ -46,14 +49,22 @@ def _setup(method, mesh=None, adamw=False):
   return graphdef, head_graphdef, state, shardings, OBJECTIVES[method], opt, head_opt
 
 
-def _run(method, micro, steps=2, mesh=None, invalid_rows=0, adamw=False):
+def _seqs(seed, invalid_rows=0):
+  return synthetic_sequences(seed, ROWS, MAX_PROMPT, MAX_RESPONSE, vocab=128,
+                             invalid_rows=invalid_rows)
+
+
+def _run(method, layout, steps=2, mesh=None, invalid_rows=0, adamw=False):
+  """``steps`` updates, each on ROWS synthetic sequences laid out by ``layout``."""
   graphdef, head_graphdef, state, shardings, settings, opt, head_opt = _setup(method, mesh, adamw)
   step = ts.make_train_step(graphdef, settings, opt, head_graphdef=head_graphdef,
                             head_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
   all_metrics = []
   for i in range(steps):
-    batch = synthetic_batch(i, ROWS, WIDTH, PROMPT, vocab=128, invalid_rows=invalid_rows)
-    state, metrics = step(state, batch.split(micro))
+    micro = micro_batches(_seqs(i, invalid_rows), layout)
+    if mesh is not None:
+      micro = [ts.place_micro_batch(mb, mesh) for mb in micro]
+    state, metrics = step(state, micro)
     all_metrics.append(jax.tree.map(float, metrics))
   return state, all_metrics
 
@@ -87,11 +98,14 @@ def _assert_metrics_close(ma, mb, tol):
     pytest.param("gspo", marks=pytest.mark.slow)])
 def test_accumulation_matches_one_big_micro_batch(method):
   # 3 invalid (no-response) rows: the valid-count weighting must still give the exact mean.
-  s1, m1 = _run(method, micro=ROWS, steps=1, invalid_rows=3)
-  s4, m4 = _run(method, micro=4, steps=1, invalid_rows=3)
-  _assert_states_close(s1, s4, 1e-4)
-  for k in ("loss", "grad_norm", "num_sequences"):
-    np.testing.assert_allclose(m1[0][k], m4[0][k], rtol=1e-4, err_msg=k)
+  s1, m1 = _run(method, padded_layout(ROWS), steps=1, invalid_rows=3)
+  s4, m4 = _run(method, padded_layout(4), steps=1, invalid_rows=3)
+  # Packed: 3 micro-batches of 2 rows x 12 tokens, the last one partly empty.
+  sp, mp = _run(method, packed_layout(2, MAX_PROMPT + MAX_RESPONSE), steps=1, invalid_rows=3)
+  for s_other, m_other in ((s4, m4), (sp, mp)):
+    _assert_states_close(s1, s_other, 1e-4)
+    for k in ("loss", "grad_norm", "num_sequences"):
+      np.testing.assert_allclose(m1[0][k], m_other[0][k], rtol=1e-4, err_msg=k)
   assert m1[0]["num_sequences"] == ROWS - 3
   assert int(s4.step) == 1
   if method == "flowrl":
@@ -107,7 +121,8 @@ def test_accumulation_matches_one_big_micro_batch(method):
 def test_params_change_and_metrics_present():
   graphdef, _, state0, _, settings, opt, _ = _setup("disa")
   before = jax.tree.map(np.asarray, state0.params)
-  state, metrics = _run("disa", micro=8, steps=1, adamw=True)
+  state, metrics = _run("disa", packed_layout(4, MAX_PROMPT + MAX_RESPONSE), steps=1,
+                        adamw=True)
   diff = max(float(np.abs(np.asarray(a) - b).max()) for a, b in
              zip(jax.tree.leaves(state.params), jax.tree.leaves(before)))
   assert diff > 0
@@ -120,8 +135,9 @@ def test_sharded_step_equals_single_device(n_devices):
   assert n_devices == 8
   mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
   for method, adamw, tol in (("flowrl", False, 1e-4),):
-    single, m_single = _run(method, micro=8, steps=2, adamw=adamw)
-    sharded, m_sharded = _run(method, micro=8, steps=2, mesh=mesh, adamw=adamw)
+    layout = packed_layout(4, MAX_PROMPT + MAX_RESPONSE)  # rows over data x fsdp = 4 shards
+    single, m_single = _run(method, layout, steps=2, adamw=adamw)
+    sharded, m_sharded = _run(method, layout, steps=2, mesh=mesh, adamw=adamw)
     worst, moved = _assert_states_close(single, sharded, tol)
     _assert_metrics_close(m_single, m_sharded, 2e-4)
     # Parameters stay sharded as the model was placed.
@@ -131,26 +147,25 @@ def test_sharded_step_equals_single_device(n_devices):
           f"2 steps = {worst:.3g} (largest parameter change {moved:.3g})")
 
 
-def test_split_micro_batches_error():
-  batch = synthetic_batch(0, 8, WIDTH, PROMPT, vocab=128)
-  with pytest.raises(ValueError, match=r"8 rows.*micro_batch_size=3"):
-    batch.split(3)
+def test_an_update_needs_a_micro_batch():
+  graphdef, _, state, _, settings, opt, _ = _setup("disa")
+  with pytest.raises(ValueError, match="at least one micro-batch"):
+    ts.make_train_step(graphdef, settings, opt, donate=False)(state, [])
 
 
 @pytest.mark.parametrize("method", ["disa", "grpo"])
 def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
   """One update per batch: taking pi_old from the update's own forward equals scoring it first."""
   graphdef, _, state, _, settings, opt, _ = _setup(method)
-  batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128)
+  seqs = _seqs(0)
   model = nnx.merge(graphdef, state.params)
-  scored = batch.replace(old_logp=np.asarray(naive_token_logprobs(model, batch.input_ids,
-                                                                  batch.attention_mask)))
-  unscored = batch.replace(old_logp=np.full_like(batch.old_logp, np.nan))  # must not be read
+  scored = dataclasses.replace(seqs, old_logp=alone_response_logp(model, seqs))
+  unscored = dataclasses.replace(seqs, old_logp=np.full_like(seqs.old_logp, np.nan))  # unread
   outs = []
   for on_policy, b in ((False, scored), (True, unscored)):
     step = ts.make_train_step(graphdef, settings, opt, donate=False,
                               on_policy_old_logp=on_policy)
-    outs.append(step(state, b.split(8)))
+    outs.append(step(state, micro_batches(b, packed_layout(4, MAX_PROMPT + MAX_RESPONSE))))
   (s_a, m_a), (s_b, m_b) = outs
   for x, y in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
@@ -161,9 +176,10 @@ def test_grpo_without_reference_ignores_ref_logp():
   graphdef, _, state, _, _, opt, _ = _setup("grpo")
   settings = objectives.Grpo(kl_coef=0.0)
   assert not settings.needs_reference and objectives.Grpo(kl_coef=0.1).needs_reference
-  batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128)
+  seqs = _seqs(0)
+  seqs.ref_logp = np.full_like(seqs.ref_logp, np.nan)
   step = ts.make_train_step(graphdef, settings, opt, donate=False)
-  _, metrics = step(state, batch.replace(ref_logp=np.full_like(batch.ref_logp, np.nan)).split(8))
+  _, metrics = step(state, micro_batches(seqs, packed_layout(4, MAX_PROMPT + MAX_RESPONSE)))
   assert np.isfinite(float(metrics["loss"])) and "kl_ref" not in metrics
 
 
@@ -178,7 +194,7 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
   rescales policy and head gradients by one factor (FlowRL's single clip_grad_norm_)."""
   graphdef, head_graphdef, state, _, _, _, _ = _setup("flowrl")
   obj = objectives.FlowRL(beta=2.0, scale="mean", head_dropout=0.5)
-  batch = synthetic_batch(0, ROWS, WIDTH, PROMPT, vocab=128).split(8)
+  batch = micro_batches(_seqs(0), packed_layout(4, MAX_PROMPT + MAX_RESPONSE))
   sgd = optax.sgd(0.1)
   head_sgd = optax.sgd(0.1)
   def run(seed, joint_clip=0.0):

@@ -30,7 +30,7 @@ def _cfg(method="disa", steps=2, **objective):
       objective=dict(name=method, **{**OBJECTIVES[method], **objective}),
       optim=dict(lr=1e-3),
       rollout=dict(prompts_per_batch=2, group_size=4, max_prompt_len=8, max_response_len=6,
-                   num_minibatches=2, micro_batch_size=2),
+                   num_minibatches=2, micro_batch_rows=2),
       validation=dict(every=2, n=4, max_tokens=6),
       checkpoint=dict(every=1, keep=2, async_save=True),
       total_steps=steps, progress_bar=False), "train")
@@ -170,14 +170,15 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
   import jax.numpy as jnp
   from disa_jax import scoring
   from disa_jax.anchor import AnchorFitConfig, fit_anchor
-  from disa_jax.data.batching import pack_sequences
+  from disa_jax.data import packing
 
   beta, steps = 2.0, 240
   # One target parity for every prompt (the tiny model can express it with a vocabulary bias).
   prompts = [dataclasses.replace(p, meta={"target": 0}) for p in _prompts(8)]
   reference = testing.make_tiny_model(seed=0, **TINY)
-  packed = pack_sequences([list(p.token_ids) for p in prompts], [[] for _ in prompts], pad_id=0)
-  ids, pm = jnp.asarray(packed["input_ids"]), jnp.asarray(packed["prompt_mask"])
+  (packed,) = packing.pack([list(p.token_ids) for p in prompts], [[] for _ in prompts],
+                          packing.PackingLayout(packing=False, rows=len(prompts)), pad_id=0)
+  ids, pm = jnp.asarray(packed.rows.input_ids), jnp.asarray(packed.rows.prompt_mask)
 
   def p_even(model):  # [P] probability that the first response token is even
     logits = model(ids, attention_mask=pm)  # [P, T, V]
@@ -199,7 +200,7 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
   cfg = dataclasses.replace(
       cfg, optim=dataclasses.replace(cfg.optim, lr=5e-3),
       rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, group_size=8,
-                                  num_minibatches=2, micro_batch_size=8),
+                                  num_minibatches=2, micro_batch_rows=8),
       validation=dataclasses.replace(cfg.validation, every=0),
       checkpoint=dataclasses.replace(cfg.checkpoint, every=100))
   trainer = Trainer(cfg, str(tmp_path), policy=testing.make_tiny_model(seed=0, **TINY),

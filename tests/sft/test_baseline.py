@@ -16,7 +16,8 @@ from disa_jax.estimators import load_stage1
 from disa_jax.parallel import make_mesh
 from disa_jax.estimators.dataset import Stage1Writer, build_records
 from disa_jax.estimators.reward_transforms import RewardTransform
-from disa_jax.sft import SupervisedSchedule, make_sft_step
+from disa_jax.data import packing
+from disa_jax.sft import SupervisedSchedule, make_sft_step, sft_loss
 from disa_jax.sft import baseline, lora
 from disa_jax.testing import make_tiny_model, make_tokenizer, save_tiny_checkpoint
 
@@ -56,12 +57,20 @@ def test_filter_keeps_exactly_reward_one(tmp_path):
 
 @pytest.mark.slow
 def test_accumulated_step_equals_full_batch_step():
+  """Packed micro-batches (several per update, sequences sharing rows) give the full padded
+  batch's loss and update."""
   cfg = SupervisedSchedule(learning_rate=1e-2, total_steps=4, schedule="cosine", warmup_steps=0)
-  ids = jnp.asarray(np.random.default_rng(2).integers(3, 60, (4, 10)), jnp.int32)
-  attn = jnp.asarray(np.arange(10)[None] < np.array([10, 7, 9, 5])[:, None], jnp.int32)
-  resp = attn.at[:, :3].set(0)
-  full = {"input_ids": ids, "attention_mask": attn, "response_mask": resp}
-  split = {k: v.reshape((2, 2) + v.shape[1:]) for k, v in full.items()}  # [4, T] -> [2, 2, T]
+  rng = np.random.default_rng(2)
+  lengths = [(3, 7), (3, 4), (3, 6), (3, 2)]
+  prompts = [rng.integers(3, 60, p).tolist() for p, _ in lengths]
+  responses = [rng.integers(3, 60, r).tolist() for _, r in lengths]
+  padded = packing.pack(prompts, responses, packing.PackingLayout(packing=False, rows=4, pad_to=10),
+                        pad_id=0)[0].rows
+  full = {"input_ids": jnp.asarray(padded.input_ids), "attention_mask": jnp.asarray(padded.segment_ids),
+          "response_mask": jnp.asarray(padded.response_mask)}
+  micro = [b.rows for b in packing.pack(prompts, responses, packing.PackingLayout(
+      row_len=16, rows=1, seqs_per_row=4), pad_id=0)]
+  assert len(micro) == 2 and max(int(m.segment_ids.max()) for m in micro) == 2  # shared rows
 
   ref = lora.apply_lora(make_tiny_model("qwen2", num_layers=1), lora.LoRAConfig(rank=4, alpha=8.0))
   init, step = make_sft_step(cfg, wrt=lora.LoRAParam)
@@ -72,16 +81,83 @@ def test_accumulated_step_equals_full_batch_step():
   opt_state = tx.init(params)
   for _ in range(2):
     want_loss = step(ref, opt, full)
-    params, opt_state, loss = acc_step(params, opt_state, rest, split)
+    params, opt_state, loss = acc_step(params, opt_state, rest, micro)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
   # Adam divides by sqrt(v): float32 summation-order noise in the gradient shows up at ~1e-6.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
                nnx.to_pure_dict(params), lora.lora_state_dict(ref))
 
 
+def test_packed_sft_loss_equals_padded_loss_and_gradient():
+  """`sft_loss` on packed rows (segment ids) = on padded rows, value and gradient (float32)."""
+  rng = np.random.default_rng(3)
+  lengths = [(2, 5), (4, 1), (1, 6), (3, 3), (5, 2)]
+  prompts = [rng.integers(3, 60, p).tolist() for p, _ in lengths]
+  responses = [rng.integers(3, 60, r).tolist() for _, r in lengths]
+  padded = packing.pack(prompts, responses, packing.PackingLayout(packing=False, rows=5, pad_to=8),
+                        pad_id=0)[0].rows
+  (packed,) = packing.pack(prompts, responses, packing.PackingLayout(row_len=18, rows=2),
+                           pad_id=0)
+  assert packed.rows.input_ids.size < padded.input_ids.size
+  model = make_tiny_model("qwen3", num_layers=1)
+  grad = nnx.value_and_grad(lambda m, b: sft_loss(m, b["input_ids"], b.get("attention_mask"),
+                                                  b["response_mask"],
+                                                  segment_ids=b.get("segment_ids"),
+                                                  positions=b.get("positions")))
+  want, g_want = grad(model, {"input_ids": jnp.asarray(padded.input_ids),
+                              "attention_mask": jnp.asarray(padded.segment_ids),
+                              "response_mask": jnp.asarray(padded.response_mask)})
+  rows = packed.rows
+  got, g_got = grad(model, {k: jnp.asarray(getattr(rows, k)) for k in
+                            ("input_ids", "segment_ids", "positions", "response_mask")})
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               nnx.to_pure_dict(nnx.state(g_got)), nnx.to_pure_dict(nnx.state(g_want)))
+
+
+def test_sft_batch_packs_each_example_of_the_batch_once():
+  """Packing on or off, an update's micro-batches hold exactly the batch's examples (the same
+  ones, fixed by seed and epoch), in micro-batches of a fixed number of rows."""
+  rng = np.random.default_rng(4)
+  lengths = [(int(rng.integers(2, 9)), int(rng.integers(1, 30))) for _ in range(13)]
+  enc = baseline._EncodedExamples(  # pylint: disable=protected-access
+      prompts=[rng.integers(3, 60, p).tolist() for p, _ in lengths],
+      responses=[rng.integers(3, 60, r).tolist() for _, r in lengths], num_truncated=0,
+      num_prompts=13)
+  longest = max(p + r for p, r in lengths)
+  for pack in (True, False):
+    cfg = baseline.LoRASFTConfig(batch_size=6, micro_batch_rows=2, pad_to=8, packing=pack, seed=1)
+    layout, most = cfg.layout(longest), 0
+    for step in range(6):  # 3 updates per epoch (the last one wraps around), 2 epochs
+      epoch, j = divmod(step, 3)
+      order = np.random.default_rng([1, epoch]).permutation(13)
+      want = np.concatenate([order, order])[j * 6:(j + 1) * 6]
+      batches = baseline._sft_batch(step, 3, enc, cfg, layout, 0)  # pylint: disable=protected-access
+      got = [want[i] for b in batches for i in b.seq_index[b.seq_index >= 0]]
+      assert sorted(got) == sorted(want)
+      assert all(b.rows.input_ids.shape[0] == 2 for b in batches)
+      if pack:
+        assert {b.row_len for b in batches} == {-(-longest // 8) * 8}  # one shape for the run
+      most = max(most, max(int(b.rows.segment_ids.max()) for b in batches))
+    assert most > 1 if pack else most == 1  # rows shared only with packing
+
+
+def test_micro_batch_rows_must_divide_over_the_mesh_batch_shards():
+  mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])
+  with pytest.raises(ValueError, match=r"micro_batch_rows=3 must be a multiple of the mesh's "
+                                       r"data x fsdp = 2"):
+    baseline._lora_model("/nonexistent", baseline.LoRASFTConfig(micro_batch_rows=3),  # pylint: disable=protected-access
+                         jnp.float32, mesh)
+
+
 def test_config_validation():
-  with pytest.raises(ValueError, match="batch_size=6"):
-    baseline.LoRASFTConfig(batch_size=6, micro_batch_size=4)
+  with pytest.raises(ValueError, match=r"row_len must be 0 or >= max_seq_len=64 .*, got 32"):
+    baseline.LoRASFTConfig(max_seq_len=64, row_len=32)
+  with pytest.raises(ValueError, match=r"micro_batch_rows must be >= 1, got 0"):
+    baseline.LoRASFTConfig(micro_batch_rows=0)
+  assert baseline.LoRASFTConfig(pad_to=16).layout(40).row_len == 48  # the longest, rounded up
+  assert baseline.LoRASFTConfig(max_seq_len=64, row_len=100).layout(40).row_len == 100
+  assert not baseline.LoRASFTConfig(packing=False).layout(40).packing
   with pytest.raises(ValueError, match="compute_dtype"):
     baseline.LoRASFTConfig(compute_dtype="fp8")
   with pytest.raises(ValueError, match=r"sft: unknown field\(s\) \['rnak'\]"):
@@ -99,7 +175,7 @@ def test_run_lora_sft_export_skip_and_resume(tmp_path):
   s1 = _write_stage1(str(tmp_path / "s1.jsonl"))
   out = str(tmp_path / "sft")
   cfg = baseline.LoRASFTConfig(rank=4, alpha=8.0, learning_rate=2e-2, batch_size=4,
-                               micro_batch_size=2, epochs=3, pad_to=16, checkpoint_every=1)
+                               micro_batch_rows=2, epochs=3, pad_to=16, checkpoint_every=1)
   mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])  # weights + batch sharded
   summary = baseline.run_lora_sft(ref_path, s1, out, cfg, mesh=mesh)
   assert summary["num_kept"] == 5 and summary["num_prompts_with_kept"] == 2
@@ -107,6 +183,8 @@ def test_run_lora_sft_export_skip_and_resume(tmp_path):
   assert summary["steps"] == 6 and summary["steps_per_epoch"] == 2 and not summary["skipped"]
   assert summary["loss_last"] < summary["loss_first"]
   assert summary["compute_dtype"] == "float32"
+  # Packed rows of 16 tokens (the longest example rounded up to pad_to), 2 per micro-batch.
+  assert 0.5 < summary["packing_efficiency"] <= 1.0 and summary["micro_batches_per_step"] >= 1
   exported = models.from_pretrained(out)
   ids = jnp.asarray([[5, 9, 11, 7, 12, 13, 14, 15]], jnp.int32)
   got = np.asarray(exported(ids))
@@ -126,7 +204,7 @@ def test_run_lora_sft_export_skip_and_resume(tmp_path):
   shutil.rmtree(out)
   with pytest.raises(ValueError, match="cannot resume"):
     baseline.run_lora_sft(ref_path, s1, out, baseline.LoRASFTConfig(
-        rank=4, alpha=8.0, learning_rate=1e-2, batch_size=4, micro_batch_size=2, epochs=3,
+        rank=4, alpha=8.0, learning_rate=1e-2, batch_size=4, micro_batch_rows=2, epochs=3,
         pad_to=16))
 
 

@@ -1,0 +1,135 @@
+"""The packing planner (`disa_jax.data.packing`): every sequence placed exactly once, no row over
+its capacity, the index maps lead back to the caller's sequences, and a sequence too long for a row
+is refused by index and length."""
+import numpy as np
+import pytest
+
+from disa_jax.data import packing
+
+
+def _random_sequences(seed, n, max_prompt, max_response):
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(3, 100, rng.integers(1, max_prompt + 1)).tolist() for _ in range(n)]
+  responses = [rng.integers(3, 100, rng.integers(0, max_response + 1)).tolist() for _ in range(n)]
+  return prompts, responses
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_fit_decreasing_places_every_sequence_once_within_capacity(seed):
+  rng = np.random.default_rng(seed)
+  capacity, max_items = int(rng.integers(8, 64)), int(rng.integers(1, 6))
+  lengths = rng.integers(1, capacity + 1, int(rng.integers(1, 200)))
+  bins = packing.first_fit_decreasing(lengths, capacity, max_items)
+  placed = sorted(i for b in bins for i in b)
+  assert placed == list(range(len(lengths)))  # each index exactly once
+  for b in bins:
+    assert 1 <= len(b) <= max_items
+    assert lengths[b].sum() <= capacity
+  # First fit: no sequence could have gone into an earlier bin than the one it is in.
+  free = [capacity - int(lengths[b].sum()) for b in bins]
+  for k, b in enumerate(bins):
+    for i in b:
+      for j in range(k):
+        assert free[j] < lengths[i] or len(bins[j]) == max_items
+
+
+def test_first_fit_decreasing_is_tight_on_an_easy_instance():
+  # 4 + 4 and 6 + 2 and 8: three full bins of 8 (no padding at all).
+  bins = packing.first_fit_decreasing(np.array([4, 6, 8, 2, 4]), 8, 4)
+  assert sorted(sorted(b) for b in bins) == [[0, 4], [1, 3], [2]]
+
+
+@pytest.mark.parametrize("lengths, index", [([5, 17, 3], 1), ([16, 16, 40, 50], 2)])
+def test_too_long_sequence_is_named_by_index_and_length(lengths, index):
+  with pytest.raises(ValueError, match=rf"sequence {index} has {lengths[index]} tokens > "
+                                       r"row_len=16"):
+    packing.first_fit_decreasing(np.array(lengths), 16, 4)
+  prompts = [[1] * n for n in lengths]
+  with pytest.raises(ValueError, match=rf"sequence {index} has {lengths[index]} tokens"):
+    packing.pack(prompts, [[] for _ in lengths], packing.PackingLayout(row_len=16, rows=2),
+                 pad_id=0)
+  with pytest.raises(ValueError, match=rf"sequence {index} has {lengths[index]} tokens"):
+    packing.pack(prompts, [[] for _ in lengths],
+                 packing.PackingLayout(packing=False, row_len=16, rows=2), pad_id=0)
+
+
+@pytest.mark.parametrize("field, value", [("rows", 0), ("seqs_per_row", 0), ("pad_to", 0),
+                                          ("row_len", -1)])
+def test_layout_refuses_bad_values_naming_the_field(field, value):
+  kw = {"row_len": 8, field: value}
+  with pytest.raises(ValueError, match=rf"PackingLayout.{field} must be .*got {value}"):
+    packing.PackingLayout(**kw)
+  with pytest.raises(ValueError, match=r"PackingLayout.row_len must be >= 1 with packing"):
+    packing.PackingLayout(row_len=0)
+
+
+def test_empty_prompt_and_count_mismatch_are_refused():
+  with pytest.raises(ValueError, match="sequence 1 has an empty prompt"):
+    packing.sequence_lengths([[1], [], [2]], [[], [], []])
+  with pytest.raises(ValueError, match="differ in number: 2 vs 1"):
+    packing.sequence_lengths([[1], [2]], [[3]])
+
+
+def _check_batches(batches, prompts, responses, layout):
+  """Every sequence in exactly one slot; the rows hold exactly its tokens, segment ids, positions
+  and masks; fixed shapes."""
+  seen = []
+  for b in batches:
+    r = b.rows
+    assert r.input_ids.shape[0] == layout.rows and b.seq_index.shape == (layout.slots,)
+    if layout.row_len:
+      assert r.input_ids.shape[1] == layout.row_len
+    for name in ("segment_ids", "positions", "prompt_mask", "response_mask", "token_slot"):
+      assert getattr(r, name).shape == r.input_ids.shape
+    for row in range(layout.rows):  # no row over its capacity / slot count
+      assert int(r.segment_ids[row].max(initial=0)) <= (layout.seqs_per_row if layout.packing
+                                                        else 1)
+    for s in np.flatnonzero(b.seq_index >= 0):
+      i, row, off = int(b.seq_index[s]), int(b.seq_row[s]), int(b.seq_offset[s])
+      p, q = prompts[i], responses[i]
+      n = len(p) + len(q)
+      seen.append(i)
+      np.testing.assert_array_equal(r.input_ids[row, off:off + n], p + q)
+      np.testing.assert_array_equal(r.positions[row, off:off + n], np.arange(n))
+      assert len(set(r.segment_ids[row, off:off + n].tolist())) == 1
+      assert r.segment_ids[row, off] > 0 and (r.token_slot[row, off:off + n] == s).all()
+      assert r.prompt_mask[row, off:off + n].sum() == len(p)
+      assert r.response_mask[row, off + len(p):off + n].sum() == len(q)
+    empty = b.seq_index < 0
+    assert (b.prompt_len[empty] == 0).all() and (b.response_len[empty] == 0).all()
+    pad = r.segment_ids == 0
+    assert (r.token_slot[pad] == layout.slots).all() and (r.response_mask[pad] == 0).all()
+    assert b.num_real_tokens == int((~pad).sum())
+  assert sorted(seen) == list(range(len(prompts)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_places_every_sequence_once_packed_and_padded(seed):
+  prompts, responses = _random_sequences(seed, 37, 6, 12)
+  packed = packing.PackingLayout(row_len=20, rows=3, seqs_per_row=4)
+  batches = packing.pack(prompts, responses, packed, pad_id=0)
+  _check_batches(batches, prompts, responses, packed)
+  padded = packing.PackingLayout(packing=False, rows=4, pad_to=8)
+  pad_batches = packing.pack(prompts, responses, padded, pad_id=0)
+  _check_batches(pad_batches, prompts, responses, padded)
+  for b in pad_batches:  # each micro-batch padded to its longest, rounded up to pad_to
+    assert b.row_len % 8 == 0 and b.row_len - 8 < int((b.prompt_len + b.response_len).max())
+  assert packing.efficiency(batches) > packing.efficiency(pad_batches)
+
+
+def test_response_index_round_trips_per_token_values():
+  prompts, responses = _random_sequences(7, 11, 4, 6)
+  width = 6
+  for b in packing.pack(prompts, responses, packing.PackingLayout(row_len=12, rows=2), pad_id=0):
+    values = np.where(b.rows.response_mask > 0, b.rows.input_ids, -1)  # [R, L]
+    index, mask = b.response_index(width)
+    got = np.where(mask > 0, values.reshape(-1)[index], 0)  # [S, W]
+    for s in np.flatnonzero(b.seq_index >= 0):
+      q = responses[int(b.seq_index[s])]
+      np.testing.assert_array_equal(got[s, :len(q)], q)
+      assert mask[s].sum() == len(q)
+    for i, v in b.responses(values):
+      np.testing.assert_array_equal(v, responses[i])
+  with pytest.raises(ValueError, match=r"sequence \d+ has a response of \d+ tokens > the "
+                                       r"response width 2"):
+    b.response_index(2)
