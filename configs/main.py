@@ -25,9 +25,9 @@ CLAIMS_STEPS = 3500
 def _tb(name: str, **overrides) -> ml_collections.ConfigDict:
   """A trajectory-balance objective as the main job runs it: the paper's formal residual."""
   o = stage3_base.objective(name)
-  o.scale = "sum"  # trajectory sums (eqs. 5-8): Props. 1-3 hold, and the exact log Z is on it
+  o.scale = "sum"  # trajectory sums (eqs. 5-10): Props. 1-3 hold, and the exact log Z is on it
   o.reward_transform.kind = "raw"  # the binary reward itself, so the exact log Z is known
-  o.omega = "one"  # on-policy weights (eq. 8 with omega = 1)
+  o.omega = "one"  # on-policy weights (eq. 10 with omega = 1)
   o.update(overrides)
   return o
 
@@ -128,7 +128,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   s1.dataset_format = "jsonl"
   s1.reward = "sum_task"  # the registered sum-task verifier
   s1.reward_transform = ml_collections.ConfigDict({"kind": "raw"})  # so log Z is exact
-  s1.label_scale = "sum"  # the paper's trajectory residual (eqs. 5-8)
+  s1.label_scale = "sum"  # the paper's trajectory residual (eqs. 5-10)
   s1.proposal_logprobs = "processed"  # temperature 1, no truncation: = raw
   # N-study pool: 32 samples per prompt; the labels use the first stage2.samples of them.
   s1.sampling = common.sampling(32, temperature=1.0, top_p=1.0, max_tokens=8)
