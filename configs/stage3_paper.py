@@ -54,8 +54,10 @@ def _parse(arg: str):
   variant = extra.get("variant", "")
   if variant not in VARIANTS:
     raise ValueError(f"config variant= must be one of {VARIANTS[1:]}, got {variant!r}")
-  if method == "flowrl" and "proposal" in extra and not ({"replay", "variant"} & set(extra)):
-    raise ValueError("config proposal= for 'flowrl' names the Stage 1 samples it replays: add replay=F")
+  if ("proposal" in extra and not objectives.REGISTRY[method].needs_anchor
+      and not {"replay", "variant"} & set(extra)):
+    raise ValueError(f"config proposal= for {method!r} (no anchor) names the Stage 1 samples it "
+                     "replays: add replay=F")
   beta = float(extra.get("beta", common.DEFAULT_BETA))
   impl = extra.get("impl", "")
   common.label_facts(impl)  # validates it

@@ -60,6 +60,9 @@ class Objective(abc.ABC):
   needs_anchor: ClassVar[bool] = False
   needs_logz_head: ClassVar[bool] = False
   allows_replay: ClassVar[bool] = False
+  # Whether the loss's minimiser is the reward-tilted target pi~ (distribution matching) rather
+  # than a reward maximiser (what reports compare against).
+  matches_target: ClassVar[bool] = False
 
   @property
   def needs_reference(self) -> bool:
@@ -168,6 +171,7 @@ class TrajectoryBalance(Objective):
   omega_eps_high: float = 0.28
 
   allows_replay: ClassVar[bool] = True
+  matches_target: ClassVar[bool] = True
 
   def __post_init__(self):
     if not self.beta > 0:
