@@ -1,4 +1,4 @@
-"""Benchmark evaluation with the paper's protocol (App. C.1), selected by a config string.
+"""Benchmark evaluation with the paper's protocol (App. D.1), selected by a config string.
 
   python launch/evaluate.py --config=configs/eval_paper.py:SUITE --config.model_path=CKPT \
       --config.output_dir=eval/NAME
@@ -70,7 +70,7 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.exact_target.seed = 8  # Their sampling seed.
   c.exact_target.packing = True  # Score packed rows (segment ids); False: one padded row each.
   c.local_diversity = False  # Distinct answers + mean pairwise distance per problem (offline).
-  c.judge_url = ""  # OpenAI-compatible endpoint of the App. C.5 judge; '' = no judge.
+  c.judge_url = ""  # OpenAI-compatible endpoint of the App. D.5 judge; '' = no judge.
   c.judge_model = "gpt-4o-mini"  # Judge model (paper: GPT-4o-mini).
   c.judge_api_key_env = "OPENAI_API_KEY"  # Environment variable holding the judge's API key.
   c.judge_cache_dir = ""  # On-disk cache of judge answers; '' = none.

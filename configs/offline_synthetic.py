@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.stage1.reward_transform.kind = "raw"  # raw | affine | group_zscore
   c.stage1.chunk = 250  # prompts per durable write (a killed run loses at most one chunk)
   c.stage1.format = "jsonl"  # jsonl | parquet
-  c.stage1.n_study = (2, 4, 8, 16)  # M values of the App. C.3 study against the exact log Z
+  c.stage1.n_study = (2, 4, 8, 16)  # M values of the App. D.3 study against the exact log Z
   c.stage1.n_study_repeats = 32  # subsamples per prompt and M
 
   c.stage2 = ml_collections.ConfigDict()

@@ -1,4 +1,4 @@
-"""The LoRA-SFT baseline of the paper (§4.2, App. C.4 Table 13), selected by a config string.
+"""The LoRA-SFT baseline of the paper (§4.2, App. D.4, Table 7), selected by a config string.
 
   --config=configs/sft_paper.py:BACKBONE        BACKBONE: qwen2.5-7b | qwen3-4b-base
 
@@ -30,20 +30,20 @@ def get_config(arg: str = "qwen2.5-7b") -> ml_collections.ConfigDict:
   c.out_path = f"sft/{backbone}_math_lora64"  # merged HF export (+ '.ckpt' adapter checkpoints)
   c.mesh = common.mesh()  # the training mesh
   s = c.sft = ml_collections.ConfigDict()  # every field of disa_jax.sft.baseline.LoRASFTConfig
-  s.rank = 64  # Table 13: LoRA rank r = 64
+  s.rank = 64  # Table 7: LoRA rank r = 64
   s.alpha = 128.0  # not stated in the paper: 2r
   s.targets = ["q_kernel", "k_kernel", "v_kernel", "o_kernel", "gate_kernel", "up_kernel",
                "down_kernel"]  # all attention and MLP projections
-  s.learning_rate = 2e-5  # Table 13: AdamW 2e-5
+  s.learning_rate = 2e-5  # Table 7: AdamW 2e-5
   s.warmup_steps = 0  # not stated in the paper
   s.weight_decay = 0.0
   s.grad_clip = 1.0
-  s.batch_size = 128  # Table 13: global batch 128
+  s.batch_size = 128  # Table 7: global batch 128
   s.micro_batch_rows = 8  # rows per forward/backward (a multiple of data x fsdp); accumulated to 128
-  s.epochs = 3  # Table 13
-  s.max_seq_len = 18432  # Table 13: max_seq_length
+  s.epochs = 3  # Table 7
+  s.max_seq_len = 18432  # Table 7: max_seq_length
   s.keep_reward = 1.0  # keep verified-correct trajectories only
-  s.compute_dtype = "auto"  # bf16 on GPU/TPU (Table 13), float32 on CPU
+  s.compute_dtype = "auto"  # bf16 on GPU/TPU (Table 7), float32 on CPU
   s.packing = True  # several sequences per row (segment ids); False: one padded row each
   s.row_len = 0  # tokens per packed row; 0 = the longest kept example rounded up to pad_to
   s.seqs_per_row = 16  # most sequences in one packed row

@@ -5,8 +5,8 @@
 BACKBONE qwen2.5-7b | qwen3-4b-base         the reference pi_ref (§3.1)
 TASK     math (DAPO-17k-processed) | code (DeepCoder)
 proposal qwen3-235b-a22b-instruct-2507 (default, tensor-parallel over 8 GPUs) |
-         qwen3-4b-instruct-2507 (the weaker-proposal ablation, Fig. 4)
-beta     inverse temperature (paper: 15; the Fig. 5 sweep uses 10 / 15 / 20)
+         qwen3-4b-instruct-2507 (the weaker-proposal ablation, Fig. 3)
+beta     inverse temperature (paper: 15; the Fig. 4 sweep uses 10 / 15 / 20)
 impl     the label facts of a Stage 3 implementation preset (configs/common.py: 'paper' = sums,
          'flowrl_verl' = sample std); the same string in Stages 1, 2 and 3
 
@@ -54,7 +54,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   # --- grading and labels -----------------------------------------------------------------------
   c.reward = common.TASKS[task][1]  # Registered reward: 'math' (math-verify) | 'code' (sandbox).
   c.reward_plugins = ()  # Modules imported first that register further rewards by name.
-  c.beta = beta  # Inverse temperature beta of eq. 5 (paper: 15); must equal Stage 3's objective.beta.
+  c.beta = beta  # Inverse temperature beta of eqs. 4 and 7 (paper: 15); must equal Stage 3's objective.beta.
   c.reward_transform = ml_collections.ConfigDict()
   c.reward_transform.kind = "group_zscore"  # r -> r~ over the N samples; = Stage 3's transform.
   c.reward_transform.scale = 1.0  # a in r~ = a r + b ('affine' only).
@@ -62,7 +62,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.reward_transform.eps = 1e-6  # Added to the group std ('group_zscore').
   c.reward_transform.ddof = facts["ddof"]  # Group std: 0 population (eq. 3) | 1 sample (veRL).
   # Log-prob scale of the label: 'mean' (1/|o|, Stage 3's objective.scale='mean', FlowRL's code) or
-  # 'sum' (the paper's trajectory residual, eqs. 5-8). The dataset keeps the raw sums either way.
+  # 'sum' (the paper's trajectory residual, eqs. 5-10). The dataset keeps the raw sums either way.
   c.label_scale = facts["label_scale"]
   # Proposal log-probs: 'processed' (of the distribution sampled from: temperature 0.6, top-p 0.95)
   # or 'raw' (the unmodified proposal, one extra teacher-forced vLLM pass). Recorded in the dataset.

@@ -26,8 +26,8 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.anchor_path = common.anchor_dir(*run)  # = stage3 data.anchor_path.
   c.output_dir = common.stage2_dir(*run)  # Embeddings, curve, summary.
   c.samples = 0  # Labels from the first this many samples of each prompt; 0 = all (paper: N = 8).
-  c.labels = "plain"  # 'plain' (log Z_IS, eq. 6) | 'jensen' (+CV^2/2N) | 'jackknife'.
-  c.weighting = "uniform"  # Least squares weights: 'uniform' (eq. 7) | 'inverse_variance'.
+  c.labels = "plain"  # 'plain' (log Z_IS, eq. 8) | 'jensen' (+CV^2/2N) | 'jackknife'.
+  c.weighting = "uniform"  # Least squares weights: 'uniform' (eq. 9) | 'inverse_variance'.
   c.drop_nonfinite = False  # Drop prompts with non-finite labels (listed in the summary) or stop.
   c.fit = ml_collections.ConfigDict()
   c.fit.hidden_sizes = (64,)  # Hidden widths: (64,) = two-layer MLP, width 64 (Table 6).
@@ -37,7 +37,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.fit.epochs = 80  # Epochs (Table 6); the best held-out epoch is kept.
   c.fit.val_fraction = 0.1  # Held-out share of prompts for the validation curve (not stated).
   c.fit.seed = 0  # Split and initialisation seed.
-  c.fit.huber_delta = 0.0  # 0: least squares (eq. 7); > 0: Huber loss (standardised units).
+  c.fit.huber_delta = 0.0  # 0: least squares (eq. 9); > 0: Huber loss (standardised units).
   c.embedding = ml_collections.ConfigDict()
   c.embedding.dtype = "bfloat16"  # Reference dtype; = Stage 3's model.dtype, which embeds there.
   c.embedding.batch_size = 32  # Rows per forward pass (one prompt per row without packing).

@@ -5,10 +5,10 @@
 METHOD   disa | flowrl | grpo | gspo                       (Tables 1-2)
 BACKBONE qwen2.5-7b | qwen3-4b-base                         (§3.1)
 TASK     math (DAPO-17k prompts) | code (DeepCoder prompts)
-beta     DISA/FlowRL inverse temperature; the sweep of Fig. 5 is beta=10 / 15 / 20 on
+beta     DISA/FlowRL inverse temperature; the sweep of Fig. 4 is beta=10 / 15 / 20 on
          disa,qwen2.5-7b,code
 proposal the Stage 1 proposal behind the DISA anchor: 'qwen3-235b-a22b-instruct-2507' (default) or
-         'qwen3-4b-instruct-2507' (the weaker-proposal ablation of Fig. 4, disa,qwen3-4b-base,math)
+         'qwen3-4b-instruct-2507' (the weaker-proposal ablation of Fig. 3, disa,qwen3-4b-base,math)
 replay   beyond the paper (disa / flowrl): share F of each group taken from the Stage 1 samples of
          the same proposal (`disa_jax.rl.replay`); off (0) in every paper experiment
 variant  beyond the paper (disa / flowrl): 'pos_replay' adds k = F * G (default F = 0.5) reward-1
@@ -54,8 +54,10 @@ def _parse(arg: str):
   variant = extra.get("variant", "")
   if variant not in VARIANTS:
     raise ValueError(f"config variant= must be one of {VARIANTS[1:]}, got {variant!r}")
-  if method == "flowrl" and "proposal" in extra and not ({"replay", "variant"} & set(extra)):
-    raise ValueError("config proposal= for 'flowrl' names the Stage 1 samples it replays: add replay=F")
+  if ("proposal" in extra and not objectives.REGISTRY[method].needs_anchor
+      and not {"replay", "variant"} & set(extra)):
+    raise ValueError(f"config proposal= for {method!r} (no anchor) names the Stage 1 samples it "
+                     "replays: add replay=F")
   beta = float(extra.get("beta", common.DEFAULT_BETA))
   impl = extra.get("impl", "")
   common.label_facts(impl)  # validates it
@@ -70,7 +72,7 @@ def _apply_impl(c: ml_collections.ConfigDict, impl: str) -> None:
   """Sets what an implementation preset changes, by the objective's fields (no name checks)."""
   o, facts = c.train.objective, common.label_facts(impl)
   if "scale" in o:  # trajectory balance: the labels' scale and std are the anchor's too
-    o.scale = facts["label_scale"]  # '' / flowrl_verl: FlowRL's 1/|o|; paper: sums (eqs. 5-8)
+    o.scale = facts["label_scale"]  # '' / flowrl_verl: FlowRL's 1/|o|; paper: sums (eqs. 5-10)
     o.reward_transform.ddof = facts["ddof"]
     o.omega = OMEGA[impl]  # '': veRL's flowrl recipe min(w, 10); paper: 1; FlowRL HEAD: w
   else:

@@ -88,7 +88,7 @@ def anchor_targets(data: Stage1Data,
   Args:
     data: a loaded `Stage1Data`.
     variant, weighting, floor: see `targets_from_log_weights`.
-    samples: use only the first this many samples of each prompt (N of eq. 6; e.g. the labels at
+    samples: use only the first this many samples of each prompt (N of eq. 8; e.g. the labels at
       N = 8 of a Stage 1 pool drawn with N = 32 for the App. D.3 study); 0 = all.
 
   Returns:

@@ -2,7 +2,7 @@
 
 - `metrics`: `mean_at_k`, `pass_at_k`, `pass_at_k_from_correct`, `maj_at_k`, `markdown_table`,
   `results_json`, `write_results`.
-- `diversity`: `DiversityJudge` (App. C.5 prompt, OpenAI-compatible endpoint), `local_diversity`,
+- `diversity`: `DiversityJudge` (App. D.5 prompt, OpenAI-compatible endpoint), `local_diversity`,
   `distinct_answers`, `mean_pairwise_distance`, `char_ngram_tfidf`.
 - `runner` (import it explicitly: `from disa_jax.eval import runner`): `evaluate_benchmark`,
   `evaluate_suite`, `suite_table`, `eval_sampling_params` -- sampling with a rollout `Engine`.

@@ -1,6 +1,6 @@
 """Benchmark runner: sample k responses per prompt with an `Engine`, grade them, report metrics.
 
-The paper's protocol (App. C.1, table "Shared RL training and evaluation configuration"):
+The paper's protocol (App. D.1, table "Shared RL training and evaluation configuration"):
 temperature 0.6, top-p 0.95, Mean@8 for math (math-verify on the boxed final answer), pass@1 and
 pass@16 for code (execution). `eval_sampling_params(k, max_tokens, eos_id)` builds those settings;
 `evaluate_benchmark(engine, tokenizer, records, params)` runs one benchmark and returns a

@@ -1,7 +1,7 @@
 """The sigma_g study: how close each Stage 2 label / weighting variant gets the anchor to the exact log Z.
 
 Issue 9 (scope 2) asks whether sharper Stage 2 targets than the paper's plain least squares on log Z_IS
-(eq. 7) lower the anchor error sigma_g = RMS(g_psi(q) - log Z(q)) that bounds the TB-loss perturbation
+(eq. 9) lower the anchor error sigma_g = RMS(g_psi(q) - log Z(q)) that bounds the TB-loss perturbation
 (Prop. 4). On a task with an exact log Z (the main job's sum task) this is measured directly:
 
   for each N in ``ns`` and each repeat r:
@@ -29,7 +29,7 @@ from disa_jax.anchor.fit import AnchorFitConfig, fit_anchor_many
 from disa_jax.anchor.labels import DEFAULT_FLOOR, LABEL_VARIANTS, WEIGHTINGS, check_variant, targets_from_log_weights
 from disa_jax.estimators.dataset import Stage1Data
 
-BASELINE = ("plain", "uniform", "squared")  # the paper's eq. (7)
+BASELINE = ("plain", "uniform", "squared")  # the paper's eq. (9)
 
 
 def loss_name(huber_delta: float) -> str:
@@ -293,7 +293,7 @@ def sigma_g_study(embeddings: np.ndarray,
     beta: inverse temperature of the weights (default: the pool's).
     seed: seeds subsamples and folds (the fits use ``fit.seed``).
     floor: variance floor of the 'inverse_variance' weighting.
-    huber_deltas: regression losses to compare: 0 = least squares (eq. 7), > 0 = Huber with that
+    huber_deltas: regression losses to compare: 0 = least squares (eq. 9), > 0 = Huber with that
       threshold (`AnchorFitConfig.huber_delta`); ``fit.huber_delta`` itself is replaced by each.
 
   Returns:

@@ -1,8 +1,8 @@
 """The offline job: Stage 1 (IS labels) and Stage 2 (frozen anchor) on the tabular synthetic problem.
 
 `run(OfflineConfig, workdir)` draws N proposal samples per prompt of a `make_tabular_problem` problem
-(whose exact log Z is known), labels every prompt with log Z_IS (eq. 6), fits the anchor g_psi on the
-prompt embeddings (eq. 7), and compares both, and the App. C.3 N-study, with the exact log Z. It writes
+(whose exact log Z is known), labels every prompt with log Z_IS (eq. 8), fits the anchor g_psi on the
+prompt embeddings (eq. 9), and compares both, and the App. D.3 N-study, with the exact log Z. It writes
 to the workdir:
 
     stage1.jsonl | stage1/   the Stage 1 dataset, appended in chunks (resumable)
@@ -196,7 +196,7 @@ def _stage2(emb: np.ndarray, labels: np.ndarray, beta: float, cfg: OfflineConfig
 
 
 def _n_study_errors(problem: TabularProblem, cfg: OfflineConfig) -> dict[str, float]:
-  """The App. C.3 N-study on a fresh pool of proposal samples, against the exact log Z.
+  """The App. D.3 N-study on a fresh pool of proposal samples, against the exact log Z.
 
   Args:
     problem: the tabular problem.

@@ -185,8 +185,10 @@ def _claim(claim: str, holds: bool, numbers: dict, *, transient: bool, why: str 
           "from_transient": bool(transient)}
 
 
-def _claims(s1: dict, evals: dict, dyn: dict, fix: str | None) -> list[dict[str, Any]]:
-  """The paper's claims on this task, each with its numbers (see the module docstring)."""
+def _claims(s1: dict, evals: dict, dyn: dict, fix: str | None, contrast: str | None
+            ) -> list[dict[str, Any]]:
+  """The paper's claims on this task, each with its numbers (see the module docstring); ``contrast``
+  is the reward-maximising run they are compared with."""
   errs = list(s1["n_study_mae_vs_exact"].values())
   out = [_claim("Stage 1 error shrinks with N", all(a > b for a, b in zip(errs, errs[1:])),
                 s1["n_study_mae_vs_exact"], transient=False)]
@@ -199,9 +201,9 @@ def _claims(s1: dict, evals: dict, dyn: dict, fix: str | None) -> list[dict[str,
                        "entropy_correct": e["entropy_correct"],
                        "target_entropy": e["target_entropy_correct"], "state": state},
                       transient=not done))
-  if "grpo" in evals:
+  if contrast in evals:
     for m in [x for x in (fix, "disa") if x and x in evals]:
-      out += _versus_grpo(m, evals, dyn)
+      out += _versus_contrast(m, contrast, evals, dyn)
   for m in [x for x in evals if x.endswith("_replay") and x[:-len("_replay")] in evals]:
     base = m[:-len("_replay")]
     out.append(_claim(f"Stage 1 replay brings {base} closer to the target (lower KL)",
@@ -211,24 +213,24 @@ def _claims(s1: dict, evals: dict, dyn: dict, fix: str | None) -> list[dict[str,
   return out
 
 
-def _versus_grpo(m: str, evals: dict, dyn: dict) -> list[dict[str, Any]]:
-  """``m`` against GRPO at the end state and at matched accuracy."""
-  d, g = evals[m], evals["grpo"]
-  transient = not (_at_end(dyn, m)[0] and _at_end(dyn, "grpo")[0])
+def _versus_contrast(m: str, c: str, evals: dict, dyn: dict) -> list[dict[str, Any]]:
+  """``m`` against the reward maximiser ``c`` (GRPO) at the end state and at matched accuracy."""
+  d, g = evals[m], evals[c]
+  transient = not (_at_end(dyn, m)[0] and _at_end(dyn, c)[0])
   se = float(np.hypot(d["kl_to_target_se"], g["kl_to_target_se"]))
-  out = [_claim(f"{m}'s KL to the target is below GRPO's (by more than 2 standard errors)",
+  out = [_claim(f"{m}'s KL to the target is below {c}'s (by more than 2 standard errors)",
                 g["kl_to_target"] - d["kl_to_target"] > 2 * se,
-                {m: d["kl_to_target"], "grpo": g["kl_to_target"], "se": se}, transient=transient)]
-  dm, gm = dyn["matched"].get(m, {}), dyn["matched"].get("grpo", {})
+                {m: d["kl_to_target"], c: g["kl_to_target"], "se": se}, transient=transient)]
+  dm, gm = dyn["matched"].get(m, {}), dyn["matched"].get(c, {})
   levels = [lvl for lvl in dm if dm[lvl]["reached"] and gm.get(lvl, {}).get("reached")]
   if levels:
     lvl = levels[-1]  # the highest accuracy both reach
     ed, eg = dm[lvl]["entropy_correct"][0], gm[lvl]["entropy_correct"][0]
-    out.append(_claim(f"reward maximisation collapses: at P(correct) >= {lvl}, GRPO's entropy over "
+    out.append(_claim(f"reward maximisation collapses: at P(correct) >= {lvl}, {c}'s entropy over "
                       f"correct answers is below {m}'s", eg < ed,
-                      {m: ed, "grpo": eg, "target": d["target_entropy_correct"],
+                      {m: ed, c: eg, "target": d["target_entropy_correct"],
                        f"{m}_kl_correct": dm[lvl]["kl_correct"][0],
-                       "grpo_kl_correct": gm[lvl]["kl_correct"][0]}, transient=False))
+                       f"{c}_kl_correct": gm[lvl]["kl_correct"][0]}, transient=False))
   return out
 
 
@@ -384,7 +386,8 @@ def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None
   dyn = _dynamics(job)
   regime = _regime(job, dyn)
   fix = job.cfg.fix if job.cfg.fix in evals else None
-  claims = _claims(s1, evals, dyn, fix)
+  contrast = next((m for m in job.cfg.methods if not job.cfg.runs[m].objective.matches_target), None)
+  claims = _claims(s1, evals, dyn, fix, contrast)
   gap = _anchor_gap(evals, summaries, job, exact)
   plots = _plots(job, s1, s2, _training_curves(job))
   if dyn["series"]:

@@ -7,7 +7,7 @@ prompt file), then runs the commands a researcher runs on real checkpoints, with
 0. models/          pi_ref (weak, broad) and p_T (stronger, other preference), trained here and saved
                     as HF checkpoints; data/sum_prompts.jsonl, the prompts as veRL rows.
 1. stage1/          `run_stage1`: N-study pool of proposal samples per prompt, graded by the
-                    registered 'sum_task' reward, scored under pi_ref, labelled (eq. 6).
+                    registered 'sum_task' reward, scored under pi_ref, labelled (eq. 8).
    exact.json       the exact log Z(q) (`disa_jax.eval.exact`), for the report and the oracle anchor.
 2. stage2/, anchor/ `run_stage2`: g_psi on pi_ref's prompt embeddings, fitted to the labels of the
                     first N samples, frozen; anchor_exact/: the exact log Z as a `TableAnchor`.

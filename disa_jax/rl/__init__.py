@@ -5,7 +5,7 @@ A step reads rollout -> score -> objective -> update -> sync, one module per par
 - `collect`: `RolloutCollector`, sampling + grading + packing into a `RolloutBatch`;
 - `scorer`: `BatchScorer`, the reference / old log-probs and the anchor's log Z;
 - `objectives`: one frozen class per method (`Disa`, `FlowRL`, `Grpo`, `Gspo`), with its
-  hyperparameters and declared needs, on the pure loss functions of `losses` (eqs. 1-4, 8);
+  hyperparameters and declared needs, on the pure loss functions of `losses` (eqs. 1-3, 5, 6, 10);
 - `update`: `PolicyUpdater`, the jitted sharded micro-batched AdamW update of `train_step`, and
   the weight sync to the engine;
 - `trainer`: the loop, validation, checkpoints and resume.

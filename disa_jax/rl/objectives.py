@@ -5,8 +5,8 @@ Stage 3 step must provide for it:
 
 | objective | loss | needs_reference | needs_anchor | needs_logz_head | allows_replay |
 |---|---|---|---|---|---|
-| `Disa` | eq. (8): TB residual with the frozen anchor g_psi(q) | yes | yes | no | yes |
-| `FlowRL` | eq. (4): TB residual with a co-trained log Z head | yes | no | yes | yes |
+| `Disa` | eq. (10): TB residual with the frozen anchor g_psi(q) | yes | yes | no | yes |
+| `FlowRL` | eq. (6): TB residual with a co-trained log Z head | yes | no | yes | yes |
 | `Grpo` | eqs. (1)-(3): token-clipped surrogate, group z-score advantages | if kl_coef > 0 | no | no | no |
 | `Gspo` | sequence-clipped surrogate with the geometric-mean ratio | no | no | no | no |
 
@@ -60,6 +60,9 @@ class Objective(abc.ABC):
   needs_anchor: ClassVar[bool] = False
   needs_logz_head: ClassVar[bool] = False
   allows_replay: ClassVar[bool] = False
+  # Whether the loss's minimiser is the reward-tilted target pi~ (distribution matching) rather
+  # than a reward maximiser (what reports compare against).
+  matches_target: ClassVar[bool] = False
 
   @property
   def needs_reference(self) -> bool:
@@ -143,11 +146,11 @@ def default_config(name: str) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class TrajectoryBalance(Objective):
-  """The squared TB residual of eqs. (4) / (8) over rollout weights omega.
+  """The squared TB residual of eqs. (6) / (10) over rollout weights omega.
 
   Attributes:
     beta: inverse temperature of the tilted target (paper: 15).
-    scale: 'sum' (the paper's trajectory residual, eqs. 5-8; Props. 1-3 are stated for it) or
+    scale: 'sum' (the paper's trajectory residual, eqs. 5-10; Props. 1-3 are stated for it) or
       'mean' (1/|o| on the log-prob terms, FlowRL's implementation). Stage 1 labels and the DISA
       anchor must use the same scale.
     reward_transform: r -> r~ of the residual (group z-score: the plug-in of FlowRL's code; the
@@ -168,6 +171,7 @@ class TrajectoryBalance(Objective):
   omega_eps_high: float = 0.28
 
   allows_replay: ClassVar[bool] = True
+  matches_target: ClassVar[bool] = True
 
   def __post_init__(self):
     if not self.beta > 0:
@@ -199,7 +203,7 @@ class TrajectoryBalance(Objective):
 @register
 @dataclasses.dataclass(frozen=True)
 class Disa(TrajectoryBalance):
-  """DISA, eq. (8): the TB residual with the frozen Stage 2 anchor g_psi*(q) as log Z.
+  """DISA, eq. (10): the TB residual with the frozen Stage 2 anchor g_psi*(q) as log Z.
 
   The batch carries the anchor's value for each row's prompt (``batch.log_z``); it passes through
   stop_gradient, so no gradient reaches psi. The anchor must have been fitted on labels with this
@@ -222,7 +226,7 @@ class Disa(TrajectoryBalance):
 @register
 @dataclasses.dataclass(frozen=True)
 class FlowRL(TrajectoryBalance):
-  """FlowRL, eq. (4): the TB residual with a co-trained log Z_phi head on the policy's prompt states.
+  """FlowRL, eq. (6): the TB residual with a co-trained log Z_phi head on the policy's prompt states.
 
   FlowRL's head (`proj_z`) sits on the policy's prompt states; the paper does not describe it, so the
   defaults follow FlowRL's code: 3 layers, dropout 0.1 after each LayerNorm, torch's initialisation,

@@ -1,4 +1,4 @@
-"""The LoRA-SFT distillation baseline (paper §4.2 / App. C.4) on the Stage 1 trajectories.
+"""The LoRA-SFT distillation baseline (paper §4.2 / App. D.4) on the Stage 1 trajectories.
 
 Pipeline: keep the Stage 1 samples whose verifier reward is 1 (`filter_reward_one`), pair each with
 its prompt, LoRA fine-tune pi_ref on the response tokens (AdamW, cosine schedule, global batch 128,
@@ -46,7 +46,7 @@ _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.jso
 
 @dataclasses.dataclass(frozen=True)
 class LoRASFTConfig:
-  """Settings of the LoRA-SFT baseline (defaults: App. C.4, Table 13).
+  """Settings of the LoRA-SFT baseline (defaults: App. D.4, Table 7).
 
   Attributes:
     rank, alpha, targets: the adapters (`lora.LoRAConfig`).

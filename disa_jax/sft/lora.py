@@ -43,7 +43,7 @@ class LoRAConfig:
   """Adapter shape.
 
   Attributes:
-    rank: r, the adapter rank (App. C.4: 64).
+    rank: r, the adapter rank (App. D.4: 64).
     alpha: the scale numerator; the update is (alpha / r) A B. The paper does not state it; 2r
       (128 at r = 64) is the common choice.
     targets: the layer kernels that get adapters (default: all attention and MLP projections).

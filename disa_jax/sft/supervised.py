@@ -1,7 +1,7 @@
 """Supervised fine-tuning on (prompt, response) pairs: the loss and a jitted AdamW update.
 
 Used to warm up the main job's reference and proposal models, and as the optimiser core of the
-LoRA-SFT baseline (App. C.4), which trains only adapter parameters with the same loss.
+LoRA-SFT baseline (App. D.4), which trains only adapter parameters with the same loss.
 
 The loss is the mean negative log-likelihood of the response tokens,
 
@@ -28,7 +28,7 @@ from disa_jax.scoring import token_logprobs
 class SupervisedSchedule:
   """Optimiser settings for supervised fine-tuning."""
 
-  learning_rate: float = 2e-5  # App. C.4 uses 2e-5 for LoRA-SFT
+  learning_rate: float = 2e-5  # App. D.4 uses 2e-5 for LoRA-SFT
   warmup_steps: int = 0
   total_steps: int = 1000  # for the cosine schedule
   schedule: str = "cosine"  # cosine | constant

@@ -6,7 +6,7 @@ proposal (its own template), samples N responses per prompt from the proposal th
 engine (vLLM by default; the JAX sampler works too), grades them with a registered reward, records
 the proposal's log-probs of the tokens it sampled ('processed': of the distribution actually sampled
 from; 'raw': the unmodified model), scores log pi_ref with the JAX `SequenceScorer` (packed rows) on a device
-mesh, and appends labelled records (eq. 6) to the resumable Stage 1 dataset through
+mesh, and appends labelled records (eq. 8) to the resumable Stage 1 dataset through
 `collect_stage1`.
 
 Output directory:

@@ -5,9 +5,9 @@
 `disa_jax.data.prompting.encode_prompt`, the encoder Stage 3 uses too; the rendered text must equal
 what Stage 1 stored), embeds them with the reference model (the masked mean of its final hidden
 state over the prompt tokens, as the Stage 3 scorer does), computes the regression targets with
-`disa_jax.anchor.labels` (plain log Z_IS of eq. 6, or the Jensen / jackknife variants; uniform or
+`disa_jax.anchor.labels` (plain log Z_IS of eq. 8, or the Jensen / jackknife variants; uniform or
 inverse-variance weights; optionally from the first N samples of each prompt), fits g_psi by least
-squares (eq. 7; Table 6 defaults), and writes:
+squares (eq. 9; Table 6 defaults), and writes:
 
     <output_dir>/embeddings.npy, embeddings_ids.json   the embedding cache (reused by a rerun)
     <output_dir>/validation_curve.png                  train / held-out MSE and R^2 per epoch

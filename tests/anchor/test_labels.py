@@ -33,7 +33,7 @@ def data(tmp_path_factory):
 def test_plain_uniform_is_the_papers_eq7_target(data):
   labels, weights = anchor_targets(data)
   assert weights is None
-  np.testing.assert_allclose(labels, data.labels, rtol=1e-5, atol=1e-5)  # the stored eq. (6) labels
+  np.testing.assert_allclose(labels, data.labels, rtol=1e-5, atol=1e-5)  # the stored eq. (8) labels
 
 
 def test_each_variant_equals_its_estimator(data):

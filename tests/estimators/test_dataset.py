@@ -45,7 +45,7 @@ def test_roundtrip_labels_and_resume(tmp_path, fmt):
   assert data.prompt_ids == ["a", "b", "c"]
   assert data.mask.sum(1).tolist() == [3, 4, 5]
   np.testing.assert_allclose(data.labels, [r["log_z_is"] for r in recs], rtol=1e-6)
-  # stored labels equal eq. (6) recomputed from the stored per-sample fields
+  # stored labels equal eq. (8) recomputed from the stored per-sample fields
   np.testing.assert_allclose(np.asarray(log_z_is(data.log_weights(), data.mask)), data.labels, rtol=1e-5)
   # the other scale is available from the same file
   mean_labels = np.asarray(log_z_is(data.log_weights("mean"), data.mask))

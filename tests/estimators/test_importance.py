@@ -13,7 +13,7 @@ def _rand_logw(seed, p=5, n=7):
   return rng.normal(scale=2.0, size=(p, n)).astype(np.float32)
 
 
-def test_log_importance_weights_eq5():
+def test_log_importance_weights_eq7():
   lr = np.array([[-3.0, -1.0]], np.float32)
   lp = np.array([[-2.0, -0.5]], np.float32)
   r = np.array([[1.0, 0.0]], np.float32)

@@ -87,7 +87,7 @@ def exact_biases():
     counts = _compositions(n, len(REF))  # [C, 4]
     pmf = np.exp(gammaln(n + 1) - gammaln(counts + 1).sum(1) + (counts * np.log(PROP)).sum(1))  # [C]
     idx = np.stack([np.repeat(np.arange(len(REF)), c) for c in counts])  # [C, n] output of each draw
-    lw = E.log_importance_weights(np.log(REF[idx]), np.log(PROP[idx]), R[idx], BETA)  # eq. (5), [C, n]
+    lw = E.log_importance_weights(np.log(REF[idx]), np.log(PROP[idx]), R[idx], BETA)  # eq. (7), [C, n]
     plain = np.asarray(E.log_z_is(lw), np.float64)
     jack = np.asarray(E.jackknife_log_z(lw), np.float64)
     out[n] = (abs(pmf.sum() - 1.0), log_z - pmf @ plain, log_z - pmf @ jack)

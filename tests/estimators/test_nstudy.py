@@ -1,4 +1,4 @@
-"""App. C.3 tools: subsampling without replacement, the variance/bias trend, k-means, elbow, strata."""
+"""App. D.3 tools: subsampling without replacement, the variance/bias trend, k-means, elbow, strata."""
 import jax
 import numpy as np
 import pytest

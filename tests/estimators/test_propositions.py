@@ -31,7 +31,7 @@ def problem():
 
 
 def _draw(problem, n, repeats, seed):
-  """[repeats, n] log w of i.i.d. draws from p_T, via the package's eq. (5)."""
+  """[repeats, n] log w of i.i.d. draws from p_T, via the package's eq. (7)."""
   rng = np.random.default_rng(seed)
   idx = rng.choice(K, size=(repeats, n), p=problem["prop"])
   return np.asarray(E.log_importance_weights(np.log(problem["ref"][idx]), np.log(problem["prop"][idx]),

@@ -15,7 +15,7 @@ EXPERIMENTS = (
     # Tables 1-2: 4 methods x 2 backbones x 2 tasks.
     [f"{m},{b},{t}" for m in ("disa", "flowrl", "grpo", "gspo")
      for b in ("qwen2.5-7b", "qwen3-4b-base") for t in ("math", "code")]
-    # Fig. 4: weaker proposal; Fig. 5: beta sweep.
+    # Fig. 3: weaker proposal; Fig. 4: beta sweep.
     + ["disa,qwen3-4b-base,math,proposal=qwen3-4b-instruct-2507"]
     + [f"disa,qwen2.5-7b,code,beta={b}" for b in (10, 15, 20)])
 
