@@ -124,6 +124,17 @@ def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size:
   return e
 
 
+def exact_target() -> ml_collections.ConfigDict:
+  """`disa_jax.eval.exact.ExactTargetConfig`: exact measures against pi_ref exp(beta r) / Z."""
+  e = ml_collections.ConfigDict()
+  e.reference_path = ""  # pi_ref's HF directory; '' = off (tasks whose correct set can't be enumerated).
+  e.beta = 15.0  # Inverse temperature of the target pi_ref exp(beta r) / Z.
+  e.kl_samples = 64  # Policy samples per prompt for the Monte Carlo KL terms.
+  e.seed = 8  # Their sampling seed.
+  e.packing = True  # Score packed rows (segment ids); False: one padded row each.
+  return e
+
+
 def mesh(data: int = 1, fsdp: int = -1, tensor: int = 1) -> ml_collections.ConfigDict:
   """The device mesh section (`disa_jax.parallel.MeshConfig`)."""
   m = ml_collections.ConfigDict()

@@ -63,12 +63,7 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.reward_plugins = ()  # Modules imported first that register further rewards by name.
   c.engine = common.engine("vllm", max_model_len=2048 + 32768, startup_timeout_s=1800.0,
                            timeout_s=6 * 3600.0)  # Serves the checkpoint.
-  c.exact_target = ml_collections.ConfigDict()  # Exact evaluation (enumerable correct sets only).
-  c.exact_target.reference_path = ""  # pi_ref's HF directory; '' = off (real benchmarks).
-  c.exact_target.beta = 15.0  # Inverse temperature of the target pi_ref exp(beta r) / Z.
-  c.exact_target.kl_samples = 64  # Policy samples per prompt for the Monte Carlo KL terms.
-  c.exact_target.seed = 8  # Their sampling seed.
-  c.exact_target.packing = True  # Score packed rows (segment ids); False: one padded row each.
+  c.exact_target = common.exact_target()  # Exact evaluation (enumerable correct sets only).
   c.local_diversity = False  # Distinct answers + mean pairwise distance per problem (offline).
   c.judge_url = ""  # OpenAI-compatible endpoint of the App. D.5 judge; '' = no judge.
   c.judge_model = "gpt-4o-mini"  # Judge model (paper: GPT-4o-mini).

@@ -107,4 +107,6 @@ def get_config() -> ml_collections.ConfigDict:
   t.checkpoint.every = 50  # Save every this many RL steps (and at the end).
   t.checkpoint.keep = 3  # Keep the last this many checkpoints.
   t.checkpoint.async_save = True  # Write checkpoints in a background thread.
+  # Exact measures every train.validation.every steps (enumerable correct sets only, e.g. the sum task).
+  c.exact_target = common.exact_target()
   return c

@@ -132,7 +132,8 @@ def test_main_job_end_to_end_and_resume(job_run):
     rows = [json.loads(l) for l in (tmp_path / "stage3" / m / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "exact/kl_mc" in r] == [2, 4], m
   rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_pos_replay" / "metrics.jsonl").read_text().splitlines()]
-  assert all(r["replay/fraction"] == 0.5 for r in rows)  # k = 2 reward-1 rows added to G = 4
+  # mode "add", fraction 0.5: k = 2 reward-1 rows added to G = 4 on-policy rows, 2 of 6 rows
+  assert all(r["replay/fraction"] == pytest.approx(2 / 6) for r in rows)
   stamps = {p: p.stat().st_mtime for p in (tmp_path / "stage1" / "stage1.jsonl", tmp_path / "anchor" / "anchor_meta.json",
                                            tmp_path / "stage3" / "disa" / "final" / "model.safetensors")}
   report2 = _job(_cfg(), tmp_path).run()  # resumes: nothing recomputed

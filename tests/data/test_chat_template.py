@@ -13,7 +13,7 @@ from disa_jax import data, testing
 from disa_jax.data import templates
 from disa_jax.eval import runner
 from disa_jax.rollout.types import Completion
-from disa_jax.workflows import prompting
+from disa_jax.data import prompting
 
 RECORD = data.PromptRecord(
     "toy/0", templates.chat_messages(templates.math_prompt("What is 1+1?"), system="Be brief."),
@@ -42,7 +42,7 @@ def test_render_chat_names_the_tokenizer_and_the_fix(base_tok):
   with pytest.raises(data.MissingChatTemplateError, match=_expected(path)):
     templates.render_chat(tok, RECORD.prompt)
   with pytest.raises(ValueError, match=_expected(path)):  # a ValueError for existing handlers
-    prompting.render_prompt(tok, RECORD, True)  # Stage 1's rendering goes through render_chat
+    prompting.encode_prompt(tok, RECORD, "chat_template", max_len=512)  # every stage's encoder
   unnamed = testing.make_tokenizer()
   unnamed.chat_template = None
   with pytest.raises(data.MissingChatTemplateError, match=_expected(type(unnamed).__name__)):
@@ -52,10 +52,10 @@ def test_render_chat_names_the_tokenizer_and_the_fix(base_tok):
 
 def test_use_chat_template_false_renders_the_user_text(base_tok):
   tok, _ = base_tok
-  text = prompting.render_prompt(tok, RECORD, False)
+  text = prompting.render_prompt(tok, RECORD, "plain")
   assert text == RECORD.prompt_text() == templates.math_prompt("What is 1+1?")
   assert "Be brief." not in text and "<|im_start|>" not in text
-  (ids,) = prompting.encode_prompts(tok, [text], max_len=512, where="prompts")
+  ids = prompting.encode_prompt(tok, RECORD, "plain", max_len=512)
   assert tok.decode(list(ids)) == text  # the plain text reaches the model unchanged
   with_template = templates.render_chat(testing.make_tokenizer(), RECORD.prompt)
   assert with_template.startswith("<|im_start|>system\nBe brief.<|im_end|>")  # the other path
@@ -82,6 +82,6 @@ def test_evaluation_without_a_chat_template(base_tok):
     runner.evaluate_benchmark(engine, tok, [RECORD], params, name="toy")
   assert engine.prompts == []  # refused before any generation
   res = runner.evaluate_benchmark(engine, tok, [RECORD], params, name="toy",
-                                  use_chat_template=False)
+                                  rendering="plain")
   assert engine.prompts == [RECORD.prompt_text()]
   np.testing.assert_array_equal(res.correct, [[True, True]])

@@ -58,7 +58,9 @@ def objective():
 
 def make_optimizer():
   from disa_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
-  return ts.make_optimizer(LEARNING_RATE, weight_decay=0.0, grad_clip=0.0)
+  # eps=1e-3: elements whose gradient is at float noise (|g| << eps) move by lr*g/eps, not by
+  # lr*sign(g); otherwise a cross-process reduction order flips such an element by a whole step.
+  return ts.make_optimizer(LEARNING_RATE, weight_decay=0.0, grad_clip=0.0, eps=1e-3)
 
 
 def flat_params(pure: dict, prefix: str = "") -> dict:

@@ -169,7 +169,7 @@ def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
   (s_a, m_a), (s_b, m_b) = outs
   for x, y in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
-  np.testing.assert_allclose(float(m_a["loss"]), float(m_b["loss"]), rtol=1e-5)
+  np.testing.assert_allclose(float(m_a["loss"]), float(m_b["loss"]), rtol=1e-4)  # float32 sums
 
 
 def test_grpo_without_reference_ignores_ref_logp():

@@ -7,6 +7,12 @@ from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
 
 
+class _SilentTokenizer:
+
+  def __call__(self, text, add_special_tokens=False):
+    return {"input_ids": []}
+
+
 def test_encode_prompt_refuses_prompts_over_max_prompt_len():
   tok = testing.make_tokenizer()  # character-level: one token per character here
   recs = [PromptRecord(f"p{i}", templates.chat_messages(q), "1", "toy")
@@ -21,8 +27,9 @@ def test_encode_prompt_refuses_prompts_over_max_prompt_len():
   plain = encode_prompt(tok, recs[1], "plain", max_len=10 ** 6)  # no template: the user text
   assert plain == tuple(tok("a longer question", add_special_tokens=False)["input_ids"])
   assert len(plain) < lengths[1]
+  silent = _SilentTokenizer()  # a tokenizer that drops the whole text (e.g. unknown characters)
   with pytest.raises(ValueError, match=r"^prompt 'e': tokenises to nothing under rendering 'plain'$"):
-    encode_prompt(tok, PromptRecord("e", "", "1", "toy"), "plain", max_len=4)
+    encode_prompt(silent, PromptRecord("e", "??", "1", "toy"), "plain", max_len=4)
   with pytest.raises(ValueError, match=r"rendering must be one of \('chat_template', 'plain'\)"):
     encode_prompt(tok, recs[0], "chat", max_len=4)
 
