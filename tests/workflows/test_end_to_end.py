@@ -50,6 +50,7 @@ def stage1_config(ckpts, files, out_dir, engine, *, limit, proposal_logprobs="pr
   c.engine.vllm_kwargs = ConfigDict({"max_model_len": 512, "max_num_seqs": 32})
   c.engine.process.startup_timeout_s = 600.0
   c.scorer.dtype, c.scorer.batch_size, c.scorer.pad_to = "float32", 8, 32
+  c.scorer.row_len = 0  # packed rows grow with the data (the paper's 34,816 is for real lengths)
   c.scorer.mesh.num_devices = 2
   c.prompts_per_batch, c.progress = 2, False
   return c
@@ -61,6 +62,7 @@ def stage2_config(ckpts, stage1_path, out_dir, anchor_dir):
   c.anchor_path, c.output_dir = str(anchor_dir), str(out_dir)
   c.fit.epochs, c.fit.batch_size, c.fit.val_fraction = 6, 4, 0.34
   c.embedding.dtype, c.embedding.batch_size, c.embedding.pad_to = "float32", 4, 32
+  c.embedding.row_len = 0  # packed rows grow with the data (the paper's 2,048 for real prompts)
   c.embedding.mesh.num_devices = 2
   return c
 
