@@ -77,7 +77,10 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.scorer.dtype = "bfloat16"  # Reference weights/compute dtype (log-softmax is float32 anyway).
   c.scorer.batch_size = 16  # Rows per forward pass (one sequence per row without packing).
   c.scorer.packing = True  # Several sequences per row (segment ids): one compiled shape.
-  c.scorer.row_len = 2048 + 32768  # Tokens per packed row: max prompt + max response.
+  # Tokens per packed row; 0 = grow to the smallest power of two holding the longest sequence seen.
+  # Attention within a row is dense: a fixed 2,048 + 32,768-token row costs [rows, heads, L, L]
+  # scores whatever the real lengths, so rows grow with the data instead.
+  c.scorer.row_len = 0
   c.scorer.pad_to = 1024  # Without packing: sequence-length bucket (one compilation per bucket).
   c.scorer.chunk_size = 1024  # Vocabulary-chunk rows of the log-prob kernel.
   c.scorer.mesh = common.mesh()  # The reference model's mesh.

@@ -42,7 +42,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.embedding.dtype = "bfloat16"  # Reference dtype; = Stage 3's model.dtype, which embeds there.
   c.embedding.batch_size = 32  # Rows per forward pass (one prompt per row without packing).
   c.embedding.packing = True  # Several prompts per row (segment ids).
-  c.embedding.row_len = 2048  # Tokens per packed row: the max prompt length.
+  c.embedding.row_len = 0  # Tokens per packed row; 0 = grow with the longest prompt (dense attention).
   c.embedding.pad_to = 256  # Without packing: prompt-length bucket.
   c.embedding.chunk_size = 1024  # Vocabulary-chunk rows (shared scorer settings; unused here).
   c.embedding.mesh = common.mesh()  # The reference model's mesh.
