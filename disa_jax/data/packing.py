@@ -108,6 +108,11 @@ class PackedBatch:
   def num_real_tokens(self) -> int:
     return int(self.prompt_len.sum() + self.response_len.sum())
 
+  @property
+  def num_computed_tokens(self) -> int:
+    """R x L: the tokens the model runs over, padding included."""
+    return int(self.rows.input_ids.size)
+
   def response_index(self, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Where each slot's response tokens are in the flattened ``[R * L]`` rows.
 
@@ -262,5 +267,5 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
 
 def efficiency(batches: Sequence[PackedBatch]) -> float:
   """Real tokens / computed tokens (rows x row length) over ``batches``."""
-  computed = sum(b.rows.input_ids.size for b in batches)
+  computed = sum(b.num_computed_tokens for b in batches)
   return sum(b.num_real_tokens for b in batches) / max(computed, 1)

@@ -439,7 +439,7 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
   for step in range(start, total_steps):
     batches = _sft_batch(step, steps_per_epoch, enc, config, layout, pad_id)
     real += sum(b.num_real_tokens for b in batches)
-    computed += sum(b.rows.input_ids.size for b in batches)
+    computed += sum(b.num_computed_tokens for b in batches)
     micro += len(batches)
     lora_params, opt_state, loss = step_fn(lora_params, opt_state, rest,
                                            _place(batches, batch_sharding))
