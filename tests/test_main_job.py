@@ -3,6 +3,7 @@ and one of its methods gives the same Stage 1 labels and evaluation row through 
 of docs/real_checkpoints.md."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -163,7 +164,7 @@ def _command(script, config, typed, paper_typed, tmp_path, *extra):
   over = [f"--config.{k}={_flag(v)}" for k, v in want.items() if base.get(k) != v]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="")
   out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), f"--config={config}",
-                        *over, *extra], env=env, capture_output=True, text=True, timeout=900,
+                        *over, *extra], env=env, capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
   assert out.returncode == 0, out.stderr[-5000:]
 
@@ -212,7 +213,11 @@ def test_one_method_through_the_four_commands_gives_the_same_labels_and_row(job_
 
 
 @pytest.mark.slow
-def test_replay_methods_and_several_seeds_give_mean_and_std_rows(tmp_path):
+def test_replay_methods_and_several_seeds_give_mean_and_std_rows(job_run, tmp_path):
+  """Other methods and seeds on a copy of the job's directory: its models, Stage 1/2 outputs and
+  seed-0 disa run are reused (a rerun skips what exists), only the new Stage 3 runs train."""
+  tmp_path = tmp_path / "job"
+  shutil.copytree(job_run[2], tmp_path)
   report = _job(_cfg(methods=("disa", "disa_replay"), seeds=(0, 1), sft_enabled=False,
                       **{"anchor_study.repeats": 0}), tmp_path).run()
   assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa_replay", "disa_replay_seed1"}
