@@ -3,7 +3,6 @@ and one of its methods gives the same Stage 1 labels and evaluation row through 
 of docs/real_checkpoints.md."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -214,10 +213,9 @@ def test_one_method_through_the_four_commands_gives_the_same_labels_and_row(job_
 
 @pytest.mark.slow
 def test_replay_methods_and_several_seeds_give_mean_and_std_rows(job_run, tmp_path):
-  """Other methods and seeds on a copy of the job's directory: its models, Stage 1/2 outputs and
+  """Other methods and seeds in the shared job's directory: its models, Stage 1/2 outputs and
   seed-0 disa run are reused (a rerun skips what exists), only the new Stage 3 runs train."""
-  tmp_path = tmp_path / "job"
-  shutil.copytree(job_run[2], tmp_path)
+  tmp_path = job_run[2]
   report = _job(_cfg(methods=("disa", "disa_replay"), seeds=(0, 1), sft_enabled=False,
                       **{"anchor_study.repeats": 0}), tmp_path).run()
   assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa_replay", "disa_replay_seed1"}
