@@ -22,7 +22,7 @@ sharded on the same devices.
 
 CPU compilation is a proxy for GPU memory: see `CAVEATS` (printed with the table).
 
-Usage (about 7 minutes on 2 CPU cores; ``--quick``: under a minute):
+Usage (about 8 minutes on 2 CPU cores; ``--quick``: under a minute; docs/cluster.md has the table):
   python benchmarks/plan_memory.py [--models qwen3-4b-base,qwen2.5-7b] [--rows 8,16,32,64]
       [--row-lens 4096,8192,18432] [--attention-chunk 1024] [--fsdp 8] [--capacity-gib 80]
       [--no-dense-check] [--no-search] [--quick]
