@@ -10,7 +10,8 @@ abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compil
 
 Settings come from the paper's Stage 3 config (``configs/stage3_paper.py:disa,<preset>,math``):
 bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat, the DISA objective,
-``max_response_len`` wide per-sequence arrays, ``seqs_per_row`` slots per row. The mesh is
+``max_response_len`` wide per-sequence arrays, ``seqs_per_row`` slots per row, and the attention
+query block ``model.attention_chunk`` (``--attention-chunk`` overrides it; 0 = dense). The mesh is
 ``fsdp`` x 1 over fake CPU devices with the training rules (`parallel.TRAIN_RULES`); the layers run
 as a scan (what ``layer_loop='auto'`` picks on a GPU; one layer body is compiled).
 
@@ -24,7 +25,7 @@ CPU compilation is a proxy for GPU memory: see `CAVEATS` (printed with the table
 
 Usage (about 8 minutes on 2 CPU cores; ``--quick``: under a minute; docs/cluster.md has the table):
   python benchmarks/plan_memory.py [--models qwen3-4b-base,qwen2.5-7b] [--rows 8,16,32,64]
-      [--row-lens 4096,8192,18432] [--attention-chunk 1024] [--fsdp 8] [--capacity-gib 80]
+      [--row-lens 4096,8192,18432] [--attention-chunk C] [--fsdp 8] [--capacity-gib 80]
       [--no-dense-check] [--no-search] [--quick]
 """
 from __future__ import annotations
@@ -70,8 +71,8 @@ programs on fake devices; a GPU run differs, and some of what it needs is not co
 - XLA:GPU fuses and assigns buffers differently (other fusions, rematerialisation and scheduling),
   so temporaries differ, in either direction; XLA:CPU keeps some bf16 buffers in f32 (e.g. the
   per-layer residual stack that remat saves), which a GPU keeps in bf16;
-- the attention is the project's own (query blocks of --attention-chunk, f32 scores of a block
-  materialised); a fused flash-attention kernel would need much less;
+- the attention is the project's own (query blocks of model.attention_chunk / --attention-chunk,
+  f32 scores of a block materialised); a fused flash-attention kernel would need much less;
 - cuDNN / cuBLAS workspaces (flash attention if used, GEMM workspace) are not counted;
 - NCCL communication buffers of the FSDP all-gathers / reduce-scatters are not counted;
 - allocator fragmentation and XLA's preallocation (JAX takes 75% of the GPU unless
@@ -196,10 +197,13 @@ def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
                       jax.eval_shape(optimizer.init, params), shardings)
 
 
-def make_setup(name: str, *, fsdp: int, attention_chunk: int,
+def make_setup(name: str, *, fsdp: int, attention_chunk: int | None = None,
                devices: Sequence[jax.Device] | None = None) -> Setup:
-  """The abstract trained state and the trainer's jitted functions for preset ``name``."""
+  """The abstract trained state and the trainer's jitted functions for preset ``name``; the
+  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = dense)."""
   train, mc = paper_train_config(name)
+  if attention_chunk is None:
+    attention_chunk = mc.attention_chunk
   config = get_preset(name)
   devices = list(jax.devices() if devices is None else devices)
   if fsdp > len(devices):
@@ -249,8 +253,6 @@ def plan(setup: Setup, *, rows: int, row_len: int, with_score: bool = True) -> P
   if rows % batch_shards:
     raise ValueError(f"--rows value {rows} must be a multiple of the {batch_shards} batch shards "
                      "(rollout.micro_batch_rows must be, see rl/trainer.py)")
-  if attention_chunk and row_len > attention_chunk and row_len % attention_chunk:
-    raise ValueError(f"--attention-chunk={attention_chunk} must divide the row length {row_len}")
   layout = PackingLayout(row_len=row_len, rows=rows, seqs_per_row=rc.seqs_per_row)
   mb = abstract_micro_batch(layout, rc.max_response_len, setup.mesh)
   lowered = setup.step.lower(setup.state, mb)
@@ -346,8 +348,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--rows", default="8,16,32,64", help="rows per micro-batch (multiples of fsdp)")
   ap.add_argument("--row-lens", default="4096,8192,18432",
                   help="tokens per packed row (18432 = the paper config's 2048 + 16384)")
-  ap.add_argument("--attention-chunk", type=int, default=1024,
-                  help="query block of the attention (0 = dense [T, T] scores)")
+  ap.add_argument("--attention-chunk", type=int, default=None,
+                  help="query block of the attention (0 = dense [T, T] scores); default: the "
+                  "paper config's model.attention_chunk")
   ap.add_argument("--fsdp", type=int, default=8, help="FSDP axis size (fake CPU devices)")
   ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
   ap.add_argument("--dense-check", action=argparse.BooleanOptionalAction, default=True,
@@ -364,7 +367,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for m in args.models:
     get_preset(m)  # an unknown name raises, listing the presets
   args.rows, args.row_lens = int_list("--rows", args.rows), int_list("--row-lens", args.row_lens)
-  if args.attention_chunk < 0:
+  if args.attention_chunk is not None and args.attention_chunk < 0:
     raise SystemExit(f"--attention-chunk={args.attention_chunk}: must be >= 0 (0 = dense)")
   if args.fsdp < 1:
     raise SystemExit(f"--fsdp={args.fsdp}: must be >= 1")
@@ -391,7 +394,7 @@ def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[
                      f"{best.tokens} tokens ({best.rows} rows, {best.tokens // args.fsdp} per "
                      f"device; peak+ref {gib(best.peak_with_ref)} GiB)" if best else
                      f"none (rows={args.fsdp} already needs more)"))
-  if args.dense_check and args.attention_chunk:
+  if args.dense_check and setup.attention_chunk:
     dense = plan(make_setup(name, fsdp=args.fsdp, attention_chunk=0), rows=args.fsdp,
                  row_len=longest)
     plans.append(dense)
@@ -402,19 +405,14 @@ def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[
 
 
 def stage3_notes(name: str) -> list[str]:
-  """What the paper config's trainer would run: its micro-batch, and whether its model section can
-  ask for chunked attention at all."""
-  from disa_jax.workflows.stage3 import BackboneConfig  # pylint: disable=g-import-not-at-top
-  rc = paper_train_config(name)[0].rollout
+  """What the paper config's trainer would run: its micro-batch and its attention."""
+  train, mc = paper_train_config(name)
+  rc = train.rollout
   row_len = rc.row_len or rc.max_prompt_len + rc.max_response_len
-  notes = [f"paper config (configs/stage3_paper.py:disa,{name},math): row_len={row_len}, "
-           f"micro_batch_rows={rc.micro_batch_rows}: {row_len * rc.micro_batch_rows} tokens per "
-           "micro-batch"]
-  if "attention_chunk" not in {f.name for f in dataclasses.fields(BackboneConfig)}:
-    notes.append("Stage 3's model section (workflows/stage3.BackboneConfig) has no "
-                 "attention_chunk: the trainer builds the policy with dense attention (the "
-                 "'dense' rows)")
-  return notes
+  return [f"paper config (configs/stage3_paper.py:disa,{name},math): row_len={row_len}, "
+          f"micro_batch_rows={rc.micro_batch_rows}: {row_len * rc.micro_batch_rows} tokens per "
+          f"micro-batch; model.attention_chunk={mc.attention_chunk or '0 (dense)'} (the policy "
+          "and the reference are built with it)"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -423,8 +421,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   capacity = int(args.capacity_gib * GIB)
   print(f"JAX {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices; "
         f"fsdp={args.fsdp}; settings of configs/stage3_paper.py:disa,<model>,math "
-        f"(bf16 compute, f32 params + AdamW, remat, layer scan); attention_chunk="
-        f"{args.attention_chunk or 'dense'}", flush=True)
+        f"(bf16 compute, f32 params + AdamW, remat, layer scan); attention_chunk=" + (
+            str(args.attention_chunk or "dense") if args.attention_chunk is not None else
+            "/".join(sorted({str(paper_train_config(m)[1].attention_chunk or "dense")
+                             for m in args.models})) + " (the config's model.attention_chunk)"),
+        flush=True)
   plans, notes = [], []
   for name in args.models:
     p, n = run_model(name, args, capacity)

@@ -96,7 +96,16 @@ def test_bad_sizes_are_named(sharded):
   setup, _ = sharded
   with pytest.raises(ValueError, match="--rows value 12"):
     pm.plan(setup, rows=12, row_len=ROW_LEN)
-  with pytest.raises(ValueError, match="--attention-chunk=32 must divide the row length 48"):
-    pm.plan(setup, rows=8, row_len=48)
   with pytest.raises(SystemExit, match="--rows='8,x'"):
     pm.parse_args(["--rows", "8,x"])
+  with pytest.raises(SystemExit, match="--attention-chunk=-1: must be >= 0"):
+    pm.parse_args(["--attention-chunk", "-1"])
+
+
+def test_attention_chunk_comes_from_the_paper_config(n_devices):
+  """No flag: the Stage 3 paper config's model.attention_chunk (1024); the flag overrides it."""
+  assert pm.parse_args([]).attention_chunk is None
+  assert pm.paper_train_config("qwen3-4b-base")[1].attention_chunk == 1024
+  assert pm.make_setup("qwen3-4b-base", fsdp=n_devices).attention_chunk == 1024  # abstract: no compile
+  assert pm.make_setup("qwen3-4b-base", fsdp=n_devices, attention_chunk=0).attention_chunk == 0
+  assert "model.attention_chunk=1024" in pm.stage3_notes("qwen3-4b-base")[0]
