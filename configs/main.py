@@ -150,6 +150,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   s1.scorer = ml_collections.ConfigDict(
       {"dtype": "float32", "batch_size": 64, "pad_to": 16, "mesh": common.mesh(fsdp=1)})
   s1.scorer.mesh.num_devices = 1
+  s1.scorer.attention_chunk = 0  # dense attention: the task's sequences are ~20 tokens
   s1.prompts_per_batch = 41  # every prompt in one engine call
   c.n_study = (2, 4, 8, 16)  # M values of the App. D.3 study against the exact log Z
   c.n_study_repeats = 64  # subsamples per prompt and M
@@ -165,6 +166,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   s2.embedding = ml_collections.ConfigDict(
       {"dtype": "float32", "batch_size": 64, "pad_to": 16, "mesh": common.mesh(fsdp=1)})
   s2.embedding.mesh.num_devices = 1
+  s2.embedding.attention_chunk = 0  # dense attention: 11-12-token prompts
   c.anchor_study = ml_collections.ConfigDict()  # sigma_g of sharper anchors (issue 9)
   c.anchor_study.repeats = 8  # repeats per N of subsample + K-fold fits (0 = skip); ~60 s here
   c.anchor_study.folds = 5  # K of the K-fold split over prompts
@@ -200,6 +202,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.sft.max_seq_len = 64
   c.sft.pad_to = 16
   c.sft.checkpoint_every = 0
+  c.sft.attention_chunk = 0  # dense attention: 64-token rows (paper configs: 1024 at 18,432)
 
   e = c.eval = ml_collections.ConfigDict()  # run_evaluation's own fields (no paths)
   e.math_k = 8  # k: Mean@k, pass@k and distinct correct answers among k samples

@@ -78,11 +78,18 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.scorer.batch_size = 16  # Rows per forward pass (one sequence per row without packing).
   c.scorer.packing = True  # Several sequences per row (segment ids): one compiled shape.
   # Tokens per packed row; 0 = grow to the smallest power of two holding the longest sequence seen.
-  # Attention within a row is dense: a fixed 2,048 + 32,768-token row costs [rows, heads, L, L]
-  # scores whatever the real lengths, so rows grow with the data instead.
+  # Attention over a row costs L x L whatever the real lengths (memory: [rows, heads,
+  # attention_chunk, L] scores per query block), so rows grow with the data instead of a fixed
+  # 2,048 + 32,768-token row.
   c.scorer.row_len = 0
   c.scorer.pad_to = 1024  # Without packing: sequence-length bucket (one compilation per bucket).
   c.scorer.chunk_size = 1024  # Vocabulary-chunk rows of the log-prob kernel.
+  # Attention query block in tokens (0 = dense). Dense attention materialises [heads, L, L] float32
+  # scores per row and layer: 40 GiB for one Qwen3-4B-Base row of L = 18,432 (32 heads x L^2 x 4
+  # bytes), 162 GiB at L = 36,864 (rows here reach 2,048 + 32,768 tokens); blocks of 1024 queries
+  # hold [heads, 1024, L] at a time (2.25 / 4.5 GiB). benchmarks/plan_memory.py, Stage 3's 4B micro
+  # step at L = 18,432: 188 GiB/device dense vs 28 GiB with 1024 (docs/cluster.md).
+  c.scorer.attention_chunk = 1024
   c.scorer.mesh = common.mesh()  # The reference model's mesh.
   # --- run ------------------------------------------------------------------------------------
   c.prompts_per_batch = 64  # Prompts per engine call and per durable write (the resume unit).

@@ -42,8 +42,11 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.embedding.dtype = "bfloat16"  # Reference dtype; = Stage 3's model.dtype, which embeds there.
   c.embedding.batch_size = 32  # Rows per forward pass (one prompt per row without packing).
   c.embedding.packing = True  # Several prompts per row (segment ids).
-  c.embedding.row_len = 0  # Tokens per packed row; 0 = grow with the longest prompt (dense attention).
+  c.embedding.row_len = 0  # Tokens per packed row; 0 = grow with the longest prompt.
   c.embedding.pad_to = 256  # Without packing: prompt-length bucket.
   c.embedding.chunk_size = 1024  # Vocabulary-chunk rows (shared scorer settings; unused here).
+  # Attention query block in tokens (0 = dense [heads, L, L] float32 scores per row); as Stage 1's
+  # scorer.attention_chunk (configs/stage1_paper.py says why 1024 for the 4B / 7B models).
+  c.embedding.attention_chunk = 1024
   c.embedding.mesh = common.mesh()  # The reference model's mesh.
   return c

@@ -32,6 +32,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"  # Storage dtype of the trained parameters (AdamW master copy).
   c.model.remat = True  # Recompute decoder layers in the backward pass (long responses).
   c.model.scan_unroll = 1  # Unroll of the scan over layers (num_layers: faster small models).
+  # Attention query block of the policy and pi_ref, in tokens; 0 = dense. Dense attention
+  # materialises [heads, T, T] float32 scores per packed row: at the paper's T = 2048 + 16384 =
+  # 18,432, benchmarks/plan_memory.py (fsdp = 8, 8 rows) puts the micro step at 188 GiB/device for
+  # Qwen3-4B-Base (176 for Qwen2.5-7B) dense and 28 (38) GiB with 1024 (docs/cluster.md).
+  c.model.attention_chunk = 1024
 
   c.data = ml_collections.ConfigDict()
   c.data.train_path = ""  # Training prompts (veRL parquet/jsonl): DAPO-17k / DeepCoder.

@@ -11,6 +11,10 @@ A field whose type defines ``from_config(value, where)`` (a classmethod) is buil
 how a polymorphic section such as the Stage 3 objective (`disa_jax.rl.objectives`) picks its class
 from a ``name`` entry. `to_dict` is the inverse (JSON-ready), using ``to_config()`` where a value
 defines it.
+
+`check_attention_chunk` is the one check of the ``attention_chunk`` field that the workflow
+sections building a `Transformer` for long sequences carry (Stage 3 ``model``, the Stage 1 / 2
+scorer, the SFT section, ``exact_target``); `Transformer` applies it to its argument too.
 """
 from __future__ import annotations
 
@@ -21,7 +25,18 @@ from typing import Any, Mapping, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["from_mapping", "to_dict"]
+__all__ = ["check_attention_chunk", "from_mapping", "to_dict"]
+
+
+def check_attention_chunk(value: Any, field: str = "attention_chunk") -> None:
+  """Refuses an attention query-block size that is not an int >= 0, naming ``field`` and the value.
+
+  0 = dense attention (`[heads, T, T]` float32 scores per row); c > 0 = queries in blocks of c
+  tokens (`disa_jax.models.layers.gqa_attention`), any row length.
+  """
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"{field} must be an int >= 0 (0 = dense attention, c > 0 = query blocks of "
+                     f"c tokens), got {value!r}")
 
 
 def _to_plain(value: Any) -> Any:

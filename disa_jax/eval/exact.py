@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import config as config_lib
 from disa_jax.rollout.types import Completion, SamplingParams
 
 CorrectSetFn = Callable[[Any, Mapping[str, Any]], list[list[int]]]
@@ -64,14 +65,18 @@ class ExactTargetConfig:
     seed: their sampling seed.
     packing: the policy / reference scorers pack several sequences per row (`SequenceScorer`);
       False: one padded row each (for comparison).
+    attention_chunk: attention query block of the models this section loads (`load_model`; 0 =
+      dense, c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
   """
   reference_path: str = ""
   beta: float = 15.0
   kl_samples: int = 64
   seed: int = 8
   packing: bool = True
+  attention_chunk: int = 0
 
   def __post_init__(self):
+    config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
     if not self.beta > 0:
       raise ValueError(f"exact_target.beta must be > 0, got {self.beta!r}")
     if self.kl_samples < 2:
@@ -80,6 +85,11 @@ class ExactTargetConfig:
   @property
   def enabled(self) -> bool:
     return bool(self.reference_path)
+
+  def load_model(self, path: str) -> Any:
+    """The model of the local HF directory ``path`` (float32, unsharded) with this attention."""
+    from disa_jax import models  # pylint: disable=g-import-not-at-top
+    return models.from_pretrained(path, attention_chunk=self.attention_chunk)
 
   def scorer(self, model: Any, pad_id: int) -> Any:
     """The `SequenceScorer` of these measures (64 rows per pass; packed rows grow with the data)."""

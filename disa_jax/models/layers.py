@@ -127,9 +127,10 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
     v: `[B, S, K, H]` values.
     mask: `[B, T, S]` bool, True where query t may attend to key s.
     query_chunk: 0 = one dense pass (`[B, N, T, S]` float32 scores). c > 0 with T > c: the
-      queries run in T / c blocks (T must be a multiple of c) under `jax.checkpoint`, so that
-      forward and backward hold `[B, N, c, S]` scores at a time instead of `[B, N, T, S]`; the
-      result is the same (each query row's softmax is over all S keys either way).
+      queries run in ceil(T / c) blocks under `jax.checkpoint`, so that forward and backward hold
+      `[B, N, c, S]` scores at a time instead of `[B, N, T, S]`; the result is the same (each
+      query row's softmax is over all S keys either way). When c does not divide T the last block
+      is padded with masked-out queries, whose outputs are dropped.
 
   Returns:
     `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key gets the mean of
@@ -138,14 +139,16 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
   b, t, n, h = q.shape
   if query_chunk <= 0 or t <= query_chunk:
     return _attend(q, k, v, mask)
-  if t % query_chunk:
-    raise ValueError(f"attention query_chunk={query_chunk} must divide the sequence length {t}")
-  blocks = t // query_chunk
-  qb = q.reshape(b, blocks, query_chunk, n, h).swapaxes(0, 1)  # [B, T, N, H] -> [n, B, c, N, H]
-  mb = mask.reshape(b, blocks, query_chunk, -1).swapaxes(0, 1)  # [B, T, S] -> [n, B, c, S]
+  blocks = -(-t // query_chunk)
+  pad = blocks * query_chunk - t
+  if pad:  # extra query rows that attend to nothing; sliced off below
+    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+  qb = q.reshape(b, blocks, query_chunk, n, h).swapaxes(0, 1)  # [B, T', N, H] -> [n, B, c, N, H]
+  mb = mask.reshape(b, blocks, query_chunk, -1).swapaxes(0, 1)  # [B, T', S] -> [n, B, c, S]
   block = jax.checkpoint(lambda qi, mi: _attend(qi, k, v, mi))
   out = jax.lax.map(lambda xs: block(*xs), (qb, mb))  # [n, B, c, N, H]
-  return out.swapaxes(0, 1).reshape(b, t, n, h)
+  return out.swapaxes(0, 1).reshape(b, blocks * query_chunk, n, h)[:, :t]
 
 
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:

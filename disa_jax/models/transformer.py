@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from disa_jax.config import check_attention_chunk
 from disa_jax.models import layers as L
 from disa_jax.models.config import ModelConfig
 from disa_jax.parallel.rules import ShardingContext
@@ -89,7 +90,7 @@ class Transformer(nnx.Module):
       used only when the layers run as a scan.
     attention_chunk: 0 = dense attention; c > 0 = queries in blocks of c under `jax.checkpoint`
       (`layers.gqa_attention`): `[B, N, c, T]` scores at a time instead of `[B, N, T, T]`, for long
-      packed rows (T > c must be a multiple of c).
+      packed rows (any T: a last partial block is padded).
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
@@ -100,8 +101,7 @@ class Transformer(nnx.Module):
                layer_loop: str = "auto", attention_chunk: int = 0):
     if layer_loop not in _LAYER_LOOPS:
       raise ValueError(f"Transformer layer_loop={layer_loop!r}; expected one of {_LAYER_LOOPS}")
-    if attention_chunk < 0:
-      raise ValueError(f"Transformer attention_chunk={attention_chunk!r} must be >= 0 (0 = dense)")
+    check_attention_chunk(attention_chunk, "Transformer attention_chunk")
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype

@@ -14,7 +14,7 @@ from disa_jax.parallel.rules import Rules, ShardingContext, logical_to_sharding
 def param_logical_axes(variable: nnx.Variable) -> tuple[str | None, ...]:
   """The `logical_axes` metadata of a parameter (error naming the shape if it has none)."""
   axes = variable.get_metadata().get("logical_axes")
-  value = variable[...]
+  value = variable.get_value()  # an array, or a jax.ShapeDtypeStruct of an abstract model
   if axes is None:
     raise ValueError(f"parameter of shape {value.shape} has no 'logical_axes' metadata")
   if len(axes) != value.ndim:
@@ -23,10 +23,11 @@ def param_logical_axes(variable: nnx.Variable) -> tuple[str | None, ...]:
 
 
 def model_shardings(model: nnx.Module, mesh: Mesh, rules: Rules) -> Any:
-  """An nnx.State of NamedSharding, one per parameter of `model`."""
+  """An nnx.State of NamedSharding, one per parameter of `model` (concrete, or abstract from
+  `nnx.eval_shape`)."""
   state = nnx.state(model, nnx.Param)
   return jax.tree.map(
-      lambda v: logical_to_sharding(param_logical_axes(v), mesh, rules, v[...].shape),
+      lambda v: logical_to_sharding(param_logical_axes(v), mesh, rules, v.get_value().shape),
       state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 

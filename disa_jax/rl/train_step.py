@@ -11,7 +11,8 @@ mini-batch has, nothing recompiles. On a mesh the packed rows are sharded over t
 the per-sequence arrays (``[S, W]`` / ``[S]``) are replicated.
 
 Compiled programs: one micro step per micro-batch shape (one with packing), one optimizer step;
-``step.compiled_programs()`` counts them (what `benchmarks/bench_packing.py` checks).
+``step.compiled_programs()`` counts them (what `benchmarks/bench_packing.py` checks);
+``step.lower(state, micro_batch)`` lowers both without running them (`benchmarks/plan_memory.py`).
 
 The FlowRL log Z head (objectives with ``needs_logz_head``) is a separate module with its own
 parameters and optimizer state (`TrainState` ``head_params`` / ``head_opt_state``), never part of
@@ -271,23 +272,62 @@ def make_train_step(graphdef: nnx.GraphDef,
   finish_j = jax.jit(finish, donate_argnums=donated, **kw_finish)
   init_j = []  # the accumulator's initialiser, built once the metrics' names are known
 
-  def step(state: TrainState, micro_batches: Sequence[TrainBatch]):
-    if not micro_batches:
-      raise ValueError("an update needs at least one micro-batch, got none")
+  def init_acc(state: TrainState, mb: TrainBatch):
+    """The jitted accumulator initialiser (built on the first call, from ``mb``'s metrics)."""
     if not init_j:
-      (_, shapes), _ = jax.eval_shape(grad_fn, state.params, state.head_params, micro_batches[0],
+      (_, shapes), _ = jax.eval_shape(grad_fn, state.params, state.head_params, mb,
                                       jax.random.key(0))
       shapes = dict(shapes, loss=jax.ShapeDtypeStruct((), jnp.float32))
       zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
       init_j.append(jax.jit(lambda p, hp: (zeros(p), zeros(hp), jnp.float32(0.0),
                                            _metric_init(shapes)), **kw_init))
-    acc = init_j[0](state.params, state.head_params)
+    return init_j[0]
+
+  def step(state: TrainState, micro_batches: Sequence[TrainBatch]):
+    if not micro_batches:
+      raise ValueError("an update needs at least one micro-batch, got none")
+    acc = init_acc(state, micro_batches[0])(state.params, state.head_params)
     for k, mb in enumerate(micro_batches):
       acc = micro_j(state.params, state.head_params, state.step, acc, mb, jnp.int32(k))
     return finish_j(state, acc)
 
+  def lower(state: TrainState, mb: TrainBatch) -> dict[str, jax.stages.Lowered]:
+    """Lowers the micro step and the optimizer step without running anything.
+
+    ``state`` and ``mb`` may be abstract (`jax.ShapeDtypeStruct` leaves, with shardings on a mesh):
+    what `benchmarks/plan_memory.py` compiles to read XLA's memory analysis of a step.
+
+    Returns:
+      ``{'micro': the forward/backward + accumulate of one micro-batch, 'finish': the optimizer
+      step}`` as `jax.stages.Lowered`.
+    """
+    acc = jax.eval_shape(init_acc(state, mb), state.params, state.head_params)
+    k = jax.ShapeDtypeStruct((), jnp.int32)
+    return {"micro": micro_j.lower(state.params, state.head_params, state.step, acc, mb, k),
+            "finish": finish_j.lower(state, acc)}
+
   step.compiled_programs = lambda: micro_j._cache_size() + finish_j._cache_size()  # pylint: disable=protected-access
+  step.lower = lower
   return step
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
+  """Shardings of ``optimizer.init(params)`` on ``mesh``: every parameter-shaped part of the state
+  (AdamW's moments) takes its parameter's sharding, everything else (step counts) is replicated.
+
+  ``params`` may be concrete or abstract (`jax.ShapeDtypeStruct` leaves with shardings); a
+  parameter not spread over the whole mesh gets replicated moments. Without these shardings
+  ``jax.jit(optimizer.init)`` leaves the zeros' placement to the compiler, which replicates them:
+  two f32 copies of the whole model on every device.
+  """
+  rep = NamedSharding(mesh, PartitionSpec())
+  n = mesh.devices.size
+  shapes = jax.eval_shape(optimizer.init, params)
+  param_sh = jax.tree.map(
+      lambda x: x.sharding if x.sharding is not None and len(x.sharding.device_set) == n else rep,
+      params)
+  return optax.tree_map_params(optimizer, lambda _, sh: sh, shapes, param_sh,
+                               transform_non_params=lambda _: rep)
 
 
 def init_train_state(model: nnx.Module,
@@ -300,8 +340,8 @@ def init_train_state(model: nnx.Module,
   """Splits the policy (and head) into graph + params and initialises optimizer states.
 
   Policy parameters keep their current placement (shard the model first with
-  `disa_jax.parallel.shard_model`); optimizer moments get the same shardings. With a ``mesh`` the
-  step counter and the (small) head are replicated over it.
+  `disa_jax.parallel.shard_model`); with a ``mesh`` the optimizer moments get the same shardings
+  (`opt_state_shardings`), and the step counter and the (small) head are replicated over it.
 
   Returns:
     (policy graphdef, head graphdef or None, TrainState, shardings of the TrainState).
@@ -316,7 +356,9 @@ def init_train_state(model: nnx.Module,
     head_graphdef, head_params = nnx.split(head, nnx.Param)
     head_params = jax.tree.map(put, head_params)
     head_opt = jax.jit(head_optimizer.init)(head_params)
-  opt_state = jax.jit(optimizer.init)(params)
+  opt_kw = {} if mesh is None else dict(
+      out_shardings=opt_state_shardings(optimizer, params, mesh))
+  opt_state = jax.jit(optimizer.init, **opt_kw)(params)
   state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state, head_params, head_opt)
   if mesh is not None:
     # Leaves created without a sharded input (step, optimizer counts, the head) are replicated.

@@ -37,6 +37,16 @@ def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
   return out
 
 
+def optimizer_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+  """`train_step.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
+  policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it)."""
+  oc = cfg.optim
+  return dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
+              grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
+              decay_frac=oc.decay_frac, decay_factor=oc.decay_factor,
+              total_updates=cfg.total_steps * cfg.rollout.num_minibatches)
+
+
 class PolicyUpdater:
   """The trained state and its update (see the module docstring).
 
@@ -54,10 +64,7 @@ class PolicyUpdater:
     self.cfg, self.policy, self.mesh = cfg, policy, mesh
     self.pad_id, self.pad_to = pad_id, pad_to
     obj, oc = cfg.objective, cfg.optim
-    opt_kwargs = dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
-                      grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
-                      decay_frac=oc.decay_frac, decay_factor=oc.decay_factor,
-                      total_updates=cfg.total_steps * cfg.rollout.num_minibatches)
+    opt_kwargs = optimizer_kwargs(cfg)
     head = head_opt = None
     joint = obj.needs_logz_head and obj.head_optimizer == "joint"
     if joint:  # one clip over policy + head, in the step; the policy's AdamW settings for both

@@ -31,6 +31,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from disa_jax import config as config_lib
 from disa_jax import models, parallel
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.data import packing as packing_lib
@@ -70,6 +71,8 @@ class LoRASFTConfig:
     seed: data order and adapter initialisation.
     checkpoint_every: optimizer updates between adapter checkpoints (0 = only at the end).
     remat: recompute each layer's activations in the backward pass (long sequences).
+    attention_chunk: attention query block (0 = dense: `[heads, row_len, row_len]` float32 scores
+      per row; c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
   """
   rank: int = 64
   alpha: float = 128.0
@@ -91,8 +94,10 @@ class LoRASFTConfig:
   seed: int = 0
   checkpoint_every: int = 100
   remat: bool = False
+  attention_chunk: int = 0
 
   def __post_init__(self):
+    config_lib.check_attention_chunk(self.attention_chunk, "LoRASFTConfig.attention_chunk")
     lora.LoRAConfig(self.rank, self.alpha, tuple(self.targets))  # validates the adapter fields
     for field in ("batch_size", "micro_batch_rows", "epochs", "max_seq_len", "pad_to",
                   "seqs_per_row"):
@@ -319,7 +324,8 @@ def _lora_model(reference_path: str, config: LoRASFTConfig, dtype: Any, mesh: Me
     raise ValueError(f"LoRASFTConfig.micro_batch_rows={config.micro_batch_rows} must be a multiple "
                      f"of the mesh's data x fsdp = {mesh.shape['data'] * mesh.shape['fsdp']} "
                      "batch shards")
-  model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat)
+  model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat,
+                                 attention_chunk=config.attention_chunk)
   lora.apply_lora(model, config.lora, seed=config.seed)
   batch_sharding = None
   if mesh is not None:

@@ -134,8 +134,8 @@ class _Scorers:
 
   def get(self):
     if self._pair is None:
-      from disa_jax import models  # pylint: disable=g-import-not-at-top
-      make = lambda path: self.cfg.exact_target.scorer(models.from_pretrained(path), self.pad_id)
+      ec = self.cfg.exact_target
+      make = lambda path: ec.scorer(ec.load_model(path), self.pad_id)
       self._pair = (make(self.model_path), make(self.cfg.exact_target.reference_path))
     return self._pair
 

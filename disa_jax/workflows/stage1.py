@@ -59,6 +59,8 @@ class ScorerConfig:
       sequence seen so far (`disa_jax.scoring.batched.grown_row_len`).
     pad_to: without packing, the sequence-length bucket (tokens).
     chunk_size: vocabulary-chunk rows of the log-prob kernel.
+    attention_chunk: attention query block of the reference model (0 = dense: `[heads, L, L]`
+      float32 scores per row; c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
     mesh: the reference model's device mesh.
   """
 
@@ -68,9 +70,11 @@ class ScorerConfig:
   row_len: int = 0
   pad_to: int = 256
   chunk_size: int = 1024
+  attention_chunk: int = 0
   mesh: MeshConfig = MeshConfig()
 
   def __post_init__(self):
+    config_lib.check_attention_chunk(self.attention_chunk, "scorer.attention_chunk")
     for name in ("batch_size", "pad_to", "chunk_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"scorer.{name} must be >= 1, got {getattr(self, name)}")
@@ -154,7 +158,8 @@ def load_reference(path: str, scorer: ScorerConfig):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from disa_jax import models  # pylint: disable=g-import-not-at-top
-  return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=scorer.mesh.make())
+  return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=scorer.mesh.make(),
+                                attention_chunk=scorer.attention_chunk)
 
 
 def check_rerun(path: Path, config: dict[str, Any], fields: Sequence[str]) -> None:

@@ -45,6 +45,9 @@ class BackboneConfig:
     param_dtype: storage dtype of the trained policy (the AdamW master copy).
     remat: recompute decoder layers in the backward pass.
     scan_unroll: unroll of the scan over decoder layers (num_layers = fully unrolled).
+    attention_chunk: attention query block of the policy and the reference (0 = dense: `[heads,
+      T, T]` float32 scores per packed row; c > 0 = blocks of c queries, `[heads, c, T]` at a time;
+      `disa_jax.models.Transformer`).
   """
   policy_path: str = ""
   reference_path: str = ""
@@ -52,8 +55,10 @@ class BackboneConfig:
   param_dtype: str = "float32"
   remat: bool = True
   scan_unroll: int = 1
+  attention_chunk: int = 0
 
   def __post_init__(self):
+    config_lib.check_attention_chunk(self.attention_chunk, "model.attention_chunk")
     for f in ("dtype", "param_dtype"):
       if getattr(self, f) not in DTYPES:
         raise ValueError(f"model.{f} must be one of {DTYPES}, got {getattr(self, f)!r}")
@@ -168,12 +173,14 @@ def _load_models(cfg: Stage3Config, mesh):
   # from_pretrained ties storage and compute dtype: the policy is loaded in param_dtype (the AdamW
   # master copy) and then computes in dtype; the frozen reference is stored in dtype.
   policy = models.from_pretrained(mc.policy_path, dtype=jnp.dtype(mc.param_dtype), mesh=mesh,
-                                  remat=mc.remat, scan_unroll=mc.scan_unroll)
+                                  remat=mc.remat, scan_unroll=mc.scan_unroll,
+                                  attention_chunk=mc.attention_chunk)
   policy.dtype = jnp.dtype(mc.dtype)
   obj = cfg.train.objective
   reference = None
   if obj.needs_reference or obj.needs_anchor:
-    reference = models.from_pretrained(mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh)
+    reference = models.from_pretrained(mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh,
+                                       attention_chunk=mc.attention_chunk)
   return policy, reference
 
 
@@ -181,7 +188,6 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   """``() -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
   'exact/', on the validation prompts (or the training prompts)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from disa_jax import models  # pylint: disable=g-import-not-at-top
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
   from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
   from disa_jax.eval.exact import ExactTracker  # pylint: disable=g-import-not-at-top
@@ -199,7 +205,7 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
       cfg.exact_target, tokenizer,
       [encode_prompt(tokenizer, r, dc.rendering, max_len=cfg.train.rollout.max_prompt_len)
        for r in records], [r.reward_meta() for r in records], abilities.pop(),
-      scorer(models.from_pretrained(cfg.exact_target.reference_path)),
+      scorer(cfg.exact_target.load_model(cfg.exact_target.reference_path)),
       max_tokens=cfg.train.rollout.max_response_len)
   policy_scorer = scorer(policy)
 

@@ -147,6 +147,23 @@ def test_sharded_step_equals_single_device(n_devices):
           f"2 steps = {worst:.3g} (largest parameter change {moved:.3g})")
 
 
+def test_adamw_moments_are_sharded_like_their_parameters(n_devices):
+  """Before `opt_state_shardings`, jit(optimizer.init) replicated mu and nu on every device."""
+  mesh = parallel.make_mesh(fsdp=n_devices)
+
+  def check(state):
+    adam = state.opt_state[1][0]  # (clip state, (scale_by_adam state, ...))
+    for moment in (adam.mu, adam.nu):
+      for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(moment)):
+        assert m.sharding.is_equivalent_to(p.sharding, p.ndim), (m.sharding, p.sharding)
+    assert not adam.mu["embed"][...].sharding.is_fully_replicated
+    assert adam.count.sharding.is_fully_replicated
+
+  check(_setup("disa", mesh, adamw=True)[2])
+  check(_run("disa", packed_layout(n_devices, MAX_PROMPT + MAX_RESPONSE), steps=1, mesh=mesh,
+             adamw=True)[0])  # the update keeps them there
+
+
 def test_an_update_needs_a_micro_batch():
   graphdef, _, state, _, settings, opt, _ = _setup("disa")
   with pytest.raises(ValueError, match="at least one micro-batch"):

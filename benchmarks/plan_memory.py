@@ -1,0 +1,447 @@
+"""Device memory of a Stage 3 micro-batch step, from XLA's compiled memory analysis (no execution).
+
+For each model preset and micro-batch shape, the programs the Stage 3 trainer jits are lowered on
+abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compiled, never run:
+
+- ``micro``: forward + backward of one packed micro-batch and the gradient accumulation
+  (`train_step.make_train_step`'s micro step, through ``step.lower``);
+- ``optim``: the optimizer step (global-norm clip + AdamW) on the accumulated gradients;
+- ``score``: the no-gradient pi_old scoring pass (`train_step.make_scoring_fn`) over the same rows.
+
+Settings come from the paper's Stage 3 config (``configs/stage3_paper.py:disa,<preset>,math``):
+bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat, the DISA objective,
+``max_response_len`` wide per-sequence arrays, ``seqs_per_row`` slots per row, and the attention
+query block ``model.attention_chunk`` (``--attention-chunk`` overrides it; 0 = dense). The mesh is
+``fsdp`` x 1 over fake CPU devices with the training rules (`parallel.TRAIN_RULES`); the layers run
+as a scan (what ``layer_loop='auto'`` picks on a GPU; one layer body is compiled).
+
+Per device, for one micro-batch size: ``micro`` = its arguments (params, gradient accumulator,
+batch) + outputs - aliased (donated) + temporaries; the AdamW moments are resident but not an
+argument of ``micro`` and are added (``+adam``). ``peak`` = the largest of micro + AdamW, optim,
+and score + AdamW. ``+ref`` adds the frozen bf16 reference model the DISA trainer also keeps
+sharded on the same devices.
+
+CPU compilation is a proxy for GPU memory: see `CAVEATS` (printed with the table).
+
+Usage (about 8 minutes on 2 CPU cores; ``--quick``: under a minute; docs/cluster.md has the table):
+  python benchmarks/plan_memory.py [--models qwen3-4b-base,qwen2.5-7b] [--rows 8,16,32,64]
+      [--row-lens 4096,8192,18432] [--attention-chunk C] [--fsdp 8] [--capacity-gib 80]
+      [--no-dense-check] [--no-search] [--quick]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # before JAX is imported: fake CPU devices for the mesh
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  _FLAGS = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in _FLAGS:
+    os.environ["XLA_FLAGS"] = (_FLAGS + " --xla_force_host_platform_device_count=8").strip()
+  _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Sequence  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+from disa_jax import parallel  # noqa: E402
+from disa_jax.data.packing import PackedRows, PackingLayout  # noqa: E402
+from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
+from disa_jax.models.transformer import Transformer  # noqa: E402
+from disa_jax.rl import train_step as ts  # noqa: E402
+from disa_jax.rl.batch import TrainBatch  # noqa: E402
+from disa_jax.rl.config import TrainConfig  # noqa: E402
+from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
+
+GIB = 1 << 30
+DEFAULT_MODELS = ("qwen3-4b-base", "qwen2.5-7b")
+CAVEATS = """\
+CPU compilation is a proxy for GPU memory. The numbers are XLA:CPU's buffer assignment of the same
+programs on fake devices; a GPU run differs, and some of what it needs is not counted at all:
+- XLA:GPU fuses and assigns buffers differently (other fusions, rematerialisation and scheduling),
+  so temporaries differ, in either direction; XLA:CPU keeps some bf16 buffers in f32 (e.g. the
+  per-layer residual stack that remat saves), which a GPU keeps in bf16;
+- the attention is the project's own (query blocks of model.attention_chunk / --attention-chunk,
+  f32 scores of a block materialised); a fused flash-attention kernel would need much less;
+- cuDNN / cuBLAS workspaces (flash attention if used, GEMM workspace) are not counted;
+- NCCL communication buffers of the FSDP all-gathers / reduce-scatters are not counted;
+- allocator fragmentation and XLA's preallocation (JAX takes 75% of the GPU unless
+  XLA_PYTHON_CLIENT_MEM_FRACTION / XLA_PYTHON_CLIENT_PREALLOCATE say otherwise) are not modelled;
+- the CUDA context (~0.5-1 GiB per process), a colocated vLLM process (gpu_memory_utilization of
+  the GPU), the anchor's prompt-embedding pass and host-side buffers are not counted.
+Keep a margin of 10-20% below the device's capacity."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  """XLA's memory analysis of one compiled program, per device, in bytes."""
+  argument: int
+  output: int
+  alias: int
+  temp: int
+  code: int
+  compile_s: float
+
+  @classmethod
+  def of(cls, lowered: jax.stages.Lowered) -> "ProgramMemory":
+    """Compiles ``lowered`` (nothing runs) and reads its memory analysis."""
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    if m is None:
+      raise RuntimeError(f"the {jax.default_backend()} backend gives no memory analysis")
+    return cls(int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+               int(m.alias_size_in_bytes), int(m.temp_size_in_bytes),
+               int(m.generated_code_size_in_bytes), seconds)
+
+  @property
+  def peak(self) -> int:
+    """Live bytes while it runs: arguments + outputs not aliased to a donated argument + temps."""
+    return self.argument + self.output - self.alias + self.temp
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """One model and micro-batch shape: its programs' memory per device (see the module docstring)."""
+  model: str
+  row_len: int
+  rows: int
+  fsdp: int
+  attention_chunk: int
+  micro: ProgramMemory
+  optim: ProgramMemory
+  score: ProgramMemory | None
+  adam_bytes: int  # AdamW moments per device: resident, not an argument of micro / score
+  ref_bytes: int  # the frozen bf16 reference model per device
+
+  @property
+  def tokens(self) -> int:
+    return self.rows * self.row_len
+
+  @property
+  def peak(self) -> int:
+    """The largest of micro + AdamW, optim, score + AdamW."""
+    score = self.score.peak + self.adam_bytes if self.score is not None else 0
+    return max(self.micro.peak + self.adam_bytes, self.optim.peak, score)
+
+  @property
+  def peak_with_ref(self) -> int:
+    return self.peak + self.ref_bytes
+
+
+@dataclasses.dataclass
+class Setup:
+  """What the programs of one model share: its abstract state, graph and jitted functions."""
+  name: str
+  config: ModelConfig
+  train: TrainConfig
+  mesh: Mesh
+  graphdef: Any
+  state: ts.TrainState
+  step: Any
+  score: Any
+  ref_bytes: int
+  attention_chunk: int
+  optim: ProgramMemory | None = None
+
+
+def paper_train_config(preset: str) -> tuple[TrainConfig, Any]:
+  """``configs/stage3_paper.py:disa,<preset>,math`` as (`TrainConfig`, its model section)."""
+  from configs import stage3_paper  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
+  cfg = Stage3Config.from_config(stage3_paper.get_config(f"disa,{preset},math"))
+  if cfg.train.objective.needs_logz_head:
+    raise ValueError(f"objective {cfg.train.objective.name!r} has a log Z head; the planner "
+                     "compiles the policy only")
+  return cfg.train, cfg.model
+
+
+def device_bytes(tree: Any, dtype: Any = None) -> int:
+  """Bytes one device holds of an abstract tree (leaves with shardings), optionally as ``dtype``."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += math.prod(shape) * jnp.dtype(dtype or x.dtype).itemsize
+  return total
+
+
+def abstract_params(model: nnx.Module, mesh: Mesh) -> tuple[Any, Any]:
+  """(graphdef, params as `ShapeDtypeStruct`s with their `TRAIN_RULES` shardings) of an abstract
+  model; attaches the activation sharding context as `parallel.shard_model` does."""
+  shardings = parallel.model_shardings(model, mesh, parallel.TRAIN_RULES)
+  model.sharding = parallel.ShardingContext(mesh, parallel.TRAIN_RULES)
+  graphdef, params = nnx.split(model, nnx.Param)
+  params = jax.tree.map(
+      lambda s, v: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                                  sharding=s)),
+      shardings, params)
+  return graphdef, params
+
+
+def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
+  """The optimizer state's shapes with the shardings `train_step.init_train_state` gives them
+  (`train_step.opt_state_shardings`: moments as their parameters, counts replicated)."""
+  shardings = ts.opt_state_shardings(optimizer, params, mesh)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      jax.eval_shape(optimizer.init, params), shardings)
+
+
+def make_setup(name: str, *, fsdp: int, attention_chunk: int | None = None,
+               devices: Sequence[jax.Device] | None = None) -> Setup:
+  """The abstract trained state and the trainer's jitted functions for preset ``name``; the
+  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = dense)."""
+  train, mc = paper_train_config(name)
+  if attention_chunk is None:
+    attention_chunk = mc.attention_chunk
+  config = get_preset(name)
+  devices = list(jax.devices() if devices is None else devices)
+  if fsdp > len(devices):
+    raise ValueError(f"--fsdp={fsdp} needs {fsdp} devices, this process has {len(devices)} (set "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={fsdp})")
+  mesh = parallel.make_mesh(1, fsdp, 1, devices=devices[:fsdp])
+  return setup_for(name, config, train, mc, mesh, attention_chunk)
+
+
+def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh: Mesh,
+              attention_chunk: int) -> Setup:
+  """`make_setup` for an explicit config (tests use a tiny one)."""
+  model = nnx.eval_shape(lambda: Transformer(
+      config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
+      remat=mc.remat, scan_unroll=mc.scan_unroll, layer_loop="scan",
+      attention_chunk=attention_chunk))
+  graphdef, params = abstract_params(model, mesh)
+  optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
+  rep = NamedSharding(mesh, PartitionSpec())
+  state = ts.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), params,
+                        abstract_opt_state(optimizer, params, mesh), None, None)
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  step = ts.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
+                            state_shardings=shardings)
+  return Setup(name, config, train, mesh, graphdef, state, step, ts.make_scoring_fn(graphdef),
+               ref_bytes=device_bytes(params, mc.dtype), attention_chunk=attention_chunk)
+
+
+def abstract_micro_batch(layout: PackingLayout, width: int, mesh: Mesh) -> TrainBatch:
+  """A `TrainBatch` of `ShapeDtypeStruct`s: ``[R, L]`` packed rows over the batch axes, ``[S, W]``
+  / ``[S]`` per-sequence arrays replicated (`train_step.batch_shardings`)."""
+  r, l, s = layout.rows, layout.row_len, layout.slots
+  sh = ts.batch_shardings(mesh)
+  row = lambda: jax.ShapeDtypeStruct((r, l), jnp.int32, sharding=sh.rows)
+  rep = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sh.signal)
+  return TrainBatch(rows=PackedRows(*(row() for _ in range(6))),
+                    response_index=rep((s, width), jnp.int32),
+                    response_mask=rep((s, width), jnp.float32),
+                    old_logp=rep((s, width), jnp.float32), ref_logp=rep((s, width), jnp.float32),
+                    signal=rep((s,), jnp.float32), log_z=rep((s,), jnp.float32))
+
+
+def plan(setup: Setup, *, rows: int, row_len: int, with_score: bool = True) -> Plan:
+  """Compiles the micro step (and the scoring pass; the optimizer step once per setup)."""
+  rc, attention_chunk = setup.train.rollout, setup.attention_chunk
+  batch_shards = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+  if rows % batch_shards:
+    raise ValueError(f"--rows value {rows} must be a multiple of the {batch_shards} batch shards "
+                     "(rollout.micro_batch_rows must be, see rl/trainer.py)")
+  layout = PackingLayout(row_len=row_len, rows=rows, seqs_per_row=rc.seqs_per_row)
+  mb = abstract_micro_batch(layout, rc.max_response_len, setup.mesh)
+  lowered = setup.step.lower(setup.state, mb)
+  if setup.optim is None:
+    setup.optim = ProgramMemory.of(lowered["finish"])
+  score = ProgramMemory.of(setup.score.lower(setup.state.params, mb.rows)) if with_score else None
+  return Plan(setup.name, row_len, rows, setup.mesh.shape["fsdp"], attention_chunk,
+              ProgramMemory.of(lowered["micro"]), setup.optim, score,
+              adam_bytes=device_bytes(setup.state.opt_state), ref_bytes=setup.ref_bytes)
+
+
+def gib(n: int) -> str:
+  return f"{n / GIB:.2f}"
+
+
+TABLE_HEADER = ("model", "row_len", "rows", "tokens", "tok/dev", "attn", "args", "temp", "out",
+                "+adam", "micro", "optim", "score", "peak", "+ref", "fits")
+
+
+def table_row(p: Plan, capacity: int) -> tuple[str, ...]:
+  """One printed row (GiB per device; ``micro`` includes ``+adam``, see the module docstring)."""
+  m = p.micro
+  score = gib(p.score.peak + p.adam_bytes) if p.score is not None else "-"
+  return (p.model, str(p.row_len), str(p.rows), str(p.tokens), str(p.tokens // p.fsdp),
+          str(p.attention_chunk) if p.attention_chunk else "dense", gib(m.argument), gib(m.temp),
+          gib(m.output - m.alias), gib(p.adam_bytes), gib(m.peak + p.adam_bytes),
+          gib(p.optim.peak), score, gib(p.peak), gib(p.peak_with_ref),
+          "yes" if p.peak_with_ref <= capacity else "NO")
+
+
+def format_table(plans: Sequence[Plan], capacity: int) -> str:
+  """A Markdown table of ``plans`` (what docs/cluster.md quotes)."""
+  rows = [TABLE_HEADER] + [table_row(p, capacity) for p in plans]
+  widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
+  line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"
+  sep = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+  return "\n".join([line(rows[0]), sep] + [line(r) for r in rows[1:]])
+
+
+def largest_fit(setup: Setup, plans: Sequence[Plan], *, row_len: int, capacity: int,
+                log: Any = print) -> Plan | None:
+  """The most rows (a multiple of the batch shards) at ``row_len`` whose peak with the reference
+  fits ``capacity``: a line through the two largest measured sizes predicts it, compiling checks
+  it (stepping down, or up while the next size still fits). None when even the smallest does not.
+  """
+  shards = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+  known = {p.rows: p for p in plans if p.model == setup.name and p.row_len == row_len
+           and p.attention_chunk == setup.attention_chunk}
+
+  def measure(rows: int) -> Plan:
+    if rows not in known:
+      log(f"  search: compiling rows={rows} ...")
+      known[rows] = plan(setup, rows=rows, row_len=row_len, with_score=False)
+    return known[rows]
+
+  if not known:
+    measure(shards)
+  pts = sorted(known.items())
+  (r0, p0), (r1, p1) = (pts[0], pts[-1]) if len(pts) > 1 else (pts[0], (0, None))
+  if p1 is None:
+    slope = p0.peak_with_ref / r0  # one point: proportional
+    base = 0.0
+  else:
+    slope = (p1.peak_with_ref - p0.peak_with_ref) / (r1 - r0)
+    base = p0.peak_with_ref - slope * r0
+  guess = max(shards, int((capacity - base) / max(slope, 1)) // shards * shards)
+  rows = guess
+  while rows >= shards and measure(rows).peak_with_ref > capacity:
+    rows -= shards
+  if rows < shards:
+    return None
+  while measure(rows + shards).peak_with_ref <= capacity:
+    rows += shards
+  return known[rows]
+
+
+def int_list(flag: str, text: str) -> list[int]:
+  """``'8,16'`` -> ``[8, 16]``, with an error naming ``flag``."""
+  try:
+    values = [int(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    raise SystemExit(f"{flag}={text!r}: expected comma-separated integers") from None
+  if not values or min(values) < 1:
+    raise SystemExit(f"{flag}={text!r}: expected positive integers")
+  return values
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The command line (see the module docstring); ``--quick`` shrinks the defaults."""
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                  help="model presets (disa_jax/models/config.py PRESETS), comma-separated")
+  ap.add_argument("--rows", default="8,16,32,64", help="rows per micro-batch (multiples of fsdp)")
+  ap.add_argument("--row-lens", default="4096,8192,18432",
+                  help="tokens per packed row (18432 = the paper config's 2048 + 16384)")
+  ap.add_argument("--attention-chunk", type=int, default=None,
+                  help="query block of the attention (0 = dense [T, T] scores); default: the "
+                  "paper config's model.attention_chunk")
+  ap.add_argument("--fsdp", type=int, default=8, help="FSDP axis size (fake CPU devices)")
+  ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
+  ap.add_argument("--dense-check", action=argparse.BooleanOptionalAction, default=True,
+                  help="also compile dense attention at the largest row length, rows = fsdp")
+  ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
+                  help="find the most rows that fit at the largest row length")
+  ap.add_argument("--quick", action="store_true",
+                  help="qwen3-4b-base, rows 8,16, row length 18432, no dense check or search")
+  args = ap.parse_args(argv)
+  if args.quick:
+    args.models, args.rows, args.row_lens = "qwen3-4b-base", "8,16", "18432"
+    args.dense_check = args.search = False
+  args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+  for m in args.models:
+    get_preset(m)  # an unknown name raises, listing the presets
+  args.rows, args.row_lens = int_list("--rows", args.rows), int_list("--row-lens", args.row_lens)
+  if args.attention_chunk is not None and args.attention_chunk < 0:
+    raise SystemExit(f"--attention-chunk={args.attention_chunk}: must be >= 0 (0 = dense)")
+  if args.fsdp < 1:
+    raise SystemExit(f"--fsdp={args.fsdp}: must be >= 1")
+  return args
+
+
+def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[Plan], list[str]]:
+  """The table rows of one model, then (optionally) its largest fit and the dense comparison."""
+  t0 = time.perf_counter()
+  setup = make_setup(name, fsdp=args.fsdp, attention_chunk=args.attention_chunk)
+  plans, notes = [], []
+  for row_len in args.row_lens:
+    for rows in args.rows:
+      plans.append(plan(setup, rows=rows, row_len=row_len))
+      print(f"  {name} row_len={row_len} rows={rows}: peak+ref "
+            f"{gib(plans[-1].peak_with_ref)} GiB/device", flush=True)
+  longest = max(args.row_lens)
+  if args.search:
+    best = largest_fit(setup, plans, row_len=longest, capacity=capacity)
+    if best is not None and best not in plans:
+      plans.append(best)
+    notes.append(f"{name}: largest micro-batch that fits {args.capacity_gib:g} GiB/device at "
+                 f"row_len={longest}: " + (
+                     f"{best.tokens} tokens ({best.rows} rows, {best.tokens // args.fsdp} per "
+                     f"device; peak+ref {gib(best.peak_with_ref)} GiB)" if best else
+                     f"none (rows={args.fsdp} already needs more)"))
+  if args.dense_check and setup.attention_chunk:
+    dense = plan(make_setup(name, fsdp=args.fsdp, attention_chunk=0), rows=args.fsdp,
+                 row_len=longest)
+    plans.append(dense)
+    notes.append(f"{name}: dense attention at row_len={longest}, rows={args.fsdp}: peak+ref "
+                 f"{gib(dense.peak_with_ref)} GiB/device (micro temp {gib(dense.micro.temp)} GiB)")
+  notes.append(f"{name}: {time.perf_counter() - t0:.0f} s")
+  return plans, notes
+
+
+def stage3_notes(name: str) -> list[str]:
+  """What the paper config's trainer would run: its micro-batch and its attention."""
+  train, mc = paper_train_config(name)
+  rc = train.rollout
+  row_len = rc.row_len or rc.max_prompt_len + rc.max_response_len
+  return [f"paper config (configs/stage3_paper.py:disa,{name},math): row_len={row_len}, "
+          f"micro_batch_rows={rc.micro_batch_rows}: {row_len * rc.micro_batch_rows} tokens per "
+          f"micro-batch; model.attention_chunk={mc.attention_chunk or '0 (dense)'} (the policy "
+          "and the reference are built with it)"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  args = parse_args(argv)
+  t0 = time.perf_counter()
+  capacity = int(args.capacity_gib * GIB)
+  print(f"JAX {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices; "
+        f"fsdp={args.fsdp}; settings of configs/stage3_paper.py:disa,<model>,math "
+        f"(bf16 compute, f32 params + AdamW, remat, layer scan); attention_chunk=" + (
+            str(args.attention_chunk or "dense") if args.attention_chunk is not None else
+            "/".join(sorted({str(paper_train_config(m)[1].attention_chunk or "dense")
+                             for m in args.models})) + " (the config's model.attention_chunk)"),
+        flush=True)
+  plans, notes = [], []
+  for name in args.models:
+    p, n = run_model(name, args, capacity)
+    plans += p
+    notes += n
+  print("\nGiB per device. args/temp/out: the micro step's arguments (params, grad accumulator, "
+        "batch), temporaries, outputs not aliased;\n+adam: AdamW moments (resident); micro = "
+        "args + temp + out + adam; optim: the AdamW step; score: pi_old forward + adam;\n"
+        "peak: max(micro, optim, score); +ref: plus the frozen bf16 reference; fits: +ref <= "
+        f"{args.capacity_gib:g} GiB.\n")
+  print(format_table(plans, capacity))
+  print()
+  for n in notes + stage3_notes(args.models[0]):
+    print(n)
+  print(f"\n{CAVEATS}\n\ntotal runtime {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+  main()
