@@ -243,12 +243,15 @@ def shared_prompt_units(prompts: Sequence[Sequence[int]], responses: Sequence[Se
   check_fits(sequence_lengths(prompts, responses), layout.row_len)
   groups: dict[tuple[int, ...], list[int]] = {}
   for i, p in enumerate(prompts):
-    groups.setdefault(tuple(int(t) for t in p), []).append(i)
+    groups.setdefault(tuple(np.asarray(p, np.int64).tolist()), []).append(i)
   units = []
   for members in groups.values():
     room = layout.row_len - len(prompts[members[0]])
-    bins = first_fit_decreasing(np.asarray([len(responses[i]) for i in members], np.int64),
-                                room, layout.seqs_per_row)
+    lengths = np.asarray([len(responses[i]) for i in members], np.int64)
+    if lengths.sum() <= room and len(members) <= layout.seqs_per_row:
+      units.append(members)  # the whole group fits in one unit
+      continue
+    bins = first_fit_decreasing(lengths, room, layout.seqs_per_row)
     units += [sorted(members[j] for j in b) for b in bins]
   return units
 
