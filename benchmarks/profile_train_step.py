@@ -170,14 +170,14 @@ def build_generate(model: models.Transformer) -> tuple[Callable[[], Any], Callab
   generate = lambda: sampler.generate(prompts, SamplingParams(
       n=8, temperature=1.0, max_tokens=8, stop_token_ids=(2,), seed=next(calls)))
   generate()
-  (num_new, jitted), = sampler._fns.items()  # pylint: disable=protected-access
+  (key, jitted), = sampler._fns.items()  # pylint: disable=protected-access
   recorded = []
 
   def recording(*a):
     recorded[:] = a
     return jitted(*a)
 
-  sampler._fns[num_new] = recording  # pylint: disable=protected-access
+  sampler._fns[key] = recording  # pylint: disable=protected-access
   generate()
   return generate, lambda: jitted.lower(*recorded)
 
