@@ -18,7 +18,8 @@ Phases, each a separate jitted function on the same parameters:
 - ``train_step``: the trainer's update (`disa_jax.rl.train_step.make_train_step`, GRPO, one
   on-policy mini-batch of all micro-batches, a 1-device mesh, as in the TRL bench; no HLO counts:
   it is several jitted programs);
-- ``host_pack``: building and placing the micro-batches on the host (`TrainSequences.micro_batches`);
+- ``host_pack``: building and placing the micro-batches on the host
+  (`TrainSequences.micro_batches`);
 - ``generate``: `JaxSampler.generate` in this process (8 prompts x 8 samples of at most 8 new
   tokens at temperature 1 on the peer shape; host packing and unpacking included; no HLO counts).
 

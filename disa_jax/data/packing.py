@@ -51,7 +51,8 @@ class PackedRows:
     prompt_mask: ``[R, L]`` int32, 1 on prompt tokens.
     response_mask: ``[R, L]`` int32, 1 on response tokens.
     token_slot: ``[R, L]`` int32, the sequence slot in ``[0, S)`` of each token; S on padding.
-      A shared prompt's tokens carry the slot of the unit's first response (`PackedBatch.prompt_slot`).
+      A shared prompt's tokens carry the slot of its unit's first response
+      (`PackedBatch.prompt_slot`).
     branch_ids: ``[R, L]`` int32 with shared prompts (0 on prompt tokens and padding, k on the
       k-th response of the token's unit, 1-based); None without (`PackingLayout.share_prompts`).
   """

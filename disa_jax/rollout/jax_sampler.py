@@ -2,10 +2,10 @@
 
 One jitted function per shape bucket runs the prefill and the whole decode loop (`lax.while_loop`,
 which exits as soon as every sequence has emitted a stop token). The n samples of a prompt share
-one prefill: the prompt runs once and its KV cache is repeated to its n rows. Prompts are left-padded; the batch
-size, the padded prompt length and the number of new tokens are rounded up to powers of two, and the
-sampling parameters (temperature, top-k, top-p, stop tokens, max_tokens) are traced values, so new
-prompt lengths or parameters do not recompile.
+one prefill: the prompt runs once and its KV cache is repeated to its n rows. Prompts are
+left-padded; the batch size, the padded prompt length and the number of new tokens are rounded up
+to powers of two, and the sampling parameters (temperature, top-k, top-p, stop tokens,
+max_tokens) are traced values, so new prompt lengths or parameters do not recompile.
 
 Randomness: each sample (prompt p, sample j) draws from its own key `fold_in(fold_in(key(seed), p),
 j)`, folded with the step index, so a sample does not depend on what else is in the batch.

@@ -191,7 +191,8 @@ def test_shared_prompts_place_every_sequence_once_with_one_prompt_per_unit(seed)
   unshared = packing.pack(prompts, responses, packing.PackingLayout(row_len=20, rows=3,
                                                                     seqs_per_row=4), pad_id=0)
   real = lambda bs: sum(b.num_real_tokens for b in bs)
-  first = [(b, s) for b in batches for s in np.flatnonzero(b.seq_index >= 0) if b.prompt_slot[s] == s]
+  first = [(b, s) for b in batches for s in np.flatnonzero(b.seq_index >= 0)
+           if b.prompt_slot[s] == s]
   # Computed real tokens: every response, and each unit's prompt once.
   assert real(batches) == sum(len(q) for q in responses) + sum(
       int(b.prompt_len[s]) for b, s in first)

@@ -92,7 +92,8 @@ def test_share_prompts_needs_packing_and_reaches_the_layout():
     RolloutConfig(packing=False, share_prompts=True)
   d = stage3_paper.get_config("grpo,qwen2.5-7b,math").to_dict()
   d["train"]["rollout"]["share_prompts"] = "yes"
-  with pytest.raises(ValueError, match=r"config.train.rollout.share_prompts must be bool, got 'yes'"):
+  with pytest.raises(ValueError,
+                     match=r"config.train.rollout.share_prompts must be bool, got 'yes'"):
     Stage3Config.from_config(d)
   rc = RolloutConfig(max_prompt_len=16, max_response_len=8, share_prompts=True)
   assert rc.layout([5], 8).share_prompts and not RolloutConfig().layout([5], 8).share_prompts
