@@ -23,7 +23,10 @@ pooled per side (the first 3 steps of each of our blocks are compilation and are
 and medians with min-max, ratios TRL time / ours, and our per-phase medians (min-max) are printed.
 
     python benchmarks/bench_stage3_vs_trl.py --trl-python /tmp/trl_venv/bin/python [--steps 30 --blocks 2]
-        [--variants base,new+nomalloc,new --baseline-rev 9d450af]
+        [--variants base,new+nomalloc,new --baseline-rev 9d450af] [--layout shared|padded|packed]
+
+Our update runs on ``--layout`` (default 'shared': each prompt once per row, followed by its G
+responses; `LAYOUTS` lists the layouts and what each measured).
 """
 from __future__ import annotations
 
@@ -68,7 +71,27 @@ def run_trl(trl_python: str, peer: str, workdir: Path, steps: int, model: str | 
   return json.loads((workdir / "summary.json").read_text())
 
 
-def run_ours(model_dir: str, workdir: Path, steps: int, seed: int) -> list[dict]:
+# Our update's micro-batch layout (``--layout``; `disa_jax.rl.config.RolloutConfig` fields). The
+# sequences are 18-19 prompt tokens + 1-8 response tokens, G = 8 per prompt. TRL step / ours, 3
+# blocks x 30 steps, 2-core CPU shared with other jobs (load ~1.4):
+# - 'shared': each prompt once in a row of 88 = 19 + 8 x 8 tokens, followed by its 8 responses
+#   (8 rows x 88 = 704 tokens per update instead of 2,048; one row per group whatever the response
+#   lengths, so one micro-batch, always): 1.45x (TRL 0.092 s, ours 0.063 s: train 0.032,
+#   generate 0.021, sync 0.0075);
+# - 'padded' (64 rows x 32, one sequence per row): 1.07x (train 0.064, generate 0.019); 0.77x
+#   before the sampler's shared prefill (generate 0.037);
+# - 'packed' (rows of 72 tokens, no sharing): 0.57x before the sampler's shared prefill (~24-token
+#   sequences: 3 rarely fit a row, so 23-27 rows, often 2 micro-batches of 24 x 72).
+# The code before packing (attention-mask padding) measured 0.96x.
+LAYOUTS = {
+    "shared": dict(packing=True, share_prompts=True, row_len=88, micro_batch_rows=8),
+    "packed": dict(packing=True, micro_batch_rows=24),
+    "padded": dict(packing=False, micro_batch_rows=64),
+}
+
+
+def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str = "shared"
+             ) -> list[dict]:
   """Our GRPO loop (`disa_jax.rl.trainer.Trainer`) on the peer's model, task and settings."""
   import jax
   from transformers import AutoTokenizer
@@ -90,9 +113,7 @@ def run_ours(model_dir: str, workdir: Path, steps: int, seed: int) -> list[dict]
       objective=dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0),
       optim=dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0),
       rollout=dict(prompts_per_batch=8, group_size=8, max_prompt_len=64, max_response_len=8,
-                   num_minibatches=1, micro_batch_rows=64, packing=False),
-      # ~20-token sequences: padding measured 0.77x TRL here, packing (24 rows of 72) 0.57x, the
-      # code before packing 0.96x (issue 14: the packed path's overhead at this size is open)
+                   num_minibatches=1, **LAYOUTS[layout]),
       checkpoint=dict(every=10 ** 6, keep=1, async_save=True), validation=dict(every=0),
       seed=seed, total_steps=steps, progress_bar=False, tensorboard=False), "bench")
   with make_engine("jax", model_dir) as engine:
@@ -121,7 +142,7 @@ def extract_tree(rev: str, dest: Path) -> Path:
 
 
 def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, steps: int,
-                   seed: int) -> list[dict]:
+                   seed: int, layout: str) -> list[dict]:
   """Our GRPO run in a child process importing `disa_jax` from `tree`; returns its history."""
   out = workdir / "history.json"
   env = dict(os.environ, PYTHONPATH=str(tree), CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
@@ -131,6 +152,7 @@ def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, step
     env["DISA_HOST_MALLOC"] = "0"  # `disa_jax.runtime` leaves glibc's defaults
   args = [sys.executable, __file__, "--child", json.dumps(
       {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
+       "layout": layout,
        "out": str(out)})]
   proc = subprocess.run(args, env=env, capture_output=True, text=True)
   if proc.returncode != 0:
@@ -146,7 +168,8 @@ def _child(spec: str) -> None:
   except ImportError:
     pass
   Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
-  hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"])
+  hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"],
+                  layout=s["layout"])
   Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
 
 
@@ -161,6 +184,8 @@ def _parse_args():
                   help="comma list of base | new, each optionally +malloc (GLIBC_TUNABLES) or "
                        "+nomalloc (DISA_HOST_MALLOC=0)")
   ap.add_argument("--baseline-rev", default=None, help="git revision of the 'base' variant")
+  ap.add_argument("--layout", choices=sorted(LAYOUTS), default="shared",
+                  help="our update's micro-batch layout (a base tree must know its fields)")
   ap.add_argument("--warm-model", default=None,
                   help="reuse this warmed-up peer model dir (skips the peer's build and warm-up)")
   ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -169,7 +194,8 @@ def _parse_args():
 
 def _print_summary(args, trl_steps, trl_gen, ours, rewards) -> None:
   mt = statistics.median(trl_steps)
-  print(f"\nGRPO step (8 prompts x 8 samples, <= 8 new tokens), {args.blocks} alternating blocks of "
+  print(f"\nGRPO step (8 prompts x 8 samples, <= 8 new tokens; our layout {args.layout}), "
+        f"{args.blocks} alternating blocks of "
         f"{args.steps} steps; load average now {os.getloadavg()[0]:.1f}")
   print(f"  TRL GRPOTrainer : {_stats(trl_steps)}; its generate {_stats(trl_gen)}")
   for v, d in ours.items():
@@ -226,7 +252,7 @@ def main():
     for v in variants:
       wd = work / f"ours_{v}_{b}"
       shutil.rmtree(wd, ignore_errors=True)
-      hist = run_ours_child(v, trees[v.split("+")[0]], str(warm), wd, args.steps, b)
+      hist = run_ours_child(v, trees[v.split("+")[0]], str(warm), wd, args.steps, b, args.layout)
       for k in PHASES:
         ours[v][k].extend(h[k] for h in hist[3:])
       ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])

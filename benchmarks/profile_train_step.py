@@ -2,16 +2,24 @@
 
 Shapes (``--shape``):
 - ``peer``: the TRL bench's tiny Qwen3 (vocab 113, d=128, mlp 256, 2 layers, 4 heads / 2 kv heads,
-  head_dim 32, untied) on its GRPO batch: 64 rows x 32 columns (18-19 prompt tokens, 1-8 response
-  tokens, right padding to a multiple of 16, as the trainer packs it);
-- ``d512``: `bench_models_speed.py`'s Qwen3 (vocab 32,000, d=512, 4 layers) on 8 x 512 real tokens.
+  head_dim 32, untied) on its GRPO batch: 8 prompts of 18-19 tokens x G=8 responses of 1-8 tokens;
+- ``d512``: `bench_models_speed.py`'s Qwen3 (vocab 32,000, d=512, 4 layers) on 2 prompts x G=4
+  sequences of 256 + 256 tokens.
 
-Phases, each a separate jitted function on the same parameters and batch:
-- ``forward``: `scoring.token_logprobs` (no gradient);
-- ``fwd+bwd``: value and gradient of a GRPO-like token loss through `token_logprobs`;
+Layouts (``--layout``, `disa_jax.data.packing.PackingLayout`): ``padded`` (one sequence per row,
+right-padded to a multiple of 16, all rows in one micro-batch: the bench's ``packing=False``),
+``packed`` (``--rows`` x ``--row-len`` tokens, several sequences per row) and ``shared`` (packed
+with ``share_prompts``: each prompt once per row, followed by its responses).
+
+Phases, each a separate jitted function on the same parameters:
+- ``forward``: `train_step.policy_forward` on the first micro-batch (no gradient);
+- ``fwd+bwd``: value and gradient of a GRPO-like token loss through it;
 - ``optimizer``: the trainer's optimizer (clip by global norm + AdamW) on given gradients;
-- ``train_step``: the trainer's jitted update (`disa_jax.rl.train_step.make_train_step`, GRPO, one
-  on-policy mini-batch, a 1-device mesh and the model's sharding constraints, as in the TRL bench);
+- ``train_step``: the trainer's update (`disa_jax.rl.train_step.make_train_step`, GRPO, one
+  on-policy mini-batch of all micro-batches, a 1-device mesh, as in the TRL bench; no HLO counts:
+  it is several jitted programs);
+- ``host_pack``: building and placing the micro-batches on the host
+  (`TrainSequences.micro_batches`);
 - ``generate``: `JaxSampler.generate` in this process (8 prompts x 8 samples of at most 8 new
   tokens at temperature 1 on the peer shape; host packing and unpacking included; no HLO counts).
 
@@ -21,7 +29,8 @@ and the thunks that take the time (from a `jax.profiler` trace: microseconds per
 threads, call count, share, and what a fusion contains).
 
     python benchmarks/profile_train_step.py [--shape peer|d512] [--reps 20] [--top 15]
-        [--chunk N] [--unroll 1] [--remat] [--trace-dir DIR] [--phases forward,fwd+bwd,...]
+        [--layout padded|packed|shared --rows 24 --row-len 72 --seqs-per-row 16] [--unroll 1]
+        [--remat] [--trace-dir DIR] [--phases forward,fwd+bwd,...]
 """
 from __future__ import annotations
 
@@ -39,10 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from disa_jax import models, parallel, scoring
-from disa_jax.estimators import RewardTransform
+from disa_jax import models, parallel
+from disa_jax.data import packing
+from disa_jax.rl import objectives
 from disa_jax.rl import train_step as ts
-from disa_jax.rl.config import LossCfg
+from disa_jax.rl.batch import TrainSequences
 
 SHAPES = {
     "peer": dict(vocab_size=113, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
@@ -62,51 +72,63 @@ def make_model(shape: str, *, remat: bool, unroll: int) -> models.Transformer:
   return models.Transformer(config, rngs=nnx.Rngs(0), remat=remat, scan_unroll=unroll)
 
 
-def make_batch(shape: str, vocab: int) -> dict[str, np.ndarray]:
-  """A packed GRPO batch `[B, T]` (+ `[B]` row fields) with the trainer's layout and padding."""
+def make_sequences(shape: str, vocab: int) -> TrainSequences:
+  """The shape's GRPO batch as the update's per-sequence inputs (prompt-major groups of G
+  sequences sharing one prompt).
+
+  peer: 8 prompts x G=8, prompts of 18-19 tokens, responses of 1-8 tokens (W = 8);
+  d512: 2 prompts x G=4, prompts and responses of 256 tokens (W = 256).
+  """
   rng = np.random.default_rng(0)
   if shape == "peer":
-    b, t = 64, 32
-    plen = rng.integers(18, 20, b)
-    rlen = rng.integers(1, 9, b)
+    p, g, w = 8, 8, 8
+    plen = rng.integers(18, 20, p)
+    rlen = rng.integers(1, w + 1, p * g)
   else:
-    b, t = 8, 512
-    plen = np.full(b, 256)
-    rlen = np.full(b, 256)
-  cols = np.arange(t)[None]
-  attn = (cols < (plen + rlen)[:, None]).astype(np.int32)
-  resp = ((cols >= plen[:, None]) & (attn > 0)).astype(np.float32)
-  return {
-      "input_ids": rng.integers(0, vocab, (b, t)).astype(np.int32),
-      "attention_mask": attn,
-      "prompt_mask": (cols < plen[:, None]).astype(np.float32),
-      "response_mask": resp,
-      "old_logp": np.zeros((b, t), np.float32),
-      "ref_logp": np.zeros((b, t), np.float32),
-      "reward": np.zeros(b, np.float32),
-      "advantage": rng.normal(size=b).astype(np.float32),
-      "log_z": np.zeros(b, np.float32),
-  }
+    p, g, w = 2, 4, 256
+    plen = np.full(p, 256)
+    rlen = np.full(p * g, w)
+  prompts = [rng.integers(3, vocab, int(n)).astype(np.int32) for n in plen]
+  n = p * g
+  return TrainSequences(
+      prompts=[prompts[i // g] for i in range(n)],
+      responses=[rng.integers(3, vocab, int(r)).astype(np.int32) for r in rlen],
+      old_logp=np.zeros((n, w), np.float32), ref_logp=np.zeros((n, w), np.float32),
+      signal=rng.normal(size=n).astype(np.float32), log_z=np.zeros(n, np.float32))
 
 
-def build_phases(model: models.Transformer, batch: dict[str, np.ndarray], chunk: int | None
-                 ) -> dict[str, Callable[[], Any]]:
-  """name -> zero-argument callable running one jitted phase (outputs not donated)."""
+def make_layout(args, seqs: TrainSequences) -> packing.PackingLayout:
+  """``--layout``: 'padded' (one sequence per row, padded to a multiple of 16, all rows in one
+  micro-batch, as the TRL bench runs it), 'packed' (``--rows`` x ``--row-len``, FFD) or 'shared'
+  (packed, each prompt once per row with its responses: ``share_prompts``)."""
+  n = len(seqs.prompts)
+  if args.layout == "padded":
+    longest = max(len(p) + len(r) for p, r in zip(seqs.prompts, seqs.responses))
+    return packing.PackingLayout(packing=False, row_len=-(-longest // 16) * 16, rows=n)
+  return packing.PackingLayout(row_len=args.row_len, rows=args.rows,
+                               seqs_per_row=args.seqs_per_row,
+                               **({"share_prompts": True} if args.layout == "shared" else {}))
+
+
+def build_phases(model: models.Transformer, seqs: TrainSequences, layout: packing.PackingLayout
+                 ) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
+  """name -> zero-argument callable running one jitted phase (outputs not donated), and name ->
+  its lowering. The model phases run on the layout's first micro-batch; ``train_step`` on all."""
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
-  kw = {} if chunk is None else {"chunk_size": chunk}
-  logprob_fn = lambda m, ids, attn: scoring.token_logprobs(m, ids, attn, **kw)
   optimizer = ts.make_optimizer(1e-4, weight_decay=0.0, grad_clip=1.0)
   graphdef, _, state, shardings = ts.init_train_state(model, optimizer, mesh=mesh)
   params = state.params
-  ids, attn = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
-  resp, adv = jnp.asarray(batch["response_mask"]), jnp.asarray(batch["advantage"])
+  micro = seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)
+  placed = [ts.place_micro_batch(mb, mesh) for mb in micro]
+  mb0 = placed[0]
 
   def loss(p):
-    lp = logprob_fn(nnx.merge(graphdef, p), ids, attn)
-    return -jnp.sum(jnp.exp(lp - jax.lax.stop_gradient(lp)) * adv[:, None] * resp) / resp.sum()
+    logp, _ = ts.policy_forward(nnx.merge(graphdef, p), mb0)  # [S, W]
+    m = mb0.response_mask
+    return -jnp.sum(jnp.exp(logp - jax.lax.stop_gradient(logp)) * mb0.signal[:, None] * m) / m.sum()
 
-  forward = jax.jit(lambda p: logprob_fn(nnx.merge(graphdef, p), ids, attn))
+  forward = jax.jit(lambda p: ts.policy_forward(nnx.merge(graphdef, p), mb0)[0])
   fwd_bwd = jax.jit(jax.value_and_grad(loss))
   grads = jax.tree.map(lambda x: jnp.full_like(x, 1e-3), params)
 
@@ -115,23 +137,23 @@ def build_phases(model: models.Transformer, batch: dict[str, np.ndarray], chunk:
     updates, o = optimizer.update(g, o, p)
     return ts.optax.apply_updates(p, updates), o
 
-  loss_cfg = LossCfg(method="grpo", beta=1.0, length_normalize=False,
-                     reward_transform=RewardTransform("raw"), omega_mode="one", eps_low=0.2,
-                     eps_high=0.2)
-  update = ts.make_train_step(graphdef, loss_cfg, optimizer, logprob_fn=logprob_fn, mesh=mesh,
-                              state_shardings=shardings, donate=False, on_policy_old_logp=True,
-                              use_ref=False)
-  micro = {k: jnp.asarray(v)[None] for k, v in batch.items()}  # [B, ...] -> [K=1, B, ...]
+  update = ts.make_train_step(graphdef, objectives.Grpo(), optimizer, mesh=mesh,
+                              state_shardings=shardings, donate=False, on_policy_old_logp=True)
+  update(state, placed)  # builds the accumulator's initialiser
+  host = lambda: [ts.place_micro_batch(mb, mesh) for mb in
+                  seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)]
   return {
       "forward": lambda: forward(params),
       "fwd+bwd": lambda: fwd_bwd(params),
       "optimizer": lambda: opt(params, state.opt_state, grads),
-      "train_step": lambda: update(state, micro),
+      "train_step": lambda: update(state, placed),
+      "host_pack": host,
   }, {
       "forward": lambda: forward.lower(params),
       "fwd+bwd": lambda: fwd_bwd.lower(params),
       "optimizer": lambda: opt.lower(params, state.opt_state, grads),
-      "train_step": lambda: update.lower(state, micro),
+      "train_step": None,
+      "host_pack": None,
   }
 
 
@@ -149,14 +171,14 @@ def build_generate(model: models.Transformer) -> tuple[Callable[[], Any], Callab
   generate = lambda: sampler.generate(prompts, SamplingParams(
       n=8, temperature=1.0, max_tokens=8, stop_token_ids=(2,), seed=next(calls)))
   generate()
-  (num_new, jitted), = sampler._fns.items()  # pylint: disable=protected-access
+  (key, jitted), = sampler._fns.items()  # pylint: disable=protected-access
   recorded = []
 
   def recording(*a):
     recorded[:] = a
     return jitted(*a)
 
-  sampler._fns[num_new] = recording  # pylint: disable=protected-access
+  sampler._fns[key] = recording  # pylint: disable=protected-access
   generate()
   return generate, lambda: jitted.lower(*recorded)
 
@@ -281,17 +303,19 @@ def report_phase(name: str, lowered, fn, args, times: list[float]) -> None:
   print(f"  thunks per call: {sum(v[1] for v in prof.values()):.0f}, their summed time "
         f"{total / 1e3:.2f} ms (all threads; loops: " + ", ".join(
             f"{k} {us / 1e3:.2f} ms" for k, (us, _) in loops.items()) + ")")
-  by_kind: collections.Counter = collections.Counter()
-  for k, (us, _) in prof.items():
-    by_kind[_kind(desc.get(k, k))] += us
-  print("  by kind (ms/call): " + ", ".join(f"{k} {v / 1e3:.2f}" for k, v in by_kind.most_common()))
-  by_scope: collections.Counter = collections.Counter()
-  n_scope: collections.Counter = collections.Counter()
-  for k, (us, count) in prof.items():
-    by_scope[scopes.get(k, "fwd/other")] += us
-    n_scope[scopes.get(k, "fwd/other")] += count
-  print("  by scope (ms/call, thunks): " + ", ".join(
-      f"{k} {v / 1e3:.2f} ({n_scope[k]:.0f})" for k, v in by_scope.most_common()))
+  if text:  # kinds and scopes come from the compiled HLO
+    by_kind: collections.Counter = collections.Counter()
+    for k, (us, _) in prof.items():
+      by_kind[_kind(desc.get(k, k))] += us
+    print("  by kind (ms/call): " + ", ".join(f"{k} {v / 1e3:.2f}"
+                                               for k, v in by_kind.most_common()))
+    by_scope: collections.Counter = collections.Counter()
+    n_scope: collections.Counter = collections.Counter()
+    for k, (us, count) in prof.items():
+      by_scope[scopes.get(k, "fwd/other")] += us
+      n_scope[scopes.get(k, "fwd/other")] += count
+    print("  by scope (ms/call, thunks): " + ", ".join(
+        f"{k} {v / 1e3:.2f} ({n_scope[k]:.0f})" for k, v in by_scope.most_common()))
   for k, (us, count) in sorted(prof.items(), key=lambda kv: -kv[1][0])[:args.top]:
     print(f"    {us:9.1f} us {100 * us / total:5.1f}%  x{count:<4.0f} {k:32s} "
           f"{scopes.get(k, ''):15s} {desc.get(k, '')}")
@@ -317,19 +341,26 @@ def main() -> None:
   ap.add_argument("--reps", type=int, default=20)
   ap.add_argument("--trace-calls", type=int, default=15)
   ap.add_argument("--top", type=int, default=15)
-  ap.add_argument("--chunk", type=int, default=None, help="token_logprobs chunk_size (default: its own)")
+  ap.add_argument("--layout", choices=("padded", "packed", "shared"), default="padded")
+  ap.add_argument("--rows", type=int, default=24, help="packed layouts: rows per micro-batch")
+  ap.add_argument("--row-len", type=int, default=72, help="packed layouts: tokens per row")
+  ap.add_argument("--seqs-per-row", type=int, default=16, help="packed layouts: slots per row")
   ap.add_argument("--unroll", type=int, default=1)
   ap.add_argument("--remat", action="store_true")
   ap.add_argument("--trace-dir", default=None, help="where traces are written (default: a temp dir)")
-  ap.add_argument("--phases", default="forward,fwd+bwd,optimizer,train_step,generate")
+  ap.add_argument("--phases", default="forward,fwd+bwd,optimizer,train_step,host_pack,generate")
   ap.add_argument("--dump-hlo", default=None, help="write each phase's compiled HLO text here")
   args = ap.parse_args()
   model = make_model(args.shape, remat=args.remat, unroll=args.unroll)
-  batch = make_batch(args.shape, model.config.vocab_size)
-  print(f"jax {jax.__version__}; shape {args.shape} {SHAPES[args.shape]}; batch "
-        f"{batch['input_ids'].shape} ({int(batch['attention_mask'].sum())} real tokens); "
-        f"chunk={args.chunk} unroll={args.unroll} remat={args.remat}")
-  fns, lowered = build_phases(model, batch, args.chunk)
+  seqs = make_sequences(args.shape, model.config.vocab_size)
+  layout = make_layout(args, seqs)
+  micro = seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)
+  real = sum(len(p) + len(r) for p, r in zip(seqs.prompts, seqs.responses))
+  print(f"jax {jax.__version__}; shape {args.shape} {SHAPES[args.shape]}; {len(seqs.prompts)} "
+        f"sequences ({real} tokens); layout {layout}: {len(micro)} micro-batch(es) of "
+        f"{micro[0].rows.input_ids.shape} rows, {micro[0].num_slots} slots; "
+        f"unroll={args.unroll} remat={args.remat}")
+  fns, lowered = build_phases(model, seqs, layout)
   fns["generate"], lowered["generate"] = build_generate(
       make_model(args.shape, remat=False, unroll=args.unroll))
   wanted = [p for p in args.phases.split(",") if p]

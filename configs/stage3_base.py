@@ -91,6 +91,9 @@ def get_config() -> ml_collections.ConfigDict:
   # micro-batches of a mini-batch are a token budget of micro_batch_rows x row_len tokens each.
   t.rollout.micro_batch_rows = 8
   t.rollout.seqs_per_row = 16  # Most sequences in one packed row.
+  # Packing only: each prompt once per row, followed by its responses (each attends to the prompt
+  # and to itself only: the same log-probs and gradients, the prompt computed once, not G times).
+  t.rollout.share_prompts = False
 
   t.replay = ml_collections.ConfigDict()  # Stage 1 replay (beyond the paper; DISA / FlowRL only)
   t.replay.fraction = 0.0  # k / G: Stage 1 samples per prompt's group, over G (0 = paper recipe).

@@ -15,10 +15,21 @@ sequence slots. Only the number of micro-batches varies (callers loop over them;
 filled with empty rows). Padding mode with ``row_len=0`` pads each micro-batch to its longest
 sequence rounded up to ``pad_to`` instead (today's padding: one shape per length bucket).
 
+Shared prompts (``PackingLayout(share_prompts=True)``, packing only): sequences whose prompts are
+the same tokens are grouped, and a row holds each prompt once, followed by its responses (a
+*unit*: one segment). ``branch_ids`` tell the responses apart (0 on the prompt, k on the unit's
+k-th response); a response token attends causally to its own response and to the prompt, never to
+a sibling response, and its positions continue from the prompt's (P, P + 1, ...), so every token
+gets exactly the states it would get in a row of its own. A group too long for one row is split
+into several units, each with its own copy of the prompt; units are placed first-fit-decreasing.
+With G responses per prompt this computes the prompt once instead of G times (the RL update and
+its scoring passes, where G sequences share each prompt).
+
 Index maps lead back to the per-sequence layout: for slot s, `PackedBatch.seq_index[s]` is the
-caller's sequence (-1: an empty slot), ``seq_row / seq_offset`` where it starts, ``prompt_len /
-response_len`` its parts; `PackedBatch.response_index` gives the ``[S, W]`` positions of each
-response's tokens in the flattened ``[R * L]`` rows. Pure NumPy, on the host.
+caller's sequence (-1: an empty slot), ``seq_row / seq_offset`` where its prompt starts,
+``response_offset`` where its response starts, ``prompt_len / response_len`` its parts;
+`PackedBatch.response_index` gives the ``[S, W]`` positions of each response's tokens in the
+flattened ``[R * L]`` rows. Pure NumPy, on the host.
 """
 from __future__ import annotations
 
@@ -40,6 +51,10 @@ class PackedRows:
     prompt_mask: ``[R, L]`` int32, 1 on prompt tokens.
     response_mask: ``[R, L]`` int32, 1 on response tokens.
     token_slot: ``[R, L]`` int32, the sequence slot in ``[0, S)`` of each token; S on padding.
+      A shared prompt's tokens carry the slot of its unit's first response
+      (`PackedBatch.prompt_slot`).
+    branch_ids: ``[R, L]`` int32 with shared prompts (0 on prompt tokens and padding, k on the
+      k-th response of the token's unit, 1-based); None without (`PackingLayout.share_prompts`).
   """
   input_ids: np.ndarray
   segment_ids: np.ndarray
@@ -47,6 +62,7 @@ class PackedRows:
   prompt_mask: np.ndarray
   response_mask: np.ndarray
   token_slot: np.ndarray
+  branch_ids: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +76,15 @@ class PackingLayout:
     rows: R, rows per micro-batch.
     seqs_per_row: most sequences in one row (packing; 1 without), so S = R x seqs_per_row.
     pad_to: padding mode with ``row_len=0``: the length bucket.
+    share_prompts: packing only: sequences with the same prompt tokens share one copy of the prompt
+      per row (see the module docstring); seqs_per_row still counts sequences (responses).
   """
   packing: bool = True
   row_len: int = 0
   rows: int = 8
   seqs_per_row: int = 16
   pad_to: int = 16
+  share_prompts: bool = False
 
   def __post_init__(self):
     for name in ("rows", "seqs_per_row", "pad_to"):
@@ -74,6 +93,9 @@ class PackingLayout:
     if self.row_len < 0 or (self.packing and self.row_len < 1):
       raise ValueError(f"PackingLayout.row_len must be >= 1 with packing (>= 0 without), got "
                        f"{self.row_len!r}")
+    if self.share_prompts and not self.packing:
+      raise ValueError("PackingLayout.share_prompts=True needs packing=True (one sequence per row "
+                       "has no prompt to share), got packing=False")
 
   @property
   def slots(self) -> int:
@@ -89,9 +111,13 @@ class PackedBatch:
     rows: the `PackedRows` (``[R, L]``).
     seq_index: ``[S]`` int64, the caller's index of the sequence in each slot; -1 = empty slot.
     seq_row: ``[S]`` int32, the row of each slot's sequence.
-    seq_offset: ``[S]`` int32, the column of its first token.
+    seq_offset: ``[S]`` int32, the column of its prompt's first token (shared prompts: the unit's).
     prompt_len: ``[S]`` int32, its prompt tokens (0 for an empty slot).
     response_len: ``[S]`` int32, its response tokens.
+    response_offset: ``[S]`` int32, the column of its response's first token (without shared
+      prompts ``seq_offset + prompt_len``).
+    prompt_slot: ``[S]`` int32, the slot whose ``token_slot`` its prompt's tokens carry: the slot
+      itself without shared prompts, the unit's first slot with them.
   """
   rows: PackedRows
   seq_index: np.ndarray
@@ -99,6 +125,8 @@ class PackedBatch:
   seq_offset: np.ndarray
   prompt_len: np.ndarray
   response_len: np.ndarray
+  response_offset: np.ndarray
+  prompt_slot: np.ndarray
 
   @property
   def row_len(self) -> int:
@@ -106,7 +134,9 @@ class PackedBatch:
 
   @property
   def num_real_tokens(self) -> int:
-    return int(self.prompt_len.sum() + self.response_len.sum())
+    """The non-padding tokens the model runs over: each sequence's prompt and response, a shared
+    prompt counted once per unit (what is computed, not the per-sequence sum)."""
+    return int(np.count_nonzero(self.rows.segment_ids))
 
   @property
   def num_computed_tokens(self) -> int:
@@ -130,7 +160,7 @@ class PackedBatch:
                        f"{int(self.response_len[s])} tokens > the response width {width}")
     j = np.arange(width)[None, :]
     mask = j < self.response_len[:, None]
-    start = self.seq_row * self.row_len + self.seq_offset + self.prompt_len
+    start = self.seq_row * self.row_len + self.response_offset
     return np.where(mask, start[:, None] + j, 0).astype(np.int32), mask.astype(np.float32)
 
   def responses(self, token_values: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -138,7 +168,7 @@ class PackedBatch:
     values (e.g. log-probs, where entry t belongs to token t)."""
     out = []
     for s in np.flatnonzero(self.seq_index >= 0):
-      start = int(self.seq_offset[s] + self.prompt_len[s])
+      start = int(self.response_offset[s])
       out.append((int(self.seq_index[s]),
                   token_values[self.seq_row[s], start:start + self.response_len[s]]))
     return out
@@ -163,44 +193,78 @@ def check_fits(lengths: np.ndarray, row_len: int) -> None:
     raise ValueError(f"sequence {i} has {int(lengths[i])} tokens > row_len={row_len}")
 
 
-def first_fit_decreasing(lengths: np.ndarray, capacity: int, max_items: int) -> list[list[int]]:
+def first_fit_decreasing(lengths: np.ndarray, capacity: int, max_items: int,
+                         counts: np.ndarray | None = None) -> list[list[int]]:
   """Bins of at most ``capacity`` tokens and ``max_items`` sequences, first-fit-decreasing.
 
   Args:
-    lengths: ``[N]`` sequence lengths.
+    lengths: ``[N]`` item lengths (sequences, or shared-prompt units).
     capacity: the row length L.
     max_items: most sequences per bin.
+    counts: ``[N]`` sequences in each item (default 1 each: the items are sequences).
 
   Returns:
-    The bins in the order they were opened, each the list of its sequence indices in placement
+    The bins in the order they were opened, each the list of its item indices in placement
     order (longest first; ties by index, so the result is deterministic).
 
   Raises:
-    ValueError: a sequence longer than ``capacity`` (naming its index and length).
+    ValueError: an item longer than ``capacity`` (naming its index and length).
   """
   lengths = np.asarray(lengths, np.int64)
+  counts = np.ones(len(lengths), np.int64) if counts is None else np.asarray(counts, np.int64)
   check_fits(lengths, capacity)
   free = np.zeros(len(lengths), np.int64)  # at most N bins
   count = np.zeros(len(lengths), np.int64)
   bins: list[list[int]] = []
   for i in np.lexsort((np.arange(len(lengths)), -lengths)):
-    fits = np.flatnonzero((free[:len(bins)] >= lengths[i]) & (count[:len(bins)] < max_items))
+    fits = np.flatnonzero((free[:len(bins)] >= lengths[i]) &
+                          (count[:len(bins)] + counts[i] <= max_items))
     b = int(fits[0]) if fits.size else len(bins)
     if b == len(bins):
       bins.append([])
       free[b] = capacity
     bins[b].append(int(i))
     free[b] -= lengths[i]
-    count[b] += 1
+    count[b] += counts[i]
   return bins
 
 
-def plan(lengths: np.ndarray, layout: PackingLayout) -> list[list[list[int]]]:
-  """Micro-batches -> rows -> sequence indices: FFD rows (packing) or one sequence per row in the
-  given order (padding), grouped R = ``layout.rows`` rows at a time."""
+def shared_prompt_units(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                        layout: PackingLayout) -> list[list[int]]:
+  """The units of shared-prompt packing: sequences grouped by identical prompt tokens, each group
+  split first-fit-decreasing into as few units as hold its responses (at most ``row_len`` tokens
+  with one copy of the prompt, at most ``seqs_per_row`` responses).
+
+  Returns:
+    The units (groups in order of first appearance), each the sorted indices of its sequences.
+
+  Raises:
+    ValueError: a sequence longer than ``row_len`` (naming its index and length).
+  """
+  check_fits(sequence_lengths(prompts, responses), layout.row_len)
+  groups: dict[tuple[int, ...], list[int]] = {}
+  for i, p in enumerate(prompts):
+    groups.setdefault(tuple(np.asarray(p, np.int64).tolist()), []).append(i)
+  units = []
+  for members in groups.values():
+    room = layout.row_len - len(prompts[members[0]])
+    lengths = np.asarray([len(responses[i]) for i in members], np.int64)
+    if lengths.sum() <= room and len(members) <= layout.seqs_per_row:
+      units.append(members)  # the whole group fits in one unit
+      continue
+    bins = first_fit_decreasing(lengths, room, layout.seqs_per_row)
+    units += [sorted(members[j] for j in b) for b in bins]
+  return units
+
+
+def plan(lengths: np.ndarray, layout: PackingLayout, counts: np.ndarray | None = None
+         ) -> list[list[list[int]]]:
+  """Micro-batches -> rows -> item indices: FFD rows (packing) or one item per row in the given
+  order (padding), grouped R = ``layout.rows`` rows at a time. The items are sequences, or with
+  shared prompts units of ``counts`` sequences each."""
   lengths = np.asarray(lengths, np.int64)
   if layout.packing:
-    rows = first_fit_decreasing(lengths, layout.row_len, layout.seqs_per_row)
+    rows = first_fit_decreasing(lengths, layout.row_len, layout.seqs_per_row, counts)
   else:
     if layout.row_len:
       check_fits(lengths, layout.row_len)
@@ -215,33 +279,49 @@ def _micro_row_len(layout: PackingLayout, lengths: np.ndarray, rows: list[list[i
   return -(-longest // layout.pad_to) * layout.pad_to
 
 
-def build(rows: list[list[int]], prompts: Sequence[Sequence[int]],
+def build(rows: list[list[list[int]]], prompts: Sequence[Sequence[int]],
           responses: Sequence[Sequence[int]], layout: PackingLayout, *, pad_id: int,
           row_len: int) -> PackedBatch:
-  """The arrays of one planned micro-batch (``rows``: its rows' sequence indices)."""
+  """The arrays of one planned micro-batch.
+
+  Args:
+    rows: its rows, each a list of units, each unit the indices of sequences sharing its first
+      sequence's prompt (one sequence per unit without shared prompts).
+    prompts, responses: all sequences.
+    layout: the layout (``share_prompts`` decides whether ``branch_ids`` are returned).
+    pad_id: the padding token id.
+    row_len: L.
+  """
   r, s = layout.rows, layout.slots
   shape = (r, row_len)
   ids = np.full(shape, pad_id, np.int32)
-  seg, pos, pm, rm = (np.zeros(shape, np.int32) for _ in range(4))
+  seg, pos, pm, rm, branch = (np.zeros(shape, np.int32) for _ in range(5))
   slot = np.full(shape, s, np.int32)
-  meta = {k: np.zeros(s, np.int32) for k in ("seq_row", "seq_offset", "prompt_len", "response_len")}
+  meta = {k: np.zeros(s, np.int32) for k in ("seq_row", "seq_offset", "prompt_len",
+                                              "response_len", "response_offset")}
+  meta["prompt_slot"] = np.arange(s, dtype=np.int32)
   seq_index = np.full(s, -1, np.int64)
   k = 0
-  for row, members in enumerate(rows):
+  for row, units in enumerate(rows):
     off = 0
-    for j, i in enumerate(members):
-      p, q = np.asarray(prompts[i], np.int32), np.asarray(responses[i], np.int32)
-      n = len(p) + len(q)
-      ids[row, off:off + len(p)], ids[row, off + len(p):off + n] = p, q
-      seg[row, off:off + n], pos[row, off:off + n] = j + 1, np.arange(n)
-      pm[row, off:off + len(p)], rm[row, off + len(p):off + n] = 1, 1
-      slot[row, off:off + n] = k
-      seq_index[k] = i
-      for name, v in (("seq_row", row), ("seq_offset", off), ("prompt_len", len(p)),
-                      ("response_len", len(q))):
-        meta[name][k] = v
-      off, k = off + n, k + 1
-  return PackedBatch(PackedRows(ids, seg, pos, pm, rm, slot), seq_index, **meta)
+    for j, unit in enumerate(units):
+      p = np.asarray(prompts[unit[0]], np.int32)
+      end = off + len(p)
+      ids[row, off:end], pos[row, off:end], pm[row, off:end] = p, np.arange(len(p)), 1
+      seg[row, off:end], slot[row, off:end] = j + 1, k
+      for b, i in enumerate(unit):
+        q = np.asarray(responses[i], np.int32)
+        cols = slice(end, end + len(q))
+        ids[row, cols], pos[row, cols] = q, np.arange(len(p), len(p) + len(q))
+        seg[row, cols], rm[row, cols], slot[row, cols], branch[row, cols] = j + 1, 1, k + b, b + 1
+        seq_index[k + b] = i
+        for name, v in (("seq_row", row), ("seq_offset", off), ("prompt_len", len(p)),
+                        ("response_len", len(q)), ("response_offset", end), ("prompt_slot", k)):
+          meta[name][k + b] = v
+        end += len(q)
+      off, k = end, k + len(unit)
+  rows_out = PackedRows(ids, seg, pos, pm, rm, slot, branch if layout.share_prompts else None)
+  return PackedBatch(rows_out, seq_index, **meta)
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -251,7 +331,7 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
   Args:
     prompts: N non-empty token-id lists.
     responses: N token-id lists (may be empty).
-    layout: rows, row length, slots, packing or padding.
+    layout: rows, row length, slots, packing or padding, shared prompts.
     pad_id: the padding token id.
 
   Returns:
@@ -261,8 +341,16 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
     ValueError: an empty prompt, or a sequence longer than a fixed ``row_len`` (named by index).
   """
   lengths = sequence_lengths(prompts, responses)
-  return [build(mb, prompts, responses, layout, pad_id=pad_id,
-                row_len=_micro_row_len(layout, lengths, mb)) for mb in plan(lengths, layout)]
+  if layout.share_prompts:
+    units = shared_prompt_units(prompts, responses, layout)
+    lengths = np.asarray([len(prompts[u[0]]) + sum(len(responses[i]) for i in u) for u in units],
+                         np.int64)
+    counts = np.asarray([len(u) for u in units], np.int64)
+  else:
+    units, counts = [[i] for i in range(len(prompts))], None
+  return [build([[units[u] for u in row] for row in mb], prompts, responses, layout,
+                pad_id=pad_id, row_len=_micro_row_len(layout, lengths, mb))
+          for mb in plan(lengths, layout, counts)]
 
 
 def efficiency(batches: Sequence[PackedBatch]) -> float:

@@ -242,18 +242,26 @@ class Transformer(nnx.Module):
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
   def _full_mask(self, input_ids: jax.Array, attention_mask: jax.Array | None,
-                 segment_ids: jax.Array | None = None) -> jax.Array:
+                 segment_ids: jax.Array | None = None,
+                 branch_ids: jax.Array | None = None) -> jax.Array:
     """`[B, T, T]` bool: causal, and key-padding (``attention_mask``) or same-segment
-    (``segment_ids``: query and key in one segment, the key's segment > 0)."""
+    (``segment_ids``: query and key in one segment, the key's segment > 0); with ``branch_ids``
+    (shared prompts) also the key's branch is 0 (the prompt) or the query's own."""
     b, t = input_ids.shape
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]  # [1, T, T]
+    if branch_ids is not None and segment_ids is None:
+      raise ValueError("branch_ids (shared prompts) need segment_ids, got None")
     if segment_ids is not None:
       if attention_mask is not None:
         raise ValueError("pass attention_mask or segment_ids, not both (segment 0 is padding)")
-      if segment_ids.shape != (b, t):
-        raise ValueError(f"segment_ids must be [B, T] = {(b, t)}, got {segment_ids.shape}")
+      for name, ids in (("segment_ids", segment_ids), ("branch_ids", branch_ids)):
+        if ids is not None and ids.shape != (b, t):
+          raise ValueError(f"{name} must be [B, T] = {(b, t)}, got {ids.shape}")
       seg = segment_ids.astype(jnp.int32)
       same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)  # [B, T, T]
+      if branch_ids is not None:
+        br = branch_ids.astype(jnp.int32)
+        same &= (br[:, None, :] == 0) | (br[:, None, :] == br[:, :, None])
       return causal & same
     if attention_mask is None:
       return jnp.broadcast_to(causal, (b, t, t))
@@ -267,17 +275,21 @@ class Transformer(nnx.Module):
   # public API
   # ----------------------------------------------------------------------------------------------
 
-  def _prepare(self, input_ids, positions, attention_mask, segment_ids):
+  def _prepare(self, input_ids, positions, attention_mask, segment_ids, branch_ids=None):
     """Checks the ids; returns (positions `[B, T]`, mask `[B, T, T]`)."""
     self._check_ids(input_ids)
-    mask = self._full_mask(input_ids, attention_mask, segment_ids)
+    mask = self._full_mask(input_ids, attention_mask, segment_ids, branch_ids)
+    if positions is None and branch_ids is not None:
+      raise ValueError("branch_ids (shared prompts) need explicit positions (each response "
+                       "continues from its prompt), got positions=None")
     if positions is None:
       positions = self._default_positions(input_ids, attention_mask, segment_ids)
     return positions, mask
 
   def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
                     attention_mask: jax.Array | None = None,
-                    segment_ids: jax.Array | None = None) -> jax.Array:
+                    segment_ids: jax.Array | None = None,
+                    branch_ids: jax.Array | None = None) -> jax.Array:
     """Final-normed hidden states.
 
     Args:
@@ -288,11 +300,14 @@ class Transformer(nnx.Module):
       segment_ids: `[B, T]` int (packed rows: 0 = padding, k = the k-th sequence of the row);
         a token attends causally to the tokens of its own segment only. Exclusive with
         ``attention_mask``.
+      branch_ids: `[B, T]` int, shared prompts (`disa_jax.data.packing`, needs ``segment_ids`` and
+        ``positions``): 0 on a segment's prompt, k on its k-th response; a token attends to the
+        prompt and its own branch only.
 
     Returns:
       `[B, T, D]` in the computation dtype.
     """
-    positions, mask = self._prepare(input_ids, positions, attention_mask, segment_ids)
+    positions, mask = self._prepare(input_ids, positions, attention_mask, segment_ids, branch_ids)
     x, _, _ = self._run(input_ids, positions, mask)
     return L.rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
 
@@ -318,7 +333,7 @@ class Transformer(nnx.Module):
 
   def __call__(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
                attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-               return_hidden: bool = False):
+               branch_ids: jax.Array | None = None, return_hidden: bool = False):
     """Logits of every position.
 
     Args:
@@ -326,13 +341,14 @@ class Transformer(nnx.Module):
       positions: `[B, T]` int positions (default: see `hidden_states`).
       attention_mask: `[B, T]` (1 = real, 0 = pad); causal + key-padding masking.
       segment_ids: `[B, T]` int packed-row segments (0 = padding); causal within a segment.
+      branch_ids: `[B, T]` int shared-prompt branches (see `hidden_states`).
       return_hidden: also return the final-normed hidden states.
 
     Returns:
       logits `[B, T, V]`, or `(logits, hidden [B, T, D])` with return_hidden.
     """
     hidden = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask,
-                                segment_ids=segment_ids)
+                                segment_ids=segment_ids, branch_ids=branch_ids)
     logits = self._constrain(self.logits_from_hidden(hidden), ("batch", "seq", "act_vocab"))
     return (logits, hidden) if return_hidden else logits
 

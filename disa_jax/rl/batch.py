@@ -11,7 +11,8 @@ A step reads: rollout -> score -> objective -> update. `RolloutBatch` is filled 
    `TrainBatch` micro-batches (`TrainSequences.micro_batches`).
 
 A `TrainBatch` has two sides. The model side is `disa_jax.data.packing.PackedRows`: R rows of L
-tokens, several sequences per row (one per row without packing). The loss side is per sequence
+tokens, several sequences per row (one per row without packing; with shared prompts each prompt
+once per row, followed by its responses). The loss side is per sequence
 slot, ``[S, W]`` per response token (W = the max response length) and ``[S]`` per sequence,
 exactly the layout the objectives read (`disa_jax.rl.objectives`); empty slots have an all-zero
 response mask and contribute nothing. A field a step does not need stays None on the host and is
@@ -41,6 +42,9 @@ class TrainBatch:
     ref_logp: ``[S, W]`` float32 log pi_ref of each response token.
     signal: ``[S]`` float32 the objective's per-sequence scalar (r~ or advantage).
     log_z: ``[S]`` float32 the anchor's log Z of the sequence's prompt (DISA; zeros otherwise).
+    prompt_slot: ``[S]`` int32 with shared prompts: the slot whose ``rows.token_slot`` marks the
+      tokens of each slot's prompt (`disa_jax.data.packing.PackedBatch.prompt_slot`); None
+      without (each slot's own).
   """
   rows: PackedRows
   response_index: np.ndarray
@@ -49,6 +53,7 @@ class TrainBatch:
   ref_logp: np.ndarray
   signal: np.ndarray
   log_z: np.ndarray
+  prompt_slot: np.ndarray | None = None
 
   @property
   def num_slots(self) -> int:
@@ -101,7 +106,8 @@ class TrainSequences:
       out.append(TrainBatch(rows=pb.rows, response_index=index, response_mask=mask,
                             old_logp=np.where(on, take(self.old_logp), 0.0),
                             ref_logp=np.where(on, take(self.ref_logp), 0.0),
-                            signal=take(self.signal), log_z=take(self.log_z)))
+                            signal=take(self.signal), log_z=take(self.log_z),
+                            prompt_slot=pb.prompt_slot if layout.share_prompts else None))
     return out
 
 

@@ -85,6 +85,10 @@ class RolloutConfig:
       scoring pass; a multiple of the mesh's data x fsdp shards.
     seqs_per_row: most sequences in one packed row (sequence slots per micro-batch =
       micro_batch_rows x seqs_per_row).
+    share_prompts: with packing, the update and its scoring passes (pi_ref, pi_old) put each
+      prompt once in a row, followed by as many of its G responses as fit; each response attends
+      to the prompt and to itself only (`disa_jax.data.packing`), so log-probs and gradients are
+      those of separate sequences while the prompt is computed once per row instead of G times.
   """
   prompts_per_batch: int = 128
   group_size: int = 8
@@ -99,6 +103,7 @@ class RolloutConfig:
   row_len: int = 0
   micro_batch_rows: int = 8
   seqs_per_row: int = 16
+  share_prompts: bool = False
 
   def __post_init__(self):
     for f in ("prompts_per_batch", "group_size", "max_prompt_len", "max_response_len",
@@ -114,6 +119,9 @@ class RolloutConfig:
     if self.old_logp_source not in OLD_LOGP_SOURCES:
       _fail("rollout", "old_logp_source", self.old_logp_source,
             f"must be one of {OLD_LOGP_SOURCES}")
+    if self.share_prompts and not self.packing:
+      _fail("rollout", "share_prompts", self.share_prompts,
+            "needs rollout.packing=True (one sequence per row has no prompt to share)")
     longest = self.max_prompt_len + self.max_response_len
     if self.row_len < 0 or 0 < self.row_len < longest:
       _fail("rollout", "row_len", self.row_len,
@@ -123,12 +131,14 @@ class RolloutConfig:
   def layout(self, lengths: Any, pad_to: int) -> PackingLayout:
     """The micro-batch layout of a rollout batch whose sequences have ``lengths`` tokens.
 
-    Packing: fixed rows of ``row_len`` tokens. Without packing: one sequence per row, every row as
-    long as the batch's longest sequence rounded up to ``pad_to``.
+    Packing: fixed rows of ``row_len`` tokens (with ``share_prompts``, each prompt once per row).
+    Without packing: one sequence per row, every row as long as the batch's longest sequence
+    rounded up to ``pad_to``.
     """
     if self.packing:
       return PackingLayout(row_len=self.row_len or self.max_prompt_len + self.max_response_len,
-                           rows=self.micro_batch_rows, seqs_per_row=self.seqs_per_row)
+                           rows=self.micro_batch_rows, seqs_per_row=self.seqs_per_row,
+                           share_prompts=self.share_prompts)
     longest = int(max(lengths, default=1))
     return PackingLayout(packing=False, row_len=-(-longest // pad_to) * pad_to,
                          rows=self.micro_batch_rows)

@@ -17,7 +17,8 @@ Compiled programs: one micro step per micro-batch shape (one with packing), one 
 The FlowRL log Z head (objectives with ``needs_logz_head``) is a separate module with its own
 parameters and optimizer state (`TrainState` ``head_params`` / ``head_opt_state``), never part of
 the policy's state; its input is the masked mean of the policy's final hidden states over the
-prompt tokens of the same forward pass.
+prompt tokens of the same forward pass (with shared prompts, over the one copy of the prompt that
+the slots of a unit share, `TrainBatch.prompt_slot`).
 """
 from __future__ import annotations
 
@@ -112,9 +113,10 @@ def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Ar
   """
   rows = mb.rows
   hidden = model.hidden_states(rows.input_ids, segment_ids=rows.segment_ids,
-                               positions=rows.positions)
+                               positions=rows.positions, branch_ids=rows.branch_ids)
   token_lp = logprobs_from_hidden(hidden, model.lm_head_kernel(), rows.input_ids, None,
-                                  segment_ids=rows.segment_ids)  # [R, L]
+                                  segment_ids=rows.segment_ids,
+                                  branch_ids=rows.branch_ids)  # [R, L]
   return gather_responses(token_lp, mb.response_index, mb.response_mask), hidden
 
 
@@ -131,6 +133,8 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
     if objective.needs_logz_head:
       emb = packed_mean_embedding(hidden, mb.rows.prompt_mask, mb.rows.token_slot, mb.num_slots,
                                   pooling=objective.head_pooling)  # [S, D]
+      if mb.prompt_slot is not None:  # shared prompts: each slot reads its unit's prompt
+        emb = jnp.take(emb, mb.prompt_slot, axis=0)  # [S, D]
       head_log_z = nnx.merge(head_graphdef, head_params)(
           emb, dropout_key=key if objective.head_dropout > 0 else None)  # [S]
     return objective.loss(logp, mb, head_log_z)
@@ -188,7 +192,8 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
   """A `TrainBatch` of shardings: packed rows over the batch axes, per-sequence arrays replicated."""
   rep = NamedSharding(mesh, PartitionSpec())
   return TrainBatch(rows=NamedSharding(mesh, PartitionSpec(BATCH_AXES)), response_index=rep,
-                    response_mask=rep, old_logp=rep, ref_logp=rep, signal=rep, log_z=rep)
+                    response_mask=rep, old_logp=rep, ref_logp=rep, signal=rep, log_z=rep,
+                    prompt_slot=rep)
 
 
 def place_micro_batch(mb: TrainBatch, mesh: Mesh) -> TrainBatch:

@@ -88,7 +88,8 @@ class PolicyUpdater:
 
     Returns:
       The mini-batches' metrics combined, plus ``packing/micro_batches`` (per update) and
-      ``packing/efficiency`` (real tokens / computed tokens).
+      ``packing/efficiency`` (non-padding tokens / computed tokens; a shared prompt counts once
+      per unit, `disa_jax.data.packing.PackedBatch.num_real_tokens`).
     """
     rc = self.cfg.rollout
     n = len(seqs.prompts)

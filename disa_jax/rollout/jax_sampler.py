@@ -1,10 +1,11 @@
 """The JAX sampler: the default rollout engine, on `Transformer`'s KV-cache API.
 
 One jitted function per shape bucket runs the prefill and the whole decode loop (`lax.while_loop`,
-which exits as soon as every sequence has emitted a stop token). Prompts are left-padded; the batch
-size, the padded prompt length and the number of new tokens are rounded up to powers of two, and the
-sampling parameters (temperature, top-k, top-p, stop tokens, max_tokens) are traced values, so new
-prompt lengths or parameters do not recompile.
+which exits as soon as every sequence has emitted a stop token). The n samples of a prompt share
+one prefill: the prompt runs once and its KV cache is repeated to its n rows. Prompts are
+left-padded; the batch size, the padded prompt length and the number of new tokens are rounded up
+to powers of two, and the sampling parameters (temperature, top-k, top-p, stop tokens,
+max_tokens) are traced values, so new prompt lengths or parameters do not recompile.
 
 Randomness: each sample (prompt p, sample j) draws from its own key `fold_in(fold_in(key(seed), p),
 j)`, folded with the step index, so a sample does not depend on what else is in the batch.
@@ -91,31 +92,38 @@ def _sample_step(logits: jax.Array, keys: jax.Array, step: jax.Array, temperatur
 
 
 def _generate_impl(graphdef, state, input_ids, prompt_mask, active, keys, max_new, temperature,
-                   top_k, top_p, stop_mask, *, num_new: int, cache_dtype: Any):
+                   top_k, top_p, stop_mask, *, num_new: int, cache_dtype: Any, group: int = 1):
   """Prefill + decode loop for one bucket.
 
   Args:
-    input_ids: `[B, Tp]` int32 left-padded prompts.
-    prompt_mask: `[B, Tp]` int32, 1 = real token.
+    input_ids: `[B / g, Tp]` int32 left-padded prompts, one per group of g consecutive rows.
+    prompt_mask: `[B / g, Tp]` int32, 1 = real token.
     active: `[B]` bool, False for batch-padding rows (they start finished).
     keys: `[B, 2]` uint32 per-row keys.
     max_new: int32 scalar <= num_new, tokens to generate at most.
     stop_mask: `[V]` bool, True for stop tokens.
     num_new: static size of the output buffers (the max_tokens bucket).
+    group: static g, rows per prompt: the prompt is prefilled once and its KV cache and last
+      logits are repeated to its g rows (n samples of one prompt start from the same state).
 
   Returns:
     tokens `[B, N]` int32, logprobs `[B, N]`, raw logprobs `[B, N]`, lengths `[B]`, stopped `[B]`,
     and the number of decoding steps run (int32 scalar; < max_new when every row stopped early).
   """
   model = nnx.merge(graphdef, state)
-  batch, prompt_len = input_ids.shape
+  prompts, prompt_len = input_ids.shape
+  batch = active.shape[0]
   cache_len = prompt_len + num_new
-  cache = model.init_cache(batch, cache_len, dtype=cache_dtype)
-  kv_mask = jnp.zeros((batch, cache_len), bool).at[:, :prompt_len].set(prompt_mask.astype(bool))
+  cache = model.init_cache(prompts, cache_len, dtype=cache_dtype)
+  kv_mask = jnp.zeros((prompts, cache_len), bool).at[:, :prompt_len].set(prompt_mask.astype(bool))
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
   # Left padding: the last column holds every row's last prompt token.
   logits, cache = model.forward_with_cache(input_ids, positions, cache, jnp.int32(0), kv_mask,
                                            last_only=True)
+  if group > 1:  # [B / g, ...] -> [B, ...]: each prompt's state for its g samples
+    logits, kv_mask, prompt_mask = (jnp.repeat(x, group, axis=0)
+                                    for x in (logits, kv_mask, prompt_mask))
+    cache = {k: jnp.repeat(v, group, axis=1) for k, v in cache.items()}  # [L, B, S, K, H]
   tok, lp, raw = _sample_step(logits[:, -1], keys, jnp.int32(0), temperature, top_k, top_p)
   real_len = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # [B]
   out_tok = jnp.zeros((batch, num_new), jnp.int32).at[:, 0].set(tok)
@@ -194,11 +202,12 @@ class JaxSampler:
     """Loads a local HF checkpoint with `disa_jax.models.from_pretrained`."""
     return cls(models.from_pretrained(model_path, dtype=jnp.dtype(dtype)), **kwargs)
 
-  def _fn(self, num_new: int):
-    if num_new not in self._fns:
-      self._fns[num_new] = jax.jit(functools.partial(
-          _generate_impl, self._graphdef, num_new=num_new, cache_dtype=self.cache_dtype))
-    return self._fns[num_new]
+  def _fn(self, num_new: int, group: int):
+    if (num_new, group) not in self._fns:
+      self._fns[num_new, group] = jax.jit(functools.partial(
+          _generate_impl, self._graphdef, num_new=num_new, cache_dtype=self.cache_dtype,
+          group=group))
+    return self._fns[num_new, group]
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                params: SamplingParams) -> list[list[Completion]]:
@@ -221,19 +230,21 @@ class JaxSampler:
     for start in range(0, len(rows), self.max_batch_size):
       chunk = rows[start:start + self.max_batch_size]
       batch = _bucket(len(chunk), self.min_batch_bucket)
+      # The n rows of a prompt share one prefill when the chunk holds whole groups.
+      group = n if n > 1 and start % n == 0 and len(chunk) % n == 0 and batch % n == 0 else 1
       prompt_len = _bucket(max(len(prompts[p]) for p, _ in chunk), self.min_prompt_bucket)
-      ids = np.zeros((batch, prompt_len), np.int32)
-      mask = np.zeros((batch, prompt_len), np.int32)
-      for r, (p, _) in enumerate(chunk):
+      ids = np.zeros((batch // group, prompt_len), np.int32)
+      mask = np.zeros((batch // group, prompt_len), np.int32)
+      for r, (p, _) in enumerate(chunk[::group]):
         ids[r, prompt_len - len(prompts[p]):] = prompts[p]
         mask[r, prompt_len - len(prompts[p]):] = 1
-      mask[len(chunk):, -1] = 1  # padding rows hold one dummy token
+      mask[len(chunk) // group:, -1] = 1  # padding rows hold one dummy token
       active = np.arange(batch) < len(chunk)
       p_idx = np.array([p + params.prompt_index_offset for p, _ in chunk]
                        + [0] * (batch - len(chunk)), np.int32)
       j_idx = np.array([j for _, j in chunk] + [0] * (batch - len(chunk)), np.int32)
       keys = _row_keys(jnp.uint32(params.seed % (1 << 32)), p_idx, j_idx)
-      out = self._fn(num_new)(self._state, jnp.asarray(ids), jnp.asarray(mask),
+      out = self._fn(num_new, group)(self._state, jnp.asarray(ids), jnp.asarray(mask),
                               jnp.asarray(active), keys, *scalars)
       tok, lp, raw, lengths, stopped, steps = (np.asarray(x) for x in out)
       self.last_num_steps = int(steps)

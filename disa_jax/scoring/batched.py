@@ -89,7 +89,8 @@ def embed_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
   for batch in packing_lib.pack(prompts, [[] for _ in prompts], layout, pad_id=pad_id):
     values = fetch(fn(put(batch.rows)))  # [S, dim]
     filled = batch.seq_index >= 0
-    out[batch.seq_index[filled]] = values[filled]
+    # With shared prompts a unit's prompt tokens carry its first slot (`PackedBatch.prompt_slot`).
+    out[batch.seq_index[filled]] = values[batch.prompt_slot[filled]]
   return out
 
 

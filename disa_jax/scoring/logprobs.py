@@ -10,7 +10,9 @@ for a small one the scan and the recomputation cost more than the logits' memory
 differentiable w.r.t. the model.
 
 Packed rows (`disa_jax.data.packing`): with ``segment_ids`` the model attends within a segment and
-a segment's first token is not scored; `gather_responses` takes the ``[R, L]`` per-token values back
+a segment's first token is not scored; with shared prompts (``branch_ids``) the first token of each
+response is scored from the prompt's last hidden state (`branch_predictors`), not from the previous
+response's last one; `gather_responses` takes the ``[R, L]`` per-token values back
 to the per-sequence ``[S, W]`` response layout, and `segment_mean` pools hidden states per
 sequence (prompt embeddings, the FlowRL head's input).
 """
@@ -31,13 +33,34 @@ def _shifted_mask(attention_mask: jax.Array | None, segment_ids: jax.Array | Non
                   ) -> jax.Array:
   """`[B, T]` bool: position t is scored iff t >= 1 and tokens t and t-1 are both real and, with
   ``segment_ids``, in the same segment (the first token of a packed sequence is not scored
-  against the previous sequence's last token)."""
+  against the previous sequence's last token). A shared-prompt unit is one segment, so the first
+  token of each of its responses is scored (from the prompt's last state, `branch_predictors`)."""
   if segment_ids is not None:
     seg = segment_ids.astype(jnp.int32)
     same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
     return jnp.concatenate([jnp.zeros_like(same[:, :1]), same], axis=1)
   m = attention_mask.astype(bool)
   return jnp.concatenate([jnp.zeros_like(m[:, :1]), m[:, 1:] & m[:, :-1]], axis=1)
+
+
+def branch_predictors(segment_ids: jax.Array, branch_ids: jax.Array) -> jax.Array:
+  """Shared-prompt rows: the column of the hidden state that predicts each token.
+
+  Args:
+    segment_ids: `[B, T]` int, 0 = padding, k = the row's k-th unit (a prompt and its responses).
+    branch_ids: `[B, T]` int, 0 on prompt tokens, k on the unit's k-th response.
+
+  Returns:
+    `[B, T]` int32: t - 1, except at a response's first token (its branch differs from the
+    previous token's), where it is the column of the unit's last prompt token (0 at t = 0).
+  """
+  seg, br = segment_ids.astype(jnp.int32), branch_ids.astype(jnp.int32)
+  col = jax.lax.broadcasted_iota(jnp.int32, seg.shape, 1)
+  # A unit's prompt precedes its responses: the latest prompt column is the unit's last one.
+  last_prompt = jax.lax.cummax(jnp.where((br == 0) & (seg > 0), col, -1), axis=1)
+  prev = jnp.concatenate([jnp.zeros_like(br[:, :1]), br[:, :-1]], axis=1)
+  starts = (br > 0) & (br != prev)
+  return jnp.maximum(jnp.where(starts, last_prompt, col - 1), 0)
 
 
 def default_chunk_rows(rows: int, vocab_size: int) -> int:
@@ -61,7 +84,8 @@ def _rows_logprobs(h: jax.Array, tgt: jax.Array, kernel: jax.Array) -> jax.Array
 
 def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
                          attention_mask: jax.Array | None, *, chunk_size: int | None = None,
-                         segment_ids: jax.Array | None = None) -> jax.Array:
+                         segment_ids: jax.Array | None = None,
+                         branch_ids: jax.Array | None = None) -> jax.Array:
   """Per-token log-probs from final hidden states and the output projection.
 
   Args:
@@ -73,11 +97,16 @@ def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Ar
       None: `default_chunk_rows(B*(T-1), V)`. When all rows fit in one chunk there is no chunking
       and no recomputation in the backward pass.
     segment_ids: `[B, T]` packed-row segments (0 = padding), instead of ``attention_mask``.
+    branch_ids: `[B, T]` shared-prompt branches (with ``segment_ids``): token t is scored from
+      `hidden[:, branch_predictors(...)[:, t]]` (a response's first token from its prompt's last
+      state) instead of `hidden[:, t - 1]`.
 
   Returns:
     `[B, T]` float32: log p(input_ids[:, t] | input_ids[:, <t]) where scored (see
     `_shifted_mask`), 0 elsewhere, including t = 0 and each segment's first token.
   """
+  if branch_ids is not None and segment_ids is None:
+    raise ValueError("branch_ids (shared prompts) need segment_ids, got None")
   if chunk_size is not None and chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
   if (attention_mask is None) == (segment_ids is None):
@@ -90,18 +119,25 @@ def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Ar
   if t < 2:
     return jnp.zeros((b, t), jnp.float32)
   with jax.named_scope("logprobs"):  # names the ops in profiles
-    lp = _chunked_logprobs(hidden, kernel, input_ids, chunk_size)
+    if branch_ids is None:
+      pred = hidden[:, :-1]  # [B, T-1, D]: column i predicts token i + 1
+    else:
+      src = branch_predictors(segment_ids, branch_ids)[:, 1:, None]  # [B, T-1, 1]
+      pred = jnp.take_along_axis(hidden, src, axis=1)  # [B, T-1, D]
+    lp = _chunked_logprobs(pred, kernel, input_ids, chunk_size)
     return jnp.where(_shifted_mask(attention_mask, segment_ids), lp, 0.0)
 
 
-def _chunked_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
+def _chunked_logprobs(pred: jax.Array, kernel: jax.Array, input_ids: jax.Array,
                       chunk_size: int | None) -> jax.Array:
-  """`logprobs_from_hidden` after its checks (T >= 2), before masking: `[B, T]`."""
-  b, t, d = hidden.shape
+  """`logprobs_from_hidden` after its checks (T >= 2), before masking: `[B, T]` from the
+  predicting states ``pred`` `[B, T-1, D]` (column i predicts token i + 1)."""
+  b, t1, d = pred.shape
+  t = t1 + 1
   n = b * (t - 1)
-  rows = hidden[:, :-1].reshape(n, d)  # [B, T-1, D] -> [N, D]; row b*(T-1)+i predicts token i+1
+  rows = pred.reshape(n, d)  # [B, T-1, D] -> [N, D]; row b*(T-1)+i predicts token i+1
   targets = input_ids[:, 1:].reshape(n)  # [B, T-1] -> [N]
-  kernel = kernel.astype(hidden.dtype)
+  kernel = kernel.astype(pred.dtype)
   chunk = min(chunk_size or default_chunk_rows(n, kernel.shape[1]), n)
   if chunk == n:
     lp = _rows_logprobs(rows, targets, kernel)
@@ -118,7 +154,8 @@ def _chunked_logprobs(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array
 
 def token_logprobs(model: Any, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
                    chunk_size: int | None = None, segment_ids: jax.Array | None = None,
-                   positions: jax.Array | None = None) -> jax.Array:
+                   positions: jax.Array | None = None,
+                   branch_ids: jax.Array | None = None) -> jax.Array:
   """Teacher-forced per-token log-probs of `input_ids` under `model` (a `Transformer`).
 
   Args:
@@ -131,6 +168,7 @@ def token_logprobs(model: Any, input_ids: jax.Array, attention_mask: jax.Array |
     segment_ids: `[B, T]` packed rows (`disa_jax.data.packing.PackedRows`): 0 = padding, k = the
       row's k-th sequence; attention and scoring stay within a segment.
     positions: `[B, T]` RoPE positions (default: the model's, restarting in each segment).
+    branch_ids: `[B, T]` shared-prompt branches (`PackedRows.branch_ids`; needs ``positions``).
 
   Returns:
     `[B, T]` float32; out[:, t] = log p(input_ids[:, t] | input_ids[:, <t]) for t >= 1 where tokens
@@ -138,19 +176,21 @@ def token_logprobs(model: Any, input_ids: jax.Array, attention_mask: jax.Array |
     float32 logits at a time; differentiable.
   """
   hidden = model.hidden_states(input_ids, attention_mask=attention_mask, segment_ids=segment_ids,
-                               positions=positions)
+                               positions=positions, branch_ids=branch_ids)
   return logprobs_from_hidden(hidden, model.lm_head_kernel(), input_ids, attention_mask,
-                              chunk_size=chunk_size, segment_ids=segment_ids)
+                              chunk_size=chunk_size, segment_ids=segment_ids,
+                              branch_ids=branch_ids)
 
 
 def packed_token_logprobs(model: Any, rows: Any, *, chunk_size: int | None = None) -> jax.Array:
-  """`token_logprobs` of packed rows (`disa_jax.data.packing.PackedRows`, ``[R, L]`` fields).
+  """`token_logprobs` of packed rows (`disa_jax.data.packing.PackedRows`, ``[R, L]`` fields),
+  shared prompts included.
 
   Returns:
-    `[R, L]` float32 (entry t scores token t; 0 on padding and each sequence's first token).
+    `[R, L]` float32 (entry t scores token t; 0 on padding and each segment's first token).
   """
   return token_logprobs(model, rows.input_ids, chunk_size=chunk_size, segment_ids=rows.segment_ids,
-                        positions=rows.positions)
+                        positions=rows.positions, branch_ids=rows.branch_ids)
 
 
 def gather_responses(token_lp: jax.Array, response_index: jax.Array, response_mask: jax.Array
@@ -230,10 +270,11 @@ def packed_prompt_embeddings(model: Any, rows: Any, num_slots: int) -> jax.Array
     num_slots: S, the sequence slots of the micro-batch.
 
   Returns:
-    `[S, D]` float32 (zeros for an empty slot).
+    `[S, D]` float32 (zeros for an empty slot; with shared prompts a unit's prompt embedding is at
+    its first slot, `PackedBatch.prompt_slot`, the other slots of the unit get zeros).
   """
   hidden = model.hidden_states(rows.input_ids, segment_ids=rows.segment_ids,
-                               positions=rows.positions)
+                               positions=rows.positions, branch_ids=rows.branch_ids)
   return segment_mean(hidden, rows.prompt_mask, rows.token_slot, num_slots)
 
 

@@ -133,3 +133,101 @@ def test_response_index_round_trips_per_token_values():
   with pytest.raises(ValueError, match=r"sequence \d+ has a response of \d+ tokens > the "
                                        r"response width 2"):
     b.response_index(2)
+
+
+def _grouped_sequences(seed, groups, max_prompt, max_response):
+  """``groups`` prompts, each with 1-6 responses of 0..max_response tokens (prompt-major)."""
+  rng = np.random.default_rng(seed)
+  prompts, responses = [], []
+  for _ in range(groups):
+    p = rng.integers(3, 100, rng.integers(1, max_prompt + 1)).tolist()
+    for _ in range(int(rng.integers(1, 7))):
+      prompts.append(p)
+      responses.append(rng.integers(3, 100, rng.integers(0, max_response + 1)).tolist())
+  return prompts, responses
+
+
+def _check_shared(batches, prompts, responses, layout):
+  """Every sequence in exactly one slot; its unit's row holds its prompt (branch 0, positions from
+  0, the unit's prompt slot) and its response (its own branch, positions continuing the prompt's);
+  returns the number of prompt copies (units)."""
+  seen, units = [], 0
+  for b in batches:
+    r = b.rows
+    assert r.branch_ids.shape == r.input_ids.shape and b.seq_index.shape == (layout.slots,)
+    for row in range(layout.rows):
+      assert len(np.unique(r.token_slot[row][r.segment_ids[row] > 0])) <= layout.seqs_per_row
+    for s in np.flatnonzero(b.seq_index >= 0):
+      i, row, off = int(b.seq_index[s]), int(b.seq_row[s]), int(b.seq_offset[s])
+      p, q, start = prompts[i], responses[i], int(b.response_offset[s])
+      seen.append(i)
+      units += int(b.prompt_slot[s] == s)
+      cols = slice(off, off + len(p))
+      np.testing.assert_array_equal(r.input_ids[row, cols], p)
+      np.testing.assert_array_equal(r.positions[row, cols], np.arange(len(p)))
+      assert (r.branch_ids[row, cols] == 0).all() and (r.prompt_mask[row, cols] == 1).all()
+      assert (r.token_slot[row, cols] == b.prompt_slot[s]).all()
+      cols = slice(start, start + len(q))
+      np.testing.assert_array_equal(r.input_ids[row, cols], q)
+      np.testing.assert_array_equal(r.positions[row, cols], len(p) + np.arange(len(q)))
+      assert (r.token_slot[row, cols] == s).all() and (r.response_mask[row, cols] == 1).all()
+      assert len(set(r.branch_ids[row, cols].tolist())) <= 1 and (r.branch_ids[row, cols] > 0).all()
+      assert len(set(r.segment_ids[row, off:start + len(q)].tolist())) == 1
+    pad = r.segment_ids == 0
+    assert (r.token_slot[pad] == layout.slots).all() and (r.branch_ids[pad] == 0).all()
+    assert b.num_real_tokens == int((~pad).sum())
+  assert sorted(seen) == list(range(len(prompts)))
+  return units
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_prompts_place_every_sequence_once_with_one_prompt_per_unit(seed):
+  prompts, responses = _grouped_sequences(seed, 9, 6, 7)
+  layout = packing.PackingLayout(row_len=20, rows=3, seqs_per_row=4, share_prompts=True)
+  batches = packing.pack(prompts, responses, layout, pad_id=0)
+  units = _check_shared(batches, prompts, responses, layout)
+  groups = len({tuple(p) for p in prompts})
+  assert groups <= units < len(prompts)  # each prompt at least once, fewer copies than sequences
+  unshared = packing.pack(prompts, responses, packing.PackingLayout(row_len=20, rows=3,
+                                                                    seqs_per_row=4), pad_id=0)
+  real = lambda bs: sum(b.num_real_tokens for b in bs)
+  first = [(b, s) for b in batches for s in np.flatnonzero(b.seq_index >= 0)
+           if b.prompt_slot[s] == s]
+  # Computed real tokens: every response, and each unit's prompt once.
+  assert real(batches) == sum(len(q) for q in responses) + sum(
+      int(b.prompt_len[s]) for b, s in first)
+  assert real(batches) < real(unshared) == sum(len(p) + len(q) for p, q in zip(prompts, responses))
+  for b in batches:  # the per-token values of each response come back
+    values = np.where(b.rows.response_mask > 0, b.rows.input_ids, -1)
+    for i, v in b.responses(values):
+      np.testing.assert_array_equal(v, responses[i])
+    index, mask = b.response_index(7)
+    for s in np.flatnonzero(b.seq_index >= 0):
+      q = responses[int(b.seq_index[s])]
+      np.testing.assert_array_equal(values.reshape(-1)[index[s, :len(q)]], q)
+
+
+def test_a_group_too_long_for_a_row_is_split_into_units():
+  # One prompt of 4 tokens with responses of 6, 5, 3, 0 and 1 tokens: 4 + 15 > 16, so two units
+  # (each with its own copy of the prompt); a second prompt's unit shares a row with one of them.
+  prompts = [[7, 8, 9, 10]] * 5 + [[11, 12]]
+  responses = [[3] * 6, [4] * 5, [5] * 3, [], [6], [13, 14]]
+  layout = packing.PackingLayout(row_len=16, rows=4, seqs_per_row=4, share_prompts=True)
+  (b,) = packing.pack(prompts, responses, layout, pad_id=0)
+  assert _check_shared([b], prompts, responses, layout) == 3
+  assert b.rows.segment_ids.max() == 2  # two units in one row
+  assert b.num_real_tokens == 2 * 4 + 15 + 2 + 2
+  with pytest.raises(ValueError, match=r"sequence 1 has 17 tokens > row_len=16"):
+    packing.pack([[1] * 4, [1] * 4], [[2] * 3, [2] * 13], layout, pad_id=0)
+
+
+def test_first_fit_decreasing_counts_the_sequences_of_each_unit():
+  bins = packing.first_fit_decreasing(np.array([5, 4, 3]), 16, 4, counts=np.array([3, 2, 1]))
+  assert bins == [[0, 2], [1]]  # 3 + 2 sequences > 4: the second unit opens a new row
+
+
+def test_shared_prompts_need_packing():
+  with pytest.raises(ValueError, match=r"PackingLayout.share_prompts=True needs packing=True"):
+    packing.PackingLayout(packing=False, share_prompts=True)
+  rows = packing.pack([[1, 2]], [[3]], packing.PackingLayout(row_len=4, rows=1), pad_id=0)[0].rows
+  assert rows.branch_ids is None  # without shared prompts the model input is unchanged

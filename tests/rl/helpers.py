@@ -64,3 +64,33 @@ def alone_response_logp(model, seqs):
     lp = np.asarray(naive_token_logprobs(model, ids, jnp.ones_like(ids)))[0]
     out[i, :len(r)] = lp[len(p):]
   return out
+
+
+def grouped_sequences(seed, groups, max_response, vocab):
+  """Prompt-major `TrainSequences` whose groups share their prompt tokens (shared-prompt packing).
+
+  Args:
+    seed: the RNG seed.
+    groups: ``[(prompt_len, [response_len, ...]), ...]``, one entry per prompt.
+    max_response: W.
+    vocab: token ids are drawn from ``[3, vocab)``.
+  """
+  rng = np.random.default_rng(seed)
+  prompts, responses, log_z, adv = [], [], [], []
+  for prompt_len, lengths in groups:
+    p = rng.integers(3, vocab, prompt_len).astype(np.int32)
+    prompts += [p] * len(lengths)
+    responses += [rng.integers(3, vocab, r).astype(np.int32) for r in lengths]
+    reward = rng.integers(0, 2, len(lengths)).astype(np.float32)
+    adv += list((reward - reward.mean()) / (reward.std() + 1e-6))
+    log_z += [rng.normal(-4.0, 1.0)] * len(lengths)
+  n = len(prompts)
+  mask = np.arange(max_response)[None] < np.asarray([len(r) for r in responses])[:, None]
+  old = (-rng.uniform(3.5, 5.5, (n, max_response)) * mask).astype(np.float32)
+  ref = (-rng.uniform(3.5, 5.5, (n, max_response)) * mask).astype(np.float32)
+  return TrainSequences(prompts=prompts, responses=responses, old_logp=old, ref_logp=ref,
+                        signal=np.asarray(adv, np.float32), log_z=np.asarray(log_z, np.float32))
+
+
+def shared_layout(rows, row_len, seqs_per_row=8):
+  return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row, share_prompts=True)

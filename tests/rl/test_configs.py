@@ -86,6 +86,19 @@ def test_bad_values_name_field_and_value():
     stage3_paper.get_config("gspo,qwen2.5-7b,math,replay=0.25")
 
 
+def test_share_prompts_needs_packing_and_reaches_the_layout():
+  with pytest.raises(ValueError, match=r"rollout.share_prompts needs rollout.packing=True .*, "
+                                       r"got True"):
+    RolloutConfig(packing=False, share_prompts=True)
+  d = stage3_paper.get_config("grpo,qwen2.5-7b,math").to_dict()
+  d["train"]["rollout"]["share_prompts"] = "yes"
+  with pytest.raises(ValueError,
+                     match=r"config.train.rollout.share_prompts must be bool, got 'yes'"):
+    Stage3Config.from_config(d)
+  rc = RolloutConfig(max_prompt_len=16, max_response_len=8, share_prompts=True)
+  assert rc.layout([5], 8).share_prompts and not RolloutConfig().layout([5], 8).share_prompts
+
+
 def test_replay_is_refused_for_on_policy_objectives_by_the_objective():
   cd = stage3_paper.get_config("gspo,qwen2.5-7b,math")
   cd.train.replay.fraction = 0.25

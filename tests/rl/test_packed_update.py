@@ -1,6 +1,6 @@
 """Packed micro-batches vs every sequence alone (no padding at all): the four objectives' losses and
-gradients agree within 1e-5 in float32, on one device and sharded over 8; no recompilation
-across batches with different length mixes."""
+gradients agree within 1e-5 in float32, on one device and sharded over 8, with and without shared
+prompts; no recompilation across batches with different length mixes."""
 import types
 
 import jax
@@ -16,8 +16,8 @@ from disa_jax.rl import objectives
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.logz_head import LogZHead
 from disa_jax.scoring import gather_responses, packed_token_logprobs
-from tests.rl.helpers import (alone_response_logp, micro_batches, packed_layout, padded_layout,
-                              synthetic_sequences)
+from tests.rl.helpers import (alone_response_logp, grouped_sequences, micro_batches, packed_layout,
+                              padded_layout, shared_layout, synthetic_sequences)
 
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
 OBJECTIVES = {"disa": objectives.Disa(beta=2.0, scale="mean", omega="clipped_ratio"),
@@ -31,10 +31,19 @@ ROW_LEN, MAX_RESPONSE = 16, 10
 LENGTHS = [(3, 1), (6, 10), (2, 5), (4, 4), (1, 7), (5, 2), (3, 9), (2, 0),
            (4, 6), (7, 3), (2, 2), (6, 5)]
 TOL = 1e-5
+# Shared prompts, (prompt_len, [response lengths]) per prompt: the first group (5 + 20 tokens) is
+# split into two units; one group is a full row; one has an empty and a one-token response; two
+# small groups share a row; a group of one.
+GROUPS = [(5, [1, 10, 0, 4, 3, 2]), (3, [5, 2, 6]), (2, [3, 1]), (4, [2]), (6, [7, 3]),
+          (3, [9, 4])]
 
 
 def _sequences(seed=0, lengths=LENGTHS):
   return synthetic_sequences(seed, len(lengths), 7, MAX_RESPONSE, vocab=128, lengths=lengths)
+
+
+def _grouped(seed=0):
+  return grouped_sequences(seed, GROUPS, MAX_RESPONSE, vocab=128)
 
 
 def _models(method):
@@ -187,3 +196,56 @@ def test_no_recompilation_across_length_mixes():
     counts.append(step.compiled_programs())
   assert len(set(n_micro)) > 1  # the number of micro-batches varied
   assert counts == [2] * 4, counts  # one micro step, one optimizer step, compiled once
+
+
+def test_shared_layout_covers_the_edge_cases():
+  seqs = _grouped()
+  micro = micro_batches(seqs, shared_layout(2, ROW_LEN))
+  rows = [r for mb in micro for r in np.asarray(mb.rows.segment_ids)]
+  units = sum(len(set(r[r > 0].tolist())) for r in rows)
+  assert units == len(GROUPS) + 1  # each prompt once, the first group's twice (two units)
+  assert any(r.max() == 2 for r in rows)  # two units in one row
+  assert sum(int(mb.response_mask.sum()) for mb in micro) == sum(sum(r) for _, r in GROUPS)
+  real = sum(int((mb.rows.segment_ids > 0).sum()) for mb in micro)
+  assert real == sum(p + sum(r) for p, r in GROUPS) + GROUPS[0][0]
+
+
+@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
+def test_shared_prompt_update_equals_unshared_update(method):
+  """Shared vs unshared packing of the same groups: the same log-probs, loss and gradients (the
+  log Z head's included)."""
+  seqs = _grouped()
+  model, _ = _models(method)
+  lp_shared = _layout_logp(model, seqs, shared_layout(2, ROW_LEN))
+  np.testing.assert_allclose(lp_shared, _layout_logp(model, seqs, packed_layout(2, ROW_LEN)),
+                             rtol=TOL, atol=TOL)
+  loss_s, g_s, hg_s, micro_s = _packed_update(method, seqs, shared_layout(2, ROW_LEN))
+  loss_u, g_u, hg_u, micro_u = _packed_update(method, seqs, packed_layout(2, ROW_LEN))
+  real = lambda micro: sum(int((mb.rows.segment_ids > 0).sum()) for mb in micro)
+  assert real(micro_s) < real(micro_u) and len(micro_s) > 1  # fewer prompt copies; accumulated
+  np.testing.assert_allclose(loss_s, loss_u, rtol=TOL, atol=TOL)
+  pairs = list(zip(jax.tree.leaves(g_s), jax.tree.leaves(g_u)))
+  pairs += list(zip(jax.tree.leaves(hg_s), jax.tree.leaves(hg_u)))
+  assert max(float(np.abs(b).max()) for _, b in pairs) > 1e-3  # gradients are real
+  for a, b in pairs:
+    np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
+def test_shared_prompt_update_equals_every_sequence_alone(method):
+  _assert_close(method, _grouped(), shared_layout(2, ROW_LEN))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
+def test_shared_prompt_update_sharded_equals_every_sequence_alone(method, n_devices):
+  assert n_devices == 8
+  mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
+  _assert_close(method, _grouped(), shared_layout(4, ROW_LEN), mesh)
+
+
+def test_shared_prompt_update_sharded_flowrl():
+  """The quick tier's sharded check of shared prompts (the head reads each unit's prompt)."""
+  mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
+  _assert_close("flowrl", _grouped(), shared_layout(4, ROW_LEN), mesh)

@@ -121,6 +121,28 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path):
   assert _strip_time(resumed) == _strip_time(full)
 
 
+def test_shared_prompt_run_equals_unshared_run(tmp_path):
+  """DISA with rollout.share_prompts: the pi_ref and pi_old passes, the anchor's prompt embeddings
+  and the update on shared-prompt rows give the metrics of the unshared run, on fewer tokens."""
+  runs = {}
+  for share in (False, True):
+    cfg = _cfg(steps=2)
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_len=32,
+                                                               share_prompts=share))
+    trainer, _ = _trainer(cfg, tmp_path / str(share))
+    trainer.run()
+    trainer.close()
+    runs[share] = read_jsonl(str(tmp_path / str(share) / "metrics.jsonl"))
+  for s, u in zip(runs[True], runs[False]):  # as many rows computed, fewer real tokens in them
+    assert s["packing/micro_batches"] == u["packing/micro_batches"]
+    assert s["packing/efficiency"] < u["packing/efficiency"]
+  for shared, unshared in zip(_strip_time(runs[True]), _strip_time(runs[False])):
+    assert shared.keys() == unshared.keys() and np.isfinite(shared["loss"])
+    for k, v in unshared.items():
+      if not k.startswith("packing/"):
+        np.testing.assert_allclose(shared[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["flowrl", "grpo", "gspo"])
 def test_baselines_run(tmp_path, method):

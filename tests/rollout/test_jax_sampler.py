@@ -117,13 +117,28 @@ def test_stop_tokens_and_early_exit(sampler):
 def test_new_prompt_lengths_and_params_do_not_recompile(sampler):
   s = sampler
   s.generate(PROMPTS, SamplingParams(max_tokens=10))
-  compiled = s._fns[16]._cache_size()  # pylint: disable=protected-access
+  compiled = s._fns[16, 1]._cache_size()  # pylint: disable=protected-access
   for prompt_len, n, t, k, p in [(3, 1, 1.0, 0, 1.0), (9, 1, 0.5, 5, 0.9), (15, 1, 0.0, 0, 1.0),
                                  (1, 1, 2.0, 0, 0.3)]:
     prompts = [list(range(1, prompt_len + 1)), [4, 5], [7]]
     s.generate(prompts, SamplingParams(n=n, temperature=t, top_k=k, top_p=p, max_tokens=10,
                                        stop_token_ids=(prompt_len,)))
-  assert s._fns[16]._cache_size() == compiled  # pylint: disable=protected-access
+  assert s._fns[16, 1]._cache_size() == compiled  # pylint: disable=protected-access
+
+
+def test_samples_of_a_prompt_share_one_prefill(sampler):
+  """n = 4 samples of 3 prompts (12 rows in a batch of 16: a padding prompt) prefill each prompt
+  once; greedy completions and their raw log-probs equal those of the prompts repeated n times
+  with n = 1 (one prefill per row)."""
+  params = SamplingParams(n=4, temperature=0.0, max_tokens=6, return_raw_logprobs=True)
+  grouped = sampler.generate(PROMPTS, params)
+  assert (16, 4) in sampler._fns  # pylint: disable=protected-access
+  flat = sampler.generate([p for p in PROMPTS for _ in range(4)], dataclasses.replace(params, n=1))
+  for i, comps in enumerate(grouped):
+    for j, c in enumerate(comps):
+      (ref,) = flat[4 * i + j]
+      np.testing.assert_array_equal(c.token_ids, ref.token_ids)
+      np.testing.assert_allclose(c.raw_logprobs, ref.raw_logprobs, atol=1e-5)
 
 
 def test_update_weights_changes_and_restores_bit_for_bit(sampler, hf_state):

@@ -116,3 +116,79 @@ def test_scorer_packed_equals_padded_and_prompt_embeddings_equal_alone(model):
     p = jnp.asarray([prompts[int(b.seq_index[s])]])
     want = np.asarray(scoring.prompt_embeddings(model, p, jnp.ones_like(p)))[0]
     np.testing.assert_allclose(emb[s], want, rtol=TOL, atol=TOL)
+
+
+# Shared prompts: prompt A's 5 responses (3, 0, 1, 6 and 2 tokens: an empty and a one-token one)
+# need 5 + 12 > 16 tokens, so A is split into two units; prompt B's unit shares a row with one.
+SHARED = [(0, 3), (0, 0), (0, 1), (0, 6), (0, 2), (1, 4), (1, 2)]
+SHARED_PROMPT_LENS = (5, 3)
+
+
+def _shared_sequences(seed=0, spec=SHARED):
+  rng = np.random.default_rng(seed)
+  heads = [rng.integers(3, 120, n).tolist() for n in SHARED_PROMPT_LENS]
+  return [heads[g] for g, _ in spec], [rng.integers(3, 120, r).tolist() for _, r in spec]
+
+
+def _shared_layout(**kw):
+  return packing.PackingLayout(row_len=16, rows=2, seqs_per_row=4, share_prompts=True, **kw)
+
+
+def test_shared_prompt_logprobs_equal_unshared_and_alone(model):
+  prompts, responses = _shared_sequences()
+  (b,) = packing.pack(prompts, responses, _shared_layout(), pad_id=0)
+  units = b.seq_index[(b.seq_index >= 0) & (b.prompt_slot == np.arange(len(b.seq_index)))]
+  assert sorted(prompts[i] == prompts[0] for i in units) == [False, True, True]  # A split in two
+  assert (b.rows.segment_ids.max(axis=1) == 2).any()  # two units in one row
+  assert b.num_real_tokens < sum(len(p) + len(r) for p, r in zip(prompts, responses))
+  shared = _by_layout(model, prompts, responses, _shared_layout())
+  unshared = _by_layout(model, prompts, responses, packing.PackingLayout(row_len=16, rows=4,
+                                                                         seqs_per_row=4))
+  alone = _alone(model, prompts, responses)
+  for i in range(len(prompts)):
+    assert shared[i].shape == (len(responses[i]),)
+    np.testing.assert_allclose(shared[i], unshared[i], rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(shared[i], alone[i], rtol=TOL, atol=TOL)
+
+
+def test_a_response_never_attends_to_a_sibling_response(model):
+  """Changing one response of a unit (its tokens, then its length) leaves its siblings' log-probs
+  unchanged; its own change."""
+  prompts, responses = _shared_sequences(1, [(1, 3), (1, 4), (1, 2)])
+  layout = packing.PackingLayout(row_len=16, rows=1, seqs_per_row=4, share_prompts=True)
+  assert packing.pack(prompts, responses, layout, pad_id=0)[0].rows.branch_ids.max() == 3
+  base = _by_layout(model, prompts, responses, layout)
+  for new in ([9, 10, 11, 12], [13, 14, 15, 16, 17, 18]):
+    changed = _by_layout(model, prompts, responses[:1] + [new] + responses[2:], layout)
+    for i in (0, 2):
+      np.testing.assert_allclose(changed[i], base[i], rtol=1e-6, atol=1e-6)
+    assert changed[1].shape != base[1].shape or not np.allclose(changed[1], base[1])
+
+
+def test_shared_prompt_mask_and_predictors(model):
+  """Query t sees key k iff k <= t in its unit and k is a prompt token or in t's own response; a
+  response's first token is scored from its prompt's last state."""
+  seg = jnp.asarray([[1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 0]])
+  br = jnp.asarray([[0, 0, 1, 1, 2, 3, 3, 0, 1, 1, 0]])
+  mask = np.asarray(model._full_mask(jnp.zeros_like(seg), None, seg, br))[0]  # pylint: disable=protected-access
+  s, b = np.asarray(seg)[0], np.asarray(br)[0]
+  for q in range(11):
+    for k in range(11):
+      want = k <= q and s[q] == s[k] > 0 and b[k] in (0, b[q])
+      assert mask[q, k] == want, (q, k)
+  np.testing.assert_array_equal(scoring.branch_predictors(seg, br)[0],
+                                [0, 0, 1, 2, 1, 1, 5, 6, 7, 8, 9])
+  with pytest.raises(ValueError, match="branch_ids .* need explicit positions"):
+    model.hidden_states(jnp.ones((1, 11), jnp.int32), segment_ids=seg, branch_ids=br)
+
+
+def test_shared_prompt_embeddings_reach_every_slot_of_a_unit(model):
+  """`embed_packed` on a shared layout: every sequence of a unit gets its prompt's embedding."""
+  from disa_jax.scoring.batched import embed_packed  # pylint: disable=g-import-not-at-top
+  prompts, _ = _shared_sequences(2)
+  fn = jax.jit(lambda rows: scoring.packed_prompt_embeddings(model, rows, 8))
+  emb = embed_packed(fn, prompts, _shared_layout(), model.config.hidden_size, pad_id=0)
+  for i, p in enumerate(prompts):
+    p = jnp.asarray([p])
+    want = np.asarray(scoring.prompt_embeddings(model, p, jnp.ones_like(p)))[0]
+    np.testing.assert_allclose(emb[i], want, rtol=TOL, atol=TOL)
