@@ -217,6 +217,55 @@ def _jit_shardings(mesh: Mesh | None, state_shardings: Any
   return kw_micro, kw_finish, dict(out_shardings=acc_sh)
 
 
+class _Update:
+  """The update built by `make_train_step`: ``update(state, micro_batches) -> (state, metrics)``.
+
+  Holds the jitted micro step, optimizer step and the accumulator's initialiser (built on the
+  first call, once the loss's metric names are known).
+  """
+
+  def __init__(self, grad_fn, micro_j, finish_j, kw_init: dict[str, Any]):
+    self._grad_fn, self._micro_j, self._finish_j, self._kw_init = grad_fn, micro_j, finish_j, kw_init
+    self._init_j = None
+
+  def _init_acc(self, state: TrainState, mb: TrainBatch):
+    if self._init_j is None:
+      (_, shapes), _ = jax.eval_shape(self._grad_fn, state.params, state.head_params, mb,
+                                      jax.random.key(0))
+      shapes = dict(shapes, loss=jax.ShapeDtypeStruct((), jnp.float32))
+      zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
+      self._init_j = jax.jit(lambda p, hp: (zeros(p), zeros(hp), jnp.float32(0.0),
+                                            _metric_init(shapes)), **self._kw_init)
+    return self._init_j
+
+  def __call__(self, state: TrainState, micro_batches: Sequence[TrainBatch]):
+    if not micro_batches:
+      raise ValueError("an update needs at least one micro-batch, got none")
+    acc = self._init_acc(state, micro_batches[0])(state.params, state.head_params)
+    for k, mb in enumerate(micro_batches):
+      acc = self._micro_j(state.params, state.head_params, state.step, acc, mb, jnp.int32(k))
+    return self._finish_j(state, acc)
+
+  def lower(self, state: TrainState, mb: TrainBatch) -> dict[str, jax.stages.Lowered]:
+    """Lowers the micro step and the optimizer step without running anything.
+
+    ``state`` and ``mb`` may be abstract (`jax.ShapeDtypeStruct` leaves, with shardings on a mesh):
+    what `benchmarks/plan_memory.py` compiles to read XLA's memory analysis of a step.
+
+    Returns:
+      ``{'micro': the forward/backward + accumulate of one micro-batch, 'finish': the optimizer
+      step}`` as `jax.stages.Lowered`.
+    """
+    acc = jax.eval_shape(self._init_acc(state, mb), state.params, state.head_params)
+    k = jax.ShapeDtypeStruct((), jnp.int32)
+    return {"micro": self._micro_j.lower(state.params, state.head_params, state.step, acc, mb, k),
+            "finish": self._finish_j.lower(state, acc)}
+
+  def compiled_programs(self) -> int:
+    """Compiled micro and optimizer steps so far (recompilations show up here)."""
+    return self._micro_j._cache_size() + self._finish_j._cache_size()  # pylint: disable=protected-access
+
+
 def make_train_step(graphdef: nnx.GraphDef,
                     objective: Objective,
                     optimizer: optax.GradientTransformation,
@@ -275,45 +324,7 @@ def make_train_step(graphdef: nnx.GraphDef,
   kw_micro, kw_finish, kw_init = _jit_shardings(mesh, state_shardings)
   micro_j = jax.jit(micro, donate_argnums=(3,), **kw_micro)
   finish_j = jax.jit(finish, donate_argnums=donated, **kw_finish)
-  init_j = []  # the accumulator's initialiser, built once the metrics' names are known
-
-  def init_acc(state: TrainState, mb: TrainBatch):
-    """The jitted accumulator initialiser (built on the first call, from ``mb``'s metrics)."""
-    if not init_j:
-      (_, shapes), _ = jax.eval_shape(grad_fn, state.params, state.head_params, mb,
-                                      jax.random.key(0))
-      shapes = dict(shapes, loss=jax.ShapeDtypeStruct((), jnp.float32))
-      zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-      init_j.append(jax.jit(lambda p, hp: (zeros(p), zeros(hp), jnp.float32(0.0),
-                                           _metric_init(shapes)), **kw_init))
-    return init_j[0]
-
-  def step(state: TrainState, micro_batches: Sequence[TrainBatch]):
-    if not micro_batches:
-      raise ValueError("an update needs at least one micro-batch, got none")
-    acc = init_acc(state, micro_batches[0])(state.params, state.head_params)
-    for k, mb in enumerate(micro_batches):
-      acc = micro_j(state.params, state.head_params, state.step, acc, mb, jnp.int32(k))
-    return finish_j(state, acc)
-
-  def lower(state: TrainState, mb: TrainBatch) -> dict[str, jax.stages.Lowered]:
-    """Lowers the micro step and the optimizer step without running anything.
-
-    ``state`` and ``mb`` may be abstract (`jax.ShapeDtypeStruct` leaves, with shardings on a mesh):
-    what `benchmarks/plan_memory.py` compiles to read XLA's memory analysis of a step.
-
-    Returns:
-      ``{'micro': the forward/backward + accumulate of one micro-batch, 'finish': the optimizer
-      step}`` as `jax.stages.Lowered`.
-    """
-    acc = jax.eval_shape(init_acc(state, mb), state.params, state.head_params)
-    k = jax.ShapeDtypeStruct((), jnp.int32)
-    return {"micro": micro_j.lower(state.params, state.head_params, state.step, acc, mb, k),
-            "finish": finish_j.lower(state, acc)}
-
-  step.compiled_programs = lambda: micro_j._cache_size() + finish_j._cache_size()  # pylint: disable=protected-access
-  step.lower = lower
-  return step
+  return _Update(grad_fn, micro_j, finish_j, kw_init)
 
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
