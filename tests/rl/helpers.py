@@ -46,8 +46,9 @@ def padded_layout(rows, row_len=0, pad_to=4):
   return PackingLayout(packing=False, row_len=row_len, rows=rows, pad_to=pad_to)
 
 
-def packed_layout(rows, row_len, seqs_per_row=8):
-  return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row)
+def packed_layout(rows, row_len, seqs_per_row=8, share_prompts=False):
+  return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row,
+                       share_prompts=share_prompts)
 
 
 def micro_batches(seqs, layout, idx=None):
@@ -93,4 +94,4 @@ def grouped_sequences(seed, groups, max_response, vocab):
 
 
 def shared_layout(rows, row_len, seqs_per_row=8):
-  return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row, share_prompts=True)
+  return packed_layout(rows, row_len, seqs_per_row, share_prompts=True)

@@ -160,23 +160,36 @@ def test_layout_covers_the_edge_cases():
   assert sum(int(mb.response_mask.sum()) for mb in micro) == sum(r for _, r in LENGTHS)
 
 
-@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
-def test_packed_update_equals_every_sequence_alone(method):
-  _assert_close(method, _sequences(), packed_layout(2, ROW_LEN))
+# Each packing kind: its sequences and layout. "packed": one prompt copy per sequence (several
+# sequences a row); "shared": the groups of GROUPS, each prompt once per unit.
+KINDS = {"packed": (_sequences, packed_layout), "shared": (_grouped, shared_layout)}
+METHODS = ["disa", "flowrl", "grpo", "gspo"]
+
+
+@pytest.mark.parametrize("kind", ["packed", pytest.param("shared", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", METHODS)
+def test_packed_update_equals_every_sequence_alone(method, kind):
+  seqs, layout = KINDS[kind]
+  _assert_close(method, seqs(), layout(2, ROW_LEN))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
-def test_packed_update_sharded_equals_every_sequence_alone(method, n_devices):
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("method", METHODS)
+def test_packed_update_sharded_equals_every_sequence_alone(method, kind, n_devices):
   assert n_devices == 8
+  seqs, layout = KINDS[kind]
   mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-  _assert_close(method, _sequences(), packed_layout(4, ROW_LEN), mesh)
+  _assert_close(method, seqs(), layout(4, ROW_LEN), mesh)
 
 
-def test_packed_update_sharded_flowrl():
-  """The quick tier's sharded check (the head pools over rows split across devices)."""
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_packed_update_sharded_flowrl(kind):
+  """The quick tier's sharded check (the head pools over rows split across devices; with shared
+  prompts it reads each unit's prompt)."""
+  seqs, layout = KINDS[kind]
   mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-  _assert_close("flowrl", _sequences(), packed_layout(4, ROW_LEN), mesh)
+  _assert_close("flowrl", seqs(), layout(4, ROW_LEN), mesh)
 
 
 def test_no_recompilation_across_length_mixes():
@@ -229,23 +242,3 @@ def test_shared_prompt_update_equals_unshared_update(method):
   assert max(float(np.abs(b).max()) for _, b in pairs) > 1e-3  # gradients are real
   for a, b in pairs:
     np.testing.assert_allclose(a, b, rtol=TOL, atol=TOL)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
-def test_shared_prompt_update_equals_every_sequence_alone(method):
-  _assert_close(method, _grouped(), shared_layout(2, ROW_LEN))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["disa", "flowrl", "grpo", "gspo"])
-def test_shared_prompt_update_sharded_equals_every_sequence_alone(method, n_devices):
-  assert n_devices == 8
-  mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-  _assert_close(method, _grouped(), shared_layout(4, ROW_LEN), mesh)
-
-
-def test_shared_prompt_update_sharded_flowrl():
-  """The quick tier's sharded check of shared prompts (the head reads each unit's prompt)."""
-  mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-  _assert_close("flowrl", _grouped(), shared_layout(4, ROW_LEN), mesh)
