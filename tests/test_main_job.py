@@ -42,6 +42,7 @@ def _cfg(**over):
   c.track.every = 2  # two exact measurements per run: the dynamics tables and plots
   c.track.kl_samples = 4
   c.methods = ("disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo")
+  c.stage3_workers = 1  # the runs one after another in this process (the seeds test takes 2)
   c.sft.rank = 4
   c.sft.alpha = 8.0
   c.sft.epochs = 1
@@ -214,10 +215,13 @@ def test_one_method_through_the_four_commands_gives_the_same_labels_and_row(job_
 @pytest.mark.slow
 def test_replay_methods_and_several_seeds_give_mean_and_std_rows(job_run, tmp_path):
   """Other methods and seeds in the shared job's directory: its models, Stage 1/2 outputs and
-  seed-0 disa run are reused (a rerun skips what exists), only the new Stage 3 runs train."""
+  seed-0 disa run are reused (a rerun skips what exists), only the new Stage 3 runs train, two at a
+  time in spawned worker processes."""
   tmp_path = job_run[2]
   report = _job(_cfg(methods=("disa", "disa_replay"), seeds=(0, 1), sft_enabled=False,
-                      **{"anchor_study.repeats": 0}), tmp_path).run()
+                      stage3_workers=2, **{"anchor_study.repeats": 0}), tmp_path).run()
+  times = json.loads((tmp_path / "times.json").read_text())
+  assert {"stage3_disa_seed1", "stage3_disa_replay", "stage3_disa_replay_seed1"} <= set(times)
   assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa_replay", "disa_replay_seed1"}
   for m in ("disa", "disa_replay"):
     row = report["methods"][m]
@@ -231,6 +235,16 @@ def test_replay_methods_and_several_seeds_give_mean_and_std_rows(job_run, tmp_pa
   assert "disa (2 seeds)" in (tmp_path / "report.md").read_text()
 
 
+def test_a_run_failing_in_a_stage3_worker_is_raised_with_its_name(tmp_path):
+  """Two runs in spawned workers, without the models they load: the job stops naming both runs
+  and the cause, and records no time for them."""
+  job = _job(_cfg(methods=("grpo",), seeds=(3, 4), stage3_workers=2), tmp_path)
+  with pytest.raises(RuntimeError, match=r"Stage 3 runs failed: \{'grpo': .*'grpo_seed4': ") as e:
+    job.stage3_all()
+  assert "models/reference" in repr(e.value.__cause__)
+  assert "stage3_grpo" not in job.times
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("engine.kind", "sglang", "engine.kind must be one of"),
     ("beta", -1.0, "beta must be > 0"),
@@ -238,6 +252,7 @@ def test_replay_methods_and_several_seeds_give_mean_and_std_rows(job_run, tmp_pa
     ("stage1.sampling.temperature", 0.0, "stage1: sampling.temperature must be > 0"),
     ("train.optim.lr", 0.0, "optim.lr must be > 0"),
     ("seeds", (0, 0), "seeds must be distinct"),
+    ("stage3_workers", 0, "stage3_workers must be an int >= 1, got 0"),
     ("runs.disa_replay.replay.fraction", 1.0, r"replay.fraction must be in \[0, 1\)"),
     ("fix", "disa_ppo", "fix must name one of runs"),
     ("track.kl_samples", 1, "track needs every >= 0 and kl_samples >= 2"),

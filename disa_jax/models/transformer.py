@@ -154,9 +154,9 @@ class Transformer(nnx.Module):
     p = {name: a.astype(self.dtype) for name, a in p.items()}
     with jax.named_scope("attention"):  # names the ops in profiles
       h = L.rms_norm(x, p["attn_norm"], c.rms_norm_eps)
-      q = jnp.einsum("btd,dnh->btnh", h, p["q_kernel"])
-      k = jnp.einsum("btd,dkh->btkh", h, p["k_kernel"])
-      v = jnp.einsum("btd,dkh->btkh", h, p["v_kernel"])
+      q = L.dense(h, p["q_kernel"])
+      k = L.dense(h, p["k_kernel"])
+      v = L.dense(h, p["v_kernel"])
       if c.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
       if c.qk_norm:
@@ -180,16 +180,16 @@ class Transformer(nnx.Module):
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
       attn = L.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk)
-      out = jnp.einsum("btnh,nhd->btd", attn, p["o_kernel"])
+      out = L.dense(attn, p["o_kernel"], 2)
       if c.o_bias:
         out = out + p["o_bias"]
       x = self._constrain(x + out, ("batch", "seq", "act_embed"))
     with jax.named_scope("mlp"):
       h = L.rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
-      g = self._constrain(jnp.einsum("btd,df->btf", h, p["gate_kernel"]),
+      g = self._constrain(L.dense(h, p["gate_kernel"]),
                           ("batch", "seq", "act_mlp"))
-      u = self._constrain(jnp.einsum("btd,df->btf", h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
-      x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, p["down_kernel"])
+      u = self._constrain(L.dense(h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
+      x = x + L.dense(jax.nn.silu(g) * u, p["down_kernel"])
       x = self._constrain(x, ("batch", "seq", "act_embed"))
     return x, new_kv
 

@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from disa_jax.models.layers import dense
+
 DEFAULT_CHUNK_SIZE = 1024  # rows per chunk when the logits are chunked
 # chunk_size=None: no chunking while rows * V <= this (2**25 float32 logits = 128 MiB).
 UNCHUNKED_MAX_ELEMENTS = 1 << 25
@@ -75,7 +77,7 @@ def _rows_logprobs(h: jax.Array, tgt: jax.Array, kernel: jax.Array) -> jax.Array
   The target logit is picked with a one-hot mask in the same pass as the logsumexp (no gather, and
   a select instead of a scatter in the backward pass).
   """
-  logits = jnp.einsum("cd,dv->cv", h, kernel, preferred_element_type=jnp.float32)
+  logits = dense(h, kernel, 1, jnp.float32)  # [c, V] (`dense`: the CPU-friendly gradient)
   lse = jax.nn.logsumexp(logits, axis=-1)
   vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
   picked = jnp.sum(jnp.where(vocab == tgt[:, None], logits, 0.0), axis=-1)

@@ -212,3 +212,37 @@ def test_bad_layer_loop_names_the_field():
   from disa_jax.models import Transformer
   with pytest.raises(ValueError, match="layer_loop='while'"):
     Transformer(testing.make_tiny_model("qwen3").config, rngs=nnx.Rngs(0), layer_loop="while")
+
+
+@pytest.mark.parametrize("n,x_shape,w_shape", [(1, (2, 5, 6), (6, 3, 4)), (2, (2, 5, 3, 4), (3, 4, 6)),
+                                               (1, (7, 6), (6, 9))])
+def test_dense_value_and_gradients_equal_autodiff_of_tensordot(n, x_shape, w_shape):
+  """`layers.dense` writes its own backward: a wrong transpose, reshape or contracted axis there
+  would give the right forward and a wrong gradient, so both are checked against autodiff."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=x_shape), jnp.float32)
+  w = jnp.asarray(rng.normal(size=w_shape), jnp.float32)
+  probe = jnp.asarray(rng.normal(size=x_shape[:len(x_shape) - n] + w_shape[n:]), jnp.float32)
+  ref = lambda x, w: jnp.sum(jnp.tensordot(x, w, n) * probe)
+  mine = jax.jit(lambda x, w: jnp.sum(layers.dense(x, w, n) * probe))
+  np.testing.assert_allclose(mine(x, w), ref(x, w), rtol=1e-5)
+  for got, want in zip(jax.grad(mine, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_bfloat16_inputs_float32_output_keep_the_input_dtypes_in_the_gradient():
+  """The vocabulary projection's use: bf16 operands, float32 logits; the cotangents come back in
+  the operands' dtypes and agree with float32 autodiff to bf16 precision."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(9, 16)), jnp.bfloat16)
+  w = jnp.asarray(rng.normal(size=(16, 11)), jnp.bfloat16)
+  y = layers.dense(x, w, 1, jnp.float32)
+  assert y.dtype == jnp.float32
+  gx, gw = jax.grad(lambda x, w: jnp.sum(jax.nn.log_softmax(layers.dense(x, w, 1, jnp.float32))[:, 0]),
+                    (0, 1))(x, w)
+  assert gx.dtype == jnp.bfloat16 and gw.dtype == jnp.bfloat16
+  fx, fw = jax.grad(lambda x, w: jnp.sum(jax.nn.log_softmax(x @ w)[:, 0]), (0, 1))(
+      x.astype(jnp.float32), w.astype(jnp.float32))
+  np.testing.assert_allclose(gx.astype(jnp.float32), fx, rtol=2e-2, atol=2e-2)
+  np.testing.assert_allclose(gw.astype(jnp.float32), fw, rtol=2e-2, atol=2e-2)
