@@ -1,4 +1,4 @@
-"""Pure functions of the decoder block: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""Pure functions of the decoder block: RMSNorm, RoPE, grouped-query attention, projections.
 
 They follow the numerics of the Hugging Face implementations (normalisation and softmax in float32,
 rotate-half RoPE with float32 angles) so that float32 logits agree to ~1e-5.
@@ -166,8 +166,9 @@ def dense(x: jax.Array, w: jax.Array, n: int = 1, out_dtype: Any = None) -> jax.
   The value is ``jnp.tensordot(x, w, n)``; the gradient is written out as two row-major matmuls,
   dx = dy w^T and dw = x^T dy. For the weight gradient XLA:CPU otherwise emits a dot contracted on
   its left operand's leading axis after transposing the larger `[M, O]` cotangent; here x is
-  transposed once instead (the SwiGLU block's forward + backward: 1.3-1.9x faster on a CPU, see
-  `benchmarks/bench_models_speed.py`). Other backends get the same two dots.
+  transposed once instead. On a 2-core CPU the SwiGLU block's forward + backward ran 1.3-1.9x
+  faster (a one-off measurement); `benchmarks/bench_models_speed.py` times the train step with
+  autodiff projections ("before") against this. Other backends get the same two dots.
 
   Args:
     x: `[..., C1..Cn]` activations.
@@ -199,17 +200,3 @@ def _dense_bwd(n, out_dtype, res, dy):
 
 
 dense.defvjp(_dense_fwd, _dense_bwd)
-
-
-def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
-  """SwiGLU MLP: down(silu(x @ gate) * (x @ up)).
-
-  Args:
-    x: `[B, T, D]`.
-    gate, up: `[D, F]` kernels.
-    down: `[F, D]` kernel.
-
-  Returns:
-    `[B, T, D]`.
-  """
-  return dense(jax.nn.silu(dense(x, gate)) * dense(x, up), down)

@@ -186,8 +186,7 @@ class Transformer(nnx.Module):
       x = self._constrain(x + out, ("batch", "seq", "act_embed"))
     with jax.named_scope("mlp"):
       h = L.rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
-      g = self._constrain(L.dense(h, p["gate_kernel"]),
-                          ("batch", "seq", "act_mlp"))
+      g = self._constrain(L.dense(h, p["gate_kernel"]), ("batch", "seq", "act_mlp"))
       u = self._constrain(L.dense(h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
       x = x + L.dense(jax.nn.silu(g) * u, p["down_kernel"])
       x = self._constrain(x, ("batch", "seq", "act_embed"))

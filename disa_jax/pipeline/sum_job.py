@@ -144,7 +144,7 @@ class MainConfig:
 
 
 def _timed_stage3(cfg) -> float:
-  """`run_stage3` in a worker process of `SumJob.stage3_all`; returns its seconds."""
+  """`run_stage3` (in this process, or in a worker of `SumJob.stage3_all`); returns its seconds."""
   from disa_jax.workflows.stage3 import run_stage3  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   run_stage3(cfg)
@@ -249,10 +249,13 @@ class SumJob:
   def _timed(self, name: str, fn, *args):
     t0 = time.time()
     out = fn(*args)
-    if name not in self.times:  # the time of the run that did the work (a resumed run skips it)
-      self.times[name] = round(time.time() - t0, 2)
-      _write_json(self.dir / "times.json", self.times)
+    self._record(name, round(time.time() - t0, 2))
     return out
+
+  def _record(self, name: str, seconds: float) -> None:
+    if name not in self.times:  # the time of the run that did the work (a resumed run skips it)
+      self.times[name] = seconds
+      _write_json(self.dir / "times.json", self.times)
 
   # -- 0. the task's own pieces ------------------------------------------------------------------
 
@@ -358,7 +361,7 @@ class SumJob:
     workers = min(self.cfg.stage3_workers, len(todo))
     if workers <= 1:
       for k in todo:
-        self._timed(f"stage3_{self.run_name(*k)}", _timed_stage3, self.stage3_cfgs[k])
+        self._record(f"stage3_{self.run_name(*k)}", _timed_stage3(self.stage3_cfgs[k]))
     else:
       import multiprocessing  # pylint: disable=g-import-not-at-top
       from concurrent import futures  # pylint: disable=g-import-not-at-top
@@ -369,10 +372,9 @@ class SumJob:
         pending = {k: ex.submit(_timed_stage3, c) for k, c in zip(todo, cfgs)}
         for k, fut in pending.items():
           try:
-            self.times[f"stage3_{self.run_name(*k)}"] = fut.result()
+            self._record(f"stage3_{self.run_name(*k)}", fut.result())
           except Exception as e:  # pylint: disable=broad-except
             failed[self.run_name(*k)] = e
-          _write_json(self.dir / "times.json", self.times)
       if failed:
         raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
     return {self.run_name(*k): str(final[k]) for k in keys}
