@@ -39,8 +39,16 @@ def _alive(pid):
 
 
 def _maps_segment(pid, prefix):
-  """True if process `pid` has a /dev/shm segment whose name starts with `prefix` mapped."""
+  """True if process `pid`, a spawned (exec'd) worker, has a /dev/shm segment named `prefix`* mapped.
+
+  Between fork and exec a child's maps are a copy of its parent's, the trainer's segments included;
+  such a child has mapped nothing itself. Its command line is still the parent's, so it is read first:
+  once it names `spawn_main`, the maps read after it are the worker's own.
+  """
   try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      if b"spawn_main" not in f.read():
+        return False
     with open(f"/proc/{pid}/maps") as f:
       return any(f"/dev/shm/{prefix}" in line for line in f)
   except OSError:
