@@ -12,18 +12,20 @@ Measured, alternating ours (before) / ours (after) / torch within each repetitio
 - scoring: teacher-forced per-token log-probs of the batch (no gradient);
 - train step: forward + backward + AdamW update of a mean token NLL loss.
 "before" is the code path of the models before issue 14: the decoder layers as a `lax.scan`
-(`layer_loop='scan'`), the log-probs in 1,024-row checkpointed chunks (`chunk_size=1024`) and every
-projection differentiated by autodiff of a tensordot (`layers.dense` swapped while tracing); only
-the one-hot target pick that replaced a gather is not switchable. "after" uses the defaults.
+(`layer_loop='scan'`), the log-probs in 1,024-row checkpointed chunks (`chunk_size=1024`), and the
+projections, RMSNorm and RoPE differentiated by autodiff (`layers.dense`, `layers.rms_norm` and
+`layers.apply_rope` swapped for their values while tracing); only the one-hot target pick that
+replaced a gather is not switchable. "after" uses the defaults.
 Reported: tokens/s medians and the median (min-max) of the per-repetition ratios.
 
 Usage: python benchmarks/bench_models_speed.py [--shape d512|peer] [--reps 7] [--unroll 1] [--remat]
-       [--chunk N] [--dtype float32|bfloat16] [--malloc] [--torch-threads N]
-``--malloc`` re-runs the script with glibc's allocator keeping freed memory (see
-`bench_stage3_vs_trl.py`): XLA:CPU's per-execution temporaries above 64 MiB are otherwise mapped
-fresh and page-faulted on every call.
-Faster on this CPU: XLA_FLAGS=--xla_cpu_experimental_onednn_custom_call=true (oneDNN matmuls; ~20%
-faster train step at d512, mostly in the vocabulary projection).
+       [--chunk N] [--dtype float32|bfloat16] [--glibc-defaults] [--torch-threads N]
+The process first applies `disa_jax.runtime.tune_host_allocator`, as every launch entry point does
+(glibc keeps XLA:CPU's per-execution scratch block instead of mapping it fresh and faulting its
+pages in on every call); both models run under it. ``--glibc-defaults`` leaves glibc's defaults.
+XLA_FLAGS=--xla_cpu_experimental_onednn_custom_call=true (oneDNN matmuls) did not help with
+jax 0.10.2: d512 train step ours/torch 1.01x with it, 0.99x without (3 reps each); no change on
+the peer shape either.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import time
 
 import jax
@@ -43,7 +44,7 @@ import torch
 import transformers
 from flax import nnx
 
-from disa_jax import models, scoring
+from disa_jax import models, runtime, scoring
 from disa_jax.models import layers
 from disa_jax.scoring import logprobs as logprobs_lib
 
@@ -55,7 +56,6 @@ SHAPES = {  # (batch, seq, transformers.Qwen3Config kwargs)
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=32, max_position_embeddings=128, rope_theta=10000.0)),
 }
-MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 
 
 def make_torch_model(shape: str) -> transformers.PreTrainedModel:
@@ -79,27 +79,25 @@ def _parse_args() -> argparse.Namespace:
   parser.add_argument("--remat", action="store_true")
   parser.add_argument("--chunk", type=int, default=None, help="after: chunk_size (default: by V)")
   parser.add_argument("--dtype", default="float32")
-  parser.add_argument("--malloc", action="store_true", help="glibc keeps freed memory (see doc)")
+  parser.add_argument("--glibc-defaults", action="store_true",
+                      help="skip runtime.tune_host_allocator (see doc)")
   parser.add_argument("--torch-threads", type=int, default=0,
                       help="torch.set_num_threads (0: torch's default; 1 resists a loaded machine)")
-  args = parser.parse_args()
-  if args.malloc and os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
-    os.execve(sys.executable, [sys.executable] + sys.argv,
-              dict(os.environ, GLIBC_TUNABLES=MALLOC_TUNABLES))
-  return args
+  return parser.parse_args()
 
 
 @contextlib.contextmanager
-def _autodiff_projections(active: bool):
-  """While tracing "before": the projections as a plain tensordot, differentiated by autodiff."""
-  saved = layers.dense, logprobs_lib.dense
+def _autodiff_backward(active: bool):
+  """While tracing "before": projections, RMSNorm and RoPE differentiated by autodiff of their
+  values (each custom-VJP function's undecorated `fun`), not by their written-out backward."""
+  saved = layers.dense, logprobs_lib.dense, layers.rms_norm, layers.apply_rope
   if active:
-    layers.dense = logprobs_lib.dense = (
-        lambda x, w, n=1, out_dtype=None: jnp.tensordot(x, w, n, preferred_element_type=out_dtype))
+    layers.dense = logprobs_lib.dense = saved[0].fun
+    layers.rms_norm, layers.apply_rope = saved[2].fun, saved[3].fun
   try:
     yield
   finally:
-    layers.dense, logprobs_lib.dense = saved
+    layers.dense, logprobs_lib.dense, layers.rms_norm, layers.apply_rope = saved
 
 
 def _ours(tmodel, args, dtype, ids, mask, before: bool):
@@ -127,7 +125,7 @@ def _ours(tmodel, args, dtype, ids, mask, before: bool):
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  with _autodiff_projections(before):  # compiled now, so that "before" keeps its projections
+  with _autodiff_backward(before):  # compiled now, so that "before" keeps autodiff
     score = jax.jit(score).lower(params, ids, mask).compile()
     train_step = jax.jit(train_step).lower(params, state["opt"], ids, mask).compile()
 
@@ -140,13 +138,14 @@ def _ours(tmodel, args, dtype, ids, mask, before: bool):
 
 def main() -> None:
   args = _parse_args()
+  tuned = False if args.glibc_defaults else runtime.tune_host_allocator()  # before JAX's backend
   if args.torch_threads > 0:
     torch.set_num_threads(args.torch_threads)
   dtype = jnp.dtype(args.dtype)
   b, t = SHAPES[args.shape][:2]
   print(f"jax {jax.__version__} devices={jax.devices()} torch {torch.__version__} "
         f"threads={torch.get_num_threads()} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r} "
-        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r} load={os.getloadavg()[0]:.1f}")
+        f"allocator tuned={tuned} load={os.getloadavg()[0]:.1f}")
   print(f"shape {args.shape}: batch {b} x {t}, {SHAPES[args.shape][2]}")
   print(f"ours: dtype={args.dtype} scan_unroll={args.unroll} remat={args.remat} chunk={args.chunk}")
 

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from disa_jax import models, parallel
+from disa_jax import models, parallel, runtime
 from disa_jax.data import packing
 from disa_jax.rl import objectives
 from disa_jax.rl import train_step as ts
@@ -351,6 +351,7 @@ def main() -> None:
   ap.add_argument("--phases", default="forward,fwd+bwd,optimizer,train_step,host_pack,generate")
   ap.add_argument("--dump-hlo", default=None, help="write each phase's compiled HLO text here")
   args = ap.parse_args()
+  runtime.tune_host_allocator()  # as the trainer's entry points do, before JAX's backend exists
   model = make_model(args.shape, remat=args.remat, unroll=args.unroll)
   seqs = make_sequences(args.shape, model.config.vocab_size)
   layout = make_layout(args, seqs)

@@ -19,8 +19,18 @@ from disa_jax.models.config import RopeScaling
 _MASK_VALUE = float(np.finfo(np.float32).min)
 
 
+def _rms_scale(x32: jax.Array, eps: float) -> jax.Array:
+  """`[..., 1]` float32: 1 / sqrt(mean(x^2) + eps) over the last axis."""
+  return jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   """RMSNorm over the last axis, computed in float32, scaled by `weight`.
+
+  The gradient is written out (`_rms_norm_bwd`): one float32 pass over the rows for x and one
+  reduction for the weight, where autodiff of the value chains the backward of the square, mean,
+  rsqrt and both products as separate fusions.
 
   Args:
     x: `[..., D]` activations.
@@ -31,9 +41,29 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     `[..., D]` in x's dtype (HF: normalise in float32, cast back, then multiply by the weight).
   """
   x32 = x.astype(jnp.float32)
-  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-  normed = (x32 * jax.lax.rsqrt(var + eps)).astype(x.dtype)
+  normed = (x32 * _rms_scale(x32, eps)).astype(x.dtype)
   return weight.astype(x.dtype) * normed
+
+
+def _rms_norm_fwd(x, weight, eps):
+  x32 = x.astype(jnp.float32)
+  r = _rms_scale(x32, eps)
+  return weight.astype(x.dtype) * (x32 * r).astype(x.dtype), (x, weight, r)
+
+
+def _rms_norm_bwd(eps, res, dy):
+  """With n = x r and g = dy w: dx = r (g - n mean(g n)), dw = sum over rows of dy n (float32)."""
+  del eps
+  x, weight, r = res
+  n = x.astype(jnp.float32) * r
+  dy32 = dy.astype(jnp.float32)
+  g = dy32 * weight.astype(jnp.float32)
+  dx = r * (g - n * jnp.mean(g * n, axis=-1, keepdims=True))
+  dw = jnp.sum(dy32 * n, axis=tuple(range(x.ndim - 1)))
+  return dx.astype(x.dtype), dw.astype(weight.dtype)
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
@@ -72,8 +102,24 @@ def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array,
   return jnp.cos(angles), jnp.sin(angles)
 
 
+def _rotate_half(x: jax.Array, sign: float) -> jax.Array:
+  """`[-x2, x1]` (sign 1) or its transpose `[x2, -x1]` (sign -1), halves of the last axis."""
+  half = x.shape[-1] // 2
+  return jnp.concatenate([-sign * x[..., half:], sign * x[..., :half]], axis=-1)
+
+
+def _rope_tables(cos: jax.Array, sin: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
+  """`[B, T, H]` float32 tables as `[B, T, 1, H]` in `dtype` (cast first, like HF)."""
+  return cos[:, :, None, :].astype(dtype), sin[:, :, None, :].astype(dtype)
+
+
+@jax.custom_vjp
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   """Rotate-half RoPE.
+
+  The map is linear in x, y = x cos + R(x) sin, so its gradient is the transposed rotation,
+  dx = dy cos + R^T(dy sin): one elementwise pass (`_apply_rope_bwd`), where autodiff of the
+  concatenate gives pads and adds. The tables get no gradient (they come from integer positions).
 
   Args:
     x: `[B, T, N, H]` queries or keys.
@@ -82,11 +128,20 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   Returns:
     `[B, T, N, H]` in x's dtype (tables are cast to x's dtype first, like HF).
   """
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  cos = cos[:, :, None, :].astype(x.dtype)  # [B, T, H] -> [B, T, 1, H]
-  sin = sin[:, :, None, :].astype(x.dtype)
-  return x * cos + rotated * sin
+  c, s = _rope_tables(cos, sin, x.dtype)
+  return x * c + _rotate_half(x, 1.0) * s
+
+
+def _apply_rope_fwd(x, cos, sin):
+  return apply_rope(x, cos, sin), (cos, sin)
+
+
+def _apply_rope_bwd(res, dy):
+  c, s = _rope_tables(*res, dy.dtype)
+  return dy * c + _rotate_half(dy * s, -1.0), None, None
+
+
+apply_rope.defvjp(_apply_rope_fwd, _apply_rope_bwd)
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:

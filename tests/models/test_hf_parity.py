@@ -13,7 +13,9 @@ import transformers
 import jax
 import jax.numpy as jnp
 
-from disa_jax import models
+from flax import nnx
+
+from disa_jax import models, scoring
 
 from .hf_utils import hf_forward, make_hf_model
 
@@ -56,6 +58,37 @@ def test_left_padded_batch_matches_hf(hf_pair):
   logits = np.asarray(model(jnp.asarray(IDS), attention_mask=jnp.asarray(mask)))
   real = mask.astype(bool)
   assert np.abs(logits[real] - ref_logits[real]).max() <= 1e-4, family
+
+
+def test_gradients_float32(hf_pair):
+  """Gradients of the mean token NLL, every weight, against torch autograd: the projections,
+  RMSNorm and RoPE have hand-written backward passes (`layers.dense`, `layers.rms_norm`,
+  `layers.apply_rope`), so a wrong transpose, sign or reduction there shows up here even when the
+  logits agree. Compared in HF names and layouts, scaled by each tensor's largest entry."""
+  family, hf, path = hf_pair
+  ids, mask = IDS[:, :48], np.ones((2, 48), np.int32)
+  mask[1, 40:] = 0  # a right-padded row
+  logits = hf(input_ids=torch.tensor(ids, dtype=torch.long),
+              attention_mask=torch.tensor(mask)).logits[:, :-1]
+  logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[:, 1:, None], dtype=torch.long))
+  w = torch.tensor(mask[:, 1:] * mask[:, :-1], dtype=torch.float32)
+  hf.zero_grad()
+  (-(logp[..., 0] * w).sum() / w.sum()).backward()
+  want = {k: p.grad.numpy() for k, p in hf.named_parameters()}
+
+  model = models.from_pretrained(path)
+  graphdef, params = nnx.split(model)
+  tokens, m = jnp.asarray(ids), jnp.asarray(mask)
+
+  def loss(params):
+    lp = scoring.token_logprobs(nnx.merge(graphdef, params), tokens, m)
+    return -jnp.sum(lp) / jnp.sum(m[:, 1:] * m[:, :-1])
+
+  got = models.to_hf_state_dict(nnx.merge(graphdef, jax.jit(jax.grad(loss))(params)))
+  assert set(got) <= set(want), set(got) - set(want)
+  for name, g in got.items():
+    scale = max(np.abs(want[name]).max(), 1e-3)
+    assert np.abs(g - want[name]).max() <= 1e-4 * scale, (family, name)
 
 
 def test_bfloat16_within_documented_tolerance(hf_pair):

@@ -246,3 +246,33 @@ def test_dense_bfloat16_inputs_float32_output_keep_the_input_dtypes_in_the_gradi
       x.astype(jnp.float32), w.astype(jnp.float32))
   np.testing.assert_allclose(gx.astype(jnp.float32), fx, rtol=2e-2, atol=2e-2)
   np.testing.assert_allclose(gw.astype(jnp.float32), fw, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rms_norm_and_rope_gradients_equal_autodiff_of_their_formulas(dtype):
+  """Both write their own backward; checked against autodiff of the plain formulas (in float32),
+  with the cotangents in the inputs' dtypes. Shapes as in qk-norm: `[B, T, N, H]`, weight `[H]`."""
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(2, 5, 3, 8)), dtype)
+  w = jnp.asarray(1 + 0.1 * rng.normal(size=(8,)), dtype)
+  probe = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+  cos, sin = layers.rope_cos_sin(jnp.asarray(rng.integers(0, 50, size=(2, 5))),
+                                 layers.rope_inv_freq(8, 10000.0, None))
+
+  def norm_ref(x, w):
+    return w * x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+
+  def rope_ref(x):
+    return x * cos[:, :, None] + jnp.concatenate([-x[..., 4:], x[..., :4]], -1) * sin[:, :, None]
+
+  cases = ((lambda x, w: layers.rms_norm(x, w, 1e-6), norm_ref),
+           (lambda x, w: layers.apply_rope(x, cos, sin) * w, lambda x, w: rope_ref(x) * w))
+  tol = 1e-5 if dtype == jnp.float32 else 3e-2
+  for mine, ref in cases:
+    loss = jax.jit(lambda x, w: jnp.sum(mine(x, w).astype(jnp.float32) * probe))
+    gx, gw = jax.grad(loss, (0, 1))(x, w)
+    assert gx.dtype == dtype and gw.dtype == dtype
+    fx, fw = jax.grad(lambda x, w: jnp.sum(ref(x, w) * probe), (0, 1))(
+        x.astype(jnp.float32), w.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(gx, np.float32), fx, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(gw, np.float32), fw, rtol=tol, atol=tol * 10)
