@@ -19,9 +19,11 @@ from disa_jax.models.config import RopeScaling
 _MASK_VALUE = float(np.finfo(np.float32).min)
 
 
-def _rms_scale(x32: jax.Array, eps: float) -> jax.Array:
-  """`[..., 1]` float32: 1 / sqrt(mean(x^2) + eps) over the last axis."""
-  return jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+def _rms_norm_value(x: jax.Array, weight: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+  """(`rms_norm`'s value, the `[..., 1]` float32 scale r = 1 / sqrt(mean(x^2) + eps))."""
+  x32 = x.astype(jnp.float32)
+  r = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * (x32 * r).astype(x.dtype), r
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -40,15 +42,12 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   Returns:
     `[..., D]` in x's dtype (HF: normalise in float32, cast back, then multiply by the weight).
   """
-  x32 = x.astype(jnp.float32)
-  normed = (x32 * _rms_scale(x32, eps)).astype(x.dtype)
-  return weight.astype(x.dtype) * normed
+  return _rms_norm_value(x, weight, eps)[0]
 
 
 def _rms_norm_fwd(x, weight, eps):
-  x32 = x.astype(jnp.float32)
-  r = _rms_scale(x32, eps)
-  return weight.astype(x.dtype) * (x32 * r).astype(x.dtype), (x, weight, r)
+  y, r = _rms_norm_value(x, weight, eps)
+  return y, (x, weight, r)
 
 
 def _rms_norm_bwd(eps, res, dy):
