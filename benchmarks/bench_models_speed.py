@@ -12,10 +12,11 @@ Measured, alternating ours (before) / ours (after) / torch within each repetitio
 - scoring: teacher-forced per-token log-probs of the batch (no gradient);
 - train step: forward + backward + AdamW update of a mean token NLL loss.
 "before" is the code path of the models before issue 14: the decoder layers as a `lax.scan`
-(`layer_loop='scan'`), the log-probs in 1,024-row checkpointed chunks (`chunk_size=1024`), and the
-projections, RMSNorm and RoPE differentiated by autodiff (`layers.dense`, `layers.rms_norm` and
-`layers.apply_rope` swapped for their values while tracing); only the one-hot target pick that
-replaced a gather is not switchable. "after" uses the defaults.
+(`layer_loop='scan'`), the log-probs in 1,024-row chunks under `jax.checkpoint` (the backward
+recomputes each chunk's logits), the attention in one block, and the projections, RMSNorm, RoPE and
+the attention core differentiated by autodiff (their custom-VJP functions swapped for their values
+while tracing, `_autodiff_backward`); only the gathered target pick (it replaced a one-hot select)
+is not switchable. "after" uses the defaults.
 Reported: tokens/s medians and the median (min-max) of the per-repetition ratios.
 
 Usage: python benchmarks/bench_models_speed.py [--shape d512|peer] [--reps 7] [--unroll 1] [--remat]
@@ -45,7 +46,8 @@ import transformers
 from flax import nnx
 
 from disa_jax import models, runtime, scoring
-from disa_jax.models import layers
+from disa_jax.models import attention, layers
+from disa_jax.scoring import head as head_lib
 from disa_jax.scoring import logprobs as logprobs_lib
 
 SHAPES = {  # (batch, seq, transformers.Qwen3Config kwargs)
@@ -86,18 +88,30 @@ def _parse_args() -> argparse.Namespace:
   return parser.parse_args()
 
 
+def _checkpointed_head(rows, targets, kernel, save_logits):
+  """"before"'s head: autodiff of the chunk's log-probs under `jax.checkpoint` in a scan (the
+  backward pass recomputes every chunk's logits whatever their size)."""
+  del save_logits
+  chunk = jax.checkpoint(lambda h, tgt: head_lib._chunk_forward(h, tgt, kernel)[0])
+  return jax.lax.scan(lambda carry, xs: (carry, chunk(*xs)), None, (rows, targets))[1]
+
+
 @contextlib.contextmanager
 def _autodiff_backward(active: bool):
-  """While tracing "before": projections, RMSNorm and RoPE differentiated by autodiff of their
-  values (each custom-VJP function's undecorated `fun`), not by their written-out backward."""
-  saved = layers.dense, logprobs_lib.dense, layers.rms_norm, layers.apply_rope
+  """While tracing "before": projections, RMSNorm, RoPE and the attention core differentiated by
+  autodiff of their values (each custom-VJP function's undecorated `fun`), the attention in one
+  block (no causal blocks), and the head's checkpointed chunks (`_checkpointed_head`)."""
+  saved = (layers.dense, layers.rms_norm, layers.apply_rope, attention._attend,
+           attention.MAX_CAUSAL_BLOCKS, logprobs_lib.target_logprobs)
   if active:
-    layers.dense = logprobs_lib.dense = saved[0].fun
-    layers.rms_norm, layers.apply_rope = saved[2].fun, saved[3].fun
+    layers.dense, layers.rms_norm, layers.apply_rope = (f.fun for f in saved[:3])
+    attention._attend, attention.MAX_CAUSAL_BLOCKS = saved[3].fun, 1
+    logprobs_lib.target_logprobs = _checkpointed_head
   try:
     yield
   finally:
-    layers.dense, logprobs_lib.dense, layers.rms_norm, layers.apply_rope = saved
+    (layers.dense, layers.rms_norm, layers.apply_rope, attention._attend,
+     attention.MAX_CAUSAL_BLOCKS, logprobs_lib.target_logprobs) = saved
 
 
 def _ours(tmodel, args, dtype, ids, mask, before: bool):

@@ -1,4 +1,8 @@
 """`disa_jax.runtime.tune_host_allocator`: the three mallopt settings on CPU runs, nothing elsewhere."""
+import ctypes.util
+import subprocess
+import sys
+
 import pytest
 
 from disa_jax import runtime
@@ -29,12 +33,12 @@ def test_without_jax_platforms_an_installed_accelerator_plugin_means_no_cpu(monk
   assert runtime.runs_on_cpu()
 
 
-def test_cpu_runs_get_one_arena_no_mmap_and_a_high_trim_threshold(monkeypatch):
+def test_cpu_runs_get_one_arena_no_mmap_and_no_trimming(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   monkeypatch.delenv("DISA_HOST_MALLOC", raising=False)
   libc = FakeLibc()
   assert runtime.tune_host_allocator(libc=libc)
-  assert libc.calls == [(-8, 1), (-4, 0), (-1, 1 << 30)]  # M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD
+  assert libc.calls == [(-8, 1), (-4, 0), (-1, -1)]  # M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD
 
 
 @pytest.mark.parametrize("env", [{"JAX_PLATFORMS": "cuda"}, {"JAX_PLATFORMS": "cpu", "DISA_HOST_MALLOC": "0"}])
@@ -51,3 +55,35 @@ def test_a_refused_setting_is_an_error_naming_it(monkeypatch):
   monkeypatch.delenv("DISA_HOST_MALLOC", raising=False)
   with pytest.raises(OSError, match=r"mallopt\(-4, 0\) failed"):
     runtime.tune_host_allocator(libc=FakeLibc(refuse={-4}))
+
+
+_REUSE = """
+import ctypes, ctypes.util, resource
+from disa_jax import runtime
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+for param, value in runtime.SETTINGS:
+  assert libc.mallopt(param, value) == 1, (param, value)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+n = 1200 << 20  # larger than the 1 GiB trim threshold this replaced
+faults = []
+for _ in range(2):
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  block = libc.malloc(n)
+  ctypes.memset(block, 1, n)
+  libc.free(block)
+  faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(*faults)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not ctypes.util.find_library("c"),
+                    reason="glibc's mallopt")
+def test_under_the_settings_a_freed_block_of_over_a_gib_is_reused_without_page_faults():
+  """XLA:CPU's per-execution scratch of a d=512 train step is several GiB. Under `SETTINGS` the
+  second malloc of a freed 1.2 GiB block gets the same, already mapped pages (with a 1 GiB trim
+  threshold glibc gave them back to the kernel on free, and each step faulted them in again)."""
+  out = subprocess.run([sys.executable, "-c", _REUSE], capture_output=True, text=True, check=True)
+  first, second = map(int, out.stdout.split())
+  assert first > 250_000  # 1.2 GiB of 4 KiB pages, faulted in on first touch
+  assert second < first // 100, (first, second)

@@ -1,4 +1,4 @@
-"""Pure functions of the decoder block: RMSNorm, RoPE, grouped-query attention, projections.
+"""Pure functions of the decoder block: RMSNorm, RoPE and projections (attention: `attention`).
 
 They follow the numerics of the Hugging Face implementations (normalisation and softmax in float32,
 rotate-half RoPE with float32 angles) so that float32 logits agree to ~1e-5.
@@ -15,9 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from disa_jax.models.config import RopeScaling
-
-_MASK_VALUE = float(np.finfo(np.float32).min)
-
 
 def _rms_norm_value(x: jax.Array, weight: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
   """(`rms_norm`'s value, the `[..., 1]` float32 scale r = 1 / sqrt(mean(x^2) + eps))."""
@@ -157,54 +154,6 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
   idx = jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape)
   starts = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
   return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
-
-
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """Dense grouped-query attention (see `gqa_attention`)."""
-  b, t, n, h = q.shape
-  kv_heads = k.shape[2]
-  groups = n // kv_heads
-  q = q.reshape(b, t, kv_heads, groups, h)  # [B, T, N, H] -> [B, T, K, G, H]
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (1.0 / math.sqrt(h))
-  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
-  return out.reshape(b, t, n, h)  # [B, T, K, G, H] -> [B, T, N, H]
-
-
-def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
-                  query_chunk: int = 0) -> jax.Array:
-  """Grouped-query softmax attention with an explicit boolean mask; softmax in float32.
-
-  Args:
-    q: `[B, T, N, H]` queries (N = K * G query heads).
-    k: `[B, S, K, H]` keys.
-    v: `[B, S, K, H]` values.
-    mask: `[B, T, S]` bool, True where query t may attend to key s.
-    query_chunk: 0 = one dense pass (`[B, N, T, S]` float32 scores). c > 0 with T > c: the
-      queries run in ceil(T / c) blocks under `jax.checkpoint`, so that forward and backward hold
-      `[B, N, c, S]` scores at a time instead of `[B, N, T, S]`; the result is the same (each
-      query row's softmax is over all S keys either way). When c does not divide T the last block
-      is padded with masked-out queries, whose outputs are dropped.
-
-  Returns:
-    `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key gets the mean of
-    the values (finite, never NaN).
-  """
-  b, t, n, h = q.shape
-  if query_chunk <= 0 or t <= query_chunk:
-    return _attend(q, k, v, mask)
-  blocks = -(-t // query_chunk)
-  pad = blocks * query_chunk - t
-  if pad:  # extra query rows that attend to nothing; sliced off below
-    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
-  qb = q.reshape(b, blocks, query_chunk, n, h).swapaxes(0, 1)  # [B, T', N, H] -> [n, B, c, N, H]
-  mb = mask.reshape(b, blocks, query_chunk, -1).swapaxes(0, 1)  # [B, T', S] -> [n, B, c, S]
-  block = jax.checkpoint(lambda qi, mi: _attend(qi, k, v, mi))
-  out = jax.lax.map(lambda xs: block(*xs), (qb, mb))  # [n, B, c, N, H]
-  return out.swapaxes(0, 1).reshape(b, blocks * query_chunk, n, h)[:, :t]
 
 
 def _flat(x: jax.Array, w: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:

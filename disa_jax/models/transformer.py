@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from disa_jax.config import check_attention_chunk
+from disa_jax.models import attention as A
 from disa_jax.models import layers as L
 from disa_jax.models.config import ModelConfig
 from disa_jax.parallel.rules import ShardingContext
@@ -89,7 +90,7 @@ class Transformer(nnx.Module):
     scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled);
       used only when the layers run as a scan.
     attention_chunk: 0 = dense attention; c > 0 = queries in blocks of c under `jax.checkpoint`
-      (`layers.gqa_attention`): `[B, N, c, T]` scores at a time instead of `[B, N, T, T]`, for long
+      (`attention.gqa_attention`): `[B, N, c, T]` scores at a time instead of `[B, N, T, T]`, for long
       packed rows (any T: a last partial block is padded).
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
@@ -179,7 +180,8 @@ class Transformer(nnx.Module):
           v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
-      attn = L.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk)
+      attn = A.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk,
+                                causal=kv is None)
       out = L.dense(attn, p["o_kernel"], 2)
       if c.o_bias:
         out = out + p["o_bias"]

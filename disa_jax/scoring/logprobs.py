@@ -1,13 +1,13 @@
 """Teacher-forced per-token log-probabilities, chunked over tokens when `[B, T, V]` would be large.
 
 The final hidden states `[B, T, D]` are flattened to `[B*T, D]` rows, and each row's logits are
-reduced to `logit[target] - logsumexp(logits)` in float32. When all rows' logits are small (at
-most `UNCHUNKED_MAX_ELEMENTS`, e.g. a small vocabulary) they are computed in one piece. Otherwise
-the rows are split into chunks of `chunk_size` rows processed by a `lax.scan` whose chunk function
-is wrapped in `jax.checkpoint`: the backward pass recomputes a chunk's logits instead of storing
-them, and peak memory is O(chunk_size * V) in both directions. Chunking pays only for a large V:
-for a small one the scan and the recomputation cost more than the logits' memory. Everything is
-differentiable w.r.t. the model.
+reduced to `logit[target] - logsumexp(logits)` in float32 (`head.target_logprobs`, whose backward
+is written out). When all rows' logits are small (at most `UNCHUNKED_MAX_ELEMENTS`, e.g. a small
+vocabulary) they are computed in one piece. Otherwise the rows go in chunks of `chunk_size` rows,
+and at most `[chunk_size, V]` logits are live in the forward pass. Under differentiation the
+logits of all rows are kept for the backward pass while they take at most
+`head.SAVED_LOGITS_MAX_ELEMENTS`, and recomputed chunk by chunk beyond (peak memory O(chunk_size *
+V) in both directions). Everything is differentiable w.r.t. the model.
 
 Packed rows (`disa_jax.data.packing`): with ``segment_ids`` the model attends within a segment and
 a segment's first token is not scored; with shared prompts (``branch_ids``) the first token of each
@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from disa_jax.models.layers import dense
+from disa_jax.scoring.head import SAVED_LOGITS_MAX_ELEMENTS, target_logprobs
 
 DEFAULT_CHUNK_SIZE = 1024  # rows per chunk when the logits are chunked
 # chunk_size=None: no chunking while rows * V <= this (2**25 float32 logits = 128 MiB).
@@ -69,19 +69,6 @@ def default_chunk_rows(rows: int, vocab_size: int) -> int:
   """Rows per chunk for `chunk_size=None`: all `rows` (one chunk, no recomputation) when
   `rows * vocab_size <= UNCHUNKED_MAX_ELEMENTS`, else `DEFAULT_CHUNK_SIZE`."""
   return rows if rows * vocab_size <= UNCHUNKED_MAX_ELEMENTS else DEFAULT_CHUNK_SIZE
-
-
-def _rows_logprobs(h: jax.Array, tgt: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`[c, D]` hidden rows and `[c]` targets -> `[c]` float32 log-softmax at the targets.
-
-  The target logit is picked with a one-hot mask in the same pass as the logsumexp (no gather, and
-  a select instead of a scatter in the backward pass).
-  """
-  logits = dense(h, kernel, 1, jnp.float32)  # [c, V] (`dense`: the CPU-friendly gradient)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-  picked = jnp.sum(jnp.where(vocab == tgt[:, None], logits, 0.0), axis=-1)
-  return picked - lse
 
 
 def logprobs_from_hidden(hidden: jax.Array, kernel: jax.Array, input_ids: jax.Array,
@@ -139,18 +126,16 @@ def _chunked_logprobs(pred: jax.Array, kernel: jax.Array, input_ids: jax.Array,
   n = b * (t - 1)
   rows = pred.reshape(n, d)  # [B, T-1, D] -> [N, D]; row b*(T-1)+i predicts token i+1
   targets = input_ids[:, 1:].reshape(n)  # [B, T-1] -> [N]
-  kernel = kernel.astype(pred.dtype)
-  chunk = min(chunk_size or default_chunk_rows(n, kernel.shape[1]), n)
-  if chunk == n:
-    lp = _rows_logprobs(rows, targets, kernel)
-  else:
-    n_chunks = -(-n // chunk)
-    pad = n_chunks * chunk - n
-    rows = jnp.pad(rows, ((0, pad), (0, 0))).reshape(n_chunks, chunk, d)  # [N, D] -> [C, c, D]
-    targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, chunk)  # [N] -> [C, c]
-    chunk_logprobs = jax.checkpoint(lambda h, tgt: _rows_logprobs(h, tgt, kernel))
-    _, lp = jax.lax.scan(lambda carry, xs: (carry, chunk_logprobs(*xs)), None, (rows, targets))
-    lp = lp.reshape(n_chunks * chunk)[:n]  # [C, c] -> [N]
+  vocab = kernel.shape[1]
+  targets = jnp.clip(targets, 0, vocab - 1)  # ids outside the vocabulary sit on masked positions
+  chunk = min(chunk_size or default_chunk_rows(n, vocab), n)
+  n_chunks = -(-n // chunk)
+  pad = n_chunks * chunk - n
+  rows = jnp.pad(rows, ((0, pad), (0, 0))).reshape(n_chunks, chunk, d)  # [N, D] -> [C, c, D]
+  targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, chunk)  # [N] -> [C, c]
+  save = n_chunks * chunk * vocab <= SAVED_LOGITS_MAX_ELEMENTS
+  lp = target_logprobs(rows, targets, kernel.astype(pred.dtype), save)
+  lp = lp.reshape(n_chunks * chunk)[:n]  # [C, c] -> [N]
   return jnp.concatenate([jnp.zeros((b, 1), jnp.float32), lp.reshape(b, t - 1)], axis=1)
 
 

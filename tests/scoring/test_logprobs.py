@@ -63,9 +63,8 @@ def test_gradient_equals_naive_gradient(model):
 
 
 def test_default_chunking_follows_the_logits_size(model, monkeypatch):
-  """chunk_size=None: one chunk (no scan, no recomputation) while rows * V fits
-  UNCHUNKED_MAX_ELEMENTS, checkpointed DEFAULT_CHUNK_SIZE-row chunks beyond; values and gradients
-  agree."""
+  """chunk_size=None: one chunk (no scan) while rows * V fits UNCHUNKED_MAX_ELEMENTS,
+  DEFAULT_CHUNK_SIZE-row chunks in a scan beyond; values and gradients agree."""
   from disa_jax.scoring import logprobs as lp_mod
   ids, mask = _batch()
   vocab = model.config.vocab_size
