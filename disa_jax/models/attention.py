@@ -10,14 +10,16 @@ Three ways to run it, all with the same values up to float32 rounding:
   before its end. This skips the upper triangle, 3/8 of the score work at 4 blocks;
 - checkpointed query chunks (``query_chunk``): the memory-bounded path for long packed rows.
 
-The gradient of the dense core (`_attend`) is written out (FlashAttention's backward without the
-tiling). The probabilities are kept from the forward pass, in the head-major layout `[B, K, G, T, S]`
-where the key/value heads are batch dimensions, so the K key/value heads are never repeated G
-times and each of the four backward matmuls is a plain batched matmul. Autodiff of the same
-value instead transposed the `[B, T, K, G, H]` operands around every einsum. Fwd+bwd of one d=512
-layer's core (8 x 512 tokens, 8 heads / 4 kv heads, float32, 2-core CPU): 219 ms by autodiff,
-125 ms written out, 104 ms in 4 causal blocks (one measurement; `benchmarks/bench_models_speed.py`
-times the whole train step).
+The gradient of the core (`_attend`) is written out (FlashAttention's backward without the
+tiling). The probabilities are kept from the forward pass in the head-major layout
+`[B, K, G, T, S]`, where the key/value heads are batch dimensions: the K key/value heads are never
+repeated G times, and dV and dK are computed as their transposes so that the probabilities are
+contracted over their leading axes as the right-hand operand (as the left-hand one XLA:CPU copied
+them whole first). Fwd+bwd of one d=512 layer's core (8 x 512 tokens, 8 heads / 4 kv heads,
+float32, 2-core CPU, medians of 15): autodiff of the same value 166 ms, written out 146 ms, in 4
+causal blocks 120 ms; the token-major einsums this replaced took 219 ms under autodiff, and
+PyTorch's scaled_dot_product_attention (causal) 142 ms. `benchmarks/bench_models_speed.py` times
+the whole train step.
 """
 
 from __future__ import annotations

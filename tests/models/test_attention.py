@@ -17,7 +17,8 @@ B, T, N, K, H = 2, 19, 4, 2, 8
 
 def _inputs(seed=0, dtype=jnp.float32, t=T):
   rng = np.random.default_rng(seed)
-  q, k, v = (jnp.asarray(rng.normal(size=s), dtype) for s in ((B, t, N, H), (B, t, K, H), (B, t, K, H)))
+  shapes = ((B, t, N, H), (B, t, K, H), (B, t, K, H))
+  q, k, v = (jnp.asarray(rng.normal(size=s), dtype) for s in shapes)
   return q, k, v, jnp.asarray(rng.normal(size=(B, t, N, H)), jnp.float32)
 
 
