@@ -3,26 +3,33 @@
 Executed as a script (`python -I -S _sandbox_boot.py`, standard library only) by
 `disa_jax.rewards.sandbox`, with the staging directory S as its working directory:
 
-  S/work/  the untrusted program's files; becomes its cwd and HOME (owned by the sandbox uid)
+  S/work/  the untrusted program's files (copied into the work tmpfs in the namespace modes; the
+           program's cwd and HOME in mode none)
   S/io/    root-only: config.json, in_<i> (stdin of case i), out_<i>/err_<i>, result.json
 
-When started by `unshare --mount --net --pid --fork --mount-proc` it is PID 1 of a fresh PID
-namespace, in a private mount namespace without network. It then
+When started by `unshare [--user --map-root-user] --mount --net --pid --fork --mount-proc` it is
+PID 1 of a fresh PID namespace, in a private mount namespace without network. It then
 
 1. covers the world-writable directories (/tmp, /var/tmp, /run/lock, /dev/shm) with small read-only
-   tmpfs mounts, bind-mounts S/work at /tmp/home and the Python install tree read-only at
+   tmpfs mounts, mounts a tmpfs of `work_mb` MiB at /tmp/home holding a copy of S/work (the
+   program's only writable directory), bind-mounts the Python install tree read-only at
    /tmp/python, and hides the directories that hold user data (/root, /home, /work, /mnt, /opt,
-   ..., the grader's cwd and repository) under empty read-only tmpfs (if `mounts` is set);
-2. for each case forks a child that starts a new session, gets rlimits, drops to the sandbox uid/gid
-   (when one is given), changes into the work directory and execs the program with a scrubbed
-   environment, stdin from in_<i> and stdout/stderr into out_<i>/err_<i> (RLIMIT_FSIZE caps them);
+   ..., the grader's cwd and repository) under empty read-only tmpfs (if `mounts` is set); makes
+   itself non-dumpable (no ptrace, no /proc/1/{cwd,environ,mem} for the program);
+2. for each case forks a child that starts a new session, gets rlimits, (userns mode) enters a
+   nested user + mount namespace as its only mapped uid (the sandbox's mounts become locked),
+   drops the capability bounding set, sets no_new_privs, drops to the sandbox uid/gid (when one is
+   given), clears every capability, checks all of that in /proc/self/status, changes into the work
+   directory and execs the program with a scrubbed environment, stdin from in_<i> and
+   stdout/stderr into out_<i>/err_<i> (RLIMIT_FSIZE caps them);
 3. waits for the child up to the per-case wall-clock timeout, then kills every process the case
    left behind (all processes of the namespace when PID 1, all processes of the dedicated uid
    otherwise, the child's process group as the last resort) and reaps them;
 4. writes result.json: per case exit code, signal, timed_out, wall seconds, skipped.
 
 The untrusted program never sees S/io (root-only, and hidden under the tmpfs), never sees the
-expected outputs (they stay with the grader), and cannot signal this supervisor (different uid).
+expected outputs (they stay with the grader), and cannot signal this supervisor (a different uid,
+or, in userns mode, PID 1 of its namespace with no signal handler).
 """
 
 import ctypes
@@ -42,6 +49,13 @@ MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+CAP_SETPCAP = 8
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
 def _libc():
@@ -56,16 +70,34 @@ def _mount(libc, source, target, fstype, flags, data):
     raise OSError(err, f"mount {source} -> {target}: {os.strerror(err)}")
 
 
+def _copy_tree(src, dst, uid):
+  """Copies the program's files from `src` into `dst` (the work tmpfs), owned by `uid` if set."""
+  for root, dirs, fnames in os.walk(src):
+    rel = os.path.relpath(root, src)
+    target = dst if rel == "." else os.path.join(dst, rel)
+    for d in dirs:
+      os.mkdir(os.path.join(target, d), 0o700)
+    for fn in fnames:
+      with open(os.path.join(root, fn), "rb") as fi, open(os.path.join(target, fn), "wb") as fo:
+        fo.write(fi.read())
+  if uid is not None:
+    for root, dirs, fnames in os.walk(dst):
+      for n in [root] + [os.path.join(root, x) for x in dirs + fnames]:
+        os.chown(n, uid, uid)
+
+
 def _setup_mounts(cfg, libc):
-  """Hides world-writable directories and exposes S/work at cfg['home']."""
-  work_fd = os.open("work", os.O_RDONLY | os.O_DIRECTORY)
+  """Hides world-writable directories and user data; the work dir is a size-capped tmpfs."""
   for d in cfg["cover"]:
     if os.path.isdir(d) and not os.path.islink(d):
       _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
   home = cfg["home"]
   os.makedirs(home, mode=0o755, exist_ok=True)
-  _mount(libc, f"/proc/self/fd/{work_fd}", home, None, MS_BIND, None)
-  os.close(work_fd)
+  # The program's only writable directory: a private tmpfs of `work_mb` MiB (all its files
+  # together), not the host's disk.
+  _mount(libc, "tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV,
+         f"mode=0700,size={int(cfg['work_mb'])}m")
+  _copy_tree("work", home, cfg["uid"])
   if cfg["python_bind"]:
     # The interpreter's install tree, read-only, at a path the unprivileged uid can traverse.
     src, dst = cfg["python_bind"]
@@ -75,7 +107,7 @@ def _setup_mounts(cfg, libc):
   for d in cfg["hide"]:  # user data (repository, datasets, home directories): empty, read-only
     if os.path.isdir(d) and not os.path.islink(d):
       _mount(libc, "tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=4k")
-  for d in cfg["cover"]:  # read-only once the home mount point exists (the bind stays writable)
+  for d in cfg["cover"]:  # read-only once the home mount point exists (the work tmpfs stays rw)
     if os.path.isdir(d) and not os.path.islink(d):
       _mount(libc, "tmpfs", d, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
 
@@ -158,7 +190,68 @@ def _wait_exit(pid, timeout_s):
   return False
 
 
-def _child(cfg, i):
+def _write(path, text):
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def _enter_nested_userns(libc, inner):
+  """Userns mode: a user + mount namespace nested in the sandbox's, where we are uid `inner`.
+
+  The sandbox's mounts, copied into a mount namespace owned by a less privileged user namespace,
+  become locked: they cannot be unmounted or made writable from here even with capabilities. The
+  single mapped uid/gid `inner` is the supervisor's (root of the outer namespace, the grader's uid
+  on the host), so the work tmpfs stays the program's own.
+  """
+  if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f"unshare(CLONE_NEWUSER | CLONE_NEWNS): {os.strerror(err)}")
+  _write("/proc/self/uid_map", f"{inner} 0 1\n")
+  _write("/proc/self/setgroups", "deny")
+  _write("/proc/self/gid_map", f"{inner} 0 1\n")
+  os.setresgid(inner, inner, inner)
+  os.setresuid(inner, inner, inner)
+
+
+def _status_fields():
+  with open("/proc/self/status") as f:
+    return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def _drop_privileges(cfg, libc):
+  """No capabilities (bounding set included), no_new_privs, an unprivileged uid; then checks them.
+
+  Raises:
+    OSError / PermissionError: when a step fails or the result is not what it must be (the case
+      then fails with exit 126 instead of running the program with privileges).
+  """
+  if cfg["userns_uid"] is not None:
+    _enter_nested_userns(libc, cfg["userns_uid"])
+  if int(_status_fields()["CapEff"], 16) >> CAP_SETPCAP & 1:  # can shrink the bounding set
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+      last = int(f.read())
+    for cap in range(last + 1):
+      if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {cap}")
+  if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+  if cfg["uid"] is not None:
+    os.setgroups([])
+    os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
+    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
+  header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+  data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable of 2 words: all zero
+  if libc.capset(header, data) != 0:
+    raise OSError(ctypes.get_errno(), "capset to no capabilities")
+  st = _status_fields()
+  strict = cfg["mounts"] or cfg["uid"] is not None  # a non-root grader in mode none keeps its uid
+  if (int(st["CapEff"], 16) or int(st["CapPrm"], 16) or st["NoNewPrivs"].strip() != "1" or
+      (strict and (int(st["CapBnd"], 16) or os.getuid() == 0))):
+    raise PermissionError(f"privileges left: uid {os.getuid()}, CapEff {st['CapEff']}, "
+                          f"CapBnd {st['CapBnd']}, NoNewPrivs {st['NoNewPrivs']}")
+
+
+def _child(cfg, i, libc):
   """In the forked child: limits, identity, exec. Never returns."""
   try:
     os.setsid()
@@ -173,10 +266,8 @@ def _child(cfg, i):
     for name, value in cfg["rlimits"].items():
       resource.setrlimit(getattr(resource, name), (value, value))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if cfg["uid"] is not None:
-      os.setgroups([])
-      os.setgid(cfg["gid"])
-      os.setuid(cfg["uid"])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _drop_privileges(cfg, libc)
     os.chdir(cfg["home"])
     os.umask(0o077)
     os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
@@ -193,6 +284,11 @@ def main():
   libc = _libc()
   if cfg["mounts"]:
     _setup_mounts(cfg, libc)
+  # Not dumpable: a program of the same host uid (userns mode) cannot ptrace the supervisor or
+  # read its /proc/1/{cwd,environ,mem}; the flag resets in the case child at execve.
+  libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+  if os.getpid() == 1:  # PID 1 gets only signals it has a handler for: keep none
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
   if not (os.getpid() == 1 and cfg["pid_namespace"]):
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a case come back to us
   results = []
@@ -205,7 +301,7 @@ def main():
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
-      _child(cfg, i)
+      _child(cfg, i, libc)
     timed_out = not _wait_exit(pid, cfg["timeout_s"])
     wall = time.monotonic() - t0
     status = _kill_case(cfg, pid)

@@ -1,35 +1,47 @@
-"""Sandbox for untrusted programs: namespaces, a throw-away uid, rlimits and wall-clock kills.
+"""Sandbox for untrusted programs: namespaces, an unprivileged uid, rlimits and wall-clock kills.
 
-`run_cases(files, script, stdins, timeout_s=..., limits=...)` runs the Python script `script` (with
-the grader's interpreter version, standard library only) from a private directory holding `files`,
-once per stdin, and returns each run's exit status, whether it timed out,
+`run_cases(files, script, stdins, timeout_s=..., limits=..., config=...)` runs the Python script
+`script` (with the grader's interpreter version, standard library only) from a private directory
+holding `files`, once per stdin, and returns each run's exit status, whether it timed out,
 and its (size-capped) stdout/stderr. One sandbox (one supervisor process) serves one candidate; its
 cases run one after another, each in its own session.
 
-Isolation, strongest mode first (probed once per process and cached; `DISA_SANDBOX_MODE` =
-`ns` | `userns` | `none` forces one):
+Isolation modes (`SandboxConfig.mode`; `auto` probes once per process for the namespace mode that
+fits the grader's uid):
 
 - `ns` (running as root): `unshare --mount --net --pid --fork --kill-child --mount-proc`; the
   program runs as a fresh unprivileged uid/gid (random in [10^6, 2*10^6), so RLIMIT_NPROC counts
-  only this sandbox's processes even though the grader is root), with no network (an empty network
-  namespace), its own /proc, world-writable directories covered by read-only tmpfs, the directories
-  holding user data (/root, /home, /work, /mnt, /opt, ..., the grader's cwd and this repository, so
-  also the datasets with the expected outputs) hidden under empty tmpfs, and a private work
-  directory as cwd and HOME. System directories (/usr, /lib, /etc, ...) stay readable. The supervisor is PID 1: when it exits or is killed every process
-  of the sandbox dies with it.
+  only this sandbox's processes even though the grader is root).
 - `userns` (not root, user namespaces allowed): the same namespaces inside
-  `unshare --user --map-root-user`; no uid change, so RLIMIT_NPROC counts all of the user's
-  processes.
-- `none` (no usable `unshare`; weaker, documented fallback): rlimits, a new session, a private
-  directory and a scrubbed environment only; as root the program still runs as a fresh uid (so it
-  cannot write root-owned files or signal the grader), but **the network is reachable**,
-  world-writable directories such as /tmp are writable and world-readable files (datasets
-  included) are readable.
+  `unshare --user --map-root-user`; each case then enters a second user + mount namespace nested in
+  it, where it is uid 1000 (the only mapped uid), so every mount of the sandbox is a locked mount
+  it cannot unmount.
+
+In both namespace modes the program has no network (an empty network namespace), a /proc of its own
+PID namespace (where the supervisor is PID 1, not dumpable, so its /proc/1/{cwd,environ} are
+closed), no capabilities (effective, permitted and bounding sets empty) and `no_new_privs`; its
+cwd and HOME are a private tmpfs of `SandboxConfig.work_mb` MiB (all its files together);
+world-writable directories are covered by read-only tmpfs, and the directories holding user data
+(/root, /home, /work, /mnt, /opt, ..., the grader's cwd and this repository, so also the datasets
+with the expected outputs) are hidden under empty tmpfs. System directories (/usr, /lib, /etc, ...)
+stay readable. When the supervisor exits or is killed every process of the sandbox dies with it.
+The case child checks its own capabilities, uid and no_new_privs before exec and refuses to run the
+program (exit 126) if any is left.
+
+- `none`: rlimits, a new session, a private directory on the host's disk and a scrubbed environment
+  only; **the network is reachable**, world-readable files (datasets with the expected outputs
+  included) are readable and the work directory has no size cap. Never chosen by itself: without
+  a working namespace mode the sandbox raises `SandboxUnavailableError`, unless
+  `SandboxConfig.allow_none` is set, and then warns once per process.
+
+The default config comes from the environment (`default_config`): `DISA_SANDBOX_MODE`
+(auto | ns | userns | none), `DISA_SANDBOX_ALLOW_NONE` (0 | 1), `DISA_SANDBOX_WORK_MB`.
 
 In every mode: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (caps stdout/stderr too: they are files),
 RLIMIT_NPROC and RLIMIT_NOFILE; the environment holds only PATH, HOME, TMPDIR, locale and thread
-caps (plus LD_LIBRARY_PATH of the bind-mounted interpreter); the wall-clock timeout kills every process of the case, and the grader additionally kills the
-supervisor's whole process group if the supervisor itself overruns.
+caps (plus LD_LIBRARY_PATH of the bind-mounted interpreter); the wall-clock timeout kills every
+process of the case, and the grader additionally kills the supervisor's whole process group if the
+supervisor itself overruns.
 """
 
 from __future__ import annotations
@@ -45,11 +57,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from typing import Mapping, Sequence
 
-__all__ = ["SandboxLimits", "CaseResult", "run_cases", "sandbox_mode", "MODES"]
+__all__ = ["SandboxLimits", "SandboxConfig", "SandboxUnavailableError", "CaseResult", "run_cases",
+           "sandbox_mode", "default_config", "MODES"]
 
 MODES = ("ns", "userns", "none")
+_USERNS_UID = 1000  # the program's uid in the nested user namespace of userns mode
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
 _COVER = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
 # Directories that hold user data (code, datasets with the expected outputs, credentials): hidden
@@ -101,6 +116,54 @@ class SandboxLimits:
     }
 
 
+class SandboxUnavailableError(RuntimeError):
+  """No isolating mode works here and `SandboxConfig.allow_none` is not set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  """How the sandbox isolates programs.
+
+  Attributes:
+    mode: `auto` (the namespace mode for the grader's uid: `ns` as root, `userns` otherwise),
+      `ns`, `userns`, or `none` (no isolation; needs `allow_none`).
+    allow_none: run without namespaces when no namespace mode works (or when `mode` is `none`):
+      untrusted code then reaches the network and every file the grader's user can read.
+    work_mb: size cap in MiB of the program's work directory (a tmpfs) in the namespace modes.
+  """
+  mode: str = "auto"
+  allow_none: bool = False
+  work_mb: int = 64
+
+  def __post_init__(self):
+    if self.mode not in ("auto",) + MODES:
+      raise ValueError(f"SandboxConfig.mode must be one of {('auto',) + MODES}, got {self.mode!r}")
+    if not isinstance(self.allow_none, bool):
+      raise ValueError(f"SandboxConfig.allow_none must be a bool, got {self.allow_none!r}")
+    if isinstance(self.work_mb, bool) or not isinstance(self.work_mb, int) or self.work_mb < 1:
+      raise ValueError(f"SandboxConfig.work_mb must be a positive int, got {self.work_mb!r}")
+
+
+def default_config() -> SandboxConfig:
+  """The config from `DISA_SANDBOX_MODE`, `DISA_SANDBOX_ALLOW_NONE` and `DISA_SANDBOX_WORK_MB`.
+
+  Raises:
+    ValueError: naming the variable and its value when one is malformed.
+  """
+  env = os.environ
+  allow = env.get("DISA_SANDBOX_ALLOW_NONE", "0")
+  if allow not in ("0", "1"):
+    raise ValueError(f"DISA_SANDBOX_ALLOW_NONE must be 0 or 1, got {allow!r}")
+  work = env.get("DISA_SANDBOX_WORK_MB", str(SandboxConfig.work_mb))
+  if not work.isdigit():
+    raise ValueError(f"DISA_SANDBOX_WORK_MB must be a positive integer, got {work!r}")
+  try:
+    return SandboxConfig(mode=env.get("DISA_SANDBOX_MODE", "auto") or "auto",
+                         allow_none=allow == "1", work_mb=int(work))
+  except ValueError as e:
+    raise ValueError(f"{e} (from the DISA_SANDBOX_* environment variables)") from None
+
+
 @dataclasses.dataclass
 class CaseResult:
   """Outcome of one case.
@@ -129,8 +192,9 @@ class CaseResult:
     return self.exit_code == 0 and not self.timed_out and not self.skipped
 
 
-_MODE: str | None = None
+_PROBED: dict[str, str | None] = {}  # namespace mode -> None (works) or why it does not
 _MODE_LOCK = threading.Lock()
+_WARNED_NONE = False
 
 
 _PYTHON_NS = "/tmp/python"
@@ -214,7 +278,8 @@ def _write_work_files(stage: str, mode: str, files: Mapping[str, str | bytes],
     mode: the isolation mode.
     files: relative file name -> content, written under ``<stage>/work``.
     stdins: one entry per case; each non-None one is written to ``<stage>/io/in_<i>``.
-    uid: the sandbox uid that gets to own the work directory, or None to keep the grader's.
+    uid: the sandbox uid that gets to own the work directory (mode `none` only: in the namespace
+      modes the supervisor copies the files into the work tmpfs), or None.
 
   Returns:
     (work directory, io directory).
@@ -249,7 +314,8 @@ def _write_work_files(stage: str, mode: str, files: Mapping[str, str | bytes],
 
 
 def _boot_config(mode: str, work: str, uid: int | None, script: str, num_cases: int,
-                 timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool) -> dict:
+                 timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool,
+                 work_mb: int) -> dict:
   """The supervisor's ``config.json`` (read by `_sandbox_boot.py`).
 
   Args:
@@ -261,9 +327,10 @@ def _boot_config(mode: str, work: str, uid: int | None, script: str, num_cases: 
     timeout_s: wall-clock bound of each case.
     limits: the rlimits.
     stop_on_timeout: skip the remaining cases after a timeout.
+    work_mb: size of the work tmpfs (namespace modes).
 
   Returns:
-    The JSON-ready supervisor config: mounts, hidden and covered directories, uid, rlimits, the
+    The JSON-ready supervisor config: mounts, work tmpfs size, the nested-namespace uid, hidden and covered directories, uid, rlimits, the
     program's argv and environment, and the case settings.
   """
   home = _HOME_NS if mode in ("ns", "userns") else work
@@ -278,6 +345,8 @@ def _boot_config(mode: str, work: str, uid: int | None, script: str, num_cases: 
     "home": home,
     "uid": uid,
     "gid": uid,
+    "userns_uid": _USERNS_UID if mode == "userns" else None,
+    "work_mb": work_mb,
     "rlimits": limits.rlimits(),
     "python_bind": python_bind,
     "hide": _hidden_dirs() if mode in ("ns", "userns") else [],
@@ -351,14 +420,16 @@ def _case_results(io_dir: str, boot_err: str, num_cases: int, output_cap: int) -
 
 
 def _run(mode: str, files: Mapping[str, str | bytes], script: str, stdins: Sequence[bytes | None],
-         timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool) -> list[CaseResult]:
+         timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool,
+         work_mb: int) -> list[CaseResult]:
   """Runs the cases in the given mode (see `run_cases`)."""
   is_root = os.geteuid() == 0
   uid = random.randrange(1_000_000, 2_000_000) if (is_root and mode in ("ns", "none")) else None
   stage = tempfile.mkdtemp(prefix="disa_sbx_")
   try:
-    work, io_dir = _write_work_files(stage, mode, files, stdins, uid)
-    cfg = _boot_config(mode, work, uid, script, len(stdins), timeout_s, limits, stop_on_timeout)
+    work, io_dir = _write_work_files(stage, mode, files, stdins, uid if mode == "none" else None)
+    cfg = _boot_config(mode, work, uid, script, len(stdins), timeout_s, limits, stop_on_timeout,
+                       work_mb)
     with open(os.path.join(io_dir, "config.json"), "w") as f:
       json.dump(cfg, f)
     boot_err = _run_supervisor(mode, stage, len(stdins), timeout_s)
@@ -396,37 +467,68 @@ def _read_capped(path: str, cap: int) -> bytes:
     return b""
 
 
-def sandbox_mode() -> str:
-  """The isolation mode in use (probed once: the strongest one that runs a test program)."""
-  global _MODE
+def _probe(mode: str) -> str | None:
+  """None when `mode` runs a test program here; otherwise why not."""
+  if shutil.which("unshare") is None:
+    return "no `unshare` executable on PATH"
+  probe = "import os\nprint('sandbox-ok', os.getuid())\n"
+  try:
+    res = _run(mode, {"probe.py": probe}, "probe.py", [None], 20.0, SandboxLimits(), False, 1)
+  except OSError as e:
+    return f"{type(e).__name__}: {e}"
+  if res[0].ok and res[0].stdout.startswith(b"sandbox-ok"):
+    return None
+  detail = (res[0].stderr or res[0].stdout).decode(errors="replace").strip()[-500:]
+  return f"the probe program failed (exit {res[0].exit_code}): {detail}"
+
+
+def _warn_none_once() -> None:
+  global _WARNED_NONE
+  if not _WARNED_NONE:
+    _WARNED_NONE = True
+    warnings.warn("the code sandbox runs in mode 'none' (SandboxConfig.allow_none): untrusted "
+                  "programs run WITHOUT namespaces; they can reach the network and read every "
+                  "file the grader's user can read (datasets with the expected outputs included) "
+                  "and fill its disk", RuntimeWarning, stacklevel=3)
+
+
+def sandbox_mode(config: SandboxConfig | None = None) -> str:
+  """The isolation mode `config` (default `default_config()`) gets here.
+
+  The namespace mode is probed once per process (a test program must run in it).
+
+  Raises:
+    SandboxUnavailableError: when the requested or probed namespace mode does not work and
+      `config.allow_none` is False (or `mode` is `none` without `allow_none`), naming why.
+  """
+  config = config or default_config()
+  if config.mode == "none":
+    if not config.allow_none:
+      raise SandboxUnavailableError(
+        "SandboxConfig.mode is 'none' (no isolation) but SandboxConfig.allow_none is False "
+        "(DISA_SANDBOX_ALLOW_NONE=1 to accept running untrusted code unconfined)")
+    _warn_none_once()
+    return "none"
+  mode = config.mode if config.mode != "auto" else ("ns" if os.geteuid() == 0 else "userns")
   with _MODE_LOCK:
-    if _MODE is not None:
-      return _MODE
-    forced = os.environ.get("DISA_SANDBOX_MODE")
-    if forced:
-      if forced not in MODES:
-        raise ValueError(f"DISA_SANDBOX_MODE must be one of {MODES}, got {forced!r}")
-      _MODE = forced
-      return _MODE
-    candidates = ["ns", "none"] if os.geteuid() == 0 else ["userns", "none"]
-    probe = "import os\nprint('sandbox-ok', os.getpid())\n"
-    for mode in candidates:
-      if mode != "none" and shutil.which("unshare") is None:
-        continue
-      try:
-        res = _run(mode, {"probe.py": probe}, "probe.py", [None], 20.0, SandboxLimits(), False)
-      except OSError:
-        continue
-      if res[0].ok and res[0].stdout.startswith(b"sandbox-ok"):
-        _MODE = mode
-        return _MODE
-    _MODE = "none"
-    return _MODE
+    if mode not in _PROBED:
+      _PROBED[mode] = _probe(mode)
+    why = _PROBED[mode]
+  if why is None:
+    return mode
+  if not config.allow_none:
+    raise SandboxUnavailableError(
+      f"the code sandbox cannot isolate programs here: mode {mode!r} failed: {why}. Refusing to "
+      f"run untrusted code without namespaces; set SandboxConfig.allow_none "
+      f"(DISA_SANDBOX_ALLOW_NONE=1) to accept mode 'none'")
+  _warn_none_once()
+  return "none"
 
 
 def run_cases(files: Mapping[str, str | bytes], script: str, stdins: Sequence[bytes | None], *,
               timeout_s: float, limits: SandboxLimits | None = None,
-              stop_on_timeout: bool = True, mode: str | None = None) -> list[CaseResult]:
+              stop_on_timeout: bool = True,
+              config: SandboxConfig | None = None) -> list[CaseResult]:
   """Runs `python -I -S <script>` once per stdin inside one sandbox.
 
   Args:
@@ -437,18 +539,22 @@ def run_cases(files: Mapping[str, str | bytes], script: str, stdins: Sequence[by
     limits: rlimits (default `SandboxLimits()`).
     stop_on_timeout: after a case times out, mark the remaining cases skipped instead of running
       them (they count as failures).
-    mode: force an isolation mode (default: `sandbox_mode()`).
+    config: isolation settings (default `default_config()`).
 
   Returns:
     One `CaseResult` per stdin.
+
+  Raises:
+    SandboxUnavailableError: see `sandbox_mode`.
   """
   if script not in files:
     raise ValueError(f"script {script!r} is not among files {sorted(files)}")
   if not timeout_s > 0:
     raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-  if mode is not None and mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if config is not None and not isinstance(config, SandboxConfig):
+    raise ValueError(f"config must be a SandboxConfig, got {type(config).__name__}")
   if not stdins:
     return []
-  return _run(mode or sandbox_mode(), files, script, list(stdins), timeout_s,
-              limits or SandboxLimits(), stop_on_timeout)
+  config = config or default_config()
+  return _run(sandbox_mode(config), files, script, list(stdins), timeout_s,
+              limits or SandboxLimits(), stop_on_timeout, config.work_mb)

@@ -6,10 +6,14 @@ within its bound, that nothing was written outside the sandbox, and that no proc
 is left behind. The fork bomb is bounded to 16 processes of sleeping children for 3 s.
 """
 
+import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -309,18 +313,21 @@ def test_daemonised_children_do_not_survive_their_case():
   assert _no_leftovers(res[0].stdout)
 
 
+_NONE = sandbox.SandboxConfig(mode="none", allow_none=True)
+
+
 def test_fallback_mode_none_still_applies_limits():
   res = sandbox.run_cases({"p.py": "print(input()[::-1])"}, "p.py", [b"abc"], timeout_s=10.0,
-                          mode="none")
+                          config=_NONE)
   assert res[0].ok and res[0].stdout == b"cba\n"
   res, dt = _timed(sandbox.run_cases, {"p.py": "while True: pass"}, "p.py", [None],
-                   timeout_s=1.0, mode="none")
+                   timeout_s=1.0, config=_NONE)
   assert res[0].timed_out and dt < 8.0
   if os.geteuid() == 0:
     prog = ("import os, time\nn = 0\nfor _ in range(100):\n  try:\n    pid = os.fork()\n"
             "  except OSError:\n    continue\n  if pid == 0:\n    time.sleep(30)\n    os._exit(0)\n"
             "  n += 1\nprint(os.getuid(), n, flush=True)\n")
-    res = sandbox.run_cases({"p.py": prog}, "p.py", [None], timeout_s=3.0, mode="none",
+    res = sandbox.run_cases({"p.py": prog}, "p.py", [None], timeout_s=3.0, config=_NONE,
                             limits=sandbox.SandboxLimits(nproc=8))
     assert int(res[0].stdout.split()[1]) < 8
     assert _no_leftovers(res[0].stdout)
@@ -344,7 +351,9 @@ def test_userns_mode_for_an_unprivileged_grader(tmp_path):
   script = (
     "import sys\n"
     "from disa_jax.rewards import sandbox\n"
-    "if sandbox.sandbox_mode() != 'userns':\n"
+    "try:\n"
+    "  assert sandbox.sandbox_mode() == 'userns'\n"
+    "except sandbox.SandboxUnavailableError:\n"
     "  print('userns-unavailable')\n"
     "  sys.exit(0)\n"
     "prog = ('import socket\\ntry:\\n'\n"
@@ -363,6 +372,32 @@ def test_userns_mode_for_an_unprivileged_grader(tmp_path):
   if "userns-unavailable" in out.stdout:
     pytest.skip("user namespaces are not allowed for unprivileged users here")
   assert out.stdout.strip().endswith("userns-ok"), out.stderr[-2000:]
+
+
+def test_refuses_to_run_without_isolation(monkeypatch, tmp_path):
+  """Issue 24, finding 2: no namespaces -> a named error, or mode none with one warning."""
+  monkeypatch.setattr(sandbox, "_PROBED", {})
+  monkeypatch.setattr(sandbox, "_WARNED_NONE", False)
+  monkeypatch.setenv("PATH", str(tmp_path))  # no `unshare`: no namespace mode works
+  monkeypatch.delenv("DISA_SANDBOX_MODE", raising=False)
+  monkeypatch.delenv("DISA_SANDBOX_ALLOW_NONE", raising=False)
+  prog = {"p.py": "print('ran')"}
+  with pytest.raises(sandbox.SandboxUnavailableError, match=r"no `unshare`.*allow_none"):
+    sandbox.run_cases(prog, "p.py", [None], timeout_s=10)
+  with pytest.raises(sandbox.SandboxUnavailableError, match="allow_none is False"):
+    sandbox.run_cases(prog, "p.py", [None], timeout_s=10,
+                      config=sandbox.SandboxConfig(mode="none"))
+  monkeypatch.setenv("DISA_SANDBOX_ALLOW_NONE", "1")
+  with pytest.warns(RuntimeWarning, match="WITHOUT namespaces") as rec:
+    for _ in range(3):
+      res = sandbox.run_cases(prog, "p.py", [None], timeout_s=10)
+      assert res[0].ok and res[0].stdout == b"ran\n"
+  assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1  # once per process
+  monkeypatch.setenv("DISA_SANDBOX_ALLOW_NONE", "yes")
+  with pytest.raises(ValueError, match="DISA_SANDBOX_ALLOW_NONE must be 0 or 1, got 'yes'"):
+    sandbox.run_cases(prog, "p.py", [None], timeout_s=10)
+  with pytest.raises(ValueError, match="SandboxConfig.work_mb"):
+    sandbox.SandboxConfig(work_mb=0)
 
 
 def test_waits_without_pidfd(monkeypatch):
@@ -385,3 +420,95 @@ def test_waits_without_pidfd(monkeypatch):
   assert time.perf_counter() - t0 < 2.0
   slow.kill()
   slow.wait()
+
+
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+_BATTERY = pathlib.Path(__file__).resolve().parent / "hostile_battery.py"
+_SYS_PYTHON = "/usr/bin/python3"
+_NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps=-all",
+           "--bounding-set=-all"]
+_NS_FLAGS = ["--mount", "--net", "--pid", "--fork", "--mount-proc"]
+
+
+def _kernel_allows(cmd: list[str]) -> str | None:
+  """None when `cmd ... true` runs; otherwise the reason (its stderr)."""
+  res = subprocess.run(cmd + ["true"], capture_output=True, text=True, timeout=30)
+  return None if res.returncode == 0 else (res.stderr.strip() or f"exit {res.returncode}")
+
+
+def _battery_runner(mode: str) -> tuple[list[str], dict[str, str]]:
+  """The command (and PYTHONPATH) that runs the battery in `mode`; skips with the reason if it can't.
+
+  `ns` runs as root; `userns` as uid 65534 (dropped with setpriv when the tests run as root, as
+  the grader of an unprivileged job would be), under the system python3 of the same version.
+  """
+  if shutil.which("unshare") is None:
+    pytest.skip("no unshare executable")
+  if mode == "ns":
+    if os.geteuid() != 0:
+      pytest.skip("mode ns needs root")
+    why = _kernel_allows(["unshare"] + _NS_FLAGS)
+    if why:
+      pytest.skip(f"the kernel refuses `unshare -m -n -p` as root: {why}")
+    return [sys.executable], {"PYTHONPATH": str(_REPO)}
+  prefix: list[str] = []
+  python = sys.executable
+  site = [p for p in sys.path if p.endswith("site-packages")]
+  if os.geteuid() == 0:
+    if not shutil.which("setpriv") or not os.path.exists(_SYS_PYTHON):
+      pytest.skip("userns as a non-root user needs setpriv and /usr/bin/python3 to drop to 65534")
+    ver = subprocess.run([_SYS_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                         capture_output=True, text=True).stdout.strip()
+    if ver != str(sys.version_info[:2]):
+      pytest.skip(f"system python {ver} differs from {sys.version_info[:2]}")
+    prefix, python = _NOBODY, _SYS_PYTHON
+  why = _kernel_allows(prefix + ["unshare", "--user", "--map-root-user"] + _NS_FLAGS)
+  if why:
+    pytest.skip(f"the kernel forbids unprivileged user namespaces here: {why}")
+  return prefix + [python], {"PYTHONPATH": ":".join([str(_REPO)] + site)}
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", ["ns", "userns"])
+def test_hostile_battery(mode):
+  """Issue 24, findings 1 and 3: every attack of `hostile_battery.py` is blocked in both modes.
+
+  The attacks: unmount each cover (umount2 MNT_DETACH), the supervisor's /proc/1/cwd and
+  /proc/1/environ, read a host file in /tmp and in the repository (directly, via /proc/1/cwd and
+  /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB cap, a fork bomb,
+  a loopback connection, and the program's own uid / capabilities / no_new_privs.
+  """
+  cmd, env = _battery_runner(mode)
+  token = uuid.uuid4().hex
+  host_files = [pathlib.Path("/tmp") / f"disa_hostile_{token}", _REPO / f"disa_hostile_{token}"]
+  outside = [pathlib.Path(d) / f"disa_hostile_w_{token}"
+             for d in ("/tmp", "/var/tmp", "/dev/shm", str(_REPO))]
+  spec = {"secret": token, "host_files": [str(p) for p in host_files],
+          "outside": [str(p) for p in outside], "port": _free_port(), "work_mb": 16, "nproc": 16}
+  try:
+    for p in host_files:
+      p.write_text(f"expected outputs {token}\n")
+      p.chmod(0o644)
+    out = subprocess.run(cmd + [str(_BATTERY), json.dumps(spec)], capture_output=True, text=True,
+                         timeout=240, env={"PATH": "/usr/bin:/bin", "DISA_SANDBOX_MODE": mode,
+                                           "DISA_SANDBOX_WORK_MB": "16", **env})
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = json.loads(out.stdout.strip().splitlines()[-1])
+    written = [str(p) for p in outside if p.exists()]
+  finally:
+    for p in host_files + outside:
+      if p.exists():
+        p.unlink()
+  print(f"\nhostile battery, mode {mode}:")
+  for name, row in table.items():
+    print(f"  {name:16s} {'ESCAPED' if row['escaped'] else 'blocked'}  {row['detail'][:150]}")
+  assert sorted(table) == sorted(["control", "umount_covers", "proc1_cwd", "proc1_environ",
+                                  "read_host_files", "write_outside", "disk_fill", "fork_bomb",
+                                  "socket_loopback", "privileges"])
+  assert {k: v for k, v in table.items() if v["escaped"] is not False} == {}
+  assert written == []
