@@ -301,17 +301,13 @@ def mean_pairwise_distance(responses: Sequence[str],
   return float(np.mean(1.0 - sim[iu]))
 
 
-def _answer_key(answer: str) -> str:
-  return re.sub(r"\s+", "", math_answer.answer_variants(answer)[-1])
-
-
 def distinct_answers(responses: Sequence[str]) -> int:
   """Number of distinct final answers (normalised strings) among responses that state one."""
   keys = set()
   for r in responses:
     a = math_answer.extract_final_answer(r)
     if a is not None:
-      keys.add(_answer_key(a))
+      keys.add(math_answer.answer_key(a))
   return len(keys)
 
 

@@ -74,7 +74,7 @@ def _answer_key(text: str) -> str | None:
   ans = math_answer.extract_final_answer(text)
   if ans is None or len(ans) > 1000:
     return None
-  return "".join(math_answer.answer_variants(ans)[-1].split())
+  return math_answer.answer_key(ans)
 
 
 def _distinct_correct(responses: Sequence[Sequence[str]], correct: np.ndarray) -> float:

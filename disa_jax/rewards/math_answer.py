@@ -1,7 +1,9 @@
 """Final-answer extraction and answer-string normalisation for math grading.
 
 Pure string functions (no sympy, no math-verify) that run in linear time on any input, so that they
-are safe to call on untrusted model output of any length. `disa_jax.rewards.math` feeds their output
+are safe to call on untrusted model output of any length: the extraction scans the text
+explicitly (no backtracking regular expression sees the whole response), and the normalisation
+only runs on answers of at most `MAX_NORMALISE_CHARS` characters. `disa_jax.rewards.math` feeds their output
 to math-verify.
 
 Extraction (`extract_final_answer`): the content of the last `\\boxed{...}` / `\\fbox{...}` (or
@@ -32,6 +34,7 @@ __all__ = [
   "extract_boxed",
   "extract_final_answer",
   "answer_variants",
+  "answer_key",
   "ground_truth_alternatives",
 ]
 
@@ -79,13 +82,14 @@ def extract_boxed(text: str) -> str | None:
   Returns:
     The boxed content, stripped, or None.
   """
-  best = -1
-  best_cmd = ""
-  for cmd in _BOX_COMMANDS:
-    j = text.rfind(cmd)
-    if j > best:
-      best, best_cmd = j, cmd
-  while best >= 0:
+  # The last occurrence of each command before the current candidate; only the command just
+  # rejected searches again (further left), so each part of the text is searched once per command.
+  last = {cmd: text.rfind(cmd) for cmd in _BOX_COMMANDS}
+  while True:
+    best_cmd = max(_BOX_COMMANDS, key=lambda c: last[c])
+    best = last[best_cmd]
+    if best < 0:
+      return None
     k = best + len(best_cmd)
     # Skip whitespace between the command and its argument.
     while k < len(text) and text[k] in " \t":
@@ -97,23 +101,122 @@ def extract_boxed(text: str) -> str | None:
       return text[k + 1:end].strip()
     if k > best + len(best_cmd) and k < len(text):
       # `\boxed 5`: the argument is the next whitespace/`$`-delimited token.
-      m = re.match(r"[^\s$]+", text[k:])
+      m = _TOKEN_RE.match(text, k)  # in place: a slice here would copy the rest of the text
       if m:
         return m.group(0).strip()
     # `\boxedfoo` is another command: look further left.
-    prev = -1
-    for cmd in _BOX_COMMANDS:
-      j = text.rfind(cmd, 0, best)
-      if j > prev:
-        prev, best_cmd = j, cmd
-    best = prev
-  return None
+    last[best_cmd] = text.rfind(best_cmd, 0, best)
 
 
-_FINAL_ANSWER_RE = re.compile(
-  r"final answer is\s*[:：]?\s*(.+?)(?:\.\s*(?:I hope|$)|\n|$)", re.IGNORECASE)
-_ANSWER_LINE_RE = re.compile(r"(?:^|\n)\s*\**answer\**\s*[:：]\s*\**(.+?)\**\s*(?:\n|$)",
-                             re.IGNORECASE)
+_TOKEN_RE = re.compile(r"[^\s$]+")
+# Each of these is a literal or a single repeated class: a match runs once over its span, with no
+# backtracking, so every use below is linear in what it reads.
+_FINAL_PHRASE_RE = re.compile("final answer is", re.IGNORECASE)
+_ANSWER_WORD_RE = re.compile("answer", re.IGNORECASE)
+_SPACE_RE = re.compile(r"\s*")
+_STARS_RE = re.compile(r"\**")
+_COLONS = ":\uff1a"
+
+
+def _skip_space(text: str, i: int) -> int:
+  """The first index >= i that is not whitespace (newlines included), or len(text)."""
+  return _SPACE_RE.match(text, i).end()
+
+
+def _phrase_answer_end(text: str, i: int) -> int:
+  """End of a "final answer is" answer starting at i (a non-space character).
+
+  The answer runs to the end of its line, or to an earlier `.` followed (after whitespace) by
+  "I hope" or by the end of the text. Each `.` looks ahead only over the whitespace that follows
+  it (up to the next `.` at the latest): linear time.
+  """
+  n = len(text)
+  line_end = text.find("\n", i + 1)
+  line_end = n if line_end < 0 else line_end
+  j = text.find(".", i + 1, line_end)
+  while j >= 0:
+    k = _skip_space(text, j + 1)
+    if k == n or text[k:k + 6].lower() == "i hope":
+      return j
+    j = text.find(".", j + 1, line_end)
+  return line_end
+
+
+def _last_final_answer_phrase(text: str) -> str | None:
+  """The answer of the last "final answer is[:] X" (Minerva style), or None.
+
+  Occurrences are read left to right, each one's answer ending as `_phrase_answer_end` says; an
+  occurrence inside an earlier one's answer is part of that answer. Whitespace (newlines included)
+  and one colon may sit between the phrase and the answer; an occurrence followed only by
+  whitespace states nothing.
+  """
+  last = None
+  pos = 0
+  n = len(text)
+  while True:
+    m = _FINAL_PHRASE_RE.search(text, pos)
+    if m is None:
+      return last
+    i = _skip_space(text, m.end())
+    if i < n and text[i] in _COLONS:
+      i = _skip_space(text, i + 1)
+    if i >= n:
+      return last
+    pos = _phrase_answer_end(text, i)
+    last = text[i:pos]
+
+
+def _starts_a_line(text: str, i: int) -> bool:
+  """Whether only `*`s, then whitespace holding a line break (or the text's start), precede i.
+
+  Reads backwards over the `*`s and whitespace right before i only; those runs of two different
+  occurrences of "answer" do not overlap, so all calls together read the text at most once.
+  """
+  while i > 0 and text[i - 1] == "*":
+    i -= 1
+  while i > 0 and text[i - 1].isspace():
+    if text[i - 1] == "\n":
+      return True
+    i -= 1
+  return i == 0
+
+
+def _answer_line_body(text: str, k: int) -> tuple[str, int] | None:
+  """After "answer" at k: `*`s, whitespace, a colon, whitespace, `*`s, then X to the end of its line.
+
+  Returns:
+    (X less trailing whitespace and `*`s, the end of X's line), or None when the colon or X is
+    missing.
+  """
+  n = len(text)
+  k = _skip_space(text, _STARS_RE.match(text, k).end())
+  if k >= n or text[k] not in _COLONS:
+    return None
+  k = _STARS_RE.match(text, _skip_space(text, k + 1)).end()
+  if k >= n or text[k] == "\n":
+    return None
+  line_end = text.find("\n", k)
+  line_end = n if line_end < 0 else line_end
+  return text[k:line_end].rstrip().rstrip("*"), line_end
+
+
+def _last_answer_line(text: str) -> str | None:
+  """X of the last "Answer: X" line, or None; linear time.
+
+  Such a line starts (after whitespace and `*`s) with "answer" in any case, then `*`s, whitespace,
+  a colon, whitespace, `*`s and X (which may start on a later line), so `**Answer:** 7` gives 7.
+  """
+  last = None
+  pos = 0
+  while True:
+    m = _ANSWER_WORD_RE.search(text, pos)
+    if m is None:
+      return last
+    found = _answer_line_body(text, m.end()) if _starts_a_line(text, m.start()) else None
+    if found is None:
+      pos = m.end()
+    else:
+      last, pos = found
 
 
 def _strip_math_delims(s: str) -> str:
@@ -144,13 +247,11 @@ def extract_final_answer(response: str) -> str | None:
   boxed = extract_boxed(response)
   if boxed is not None:
     return boxed if boxed else None
-  for regex in (_FINAL_ANSWER_RE, _ANSWER_LINE_RE):
-    last = None
-    for last in regex.finditer(response):
-      pass
+  for find_last in (_last_final_answer_phrase, _last_answer_line):
+    last = find_last(response)
     if last is not None:
-      inner = extract_boxed(last.group(1))
-      ans = _strip_math_delims(inner if inner is not None else last.group(1))
+      inner = extract_boxed(last)
+      ans = _strip_math_delims(inner if inner is not None else last)
       if ans:
         return ans
   return None
@@ -247,6 +348,12 @@ def answer_variants(answer: str) -> list[str]:
   if m:
     add(_sci_to_plain("1", int(m.group(1))))
   return out
+
+
+def answer_key(answer: str) -> str:
+  """The form answers are compared in by maj@k and distinct-answer counts: the last of
+  `answer_variants` (the most normalised), without whitespace."""
+  return "".join(answer_variants(answer)[-1].split())
 
 
 def _sci_to_plain(mantissa: str, exponent: int) -> str:

@@ -5,6 +5,7 @@ import json
 import re
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -131,6 +132,15 @@ def test_local_metric():
   near = ["the cat sat on the mat", "the cat sat on a mat"]
   far = ["the cat sat on the mat", "quantum chromodynamics lattice"]
   assert dv.mean_pairwise_distance(near) < dv.mean_pairwise_distance(far)
+
+
+def test_distinct_answers_of_pathological_outputs_take_linear_time():
+  """Issue 24, finding 4: the local metric parses responses in this process (old: ~100 s each)."""
+  pathological = ["\n" * 100_000 + "Answer: 2", "\\boxed \n" * 12_500 + "\\boxed{2}",
+                  "answer\n" * 14_000 + "Answer: 3", "final answer is" + " " * 100_000]
+  t0 = time.perf_counter()
+  assert dv.distinct_answers(pathological) == 2
+  assert time.perf_counter() - t0 < 5.0
 
 
 def test_local_metric_with_a_pluggable_embedding():

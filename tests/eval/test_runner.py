@@ -1,5 +1,7 @@
 """Benchmark runner with a scripted engine: prompts -> completions -> rewards -> metrics."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ from disa_jax import testing
 from disa_jax.data import PromptRecord
 from disa_jax.data import templates
 from disa_jax.eval import runner
+from disa_jax.rewards import registry
 from disa_jax.rollout.types import Completion
 
 
@@ -89,3 +92,22 @@ def test_runner_validation():
                                               {"ability": "code"})]
   with pytest.raises(ValueError, match="mix abilities"):
     runner.evaluate_benchmark(None, tok, mixed, params)
+
+
+# Model outputs that took the old answer extraction quadratic time (10^5 newlines: ~100 s).
+PATHOLOGICAL = ["\n" * 100_000 + "Answer: 2", "\\boxed \n" * 12_500 + "\\boxed{2}",
+                "answer\n" * 14_000 + "Answer: 3", "final answer is" + " " * 100_000]
+
+
+def test_pathological_outputs_do_not_stall_maj_at_k():
+  """Issue 24, finding 4: maj@k parses every response in this process; it stays linear-time."""
+  registry.register_reward("test_zero", lambda rs, ms: np.zeros(len(rs), np.float32),
+                           overwrite=True)  # grading is bounded elsewhere; time the parse only
+  tok = testing.make_tokenizer()
+  engine = ScriptedEngine(tok, {"1+1": PATHOLOGICAL, "2+3": PATHOLOGICAL})
+  params = runner.eval_sampling_params(4, 64, tok.eos_token_id)
+  t0 = time.perf_counter()
+  res = runner.evaluate_benchmark(engine, tok, _math_records(), params, name="toy",
+                                  reward_fn_name="test_zero")
+  assert time.perf_counter() - t0 < 20.0
+  assert res.answers == [["2", "2", "3", None]] * 2

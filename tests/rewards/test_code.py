@@ -4,6 +4,9 @@ import gzip
 import json
 import math
 import pathlib
+import random
+import re
+import time
 
 import numpy as np
 import pytest
@@ -222,3 +225,32 @@ def test_code_registry(he):
   np.testing.assert_array_equal(out.reward, [1.0, 0.0, 1.0, 0.0])
   with pytest.raises(ValueError, match="'tests' or 'humaneval'"):
     fn(["x"], [{"ground_truth": "1"}])
+
+
+# The fence regular expression extract_code used to run (quadratic on a long fence line without a
+# newline); its blocks are the definition the linear scanner must reproduce.
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def test_extract_code_blocks_are_the_fence_regex_blocks():
+  frags = ["```", "```python\n", "```py\n", "``` python extra\n", "\n", "x = 1\n", "`", "``",
+           "````", " ", "```\n", "abc", "\t```c++ \n"]
+  rng = random.Random(0)
+  for _ in range(20_000):
+    text = "".join(rng.choice(frags) for _ in range(rng.randint(1, 7)))
+    assert code._fenced_blocks(text) == _FENCE_RE.findall(text), text  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("make", [lambda n: "`" * n, lambda n: "```" + "a" * n,
+                                  lambda n: "```\n" + "`` " * (n // 3)])
+def test_extract_code_time_is_linear(make):
+  """Issue 24, finding 4 (the code reward's parse in the grader): 100x the length, <= 300x time."""
+  def cpu(text, repeats):
+    best = float("inf")
+    for _ in range(repeats):
+      t0 = time.thread_time()
+      code.extract_code(text)
+      best = min(best, time.thread_time() - t0)
+    return max(best, 1e-6)
+  ratio = cpu(make(100_000), 3) / cpu(make(1_000), 30)
+  assert ratio <= 300, ratio

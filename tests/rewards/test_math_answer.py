@@ -97,3 +97,65 @@ def test_extraction_is_linear_on_huge_inputs():
   for s in ("1 " * 995, "1^{" * 600, "1\\text{a}" * 200):  # near the length limit
     ma.answer_variants(s)
   assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.parametrize("text,expected", [
+  ("Answer: 5\nAnswer: 6", "6"),  # the last line, also right after another one
+  ("**Answer:** \n\nAnswer: $12$", "12"),
+  ("Answer:\n\n  **42**  ", "42"),  # the answer may start on a later line
+  ("  **ANSWER**: 3 ** \nmore text", "3"),
+  ("the answer: 3", None),  # not at the start of a line
+  ("Answer 3", None),  # no colon
+  ("final answer is 5\nThe final answer is \n", "5"),  # a phrase stating nothing is skipped
+  ("The final answer is: \n $7$. I hope", "7"),
+  ("The final answer is 1.5 and more\nx", "1.5 and more"),
+  ("The final answer is 2.  \n\n", "2"),
+  ("final answer is x, so the final answer is y\n", "x, so the final answer is y"),
+  ("\\boxed \n\\boxed{3} \\boxedfoo \\fbox 4 \\boxed\n", "4"),
+])
+def test_extraction_scanner_rules(text, expected):
+  assert ma.extract_final_answer(text) == expected
+
+
+# Adversarial shapes for the linear-time bound: each name -> a text of about n characters.
+ADVERSARIAL = {
+  "newlines": lambda n: "\n" * n,
+  "newlines_then_answer": lambda n: "\n" * n + "Answer: 5",
+  "spaces": lambda n: " " * n,
+  "boxed_opens": lambda n: "\\boxed{" * (n // 7),
+  "open_braces": lambda n: "\\boxed" + "{" * n,
+  "boxed_space_newline": lambda n: "\\boxed \n" * (n // 8),
+  "answer_colons": lambda n: "answer:" * (n // 7),
+  "answer_lines_without_colon": lambda n: "answer\n" * (n // 7),
+  "empty_answer_lines": lambda n: "Answer:\n" * (n // 8),
+  "answer_then_newlines": lambda n: "Answer" + "\n" * n,
+  "stars_lines": lambda n: "\n**" * (n // 3) + "answer",
+  "phrase_then_spaces": lambda n: "final answer is" + " " * n,
+  "phrase_repeats": lambda n: "final answer is " * (n // 16),
+  "phrase_then_dots": lambda n: "final answer is x" + ". " * (n // 2),
+  "phrase_colon_newlines": lambda n: "final answer is" + " " * (n // 2) + ":" + "\n" * (n // 2),
+}
+
+
+def _cpu_time(fn, text: str, repeats: int) -> float:
+  """The least thread CPU time of `repeats` calls (CPU time: other processes' load drops out)."""
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.thread_time()
+    fn(text)
+    best = min(best, time.thread_time() - t0)
+  return max(best, 1e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(ADVERSARIAL))
+def test_extraction_time_is_linear(kind):
+  """Issue 24, finding 4: 100x the length costs at most 300x the time (measured: about 100x)."""
+  small, large = ADVERSARIAL[kind](1_000), ADVERSARIAL[kind](100_000)
+  t_small = _cpu_time(ma.extract_final_answer, small, 30)
+  t_large = _cpu_time(ma.extract_final_answer, large, 3)
+  ratio = t_large / t_small
+  print(f"{kind}: {t_small * 1e6:.0f} us -> {t_large * 1e3:.2f} ms, ratio {ratio:.0f}")
+  assert ratio <= 300, (kind, t_small, t_large)
+  assert t_large < 1.0
+  if kind == "newlines_then_answer":
+    assert ma.extract_final_answer(large) == "5"
