@@ -1,8 +1,8 @@
 """The hostile battery of issue 24, run as a script in the sandbox mode `DISA_SANDBOX_MODE` names.
 
 `python hostile_battery.py '<spec json>'` runs every attack program in the sandbox (one `run_cases`
-each) and prints one JSON object: attack -> {"escaped": bool, "detail": str}. Each program prints
-`ESCAPED: ...` when its attack worked and `blocked: ...` otherwise; a program that printed neither
+each) and prints one JSON object: attack -> {"escaped": bool, "detail": str}. Each program's last
+line is `ESCAPED: ...` when its attack worked and `blocked: ...` otherwise; a program that printed neither
 (it crashed, or the sandbox did not run it) is reported as {"escaped": None, ...}, so a sandbox
 that runs nothing cannot pass. A positive control (`control`) must print `blocked: ran`.
 
@@ -26,6 +26,25 @@ _COVERS = ["/tmp/home", "/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/work", "/
            "/proc"]
 
 
+def fork_bomb_program(nproc: int) -> str:
+  """Prints its uid, forks up to 200 sleeping children, then ESCAPED if more than `nproc` started."""
+  return ("import os, time\n"
+          "print(os.getuid(), flush=True)\n"
+          "n = 0\n"
+          "for _ in range(200):\n"
+          "  try:\n"
+          "    pid = os.fork()\n"
+          "  except OSError:\n"
+          "    continue\n"
+          "  if pid == 0:\n"
+          "    time.sleep(30)\n"
+          "    os._exit(0)\n"
+          "  n += 1\n"
+          f"print(('ESCAPED: %d processes' if n > {nproc} else 'blocked: %d processes') % n,\n"
+          "      flush=True)\n"
+          "os._exit(0)\n")
+
+
 def _programs(spec: dict) -> dict[str, str]:
   """Attack name -> program source."""
   secret = spec["secret"]
@@ -38,6 +57,16 @@ def _programs(spec: dict) -> dict[str, str]:
       f"seen = [p for p in {spec['host_files']!r} if os.path.exists(p)]\n"
       "print(('ESCAPED: unmounted %s, then saw %s' % (done, seen)) if done else\n"
       "      'blocked: no cover could be unmounted')\n"),
+    "unshare_then_umount": (  # its own user + mount namespace first: root there, caps there
+      "import ctypes, os\n"
+      "libc = ctypes.CDLL(None, use_errno=True)\n"
+      "if libc.unshare(0x10000000 | 0x00020000) != 0:\n"
+      "  print('blocked: unshare refused:', os.strerror(ctypes.get_errno()))\n"
+      "else:\n"
+      f"  done = [t for t in {_COVERS!r} if libc.umount2(t.encode(), 2) == 0]\n"
+      f"  seen = [p for p in {spec['host_files']!r} if os.path.exists(p)]\n"
+      "  print(('ESCAPED: unmounted %s, then saw %s' % (done, seen)) if done or seen else\n"
+      "        'blocked: unshared, but the covers are locked')\n"),
     "proc1_cwd": (
       "import os\n"
       "try:\n"
@@ -86,21 +115,7 @@ def _programs(spec: dict) -> dict[str, str]:
       "  pass\n"
       "print(('ESCAPED: wrote %d MiB' if total > cap else 'blocked: stopped at %d MiB')\n"
       "      % (total >> 20))\n"),
-    "fork_bomb": (
-      "import os, time\n"
-      "n = 0\n"
-      "for _ in range(200):\n"
-      "  try:\n"
-      "    pid = os.fork()\n"
-      "  except OSError:\n"
-      "    continue\n"
-      "  if pid == 0:\n"
-      "    time.sleep(30)\n"
-      "    os._exit(0)\n"
-      "  n += 1\n"
-      f"print(('ESCAPED: %d processes' if n > {spec['nproc']} else 'blocked: %d processes') % n,\n"
-      "      flush=True)\n"
-      "os._exit(0)\n"),
+    "fork_bomb": fork_bomb_program(spec["nproc"]),
     "socket_loopback": (
       "import socket\n"
       "try:\n"
@@ -135,7 +150,7 @@ def run_battery(spec: dict) -> dict[str, dict]:
   for name, prog in _programs(spec).items():
     limits = sandbox.SandboxLimits(nproc=spec["nproc"], cpu_s=5)
     res = sandbox.run_cases({"p.py": prog}, "p.py", [None], timeout_s=5.0, limits=limits)[0]
-    text = res.stdout.decode(errors="replace").strip()
+    text = (res.stdout.decode(errors="replace").strip().splitlines() or [""])[-1]
     escaped = True if text.startswith("ESCAPED") else False if text.startswith("blocked") else None
     detail = text if escaped is not None else (
       f"exit {res.exit_code}, timed out {res.timed_out}: "

@@ -1,4 +1,4 @@
-"""The code sandbox: basic execution, limits, and the hostile battery of issue 4.
+"""The code sandbox: basic execution, limits, and the hostile batteries of issues 4 and 24.
 
 Every hostile program prints the expected output ("PWNED") only if its attack succeeded, so a
 contained attack is a failed case. Each case also checks that the grader survived, that it returned
@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -23,6 +22,7 @@ import pytest
 from disa_jax.rewards import code
 from disa_jax.rewards import sandbox
 from disa_jax.rewards._sandbox_boot import _pids_of_uid  # processes running as a uid
+from tests.rewards import hostile_battery
 
 PWNED = [{"input": "", "output": "PWNED"}]
 # The positive control of each hostile case: a correct program, graded in the same configuration
@@ -91,25 +91,12 @@ def test_run_cases_validation():
 
 
 def test_hostile_fork_bomb_is_contained():
-  prog = ("import os, time\n"
-          "print(os.getuid(), flush=True)\n"
-          "n = 0\n"
-          "for _ in range(400):\n"
-          "  try:\n"
-          "    pid = os.fork()\n"
-          "  except OSError:\n"
-          "    continue\n"
-          "  if pid == 0:\n"
-          "    time.sleep(30)\n"
-          "    os._exit(0)\n"
-          "  n += 1\n"
-          "print('PWNED' if n > 40 else 'contained', flush=True)\n"
-          "time.sleep(30)\n")
   lim = sandbox.SandboxLimits(nproc=16, cpu_s=5)
-  res, dt = _timed(sandbox.run_cases, {"p.py": prog}, "p.py", [None], timeout_s=3.0, limits=lim)
-  assert res[0].timed_out and res[0].stdout.split()[1] == b"contained"
+  res, dt = _timed(sandbox.run_cases, {"p.py": hostile_battery.fork_bomb_program(16)}, "p.py",
+                   [None], timeout_s=3.0, limits=lim)
+  assert res[0].ok and res[0].stdout.split(b"\n")[1].startswith(b"blocked")
   assert dt < 15.0
-  assert _no_leftovers(res[0].stdout)
+  assert _no_leftovers(res[0].stdout)  # its sleeping children died with the case
 
 
 def test_hostile_memory_bomb_is_contained():
@@ -209,45 +196,6 @@ def test_hostile_reads_the_repository_and_datasets():
           "print('PWNED' if any(seen) else 'contained')\n")
   assert code.run_stdio(prog, PWNED, 10.0) == [False]
   assert code.run_stdio(prog, [{"input": "", "output": "contained"}], 10.0) == [True]
-
-
-def test_hostile_opens_a_socket():
-  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-  server.bind(("127.0.0.1", 0))
-  server.listen(1)
-  server.settimeout(0.2)
-  port = server.getsockname()[1]
-  accepted = []
-  stop = threading.Event()
-
-  def serve():
-    while not stop.is_set():
-      try:
-        conn, _ = server.accept()
-        accepted.append(conn.recv(100))
-        conn.close()
-      except OSError:
-        pass
-
-  th = threading.Thread(target=serve, daemon=True)
-  th.start()
-  prog = ("import socket\n"
-          "try:\n"
-          f"  s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-          "  s.sendall(b'leak')\n"
-          "  print('PWNED')\n"
-          "except OSError:\n"
-          "  print('contained')\n")
-  try:
-    if sandbox.sandbox_mode() == "none":
-      pytest.skip("the 'none' fallback does not isolate the network (documented)")
-    assert code.run_stdio(prog, PWNED, 5.0) == [False]
-    assert code.run_stdio(prog, [{"input": "", "output": "contained"}], 5.0) == [True]
-  finally:
-    stop.set()
-    th.join()
-    server.close()
-  assert accepted == []
 
 
 def test_hostile_signals_the_parent_and_the_grader():
@@ -478,7 +426,8 @@ def _free_port() -> int:
 def test_hostile_battery(mode):
   """Issue 24, findings 1 and 3: every attack of `hostile_battery.py` is blocked in both modes.
 
-  The attacks: unmount each cover (umount2 MNT_DETACH), the supervisor's /proc/1/cwd and
+  The attacks: unmount each cover (umount2 MNT_DETACH), directly and from a user + mount namespace
+  of the program's own (where it holds every capability), the supervisor's /proc/1/cwd and
   /proc/1/environ, read a host file in /tmp and in the repository (directly, via /proc/1/cwd and
   /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB cap, a fork bomb,
   a loopback connection, and the program's own uid / capabilities / no_new_privs.
@@ -507,7 +456,8 @@ def test_hostile_battery(mode):
   print(f"\nhostile battery, mode {mode}:")
   for name, row in table.items():
     print(f"  {name:16s} {'ESCAPED' if row['escaped'] else 'blocked'}  {row['detail'][:150]}")
-  assert sorted(table) == sorted(["control", "umount_covers", "proc1_cwd", "proc1_environ",
+  assert sorted(table) == sorted(["control", "umount_covers", "unshare_then_umount",
+                                  "proc1_cwd", "proc1_environ",
                                   "read_host_files", "write_outside", "disk_fill", "fork_bomb",
                                   "socket_loopback", "privileges"])
   assert {k: v for k, v in table.items() if v["escaped"] is not False} == {}
