@@ -3,8 +3,8 @@
 Pure string functions (no sympy, no math-verify) that run in linear time on any input, so that they
 are safe to call on untrusted model output of any length: the extraction scans the text
 explicitly (no backtracking regular expression sees the whole response), and the normalisation
-only runs on answers of at most `MAX_NORMALISE_CHARS` characters. `disa_jax.rewards.math` feeds their output
-to math-verify.
+only runs on answers of at most `MAX_NORMALISE_CHARS` characters. `disa_jax.rewards.math` feeds
+their output to math-verify.
 
 Extraction (`extract_final_answer`): the content of the last `\\boxed{...}` / `\\fbox{...}` (or
 `\\boxed 5`); failing that, the last "final answer is ..." phrase; failing that, the last
@@ -40,6 +40,9 @@ __all__ = [
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 MAX_NORMALISE_CHARS = 2000
+# The unit-stripping regex backtracks (about n^2 x its alternatives): it only sees answers this
+# short; a number with units is a few dozen characters.
+MAX_UNIT_CHARS = 100
 
 
 def _match_brace(text: str, open_idx: int) -> int:
@@ -182,7 +185,7 @@ def _starts_a_line(text: str, i: int) -> bool:
 
 
 def _answer_line_body(text: str, k: int) -> tuple[str, int] | None:
-  """After "answer" at k: `*`s, whitespace, a colon, whitespace, `*`s, then X to the end of its line.
+  """After "answer" at k: `*`s, whitespace, a colon, whitespace, `*`s, then X to its line's end.
 
   Returns:
     (X less trailing whitespace and `*`s, the end of X's line), or None when the colon or X is
@@ -307,7 +310,8 @@ def answer_variants(answer: str) -> list[str]:
   Returns:
     A list of strings, `[answer, variant_1, ...]`; when `answer` is e-notation (`2e3`), the raw
     form is left out, because LaTeX reads it as `2 * e * 3`. Answers longer than
-    `MAX_NORMALISE_CHARS` are returned alone (the unit regex is not linear-time).
+    `MAX_NORMALISE_CHARS` are returned alone, and units are only stripped from answers of at most
+    `MAX_UNIT_CHARS` (the regexes backtrack; these caps bound their time per answer).
   """
   if len(answer) > MAX_NORMALISE_CHARS:
     return [answer]
@@ -329,7 +333,7 @@ def answer_variants(answer: str) -> list[str]:
     if m:
       s = m.group(1).strip()
       add(s)
-    m = _UNIT_TAIL_RE.match(s)
+    m = _UNIT_TAIL_RE.match(s) if len(s) <= MAX_UNIT_CHARS else None
     if m and _number_like(_canonical(m.group(1))):
       s = _canonical(m.group(1))
       add(s)

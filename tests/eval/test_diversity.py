@@ -136,8 +136,8 @@ def test_local_metric():
 
 def test_distinct_answers_of_pathological_outputs_take_linear_time():
   """Issue 24, finding 4: the local metric parses responses in this process (old: ~100 s each)."""
-  pathological = ["\n" * 100_000 + "Answer: 2", "\\boxed \n" * 12_500 + "\\boxed{2}",
-                  "answer\n" * 14_000 + "Answer: 3", "final answer is" + " " * 100_000]
+  pathological = ["\n" * 100_000, "Answer" + "\n" * 100_000,
+                  "\\boxed \n" * 12_500 + "Answer: 3", "\n" * 100_000 + "Answer: 2"]
   t0 = time.perf_counter()
   assert dv.distinct_answers(pathological) == 2
   assert time.perf_counter() - t0 < 5.0

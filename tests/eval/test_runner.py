@@ -94,9 +94,10 @@ def test_runner_validation():
     runner.evaluate_benchmark(None, tok, mixed, params)
 
 
-# Model outputs that took the old answer extraction quadratic time (10^5 newlines: ~100 s).
-PATHOLOGICAL = ["\n" * 100_000 + "Answer: 2", "\\boxed \n" * 12_500 + "\\boxed{2}",
-                "answer\n" * 14_000 + "Answer: 3", "final answer is" + " " * 100_000]
+# Model outputs that took the old answer extraction quadratic time (10^5 newlines without an
+# answer: minutes), and two with an answer after the same shapes.
+PATHOLOGICAL = ["\n" * 100_000, "Answer" + "\n" * 100_000, "\\boxed \n" * 12_500 + "Answer: 3",
+                "\n" * 100_000 + "Answer: 2"]
 
 
 def test_pathological_outputs_do_not_stall_maj_at_k():
@@ -110,4 +111,4 @@ def test_pathological_outputs_do_not_stall_maj_at_k():
   res = runner.evaluate_benchmark(engine, tok, _math_records(), params, name="toy",
                                   reward_fn_name="test_zero")
   assert time.perf_counter() - t0 < 20.0
-  assert res.answers == [["2", "2", "3", None]] * 2
+  assert res.answers == [[None, None, "3", "2"]] * 2

@@ -2,14 +2,14 @@
 
 `python hostile_battery.py '<spec json>'` runs every attack program in the sandbox (one `run_cases`
 each) and prints one JSON object: attack -> {"escaped": bool, "detail": str}. Each program's last
-line is `ESCAPED: ...` when its attack worked and `blocked: ...` otherwise; a program that printed neither
-(it crashed, or the sandbox did not run it) is reported as {"escaped": None, ...}, so a sandbox
-that runs nothing cannot pass. A positive control (`control`) must print `blocked: ran`.
+line is `ESCAPED: ...` when its attack worked and `blocked: ...` otherwise; a program that printed
+neither (it crashed, or the sandbox did not run it) is reported as {"escaped": None, ...}, so a
+sandbox that runs nothing cannot pass. A positive control (`control`) must print `blocked: ran`.
 
-The spec holds: `secret`, `host_files` (paths of world-readable files holding `secret`, made by the caller
-in the host's /tmp and in the repository), `outside` (paths outside the work dir to write),
-`port` (a loopback TCP port the caller listens on), `work_mb` (the work tmpfs cap the caller set
-with DISA_SANDBOX_WORK_MB), `nproc` (the fork-bomb limit).
+The spec holds: `secret`; `host_files` (paths of world-readable files holding `secret`, made by
+the caller in the host's /tmp and in the repository); `outside` (paths outside the work dir to
+write); `port` (a loopback TCP port this script listens on); `work_mb` (the work tmpfs cap the
+caller set with DISA_SANDBOX_WORK_MB); `nproc` (the fork-bomb limit).
 
 Standard library plus `disa_jax.rewards.sandbox` only: it also runs as an unprivileged uid under the
 system interpreter (userns mode).
@@ -27,7 +27,7 @@ _COVERS = ["/tmp/home", "/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/work", "/
 
 
 def fork_bomb_program(nproc: int) -> str:
-  """Prints its uid, forks up to 200 sleeping children, then ESCAPED if more than `nproc` started."""
+  """Prints its uid, forks up to 200 sleeping children; ESCAPED if more than `nproc` started."""
   return ("import os, time\n"
           "print(os.getuid(), flush=True)\n"
           "n = 0\n"
@@ -45,8 +45,8 @@ def fork_bomb_program(nproc: int) -> str:
           "os._exit(0)\n")
 
 
-def _programs(spec: dict) -> dict[str, str]:
-  """Attack name -> program source."""
+def _escape_programs(spec: dict) -> dict[str, str]:
+  """Attacks on the mounts, the supervisor's /proc entries and the host's files."""
   secret = spec["secret"]
   return {
     "control": "print('blocked: ran')\n",
@@ -103,6 +103,12 @@ def _programs(spec: dict) -> dict[str, str]:
       "  except OSError:\n"
       "    pass\n"
       "print(('ESCAPED: wrote %s' % done) if done else 'blocked: nothing written outside')\n"),
+  }
+
+
+def _resource_programs(spec: dict) -> dict[str, str]:
+  """Attacks on the host's disk, process table and network, and the program's privileges."""
+  return {
     "disk_fill": (
       "import os\n"
       f"cap, total, chunk = {spec['work_mb']} * 2**20, 0, b'x' * 2**22\n"
@@ -147,7 +153,7 @@ def _serve(server: socket.socket, accepted: list, stop: threading.Event) -> None
 def run_battery(spec: dict) -> dict[str, dict]:
   """Runs every attack; attack -> {"escaped": True | False | None, "detail": str}."""
   out = {}
-  for name, prog in _programs(spec).items():
+  for name, prog in {**_escape_programs(spec), **_resource_programs(spec)}.items():
     limits = sandbox.SandboxLimits(nproc=spec["nproc"], cpu_s=5)
     res = sandbox.run_cases({"p.py": prog}, "p.py", [None], timeout_s=5.0, limits=limits)[0]
     text = (res.stdout.decode(errors="replace").strip().splitlines() or [""])[-1]

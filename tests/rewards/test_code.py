@@ -238,7 +238,8 @@ def test_extract_code_blocks_are_the_fence_regex_blocks():
   rng = random.Random(0)
   for _ in range(20_000):
     text = "".join(rng.choice(frags) for _ in range(rng.randint(1, 7)))
-    assert code._fenced_blocks(text) == _FENCE_RE.findall(text), text  # pylint: disable=protected-access
+    blocks = code._fenced_blocks(text)  # pylint: disable=protected-access
+    assert blocks == _FENCE_RE.findall(text), text
 
 
 @pytest.mark.parametrize("make", [lambda n: "`" * n, lambda n: "```" + "a" * n,

@@ -159,3 +159,16 @@ def test_extraction_time_is_linear(kind):
   assert t_large < 1.0
   if kind == "newlines_then_answer":
     assert ma.extract_final_answer(large) == "5"
+
+
+@pytest.mark.parametrize("answer", [
+  "1" + " " * (ma.MAX_NORMALISE_CHARS - 2) + "x",  # took the unit regex ~0.3 s
+  "1 " * (ma.MAX_NORMALISE_CHARS // 2),
+  "1" * (ma.MAX_NORMALISE_CHARS - 1) + "x",
+  "1" + " m" * (ma.MAX_NORMALISE_CHARS // 2 - 1),
+  "1\\, " * (ma.MAX_NORMALISE_CHARS // 4),
+])
+def test_normalisation_time_is_bounded_at_the_length_cap(answer):
+  """Issue 24, finding 4: maj@k and distinct answers normalise in the evaluating process."""
+  assert len(answer) <= ma.MAX_NORMALISE_CHARS
+  assert _cpu_time(ma.answer_variants, answer, 3) < 0.02

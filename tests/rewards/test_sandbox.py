@@ -385,7 +385,7 @@ def _kernel_allows(cmd: list[str]) -> str | None:
 
 
 def _battery_runner(mode: str) -> tuple[list[str], dict[str, str]]:
-  """The command (and PYTHONPATH) that runs the battery in `mode`; skips with the reason if it can't.
+  """The command (and PYTHONPATH) running the battery in `mode`; skips, naming why, if it can't.
 
   `ns` runs as root; `userns` as uid 65534 (dropped with setpriv when the tests run as root, as
   the grader of an unprivileged job would be), under the system python3 of the same version.
