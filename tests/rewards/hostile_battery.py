@@ -122,6 +122,25 @@ def _resource_programs(spec: dict) -> dict[str, str]:
       "print(('ESCAPED: wrote %d MiB' if total > cap else 'blocked: stopped at %d MiB')\n"
       "      % (total >> 20))\n"),
     "fork_bomb": fork_bomb_program(spec["nproc"]),
+    "proc_host_processes": (  # /proc must be the sandbox's PID namespace only
+      "import os\n"
+      "seen = []\n"
+      "for p in os.listdir('/proc'):\n"
+      "  try:\n"
+      "    if p.isdigit() and b'hostile_battery' in open(f'/proc/{p}/cmdline', 'rb').read():\n"
+      "      seen.append(p)\n"
+      "  except OSError:\n"
+      "    pass\n"
+      "print(('ESCAPED: the grader is visible as pid %s' % seen) if seen else\n"
+      "      'blocked: %d processes visible' % sum(p.isdigit() for p in os.listdir('/proc')))\n"),
+    "signal_supervisor": (  # the next case runs only if the supervisor survived
+      "import os, signal\n"
+      "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGQUIT):\n"
+      "  try:\n"
+      "    os.kill(1, sig)\n"
+      "  except OSError:\n"
+      "    pass\n"
+      "print('blocked: signals sent to pid 1')\n"),
     "socket_loopback": (
       "import socket\n"
       "try:\n"
@@ -155,8 +174,13 @@ def run_battery(spec: dict) -> dict[str, dict]:
   out = {}
   for name, prog in {**_escape_programs(spec), **_resource_programs(spec)}.items():
     limits = sandbox.SandboxLimits(nproc=spec["nproc"], cpu_s=5)
-    res = sandbox.run_cases({"p.py": prog}, "p.py", [None], timeout_s=5.0, limits=limits)[0]
+    stdins = [None, None] if name == "signal_supervisor" else [None]
+    results = sandbox.run_cases({"p.py": prog}, "p.py", stdins, timeout_s=5.0, limits=limits,
+                                stop_on_timeout=False)
+    res = results[0]
     text = (res.stdout.decode(errors="replace").strip().splitlines() or [""])[-1]
+    if len(results) == 2 and not results[1].ok:
+      text = f"ESCAPED: the supervisor did not run the next case: {results[1].stderr[-200:]!r}"
     escaped = True if text.startswith("ESCAPED") else False if text.startswith("blocked") else None
     detail = text if escaped is not None else (
       f"exit {res.exit_code}, timed out {res.timed_out}: "

@@ -430,7 +430,8 @@ def test_hostile_battery(mode):
   of the program's own (where it holds every capability), the supervisor's /proc/1/cwd and
   /proc/1/environ, read a host file in /tmp and in the repository (directly, via /proc/1/cwd and
   /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB cap, a fork bomb,
-  a loopback connection, and the program's own uid / capabilities / no_new_privs.
+  a loopback connection, the program's own uid / capabilities / no_new_privs, the grader's
+  processes in /proc, and signals to the supervisor (the next case must still run).
   """
   cmd, env = _battery_runner(mode)
   token = uuid.uuid4().hex
@@ -459,6 +460,7 @@ def test_hostile_battery(mode):
   assert sorted(table) == sorted(["control", "umount_covers", "unshare_then_umount",
                                   "proc1_cwd", "proc1_environ",
                                   "read_host_files", "write_outside", "disk_fill", "fork_bomb",
-                                  "socket_loopback", "privileges"])
+                                  "socket_loopback", "privileges", "proc_host_processes",
+                                  "signal_supervisor"])
   assert {k: v for k, v in table.items() if v["escaped"] is not False} == {}
   assert written == []
