@@ -12,7 +12,7 @@ fits the grader's uid):
 - `ns` (running as root): `unshare --mount --net --pid --fork --kill-child --mount-proc`; the
   program runs as a fresh unprivileged uid/gid (random in [10^6, 2*10^6), so RLIMIT_NPROC counts
   only this sandbox's processes even though the grader is root).
-- `userns` (not root, user namespaces allowed): the same namespaces inside
+- `userns` (not root: refused as root; user namespaces allowed): the same namespaces inside
   `unshare --user --map-root-user`; each case then enters a second user + mount namespace nested in
   it, where it is uid 1000 (the only mapped uid), so every mount of the sandbox is a locked mount
   it cannot unmount.
@@ -28,11 +28,12 @@ stay readable. When the supervisor exits or is killed every process of the sandb
 The case child checks its own capabilities, uid and no_new_privs before exec and refuses to run the
 program (exit 126) if any is left.
 
-- `none`: rlimits, a new session, a private directory on the host's disk and a scrubbed environment
-  only; **the network is reachable**, world-readable files (datasets with the expected outputs
-  included) are readable and the work directory has no size cap. Never chosen by itself: without
-  a working namespace mode the sandbox raises `SandboxUnavailableError`, unless
-  `SandboxConfig.allow_none` is set, and then warns once per process.
+- `none`: rlimits, a new session, a private directory on the host's disk, a scrubbed environment,
+  no capabilities and no_new_privs only (as root, also a fresh uid); **the network is reachable**,
+  world-readable files (datasets with the expected outputs included) are readable and the work
+  directory has no size cap. Never chosen by itself: without a working namespace mode the sandbox
+  raises `SandboxUnavailableError`, unless `SandboxConfig.allow_none` is set, and then warns once
+  per process.
 
 The default config comes from the environment (`default_config`): `DISA_SANDBOX_MODE`
 (auto | ns | userns | none), `DISA_SANDBOX_ALLOW_NONE` (0 | 1), `DISA_SANDBOX_WORK_MB`.
@@ -330,8 +331,9 @@ def _boot_config(mode: str, work: str, uid: int | None, script: str, num_cases: 
     work_mb: size of the work tmpfs (namespace modes).
 
   Returns:
-    The JSON-ready supervisor config: mounts, work tmpfs size, the nested-namespace uid, hidden and covered directories, uid, rlimits, the
-    program's argv and environment, and the case settings.
+    The JSON-ready supervisor config: mounts, work tmpfs size, the nested-namespace uid, hidden
+    and covered directories, uid, rlimits, the program's argv and environment, and the case
+    settings.
   """
   home = _HOME_NS if mode in ("ns", "userns") else work
   python, python_bind = _interpreter(mode, uid is not None)
@@ -510,6 +512,10 @@ def sandbox_mode(config: SandboxConfig | None = None) -> str:
     _warn_none_once()
     return "none"
   mode = config.mode if config.mode != "auto" else ("ns" if os.geteuid() == 0 else "userns")
+  if mode == "userns" and os.geteuid() == 0:
+    raise SandboxUnavailableError(
+      "SandboxConfig.mode is 'userns' but the grader runs as root: the program's uid would map to "
+      "the host's uid 0 (owner of the system files); use mode 'ns' (or 'auto')")
   with _MODE_LOCK:
     if mode not in _PROBED:
       _PROBED[mode] = _probe(mode)

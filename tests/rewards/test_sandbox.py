@@ -346,6 +346,10 @@ def test_refuses_to_run_without_isolation(monkeypatch, tmp_path):
     sandbox.run_cases(prog, "p.py", [None], timeout_s=10)
   with pytest.raises(ValueError, match="SandboxConfig.work_mb"):
     sandbox.SandboxConfig(work_mb=0)
+  if os.geteuid() == 0:  # as root, userns would map the program to the host's uid 0
+    with pytest.raises(sandbox.SandboxUnavailableError, match="'userns' but the grader runs as"):
+      sandbox.run_cases(prog, "p.py", [None], timeout_s=10,
+                        config=sandbox.SandboxConfig(mode="userns"))
 
 
 def test_waits_without_pidfd(monkeypatch):
