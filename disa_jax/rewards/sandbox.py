@@ -21,10 +21,10 @@ In both namespace modes the program has no network (an empty network namespace),
 PID namespace (where the supervisor is PID 1, not dumpable, so its /proc/1/{cwd,environ} are
 closed), no capabilities (effective, permitted and bounding sets empty) and `no_new_privs`; its
 cwd and HOME are a private tmpfs of `SandboxConfig.work_mb` MiB (all its files together);
-world-writable directories are covered by read-only tmpfs, and the directories holding user data
-(/root, /home, /work, /mnt, /opt, ..., the grader's cwd and this repository, so also the datasets
-with the expected outputs) are hidden under empty tmpfs. System directories (/usr, /lib, /etc, ...)
-stay readable. When the supervisor exits or is killed every process of the sandbox dies with it.
+world-writable directories are covered by read-only tmpfs, and every top-level directory but the
+system ones (so /root, /home, /work, /mnt, /opt, cluster file systems such as /lustre, the
+grader's cwd and this repository: also the datasets with the expected outputs) is hidden under an
+empty tmpfs. System directories (/usr, /lib, /etc, /var, ...) stay readable. When the supervisor exits or is killed every process of the sandbox dies with it.
 The case child checks its own capabilities, uid and no_new_privs before exec and refuses to run the
 program (exit 126) if any is left.
 
@@ -68,12 +68,11 @@ MODES = ("ns", "userns", "none")
 _USERNS_UID = 1000  # the program's uid in the nested user namespace of userns mode
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
 _COVER = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
-# Directories that hold user data (code, datasets with the expected outputs, credentials): hidden
-# from the program in the namespace modes, together with the grader's cwd and this repository.
-_HIDE = ("/root", "/home", "/work", "/workspace", "/mnt", "/media", "/srv", "/opt", "/data",
-         "/scratch")
-_SYSTEM = ("/", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/dev", "/proc", "/sys", "/tmp",
-           "/var", "/run")
+# The system directories the program may see. Every other top-level directory (user data: code,
+# datasets with the expected outputs, credentials, cluster file systems) is hidden from it in the
+# namespace modes, together with the grader's cwd and this repository.
+_SYSTEM = ("/", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/dev",
+           "/proc", "/sys", "/tmp", "/var", "/run", "/nix", "/gnu")
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _HOME_NS = "/tmp/home"
 _NS_PREFIX = ("unshare", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
@@ -242,11 +241,13 @@ def _python() -> str:
 
 
 def _hidden_dirs() -> list[str]:
-  """`_HIDE` plus the grader's cwd and the repository, minus system directories."""
-  out = []
-  for d in list(_HIDE) + [os.getcwd(), _REPO]:
+  """Every top-level directory but `_SYSTEM`, plus the grader's cwd and the repository when they
+  lie inside a system directory that can be hidden (not /usr, /lib, /etc, ...)."""
+  tops = [os.path.join("/", d) for d in sorted(os.listdir("/"))]
+  out: list[str] = []
+  for d in [t for t in tops if os.path.isdir(t) and not os.path.islink(t)] + [os.getcwd(), _REPO]:
     d = os.path.realpath(d)
-    if d in _SYSTEM or any(d.startswith(h + "/") for h in _HIDE) or d in out:
+    if d in _SYSTEM or any(d.startswith(h + "/") for h in out) or d in out:
       continue
     if d.startswith(("/usr/", "/lib/", "/etc/", "/proc/", "/sys/", "/dev/")):
       continue

@@ -432,14 +432,18 @@ def test_hostile_battery(mode):
 
   The attacks: unmount each cover (umount2 MNT_DETACH), directly and from a user + mount namespace
   of the program's own (where it holds every capability), the supervisor's /proc/1/cwd and
-  /proc/1/environ, read a host file in /tmp and in the repository (directly, via /proc/1/cwd and
-  /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB cap, a fork bomb,
+  /proc/1/environ, read a host file in /tmp, in the repository and (as root) in a new top-level
+  directory (directly, via /proc/1/cwd and /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB cap, a fork bomb,
   a loopback connection, the program's own uid / capabilities / no_new_privs, the grader's
   processes in /proc, and signals to the supervisor (the next case must still run).
   """
   cmd, env = _battery_runner(mode)
   token = uuid.uuid4().hex
   host_files = [pathlib.Path("/tmp") / f"disa_hostile_{token}", _REPO / f"disa_hostile_{token}"]
+  top = pathlib.Path(f"/disa_hostile_{token}")  # a data directory of a name no list knows
+  if os.geteuid() == 0:
+    top.mkdir(mode=0o755)
+    host_files.append(top / "expected_outputs.txt")
   outside = [pathlib.Path(d) / f"disa_hostile_w_{token}"
              for d in ("/tmp", "/var/tmp", "/dev/shm", str(_REPO))]
   spec = {"secret": token, "host_files": [str(p) for p in host_files],
@@ -458,6 +462,8 @@ def test_hostile_battery(mode):
     for p in host_files + outside:
       if p.exists():
         p.unlink()
+    if top.exists():
+      top.rmdir()
   print(f"\nhostile battery, mode {mode}:")
   for name, row in table.items():
     print(f"  {name:16s} {'ESCAPED' if row['escaped'] else 'blocked'}  {row['detail'][:150]}")
