@@ -12,6 +12,7 @@ import pytest
 from configs import main as main_config
 from disa_jax import config as config_lib
 from disa_jax.pipeline.sum_job import MainConfig, SumJob
+from tests.test_notebooks import NOTEBOOKS, NOTEBOOKS_DIR, execute_on_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,6 +168,13 @@ def _command(script, config, typed, paper_typed, tmp_path, *extra):
                         *over, *extra], env=env, capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
   assert out.returncode == 0, out.stderr[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_open_the_run(job_run, name, tmp_path):
+  """Each analysis notebook, pointed at the job's directory, runs and draws every figure."""
+  execute_on_run(NOTEBOOKS_DIR / name, job_run[2], tmp_path)
 
 
 @pytest.mark.slow
