@@ -158,6 +158,15 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   s1.prompts_per_batch = 41  # every prompt in one engine call
   c.n_study = (2, 4, 8, 16)  # M values of the App. D.3 study against the exact log Z
   c.n_study_repeats = 64  # subsamples per prompt and M
+  # The App. C.3 command (launch/nstudy.py's workflow) on this task, in <workdir>/nstudy: a subset
+  # stratified by k-means on pi_ref's prompt embeddings, a fresh Stage 1 pool per prompt, log Z_M
+  # variance and relative bias against the pool for the M of n_study.
+  c.nstudy = ml_collections.ConfigDict()
+  c.nstudy.enabled = True  # run it (seconds here: 20 prompts x 32 samples of <= 8 tokens)
+  c.nstudy.subset_size = 20  # prompts in the stratified subset (paper: ~500 of 17k)
+  c.nstudy.pool_size = 32  # samples per prompt in the pool (paper: 32)
+  c.nstudy.repeats = 64  # subsamples per prompt and M
+  c.nstudy.ks = (1, 2, 3, 4, 5, 6, 7, 8)  # candidate k of the elbow (the task has 41 prompts)
 
   s2 = c.stage2 = ml_collections.ConfigDict()  # run_stage2's own fields (no paths)
   s2.samples = 8  # N proposal samples per prompt behind the labels (paper: 8)

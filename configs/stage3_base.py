@@ -58,6 +58,13 @@ def get_config() -> ml_collections.ConfigDict:
   t.shuffle = True  # Reshuffle the prompts every epoch (seeded).
   t.log_every = 1  # Write metrics (JSONL + TensorBoard) every this many RL steps.
   t.tensorboard = True  # Also write TensorBoard event files under <workdir>/tb.
+  t.wandb = ml_collections.ConfigDict()  # Weights & Biases sink (optional extra `disa_jax[wandb]`).
+  t.wandb.enabled = False  # Also log every metrics row to wandb; resume continues the same run.
+  t.wandb.project = "disa_jax"  # wandb project.
+  t.wandb.entity = ""  # wandb team or user ('' = the logged-in user's default entity).
+  t.wandb.name = ""  # Run name ('' = the run directory's base name).
+  t.wandb.tags = ()  # Run tags, e.g. ('disa', 'qwen3-4b').
+  t.wandb.mode = "online"  # 'online' | 'offline' (then `wandb sync <workdir>/wandb/offline-run-*`).
   t.progress_bar = True  # tqdm progress bar with ETA on the console.
 
   t.optim = ml_collections.ConfigDict()

@@ -12,6 +12,7 @@ import pytest
 from configs import main as main_config
 from disa_jax import config as config_lib
 from disa_jax.pipeline.sum_job import MainConfig, SumJob
+from tests.test_notebooks import NOTEBOOKS, NOTEBOOKS_DIR, execute_on_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,6 +32,8 @@ def _cfg(**over):
   c.stage1.sampling.n = 8
   c.n_study = (2, 4)
   c.n_study_repeats = 4
+  c.nstudy.subset_size, c.nstudy.pool_size, c.nstudy.repeats = 4, 8, 4
+  c.nstudy.ks = (1, 2, 3)
   c.stage2.fit.epochs = 5
   c.stage2.fit.val_fraction = 0.3
   c.anchor_study.repeats = 2
@@ -108,6 +111,11 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert ref["p_wrong_kl_wrong"] == pytest.approx(0.0, abs=1e-6)  # pi_ref|w = pi~|w too
   assert ref["entropy_correct"] == pytest.approx(ref["target_entropy_correct"], abs=1e-6)
   assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}
+  # the App. C.3 command ran inside the job: a stratified subset with a fresh pool of 8
+  ns = report["nstudy"]
+  assert ns["prompts"] == 4 and ns["pool_size"] == 8 and [r["M"] for r in ns["per_m"]] == [2, 4]
+  assert (tmp_path / "nstudy" / "nstudy.png").exists() and "App. C.3 N-study" in (
+      tmp_path / "report.md").read_text()
   assert {c["claim"] for c in report["claims"]} >= {"Stage 1 error shrinks with N"}
   _check_claims(report["claims"])
   # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
@@ -167,6 +175,13 @@ def _command(script, config, typed, paper_typed, tmp_path, *extra):
                         *over, *extra], env=env, capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
   assert out.returncode == 0, out.stderr[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_open_the_run(job_run, name, tmp_path):
+  """Each analysis notebook, pointed at the job's directory, runs and draws every figure."""
+  execute_on_run(NOTEBOOKS_DIR / name, job_run[2], tmp_path)
 
 
 @pytest.mark.slow

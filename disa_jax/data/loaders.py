@@ -295,8 +295,10 @@ def _load_verl(rows, src, path):
     gt, extra["ability"] = _verl_ground_truth(row, extra, where)
     prompt = _verl_prompt(row.get("prompt"), f"{where}: prompt")
     data_source = _optional_text(row, "data_source", where) or src
-    pid = extra.get("prompt_id") or _row_id(extra, i, ("id", "index", "idx"))
-    out.append(PromptRecord(f"{data_source}/{pid}", prompt, gt, data_source, extra))
+    pid = str(extra.get("prompt_id") or _row_id(extra, i, ("id", "index", "idx")))
+    if not pid.startswith(f"{data_source}/"):  # a row that `save_prompts` wrote keeps its full id
+      pid = f"{data_source}/{pid}"
+    out.append(PromptRecord(pid, prompt, gt, data_source, extra))
   return out
 
 

@@ -348,6 +348,26 @@ def _stage12_md(s1: dict, s2: dict, study: dict | None) -> list[str]:
   return md + _anchor_study_md(study)
 
 
+def _nstudy_md(ns: dict | None) -> list[str]:
+  """The App. C.3 command's statistics (`workflows.nstudy`): variance and bias of log Z_M vs M."""
+  if ns is None:
+    return []
+  md = ["## The App. C.3 N-study (stratified subset, pool of "
+        f"{ns['pool_size']}; `nstudy/`)", "",
+        f"- {ns['prompts']} prompts ({ns['prompts_with_full_pool']} with a full pool), "
+        f"{ns['repeats']} subsamples per prompt and M", "",
+        "| M | mean Var(log Z_M) | mean abs(Z_M - Z_pool) / Z_pool |", "|---|---|---|"]
+  md += [f"| {r['M']} | {r['variance_mean']:.4f} | {r['relative_bias_mean']:.4f} |"
+         for r in ns["per_m"]]
+  if "variance_reduction_2_to_8" in ns:
+    md += ["", f"- variance reduction from M = 2 to M = 8: {100 * ns['variance_reduction_2_to_8']:.1f}% "
+           "(the paper: about 75%)"]
+  if "relative_bias_change_8_to_16" in ns:
+    md += [f"- relative bias removed from M = 8 to M = 16: "
+           f"{100 * ns['relative_bias_change_8_to_16']:.1f} points (the paper: about 3)"]
+  return md + [""]
+
+
 def _anchor_gap_md(gap: dict | None) -> list[str]:
   if gap is None:
     return []
@@ -394,11 +414,13 @@ def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact["target_entropy_correct"])), job.dir)
   study_path = job.dir / "anchor_study.json"
   study = json.loads(study_path.read_text()) if study_path.exists() else None
+  ns_path = job.dir / "nstudy" / "nstudy.json"
+  nstudy = json.loads(ns_path.read_text()) if ns_path.exists() else None
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train["total_steps"],
                        "preset": job.cfg.preset},
             "regime": regime, "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
-            "anchor_study": study, "anchor_gap": gap, "methods": evals, "runs": runs,
+            "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals, "runs": runs,
             "end_state": dyn["end_state"], "matched_accuracy": dyn["matched"],
             "stage3_seeds": list(job.cfg.seeds), "skipped_methods": skipped, "claims": claims,
             "times_s": job.times, "plots": plots}
@@ -408,7 +430,7 @@ def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None
         f"{job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = "
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
         *_methods_md(job, evals, regime, skipped), *_matched_md(dyn), *_claims_md(claims, regime),
-        *_anchor_gap_md(gap), *_stage12_md(s1, s2, study),
+        *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_nstudy_md(nstudy),
         "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items()), "",
         "Plots: " + ", ".join(plots)]
   (job.dir / "report.md").write_text("\n".join(md) + "\n")

@@ -34,6 +34,7 @@ from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
 from disa_jax.rl.config import ReplayConfig
 from disa_jax.rl.objectives import Objective
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
 
 ANCHORS = ("fitted", "exact")
 
@@ -81,6 +82,18 @@ class AnchorStudyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class NStudyRunSpec:
+  """The App. C.3 command (`disa_jax.workflows.nstudy`) on the sum task: a stratified subset of
+  ``subset_size`` prompts (k at the elbow of ``ks``), a fresh Stage 1 pool of ``pool_size`` samples
+  per prompt, ``repeats`` subsamples of each M in `MainConfig.n_study`; off when not ``enabled``."""
+  enabled: bool = True
+  subset_size: int = 20
+  pool_size: int = 32
+  repeats: int = 64
+  ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrackConfig:
   """Exact measures during Stage 3: every ``every`` steps (0 = off), ``kl_samples`` policy samples
   per prompt for the Monte Carlo KL (`Stage3Config.exact_target`)."""
@@ -115,6 +128,7 @@ class MainConfig:
   n_study: tuple[int, ...] = (2, 4, 8, 16)
   n_study_repeats: int = 64
   anchor_study: AnchorStudyConfig = AnchorStudyConfig()
+  nstudy: NStudyRunSpec = NStudyRunSpec()
   stage1: dict = dataclasses.field(default_factory=dict)
   stage2: dict = dataclasses.field(default_factory=dict)
   train: dict = dataclasses.field(default_factory=dict)
@@ -313,6 +327,14 @@ class SumJob:
     from disa_jax.workflows.stage1 import run_stage1  # pylint: disable=g-import-not-at-top
     run_stage1(self.stage1_cfg)
 
+  def nstudy(self) -> None:
+    """The App. C.3 command on the sum task (`launch/nstudy.py`'s workflow), in ``nstudy/``."""
+    spec = self.cfg.nstudy
+    run_nstudy(NStudyConfig(
+        stage1=self.stage1_cfg, output_dir=str(self.dir / "nstudy"), subset_size=spec.subset_size,
+        pool_size=spec.pool_size, ms=self.cfg.n_study, repeats=spec.repeats, ks=spec.ks,
+        seed=self.cfg.seed, embedding=self.stage2_cfg.embedding))
+
   def stage2(self) -> None:
     """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
     from disa_jax.anchor import TableAnchor  # pylint: disable=g-import-not-at-top
@@ -412,6 +434,8 @@ class SumJob:
     from disa_jax.pipeline.report import write_report  # pylint: disable=g-import-not-at-top
     self._timed("models", self.build_models)
     self._timed("stage1", self.stage1)
+    if self.cfg.nstudy.enabled:
+      self._timed("nstudy", self.nstudy)
     self._timed("exact_log_z", self.exact)
     self._timed("stage2", self.stage2)
     self._timed("anchor_study", self.anchor_study)

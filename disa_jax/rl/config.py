@@ -249,6 +249,38 @@ class CheckpointConfig:
       _fail("checkpoint", "keep", self.keep, "must be >= 1")
 
 
+WANDB_MODES = ("online", "offline")
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+  """Weights & Biases as a metrics sink beside JSONL and TensorBoard (`disa_jax.rl.metrics`).
+
+  Attributes:
+    enabled: log every metrics row to wandb too (needs the optional ``wandb`` package).
+    project: the wandb project.
+    entity: the wandb team or user; '' = wandb's default entity of the logged-in user.
+    name: the run's display name; '' = the run directory's base name.
+    tags: the run's tags.
+    mode: 'online' (stream to the server) | 'offline' (write under <workdir>/wandb for `wandb sync`).
+  """
+  enabled: bool = False
+  project: str = "disa_jax"
+  entity: str = ""
+  name: str = ""
+  tags: tuple[str, ...] = ()
+  mode: str = "online"
+
+  def __post_init__(self):
+    if not self.project:
+      _fail("wandb", "project", self.project, "must be a non-empty project name")
+    if self.mode not in WANDB_MODES:
+      _fail("wandb", "mode", self.mode, f"must be one of {WANDB_MODES}")
+    for i, tag in enumerate(self.tags):
+      if not isinstance(tag, str) or not tag:
+        _fail("wandb", f"tags[{i}]", tag, "must be a non-empty string")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Everything the Stage 3 `Trainer` reads.
@@ -262,6 +294,7 @@ class TrainConfig:
     shuffle: reshuffle the prompts every epoch (seeded).
     log_every: write metrics every this many steps.
     tensorboard: also write TensorBoard event files.
+    wandb: also log to Weights & Biases (off by default).
     progress_bar: show a tqdm bar with ETA.
   """
   objective: Objective = Disa()
@@ -275,6 +308,7 @@ class TrainConfig:
   shuffle: bool = True
   log_every: int = 1
   tensorboard: bool = True
+  wandb: WandbConfig = WandbConfig()
   progress_bar: bool = True
 
   def __post_init__(self):

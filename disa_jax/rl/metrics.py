@@ -1,10 +1,15 @@
-"""Run metrics: one JSON line per step plus TensorBoard event files, resumable.
+"""Run metrics: one JSON line per step plus TensorBoard event files and wandb, resumable.
 
 `MetricsLogger.write(step, metrics)` appends ``{"step": s, ...}`` to ``metrics.jsonl`` (flushed and
 fsynced so that a killed process loses at most the line being written) and, when enabled, writes
 the same scalars to TensorBoard event files through tensorboardX. On resume from a checkpoint at
 step s, `MetricsLogger(..., resume_step=s)` first drops the JSONL lines with step > s: those steps
 are recomputed by the resumed run, so the file ends up identical to an uninterrupted run's.
+
+With ``wandb=WandbConfig(enabled=True, ...)`` the same rows go to Weights & Biases (`WandbSink`): the
+run's resolved config is uploaded at start, and its id is kept in ``workdir/wandb_run.json`` so
+that a resumed run continues the same wandb run; the steps that run had already logged (recomputed
+identically after the resume) are not sent twice.
 """
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ import sys
 from typing import Any, Mapping
 
 import numpy as np
+
+from disa_jax.rl.config import WandbConfig
+
+WANDB_STATE_FILE = "wandb_run.json"
 
 
 def _to_float(name: str, v: Any) -> float:
@@ -59,6 +68,64 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
   return rows
 
 
+class WandbSink:
+  """Sends metrics rows to one wandb run, continued across resumes.
+
+  Args:
+    cfg: the ``train.wandb`` section (`WandbConfig`), enabled.
+    workdir: the run directory: holds ``wandb_run.json`` (the run id and the last step sent) and,
+      in offline mode, wandb's own ``wandb/`` folder.
+    resume_step: the checkpoint step a resumed run restarts from; None for a fresh run (a new wandb
+      run, whatever ``wandb_run.json`` held).
+    run_config: the run's resolved config (JSON-ready), uploaded as the wandb config.
+  """
+
+  def __init__(self, cfg: WandbConfig, workdir: str, *, resume_step: int | None,
+               run_config: Mapping[str, Any]):
+    try:
+      import wandb  # pylint: disable=g-import-not-at-top  # optional extra: only when enabled
+    except ImportError as e:
+      raise ImportError("train.wandb.enabled=True needs the wandb package: pip install "
+                        "'disa_jax[wandb]'") from e
+    self._state_path = os.path.join(workdir, WANDB_STATE_FILE)
+    state = self._read_state() if resume_step is not None else None
+    self.last_step = int(state["last_step"]) if state else -1
+    self.run = wandb.init(
+        project=cfg.project, entity=cfg.entity or None, id=state["id"] if state else None,
+        resume="allow",
+        name=cfg.name or os.path.basename(os.path.abspath(workdir)), tags=list(cfg.tags),
+        mode=cfg.mode, dir=workdir, config=dict(run_config), reinit="create_new")
+    self._write_state()
+
+  def _read_state(self) -> dict[str, Any] | None:
+    if not os.path.exists(self._state_path):
+      return None
+    try:
+      with open(self._state_path) as f:
+        state = json.load(f)
+      return {"id": str(state["id"]), "last_step": int(state["last_step"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{self._state_path}: unreadable wandb run state ({e}); delete it to start "
+                       "a new wandb run") from e
+
+  def _write_state(self) -> None:
+    tmp = self._state_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"id": self.run.id, "last_step": self.last_step}, f)
+    os.replace(tmp, self._state_path)
+
+  def log(self, step: int, row: Mapping[str, float]) -> None:
+    """Logs one row at ``step``; a step at or below the last one sent is skipped."""
+    if step <= self.last_step:
+      return
+    self.run.log(dict(row), step=int(step))
+    self.last_step = int(step)
+    self._write_state()
+
+  def close(self) -> None:
+    self.run.finish()
+
+
 class MetricsLogger:
   """JSONL (+ optional TensorBoard) metrics writer.
 
@@ -68,6 +135,8 @@ class MetricsLogger:
       a fresh run (an existing file is then truncated).
     tensorboard: also write TensorBoard event files.
     filename: JSONL file name.
+    wandb: the ``train.wandb`` section; when enabled, rows also go to wandb (`WandbSink`).
+    run_config: the run's resolved config, uploaded to wandb.
   """
 
   def __init__(self,
@@ -75,7 +144,9 @@ class MetricsLogger:
                *,
                resume_step: int | None = None,
                tensorboard: bool = True,
-               filename: str = "metrics.jsonl"):
+               filename: str = "metrics.jsonl",
+               wandb: WandbConfig = WandbConfig(),
+               run_config: Mapping[str, Any] | None = None):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, filename)
     kept = [] if resume_step is None else [
@@ -90,6 +161,8 @@ class MetricsLogger:
     self._tb = None
     if tensorboard:
       self._tb = _summary_writer_cls()(os.path.join(workdir, "tb"), purge_step=resume_step)
+    self._wandb = (WandbSink(wandb, workdir, resume_step=resume_step, run_config=run_config or {})
+                   if wandb.enabled else None)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     """Writes one step's scalar metrics; returns them as Python floats."""
@@ -102,6 +175,8 @@ class MetricsLogger:
       for k, v in row.items():
         if math.isfinite(v):
           self._tb.add_scalar(k, v, global_step=int(step))
+    if self._wandb is not None:
+      self._wandb.log(int(step), row)
     return row
 
   def flush(self) -> None:
@@ -113,6 +188,8 @@ class MetricsLogger:
     self._f.close()
     if self._tb is not None:
       self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
 
   def __enter__(self) -> "MetricsLogger":
     return self

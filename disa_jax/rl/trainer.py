@@ -119,7 +119,10 @@ class Trainer:
     latest = self.ckpt.latest_step()
     if latest is not None:
       self._resume(latest)
-    self.logger = (MetricsLogger(workdir, resume_step=latest, tensorboard=cfg.tensorboard)
+    self.logger = (MetricsLogger(workdir, resume_step=latest, tensorboard=cfg.tensorboard,
+                                 wandb=cfg.wandb,
+                                 run_config={"train": config_lib.to_dict(cfg),
+                                             "identity": dict(self.identity)})
                    if distributed.is_main_process() else None)
 
   @property

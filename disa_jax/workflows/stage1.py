@@ -129,9 +129,10 @@ class Stage1Config:
                        f"{self.limit}, {self.prompts_per_batch}, {self.max_prompt_len}")
 
   @classmethod
-  def from_config(cls, config: Any) -> "Stage1Config":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return config_lib.from_mapping(cls, config)
+  def from_config(cls, config: Any, where: str = "config") -> "Stage1Config":
+    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field); ``where``
+    names the section when the Stage 1 config is part of another (the N-study's ``stage1``)."""
+    return config_lib.from_mapping(cls, config, where)
 
   def dataset_path(self) -> Path:
     """Where the Stage 1 dataset lives (a .jsonl file or a parquet part directory)."""

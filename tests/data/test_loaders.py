@@ -138,7 +138,7 @@ def test_verl_parquet_and_jsonl_roundtrip(tmp_path):
     path = str(tmp_path / f"train.{ext}")
     data.save_prompts(recs, path)
     back = data.load_prompts(path)
-    assert [r.prompt_id for r in back] == ["dapo/dapo/0", "dapo/dapo/1"]
+    assert [r.prompt_id for r in back] == ["dapo/0", "dapo/1"]  # ids survive the round trip
     assert [r.ground_truth for r in back] == ["2", "3"]
     assert back[0].prompt == [{"role": "user", "content": "What is 1+1?"}]
     assert back[1].prompt == [{"role": "user", "content": "Plain prompt"}]
@@ -156,7 +156,8 @@ def test_verl_code_rows_with_json_ground_truth(tmp_path):
   assert r.prompt_id == "deepcoder/7" and r.ground_truth == tests
   assert r.reward_meta() == {"tests": tests}
   data.save_prompts([r], str(tmp_path / "again.jsonl"))
-  assert data.load_prompts(str(tmp_path / "again.jsonl"))[0].ground_truth == tests
+  again = data.load_prompts(str(tmp_path / "again.jsonl"))[0]
+  assert again.ground_truth == tests and again.prompt_id == "deepcoder/7"
 
 
 def test_errors_name_the_field(tmp_path):

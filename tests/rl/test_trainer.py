@@ -12,7 +12,7 @@ from disa_jax.anchor import Anchor, AnchorMeta, AnchorMLP, EmbeddingSpec
 from disa_jax.config import from_mapping
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rewards.graded import Graded
-from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.config import TrainConfig, WandbConfig
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.rl.prompts import PromptItem, PromptStream
 from disa_jax.rl.trainer import Trainer
@@ -88,7 +88,7 @@ def _strip_time(rows):
           for r in rows]
 
 
-def test_disa_run_metrics_checkpoints_and_resume(tmp_path):
+def test_disa_run_metrics_checkpoints_and_resume(tmp_path, monkeypatch):
   # Uninterrupted 3-step run.
   trainer, engine = _trainer(_cfg(steps=3), tmp_path / "full")
   trainer.run()
@@ -108,8 +108,12 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path):
   # The anchor's log Z enters the residual: its mean is logged.
   assert all(np.isfinite(r["log_z_mean"]) for r in full)
 
-  # Interrupted run: 2 steps, then a fresh trainer on the same workdir resumes for step 3.
-  cfg2 = _cfg(steps=2)
+  # Interrupted run: 2 steps, then a fresh trainer on the same workdir resumes for step 3; this
+  # run also logs to wandb (offline), which must hold the same rows once each, in one run.
+  wandb_offline = pytest.importorskip("tests.rl.wandb_offline")
+  wandb_offline.isolate_wandb(tmp_path, monkeypatch)
+  cfg2 = dataclasses.replace(_cfg(steps=2), wandb=WandbConfig(enabled=True, mode="offline",
+                                                              tags=("test",)))
   t2, _ = _trainer(cfg2, tmp_path / "resumed")
   t2.run()
   t2.close()
@@ -119,6 +123,13 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path):
   t3.close()
   resumed = read_jsonl(str(tmp_path / "resumed" / "metrics.jsonl"))
   assert _strip_time(resumed) == _strip_time(full)
+  runs = wandb_offline.offline_runs(tmp_path / "resumed")
+  assert len(runs) == 2 and len({r["id"] for r in runs}) == 1
+  history = {s: row for r in runs for s, row in r["history"].items()}
+  assert sorted(history) == [1, 2, 3] and sum(len(r["history"]) for r in runs) == 3
+  assert _strip_time([{"step": s, **row} for s, row in sorted(history.items())]) == _strip_time(
+      resumed)
+  assert runs[0]["config"]["train"]["objective"]["name"] == "disa"
 
 
 def test_shared_prompt_run_equals_unshared_run(tmp_path):
