@@ -185,7 +185,7 @@ def _load_models(cfg: Stage3Config, mesh):
 
 
 def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
-  """``() -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
+  """``(step) -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
   'exact/', on the validation prompts (or the training prompts)."""
   import jax  # pylint: disable=g-import-not-at-top
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
@@ -209,9 +209,9 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
       max_tokens=cfg.train.rollout.max_response_len)
   policy_scorer = scorer(policy)
 
-  def measures():
+  def measures(step: int):
     policy_scorer.update(policy)
-    out = tracker.measure(engine, policy_scorer)
+    out = tracker.measure(engine, policy_scorer, step=step)
     return {f"exact/{k}": float(v) for k, v in out.items() if k != "per_prompt"}
 
   return measures
