@@ -81,7 +81,7 @@ def _check_claims(claims):
     elif "matches the tilted target" in c["claim"]:
       want = n["kl"] <= 1.0 and abs(n["entropy_correct"] - n["target_entropy"]) <= 0.3
       assert c["holds"] == want and c["from_transient"] == (not n["state"].startswith("end state"))
-    elif ("KL to the target is below grpo's" in c["claim"] or
+    elif ("'s KL to the target is below " in c["claim"] or
           c["claim"].startswith(("reward maximisation collapses", "Stage 1 replay brings"))):
       assert c["holds"] == _welch_holds(n), c  # Welch over seeds, p < 0.05
     else:

@@ -230,10 +230,19 @@ def _below(a: str, b: str, va, vb, sa=None, sb=None) -> tuple[bool, dict, str | 
   return c.below(), nums, None if c.below() else f"Welch p = {c.p:.3g} (needs < 0.05 and diff < 0)"
 
 
+def _kl_below(job, runs: dict, dyn: dict, a: str, b: str, claim: str) -> dict[str, Any]:
+  """The claim "``a``'s final KL to the target is below ``b``'s", decided by `_below` over seeds."""
+  va, sa = _seed_values(job, runs, a, "kl_to_target", "kl_to_target_se")
+  vb, sb = _seed_values(job, runs, b, "kl_to_target", "kl_to_target_se")
+  holds, nums, why = _below(a, b, va, vb, sa, sb)
+  return _claim(claim, holds, nums, runs=(a, b), dyn=dyn, why=why)
+
+
 def _claims(job, s1: dict, evals: dict, runs: dict, dyn: dict, fix: str | None,
-            contrast: str | None) -> list[dict[str, Any]]:
-  """The paper's claims on this task, each with its numbers (see the module docstring); ``contrast``
-  is the reward-maximising run they are compared with."""
+            contrasts: list[str]) -> list[dict[str, Any]]:
+  """The paper's claims on this task, each with its numbers (see the module docstring);
+  ``contrasts`` are the reward-maximising runs they are compared with, ``job.cfg.controls`` the
+  controls the fix is compared with."""
   errs = list(s1["n_study_mae_vs_exact"].values())
   out = [_claim("Stage 1 error shrinks with N", all(a > b for a, b in zip(errs, errs[1:])),
                 s1["n_study_mae_vs_exact"], runs=(), dyn=dyn)]
@@ -246,26 +255,23 @@ def _claims(job, s1: dict, evals: dict, runs: dict, dyn: dict, fix: str | None,
                        "entropy_correct": e["entropy_correct"],
                        "target_entropy": e["target_entropy_correct"], "state": _at_end(dyn, m)[1]},
                       runs=(m,), dyn=dyn))
-  if contrast in evals:
+  for c in [x for x in contrasts if x in evals]:
     for m in [x for x in (fix, "disa") if x and x in evals]:
-      out += _versus_contrast(job, m, contrast, runs, dyn)
+      out += _versus_contrast(job, m, c, runs, dyn)
+  for c in [x for x in job.cfg.controls if fix and x in evals]:
+    out.append(_kl_below(job, runs, dyn, fix, c,
+                         f"{fix}'s KL to the target is below its control {c}'s (Welch, p < 0.05)"))
   for m in [x for x in evals if x.endswith("_replay") and x[:-len("_replay")] in evals]:
     base = m[:-len("_replay")]
-    va, sa = _seed_values(job, runs, m, "kl_to_target", "kl_to_target_se")
-    vb, sb = _seed_values(job, runs, base, "kl_to_target", "kl_to_target_se")
-    holds, nums, why = _below(m, base, va, vb, sa, sb)
-    out.append(_claim(f"Stage 1 replay brings {base} closer to the target (lower KL)", holds, nums,
-                      runs=(m, base), dyn=dyn, why=why))
+    out.append(_kl_below(job, runs, dyn, m, base,
+                         f"Stage 1 replay brings {base} closer to the target (lower KL)"))
   return out
 
 
 def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[str, Any]]:
   """``m`` against the reward maximiser ``c`` (GRPO) at the end state and at matched accuracy."""
-  va, sa = _seed_values(job, runs, m, "kl_to_target", "kl_to_target_se")
-  vc, sc = _seed_values(job, runs, c, "kl_to_target", "kl_to_target_se")
-  holds, nums, why = _below(m, c, va, vc, sa, sc)
-  out = [_claim(f"{m}'s KL to the target is below {c}'s (Welch over seeds, p < 0.05)", holds, nums,
-                runs=(m, c), dyn=dyn, why=why)]
+  out = [_kl_below(job, runs, dyn, m, c,
+                   f"{m}'s KL to the target is below {c}'s (Welch over seeds, p < 0.05)")]
   dm, gm = dyn["matched"].get(m, {}), dyn["matched"].get(c, {})
   levels = [lvl for lvl in dm if dm[lvl]["seeds_reached"] and gm.get(lvl, {}).get("seeds_reached")]
   if levels:
@@ -435,8 +441,8 @@ def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None
   dyn = _dynamics(job)
   regime = _regime(job, dyn)
   fix = job.cfg.fix if job.cfg.fix in evals else None
-  contrast = next((m for m in job.cfg.methods if not job.cfg.runs[m].objective.matches_target), None)
-  claims = _claims(job, s1, evals, runs, dyn, fix, contrast)
+  contrasts = [m for m in job.cfg.methods if job.cfg.runs[m].objective.maximises_reward]
+  claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
   gap = _anchor_gap(evals, summaries, job, exact)
   plots = _plots(job, s1, s2, _training_curves(job))
   if dyn["series"]:

@@ -181,7 +181,8 @@ class Trainer:
     t0 = time.perf_counter()
     batch = self.collector.collect(step)
     self.scorer.score(batch, self.state.params)
-    batch.signal = self.cfg.objective.row_signal(batch.grouped_reward).reshape(-1)  # [P, G] -> [B]
+    batch.signal = self.cfg.objective.batch_signal(  # [P, G] -> [B]
+        batch.grouped_reward, batch.is_replay.reshape(batch.grouped_reward.shape)).reshape(-1)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:

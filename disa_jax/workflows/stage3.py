@@ -255,7 +255,8 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   policy, reference = _load_models(cfg, mesh)
   anchor = load_anchor(cfg, policy.config.hidden_size) if tc.objective.needs_anchor else None
   pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len,
-                                 correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe)
+                                 correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe,
+                                 first_samples=tc.replay.first_samples)
           if tc.replay.enabled else None)
   # One generation process per host, owned by the host's first process (all of them in a
   # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
