@@ -65,3 +65,33 @@ def test_each_measurement_step_draws_its_own_seed():
   assert X.measurement_seed(9, 100) != X.measurement_seed(8, 100)
   with pytest.raises(ValueError, match="step must be >= 0, got -1"):
     X.measurement_seed(8, -1)
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_the_tracker_samples_each_measurement_with_its_steps_seed():
+  """ExactTracker.measure passes measurement_seed(cfg.seed, step) to the engine (the old tracker
+  reused cfg.seed at every step, so consecutive measurements shared their samples)."""
+  seeds = []
+
+  class Engine:
+    def generate(self, prompts, params):
+      seeds.append(params.seed)
+      raise _Stop
+
+  class Scorer:
+    def sequence_logprobs(self, prompts, responses):
+      return np.zeros(len(responses))
+
+  tracker = X.ExactTracker.__new__(X.ExactTracker)  # only what measure reads before sampling
+  tracker.cfg = X.ExactTargetConfig(kl_samples=4, seed=8)
+  tracker.tokenizer = type("Tok", (), {"eos_token_id": 2})()
+  tracker.prompts, tracker.max_tokens = [[5, 6]], 8
+  tracker._flat_p, tracker._flat_c = [[5, 6]], [[7, 2]]
+  tracker._bounds, tracker._lp_ref = np.asarray([0, 1]), np.zeros(1)
+  for step in (100, 200):
+    with pytest.raises(_Stop):
+      tracker.measure(Engine(), Scorer(), step=step)
+  assert seeds == [X.measurement_seed(8, 100), X.measurement_seed(8, 200)]
