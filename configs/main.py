@@ -19,11 +19,15 @@ Presets and their budgets (2 CPU cores):
   the end state: the report labels every verdict drawn from a run that has not reached its end
   state TRANSIENT. Measured on 2 cores before shared prompts and parallel runs: models 130 s,
   Stage 1 16 s, Stage 2 5 s, anchor study 39 s, each Stage 3 run 124-169 s, ~18 minutes in all.
-- ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO),
-  ``CLAIMS_STEPS`` steps each, to the end state (issue 15: KL flat over the last 20% of steps or
-  P(correct) >= 0.9). ``--config.seeds='(0,1,2)'`` gives mean +- std over three Stage 3 seeds:
-  98 minutes on 2 cores (2 runs at a time, 820-1,040 s per run; models 202 s, other work on the
-  machine), so ~33 minutes for one seed. Every run reaches its end state (P(correct) >= 0.99).
+- ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO) and the
+  fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
+  replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
+  KL-Cov), ``CLAIMS_STEPS`` steps each. The report decides each run's end state by the slope test of
+  `disa_jax.pipeline.dynamics` and each comparison by Welch's test over Stage 3 seeds
+  (``--config.seeds='(0,1,2)'``; one seed gives no comparison verdict). Wall time not measured
+  with the controls (issue 15 measured ~33 minutes per seed for the first four runs on 2 cores;
+  the nine runs are ~2.25x that). The lr decay (the last 15% of steps) overlaps the end-state
+  window, and the report says so: flat there may be the schedule's doing.
 - ``replay_study``: issue 9's replay (25% of each group's slots from every Stage 1 sample) for DISA
   and FlowRL against GRPO and GSPO, three seeds.
 """
@@ -47,23 +51,25 @@ def _tb(name: str, **overrides) -> ml_collections.ConfigDict:
   return o
 
 
-def _replay(fraction: float = 0.0, mode: str = "replace", positive: bool = False
-            ) -> ml_collections.ConfigDict:
+def _replay(fraction: float = 0.0, mode: str = "replace", positive: bool = False,
+            first_samples: int = 0) -> ml_collections.ConfigDict:
   """A run's train.replay section (`disa_jax.rl.config.ReplayConfig`; the job's Stage 1 file)."""
   r = ml_collections.ConfigDict()
   r.fraction = fraction  # k / G: Stage 1 samples per prompt's group (0 = on-policy only)
   r.mode = mode  # 'replace': k of the G slots | 'add': G on-policy rows + k replayed rows
   r.correct_only = positive  # replay only the samples the verifier accepted (reward 1)
   r.dedupe = positive  # a response drawn several times in Stage 1 counts once
+  r.first_samples = first_samples  # only each prompt's first this many Stage 1 samples (0 = all)
   return r
 
 
 def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict | None = None,
-         anchor: str = "fitted") -> ml_collections.ConfigDict:
+         anchor: str = "fitted", match_rows_of: str = "") -> ml_collections.ConfigDict:
   r = ml_collections.ConfigDict()
   r.objective = objective  # the objective section (name + the class's fields)
   r.replay = replay if replay is not None else _replay()  # the run's train.replay section
   r.anchor = anchor  # objectives with an anchor: 'fitted' (Stage 2) | 'exact' (the oracle)
+  r.match_rows_of = match_rows_of  # G + k on-policy rows per prompt of this run ('' = G)
   return r
 
 
@@ -94,6 +100,27 @@ def runs() -> ml_collections.ConfigDict:
   r.flowrl = _run(_tb("flowrl", head_lr=1e-2))
   r.grpo = _run(stage3_base.objective("grpo"))
   r.gspo = _run(stage3_base.objective("gspo"))
+  # The controls of the fix (issue 26), each changing one thing:
+  # - the fix on the exact log Z: off-policy rows add 2 eta(q) E_mu[grad log pi] at pi~ (App. C.5),
+  #   so this isolates what the fitted anchor's bias costs the fix;
+  r.disa_exact_pos_replay = _run(_tb("disa"), _replay(0.5, "add", positive=True), anchor="exact")
+  # - compute-matched on-policy DISA: G + k on-policy rows per prompt, the fix's rows per step;
+  r.disa_matched = _run(_tb("disa"), match_rows_of="disa_pos_replay")
+  # - the fix replaying only the N = 8 samples per prompt behind the labels (= stage2.samples; the
+  #   paper discards the rest of the pool after Stage 2);
+  r.disa_pos_replay_n8 = _run(_tb("disa"), _replay(0.5, "add", positive=True, first_samples=8))
+  # - supervised learning on the same deduplicated reward-1 replay rows for the same steps
+  #   (`ReplaySft`: TB on replayed correct answers against maximum likelihood on them);
+  r.replay_sft = _run(stage3_base.objective("replay_sft"), _replay(0.5, "add", positive=True))
+  # - the strongest reward maximiser a peer would run: GRPO with clip-higher (DAPO: eps_high 0.28)
+  #   and KL-Cov (Cui et al. 2025). Ratio 0.01: the paper's 2e-3 (7B) penalises one token per
+  #   micro-batch of ~200 response tokens here (the minimum); 0.01 gives two. Its coefficient: the
+  #   paper's 1.
+  grpo_r = stage3_base.objective("grpo")
+  grpo_r.eps_high = 0.28
+  grpo_r.kl_cov_ratio = 0.01
+  grpo_r.kl_cov_coef = 1.0
+  r.grpo_remedies = _run(grpo_r)
   # Issue 9's replay: 25% of each group's slots from every Stage 1 sample (right or wrong).
   r.disa_replay = _run(_tb("disa"), _replay(0.25))
   r.flowrl_replay = _run(_tb("flowrl", head_lr=1e-2), _replay(0.25))
@@ -120,6 +147,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.stage3_workers = 2
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
+  # Runs the fix is compared with (Welch over seeds): its controls, when the preset trains them.
+  c.controls = ()
   c.sft_enabled = True  # train and evaluate the LoRA-SFT baseline (App. D.4)
   c.track = ml_collections.ConfigDict()  # exact measures during Stage 3 (pipeline.dynamics)
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
@@ -232,7 +261,11 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   e.exact_target.kl_samples = 64  # samples per prompt for the Monte Carlo KL terms
 
   if preset == "claims":
-    c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
+    # The runs the claims turn on, then the fix's controls (the report compares the fix with each).
+    c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "grpo_remedies",
+                 "disa_exact_pos_replay", "disa_matched", "disa_pos_replay_n8", "replay_sft")
+    c.controls = ("disa_exact_pos_replay", "disa_matched", "disa_pos_replay_n8", "replay_sft",
+                  "grpo_remedies")
     t.total_steps = CLAIMS_STEPS
     c.sft_enabled = False
     c.anchor_study.repeats = 0

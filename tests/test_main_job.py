@@ -70,25 +70,25 @@ def job_run(tmp_path_factory):
   return job, job.run(), tmp_path
 
 
+def _welch_holds(n):
+  return "p" in n and n["diff"] < 0 and n["p"] < 0.05
+
+
 def _check_claims(claims):
   """Each verdict follows from the numbers it reports."""
   for c in claims:
     n = c["numbers"]
     if c["claim"] == "Stage 1 error shrinks with N":
       errs = list(n.values())
-      assert c["holds"] == all(a > b for a, b in zip(errs, errs[1:]))
+      assert c["holds"] == all(a > b for a, b in zip(errs, errs[1:])) and not c["from_transient"]
     elif "matches the tilted target" in c["claim"]:
       want = n["kl"] <= 1.0 and abs(n["entropy_correct"] - n["target_entropy"]) <= 0.3
-      assert c["holds"] == want and c["from_transient"] == (n["state"] == "transient")
-    elif "KL to the target is below grpo's" in c["claim"]:
-      m = c["claim"].split("'")[0]
-      assert c["holds"] == (n["grpo"] - n[m] > 2 * n["se"])
-    elif c["claim"].startswith("reward maximisation collapses"):
-      m = c["claim"].split()[-1][:-2]  # "... below <m>'s"
-      assert c["holds"] == (n["grpo"] < n[m]) and not c["from_transient"]
-    elif c["claim"].startswith("Stage 1 replay brings"):
-      base = c["claim"].split()[4]
-      assert c["holds"] == (n[f"{base}_replay"] < n[base])
+      assert c["holds"] == want and c["from_transient"] == (not n["state"].startswith("end state"))
+    elif ("'s KL to the target is below " in c["claim"] or
+          c["claim"].startswith(("reward maximisation collapses", "Stage 1 replay brings"))):
+      assert c["holds"] == _welch_holds(n), c  # Welch over seeds, p < 0.05
+    else:
+      raise AssertionError(f"a claim this test does not check: {c['claim']!r}")
 
 
 @pytest.mark.slow
@@ -124,7 +124,8 @@ def test_main_job_end_to_end_and_resume(job_run):
     assert [e["window_steps"][1] for e in ends] == [4], m
   assert set(report["matched_accuracy"]["disa"]) == {"0.5", "0.7", "0.9"}
   gap = report["anchor_gap"]
-  assert gap["loss_gap"] <= gap["envelope"] + 1e-9 and gap["sigma_g"] > 0
+  assert gap["loss_gap"] <= gap["envelope_same_sample"] + 1e-9 and gap["sigma_g_train"] > 0
+  assert gap["verdict"] in ("holds", "violated")  # val_fraction 0.3: held-out prompts exist
   study = report["anchor_study"]
   md = (tmp_path / "report.md").read_text()
   assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md

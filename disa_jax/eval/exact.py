@@ -16,8 +16,8 @@ of the chain-rule decomposition
     KL(pi || pi~) = KL(P_c || P~_c) + P_c KL(pi|c || pi~|c) + P_w KL(pi|w || pi~|w)
 
 (binary KL of being correct, plus the conditional KLs over correct and over wrong answers, P_w =
-1 - P_c) is estimated by Monte Carlo from samples of the policy at temperature 1 (their raw
-log-probs from the engine, log pi_ref by teacher forcing). The plain Monte Carlo KL over all
+1 - P_c) is estimated without bias by Monte Carlo over all samples (`wrong_term`), drawn from the
+policy at temperature 1 (their raw log-probs from the engine, log pi_ref by teacher forcing). The plain Monte Carlo KL over all
 samples is reported beside it; both carry standard errors.
 """
 from __future__ import annotations
@@ -62,7 +62,8 @@ class ExactTargetConfig:
     reference_path: pi_ref's HF directory ('' = off).
     beta: inverse temperature of the target (raw binary reward).
     kl_samples: policy samples per prompt for the Monte Carlo terms (>= 2).
-    seed: their sampling seed.
+    seed: their sampling seed; each measurement draws its own samples, seeded by (seed, step)
+      (`measurement_seed`), so the measurements of a run are independent.
     packing: the policy / reference scorers pack several sequences per row (`SequenceScorer`);
       False: one padded row each (for comparison).
     attention_chunk: attention query block of the models this section loads (`load_model`; 0 =
@@ -144,9 +145,42 @@ def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
           "kl_correct": float((q * (lp - lpc - (lr - lrc))).sum()), "kl_binary": float(kl_bin)}
 
 
+def wrong_term(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray, p_correct: float,
+               p_correct_ref: float) -> tuple[float, float]:
+  """Unbiased Monte Carlo estimate of P_w KL(pi|w || pi~|w) from k policy samples, and its SE.
+
+  With pi|w = pi / P_w and pi~|w = pi_ref / P_ref(w) on the wrong answers (P_w = 1 - P_c and
+  P_ref(w) = 1 - P_ref(c) exact, from the correct set):
+
+      P_w KL(pi|w || pi~|w) = sum_{o wrong} pi(o) [log pi(o) - log pi_ref(o)] + P_w log(P_ref(w)/P_w)
+                            = E_pi[1{o wrong} (log pi(o) - log pi_ref(o))] + P_w log(P_ref(w)/P_w).
+
+  The expectation is over *all* policy samples (a correct sample contributes 0), so its sample mean
+  is unbiased whether or not a wrong answer was drawn; no conditioning on the wrong samples and no
+  zero fill (which keeps only 1 - P_c^k of the term in expectation).
+
+  Args:
+    lp_policy, lp_ref: ``[k]`` trajectory log-probs of k policy samples (temperature 1).
+    reward: ``[k]`` their binary rewards.
+    p_correct, p_correct_ref: the exact P_c under the policy and under pi_ref.
+
+  Returns:
+    (estimate, standard error over the k samples; NaN for k = 1).
+  """
+  pw, pw_ref = 1.0 - p_correct, 1.0 - p_correct_ref
+  wrong = np.asarray(reward) < 0.5
+  if wrong.any() and not pw_ref > 0:
+    raise ValueError(f"a wrong sample was drawn but P_ref(wrong) = {pw_ref!r}: pi~ gives it no "
+                     "mass")
+  x = np.where(wrong, np.asarray(lp_policy, np.float64) - np.asarray(lp_ref, np.float64), 0.0)
+  mean, se = _mean_se(x)
+  exact = pw * (np.log(pw_ref) - np.log(pw)) if pw > 0 else 0.0
+  return mean + float(exact), se
+
+
 def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray,
                       exact: Mapping[str, float], beta: float) -> dict[str, float]:
-  """The sampled terms of one prompt: the MC KL and KL(pi|w || pi~|w).
+  """The sampled terms of one prompt: the MC KL and the wrong-answer term of the decomposition.
 
   Args:
     lp_policy, lp_ref: ``[k]`` trajectory log-probs of k policy samples (temperature 1).
@@ -155,9 +189,11 @@ def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndar
     beta: inverse temperature.
 
   Returns:
-    ``kl_mc`` / ``kl_mc_se`` (all samples), ``kl_wrong`` / ``kl_wrong_se`` (wrong samples;
-    NaN without any), ``wrong_samples``, and ``tb_sq``: the mean squared TB residual with the exact
-    log Z, the on-policy L_TB(theta; Z) of Prop. 4 (the terms of the KL are the residuals).
+    ``kl_mc`` / ``kl_mc_se`` (all samples), ``p_wrong_kl_wrong`` / ``p_wrong_kl_wrong_se``
+    (`wrong_term`, unbiased), ``kl_wrong`` (KL(pi|w || pi~|w) from the wrong samples alone, a
+    diagnostic; NaN without any), ``wrong_samples``, and ``tb_sq``: the mean squared TB residual
+    with the exact log Z, the on-policy L_TB(theta; Z) of Prop. 4 (the terms of the KL are the
+    residuals).
   """
   terms = lp_policy - lp_ref - beta * reward + exact["log_z"]  # [k] residuals R = log pi / pi~
   kl, kl_se = _mean_se(terms)
@@ -166,9 +202,18 @@ def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndar
   pw, pw_ref = 1.0 - exact["p_correct"], 1.0 - exact["p_correct_ref"]
   cond = (lp_policy[wrong] - np.log(max(pw, 1e-300))) - (lp_ref[wrong] - np.log(max(pw_ref,
                                                                                     1e-300)))
-  kw, kw_se = _mean_se(cond)
-  return {"kl_mc": kl, "kl_mc_se": kl_se, "kl_wrong": kw, "kl_wrong_se": kw_se,
+  pwkw, pwkw_se = wrong_term(lp_policy, lp_ref, reward, exact["p_correct"], exact["p_correct_ref"])
+  return {"kl_mc": kl, "kl_mc_se": kl_se, "kl_wrong": _mean_se(cond)[0],
+          "p_wrong_kl_wrong": pwkw, "p_wrong_kl_wrong_se": pwkw_se,
           "wrong_samples": int(wrong.sum()), "tb_sq": float(np.mean(terms ** 2))}
+
+
+def measurement_seed(seed: int, step: int) -> int:
+  """The sampling seed of the measurement at ``step``: a hash of (seed, step), distinct per step and
+  unrelated to the training rollouts' seeds (a plain seed + step could coincide with one)."""
+  if step < 0:
+    raise ValueError(f"measurement step must be >= 0, got {step!r}")
+  return int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1)[0] >> 1)
 
 
 class ExactTracker:
@@ -206,8 +251,11 @@ class ExactTracker:
       raise ValueError(f"max_tokens={max_tokens} cannot hold a correct answer of {longest} tokens")
     self.max_tokens = max_tokens
 
-  def measure(self, engine: Any, policy_scorer: Any) -> dict[str, Any]:
+  def measure(self, engine: Any, policy_scorer: Any, *, step: int) -> dict[str, Any]:
     """Every exact measure of the policy served by ``engine`` and scored by ``policy_scorer``.
+
+    ``step`` (the RL step, 0 for a final evaluation) selects the samples' seed
+    (`measurement_seed`): two measurements of a run never share their samples.
 
     Returns:
       Means over prompts (with ``*_se`` for the Monte Carlo terms) and ``per_prompt`` lists.
@@ -218,7 +266,7 @@ class ExactTracker:
              for i, j in zip(b[:-1], b[1:])]
     comps = engine.generate(self.prompts, SamplingParams(
         n=self.cfg.kl_samples, temperature=1.0, max_tokens=self.max_tokens,
-        stop_token_ids=(int(self.tokenizer.eos_token_id),), seed=self.cfg.seed,
+        stop_token_ids=(int(self.tokenizer.eos_token_id),), seed=measurement_seed(self.cfg.seed, step),
         return_raw_logprobs=True))
     return _combine(exact, comps, self.prompts, self.metas, self.ref_scorer, self.tokenizer,
                     self.reward_fn, self.cfg.beta)
@@ -240,24 +288,21 @@ def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_s
   per = []
   for i, e in enumerate(exact):
     mc = monte_carlo_terms(lp_pol[i], lp_ref[i], reward[i], e, beta)
-    kl_w = mc["kl_wrong"] if mc["wrong_samples"] else 0.0
     per.append({**e, **mc, "kl_decomposed": e["kl_binary"] + e["p_correct"] * e["kl_correct"]
-                + (1.0 - e["p_correct"]) * kl_w})
+                + mc["p_wrong_kl_wrong"]})
   out: dict[str, Any] = {"per_prompt": per, "samples_per_prompt": k}
   for key in ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
-              "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z", "tb_sq"):
+              "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z", "tb_sq",
+              "p_wrong_kl_wrong"):
     vals = np.asarray([p[key] for p in per], np.float64)
     out[key] = float(vals.mean())
-  # Standard errors over prompts of the Monte Carlo means: combine the per-prompt MC errors.
-  for key in ("kl_mc", "kl_wrong"):
+  # Standard errors over prompts of the Monte Carlo means: combine the per-prompt MC errors. The
+  # decomposition's only Monte Carlo term is P_w KL(pi|w || pi~|w), so its error is that term's.
+  for key in ("kl_mc", "p_wrong_kl_wrong"):
     se = np.asarray([p[f"{key}_se"] for p in per], np.float64)
-    out[f"{key}_se"] = float(np.sqrt(np.nansum(se ** 2)) / len(per))
+    out[f"{key}_se"] = float(np.sqrt(np.sum(se ** 2)) / len(per))
+  out["kl_decomposed_se"] = out["p_wrong_kl_wrong_se"]
   wrong = [p["kl_wrong"] for p in per if p["wrong_samples"]]
   out["kl_wrong"] = float(np.mean(wrong)) if wrong else float("nan")
-  out["p_wrong_kl_wrong"] = float(np.mean([(1 - p["p_correct"]) * (p["kl_wrong"] if p[
-      "wrong_samples"] else 0.0) for p in per]))
   out["p_correct_kl_correct"] = float(np.mean([p["p_correct"] * p["kl_correct"] for p in per]))
-  # The decomposition's only Monte Carlo term is P_w KL(pi|w || pi~|w); its standard error:
-  se_w = np.asarray([(1 - p["p_correct"]) * p["kl_wrong_se"] for p in per if p["wrong_samples"] > 1])
-  out["kl_decomposed_se"] = float(np.sqrt(np.sum(se_w ** 2)) / len(per))
   return out

@@ -3,10 +3,13 @@
 Stage 3 logs the exact measures of the policy every ``validation.every`` steps (``exact/*`` in
 ``metrics.jsonl``; `disa_jax.eval.exact`). From them:
 
-- `end_state`: where a run stands at its last measurement. It is at its end state when P(correct)
-  >= 0.9, or when its KL curve is flat: the last 20% of the measured steps change KL(pi || pi~) by
-  less than 2 standard errors (over at least 5 measurements). Otherwise its figures are a transient,
-  and every verdict drawn from them says so.
+- `end_state`: where a run stands at its last measurement. It is at its end state when both
+  KL(pi || pi~) and the conditional KL over correct answers are flat over the last 20% of the
+  measured steps (at least 5 measurements): the least-squares line through each changes across the
+  window by less than 2 of its regression standard errors (`trend`; the measurements are
+  independent, each draws its own samples). A window inside the learning-rate decay phase is
+  flagged (the schedule, not convergence, may flatten a curve), and P(correct) never declares an
+  end state. Otherwise its figures are a transient, and every verdict drawn from them says so.
 - `matched_accuracy`: the entropy over correct answers and the conditional KL over correct answers
   at the first measurement where P(correct) reaches 0.5 / 0.7 / 0.9, so methods are compared at the
   same accuracy rather than at the same step.
@@ -15,6 +18,7 @@ Stage 3 logs the exact measures of the policy every ``validation.every`` steps (
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -37,37 +41,122 @@ def exact_series(metrics_path: str | Path) -> dict[str, np.ndarray]:
   return out
 
 
-def end_state(series: Mapping[str, np.ndarray], *, window: float = 0.2, p_done: float = 0.9,
-              min_points: int = 5) -> dict[str, Any]:
+def lr_decay_step(total_steps: int, num_minibatches: int, decay_frac: float) -> int | None:
+  """The first RL step (0-based) with an optimizer update at the decayed learning rate.
+
+  `disa_jax.rl.train_step.lr_schedule` decays the last ``decay_frac`` of the run's
+  ``total_steps x num_minibatches`` updates; None for a constant rate (``decay_frac = 0``).
+  """
+  if decay_frac <= 0:
+    return None
+  boundary = int(round((1.0 - decay_frac) * total_steps * num_minibatches))
+  return boundary // num_minibatches
+
+
+@dataclasses.dataclass(frozen=True)
+class Trend:
+  """The least-squares line through a curve's measurements in the end-state window.
+
+  Attributes:
+    change: slope x window length: the change the line makes across the window.
+    change_se: its standard error from the regression residuals (independent measurements).
+    points: measurements in the window.
+  """
+  change: float
+  change_se: float
+  points: int
+
+  @property
+  def flat(self) -> bool:
+    """The change is within 2 standard errors of 0."""
+    return abs(self.change) <= 2.0 * self.change_se
+
+
+def trend(steps: np.ndarray, values: np.ndarray) -> Trend:
+  """`Trend` of ``values`` ``[n]`` against ``steps`` ``[n]`` (n >= 3, distinct steps)."""
+  x, y = np.asarray(steps, np.float64), np.asarray(values, np.float64)
+  if x.size < 3 or np.unique(x).size != x.size:
+    raise ValueError(f"trend needs >= 3 measurements at distinct steps, got steps {x.tolist()}")
+  if not np.all(np.isfinite(y)):
+    raise ValueError(f"trend got non-finite values {y.tolist()} at steps {x.tolist()}")
+  xc = x - x.mean()
+  sxx = float(np.sum(xc ** 2))
+  slope = float(np.sum(xc * (y - y.mean())) / sxx)
+  resid = y - y.mean() - slope * xc
+  se_slope = float(np.sqrt(np.sum(resid ** 2) / (x.size - 2) / sxx))
+  length = float(x[-1] - x[0])
+  return Trend(change=slope * length, change_se=se_slope * length, points=int(x.size))
+
+
+@dataclasses.dataclass(frozen=True)
+class EndState:
+  """Where a run stands at its last measurement (`end_state`).
+
+  Attributes:
+    reached: the run is at its end state (``reason == 'flat'``).
+    reason: 'flat' (KL and conditional KL flat over the window, the learning rate constant there) |
+      'flat_under_lr_decay' (flat, but the window overlaps the learning-rate decay phase: the
+      schedule, not convergence, may have flattened it) | 'moving' (a slope is not within 2
+      standard errors of 0) | 'too_few_measurements' (fewer than ``min_points`` in the window).
+    window_steps: the first and last step of the window.
+    kl: `Trend` of KL(pi || pi~) over the window (None with too few measurements).
+    kl_correct: `Trend` of KL(pi|c || pi~|c) over the window (None likewise).
+    lr_decay_step: the first RL step trained at the decayed learning rate (None: constant).
+    step: the last measured step.
+    last: the last measurement's fields (`FIELDS`).
+  """
+  reached: bool
+  reason: str
+  window_steps: tuple[int, int]
+  kl: Trend | None
+  kl_correct: Trend | None
+  lr_decay_step: int | None
+  step: int
+  last: dict[str, float]
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def end_state(series: Mapping[str, np.ndarray], *, window: float = 0.2, min_points: int = 5,
+              lr_decay_step: int | None = None) -> EndState:
   """Whether the run is at its end state (see the module docstring), with the figures.
+
+  P(correct) plays no part: a policy can keep moving (and its diversity collapse) after it is
+  almost always right.
 
   Args:
     series: `exact_series` of one run (at least 2 measurements).
-    window: the share of the measured steps over which the KL must be flat.
-    p_done: the P(correct) that counts as the end state by itself.
-    min_points: a curve of fewer measurements is never called flat (two noisy points say little).
+    window: the share of the measured steps (the last ones) over which both curves must be flat.
+    min_points: fewer measurements in the window are never called flat.
+    lr_decay_step: the first RL step of the run's learning-rate decay phase (None: no decay). A
+      measurement at a step > this one follows updates at the decayed rate.
 
   Returns:
-    ``reached`` (bool), ``reason`` ('p_correct' | 'flat' | 'transient'), ``kl_change`` over the
-    window, ``kl_se`` (the last measurement's), and the last measurement's fields.
+    `EndState`.
   """
-  steps, kl = series["step"], series["kl_mc"]
+  steps = np.asarray(series["step"])
   if steps.size < 2:
     raise ValueError(f"end_state needs at least 2 measurements, got {steps.size}")
+  if min_points < 3:
+    raise ValueError(f"end_state min_points must be >= 3 (a slope and its error), got {min_points}")
   start = steps[-1] - window * (steps[-1] - steps[0])
-  first = int(np.searchsorted(steps, start))  # the first measurement inside the window
-  first = min(first, steps.size - 2)
-  change = float(kl[-1] - kl[first])
-  se = float(np.hypot(series["kl_mc_se"][-1], series["kl_mc_se"][first]))
-  last = {f: float(series[f][-1]) for f in FIELDS}
-  if last["p_correct"] >= p_done:
-    reason = "p_correct"
-  elif abs(change) < 2.0 * se and steps.size >= min_points:
-    reason = "flat"
+  inside = steps >= start
+  first = int(np.flatnonzero(inside)[0])
+  common = dict(window_steps=(int(steps[first]), int(steps[-1])), lr_decay_step=lr_decay_step,
+                step=int(steps[-1]), last={f: float(series[f][-1]) for f in FIELDS})
+  if inside.sum() < min_points:
+    return EndState(reached=False, reason="too_few_measurements", kl=None, kl_correct=None,
+                    **common)
+  kl = trend(steps[inside], series["kl_mc"][inside])
+  kl_c = trend(steps[inside], series["kl_correct"][inside])
+  if not (kl.flat and kl_c.flat):
+    reason = "moving"
+  elif lr_decay_step is not None and steps[-1] > lr_decay_step:
+    reason = "flat_under_lr_decay"
   else:
-    reason = "transient"
-  return {"reached": reason != "transient", "reason": reason, "kl_change": change, "kl_se": se,
-          "window_steps": [int(steps[first]), int(steps[-1])], "step": int(steps[-1]), **last}
+    reason = "flat"
+  return EndState(reached=reason == "flat", reason=reason, kl=kl, kl_correct=kl_c, **common)
 
 
 def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] = LEVELS

@@ -32,6 +32,7 @@ from disa_jax.data.sum_task import SumTask
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
 from disa_jax.rl.config import ReplayConfig
+from disa_jax.rl.replay import replay_count
 from disa_jax.rl.objectives import Objective
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
@@ -42,10 +43,13 @@ ANCHORS = ("fitted", "exact")
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """One Stage 3 run of the main job: an objective, its Stage 1 replay (`ReplayConfig`: the run's
-  ``train.replay`` section, reading the job's Stage 1 file) and its anchor."""
+  ``train.replay`` section, reading the job's Stage 1 file), its anchor, and ``match_rows_of``: the
+  name of a run with replay mode 'add' whose G + k rows per prompt this run samples on-policy (its
+  ``rollout.group_size``; the compute-matched control of that run), '' = the job's G."""
   objective: Objective
   replay: ReplayConfig = ReplayConfig()
   anchor: str = "fitted"
+  match_rows_of: str = ""
 
   def __post_init__(self):
     if self.anchor not in ANCHORS:
@@ -53,6 +57,9 @@ class RunSpec:
     if self.anchor != "fitted" and not self.objective.needs_anchor:
       raise ValueError(f"anchor={self.anchor!r} is set but objective {self.objective.name!r} uses "
                        "no anchor")
+    if self.match_rows_of and self.replay.enabled:
+      raise ValueError(f"match_rows_of={self.match_rows_of!r} samples every row on-policy, but the "
+                       f"run replays (replay.fraction={self.replay.fraction})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +126,7 @@ class MainConfig:
   stage3_workers: int = 1
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
+  controls: tuple[str, ...] = ()
   track: TrackConfig = TrackConfig()
   sft_enabled: bool = True
   task: TaskConfig = TaskConfig()
@@ -144,6 +152,16 @@ class MainConfig:
                        f"{self.methods!r}")
     if self.fix and self.fix not in self.runs:
       raise ValueError(f"fix must name one of runs {sorted(self.runs)} (or be ''), got {self.fix!r}")
+    bad = [c for c in self.controls if c not in self.runs or c == self.fix]
+    if bad or (self.controls and not self.fix):
+      raise ValueError(f"controls must name runs {sorted(self.runs)} other than the fix "
+                       f"{self.fix!r} (which must be set), got {self.controls!r}")
+    for name, spec in self.runs.items():
+      other = self.runs.get(spec.match_rows_of)
+      if spec.match_rows_of and (other is None or other.replay.mode != "add"
+                                 or not other.replay.enabled):
+        raise ValueError(f"runs.{name}.match_rows_of must name a run with replay mode 'add', got "
+                         f"{spec.match_rows_of!r}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds must be distinct ints, at least one, got {self.seeds!r}")
     if not (isinstance(self.stage3_workers, int) and self.stage3_workers >= 1):
@@ -230,6 +248,10 @@ class SumJob:
     train = dict(self.cfg.train, objective=obj, seed=seed, progress_bar=self.progress,
                  replay=config_lib.to_dict(spec.replay),
                  validation=dict(self.cfg.train.get("validation", {}), every=track.every))
+    if spec.match_rows_of:  # G + k on-policy rows: the rows per prompt of the run it matches
+      g = int(train["rollout"]["group_size"])
+      k = replay_count(self.cfg.runs[spec.match_rows_of].replay.fraction, g)
+      train["rollout"] = dict(train["rollout"], group_size=g + k)
     anchor = "" if not spec.objective.needs_anchor else (
         self.anchor_path if spec.anchor == "fitted" else self.exact_anchor_path)
     exact = dict(reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,

@@ -168,6 +168,9 @@ class ReplayConfig:
     mode: 'replace' | 'add' (see above).
     correct_only: replay only the Stage 1 samples with raw reward > 0.5.
     dedupe: identical Stage 1 responses of a prompt count once.
+    first_samples: keep only the first this many Stage 1 samples of each prompt (before the
+      filters above; 0 = all): e.g. the N samples behind the Stage 2 labels (``stage2.samples``),
+      which the paper keeps while it discards the rest of the pool.
     schedule: 'constant' | 'linear_decay' (fraction -> 0 linearly over `decay_steps`).
     decay_steps: length of the linear decay (steps; 'linear_decay' only).
     max_ref_logp_drift: the median |stored log pi_ref - recomputed| (nats, trajectory sums) over the
@@ -178,6 +181,7 @@ class ReplayConfig:
   mode: str = "replace"
   correct_only: bool = False
   dedupe: bool = False
+  first_samples: int = 0
   schedule: str = "constant"
   decay_steps: int = 0
   max_ref_logp_drift: float = 0.05
@@ -189,6 +193,8 @@ class ReplayConfig:
     if not 0.0 <= self.fraction <= top:
       _fail("replay", "fraction", self.fraction,
             "must be in [0, 1]" if self.mode == "add" else "must be in [0, 1)")
+    if self.first_samples < 0:
+      _fail("replay", "first_samples", self.first_samples, "must be >= 0 (0 = every sample)")
     if self.schedule not in REPLAY_SCHEDULES:
       _fail("replay", "schedule", self.schedule, f"must be one of {REPLAY_SCHEDULES}")
     if self.schedule == "linear_decay" and self.decay_steps < 1:

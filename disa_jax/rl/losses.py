@@ -486,7 +486,9 @@ def grpo_loss(logp: Array,
               kl_coef: float = 0.0,
               kl_kind: str = "k3",
               kl_clamp: float | None = 10.0,
-              loss_agg: str = "seq-mean-token-mean") -> tuple[Array, Metrics]:
+              loss_agg: str = "seq-mean-token-mean",
+              kl_cov_ratio: float = 0.0,
+              kl_cov_coef: float = 1.0) -> tuple[Array, Metrics]:
   """GRPO: token-level clipped surrogate of eq. (2) with group advantages of eq. (3).
 
   Per token rho_t = pi_theta / pi_old (eq. 1; log rho clipped to [-20, 20] as veRL does) and
@@ -511,9 +513,11 @@ def grpo_loss(logp: Array,
     kl_clamp: bound on the k3 estimate, see `kl_penalty` (veRL: 10).
     loss_agg: ``seq-mean-token-mean`` (eq. 2) | ``token-mean`` (veRL's default); the caller
       recombines micro-batches with `loss_normalizer` of the same kind.
+    kl_cov_ratio, kl_cov_coef: KL-Cov (`kl_cov_penalty`) added to the per-token loss; ratio 0 = off.
 
   Returns:
-    (scalar loss, metrics): ``pg_loss`` (same aggregation), ``clip_frac`` (tokens where the clipped
+    (scalar loss, metrics): ``pg_loss`` (same aggregation), ``kl_cov_frac`` (with KL-Cov: the
+    penalised share of tokens), ``clip_frac`` (tokens where the clipped
     branch is taken), ``clip_frac_low``/``_high``, ``dual_clip_frac``, ``ratio_mean``/``_min``/
     ``_max``, ``approx_kl_old`` (k3 to pi_old), ``kl_ref`` (when ref_logp given),
     ``advantage_mean``.
@@ -541,6 +545,11 @@ def grpo_loss(logp: Array,
     metrics["kl_ref"] = _masked_token_mean(jax.lax.stop_gradient(kl), mask)
     if kl_coef > 0:
       per_token = per_token + kl_coef * kl
+  if kl_cov_ratio > 0:
+    penalty, chosen = kl_cov_penalty(logp, old_logp, advantages, mask, ratio=kl_cov_ratio,
+                                     coef=kl_cov_coef)
+    per_token = per_token + penalty
+    metrics["kl_cov_frac"] = _masked_token_mean(chosen, mask)
   loss = aggregate(per_token, mask, loss_agg)
   sg_log_ratio = jax.lax.stop_gradient(log_ratio)
   metrics.update({
@@ -554,6 +563,70 @@ def grpo_loss(logp: Array,
   })
   metrics.update(_ratio_metrics(sg_log_ratio, _f32(tok), "ratio"))
   return loss, metrics
+
+
+def kl_cov_penalty(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+                   ratio: float, coef: float) -> tuple[Array, Array]:
+  """KL-Cov: a KL penalty on the tokens whose log-prob covaries most with their advantage.
+
+  Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+  Models" (Sec. 4, KL-Cov): the entropy of a softmax policy under policy gradient changes by minus
+  the covariance between log pi(y) and its advantage, and a few high-covariance tokens drive the
+  collapse. Per valid token, Cov_t = (A_t - mean A) (log pi_t - mean log pi) (means over the valid
+  tokens, no gradient); the k = max(floor(ratio x n_valid), 1) tokens of largest Cov_t get
+  coef |log pi_t - log pi_old,t|. The paper selects over the whole batch and pairs the penalty with
+  the unclipped surrogate; here the selection is per micro-batch (the loss sees one) and the
+  penalty is added to GRPO's clipped surrogate.
+
+  Args:
+    logp, old_logp: ``[B, T]`` current and rollout-time token log-probs.
+    advantages: ``[B]`` per-sequence advantages (every token of a row shares its row's).
+    mask: ``[B, T]`` response mask.
+    ratio: share of the valid tokens penalised, in (0, 1) (the paper: 2e-3 at 7B, 2e-4 at 32B).
+    coef: the penalty's coefficient (the paper: 1).
+
+  Returns:
+    (``[B, T]`` per-token penalty, 0 off the chosen tokens; ``[B, T]`` bool, the chosen tokens).
+  """
+  if not 0.0 < ratio < 1.0:
+    raise ValueError(f"kl_cov ratio must be in (0, 1), got {ratio!r}")
+  _check_tokens(mask, logp=logp, old_logp=old_logp)
+  _check_rows(mask.shape[0], advantages=advantages)
+  tok = mask > 0
+  lp = _f32(logp)
+  sg = jax.lax.stop_gradient(lp)
+  adv = jnp.broadcast_to(_f32(advantages)[:, None], lp.shape)
+  cov = (adv - _masked_token_mean(adv, mask)) * (sg - _masked_token_mean(sg, mask))
+  cov = jnp.where(tok, cov, -jnp.inf).reshape(-1)
+  k = jnp.maximum(jnp.floor(ratio * tok.sum()), 1.0).astype(jnp.int32)
+  order = jnp.argsort(-cov)  # ties broken by position
+  rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.size, dtype=order.dtype))
+  chosen = (rank < k).reshape(lp.shape) & tok
+  penalty = jnp.where(chosen, coef * jnp.abs(lp - _f32(old_logp)), 0.0)
+  return penalty, chosen
+
+
+def sft_loss(logp: Array, weight: Array, mask: Array) -> tuple[Array, Metrics]:
+  """Weighted negative log-likelihood of whole responses: mean over valid rows of
+  w_i * (-sum_t log pi(o_it)) (trajectory sums, as the TB residual's log pi(o)).
+
+  Args:
+    logp: ``[B, T]`` token log-probs of the current policy.
+    weight: ``[B]`` per-row weights (`ReplaySft`: 1 on replayed reward-1 rows, 0 elsewhere).
+    mask: ``[B, T]`` response mask.
+
+  Returns:
+    (scalar loss, metrics): ``nll`` (the mean NLL of the weighted rows), ``weighted_rows``.
+  """
+  _check_tokens(mask, logp=logp)
+  _check_rows(mask.shape[0], weight=weight)
+  valid = valid_rows(mask)
+  w = jnp.where(valid, _f32(weight), 0.0)
+  nll = -sequence_sum(_f32(logp), mask)  # [B]
+  loss = masked_row_mean(w * nll, valid)
+  picked = w.sum()
+  return loss, {"nll": jax.lax.stop_gradient((w * nll).sum() / jnp.maximum(picked, 1.0)),
+                "weighted_rows": picked}
 
 
 def gspo_loss(logp: Array,

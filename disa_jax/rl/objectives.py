@@ -9,6 +9,7 @@ Stage 3 step must provide for it:
 | `FlowRL` | eq. (6): TB residual with a co-trained log Z head | yes | no | yes | yes |
 | `Grpo` | eqs. (1)-(3): token-clipped surrogate, group z-score advantages | if kl_coef > 0 | no | no | no |
 | `Gspo` | sequence-clipped surrogate with the geometric-mean ratio | no | no | no | no |
+| `ReplaySft` | NLL of the replayed reward-1 rows (the replay fix's control) | no | no | no | required |
 
 The trainer asks the objective: which passes to run (`needs_reference`, `needs_old_logp`), what
 per-row signal the update reads (`row_signal`: the transformed reward r~ for TB objectives, the
@@ -63,6 +64,8 @@ class Objective(abc.ABC):
   # Whether the loss's minimiser is the reward-tilted target pi~ (distribution matching) rather
   # than a reward maximiser (what reports compare against).
   matches_target: ClassVar[bool] = False
+  # Whether the loss maximises the expected reward (the reports' contrasts for the target matchers).
+  maximises_reward: ClassVar[bool] = False
 
   @property
   def needs_reference(self) -> bool:
@@ -77,6 +80,13 @@ class Objective(abc.ABC):
   @abc.abstractmethod
   def row_signal(self, reward: np.ndarray) -> np.ndarray:
     """The per-row scalar the loss reads, from raw rewards ``[P, G]`` -> ``[P, G]`` float32."""
+
+  def batch_signal(self, reward: np.ndarray, is_replay: np.ndarray) -> np.ndarray:
+    """The per-row signal of a rollout batch, ``[P, G]`` -> ``[P, G]`` float32, from its raw rewards
+    and its replay flags (``is_replay``: the row is a replayed Stage 1 sample). `row_signal` unless
+    the objective treats replayed rows apart."""
+    del is_replay  # on-policy and replayed rows alike
+    return self.row_signal(reward)
 
   @abc.abstractmethod
   def loss(self, logp: Array, batch: Any, head_log_z: Array | None = None
@@ -291,6 +301,8 @@ class PolicyGradient(Objective):
   eps_high: float = 0.2
   ddof: int = 0
 
+  maximises_reward: ClassVar[bool] = True
+
   def __post_init__(self):
     if not 0 <= self.eps_low < 1:
       raise ValueError(f"eps_low must be in [0, 1), got {self.eps_low!r}")
@@ -319,6 +331,15 @@ class Grpo(PolicyGradient):
     kl_kind: 'k1' | 'k3' KL estimator.
     kl_clamp: the k3 estimate is clamped to [-kl_clamp, kl_clamp] (veRL's low_var_kl: 10); 0 = off.
     loss_agg: 'seq-mean-token-mean' (eq. 2, TRL's 'grpo') | 'token-mean' (veRL's default).
+    kl_cov_ratio: KL-Cov's share of a micro-batch's valid tokens (the highest covariance between
+      log-prob and advantage) that get the penalty kl_cov_coef |log pi - log pi_old| (Cui et al.
+      2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models";
+      `disa_jax.rl.losses.kl_cov_penalty`); 0 = off.
+    kl_cov_coef: KL-Cov's coefficient (the paper: 1).
+
+  The remedies for GRPO's entropy collapse that its users run are options here: clip-higher
+  (``eps_high`` = 0.28 with ``eps_low`` = 0.2; DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM
+  Reinforcement Learning System at Scale") and KL-Cov (above).
   """
   name: ClassVar[str] = "grpo"
   dual_clip: float = 0.0
@@ -326,6 +347,8 @@ class Grpo(PolicyGradient):
   kl_kind: str = "k3"
   kl_clamp: float = 10.0
   loss_agg: str = "seq-mean-token-mean"
+  kl_cov_ratio: float = 0.0
+  kl_cov_coef: float = 1.0
 
   def __post_init__(self):
     super().__post_init__()
@@ -339,6 +362,10 @@ class Grpo(PolicyGradient):
       raise ValueError(f"kl_clamp must be >= 0 (0 = off), got {self.kl_clamp!r}")
     if self.loss_agg not in losses.AGG_KINDS:
       raise ValueError(f"loss_agg must be one of {losses.AGG_KINDS}, got {self.loss_agg!r}")
+    if not 0.0 <= self.kl_cov_ratio < 1.0:
+      raise ValueError(f"kl_cov_ratio must be in [0, 1) (0 = off), got {self.kl_cov_ratio!r}")
+    if not self.kl_cov_coef >= 0:
+      raise ValueError(f"kl_cov_coef must be >= 0, got {self.kl_cov_coef!r}")
 
   @property
   def needs_reference(self) -> bool:
@@ -350,7 +377,8 @@ class Grpo(PolicyGradient):
                             dual_clip=self.dual_clip or None,
                             ref_logp=batch.ref_logp if self.needs_reference else None,
                             kl_coef=self.kl_coef, kl_kind=self.kl_kind,
-                            kl_clamp=self.kl_clamp or None, loss_agg=self.loss_agg)
+                            kl_clamp=self.kl_clamp or None, loss_agg=self.loss_agg,
+                            kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef)
 
   def normalizer(self, batch: Any) -> Array:
     """Valid rows for 'seq-mean-token-mean', valid tokens for 'token-mean' (exact recombination)."""
@@ -371,3 +399,40 @@ class Gspo(PolicyGradient):
   def loss(self, logp, batch, head_log_z=None):
     return losses.gspo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
                             eps_low=self.eps_low, eps_high=self.eps_high)
+
+
+# ----------------------------------------------------------------------------------------------
+# Supervised learning on replayed samples: the control of the replay fix.
+# ----------------------------------------------------------------------------------------------
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class ReplaySft(Objective):
+  """Supervised learning on the replayed Stage 1 samples: the negative log-likelihood of each
+  replayed row that the verifier accepted, on-policy rows weighted 0 (`disa_jax.rl.losses.sft_loss`).
+
+  With the replay of `disa_pos_replay` (reward-1, deduplicated, k rows per prompt and step) it
+  trains on the same samples for the same steps as the fix, so the two differ only in the loss: TB
+  against a frozen log Z versus maximum likelihood. It needs replay (``train.replay.fraction`` > 0).
+  The loss is the mean over all valid rows (on-policy rows count 0), so a step's gradient is that of
+  the replayed rows' mean NLL times their share of the rows, k / (G + k).
+  """
+  name: ClassVar[str] = "replay_sft"
+  allows_replay: ClassVar[bool] = True
+
+  def check_replay(self, fraction: float) -> None:
+    if not fraction > 0:
+      raise ValueError(f"objective {self.name!r} learns from replayed rows only: it needs "
+                       f"replay.fraction > 0, got {fraction}")
+
+  def row_signal(self, reward: np.ndarray) -> np.ndarray:
+    """1 for the rows the verifier accepted (raw reward > 0.5), 0 otherwise."""
+    return np.asarray(np.asarray(reward) > 0.5, np.float32)
+
+  def batch_signal(self, reward: np.ndarray, is_replay: np.ndarray) -> np.ndarray:
+    """`row_signal` on the replayed rows, 0 on the on-policy ones."""
+    return self.row_signal(reward) * np.asarray(is_replay, np.float32)
+
+  def loss(self, logp, batch, head_log_z=None):
+    return losses.sft_loss(logp, batch.signal, batch.response_mask)

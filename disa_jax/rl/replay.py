@@ -59,22 +59,26 @@ class ReplayPool:
 
   @classmethod
   def from_stage1(cls, path: str | os.PathLike, *, max_response_len: int,
-                  correct_only: bool = False, dedupe: bool = False) -> "ReplayPool":
+                  correct_only: bool = False, dedupe: bool = False,
+                  first_samples: int = 0) -> "ReplayPool":
     """Reads a Stage 1 dataset (jsonl / parquet).
 
     Samples that Stage 3 cannot use are left out and counted in ``skipped``: a non-finite stored
     log pi_ref (the reference gives the response zero probability, so its TB residual is infinite)
     and responses longer than ``max_response_len`` tokens (the run's rollout limit). With
     ``correct_only`` the samples with raw reward <= 0.5 are left out too, with ``dedupe`` a repeat
-    of a response already in the prompt's pool (both counted).
+    of a response already in the prompt's pool (both counted). With ``first_samples`` > 0 only
+    each prompt's first that many samples are read (the rest counted as ``beyond_first_samples``).
     """
     data = load_stage1(path)
     out: dict[str, list[ReplaySample]] = {}
     skipped = {"logp_ref_not_finite": 0, "longer_than_max_response_len": 0, "not_correct": 0,
-               "duplicate": 0}
+               "duplicate": 0, "beyond_first_samples": 0}
     for pid, rec in zip(data.prompt_ids, data.records):
       keep, seen = [], set()
-      for s in rec["samples"]:
+      if first_samples:
+        skipped["beyond_first_samples"] += max(0, len(rec["samples"]) - first_samples)
+      for s in rec["samples"][:first_samples or None]:
         ids = np.asarray(s["token_ids"], np.int32)
         why = ("logp_ref_not_finite" if not math.isfinite(float(s["logp_ref"])) else
                "longer_than_max_response_len" if len(ids) > max_response_len else

@@ -67,7 +67,7 @@ class Trainer:
     replay_pool: Stage 1 samples for ``cfg.replay``.
     identity: what else a resumed checkpoint must agree on (model paths, data, anchor, ...).
     sync_dtype: dtype of the weights pushed to the engine (None: the parameters' own).
-    measures: called with no argument every ``validation.every`` steps, after the weight sync;
+    measures: called with the RL step every ``validation.every`` steps, after the weight sync;
       returns more validation metrics (e.g. the exact measures of `disa_jax.eval.exact`).
   """
 
@@ -78,7 +78,8 @@ class Trainer:
                pad_id: int, anchor: Any = None, validation_prompts: Sequence[PromptItem] = (),
                mesh: jax.sharding.Mesh | None = None, pad_to: int = 64,
                replay_pool: ReplayPool | None = None, identity: Mapping[str, Any] | None = None,
-               sync_dtype: Any = None, measures: Callable[[], Mapping[str, float]] | None = None):
+               sync_dtype: Any = None,
+               measures: Callable[[int], Mapping[str, float]] | None = None):
     self.cfg, self.workdir, self.engine, self.sync_dtype = cfg, workdir, engine, sync_dtype
     self.identity, self.measures = dict(identity or {}), measures
     self.validation_prompts = list(validation_prompts)
@@ -183,7 +184,8 @@ class Trainer:
     t0 = time.perf_counter()
     batch = self.collector.collect(step)
     self.scorer.score(batch, self.state.params)
-    batch.signal = self.cfg.objective.row_signal(batch.grouped_reward).reshape(-1)  # [P, G] -> [B]
+    batch.signal = self.cfg.objective.batch_signal(  # [P, G] -> [B]
+        batch.grouped_reward, batch.is_replay.reshape(batch.grouped_reward.shape)).reshape(-1)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
@@ -213,7 +215,7 @@ class Trainer:
           if self.validation_prompts:
             metrics.update(self.collector.validate(self.validation_prompts, done))
           if self.measures is not None:
-            metrics.update(self.measures())
+            metrics.update(self.measures(done))
         if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
           self.logger.write(done, metrics)
         if done % cfg.checkpoint.every == 0 or done == cfg.total_steps:

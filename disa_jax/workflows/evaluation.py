@@ -169,7 +169,7 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scor
     pol, ref = scorers.get()
     out["exact"] = exact.ExactTracker(
         cfg.exact_target, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
-        records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol)
+        records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol, step=0)
   (out_dir / f"{name}.md").write_text(
       f"# {name} ({len(records)} problems, k = {k})\n\n"
       + metrics.markdown_table({cfg.method: res.metrics}, average=False))

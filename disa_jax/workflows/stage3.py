@@ -185,7 +185,7 @@ def _load_models(cfg: Stage3Config, mesh):
 
 
 def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
-  """``() -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
+  """``(step) -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
   'exact/', on the validation prompts (or the training prompts)."""
   import jax  # pylint: disable=g-import-not-at-top
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
@@ -209,9 +209,9 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
       max_tokens=cfg.train.rollout.max_response_len)
   policy_scorer = scorer(policy)
 
-  def measures():
+  def measures(step: int):
     policy_scorer.update(policy)
-    out = tracker.measure(engine, policy_scorer)
+    out = tracker.measure(engine, policy_scorer, step=step)
     return {f"exact/{k}": float(v) for k, v in out.items() if k != "per_prompt"}
 
   return measures
@@ -255,7 +255,8 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   policy, reference = _load_models(cfg, mesh)
   anchor = load_anchor(cfg, policy.config.hidden_size) if tc.objective.needs_anchor else None
   pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len,
-                                 correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe)
+                                 correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe,
+                                 first_samples=tc.replay.first_samples)
           if tc.replay.enabled else None)
   # One generation process per host, owned by the host's first process (all of them in a
   # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.

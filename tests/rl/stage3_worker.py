@@ -62,7 +62,7 @@ def main():
     print("ENGINE_PID", engine.pid, flush=True)
     measures = None
     if soak:
-      measures = lambda: {"soak/rss_trainer_mb": _rss_mb(os.getpid()),
+      measures = lambda step: {"soak/rss_trainer_mb": _rss_mb(os.getpid()),
                           "soak/rss_engine_mb": _rss_mb(engine.pid),
                           "soak/shm_mapped_trainer_mb": _shm_mapped_mb(os.getpid()),
                           "soak/shm_mapped_engine_mb": _shm_mapped_mb(engine.pid),

@@ -75,7 +75,7 @@ def test_pool_counts_what_it_leaves_out_and_draws_deterministically(tmp_path):
   path = _write_stage1(tmp_path / "s1.jsonl", n=3, long_sample=True, neg_inf=True)
   pool = ReplayPool.from_stage1(path, max_response_len=6)
   assert pool.skipped == {"logp_ref_not_finite": 1, "longer_than_max_response_len": 1,
-                         "not_correct": 0, "duplicate": 0}
+                         "not_correct": 0, "duplicate": 0, "beyond_first_samples": 0}
   # correct_only keeps reward > 0.5 only (sample j has reward j % 2); dedupe drops repeats.
   pos = ReplayPool.from_stage1(path, max_response_len=6, correct_only=True, dedupe=True)
   assert all(s.reward == 1.0 for ss in pos.samples.values() for s in ss)

@@ -1,0 +1,99 @@
+"""The claims tables of the main job, rendered from its report.json (the only source of the numbers
+that README / docs print about the claims).
+
+    python -m disa_jax.pipeline.tables /tmp/disa_claims/report.json           # print the tables
+    python -m disa_jax.pipeline.tables report.json --check docs/real_checkpoints.md
+
+Two tables: the methods at the end of training (mean ± std over Stage 3 seeds; a single run's KL
+± its Monte Carlo standard error) with each method's end-state verdict, and the claims with their
+verdicts, Welch statistics over seeds and TRANSIENT flags (`pipeline.report`). A document embeds the
+output between ``<!-- tables: PATH -->`` and ``<!-- /tables -->``; `check_document` (and
+``--check``, and the tests) compare every such block with the generator's output for its PATH.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+BLOCK = re.compile(r"<!-- tables: (\S+) -->\n(.*?)<!-- /tables -->", re.S)
+
+
+def _pm(row: Mapping[str, Any], key: str, fmt: str) -> str:
+  if f"{key}_std" in row:
+    return f"{row[key]:{fmt}} ± {row[f'{key}_std']:{fmt}}"
+  if key == "kl_to_target":
+    return f"{row[key]:{fmt}} ± {row['kl_to_target_se']:{fmt}} (MC)"
+  return f"{row[key]:{fmt}}"
+
+
+def methods_table(report: Mapping[str, Any]) -> list[str]:
+  """The Stage 3 methods' end-of-training rows (reference / proposal / SFT rows left out)."""
+  states = report["regime"]["per_method"]
+  md = ["| method | seeds | end state | P(correct) | entropy over correct (target) | KL(pi ‖ pi~) |",
+        "|---|---|---|---|---|---|"]
+  for name, row in report["methods"].items():
+    if name not in states:
+      continue
+    md.append(f"| `{name}` | {row.get('seeds', 1)} | {states[name]} | "
+              f"{_pm(row, 'p_correct_exact', '.3f')} | {_pm(row, 'entropy_correct', '.2f')} "
+              f"({row['target_entropy_correct']:.2f}) | {_pm(row, 'kl_to_target', '.3f')} |")
+  return md
+
+
+def _stats(n: Mapping[str, Any]) -> str:
+  if "p" not in n:
+    return "-"
+  return (f"diff {n['diff']:+.3f}, 95% CI [{n['ci95'][0]:+.3f}, {n['ci95'][1]:+.3f}], "
+          f"p = {n['p']:.3g} (seeds {n['seeds'][0]} / {n['seeds'][1]})")
+
+
+def claims_table(report: Mapping[str, Any]) -> list[str]:
+  """Each claim: its verdict, whether it is drawn from a transient, and its test over seeds."""
+  md = ["| claim | verdict | state | Welch over seeds | why not |", "|---|---|---|---|---|"]
+  for c in report["claims"]:
+    verdict = "holds" if c["holds"] else "does NOT hold"
+    state = "TRANSIENT" if c["from_transient"] else "end state" if c["runs"] else "-"
+    md.append(f"| {c['claim']} | {verdict} | {state} | {_stats(c['numbers'])} | "
+              f"{c['why'] or ''} |")
+  return md
+
+
+def render(report: Mapping[str, Any]) -> str:
+  """Both tables, with the run they come from."""
+  cfg = report["config"]
+  head = (f"Preset `{cfg['preset']}`, {cfg['stage3_steps']} Stage 3 steps, Stage 3 seeds "
+          f"{report['stage3_seeds']}, beta = {cfg['beta']:g}, task {cfg['task']}.")
+  return "\n".join([head, "", *methods_table(report), "", *claims_table(report)]) + "\n"
+
+
+def check_document(path: str | Path, root: str | Path = ".") -> int:
+  """Raises if a ``<!-- tables: PATH -->`` block of ``path`` differs from `render` of PATH
+  (relative to ``root``); returns the number of blocks checked."""
+  text = Path(path).read_text()
+  blocks = BLOCK.findall(text)
+  for report_path, body in blocks:
+    want = render(json.loads((Path(root) / report_path).read_text()))
+    if body != want:
+      raise ValueError(f"{path}: the tables block of {report_path} is not the generator's output; "
+                       f"regenerate it with `python -m disa_jax.pipeline.tables {report_path}`")
+  return len(blocks)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("report", help="a main-job report.json")
+  parser.add_argument("--check", metavar="DOC", help="compare DOC's tables blocks instead")
+  args = parser.parse_args(argv)
+  if args.check:
+    print(f"{args.check}: {check_document(args.check)} tables block(s) match")
+    return 0
+  sys.stdout.write(render(json.loads(Path(args.report).read_text())))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

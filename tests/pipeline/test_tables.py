@@ -1,0 +1,55 @@
+"""`pipeline.tables`: the docs' claims tables are the generator's output for their report, and the
+generator renders what the report says (no number typed by hand)."""
+import json
+import os
+import shutil
+
+import pytest
+
+from disa_jax.pipeline import tables
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURE = "tests/fixtures/claims_report.json"
+
+
+def _report():
+  with open(os.path.join(ROOT, FIXTURE)) as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize("doc", ["docs/real_checkpoints.md", "README.md"])
+def test_every_tables_block_in_the_docs_is_the_generators_output(doc):
+  n = tables.check_document(os.path.join(ROOT, doc), root=ROOT)
+  assert n >= (1 if doc == "docs/real_checkpoints.md" else 0)
+
+
+def test_a_hand_edited_number_is_caught(tmp_path):
+  doc = tmp_path / "doc.md"
+  text = open(os.path.join(ROOT, "docs/real_checkpoints.md")).read()
+  assert "0.170 ± 0.010" in text
+  doc.write_text(text.replace("0.170 ± 0.010", "0.150 ± 0.010"))
+  with pytest.raises(ValueError, match="tables block of tests/fixtures/claims_report.json is not"):
+    tables.check_document(doc, root=ROOT)
+
+
+def test_the_tables_render_the_reports_rows_and_verdicts():
+  report = _report()
+  methods = tables.methods_table(report)
+  assert len(methods) == 2 + 3  # header + the Stage 3 methods (the reference row is left out)
+  assert "| `disa` | 3 | transient (KL or conditional KL still moving) | 0.983 ± 0.004 |" in methods[3]
+  claims = tables.claims_table(report)
+  assert len(claims) == 2 + len(report["claims"])
+  last = report["claims"][-1]
+  assert not last["holds"] and claims[-1].startswith(f"| {last['claim']} | does NOT hold | TRANSIENT |")
+  assert f"p = {last['numbers']['p']:.3g}" in claims[-1]
+  single = dict(report, methods={"grpo": {**report["methods"]["grpo"], "seeds": 1}})
+  single["methods"]["grpo"] = {k: v for k, v in single["methods"]["grpo"].items()
+                               if not k.endswith("_std")}
+  assert "2.567 ± 0.010 (MC)" in tables.methods_table(single)[2]  # one run: its MC error
+
+
+def test_the_command_prints_the_tables_and_checks_a_document(tmp_path, capsys):
+  path = tmp_path / "report.json"
+  shutil.copy(os.path.join(ROOT, FIXTURE), path)
+  assert tables.main([str(path)]) == 0
+  assert capsys.readouterr().out == tables.render(_report())
