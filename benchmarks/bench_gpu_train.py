@@ -265,7 +265,7 @@ def load_plans(path: str | None) -> dict[tuple[str, int, bool], dict[str, Any]]:
 def table(results: Sequence[dict[str, Any]], peak_tflops: float,
           plans: dict[tuple[str, int, bool], dict[str, Any]]) -> str:
   """The printed table: one line per configuration."""
-  ceiling = next((r["tflops"] for r in results if r["kind"] == "matmul"), None)
+  ceiling = max((r["tflops"] for r in results if r["kind"] == "matmul"), default=None)
   lines = [f"{'model':14s} {'row':>6s} {'remat':>5s} {'step s':>7s} {'tok/s':>8s} {'TFLOP/s':>8s} "
            f"{'MFU':>6s} {'MFU/mm':>6s} {'peak GiB':>8s} {'plan GiB':>8s}  note"]
   for r in results:
@@ -285,6 +285,46 @@ def table(results: Sequence[dict[str, Any]], peak_tflops: float,
   return "\n".join(lines)
 
 
+def row_scaling(results: Sequence[dict[str, Any]]) -> list[str]:
+  """For each (model, remat, sequence length), each row length against the next shorter one:
+  tokens and step time multiply by what? With the sequences' length fixed, the model FLOPs grow
+  with the tokens; a step time growing faster is work quadratic in the row length (attention
+  computed across the whole packed row, the pairs between sequences masked after computing)."""
+  groups: dict[tuple[str, bool, int], dict[int, dict[str, Any]]] = {}
+  for r in results:
+    if r["kind"] == "train" and "error" not in r:
+      groups.setdefault((r["model"], r["remat"], r["seq_len"]), {})[r["row_len"]] = r
+  lines = []
+  for (model, remat, seq_len), rows in sorted(groups.items()):
+    lens = sorted(rows)
+    for short, long in zip(lens, lens[1:]):
+      lines.append(f"{model:14s} remat {'on' if remat else 'off':3s} sequences of {seq_len}: row "
+                   f"{short} -> {long}: tokens x{long / short:.1f}, step time "
+                   f"x{rows[long]['step_s'] / rows[short]['step_s']:.2f}")
+  return lines
+
+
+def read_results(paths: Sequence[str]) -> list[dict[str, Any]]:
+  """The JSON lines of earlier runs (``--out`` files)."""
+  results = []
+  for path in paths:
+    with open(path) as f:
+      results += [json.loads(line) for line in f if line.strip()]
+  return results
+
+
+def print_report(results: Sequence[dict[str, Any]], args: argparse.Namespace,
+                 plans: dict[tuple[str, int, bool], dict[str, Any]]) -> None:
+  print(f"\nMFU against {args.peak_tflops:g} TFLOP/s (datasheet) and, MFU/mm, against the best "
+        "measured bf16 matmul; FLOPs = 6 N tokens + 12 L H hd sum s(s+1)/2; plan GiB: "
+        "plan_memory's micro (+adam)")
+  print(table(results, args.peak_tflops, plans))
+  scaling = row_scaling(results)
+  if scaling:
+    print("\nrow length scaling at a fixed sequence length:")
+    print("\n".join(scaling))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--models", default="qwen3-0.6b,qwen3-1.7b,qwen3-4b-base")
@@ -300,6 +340,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--child-timeout", type=float, default=600.0)
   ap.add_argument("--plan", default=None, help="plan_memory.py --json output(s), comma-separated")
   ap.add_argument("--out", default=None, help="append each result as a JSON line here")
+  ap.add_argument("--report", default=None,
+                  help="measure nothing: print the tables of these --out files (comma-separated)")
   ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.steps < 1 or args.warmup < 1:
@@ -315,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   plans = {}
   for path in (args.plan or "").split(","):
     plans.update(load_plans(path.strip() or None))
+  if args.report:
+    print_report(read_results(args.report.split(",")), args, plans)
+    return
   shapes = [Shape.parse(f"{m}:{n}:{r}") for m in args.models.split(",")
             for r in args.remat.split(",") for n in args.row_lens.split(",")]
   jobs = ([] if args.no_matmul else ["matmul"]) + [str(s) for s in shapes]
@@ -325,9 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out:
       with open(args.out, "a") as f:
         f.write(json.dumps(results[-1]) + "\n")
-  print(f"\nMFU against {args.peak_tflops:g} TFLOP/s (datasheet) and, MFU/mm, against the measured "
-        "bf16 matmul; FLOPs = 6 N tokens + 12 L H hd sum s(s+1)/2; plan: plan_memory micro+adam")
-  print(table(results, args.peak_tflops, plans))
+  print_report(results, args, plans)
 
 
 if __name__ == "__main__":
