@@ -10,9 +10,9 @@ Weight sync (``--sync-model``): the trainer's path of `PolicyUpdater.sync`: a po
 parameters on the GPU is exported in HF names and layouts as bf16 host arrays
 (`distributed.host_state_dict`: the cast and device -> host), then `update_weights` of a
 JAX-engine generation process (`RemoteEngine`, spawned, its own GPU context) writes them into the
-shared-memory block (host shm write) and the child loads them into its sampler (`load_hf_state_dict`:
-host -> its device). The child starts from a checkpoint of the same shape written to ``--tmp``
-first. Each push is timed after one untimed push (the first creates and maps the block);
+shared-memory block (host shm write) and the child loads them into its sampler
+(`load_hf_state_dict`: host -> its device). The child starts from a checkpoint of the same shape
+written to ``--tmp`` first. Each push is timed after one untimed push (the first creates and maps the block);
 ``--sync-reps`` pushes.
 
 Both processes run with XLA_PYTHON_CLIENT_PREALLOCATE=false (unless set): two JAX processes share
@@ -125,7 +125,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--sync-model", default="qwen3-4b-base", help="'' skips the weight sync")
   ap.add_argument("--sync-reps", type=int, default=3)
-  ap.add_argument("--tmp", default=None, help="where the sync's checkpoint goes (default: a temp dir)")
+  ap.add_argument("--tmp", default=None,
+                  help="where the sync's checkpoint goes (default: a temp dir)")
   ap.add_argument("--out", default=None, help="append each result as a JSON line here")
   args = ap.parse_args(argv)
   args.models = [m for m in args.models.split(",") if m]
@@ -177,9 +178,9 @@ def main(argv: Sequence[str] | None = None) -> None:
       print(f"{r['model']:14s} generate  {r['prompts']:3d} prompts x G={r['group']} x "
             f"{r['new_tokens']} new tokens   {r['seconds']:8.2f} {r['tokens_per_s']:10.0f}")
     else:
-      print(f"{r['model']:14s} sync      {r['bytes'] / 1e9:.2f} GB push: d2h {r['device_to_host_s']:.2f}"
-            f" + shm {r['shm_write_s']:.2f} + child load {r['child_load_s']:.2f} = "
-            f"{r['push_s']:.2f} s")
+      print(f"{r['model']:14s} sync      {r['bytes'] / 1e9:.2f} GB push: d2h "
+            f"{r['device_to_host_s']:.2f} + shm {r['shm_write_s']:.2f} + child load "
+            f"{r['child_load_s']:.2f} = {r['push_s']:.2f} s")
 
 
 if __name__ == "__main__":

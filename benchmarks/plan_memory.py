@@ -382,7 +382,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
                   help="find the most rows that fit at the largest row length")
   ap.add_argument("--json", default=None,
-                  help="also write each plan as one JSON line to this file (bench_gpu_train --plan)")
+                  help="also write each plan as a JSON line to this file (bench_gpu_train --plan)")
   ap.add_argument("--quick", action="store_true",
                   help="qwen3-4b-base, rows 8,16, row length 18432, no dense check or search")
   args = ap.parse_args(argv)
@@ -450,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   print(f"JAX {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices; "
         f"fsdp={args.fsdp}; settings of configs/stage3_paper.py:disa,"
         f"{args.settings_of or '<model>'},math (bf16 compute, f32 params + AdamW, remat "
-        f"{'of the config' if args.remat is None else args.remat}, layer scan); attention_chunk=" + (
+        f"{'of the config' if args.remat is None else args.remat}, layer scan); "
+        "attention_chunk=" + (
             str(args.attention_chunk or "dense") if args.attention_chunk is not None else
             "/".join(sorted({str(paper_train_config(args.settings_of or m)[1].attention_chunk
                                  or "dense")
