@@ -12,8 +12,8 @@ parameters on the GPU is exported in HF names and layouts as bf16 host arrays
 JAX-engine generation process (`RemoteEngine`, spawned, its own GPU context) writes them into the
 shared-memory block (host shm write) and the child loads them into its sampler
 (`load_hf_state_dict`: host -> its device). The child starts from a checkpoint of the same shape
-written to ``--tmp`` first. Each push is timed after one untimed push (the first creates and maps the block);
-``--sync-reps`` pushes.
+written to ``--tmp`` first. Each push is timed after one untimed push (the first creates and maps
+the block); ``--sync-reps`` pushes.
 
 Both processes run with XLA_PYTHON_CLIENT_PREALLOCATE=false (unless set): two JAX processes share
 the GPU, and by default each would take 75% of it.

@@ -6,7 +6,8 @@ preset with random weights (no download) under the settings of
 ``configs/stage3_paper.py:disa,qwen3-4b-base,math`` (bf16 compute, f32 parameters, the config's
 ``attention_chunk``, the layer scan that ``layer_loop='auto'`` picks on a GPU), on a 1-device mesh,
 and runs the trainer's update: `train_step.make_train_step` with the DISA objective and the
-clipped AdamW of that config, on one micro-batch of one packed row. The row holds
+clipped AdamW of that config, on one micro-batch of one packed row, as its first update (pi_ref and
+pi_old: the initial policy, scored by `train_step.make_scoring_fn`; untimed). The row holds
 ``row_len / (prompt + response)`` sequences (G = 8 of them share a prompt), with
 ``max_response_len``-wide per-sequence arrays and ``seqs_per_row`` slots, as the trainer packs
 them (`TrainSequences.micro_batches`).
@@ -60,6 +61,7 @@ from disa_jax.models.transformer import Transformer  # noqa: E402
 from disa_jax.rl import train_step as ts  # noqa: E402
 from disa_jax.rl.batch import TrainSequences  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
+from disa_jax.scoring.logprobs import gather_responses  # noqa: E402
 
 SETTINGS_OF = "qwen3-4b-base"  # the paper backbone whose Stage 3 config gives the settings
 GROUP = 8  # sequences per prompt (the paper's G)
@@ -157,7 +159,13 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   update = ts.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
                               state_shardings=shardings)
   placed = [ts.place_micro_batch(mb, mesh) for mb in micro]
-  jax.block_until_ready(state)
+  # The trainer's first update: pi_ref and pi_old are the initial policy (scored as the trainer
+  # does), so the importance weights are 1 and the gradient is not zero.
+  score = ts.make_scoring_fn(graphdef)
+  placed = [mb.replace(old_logp=lp, ref_logp=lp) for mb in placed
+            for lp in [gather_responses(score(state.params, mb.rows), mb.response_index,
+                                        mb.response_mask)]]
+  jax.block_until_ready((state, placed))
   init_s = time.perf_counter() - t0
   times = []
   for i in range(warmup + steps):
@@ -165,9 +173,9 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
     state, metrics = update(state, placed)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - t0)
-  loss = float(metrics["loss"])
-  if not np.isfinite(loss):
-    raise RuntimeError(f"the update's loss is {loss}")
+  loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+  if not (np.isfinite(loss) and np.isfinite(grad_norm) and grad_norm > 0):
+    raise RuntimeError(f"the update's loss is {loss}, its gradient norm {grad_norm}")
   seconds = statistics.median(times[warmup:])
   flops = update_flops(c, seq_lens)
   return dict(model_params=int(sum(x.size for x in jax.tree.leaves(state.params))),
@@ -176,7 +184,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
               attention_flops=attention_flops(c, seq_lens), init_s=init_s,
               first_step_s=times[0], step_s=seconds, step_s_all=times,
               tokens_per_s=sum(seq_lens) / seconds, tflops=flops / seconds / 1e12,
-              peak_bytes=device_peak_bytes(), loss=loss,
+              peak_bytes=device_peak_bytes(), loss=loss, grad_norm=grad_norm,
               compiled_programs=update.compiled_programs(),
               attention_chunk=mc.attention_chunk, dtype=mc.dtype, param_dtype=mc.param_dtype)
 

@@ -75,6 +75,7 @@ def test_measure_runs_the_trainers_update():
   assert (r["tokens"], r["sequences"], r["seq_len"]) == (64, 2, 32)
   assert r["flops"] == bt.update_flops(c, [32, 32]) and r["tflops"] > 0
   assert r["peak_bytes"] is None  # the CPU keeps no device statistics
+  assert r["grad_norm"] > 0  # pi_old is the policy: importance weights 1, not clipped to 0
   assert len(r["step_s_all"]) == 2 and r["step_s"] == r["step_s_all"][1]
 
 
