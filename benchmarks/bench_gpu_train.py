@@ -25,7 +25,8 @@ head dimension forward, 3x for forward + backward). MFU = FLOPs / seconds / peak
 ceiling measured in the same run (``--matmul-size`` cube, random data, median of 20).
 Memory: ``jax.devices()[0].memory_stats()['peak_bytes_in_use']`` after the timed steps (the child
 sets XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 unless it is set), against `plan_memory.py`'s ``micro``
-for the same shape (``--plan FILE``: its JSON lines, see `benchmarks/results/README.md`).
+for the same shape (``--plan FILE``: the lines `plan_memory.py --json` writes; docs/cluster.md has
+the command).
 
 Usage: python benchmarks/bench_gpu_train.py [--models qwen3-0.6b,qwen3-1.7b,qwen3-4b-base]
     [--row-lens 8192,16384] [--remat on,off] [--steps 5] [--warmup 2] [--out FILE.jsonl]
