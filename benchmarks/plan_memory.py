@@ -26,7 +26,11 @@ CPU compilation is a proxy for GPU memory: see `CAVEATS` (printed with the table
 Usage (about 8 minutes on 2 CPU cores; ``--quick``: under a minute; docs/cluster.md has the table):
   python benchmarks/plan_memory.py [--models qwen3-4b-base,qwen2.5-7b] [--rows 8,16,32,64]
       [--row-lens 4096,8192,18432] [--attention-chunk C] [--fsdp 8] [--capacity-gib 80]
-      [--no-dense-check] [--no-search] [--quick]
+      [--no-dense-check] [--no-search] [--quick] [--settings-of qwen3-4b-base] [--no-remat]
+One GPU (what `bench_gpu_train.py` measures), e.g.:
+  python benchmarks/plan_memory.py --models qwen3-0.6b,qwen3-1.7b,qwen3-4b-base \
+      --settings-of qwen3-4b-base --fsdp 1 --rows 1 --row-lens 8192,16384 --no-dense-check \
+      --no-search --capacity-gib 139 [--no-remat] [--json FILE]
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ if __name__ == "__main__":  # before JAX is imported: fake CPU devices for the m
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
@@ -198,10 +203,15 @@ def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
 
 
 def make_setup(name: str, *, fsdp: int, attention_chunk: int | None = None,
-               devices: Sequence[jax.Device] | None = None) -> Setup:
+               devices: Sequence[jax.Device] | None = None, settings_of: str | None = None,
+               remat: bool | None = None) -> Setup:
   """The abstract trained state and the trainer's jitted functions for preset ``name``; the
-  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = dense)."""
-  train, mc = paper_train_config(name)
+  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = dense).
+  The Stage 3 settings are those of the paper config of backbone ``settings_of`` (default:
+  ``name``, which must then be a paper backbone); ``remat`` overrides its ``model.remat``."""
+  train, mc = paper_train_config(settings_of or name)
+  if remat is not None:
+    mc = dataclasses.replace(mc, remat=remat)
   if attention_chunk is None:
     attention_chunk = mc.attention_chunk
   config = get_preset(name)
@@ -262,6 +272,15 @@ def plan(setup: Setup, *, rows: int, row_len: int, with_score: bool = True) -> P
   return Plan(setup.name, row_len, rows, setup.mesh.shape["fsdp"], attention_chunk,
               ProgramMemory.of(lowered["micro"]), setup.optim, score,
               adam_bytes=device_bytes(setup.state.opt_state), ref_bytes=setup.ref_bytes)
+
+
+def plan_record(p: Plan, remat: bool | None) -> dict[str, Any]:
+  """One plan as a JSON-able dict (bytes per device; ``micro`` includes the AdamW moments)."""
+  return dict(model=p.model, row_len=p.row_len, rows=p.rows, fsdp=p.fsdp,
+              attention_chunk=p.attention_chunk, remat=remat,
+              micro=p.micro.peak + p.adam_bytes, optim=p.optim.peak,
+              score=None if p.score is None else p.score.peak + p.adam_bytes, peak=p.peak,
+              peak_with_ref=p.peak_with_ref)
 
 
 def gib(n: int) -> str:
@@ -353,10 +372,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   "paper config's model.attention_chunk")
   ap.add_argument("--fsdp", type=int, default=8, help="FSDP axis size (fake CPU devices)")
   ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
+  ap.add_argument("--settings-of", default=None,
+                  help="paper backbone whose Stage 3 config gives the settings (default: each "
+                  "model's own; needed for presets that are not paper backbones, e.g. qwen3-0.6b)")
+  ap.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
+                  help="override the config's model.remat (default: the config's, on)")
   ap.add_argument("--dense-check", action=argparse.BooleanOptionalAction, default=True,
                   help="also compile dense attention at the largest row length, rows = fsdp")
   ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
                   help="find the most rows that fit at the largest row length")
+  ap.add_argument("--json", default=None,
+                  help="also write each plan as a JSON line to this file (bench_gpu_train --plan)")
   ap.add_argument("--quick", action="store_true",
                   help="qwen3-4b-base, rows 8,16, row length 18432, no dense check or search")
   args = ap.parse_args(argv)
@@ -377,7 +403,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[Plan], list[str]]:
   """The table rows of one model, then (optionally) its largest fit and the dense comparison."""
   t0 = time.perf_counter()
-  setup = make_setup(name, fsdp=args.fsdp, attention_chunk=args.attention_chunk)
+  setup = make_setup(name, fsdp=args.fsdp, attention_chunk=args.attention_chunk,
+                     settings_of=args.settings_of, remat=args.remat)
   plans, notes = [], []
   for row_len in args.row_lens:
     for rows in args.rows:
@@ -395,8 +422,9 @@ def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[
                      f"device; peak+ref {gib(best.peak_with_ref)} GiB)" if best else
                      f"none (rows={args.fsdp} already needs more)"))
   if args.dense_check and setup.attention_chunk:
-    dense = plan(make_setup(name, fsdp=args.fsdp, attention_chunk=0), rows=args.fsdp,
-                 row_len=longest)
+    dense = plan(make_setup(name, fsdp=args.fsdp, attention_chunk=0,
+                            settings_of=args.settings_of, remat=args.remat),
+                 rows=args.fsdp, row_len=longest)
     plans.append(dense)
     notes.append(f"{name}: dense attention at row_len={longest}, rows={args.fsdp}: peak+ref "
                  f"{gib(dense.peak_with_ref)} GiB/device (micro temp {gib(dense.micro.temp)} GiB)")
@@ -420,10 +448,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   t0 = time.perf_counter()
   capacity = int(args.capacity_gib * GIB)
   print(f"JAX {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices; "
-        f"fsdp={args.fsdp}; settings of configs/stage3_paper.py:disa,<model>,math "
-        f"(bf16 compute, f32 params + AdamW, remat, layer scan); attention_chunk=" + (
+        f"fsdp={args.fsdp}; settings of configs/stage3_paper.py:disa,"
+        f"{args.settings_of or '<model>'},math (bf16 compute, f32 params + AdamW, remat "
+        f"{'of the config' if args.remat is None else args.remat}, layer scan); "
+        "attention_chunk=" + (
             str(args.attention_chunk or "dense") if args.attention_chunk is not None else
-            "/".join(sorted({str(paper_train_config(m)[1].attention_chunk or "dense")
+            "/".join(sorted({str(paper_train_config(args.settings_of or m)[1].attention_chunk
+                                 or "dense")
                              for m in args.models})) + " (the config's model.attention_chunk)"),
         flush=True)
   plans, notes = [], []
@@ -437,8 +468,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "peak: max(micro, optim, score); +ref: plus the frozen bf16 reference; fits: +ref <= "
         f"{args.capacity_gib:g} GiB.\n")
   print(format_table(plans, capacity))
+  if args.json:
+    with open(args.json, "w") as f:
+      for p in plans:
+        f.write(json.dumps(plan_record(p, args.remat)) + "\n")
   print()
-  for n in notes + stage3_notes(args.models[0]):
+  for n in notes + stage3_notes(args.settings_of or args.models[0]):
     print(n)
   print(f"\n{CAVEATS}\n\ntotal runtime {time.perf_counter() - t0:.0f} s")
 

@@ -264,6 +264,7 @@ PRESETS: dict[str, ModelConfig] = {
         qkv_bias=True, bos_token_id=151643, eos_token_id=151643),
     "qwen3-4b-base": _qwen3(151936, 2560, 9728, 36, 32, 8, 1_000_000.0, 32768, True, 151643),
     "qwen3-0.6b": _qwen3(151936, 1024, 3072, 28, 16, 8, 1_000_000.0, 40960, True, 151645),
+    "qwen3-1.7b": _qwen3(151936, 2048, 6144, 28, 16, 8, 1_000_000.0, 40960, True, 151645),
     "qwen3-4b-instruct-2507": _qwen3(151936, 2560, 9728, 36, 32, 8, 5_000_000.0, 262144, True,
                                      151645),
     "llama-3-8b": ModelConfig(

@@ -259,7 +259,9 @@ class JaxSampler:
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
     """Loads HF-named, HF-layout weights (every key used, every shape checked)."""
     models.load_hf_state_dict(self.model, state_dict)
-    self._state = nnx.state(self.model)
+    # Transfers are asynchronous: wait, so that the caller may reuse the host arrays (the
+    # generation process's shared block) and the sync's load time counts the copy to the device.
+    self._state = jax.block_until_ready(nnx.state(self.model))
 
   def close(self) -> None:
     self._closed = True

@@ -2,6 +2,7 @@
 memory analysis of the Stage 3 programs obeys what sharding and batch size imply."""
 import dataclasses
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -109,3 +110,19 @@ def test_attention_chunk_comes_from_the_paper_config(n_devices):
   assert pm.make_setup("qwen3-4b-base", fsdp=n_devices).attention_chunk == 1024  # abstract: no compile
   assert pm.make_setup("qwen3-4b-base", fsdp=n_devices, attention_chunk=0).attention_chunk == 0
   assert "model.attention_chunk=1024" in pm.stage3_notes("qwen3-4b-base")[0]
+
+
+def test_plan_record_is_the_plans_json_line(sharded):
+  """What `plan_memory.py --json` writes and `bench_gpu_train.py --plan` compares against."""
+  _, (base, _) = sharded
+  rec = json.loads(json.dumps(pm.plan_record(base, remat=False)))
+  assert rec["micro"] == base.micro.peak + base.adam_bytes and rec["peak"] == base.peak
+  assert (rec["rows"], rec["fsdp"], rec["remat"]) == (8, 8, False)
+
+
+def test_settings_of_another_backbone():
+  """A preset that is no paper backbone needs --settings-of; --remat overrides the config's."""
+  with pytest.raises(ValueError, match="config BACKBONE must be one of"):
+    pm.make_setup("qwen3-0.6b", fsdp=1)
+  args = pm.parse_args(["--models", "qwen3-0.6b", "--settings-of", "qwen3-4b-base", "--no-remat"])
+  assert (args.settings_of, args.remat) == ("qwen3-4b-base", False)

@@ -46,6 +46,9 @@ def test_presets_have_published_dims():
   q7 = models.get_preset("qwen2.5-7b")
   assert q7.qkv_bias and q7.num_kv_heads == 4 and q7.intermediate_size == 18944
   assert models.get_preset("qwen3-0.6b").hidden_size == 1024
+  q17 = models.get_preset("qwen3-1.7b")
+  assert (q17.hidden_size, q17.intermediate_size, q17.num_layers, q17.num_heads) == (
+      2048, 6144, 28, 16)
   assert models.get_preset("llama-3-8b").vocab_size == 128256
   for name, cfg in models.PRESETS.items():
     json.dumps(cfg.to_hf_config())  # serialisable
