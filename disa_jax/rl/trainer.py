@@ -242,7 +242,8 @@ class Trainer:
     try:
       with preemption.watch():
         for step in range(self.start_step, cfg.total_steps):
-          if step == 0 and vc.at_start and (self.validation_prompts or self.measures is not None):
+          if (step == 0 and vc.at_start and (self.validation_prompts or self.measures is not None)
+              and 0 not in dict(self.selection.scores)):  # not again after a resume from 0
             self._validate_at_start()
           if preemption.agreed(distributed.any_process):
             if self._saved_step != step and step > 0:
