@@ -11,6 +11,7 @@ from disa_jax import models
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.checkpoint.selection import Selection, choose_step
 from disa_jax.rl.metrics import read_jsonl
+from disa_jax.workflows import evaluation
 from disa_jax.workflows.evaluation import EvalConfig, resolve_model
 from tests.rl import test_trainer as tt
 
@@ -99,6 +100,11 @@ def test_evaluation_exports_the_best_checkpoint_and_says_so(scripted_run, tmp_pa
   exported = models.to_hf_state_dict(models.from_pretrained(path))
   final = models.to_hf_state_dict(trainer.policy)
   assert any(not np.array_equal(exported[k], np.asarray(final[k])) for k in final)
+  # The suite summary says which step was evaluated and why.
+  summary = evaluation._write_summary(cfg, path, choice, {}, [], tmp_path / "ev")  # pylint: disable=protected-access
+  assert summary["checkpoint"] == choice.to_dict()
+  assert json.loads((tmp_path / "ev" / "summary.json").read_text())["checkpoint"]["step"] == 1
+  assert f"Checkpoint: step 1 of {workdir}: {choice.reason}" in (tmp_path / "ev" / "summary.md").read_text()
   with pytest.raises(ValueError, match="run_checkpoint must be 'best', 'latest' or a checkpoint "
                                        "step number, got 'last'"):
     EvalConfig(output_dir="o", run_dir=str(workdir), benchmarks={"x": "y"}, run_checkpoint="last")
