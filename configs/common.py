@@ -23,9 +23,16 @@ PROPOSALS = {  # name -> (local HF directory, vLLM tensor-parallel size)
     "qwen3-4b-instruct-2507": ("models/Qwen3-4B-Instruct-2507", 1),
 }
 DEFAULT_PROPOSAL = "qwen3-235b-a22b-instruct-2507"
-TASKS = {  # task -> (training prompts = Stage 1 prompts, reward, evaluation samples per prompt)
-    "math": ("data/dapo-17k-processed.parquet", "math", 8),  # Mean@8
-    "code": ("data/deepcoder.parquet", "code", 16),  # pass@1 and pass@16
+# Training prompts = Stage 1 prompts: the training part of launch/split_validation.py's split of
+# the prepared set (launch/prepare_data.py writes data/dapo-17k-processed.parquet and
+# data/deepcoder.parquet); the validation part is what Stage 3 selects checkpoints on.
+TASKS = {  # task -> (training prompts, reward, evaluation samples per prompt)
+    "math": ("data/dapo-17k-processed.train.parquet", "math", 8),  # Mean@8
+    "code": ("data/deepcoder.train.parquet", "code", 16),  # pass@1 and pass@16
+}
+VALIDATION = {  # task -> the held-out validation subset (checkpoint selection, paper App. D)
+    "math": "data/dapo-17k-processed.val.parquet",
+    "code": "data/deepcoder.val.parquet",
 }
 DEFAULT_BETA = 15.0
 # Implementation presets (`,impl=...` in the Stage 1 / 2 / 3 config strings), see configs/README.md:

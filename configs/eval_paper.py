@@ -8,8 +8,8 @@ SUITE math (AIME24, AIME25, AMC23, MATH-500, Minerva, OlympiadBench; Mean@8) |
       task (one custom prompt file: --config.benchmarks.task=PATH, graded by its rows' ability)
 
 CKPT is any local HF directory (a backbone, any HF model); for a Stage 3 run give
---config.run_dir=WORKDIR instead (its latest checkpoint, or --config.run_step=S, is exported to
-<output_dir>/policy_step<S> first). Benchmark files live under data/benchmarks/ by default; override
+--config.run_dir=WORKDIR instead (its best checkpoint by validation, or --config.run_checkpoint=latest
+or =S, is exported to <output_dir>/policy_step<S> first; summary.json says which and why). Benchmark files live under data/benchmarks/ by default; override
 one with --config.benchmarks.aime24=PATH, or skip it with --config.benchmarks.aime24=''.
 """
 import ml_collections
@@ -45,7 +45,9 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model_path = ""  # Local HF directory to evaluate (a backbone, any HF model); or set run_dir.
   c.run_dir = ""  # A launch/train.py workdir: its policy checkpoint is exported and evaluated.
-  c.run_step = -1  # Checkpoint step of run_dir to export; -1 = the latest.
+  # Checkpoint of run_dir to export: 'best' (by validation, as the paper reports; the latest when
+  # the run never validated) | 'latest' | a step number.
+  c.run_checkpoint = "best"
   c.output_dir = ""  # Tables and responses; a rerun skips finished benchmarks (required).
   c.label = ""  # Row name in the tables; '' = the checkpoint directory's name.
   c.benchmarks = ml_collections.ConfigDict(

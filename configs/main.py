@@ -236,6 +236,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # is one micro-batch of 288 tokens (3 unshared).
   t.rollout.micro_batch_rows = 4
   t.checkpoint.every = 250  # (and at the end)
+  t.validation.at_start = False  # the exact measures start at the first tracked step
   t.checkpoint.keep = 1
 
   c.sft = ml_collections.ConfigDict()  # run_sft's sft section (LoRA-SFT on reward-1 samples)

@@ -24,6 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = ""  # Run directory (metrics, checkpoints, final/); launch/train.py's --workdir sets it.
   c.export = True  # Export the final policy to <workdir>/final as a Hugging Face directory.
+  # Which checkpoint final/ holds: 'best' (by validation Mean@n, the paper's checkpoint selection;
+  # the latest when the run never validated) | 'latest' | a step number.
+  c.export_checkpoint = "best"
 
   c.model = ml_collections.ConfigDict()
   c.model.policy_path = ""  # Local HF directory of the backbone: the initial policy and pi_ref.
@@ -113,6 +116,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   t.validation = ml_collections.ConfigDict()
   t.validation.every = 50  # Validate every this many RL steps (needs data.validation_paths); 0 = never.
+  t.validation.at_start = True  # Also validate the initial policy (step 0; a selection candidate).
   t.validation.n = 8  # Samples per prompt (Mean@8 for math; 16 for code pass@16).
   t.validation.temperature = 0.6  # Validation temperature (paper: 0.6).
   t.validation.top_p = 0.95  # Validation top-p (paper: 0.95).
@@ -120,7 +124,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   t.checkpoint = ml_collections.ConfigDict()
   t.checkpoint.every = 50  # Save every this many RL steps (and at the end).
-  t.checkpoint.keep = 3  # Keep the last this many checkpoints.
+  t.checkpoint.keep = 3  # Keep the last this many checkpoints, plus the best by validation.
   t.checkpoint.async_save = True  # Write checkpoints in a background thread.
   # Exact measures every train.validation.every steps (enumerable correct sets only, e.g. the sum task).
   c.exact_target = common.exact_target()

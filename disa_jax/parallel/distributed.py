@@ -307,6 +307,14 @@ def sync_global(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def any_process(flag: bool) -> bool:
+  """Whether ``flag`` is true on any process (collective: every process must call it)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  flags = multihost_utils.process_allgather(np.array([int(flag)], np.int32))
+  return bool(np.asarray(flags).any())
+
+
 def host_leaders() -> list[int]:
   """Process indices of the host leaders, ascending (collective: every process must call it)."""
   if jax.process_count() == 1:

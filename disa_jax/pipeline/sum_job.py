@@ -179,7 +179,10 @@ def _timed_stage3(cfg) -> float:
   """`run_stage3` (in this process, or in a worker of `SumJob.stage3_all`); returns its seconds."""
   from disa_jax.workflows.stage3 import run_stage3  # pylint: disable=g-import-not-at-top
   t0 = time.time()
-  run_stage3(cfg)
+  summary = run_stage3(cfg)
+  if summary["preempted"] is not None:  # saved at that step; the job's rerun resumes the run
+    raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
+                       f"{summary['preempted']} (checkpoint saved); rerun the job to resume")
   return round(time.time() - t0, 2)
 
 

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from disa_jax import preemption
 from disa_jax.rewards.graded import ERROR_SHARE_WARN, Graded, warn_on_errors
 
 __all__ = ["MathGraderPool", "math_reward", "math_rewards", "DEFAULT_TIMEOUT_S", "DEFAULT_GRADER",
@@ -74,6 +75,7 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 def _worker_entry(fd: int, grader: str) -> None:
   """A worker process: connects to the pool over socket ``fd`` and grades until told to stop."""
+  preemption.ignore_in_child()  # the stage saves on SIGTERM / SIGUSR1, then closes the pool
   threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
   _worker_main(mp_connection.Connection(fd), grader)
 

@@ -220,11 +220,15 @@ class ValidationConfig:
 
   Attributes:
     every: validate every this many RL steps (0 = never).
-    n: samples per prompt (Mean@n, pass@n).
+    at_start: also validate the initial policy, before step 1 (logged as step 0; with validation
+      prompts it is a candidate of the checkpoint selection, saved as checkpoint 0).
+    n: samples per prompt (Mean@n, pass@n). The checkpoint selection metric is Mean@n: the
+      paper's Mean@8 for math, and for code the pass@1 estimate from n samples.
     temperature, top_p: sampling.
     max_tokens: response limit (paper: 32768).
   """
   every: int = 0
+  at_start: bool = False
   n: int = 8
   temperature: float = 0.6
   top_p: float = 0.95
@@ -243,7 +247,8 @@ class ValidationConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  """Checkpointing: every `every` steps (and at the end), keep the last `keep`, async writes."""
+  """Checkpointing: every `every` steps (and at the end), keep the last `keep` plus the best by
+  validation (saved when it is validated, `disa_jax.checkpoint.selection`), async writes."""
   every: int = 50
   keep: int = 3
   async_save: bool = True

@@ -11,8 +11,11 @@ One RL step reads, part by part (each a small object of its own module):
    over packed micro-batches (`disa_jax.data.packing`; the scorer's passes use the same rows);
 5. sync: the new policy weights to the engine.
 
-Then every ``validation.every`` steps a validation pass, every ``checkpoint.every`` steps a
-checkpoint. Metrics go to ``<workdir>/metrics.jsonl`` and TensorBoard (process 0 only); a tqdm bar
+Then every ``validation.every`` steps (and before step 1 with ``validation.at_start``) a
+validation pass, every ``checkpoint.every`` steps a checkpoint; a new best validation score
+(Mean@n) is saved at once and kept beside the last ``checkpoint.keep`` checkpoints
+(`disa_jax.checkpoint.selection`). SIGTERM / SIGUSR1 stop the loop at the next step boundary with
+a checkpoint of the steps done (`disa_jax.preemption`); the rerun resumes exactly. Metrics go to ``<workdir>/metrics.jsonl`` and TensorBoard (process 0 only); a tqdm bar
 shows the ETA. A run resumes from the latest checkpoint in ``<workdir>/checkpoints`` automatically,
 after checking that the checkpoint was written by the same run (config, model identity, parameter
 shapes), with an error that names the first field that differs. Multi-host runs execute this same
@@ -27,8 +30,9 @@ import jax
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax import models, parallel
+from disa_jax import models, parallel, preemption
 from disa_jax.checkpoint import CheckpointManager
+from disa_jax.checkpoint.selection import Selection
 from disa_jax.parallel import distributed
 from disa_jax.rewards.graded import RewardFn
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
@@ -117,6 +121,9 @@ class Trainer:
     self.ckpt = CheckpointManager(f"{workdir}/checkpoints", max_to_keep=cfg.checkpoint.keep,
                                   async_save=cfg.checkpoint.async_save)
     self.start_step = 0
+    self.selection = Selection(metric=f"eval/mean@{cfg.validation.n}")
+    self.preempted_at: int | None = None  # the step a preemption signal stopped the run at
+    self._saved_step: int | None = None
     latest = self.ckpt.latest_step()
     if latest is not None:
       self._resume(latest)
@@ -134,10 +141,14 @@ class Trainer:
 
   def _meta(self, step: int) -> dict[str, Any]:
     return {"rl_step": step, "data_position": step, "config": config_lib.to_dict(self.cfg),
-            "identity": self.identity, "param_shapes": self.updater.param_shapes()}
+            "identity": self.identity, "param_shapes": self.updater.param_shapes(),
+            "selection": self.selection.to_json()}
 
   def save(self, step: int) -> None:
-    self.ckpt.save(step, self.updater.checkpoint_state(), self._meta(step), force=True)
+    """Checkpoints the state after ``step`` steps, keeping the best validated step as well."""
+    self.ckpt.save(step, self.updater.checkpoint_state(), self._meta(step), force=True,
+                   keep_also=self.selection.best_step)
+    self._saved_step = step
 
   def _check_resumable(self, step: int, saved: Mapping[str, Any]) -> None:
     """Names the first config field, identity entry or parameter shape that differs.
@@ -171,10 +182,13 @@ class Trainer:
       raise ValueError(f"checkpoint {step}: data_position {saved['data_position']} != step")
 
   def _resume(self, step: int) -> None:
-    self._check_resumable(step, self.ckpt.read_meta(step))
+    meta = self.ckpt.read_meta(step)
+    self._check_resumable(step, meta)
+    if meta.get("selection"):
+      self.selection = Selection.from_json(meta["selection"])
     _, restored, _ = self.ckpt.restore(self.updater.checkpoint_state(), step)
     self.updater.load_checkpoint_state(restored)
-    self.start_step = step
+    self.start_step = self._saved_step = step
     self.updater.sync(self.engine, self.sync_dtype)
 
   # -- one RL step -------------------------------------------------------------------------------
@@ -199,30 +213,58 @@ class Trainer:
                     "tokens_per_s": batch.num_tokens / max(t3 - t0, 1e-9)})
     return metrics
 
+  def validate(self, done: int, metrics: dict[str, float]) -> bool:
+    """Validates the current weights after ``done`` steps into ``metrics``; True at a new best."""
+    if self.validation_prompts:
+      metrics.update(self.collector.validate(self.validation_prompts, done))
+    if self.measures is not None:
+      metrics.update(self.measures(done))
+    if not self.validation_prompts:
+      return False
+    self.selection = self.selection.add(done, metrics[self.selection.metric])
+    return self.selection.best_step == done
+
+  def _validate_at_start(self) -> None:
+    """Step 0's validation (the initial policy); checkpoint 0 when it is a selection candidate."""
+    metrics: dict[str, float] = {}
+    if self.validate(0, metrics):
+      self.save(0)
+    if self.logger is not None:
+      self.logger.write(0, metrics)
+
   def run(self) -> list[dict[str, float]]:
-    """Trains from the current step to ``total_steps``; returns the metrics of the steps run."""
-    cfg = self.cfg
+    """Trains from the current step to ``total_steps``; returns the metrics of the steps run.
+
+    Stops early, with a checkpoint of the steps done and ``preempted_at`` set, when a preemption
+    signal arrives (`disa_jax.preemption`).
+    """
+    cfg, vc = self.cfg, self.cfg.validation
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm(total=cfg.total_steps, initial=self.start_step,
                disable=not cfg.progress_bar or not distributed.is_main_process(),
                desc=f"stage3/{cfg.objective.name}", unit="step")
     history = []
     try:
-      for step in range(self.start_step, cfg.total_steps):
-        metrics = self.step(step)
-        done = step + 1
-        if cfg.validation.every and done % cfg.validation.every == 0:
-          if self.validation_prompts:
-            metrics.update(self.collector.validate(self.validation_prompts, done))
-          if self.measures is not None:
-            metrics.update(self.measures(done))
-        if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
-          self.logger.write(done, metrics)
-        if done % cfg.checkpoint.every == 0 or done == cfg.total_steps:
-          self.save(done)
-        history.append(metrics)
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.3g}")
+      with preemption.watch():
+        for step in range(self.start_step, cfg.total_steps):
+          if (step == 0 and vc.at_start and (self.validation_prompts or self.measures is not None)
+              and 0 not in dict(self.selection.scores)):  # not again after a resume from 0
+            self._validate_at_start()
+          if preemption.agreed(distributed.any_process):
+            if self._saved_step != step and step > 0:
+              self.save(step)
+            self.preempted_at = step
+            break
+          metrics = self.step(step)
+          done = step + 1
+          best = bool(vc.every and done % vc.every == 0 and self.validate(done, metrics))
+          if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
+            self.logger.write(done, metrics)
+          if done % cfg.checkpoint.every == 0 or done == cfg.total_steps or best:
+            self.save(done)
+          history.append(metrics)
+          bar.update(1)
+          bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.3g}")
     finally:
       bar.close()
       self.ckpt.wait_until_finished()

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import preemption
 from disa_jax.rollout import shm
 from disa_jax.rollout.engines import ProcessOptions, check_kind, make_local_engine
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
@@ -115,6 +116,7 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
+  preemption.ignore_in_child()  # the trainer saves on SIGTERM / SIGUSR1, then closes this process
   os.environ.update(spec.env)
   if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
     from disa_jax import runtime  # pylint: disable=g-import-not-at-top

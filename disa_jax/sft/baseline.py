@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax import config as config_lib
-from disa_jax import models, parallel
+from disa_jax import models, parallel, preemption
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.data import packing as packing_lib
 from disa_jax.estimators.dataset import Stage1Data, load_stage1
@@ -431,7 +431,8 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
   Returns:
     (the trained adapter parameters, the loss of every update of the run, packing statistics of
     the updates run here: ``packing_efficiency`` (real / computed tokens) and
-    ``micro_batches_per_step``).
+    ``micro_batches_per_step``, and ``preempted_at``: the step a SIGTERM / SIGUSR1 stopped the
+    run at, with a checkpoint, or None; `disa_jax.preemption`).
   """
   n = len(enc.prompts)
   total_steps = steps_per_epoch * config.epochs
@@ -442,7 +443,16 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
   opt_state, start, losses = _restore_adapters(ckpt, lora_params, opt_state, config, n, total_steps,
                                                out_path, say)
   real = computed = micro = 0
+  preempted_at, saved = None, start
   for step in range(start, total_steps):
+    if preemption.agreed(distributed.any_process):  # SIGTERM / SIGUSR1: save and stop
+      if saved != step:
+        ckpt.save(step, _adapter_state(lora_params, opt_state),
+                  {"config": config.to_dict(), "num_examples": n, "losses": losses}, force=True)
+      preempted_at = step
+      say(f"lora-sft: preempted ({preemption.requested() or 'another process'}); checkpoint "
+          f"{step} saved, rerun to resume")
+      break
     batches = _sft_batch(step, steps_per_epoch, enc, config, layout, pad_id)
     real += sum(b.num_real_tokens for b in batches)
     computed += sum(b.num_computed_tokens for b in batches)
@@ -454,10 +464,12 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
     if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total_steps:
       ckpt.save(done, _adapter_state(lora_params, opt_state), {"config": config.to_dict(), "num_examples": n,
                                                                "losses": losses}, force=True)
+      saved = done
     say(f"lora-sft: step {done}/{total_steps} loss {losses[-1]:.4f}")
   ckpt.close()
   run = max(total_steps - start, 1)
-  stats = {"packing_efficiency": real / max(computed, 1), "micro_batches_per_step": micro / run}
+  stats = {"packing_efficiency": real / max(computed, 1), "micro_batches_per_step": micro / run,
+           "preempted_at": preempted_at}
   return lora_params, losses, stats
 
 
@@ -512,7 +524,9 @@ def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
   Returns:
     The summary dict (also in ``sft_summary.json``): counts of prompts / samples / kept samples,
     truncations, steps, first and last loss, adapter size, timings, ``skipped`` (True when the
-    export already existed).
+    export already existed). Under `disa_jax.preemption.watch` (the SFT command), a SIGTERM /
+    SIGUSR1 saves the adapters at the next update boundary and returns ``{"preempted": step,
+    ...}`` without an export; a rerun resumes.
   """
   say = log or (lambda _: None)
   if _export_complete(out_path):
@@ -535,6 +549,8 @@ def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
   lora_params, losses, packing_stats = _train_adapters(graphdef, lora_params, rest, enc, config,
                                                        pad_id, batch_sharding, steps_per_epoch,
                                                        out_path, say)
+  if packing_stats["preempted_at"] is not None:  # no export: a rerun resumes from the checkpoint
+    return {"preempted": packing_stats["preempted_at"], "out_path": out_path, "skipped": False}
   merged, num_lora = _merge_adapters(graphdef, lora_params, rest)
   summary = {
       "num_prompts": len(data.prompt_ids), "num_samples": int(data.mask.sum()),

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
+from disa_jax.checkpoint import selection
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.rollout.engines import EngineConfig
@@ -42,7 +43,7 @@ class EvalConfig:
   output_dir: str
   model_path: str = ""
   run_dir: str = ""
-  run_step: int = -1
+  run_checkpoint: str = "best"
   benchmarks: dict = dataclasses.field(default_factory=dict)
   label: str = ""
   limit: int = 0
@@ -73,6 +74,7 @@ class EvalConfig:
       raise ValueError(f"set exactly one of model_path (an HF directory) and run_dir (a Stage 3 "
                        f"workdir); got model_path={self.model_path!r}, run_dir={self.run_dir!r}")
     check_rendering(self.rendering)
+    selection.check_which(self.run_checkpoint, "run_checkpoint")
     for name, path in self.benchmarks.items():
       if not isinstance(path, str):
         raise ValueError(f"benchmarks.{name} must be a path string ('' skips it), got {path!r}")
@@ -93,16 +95,18 @@ class EvalConfig:
     return self.label or os.path.basename(os.path.normpath(self.model_path or self.run_dir))
 
 
-def resolve_model(cfg: EvalConfig) -> str:
-  """The HF directory to serve: ``model_path``, or the run's checkpoint exported to output_dir."""
+def resolve_model(cfg: EvalConfig) -> tuple[str, selection.Choice | None]:
+  """The HF directory to serve: ``model_path``, or the run's ``run_checkpoint`` exported to
+  output_dir, with the choice (None for ``model_path``)."""
   if cfg.model_path:
-    return cfg.model_path
+    return cfg.model_path, None
   from disa_jax.workflows import export  # pylint: disable=g-import-not-at-top
-  step = export.latest_step(cfg.run_dir) if cfg.run_step < 0 else cfg.run_step
-  out = Path(cfg.output_dir) / f"policy_step{step}"
+  choice = selection.choose_step(cfg.run_dir, cfg.run_checkpoint)
+  print(f"evaluation: {cfg.run_dir} checkpoint {choice.step}: {choice.reason}", flush=True)
+  out = Path(cfg.output_dir) / f"policy_step{choice.step}"
   if not (out / "export_info.json").exists():
-    export.export_policy(cfg.run_dir, out, step=step, overwrite_partial=True)
-  return str(out)
+    export.export_policy(cfg.run_dir, out, step=choice.step, overwrite_partial=True, choice=choice)
+  return str(out), choice
 
 
 def _diversity(cfg: EvalConfig, name: str, records, responses) -> dict[str, Any]:
@@ -195,7 +199,7 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
   out_dir = Path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   import_reward_plugins(cfg.reward_plugins)
-  model_path = resolve_model(cfg)
+  model_path, choice = resolve_model(cfg)
   tokenizer = AutoTokenizer.from_pretrained(model_path)
   scorers = _Scorers(cfg, model_path, int(tokenizer.pad_token_id if tokenizer.pad_token_id
                                           is not None else tokenizer.eos_token_id))
@@ -217,12 +221,13 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
   finally:
     if own and engine is not None:
       engine.close()
-  return _write_summary(cfg, model_path, results, sorted(todo), out_dir)
+  return _write_summary(cfg, model_path, choice, results, sorted(todo), out_dir)
 
 
-def _write_summary(cfg: EvalConfig, model_path: str, results: dict[str, dict[str, Any]],
-                   evaluated_now: list[str], out_dir: Path) -> dict[str, Any]:
-  """The suite tables (summary.md / summary.json)."""
+def _write_summary(cfg: EvalConfig, model_path: str, choice: selection.Choice | None,
+                   results: dict[str, dict[str, Any]], evaluated_now: list[str], out_dir: Path
+                   ) -> dict[str, Any]:
+  """The suite tables (summary.md / summary.json), with the run checkpoint taken and why."""
   from disa_jax.eval import metrics  # pylint: disable=g-import-not-at-top
   tables: dict[str, dict[str, float]] = {}
   for name, out in results.items():
@@ -232,6 +237,8 @@ def _write_summary(cfg: EvalConfig, model_path: str, results: dict[str, dict[str
       tables.setdefault("pass@1", {})[name] = out["metrics"]["pass@1"]
       tables.setdefault(f"pass@{out['k']}", {})[name] = out["metrics"][f"pass@{out['k']}"]
   md = [f"# {cfg.method}: evaluation\n"]
+  if choice is not None:
+    md.append(f"Checkpoint: step {choice.step} of {cfg.run_dir}: {choice.reason}.\n")
   for metric, vals in tables.items():
     md.append(f"## {metric}\n\n" + metrics.markdown_table({cfg.method: vals}))
   div = {n: o["diversity"] for n, o in results.items() if o.get("diversity")}
@@ -243,6 +250,7 @@ def _write_summary(cfg: EvalConfig, model_path: str, results: dict[str, dict[str
     md.append("## exact target\n\n```\n" + json.dumps(exact, indent=1) + "\n```\n")
   (out_dir / "summary.md").write_text("\n".join(md))
   summary = {"method": cfg.method, "model_path": model_path,
+             "checkpoint": None if choice is None else choice.to_dict(),
              "tables": {m: metrics.results_json({cfg.method: v})[cfg.method]
                         for m, v in tables.items()},
              "benchmarks": {n: o["metrics"] for n, o in results.items()}, "diversity": div,

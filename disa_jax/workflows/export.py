@@ -14,21 +14,23 @@ import json
 import shutil
 from pathlib import Path
 
+from disa_jax.checkpoint.selection import Choice, finished_steps
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SKIP_FILES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def latest_step(run_dir: str | Path) -> int:
   """The newest finished checkpoint step of a Stage 3 run directory."""
-  root = Path(run_dir) / "checkpoints"
-  steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "state").exists())
+  steps = finished_steps(run_dir)
   if not steps:
-    raise FileNotFoundError(f"no finished checkpoint under {root}")
+    raise FileNotFoundError(f"no finished checkpoint under {Path(run_dir) / 'checkpoints'}")
   return steps[-1]
 
 
 def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
-                  dtype: str | None = None, overwrite_partial: bool = False) -> str:
+                  dtype: str | None = None, overwrite_partial: bool = False,
+                  choice: Choice | None = None) -> str:
   """Writes the policy of checkpoint ``step`` (default: the latest) of ``run_dir`` to ``out_dir``.
 
   Args:
@@ -39,6 +41,8 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
       parameters' dtype (the run's ``model.param_dtype``).
     overwrite_partial: remove an ``out_dir`` left by an interrupted export (one without
       ``export_info.json``, the file written last) instead of refusing it.
+    choice: how ``step`` was chosen (`disa_jax.checkpoint.selection.choose_step`), recorded in
+      ``export_info.json`` as ``checkpoint``.
 
   Returns:
     ``out_dir`` as a string.
@@ -77,5 +81,6 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
     if f.is_file() and f.name not in SKIP_FILES and not f.name.endswith(WEIGHT_SUFFIXES):
       shutil.copy2(f, out_dir / f.name)
   (out_dir / "export_info.json").write_text(json.dumps(
-      {"run_dir": str(run_dir.resolve()), "step": step, "policy_path": policy_path}, indent=1))
+      {"run_dir": str(run_dir.resolve()), "step": step, "policy_path": policy_path,
+       "checkpoint": None if choice is None else choice.to_dict()}, indent=1))
   return str(out_dir)

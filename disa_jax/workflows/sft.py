@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 from disa_jax import config as config_lib
+from disa_jax import preemption
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.sft.baseline import LoRASFTConfig
 
@@ -38,12 +39,14 @@ class SftConfig:
 
 
 def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-  """Runs (or resumes, or finds finished) the LoRA-SFT baseline; returns its summary."""
+  """Runs (or resumes, or finds finished) the LoRA-SFT baseline; returns its summary (with
+  ``preempted``, the step, when a SIGTERM / SIGUSR1 stopped it: `disa_jax.preemption`)."""
   from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
   from disa_jax.sft.baseline import run_lora_sft  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage1 import encode_stage1_prompts  # pylint: disable=g-import-not-at-top
   data = load_stage1(cfg.stage1_path)
   ids, _ = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
   by_text = dict(zip(data.prompts, ids))  # the stored (rendered) text -> its ids
-  return run_lora_sft(cfg.reference_path, cfg.stage1_path, cfg.out_path, cfg.sft,
-                      encode_prompt=by_text.__getitem__, mesh=cfg.mesh.make(), log=log)
+  with preemption.watch():
+    return run_lora_sft(cfg.reference_path, cfg.stage1_path, cfg.out_path, cfg.sft,
+                        encode_prompt=by_text.__getitem__, mesh=cfg.mesh.make(), log=log)

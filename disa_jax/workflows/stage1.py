@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from disa_jax import config as config_lib
+from disa_jax import preemption
 from disa_jax.data.prompting import check_rendering
 from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS
 from disa_jax.estimators.reward_transforms import RewardTransform
@@ -283,7 +284,14 @@ def _encode_all(cfg: Stage1Config, records, ref_tok, prop_tok):
 
 
 def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
-  """Runs (or resumes) Stage 1; returns the summary also written to ``stage1_summary.json``."""
+  """Runs (or resumes) Stage 1; returns the summary also written to ``stage1_summary.json``, or,
+  when a SIGTERM / SIGUSR1 stopped it between batches (`disa_jax.preemption`), ``{"preempted":
+  True, "run": ..., "dataset": ...}`` (no summary file: a rerun resumes)."""
+  with preemption.watch():
+    return _run_stage1(cfg)
+
+
+def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
   from disa_jax import rewards  # pylint: disable=g-import-not-at-top
@@ -333,6 +341,10 @@ def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
     finally:
       engine.close()
     run["startup_s"] = startup_s
+    if run["preempted"]:
+      print(f"stage1: preempted ({preemption.requested()}) after {run['prompts_done']} prompts; "
+            f"rerun the command to resume", flush=True)
+      return {"preempted": True, "run": run, "dataset": str(cfg.dataset_path())}
   return _finish(cfg, out_dir, prompts, before, run)
 
 

@@ -11,8 +11,12 @@ Hugging Face directory. Run directory:
     config.json        the resolved config (process 0)
     metrics.jsonl, tb/ per-step metrics
     checkpoints/<s>/   orbax checkpoints; a rerun resumes from the latest
-    final/             the exported policy (`workflows.export`), with ``export_info.json``
+    final/             the exported policy (`workflows.export`), with ``export_info.json``: the best
+                       checkpoint by validation unless ``export_checkpoint`` says otherwise
+                       (`disa_jax.checkpoint.selection`; the summary and the log say which and why)
 
+SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and return a summary with
+``preempted`` set (no export); the command then exits 0 (`disa_jax.preemption`).
 A rerun with the same ``workdir`` resumes; one whose checkpoint comes from another config or model
 stops at once, naming the field that differs.
 """
@@ -25,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from disa_jax import config as config_lib
+from disa_jax import preemption
+from disa_jax.checkpoint import selection
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
@@ -110,6 +116,8 @@ class Stage3Config:
       the validation prompts (the training prompts when there are none), for a task whose correct
       set can be enumerated; off unless ``exact_target.reference_path`` is set.
     export: write the final policy to ``<workdir>/final`` as an HF directory.
+    export_checkpoint: which checkpoint ``final`` holds: 'best' (by validation; the latest when
+      the run never validated), 'latest' or a step number.
   """
   workdir: str = ""
   model: BackboneConfig = BackboneConfig()
@@ -119,8 +127,10 @@ class Stage3Config:
   train: TrainConfig = TrainConfig()
   exact_target: ExactTargetConfig = ExactTargetConfig()
   export: bool = True
+  export_checkpoint: str = "best"
 
   def __post_init__(self):
+    selection.check_which(self.export_checkpoint, "export_checkpoint")
     if not self.model.policy_path:
       raise ValueError("model.policy_path is required (a local HF directory), got ''")
     if not self.data.train_path:
@@ -226,7 +236,13 @@ def _identity(cfg: Stage3Config) -> dict[str, Any]:
 
 
 def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
-  """Trains (or resumes) the run; returns its summary (final metrics, export path)."""
+  """Trains (or resumes) the run; returns its summary (final metrics, export path and checkpoint,
+  ``preempted``: the step a SIGTERM / SIGUSR1 stopped it at, else None)."""
+  with preemption.watch():
+    return _run_stage3(cfg)
+
+
+def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
@@ -280,10 +296,21 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
     if engine is not None:
       engine.close()
   summary = {"workdir": str(workdir), "steps_run": len(history), "start_step": trainer.start_step,
-             "final": history[-1] if history else None, "export": None}
+             "final": history[-1] if history else None, "export": None,
+             "preempted": trainer.preempted_at, "selection": trainer.selection.to_json(),
+             "export_checkpoint": None}
+  if trainer.preempted_at is not None:
+    print(f"stage3: preempted ({preemption.requested() or 'signal on another process'}); "
+          f"checkpoint {trainer.preempted_at} saved, rerun the command to resume", flush=True)
+    return summary
   final = workdir / "final"
   if cfg.export and distributed.is_main_process():
     if not (final / "export_info.json").exists():
-      export.export_policy(workdir, final, overwrite_partial=True)
+      choice = selection.choose_step(workdir, cfg.export_checkpoint)
+      print(f"stage3: exporting checkpoint {choice.step}: {choice.reason}", flush=True)
+      export.export_policy(workdir, final, step=choice.step, overwrite_partial=True,
+                           choice=choice)
     summary["export"] = str(final)
+    summary["export_checkpoint"] = json.loads((final / "export_info.json").read_text()).get(
+        "checkpoint")
   return summary

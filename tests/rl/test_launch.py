@@ -33,7 +33,7 @@ def test_launch_runs_one_step_and_resumes(tmp_path):
            "--config.train.rollout.max_response_len=4", "--config.train.rollout.num_minibatches=1",
            "--config.train.rollout.micro_batch_rows=4", "--config.engine.kind=jax",
            "--config.engine.separate_process=False", "--config.engine.dtype=float32",
-           "--config.train.validation.every=0",
+           "--config.train.validation.every=0", "--config.data.validation_paths=()",
            "--config.train.checkpoint.every=1", f"--config.train.total_steps={steps}",
            "--config.train.progress_bar=False", f"--workdir={workdir}"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

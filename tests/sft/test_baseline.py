@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import pytest
 from disa_jax import config as config_lib
 from flax import nnx
 
-from disa_jax import models
+from disa_jax import models, preemption
 from disa_jax.estimators import load_stage1
 from disa_jax.parallel import make_mesh
 from disa_jax.estimators.dataset import Stage1Writer, build_records
@@ -206,6 +207,36 @@ def test_run_lora_sft_export_skip_and_resume(tmp_path):
     baseline.run_lora_sft(ref_path, s1, out, baseline.LoRASFTConfig(
         rank=4, alpha=8.0, learning_rate=1e-2, batch_size=4, micro_batch_rows=2, epochs=3,
         pad_to=16))
+
+
+@pytest.mark.slow
+def test_sigusr1_saves_the_adapters_and_the_rerun_resumes_exactly(tmp_path):
+  """A preemption signal during update 2 of 6: the run saves at step 2 (checkpoint_every = 0:
+  only the preemption saves mid-run) and returns without an export; the rerun resumes there and
+  its export equals an uninterrupted run's."""
+  ref_path = save_tiny_checkpoint(str(tmp_path / "ref"), "qwen2")
+  s1 = _write_stage1(str(tmp_path / "s1.jsonl"))
+  cfg = baseline.LoRASFTConfig(rank=4, alpha=8.0, learning_rate=2e-2, batch_size=4,
+                               micro_batch_rows=2, epochs=3, pad_to=16, checkpoint_every=0)
+  want = baseline.run_lora_sft(ref_path, s1, str(tmp_path / "full"), cfg)
+
+  def log(msg):  # the signal arrives after update 2, as from outside
+    if msg.startswith("lora-sft: step 2/"):
+      os.kill(os.getpid(), signal.SIGUSR1)
+
+  out = str(tmp_path / "sft")
+  with preemption.watch():
+    first = baseline.run_lora_sft(ref_path, s1, out, cfg, log=log)
+  assert first == {"preempted": 2, "out_path": out, "skipped": False}
+  assert not os.path.exists(out) and sorted(os.listdir(out + ".ckpt")) == ["2"]
+  messages = []
+  second = baseline.run_lora_sft(ref_path, s1, out, cfg, log=messages.append)
+  assert "lora-sft: resumed at step 2/6" in messages
+  assert (second["loss_first"], second["loss_last"]) == (want["loss_first"], want["loss_last"])
+  got, ref = models.to_hf_state_dict(models.from_pretrained(out)), models.to_hf_state_dict(
+      models.from_pretrained(str(tmp_path / "full")))
+  for k in ref:
+    np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
 
 
 def test_paper_config_is_table_7():

@@ -252,7 +252,8 @@ def test_stage3_disa_trains_on_the_stage2_anchor(jax_pipeline, checkpoints, tmp_
       "train.rollout.group_size": 2, "train.rollout.max_response_len": 4,
       "train.rollout.num_minibatches": 1, "train.rollout.micro_batch_rows": 4,
       "engine.kind": "jax", "engine.separate_process": False, "engine.dtype": "float32",
-      "train.validation.every": 0, "train.checkpoint.every": 1, "train.total_steps": 1,
+      "train.validation.every": 0, "data.validation_paths": "()", "train.checkpoint.every": 1,
+      "train.total_steps": 1,
       "train.progress_bar": False, "export": False,
   }, f"--workdir={workdir}", devices=devices)
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]

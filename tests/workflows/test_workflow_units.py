@@ -30,10 +30,10 @@ def test_paper_configs_resolve_with_the_papers_settings():
   assert s1.reference_path.endswith("Qwen3-4B-Base")
   assert s1.proposal_path.endswith("Qwen3-235B-A22B-Instruct-2507")
   assert s1.engine.kind == "vllm" and s1.engine.vllm_kwargs["tensor_parallel_size"] == 8
-  assert s1.prompts_path.endswith("dapo-17k-processed.parquet") and s1.reward == "math"
+  assert s1.prompts_path.endswith("dapo-17k-processed.train.parquet") and s1.reward == "math"
   weak = Stage1Config.from_config(stage1_paper.get_config("qwen2.5-7b,code,proposal=qwen3-4b-instruct-2507"))
   assert weak.proposal_path.endswith("Qwen3-4B-Instruct-2507") and weak.reward == "code"
-  assert weak.prompts_path.endswith("deepcoder.parquet") and weak.reference_path.endswith("Qwen2.5-7B")
+  assert weak.prompts_path.endswith("deepcoder.train.parquet") and weak.reference_path.endswith("Qwen2.5-7B")
   for arg in ("qwen3-4b-base,math", "qwen2.5-7b,code,beta=20",
               "qwen3-4b-base,math,proposal=qwen3-4b-instruct-2507"):
     s2 = Stage2Config.from_config(stage2_paper.get_config(arg))

@@ -1,0 +1,87 @@
+"""Preemption: SIGTERM or SIGUSR1 asks a running stage to save at its next step boundary and exit 0.
+
+A cluster stops a job with SIGTERM (SLURM's preemption and ``scancel``, Kubernetes, TPU
+maintenance events) and, asked with ``sbatch --signal=USR1@<seconds>``, warns it with SIGUSR1 ahead
+of its time limit. Inside `watch()` both signals only set a flag; the stage loops (Stage 1 between
+prompt batches, Stage 3 between RL steps, the LoRA-SFT baseline between updates) call `agreed()` at
+each step boundary and, when it is true, save what they have (Stage 1: the batch just written is
+durable; Stage 3 / SFT: a checkpoint at the step just finished), return a summary with
+``preempted`` set and the command exits 0. Rerunning the same command resumes exactly (the same
+results as an uninterrupted run: tests/workflows/test_preemption.py).
+
+Bound: the signal is acted on at the end of the step in progress, so a stage exits within one step
+(Stage 3: one RL step, ``time/step_s`` in metrics.jsonl; Stage 1: one prompt batch; SFT: one update)
+plus one checkpoint write. ``--signal``'s lead time must exceed that (launch/slurm/*.sbatch ask for
+15 minutes).
+
+Child processes (the generation process, the math-grading pool) ignore both signals
+(`ignore_in_child`): the stage that owns them closes them after its save, and they exit on their own
+when their parent dies. In a multi-process run every process must see the same decision at the same
+step, so `agreed()` is a collective there (`disa_jax.parallel.distributed.any_process`: an
+all-gather of one flag per process and step). This module itself needs only the standard library,
+so that the grading pool's light worker processes can import it.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Callable, Iterator
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+_received: list[int] = []  # the signals received while a `watch()` is active, in order
+_depth = [0]  # nesting of active `watch()` contexts (a workflow inside a workflow)
+
+
+def _handle(signum: int, frame) -> None:  # pylint: disable=unused-argument
+  _received.append(signum)
+  print(f"preemption: received {signal.Signals(signum).name}; saving at the end of the current "
+        "step, then exiting 0", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[None]:
+  """Within the context SIGTERM / SIGUSR1 set the preemption flag instead of ending the process.
+
+  Must be entered from the main thread (Python delivers signals there). Nested contexts share the
+  outer one's handlers; the outermost restores the previous handlers and clears the flag on exit.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    raise RuntimeError("preemption.watch() must be entered from the main thread (signal handlers "
+                       "can only be installed there)")
+  if _depth[0]:
+    _depth[0] += 1
+    try:
+      yield
+    finally:
+      _depth[0] -= 1
+    return
+  old = {s: signal.signal(s, _handle) for s in SIGNALS}
+  _depth[0] = 1
+  try:
+    yield
+  finally:
+    _depth[0] = 0
+    for s, h in old.items():
+      signal.signal(s, h)
+    _received.clear()
+
+
+def requested() -> str | None:
+  """The name of the first preemption signal this process received, or None."""
+  return signal.Signals(_received[0]).name if _received else None
+
+
+def agreed(any_process: Callable[[bool], bool] = lambda flag: flag) -> bool:
+  """Whether a preemption signal arrived, in this process or (through ``any_process``, e.g.
+  `disa_jax.parallel.distributed.any_process`, a collective every process must call at the same
+  step boundary) in any process of the run."""
+  return any_process(bool(_received))
+
+
+def ignore_in_child() -> None:
+  """For a child process the stage owns: ignore SIGTERM / SIGUSR1 (its parent closes it)."""
+  for s in SIGNALS:
+    signal.signal(s, signal.SIG_IGN)
