@@ -14,6 +14,9 @@ from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax import parallel, testing
 from disa_jax.rl.trainer import Trainer
+from disa_jax.rl.config import ReplayConfig
+from disa_jax.rl.replay import ReplayPool
+from tests.rl.test_replay import _write_stage1
 from tests.rl.test_trainer import TINY, EOS, RecordingEngine, _decode, _prompts, _reward
 
 P, G, T, BETA = 3, 4, 5, 2.0
@@ -134,23 +137,29 @@ def test_config_registration_and_errors():
     config_lib.from_mapping(TrainConfig, {"objective": {"name": "vargrad", "omega": "x"}})
 
 
-@pytest.mark.slow  # ~20 s: a tiny model's rollout, scoring and update compiled
-def test_trainer_step_estimates_log_z_at_the_current_policy(tmp_path):
-  """One update per rollout batch: the residuals of each group sum to 0 at the update (the logged
-  mean residual is 0), with the pi_old pass on the host and the batch log Z in the residual."""
+def _vargrad_trainer(workdir, *, reference_seed, replay=None):
   cfg = config_lib.from_mapping(TrainConfig, dict(
       objective=dict(name="vargrad", beta=2.0, scale="sum", reward_transform={"kind": "raw"}),
       optim=dict(lr=1e-3),
       rollout=dict(prompts_per_batch=2, group_size=4, max_prompt_len=8, max_response_len=6,
                    num_minibatches=1, micro_batch_rows=2),
+      replay=dict(fraction=0.5, mode="add") if replay else {},
       checkpoint=dict(every=10, keep=1, async_save=False), total_steps=2, progress_bar=False),
       "train")
-  trainer = Trainer(  # pi_ref != pi_theta, so that log Z^ is not 0
-      cfg, str(tmp_path), policy=testing.make_tiny_model(seed=0, **TINY),
-      reference=testing.make_tiny_model(seed=1, **TINY),
+  return Trainer(
+      cfg, str(workdir), policy=testing.make_tiny_model(seed=0, **TINY),
+      reference=testing.make_tiny_model(seed=reference_seed, **TINY),
       engine=RecordingEngine(testing.make_tiny_model(seed=0, **TINY)), prompts=_prompts(),
       reward_fn=_reward, decode=_decode, stop_token_ids=(EOS,), pad_id=0, anchor=None,
-      pad_to=16, mesh=parallel.make_mesh(devices=jax.devices()[:1]))
+      pad_to=16, mesh=parallel.make_mesh(devices=jax.devices()[:1]),
+      replay_pool=ReplayPool.from_stage1(replay, max_response_len=6) if replay else None)
+
+
+@pytest.mark.slow  # ~20 s: a tiny model's rollout, scoring and update compiled
+def test_trainer_step_estimates_log_z_at_the_current_policy(tmp_path):
+  """One update per rollout batch: the residuals of each group sum to 0 at the update (the logged
+  mean residual is 0), with the pi_old pass on the host and the batch log Z in the residual."""
+  trainer = _vargrad_trainer(tmp_path, reference_seed=1)  # pi_ref != pi_theta: log Z^ != 0
   assert not trainer.scorer.old_in_update  # pi_old is scored on the host for the estimate
   trainer.run()
   trainer.close()
@@ -159,3 +168,17 @@ def test_trainer_step_estimates_log_z_at_the_current_policy(tmp_path):
   for r in rows:
     assert abs(r["tb_residual_mean"]) < 1e-4 * max(1.0, r["tb_residual_abs_mean"]), r
     assert r["tb_residual_abs_mean"] > 1e-2 and abs(r["log_z_mean"]) > 1e-2
+
+
+@pytest.mark.slow  # ~20 s, as above
+def test_trainer_step_with_replayed_rows_in_the_groups(tmp_path):
+  """Replay (mode 'add'): a group's replayed Stage 1 rows enter its estimate, so each enlarged
+  group's residuals still sum to 0 at the update."""
+  path = _write_stage1(tmp_path / "s1.jsonl")  # scored under the seed-0 reference
+  trainer = _vargrad_trainer(tmp_path / "run", reference_seed=0, replay=path)
+  trainer.run()
+  trainer.close()
+  for r in read_jsonl(str(tmp_path / "run" / "metrics.jsonl")):
+    assert r["replay/fraction"] > 0 and r["num_sequences"] > 2 * 4
+    assert abs(r["tb_residual_mean"]) < 1e-4 * max(1.0, r["tb_residual_abs_mean"]), r
+    assert r["tb_residual_abs_mean"] > 1e-2
