@@ -30,15 +30,24 @@ Presets and their budgets (2 CPU cores):
   window, and the report says so: flat there may be the schedule's doing.
 - ``replay_study``: issue 9's replay (25% of each group's slots from every Stage 1 sample) for DISA
   and FlowRL against GRPO and GSPO, three seeds.
+- ``anchor_study_rl`` / ``anchor_study_rl_mean``: issue 27's regime grid (`anchor_grid`): residual
+  scale sum / mean (two presets: the Stage 1 labels' scale is the job's), 1 or 4 updates per
+  rollout batch, log Z from the exact value, the fitted anchor, the exact value + noise of RMS
+  sigma in ``NOISE_SIGMAS`` (sum only), FlowRL's head, VarGrad's batch estimate.
+- ``nonuniform_target``: a target that is not uniform over the correct answers (pi_ref skewed
+  against the proposal's preference), the fix and its controls, with conditional_kl.json.
+- Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
 
 from configs import common
 from configs import stage3_base
 
-PRESETS = ("", "claims", "replay_study")
+PRESETS = ("", "claims", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
+           "nonuniform_target")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 3500
+ANCHOR_STUDY_STEPS = 2000
 
 
 def _tb(name: str, **overrides) -> ml_collections.ConfigDict:
@@ -64,12 +73,16 @@ def _replay(fraction: float = 0.0, mode: str = "replace", positive: bool = False
 
 
 def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict | None = None,
-         anchor: str = "fitted", match_rows_of: str = "") -> ml_collections.ConfigDict:
+         anchor: str = "fitted", match_rows_of: str = "", sigma: float = 0.0,
+         minibatches: int = 0) -> ml_collections.ConfigDict:
   r = ml_collections.ConfigDict()
   r.objective = objective  # the objective section (name + the class's fields)
   r.replay = replay if replay is not None else _replay()  # the run's train.replay section
-  r.anchor = anchor  # objectives with an anchor: 'fitted' (Stage 2) | 'exact' (the oracle)
+  # objectives with an anchor: 'fitted' (Stage 2) | 'exact' (the oracle) | 'exact+noise'
+  r.anchor = anchor
   r.match_rows_of = match_rows_of  # G + k on-policy rows per prompt of this run ('' = G)
+  r.sigma = sigma  # 'exact+noise': RMS of the seeded per-prompt offsets (disa_jax.anchor.noise)
+  r.minibatches = minibatches  # optimizer updates per rollout batch; 0 = train.rollout's
   return r
 
 
@@ -127,6 +140,35 @@ def runs() -> ml_collections.ConfigDict:
   return r
 
 
+NOISE_SIGMAS = (0.25, 0.5, 1.0, 2.0)  # sigma_g of the controlled anchors (issue 27)
+
+
+def anchor_grid(scale: str) -> ml_collections.ConfigDict:
+  """The regime grid of issue 27 at one residual scale: runs '<scale>_u<k>_<log Z source>'.
+
+  Updates per rollout batch k = 1 (on-policy: Prop. 3(ii) removes a per-prompt log Z offset from
+  the expected gradient on the sum scale) or 4 (veRL-style mini-batches, configs/stage3_base.py:
+  updates 2-4 are off-policy, where the offset adds 2 eta E_mu[grad log pi], App. C.5). Sources:
+  exact log Z, the fitted Stage 2 anchor (DISA), the exact log Z + noise of RMS sigma, FlowRL's
+  co-trained head, VarGrad's batch estimate. The exact and noisy sources exist on the sum scale
+  only: the exact log Z is the trajectory-scale partition function, and the length-normalised
+  residual has none that can be enumerated.
+  """
+  g = ml_collections.ConfigDict()
+  for k in (1, 4):
+    u = f"{scale}_u{k}"
+    g[f"{u}_fitted"] = _run(_tb("disa", scale=scale), minibatches=k)
+    # FlowRL's head learning rate as the main job's (its head starts at 0, log Z is ~13 here).
+    g[f"{u}_flowrl"] = _run(_tb("flowrl", scale=scale, head_lr=1e-2), minibatches=k)
+    g[f"{u}_vargrad"] = _run(_tb("vargrad", scale=scale), minibatches=k)  # no anchor, no head
+    if scale == "sum":
+      g[f"{u}_exact"] = _run(_tb("disa"), anchor="exact", minibatches=k)
+      for sigma in NOISE_SIGMAS:  # run names: noise0p25, noise0p5, noise1, noise2
+        name = f"{u}_noise{sigma:g}".replace(".", "p")
+        g[name] = _run(_tb("disa"), anchor="exact+noise", sigma=sigma, minibatches=k)
+  return g
+
+
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
   """The default job, or a preset (see PRESET_DOC)."""
   if preset not in PRESETS:
@@ -150,6 +192,14 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # Runs the fix is compared with (Welch over seeds): its controls, when the preset trains them.
   c.controls = ()
   c.sft_enabled = True  # train and evaluate the LoRA-SFT baseline (App. D.4)
+  # conditional_kl.json: per evaluated model, KL(pi|c || pi~|c) and KL(pi|c || p_T|c) over the
+  # enumerated correct answers (disa_jax.eval.conditional; a few seconds per model).
+  c.conditional_kl = False
+  c.heldout = ml_collections.ConfigDict()  # held-out prompts (disa_jax.pipeline.heldout)
+  # Share of the n values left out of Stage 3 (0 = none; 0.2 = 8 of 41), evaluated as the
+  # 'heldout' benchmark (eval/<row>/heldout.json); Stages 1-2 and 'task' keep every prompt.
+  c.heldout.fraction = 0.0
+  c.heldout.seed = 0  # the split's seed
   c.track = ml_collections.ConfigDict()  # exact measures during Stage 3 (pipeline.dynamics)
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
   c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
@@ -267,6 +317,29 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
                  "disa_exact_pos_replay", "disa_matched", "disa_pos_replay_n8", "replay_sft")
     c.controls = ("disa_exact_pos_replay", "disa_matched", "disa_pos_replay_n8", "replay_sft",
                   "grpo_remedies")
+    t.total_steps = CLAIMS_STEPS
+    c.sft_enabled = False
+    c.anchor_study.repeats = 0
+  if preset in ("anchor_study_rl", "anchor_study_rl_mean"):
+    # Issue 27's regime grid, one Stage 3 seed (add seeds where a comparison is decided). Sum
+    # scale: 16 runs; mean scale (its own workdir: Stage 1 labels and the anchor on 1/|o|): 6.
+    # Budget, extrapolated (not measured) from the claims preset's ~0.26 s per step with 2 runs at
+    # a time: 16 x 2,000 steps ~70 min + models and Stage 1-2, 6 runs ~26 min.
+    scale = "sum" if preset == "anchor_study_rl" else "mean"
+    c.runs.update(anchor_grid(scale))
+    c.methods = tuple(sorted(anchor_grid(scale).keys()))
+    c.fix = ""  # no shipped-variant claims: the report's regime table is what this preset is for
+    c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
+    t.total_steps = ANCHOR_STUDY_STEPS  # the end-state verdict says whether a run got there
+    c.sft_enabled = False
+    c.anchor_study.repeats = 0  # (sigma_g of sharper fits: not a cell of the grid)
+  if preset == "nonuniform_target":
+    # pi_ref prefers large first summands (P(a) ~ 1.25^a = 0.8^(n - a)) while p_T, fine-tuned on
+    # skew 0.85, prefers small ones: pi~|c = pi_ref|c is neither uniform nor the proposal's. Does
+    # replaying the proposal's correct answers pull the policy towards p_T|c (App. C.5)?
+    c.reference_model.skew = 1.25
+    c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")  # the fix and its controls
+    c.conditional_kl = True
     t.total_steps = CLAIMS_STEPS
     c.sft_enabled = False
     c.anchor_study.repeats = 0

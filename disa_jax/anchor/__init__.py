@@ -3,7 +3,8 @@ from disa_jax.anchor.fit import AnchorFitConfig, FitResult, fit_anchor, fit_anch
 from disa_jax.anchor.frozen import Anchor, AnchorMeta, EmbeddingSpec
 from disa_jax.anchor.labels import LABEL_VARIANTS, WEIGHTINGS, anchor_targets, targets_from_log_weights
 from disa_jax.anchor.mlp import AnchorMLP
+from disa_jax.anchor.noise import noise_offsets, noisy_log_z
 from disa_jax.anchor.table import TableAnchor, load_anchor
 
 __all__ = ["Anchor", "TableAnchor", "load_anchor", "AnchorMeta", "EmbeddingSpec", "AnchorMLP", "AnchorFitConfig", "FitResult", "fit_anchor",
-           "fit_anchor_many", "LABEL_VARIANTS", "WEIGHTINGS", "anchor_targets", "targets_from_log_weights"]
+           "fit_anchor_many", "noise_offsets", "noisy_log_z", "LABEL_VARIANTS", "WEIGHTINGS", "anchor_targets", "targets_from_log_weights"]

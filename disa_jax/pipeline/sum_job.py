@@ -30,6 +30,7 @@ import numpy as np
 from disa_jax import config as config_lib
 from disa_jax.data.sum_task import SumTask
 from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.pipeline.heldout import HeldoutConfig, split_values
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
 from disa_jax.rl.config import ReplayConfig
 from disa_jax.rl.replay import replay_count
@@ -37,7 +38,7 @@ from disa_jax.rl.objectives import Objective
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
 
-ANCHORS = ("fitted", "exact")
+ANCHORS = ("fitted", "exact", "exact+noise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +46,19 @@ class RunSpec:
   """One Stage 3 run of the main job: an objective, its Stage 1 replay (`ReplayConfig`: the run's
   ``train.replay`` section, reading the job's Stage 1 file), its anchor, and ``match_rows_of``: the
   name of a run with replay mode 'add' whose G + k rows per prompt this run samples on-policy (its
-  ``rollout.group_size``; the compute-matched control of that run), '' = the job's G."""
+  ``rollout.group_size``; the compute-matched control of that run), '' = the job's G.
+
+  ``anchor``: 'fitted' (Stage 2), 'exact' (the exact log Z) or 'exact+noise' (the exact log Z plus
+  per-prompt offsets of RMS exactly ``sigma``, seeded by the job's seed: `disa_jax.anchor.noise`).
+  ``minibatches``: optimizer updates per rollout batch of this run (``train.rollout.
+  num_minibatches``); 0 keeps the job's.
+  """
   objective: Objective
   replay: ReplayConfig = ReplayConfig()
   anchor: str = "fitted"
   match_rows_of: str = ""
+  sigma: float = 0.0
+  minibatches: int = 0
 
   def __post_init__(self):
     if self.anchor not in ANCHORS:
@@ -60,6 +69,12 @@ class RunSpec:
     if self.match_rows_of and self.replay.enabled:
       raise ValueError(f"match_rows_of={self.match_rows_of!r} samples every row on-policy, but the "
                        f"run replays (replay.fraction={self.replay.fraction})")
+    if (self.anchor == "exact+noise") != (self.sigma != 0):
+      raise ValueError(f"sigma must be > 0 with anchor='exact+noise' and 0 otherwise, got "
+                       f"sigma={self.sigma!r} with anchor={self.anchor!r}")
+    if self.sigma < 0 or not (isinstance(self.minibatches, int) and self.minibatches >= 0):
+      raise ValueError(f"sigma must be >= 0 and minibatches an int >= 0 (0 = the job's), got "
+                       f"sigma={self.sigma!r}, minibatches={self.minibatches!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +144,8 @@ class MainConfig:
   controls: tuple[str, ...] = ()
   track: TrackConfig = TrackConfig()
   sft_enabled: bool = True
+  conditional_kl: bool = False
+  heldout: HeldoutConfig = HeldoutConfig()
   task: TaskConfig = TaskConfig()
   arch: TinyLMSpec = TinyLMSpec()
   reference_model: WarmupSpec = WarmupSpec(correct_frac=0.6, skew=1.0, steps=1200, seed=0)
@@ -216,11 +233,23 @@ class SumJob:
   # -- paths and configs -------------------------------------------------------------------------
 
   ref_path = property(lambda self: str(self.dir / "models" / "reference"))
+  train_prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts_train.jsonl")
+                                if self.cfg.heldout.enabled else self.prompts_path)
+  heldout_prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts_heldout.jsonl"))
   proposal_path = property(lambda self: str(self.dir / "models" / "proposal"))
   prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts.jsonl"))
   anchor_path = property(lambda self: str(self.dir / "anchor"))
   exact_anchor_path = property(lambda self: str(self.dir / "anchor_exact"))
   mesh = property(lambda self: MeshConfig(fsdp=1, num_devices=1))
+
+  def noise_anchor_path(self, sigma: float) -> str:
+    return str(self.dir / f"anchor_exact_noise{sigma:g}")
+
+  def _anchor_path(self, spec: RunSpec) -> str:
+    if not spec.objective.needs_anchor:
+      return ""
+    return {"fitted": self.anchor_path, "exact": self.exact_anchor_path}.get(
+        spec.anchor) or self.noise_anchor_path(spec.sigma)
 
   def _stage1_config(self):
     from disa_jax.workflows.stage1 import Stage1Config  # pylint: disable=g-import-not-at-top
@@ -255,14 +284,19 @@ class SumJob:
       g = int(train["rollout"]["group_size"])
       k = replay_count(self.cfg.runs[spec.match_rows_of].replay.fraction, g)
       train["rollout"] = dict(train["rollout"], group_size=g + k)
-    anchor = "" if not spec.objective.needs_anchor else (
-        self.anchor_path if spec.anchor == "fitted" else self.exact_anchor_path)
+    if spec.minibatches:
+      train["rollout"] = dict(train.get("rollout", {}), num_minibatches=spec.minibatches)
+    if spec.anchor != "fitted" and self.stage1_cfg.label_scale != "sum":
+      raise ValueError(f"runs.{method}.anchor={spec.anchor!r} needs stage1.label_scale='sum' (the "
+                       f"exact log Z is on the trajectory scale), got "
+                       f"{self.stage1_cfg.label_scale!r}")
+    anchor = self._anchor_path(spec)
     exact = dict(reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
                  kl_samples=track.kl_samples, seed=self.cfg.seed + 9)
     return config_lib.from_mapping(Stage3Config, dict(
         workdir=str(self.dir / "stage3" / self.run_name(method, seed)),
         model=dict(policy_path=self.ref_path, dtype="float32", remat=False),
-        data=dict(train_path=self.prompts_path, reward="sum_task", rendering="plain",
+        data=dict(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
                   anchor_path=anchor,
                   replay_path=str(self.stage1_cfg.dataset_path()) if spec.replay.enabled else ""),
         engine=self.cfg.engine, mesh=self.mesh, train=train, exact_target=exact),
@@ -282,7 +316,9 @@ class SumJob:
                              beta=self.cfg.beta, seed=self.cfg.seed + 8)
     return config_lib.from_mapping(EvalConfig, dict(
         e, output_dir=str(self.dir / "eval" / row), model_path=model_path, label=row,
-        benchmarks={"task": self.prompts_path}, seed=self.cfg.seed + 7,
+        benchmarks={"task": self.prompts_path} | (
+            {"heldout": self.heldout_prompts_path} if self.cfg.heldout.enabled else {}),
+        seed=self.cfg.seed + 7,
         engine=dataclasses.replace(self.cfg.engine, separate_process=False)), "eval")
 
   def _timed(self, name: str, fn, *args):
@@ -299,9 +335,7 @@ class SumJob:
   # -- 0. the task's own pieces ------------------------------------------------------------------
 
   def build_models(self) -> None:
-    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt file."""
-    from disa_jax.data.loaders import save_prompts  # pylint: disable=g-import-not-at-top
-    from disa_jax.data.sum_task import prompt_records  # pylint: disable=g-import-not-at-top
+    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt files."""
     from disa_jax.models import from_pretrained  # pylint: disable=g-import-not-at-top
     from disa_jax.pipeline.sum_models import save_model, train_sum_model  # pylint: disable=g-import-not-at-top
     for path, spec, init in ((self.ref_path, self.cfg.reference_model, None),
@@ -316,33 +350,79 @@ class SumJob:
       self.tok.save_pretrained(path)
       _write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
                   | {"spec": dataclasses.asdict(spec), "init_from": init})
+    self.write_prompts()
+
+  def write_prompts(self) -> None:
+    """The prompt file, and with ``heldout`` its Stage 3 and held-out parts (kept when written)."""
+    from disa_jax.data.loaders import save_prompts  # pylint: disable=g-import-not-at-top
+    from disa_jax.data.sum_task import prompt_records  # pylint: disable=g-import-not-at-top
     if not Path(self.prompts_path).exists():
       Path(self.prompts_path).parent.mkdir(parents=True, exist_ok=True)
       save_prompts(prompt_records(self.task), self.prompts_path)
+    if self.cfg.heldout.enabled and not Path(self.heldout_prompts_path).exists():
+      train, held = split_values(self.task.ns, self.cfg.heldout.fraction, self.cfg.heldout.seed)
+      recs = dict(zip(self.task.ns, prompt_records(self.task)))
+      save_prompts([recs[n] for n in train], self.train_prompts_path)
+      save_prompts([recs[n] for n in held], self.heldout_prompts_path)
 
   def exact(self) -> dict[str, Any]:
     """The exact log Z(q) of every prompt (`disa_jax.eval.exact`), cached in exact.json."""
     path = self.dir / "exact.json"
     if path.exists():
       return json.loads(path.read_text())
+    from disa_jax.eval.exact import correct_set_terms  # pylint: disable=g-import-not-at-top
+    out = {"prompt_ids": [], "log_z": [], "target_entropy_correct": [], "p_correct_ref": []}
+    for prompt_id, lp in self._correct_set_logprobs(self.ref_path).items():
+      terms = correct_set_terms(lp, lp, self.cfg.beta)
+      out["prompt_ids"].append(prompt_id)
+      for key in ("log_z", "target_entropy_correct", "p_correct_ref"):
+        out[key].append(terms[key])
+    out["beta"] = self.cfg.beta
+    _write_json(path, out)
+    return out
+
+  def _correct_set_logprobs(self, model_path: str) -> dict[str, np.ndarray]:
+    """``{prompt id: [C] trajectory log-probs of its correct answers}`` under a saved model."""
     from disa_jax import models  # pylint: disable=g-import-not-at-top
     from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
     from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
     from disa_jax.data.sum_task import correct_set  # pylint: disable=g-import-not-at-top
-    from disa_jax.eval.exact import correct_set_terms  # pylint: disable=g-import-not-at-top
     from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
-    scorer = SequenceScorer(models.from_pretrained(self.ref_path), pad_id=self.tok.pad_token_id,
+    scorer = SequenceScorer(models.from_pretrained(model_path), pad_id=self.tok.pad_token_id,
                             batch_size=64, pad_to=16)
-    out = {"prompt_ids": [], "log_z": [], "target_entropy_correct": [], "p_correct_ref": []}
+    out = {}
     for rec in loaders.load_prompts(self.prompts_path):
       prompt = encode_prompt(self.tok, rec, "plain", max_len=self.stage1_cfg.max_prompt_len)
       answers = correct_set(self.tok, rec.reward_meta())
-      lp = scorer.sequence_logprobs([list(prompt)] * len(answers), answers)
-      terms = correct_set_terms(lp, lp, self.cfg.beta)
-      out["prompt_ids"].append(rec.prompt_id)
-      for key in ("log_z", "target_entropy_correct", "p_correct_ref"):
-        out[key].append(terms[key])
-    out["beta"] = self.cfg.beta
+      out[rec.prompt_id] = np.asarray(scorer.sequence_logprobs([list(prompt)] * len(answers),
+                                                               answers), np.float64)
+    return out
+
+  def conditional_kls(self, rows: dict[str, str]) -> dict[str, Any]:
+    """Per row, the preference among correct answers against the target's and the proposal's:
+    KL(pi|c || pi~|c) (= pi_ref|c: the reward is binary) and KL(pi|c || p_T|c), per prompt and
+    their means (over the held-out prompts too, with ``heldout``); cached in conditional_kl.json."""
+    from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
+    from disa_jax.eval.conditional import conditional_kl  # pylint: disable=g-import-not-at-top
+    path = self.dir / "conditional_kl.json"
+    if path.exists():
+      return json.loads(path.read_text())
+    ref = self._correct_set_logprobs(self.ref_path)
+    prop = self._correct_set_logprobs(self.proposal_path)
+    held = set()
+    if self.cfg.heldout.enabled:  # (the ids as loaded: prefixed with the data source)
+      self.write_prompts()
+      held = {r.prompt_id for r in loaders.load_prompts(self.heldout_prompts_path)}
+    out: dict[str, Any] = {"heldout_prompt_ids": sorted(held)}
+    for row, model_path in rows.items():
+      lp, entry = self._correct_set_logprobs(model_path), {}
+      for key, other in (("kl_target_correct", ref), ("kl_proposal_correct", prop)):
+        per = {p: conditional_kl(lp[p], other[p]) for p in lp}
+        entry[key] = per  # per prompt; the mean over the training prompts (all without a split)
+        entry[f"{key}_mean"] = float(np.mean([v for p, v in per.items() if p not in held]))
+        if held:
+          entry[f"{key}_mean_heldout"] = float(np.mean([per[p] for p in sorted(held)]))
+      out[row] = entry
     _write_json(path, out)
     return out
 
@@ -372,6 +452,22 @@ class SumJob:
       TableAnchor(dict(zip(ex["prompt_ids"], ex["log_z"])), beta=self.cfg.beta,
                   reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
+    self._noise_anchors()
+
+  def _noise_anchors(self) -> None:
+    """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
+    from disa_jax.anchor import TableAnchor, noisy_log_z  # pylint: disable=g-import-not-at-top
+    from disa_jax.estimators.reward_transforms import RewardTransform  # pylint: disable=g-import-not-at-top
+    for sigma in sorted({self.cfg.runs[m].sigma for m in self.cfg.methods
+                         if self.cfg.runs[m].anchor == "exact+noise"}):
+      if Path(self.noise_anchor_path(sigma)).exists():
+        continue
+      ex = self.exact()
+      table = noisy_log_z(dict(zip(ex["prompt_ids"], ex["log_z"])), sigma, self.cfg.seed)
+      TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
+                  label_scale=self.stage1_cfg.label_scale,
+                  source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
+                      self.noise_anchor_path(sigma))
 
   def anchor_study(self) -> None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z."""
@@ -472,5 +568,7 @@ class SumJob:
         rows["lora_sft"] = sft
       else:
         skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
+    if self.cfg.conditional_kl:
+      self._timed("conditional_kl", self.conditional_kls, rows)
     evals = self.evaluate(rows)
     return write_report(self, evals, skipped)

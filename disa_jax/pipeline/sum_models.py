@@ -5,7 +5,9 @@ fine-tuning on made-up answers to the sum task, then saved as Hugging Face check
 model.safetensors, tokenizer) so that every later stage loads them through the real loading path.
 
 - pi_ref (weak, broad): ``ref_correct_frac`` of its training answers are correct, with a uniform
-  over the n + 1 correct splits (a, n - a); the rest are wrong pairs.
+  over the n + 1 correct splits (a, n - a) at ``skew = 1``; the rest are wrong pairs. Another skew
+  makes the target pi~|correct = pi_ref|correct non-uniform (configs/main.py's ``nonuniform_target``:
+  1.25, large first summands preferred, against the proposal's small ones).
 - p_T (stronger, different preference): pi_ref fine-tuned further on ``proposal_correct_frac``
   correct answers with a skewed preference among them: a is drawn with probability proportional to
   ``proposal_skew ** a`` (small first summands preferred). Starting from pi_ref keeps the warm-up

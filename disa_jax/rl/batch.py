@@ -41,7 +41,8 @@ class TrainBatch:
     old_logp: ``[S, W]`` float32 log pi_old of each response token.
     ref_logp: ``[S, W]`` float32 log pi_ref of each response token.
     signal: ``[S]`` float32 the objective's per-sequence scalar (r~ or advantage).
-    log_z: ``[S]`` float32 the anchor's log Z of the sequence's prompt (DISA; zeros otherwise).
+    log_z: ``[S]`` float32 the anchor's log Z of the sequence's prompt (DISA), or the batch
+      estimate of its group (VarGrad); zeros otherwise.
     prompt_slot: ``[S]`` int32 with shared prompts: the slot whose ``rows.token_slot`` marks the
       tokens of each slot's prompt (`disa_jax.data.packing.PackedBatch.prompt_slot`); None
       without (each slot's own).
@@ -132,7 +133,8 @@ class RolloutBatch:
       for on-policy ones); checked against the recomputed value.
     ref_logp, old_logp: ``[B, W]`` float32 per response token (zeros beyond each response), filled
       by the scorer when the objective needs them.
-    log_z: ``[B]`` float32, filled by the scorer for objectives with an anchor.
+    log_z: ``[B]`` float32, filled by the scorer for objectives with an anchor, or by the trainer
+      for objectives with a batch log Z (`Objective.needs_batch_log_z`).
     signal: ``[B]`` float32, filled by the objective (`Objective.row_signal`).
     generate_s: seconds spent in the engines.
   """

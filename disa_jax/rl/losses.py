@@ -1,4 +1,4 @@
-"""Stage 3 policy losses: DISA, FlowRL, GRPO and GSPO as pure jittable functions.
+"""Stage 3 policy losses: DISA, FlowRL, VarGrad, GRPO and GSPO as pure jittable functions.
 
 All four methods share one convention for a batch of B = P * G sampled responses (P prompts, G
 responses each, prompt-major so that rows ``p*G : (p+1)*G`` belong to prompt p):
@@ -401,6 +401,75 @@ def flowrl_loss(head_log_z: Array, logp: Array, ref_logp: Array, reward: Array, 
   an omega mode from `rollout_weights`.
   """
   return tb_loss(head_log_z, logp, ref_logp, reward, mask, **kwargs)
+
+
+def batch_log_z(logp: Array,
+                ref_logp: Array,
+                reward: Array,
+                mask: Array,
+                *,
+                group_size: int,
+                beta: float,
+                length_normalize: bool,
+                leave_one_out: bool = False) -> Array:
+  """The batch estimate of log Z of the VarGrad / log-variance loss, per row and without gradient.
+
+  With t_i = beta * r~_i - log pi(o_i|q) + log pi_ref(o_i|q) (the two log-prob terms trajectory
+  sums, or times 1/|o_i| with ``length_normalize``), the estimate for row i of prompt q's group
+  is the mean of t over the group's valid rows,
+
+      log Z^(q) = sg[(1/G_q) sum_{j in q} t_j],  or, leave-one-out,  sg[(1/(G_q - 1)) sum_{j != i} t_j].
+
+  Put into the TB residual of eq. (5) it gives R_i = t-bar - t_i: the residuals of a group sum to
+  0, so any per-prompt offset of log Z is removed exactly, and the loss (1/B) sum_i R_i^2 is the
+  sum over groups of G_q times the (biased) sample variance of t: the log-variance loss of Richter
+  et al. 2020 ("VarGrad: a low-variance gradient estimator for variational inference"), used for
+  trajectory balance by TBA (Bartoldson et al. 2025, "Trajectory balance with asynchrony"). Its
+  gradient (the estimate held fixed) equals the gradient of that variance, since sum_i R_i = 0.
+
+  Args:
+    logp: ``[B, T]`` token log-probs of the policy the estimate is taken at (pi_old in the trainer:
+      the rollout policy, equal to pi_theta at the first update of a batch).
+    ref_logp: ``[B, T]`` reference token log-probs.
+    reward: ``[B]`` transformed reward r~.
+    mask: ``[B, T]`` response mask; rows without response tokens are left out of every mean.
+    group_size: G, rows per prompt (prompt-major: rows ``p*G : (p+1)*G``); B % G == 0.
+    beta: inverse temperature > 0.
+    length_normalize: the residual scale ('mean' if True, 'sum' if False).
+    leave_one_out: each row's estimate leaves its own t out (needs >= 2 valid rows per group).
+
+  Returns:
+    ``[B]`` float32 log Z^ of each row's prompt (0 on invalid rows and groups without a valid row).
+  """
+  _check_tokens(mask, logp=logp, ref_logp=ref_logp)
+  batch = mask.shape[0]
+  _check_rows(batch, reward=reward)
+  if group_size < 1 or batch % group_size:
+    raise ValueError(f"group_size must divide the batch: B={batch}, group_size={group_size!r}")
+  if not beta > 0:
+    raise ValueError(f"beta must be > 0, got {beta!r}")
+  valid = _f32(valid_rows(mask))
+  t = (beta * _f32(reward) - sequence_logprob(logp, mask, length_normalize) +
+       sequence_logprob(ref_logp, mask, length_normalize)) * valid  # [B]
+  t_g, v_g = t.reshape(-1, group_size), valid.reshape(-1, group_size)  # [P, G]
+  total, count = t_g.sum(-1, keepdims=True), v_g.sum(-1, keepdims=True)  # [P, 1]
+  if leave_one_out:
+    est = (total - t_g) / jnp.maximum(count - 1.0, 1.0)
+  else:
+    est = jnp.broadcast_to(total / jnp.maximum(count, 1.0), t_g.shape)
+  return jax.lax.stop_gradient(jnp.where(v_g > 0, est, 0.0).reshape(-1))
+
+
+def vargrad_loss(batch_log_z_rows: Array, logp: Array, ref_logp: Array, reward: Array,
+                 mask: Array, **kwargs) -> tuple[Array, Metrics]:
+  """VarGrad: the TB loss of eq. (5) with the batch estimate of `batch_log_z` as log Z.
+
+  ``batch_log_z_rows`` is ``[B]`` (one value per row: the leave-one-out estimate differs within a
+  group) and passes through stop_gradient. Keyword arguments are those of `tb_loss` (scale, omega
+  weights, sample weights).
+  """
+  return tb_loss(jax.lax.stop_gradient(_f32(batch_log_z_rows)), logp, ref_logp, reward, mask,
+                 **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Stage 3 step must provide for it:
 |---|---|---|---|---|---|
 | `Disa` | eq. (10): TB residual with the frozen anchor g_psi(q) | yes | yes | no | yes |
 | `FlowRL` | eq. (6): TB residual with a co-trained log Z head | yes | no | yes | yes |
+| `VarGrad` | eq. (5) with the stop-gradient batch mean of each group as log Z (log-variance loss) | yes | no | no | yes |
 | `Grpo` | eqs. (1)-(3): token-clipped surrogate, group z-score advantages | if kl_coef > 0 | no | no | no |
 | `Gspo` | sequence-clipped surrogate with the geometric-mean ratio | no | no | no | no |
 | `ReplaySft` | NLL of the replayed reward-1 rows (the replay fix's control) | no | no | no | required |
@@ -60,6 +61,9 @@ class Objective(abc.ABC):
   name: ClassVar[str] = ""
   needs_anchor: ClassVar[bool] = False
   needs_logz_head: ClassVar[bool] = False
+  # The batch carries a log Z estimated from the step's own samples (`VarGrad.batch_log_z`, set
+  # by the trainer after the scorer and `row_signal`); such an objective reads ``batch.old_logp``.
+  needs_batch_log_z: ClassVar[bool] = False
   allows_replay: ClassVar[bool] = False
   # Whether the loss's minimiser is the reward-tilted target pi~ (distribution matching) rather
   # than a reward maximiser (what reports compare against).
@@ -281,6 +285,64 @@ class FlowRL(TrajectoryBalance):
       raise ValueError("FlowRL.loss needs the head's log Z values, got None")
     return losses.flowrl_loss(head_log_z, logp, batch.ref_logp, batch.signal,
                               batch.response_mask, **self._tb_kwargs(batch))
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class VarGrad(TrajectoryBalance):
+  """Trajectory balance with the batch estimate of log Z: the log-variance ("VarGrad") loss.
+
+  Per prompt q with a group of rows i (on-policy and, with replay, replayed), and
+  t_i = beta r~_i - log pi_old(o_i|q) + log pi_ref(o_i|q) (trajectory sums for scale 'sum', times
+  1/|o_i| for 'mean'):
+
+      log Z^(q) = sg[ mean_{j in group(q)} t_j ]   (leave-one-out: the mean over j != i)
+      L(theta) = (1/B) sum_i omega_i (log Z^(q) + log pi_theta(o_i|q) - log pi_ref(o_i|q) - beta r~_i)^2
+
+  eq. (5) with log Z^ in place of log Z; `disa_jax.rl.losses.batch_log_z` has the derivation.
+  Sources: Richter et al. 2020, "VarGrad: a low-variance gradient estimator for variational
+  inference" (the log-variance loss), and Bartoldson et al. 2025, "Trajectory balance with
+  asynchrony" (TBA: the same batch log Z for trajectory balance on LLMs). It needs no Stage 1,
+  Stage 2 or log Z head; any per-prompt offset of log Z cancels exactly within a group.
+
+  The estimate is taken on the host at the rollout policy pi_old (`batch_log_z`, after
+  `row_signal`): with one optimizer update per rollout batch pi_old = pi_theta there, and this is
+  exactly the VarGrad loss; with ``rollout.num_minibatches`` > 1 the later updates keep the
+  rollout-time estimate (it is not recomputed per mini-batch, whose rows split the groups).
+
+  Attributes (beyond `TrajectoryBalance`):
+    leave_one_out: row i's estimate is the mean over the other rows of its group (an estimate
+      independent of o_i; needs G >= 2).
+  """
+  name: ClassVar[str] = "vargrad"
+  needs_batch_log_z: ClassVar[bool] = True
+  leave_one_out: bool = False
+
+  @property
+  def needs_old_logp(self) -> bool:
+    return True
+
+  def batch_log_z(self, batch: Any) -> np.ndarray:
+    """``[B]`` float32 log Z^ of each row (`disa_jax.rl.losses.batch_log_z` at pi_old).
+
+    Args:
+      batch: a scored `disa_jax.rl.batch.RolloutBatch` (``old_logp``, ``ref_logp``, ``signal``).
+    """
+    for field in ("old_logp", "ref_logp", "signal"):
+      if getattr(batch, field) is None:
+        raise ValueError(f"VarGrad.batch_log_z needs batch.{field}, got None")
+    if self.leave_one_out and batch.group_size < 2:
+      raise ValueError(f"leave_one_out needs group_size >= 2, got {batch.group_size}")
+    lengths = np.asarray([len(r) for r in batch.response_ids])
+    mask = (np.arange(batch.response_width)[None, :] < lengths[:, None]).astype(np.float32)
+    return np.asarray(losses.batch_log_z(
+        batch.old_logp, batch.ref_logp, np.asarray(batch.signal, np.float32).reshape(-1), mask,
+        group_size=batch.group_size, beta=self.beta, length_normalize=self.scale == "mean",
+        leave_one_out=self.leave_one_out), np.float32)
+
+  def loss(self, logp, batch, head_log_z=None):
+    return losses.vargrad_loss(batch.log_z, logp, batch.ref_logp, batch.signal,
+                               batch.response_mask, **self._tb_kwargs(batch))
 
 
 # ----------------------------------------------------------------------------------------------

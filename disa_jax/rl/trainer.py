@@ -107,8 +107,9 @@ class Trainer:
     self.policy = policy
     stream = PromptStream(prompts, rc.prompts_per_batch, seed=cfg.seed, shuffle=cfg.shuffle,
                           max_prompt_len=rc.max_prompt_len)
+    # (an objective with a batch log Z reads pi_old on the host, before the update)
     old_in_update = (obj.needs_old_logp and rc.num_minibatches == 1
-                     and rc.old_logp_source == "recompute")
+                     and rc.old_logp_source == "recompute" and not obj.needs_batch_log_z)
     self.collector = RolloutCollector(cfg, engine=engine, stream=stream, reward_fn=reward_fn,
                                       decode=decode, stop_token_ids=stop_token_ids,
                                       replay_pool=replay_pool, leaders=leaders)
@@ -200,6 +201,8 @@ class Trainer:
     self.scorer.score(batch, self.state.params)
     batch.signal = self.cfg.objective.batch_signal(  # [P, G] -> [B]
         batch.grouped_reward, batch.is_replay.reshape(batch.grouped_reward.shape)).reshape(-1)
+    if self.cfg.objective.needs_batch_log_z:  # VarGrad: log Z from this batch's own samples
+      batch.log_z = self.cfg.objective.batch_log_z(batch)  # [B]
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
