@@ -87,8 +87,9 @@ def get_config() -> ml_collections.ConfigDict:
   # ids; False = one sequence per row, every row padded to the batch's longest (for comparison).
   t.rollout.packing = True
   t.rollout.row_len = 0  # Tokens per packed row; 0 = max_prompt_len + max_response_len.
-  # Rows per forward/backward and per scoring pass (a multiple of the data x fsdp shards); the
-  # micro-batches of a mini-batch are a token budget of micro_batch_rows x row_len tokens each.
+  # Rows per forward/backward and per scoring pass, rounded up to a multiple of the mesh's
+  # data x fsdp batch shards (8 -> 12 on fsdp=6, 8 -> 24 on 24 devices: every device gets whole
+  # rows); the micro-batches of a mini-batch are a token budget of rows x row_len tokens each.
   t.rollout.micro_batch_rows = 8
   t.rollout.seqs_per_row = 16  # Most sequences in one packed row.
   # Packing only: each prompt once per row, followed by its responses (each attends to the prompt

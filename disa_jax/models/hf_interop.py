@@ -28,7 +28,7 @@ from safetensors.numpy import save_file
 
 from disa_jax.models.config import ModelConfig
 from disa_jax.models.transformer import Transformer
-from disa_jax.parallel.rules import TRAIN_RULES, Rules, ShardingContext, logical_to_sharding
+from disa_jax.parallel.rules import TRAIN_RULES, Rules, ShardingContext, param_sharding, say_fallbacks
 
 ShapeFn = Callable[[ModelConfig], tuple[int, ...]]
 
@@ -308,6 +308,7 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype,
                                              param_dtype=dtype, **model_kwargs))
   np_dtype = _np_dtype(dtype)
+  fallbacks = []
   for rule in _rules_for(config):
     var = _get_variable(model, rule.path)
     shape = tuple(var.get_value().shape)
@@ -315,10 +316,13 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
     if mesh is None:
       var.set_value(jnp.asarray(host))
     else:
-      sharding = logical_to_sharding(var.get_metadata()["logical_axes"], mesh, rules, shape)
+      sharding, fell_back = param_sharding(var.get_metadata()["logical_axes"], shape, mesh, rules)
+      if fell_back:
+        fallbacks.append(f"{rule.path}: {sharding.spec}")
       var.set_value(jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx]))
     del host
   if mesh is not None:
+    say_fallbacks(fallbacks, mesh)
     model.sharding = ShardingContext(mesh, rules)
   return model
 
