@@ -48,7 +48,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.replay_path = ""  # Stage 1 dataset replayed when train.replay.fraction > 0.
   c.data.validation_paths = ()  # Held-out prompt files for periodic validation.
 
-  c.engine = common.engine("vllm")  # The policy's rollout engine ('jax' on machines without vLLM).
+  # The policy's rollout engine ('jax' on machines without vLLM). Its max_model_len holds the longest
+  # request: validation's max_prompt_len + validation.max_tokens = 2048 + 32768 (rollouts need
+  # 2048 + 16384); `--dry_run` checks both, and the backbone's max_position_embeddings.
+  c.engine = common.engine("vllm", max_model_len=2048 + 32768)
   c.mesh = common.mesh()  # The training mesh.
 
   t = c.train = ml_collections.ConfigDict()  # What the Trainer reads (disa_jax.rl.config).
