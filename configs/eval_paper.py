@@ -72,4 +72,5 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.judge_cache_dir = ""  # On-disk cache of judge answers; '' = none.
   c.diversity_benchmarks = ("aime24", "aime25")  # Benchmarks the judge scores (paper: AIME 24+25).
   c.diversity_k = 8  # Responses per problem shown to the judge / local metric (paper: 8).
+  c.export_dtype = "bfloat16"  # Storage dtype of a run_dir checkpoint's export: 'bfloat16' | 'float32'.
   return c

@@ -24,6 +24,8 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = ""  # Run directory (metrics, checkpoints, final/); launch/train.py's --workdir sets it.
   c.export = True  # Export the final policy to <workdir>/final as a Hugging Face directory.
+  # Storage dtype of that export (sharded safetensors with an index): 'bfloat16' | 'float32'.
+  c.export_dtype = "bfloat16"
 
   c.model = ml_collections.ConfigDict()
   c.model.policy_path = ""  # Local HF directory of the backbone: the initial policy and pi_ref.

@@ -32,6 +32,7 @@ from disa_jax import config as config_lib
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.workflows.export import EXPORT_DTYPES
 
 
 
@@ -65,6 +66,7 @@ class EvalConfig:
   judge_cache_dir: str = ""
   diversity_benchmarks: tuple[str, ...] = ("aime24", "aime25")
   diversity_k: int = 8
+  export_dtype: str = "bfloat16"
 
   def __post_init__(self):
     if not self.output_dir:
@@ -73,6 +75,8 @@ class EvalConfig:
       raise ValueError(f"set exactly one of model_path (an HF directory) and run_dir (a Stage 3 "
                        f"workdir); got model_path={self.model_path!r}, run_dir={self.run_dir!r}")
     check_rendering(self.rendering)
+    if self.export_dtype not in EXPORT_DTYPES:
+      raise ValueError(f"export_dtype must be one of {EXPORT_DTYPES}, got {self.export_dtype!r}")
     for name, path in self.benchmarks.items():
       if not isinstance(path, str):
         raise ValueError(f"benchmarks.{name} must be a path string ('' skips it), got {path!r}")
@@ -101,7 +105,8 @@ def resolve_model(cfg: EvalConfig) -> str:
   step = export.latest_step(cfg.run_dir) if cfg.run_step < 0 else cfg.run_step
   out = Path(cfg.output_dir) / f"policy_step{step}"
   if not (out / "export_info.json").exists():
-    export.export_policy(cfg.run_dir, out, step=step, overwrite_partial=True)
+    export.export_policy(cfg.run_dir, out, step=step, dtype=cfg.export_dtype,
+                         overwrite_partial=True)
   return str(out)
 
 

@@ -30,6 +30,7 @@ from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.workflows.export import EXPORT_DTYPES
 
 DTYPES = ("float32", "bfloat16")
 
@@ -110,6 +111,7 @@ class Stage3Config:
       the validation prompts (the training prompts when there are none), for a task whose correct
       set can be enumerated; off unless ``exact_target.reference_path`` is set.
     export: write the final policy to ``<workdir>/final`` as an HF directory.
+    export_dtype: storage dtype of that export ('bfloat16' | 'float32').
   """
   workdir: str = ""
   model: BackboneConfig = BackboneConfig()
@@ -119,8 +121,11 @@ class Stage3Config:
   train: TrainConfig = TrainConfig()
   exact_target: ExactTargetConfig = ExactTargetConfig()
   export: bool = True
+  export_dtype: str = "bfloat16"
 
   def __post_init__(self):
+    if self.export_dtype not in EXPORT_DTYPES:
+      raise ValueError(f"export_dtype must be one of {EXPORT_DTYPES}, got {self.export_dtype!r}")
     if not self.model.policy_path:
       raise ValueError("model.policy_path is required (a local HF directory), got ''")
     if not self.data.train_path:
@@ -283,6 +288,6 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   final = workdir / "final"
   if cfg.export and distributed.is_main_process():
     if not (final / "export_info.json").exists():
-      export.export_policy(workdir, final, overwrite_partial=True)
+      export.export_policy(workdir, final, dtype=cfg.export_dtype, overwrite_partial=True)
     summary["export"] = str(final)
   return summary
