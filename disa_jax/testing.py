@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
 import string
-from typing import Any
+import subprocess
+from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
 from flax import nnx
@@ -188,3 +190,32 @@ def make_command_inputs(root: str | os.PathLike, stage1: Any, stage3: Any,
                       hidden_sizes=(8,))
     Anchor(AnchorMLP(TINY_HIDDEN, (8,), "relu", rngs=nnx.Rngs(0)), meta).save(
         root / stage3.data.anchor_path)
+
+
+def free_port() -> int:
+  """A TCP port free on localhost now (for a test's JAX coordinator)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def run_processes(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, cwd: str,
+                  timeout: float) -> list[tuple[int, str]]:
+  """Starts every ``(argv, env)`` at once and waits for all (a multi-process JAX run).
+
+  Returns:
+    (exit code, stdout + stderr) per command; any process still running at the end (a timeout or
+    a failure elsewhere) is killed.
+  """
+  procs = [subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for argv, env in commands]
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=timeout)[0])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return [(p.returncode, out) for p, out in zip(procs, outs)]

@@ -10,14 +10,13 @@ once as 3 processes x 2 devices (`launch/train.py` under `DISA_COORDINATOR`). Ev
 """
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
 from configs import stage3_paper
+from disa_jax import testing
 from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
 from disa_jax.workflows.preflight import preflight
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
@@ -106,30 +105,20 @@ def test_stage3_as_three_processes_on_fsdp6(stages_1_2, checkpoints, prompt_file
   overrides = _stage3_overrides(checkpoints["reference"], files["train"], s2.anchor_path)
   overrides["mesh.num_devices"] = 0  # all 6 devices of the 3 processes
   workdir = tmp_path / "run"
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
+  port = testing.free_port()
   cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
          f"--config={os.path.join(ROOT, 'configs', 'stage3_paper.py')}:{STAGE3}",
          *[f"--config.{k}={v}" for k, v in overrides.items()], f"--workdir={workdir}"]
   start = time.monotonic()
-  procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(
-                                os.environ, DISA_COORDINATOR=f"localhost:{port}",
-                                DISA_NUM_PROCESSES="3", DISA_PROCESS_ID=str(pid),
-                                JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-                                XLA_FLAGS="--xla_force_host_platform_device_count=2"))
-           for pid in range(3)]
-  outs = []
-  try:
-    for p in procs:
-      outs.append(p.communicate(timeout=900)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  assert [p.returncode for p in procs] == [0, 0, 0], [o[-3000:] for o in outs]
+  results = testing.run_processes(
+      [(cmd, dict(os.environ, DISA_COORDINATOR=f"localhost:{port}", DISA_NUM_PROCESSES="3",
+                  DISA_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+                  XLA_FLAGS="--xla_force_host_platform_device_count=2")) for pid in range(3)],
+      cwd=ROOT, timeout=900)
+  outs = [out for _, out in results]
+  for pid, out in enumerate(outs):  # kept for a failure's first error (before any abort's dump)
+    (tmp_path / f"process{pid}.log").write_text(out)
+  assert [rc for rc, _ in results] == [0, 0, 0], f"logs in {tmp_path}/process*.log"
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1]
   assert "8 -> 12 rows per micro-batch on mesh {'data': 1, 'fsdp': 6" in outs[0]
