@@ -142,9 +142,15 @@ def param_sharding(logical_axes: Sequence[str | None], shape: Sequence[int], mes
   return NamedSharding(mesh, fitted), fitted != spec
 
 
+_SAID: set[tuple] = set()  # the fallbacks already logged (a policy and its reference say it once)
+
+
 def say_fallbacks(fallbacks: Sequence[str], mesh: Mesh) -> None:
-  """Logs, in one line, the parameters whose rules' sharding did not fit ``mesh``."""
-  if fallbacks:
+  """Logs, in one line, the parameters whose rules' sharding did not fit ``mesh`` (once per
+  process for the same mesh and parameters)."""
+  key = (tuple(mesh.shape.items()), tuple(fallbacks))
+  if fallbacks and key not in _SAID:
+    _SAID.add(key)
     _LOG.warning("mesh %s does not divide %d parameter(s) as the rules split them; sharded along "
                  "another axis or replicated instead (parameter: spec): %s",
                  dict(mesh.shape), len(fallbacks), "; ".join(fallbacks))

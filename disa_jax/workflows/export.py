@@ -48,6 +48,7 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
   Returns:
     ``out_dir`` as a string.
   """
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
@@ -73,7 +74,12 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
   model = models.from_pretrained(policy_path, dtype=jnp.dtype(model_cfg["param_dtype"]))
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
-  with ocp.PyTreeCheckpointer() as ckptr:
+  # Only this process reads (a multi-process run exports on its main process alone): orbax's
+  # barriers span just this process, otherwise they wait for processes that never come.
+  this = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                            active_processes={jax.process_index()})
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(multiprocessing_options=this),
+                        multiprocessing_options=this) as ckptr:
     restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
         partial_restore=True))
