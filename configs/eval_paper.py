@@ -63,8 +63,9 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.rendering = "chat_template"  # Prompt rendering: 'chat_template' | 'plain' (as in training).
   c.max_prompt_len = 4096  # Longest prompt (tokens); a longer one stops with its id.
   c.reward_plugins = ()  # Modules imported first that register further rewards by name.
-  c.engine = common.engine("vllm", max_model_len=2048 + 32768, startup_timeout_s=1800.0,
-                           timeout_s=6 * 3600.0)  # Serves the checkpoint.
+  # Serves the checkpoint; max_model_len = max_prompt_len + max_tokens (checked by `--dry_run`).
+  c.engine = common.engine("vllm", max_model_len=4096 + 32768, startup_timeout_s=1800.0,
+                           timeout_s=6 * 3600.0)
   c.exact_target = common.exact_target()  # Exact evaluation (enumerable correct sets only).
   c.local_diversity = False  # Distinct answers + mean pairwise distance per problem (offline).
   c.judge_url = ""  # OpenAI-compatible endpoint of the App. D.5 judge; '' = no judge.
@@ -73,4 +74,5 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.judge_cache_dir = ""  # On-disk cache of judge answers; '' = none.
   c.diversity_benchmarks = ("aime24", "aime25")  # Benchmarks the judge scores (paper: AIME 24+25).
   c.diversity_k = 8  # Responses per problem shown to the judge / local metric (paper: 8).
+  c.export_dtype = "bfloat16"  # Storage dtype of a run_dir checkpoint's export: 'bfloat16' | 'float32'.
   return c

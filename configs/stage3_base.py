@@ -27,6 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Which checkpoint final/ holds: 'best' (by validation Mean@n, the paper's checkpoint selection;
   # the latest when the run never validated) | 'latest' | a step number.
   c.export_checkpoint = "best"
+  # Storage dtype of that export (sharded safetensors with an index): 'bfloat16' | 'float32'.
+  c.export_dtype = "bfloat16"
 
   c.model = ml_collections.ConfigDict()
   c.model.policy_path = ""  # Local HF directory of the backbone: the initial policy and pi_ref.
@@ -51,7 +53,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.replay_path = ""  # Stage 1 dataset replayed when train.replay.fraction > 0.
   c.data.validation_paths = ()  # Held-out prompt files for periodic validation.
 
-  c.engine = common.engine("vllm")  # The policy's rollout engine ('jax' on machines without vLLM).
+  # The policy's rollout engine ('jax' on machines without vLLM). Its max_model_len holds the longest
+  # request: validation's max_prompt_len + validation.max_tokens = 2048 + 32768 (rollouts need
+  # 2048 + 16384); `--dry_run` checks both, and the backbone's max_position_embeddings.
+  c.engine = common.engine("vllm", max_model_len=2048 + 32768)
   c.mesh = common.mesh()  # The training mesh.
 
   t = c.train = ml_collections.ConfigDict()  # What the Trainer reads (disa_jax.rl.config).
@@ -97,8 +102,9 @@ def get_config() -> ml_collections.ConfigDict:
   # ids; False = one sequence per row, every row padded to the batch's longest (for comparison).
   t.rollout.packing = True
   t.rollout.row_len = 0  # Tokens per packed row; 0 = max_prompt_len + max_response_len.
-  # Rows per forward/backward and per scoring pass (a multiple of the data x fsdp shards); the
-  # micro-batches of a mini-batch are a token budget of micro_batch_rows x row_len tokens each.
+  # Rows per forward/backward and per scoring pass, rounded up to a multiple of the mesh's
+  # data x fsdp batch shards (8 -> 12 on fsdp=6, 8 -> 24 on 24 devices: every device gets whole
+  # rows); the micro-batches of a mini-batch are a token budget of rows x row_len tokens each.
   t.rollout.micro_batch_rows = 8
   t.rollout.seqs_per_row = 16  # Most sequences in one packed row.
   # Packing only: each prompt once per row, followed by its responses (each attends to the prompt

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
 import string
-from typing import Any
+import subprocess
+from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
 from flax import nnx
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
+from disa_jax.anchor import Anchor, AnchorMeta, AnchorMLP, EmbeddingSpec
 from disa_jax.models.config import ModelConfig, RopeScaling
 from disa_jax.models.hf_interop import save_pretrained
 from disa_jax.models.transformer import Transformer
@@ -35,6 +38,7 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, EOT, IM_START)
 WORD_TOKENS = ("the", " the", "answer", " answer", " is", "boxed", "\\boxed{", "user", "assistant",
                "system", "think", "</think>", "<think>", " and", "=", "123", " of")
 TINY_VOCAB_SIZE = 128
+TINY_HIDDEN = 64  # hidden size of `tiny_config`
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -83,7 +87,7 @@ def tiny_config(family: str = "qwen3", vocab_size: int | None = None, **override
     **overrides: any other `ModelConfig` field.
   """
   base: dict[str, Any] = dict(
-      family=family, vocab_size=vocab_size or TINY_VOCAB_SIZE, hidden_size=64,
+      family=family, vocab_size=vocab_size or TINY_VOCAB_SIZE, hidden_size=TINY_HIDDEN,
       intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
       rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
       bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -161,3 +165,57 @@ def require(available: bool, why: str) -> None:
     pytest.fail(f"{why}; CI=true, so a missing requirement fails instead of skipping",
                 pytrace=False)
   pytest.skip(why)
+
+
+def make_command_inputs(root: str | os.PathLike, stage1: Any, stage3: Any,
+                        max_position_embeddings: int = 65536) -> None:
+  """Creates under ``root`` every input the typed Stage 1 / Stage 3 configs name (relative paths
+  are taken from ``root``): tiny checkpoints for the models, empty prompt files, the Stage 1 output
+  directory and a Stage 2 anchor whose facts match ``stage3``'s objective and reference. For
+  `--dry_run` tests of the paper configs (`disa_jax.workflows.preflight` checks paths, model
+  directories, lengths and the anchor).
+  """
+  root = pathlib.Path(root)
+  for model in {stage1.reference_path, stage1.proposal_path, stage3.model.policy_path}:
+    save_tiny_checkpoint(str(root / model), max_position_embeddings=max_position_embeddings)
+  for data in {stage1.prompts_path, stage3.data.train_path}:
+    (root / data).parent.mkdir(parents=True, exist_ok=True)
+    (root / data).touch()
+  (root / stage1.output_dir / "stage1").mkdir(parents=True, exist_ok=True)
+  obj = stage3.train.objective
+  if stage3.data.anchor_path:
+    meta = AnchorMeta(embedding=EmbeddingSpec("model_mean_pool", TINY_HIDDEN,
+                                              stage3.model.reference, rendering=stage3.data.rendering),
+                      beta=obj.beta, reward_transform=obj.reward_transform, label_scale=obj.scale,
+                      hidden_sizes=(8,))
+    Anchor(AnchorMLP(TINY_HIDDEN, (8,), "relu", rngs=nnx.Rngs(0)), meta).save(
+        root / stage3.data.anchor_path)
+
+
+def free_port() -> int:
+  """A TCP port free on localhost now (for a test's JAX coordinator)."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def run_processes(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, cwd: str,
+                  timeout: float) -> list[tuple[int, str]]:
+  """Starts every ``(argv, env)`` at once and waits for all (a multi-process JAX run).
+
+  Returns:
+    (exit code, stdout + stderr) per command; any process still running at the end (a timeout or
+    a failure elsewhere) is killed.
+  """
+  procs = [subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for argv, env in commands]
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=timeout)[0])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return [(p.returncode, out) for p, out in zip(procs, outs)]

@@ -7,28 +7,37 @@ prompts and runs the real Stage 1 / 2 / 3 / SFT / evaluation workflows. Prints r
 end; the workdir holds report.json, plots, models, Stage 1 data, the anchor, Stage 3 runs and
 evaluations. Rerunning with the same workdir resumes.
 """
+import os
+import sys
 from pathlib import Path
 
-from disa_jax import runtime
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from disa_jax import launcher  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/main.py", "main-job config file")
+_CONFIG = launcher.define_flags("main-job config file", default_config="configs/main.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  from disa_jax.pipeline.sum_job import MainConfig, SumJob
+def convert(config):
+  from disa_jax.pipeline.sum_job import MainConfig  # pylint: disable=g-import-not-at-top
   # Every stage's config is converted and validated here: a bad value stops at once, naming it.
-  job = SumJob(MainConfig.from_config(_CONFIG.value), _WORKDIR.value)
-  job.run()
+  return MainConfig.from_config(config)
+
+
+def execute(cfg):
+  logging.set_verbosity(logging.WARNING)
+  from disa_jax.pipeline.sum_job import SumJob  # pylint: disable=g-import-not-at-top
+  SumJob(cfg, _WORKDIR.value).run()
   print((Path(_WORKDIR.value) / "report.md").read_text())
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launcher.run(_CONFIG, convert, execute, check=None)  # builds its own tiny models and data

@@ -6,31 +6,32 @@ Writes ``stage1.jsonl`` (resumable), ``anchor/`` (orbax + metadata), ``report.js
 to the workdir. A second run with the same workdir skips finished Stage 1 prompts and reloads the anchor.
 The job itself is `disa_jax.pipeline.offline_job`.
 """
-from __future__ import annotations
-
+import os
+import sys
 from pathlib import Path
 
-from disa_jax import runtime
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from disa_jax import launcher  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 from disa_jax.pipeline.offline_job import OfflineConfig, run  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/offline_synthetic.py", "offline config file")
+_CONFIG = launcher.define_flags("offline config file", default_config="configs/offline_synthetic.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)
 
 
-def main(argv):
-  del argv
+def execute(cfg):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  cfg = OfflineConfig.from_config(_CONFIG.value)
-  report = run(cfg, Path(_WORKDIR.value))
+  run(cfg, Path(_WORKDIR.value))
   print((Path(_WORKDIR.value) / "report.md").read_text())
-  return report
 
 
 if __name__ == "__main__":
-  app.run(main)
+  launcher.run(_CONFIG, OfflineConfig.from_config, execute, check=None)  # a tabular problem, no models

@@ -11,7 +11,6 @@ written to ``<output_dir>/stage1_summary.json``. See `disa_jax.workflows.stage1`
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -27,28 +26,10 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
+from disa_jax import launcher  # noqa: E402
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "Stage 1 config (configs/stage1_paper.py:...).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate and print the config, then exit.")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  cfg = Stage1Config.from_config(_CONFIG.value)
-  if _DRY_RUN.value:
-    from disa_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-    print(json.dumps(config_lib.to_dict(cfg), indent=1))
-    return
-  print(json.dumps(run_stage1(cfg), indent=1))
-
+_CONFIG = launcher.define_flags("Stage 1 config (configs/stage1_paper.py:...).")
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
-  app.run(main)
+  launcher.run(_CONFIG, Stage1Config.from_config, run_stage1)

@@ -10,7 +10,6 @@ directory Stage 3's ``--config.data.anchor_path`` names). A rerun finds the anch
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -22,30 +21,17 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
+from disa_jax import launcher  # noqa: E402
 from disa_jax.workflows.stage2 import Stage2Config, run_stage2  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "Stage 2 config (configs/stage2_paper.py:...).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate and print the config, then exit.")
+_CONFIG = launcher.define_flags("Stage 2 config (configs/stage2_paper.py:...).")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  cfg = Stage2Config.from_config(_CONFIG.value)
-  if _DRY_RUN.value:
-    from disa_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-    print(json.dumps(config_lib.to_dict(cfg), indent=1))
-    return
+def execute(cfg):
   summary = run_stage2(cfg)
   summary.pop("history", None)  # long; it is in stage2_summary.json
-  print(json.dumps(summary, indent=1))
+  return summary
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
-  app.run(main)
+  launcher.run(_CONFIG, Stage2Config.from_config, execute)

@@ -7,11 +7,10 @@ r"""Stage 3 entry point: DISA / FlowRL / GRPO / GSPO training.
 A thin flag parser around `disa_jax.workflows.stage3.run_stage3`: the ConfigDict (with
 ``--config.field=value`` overrides) is converted once into the typed `Stage3Config`, which validates
 every field. Re-running with the same ``--workdir`` resumes from its latest checkpoint.
-``--dry_run`` prints the validated config and exits.
+``--dry_run`` checks the config, mesh, lengths, paths and anchor without loading weights.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -23,33 +22,26 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from absl import app  # noqa: E402
+from disa_jax import launcher  # noqa: E402
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "Stage 3 config file (configs/stage3_paper.py:...).")
+_CONFIG = launcher.define_flags("Stage 3 config file (configs/stage3_paper.py:...).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (sets config.workdir).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate and print the config, then exit.")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from disa_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+def convert(config):
   from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # pylint: disable=g-import-not-at-top
-  config = _CONFIG.value
+  from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
+  distributed.initialize()  # no-op without a multi-process launcher's variables
   if _WORKDIR.value:
     config.workdir = _WORKDIR.value
-  cfg = Stage3Config.from_config(config)
-  if _DRY_RUN.value:
-    print(json.dumps(config_lib.to_dict(cfg), indent=1))
-    return
-  distributed.initialize()  # no-op without a multi-process launcher's variables
-  print(json.dumps(run_stage3(cfg), indent=1, default=str))
+  return Stage3Config.from_config(config)
+
+
+def execute(cfg):
+  from disa_jax.workflows.stage3 import run_stage3  # pylint: disable=g-import-not-at-top
+  return run_stage3(cfg)
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
-  app.run(main)
+  launcher.run(_CONFIG, convert, execute)

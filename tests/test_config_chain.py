@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from configs import sft_paper, stage1_paper, stage2_paper, stage3_paper
+from disa_jax import testing
 from disa_jax.workflows.sft import SftConfig
 from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage2 import Stage2Config
@@ -84,22 +85,27 @@ def test_sft_reads_the_math_stage1_data(arg):
   assert sft.stage1_path == str(s1.dataset_path()) and sft.reference_path == s1.reference_path
 
 
-def _dry_run(script: str, config: str) -> dict:
+def _dry_run(script: str, config: str, cwd) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), f"--config={config}",
                         "--dry_run"], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=ROOT)
+                       cwd=cwd)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout)
 
 
 @pytest.mark.slow
-def test_dry_runs_of_the_commands_print_the_same_chain():
+def test_dry_runs_of_the_commands_print_the_same_chain(tmp_path):
   arg = "qwen3-4b-base,math,impl=paper"
-  s1 = _dry_run("stage1.py", f"configs/stage1_paper.py:{arg}")
-  s2 = _dry_run("stage2.py", f"configs/stage2_paper.py:{arg}")
-  s3 = _dry_run("train.py", f"configs/stage3_paper.py:disa,{arg}")
-  sft = _dry_run("sft.py", "configs/sft_paper.py:qwen3-4b-base")
+  # --dry_run checks the inputs: tiny stand-ins at the paths the paper configs name.
+  testing.make_command_inputs(tmp_path, Stage1Config.from_config(stage1_paper.get_config(arg)),
+                              Stage3Config.from_config(stage3_paper.get_config(f"disa,{arg}")))
+  (tmp_path / SftConfig.from_config(sft_paper.get_config("qwen3-4b-base")).stage1_path).mkdir(
+      parents=True, exist_ok=True)  # the SFT default reads the non-'impl=paper' Stage 1 run
+  s1 = _dry_run("stage1.py", f"configs/stage1_paper.py:{arg}", tmp_path)
+  s2 = _dry_run("stage2.py", f"configs/stage2_paper.py:{arg}", tmp_path)
+  s3 = _dry_run("train.py", f"configs/stage3_paper.py:disa,{arg}", tmp_path)
+  sft = _dry_run("sft.py", "configs/sft_paper.py:qwen3-4b-base", tmp_path)
   assert s2["stage1_path"] == os.path.join(s1["output_dir"], "stage1")
   assert s3["data"]["anchor_path"] == s2["anchor_path"]
   assert s3["train"]["objective"]["scale"] == s1["label_scale"] == "sum"

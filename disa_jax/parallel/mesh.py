@@ -51,6 +51,17 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1,
   return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
+def batch_shards(mesh: Mesh) -> int:
+  """How many ways a batch is split on ``mesh`` (the 'batch' rule: data x fsdp)."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def rows_for_mesh(rows: int, shards: int) -> int:
+  """``rows`` rounded up to a multiple of ``shards`` (rows per micro-batch on a mesh whose batch
+  is split ``shards`` ways: every device gets whole rows)."""
+  return -(-rows // shards) * shards
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
   """The device mesh of a stage, shared by every command's config.

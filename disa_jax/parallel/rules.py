@@ -15,6 +15,7 @@ of names, or None (replicated). Every logical name used must appear in the table
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Sequence
 
@@ -23,6 +24,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MeshAxes = str | tuple[str, ...] | None
 Rules = tuple[tuple[str, MeshAxes], ...]
+
+_LOG = logging.getLogger("disa_jax.parallel")
 
 _COMMON: Rules = (
     ("batch", ("data", "fsdp")),
@@ -74,16 +77,20 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules: Rules) -> Partiti
   return PartitionSpec(*spec)
 
 
+def _flat(axes: MeshAxes) -> tuple[str, ...]:
+  return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
+def _parts(axes: MeshAxes, mesh: Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in _flat(axes))
+
+
 def _check_divisible(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh, what: str) -> None:
   for dim, (size, axes) in enumerate(zip(shape, spec)):
-    if axes is None:
-      continue
-    flat = (axes,) if isinstance(axes, str) else tuple(axes)
-    parts = math.prod(mesh.shape[a] for a in flat)
-    if size % parts:
+    if axes is not None and size % _parts(axes, mesh):
       raise ValueError(
-          f"{what}: axis {dim} of size {size} is split over mesh axes {flat} of total size "
-          f"{parts}, which does not divide it (shape {tuple(shape)}, spec {spec})")
+          f"{what}: axis {dim} of size {size} is split over mesh axes {_flat(axes)} of total size "
+          f"{_parts(axes, mesh)}, which does not divide it (shape {tuple(shape)}, spec {spec})")
 
 
 def logical_to_sharding(logical_axes: Sequence[str | None], mesh: Mesh, rules: Rules,
@@ -96,6 +103,62 @@ def logical_to_sharding(logical_axes: Sequence[str | None], mesh: Mesh, rules: R
           f"shape {tuple(shape)} and logical axes {tuple(logical_axes)} differ in rank")
     _check_divisible(spec, shape, mesh, f"logical axes {tuple(logical_axes)}")
   return NamedSharding(mesh, spec)
+
+
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+  """``spec`` made valid for an array of ``shape`` on ``mesh`` (the rules' fallback).
+
+  JAX places an array only when every split dimension is a multiple of its mesh axes' total size
+  (no uneven or padded shards for `device_put` / `make_array_from_callback`). A dimension that its
+  mesh axes do not divide gives them up; they move to the largest unsplit dimension they divide
+  (the parameter stays sharded, along another axis), or, if there is none, that dimension is
+  replicated along them. A spec that already fits is returned unchanged.
+  """
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  loose = []
+  for dim, (size, axes) in enumerate(zip(shape, entries)):
+    if axes is not None and size % _parts(axes, mesh):
+      loose.append(axes)
+      entries[dim] = None
+  for axes in loose:
+    free = [d for d, (size, a) in enumerate(zip(shape, entries))
+            if a is None and size % _parts(axes, mesh) == 0 and not _used(entries, axes)]
+    if free:
+      entries[max(free, key=lambda d: shape[d])] = axes
+  return PartitionSpec(*entries)
+
+
+def param_sharding(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                   rules: Rules) -> tuple[NamedSharding, bool]:
+  """A parameter's sharding from its logical axes, with the `fit_spec` fallback.
+
+  Returns:
+    (the sharding, whether the fallback changed the rules' spec).
+  """
+  if len(shape) != len(logical_axes):
+    raise ValueError(f"shape {tuple(shape)} and logical axes {tuple(logical_axes)} differ in rank")
+  spec = logical_to_spec(logical_axes, rules)
+  fitted = fit_spec(spec, shape, mesh)
+  return NamedSharding(mesh, fitted), fitted != spec
+
+
+_SAID: set[tuple] = set()  # the fallbacks already logged (a policy and its reference say it once)
+
+
+def say_fallbacks(fallbacks: Sequence[str], mesh: Mesh) -> None:
+  """Logs, in one line, the parameters whose rules' sharding did not fit ``mesh`` (once per
+  process for the same mesh and parameters)."""
+  key = (tuple(mesh.shape.items()), tuple(fallbacks))
+  if fallbacks and key not in _SAID:
+    _SAID.add(key)
+    _LOG.warning("mesh %s does not divide %d parameter(s) as the rules split them; sharded along "
+                 "another axis or replicated instead (parameter: spec): %s",
+                 dict(mesh.shape), len(fallbacks), "; ".join(fallbacks))
+
+
+def _used(entries: Sequence[MeshAxes], axes: MeshAxes) -> bool:
+  taken = {a for e in entries for a in _flat(e)}
+  return bool(taken.intersection(_flat(axes)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +175,6 @@ class ShardingContext:
     replicated along it instead); activations such as a batch of 1 while decoding hit this.
     """
     spec = logical_to_spec(logical_axes, self.rules)
-    fitted = []
-    for size, axes in zip(x.shape, spec):
-      flat = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
-      parts = math.prod(self.mesh.shape[a] for a in flat)
-      fitted.append(axes if parts and size % parts == 0 else None)
+    fitted = [axes if size % _parts(axes, self.mesh) == 0 else None
+              for size, axes in zip(x.shape, spec)]
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*fitted)))

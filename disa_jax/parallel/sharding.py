@@ -8,7 +8,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from disa_jax.parallel.rules import Rules, ShardingContext, logical_to_sharding
+from disa_jax.parallel.rules import Rules, ShardingContext, param_sharding, say_fallbacks
 
 
 def param_logical_axes(variable: nnx.Variable) -> tuple[str | None, ...]:
@@ -24,11 +24,24 @@ def param_logical_axes(variable: nnx.Variable) -> tuple[str | None, ...]:
 
 def model_shardings(model: nnx.Module, mesh: Mesh, rules: Rules) -> Any:
   """An nnx.State of NamedSharding, one per parameter of `model` (concrete, or abstract from
-  `nnx.eval_shape`)."""
+  `nnx.eval_shape`).
+
+  A parameter dimension that its mesh axes do not divide falls back (`disa_jax.parallel.rules.
+  fit_spec`); the parameters concerned are logged once, in one line.
+  """
   state = nnx.state(model, nnx.Param)
-  return jax.tree.map(
-      lambda v: logical_to_sharding(param_logical_axes(v), mesh, rules, v.get_value().shape),
-      state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  fallbacks = []
+
+  def one(path, v):
+    sharding, fell_back = param_sharding(param_logical_axes(v), v.get_value().shape, mesh, rules)
+    if fell_back:
+      fallbacks.append(f"{jax.tree_util.keystr(path, simple=True, separator='.')}: {sharding.spec}")
+    return sharding
+
+  shardings = jax.tree_util.tree_map_with_path(one, state,
+                                               is_leaf=lambda x: isinstance(x, nnx.Variable))
+  say_fallbacks(fallbacks, mesh)
+  return shardings
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules) -> nnx.Module:

@@ -299,7 +299,8 @@ class SumJob:
         data=dict(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
                   anchor_path=anchor,
                   replay_path=str(self.stage1_cfg.dataset_path()) if spec.replay.enabled else ""),
-        engine=self.cfg.engine, mesh=self.mesh, train=train, exact_target=exact),
+        engine=self.cfg.engine, mesh=self.mesh, train=train, exact_target=exact,
+        export_dtype="float32"),  # tiny float32 models, measured exactly after export
         f"runs.{method}")
 
   def _sft_config(self):

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from disa_jax.data.packing import PackingLayout
+from disa_jax.parallel.mesh import rows_for_mesh
 from disa_jax.rl.objectives import Disa, Objective
 
 OLD_LOGP_SOURCES = ("recompute", "engine")
@@ -82,7 +83,8 @@ class RolloutConfig:
     row_len: tokens per packed row; 0 = max_prompt_len + max_response_len (a row must hold the
       longest sequence).
     micro_batch_rows: rows per forward/backward (gradient accumulation within a mini-batch) and per
-      scoring pass; a multiple of the mesh's data x fsdp shards.
+      scoring pass; on a mesh it is rounded up to a multiple of the data x fsdp batch shards
+      (`layout`'s ``shards``; e.g. 8 rows on fsdp=6 -> 12), so any mesh works.
     seqs_per_row: most sequences in one packed row (sequence slots per micro-batch =
       micro_batch_rows x seqs_per_row).
     share_prompts: with packing, the update and its scoring passes (pi_ref, pi_old) put each
@@ -128,20 +130,21 @@ class RolloutConfig:
             f"must be 0 or >= max_prompt_len + max_response_len = {longest} (a row holds the "
             "longest sequence)")
 
-  def layout(self, lengths: Any, pad_to: int) -> PackingLayout:
+  def layout(self, lengths: Any, pad_to: int, shards: int = 1) -> PackingLayout:
     """The micro-batch layout of a rollout batch whose sequences have ``lengths`` tokens.
 
     Packing: fixed rows of ``row_len`` tokens (with ``share_prompts``, each prompt once per row).
     Without packing: one sequence per row, every row as long as the batch's longest sequence
-    rounded up to ``pad_to``.
+    rounded up to ``pad_to``. ``shards``: the mesh's batch shards (`disa_jax.parallel.
+    batch_shards`); rows per micro-batch are ``micro_batch_rows`` rounded up to a multiple of it.
     """
+    rows = rows_for_mesh(self.micro_batch_rows, shards)
     if self.packing:
       return PackingLayout(row_len=self.row_len or self.max_prompt_len + self.max_response_len,
-                           rows=self.micro_batch_rows, seqs_per_row=self.seqs_per_row,
+                           rows=rows, seqs_per_row=self.seqs_per_row,
                            share_prompts=self.share_prompts)
     longest = int(max(lengths, default=1))
-    return PackingLayout(packing=False, row_len=-(-longest // pad_to) * pad_to,
-                         rows=self.micro_batch_rows)
+    return PackingLayout(packing=False, row_len=-(-longest // pad_to) * pad_to, rows=rows)
 
 
 @dataclasses.dataclass(frozen=True)

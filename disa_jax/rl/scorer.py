@@ -26,6 +26,7 @@ from flax import nnx
 
 from disa_jax import models
 from disa_jax.data.packing import PackedRows, sequence_lengths
+from disa_jax import parallel
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.batch import RolloutBatch
@@ -61,6 +62,7 @@ class BatchScorer:
     self.cfg, self.objective, self.anchor = cfg, obj, anchor
     self.pad_id, self.pad_to, self.old_in_update = pad_id, pad_to, old_in_update
     self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(ts.BATCH_AXES))
+    self._shards = parallel.batch_shards(mesh)
     self._score_policy = ts.make_scoring_fn(policy_graphdef)
     self._replay_checked = False
     if reference is not None:
@@ -77,7 +79,8 @@ class BatchScorer:
   def _batched(self, fn, params, batch: RolloutBatch) -> np.ndarray:
     """``[B, W]`` per-response-token log-probs of ``batch`` on packed micro-batches."""
     prompts = batch.prompts
-    layout = self.cfg.rollout.layout(sequence_lengths(prompts, batch.response_ids), self.pad_to)
+    layout = self.cfg.rollout.layout(sequence_lengths(prompts, batch.response_ids), self.pad_to,
+                                     self._shards)
     return batch.response_logp_rows(score_packed(
         lambda rows: fn(params, rows), prompts, batch.response_ids, layout, pad_id=self.pad_id,
         put=self._put, fetch=distributed.replicate_to_hosts))
@@ -87,7 +90,7 @@ class BatchScorer:
     anchor that regresses on them)."""
     if not self.anchor.needs_embeddings:
       return self.anchor.query(prompt_ids, None)
-    layout = self.cfg.rollout.layout([len(p) for p in prompt_tokens], self.pad_to)
+    layout = self.cfg.rollout.layout([len(p) for p in prompt_tokens], self.pad_to, self._shards)
     emb = embed_packed(lambda rows: self._embed(self.ref_params, rows, layout.slots),
                        prompt_tokens, layout, self.anchor_dim, pad_id=self.pad_id, put=self._put,
                        fetch=distributed.replicate_to_hosts)

@@ -23,6 +23,7 @@ loop on every process (see `disa_jax.rl.collect` and `disa_jax.parallel.distribu
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,6 +46,7 @@ from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rollout.types import Engine
 
 # Config sections a resumed run must share with the checkpoint (others, e.g. total_steps, may grow).
+_LOG = logging.getLogger("disa_jax.rl")
 RESUME_SECTIONS = ("objective", "optim", "rollout", "replay", "seed", "shuffle")
 
 
@@ -97,10 +99,11 @@ class Trainer:
       obj.check_anchor(anchor, embedding_dim=(reference.config.hidden_size
                                               if anchor.needs_embeddings else None))
     self.mesh = mesh if mesh is not None else parallel.make_mesh()
-    batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-    if rc.micro_batch_rows % batch_shards:
-      raise ValueError(f"rollout.micro_batch_rows={rc.micro_batch_rows} must be divisible by the "
-                       f"mesh's data x fsdp = {batch_shards} batch shards")
+    shards = parallel.batch_shards(self.mesh)
+    if rc.micro_batch_rows % shards and distributed.is_main_process():
+      _LOG.warning("rollout.micro_batch_rows=%d -> %d rows per micro-batch (a multiple of the "
+                   "mesh's data x fsdp = %d batch shards)", rc.micro_batch_rows,
+                   parallel.rows_for_mesh(rc.micro_batch_rows, shards), shards)
     parallel.shard_model(policy, self.mesh, parallel.TRAIN_RULES)
     if reference is not None:
       parallel.shard_model(reference, self.mesh, parallel.TRAIN_RULES)

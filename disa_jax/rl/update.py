@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from disa_jax import models
+from disa_jax import parallel
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
 from disa_jax.data.packing import sequence_lengths
@@ -93,7 +94,8 @@ class PolicyUpdater:
     """
     rc = self.cfg.rollout
     n = len(seqs.prompts)
-    layout = rc.layout(sequence_lengths(seqs.prompts, seqs.responses), self.pad_to)
+    layout = rc.layout(sequence_lengths(seqs.prompts, seqs.responses), self.pad_to,
+                       parallel.batch_shards(self.mesh))
     order = np.random.default_rng([self.cfg.seed, step, 17]).permutation(n)
     size = n // rc.num_minibatches
     collected, micro_counts, real, computed = [], [], 0, 0

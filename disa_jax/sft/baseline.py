@@ -57,7 +57,8 @@ class LoRASFTConfig:
     grad_clip: global-norm clip (0 = off).
     batch_size: sequences per optimizer update (global batch).
     micro_batch_rows: rows per forward/backward; gradients are accumulated over the batch's
-      micro-batches (token-weighted, i.e. equal to the full batch).
+      micro-batches (token-weighted, i.e. equal to the full batch); on a mesh rounded up to a
+      multiple of its data x fsdp batch shards.
     epochs: passes over the kept samples.
     max_seq_len: prompt + response tokens; longer responses are truncated (counted in the summary).
     keep_reward: the reward a sample must have to be kept (1.0 = verified correct).
@@ -126,13 +127,15 @@ class LoRASFTConfig:
                      total_steps=total_steps, schedule="cosine", weight_decay=self.weight_decay,
                      grad_clip=self.grad_clip)
 
-  def layout(self, longest: int) -> packing_lib.PackingLayout:
+  def layout(self, longest: int, shards: int = 1) -> packing_lib.PackingLayout:
     """The micro-batch layout for examples of at most ``longest`` tokens (without packing: each
-    micro-batch padded to its own longest)."""
+    micro-batch padded to its own longest); ``micro_batch_rows`` rounded up to a multiple of the
+    mesh's ``shards`` (data x fsdp)."""
+    rows = parallel.rows_for_mesh(self.micro_batch_rows, shards)
     if not self.packing:
-      return packing_lib.PackingLayout(packing=False, rows=self.micro_batch_rows, pad_to=self.pad_to)
+      return packing_lib.PackingLayout(packing=False, rows=rows, pad_to=self.pad_to)
     return packing_lib.PackingLayout(row_len=self.row_len or -(-longest // self.pad_to) * self.pad_to,
-                                     rows=self.micro_batch_rows, seqs_per_row=self.seqs_per_row)
+                                     rows=rows, seqs_per_row=self.seqs_per_row)
 
   def dtype(self) -> Any:
     if self.compute_dtype == "auto":
@@ -317,13 +320,7 @@ def _lora_model(reference_path: str, config: LoRASFTConfig, dtype: Any, mesh: Me
     (graphdef, adapter parameters, the other state, the ``[R, L]`` micro-batch sharding or None
     without a mesh).
 
-  Raises:
-    ValueError: ``micro_batch_rows`` is not a multiple of the mesh's data x fsdp shards.
   """
-  if mesh is not None and config.micro_batch_rows % (mesh.shape["data"] * mesh.shape["fsdp"]):
-    raise ValueError(f"LoRASFTConfig.micro_batch_rows={config.micro_batch_rows} must be a multiple "
-                     f"of the mesh's data x fsdp = {mesh.shape['data'] * mesh.shape['fsdp']} "
-                     "batch shards")
   model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat,
                                  attention_chunk=config.attention_chunk)
   lora.apply_lora(model, config.lora, seed=config.seed)
@@ -436,7 +433,8 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
   """
   n = len(enc.prompts)
   total_steps = steps_per_epoch * config.epochs
-  layout = config.layout(max(len(p) + len(r) for p, r in zip(enc.prompts, enc.responses)))
+  shards = 1 if batch_sharding is None else parallel.batch_shards(batch_sharding.mesh)
+  layout = config.layout(max(len(p) + len(r) for p, r in zip(enc.prompts, enc.responses)), shards)
   tx, step_fn = make_accumulating_step(config.sft(total_steps), graphdef)
   opt_state = tx.init(lora_params)
   ckpt = CheckpointManager(out_path.rstrip("/") + ".ckpt", max_to_keep=1, async_save=False)

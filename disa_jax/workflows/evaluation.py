@@ -33,6 +33,7 @@ from disa_jax.checkpoint import selection
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.workflows.export import EXPORT_DTYPES
 
 
 
@@ -66,6 +67,7 @@ class EvalConfig:
   judge_cache_dir: str = ""
   diversity_benchmarks: tuple[str, ...] = ("aime24", "aime25")
   diversity_k: int = 8
+  export_dtype: str = "bfloat16"
 
   def __post_init__(self):
     if not self.output_dir:
@@ -75,6 +77,8 @@ class EvalConfig:
                        f"workdir); got model_path={self.model_path!r}, run_dir={self.run_dir!r}")
     check_rendering(self.rendering)
     selection.check_which(self.run_checkpoint, "run_checkpoint")
+    if self.export_dtype not in EXPORT_DTYPES:
+      raise ValueError(f"export_dtype must be one of {EXPORT_DTYPES}, got {self.export_dtype!r}")
     for name, path in self.benchmarks.items():
       if not isinstance(path, str):
         raise ValueError(f"benchmarks.{name} must be a path string ('' skips it), got {path!r}")
@@ -105,7 +109,8 @@ def resolve_model(cfg: EvalConfig) -> tuple[str, selection.Choice | None]:
   print(f"evaluation: {cfg.run_dir} checkpoint {choice.step}: {choice.reason}", flush=True)
   out = Path(cfg.output_dir) / f"policy_step{choice.step}"
   if not (out / "export_info.json").exists():
-    export.export_policy(cfg.run_dir, out, step=choice.step, overwrite_partial=True, choice=choice)
+    export.export_policy(cfg.run_dir, out, step=choice.step, dtype=cfg.export_dtype,
+                         overwrite_partial=True, choice=choice)
   return str(out), choice
 
 

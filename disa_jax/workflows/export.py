@@ -4,9 +4,10 @@ The trainer saves orbax checkpoints under ``<run_dir>/checkpoints/<step>`` whose
 holds ``params`` (the policy's `nnx.Param` state as a pure dict) beside the optimizer state.
 `export_policy` restores only ``params`` (a partial restore: the optimizer moments are never read),
 loads them into the backbone named by the run's ``config.json`` (``model.policy_path``), and writes
-``config.json`` + ``model.safetensors`` with `disa_jax.models.save_pretrained`, plus the backbone's
-tokenizer and generation files, so that vLLM, transformers and `disa_jax.models.from_pretrained`
-load the trained policy.
+``config.json``, safetensors shards of at most ``max_shard_bytes`` with their
+``model.safetensors.index.json`` (bfloat16 by default; `disa_jax.models.save_pretrained`), plus the
+backbone's tokenizer and generation files, so that vLLM, transformers and
+`disa_jax.models.from_pretrained` load the trained policy.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from disa_jax.checkpoint.selection import Choice, finished_steps
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SKIP_FILES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+EXPORT_DTYPES = ("bfloat16", "float32")
+MAX_SHARD_BYTES = 5 * 2**30  # as transformers' default shard size (5 GB)
 
 
 def latest_step(run_dir: str | Path) -> int:
@@ -29,16 +32,17 @@ def latest_step(run_dir: str | Path) -> int:
 
 
 def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
-                  dtype: str | None = None, overwrite_partial: bool = False,
-                  choice: Choice | None = None) -> str:
+                  dtype: str = "bfloat16", max_shard_bytes: int = MAX_SHARD_BYTES,
+                  overwrite_partial: bool = False, choice: Choice | None = None) -> str:
   """Writes the policy of checkpoint ``step`` (default: the latest) of ``run_dir`` to ``out_dir``.
 
   Args:
     run_dir: a `launch/train.py` workdir (``config.json`` and ``checkpoints/``).
     out_dir: the HF directory to create (refused when it already holds a config.json).
     step: checkpoint step; None = the latest.
-    dtype: storage dtype of the exported weights ('bfloat16', 'float32'); None = the trained
-      parameters' dtype (the run's ``model.param_dtype``).
+    dtype: storage dtype of the exported weights, one of `EXPORT_DTYPES` (the run's
+      ``export_dtype``).
+    max_shard_bytes: largest safetensors shard (the index json lists every tensor's shard).
     overwrite_partial: remove an ``out_dir`` left by an interrupted export (one without
       ``export_info.json``, the file written last) instead of refusing it.
     choice: how ``step`` was chosen (`disa_jax.checkpoint.selection.choose_step`), recorded in
@@ -47,12 +51,15 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
   Returns:
     ``out_dir`` as a string.
   """
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from disa_jax import models  # pylint: disable=g-import-not-at-top
 
+  if dtype not in EXPORT_DTYPES:
+    raise ValueError(f"export dtype must be one of {EXPORT_DTYPES}, got {dtype!r}")
   run_dir, out_dir = Path(run_dir), Path(out_dir)
   if overwrite_partial and out_dir.exists() and not (out_dir / "export_info.json").exists():
     shutil.rmtree(out_dir)
@@ -70,17 +77,22 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
   model = models.from_pretrained(policy_path, dtype=jnp.dtype(model_cfg["param_dtype"]))
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
-  with ocp.PyTreeCheckpointer() as ckptr:
+  # Only this process reads (a multi-process run exports on its main process alone): orbax's
+  # barriers span just this process, otherwise they wait for processes that never come.
+  this = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                            active_processes={jax.process_index()})
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(multiprocessing_options=this),
+                        multiprocessing_options=this) as ckptr:
     restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
         item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
         partial_restore=True))
   nnx.replace_by_pure_dict(params, restored["params"])
   nnx.update(model, params)
-  models.save_pretrained(model, str(out_dir), dtype=None if dtype is None else jnp.dtype(dtype))
+  models.save_pretrained(model, str(out_dir), dtype=jnp.dtype(dtype), max_shard_bytes=max_shard_bytes)
   for f in Path(policy_path).iterdir():  # tokenizer, chat template, generation config
     if f.is_file() and f.name not in SKIP_FILES and not f.name.endswith(WEIGHT_SUFFIXES):
       shutil.copy2(f, out_dir / f.name)
   (out_dir / "export_info.json").write_text(json.dumps(
-      {"run_dir": str(run_dir.resolve()), "step": step, "policy_path": policy_path,
+      {"run_dir": str(run_dir.resolve()), "step": step, "policy_path": policy_path, "dtype": dtype,
        "checkpoint": None if choice is None else choice.to_dict()}, indent=1))
   return str(out_dir)

@@ -36,6 +36,7 @@ from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.workflows.export import EXPORT_DTYPES
 
 DTYPES = ("float32", "bfloat16")
 
@@ -118,6 +119,7 @@ class Stage3Config:
     export: write the final policy to ``<workdir>/final`` as an HF directory.
     export_checkpoint: which checkpoint ``final`` holds: 'best' (by validation; the latest when
       the run never validated), 'latest' or a step number.
+    export_dtype: storage dtype of that export ('bfloat16' | 'float32').
   """
   workdir: str = ""
   model: BackboneConfig = BackboneConfig()
@@ -128,9 +130,12 @@ class Stage3Config:
   exact_target: ExactTargetConfig = ExactTargetConfig()
   export: bool = True
   export_checkpoint: str = "best"
+  export_dtype: str = "bfloat16"
 
   def __post_init__(self):
     selection.check_which(self.export_checkpoint, "export_checkpoint")
+    if self.export_dtype not in EXPORT_DTYPES:
+      raise ValueError(f"export_dtype must be one of {EXPORT_DTYPES}, got {self.export_dtype!r}")
     if not self.model.policy_path:
       raise ValueError("model.policy_path is required (a local HF directory), got ''")
     if not self.data.train_path:
@@ -308,8 +313,8 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
     if not (final / "export_info.json").exists():
       choice = selection.choose_step(workdir, cfg.export_checkpoint)
       print(f"stage3: exporting checkpoint {choice.step}: {choice.reason}", flush=True)
-      export.export_policy(workdir, final, step=choice.step, overwrite_partial=True,
-                           choice=choice)
+      export.export_policy(workdir, final, step=choice.step, dtype=cfg.export_dtype,
+                           overwrite_partial=True, choice=choice)
     summary["export"] = str(final)
     summary["export_checkpoint"] = json.loads((final / "export_info.json").read_text()).get(
         "checkpoint")

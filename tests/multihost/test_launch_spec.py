@@ -1,9 +1,13 @@
 """Launch detection from SLURM / TPU / explicit environment variables (no processes started)."""
+import os
+import sys
+
 import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from disa_jax import testing
 from disa_jax.parallel import distributed
 
 
@@ -73,31 +77,15 @@ def test_single_process_rows_and_batch():
 
 def test_multihost_check_two_processes():
   """`launch/multihost.py --check` joins 2 processes (3 CPU devices each) and all-reduces."""
-  import os
-  import socket
-  import subprocess
-  import sys
   root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  procs = []
-  for pid in range(2):
-    env = dict(os.environ, DISA_COORDINATOR=f"localhost:{port}", DISA_NUM_PROCESSES="2",
-               DISA_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=3")
-    procs.append(subprocess.Popen([sys.executable, os.path.join(root, "launch", "multihost.py"),
-                                   "--check"], cwd=root, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True))
-  outs = []
-  try:
-    for p in procs:
-      outs.append(p.communicate(timeout=90)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  assert [p.returncode for p in procs] == [0, 0], outs
+  port = testing.free_port()
+  results = testing.run_processes(
+      [([sys.executable, os.path.join(root, "launch", "multihost.py"), "--check"],
+        dict(os.environ, DISA_COORDINATOR=f"localhost:{port}", DISA_NUM_PROCESSES="2",
+             DISA_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=3")) for pid in range(2)],
+      cwd=root, timeout=90)
+  outs = [out for _, out in results]
+  assert [rc for rc, _ in results] == [0, 0], outs
   for pid, out in enumerate(outs):
     assert f"process {pid}/2 launch=env local_devices=3 global_devices=6 all_reduce=21 OK" in out

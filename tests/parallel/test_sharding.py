@@ -9,6 +9,7 @@ from flax import nnx
 from jax.sharding import AxisType, PartitionSpec
 
 from disa_jax import parallel, scoring, testing
+from disa_jax.rl.config import RolloutConfig
 
 MESHES = [dict(data=2, fsdp=2, tensor=2), dict(data=1, fsdp=4, tensor=2),
           pytest.param(dict(data=8, fsdp=1, tensor=1), marks=pytest.mark.slow),
@@ -83,3 +84,45 @@ def test_sampling_rules_replicate_over_fsdp(reference):
   assert sharded.embed[...].sharding.spec == PartitionSpec("tensor", None)
   logits = nnx.jit(lambda m, i, k: m(i, attention_mask=k))(sharded, ids, mask)
   np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5)
+
+
+def test_fit_spec_moves_or_replicates_what_the_mesh_does_not_divide():
+  mesh = parallel.make_mesh(data=1, fsdp=6, tensor=1, devices=jax.devices()[:6])
+  spec = parallel.logical_to_spec(("layers", "embed", "q_heads", "head_dim"), parallel.TRAIN_RULES)
+  # Qwen3-4B's q kernel: 2560 is not a multiple of 6, the 36 layers are: fsdp moves there.
+  assert parallel.fit_spec(spec, (36, 2560, 32, 128), mesh) == PartitionSpec(
+      "fsdp", None, "tensor", None)
+  # Nothing divisible by 6: replicated along fsdp.
+  assert parallel.fit_spec(spec, (2, 64, 4, 16), mesh) == PartitionSpec(None, None, "tensor", None)
+  assert parallel.fit_spec(spec, (2, 60, 4, 16), mesh) == spec  # fits: unchanged
+  with pytest.raises(ValueError, match="differ in rank"):
+    parallel.param_sharding(("embed",), (6, 6), mesh, parallel.TRAIN_RULES)
+
+
+@pytest.mark.parametrize("n", [6, pytest.param(3, marks=pytest.mark.slow),
+                               pytest.param(5, marks=pytest.mark.slow)])
+def test_mesh_that_divides_no_dimension_still_trains(reference, n, caplog):
+  """fsdp = 6 / 3 / 5 over a d=64 model with a 2-layer stack: the rules fall back (one log line
+  naming the parameters) and forward and gradients equal the single-device ones."""
+  model, ids, mask, ref_logits, ref_grads = reference
+  mesh = parallel.make_mesh(data=1, fsdp=n, tensor=1, devices=jax.devices()[:n])
+  with caplog.at_level("WARNING", logger="disa_jax.parallel"):
+    sharded = parallel.shard_model(nnx.clone(model), mesh, parallel.TRAIN_RULES)
+    parallel.shard_model(nnx.clone(model), mesh, parallel.TRAIN_RULES)  # e.g. the reference
+  lines = [r.getMessage() for r in caplog.records if r.name == "disa_jax.parallel"]
+  assert len(lines) == 1 and "layers.q_kernel" in lines[0] and "embed" in lines[0], lines
+  assert sharded.layers.q_kernel[...].sharding.spec == PartitionSpec(None, None, "tensor", None)
+  logits = nnx.jit(lambda m, i, k: m(i, attention_mask=k))(sharded, ids, mask)
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5)
+  grads = nnx.jit(nnx.grad(lambda m, i, k: _loss(m, i, k)))(sharded, ids, mask)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=str(path))
+
+
+def test_micro_batch_rows_follow_the_mesh():
+  for shards, rows in ((1, 8), (6, 12), (3, 9), (5, 10), (16, 16), (24, 24), (32, 32)):
+    assert parallel.rows_for_mesh(8, shards) == rows
+    assert RolloutConfig(micro_batch_rows=8).layout([10], 16, shards).rows == rows
+    assert RolloutConfig(micro_batch_rows=8, packing=False).layout([10], 16, shards).rows == rows
+  assert parallel.batch_shards(parallel.make_mesh(data=2, fsdp=3, tensor=1,
+                                                  devices=jax.devices()[:6])) == 6

@@ -143,12 +143,11 @@ def test_sft_batch_packs_each_example_of_the_batch_once():
     assert most > 1 if pack else most == 1  # rows shared only with packing
 
 
-def test_micro_batch_rows_must_divide_over_the_mesh_batch_shards():
-  mesh = make_mesh(data=1, fsdp=2, devices=jax.devices()[:2])
-  with pytest.raises(ValueError, match=r"micro_batch_rows=3 must be a multiple of the mesh's "
-                                       r"data x fsdp = 2"):
-    baseline._lora_model("/nonexistent", baseline.LoRASFTConfig(micro_batch_rows=3),  # pylint: disable=protected-access
-                         jnp.float32, mesh)
+def test_micro_batch_rows_round_up_to_the_mesh_batch_shards():
+  cfg = baseline.LoRASFTConfig(micro_batch_rows=3)
+  assert cfg.layout(40).rows == 3
+  assert cfg.layout(40, shards=2).rows == 4  # fsdp=2: every device gets whole rows
+  assert baseline.LoRASFTConfig(micro_batch_rows=8, packing=False).layout(40, shards=6).rows == 12
 
 
 def test_config_validation():

@@ -261,7 +261,7 @@ def test_stage3_disa_trains_on_the_stage2_anchor(jax_pipeline, checkpoints, tmp_
   assert json.loads((workdir / "config.json").read_text())["data"]["anchor_path"] == p["cfg2"].anchor_path
   # The evaluation command takes the run directly: its step-1 policy is exported, then evaluated.
   c = eval_config("", _math500(tmp_path), tmp_path / "ev", "jax")
-  c.run_dir, c.math_k = str(workdir), 2
+  c.run_dir, c.math_k, c.export_dtype = str(workdir), 2, "float32"  # float32: the step's change shows
   summary = run_evaluation(EvalConfig.from_config(c))
   exported = tmp_path / "ev" / "policy_step1"
   assert summary["model_path"] == str(exported) and set(summary["benchmarks"]) == {"math500"}
