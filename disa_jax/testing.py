@@ -178,7 +178,7 @@ def make_command_inputs(root: str | os.PathLike, stage1: Any, stage3: Any,
   root = pathlib.Path(root)
   for model in {stage1.reference_path, stage1.proposal_path, stage3.model.policy_path}:
     save_tiny_checkpoint(str(root / model), max_position_embeddings=max_position_embeddings)
-  for data in {stage1.prompts_path, stage3.data.train_path}:
+  for data in {stage1.prompts_path, stage3.data.train_path, *stage3.data.validation_paths}:
     (root / data).parent.mkdir(parents=True, exist_ok=True)
     (root / data).touch()
   (root / stage1.output_dir / "stage1").mkdir(parents=True, exist_ok=True)

