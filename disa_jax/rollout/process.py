@@ -34,8 +34,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.rollout import shm
-from disa_jax.rollout.engines import ProcessOptions, check_kind, make_local_engine
+from disa_jax.rollout import reaper, shm
+from disa_jax.rollout.engines import MODEL_ENGINES, ProcessOptions, check_kind, make_local_engine
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 
 _FINISH = ("stop", "length")
@@ -115,6 +115,9 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
+  # Before anything registers a segment or semaphore: a tracker that survives a kill -9 of this
+  # process and removes what vLLM's processes registered (`reaper`).
+  reaper.use_private_resource_tracker()
   os.environ.update(spec.env)
   if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
     from disa_jax import runtime  # pylint: disable=g-import-not-at-top
@@ -206,7 +209,7 @@ class RemoteEngine:
 
   def __init__(self, kind: str, model_path: str, *, options: Mapping[str, Any] | None = None,
                process: ProcessOptions = ProcessOptions()):
-    check_kind(kind, "RemoteEngine kind")
+    check_kind(kind, "RemoteEngine kind", MODEL_ENGINES)
     self.kind = kind
     self.timeout_s = process.timeout_s
     self.heartbeat_timeout_s = process.heartbeat_timeout_s

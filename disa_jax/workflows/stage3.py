@@ -29,6 +29,7 @@ from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
+from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 
 DTYPES = ("float32", "bfloat16")
@@ -259,13 +260,15 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
           if tc.replay.enabled else None)
   # One generation process per host, owned by the host's first process (all of them in a
   # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
+  stop = stop_ids.stop_token_ids(tokenizer, cfg.model.policy_path,
+                                 chat_template=dc.rendering == "chat_template")
   engine = (cfg.engine.make(cfg.model.policy_path, env=distributed.generation_env())
             if distributed.is_host_leader() else None)
   try:
     trainer = Trainer(tc, str(workdir), policy=policy, reference=reference, engine=engine,
                       prompts=prompts, reward_fn=reward_fn,
                       decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                      stop_token_ids=(int(tokenizer.eos_token_id),),
+                      stop_token_ids=stop,
                       pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                  else tokenizer.eos_token_id),
                       anchor=anchor, validation_prompts=validation, mesh=mesh,
@@ -279,7 +282,8 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
     if engine is not None:
       engine.close()
   summary = {"workdir": str(workdir), "steps_run": len(history), "start_step": trainer.start_step,
-             "final": history[-1] if history else None, "export": None}
+             "final": history[-1] if history else None, "export": None,
+             "stop_token_ids": list(stop)}
   final = workdir / "final"
   if cfg.export and distributed.is_main_process():
     if not (final / "export_info.json").exists():
