@@ -50,13 +50,20 @@ def _gpu_list(value: str) -> set[str]:
   return {g.strip() for g in value.split(",") if g.strip()}
 
 
+def nvidia_gpus_present() -> bool:
+  """Whether the NVIDIA driver lists GPUs on this machine."""
+  gpu_dir = "/proc/driver/nvidia/gpus"
+  return os.path.isdir(gpu_dir) and bool(os.listdir(gpu_dir))
+
+
 def check_gpu_placement(kind: str, worker_env: Mapping[str, str],
                         trainer_env: Mapping[str, str] | None = None,
                         gpus_present: bool | None = None) -> None:
   """Refuses a generation process that would use the trainer's GPUs without being asked to.
 
   The trainer uses GPUs when JAX may (``JAX_PLATFORMS`` unset or naming cuda/gpu) and GPUs exist:
-  those of its ``CUDA_VISIBLE_DEVICES``, or all of them. The generation process uses its own
+  those of ``DISA_LOCAL_DEVICE_IDS`` (indices into its visible GPUs), else those of its
+  ``CUDA_VISIBLE_DEVICES``, else all of them. The generation process uses its own
   ``CUDA_VISIBLE_DEVICES`` (``DISA_GENERATION_GPUS`` or ``engine.process.env``), else the
   trainer's. Overlap is allowed only with ``DISA_GENERATION_SHARES_GPUS=1``.
 
@@ -64,7 +71,7 @@ def check_gpu_placement(kind: str, worker_env: Mapping[str, str],
     kind: the engine kind ('openai' has no local process: nothing to check).
     worker_env: the variables set for the generation process on top of the trainer's.
     trainer_env: the trainer's environment (default: ``os.environ``).
-    gpus_present: whether this machine has NVIDIA GPUs (default: ``/proc/driver/nvidia/gpus``).
+    gpus_present: whether this machine has NVIDIA GPUs (default: `nvidia_gpus_present`).
 
   Raises:
     ValueError: one line naming both processes' GPUs and the fix.
@@ -75,19 +82,22 @@ def check_gpu_placement(kind: str, worker_env: Mapping[str, str],
   platforms = env.get("JAX_PLATFORMS", "")
   if platforms and not any(p in platforms for p in ("cuda", "gpu", "rocm")):
     return  # the trainer's JAX does not use GPUs
-  if gpus_present is None:
-    gpu_dir = "/proc/driver/nvidia/gpus"
-    gpus_present = os.path.isdir(gpu_dir) and bool(os.listdir(gpu_dir))
-  if not gpus_present:
+  if not (nvidia_gpus_present() if gpus_present is None else gpus_present):
     return
-  trainer = env.get("CUDA_VISIBLE_DEVICES")
-  worker = worker_env.get("CUDA_VISIBLE_DEVICES", trainer)
+  visible = env.get("CUDA_VISIBLE_DEVICES")
+  trainer = visible
+  local = env.get("DISA_LOCAL_DEVICE_IDS", "")
+  if local:  # the trainer drives these of its visible GPUs (jax.distributed local_device_ids)
+    ids = [g.strip() for g in visible.split(",")] if visible else None
+    trainer = ",".join(ids[int(i)] if ids and int(i) < len(ids) else i
+                       for i in sorted(_gpu_list(local)))
+  worker = worker_env.get("CUDA_VISIBLE_DEVICES", visible)
   shared = (trainer is None or worker is None
             or bool(_gpu_list(trainer) & _gpu_list(worker)))
   if shared:
     raise ValueError(
-        f"the {kind} generation process would share the trainer's GPUs (trainer "
-        f"CUDA_VISIBLE_DEVICES={trainer if trainer is not None else '<all>'}, generation "
+        f"the {kind} generation process would share the trainer's GPUs (trainer GPUs "
+        f"{trainer if trainer is not None else '<all>'}, generation "
         f"CUDA_VISIBLE_DEVICES={worker if worker is not None else '<all>'}): set "
         f"DISA_GENERATION_GPUS to GPUs the trainer does not use (e.g. CUDA_VISIBLE_DEVICES=0,1,2,3,"
         f"4,5 DISA_GENERATION_GPUS=6,7), or {SHARE_GPUS_ENV}=1 to share them on purpose")

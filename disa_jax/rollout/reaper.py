@@ -11,7 +11,8 @@ them when the processes that registered them are gone, but only if the tracker i
   unlinks what the worker's process tree registered and did not release;
 * ``vllm serve`` runs in its own session with its tracker as a child: a kill of the whole group
   kills the tracker too. `ProcessTreeShm` records, while the tree is alive, every /dev/shm name its
-  processes map (``/proc/<pid>/maps``) and unlinks those names once the tree has ended.
+  processes map (``/proc/<pid>/maps``, matched by inode) and unlinks those names once the tree has
+  ended.
 """
 from __future__ import annotations
 
@@ -60,18 +61,29 @@ def process_tree(pid: int) -> list[int]:
 
 
 def mapped_shm_names(pids: Iterable[int]) -> set[str]:
-  """The /dev/shm entries (shared memory segments, named semaphores) that ``pids`` have mapped."""
-  names = set()
+  """The /dev/shm entries (shared memory segments, named semaphores) that ``pids`` have mapped.
+
+  Matched by inode: glibc creates a named semaphore under a temporary name and links it to
+  ``sem.<name>``, so a process's maps show the temporary (deleted) name, not the live one.
+  """
+  inodes = set()
   for pid in pids:
     try:
       with open(f"/proc/{pid}/maps") as f:
         for line in f:
           parts = line.split(None, 5)
-          path = parts[5].strip() if len(parts) == 6 else ""
-          if path.startswith(SHM_DIR + "/") and not path.endswith(" (deleted)"):
-            names.add(path[len(SHM_DIR) + 1:])
+          if len(parts) == 6 and parts[5].startswith(SHM_DIR + "/"):
+            inodes.add(int(parts[4]))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
       continue
+  names = set()
+  if inodes and os.path.isdir(SHM_DIR):
+    for entry in os.scandir(SHM_DIR):
+      try:
+        if entry.inode() in inodes and not entry.is_dir(follow_symlinks=False):
+          names.add(entry.name)
+      except FileNotFoundError:
+        continue
   return names
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from disa_jax.rollout import ProcessOptions, SamplingParams, make_engine, shm
 from disa_jax.rollout.jax_sampler import JaxSampler
-from tests.rollout import reference
+from tests.rollout import reference, stop_case
 
 # `vllm`: skipped without the package, failed under CI=true (tests/conftest.py).
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -73,3 +73,16 @@ def test_greedy_vllm_equals_greedy_jax(vllm_engine, jax_sampler):
 def test_vllm_weight_update_changes_and_restores_bit_for_bit(vllm_engine, hf_state):
   params = SamplingParams(n=2, temperature=0.9, max_tokens=10, seed=3)
   reference.check_update_changes_and_restores(vllm_engine, PROMPTS, params, hf_state, seed=0)
+
+
+def test_vllm_stops_at_the_generation_config_eos(vllm_engine, tmp_path):
+  """Tokenizer eos 2, generation_config eos another token: sampling ends at the latter."""
+  stop_case.check_engine_stops_at_generation_config_eos(vllm_engine, str(tmp_path / "tok"))
+
+
+def test_any_llm_keyword_passes_and_an_unknown_one_is_named():
+  import vllm  # pylint: disable=g-import-not-at-top  (the test module is skipped without it)
+  from disa_jax.rollout.vllm_engine import check_llm_kwargs  # pylint: disable=g-import-not-at-top
+  check_llm_kwargs(vllm, {"enforce_eager": False, "kv_cache_dtype": "auto", "swap_space": 1})
+  with pytest.raises(ValueError, match=r"engine\.vllm_kwargs\.enforce_eagre is not a vllm\.LLM"):
+    check_llm_kwargs(vllm, {"enforce_eagre": True})
