@@ -30,7 +30,7 @@ from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout import stop_ids
-from disa_jax.rollout.engines import EngineConfig
+from disa_jax.rollout.engines import MODEL_ENGINES, EngineConfig
 
 DTYPES = ("float32", "bfloat16")
 
@@ -126,6 +126,9 @@ class Stage3Config:
       raise ValueError("model.policy_path is required (a local HF directory), got ''")
     if not self.data.train_path:
       raise ValueError("data.train_path is required (a prompt file), got ''")
+    if self.engine.kind not in MODEL_ENGINES:
+      raise ValueError(f"engine.kind={self.engine.kind!r} cannot serve the Stage 3 policy (its "
+                       f"weights change every step): use one of {MODEL_ENGINES}")
     obj, replay = self.train.objective, self.train.replay
     if obj.needs_anchor and not self.data.anchor_path:
       raise ValueError(f"data.anchor_path is required for objective {obj.name!r}, got ''")

@@ -4,10 +4,12 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from configs import stage3_paper
 from disa_jax import config as config_lib
 from disa_jax.rollout import engines
 from disa_jax.rollout.engines import EngineConfig, ProcessOptions, check_gpu_placement
 from disa_jax.rollout.vllm_engine import VllmEngine, default_enforce_eager
+from disa_jax.workflows.stage3 import Stage3Config
 
 CONFIG = '''
 from configs import common
@@ -105,3 +107,11 @@ def test_engine_config_refuses_before_starting_a_process(monkeypatch, tmp_path):
   monkeypatch.setenv("DISA_GENERATION_GPUS", "2,3")
   EngineConfig(kind="jax").make(str(tmp_path))
   assert started == [("jax", str(tmp_path))]
+
+
+def test_stage3_refuses_a_served_policy():
+  c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
+  c.engine.kind = "openai"
+  c.engine.openai.base_url, c.engine.openai.model = "http://h/v1", "m"
+  with pytest.raises(ValueError, match=r"engine\.kind='openai' cannot serve the Stage 3 policy"):
+    Stage3Config.from_config(c)

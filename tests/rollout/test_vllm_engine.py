@@ -83,6 +83,7 @@ def test_vllm_stops_at_the_generation_config_eos(vllm_engine, tmp_path):
 def test_any_llm_keyword_passes_and_an_unknown_one_is_named():
   import vllm  # pylint: disable=g-import-not-at-top  (the test module is skipped without it)
   from disa_jax.rollout.vllm_engine import check_llm_kwargs  # pylint: disable=g-import-not-at-top
-  check_llm_kwargs(vllm, {"enforce_eager": False, "kv_cache_dtype": "auto", "swap_space": 1})
+  check_llm_kwargs(vllm, {"enforce_eager": False, "kv_cache_dtype": "auto",
+                         "max_num_batched_tokens": 256})
   with pytest.raises(ValueError, match=r"engine\.vllm_kwargs\.enforce_eagre is not a vllm\.LLM"):
     check_llm_kwargs(vllm, {"enforce_eagre": True})
