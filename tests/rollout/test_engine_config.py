@@ -2,9 +2,10 @@
 enforce_eager default, and the GPU-placement refusal (no GPU needed)."""
 import pytest
 from absl import flags
+from ml_collections import ConfigDict
 from ml_collections import config_flags
 
-from configs import stage3_paper
+from configs import common, stage3_paper
 from disa_jax import config as config_lib
 from disa_jax.rollout import engines
 from disa_jax.rollout.engines import EngineConfig, ProcessOptions, check_gpu_placement
@@ -115,3 +116,14 @@ def test_stage3_refuses_a_served_policy():
   c.engine.openai.base_url, c.engine.openai.model = "http://h/v1", "m"
   with pytest.raises(ValueError, match=r"engine\.kind='openai' cannot serve the Stage 3 policy"):
     Stage3Config.from_config(c)
+
+
+
+def test_open_sections_stay_open_when_a_config_reassigns_them():
+  """Config files and tests assign whole sections (`c.engine.vllm_kwargs = ConfigDict({...})`)."""
+  e = common.engine("vllm")
+  e.vllm_kwargs = ConfigDict({"max_model_len": 512})
+  e.process.env = {"A": "1"}
+  assert type(e.vllm_kwargs) is common.OpenSection and type(e.process.env) is common.OpenSection
+  assert e.vllm_kwargs.get_type("enforce_eager") is object  # an undeclared key is still taken
+  assert "enforce_eager" in e.vllm_kwargs and e.vllm_kwargs.max_model_len == 512
