@@ -16,6 +16,9 @@ Failure handling (never a hang):
   One window remains: a trainer killed after creating the segments but before its worker has mapped
   them leaves names that no live process knows; the next `RemoteEngine` on the machine removes them
   (`shm.cleanup_stale_segments`: creator pid dead).
+* what the engine itself creates in /dev/shm (vLLM's ``psm_*`` segments, ``sem.mp-*`` semaphores)
+  is registered with a resource tracker private to the worker (`reaper`), which outlives a kill -9
+  of the worker and removes it.
 """
 
 from __future__ import annotations
