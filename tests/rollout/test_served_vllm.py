@@ -7,7 +7,8 @@ server, in file order:
 1. `OpenAIEngine` (``engine.kind='openai'``): its log-probs are those of the distribution sampled
    from (recomputed teacher-forced with our JAX model), raw log-probs likewise, and sampling stops
    at a generation config's eos that differs from the tokenizer's (`stop_case`);
-2. one server crash, two clients. The diversity judge (`DiversityJudge`, on the `openai` client)
+2. evaluation through ``engine.kind='openai'`` (two MATH-500 problems, k = 2);
+3. one server crash, two clients. The diversity judge (`DiversityJudge`, on the `openai` client)
    scores a few problems under structured output (the bare random model does not answer in the
    judge's format, and the client says so). Stage 1 runs through ``engine.kind='openai'`` in full,
    then again with the server killed before its second batch (a `ServedEngineError` naming the
@@ -36,10 +37,12 @@ from disa_jax.rollout import SamplingParams, openai_engine
 from disa_jax.rollout.engines import ServedEndpoint
 from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEngineError
 from disa_jax.rollout.served import VllmServer
+from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
 from tests.rollout import reference, stop_case
-from tests.workflows.conftest import make_checkpoint as make_reference, write_dapo_parquet
-from tests.workflows.test_end_to_end import stage1_config
+from tests.workflows.conftest import make_checkpoint as make_reference
+from tests.workflows.conftest import write_dapo_parquet, write_prompt_files
+from tests.workflows.test_end_to_end import eval_config, stage1_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -122,6 +125,16 @@ def test_openai_engine_logprobs_and_stop_ids(served, tmp_path):
     stop_case.check_engine_stops_at_generation_config_eos(engine, str(tmp_path / "tok"))
     with pytest.raises(ServedEngineError, match="cannot be replaced"):
       engine.update_weights({})
+
+
+def test_evaluation_through_the_served_model(served, tmp_path):
+  files = write_prompt_files(tmp_path)
+  c = eval_config(served.model_path, {"math500": files["math500"]}, tmp_path / "eval", "openai")
+  c.engine.openai = ConfigDict({"base_url": served.url, "model": SERVED_NAME})
+  summary = run_evaluation(EvalConfig.from_config(c))
+  assert set(summary["benchmarks"]) == {"math500"} and summary["stop_token_ids"] == {"math500": [2]}
+  rows = (tmp_path / "eval" / "math500_responses.jsonl").read_text().splitlines()
+  assert len(rows) == 2 and all(len(json.loads(r)["responses"]) == 2 for r in rows)
 
 
 def _stage1(root, served, name: str) -> Stage1Config:
