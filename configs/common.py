@@ -149,7 +149,7 @@ def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size:
   # MODEL --logprobs-mode processed_logprobs` (sampled-distribution log-probs are checked):
   e.openai.base_url = ""  # OpenAI base URL, e.g. 'http://host:8000/v1'.
   e.openai.model = ""  # Served model name (--served-model-name).
-  e.openai.api_key = ""  # Bearer token ('' = none).
+  e.openai.api_key = ""  # Bearer token; '' = $OPENAI_API_KEY if set (configs are saved in runs).
   e.openai.timeout_s = 600.0  # Per-request timeout.
   e.openai.max_retries = 2  # Client retries of connection errors, timeouts, 408/409/429/5xx.
   e.openai.max_concurrency = 32  # Requests in flight at once.

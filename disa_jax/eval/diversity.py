@@ -116,7 +116,8 @@ class DiversityJudge:
     url: the endpoint: a base URL (e.g. `https://api.openai.com/v1`), to which
       `/chat/completions` is appended, or the full `.../chat/completions` URL.
     model: the judge model name (the paper: gpt-4o-mini).
-    api_key: sent as `Authorization: Bearer <key>` (none given: the placeholder 'EMPTY').
+    api_key: sent as `Authorization: Bearer <key>` (none given: ``$OPENAI_API_KEY`` if set, else
+      the placeholder 'EMPTY').
     cache_dir: directory of cached answers (None: no cache).
     max_retries: attempts after the first one, for connection errors, timeouts, HTTP 408/429/5xx
       and unparseable replies.

@@ -174,7 +174,8 @@ class ServedEndpoint:
   Attributes:
     base_url: the OpenAI base URL, e.g. ``http://host:8000/v1``.
     model: the served model name (``--served-model-name``).
-    api_key: sent as the bearer token ('' = none; vLLM accepts any unless started with --api-key).
+    api_key: sent as the bearer token ('' = ``$OPENAI_API_KEY`` if set, else a placeholder, which
+      vLLM accepts unless started with --api-key).
     timeout_s: per-request timeout (seconds).
     max_retries: the client's retries of connection errors, timeouts and HTTP 408/409/429/5xx.
     max_concurrency: requests in flight at once.

@@ -24,6 +24,7 @@ Stage 3 policy.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -43,11 +44,15 @@ class ServedEngineError(RuntimeError):
 
 def openai_client(base_url: str, api_key: str, *, timeout_s: float, max_retries: int,
                   on_request=None):
-  """An `openai.OpenAI` client; ``on_request(request)`` is called for every HTTP request sent."""
+  """An `openai.OpenAI` client; ``on_request(request)`` is called for every HTTP request sent.
+
+  ``api_key`` '' means ``$OPENAI_API_KEY`` where set (so a key need not be written into a config).
+  """
   import httpx  # pylint: disable=g-import-not-at-top  (comes with openai, an optional extra)
   import openai  # pylint: disable=g-import-not-at-top  (optional: the 'openai' extra)
   hooks = {"request": [on_request]} if on_request is not None else {}
-  return openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
+  api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # vLLM takes any without --api-key
+  return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s,
                        max_retries=max_retries,
                        http_client=httpx.Client(event_hooks=hooks, timeout=timeout_s))
 

@@ -292,4 +292,6 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
     if not (final / "export_info.json").exists():
       export.export_policy(workdir, final, overwrite_partial=True)
     summary["export"] = str(final)
+  if distributed.is_main_process():
+    (workdir / "stage3_summary.json").write_text(json.dumps(summary, indent=1, default=str))
   return summary
