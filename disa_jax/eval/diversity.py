@@ -11,12 +11,12 @@ adds provider-specific fields to the request, e.g. vLLM's
 served with ``vllm serve`` to the answer format (tests/eval/test_diversity_vllm.py runs this
 against a real vLLM server).
 
-Why `urllib` and not the `openai` client: `openai` is not a dependency of this package (it only
-arrives with vLLM), and the judge needs one POST to ``/chat/completions`` whose JSON we read
-ourselves. What the judge does need is policy the `openai` client does not give in one place: the
-same retry loop for transport errors, HTTP 408/429/5xx *and* replies without a parseable score;
-a count of the HTTP requests actually sent (so a cache hit is checkable); and a cache keyed by the
-exact request body. The wire format is the same either way.
+Requests go through the maintained `openai` client (the 'openai' extra; the same client as the
+served-model engine, `disa_jax.rollout.openai_engine.openai_client`): timeouts, connection pooling
+and the wire format are its. The retry policy is the judge's own, because a reply without a
+parseable score must be retried like a transport error or an HTTP 408/429/5xx (the client retries
+only the latter): the client runs with no retries of its own, and every HTTP request it sends is
+counted (`num_requests`, so a cache hit is checkable).
 
 The prompt is transcribed from the paper's LaTeX: math-mode numbers become plain digits and the
 typeset dashes become "-"; `{n}` is the number of responses (8 in the paper) and the responses are
@@ -35,13 +35,12 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from typing import Callable, Sequence
 
 import numpy as np
 
 from disa_jax.rewards import math_answer
+from disa_jax.rollout.openai_engine import openai_client
 
 __all__ = [
   "JUDGE_SYSTEM_PROMPT",
@@ -117,7 +116,8 @@ class DiversityJudge:
     url: the endpoint: a base URL (e.g. `https://api.openai.com/v1`), to which
       `/chat/completions` is appended, or the full `.../chat/completions` URL.
     model: the judge model name (the paper: gpt-4o-mini).
-    api_key: sent as `Authorization: Bearer <key>` when given.
+    api_key: sent as `Authorization: Bearer <key>` (none given: ``$OPENAI_API_KEY`` if set, else
+      the placeholder 'EMPTY').
     cache_dir: directory of cached answers (None: no cache).
     max_retries: attempts after the first one, for connection errors, timeouts, HTTP 408/429/5xx
       and unparseable replies.
@@ -148,7 +148,8 @@ class DiversityJudge:
     url = url.rstrip("/")
     self.endpoint = url if url.endswith("/chat/completions") else url + "/chat/completions"
     self.model = model
-    self._api_key = api_key
+    self._client = openai_client(self.endpoint.removesuffix("/chat/completions"), api_key or "",
+                                 timeout_s=timeout_s, max_retries=0, on_request=self._count)
     self.cache_dir = cache_dir
     self.max_retries = max_retries
     self.backoff_s = backoff_s
@@ -165,19 +166,21 @@ class DiversityJudge:
     key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return os.path.join(self.cache_dir, key + ".json")
 
-  def _post(self, body: dict) -> str:
-    data = json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if self._api_key:
-      headers["Authorization"] = f"Bearer {self._api_key}"
-    req = urllib.request.Request(self.endpoint, data=data, headers=headers, method="POST")
+  def _count(self, request) -> None:
+    del request
     self.num_requests += 1
-    with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-      reply = json.loads(resp.read().decode())
+
+  def _post(self, body: dict) -> str:
+    known = {k: body[k] for k in ("model", "messages", "temperature", "max_tokens")}
+    extra = {k: v for k, v in body.items() if k not in known}
+    reply = self._client.chat.completions.create(**known, extra_body=extra or None)
     try:
-      return str(reply["choices"][0]["message"]["content"])
-    except (KeyError, IndexError, TypeError) as e:
+      content = reply.choices[0].message.content
+    except (AttributeError, IndexError, TypeError) as e:
       raise ValueError(f"malformed chat-completions reply: {str(reply)[:200]}") from e
+    if content is None:
+      raise ValueError(f"chat-completions reply without content: {str(reply)[:200]}")
+    return str(content)
 
   def score(self, problem: str, responses: Sequence[str]) -> int:
     """The judge's diversity score (1..5) for `responses` to `problem`.
@@ -185,6 +188,7 @@ class DiversityJudge:
     Raises:
       JudgeUnavailableError: the endpoint is unreachable, keeps failing, or never returns a score.
     """
+    import openai  # pylint: disable=g-import-not-at-top  (optional: the 'openai' extra)
     body = {"model": self.model, "messages": judge_messages(problem, responses),
             "temperature": self.temperature, "max_tokens": self.max_tokens, **self.extra_body}
     path = self._cache_path(body)
@@ -198,14 +202,14 @@ class DiversityJudge:
         time.sleep(delay if self.max_backoff_s is None else min(delay, self.max_backoff_s))
       try:
         text = self._post(body)
-      except urllib.error.HTTPError as e:
+      except openai.APIStatusError as e:
         last_err = e
-        if e.code in (408, 429) or e.code >= 500:
+        if e.status_code in (408, 429) or e.status_code >= 500:
           continue
-        detail = e.read(500).decode(errors="replace") if e.fp else ""
         raise JudgeUnavailableError(
-          f"diversity judge at {self.endpoint} rejected the request: HTTP {e.code} {detail}") from e
-      except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError, OSError) as e:
+          f"diversity judge at {self.endpoint} rejected the request: HTTP {e.status_code} "
+          f"{str(e.body)[:500]}") from e
+      except (openai.APIConnectionError, ValueError) as e:  # incl. APITimeoutError
         last_err = e
         continue
       s = parse_judge_score(text)

@@ -16,6 +16,9 @@ Failure handling (never a hang):
   One window remains: a trainer killed after creating the segments but before its worker has mapped
   them leaves names that no live process knows; the next `RemoteEngine` on the machine removes them
   (`shm.cleanup_stale_segments`: creator pid dead).
+* what the engine itself creates in /dev/shm (vLLM's ``psm_*`` segments, ``sem.mp-*`` semaphores)
+  is registered with a resource tracker private to the worker (`reaper`), which outlives a kill -9
+  of the worker and removes it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from disa_jax import preemption
-from disa_jax.rollout import shm
-from disa_jax.rollout.engines import ProcessOptions, check_kind, make_local_engine
+from disa_jax.rollout import reaper, shm
+from disa_jax.rollout.engines import MODEL_ENGINES, ProcessOptions, check_kind, make_local_engine
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 
 _FINISH = ("stop", "length")
@@ -116,6 +119,9 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
+  # Before anything registers a segment or semaphore: a tracker that survives a kill -9 of this
+  # process and removes what vLLM's processes registered (`reaper`).
+  reaper.use_private_resource_tracker()
   preemption.ignore_in_child()  # the trainer saves on SIGTERM / SIGUSR1, then closes this process
   os.environ.update(spec.env)
   if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
@@ -208,7 +214,7 @@ class RemoteEngine:
 
   def __init__(self, kind: str, model_path: str, *, options: Mapping[str, Any] | None = None,
                process: ProcessOptions = ProcessOptions()):
-    check_kind(kind, "RemoteEngine kind")
+    check_kind(kind, "RemoteEngine kind", MODEL_ENGINES)
     self.kind = kind
     self.timeout_s = process.timeout_s
     self.heartbeat_timeout_s = process.heartbeat_timeout_s

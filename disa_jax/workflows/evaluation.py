@@ -32,6 +32,7 @@ from disa_jax import config as config_lib
 from disa_jax.checkpoint import selection
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
+from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.workflows.export import EXPORT_DTYPES
 
@@ -149,8 +150,8 @@ class _Scorers:
     return self._pair
 
 
-def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scorers: _Scorers,
-                  out_dir: Path) -> dict[str, Any]:
+def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine, tokenizer,
+                  scorers: _Scorers, out_dir: Path) -> dict[str, Any]:
   """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
   from disa_jax.eval import exact, metrics, runner  # pylint: disable=g-import-not-at-top
@@ -162,8 +163,8 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scor
   k = cfg.code_k if code else cfg.math_k
   params = runner.eval_sampling_params(k, cfg.max_tokens, None, seed=cfg.seed,
                                        temperature=cfg.temperature, top_p=cfg.top_p)
-  params = dataclasses.replace(params, stop_token_ids=cfg.stop_token_ids or (
-      int(tokenizer.eos_token_id),))
+  params = dataclasses.replace(params, stop_token_ids=cfg.stop_token_ids or stop_ids.stop_token_ids(
+      tokenizer, model_path, chat_template=cfg.rendering == "chat_template"))
   res = runner.evaluate_benchmark(engine, tokenizer, records, params, name=name,
                                   rendering=cfg.rendering, max_prompt_len=cfg.max_prompt_len,
                                   pass_ks=(1, k) if code else None)
@@ -222,7 +223,8 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
         engine = cfg.engine.make(model_path)
       elif not own and name == next(iter(todo)):
         engine.update_weights(models.to_hf_state_dict(models.from_pretrained(model_path)))
-      results[name] = _evaluate_one(cfg, name, path, engine, tokenizer, scorers, out_dir)
+      results[name] = _evaluate_one(cfg, name, path, model_path, engine, tokenizer, scorers,
+                                    out_dir)
   finally:
     if own and engine is not None:
       engine.close()
@@ -259,6 +261,7 @@ def _write_summary(cfg: EvalConfig, model_path: str, choice: selection.Choice | 
              "tables": {m: metrics.results_json({cfg.method: v})[cfg.method]
                         for m, v in tables.items()},
              "benchmarks": {n: o["metrics"] for n, o in results.items()}, "diversity": div,
-             "exact": exact, "evaluated_now": evaluated_now}
+             "exact": exact, "evaluated_now": evaluated_now,
+             "stop_token_ids": {n: o["sampling"]["stop_token_ids"] for n, o in results.items()}}
   (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
   return summary

@@ -37,6 +37,7 @@ from disa_jax.data.prompting import check_rendering
 from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
 
@@ -318,7 +319,8 @@ def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
   writer = Stage1Writer(cfg.dataset_path(), cfg.dataset_format)
   before = writer.completed_ids()
   sampling = dataclasses.replace(
-      cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids or (int(prop_tok.eos_token_id),),
+      cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids or stop_ids.stop_token_ids(
+          prop_tok, cfg.proposal_path, chat_template=cfg.rendering == "chat_template"),
       return_raw_logprobs=cfg.proposal_logprobs == "raw")
   run: dict[str, float] = {"prompts_done": 0, "prompts_skipped": len(prompts), "samples": 0,
                            "seconds": 0.0, "samples_per_s": 0.0}
@@ -345,10 +347,11 @@ def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
       print(f"stage1: preempted ({preemption.requested()}) after {run['prompts_done']} prompts; "
             f"rerun the command to resume", flush=True)
       return {"preempted": True, "run": run, "dataset": str(cfg.dataset_path())}
-  return _finish(cfg, out_dir, prompts, before, run)
+  return _finish(cfg, out_dir, prompts, before, run, sampling.stop_token_ids)
 
 
-def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run) -> dict[str, Any]:
+def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,
+            stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
   """Checks that every prompt is labelled, writes and returns the summary."""
   from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
   data = load_stage1(cfg.dataset_path(), cfg.dataset_format)
@@ -361,5 +364,6 @@ def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run) -> dict[str,
                        f"{missing[:10]}")
   summary = stage1_summary(data, run)
   summary["dataset"] = str(cfg.dataset_path())
+  summary["stop_token_ids"] = list(stop_token_ids)
   (out_dir / "stage1_summary.json").write_text(json.dumps(summary, indent=1))
   return summary

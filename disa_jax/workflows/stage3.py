@@ -35,7 +35,8 @@ from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rollout.engines import EngineConfig
+from disa_jax.rollout import stop_ids
+from disa_jax.rollout.engines import MODEL_ENGINES, EngineConfig
 from disa_jax.workflows.export import EXPORT_DTYPES
 
 DTYPES = ("float32", "bfloat16")
@@ -140,6 +141,9 @@ class Stage3Config:
       raise ValueError("model.policy_path is required (a local HF directory), got ''")
     if not self.data.train_path:
       raise ValueError("data.train_path is required (a prompt file), got ''")
+    if self.engine.kind not in MODEL_ENGINES:
+      raise ValueError(f"engine.kind={self.engine.kind!r} cannot serve the Stage 3 policy (its "
+                       f"weights change every step): use one of {MODEL_ENGINES}")
     obj, replay = self.train.objective, self.train.replay
     if obj.needs_anchor and not self.data.anchor_path:
       raise ValueError(f"data.anchor_path is required for objective {obj.name!r}, got ''")
@@ -240,6 +244,12 @@ def _identity(cfg: Stage3Config) -> dict[str, Any]:
           "data.replay_path": cfg.data.replay_path}
 
 
+def _write_summary(workdir: Path, summary: dict[str, Any]) -> None:
+  """``stage3_summary.json`` beside the run (main process only)."""
+  if distributed.is_main_process():
+    (workdir / "stage3_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
+
 def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   """Trains (or resumes) the run; returns its summary (final metrics, export path and checkpoint,
   ``preempted``: the step a SIGTERM / SIGUSR1 stopped it at, else None)."""
@@ -281,13 +291,15 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
           if tc.replay.enabled else None)
   # One generation process per host, owned by the host's first process (all of them in a
   # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
+  stop = stop_ids.stop_token_ids(tokenizer, cfg.model.policy_path,
+                                 chat_template=dc.rendering == "chat_template")
   engine = (cfg.engine.make(cfg.model.policy_path, env=distributed.generation_env())
             if distributed.is_host_leader() else None)
   try:
     trainer = Trainer(tc, str(workdir), policy=policy, reference=reference, engine=engine,
                       prompts=prompts, reward_fn=reward_fn,
                       decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                      stop_token_ids=(int(tokenizer.eos_token_id),),
+                      stop_token_ids=stop,
                       pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                  else tokenizer.eos_token_id),
                       anchor=anchor, validation_prompts=validation, mesh=mesh,
@@ -303,10 +315,11 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   summary = {"workdir": str(workdir), "steps_run": len(history), "start_step": trainer.start_step,
              "final": history[-1] if history else None, "export": None,
              "preempted": trainer.preempted_at, "selection": trainer.selection.to_json(),
-             "export_checkpoint": None}
+             "export_checkpoint": None, "stop_token_ids": list(stop)}
   if trainer.preempted_at is not None:
     print(f"stage3: preempted ({preemption.requested() or 'signal on another process'}); "
           f"checkpoint {trainer.preempted_at} saved, rerun the command to resume", flush=True)
+    _write_summary(workdir, summary)
     return summary
   final = workdir / "final"
   if cfg.export and distributed.is_main_process():
@@ -318,4 +331,5 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
     summary["export"] = str(final)
     summary["export_checkpoint"] = json.loads((final / "export_info.json").read_text()).get(
         "checkpoint")
+  _write_summary(workdir, summary)
   return summary

@@ -4,13 +4,13 @@ import http.server
 import json
 import re
 import socket
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from disa_jax.eval import diversity as dv
+from tests import http_stub
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -23,17 +23,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                          "auth": self.headers.get("Authorization")})
     status, content = srv.plan.pop(0) if srv.plan else (200, "3")
     if status != 200:
-      self.send_response(status)
-      self.end_headers()
-      self.wfile.write(b'{"error": "nope"}')
+      http_stub.send_json(self, {"error": "nope"}, status)
       return
-    reply = {"choices": [{"message": {"role": "assistant", "content": content}}]}
-    data = json.dumps(reply).encode()
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(data)))
-    self.end_headers()
-    self.wfile.write(data)
+    http_stub.send_json(self, {"choices": [{"message": {"role": "assistant", "content": content}}]})
 
   def log_message(self, *args):
     pass
@@ -41,13 +33,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-  srv.requests, srv.plan = [], []
-  th = threading.Thread(target=srv.serve_forever, daemon=True)
-  th.start()
-  yield srv
-  srv.shutdown()
-  srv.server_close()
+  with http_stub.serving(_Handler, requests=[], plan=[]) as srv:
+    yield srv
 
 
 RESPONSES = [f"Approach {i}: use algebra. \\boxed{{{i % 3}}}" for i in range(8)]

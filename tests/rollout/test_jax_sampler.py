@@ -9,7 +9,7 @@ import scipy.stats
 from disa_jax import models
 from disa_jax.rollout import SamplingParams
 from disa_jax.rollout.jax_sampler import JaxSampler, process_logits
-from tests.rollout import reference
+from tests.rollout import reference, stop_case
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70]]
 
@@ -112,6 +112,11 @@ def test_stop_tokens_and_early_exit(sampler):
   assert sampler.last_num_steps == 1
   sampler.generate(PROMPTS, SamplingParams(max_tokens=13))
   assert sampler.last_num_steps == 13
+
+
+def test_stops_at_the_generation_config_eos(sampler, tmp_path):
+  """Tokenizer eos 2, generation_config eos another token: sampling ends at the latter."""
+  stop_case.check_engine_stops_at_generation_config_eos(sampler, str(tmp_path / "tok"))
 
 
 def test_new_prompt_lengths_and_params_do_not_recompile(sampler):

@@ -55,6 +55,11 @@ def write_dapo_parquet(path: str, n: int = 6) -> str:
 @pytest.fixture()
 def prompt_files(tmp_path) -> dict[str, str]:
   """veRL training prompts plus two tiny benchmark files (MATH-500 and HumanEval+ excerpts)."""
+  return write_prompt_files(tmp_path)
+
+
+def write_prompt_files(tmp_path) -> dict[str, str]:
+  """The files of `prompt_files` under ``tmp_path``."""
   out = {"train": write_dapo_parquet(str(tmp_path / "dapo_tiny.parquet"))}
   with open(os.path.join(FIXTURES, "math500_simplerl_sample.jsonl")) as f:
     rows = sorted((json.loads(l) for l in f), key=lambda r: len(r["problem"]))[:2]  # the 2 shortest

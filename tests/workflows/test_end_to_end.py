@@ -259,6 +259,8 @@ def test_stage3_disa_trains_on_the_stage2_anchor(jax_pipeline, checkpoints, tmp_
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1]
   assert json.loads((workdir / "config.json").read_text())["data"]["anchor_path"] == p["cfg2"].anchor_path
+  # The stop ids: the tiny tokenizer's eos, also its chat template's end of turn.
+  assert json.loads((workdir / "stage3_summary.json").read_text())["stop_token_ids"] == [2]
   # The evaluation command takes the run directly: its step-1 policy is exported, then evaluated.
   c = eval_config("", _math500(tmp_path), tmp_path / "ev", "jax")
   c.run_dir, c.math_k, c.export_dtype = str(workdir), 2, "float32"  # float32: the step's change shows
