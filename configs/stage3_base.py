@@ -24,6 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = ""  # Run directory (metrics, checkpoints, final/); launch/train.py's --workdir sets it.
   c.export = True  # Export the final policy to <workdir>/final as a Hugging Face directory.
+  # A rerun whose models, prompt / anchor / replay files (content hashes) or model settings differ
+  # from <workdir>/identity.json stops naming each field; True deletes the checkpoints, metrics, final/.
+  c.overwrite = False
 
   c.model = ml_collections.ConfigDict()
   c.model.policy_path = ""  # Local HF directory of the backbone: the initial policy and pi_ref.

@@ -31,6 +31,7 @@ def test_collect_labels_resume_and_self_proposal_identity(ckpt, tmp_path):
   w = E.Stage1Writer(tmp_path / "s1.jsonl")
   stats = collect_stage1(prompts=prompts[:3], writer=w, **kw)
   assert stats["prompts_done"] == 3 and stats["samples"] == 12
+  w.close()
   stats = collect_stage1(prompts=prompts, writer=E.Stage1Writer(tmp_path / "s1.jsonl"), **kw)
   assert stats["prompts_done"] == 2 and stats["prompts_skipped"] == 3  # resumed
   data = E.load_stage1(tmp_path / "s1.jsonl")
