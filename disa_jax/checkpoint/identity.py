@@ -10,6 +10,9 @@ anything else, and on a rerun
 - raises `IdentityMismatchError` naming every differing field with its old and new value;
 - with ``overwrite=True``, calls the stage's ``discard`` (removes its outputs) and starts afresh.
 
+An identity that differs while the stage has no outputs yet (a first run that stopped early) is
+simply replaced.
+
 Outputs found without an identity file (written before identities existed, or by hand) count as a
 mismatch: nothing says what they were computed from. Hashing streams the files (about 1 GB/s on one
 core; a 8 GB checkpoint costs seconds). Hidden files (a writer's ``.lock``) and ``*.tmp`` files
@@ -94,7 +97,8 @@ def claim_output(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
     path: the identity file (beside the output it describes).
     identity: flat ``{field: JSON-serialisable value}``.
     overwrite: discard outputs of other inputs instead of refusing.
-    has_output: whether the stage's outputs exist already (without an identity they are refused).
+    has_output: whether the stage's outputs exist already (without an identity they are refused;
+      without outputs a differing identity is replaced).
     discard: removes the stage's outputs (called before the new identity is written).
 
   Returns:
@@ -110,7 +114,7 @@ def claim_output(path: str | os.PathLike, identity: Mapping[str, Any], *, overwr
     if old == new:
       return "resumed"
     diffs = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
-             if old.get(k) != new.get(k)}
+             if old.get(k) != new.get(k)} if has_output else {}
   elif has_output:
     diffs = {"(identity)": (None, f"outputs exist but {path.name} is missing")}
   else:

@@ -139,7 +139,11 @@ class CheckpointManager:
     return None
 
   def intact_steps(self) -> list[int]:
-    """The finished checkpoints that can be read, oldest first; warns once per damaged step."""
+    """The finished checkpoints that can be read, oldest first; warns once per damaged step.
+
+    Waits for a save in flight first (a step being written is not damaged).
+    """
+    self.wait_until_finished()
     out = []
     for step in sorted(self._mngr.all_steps()):
       if step not in self._damage:

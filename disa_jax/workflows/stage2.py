@@ -159,7 +159,8 @@ def claim_stage2_output(cfg: Stage2Config) -> str:
       f.unlink(missing_ok=True)
 
   return identity.claim_output(out_dir / "stage2_identity.json", ident, overwrite=cfg.overwrite,
-                               has_output=(anchor_dir / META_FILE).exists() or outputs[0].exists(),
+                               has_output=(anchor_dir / META_FILE).exists()
+                               or any(f.exists() for f in outputs),
                                discard=discard)
 
 

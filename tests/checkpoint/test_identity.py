@@ -36,8 +36,8 @@ def test_claim_resumes_refuses_naming_every_field_and_overwrites(tmp_path):
   path = tmp_path / "out" / "identity.json"
   ident = {**identity.inputs(data=str(data)), "beta": 15.0, "sampling": {"n": 8}, "ids": (1, 2)}
   discarded = []
-  kw = dict(has_output=False, discard=lambda: discarded.append(1))
-  assert claim_output(path, ident, overwrite=False, **kw) == "new"
+  assert claim_output(path, ident, overwrite=False, has_output=False, discard=None) == "new"
+  kw = dict(has_output=True, discard=lambda: discarded.append(1))  # the stage wrote outputs
   assert claim_output(path, ident, overwrite=False, **kw) == "resumed"  # tuples stored as lists
   data.write_text("2\n")
   other = {**identity.inputs(data=str(data)), "beta": 10.0, "sampling": {"n": 8}, "ids": (1, 2)}
@@ -55,3 +55,12 @@ def test_outputs_without_an_identity_are_refused(tmp_path):
   with pytest.raises(IdentityMismatchError, match="identity.json is missing"):
     claim_output(path, {"a": 1}, overwrite=False, has_output=True, discard=lambda: None)
   assert not path.exists()
+
+
+def test_a_differing_identity_without_outputs_is_replaced(tmp_path):
+  """A first run that stopped before writing anything (a bad setting) does not block the next."""
+  path = tmp_path / "identity.json"
+  kw = dict(overwrite=False, has_output=False, discard=lambda: None)
+  assert claim_output(path, {"drop": False}, **kw) == "new"
+  assert claim_output(path, {"drop": True}, **kw) == "new"
+  assert json.loads(path.read_text()) == {"drop": True}

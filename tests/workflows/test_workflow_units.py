@@ -1,5 +1,4 @@
 """Fast checks of the workflow pieces: typed configs, paper configs, vocabulary check, summaries."""
-import dataclasses
 
 import numpy as np
 import pytest
