@@ -114,6 +114,8 @@ def _stage2_hooks(point: str) -> None:
 def main():
   stage, config_json, point = sys.argv[1], sys.argv[2], sys.argv[3]
   config = json.loads(config_json)
+  from disa_jax.workflows import evaluation, stage1, stage2, stage3  # pylint: disable=g-import-not-at-top,unused-import
+  print("START", flush=True)  # imports done: the stage's own work begins (the fault matrix times it)
   if stage == "stage1":
     from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # pylint: disable=g-import-not-at-top
     if point != "none":
