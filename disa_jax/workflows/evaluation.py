@@ -191,9 +191,11 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, engine, tokenizer, scor
 
 # EvalConfig fields that change a benchmark's results (beside the model and the benchmark file).
 IDENTITY_FIELDS = ("limit", "math_k", "code_k", "temperature", "top_p", "max_tokens", "seed",
-                   "stop_token_ids", "rendering", "max_prompt_len", "reward_plugins", "engine",
+                   "stop_token_ids", "rendering", "max_prompt_len", "reward_plugins",
                    "exact_target", "local_diversity", "judge_url", "judge_model",
                    "diversity_benchmarks", "diversity_k")
+# Engine fields that change the samples (its process options, e.g. timeouts, do not).
+ENGINE_FIELDS = ("kind", "dtype", "vllm_kwargs", "jax_kwargs")
 
 
 def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[str, str]:
@@ -207,7 +209,8 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
       continue
     files = [out_dir / f"{name}{ext}" for ext in (".json", ".md", "_responses.jsonl")]
     ident = {**model, **identity.inputs(benchmark_path=path),
-             **{f: config[f] for f in IDENTITY_FIELDS}}
+             **{f: config[f] for f in IDENTITY_FIELDS},
+             **{f"engine.{f}": config["engine"][f] for f in ENGINE_FIELDS}}
 
     def discard(files=files):
       for f in files:
