@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
 from safetensors.numpy import load_file
 
 from configs import eval_paper, stage3_paper
+from disa_jax import config as config_lib
 from disa_jax.anchor import Anchor
 from disa_jax.estimators import load_stage1
 from disa_jax.rollout import shm
@@ -115,7 +115,12 @@ def _configs(setup, stage: str, out: Path) -> dict:
     c.engine.separate_process = True  # the generation process and its shared-memory segments
     return c.to_dict()
   if stage == "stage2":
-    from disa_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+    if "stage1_dir" not in setup:  # Stage 2 run alone (-k stage2): a Stage 1 dataset to fit on
+      setup["stage1_dir"] = setup["root"] / "stage2_input"
+      setup["stage1_dir"].mkdir()
+      log = setup["stage1_dir"] / "stderr.log"
+      proc, _ = _start("stage1", _configs(setup, "stage1", setup["stage1_dir"]), setup["env"], log)
+      _finish(proc, "Stage 1 for Stage 2", log)
     return config_lib.to_dict(_stage2_config(ck, setup["stage1_dir"] / "stage1", out))
   if stage == "stage3":
     return _stage3_config(ck, setup["prompts"], out)
