@@ -38,6 +38,8 @@ def test_stage1_refuses_other_inputs_naming_every_field_and_overwrite_discards(t
                                                 reference_path=ref, proposal_path=prop))
   assert stage1_lib.claim_stage1_output(cfg) == "new"
   assert stage1_lib.claim_stage1_output(cfg) == "resumed"
+  cfg.dataset_path().mkdir()  # the first run's labels
+  (cfg.dataset_path() / "part-000000.parquet").write_bytes(b"old labels")
   (tmp_path / "prop" / "model.safetensors").write_bytes(b"another proposal, same path")
   with pytest.raises(IdentityMismatchError) as e:  # refused before any model is loaded
     stage1_lib.run_stage1(dataclasses.replace(cfg, beta=10.0))
@@ -46,8 +48,6 @@ def test_stage1_refuses_other_inputs_naming_every_field_and_overwrite_discards(t
   with pytest.raises(IdentityMismatchError, match="sampling"):
     stage1_lib.claim_stage1_output(
         dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, n=4)))
-  cfg.dataset_path().mkdir()
-  (cfg.dataset_path() / "part-000000.parquet").write_bytes(b"old labels")
   assert stage1_lib.claim_stage1_output(dataclasses.replace(cfg, overwrite=True)) == "overwritten"
   assert not cfg.dataset_path().exists()
   assert json.loads((out / "stage1_config.json").read_text())["overwrite"] is True
