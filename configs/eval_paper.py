@@ -50,6 +50,9 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.run_checkpoint = "best"
   c.output_dir = ""  # Tables and responses; a rerun skips finished benchmarks (required).
   c.label = ""  # Row name in the tables; '' = the checkpoint directory's name.
+  # A benchmark whose <name>.identity.json records another model (path or content hash, e.g. a later
+  # run_step), benchmark file or sampling setting stops naming each field; True re-evaluates it.
+  c.overwrite = False
   c.benchmarks = ml_collections.ConfigDict(
       {name: BENCHMARK_FILES[name] for name in SUITES[arg]})  # name -> file; '' skips it.
   c.limit = 0  # Problems per benchmark; 0 = all.

@@ -28,6 +28,9 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.ks = tuple(range(2, 21))  # Candidate k of the k-means elbow (>= 3 increasing values).
   c.kmeans_iters = 50  # Lloyd iterations per k-means run (best SSE of 3 seedings per k).
   c.seed = 0  # Seed of the k-means, the stratified draw and the subsamples.
+  # A rerun whose prompt file, pi_ref, label fields, sizes or seed differ from
+  # <output_dir>/nstudy_identity.json stops naming each; True deletes the subset, pool and results.
+  c.overwrite = False
   # pi_ref's prompt embeddings (mean-pooled final hidden states), as Stage 2 computes them.
   c.embedding = ml_collections.ConfigDict()
   c.embedding.dtype = "bfloat16"  # Reference weights/compute dtype.

@@ -28,6 +28,9 @@ def get_config(arg: str = "qwen2.5-7b") -> ml_collections.ConfigDict:
   c.stage1_path = common.stage1_dataset(backbone, "math", common.DEFAULT_PROPOSAL,
                                         common.DEFAULT_BETA)
   c.out_path = f"sft/{backbone}_math_lora64"  # merged HF export (+ '.ckpt' adapter checkpoints)
+  # A rerun whose reference or Stage 1 dataset (content hashes) or SFT settings differ from
+  # <out_path>.identity.json stops naming each field; True deletes the export and adapter checkpoints.
+  c.overwrite = False
   c.mesh = common.mesh()  # the training mesh
   s = c.sft = ml_collections.ConfigDict()  # every field of disa_jax.sft.baseline.LoRASFTConfig
   s.rank = 64  # Table 7: LoRA rank r = 64

@@ -94,4 +94,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   # --- run ------------------------------------------------------------------------------------
   c.prompts_per_batch = 64  # Prompts per engine call and per durable write (the resume unit).
   c.progress = True  # tqdm progress bar with samples/s.
+  # A rerun into output_dir whose inputs (prompt file, checkpoints: paths and content hashes) or label
+  # settings differ from stage1_identity.json stops naming each field; True deletes the old dataset.
+  c.overwrite = False
   return c

@@ -25,6 +25,9 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.reference_path = common.BACKBONES[backbone]  # pi_ref: embeds the prompts (mean-pooled last hidden).
   c.anchor_path = common.anchor_dir(*run)  # = stage3 data.anchor_path.
   c.output_dir = common.stage2_dir(*run)  # Embeddings, curve, summary.
+  # A rerun whose Stage 1 dataset, reference (content hashes), labels, weighting, samples or fit differ
+  # from stage2_identity.json stops naming each field; True deletes the old anchor, summary and cache.
+  c.overwrite = False
   c.samples = 0  # Labels from the first this many samples of each prompt; 0 = all (paper: N = 8).
   c.labels = "plain"  # 'plain' (log Z_IS, eq. 8) | 'jensen' (+CV^2/2N) | 'jackknife'.
   c.weighting = "uniform"  # Least squares weights: 'uniform' (eq. 9) | 'inverse_variance'.

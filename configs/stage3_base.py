@@ -29,6 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.export_checkpoint = "best"
   # Storage dtype of that export (sharded safetensors with an index): 'bfloat16' | 'float32'.
   c.export_dtype = "bfloat16"
+  # A rerun whose models, prompt / anchor / replay files (content hashes) or model settings differ
+  # from <workdir>/identity.json stops naming each field; True deletes the checkpoints, metrics, final/.
+  c.overwrite = False
 
   c.model = ml_collections.ConfigDict()
   c.model.policy_path = ""  # Local HF directory of the backbone: the initial policy and pi_ref.

@@ -18,6 +18,10 @@ Retention: the last ``max_to_keep`` finished checkpoints are kept, plus the step
 reports). Older ones are deleted once a newer save has finished, never before, so a failed save
 never leaves fewer than ``max_to_keep`` finished checkpoints.
 
+A finished step whose files were damaged afterwards (a torn ``meta`` JSON, a missing ``state``
+item: a copy cut short, a disk fault) is skipped with a warning naming the step and its directory;
+`latest_step` is the newest intact one, so a resume continues from it.
+
 A save that fails (a full disk, a vanished directory, ...) raises `CheckpointSaveError` naming the
 step, the directory, the cause (ENOSPC is spelled out) and the latest finished checkpoint, which is
 intact. With asynchronous saves the error surfaces at the next `save`, `wait_until_finished` or
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import warnings
 from typing import Any
 
 import jax
@@ -113,6 +119,7 @@ class CheckpointManager:
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "meta"))
     self._pending_step: int | None = None  # the step of the save in flight (or the last one)
+    self._damage: dict[int, str | None] = {}  # step -> why it cannot be read (None: intact)
 
   def _save_error(self, e: BaseException) -> CheckpointSaveError:
     """The `CheckpointSaveError` for a failure `e` of the save of `self._pending_step`."""
@@ -129,9 +136,48 @@ class CheckpointManager:
         f"checkpoints are intact; the latest is step {latest}. Cause: {type(e).__name__}: {e}",
         step=self._pending_step, latest_step=latest, disk_full=full)
 
+  def _why_unreadable(self, step: int) -> str | None:
+    """Why the finished checkpoint ``step`` cannot be restored, or None when it is intact."""
+    state = os.path.join(self.directory, str(step), "state", "_METADATA")
+    if not os.path.isfile(state):
+      return f"its state item is incomplete ({state} is missing)"
+    try:
+      self._read_meta(step)
+    except Exception as e:  # pylint: disable=broad-except
+      return f"its meta cannot be read ({type(e).__name__}: {e})"
+    return None
+
+  def intact_steps(self) -> list[int]:
+    """The finished checkpoints that can be read, oldest first; warns once per damaged step.
+
+    Waits for a save in flight first (a step being written is not damaged).
+    """
+    self.wait_until_finished()
+    out = []
+    for step in sorted(self._mngr.all_steps()):
+      if step not in self._damage:
+        self._damage[step] = why = self._why_unreadable(step)
+        if why is not None:
+          warnings.warn(f"checkpoint step {step} in {os.path.join(self.directory, str(step))} is "
+                        f"unreadable and skipped: {why}", RuntimeWarning)
+      if self._damage[step] is None:
+        out.append(step)
+    return out
+
+  def _drop_damaged(self, step: int) -> None:
+    """Removes the damaged checkpoints at or after ``step`` (a resumed run writes them again)."""
+    self.intact_steps()
+    doomed = [s for s, why in self._damage.items() if why is not None and s >= step]
+    for s in doomed:
+      shutil.rmtree(os.path.join(self.directory, str(s)))
+      del self._damage[s]
+    if doomed:
+      self._mngr.reload()
+
   def latest_step(self) -> int | None:
-    """The newest finished checkpoint's step, or None."""
-    return self._mngr.latest_step()
+    """The newest intact finished checkpoint's step (damaged ones are skipped), or None."""
+    steps = self.intact_steps()
+    return steps[-1] if steps else None
 
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
@@ -151,6 +197,7 @@ class CheckpointManager:
     """
     if step < 0:
       raise ValueError(f"checkpoint step must be >= 0, got {step!r}")
+    self._drop_damaged(step)
     if not (force or self._mngr.should_save(step)):
       return False
     if keep_also is not None:
@@ -208,6 +255,9 @@ class CheckpointManager:
       step = self.latest_step()
       if step is None:
         raise FileNotFoundError(f"no finished checkpoint under {self.directory}")
+    return self._read_meta(step)
+
+  def _read_meta(self, step: int) -> dict[str, Any]:
     out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(out["meta"])
 

@@ -22,8 +22,12 @@ files (a directory of ``part-NNNNNN.parquet``):
 
 Writes are append-only and resumable: `Stage1Writer.completed_ids()` tells a rerun which prompts to
 skip, each `write` call is flushed and fsync'ed (jsonl) or written to a temporary part file that is
-renamed into place (parquet), so a killed run loses at most the prompts in flight. A jsonl file whose
-last line was cut by a crash is repaired on open (the partial line is dropped and reported).
+hard-linked to a part name no part has yet (the highest index + 1; a link never replaces a file), so
+a killed run loses at most the prompts in flight and never a finished part. A jsonl file whose last
+line was cut by a crash is repaired on open (the partial line is dropped and reported). A writer
+holds an exclusive lock (`disa_jax.checkpoint.lock`, ``<dataset>.lock`` beside a jsonl file,
+``.lock`` inside a part directory) from open to `close` or the end of its process: a second writer
+gets `OutputLockedError` naming the holder's pid.
 """
 from __future__ import annotations
 
@@ -31,12 +35,14 @@ import dataclasses
 import json
 import math
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.estimators.importance import log_importance_weights, stage1_statistics
 from disa_jax.estimators.reward_transforms import RewardTransform
 
@@ -44,6 +50,7 @@ LABEL_SCALES = ("sum", "mean")
 PROPOSAL_LOGPROBS = ("processed", "raw")
 SAMPLE_FIELDS = ("token_ids", "text", "logp_ref", "logp_proposal", "reward", "num_tokens")
 STAT_FIELDS = ("log_z_is", "log_z_gm", "ess", "cv2", "max_weight_share")
+_PART_RE = re.compile(r"^part-(\d+)\.parquet$")
 
 
 class Stage1FormatError(ValueError):
@@ -151,11 +158,14 @@ def _json_default(o):
 
 
 class Stage1Writer:
-  """Append-only, resumable writer of Stage 1 records.
+  """Append-only, resumable, exclusive writer of Stage 1 records.
 
   Args:
     path: a ``.jsonl`` file, or a directory (created) of parquet part files when ``fmt='parquet'``.
     fmt: 'jsonl' | 'parquet' | 'auto' (by suffix: ``.jsonl`` -> jsonl, anything else -> parquet).
+
+  Raises:
+    OutputLockedError: another writer (this process or another) holds the dataset.
   """
 
   def __init__(self, path: str | os.PathLike, fmt: str = "auto"):
@@ -168,12 +178,27 @@ class Stage1Writer:
     self.repaired_lines = 0
     if fmt == "jsonl":
       self.path.parent.mkdir(parents=True, exist_ok=True)
-      self._repair_jsonl_tail()
+      lock_file = self.path.with_name(self.path.name + ".lock")
     else:
       self.path.mkdir(parents=True, exist_ok=True)
+      lock_file = self.path / ".lock"
+    self._lock = OutputLock(lock_file, f"the Stage 1 dataset {self.path}")
+    if fmt == "jsonl":
+      self._repair_jsonl_tail()
+    else:
       for tmp in self.path.glob("*.parquet.tmp"):  # a part that was being written when a run was killed
         tmp.unlink()
     self._done = set(_iter_ids(self.path, fmt))
+
+  def close(self) -> None:
+    """Releases the lock (idempotent); a closed writer refuses to write."""
+    self._lock.release()
+
+  def __enter__(self) -> "Stage1Writer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   def _repair_jsonl_tail(self) -> None:
     if not self.path.exists():
@@ -194,6 +219,8 @@ class Stage1Writer:
 
   def write(self, records: Iterable[dict[str, Any]]) -> int:
     """Appends records durably; raises on a duplicate prompt_id. Returns the number written."""
+    if not self._lock.held:
+      raise RuntimeError(f"Stage1Writer({self.path}) is closed")
     records = list(records)
     ids = [r["prompt_id"] for r in records]
     dup = sorted(set(i for i in ids if i in self._done) | set(i for i in ids if ids.count(i) > 1))
@@ -208,29 +235,42 @@ class Stage1Writer:
         f.flush()
         os.fsync(f.fileno())
     else:
-      import pyarrow as pa
-      import pyarrow.parquet as pq
-      k = len(list(self.path.glob("part-*.parquet")))
-      rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
-      final = self.path / f"part-{k:06d}.parquet"
-      tmp = self.path / f"part-{k:06d}.parquet.tmp"
-      pq.write_table(pa.Table.from_pylist(rows), tmp)
-      os.replace(tmp, final)  # atomic: a part is either complete or absent
+      self._write_part(records)
     self._done.update(ids)
     return len(records)
 
+  def _write_part(self, records: list[dict[str, Any]]) -> None:
+    """One new parquet part: written and fsync'ed under a temporary name, then hard-linked to the
+    first free part name (``os.link`` fails rather than replace an existing part)."""
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
+    k = 1 + max((int(m.group(1)) for p in self.path.iterdir() if (m := _PART_RE.match(p.name))),
+                default=-1)
+    tmp = self.path / f"part-{k:06d}.parquet.tmp"
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    with open(tmp, "rb") as f:
+      os.fsync(f.fileno())
+    while True:
+      try:
+        os.link(tmp, self.path / f"part-{k:06d}.parquet")
+        break
+      except FileExistsError:
+        k += 1
+    tmp.unlink()
 
-def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any]]:
-  """Yields (row index, raw record or an Exception for an unparseable row)."""
+
+def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any, str]]:
+  """Yields (row index, raw record or an Exception for an unparseable row, the file holding it)."""
   if fmt == "jsonl":
     if not path.exists():
       return
     with open(path, encoding="utf-8") as f:
       for i, line in enumerate(f):
         try:
-          yield i, json.loads(line)
+          yield i, json.loads(line), path.name
         except json.JSONDecodeError as e:
-          yield i, e
+          yield i, e, path.name
   else:
     import pyarrow.parquet as pq
     i = 0
@@ -241,12 +281,12 @@ def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any]]:
             row["reward_transform"] = json.loads(row["reward_transform"])
           except json.JSONDecodeError as e:
             row["reward_transform"] = e
-        yield i, row
+        yield i, row, part.name
         i += 1
 
 
 def _iter_ids(path: Path, fmt: str) -> Iterable[str]:
-  for _, r in _iter_raw(path, fmt):
+  for _, r, _ in _iter_raw(path, fmt):
     if isinstance(r, dict) and "prompt_id" in r:
       yield str(r["prompt_id"])
 
@@ -316,6 +356,13 @@ def _check_record(r: Any) -> str | None:
     RewardTransform.from_dict(r["reward_transform"])
   except (TypeError, ValueError) as e:
     return f"reward_transform invalid: {e}"
+  for f in STAT_FIELDS:  # optional (NaN when absent or null); a stored value must be a number
+    v = r.get(f)
+    if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+      return f"{f}={v!r} is not a number"
+  if "n_valid" in r and (not isinstance(r["n_valid"], int) or isinstance(r["n_valid"], bool)
+                         or r["n_valid"] < 0):
+    return f"n_valid={r['n_valid']!r} is not an int >= 0"
   ss = r["samples"]
   if not isinstance(ss, list) or not ss:
     return "samples must be a non-empty list"
@@ -354,12 +401,12 @@ def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
   errors: list[tuple[int, str]] = []
   good: list[dict[str, Any]] = []
   seen: dict[str, int] = {}
-  for i, r in _iter_raw(path, fmt):
+  for i, r, where in _iter_raw(path, fmt):
     why = _check_record(r)
     if why is None and r["prompt_id"] in seen:
       why = f"duplicate prompt_id {r['prompt_id']!r} (first at row {seen[r['prompt_id']]})"
     if why is not None:
-      errors.append((i, why))
+      errors.append((i, f"{why} (in {where})" if fmt == "parquet" else why))
       continue
     seen[r["prompt_id"]] = i
     good.append(r)
@@ -377,7 +424,8 @@ def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
   grade_error = np.zeros_like(arr["mask"])
   for i, r in enumerate(good):
     grade_error[i, :len(r["samples"])] = [bool(s.get("grade_error", False)) for s in r["samples"]]
-  stats = {k: np.asarray([r.get(k, np.nan) for r in good], np.float64) for k in STAT_FIELDS}
+  stats = {k: np.asarray([np.nan if r.get(k) is None else r[k] for r in good], np.float64)
+           for k in STAT_FIELDS}
   stats["n_valid"] = arr["mask"].sum(-1)
   return Stage1Data(prompt_ids=[r["prompt_id"] for r in good], prompts=[r["prompt"] for r in good],
                     logp_ref=arr["logp_ref"], logp_proposal=arr["logp_proposal"], reward=arr["reward"],

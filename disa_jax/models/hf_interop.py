@@ -145,6 +145,16 @@ def _to_hf(rule: KeyRule, ours: np.ndarray, hf_shape: tuple[int, ...]) -> np.nda
   return np.ascontiguousarray(ours.reshape(hf_shape))
 
 
+def _dtype_class(dtype: Any) -> str:
+  """'float' (bfloat16 included), 'complex', 'int' (signed or not), 'bool' or the numpy kind."""
+  dtype = jnp.dtype(dtype)
+  for cls, name in ((jnp.floating, "float"), (jnp.complexfloating, "complex"),
+                    (jnp.integer, "int"), (jnp.bool_, "bool")):
+    if jnp.issubdtype(dtype, cls):
+      return name
+  return dtype.kind
+
+
 def _np_dtype(dtype: Any) -> np.dtype:
   return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
 
@@ -202,10 +212,15 @@ def _assemble(config: ModelConfig, rule: KeyRule, our_shape: tuple[int, ...],
   """Our full (stacked for layers) host array for `rule`, shape-checked, in `dtype`."""
   hf_shape = rule.hf_shape(config)
 
+  want = _dtype_class(dtype)
+
   def one(name: str, shape: tuple[int, ...]) -> np.ndarray:
     hf = get(name)
     if tuple(hf.shape) != hf_shape:
       raise ValueError(f"tensor {name!r} has shape {tuple(hf.shape)}, expected {hf_shape}")
+    if _dtype_class(hf.dtype) != want:  # an int tensor cast to float loads silently wrong values
+      raise ValueError(f"tensor {name!r} has dtype {hf.dtype} ({_dtype_class(hf.dtype)}), expected "
+                       f"a {want} dtype like the model's {np.dtype(dtype)}")
     return _to_ours(rule, hf, shape).astype(dtype)
 
   if not rule.per_layer:
@@ -219,8 +234,9 @@ def _assemble(config: ModelConfig, rule: KeyRule, our_shape: tuple[int, ...],
 def load_hf_state_dict(model: Transformer, state_dict: Mapping[str, Any]) -> None:
   """Loads HF-named, HF-layout weights into `model` in place.
 
-  Every key must be used and every shape must match (ValueError naming the key otherwise). Each
-  parameter keeps its dtype and its current sharding.
+  Every key must be used and every shape and dtype class (float / int / bool) must match
+  (ValueError naming the key and dtype otherwise). Each parameter keeps its dtype and its current
+  sharding.
   """
   c = model.config
   _check_keys(c, set(state_dict),

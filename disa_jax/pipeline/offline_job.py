@@ -155,17 +155,17 @@ def _stage1(problem: TabularProblem, cfg: OfflineConfig, workdir: Path) -> E.Sta
   """
   fmt = cfg.stage1.format
   path = workdir / ("stage1.jsonl" if fmt == "jsonl" else "stage1")
-  writer = E.Stage1Writer(path, fmt=fmt)
-  done = writer.completed_ids()
   key = jax.random.key(cfg.seed)
   p = problem.log_z.shape[0]
   chunk = cfg.stage1.chunk
-  for start in tqdm(range(0, p, chunk), desc="stage 1", unit="chunk"):
-    ids = [f"q{i:06d}" for i in range(start, min(p, start + chunk))]
-    if all(i in done for i in ids):
-      continue
-    recs = _chunk_records(problem, start, ids, key, cfg.stage1)
-    writer.write([r for r in recs if r["prompt_id"] not in done])
+  with E.Stage1Writer(path, fmt=fmt) as writer:
+    done = writer.completed_ids()
+    for start in tqdm(range(0, p, chunk), desc="stage 1", unit="chunk"):
+      ids = [f"q{i:06d}" for i in range(start, min(p, start + chunk))]
+      if all(i in done for i in ids):
+        continue
+      recs = _chunk_records(problem, start, ids, key, cfg.stage1)
+      writer.write([r for r in recs if r["prompt_id"] not in done])
   return E.load_stage1(path, fmt=fmt)
 
 

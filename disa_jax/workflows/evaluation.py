@@ -16,7 +16,14 @@ answers, and KL(pi || pi~) with its decomposition. Output directory:
     summary.md, summary.json      the suite tables: Mean@k over the math benchmarks, pass@1 and
                                   pass@k over the code benchmarks, each with an Average column
 
-A rerun skips the benchmarks whose results exist and rebuilds the suite tables.
+    <name>.identity.json          what <name>.json was computed from: the served model (path and
+                                  content hash: a Stage 3 run's export names its step), the
+                                  benchmark file (hash), the sampling, grading and engine settings
+
+A rerun skips the benchmarks whose results exist with the same identity and rebuilds the suite
+tables; one whose identity differs (e.g. ``run_step=-1`` after training moved on) stops naming every
+differing field, or with ``overwrite=True`` evaluates that benchmark again. One evaluation at a time
+holds ``<output_dir>/.lock``.
 """
 from __future__ import annotations
 
@@ -29,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax.checkpoint import selection
+from disa_jax.checkpoint import identity, selection
+from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.rollout import stop_ids
@@ -69,6 +77,7 @@ class EvalConfig:
   diversity_benchmarks: tuple[str, ...] = ("aime24", "aime25")
   diversity_k: int = 8
   export_dtype: str = "bfloat16"
+  overwrite: bool = False
 
   def __post_init__(self):
     if not self.output_dir:
@@ -189,6 +198,40 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
   return out
 
 
+# EvalConfig fields that change a benchmark's results (beside the model and the benchmark file).
+IDENTITY_FIELDS = ("limit", "math_k", "code_k", "temperature", "top_p", "max_tokens", "seed",
+                   "stop_token_ids", "rendering", "max_prompt_len", "reward_plugins",
+                   "exact_target", "local_diversity", "judge_url", "judge_model",
+                   "diversity_benchmarks", "diversity_k")
+# Engine fields that change the samples (its process options, e.g. timeouts, do not).
+ENGINE_FIELDS = ("kind", "dtype", "vllm_kwargs", "jax_kwargs")
+
+
+def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[str, str]:
+  """The benchmarks to evaluate now: those without results, or (``overwrite``) with results of
+  another identity (`disa_jax.checkpoint.identity`; refused otherwise, naming every field)."""
+  config = config_lib.to_dict(cfg)
+  model = identity.inputs(model_path=model_path)
+  todo = {}
+  for name, path in cfg.benchmarks.items():
+    if not path:
+      continue
+    files = [out_dir / f"{name}{ext}" for ext in (".json", ".md", "_responses.jsonl")]
+    ident = {**model, **identity.inputs(benchmark_path=path),
+             **{f: config[f] for f in IDENTITY_FIELDS},
+             **{f"engine.{f}": config["engine"][f] for f in ENGINE_FIELDS}}
+
+    def discard(files=files):
+      for f in files:
+        f.unlink(missing_ok=True)
+
+    state = identity.claim_output(out_dir / f"{name}.identity.json", ident, overwrite=cfg.overwrite,
+                                  has_output=files[0].exists(), discard=discard)
+    if state != "resumed" or not files[0].exists():
+      todo[name] = path
+  return todo
+
+
 def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
   """Evaluates (or resumes evaluating) the suite; returns the summary written to summary.json.
 
@@ -196,20 +239,31 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
     cfg: the evaluation config.
     engine: an engine to reuse (e.g. across the checkpoints of a study): the model's weights are
       loaded into it and it is left open. Default: ``cfg.engine`` builds one, closed at the end.
+
+  Raises:
+    OutputLockedError: another evaluation holds ``output_dir``.
+    IdentityMismatchError: a benchmark's results come from another model or settings and
+      ``overwrite`` is off.
   """
+  out_dir = Path(cfg.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  with OutputLock(out_dir / ".lock", f"the evaluation {out_dir}"):
+    return _run_evaluation(cfg, engine, out_dir)
+
+
+def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> dict[str, Any]:
+  """`run_evaluation` once the output directory is locked."""
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
   from disa_jax import models  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
 
-  out_dir = Path(cfg.output_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
   import_reward_plugins(cfg.reward_plugins)
   model_path, choice = resolve_model(cfg)
   tokenizer = AutoTokenizer.from_pretrained(model_path)
   scorers = _Scorers(cfg, model_path, int(tokenizer.pad_token_id if tokenizer.pad_token_id
                                           is not None else tokenizer.eos_token_id))
-  todo = {n: p for n, p in cfg.benchmarks.items() if p and not (out_dir / f"{n}.json").exists()}
+  todo = _claim_benchmarks(cfg, model_path, out_dir)
   results: dict[str, dict[str, Any]] = {}
   own = engine is None
   try:

@@ -18,9 +18,10 @@ Output directory:
     stage1/                       the Stage 1 run on the subset (its own resumable output directory)
     nstudy.json, nstudy.png       the per-M statistics and the figure (variance, relative bias vs M)
     nstudy_config.json            the resolved config
-    nstudy_identity.json          what the subset and the pool depend on (the prompt file's sha256,
-                                  paths, sampling, labels, sizes, seed): a rerun must agree on it, or
-                                  it stops naming the field
+    nstudy_identity.json          what the subset and the pool depend on (the prompt file's and
+                                  pi_ref's content hashes, sampling, labels, sizes, seed): a rerun
+                                  must agree on it, or it stops naming the fields (overwrite=True
+                                  discards the study instead)
 
 A rerun resumes: the subset is reused, Stage 1 skips finished prompts, the statistics are
 recomputed from the pool (seconds).
@@ -28,9 +29,9 @@ recomputed from the pool (seconds).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +44,14 @@ from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.estimators import nstudy as nstudy_lib
 from disa_jax.estimators.dataset import load_stage1
+from disa_jax.checkpoint import identity
 from disa_jax.workflows.stage1 import IDENTITY_FIELDS as STAGE1_IDENTITY_FIELDS
-from disa_jax.workflows.stage1 import (ScorerConfig, Stage1Config, check_rerun, load_reference,
-                                       run_stage1)
+from disa_jax.workflows.stage1 import ScorerConfig, Stage1Config, load_reference, run_stage1
 
 # What the subset and the pool depend on: a rerun into the same directory must agree on them.
 STUDY_FIELDS = ("subset_size", "pool_size", "ks", "kmeans_iters", "seed")
-STAGE1_FIELDS = STAGE1_IDENTITY_FIELDS + ("limit", "max_prompt_len")
+STAGE1_FIELDS = STAGE1_IDENTITY_FIELDS + ("limit",)
+OUTPUTS = ("subset.json", "subset.jsonl", "stage1", "nstudy.json", "nstudy.png")  # overwrite=True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,7 @@ class NStudyConfig:
   kmeans_iters: int = 50
   seed: int = 0
   embedding: ScorerConfig = ScorerConfig()
+  overwrite: bool = False
 
   def __post_init__(self):
     if not self.output_dir:
@@ -106,24 +109,31 @@ def _write_json(path: Path, obj: Any) -> None:
   os.replace(tmp, path)
 
 
-def _file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
+def claim_nstudy_output(cfg: NStudyConfig) -> str:
+  """Records (or checks) what the subset and the pool depend on in ``nstudy_identity.json``: the
+  prompt file's and pi_ref's content, the Stage 1 fields behind the labels, the study's sizes and
+  seed; returns `disa_jax.checkpoint.identity.claim_output`'s state.
 
-
-def study_identity(cfg: NStudyConfig) -> dict[str, Any]:
-  """What the subset and the pool depend on, flat: the prompt file's content too, not only its path."""
+  Raises:
+    IdentityMismatchError: the directory holds a study of other inputs and ``overwrite`` is off.
+  """
+  out = Path(cfg.output_dir)
   s1 = config_lib.to_dict(cfg.stage1)
-  ident = {f"stage1.{f}": s1[f] for f in STAGE1_FIELDS}
-  if not os.path.isfile(cfg.stage1.prompts_path):
-    raise FileNotFoundError(f"stage1.prompts_path={cfg.stage1.prompts_path!r}: no such file")
-  ident["stage1.prompts_sha256"] = _file_sha256(cfg.stage1.prompts_path)
-  ident.update({f: config_lib.to_dict(getattr(cfg, f)) for f in STUDY_FIELDS})
-  ident["embedding.dtype"] = cfg.embedding.dtype
-  return ident
+  ident = {**identity.inputs(prompts_path=cfg.stage1.prompts_path,
+                             reference_path=cfg.stage1.reference_path),
+           **{f"stage1.{f}": s1[f] for f in STAGE1_FIELDS},
+           **{f: config_lib.to_dict(getattr(cfg, f)) for f in STUDY_FIELDS},
+           "embedding.dtype": cfg.embedding.dtype}
+
+  def discard():
+    for name in OUTPUTS:
+      target = out / name
+      if target.is_dir():
+        shutil.rmtree(target)
+      target.unlink(missing_ok=True)
+
+  return identity.claim_output(out / "nstudy_identity.json", ident, overwrite=cfg.overwrite,
+                               has_output=(out / "subset.json").exists(), discard=discard)
 
 
 def choose_subset(cfg: NStudyConfig) -> dict[str, Any]:
@@ -207,8 +217,7 @@ def run_nstudy(cfg: NStudyConfig) -> dict[str, Any]:
   subset's k and the Stage 1 summary."""
   out = Path(cfg.output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  ident = study_identity(cfg)
-  check_rerun(out / "nstudy_identity.json", ident, list(ident))
+  claim_nstudy_output(cfg)
   _write_json(out / "nstudy_config.json", config_lib.to_dict(cfg))
   subset = choose_subset(cfg)
   stage1 = run_stage1(cfg.pool_config())

@@ -5,14 +5,22 @@
 then runs `disa_jax.sft.baseline.run_lora_sft`: LoRA on pi_ref, trained on the samples with
 verifier reward 1, merged and exported as a Hugging Face directory at ``out_path``. A rerun resumes
 from the adapter checkpoints under ``<out_path>.ckpt`` and does nothing once the export exists.
+``<out_path>.identity.json`` records the inputs (reference and Stage 1 dataset with content hashes,
+the SFT settings; `disa_jax.checkpoint.identity`): a rerun with others stops naming every differing
+field, or with ``overwrite=True`` deletes the export and the adapter checkpoints and trains afresh.
+One run at a time holds ``<out_path>.lock`` (process 0 of a multi-process run).
 """
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 from typing import Any, Callable
 
 from disa_jax import config as config_lib
 from disa_jax import preemption
+from disa_jax.checkpoint import identity
+from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.sft.baseline import LoRASFTConfig
 
@@ -26,6 +34,7 @@ class SftConfig:
   out_path: str
   mesh: MeshConfig = MeshConfig()
   sft: LoRASFTConfig = LoRASFTConfig()
+  overwrite: bool = False
 
   def __post_init__(self):
     for name in ("reference_path", "stage1_path", "out_path"):
@@ -38,9 +47,45 @@ class SftConfig:
     return config_lib.from_mapping(cls, config)
 
 
+def claim_sft_output(cfg: SftConfig) -> str:
+  """Records (or checks) ``<out_path>.identity.json``; `identity.claim_output`'s state."""
+  out, ckpt = Path(cfg.out_path), Path(cfg.out_path + ".ckpt")
+  ident = {**identity.inputs(reference_path=cfg.reference_path, stage1_path=cfg.stage1_path),
+           "sft": config_lib.to_dict(cfg.sft), "mesh": config_lib.to_dict(cfg.mesh)}
+
+  def discard():
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(ckpt, ignore_errors=True)
+
+  out.parent.mkdir(parents=True, exist_ok=True)
+  return identity.claim_output(out.with_name(out.name + ".identity.json"), ident,
+                               overwrite=cfg.overwrite, has_output=out.exists() or ckpt.exists(),
+                               discard=discard)
+
+
 def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
   """Runs (or resumes, or finds finished) the LoRA-SFT baseline; returns its summary (with
-  ``preempted``, the step, when a SIGTERM / SIGUSR1 stopped it: `disa_jax.preemption`)."""
+  ``preempted``, the step, when a SIGTERM / SIGUSR1 stopped it: `disa_jax.preemption`).
+
+  Raises:
+    OutputLockedError: another run holds ``out_path``.
+    IdentityMismatchError: ``out_path`` holds a baseline of other inputs and ``overwrite`` is off.
+  """
+  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  lock = None
+  if distributed.is_main_process():
+    Path(cfg.out_path).parent.mkdir(parents=True, exist_ok=True)
+    lock = OutputLock(cfg.out_path + ".lock", f"the SFT baseline {cfg.out_path}")
+    claim_sft_output(cfg)
+  try:
+    return _run_sft(cfg, log)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _run_sft(cfg: SftConfig, log: Callable[[str], None] | None) -> dict[str, Any]:
+  """`run_sft` once the output is locked and its identity checked."""
   from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
   from disa_jax.sft.baseline import run_lora_sft  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage1 import encode_stage1_prompts  # pylint: disable=g-import-not-at-top

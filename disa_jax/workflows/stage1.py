@@ -11,13 +11,17 @@ mesh, and appends labelled records (eq. 8) to the resumable Stage 1 dataset thro
 
 Output directory:
     stage1.jsonl | stage1/part-*.parquet   the Stage 1 dataset (`disa_jax.estimators.load_stage1`)
-    stage1_config.json                     the resolved config; a rerun must agree on what the
-                                           labels depend on (paths, sampling, beta, transform, ...)
+    stage1_identity.json                   what the labels depend on (`disa_jax.checkpoint.identity`:
+                                           the prompt file and both checkpoints with content hashes,
+                                           sampling, beta, transform, ...); a rerun must agree or
+                                           set ``overwrite``
+    stage1_config.json                     the resolved config (Stage 2 and SFT read the prompt
+                                           file and rendering from it)
     stage1_summary.json                    `stage1_summary`: ESS / CV^2 quantiles, share of prompts
                                            without a reward-bearing sample, throughput
 
 A rerun with the same output directory skips the prompts already written (and starts no engine when
-none is left).
+none is left). The dataset has one writer at a time (a second run gets `OutputLockedError`).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,6 +38,7 @@ import numpy as np
 
 from disa_jax import config as config_lib
 from disa_jax import preemption
+from disa_jax.checkpoint import identity
 from disa_jax.data.prompting import check_rendering
 from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS
 from disa_jax.estimators.reward_transforms import RewardTransform
@@ -42,10 +48,10 @@ from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
-# Fields that determine the labels: a rerun into the same directory must not change them.
-IDENTITY_FIELDS = ("prompts_path", "prompts_format", "reference_path", "proposal_path",
-                   "rendering", "reward", "beta", "reward_transform", "label_scale",
-                   "proposal_logprobs", "sampling")
+# Config fields that determine the labels (beside the input files' paths and contents): a rerun
+# into the same directory must not change them.
+IDENTITY_FIELDS = ("prompts_format", "dataset_format", "rendering", "max_prompt_len", "reward",
+                   "beta", "reward_transform", "label_scale", "proposal_logprobs", "sampling")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +114,7 @@ class Stage1Config:
   scorer: ScorerConfig = ScorerConfig()
   prompts_per_batch: int = 64
   progress: bool = True
+  overwrite: bool = False
 
   def __post_init__(self):
     for name in ("prompts_path", "reference_path", "proposal_path", "output_dir"):
@@ -165,17 +172,33 @@ def load_reference(path: str, scorer: ScorerConfig):
                                 attention_chunk=scorer.attention_chunk)
 
 
-def check_rerun(path: Path, config: dict[str, Any], fields: Sequence[str]) -> None:
-  """Writes ``config`` to ``path``, or checks a previous run's config there agrees on ``fields``."""
-  if path.exists():
-    old = json.loads(path.read_text())
-    for f in fields:
-      if old.get(f) != config.get(f):
-        raise ValueError(f"{path.parent} holds a run with {f}={old.get(f)!r}; this run has "
-                         f"{f}={config.get(f)!r}. Use a new output directory, or the same {f}.")
-  tmp = path.with_suffix(".tmp")
+def claim_stage1_output(cfg: Stage1Config) -> str:
+  """Records (or checks) the identity of ``cfg``'s inputs in ``stage1_identity.json`` and writes
+  ``stage1_config.json``; returns `disa_jax.checkpoint.identity.claim_output`'s state.
+
+  Raises:
+    IdentityMismatchError: the directory holds labels of other inputs and ``cfg.overwrite`` is off.
+  """
+  out_dir = Path(cfg.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  config = config_lib.to_dict(cfg)
+  ident = {**identity.inputs(prompts_path=cfg.prompts_path, reference_path=cfg.reference_path,
+                             proposal_path=cfg.proposal_path),
+           **{f: config[f] for f in IDENTITY_FIELDS}}
+
+  def discard():
+    data = cfg.dataset_path()
+    if data.is_dir():
+      shutil.rmtree(data)
+    data.unlink(missing_ok=True)
+    (out_dir / "stage1_summary.json").unlink(missing_ok=True)
+
+  state = identity.claim_output(out_dir / "stage1_identity.json", ident, overwrite=cfg.overwrite,
+                                has_output=cfg.dataset_path().exists(), discard=discard)
+  tmp = out_dir / "stage1_config.json.tmp"
   tmp.write_text(json.dumps(config, indent=1))
-  os.replace(tmp, path)
+  os.replace(tmp, out_dir / "stage1_config.json")
+  return state
 
 
 def encode_stage1_prompts(stage1_path: str, reference_path: str,
@@ -297,14 +320,12 @@ def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
 
   from disa_jax import rewards  # pylint: disable=g-import-not-at-top
   from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.estimators import Stage1Writer, load_stage1  # pylint: disable=g-import-not-at-top
+  from disa_jax.estimators import Stage1Writer  # pylint: disable=g-import-not-at-top
   from disa_jax.estimators import collect  # pylint: disable=g-import-not-at-top
-  from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows import prompting  # pylint: disable=g-import-not-at-top
 
   out_dir = Path(cfg.output_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  check_rerun(out_dir / "stage1_config.json", config_lib.to_dict(cfg), IDENTITY_FIELDS)
+  claim_stage1_output(cfg)
   import_reward_plugins(cfg.reward_plugins)
   reward_fn = rewards.get_reward_fn(cfg.reward)
   records = loaders.load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
@@ -316,38 +337,49 @@ def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
   ref_texts, ref_ids, prop_ids = _encode_all(cfg, records, ref_tok, prop_tok)
   prompts = [collect.Stage1Prompt(r.prompt_id, text, ids, r.reward_meta())
              for r, text, ids in zip(records, ref_texts, ref_ids)]
-  writer = Stage1Writer(cfg.dataset_path(), cfg.dataset_format)
-  before = writer.completed_ids()
   sampling = dataclasses.replace(
       cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids or stop_ids.stop_token_ids(
           prop_tok, cfg.proposal_path, chat_template=cfg.rendering == "chat_template"),
       return_raw_logprobs=cfg.proposal_logprobs == "raw")
-  run: dict[str, float] = {"prompts_done": 0, "prompts_skipped": len(prompts), "samples": 0,
-                           "seconds": 0.0, "samples_per_s": 0.0}
-  if any(p.prompt_id not in before for p in prompts):
-    t0 = time.time()
-    scorer = SequenceScorer(load_reference(cfg.reference_path, cfg.scorer),
-                            pad_id=int(ref_tok.pad_token_id), batch_size=cfg.scorer.batch_size,
-                            row_len=cfg.scorer.row_len, packing=cfg.scorer.packing,
-                            pad_to=cfg.scorer.pad_to, chunk_size=cfg.scorer.chunk_size)
-    engine = cfg.engine.make(cfg.proposal_path)
-    startup_s = time.time() - t0
-    try:
-      run = collect.collect_stage1(
-          engine=prompting.ProposalPromptEngine(engine, dict(zip(ref_ids, prop_ids))),
-          ref_scorer=scorer, prompts=prompts, reward_fn=reward_fn,
-          decode=lambda ids: ref_tok.decode(ids, skip_special_tokens=True), sampling=sampling,
-          beta=cfg.beta, reward_transform=cfg.reward_transform, writer=writer,
-          label_scale=cfg.label_scale, proposal_logprobs=cfg.proposal_logprobs,
-          prompts_per_batch=cfg.prompts_per_batch, progress=cfg.progress)
-    finally:
-      engine.close()
-    run["startup_s"] = startup_s
-    if run["preempted"]:
-      print(f"stage1: preempted ({preemption.requested()}) after {run['prompts_done']} prompts; "
-            f"rerun the command to resume", flush=True)
-      return {"preempted": True, "run": run, "dataset": str(cfg.dataset_path())}
+  with Stage1Writer(cfg.dataset_path(), cfg.dataset_format) as writer:
+    before = writer.completed_ids()
+    run: dict[str, float] = {"prompts_done": 0, "prompts_skipped": len(prompts), "samples": 0,
+                             "seconds": 0.0, "samples_per_s": 0.0}
+    if any(p.prompt_id not in before for p in prompts):
+      run = _collect(cfg, writer, prompts, ref_tok, dict(zip(ref_ids, prop_ids)), reward_fn,
+                     sampling)
+      if run["preempted"]:
+        print(f"stage1: preempted ({preemption.requested()}) after {run['prompts_done']} prompts; "
+              f"rerun the command to resume", flush=True)
+        return {"preempted": True, "run": run, "dataset": str(cfg.dataset_path())}
   return _finish(cfg, out_dir, prompts, before, run, sampling.stop_token_ids)
+
+
+def _collect(cfg: Stage1Config, writer, prompts, ref_tok, prop_ids: dict, reward_fn,
+             sampling) -> dict[str, float]:
+  """Starts the scorer and the engine, labels the prompts not yet in ``writer``; the run's figures."""
+  from disa_jax.estimators import collect  # pylint: disable=g-import-not-at-top
+  from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
+  from disa_jax.workflows import prompting  # pylint: disable=g-import-not-at-top
+  t0 = time.time()
+  scorer = SequenceScorer(load_reference(cfg.reference_path, cfg.scorer),
+                          pad_id=int(ref_tok.pad_token_id), batch_size=cfg.scorer.batch_size,
+                          row_len=cfg.scorer.row_len, packing=cfg.scorer.packing,
+                          pad_to=cfg.scorer.pad_to, chunk_size=cfg.scorer.chunk_size)
+  engine = cfg.engine.make(cfg.proposal_path)
+  startup_s = time.time() - t0
+  try:
+    run = collect.collect_stage1(
+        engine=prompting.ProposalPromptEngine(engine, prop_ids),
+        ref_scorer=scorer, prompts=prompts, reward_fn=reward_fn,
+        decode=lambda ids: ref_tok.decode(ids, skip_special_tokens=True), sampling=sampling,
+        beta=cfg.beta, reward_transform=cfg.reward_transform, writer=writer,
+        label_scale=cfg.label_scale, proposal_logprobs=cfg.proposal_logprobs,
+        prompts_per_batch=cfg.prompts_per_batch, progress=cfg.progress)
+  finally:
+    engine.close()
+  run["startup_s"] = startup_s
+  return run
 
 
 def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,

@@ -15,7 +15,12 @@ squares (eq. 9; Table 6 defaults), and writes:
     <anchor_path>/                                     the frozen `Anchor` (orbax + metadata, with
                                                        the reference and rendering it was fitted on)
 
-A rerun finds the anchor and the summary and returns the stored summary without refitting. A run
+``<output_dir>/stage2_identity.json`` records what the anchor was fitted from (the Stage 1 dataset
+and the reference with content hashes, the label variant, weighting, samples, fit and embedding
+settings; `disa_jax.checkpoint.identity`); a rerun with other inputs stops naming every differing
+field (``overwrite=True`` deletes the old anchor, summary and embedding cache and fits afresh). One
+run at a time holds ``<output_dir>/.lock``.
+A rerun with the same identity finds the anchor and the summary and returns the stored summary without refitting. A run
 killed between saving the anchor and writing the summary left ``stage2_pending.json`` naming the
 anchor: the rerun removes that anchor and fits again (the same anchor: the fit is seeded). Every file
 is written through a temporary name and renamed into place.
@@ -34,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
+from disa_jax.checkpoint import identity
+from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.anchor.fit import AnchorFitConfig
 from disa_jax.anchor.labels import LABEL_KINDS, check_variant
 from disa_jax.workflows.stage1 import ScorerConfig
@@ -54,6 +61,7 @@ class Stage2Config:
   drop_nonfinite: bool = False
   fit: AnchorFitConfig = AnchorFitConfig()
   embedding: ScorerConfig = ScorerConfig()
+  overwrite: bool = False
 
   def __post_init__(self):
     for name in ("stage1_path", "reference_path", "anchor_path", "output_dir"):
@@ -130,8 +138,48 @@ def _write_json(path: Path, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+IDENTITY_FIELDS = ("stage1_format", "samples", "labels", "weighting", "drop_nonfinite", "fit",
+                   "embedding", "anchor_path")
+
+
+def claim_stage2_output(cfg: Stage2Config) -> str:
+  """Records (or checks) the identity of ``cfg``'s inputs in ``stage2_identity.json``; returns
+  `disa_jax.checkpoint.identity.claim_output`'s state ('new' | 'resumed' | 'overwritten')."""
+  from disa_jax.anchor.frozen import META_FILE  # pylint: disable=g-import-not-at-top
+  out_dir, anchor_dir = Path(cfg.output_dir), Path(cfg.anchor_path)
+  config = config_lib.to_dict(cfg)
+  ident = {**identity.inputs(stage1_path=cfg.stage1_path, reference_path=cfg.reference_path),
+           **{f: config[f] for f in IDENTITY_FIELDS}}
+  outputs = [out_dir / n for n in ("stage2_summary.json", "stage2_pending.json", "embeddings.npy",
+                                   "embeddings_ids.json", "validation_curve.png")]
+
+  def discard():
+    shutil.rmtree(anchor_dir, ignore_errors=True)
+    for f in outputs:
+      f.unlink(missing_ok=True)
+
+  return identity.claim_output(out_dir / "stage2_identity.json", ident, overwrite=cfg.overwrite,
+                               has_output=(anchor_dir / META_FILE).exists()
+                               or any(f.exists() for f in outputs),
+                               discard=discard)
+
+
 def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
-  """Runs (or finds finished) Stage 2; returns the summary (also in ``stage2_summary.json``)."""
+  """Runs (or finds finished) Stage 2; returns the summary (also in ``stage2_summary.json``).
+
+  Raises:
+    OutputLockedError: another Stage 2 run holds ``output_dir``.
+    IdentityMismatchError: ``output_dir`` holds a fit of other inputs and ``overwrite`` is off.
+  """
+  out_dir = Path(cfg.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  with OutputLock(out_dir / ".lock", f"the Stage 2 output {out_dir}"):
+    claim_stage2_output(cfg)
+    return _run_stage2(cfg)
+
+
+def _run_stage2(cfg: Stage2Config) -> dict[str, Any]:
+  """`run_stage2` once the output is locked and its identity checked."""
   from disa_jax import estimators  # pylint: disable=g-import-not-at-top
   from disa_jax.anchor import Anchor, fit_anchor  # pylint: disable=g-import-not-at-top
   from disa_jax.anchor import diagnostics  # pylint: disable=g-import-not-at-top

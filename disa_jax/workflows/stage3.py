@@ -18,21 +18,28 @@ Hugging Face directory. Run directory:
 SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and return a summary with
 ``preempted`` set (no export); the command then exits 0 (`disa_jax.preemption`).
 A rerun with the same ``workdir`` resumes; one whose checkpoint comes from another config or model
-stops at once, naming the field that differs.
+stops at once, naming the field that differs. ``identity.json`` records the inputs' paths and
+content hashes (policy, reference, prompt / anchor / replay / validation files) and the model and
+data settings (`disa_jax.checkpoint.identity`): a rerun with other inputs stops naming every
+differing field, or with ``overwrite=True`` deletes the checkpoints, metrics and export and starts
+afresh. Process 0 holds ``<workdir>/.lock`` for the run (a second run gets `OutputLockedError`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from disa_jax import config as config_lib
 from disa_jax import preemption
-from disa_jax.checkpoint import selection
+from disa_jax.checkpoint import identity, selection
+from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval.exact import ExactTargetConfig
+from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout import stop_ids
@@ -132,6 +139,7 @@ class Stage3Config:
   export: bool = True
   export_checkpoint: str = "best"
   export_dtype: str = "bfloat16"
+  overwrite: bool = False
 
   def __post_init__(self):
     selection.check_which(self.export_checkpoint, "export_checkpoint")
@@ -244,6 +252,30 @@ def _identity(cfg: Stage3Config) -> dict[str, Any]:
           "data.replay_path": cfg.data.replay_path}
 
 
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "final")  # what overwrite=True deletes
+
+
+def claim_stage3_output(cfg: Stage3Config) -> str:
+  """Records (or checks) ``<workdir>/identity.json``; `identity.claim_output`'s state."""
+  workdir, mc, dc = Path(cfg.workdir), cfg.model, cfg.data
+  ident = {**identity.inputs(policy_path=mc.policy_path, reference_path=mc.reference,
+                             train_path=dc.train_path, anchor_path=dc.anchor_path,
+                             replay_path=dc.replay_path,
+                             **{f"validation_paths.{i}": p for i, p in enumerate(dc.validation_paths)}),
+           "model": config_lib.to_dict(mc), "data": config_lib.to_dict(dc),
+           "exact_target": config_lib.to_dict(cfg.exact_target)}
+
+  def discard():
+    for name in RUN_OUTPUTS:
+      target = workdir / name
+      if target.is_dir():
+        shutil.rmtree(target)
+      target.unlink(missing_ok=True)
+
+  return identity.claim_output(workdir / "identity.json", ident, overwrite=cfg.overwrite,
+                               has_output=(workdir / "checkpoints").exists(), discard=discard)
+
+
 def _write_summary(workdir: Path, summary: dict[str, Any]) -> None:
   """``stage3_summary.json`` beside the run (main process only)."""
   if distributed.is_main_process():
@@ -252,26 +284,39 @@ def _write_summary(workdir: Path, summary: dict[str, Any]) -> None:
 
 def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   """Trains (or resumes) the run; returns its summary (final metrics, export path and checkpoint,
-  ``preempted``: the step a SIGTERM / SIGUSR1 stopped it at, else None)."""
-  with preemption.watch():
-    return _run_stage3(cfg)
+  ``preempted``: the step a SIGTERM / SIGUSR1 stopped it at, else None).
+
+  Raises:
+    OutputLockedError: another run holds ``workdir``.
+    IdentityMismatchError: ``workdir`` holds a run of other inputs and ``overwrite`` is off.
+  """
+  if not cfg.workdir:
+    raise ValueError("workdir is required (the run directory), got ''")
+  Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
+  lock = None
+  if distributed.is_main_process():
+    lock = OutputLock(Path(cfg.workdir) / ".lock", f"the Stage 3 run {cfg.workdir}")
+    claim_stage3_output(cfg)
+  try:
+    with preemption.watch():
+      return _run_stage3(cfg)
+  finally:
+    if lock is not None:
+      lock.release()
 
 
 def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
+  """`run_stage3` once the run directory is locked and its identity checked."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
 
   from disa_jax import rewards  # pylint: disable=g-import-not-at-top
-  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   from disa_jax.rl.replay import ReplayPool  # pylint: disable=g-import-not-at-top
   from disa_jax.rl.trainer import Trainer  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows import export  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
 
-  if not cfg.workdir:
-    raise ValueError("workdir is required (the run directory), got ''")
   workdir = Path(cfg.workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
   if distributed.is_main_process():
     (workdir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
   import_reward_plugins(cfg.data.reward_plugins)

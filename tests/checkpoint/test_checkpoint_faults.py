@@ -135,3 +135,28 @@ def test_save_interval_and_force(tmp_path):
     assert mngr.save(4, SMALL, {"step": 4}) is True
     assert mngr.save(5, SMALL, {"step": 5}, force=True) is True
   assert CheckpointManager(tmp_path / "c").all_steps() == [2, 4, 5]
+
+
+@pytest.mark.parametrize("damage", ["torn_meta", "missing_state"])
+def test_a_damaged_step_is_skipped_with_a_warning_and_the_last_intact_step_is_used(tmp_path, damage):
+  """Finding 8: a truncated meta JSON (or a step whose state item is gone) names the step and its
+  directory in a warning; the resume uses the newest intact step and writes the damaged one again."""
+  directory = tmp_path / "ckpt"
+  with CheckpointManager(directory, async_save=False) as mngr:
+    for step in (1, 2, 3):
+      mngr.save(step, {k: v + step for k, v in SMALL.items()}, {"step": step})
+  if damage == "torn_meta":
+    meta = directory / "3" / "meta" / "metadata"
+    meta.write_text(meta.read_text()[:5])
+  else:
+    (directory / "3" / "state" / "_METADATA").unlink()
+  mngr = CheckpointManager(directory, async_save=False)
+  with pytest.warns(RuntimeWarning, match=rf"checkpoint step 3 in {directory / '3'} is unreadable"):
+    assert mngr.latest_step() == 2
+  assert mngr.intact_steps() == [1, 2] and mngr.all_steps() == [1, 2, 3]
+  step, state, meta = mngr.restore(_target(SMALL))
+  assert step == 2 and meta == {"step": 2}
+  np.testing.assert_array_equal(state["w"], SMALL["w"] + 2)
+  assert mngr.save(3, SMALL, {"step": 3})  # the resumed run writes step 3 again
+  mngr.close()
+  assert CheckpointManager(directory).latest_step() == 3

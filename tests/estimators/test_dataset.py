@@ -1,12 +1,20 @@
-"""Stage 1 dataset: schema, append-only resume, crash repair, validation by row index and reason."""
+"""Stage 1 dataset: schema, append-only resume, crash repair, validation by row index and reason,
+parts that never replace each other, one writer at a time."""
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
+from disa_jax.checkpoint.lock import OutputLockedError
 from disa_jax.estimators import (RewardTransform, Stage1FormatError, Stage1Writer, build_records, load_stage1,
                                  log_z_is)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 RT = RewardTransform("raw")
 
@@ -34,6 +42,7 @@ def test_roundtrip_labels_and_resume(tmp_path, fmt):
   w = Stage1Writer(path, fmt=fmt)
   recs = _records(["a", "b", "c"])
   w.write(recs[:2])
+  w.close()
   # a rerun (new writer) sees what is finished and skips it
   w2 = Stage1Writer(path, fmt=fmt)
   assert w2.completed_ids() == {"a", "b"}
@@ -110,3 +119,115 @@ def test_inconsistent_beta_is_refused(tmp_path):
   path.write_text("".join(json.dumps(r) + "\n" for r in recs))
   with pytest.raises(Stage1FormatError, match="beta"):
     load_stage1(path)
+
+
+def test_parquet_resume_never_overwrites_a_finished_part(tmp_path):
+  """Parts 1 and 2 left, part 0 gone (finding 5): the resumed batch gets a new part, every earlier
+  prompt's samples survive."""
+  path = tmp_path / "s1"
+  recs = _records(["a", "b", "c", "d"])
+  with Stage1Writer(path, fmt="parquet") as w:
+    for r in recs[:3]:
+      w.write([r])
+  (path / "part-000000.parquet").unlink()  # prompt "a" is lost: a rerun redoes it
+  with Stage1Writer(path, fmt="parquet") as w:
+    assert w.completed_ids() == {"b", "c"}
+    w.write([recs[0], recs[3]])
+  assert sorted(p.name for p in path.glob("part-*")) == ["part-000001.parquet", "part-000002.parquet",
+                                                         "part-000003.parquet"]
+  data = load_stage1(path, fmt="parquet")
+  assert sorted(data.prompt_ids) == ["a", "b", "c", "d"]
+  by_id = {r["prompt_id"]: r for r in data.records}
+  for r in recs:
+    assert [s["token_ids"] for s in by_id[r["prompt_id"]]["samples"]] == [
+        s["token_ids"] for s in r["samples"]]
+
+
+@pytest.mark.parametrize("name", ["s1.jsonl", "s1"])
+def test_second_writer_in_another_process_gets_a_named_error(tmp_path, name):
+  """Finding 6: a job launched twice must not append the same prompts twice."""
+  path = tmp_path / name
+  holder = subprocess.Popen(
+      [sys.executable, "-c", textwrap.dedent(f"""
+          import sys
+          from disa_jax.estimators.dataset import Stage1Writer
+          w = Stage1Writer({str(path)!r})
+          print("locked", flush=True)
+          sys.stdin.readline()
+          w.close()
+          print("released", flush=True)
+          sys.stdin.readline()
+          """)],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(OutputLockedError, match=f"pid {holder.pid}") as e:
+      Stage1Writer(path)
+    assert str(path) in str(e.value) and e.value.holder_pid == holder.pid
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "released"
+    Stage1Writer(path).close()  # released by close: a later writer opens
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+def test_lock_dies_with_a_killed_holder(tmp_path):
+  path = tmp_path / "s1.jsonl"
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys; from disa_jax.estimators.dataset import Stage1Writer; "
+       f"w = Stage1Writer({str(path)!r}); print('locked', flush=True); sys.stdin.readline()"],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  assert holder.stdout.readline().strip() == "locked"
+  with pytest.raises(OutputLockedError):
+    Stage1Writer(path)
+  holder.kill()  # SIGKILL: no cleanup runs; the kernel drops the flock
+  holder.wait()
+  with Stage1Writer(path) as w:
+    w.write(_records(["a"]))
+  assert load_stage1(path).prompt_ids == ["a"]
+
+
+def test_same_process_second_writer_is_refused_until_close(tmp_path):
+  path = tmp_path / "s1.jsonl"
+  w = Stage1Writer(path)
+  with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
+    Stage1Writer(path)
+  w.close()
+  with pytest.raises(RuntimeError, match="closed"):
+    w.write(_records(["a"]))
+  Stage1Writer(path).close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_bad_stats_are_reported_with_file_row_and_field(tmp_path, fmt):
+  """Finding 9: a non-numeric stored statistic names the file, the row and the field."""
+  recs = _records(["a", "b", "c", "d"])
+  recs[1]["log_z_is"] = "abc"
+  recs[3]["ess"] = [1.0]
+  recs[3]["log_z_gm"] = "x"
+  if fmt == "jsonl":
+    path = tmp_path / "s1.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  else:
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    path = tmp_path / "s1"
+    path.mkdir()
+    for k, r in enumerate(recs):
+      row = dict(r, reward_transform=json.dumps(r["reward_transform"]),
+                 **{f: json.dumps(r[f]) for f in ("log_z_is", "log_z_gm", "ess")})
+      pq.write_table(pa.Table.from_pylist([row]), path / f"part-{k:06d}.parquet")
+  with pytest.raises(Stage1FormatError) as e:
+    load_stage1(path, fmt=fmt)
+  rows = dict(e.value.errors)
+  assert str(path) in str(e.value)
+  if fmt == "jsonl":
+    assert sorted(rows) == [1, 3]
+    assert "log_z_is='abc'" in rows[1] and "log_z_gm='x'" in rows[3]
+  else:  # every row holds strings in the stats columns here
+    assert sorted(rows) == [0, 1, 2, 3] and "part-000001.parquet" in rows[1]
+    assert "log_z_is='\"abc\"'" in rows[1]

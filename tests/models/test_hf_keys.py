@@ -3,9 +3,11 @@
 import json
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 import transformers
+from safetensors.numpy import load_file, save_file
 
 import jax.numpy as jnp
 
@@ -41,6 +43,28 @@ def test_load_errors_name_the_key():
   bad["model.layers.0.self_attn.k_proj.weight"] = np.zeros((16, 64), np.float32)
   with pytest.raises(ValueError, match=r"k_proj.weight.*shape \(16, 64\), expected \(32, 64\)"):
     models.load_hf_state_dict(model, bad)
+
+
+def test_load_refuses_a_tensor_of_the_wrong_dtype_class(tmp_path):
+  """Finding 10: an int32 norm weight (right shape) must not load silently as float; a float16 or
+  bfloat16 tensor into a float32 model is fine."""
+  model = testing.make_tiny_model("qwen3")
+  sd = models.to_hf_state_dict(model)
+  name = "model.layers.0.input_layernorm.weight"
+  for wrong in (np.int32, np.uint8, np.bool_):
+    bad = dict(sd, **{name: np.ones(sd[name].shape, wrong)})
+    with pytest.raises(ValueError, match=rf"{name}.*dtype {np.dtype(wrong)}.*expected a float"):
+      models.load_hf_state_dict(model, bad)
+  fine = dict(sd, **{name: sd[name].astype(ml_dtypes.bfloat16),
+                     "model.norm.weight": sd["model.norm.weight"].astype(np.float16)})
+  models.load_hf_state_dict(model, fine)
+  # through a checkpoint directory (safetensors) as from_pretrained reads it
+  models.save_pretrained(model, str(tmp_path / "m"))
+  tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
+  tensors[name] = np.ones(tensors[name].shape, np.int32)
+  save_file(tensors, str(tmp_path / "m" / "model.safetensors"), metadata={"format": "pt"})
+  with pytest.raises(ValueError, match=rf"{name}.*dtype int32"):
+    models.from_pretrained(str(tmp_path / "m"))
 
 
 def test_tied_checkpoint_may_carry_equal_lm_head():

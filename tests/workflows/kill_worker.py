@@ -1,6 +1,8 @@
-"""Runs Stage 1 or Stage 2 and kills itself with SIGKILL at a named point (fault injection).
+"""Runs a stage and kills itself with SIGKILL at a named point (fault injection).
 
-Usage: kill_worker.py {stage1|stage2} CONFIG_JSON POINT
+Usage: kill_worker.py {stage1|stage2|stage3|eval} CONFIG_JSON POINT
+
+Stage 3 and evaluation take POINT 'none' only (the fault matrix kills them from outside).
 
 CONFIG_JSON is the `Stage1Config` / `Stage2Config` as a dict (`disa_jax.config.to_dict`). POINT is
 'none' (run to the end) or one of:
@@ -112,6 +114,8 @@ def _stage2_hooks(point: str) -> None:
 def main():
   stage, config_json, point = sys.argv[1], sys.argv[2], sys.argv[3]
   config = json.loads(config_json)
+  from disa_jax.workflows import evaluation, stage1, stage2, stage3  # pylint: disable=g-import-not-at-top,unused-import
+  print("START", flush=True)  # imports done: the stage's own work begins (the fault matrix times it)
   if stage == "stage1":
     from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # pylint: disable=g-import-not-at-top
     if point != "none":
@@ -122,8 +126,13 @@ def main():
     if point != "none":
       _stage2_hooks(point)
     summary = run_stage2(Stage2Config.from_config(config))
+  elif stage in ("stage3", "eval") and point == "none":
+    from disa_jax.workflows.evaluation import EvalConfig, run_evaluation  # pylint: disable=g-import-not-at-top
+    from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # pylint: disable=g-import-not-at-top
+    summary = (run_stage3(Stage3Config.from_config(config)) if stage == "stage3"
+               else run_evaluation(EvalConfig.from_config(config)))
   else:
-    raise SystemExit(f"unknown stage {stage!r}")
+    raise SystemExit(f"unknown stage {stage!r} or point {point!r}")
   print("SUMMARY " + json.dumps({k: summary[k] for k in ("run", "resumed") if k in summary}))
 
 

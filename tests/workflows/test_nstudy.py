@@ -58,8 +58,11 @@ def test_nstudy_subset_pool_statistics_and_resume(checkpoints, tmp_path):
   with pytest.raises(ValueError, match="subset_size"):
     run_nstudy(_config(checkpoints, files, tmp_path / "ns", subset_size=5))
   write_dapo_parquet(files["train"], n=PROMPTS + 1)  # same path, new content
-  with pytest.raises(ValueError, match="stage1.prompts_sha256"):
+  with pytest.raises(ValueError, match="prompts_path.sha256"):
     run_nstudy(cfg)
+  # overwrite=True discards the old study and draws the subset from the new file
+  again = run_nstudy(_config(checkpoints, files, tmp_path / "ns", overwrite=True))
+  assert json.loads((tmp_path / "ns" / "subset.json").read_text())["prompts"] == PROMPTS + 1
 
 
 def test_config_is_checked_before_any_work(tmp_path):

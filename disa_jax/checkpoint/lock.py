@@ -1,0 +1,74 @@
+"""An exclusive, process-lifetime lock on an output (one writer per Stage 1 dataset, run, ...).
+
+`OutputLock(path)` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on the lock file ``path`` and writes
+its pid there. The kernel drops a flock when the last descriptor of the open file closes, so the
+lock ends with the holder however it ends (return, exception, ``kill -9``): a stale lock file
+never blocks a rerun. A second holder, in this process or another, gets `OutputLockedError`
+naming the lock file and the holder's pid. Not for NFS: flock there is advisory per client.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+
+class OutputLockedError(RuntimeError):
+  """Another writer holds the output; ``path`` is the lock file, ``holder_pid`` its pid (or None)."""
+
+  def __init__(self, path: Path, holder_pid: int | None, what: str):
+    self.path, self.holder_pid = path, holder_pid
+    super().__init__(f"{what} is being written by another process (pid {holder_pid}; lock file "
+                     f"{path}). Wait for it to finish or stop it; two writers would mix their "
+                     f"outputs.")
+
+
+class OutputLock:
+  """Holds an exclusive flock on ``path`` until `release` (or the process ends).
+
+  Args:
+    path: the lock file (created; its parent must exist).
+    what: the output it guards, for the error message (default: the lock file's parent).
+  """
+
+  def __init__(self, path: str | os.PathLike, what: str | None = None):
+    self.path = Path(path)
+    self._fd: int | None = None
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      os.close(fd)
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise
+      raise OutputLockedError(self.path, _read_pid(self.path), what or str(self.path.parent)) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    self._fd = fd
+
+  @property
+  def held(self) -> bool:
+    return self._fd is not None
+
+  def release(self) -> None:
+    """Drops the lock (idempotent). The lock file stays: removing it would race a new holder."""
+    if self._fd is not None:
+      fd, self._fd = self._fd, None
+      os.close(fd)  # closing the only descriptor releases the flock
+
+  def __enter__(self) -> "OutputLock":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+  def __del__(self):
+    self.release()
+
+
+def _read_pid(path: Path) -> int | None:
+  try:
+    return int(path.read_text().strip())
+  except (OSError, ValueError):  # the holder has not written its pid yet
+    return None
