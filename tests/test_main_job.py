@@ -145,7 +145,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   # mode "add", fraction 0.5: k = 2 reward-1 rows added to G = 4 on-policy rows, 2 of 6 rows
   assert all(r["replay/fraction"] == pytest.approx(2 / 6) for r in rows)
   stamps = {p: p.stat().st_mtime for p in (tmp_path / "stage1" / "stage1.jsonl", tmp_path / "anchor" / "anchor_meta.json",
-                                           tmp_path / "stage3" / "disa" / "final" / "model.safetensors")}
+                                           tmp_path / "stage3" / "disa" / "final" / "export_info.json")}
   report2 = _job(_cfg(), tmp_path).run()  # resumes: nothing recomputed
   assert all(p.stat().st_mtime == t for p, t in stamps.items())
   assert report2["methods"] == json.loads((tmp_path / "report.json").read_text())["methods"]

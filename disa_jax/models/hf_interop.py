@@ -293,6 +293,13 @@ class _SafetensorsDir:
     yield from sorted(set(self.weight_map.values()))
 
 
+def read_checkpoint_tensors(path: str) -> dict[str, np.ndarray]:
+  """Every tensor of a local HF checkpoint directory as stored (one `model.safetensors`, or the
+  shards its index lists), keyed by HF name: to compare two exports tensor by tensor."""
+  reader = _SafetensorsDir(path)
+  return {k: reader.get(k) for k in sorted(reader.keys())}
+
+
 def load_config(path: str) -> ModelConfig:
   """`ModelConfig` from `path/config.json`."""
   with open(os.path.join(path, "config.json")) as f:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from configs import eval_paper, stage3_paper
 from disa_jax import config as config_lib
+from disa_jax import models
 from disa_jax.anchor import Anchor
 from disa_jax.estimators import load_stage1
 from disa_jax.rollout import shm
@@ -83,7 +83,7 @@ def _stage2_outputs(out_dir: Path):
 
 
 def _stage3_outputs(workdir: Path):
-  final = load_file(str(workdir / "final" / "model.safetensors"))
+  final = models.read_checkpoint_tensors(str(workdir / "final"))
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   learned = [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"}
              for r in rows]

@@ -18,9 +18,8 @@ import time
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-from disa_jax import testing
+from disa_jax import models, testing
 from disa_jax.estimators import dataset
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
@@ -121,8 +120,8 @@ def test_stage3_sigterm_mid_run_saves_exits_0_and_resumes_exactly(tmp_path):
   assert second["preempted"] is None and second["start_step"] == stopped
   assert _strip(read_jsonl(str(metrics))) == _strip(read_jsonl(str(tmp_path / "ref" / "metrics.jsonl")))
   assert second["selection"] == ref["selection"] and len(ref["selection"]["scores"]) == 4
-  want = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
-  got = load_file(str(work / "final" / "model.safetensors"))
+  want = models.read_checkpoint_tensors(str(tmp_path / "ref" / "final"))
+  got = models.read_checkpoint_tensors(str(work / "final"))
   assert sorted(got) == sorted(want)
   for k in want:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)
