@@ -23,8 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 _CHUNK = 1 << 20
 
@@ -87,6 +88,16 @@ def inputs(**paths: str) -> dict[str, str]:
 def _normalised(identity: Mapping[str, Any]) -> dict[str, Any]:
   """What JSON gives back (tuples as lists, ...), so stored and fresh identities compare equal."""
   return json.loads(json.dumps(dict(identity), sort_keys=True))
+
+
+def remove_paths(paths: Iterable[str | os.PathLike]) -> None:
+  """Deletes each path, a file or a directory tree; one that is not there is skipped (the
+  ``discard`` of `claim_output` for a stage whose outputs are these paths)."""
+  for p in map(Path, paths):
+    if p.is_dir() and not p.is_symlink():
+      shutil.rmtree(p)
+    else:
+      p.unlink(missing_ok=True)
 
 
 def claim_output(path: str | os.PathLike, identity: Mapping[str, Any], *, overwrite: bool,

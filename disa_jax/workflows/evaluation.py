@@ -221,12 +221,9 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
              **{f: config[f] for f in IDENTITY_FIELDS},
              **{f"engine.{f}": config["engine"][f] for f in ENGINE_FIELDS}}
 
-    def discard(files=files):
-      for f in files:
-        f.unlink(missing_ok=True)
-
     state = identity.claim_output(out_dir / f"{name}.identity.json", ident, overwrite=cfg.overwrite,
-                                  has_output=files[0].exists(), discard=discard)
+                                  has_output=files[0].exists(),
+                                  discard=lambda files=files: identity.remove_paths(files))
     if state != "resumed" or not files[0].exists():
       todo[name] = path
   return todo

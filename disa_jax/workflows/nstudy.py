@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +124,9 @@ def claim_nstudy_output(cfg: NStudyConfig) -> str:
            **{f: config_lib.to_dict(getattr(cfg, f)) for f in STUDY_FIELDS},
            "embedding.dtype": cfg.embedding.dtype}
 
-  def discard():
-    for name in OUTPUTS:
-      target = out / name
-      if target.is_dir():
-        shutil.rmtree(target)
-      target.unlink(missing_ok=True)
-
   return identity.claim_output(out / "nstudy_identity.json", ident, overwrite=cfg.overwrite,
-                               has_output=(out / "subset.json").exists(), discard=discard)
+                               has_output=(out / "subset.json").exists(),
+                               discard=lambda: identity.remove_paths(out / n for n in OUTPUTS))
 
 
 def choose_subset(cfg: NStudyConfig) -> dict[str, Any]:

@@ -13,7 +13,6 @@ One run at a time holds ``<out_path>.lock`` (process 0 of a multi-process run).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,14 +52,10 @@ def claim_sft_output(cfg: SftConfig) -> str:
   ident = {**identity.inputs(reference_path=cfg.reference_path, stage1_path=cfg.stage1_path),
            "sft": config_lib.to_dict(cfg.sft), "mesh": config_lib.to_dict(cfg.mesh)}
 
-  def discard():
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(ckpt, ignore_errors=True)
-
   out.parent.mkdir(parents=True, exist_ok=True)
   return identity.claim_output(out.with_name(out.name + ".identity.json"), ident,
                                overwrite=cfg.overwrite, has_output=out.exists() or ckpt.exists(),
-                               discard=discard)
+                               discard=lambda: identity.remove_paths([out, ckpt]))
 
 
 def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:

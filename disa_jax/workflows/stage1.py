@@ -29,7 +29,6 @@ import dataclasses
 import importlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -186,15 +185,10 @@ def claim_stage1_output(cfg: Stage1Config) -> str:
                              proposal_path=cfg.proposal_path),
            **{f: config[f] for f in IDENTITY_FIELDS}}
 
-  def discard():
-    data = cfg.dataset_path()
-    if data.is_dir():
-      shutil.rmtree(data)
-    data.unlink(missing_ok=True)
-    (out_dir / "stage1_summary.json").unlink(missing_ok=True)
-
-  state = identity.claim_output(out_dir / "stage1_identity.json", ident, overwrite=cfg.overwrite,
-                                has_output=cfg.dataset_path().exists(), discard=discard)
+  state = identity.claim_output(
+      out_dir / "stage1_identity.json", ident, overwrite=cfg.overwrite,
+      has_output=cfg.dataset_path().exists(),
+      discard=lambda: identity.remove_paths([cfg.dataset_path(), out_dir / "stage1_summary.json"]))
   tmp = out_dir / "stage1_config.json.tmp"
   tmp.write_text(json.dumps(config, indent=1))
   os.replace(tmp, out_dir / "stage1_config.json")

@@ -153,15 +153,10 @@ def claim_stage2_output(cfg: Stage2Config) -> str:
   outputs = [out_dir / n for n in ("stage2_summary.json", "stage2_pending.json", "embeddings.npy",
                                    "embeddings_ids.json", "validation_curve.png")]
 
-  def discard():
-    shutil.rmtree(anchor_dir, ignore_errors=True)
-    for f in outputs:
-      f.unlink(missing_ok=True)
-
   return identity.claim_output(out_dir / "stage2_identity.json", ident, overwrite=cfg.overwrite,
                                has_output=(anchor_dir / META_FILE).exists()
                                or any(f.exists() for f in outputs),
-                               discard=discard)
+                               discard=lambda: identity.remove_paths([anchor_dir, *outputs]))
 
 
 def run_stage2(cfg: Stage2Config) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -265,15 +264,10 @@ def claim_stage3_output(cfg: Stage3Config) -> str:
            "model": config_lib.to_dict(mc), "data": config_lib.to_dict(dc),
            "exact_target": config_lib.to_dict(cfg.exact_target)}
 
-  def discard():
-    for name in RUN_OUTPUTS:
-      target = workdir / name
-      if target.is_dir():
-        shutil.rmtree(target)
-      target.unlink(missing_ok=True)
-
   return identity.claim_output(workdir / "identity.json", ident, overwrite=cfg.overwrite,
-                               has_output=(workdir / "checkpoints").exists(), discard=discard)
+                               has_output=(workdir / "checkpoints").exists(),
+                               discard=lambda: identity.remove_paths(workdir / n
+                                                                     for n in RUN_OUTPUTS))
 
 
 def _write_summary(workdir: Path, summary: dict[str, Any]) -> None:

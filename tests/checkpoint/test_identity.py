@@ -64,3 +64,14 @@ def test_a_differing_identity_without_outputs_is_replaced(tmp_path):
   assert claim_output(path, {"drop": False}, **kw) == "new"
   assert claim_output(path, {"drop": True}, **kw) == "new"
   assert json.loads(path.read_text()) == {"drop": True}
+
+
+def test_remove_paths_deletes_files_and_trees_and_skips_the_absent(tmp_path):
+  (tmp_path / "tree" / "sub").mkdir(parents=True)
+  (tmp_path / "tree" / "sub" / "x").write_text("1")
+  (tmp_path / "file.json").write_text("{}")
+  (tmp_path / "kept").write_text("k")
+  (tmp_path / "link").symlink_to(tmp_path / "kept")
+  identity.remove_paths([tmp_path / "tree", str(tmp_path / "file.json"), tmp_path / "absent",
+                         tmp_path / "link"])
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # a link goes, not its target
