@@ -239,22 +239,29 @@ class ShmRing:
     return cls(open_segment(name), owner=False)
 
   @contextlib.contextmanager
-  def _locked(self, timeout: float | None = None) -> Iterator[None]:
-    """Holds the header lock; polls (non-blocking flock) so that `timeout` is honoured."""
+  def _locked(self, timeout: float | None = None,
+              check: Callable[[], None] | None = None) -> Iterator[None]:
+    """Holds the header lock; polls (non-blocking flock) so that `timeout` is honoured, calling
+    `check` every ~50 ms meanwhile (a peer stopped while holding the lock is then reported by the
+    caller's liveness check instead of blocking for the whole timeout)."""
     timeout = self.lock_timeout_s if timeout is None else timeout
     deadline = time.monotonic() + timeout
     if not self._tlock.acquire(timeout=timeout):
       raise TimeoutError(f"ShmRing {self.name!r}: header lock not acquired within {timeout} s")
     try:
-      i = 0
+      i, next_check = 0, time.monotonic() + 0.05
       while True:
         try:
           fcntl.flock(self._shm._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # pylint: disable=protected-access
           break
         except BlockingIOError:
-          if time.monotonic() >= deadline:
+          now = time.monotonic()
+          if now >= deadline:
             raise TimeoutError(f"ShmRing {self.name!r}: header lock held by another process for "
                                f"more than {timeout} s") from None
+          if check is not None and now >= next_check:
+            check()
+            next_check = now + 0.05
           _sleep_backoff(i)
           i += 1
       try:
@@ -268,9 +275,9 @@ class ShmRing:
     start = self._data_offset + i * self.slot_bytes
     return self._shm.buf[start:start + (self.slot_bytes if nbytes is None else nbytes)]
 
-  def _claim(self, from_state: int, to_state: int, oldest: bool,
-             timeout: float | None) -> int | None:
-    with self._locked(timeout):
+  def _claim(self, from_state: int, to_state: int, oldest: bool, timeout: float | None,
+             check: Callable[[], None] | None = None) -> int | None:
+    with self._locked(timeout, check):
       idx = np.flatnonzero(self._slots[:, 0] == from_state)
       if idx.size == 0:
         return None
@@ -294,7 +301,7 @@ class ShmRing:
     next_check = time.monotonic() + 0.05
     while True:
       left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-      slot = self._claim(from_state, to_state, oldest, left)
+      slot = self._claim(from_state, to_state, oldest, left, check)
       if slot is not None:
         return slot
       now = time.monotonic()

@@ -1,5 +1,6 @@
 """Shared-memory transport: messages, the ring buffer under concurrency, segment lifetime."""
 
+import fcntl
 import multiprocessing as mp
 import threading
 import time
@@ -173,6 +174,38 @@ def test_killed_lock_holder_does_not_wedge_ring(ring):
   finally:
     if proc.is_alive():
       proc.kill()
+
+
+class _PeerHung(Exception):
+  pass
+
+
+def test_a_stopped_lock_holder_is_reported_by_the_liveness_check(ring):
+  """A peer stopped (SIGSTOP, a hung process) while holding the header lock: put and get with a
+  long timeout still run their `check` while waiting for the lock, so the caller's liveness check
+  reports it at once instead of blocking for the whole timeout."""
+  other = shm.ShmRing.attach(ring.name)  # its own open file: its flock excludes ours
+  fcntl.flock(other._shm._fd, fcntl.LOCK_EX)  # pylint: disable=protected-access
+  calls = []
+
+  def check():
+    calls.append(time.monotonic())
+    if len(calls) >= 3:
+      raise _PeerHung("generation process hung")
+
+  try:
+    for op in (lambda: ring.put({"x": 1}, timeout=3600, check=check),
+               lambda: ring.get(timeout=3600, check=check)):
+      calls.clear()
+      t0 = time.monotonic()
+      with pytest.raises(_PeerHung):
+        op()
+      assert time.monotonic() - t0 < 5.0 and len(calls) == 3
+  finally:
+    fcntl.flock(other._shm._fd, fcntl.LOCK_UN)  # pylint: disable=protected-access
+    other.close()
+  ring.put({"ok": 1}, timeout=5)  # the lock was released by the failed waits too
+  assert ring.get(timeout=5)[0] == {"ok": 1}
 
 
 def _hold_lock_forever(name):
