@@ -302,10 +302,11 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
 
   def stage1(limit):
     c = stage1_config(checkpoints, prompt_files, s1_dir, "vllm", limit=limit, proposal_logprobs="raw")
+    c.max_prompt_len = 256  # prompt + response within the engine's 512 (checked before any work)
     over = {k: v for k, v in flat(c).items() if k.startswith(("reference_path", "proposal_path",
             "prompts_path", "output_dir", "limit", "dataset_format", "reward", "proposal_logprobs",
             "sampling.", "engine.kind", "engine.dtype", "engine.separate", "scorer.",
-            "prompts_per_batch", "progress"))}
+            "prompts_per_batch", "progress", "max_prompt_len"))}
     over.update({"engine.vllm_kwargs.max_model_len": 512, "engine.vllm_kwargs.max_num_seqs": 32,
                  "engine.vllm_kwargs.tensor_parallel_size": 1,
                  "engine.process.startup_timeout_s": 600.0, "sampling.stop_token_ids": "()",
@@ -333,10 +334,11 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
   check_stage2(Stage2Config.from_config(c2), prompt_files, s2, data)
 
   ce = eval_config(checkpoints["proposal"], prompt_files, ev_dir, "vllm")
+  ce.max_prompt_len = 400  # HumanEval/55 has 288 tokens; + the response within the engine's 512
   over_e = {f"benchmarks.{n}": prompt_files.get(n, "") for n in ce.benchmarks}
   over_e.update({k: v for k, v in flat(ce).items() if k.startswith(("model_path", "output_dir",
                  "label", "math_k", "code_k", "max_tokens", "engine.kind", "engine.dtype",
-                 "local_diversity", "diversity_k"))})
+                 "local_diversity", "diversity_k", "max_prompt_len"))})
   over_e.update({"engine.vllm_kwargs.max_model_len": 512, "engine.vllm_kwargs.max_num_seqs": 32})
   _run_cli("evaluate.py", os.path.join(ROOT, "configs", "eval_paper.py") + ":all", over_e)
   summary_e = json.loads((ev_dir / "summary.json").read_text())

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.slow
 def _stage3_config(ckpts, train_path, workdir) -> dict:
   c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
   c.workdir, c.model.policy_path, c.data.train_path = str(workdir), ckpts["reference"], train_path
+  c.data.validation_paths = ()  # the paper's held-out split is not made here
   c.model.dtype, c.model.remat = "float32", False
   c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
   r = c.train.rollout

@@ -94,6 +94,7 @@ def test_stage3_and_sft_refuse_a_changed_checkpoint_before_any_work(tmp_path):
   train.write_text('{"prompt": "p"}\n')
   c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
   c.workdir, c.model.policy_path, c.data.train_path = str(tmp_path / "run"), ref, str(train)
+  c.data.validation_paths = ()  # the paper's held-out split is not made here
   cfg = Stage3Config.from_config(c)
   assert claim_stage3_output(cfg) == "new"
   (tmp_path / "run" / "checkpoints" / "1").mkdir(parents=True)
