@@ -8,11 +8,10 @@ statistics for M = 2, 4, 8, 16.
 
 Rerunning with the same output_dir resumes (the subset is reused, Stage 1 skips finished prompts).
 Prints the statistics also written to ``<output_dir>/nstudy.json`` (figure: ``nstudy.png``); see
-`disa_jax.workflows.nstudy`.
+`disa_jax.workflows.nstudy`. `--dry_run` checks the pool's Stage 1 config as `launch/stage1.py` does.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -28,28 +27,10 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from disa_jax import launcher  # noqa: E402
+from disa_jax.workflows.nstudy import NStudyConfig, preflight_nstudy, run_nstudy  # noqa: E402
 
-from disa_jax import config as config_lib  # noqa: E402
-from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy  # noqa: E402
-
-_CONFIG = config_flags.DEFINE_config_file("config", None,
-                                          "N-study config (configs/nstudy_paper.py:...).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Validate and print the config, then exit.")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  cfg = NStudyConfig.from_config(_CONFIG.value)
-  if _DRY_RUN.value:
-    print(json.dumps(config_lib.to_dict(cfg), indent=1))
-    return
-  print(json.dumps(run_nstudy(cfg), indent=1))
-
+_CONFIG = launcher.define_flags("N-study config (configs/nstudy_paper.py:...).")
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
-  app.run(main)
+  launcher.run(_CONFIG, NStudyConfig.from_config, run_nstudy, check=preflight_nstudy)

@@ -43,6 +43,7 @@ from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.estimators import nstudy as nstudy_lib
 from disa_jax.estimators.dataset import load_stage1
+from disa_jax.workflows.preflight import PreflightError, preflight
 from disa_jax.checkpoint import identity
 from disa_jax.workflows.stage1 import IDENTITY_FIELDS as STAGE1_IDENTITY_FIELDS
 from disa_jax.workflows.stage1 import ScorerConfig, Stage1Config, load_reference, run_stage1
@@ -106,6 +107,15 @@ def _write_json(path: Path, obj: Any) -> None:
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_text(json.dumps(obj, indent=1))
   os.replace(tmp, path)
+
+
+def preflight_nstudy(cfg: NStudyConfig) -> list[str]:
+  """`launch/nstudy.py`'s checks before any weights load: those of the pool's Stage 1 config
+  (`disa_jax.workflows.preflight`), each problem named by its field under ``stage1``."""
+  try:
+    return preflight(cfg.stage1)
+  except PreflightError as e:
+    raise PreflightError(" | ".join(f"stage1.{p}" for p in str(e).split(" | "))) from None
 
 
 def claim_nstudy_output(cfg: NStudyConfig) -> str:

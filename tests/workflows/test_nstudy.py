@@ -1,5 +1,8 @@
 """The N-study command (`launch/nstudy.py`, `disa_jax.workflows.nstudy`) on tiny checkpoints."""
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -12,6 +15,7 @@ from tests.workflows.conftest import write_dapo_parquet
 from tests.workflows.test_end_to_end import stage1_config
 
 PROMPTS, SUBSET, POOL = 12, 6, 8
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(checkpoints, files, out_dir, **overrides):
@@ -76,3 +80,19 @@ def test_config_is_checked_before_any_work(tmp_path):
   c.ks, c.stage1.beta = (2, 3, 4), 0.0
   with pytest.raises(ValueError, match="config.stage1: beta must be > 0"):
     NStudyConfig.from_config(c)
+
+
+def test_the_command_checks_the_pool_config_before_any_work(tmp_path):
+  """`launch/nstudy.py` goes through the shared launcher: one line naming the field under
+  ``stage1``, exit code 2, and nothing written."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "nstudy.py"),
+       "--config=configs/nstudy_paper.py:qwen3-4b-base,math",
+       "--config.stage1.prompts_path=/no/such/prompts.parquet",
+       f"--config.output_dir={tmp_path / 'ns'}", "--dry_run"],
+      env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  lines = [l for l in out.stderr.splitlines() if l.strip()]
+  assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+  assert lines[0].startswith("error: ") and "stage1.prompts_path='/no/such/prompts.parquet'" in lines[0]
+  assert not (tmp_path / "ns").exists()
