@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import socket
 import string
 import subprocess
+import time
 from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
@@ -193,8 +195,27 @@ def make_command_inputs(root: str | os.PathLike, stage1: Any, stage3: Any,
 
 
 def free_port() -> int:
-  """A TCP port free on localhost now (for a test's JAX coordinator)."""
-  with socket.socket() as s:
+  """A TCP port free on localhost now (for a test's JAX coordinator).
+
+  Drawn below the kernel's ephemeral range (``ip_local_port_range``), so no outgoing connection
+  or ``bind(0)`` listener (gloo's, gRPC's) of a concurrent test can take it before the
+  coordinator binds it; checked bindable.
+  """
+  low = 32768
+  try:
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+  except (OSError, ValueError, IndexError):
+    pass
+  rng = random.Random(os.getpid() ^ time.monotonic_ns())
+  for _ in range(200):
+    port = rng.randrange(10000, max(low, 10001))
+    with socket.socket() as s:
+      try:
+        s.bind(("localhost", port))
+      except OSError:
+        continue
+      return port
+  with socket.socket() as s:  # the whole low range taken: fall back to the kernel's choice
     s.bind(("localhost", 0))
     return s.getsockname()[1]
 

@@ -32,12 +32,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import zlib
 from typing import Any, Mapping
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DEFAULT_PORT = 12356
 
@@ -245,7 +245,7 @@ def replicate_to_hosts(tree: Any) -> Any:
 
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+      return process_allgather(x, tiled=True)
     return np.asarray(x)
 
   return jax.tree.map(one, tree)
@@ -301,26 +301,71 @@ def generation_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
   return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
 
 
+def _identity(x: Any) -> Any:
+  return x
+
+
+def _gather_leaf(x: Any, tiled: bool) -> np.ndarray:
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if not tiled:
+      raise ValueError("process_allgather of a global (not fully addressable) array needs tiled=True")
+    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
+    replicated = NamedSharding(Mesh(np.asarray(devices), ("all",)), PartitionSpec())
+    out = jax.jit(_identity, out_shardings=replicated)(x)
+  else:
+    host = np.asarray(x)
+    if host.ndim == 0 or not tiled:
+      host = host[None]
+    grid = np.asarray(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    mesh = Mesh(grid, ("processes", "local_devices"))
+    shape = (host.shape[0] * jax.process_count(),) + host.shape[1:]
+    arr = jax.make_array_from_single_device_arrays(
+        shape, NamedSharding(mesh, PartitionSpec("processes")),
+        [jax.device_put(host, d) for d in jax.local_devices()])
+    out = jax.jit(_identity, out_shardings=NamedSharding(mesh, PartitionSpec()))(arr)
+  # Every local device runs its own share of the all-gather (one communicator per device index
+  # across processes). Reading one shard waits for that device only: a process that then exits
+  # can leave a peer's device thread waiting to connect forever, and the peer hangs in its
+  # teardown (seen under load in the 2-process `launch/multihost.py --check`).
+  out.block_until_ready()
+  return np.asarray(out.addressable_data(0))
+
+
+def process_allgather(tree: Any, tiled: bool = False) -> Any:
+  """Every process's leaves, gathered (collective: every process must call it).
+
+  As `jax.experimental.multihost_utils.process_allgather` (host arrays: stacked ``[P, ...]``, or
+  concatenated with ``tiled``; global arrays: their full value), but it returns only once every
+  local device has finished its part of the collective.
+  """
+  if jax.process_count() == 1:
+    return jax.tree.map(lambda x: np.asarray(x) if tiled else np.asarray(x)[None], tree)
+  return jax.tree.map(lambda x: _gather_leaf(x, tiled), tree)
+
+
 def sync_global(name: str) -> None:
-  """A barrier across all processes (no-op in a single process)."""
+  """A barrier across all processes (no-op in a single process); ``name`` must agree."""
   if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+    mine = np.uint32(zlib.crc32(name.encode()))
+    names = process_allgather(np.array([mine], np.uint32), tiled=True)
+    if not np.all(names == mine):
+      raise RuntimeError(f"sync_global({name!r}): the processes reached different barriers "
+                         f"(name hashes {names.tolist()})")
 
 
 def any_process(flag: bool) -> bool:
   """Whether ``flag`` is true on any process (collective: every process must call it)."""
   if jax.process_count() == 1:
     return bool(flag)
-  flags = multihost_utils.process_allgather(np.array([int(flag)], np.int32))
-  return bool(np.asarray(flags).any())
+  return bool(process_allgather(np.array([int(flag)], np.int32)).any())
 
 
 def host_leaders() -> list[int]:
   """Process indices of the host leaders, ascending (collective: every process must call it)."""
   if jax.process_count() == 1:
     return [0]
-  flags = multihost_utils.process_allgather(np.array([int(is_host_leader())], np.int32))
-  flags = np.asarray(flags).reshape(jax.process_count())  # [num_processes, 1] -> [num_processes]
+  flags = process_allgather(np.array([int(is_host_leader())], np.int32))
+  flags = flags.reshape(jax.process_count())  # [num_processes, 1] -> [num_processes]
   return [int(i) for i in np.nonzero(flags)[0]]
 
 
@@ -361,7 +406,7 @@ def allgather_completions(local: list[Any], rewards: np.ndarray, errors: np.ndar
   if jax.process_count() == 1:
     return list(local), rewards, errors
   width = max((len(c.token_ids) for c in local), default=0)
-  sizes = np.asarray(multihost_utils.process_allgather(np.array([len(local), width], np.int64)))
+  sizes = process_allgather(np.array([len(local), width], np.int64))
   sizes = sizes.reshape(jax.process_count(), 2)  # [num_processes, (rows, width)]
   rows, width = max(int(sizes[:, 0].max()), 1), max(int(sizes[:, 1].max()), 1)
   buf = {"tok": np.zeros((rows, width), np.int32), "lp": np.zeros((rows, width), np.float32),
@@ -375,7 +420,7 @@ def allgather_completions(local: list[Any], rewards: np.ndarray, errors: np.ndar
       buf["raw"][i, :n], buf["has_raw"][i] = c.raw_logprobs, 1
     buf["finish"][i] = FINISH_REASONS.index(c.finish_reason)
     buf["reward"][i], buf["error"][i] = rewards[i], errors[i]
-  got = jax.tree.map(np.asarray, multihost_utils.process_allgather(buf))  # each [num_processes, rows, ...]
+  got = process_allgather(buf)  # each [num_processes, rows, ...]
   out, out_r, out_e = [], [], []
   for p in range(jax.process_count()):
     for i in range(int(sizes[p, 0])):

@@ -89,3 +89,16 @@ def test_multihost_check_two_processes():
   assert [rc for rc, _ in results] == [0, 0], outs
   for pid, out in enumerate(outs):
     assert f"process {pid}/2 launch=env local_devices=3 global_devices=6 all_reduce=21 OK" in out
+
+
+
+def test_process_allgather_in_one_process_stacks_or_tiles():
+  """The single-process branch keeps multihost_utils' shapes: stacked [1, ...] or tiled."""
+  tree = {"a": np.arange(3, dtype=np.int32), "b": np.float32(2.5)}
+  stacked = distributed.process_allgather(tree)
+  assert stacked["a"].shape == (1, 3) and stacked["b"].shape == (1,)
+  tiled = distributed.process_allgather(tree, tiled=True)
+  np.testing.assert_array_equal(tiled["a"], tree["a"])
+  assert tiled["b"] == np.float32(2.5)
+  assert distributed.any_process(True) and not distributed.any_process(False)
+  assert distributed.host_leaders() == [0]
