@@ -308,9 +308,13 @@ def _identity(x: Any) -> Any:
 def _gather_leaf(x: Any, tiled: bool) -> np.ndarray:
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     if not tiled:
-      raise ValueError("process_allgather of a global (not fully addressable) array needs tiled=True")
-    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
-    replicated = NamedSharding(Mesh(np.asarray(devices), ("all",)), PartitionSpec())
+      raise ValueError("process_allgather of a global (not fully addressable) array needs "
+                       "tiled=True")
+    if isinstance(x.sharding, NamedSharding):  # its own mesh: the device order jit requires
+      replicated = x.sharding.update(spec=PartitionSpec())
+    else:  # the same devices in the same order
+      order = np.asarray(x.sharding._device_assignment)  # pylint: disable=protected-access
+      replicated = NamedSharding(Mesh(order, ("all",)), PartitionSpec())
     out = jax.jit(_identity, out_shardings=replicated)(x)
   else:
     host = np.asarray(x)
