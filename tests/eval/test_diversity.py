@@ -3,12 +3,12 @@
 import http.server
 import json
 import re
-import socket
 import time
 
 import numpy as np
 import pytest
 
+from disa_jax import testing
 from disa_jax.eval import diversity as dv
 from tests import http_stub
 
@@ -90,10 +90,7 @@ def test_judge_client_error_is_not_retried(server):
 
 
 def test_judge_unreachable_gives_a_clear_error():
-  s = socket.socket()
-  s.bind(("127.0.0.1", 0))
-  port = s.getsockname()[1]
-  s.close()  # nothing listens on this port now
+  port = testing.free_port()  # nothing listens on this port now
   judge = dv.DiversityJudge(f"http://127.0.0.1:{port}/v1", "m", max_retries=2, backoff_s=0.01,
                             timeout_s=2.0)
   with pytest.raises(dv.JudgeUnavailableError,

@@ -91,7 +91,6 @@ def test_multihost_check_two_processes():
     assert f"process {pid}/2 launch=env local_devices=3 global_devices=6 all_reduce=21 OK" in out
 
 
-
 def test_process_allgather_in_one_process_stacks_or_tiles():
   """The single-process branch keeps multihost_utils' shapes: stacked [1, ...] or tiled."""
   tree = {"a": np.arange(3, dtype=np.int32), "b": np.float32(2.5)}

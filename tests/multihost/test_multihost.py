@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from disa_jax import models
+from disa_jax import models, testing
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
 from disa_jax.scoring import token_logprobs
@@ -35,17 +34,11 @@ NUM_PROCESSES = 2
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def run_phase(phase: str, workdir: str, timeout_s: float = 150.0,
               script: str = "mh_worker.py") -> None:
   """Starts NUM_PROCESSES ``script PHASE WORKDIR`` workers; kills all of them if one fails or the
   deadline passes."""
-  port = _free_port()
+  port = testing.free_port()
   procs, logs = [], []
   env_base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
   for pid in range(NUM_PROCESSES):

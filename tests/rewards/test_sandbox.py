@@ -11,7 +11,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import uuid
 
 import pytest
 
+from disa_jax import testing
 from disa_jax.rewards import code
 from disa_jax.rewards import sandbox
 from disa_jax.rewards._sandbox_boot import _pids_of_uid  # processes running as a uid
@@ -420,12 +420,6 @@ def _battery_runner(mode: str) -> tuple[list[str], dict[str, str]]:
   return prefix + [python], {"PYTHONPATH": ":".join([str(_REPO)] + site)}
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("mode", ["ns", "userns"])
 def test_hostile_battery(mode):
   """Issue 24, findings 1 and 3: every attack of `hostile_battery.py` is blocked in both modes.
@@ -447,7 +441,7 @@ def test_hostile_battery(mode):
   outside = [pathlib.Path(d) / f"disa_hostile_w_{token}"
              for d in ("/tmp", "/var/tmp", "/dev/shm", str(_REPO))]
   spec = {"secret": token, "host_files": [str(p) for p in host_files],
-          "outside": [str(p) for p in outside], "port": _free_port(), "work_mb": 16, "nproc": 16}
+          "outside": [str(p) for p in outside], "port": testing.free_port(), "work_mb": 16, "nproc": 16}
   try:
     for p in host_files:
       p.write_text(f"expected outputs {token}\n")

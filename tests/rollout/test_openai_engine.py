@@ -3,11 +3,11 @@ that reports raw log-probs, named errors for a dead server or a foreign stop, an
 updates. The engine against a real `vllm serve`: test_served_vllm.py."""
 import http.server
 import json
-import socket
 
 import numpy as np
 import pytest
 
+from disa_jax import testing
 from disa_jax.rollout import SamplingParams
 from disa_jax.rollout.engines import EngineConfig, ServedEndpoint
 from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEngineError
@@ -90,9 +90,7 @@ def test_a_stop_on_a_token_that_is_not_a_stop_id_is_named(server):
 
 
 def test_a_dead_server_gives_a_named_error():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = testing.free_port()  # nothing listens there
   with pytest.raises(ServedEngineError,
                      match=rf"served model 'm' at http://127.0.0.1:{port}/v1 failed a sampling "
                            rf"request \(after 0 retries\): APIConnectionError"):

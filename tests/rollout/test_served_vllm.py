@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -56,12 +55,6 @@ RESPONSES = [[f"Approach {i}: method {(i * k) % 5}, then check. \\boxed{{{k + i 
 ATOL = 1e-4  # vLLM's torch kernels against our XLA model, float32
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _make_checkpoint(path: str) -> str:
   model = testing.make_tiny_model("qwen3", seed=0, head_dim=32, max_position_embeddings=4096)
   state = models.to_hf_state_dict(model)
@@ -88,7 +81,7 @@ def _kill_and_check_shm(server: VllmServer) -> None:
 def served(tmp_path_factory):
   root = tmp_path_factory.mktemp("served")
   ckpt = _make_checkpoint(str(root / "ckpt"))
-  server = VllmServer(ckpt, _free_port(), str(root / "server.log"), served_name=SERVED_NAME,
+  server = VllmServer(ckpt, testing.free_port(), str(root / "server.log"), served_name=SERVED_NAME,
                       args=("--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
                             "--disable-log-stats", "--logprobs-mode", "processed_logprobs"),
                       env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
@@ -216,7 +209,7 @@ def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
 
   # A second judge run reads the cache: the same scores and no HTTP request, with no server there.
   scores = [int(s) for s in first] + [int(s) for s in rest]
-  dead = f"http://127.0.0.1:{_free_port()}/v1"
+  dead = f"http://127.0.0.1:{testing.free_port()}/v1"
   again = dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, extra_body=CHOICE, max_retries=0)
   assert list(again.score_many(PROBLEMS, RESPONSES)) == scores
   assert again.num_requests == 0
