@@ -8,7 +8,7 @@ new_tokens / the wall time of `generate` (host packing and unpacking included), 
 
 Weight sync (``--sync-model``): the trainer's path of `PolicyUpdater.sync`: a policy with f32
 parameters on the GPU is exported in HF names and layouts as bf16 host arrays
-(`distributed.host_state_dict`: the cast and device -> host), then `update_weights` of a
+(`models.host_state_dict`: the cast and device -> host), then `update_weights` of a
 JAX-engine generation process (`RemoteEngine`, spawned, its own GPU context) writes them into the
 shared-memory block (host shm write) and the child loads them into its sampler
 (`load_hf_state_dict`: host -> its device). The child starts from a checkpoint of the same shape
@@ -47,7 +47,6 @@ from flax import nnx  # noqa: E402
 
 from disa_jax import models  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
-from disa_jax.parallel import distributed  # noqa: E402
 from disa_jax.rollout import SamplingParams, make_engine  # noqa: E402
 from disa_jax.rollout.jax_sampler import JaxSampler  # noqa: E402
 
@@ -97,7 +96,7 @@ def weight_sync(c: ModelConfig, *, reps: int, tmp: str) -> dict[str, Any]:
   try:
     for rep in range(reps + 1):
       t0 = time.perf_counter()
-      state = distributed.host_state_dict(policy, jnp.bfloat16)
+      state = models.host_state_dict(policy, jnp.bfloat16)
       d2h = time.perf_counter() - t0
       engine.update_weights(state)
       s = engine.last_sync

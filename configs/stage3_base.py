@@ -113,6 +113,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Packing only: each prompt once per row, followed by its responses (each attends to the prompt
   # and to itself only: the same log-probs and gradients, the prompt computed once, not G times).
   t.rollout.share_prompts = False
+  # Asynchronous rollouts (disa_jax/rl/async_rollout.py): the engine samples up to k batches ahead
+  # of the update, batch t from the weights after step t - k (0 = synchronous). TB objectives
+  # weight stale rows by the behaviour's log-probs; GRPO/GSPO correct them with is_correction.
+  t.rollout.max_staleness = 0
+  # |log pi_trainer - log pi_engine| above this (nats) counts in mismatch/frac_over.
+  t.rollout.mismatch_threshold = 0.1
 
   t.replay = ml_collections.ConfigDict()  # Stage 1 replay (beyond the paper; DISA / FlowRL only)
   t.replay.fraction = 0.0  # k / G: Stage 1 samples per prompt's group, over G (0 = paper recipe).

@@ -162,7 +162,7 @@ def require(available: bool, why: str) -> None:
   """
   if available:
     return
-  import pytest  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top  (a test-only dependency)
   if in_ci():
     pytest.fail(f"{why}; CI=true, so a missing requirement fails instead of skipping",
                 pytrace=False)

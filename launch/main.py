@@ -19,22 +19,22 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from disa_jax import launcher  # noqa: E402
 from absl import flags, logging  # noqa: E402
+
+from disa_jax import launcher  # noqa: E402
+from disa_jax.pipeline.sum_job import MainConfig, SumJob  # noqa: E402
 
 _CONFIG = launcher.define_flags("main-job config file", default_config="configs/main.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)
 
 
 def convert(config):
-  from disa_jax.pipeline.sum_job import MainConfig  # pylint: disable=g-import-not-at-top
   # Every stage's config is converted and validated here: a bad value stops at once, naming it.
   return MainConfig.from_config(config)
 
 
 def execute(cfg):
   logging.set_verbosity(logging.WARNING)
-  from disa_jax.pipeline.sum_job import SumJob  # pylint: disable=g-import-not-at-top
   SumJob(cfg, _WORKDIR.value).run()
   print((Path(_WORKDIR.value) / "report.md").read_text())
 

@@ -22,14 +22,15 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+from disa_jax.parallel import distributed  # noqa: E402
+
 
 def check() -> int:
   """Joins the run, sums one value per device over every device; returns a process exit code."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
-
-  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   spec = distributed.initialize()
   devices = jax.devices()
   mesh = Mesh(np.asarray(devices), ("all",))
@@ -53,7 +54,6 @@ def main(argv: list[str]) -> int:
     return 2
   if argv[1] == "--check":
     return check()
-  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()
   module = argv[1]
   sys.argv = [module] + argv[2:]

@@ -22,16 +22,17 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on accelerators)
 
-from disa_jax import launcher  # noqa: E402
 from absl import flags  # noqa: E402
+
+from disa_jax import launcher  # noqa: E402
+from disa_jax.parallel import distributed  # noqa: E402
+from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # noqa: E402
 
 _CONFIG = launcher.define_flags("Stage 3 config file (configs/stage3_paper.py:...).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (sets config.workdir).")
 
 
 def convert(config):
-  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
   distributed.initialize()  # no-op without a multi-process launcher's variables
   if _WORKDIR.value:
     config.workdir = _WORKDIR.value
@@ -39,7 +40,6 @@ def convert(config):
 
 
 def execute(cfg):
-  from disa_jax.workflows.stage3 import run_stage3  # pylint: disable=g-import-not-at-top
   return run_stage3(cfg)
 
 

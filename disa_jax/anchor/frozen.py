@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
 
 from disa_jax.anchor.mlp import AnchorMLP
@@ -197,7 +198,6 @@ class Anchor:
     Raises:
       FileExistsError: ``directory`` already holds a complete anchor.
     """
-    import orbax.checkpoint as ocp
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     if (d / META_FILE).exists():
@@ -219,7 +219,6 @@ class Anchor:
   @classmethod
   def load(cls, directory: str | os.PathLike) -> "Anchor":
     """Restores an anchor written by `save`."""
-    import orbax.checkpoint as ocp
     d = Path(directory).resolve()
     if not (d / META_FILE).exists():
       raise FileNotFoundError(f"no {META_FILE} in {d}: not an anchor directory")

@@ -98,8 +98,8 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .json, .parquet; json/jsonl "
                      "may be .gz)")
   if name.endswith(".parquet"):
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     try:
       return pq.read_table(path).to_pylist()
     except pa.ArrowException as e:
@@ -483,8 +483,8 @@ def save_prompts(records: Sequence[PromptRecord], path: str) -> None:
   """
   rows = [r.to_verl_row() for r in records]
   if path.endswith(".parquet"):
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     pq.write_table(pa.Table.from_pylist(rows), path)
   elif path.endswith(".jsonl"):
     with open(path, "w", encoding="utf-8") as f:

@@ -70,8 +70,8 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   if path.endswith(".parquet"):
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
   elif path.endswith(".jsonl"):
     with open(tmp, "w", encoding="utf-8") as f:

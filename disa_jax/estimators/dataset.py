@@ -242,8 +242,8 @@ class Stage1Writer:
   def _write_part(self, records: list[dict[str, Any]]) -> None:
     """One new parquet part: written and fsync'ed under a temporary name, then hard-linked to the
     first free part name (``os.link`` fails rather than replace an existing part)."""
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
     k = 1 + max((int(m.group(1)) for p in self.path.iterdir() if (m := _PART_RE.match(p.name))),
                 default=-1)
@@ -272,7 +272,7 @@ def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any, str]]:
         except json.JSONDecodeError as e:
           yield i, e, path.name
   else:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     i = 0
     for part in sorted(path.glob("part-*.parquet")):
       for row in pq.read_table(part).to_pylist():

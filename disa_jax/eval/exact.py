@@ -28,7 +28,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from disa_jax import config as config_lib
+from disa_jax import models, rewards
+from disa_jax.rewards import sum_task
+from disa_jax.rewards.graded import Response
 from disa_jax.rollout.types import Completion, SamplingParams
+from disa_jax.scoring.batched import SequenceScorer
 
 CorrectSetFn = Callable[[Any, Mapping[str, Any]], list[list[int]]]
 _CORRECT_SETS: dict[str, CorrectSetFn] = {}
@@ -47,7 +51,6 @@ def correct_set_fn(ability: str) -> CorrectSetFn:
 
 
 def _register_builtin() -> None:
-  from disa_jax.data import sum_task  # pylint: disable=g-import-not-at-top
   register_correct_set("sum_task", sum_task.correct_set)
 
 
@@ -89,12 +92,10 @@ class ExactTargetConfig:
 
   def load_model(self, path: str) -> Any:
     """The model of the local HF directory ``path`` (float32, unsharded) with this attention."""
-    from disa_jax import models  # pylint: disable=g-import-not-at-top
     return models.from_pretrained(path, attention_chunk=self.attention_chunk)
 
   def scorer(self, model: Any, pad_id: int) -> Any:
     """The `SequenceScorer` of these measures (64 rows per pass; packed rows grow with the data)."""
-    from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
     return SequenceScorer(model, pad_id=pad_id, batch_size=64, pad_to=16, packing=self.packing)
 
 
@@ -237,7 +238,6 @@ class ExactTracker:
 
   def __init__(self, cfg: ExactTargetConfig, tokenizer: Any, prompts: Sequence[Sequence[int]],
                metas: Sequence[Mapping[str, Any]], ability: str, ref_scorer: Any, max_tokens: int):
-    from disa_jax import rewards  # pylint: disable=g-import-not-at-top
     self.cfg, self.tokenizer, self.ref_scorer = cfg, tokenizer, ref_scorer
     self.prompts, self.metas = [list(p) for p in prompts], list(metas)
     self.reward_fn = rewards.get_reward_fn(ability)
@@ -275,7 +275,6 @@ class ExactTracker:
 def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_scorer, tokenizer,
              reward_fn, beta: float) -> dict[str, Any]:
   """Adds the Monte Carlo terms to the exact ones and averages over prompts."""
-  from disa_jax.rewards.graded import Response  # pylint: disable=g-import-not-at-top
   k = len(comps[0])
   flat = [c for cs in comps for c in cs]
   reward = reward_fn([Response(tokenizer.decode(c.token_ids, skip_special_tokens=True),

@@ -27,6 +27,7 @@ from disa_jax.data.records import PromptRecord
 from disa_jax.eval import metrics
 from disa_jax.rewards import math_answer
 from disa_jax.rewards import registry
+from disa_jax.rewards.graded import Response
 from disa_jax.rollout.types import SamplingParams
 
 __all__ = ["BenchmarkResult", "eval_sampling_params", "evaluate_benchmark", "evaluate_suite",
@@ -104,7 +105,6 @@ def evaluate_benchmark(engine: Any, tokenizer: Any, records: Sequence[PromptReco
   Returns:
     The `BenchmarkResult`.
   """
-  from disa_jax.rewards.graded import Response  # pylint: disable=g-import-not-at-top
   if not records:
     raise ValueError(f"{name}: no records")
   abilities = {r.ability for r in records}

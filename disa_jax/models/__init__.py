@@ -5,10 +5,10 @@ from disa_jax.models.transformer import Transformer
 
 __all__ = ["PRESETS", "ModelConfig", "RopeScaling", "get_preset", "Transformer"]
 from disa_jax.models.hf_interop import (KEY_TABLE, KeyRule, expected_hf_keys, from_pretrained,
-                                        load_config, load_hf_state_dict,
+                                        host_state_dict, load_config, load_hf_state_dict,
                                         read_checkpoint_tensors, save_pretrained,
                                         to_hf_state_dict)
 
-__all__ += ["KEY_TABLE", "KeyRule", "expected_hf_keys", "from_pretrained", "load_config",
-            "load_hf_state_dict", "read_checkpoint_tensors", "save_pretrained",
+__all__ += ["KEY_TABLE", "KeyRule", "expected_hf_keys", "from_pretrained", "host_state_dict",
+            "load_config", "load_hf_state_dict", "read_checkpoint_tensors", "save_pretrained",
             "to_hf_state_dict"]

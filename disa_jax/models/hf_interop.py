@@ -28,6 +28,7 @@ from safetensors.numpy import save_file
 
 from disa_jax.models.config import ModelConfig
 from disa_jax.models.transformer import Transformer
+from disa_jax.parallel.distributed import replicate_to_hosts
 from disa_jax.parallel.rules import TRAIN_RULES, Rules, ShardingContext, param_sharding, say_fallbacks
 
 ShapeFn = Callable[[ModelConfig], tuple[int, ...]]
@@ -187,6 +188,25 @@ def to_hf_state_dict(model: Transformer, dtype: Any = None) -> dict[str, np.ndar
     else:
       out[rule.hf_name] = _to_hf(rule, host, hf_shape)
   return out
+
+
+def host_state_dict(model: Transformer, dtype: Any = None) -> dict[str, np.ndarray]:
+  """The model's weights in HF names and layouts, complete on every process.
+
+  Collective: every process must call it. The host leader then pushes the result into its local
+  generation process (``engine.update_weights``, `disa_jax.rollout.multihost.push_weights`).
+
+  Args:
+    model: a `Transformer` whose parameters may be sharded across processes.
+    dtype: optional dtype of the exported arrays (as `to_hf_state_dict`).
+  """
+  kwargs = {} if dtype is None else {"dtype": dtype}
+  if jax.process_count() == 1:  # every shard is addressable: export directly
+    return to_hf_state_dict(model, **kwargs)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  local = nnx.merge(graphdef, replicate_to_hosts(params), rest)  # NumPy leaves: a host copy
+  local.sharding = None
+  return to_hf_state_dict(local, **kwargs)
 
 
 def _check_keys(config: ModelConfig, keys: set[str], tied_head: Callable[[], np.ndarray] | None,

@@ -23,9 +23,9 @@ devices and hands them to `global_batch` (``jax.make_array_from_process_local_da
 `process_rows` says which rows those are. Checkpoints: every process calls the same
 `disa_jax.checkpoint.CheckpointManager` methods on a directory all hosts can reach (orbax writes each
 process's shards and process 0 finalises). Logs and reports: only `is_main_process()`. Weights for
-the generation side: `host_state_dict` gathers the (possibly cross-host sharded) parameters into a
-full host copy on every process, which the host's leader (`is_host_leader()`) pushes into its local
-generation process with ``engine.update_weights``.
+the generation side: `disa_jax.models.host_state_dict` gathers the (possibly cross-host sharded)
+parameters into a full host copy on every process (`replicate_to_hosts`), which the host's leader
+(`is_host_leader()`) pushes into its local generation process (`disa_jax.rollout.multihost`).
 """
 from __future__ import annotations
 
@@ -251,56 +251,6 @@ def replicate_to_hosts(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
-def host_state_dict(model: Any, dtype: Any = None) -> dict[str, np.ndarray]:
-  """The model's weights in HF names and layouts, complete on every process.
-
-  Collective: every process must call it. The host leader then pushes the result into its local
-  generation process (``engine.update_weights``).
-
-  Args:
-    model: a `disa_jax.models.Transformer` whose parameters may be sharded across processes.
-    dtype: optional dtype of the exported arrays (as `to_hf_state_dict`).
-  """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from disa_jax import models  # pylint: disable=g-import-not-at-top
-  kwargs = {} if dtype is None else {"dtype": dtype}
-  if jax.process_count() == 1:  # every shard is addressable: export directly
-    return models.to_hf_state_dict(model, **kwargs)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  local = nnx.merge(graphdef, replicate_to_hosts(params), rest)  # NumPy leaves: a host copy
-  local.sharding = None
-  return models.to_hf_state_dict(local, **kwargs)
-
-
-def push_weights(model: Any, engine: Any, dtype: Any = None) -> None:
-  """Collective: gathers ``model``'s weights and, on each host leader, loads them into ``engine``.
-
-  ``engine`` may be None on processes that are not host leaders.
-  """
-  state = host_state_dict(model, dtype)
-  if is_host_leader():
-    if engine is None:
-      raise ValueError("the host leader process has no generation engine (engine=None)")
-    engine.update_weights(state)
-
-
-def generation_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-  """Environment for this host's generation process (``make_engine(..., env=...)``).
-
-  ``DISA_GENERATION_GPUS`` (e.g. ``'6,7'``) becomes the child's ``CUDA_VISIBLE_DEVICES``, so the
-  engine (vLLM with tensor parallelism inside the host) uses the GPUs the trainer leaves free
-  (``DISA_LOCAL_DEVICE_IDS``). Empty when unset (the child inherits the parent's GPUs).
-  """
-  env = os.environ if env is None else env
-  gpus = env.get("DISA_GENERATION_GPUS", "")
-  if not gpus:
-    return {}
-  ids = [g.strip() for g in gpus.split(",")]
-  if not all(i.isdigit() for i in ids):
-    raise ValueError(f"DISA_GENERATION_GPUS={gpus!r} must be comma-separated GPU ids")
-  return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
-
-
 def _identity(x: Any) -> Any:
   return x
 
@@ -382,59 +332,6 @@ def leader_slice(num_items: int, leaders: list[int], process_index: int | None =
   r = leaders.index(process_index)
   bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(num_items), len(leaders))])
   return slice(int(bounds[r]), int(bounds[r + 1]))
-
-
-def allgather_completions(local: list[Any], rewards: np.ndarray, errors: np.ndarray | None = None
-                          ) -> tuple[list[Any], np.ndarray, np.ndarray]:
-  """Every process's completions, ``[R_p]`` rewards and grading errors, concatenated in process
-  order (collective).
-
-  Completions are ragged, so each process pads its rows to the largest row count and length of
-  any process (one small all-gather of the sizes first), all-gathers, and unpads.
-
-  Args:
-    local: this process's `disa_jax.rollout.Completion` list (may be empty).
-    rewards: ``[len(local)]`` float32 rewards of ``local``.
-    errors: ``[len(local)]`` bool grading errors of ``local`` (default: none).
-
-  Returns:
-    (completions of all processes ``[sum_p R_p]``, rewards ``[sum_p R_p]``, errors ``[sum_p R_p]``).
-  """
-  from disa_jax.rollout.types import FINISH_REASONS, Completion  # pylint: disable=g-import-not-at-top
-  rewards = np.asarray(rewards, np.float32).reshape(-1)
-  if rewards.shape[0] != len(local):
-    raise ValueError(f"allgather_completions: {len(local)} completions but rewards of shape "
-                     f"{rewards.shape}")
-  errors = (np.zeros(len(local), bool) if errors is None
-            else np.asarray(errors, bool).reshape(-1))
-  if jax.process_count() == 1:
-    return list(local), rewards, errors
-  width = max((len(c.token_ids) for c in local), default=0)
-  sizes = process_allgather(np.array([len(local), width], np.int64))
-  sizes = sizes.reshape(jax.process_count(), 2)  # [num_processes, (rows, width)]
-  rows, width = max(int(sizes[:, 0].max()), 1), max(int(sizes[:, 1].max()), 1)
-  buf = {"tok": np.zeros((rows, width), np.int32), "lp": np.zeros((rows, width), np.float32),
-         "raw": np.zeros((rows, width), np.float32), "has_raw": np.zeros((rows,), np.int8),
-         "length": np.zeros((rows,), np.int32), "finish": np.zeros((rows,), np.int8),
-         "reward": np.zeros((rows,), np.float32), "error": np.zeros((rows,), np.int8)}
-  for i, c in enumerate(local):
-    n = len(c.token_ids)
-    buf["tok"][i, :n], buf["lp"][i, :n], buf["length"][i] = c.token_ids, c.logprobs, n
-    if c.raw_logprobs is not None:
-      buf["raw"][i, :n], buf["has_raw"][i] = c.raw_logprobs, 1
-    buf["finish"][i] = FINISH_REASONS.index(c.finish_reason)
-    buf["reward"][i], buf["error"][i] = rewards[i], errors[i]
-  got = process_allgather(buf)  # each [num_processes, rows, ...]
-  out, out_r, out_e = [], [], []
-  for p in range(jax.process_count()):
-    for i in range(int(sizes[p, 0])):
-      n = int(got["length"][p, i])
-      out.append(Completion(got["tok"][p, i, :n], got["lp"][p, i, :n],
-                            got["raw"][p, i, :n] if got["has_raw"][p, i] else None,
-                            FINISH_REASONS[int(got["finish"][p, i])]))
-      out_r.append(got["reward"][p, i])
-      out_e.append(bool(got["error"][p, i]))
-  return out, np.asarray(out_r, np.float32), np.asarray(out_e, bool)
 
 
 def to_global(batch: Any, sharding: NamedSharding, axis: int = 0) -> Any:

@@ -187,9 +187,9 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def plot_dynamics(series: Mapping[str, Mapping[str, np.ndarray]], target_entropy: float,
                   out_dir: Path) -> list[str]:
   """Three PNGs from the runs' exact measurements (one line per run); returns their names."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
   files = []
   for name, key, ylabel, log in (("kl_vs_step.png", "kl_mc", "KL(pi || pi~) (nats)", True),
                                  ("kl_correct_vs_step.png", "kl_correct",

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from disa_jax.data.sum_task import SumTask, exact_log_z
+from disa_jax.rewards.sum_task import SumTask, exact_log_z
 from disa_jax.rollout.types import Completion
 from disa_jax.scoring.batched import SequenceScorer
 

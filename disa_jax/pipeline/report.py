@@ -32,10 +32,15 @@ import jax
 import numpy as np
 
 from disa_jax import estimators as E
+from disa_jax.anchor import Anchor
+from disa_jax.anchor.diagnostics import prop4_check, sigma_g
+from disa_jax.anchor.labels import anchor_targets
+from disa_jax.pipeline import dynamics as D
+from disa_jax.pipeline import seed_stats, tables
+from disa_jax.pipeline.anchor_study import format_sigma_table
 
 
 def _stage1_section(job, exact: dict) -> dict:
-  from disa_jax.anchor.labels import anchor_targets
   pool = E.load_stage1(job.stage1_cfg.dataset_path())
   by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
   log_z = np.asarray([by_id[p] for p in pool.prompt_ids])
@@ -60,15 +65,12 @@ def _stage1_section(job, exact: dict) -> dict:
 
 
 def _stage2_section(job, exact: dict) -> dict:
-  from disa_jax.anchor import Anchor
-  from disa_jax.anchor.diagnostics import sigma_g
   summary = json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())
   ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
   pred = np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")))
   by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
   log_z = np.asarray([by_id[p] for p in ids])
   val = [ids.index(p) for p in summary["val_prompt_ids"]] or list(range(len(ids)))
-  from disa_jax.anchor.labels import anchor_targets
   labels, _ = anchor_targets(E.load_stage1(job.stage1_cfg.dataset_path()), samples=job.stage2_cfg.samples)
   fs = summary["fit"]
   return {"best_epoch": fs["best_epoch"], "val_mse_vs_labels": fs["val_mse"], "val_r2_vs_labels": fs["val_r2"],
@@ -129,9 +131,9 @@ def _training_curves(job) -> dict[str, list[tuple[int, float]]]:
 
 
 def _plots(job, s1: dict, s2: dict, curves: dict) -> list[str]:
-  import matplotlib
+  import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
   files = []
   fig, ax = plt.subplots(figsize=(6, 3.5))
   for m, pts in curves.items():
@@ -155,14 +157,12 @@ def _plots(job, s1: dict, s2: dict, curves: dict) -> list[str]:
 
 def _lr_decay_step(job, method: str, seed: int) -> int | None:
   """The first RL step of (method, seed)'s learning-rate decay phase (None: a constant rate)."""
-  from disa_jax.pipeline import dynamics as D  # pylint: disable=g-import-not-at-top
   t = job.stage3_cfgs[(method, seed)].train
   return D.lr_decay_step(t.total_steps, t.rollout.num_minibatches, t.optim.decay_frac)
 
 
 def _dynamics(job) -> dict[str, Any]:
   """Per method: each seed's end state and matched accuracy, and the first seed's series."""
-  from disa_jax.pipeline import dynamics as D  # pylint: disable=g-import-not-at-top
   out: dict[str, Any] = {"series": {}, "end_state": {}, "matched": {}, "matched_runs": {}}
   for m in job.cfg.methods:
     ends, matched = [], []
@@ -221,7 +221,6 @@ def _seed_values(job, runs: dict, m: str, key: str, se_key: str | None
 
 def _below(a: str, b: str, va, vb, sa=None, sb=None) -> tuple[bool, dict, str | None]:
   """"``a`` below ``b``" from seed-level values: Welch's test, p < 0.05 (`seed_stats`)."""
-  from disa_jax.pipeline import seed_stats  # pylint: disable=g-import-not-at-top
   nums = {a: float(np.mean(va)), b: float(np.mean(vb)), "seeds": [len(va), len(vb)]}
   if min(len(va), len(vb)) < 2:
     return False, nums, "fewer than 2 seeds on a side: no test across seeds, so no verdict"
@@ -290,8 +289,6 @@ def _anchor_gap(evals: dict, summaries: dict, job, exact: dict) -> dict[str, Any
   """DISA with the fitted anchor against the oracle (exact log Z), and Prop. 4 as a measurement
   (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the envelope
   from its held-out prompts."""
-  from disa_jax.anchor import Anchor  # pylint: disable=g-import-not-at-top
-  from disa_jax.anchor.diagnostics import prop4_check  # pylint: disable=g-import-not-at-top
   if not {"disa", "disa_exact"} <= set(evals) or "disa" not in summaries:
     return None
   ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
@@ -314,7 +311,6 @@ def _anchor_gap(evals: dict, summaries: dict, job, exact: dict) -> dict[str, Any
 def _anchor_study_md(res: dict | None) -> list[str]:
   if res is None:  # the study is off (stage2.study_repeats = 0)
     return []
-  from disa_jax.pipeline.anchor_study import format_sigma_table
   return ["## Sharper anchors? sigma_g against the exact log Z (issue 9)", "",
           f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res['folds']}-fold cross-validation over prompts, "
           f"{res['repeats']} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
@@ -439,7 +435,6 @@ def _anchor_gap_md(gap: dict | None) -> list[str]:
 
 
 def _claims_md(report: dict) -> list[str]:
-  from disa_jax.pipeline import tables  # pylint: disable=g-import-not-at-top
   regime = report["regime"]
   head = ("Every method reached its end state (KL and the conditional KL over correct answers flat "
           "over the last 20% of steps, outside the lr decay phase): no verdict is drawn from a "
@@ -453,7 +448,6 @@ def _claims_md(report: dict) -> list[str]:
 
 def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
   """report.json / report.md / PNGs in the job's directory; returns the report."""
-  from disa_jax.pipeline import dynamics as D  # pylint: disable=g-import-not-at-top
   skipped, exact = skipped or {}, job.exact()
   runs = {name: eval_row(s) for name, s in summaries.items()}
   evals = aggregate_seeds(job, runs)

@@ -21,22 +21,42 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import time
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax.data.sum_task import SumTask
+from disa_jax import estimators, models
+from disa_jax.anchor import TableAnchor, noisy_log_z
+from disa_jax.data import loaders
+from disa_jax.data.loaders import save_prompts
+from disa_jax.data.prompting import encode_prompt
+from disa_jax.data.records import PromptRecord
+from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.eval.conditional import conditional_kl
+from disa_jax.eval.exact import correct_set_terms
+from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
-from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
+from disa_jax.pipeline.report import write_report
+from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
+from disa_jax.rewards.sum_task import SumTask, correct_set, task_tokenizer
 from disa_jax.rl.config import ReplayConfig
-from disa_jax.rl.replay import replay_count
 from disa_jax.rl.objectives import Objective
+from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
+from disa_jax.workflows.sft import SftConfig, run_sft
+from disa_jax.workflows.stage1 import Stage1Config, run_stage1
+from disa_jax.workflows.stage2 import Stage2Config, run_stage2
+from disa_jax.workflows.stage3 import Stage3Config, run_stage3
 
 ANCHORS = ("fitted", "exact", "exact+noise")
 
@@ -194,13 +214,19 @@ class MainConfig:
 
 def _timed_stage3(cfg) -> float:
   """`run_stage3` (in this process, or in a worker of `SumJob.stage3_all`); returns its seconds."""
-  from disa_jax.workflows.stage3 import run_stage3  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   summary = run_stage3(cfg)
   if summary["preempted"] is not None:  # saved at that step; the job's rerun resumes the run
     raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
                        f"{summary['preempted']} (checkpoint saved); rerun the job to resume")
   return round(time.time() - t0, 2)
+
+
+def prompt_records(task: SumTask) -> list[PromptRecord]:
+  """The task's prompts as `PromptRecord`s: ability and data source 'sum_task', ground truth n
+  (a string, as veRL stores math answers); `disa_jax.data.loaders.save_prompts` writes them."""
+  return [PromptRecord(task.prompt_id(n), [{"role": "user", "content": task.prompt(n)}], str(n),
+                       "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -214,7 +240,6 @@ class SumJob:
   validated here, before any work)."""
 
   def __init__(self, cfg: MainConfig, workdir: str | Path, *, progress: bool = True):
-    from disa_jax.data.sum_task import task_tokenizer  # pylint: disable=g-import-not-at-top
     self.cfg, self.progress = cfg, progress
     self.dir = Path(workdir).resolve()
     self.task = SumTask(cfg.task.n_min, cfg.task.n_max)
@@ -252,14 +277,12 @@ class SumJob:
         spec.anchor) or self.noise_anchor_path(spec.sigma)
 
   def _stage1_config(self):
-    from disa_jax.workflows.stage1 import Stage1Config  # pylint: disable=g-import-not-at-top
     return config_lib.from_mapping(Stage1Config, dict(
         self.cfg.stage1, prompts_path=self.prompts_path, reference_path=self.ref_path,
         proposal_path=self.proposal_path, output_dir=str(self.dir / "stage1"),
         beta=self.cfg.beta, engine=self.cfg.engine, progress=self.progress), "stage1")
 
   def _stage2_config(self):
-    from disa_jax.workflows.stage2 import Stage2Config  # pylint: disable=g-import-not-at-top
     s2 = dict(self.cfg.stage2, stage1_path=str(self.stage1_cfg.dataset_path()),
               reference_path=self.ref_path, anchor_path=self.anchor_path,
               output_dir=str(self.dir / "stage2"))
@@ -271,7 +294,6 @@ class SumJob:
     return method if seed == self.cfg.seeds[0] else f"{method}_seed{seed}"
 
   def _stage3_config(self, method: str, seed: int):
-    from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
     spec = self.cfg.runs[method]
     obj = spec.objective.to_config()
     if "beta" in obj:  # the job's one beta (the anchors' labels use it too)
@@ -304,14 +326,12 @@ class SumJob:
         f"runs.{method}")
 
   def _sft_config(self):
-    from disa_jax.workflows.sft import SftConfig  # pylint: disable=g-import-not-at-top
     return config_lib.from_mapping(SftConfig, dict(
         reference_path=self.ref_path, stage1_path=str(self.stage1_cfg.dataset_path()),
         out_path=str(self.dir / "sft"), mesh=self.mesh,
         sft=dict(self.cfg.sft, seed=self.cfg.seed)), "sft")
 
   def _eval_config(self, row: str, model_path: str):
-    from disa_jax.workflows.evaluation import EvalConfig  # pylint: disable=g-import-not-at-top
     e = dict(self.cfg.eval)
     e["exact_target"] = dict(e.get("exact_target", {}), reference_path=self.ref_path,
                              beta=self.cfg.beta, seed=self.cfg.seed + 8)
@@ -337,8 +357,6 @@ class SumJob:
 
   def build_models(self) -> None:
     """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt files."""
-    from disa_jax.models import from_pretrained  # pylint: disable=g-import-not-at-top
-    from disa_jax.pipeline.sum_models import save_model, train_sum_model  # pylint: disable=g-import-not-at-top
     for path, spec, init in ((self.ref_path, self.cfg.reference_model, None),
                              (self.proposal_path, self.cfg.proposal_model, self.ref_path)):
       marker = Path(path) / "warmup.json"
@@ -355,8 +373,6 @@ class SumJob:
 
   def write_prompts(self) -> None:
     """The prompt file, and with ``heldout`` its Stage 3 and held-out parts (kept when written)."""
-    from disa_jax.data.loaders import save_prompts  # pylint: disable=g-import-not-at-top
-    from disa_jax.data.sum_task import prompt_records  # pylint: disable=g-import-not-at-top
     if not Path(self.prompts_path).exists():
       Path(self.prompts_path).parent.mkdir(parents=True, exist_ok=True)
       save_prompts(prompt_records(self.task), self.prompts_path)
@@ -371,7 +387,6 @@ class SumJob:
     path = self.dir / "exact.json"
     if path.exists():
       return json.loads(path.read_text())
-    from disa_jax.eval.exact import correct_set_terms  # pylint: disable=g-import-not-at-top
     out = {"prompt_ids": [], "log_z": [], "target_entropy_correct": [], "p_correct_ref": []}
     for prompt_id, lp in self._correct_set_logprobs(self.ref_path).items():
       terms = correct_set_terms(lp, lp, self.cfg.beta)
@@ -384,11 +399,6 @@ class SumJob:
 
   def _correct_set_logprobs(self, model_path: str) -> dict[str, np.ndarray]:
     """``{prompt id: [C] trajectory log-probs of its correct answers}`` under a saved model."""
-    from disa_jax import models  # pylint: disable=g-import-not-at-top
-    from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-    from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
-    from disa_jax.data.sum_task import correct_set  # pylint: disable=g-import-not-at-top
-    from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
     scorer = SequenceScorer(models.from_pretrained(model_path), pad_id=self.tok.pad_token_id,
                             batch_size=64, pad_to=16)
     out = {}
@@ -403,8 +413,6 @@ class SumJob:
     """Per row, the preference among correct answers against the target's and the proposal's:
     KL(pi|c || pi~|c) (= pi_ref|c: the reward is binary) and KL(pi|c || p_T|c), per prompt and
     their means (over the held-out prompts too, with ``heldout``); cached in conditional_kl.json."""
-    from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-    from disa_jax.eval.conditional import conditional_kl  # pylint: disable=g-import-not-at-top
     path = self.dir / "conditional_kl.json"
     if path.exists():
       return json.loads(path.read_text())
@@ -430,7 +438,6 @@ class SumJob:
   # -- 1-3. the workflows ------------------------------------------------------------------------
 
   def stage1(self) -> None:
-    from disa_jax.workflows.stage1 import run_stage1  # pylint: disable=g-import-not-at-top
     run_stage1(self.stage1_cfg)
 
   def nstudy(self) -> None:
@@ -443,9 +450,6 @@ class SumJob:
 
   def stage2(self) -> None:
     """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
-    from disa_jax.anchor import TableAnchor  # pylint: disable=g-import-not-at-top
-    from disa_jax.estimators.reward_transforms import RewardTransform  # pylint: disable=g-import-not-at-top
-    from disa_jax.workflows.stage2 import run_stage2  # pylint: disable=g-import-not-at-top
     run_stage2(self.stage2_cfg)
     if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not Path(
         self.exact_anchor_path).exists():
@@ -457,8 +461,6 @@ class SumJob:
 
   def _noise_anchors(self) -> None:
     """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
-    from disa_jax.anchor import TableAnchor, noisy_log_z  # pylint: disable=g-import-not-at-top
-    from disa_jax.estimators.reward_transforms import RewardTransform  # pylint: disable=g-import-not-at-top
     for sigma in sorted({self.cfg.runs[m].sigma for m in self.cfg.methods
                          if self.cfg.runs[m].anchor == "exact+noise"}):
       if Path(self.noise_anchor_path(sigma)).exists():
@@ -472,9 +474,6 @@ class SumJob:
 
   def anchor_study(self) -> None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z."""
-    from disa_jax import estimators  # pylint: disable=g-import-not-at-top
-    from disa_jax.anchor.fit import AnchorFitConfig  # pylint: disable=g-import-not-at-top
-    from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict  # pylint: disable=g-import-not-at-top
     path = self.dir / "anchor_study.json"
     if path.exists() or not self.cfg.anchor_study.repeats:
       return
@@ -507,8 +506,6 @@ class SumJob:
       for k in todo:
         self._record(f"stage3_{self.run_name(*k)}", _timed_stage3(self.stage3_cfgs[k]))
     else:
-      import multiprocessing  # pylint: disable=g-import-not-at-top
-      from concurrent import futures  # pylint: disable=g-import-not-at-top
       cfgs = [dataclasses.replace(self.stage3_cfgs[k], train=dataclasses.replace(
           self.stage3_cfgs[k].train, progress_bar=False)) for k in todo]
       failed = {}  # (its workers are not daemons: each run starts its own engine worker)
@@ -525,8 +522,6 @@ class SumJob:
 
   def lora_sft(self) -> str | None:
     """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
-    from disa_jax import estimators  # pylint: disable=g-import-not-at-top
-    from disa_jax.workflows.sft import run_sft  # pylint: disable=g-import-not-at-top
     data = estimators.load_stage1(self.stage1_cfg.dataset_path())
     if not (data.reward[data.mask] >= 1.0).any():  # nothing to distil: say so in the report
       _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
@@ -538,7 +533,6 @@ class SumJob:
 
   def evaluate(self, rows: dict[str, str]) -> dict[str, dict[str, Any]]:
     """`run_evaluation` of every row (one in-process engine, weights swapped between rows)."""
-    from disa_jax.workflows.evaluation import run_evaluation  # pylint: disable=g-import-not-at-top
     out, engine = {}, None
     try:
       for row, path in rows.items():
@@ -553,7 +547,6 @@ class SumJob:
     return out
 
   def run(self) -> dict[str, Any]:
-    from disa_jax.pipeline.report import write_report  # pylint: disable=g-import-not-at-top
     self._timed("models", self.build_models)
     self._timed("stage1", self.stage1)
     if self.cfg.nstudy.enabled:

@@ -25,7 +25,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from disa_jax.data import packing
-from disa_jax.data.sum_task import SumTask, make_tokenizer
+from disa_jax.rewards.sum_task import SumTask, make_tokenizer
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
 from disa_jax.sft import SupervisedSchedule, make_sft_step
 

@@ -28,6 +28,7 @@ variants only strip decoration that carries no numeric value.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
 __all__ = [
@@ -364,7 +365,6 @@ def _sci_to_plain(mantissa: str, exponent: int) -> str:
   """`mantissa * 10**exponent` written as an exact decimal string (bounded exponent)."""
   if abs(exponent) > 60:
     return f"{mantissa}\\times 10^{{{exponent}}}"
-  from decimal import Decimal  # pylint: disable=g-import-not-at-top
   value = Decimal(mantissa).scaleb(exponent)
   text = format(value.normalize(), "f")
   return text

@@ -29,7 +29,7 @@ MAX_ANSWER_CHARS = 2000
 @functools.lru_cache(maxsize=1)
 def _mv():
   """Imports math-verify lazily (it pulls in sympy) and silences its timeout warnings."""
-  import math_verify  # pylint: disable=g-import-not-at-top
+  import math_verify  # pylint: disable=g-import-not-at-top  (heavy import: sympy)
   logging.getLogger("math_verify").setLevel(logging.ERROR)
   gold_cfg = (math_verify.LatexExtractionConfig(boxed_match_priority=0),)
   pred_cfg = (math_verify.LatexExtractionConfig(boxed_match_priority=0),

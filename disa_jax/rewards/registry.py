@@ -11,8 +11,8 @@ Built in:
     `{"humaneval": <HumanEval+ record>}` (function calls on base + plus inputs),
   with optional `timeout_s` (per case / per HumanEval run). Candidates are graded concurrently by a
   thread pool (`code_workers`, default 2): the threads only wait on sandbox subprocesses.
-- `'sum_task'`: the main job's task (`disa_jax.data.sum_task`): meta `{"ground_truth": n}`; 1 iff the
-  token ids are exactly one of the n + 1 canonical answers " a+b" EOS.
+- `'sum_task'`: the main job's task (`disa_jax.rewards.sum_task`): meta `{"ground_truth": n}`; 1
+  iff the token ids are exactly one of the n + 1 canonical answers " a+b" EOS.
 
 Task-specific rewards are added with `register_reward(name, fn)`; `fn(responses, metas)` receives
 `Response` objects and returns a `Graded` or an ``[n]`` array of rewards (no grading errors).
@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from disa_jax.rewards import code as code_lib
-from disa_jax.rewards import math_pool
+from disa_jax.rewards import math_pool, sum_task
 from disa_jax.rewards.graded import Graded, Response, RewardFn
 
 __all__ = ["Graded", "Response", "RewardFn", "register_reward", "get_reward_fn", "reward_names",
@@ -108,8 +108,7 @@ def code_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, A
 
 def sum_task_reward_fn(responses: Sequence[Response],
                        metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
-  """The sum task's verifier on token ids (see `disa_jax.data.sum_task.sum_task_rewards`)."""
-  from disa_jax.data import sum_task  # pylint: disable=g-import-not-at-top
+  """The sum task's verifier on token ids (see `disa_jax.rewards.sum_task.sum_task_rewards`)."""
   return sum_task.sum_task_rewards([r.token_ids for r in responses], metas)
 
 

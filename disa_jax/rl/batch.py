@@ -46,6 +46,10 @@ class TrainBatch:
     prompt_slot: ``[S]`` int32 with shared prompts: the slot whose ``rows.token_slot`` marks the
       tokens of each slot's prompt (`disa_jax.data.packing.PackedBatch.prompt_slot`); None
       without (each slot's own).
+    behaviour_logp: ``[S, W]`` float32 log mu of each response token: the distribution the engine
+      sampled it from (zeros on replayed rows and empty slots); None: not recorded.
+    on_policy: ``[S]`` float32, 1 on the rows the engine sampled (0 on replayed rows and empty
+      slots); None with ``behaviour_logp``.
   """
   rows: PackedRows
   response_index: np.ndarray
@@ -55,6 +59,8 @@ class TrainBatch:
   signal: np.ndarray
   log_z: np.ndarray
   prompt_slot: np.ndarray | None = None
+  behaviour_logp: np.ndarray | None = None
+  on_policy: np.ndarray | None = None
 
   @property
   def num_slots(self) -> int:
@@ -71,6 +77,10 @@ class TrainSequences:
     old_logp, ref_logp: ``[N, W]`` float32, entry j = response token j (zeros beyond its length).
     signal: ``[N]`` float32.
     log_z: ``[N]`` float32.
+    behaviour_logp: ``[N, W]`` float32 log mu, the engine's sampled-distribution log-probs (zeros
+      on replayed rows); None: not recorded (the micro-batches carry None).
+    on_policy: ``[N]`` bool, the engine sampled the row (False: replayed); None with
+      ``behaviour_logp``.
   """
   prompts: Sequence[Sequence[int]]
   responses: Sequence[Sequence[int]]
@@ -78,6 +88,8 @@ class TrainSequences:
   ref_logp: np.ndarray
   signal: np.ndarray
   log_z: np.ndarray
+  behaviour_logp: np.ndarray | None = None
+  on_policy: np.ndarray | None = None
 
   @property
   def width(self) -> int:
@@ -108,7 +120,11 @@ class TrainSequences:
                             old_logp=np.where(on, take(self.old_logp), 0.0),
                             ref_logp=np.where(on, take(self.ref_logp), 0.0),
                             signal=take(self.signal), log_z=take(self.log_z),
-                            prompt_slot=pb.prompt_slot if layout.share_prompts else None))
+                            prompt_slot=pb.prompt_slot if layout.share_prompts else None,
+                            behaviour_logp=(None if self.behaviour_logp is None else
+                                            np.where(on, take(self.behaviour_logp), 0.0)),
+                            on_policy=(None if self.on_policy is None else
+                                       take(np.asarray(self.on_policy, np.float32)))))
     return out
 
 
@@ -137,6 +153,8 @@ class RolloutBatch:
       for objectives with a batch log Z (`Objective.needs_batch_log_z`).
     signal: ``[B]`` float32, filled by the objective (`Objective.row_signal`).
     generate_s: seconds spent in the engines.
+    policy_version: the optimizer steps behind the weights the engine sampled with (the batch of
+      step t at ``rollout.max_staleness`` k: max(t - k, 0)); replayed rows keep it too.
   """
   prompt_ids: list[str]
   prompt_tokens: list[tuple[int, ...]]
@@ -155,6 +173,7 @@ class RolloutBatch:
   log_z: np.ndarray | None = None
   signal: np.ndarray | None = None
   generate_s: float = 0.0
+  policy_version: int = 0
 
   @property
   def num_rows(self) -> int:
@@ -188,7 +207,13 @@ class RolloutBatch:
         ref_logp=zeros_t if self.ref_logp is None else self.ref_logp,
         signal=np.asarray(self.signal, np.float32).reshape(-1),
         log_z=(np.zeros(self.num_rows, np.float32) if self.log_z is None
-               else np.asarray(self.log_z, np.float32)))
+               else np.asarray(self.log_z, np.float32)),
+        behaviour_logp=self.behaviour_logp(), on_policy=~self.is_replay)
+
+  def behaviour_logp(self) -> np.ndarray:
+    """``[B, W]`` log mu of each response token as sampled (zeros on replayed rows)."""
+    return self.response_logp_rows([np.zeros(0, np.float32) if r else lp
+                                    for lp, r in zip(self.sampled_logp, self.is_replay)])
 
   def response_logp_rows(self, logp: Sequence[np.ndarray | None]) -> np.ndarray:
     """Per-token log-probs of each response, ``[B, W]`` (zeros beyond each response)."""

@@ -30,6 +30,7 @@ from disa_jax.rl.batch import RolloutBatch
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.prompts import PromptItem, PromptStream
 from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
+from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Completion, Engine, SamplingParams
 
 
@@ -59,6 +60,46 @@ def grade(reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
                      f"{graded.reward[bad[:5]].tolist()} for prompts {pids}: a NaN or inf reward "
                      "would enter the loss; fix the reward function")
   return graded
+
+
+@dataclasses.dataclass
+class LocalCall:
+  """One engine call's result on this process, before the all-gather.
+
+  Attributes:
+    num_items: prompts of the whole call (every process's slices).
+    n: samples per prompt.
+    comps: ``[P_local][n]`` this process's completions (empty off the host leaders).
+    graded: their `Graded` rows ``[P_local * n]``.
+    generate_s: this process's seconds in the engine.
+  """
+  num_items: int
+  n: int
+  comps: list[list[Completion]]
+  graded: Graded
+  generate_s: float
+
+
+@dataclasses.dataclass
+class LocalRollout:
+  """One step's rollouts on this process before the all-gather (`RolloutCollector.sample`).
+
+  Attributes:
+    step: the RL step (0-based) the batch is for.
+    version: the weights' optimizer-step count the engine sampled with.
+    items: ``[P]`` the step's prompts.
+    replayed: ``[P][k]`` the Stage 1 samples drawn for each prompt.
+    full: indices of the prompts without Stage 1 samples (they get ``extra`` on-policy rows).
+    main: the G - k samples of every prompt.
+    extra: the k samples of the ``full`` prompts (None when there are none).
+  """
+  step: int
+  version: int
+  items: list[PromptItem]
+  replayed: list[list[ReplaySample]]
+  full: list[int]
+  main: LocalCall
+  extra: LocalCall | None
 
 
 class RolloutCollector:
@@ -99,7 +140,11 @@ class RolloutCollector:
       (``[P][n]`` completions, their `Graded` rows ``[P * n]`` prompt-major, this process's
       generation seconds), the same on every process.
     """
-    n = params.n
+    return self.gather(self.generate_local(items, params))
+
+  def generate_local(self, items: Sequence[PromptItem], params: SamplingParams) -> LocalCall:
+    """This process's share of `generate`: its host leader's slice sampled and graded, no
+    collective (safe on a rollout thread)."""
     sl = distributed.leader_slice(len(items), self.leaders)  # all items in a single process
     local = list(items[sl])
     comps, graded, t_gen = [], Graded.ok(np.zeros(0, np.float32)), 0.0
@@ -109,9 +154,16 @@ class RolloutCollector:
                                    dataclasses.replace(params, prompt_index_offset=sl.start))
       t_gen = time.perf_counter() - t0
       graded = grade(self.reward_fn, self.decode, local, comps)
-    flat, r, e = distributed.allgather_completions([c for g in comps for c in g], graded.reward,
-                                                   graded.error)
-    return [flat[i * n:(i + 1) * n] for i in range(len(items))], Graded(r, e), t_gen  # [P][n]
+    return LocalCall(len(items), params.n, comps, graded, t_gen)
+
+  @staticmethod
+  def gather(call: LocalCall) -> tuple[list[list[Completion]], Graded, float]:
+    """Collective: every process's `LocalCall` -> the `generate` result, the same everywhere."""
+    n = call.n
+    flat, r, e = multihost.allgather_completions([c for g in call.comps for c in g],
+                                                 call.graded.reward, call.graded.error)
+    return ([flat[i * n:(i + 1) * n] for i in range(call.num_items)],  # [P][n]
+            Graded(r, e), call.generate_s)
 
   def sampling(self, n: int, seed: int, **overrides: Any) -> SamplingParams:
     rc = self.cfg.rollout
@@ -128,32 +180,47 @@ class RolloutCollector:
     return self.replay.draw([it.prompt_id for it in items], k,
                             seed=derive_seed(self.cfg.seed, "replay", step))
 
-  def collect(self, step: int) -> RolloutBatch:
-    """The graded rollout batch of RL step ``step`` (0-based).
+  def collect(self, step: int, version: int = 0) -> RolloutBatch:
+    """The graded rollout batch of RL step ``step`` (0-based), sampled by weights ``version``.
 
     Rows are prompt-major ``[P * R]`` with R = `TrainConfig.rows_per_prompt` (G, or G + k with
     replayed rows added); within a prompt's group the on-policy samples come first and the replayed
     Stage 1 samples (if any) last. A prompt without replay samples gets R on-policy rows.
     """
+    return self.finish(self.sample(step, version))
+
+  def sample(self, step: int, version: int = 0) -> LocalRollout:
+    """This process's share of step ``step``'s rollouts (no collective; `finish` gathers them)."""
     items = self.stream.batch(step)
     rows = self.cfg.rows_per_prompt
     seed = derive_seed(self.cfg.seed, "rollout", step)
     replayed = self._draw_replay(step, items)
     k = max(len(r) for r in replayed)
-    comps, graded, t_gen = self.generate(items, self.sampling(rows - k, seed))
-    groups = [list(c) for c in comps]  # [P][on-policy samples]
-    rows_r = graded.reward.reshape(len(items), rows - k).tolist()
-    rows_e = graded.error.reshape(len(items), rows - k).tolist()
+    main = self.generate_local(items, self.sampling(rows - k, seed))
     full = [i for i, r in enumerate(replayed) if not r]
-    if k and full:  # prompts without Stage 1 samples: k more on-policy samples
-      extra, extra_g, t_extra = self.generate([items[i] for i in full],
-                                              self.sampling(k, seed + 1))
+    extra = (self.generate_local([items[i] for i in full], self.sampling(k, seed + 1))
+             if k and full else None)  # prompts without Stage 1 samples: k more on-policy samples
+    return LocalRollout(step, version, items, replayed, full, main, extra)
+
+  def finish(self, local: LocalRollout) -> RolloutBatch:
+    """Collective: the `RolloutBatch` of a `sample` result, the same on every process."""
+    items, replayed = local.items, local.replayed
+    comps, graded, t_gen = self.gather(local.main)
+    groups = [list(c) for c in comps]  # [P][on-policy samples]
+    per = graded.reward.size // len(items)
+    rows_r = graded.reward.reshape(len(items), per).tolist()
+    rows_e = graded.error.reshape(len(items), per).tolist()
+    if local.extra is not None:
+      extra, extra_g, t_extra = self.gather(local.extra)
+      k = local.extra.n
       t_gen += t_extra
-      for j, i in enumerate(full):
+      for j, i in enumerate(local.full):
         groups[i] += extra[j]
         rows_r[i] += extra_g.reward[j * k:(j + 1) * k].tolist()
         rows_e[i] += extra_g.error[j * k:(j + 1) * k].tolist()
-    return self._assemble(items, groups, rows_r, rows_e, replayed, t_gen)
+    batch = self._assemble(items, groups, rows_r, rows_e, replayed, t_gen)
+    batch.policy_version = local.version
+    return batch
 
   def _assemble(self, items, groups, rows_r, rows_e, replayed, t_gen) -> RolloutBatch:
     resp, reward, error, is_replay, sampled, raw, finish, stored = [], [], [], [], [], [], [], []

@@ -91,6 +91,13 @@ class RolloutConfig:
       prompt once in a row, followed by as many of its G responses as fit; each response attends
       to the prompt and to itself only (`disa_jax.data.packing`), so log-probs and gradients are
       those of separate sequences while the prompt is computed once per row instead of G times.
+    max_staleness: k, rollout batches sampled ahead of the update (`disa_jax.rl.async_rollout`):
+      the engine samples the batch of step t + k with the weights after step t while the trainer
+      updates, so batch t comes from the policy k updates old (0 = the synchronous loop, each batch
+      from the current weights). Objectives treat the older behaviour policy as they declare
+      (`Objective.behaviour_as_old_logp`; GRPO / GSPO: ``is_correction``).
+    mismatch_threshold: ``mismatch/frac_over`` counts response tokens whose trainer log-prob and
+      engine (behaviour) log-prob differ by more than this many nats.
   """
   prompts_per_batch: int = 128
   group_size: int = 8
@@ -106,6 +113,8 @@ class RolloutConfig:
   micro_batch_rows: int = 8
   seqs_per_row: int = 16
   share_prompts: bool = False
+  max_staleness: int = 0
+  mismatch_threshold: float = 0.1
 
   def __post_init__(self):
     for f in ("prompts_per_batch", "group_size", "max_prompt_len", "max_response_len",
@@ -121,6 +130,15 @@ class RolloutConfig:
     if self.old_logp_source not in OLD_LOGP_SOURCES:
       _fail("rollout", "old_logp_source", self.old_logp_source,
             f"must be one of {OLD_LOGP_SOURCES}")
+    if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+      _fail("rollout", "max_staleness", self.max_staleness, "must be an int >= 0 (0 = synchronous)")
+    if self.max_staleness and self.old_logp_source == "engine":
+      _fail("rollout", "old_logp_source", self.old_logp_source,
+            f"must be 'recompute' with rollout.max_staleness={self.max_staleness}: the engine's "
+            "log-probs are those of the stale behaviour policy, not of pi_old (the objectives read "
+            "them as the behaviour's)")
+    if not self.mismatch_threshold > 0:
+      _fail("rollout", "mismatch_threshold", self.mismatch_threshold, "must be > 0")
     if self.share_prompts and not self.packing:
       _fail("rollout", "share_prompts", self.share_prompts,
             "needs rollout.packing=True (one sequence per row has no prompt to share)")

@@ -48,6 +48,7 @@ Array = jax.Array
 Metrics = dict[str, Array]
 
 OMEGA_MODES = ("one", "ratio", "clipped_ratio", "clamped_ratio")
+IS_CORRECTIONS = ("none", "tis", "mis")  # behaviour -> pi_old correction (`behaviour_is_weights`)
 AGG_KINDS = ("seq-mean-token-mean", "token-mean")
 KL_KINDS = ("k1", "k3")
 
@@ -518,6 +519,99 @@ def _ratio_metrics(log_ratio: Array, weights: Array, prefix: str) -> Metrics:
   }
 
 
+def behaviour_is_weights(old_logp: Array,
+                         behaviour_logp: Array,
+                         mask: Array,
+                         on_policy: Array,
+                         *,
+                         mode: str,
+                         cap: float,
+                         level: str) -> tuple[Array, Metrics]:
+  """Importance weights from the behaviour policy mu to pi_old, for stale or mismatched rollouts.
+
+  The engine samples with mu (older weights at ``rollout.max_staleness`` k > 0, and its own
+  numerics); the clipped surrogate is formed against pi_old, the policy before this step's updates.
+  The correction multiplies each term by rho = pi_old / mu (detached), per token
+  (rho_t = exp(log pi_old - log mu)) or per sequence with GSPO's geometric mean
+  (rho_i = exp(mean_t (log pi_old - log mu))):
+
+  - ``tis``: truncated importance sampling, min(rho, cap) (veRL's and TRL's TIS);
+  - ``mis``: masked importance sampling, rho where rho <= cap and 0 elsewhere (the outlier is
+    dropped instead of truncated);
+  - ``none``: 1.
+
+  Replayed rows (``on_policy`` 0) were not sampled by the engine: weight 1.
+
+  Args:
+    old_logp, behaviour_logp: ``[B, T]`` token log-probs of pi_old and of mu.
+    mask: ``[B, T]`` response mask.
+    on_policy: ``[B]`` 1 on the rows the engine sampled.
+    mode: one of `IS_CORRECTIONS`.
+    cap: C > 0, the truncation or masking threshold.
+    level: 'token' (``[B, T]`` weights) or 'sequence' (``[B]``).
+
+  Returns:
+    (weights ``[B, T]`` or ``[B]``, detached; metrics ``is_weight_mean`` (after correction) and
+    ``is_capped_frac`` (share of on-policy tokens or rows with rho > cap)).
+  """
+  if mode not in IS_CORRECTIONS:
+    raise ValueError(f"is_correction must be one of {IS_CORRECTIONS}, got {mode!r}")
+  if level not in ("token", "sequence"):
+    raise ValueError(f"is level must be 'token' or 'sequence', got {level!r}")
+  if not cap > 0:
+    raise ValueError(f"is_cap must be > 0, got {cap!r}")
+  _check_tokens(mask, old_logp=old_logp, behaviour_logp=behaviour_logp)
+  _check_rows(mask.shape[0], on_policy=on_policy)
+  diff = jnp.where(mask > 0, jax.lax.stop_gradient(_f32(old_logp)) - _f32(behaviour_logp), 0.0)
+  on = _f32(on_policy) > 0
+  if level == "token":
+    rho = jnp.exp(jnp.clip(diff, -20.0, 20.0))
+    sel = (mask > 0) & on[:, None]
+  else:
+    rho = jnp.exp(jnp.clip(sequence_mean(diff, mask), -20.0, 20.0))
+    sel = valid_rows(mask) & on
+  if mode == "none":
+    w = jnp.ones_like(rho)
+  elif mode == "tis":
+    w = jnp.minimum(rho, cap)
+  else:
+    w = jnp.where(rho <= cap, rho, 0.0)
+  w = jnp.where(sel, w, 1.0)
+  n = jnp.maximum(_f32(sel).sum(), 1.0)
+  return w, {"is_weight_mean": (w * sel).sum() / n,
+             "is_capped_frac": (_f32(sel & (rho > cap))).sum() / n}
+
+
+def mismatch_metrics(logp: Array, behaviour_logp: Array, mask: Array, on_policy: Array, *,
+                     threshold: float) -> Metrics:
+  """The train/inference mismatch: the trainer's and the engine's log-probs of the same tokens.
+
+  Over the response tokens of the rows the engine sampled, d_t = log pi_trainer - log mu_engine
+  (detached). At ``rollout.max_staleness`` 0 without temperature or truncation, the two are the
+  same weights through two programs (numerics, dtypes, kernels); with stale rollouts the gap also
+  holds the policy's change over k updates.
+
+  Args:
+    logp: ``[B, T]`` the trainer's token log-probs.
+    behaviour_logp: ``[B, T]`` the engine's.
+    mask: ``[B, T]`` response mask.
+    on_policy: ``[B]`` 1 on the rows the engine sampled.
+    threshold: nats of ``frac_over``.
+
+  Returns:
+    ``mismatch/logp_diff_mean`` (signed), ``mismatch/logp_abs_mean``, ``mismatch/logp_abs_max``,
+    ``mismatch/frac_over`` (share of tokens with |d| > threshold); 0 without engine tokens.
+  """
+  _check_tokens(mask, logp=logp, behaviour_logp=behaviour_logp)
+  sel = (mask > 0) & (_f32(on_policy) > 0)[:, None]
+  d = jnp.where(sel, jax.lax.stop_gradient(_f32(logp)) - _f32(behaviour_logp), 0.0)
+  n = jnp.maximum(_f32(sel).sum(), 1.0)
+  return {"mismatch/logp_diff_mean": d.sum() / n,
+          "mismatch/logp_abs_mean": jnp.abs(d).sum() / n,
+          "mismatch/logp_abs_max": jnp.abs(d).max(),
+          "mismatch/frac_over": _f32(jnp.abs(d) > threshold).sum() / n}
+
+
 def _check_clip(eps_low: float, eps_high: float) -> None:
   if not (0 <= eps_low < 1 and eps_high >= 0):
     raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low!r}, "
@@ -557,7 +651,8 @@ def grpo_loss(logp: Array,
               kl_clamp: float | None = 10.0,
               loss_agg: str = "seq-mean-token-mean",
               kl_cov_ratio: float = 0.0,
-              kl_cov_coef: float = 1.0) -> tuple[Array, Metrics]:
+              kl_cov_coef: float = 1.0,
+              is_weights: Array | None = None) -> tuple[Array, Metrics]:
   """GRPO: token-level clipped surrogate of eq. (2) with group advantages of eq. (3).
 
   Per token rho_t = pi_theta / pi_old (eq. 1; log rho clipped to [-20, 20] as veRL does) and
@@ -583,6 +678,8 @@ def grpo_loss(logp: Array,
     loss_agg: ``seq-mean-token-mean`` (eq. 2) | ``token-mean`` (veRL's default); the caller
       recombines micro-batches with `loss_normalizer` of the same kind.
     kl_cov_ratio, kl_cov_coef: KL-Cov (`kl_cov_penalty`) added to the per-token loss; ratio 0 = off.
+    is_weights: ``[B, T]`` detached behaviour -> pi_old weights multiplying the surrogate of each
+      token (`behaviour_is_weights`, token level: TIS / MIS of stale rollouts); None = 1.
 
   Returns:
     (scalar loss, metrics): ``pg_loss`` (same aggregation), ``kl_cov_frac`` (with KL-Cov: the
@@ -607,6 +704,9 @@ def grpo_loss(logp: Array,
   log_ratio = jnp.where(tok, _f32(logp) - _f32(old_logp), 0.0)  # [B, T]
   ratio = jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))
   pg, took_clip, dual_taken = _clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)
+  if is_weights is not None:
+    _check_tokens(mask, is_weights=is_weights)
+    pg = pg * jax.lax.stop_gradient(_f32(is_weights))
   per_token = pg
   metrics: Metrics = {}
   if ref_logp is not None:
@@ -704,7 +804,8 @@ def gspo_loss(logp: Array,
               mask: Array,
               *,
               eps_low: float = 3e-4,
-              eps_high: float = 4e-4) -> tuple[Array, Metrics]:
+              eps_high: float = 4e-4,
+              is_weights: Array | None = None) -> tuple[Array, Metrics]:
   """GSPO: sequence-level clipped surrogate with the geometric-mean ratio.
 
   s_i = exp((1/|o_i|) sum_t (log pi_theta - log pi_old)) and
@@ -720,6 +821,8 @@ def gspo_loss(logp: Array,
     advantages: ``[B]`` group-normalised advantages (eq. 3).
     mask: ``[B, T]`` response mask.
     eps_low, eps_high: clip range (GSPO's defaults 3e-4 and 4e-4).
+    is_weights: ``[B]`` detached behaviour -> pi_old weights of each sequence
+      (`behaviour_is_weights`, sequence level); None = 1.
 
   Returns:
     (scalar loss, metrics): ``pg_loss``, ``clip_frac`` (sequences where the clipped branch is
@@ -734,6 +837,9 @@ def gspo_loss(logp: Array,
   log_s = sequence_mean(_f32(logp) - _f32(old_logp), mask)  # [B]
   s = jnp.exp(jnp.minimum(log_s, 10.0))
   per_seq, took_clip, _ = _clipped_surrogate(s, adv, eps_low, eps_high, None)
+  if is_weights is not None:
+    _check_rows(mask.shape[0], is_weights=is_weights)
+    per_seq = per_seq * jax.lax.stop_gradient(_f32(is_weights))
   loss = masked_row_mean(per_seq, valid)
   sg_log_ratio = jax.lax.stop_gradient(jnp.where(mask > 0, _f32(logp) - _f32(old_logp), 0.0))
   metrics = {

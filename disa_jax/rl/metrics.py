@@ -41,11 +41,11 @@ def _summary_writer_cls():
   something else has imported it already.
   """
   if "torch" in sys.modules:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (see above)
     return SummaryWriter
   sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
   try:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (torch kept out)
   finally:
     del sys.modules["torch"]
   return SummaryWriter

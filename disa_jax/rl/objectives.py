@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Mapping
 import jax
 import numpy as np
 
+from disa_jax.config import from_mapping
 from disa_jax.estimators.dataset import LABEL_SCALES
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rl import losses
@@ -70,6 +71,12 @@ class Objective(abc.ABC):
   matches_target: ClassVar[bool] = False
   # Whether the loss maximises the expected reward (the reports' contrasts for the target matchers).
   maximises_reward: ClassVar[bool] = False
+  # How the objective treats a behaviour policy mu != pi_old (stale rollouts,
+  # ``rollout.max_staleness`` > 0): True reads the engine's log-probs of mu as ``old_logp`` (TB:
+  # omega weighs each row by pi_theta / mu, and TB's fixed point holds under any full-support mu,
+  # Prop. 3(i)); False recomputes pi_old, the policy before the step's updates, and corrects mu -> pi_old
+  # itself where it declares so (`PolicyGradient.is_correction`).
+  behaviour_as_old_logp: ClassVar[bool] = False
 
   @property
   def needs_reference(self) -> bool:
@@ -79,6 +86,11 @@ class Objective(abc.ABC):
   @property
   def needs_old_logp(self) -> bool:
     """The loss reads ``batch.old_logp`` (log pi_old, the rollout policy)."""
+    return False
+
+  @property
+  def needs_behaviour_logp(self) -> bool:
+    """The loss reads ``batch.behaviour_logp`` (the engine's log-probs of the sampled tokens)."""
     return False
 
   @abc.abstractmethod
@@ -131,7 +143,6 @@ class Objective(abc.ABC):
   @classmethod
   def from_config(cls, value: Any, where: str = "objective") -> "Objective":
     """Builds the objective named by ``value['name']`` with the other entries as its fields."""
-    from disa_jax.config import from_mapping  # pylint: disable=g-import-not-at-top
     value = value.to_dict() if hasattr(value, "to_dict") else value
     if isinstance(value, Objective):
       return value
@@ -179,6 +190,7 @@ class TrajectoryBalance(Objective):
   beta: float = 15.0
   scale: str = "sum"
   reward_transform: RewardTransform = RewardTransform("group_zscore")
+  behaviour_as_old_logp: ClassVar[bool] = True
   omega: str = "one"
   omega_max: float = 10.0
   omega_eps_low: float = 0.2
@@ -316,6 +328,9 @@ class VarGrad(TrajectoryBalance):
   """
   name: ClassVar[str] = "vargrad"
   needs_batch_log_z: ClassVar[bool] = True
+  # log Z^ is taken at the current policy (its batch mean of beta r~ - log pi + log pi_ref), so
+  # pi_old is recomputed, never the stale behaviour's log-probs.
+  behaviour_as_old_logp: ClassVar[bool] = False
   leave_one_out: bool = False
 
   @property
@@ -358,10 +373,18 @@ class PolicyGradient(Objective):
     eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] of the ratio.
     ddof: the group std of the advantages: 0 (population, the paper's eq. 3) or 1 (the sample
       std of veRL's `compute_grpo_outcome_advantage`, FlowRL and TRL).
+    is_correction: the behaviour -> pi_old correction of rollouts the engine sampled with other
+      weights or numerics (`disa_jax.rl.losses.behaviour_is_weights`): 'none', 'tis' (truncated
+      importance sampling, min(rho, is_cap)) or 'mis' (masked: rho if rho <= is_cap, else 0);
+      GRPO weighs tokens, GSPO sequences (geometric mean).
+    is_cap: C of 'tis' / 'mis' (veRL's rollout correction threshold: 2).
   """
   eps_low: float = 0.2
   eps_high: float = 0.2
   ddof: int = 0
+  is_correction: str = "none"
+  is_cap: float = 2.0
+  is_level: ClassVar[str] = "token"
 
   maximises_reward: ClassVar[bool] = True
 
@@ -372,10 +395,30 @@ class PolicyGradient(Objective):
       raise ValueError(f"eps_high must be >= 0, got {self.eps_high!r}")
     if self.ddof not in (0, 1):
       raise ValueError(f"ddof must be 0 or 1, got {self.ddof!r}")
+    if self.is_correction not in losses.IS_CORRECTIONS:
+      raise ValueError(f"is_correction must be one of {losses.IS_CORRECTIONS}, got "
+                       f"{self.is_correction!r}")
+    if not self.is_cap > 0:
+      raise ValueError(f"is_cap must be > 0, got {self.is_cap!r}")
 
   @property
   def needs_old_logp(self) -> bool:
     return True
+
+  @property
+  def needs_behaviour_logp(self) -> bool:
+    return self.is_correction != "none"
+
+  def is_weights(self, batch: Any) -> tuple[Array | None, dict[str, Array]]:
+    """The micro-batch's behaviour -> pi_old weights (None without a correction) and metrics."""
+    if not self.needs_behaviour_logp:
+      return None, {}
+    if batch.behaviour_logp is None:
+      raise ValueError(f"is_correction={self.is_correction!r} needs the engine's log-probs "
+                       "(batch.behaviour_logp), got None")
+    return losses.behaviour_is_weights(batch.old_logp, batch.behaviour_logp, batch.response_mask,
+                                       batch.on_policy, mode=self.is_correction, cap=self.is_cap,
+                                       level=self.is_level)
 
   def row_signal(self, reward: np.ndarray) -> np.ndarray:
     return np.asarray(losses.group_zscore_advantages(reward, ddof=self.ddof), np.float32)
@@ -434,13 +477,14 @@ class Grpo(PolicyGradient):
     return self.kl_coef > 0
 
   def loss(self, logp, batch, head_log_z=None):
-    return losses.grpo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
-                            eps_low=self.eps_low, eps_high=self.eps_high,
-                            dual_clip=self.dual_clip or None,
-                            ref_logp=batch.ref_logp if self.needs_reference else None,
-                            kl_coef=self.kl_coef, kl_kind=self.kl_kind,
-                            kl_clamp=self.kl_clamp or None, loss_agg=self.loss_agg,
-                            kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef)
+    weights, is_metrics = self.is_weights(batch)
+    loss, metrics = losses.grpo_loss(
+        logp, batch.old_logp, batch.signal, batch.response_mask, eps_low=self.eps_low,
+        eps_high=self.eps_high, dual_clip=self.dual_clip or None,
+        ref_logp=batch.ref_logp if self.needs_reference else None, kl_coef=self.kl_coef,
+        kl_kind=self.kl_kind, kl_clamp=self.kl_clamp or None, loss_agg=self.loss_agg,
+        kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef, is_weights=weights)
+    return loss, {**metrics, **is_metrics}
 
   def normalizer(self, batch: Any) -> Array:
     """Valid rows for 'seq-mean-token-mean', valid tokens for 'token-mean' (exact recombination)."""
@@ -455,12 +499,16 @@ class Gspo(PolicyGradient):
   Its clip range is that of the GSPO paper: (3e-4, 4e-4) on the length-normalised sequence ratio.
   """
   name: ClassVar[str] = "gspo"
+  is_level: ClassVar[str] = "sequence"
   eps_low: float = 3e-4
   eps_high: float = 4e-4
 
   def loss(self, logp, batch, head_log_z=None):
-    return losses.gspo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
-                            eps_low=self.eps_low, eps_high=self.eps_high)
+    weights, is_metrics = self.is_weights(batch)
+    loss, metrics = losses.gspo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
+                                     eps_low=self.eps_low, eps_high=self.eps_high,
+                                     is_weights=weights)
+    return loss, {**metrics, **is_metrics}
 
 
 # ----------------------------------------------------------------------------------------------

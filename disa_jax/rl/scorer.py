@@ -7,7 +7,9 @@
   recomputed by the policy, or the raw log-probs the engine recorded while sampling
   (``rollout.old_logp_source='engine'``; replayed rows are always recomputed). With a single
   on-policy update per batch, pi_old is taken from the update's own forward instead
-  (``old_in_update``), and nothing is scored here;
+  (``old_in_update``), and nothing is scored here. With stale rollouts
+  (``rollout.max_staleness`` > 0) an objective with ``behaviour_as_old_logp`` (TB) reads the
+  engine's log-probs of the behaviour policy mu instead (replayed rows recomputed);
 - ``log_z``: the frozen anchor's value of each row's prompt (``objective.needs_anchor``), queried on
   the reference model's mean-pooled prompt states, the embedding the anchor was fitted on.
 
@@ -103,7 +105,13 @@ class BatchScorer:
       batch.ref_logp = self._batched(self._score_ref, self.ref_params, batch)
       self._check_replay_drift(batch)
     if obj.needs_old_logp and not self.old_in_update:
-      if rc.old_logp_source == "recompute" or batch.is_replay.any():
+      if rc.max_staleness and obj.behaviour_as_old_logp:
+        behaviour = batch.behaviour_logp()  # [B, W], zeros on replayed rows
+        if batch.is_replay.any():
+          recomputed = self._batched(self._score_policy, policy_params, batch)
+          behaviour[batch.is_replay] = recomputed[batch.is_replay]
+        batch.old_logp = behaviour
+      elif rc.old_logp_source == "recompute" or batch.is_replay.any():
         # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
         batch.old_logp = self._batched(self._score_policy, policy_params, batch)
       else:

@@ -34,6 +34,7 @@ from disa_jax.data.packing import PackedRows
 from disa_jax.parallel import distributed
 from disa_jax.rl.batch import TrainBatch
 from disa_jax.rl.logz_head import packed_mean_embedding
+from disa_jax.rl.losses import mismatch_metrics
 from disa_jax.rl.objectives import Objective
 from disa_jax.scoring.logprobs import gather_responses, logprobs_from_hidden, packed_token_logprobs
 
@@ -121,12 +122,18 @@ def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Ar
 
 
 def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
-                   head_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool):
-  """``(params, head_params, micro-batch, dropout key) -> (loss, metrics)`` of one micro-batch."""
+                   head_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool,
+                   mismatch_threshold: float):
+  """``(params, head_params, micro-batch, dropout key) -> (loss, metrics)`` of one micro-batch,
+  with the train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the
+  engine's log-probs."""
 
   def micro_loss(params, head_params, mb: TrainBatch, key: jax.Array):
     model = nnx.merge(graphdef, params)
     logp, hidden = policy_forward(model, mb)
+    mismatch = ({} if mb.behaviour_logp is None else
+                mismatch_metrics(logp, mb.behaviour_logp, mb.response_mask, mb.on_policy,
+                                 threshold=mismatch_threshold))
     if on_policy_old_logp:
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     head_log_z = None
@@ -137,7 +144,8 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
         emb = jnp.take(emb, mb.prompt_slot, axis=0)  # [S, D]
       head_log_z = nnx.merge(head_graphdef, head_params)(
           emb, dropout_key=key if objective.head_dropout > 0 else None)  # [S]
-    return objective.loss(logp, mb, head_log_z)
+    loss, metrics = objective.loss(logp, mb, head_log_z)
+    return loss, {**metrics, **mismatch}
 
   return micro_loss
 
@@ -193,7 +201,7 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
   rep = NamedSharding(mesh, PartitionSpec())
   return TrainBatch(rows=NamedSharding(mesh, PartitionSpec(BATCH_AXES)), response_index=rep,
                     response_mask=rep, old_logp=rep, ref_logp=rep, signal=rep, log_z=rep,
-                    prompt_slot=rep)
+                    prompt_slot=rep, behaviour_logp=rep, on_policy=rep)
 
 
 def place_micro_batch(mb: TrainBatch, mesh: Mesh) -> TrainBatch:
@@ -277,7 +285,8 @@ def make_train_step(graphdef: nnx.GraphDef,
                     donate: bool = True,
                     on_policy_old_logp: bool = False,
                     joint_clip: float = 0.0,
-                    dropout_seed: int = 0
+                    dropout_seed: int = 0,
+                    mismatch_threshold: float = 0.1
                     ) -> Callable[[TrainState, Sequence[TrainBatch]], Any]:
   """Builds the update ``(state, [micro-batch, ...]) -> (state, metrics)`` (see the module
   docstring).
@@ -301,17 +310,19 @@ def make_train_step(graphdef: nnx.GraphDef,
       the head is part of the actor.
     dropout_seed: seeds the head's dropout (`FlowRL.head_dropout`), folded with the update count and
       the micro-batch index, so a resumed run draws the same masks.
+    mismatch_threshold: the nats of ``mismatch/frac_over`` (`losses.mismatch_metrics`).
 
   Returns:
     The update. Metrics: the loss's metrics combined over micro-batches (normalizer-weighted
     means, max of ``*_max``, min of ``*_min``), plus ``loss``, ``grad_norm`` (before clipping),
-    ``num_sequences`` (the summed normalizer) and, with a head, ``head_grad_norm``.
+    ``num_sequences`` (the summed normalizer), with a head ``head_grad_norm``, and with the engine's
+    log-probs in the batch ``mismatch/*``.
   """
   if objective.needs_logz_head and (head_graphdef is None or head_optimizer is None):
     raise ValueError(f"objective {objective.name!r} has a log Z head: it needs head_graphdef and "
                      "head_optimizer, got None")
   grad_fn = jax.value_and_grad(
-      _micro_loss_fn(graphdef, objective, head_graphdef, on_policy_old_logp),
+      _micro_loss_fn(graphdef, objective, head_graphdef, on_policy_old_logp, mismatch_threshold),
       argnums=(0, 1), has_aux=True)
   micro = _micro_step(grad_fn, objective, dropout_seed)
 

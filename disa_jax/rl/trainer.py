@@ -24,11 +24,13 @@ loop on every process (see `disa_jax.rl.collect` and `disa_jax.parallel.distribu
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import numpy as np
+from tqdm.auto import tqdm
 
 from disa_jax import config as config_lib
 from disa_jax import models, parallel, preemption
@@ -36,6 +38,7 @@ from disa_jax.checkpoint import CheckpointManager
 from disa_jax.checkpoint.selection import Selection
 from disa_jax.parallel import distributed
 from disa_jax.rewards.graded import RewardFn
+from disa_jax.rl import async_rollout
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import MetricsLogger
@@ -112,7 +115,8 @@ class Trainer:
                           max_prompt_len=rc.max_prompt_len)
     # (an objective with a batch log Z reads pi_old on the host, before the update)
     old_in_update = (obj.needs_old_logp and rc.num_minibatches == 1
-                     and rc.old_logp_source == "recompute" and not obj.needs_batch_log_z)
+                     and rc.old_logp_source == "recompute" and not obj.needs_batch_log_z
+                     and not (rc.max_staleness and obj.behaviour_as_old_logp))
     self.collector = RolloutCollector(cfg, engine=engine, stream=stream, reward_fn=reward_fn,
                                       decode=decode, stop_token_ids=stop_token_ids,
                                       replay_pool=replay_pool, leaders=leaders)
@@ -124,6 +128,10 @@ class Trainer:
                               pad_to=pad_to, old_in_update=old_in_update)
     self.ckpt = CheckpointManager(f"{workdir}/checkpoints", max_to_keep=cfg.checkpoint.keep,
                                   async_save=cfg.checkpoint.async_save)
+    # rollout.max_staleness > 0: batches sampled ahead by the rollout thread (filled in `run`).
+    self.pipeline = (async_rollout.RolloutPipeline(self.collector, engine, rc.max_staleness)
+                     if rc.max_staleness else None)
+    self._restored_in_flight: dict[int, Any] = {}
     self.start_step = 0
     self.selection = Selection(metric=f"eval/mean@{cfg.validation.n}")
     self.preempted_at: int | None = None  # the step a preemption signal stopped the run at
@@ -148,11 +156,24 @@ class Trainer:
             "identity": self.identity, "param_shapes": self.updater.param_shapes(),
             "selection": self.selection.to_json()}
 
+  def _in_flight_path(self, step: int) -> str:
+    return f"{self.workdir}/in_flight/{step}.npz"
+
   def save(self, step: int) -> None:
-    """Checkpoints the state after ``step`` steps, keeping the best validated step as well."""
+    """Checkpoints the state after ``step`` steps, keeping the best validated step as well; with
+    asynchronous rollouts, the batches already sampled by older weights beside it."""
+    if self.pipeline is not None:
+      batches = self.pipeline.in_flight(step)
+      if batches and distributed.is_main_process():
+        async_rollout.save_batches(self._in_flight_path(step), batches)
     self.ckpt.save(step, self.updater.checkpoint_state(), self._meta(step), force=True,
                    keep_also=self.selection.best_step)
     self._saved_step = step
+    if self.pipeline is not None and distributed.is_main_process():
+      kept = {str(s) for s in self.ckpt.all_steps()} | {str(step)}
+      for f in Path(self.workdir, "in_flight").glob("*.npz"):
+        if f.stem not in kept:
+          f.unlink()
 
   def _check_resumable(self, step: int, saved: Mapping[str, Any]) -> None:
     """Names the first config field, identity entry or parameter shape that differs.
@@ -193,6 +214,13 @@ class Trainer:
     _, restored, _ = self.ckpt.restore(self.updater.checkpoint_state(), step)
     self.updater.load_checkpoint_state(restored)
     self.start_step = self._saved_step = step
+    if self.pipeline is not None and step > 0:
+      path = self._in_flight_path(step)
+      if not os.path.exists(path):
+        raise ValueError(f"cannot resume {self.workdir}: checkpoint {step} was written with "
+                         f"rollout.max_staleness={self.cfg.rollout.max_staleness} but its in-flight "
+                         f"rollouts {path} are missing")
+      self._restored_in_flight = async_rollout.load_batches(path)
     self.updater.sync(self.engine, self.sync_dtype)
 
   # -- one RL step -------------------------------------------------------------------------------
@@ -200,7 +228,8 @@ class Trainer:
   def step(self, step: int) -> dict[str, float]:
     """RL step ``step`` (0-based): rollout -> score -> objective -> update -> sync."""
     t0 = time.perf_counter()
-    batch = self.collector.collect(step)
+    batch = (self.pipeline.take(step) if self.pipeline is not None
+             else self.collector.collect(step, version=step))
     self.scorer.score(batch, self.state.params)
     batch.signal = self.cfg.objective.batch_signal(  # [P, G] -> [B]
         batch.grouped_reward, batch.is_replay.reshape(batch.grouped_reward.shape)).reshape(-1)
@@ -212,8 +241,13 @@ class Trainer:
       metrics.update(replay_stats(batch))
     metrics.update(self.updater.update(step, batch.train_sequences()))
     t2 = time.perf_counter()
-    self.updater.sync(self.engine, self.sync_dtype)
+    if self.pipeline is not None:  # queued: the engine applies it between its generate calls
+      weights = self.updater.host_weights(self.sync_dtype)
+      self.pipeline.advance(step + 1, weights if self.engine is not None else None)
+    else:
+      self.updater.sync(self.engine, self.sync_dtype)
     t3 = time.perf_counter()
+    metrics["rollout/staleness"] = float(step - batch.policy_version)
     metrics.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
                     "time/step_s": t3 - t0,
                     "tokens_per_s": batch.num_tokens / max(t3 - t0, 1e-9)})
@@ -221,6 +255,8 @@ class Trainer:
 
   def validate(self, done: int, metrics: dict[str, float]) -> bool:
     """Validates the current weights after ``done`` steps into ``metrics``; True at a new best."""
+    if self.pipeline is not None:  # the engine is free and holds the weights after ``done`` steps
+      self.pipeline.wait_idle()
     if self.validation_prompts:
       metrics.update(self.collector.validate(self.validation_prompts, done))
     if self.measures is not None:
@@ -245,11 +281,12 @@ class Trainer:
     signal arrives (`disa_jax.preemption`).
     """
     cfg, vc = self.cfg, self.cfg.validation
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm(total=cfg.total_steps, initial=self.start_step,
                disable=not cfg.progress_bar or not distributed.is_main_process(),
                desc=f"stage3/{cfg.objective.name}", unit="step")
     history = []
+    if self.pipeline is not None:
+      self.pipeline.start(self.start_step, self._restored_in_flight)
     try:
       with preemption.watch():
         for step in range(self.start_step, cfg.total_steps):
@@ -271,6 +308,10 @@ class Trainer:
           history.append(metrics)
           bar.update(1)
           bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.3g}")
+    except BaseException:
+      if self.pipeline is not None:  # no rollout thread left waiting on the engine
+        self.pipeline.close()
+      raise
     finally:
       bar.close()
       self.ckpt.wait_until_finished()
@@ -279,6 +320,8 @@ class Trainer:
     return history
 
   def close(self) -> None:
+    if self.pipeline is not None:
+      self.pipeline.close()
     self.ckpt.close()
     if self.logger is not None:
       self.logger.close()

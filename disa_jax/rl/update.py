@@ -25,14 +25,19 @@ from disa_jax.rl.batch import TrainSequences
 from disa_jax.rl.collect import derive_seed
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.logz_head import LogZHead
+from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Engine
 
 
 def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
-  """Per-mini-batch metrics -> one dict: max of ``*_max``, min of ``*_min``, mean otherwise."""
+  """Per-mini-batch metrics -> one dict: max of ``*_max``, min of ``*_min``, mean otherwise.
+
+  ``mismatch/*`` come from the first mini-batch alone: only its forward runs the weights the engine
+  was given (the later ones run weights this step has already updated).
+  """
   out = {}
   for k in collected[0]:
-    vals = [c[k] for c in collected]
+    vals = [c[k] for c in (collected[:1] if k.startswith("mismatch/") else collected)]
     out[k] = max(vals) if k.endswith("_max") else min(vals) if k.endswith("_min") else float(
         np.mean(vals))
   return out
@@ -82,7 +87,8 @@ class PolicyUpdater:
                                     head_optimizer=head_opt, mesh=mesh, state_shardings=shardings,
                                     on_policy_old_logp=old_in_update,
                                     joint_clip=oc.grad_clip if joint else 0.0,
-                                    dropout_seed=derive_seed(cfg.seed, "head_dropout"))
+                                    dropout_seed=derive_seed(cfg.seed, "head_dropout"),
+                                    mismatch_threshold=cfg.rollout.mismatch_threshold)
 
   def update(self, step: int, seqs: TrainSequences) -> dict[str, float]:
     """``num_minibatches`` updates over ``seqs``, shuffled with the step's seed.
@@ -118,7 +124,14 @@ class PolicyUpdater:
     """Pushes the policy (never the log Z head) to the engine in HF names and layouts."""
     nnx.update(self.policy, self.state.params)
     # Collective across processes: a host copy on every process, pushed by each host leader.
-    distributed.push_weights(self.policy, engine, dtype=dtype)
+    multihost.push_weights(self.policy, engine, dtype=dtype)
+
+  def host_weights(self, dtype: Any = None) -> dict[str, np.ndarray]:
+    """Collective: the policy's weights as an owned host copy in HF names (for a push the rollout
+    thread makes later, while the next updates donate the device buffers)."""
+    nnx.update(self.policy, self.state.params)
+    return {k: np.array(v, copy=True)
+            for k, v in models.host_state_dict(self.policy, dtype).items()}
 
   # -- checkpoints -------------------------------------------------------------------------------
 

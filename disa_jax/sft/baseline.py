@@ -235,7 +235,7 @@ def make_accumulating_step(sft_config: SupervisedSchedule, graphdef: nnx.GraphDe
 
 
 def _default_encoder(reference_path: str) -> Callable[[str], Sequence[int]]:
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
   tok = AutoTokenizer.from_pretrained(reference_path)
   return lambda text: tok.encode(text, add_special_tokens=False)
 

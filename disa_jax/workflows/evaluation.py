@@ -36,13 +36,18 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
+from disa_jax import models
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering
-from disa_jax.eval.exact import ExactTargetConfig
+from disa_jax.eval import diversity, metrics, runner
+from disa_jax.eval.exact import ExactTargetConfig, ExactTracker
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
+from disa_jax.workflows.stage1 import import_reward_plugins
 
 
 
@@ -114,7 +119,6 @@ def resolve_model(cfg: EvalConfig) -> tuple[str, selection.Choice | None]:
   output_dir, with the choice (None for ``model_path``)."""
   if cfg.model_path:
     return cfg.model_path, None
-  from disa_jax.workflows import export  # pylint: disable=g-import-not-at-top
   choice = selection.choose_step(cfg.run_dir, cfg.run_checkpoint)
   print(f"evaluation: {cfg.run_dir} checkpoint {choice.step}: {choice.reason}", flush=True)
   out = Path(cfg.output_dir) / f"policy_step{choice.step}"
@@ -126,7 +130,6 @@ def resolve_model(cfg: EvalConfig) -> tuple[str, selection.Choice | None]:
 
 def _diversity(cfg: EvalConfig, name: str, records, responses) -> dict[str, Any]:
   """Local and judge diversity over the first ``diversity_k`` responses of each problem."""
-  from disa_jax.eval import diversity  # pylint: disable=g-import-not-at-top
   out: dict[str, Any] = {}
   rows = [r[:cfg.diversity_k] for r in responses]
   if cfg.local_diversity:
@@ -162,8 +165,6 @@ class _Scorers:
 def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine, tokenizer,
                   scorers: _Scorers, out_dir: Path) -> dict[str, Any]:
   """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
-  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.eval import exact, metrics, runner  # pylint: disable=g-import-not-at-top
   records = loaders.load_prompts(path, name if name in loaders.BENCHMARK_FORMATS else "auto",
                                  limit=cfg.limit or None)
   if not records:
@@ -186,7 +187,7 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
              sampling=params.to_dict(), diversity=_diversity(cfg, name, records, res.responses))
   if cfg.exact_target.enabled:
     pol, ref = scorers.get()
-    out["exact"] = exact.ExactTracker(
+    out["exact"] = ExactTracker(
         cfg.exact_target, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
         records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol, step=0)
   (out_dir / f"{name}.md").write_text(
@@ -250,10 +251,7 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
 
 def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> dict[str, Any]:
   """`run_evaluation` once the output directory is locked."""
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  from disa_jax import models  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
 
   import_reward_plugins(cfg.reward_plugins)
   model_path, choice = resolve_model(cfg)
@@ -286,7 +284,6 @@ def _write_summary(cfg: EvalConfig, model_path: str, choice: selection.Choice | 
                    results: dict[str, dict[str, Any]], evaluated_now: list[str], out_dir: Path
                    ) -> dict[str, Any]:
   """The suite tables (summary.md / summary.json), with the run checkpoint taken and why."""
-  from disa_jax.eval import metrics  # pylint: disable=g-import-not-at-top
   tables: dict[str, dict[str, float]] = {}
   for name, out in results.items():
     if out["ability"] != "code":

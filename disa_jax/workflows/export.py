@@ -15,6 +15,12 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from disa_jax import models
 from disa_jax.checkpoint.selection import Choice, finished_steps
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -51,13 +57,6 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
   Returns:
     ``out_dir`` as a string.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-
-  from disa_jax import models  # pylint: disable=g-import-not-at-top
-
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"export dtype must be one of {EXPORT_DTYPES}, got {dtype!r}")
   run_dir, out_dir = Path(run_dir), Path(out_dir)

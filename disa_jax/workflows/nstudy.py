@@ -201,7 +201,7 @@ def plot_nstudy(rows: list[dict[str, float]], path: Path) -> None:
   """Variance of log Z_M and relative bias against M (log2 axis), as in App. C.3."""
   import matplotlib  # pylint: disable=g-import-not-at-top  # plotting only
   matplotlib.use("Agg")  # a file, from a command: no display
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
   ms = [r["M"] for r in rows]
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
   axes[0].plot(ms, [r["variance_mean"] for r in rows], marker="o")

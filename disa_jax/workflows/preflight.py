@@ -24,6 +24,7 @@ import jax
 from disa_jax import parallel
 from disa_jax.models import load_config
 from disa_jax.parallel.mesh import MeshConfig
+from disa_jax.workflows.stage3 import load_anchor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +141,6 @@ def _anchor(cfg: Any) -> list[str]:
   reference = cfg.model.reference
   if not (Path(cfg.data.anchor_path).exists() and (Path(reference) / "config.json").is_file()):
     return []  # already reported by _paths
-  # The Stage 3 workflow (trainer, engines) is imported for Stage 3 configs only.
-  from disa_jax.workflows.stage3 import load_anchor  # pylint: disable=g-import-not-at-top
   try:
     load_anchor(cfg, load_config(reference).hidden_size)
   except (ValueError, FileNotFoundError) as e:

@@ -20,8 +20,11 @@ from disa_jax import config as config_lib
 from disa_jax import preemption
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.estimators import load_stage1
+from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
-from disa_jax.sft.baseline import LoRASFTConfig
+from disa_jax.sft.baseline import LoRASFTConfig, run_lora_sft
+from disa_jax.workflows.stage1 import encode_stage1_prompts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,6 @@ def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[st
     OutputLockedError: another run holds ``out_path``.
     IdentityMismatchError: ``out_path`` holds a baseline of other inputs and ``overwrite`` is off.
   """
-  from disa_jax.parallel import distributed  # pylint: disable=g-import-not-at-top
   lock = None
   if distributed.is_main_process():
     Path(cfg.out_path).parent.mkdir(parents=True, exist_ok=True)
@@ -81,9 +83,6 @@ def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[st
 
 def _run_sft(cfg: SftConfig, log: Callable[[str], None] | None) -> dict[str, Any]:
   """`run_sft` once the output is locked and its identity checked."""
-  from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
-  from disa_jax.sft.baseline import run_lora_sft  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage1 import encode_stage1_prompts  # pylint: disable=g-import-not-at-top
   data = load_stage1(cfg.stage1_path)
   ids, _ = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
   by_text = dict(zip(data.prompts, ids))  # the stored (rendered) text -> its ids

@@ -33,18 +33,23 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax import preemption
+from disa_jax import models, preemption, rewards
 from disa_jax.checkpoint import identity
-from disa_jax.data.prompting import check_rendering
+from disa_jax.data import loaders
+from disa_jax.data.prompting import check_rendering, encode_prompt, render_prompt
+from disa_jax.estimators import Stage1Writer, collect, load_stage1
 from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
+from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.workflows import prompting
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 # Config fields that determine the labels (beside the input files' paths and contents): a rerun
@@ -164,9 +169,6 @@ def import_reward_plugins(modules: Sequence[str]) -> None:
 
 def load_reference(path: str, scorer: ScorerConfig):
   """The reference model from a local HF directory on the scorer's mesh."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from disa_jax import models  # pylint: disable=g-import-not-at-top
   return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=scorer.mesh.make(),
                                 attention_chunk=scorer.attention_chunk)
 
@@ -212,10 +214,7 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
   Returns:
     (``[P]`` token ids in the dataset's prompt order, the rendering).
   """
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.data.prompting import encode_prompt, render_prompt  # pylint: disable=g-import-not-at-top
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
   s1_file = Path(stage1_path).parent / "stage1_config.json"
   if not s1_file.exists():
     raise FileNotFoundError(f"stage1_path={stage1_path!r}: {s1_file} not found; Stage 2 and the SFT baseline need "
@@ -293,7 +292,6 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
 
 def _encode_all(cfg: Stage1Config, records, ref_tok, prop_tok):
   """(reference texts, reference ids, proposal ids) of every record, by `encode_prompt`."""
-  from disa_jax.data.prompting import encode_prompt, render_prompt  # pylint: disable=g-import-not-at-top
   ref_texts = [render_prompt(ref_tok, r, cfg.rendering) for r in records]
   ref_ids = [encode_prompt(ref_tok, r, cfg.rendering, max_len=cfg.max_prompt_len) for r in records]
   prop_ids = [encode_prompt(prop_tok, r, cfg.rendering, max_len=cfg.max_prompt_len)
@@ -310,14 +308,7 @@ def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
 
 
 def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  from disa_jax import rewards  # pylint: disable=g-import-not-at-top
-  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.estimators import Stage1Writer  # pylint: disable=g-import-not-at-top
-  from disa_jax.estimators import collect  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows import prompting  # pylint: disable=g-import-not-at-top
-
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
   out_dir = Path(cfg.output_dir)
   claim_stage1_output(cfg)
   import_reward_plugins(cfg.reward_plugins)
@@ -352,9 +343,6 @@ def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
 def _collect(cfg: Stage1Config, writer, prompts, ref_tok, prop_ids: dict, reward_fn,
              sampling) -> dict[str, float]:
   """Starts the scorer and the engine, labels the prompts not yet in ``writer``; the run's figures."""
-  from disa_jax.estimators import collect  # pylint: disable=g-import-not-at-top
-  from disa_jax.scoring.batched import SequenceScorer  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows import prompting  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   scorer = SequenceScorer(load_reference(cfg.reference_path, cfg.scorer),
                           pad_id=int(ref_tok.pad_token_id), batch_size=cfg.scorer.batch_size,
@@ -379,7 +367,6 @@ def _collect(cfg: Stage1Config, writer, prompts, ref_tok, prop_ids: dict, reward
 def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,
             stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
   """Checks that every prompt is labelled, writes and returns the summary."""
-  from disa_jax.estimators import load_stage1  # pylint: disable=g-import-not-at-top
   data = load_stage1(cfg.dataset_path(), cfg.dataset_format)
   new = [r for r in data.records if r["prompt_id"] not in before]
   run["generated_tokens"] = int(sum(s["num_tokens"] for r in new for s in r["samples"]))

@@ -39,11 +39,15 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
+from disa_jax import estimators
+from disa_jax.anchor import Anchor, diagnostics, fit_anchor
+from disa_jax.anchor.embeddings import embed_prompts
+from disa_jax.anchor.fit import AnchorFitConfig
+from disa_jax.anchor.frozen import EmbeddingSpec, META_FILE
+from disa_jax.anchor.labels import LABEL_KINDS, anchor_targets, check_variant
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.lock import OutputLock
-from disa_jax.anchor.fit import AnchorFitConfig
-from disa_jax.anchor.labels import LABEL_KINDS, check_variant
-from disa_jax.workflows.stage1 import ScorerConfig
+from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +83,9 @@ class Stage2Config:
 
 def plot_validation_curve(history: dict[str, list[float]], best_epoch: int, path: Path) -> None:
   """Train / held-out MSE per epoch (log scale), held-out R^2 on a twin axis, best epoch starred."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
   epochs = np.arange(1, len(history["train_mse"]) + 1)
   fig, ax = plt.subplots(figsize=(6, 4))
   ax.plot(epochs, history["train_mse"], label="train MSE")
@@ -103,12 +107,7 @@ def plot_validation_curve(history: dict[str, list[float]], best_epoch: int, path
 
 def _embeddings(cfg: Stage2Config, data, out_dir: Path):
   """``[P, D]`` reference embeddings of the Stage 1 prompts (cached in ``out_dir``), and the spec."""
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  from disa_jax.anchor.embeddings import embed_prompts  # pylint: disable=g-import-not-at-top
-  from disa_jax.anchor.frozen import EmbeddingSpec  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage1 import load_reference  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage1 import encode_stage1_prompts  # pylint: disable=g-import-not-at-top
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
   token_ids, rendering = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
   cache, ids_file = out_dir / "embeddings.npy", out_dir / "embeddings_ids.json"
   key = {"reference_path": cfg.reference_path, "dtype": cfg.embedding.dtype,
@@ -145,7 +144,6 @@ IDENTITY_FIELDS = ("stage1_format", "samples", "labels", "weighting", "drop_nonf
 def claim_stage2_output(cfg: Stage2Config) -> str:
   """Records (or checks) the identity of ``cfg``'s inputs in ``stage2_identity.json``; returns
   `disa_jax.checkpoint.identity.claim_output`'s state ('new' | 'resumed' | 'overwritten')."""
-  from disa_jax.anchor.frozen import META_FILE  # pylint: disable=g-import-not-at-top
   out_dir, anchor_dir = Path(cfg.output_dir), Path(cfg.anchor_path)
   config = config_lib.to_dict(cfg)
   ident = {**identity.inputs(stage1_path=cfg.stage1_path, reference_path=cfg.reference_path),
@@ -175,12 +173,6 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
 
 def _run_stage2(cfg: Stage2Config) -> dict[str, Any]:
   """`run_stage2` once the output is locked and its identity checked."""
-  from disa_jax import estimators  # pylint: disable=g-import-not-at-top
-  from disa_jax.anchor import Anchor, fit_anchor  # pylint: disable=g-import-not-at-top
-  from disa_jax.anchor import diagnostics  # pylint: disable=g-import-not-at-top
-  from disa_jax.anchor.frozen import META_FILE  # pylint: disable=g-import-not-at-top
-  from disa_jax.anchor.labels import anchor_targets  # pylint: disable=g-import-not-at-top
-
   out_dir = Path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   summary_path = out_dir / "stage2_summary.json"

@@ -28,22 +28,32 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from disa_jax import anchor as anchor_lib
 from disa_jax import config as config_lib
-from disa_jax import preemption
+from disa_jax import models, preemption, rewards
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
-from disa_jax.data.prompting import check_rendering
-from disa_jax.eval.exact import ExactTargetConfig
+from disa_jax.data import loaders
+from disa_jax.data.prompting import check_rendering, encode_prompt
+from disa_jax.eval.exact import ExactTargetConfig, ExactTracker
 from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.prompts import PromptItem
+from disa_jax.rl.replay import ReplayPool
+from disa_jax.rl.trainer import Trainer
 from disa_jax.rollout import stop_ids
-from disa_jax.rollout.engines import MODEL_ENGINES, EngineConfig
+from disa_jax.rollout.engines import EngineConfig, generation_env
+from disa_jax.rollout.types import MODEL_ENGINES
+from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
+from disa_jax.workflows.stage1 import import_reward_plugins
 
 DTYPES = ("float32", "bfloat16")
 
@@ -169,17 +179,13 @@ class Stage3Config:
 
 def load_prompt_items(path: str, fmt: str, tokenizer: Any, rendering: str, max_len: int):
   """The prompts of ``path`` as `PromptItem`s (ids by `encode_prompt`, reward meta attached)."""
-  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl.prompts import PromptItem  # pylint: disable=g-import-not-at-top
   return [PromptItem(r.prompt_id, encode_prompt(tokenizer, r, rendering, max_len=max_len),
                      r.reward_meta()) for r in loaders.load_prompts(path, fmt)]
 
 
 def load_anchor(cfg: Stage3Config, hidden_size: int):
   """The frozen anchor, refused if it was fitted on another reference, rendering or label facts."""
-  from disa_jax.anchor import load_anchor as load  # pylint: disable=g-import-not-at-top
-  anchor = load(cfg.data.anchor_path)
+  anchor = anchor_lib.load_anchor(cfg.data.anchor_path)
   obj = cfg.train.objective
   if not anchor.needs_embeddings:  # a table by prompt id (e.g. the exact log Z): facts only
     obj.check_anchor(anchor, embedding_dim=None)
@@ -193,8 +199,6 @@ def load_anchor(cfg: Stage3Config, hidden_size: int):
 
 
 def _load_models(cfg: Stage3Config, mesh):
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from disa_jax import models  # pylint: disable=g-import-not-at-top
   mc = cfg.model
   # from_pretrained ties storage and compute dtype: the policy is loaded in param_dtype (the AdamW
   # master copy) and then computes in dtype; the frozen reference is stored in dtype.
@@ -213,10 +217,6 @@ def _load_models(cfg: Stage3Config, mesh):
 def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   """``(step) -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
   'exact/', on the validation prompts (or the training prompts)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from disa_jax.data import loaders  # pylint: disable=g-import-not-at-top
-  from disa_jax.data.prompting import encode_prompt  # pylint: disable=g-import-not-at-top
-  from disa_jax.eval.exact import ExactTracker  # pylint: disable=g-import-not-at-top
   if jax.process_count() > 1:
     raise ValueError("exact_target runs in single-process runs only")
   dc = cfg.data
@@ -301,14 +301,7 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
 
 def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   """`run_stage3` once the run directory is locked and its identity checked."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-
-  from disa_jax import rewards  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl.replay import ReplayPool  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl.trainer import Trainer  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows import export  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage1 import import_reward_plugins  # pylint: disable=g-import-not-at-top
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
 
   workdir = Path(cfg.workdir)
   if distributed.is_main_process():
@@ -332,7 +325,7 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
   stop = stop_ids.stop_token_ids(tokenizer, cfg.model.policy_path,
                                  chat_template=dc.rendering == "chat_template")
-  engine = (cfg.engine.make(cfg.model.policy_path, env=distributed.generation_env())
+  engine = (cfg.engine.make(cfg.model.policy_path, env=generation_env())
             if distributed.is_host_leader() else None)
   try:
     trainer = Trainer(tc, str(workdir), policy=policy, reference=reference, engine=engine,

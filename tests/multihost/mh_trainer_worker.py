@@ -22,8 +22,10 @@ def make_config(steps: int):
   from disa_jax.rl import config as rl_config  # pylint: disable=g-import-not-at-top
   from tests.rl import test_trainer as T  # pylint: disable=g-import-not-at-top
   cfg = T._cfg(method="disa", steps=steps)  # pylint: disable=protected-access
+  staleness = int(os.environ.get("MH_MAX_STALENESS", "0"))  # asynchronous rollouts (the test's k)
   return dataclasses.replace(
-      cfg, rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, micro_batch_rows=4),
+      cfg, rollout=dataclasses.replace(cfg.rollout, prompts_per_batch=4, micro_batch_rows=4,
+                                       max_staleness=staleness),
       validation=rl_config.ValidationConfig(every=2, n=2, max_tokens=6),
       checkpoint=rl_config.CheckpointConfig(every=1, keep=3, async_save=False), tensorboard=False)
 

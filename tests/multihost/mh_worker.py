@@ -84,6 +84,7 @@ def main(phase: str, workdir: str) -> None:
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
 
   from disa_jax import models, rollout  # pylint: disable=g-import-not-at-top
+  from disa_jax.rollout import multihost  # pylint: disable=g-import-not-at-top
   from disa_jax.checkpoint import CheckpointManager  # pylint: disable=g-import-not-at-top
   from disa_jax.parallel import make_mesh  # pylint: disable=g-import-not-at-top
   from disa_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
@@ -124,7 +125,7 @@ def main(phase: str, workdir: str) -> None:
     ckpt.close()
 
     nnx.update(model, state.params)
-    distributed.push_weights(model, engine)
+    multihost.push_weights(model, engine)
     comp = engine.generate([PROMPT], rollout.SamplingParams(
         n=1, temperature=1.0, max_tokens=MAX_TOKENS, seed=7, return_raw_logprobs=True))[0][0]
     np.savez(os.path.join(workdir, f"engine_{phase}_{pid}.npz"), token_ids=comp.token_ids,

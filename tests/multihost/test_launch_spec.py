@@ -9,6 +9,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax import testing
 from disa_jax.parallel import distributed
+from disa_jax.rollout import engines
 
 
 @pytest.mark.parametrize("nodelist,first", [
@@ -56,11 +57,11 @@ def test_bad_values_name_the_field():
 
 
 def test_generation_env():
-  assert distributed.generation_env({}) == {}
-  assert distributed.generation_env({"DISA_GENERATION_GPUS": "6, 7"}) == {
+  assert engines.generation_env({}) == {}
+  assert engines.generation_env({"DISA_GENERATION_GPUS": "6, 7"}) == {
       "CUDA_VISIBLE_DEVICES": "6,7"}
   with pytest.raises(ValueError, match="DISA_GENERATION_GPUS='a'"):
-    distributed.generation_env({"DISA_GENERATION_GPUS": "a"})
+    engines.generation_env({"DISA_GENERATION_GPUS": "a"})
 
 
 def test_single_process_rows_and_batch():

@@ -44,7 +44,10 @@ def _single_process_run(model_path: str, workdir: str):
 
 
 @pytest.mark.slow
-def test_two_process_trainer_equals_single_process_and_resumes(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_two_process_trainer_equals_single_process_and_resumes(tmp_path, monkeypatch, staleness):
+  # k = 1: each process's rollout thread samples a step ahead; the all-gathers stay in step order.
+  monkeypatch.setenv("MH_MAX_STALENESS", str(staleness))
   workdir = str(tmp_path)
   model_path = os.path.join(workdir, "model")
   models.save_pretrained(testing.make_tiny_model(seed=0, **T.TINY), model_path)

@@ -1,6 +1,6 @@
 """The tiny Stage 3 trainer of tests/rl/test_trainer.py with its engine in its own process.
 
-Usage: stage3_worker.py WORKDIR STEPS MODEL_DIR [--soak]
+Usage: stage3_worker.py WORKDIR STEPS MODEL_DIR [--soak] [--staleness K]
 
 The policy, pi_ref and the generation process all load MODEL_DIR (an HF save of the tiny model), so
 every run starts from the same weights; a rerun resumes from WORKDIR's latest checkpoint. Prints
@@ -53,13 +53,16 @@ def main():
   workdir, steps, model_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
   soak = "--soak" in sys.argv[4:]
   cfg = tt._cfg(steps=steps)  # pylint: disable=protected-access
+  if "--staleness" in sys.argv[4:]:  # asynchronous rollouts, k batches ahead
+    k = int(sys.argv[sys.argv.index("--staleness") + 1])
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_staleness=k))
   if soak:
     cfg = dataclasses.replace(
         cfg, validation=dataclasses.replace(cfg.validation, every=10),
         checkpoint=dataclasses.replace(cfg.checkpoint, every=10))
   policy = models.from_pretrained(model_dir)
   with make_engine("jax", model_dir) as engine:
-    print("ENGINE_PID", engine.pid, flush=True)
+    print("ENGINE_PID", engine.pid, flush=True)  # (--staleness: kill -9 tests kill the trainer)
     measures = None
     if soak:
       measures = lambda step: {"soak/rss_trainer_mb": _rss_mb(os.getpid()),

@@ -8,7 +8,8 @@ from ml_collections import config_flags
 from configs import common, stage3_paper
 from disa_jax import config as config_lib
 from disa_jax.rollout import engines
-from disa_jax.rollout.engines import EngineConfig, ProcessOptions, check_gpu_placement
+from disa_jax.rollout.engines import EngineConfig, check_gpu_placement
+from disa_jax.rollout.process import ProcessOptions
 from disa_jax.rollout.vllm_engine import VllmEngine, default_enforce_eager
 from disa_jax.workflows.stage3 import Stage3Config
 

@@ -9,8 +9,8 @@ import pytest
 
 from disa_jax import testing
 from disa_jax.rollout import SamplingParams
-from disa_jax.rollout.engines import EngineConfig, ServedEndpoint
-from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEngineError
+from disa_jax.rollout.engines import EngineConfig
+from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEndpoint, ServedEngineError
 from disa_jax.rollout.vllm_engine import derive_seed
 from tests import http_stub
 

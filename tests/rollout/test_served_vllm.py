@@ -33,8 +33,7 @@ from disa_jax import models, testing
 from disa_jax.estimators import load_stage1
 from disa_jax.eval import diversity as dv
 from disa_jax.rollout import SamplingParams, openai_engine
-from disa_jax.rollout.engines import ServedEndpoint
-from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEngineError
+from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEndpoint, ServedEngineError
 from disa_jax.rollout.served import VllmServer
 from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1

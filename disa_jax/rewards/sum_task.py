@@ -12,6 +12,9 @@ without leading zeros. Every correct response is therefore one of the n + 1 enum
 so log Z is exact once the n + 1 correct completions are scored under pi_ref (`exact_log_z`). The
 task's tokenizer (`make_tokenizer`) is character-level for digits, so each string has exactly one
 tokenisation, which the reward checks.
+
+The task lives with the rewards because its verifier is the registered 'sum_task' reward
+(`disa_jax.rewards.registry`); the main job writes its prompts (`disa_jax.pipeline.sum_job`).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ def make_tokenizer():
   Built with the `tokenizers` library and wrapped as a `transformers` fast tokenizer (so it saves
   and reloads with ``AutoTokenizer``).
   """
+  # Heavy imports (transformers: ~1 s), needed only to build the tokenizer.
   from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
   chars = [chr(c) for c in range(32, 127)] + ["\n"]
@@ -138,14 +142,6 @@ def sum_task_rewards(token_ids: Sequence[Sequence[int]],
 def correct_set(tokenizer, meta: Mapping[str, Any]) -> list[list[int]]:
   """Every correct response of the prompt whose meta is ``meta`` (the exact evaluator's input)."""
   return SumTask(0, 0).correct_completions(tokenizer, _n_of(meta, 0))
-
-
-def prompt_records(task: SumTask) -> list[Any]:
-  """The task's prompts as `PromptRecord`s: ability and data source 'sum_task', ground truth n
-  (a string, as veRL stores math answers); `disa_jax.data.loaders.save_prompts` writes them."""
-  from disa_jax.data.records import PromptRecord  # pylint: disable=g-import-not-at-top
-  return [PromptRecord(task.prompt_id(n), [{"role": "user", "content": task.prompt(n)}], str(n),
-                       "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
 
 def exact_log_z(logp_correct: Sequence[np.ndarray], beta: float) -> np.ndarray:

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from disa_jax.data.sum_task import SumTask, exact_log_z, make_tokenizer
+from disa_jax.rewards.sum_task import SumTask, exact_log_z, make_tokenizer
 
 
 @pytest.fixture(scope="module")
