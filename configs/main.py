@@ -36,6 +36,8 @@ Presets and their budgets (2 CPU cores):
   sigma in ``NOISE_SIGMAS`` (sum only), FlowRL's head, VarGrad's batch estimate.
 - ``nonuniform_target``: a target that is not uniform over the correct answers (pi_ref skewed
   against the proposal's preference), the fix and its controls, with conditional_kl.json.
+- ``staleness_study``: issue 29's runs at ``rollout.max_staleness`` k = 0 and 2 (`staleness_grid`):
+  DISA, the oracle, FlowRL, GRPO and GRPO with TIS, three seeds, on the smaller task (n = 0..15).
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -44,7 +46,7 @@ from configs import common
 from configs import stage3_base
 
 PRESETS = ("", "claims", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
-           "nonuniform_target")
+           "nonuniform_target", "staleness_study")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 3500
 ANCHOR_STUDY_STEPS = 2000
@@ -74,7 +76,7 @@ def _replay(fraction: float = 0.0, mode: str = "replace", positive: bool = False
 
 def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict | None = None,
          anchor: str = "fitted", match_rows_of: str = "", sigma: float = 0.0,
-         minibatches: int = 0) -> ml_collections.ConfigDict:
+         minibatches: int = 0, staleness: int = 0) -> ml_collections.ConfigDict:
   r = ml_collections.ConfigDict()
   r.objective = objective  # the objective section (name + the class's fields)
   r.replay = replay if replay is not None else _replay()  # the run's train.replay section
@@ -83,6 +85,7 @@ def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict
   r.match_rows_of = match_rows_of  # G + k on-policy rows per prompt of this run ('' = G)
   r.sigma = sigma  # 'exact+noise': RMS of the seeded per-prompt offsets (disa_jax.anchor.noise)
   r.minibatches = minibatches  # optimizer updates per rollout batch; 0 = train.rollout's
+  r.staleness = staleness  # rollout.max_staleness of this run (asynchronous rollouts); 0 = the job's
   return r
 
 
@@ -166,6 +169,30 @@ def anchor_grid(scale: str) -> ml_collections.ConfigDict:
       for sigma in NOISE_SIGMAS:  # run names: noise0p25, noise0p5, noise1, noise2
         name = f"{u}_noise{sigma:g}".replace(".", "p")
         g[name] = _run(_tb("disa"), anchor="exact+noise", sigma=sigma, minibatches=k)
+  return g
+
+
+STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)
+
+
+def staleness_grid() -> ml_collections.ConfigDict:
+  """Issue 29's staleness study: runs 'k<k>_<method>', each method at every k of STALENESS.
+
+  DISA (fitted anchor), its oracle (exact log Z), FlowRL (co-trained head) and GRPO without and
+  with truncated importance sampling. With k > 0 a batch comes from the weights k updates old; TB
+  keeps its fixed point under any full-support behaviour with an exact log Z (Prop. 3(i)), while a
+  biased anchor moves it by 2 eta(q) E_mu[grad log pi] (App. C.5).
+  """
+  g = ml_collections.ConfigDict()
+  grpo_tis = stage3_base.objective("grpo")
+  grpo_tis.is_correction = "tis"  # min(pi_old / mu, 2) per token (veRL's / TRL's TIS)
+  grpo_tis.is_cap = 2.0
+  for k in STALENESS:
+    g[f"k{k}_disa"] = _run(_tb("disa"), staleness=k)
+    g[f"k{k}_disa_exact"] = _run(_tb("disa"), anchor="exact", staleness=k)
+    g[f"k{k}_flowrl"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k)
+    g[f"k{k}_grpo"] = _run(stage3_base.objective("grpo"), staleness=k)
+    g[f"k{k}_grpo_tis"] = _run(grpo_tis, staleness=k)
   return g
 
 
@@ -343,6 +370,23 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     t.total_steps = CLAIMS_STEPS
     c.sft_enabled = False
     c.anchor_study.repeats = 0
+  if preset == "staleness_study":
+    # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
+    # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 40 (5 measures in the last 20%,
+    # a constant lr). Budget, extrapolated (not measured): ~205 s per 1,000-step run two at a time on
+    # 2 cores (measured on this task at these settings), 30 runs ~55 minutes + models, Stages 1-2.
+    c.runs.update(staleness_grid())
+    c.methods = tuple(staleness_grid().keys())
+    c.seeds = (0, 1, 2)
+    c.fix = ""  # the preset's table is the study: the report compares the runs at their end states
+    c.task.n_max = 15
+    t.optim.lr = 5e-4
+    t.optim.decay_frac = 0.0
+    t.total_steps = 1000
+    c.track.every = 40
+    c.sft_enabled = False
+    c.anchor_study.repeats = 0
+    c.nstudy.enabled = False
   if preset == "replay_study":
     c.methods = ("disa", "disa_replay", "flowrl", "flowrl_replay", "grpo", "gspo")
     c.seeds = (0, 1, 2)

@@ -71,7 +71,8 @@ class RunSpec:
   ``anchor``: 'fitted' (Stage 2), 'exact' (the exact log Z) or 'exact+noise' (the exact log Z plus
   per-prompt offsets of RMS exactly ``sigma``, seeded by the job's seed: `disa_jax.anchor.noise`).
   ``minibatches``: optimizer updates per rollout batch of this run (``train.rollout.
-  num_minibatches``); 0 keeps the job's.
+  num_minibatches``); 0 keeps the job's. ``staleness``: this run's ``train.rollout.max_staleness``
+  (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's.
   """
   objective: Objective
   replay: ReplayConfig = ReplayConfig()
@@ -79,6 +80,7 @@ class RunSpec:
   match_rows_of: str = ""
   sigma: float = 0.0
   minibatches: int = 0
+  staleness: int = 0
 
   def __post_init__(self):
     if self.anchor not in ANCHORS:
@@ -95,6 +97,8 @@ class RunSpec:
     if self.sigma < 0 or not (isinstance(self.minibatches, int) and self.minibatches >= 0):
       raise ValueError(f"sigma must be >= 0 and minibatches an int >= 0 (0 = the job's), got "
                        f"sigma={self.sigma!r}, minibatches={self.minibatches!r}")
+    if not (isinstance(self.staleness, int) and self.staleness >= 0):
+      raise ValueError(f"staleness must be an int >= 0 (0 = the job's), got {self.staleness!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +312,8 @@ class SumJob:
       train["rollout"] = dict(train["rollout"], group_size=g + k)
     if spec.minibatches:
       train["rollout"] = dict(train.get("rollout", {}), num_minibatches=spec.minibatches)
+    if spec.staleness:
+      train["rollout"] = dict(train.get("rollout", {}), max_staleness=spec.staleness)
     if spec.anchor != "fitted" and self.stage1_cfg.label_scale != "sum":
       raise ValueError(f"runs.{method}.anchor={spec.anchor!r} needs stage1.label_scale='sum' (the "
                        f"exact log Z is on the trajectory scale), got "

@@ -9,7 +9,8 @@ without leading zeros. Every correct response is therefore one of the n + 1 enum
 
     P_ref(correct | q) = sum_{a=0..n} pi_ref(" a+(n-a)" EOS | q),
 
-so log Z is exact once the n + 1 correct completions are scored under pi_ref (`exact_log_z`). The
+so log Z is exact once the n + 1 correct completions are scored under pi_ref
+(`disa_jax.eval.exact.exact_log_z` of their log-sum-exp). The
 task's tokenizer (`make_tokenizer`) is character-level for digits, so each string has exactly one
 tokenisation, which the reward checks.
 
@@ -143,27 +144,3 @@ def correct_set(tokenizer, meta: Mapping[str, Any]) -> list[list[int]]:
   """Every correct response of the prompt whose meta is ``meta`` (the exact evaluator's input)."""
   return SumTask(0, 0).correct_completions(tokenizer, _n_of(meta, 0))
 
-
-def exact_log_z(logp_correct: Sequence[np.ndarray], beta: float) -> np.ndarray:
-  """log Z(q) = log(1 + (e^beta - 1) * sum_a pi_ref(correct_a | q)) for the binary raw reward.
-
-  Args:
-    logp_correct: per prompt, ``[n_q + 1]`` log pi_ref of each correct completion (sequence sums).
-    beta: inverse temperature.
-
-  Returns:
-    ``[P]`` float64 exact log Z.
-  """
-  out = []
-  log_em1 = beta + np.log(-np.expm1(-beta))  # log(e^beta - 1), stable
-  for lp in logp_correct:
-    lp = np.asarray(lp, np.float64)
-    m = lp.max()
-    log_p_correct = m + np.log(np.sum(np.exp(lp - m)))
-    out.append(np.logaddexp(0.0, log_em1 + log_p_correct))
-  return np.asarray(out)
-
-
-def log_tilted_target(logp_ref: np.ndarray, reward: np.ndarray, log_z: np.ndarray, beta: float) -> np.ndarray:
-  """log pi~(o|q) = log pi_ref(o|q) + beta r(q, o) - log Z(q), elementwise over ``[P, ...]`` arrays."""
-  return logp_ref + beta * reward - np.reshape(log_z, log_z.shape + (1,) * (logp_ref.ndim - log_z.ndim))

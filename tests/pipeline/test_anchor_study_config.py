@@ -94,3 +94,20 @@ def test_heldout_option_splits_the_stage3_prompts(tmp_path):
   plain = _job(main_config.get_config(), tmp_path / "plain")
   assert plain.stage3_cfgs[("disa", 0)].data.train_path == plain.prompts_path
   assert plain.eval_template.benchmarks == {"task": plain.prompts_path}
+
+
+def test_staleness_study_preset_sets_each_runs_staleness(tmp_path):
+  job = _job(main_config.get_config("staleness_study"), tmp_path)
+  assert job.cfg.seeds == (0, 1, 2) and len(job.cfg.methods) == 10
+  for name in job.cfg.methods:
+    k, method = name.split("_", 1)
+    cfg = job.stage3_cfgs[(name, 0)]
+    assert cfg.train.rollout.max_staleness == int(k[1:]) in main_config.STALENESS, name
+    obj = cfg.train.objective
+    assert obj.name == {"disa_exact": "disa", "grpo_tis": "grpo"}.get(method, method)
+    if method == "grpo_tis":
+      assert obj.is_correction == "tis" and obj.is_cap == 2.0
+    elif method == "grpo":
+      assert obj.is_correction == "none"
+  with pytest.raises(ValueError, match="staleness must be an int >= 0 .* got -1"):
+    RunSpec(Disa(), staleness=-1)

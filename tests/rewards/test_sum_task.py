@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from disa_jax.rewards.sum_task import SumTask, exact_log_z, make_tokenizer
+from disa_jax.eval.exact import exact_log_z
+from disa_jax.rewards.sum_task import SumTask, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -43,5 +44,6 @@ def test_exact_log_z_matches_brute_force():
   for n in (0, 3, 9):
     lp = np.log(rng.dirichlet(np.ones(n + 5))[: n + 1])  # part of a distribution on the correct answers
     brute = np.log(1 - np.exp(lp).sum() + np.exp(lp).sum() * np.exp(beta))
-    assert exact_log_z([lp], beta)[0] == pytest.approx(brute, rel=1e-10)
-  assert exact_log_z([np.array([-1e4])], 15.0)[0] == pytest.approx(0.0, abs=1e-6)  # P(correct) ~ 0 -> log Z = 0
+    log_p_correct = np.logaddexp.reduce(lp)  # the exact evaluator's input: log P_ref(correct)
+    assert exact_log_z(np.array([log_p_correct]), beta)[0] == pytest.approx(brute, rel=1e-10)
+  assert exact_log_z(np.array([-1e4]), 15.0)[0] == pytest.approx(0.0, abs=1e-6)  # P(correct) ~ 0 -> log Z = 0
