@@ -32,6 +32,7 @@ gets `OutputLockedError` naming the holder's pid.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -296,9 +297,39 @@ def _iter_ids(path: Path, fmt: str) -> Iterable[str]:
 # ------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage1Sample:
+  """One proposal sample of a Stage 1 record, typed.
+
+  Attributes:
+    token_ids: ``[L]`` the response's token ids (the stop token included when it stopped).
+    text: the decoded response.
+    logp_ref, logp_proposal: trajectory log-probs under pi_ref and the proposal (sums over tokens).
+    reward: the raw verifier reward.
+    num_tokens: L.
+    grade_error: the grader raised or timed out (reward 0 there).
+  """
+  token_ids: tuple[int, ...]
+  text: str
+  logp_ref: float
+  logp_proposal: float
+  reward: float
+  num_tokens: int
+  grade_error: bool = False
+
+  @classmethod
+  def from_record(cls, s: dict[str, Any]) -> "Stage1Sample":
+    """From a validated record's sample (`_check_record`)."""
+    return cls(tuple(int(t) for t in s["token_ids"]), s["text"], float(s["logp_ref"]),
+               float(s["logp_proposal"]), float(s["reward"]), int(s["num_tokens"]),
+               bool(s.get("grade_error", False)))
+
+
 @dataclasses.dataclass
 class Stage1Data:
-  """A validated Stage 1 dataset as padded arrays (P prompts, up to N samples each)."""
+  """A validated Stage 1 dataset as padded arrays (P prompts, up to N samples each), its samples
+  typed (``samples[p][i]``, `Stage1Sample`) and the raw rows as read (``records``, for byte-level
+  comparisons only: later stages read ``samples``)."""
 
   prompt_ids: list[str]
   prompts: list[str]
@@ -314,6 +345,11 @@ class Stage1Data:
   proposal_logprobs: str
   records: list[dict[str, Any]]
   grade_error: np.ndarray | None = None  # [P, N] bool: the grader raised or timed out; None: never
+
+  @functools.cached_property
+  def samples(self) -> list[list[Stage1Sample]]:
+    """``[P][n_p]`` the typed samples of each prompt, in file order."""
+    return [[Stage1Sample.from_record(x) for x in r["samples"]] for r in self.records]
 
   @property
   def labels(self) -> np.ndarray:

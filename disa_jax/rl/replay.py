@@ -74,21 +74,20 @@ class ReplayPool:
     out: dict[str, list[ReplaySample]] = {}
     skipped = {"logp_ref_not_finite": 0, "longer_than_max_response_len": 0, "not_correct": 0,
                "duplicate": 0, "beyond_first_samples": 0}
-    for pid, rec in zip(data.prompt_ids, data.records):
+    for pid, samples in zip(data.prompt_ids, data.samples):
       keep, seen = [], set()
       if first_samples:
-        skipped["beyond_first_samples"] += max(0, len(rec["samples"]) - first_samples)
-      for s in rec["samples"][:first_samples or None]:
-        ids = np.asarray(s["token_ids"], np.int32)
-        why = ("logp_ref_not_finite" if not math.isfinite(float(s["logp_ref"])) else
-               "longer_than_max_response_len" if len(ids) > max_response_len else
-               "not_correct" if correct_only and not float(s["reward"]) > 0.5 else
-               "duplicate" if dedupe and tuple(ids.tolist()) in seen else None)
+        skipped["beyond_first_samples"] += max(0, len(samples) - first_samples)
+      for s in samples[:first_samples or None]:
+        why = ("logp_ref_not_finite" if not math.isfinite(s.logp_ref) else
+               "longer_than_max_response_len" if len(s.token_ids) > max_response_len else
+               "not_correct" if correct_only and not s.reward > 0.5 else
+               "duplicate" if dedupe and s.token_ids in seen else None)
         if why:
           skipped[why] += 1
           continue
-        seen.add(tuple(ids.tolist()))
-        keep.append(ReplaySample(ids, float(s["reward"]), float(s["logp_ref"])))
+        seen.add(s.token_ids)
+        keep.append(ReplaySample(np.asarray(s.token_ids, np.int32), s.reward, s.logp_ref))
       out[pid] = keep
     return cls(out, skipped)
 

@@ -161,21 +161,20 @@ def filter_reward_one(data: Stage1Data, keep_reward: float = 1.0) -> list[SFTExa
   """The Stage 1 samples with reward exactly ``keep_reward``, in (prompt, sample) order.
 
   Args:
-    data: a loaded Stage 1 dataset (``data.records[p]['samples'][i]`` holds the tokens).
+    data: a loaded Stage 1 dataset (``data.samples[p][i]``, `Stage1Sample`).
     keep_reward: the reward to keep (1.0: verified correct).
 
   Returns:
     One `SFTExample` per kept sample.
   """
   out = []
-  for p, record in enumerate(data.records):
-    for i, sample in enumerate(record["samples"]):
-      if float(sample["reward"]) == keep_reward:
-        if len(sample["token_ids"]) == 0:
-          raise ValueError(f"Stage 1 prompt {record['prompt_id']!r} sample {i} has reward "
+  for p, samples in enumerate(data.samples):
+    for i, sample in enumerate(samples):
+      if sample.reward == keep_reward:
+        if not sample.token_ids:
+          raise ValueError(f"Stage 1 prompt {data.prompt_ids[p]!r} sample {i} has reward "
                            f"{keep_reward} but no response tokens")
-        out.append(SFTExample(data.prompt_ids[p], data.prompts[p],
-                              tuple(int(t) for t in sample["token_ids"]), i))
+        out.append(SFTExample(data.prompt_ids[p], data.prompts[p], sample.token_ids, i))
   return out
 
 

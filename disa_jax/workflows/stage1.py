@@ -368,8 +368,9 @@ def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,
             stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
   """Checks that every prompt is labelled, writes and returns the summary."""
   data = load_stage1(cfg.dataset_path(), cfg.dataset_format)
-  new = [r for r in data.records if r["prompt_id"] not in before]
-  run["generated_tokens"] = int(sum(s["num_tokens"] for r in new for s in r["samples"]))
+  run["generated_tokens"] = int(sum(s.num_tokens for pid, samples in zip(data.prompt_ids,
+                                                                       data.samples)
+                                    if pid not in before for s in samples))
   run["tokens_per_s"] = run["generated_tokens"] / run["seconds"] if run["seconds"] > 0 else 0.0
   missing = sorted(set(p.prompt_id for p in prompts) - set(data.prompt_ids))
   if missing:

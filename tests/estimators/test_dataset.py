@@ -141,6 +141,12 @@ def test_parquet_resume_never_overwrites_a_finished_part(tmp_path):
   for r in recs:
     assert [s["token_ids"] for s in by_id[r["prompt_id"]]["samples"]] == [
         s["token_ids"] for s in r["samples"]]
+  # The typed view later stages read: one Stage1Sample per stored sample, the same values.
+  for pid, samples in zip(data.prompt_ids, data.samples):
+    stored = by_id[pid]["samples"]
+    assert [s.token_ids for s in samples] == [tuple(s["token_ids"]) for s in stored]
+    assert [(s.reward, s.logp_ref, s.num_tokens) for s in samples] == [
+        (float(s["reward"]), float(s["logp_ref"]), s["num_tokens"]) for s in stored]
 
 
 @pytest.mark.parametrize("name", ["s1.jsonl", "s1"])
