@@ -166,8 +166,8 @@ def paper_train_config(preset: str) -> tuple[TrainConfig, Any]:
   from configs import stage3_paper  # pylint: disable=g-import-not-at-top
   from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
   cfg = Stage3Config.from_config(stage3_paper.get_config(f"disa,{preset},math"))
-  if cfg.train.objective.needs_logz_head:
-    raise ValueError(f"objective {cfg.train.objective.name!r} has a log Z head; the planner "
+  if cfg.train.objective.has_state:
+    raise ValueError(f"objective {cfg.train.objective.name!r} has trainable state; the planner "
                      "compiles the policy only")
   return cfg.train, cfg.model
 

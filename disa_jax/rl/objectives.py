@@ -3,7 +3,7 @@
 Each objective carries its own hyperparameters (with the paper's defaults) and declares what a
 Stage 3 step must provide for it:
 
-| objective | loss | needs_reference | needs_anchor | needs_logz_head | allows_replay |
+| objective | loss | needs_reference | needs_anchor | has_state | allows_replay |
 |---|---|---|---|---|---|
 | `Disa` | eq. (10): TB residual with the frozen anchor g_psi(q) | yes | yes | no | yes |
 | `FlowRL` | eq. (6): TB residual with a co-trained log Z head | yes | no | yes | yes |
@@ -18,24 +18,34 @@ group advantage for policy-gradient ones), the loss of a micro-batch (`loss`), a
 micro-batch when gradients are recombined (`normalizer`). Replay is refused for objectives whose
 ratio terms assume on-policy rollouts.
 
+An objective may own trainable state (``has_state``: FlowRL's log Z head): `init_state` builds
+its parameters (an `nnx.Module`) and their optimizer (`ObjectiveState`), `state_forward` maps them
+and the policy's forward to the extra input of `loss` (``state_out``). The update carries that state as an
+opaque slot beside the policy's (`disa_jax.rl.train_step.TrainState` ``obj_params`` /
+``obj_opt_state``) and never looks inside it.
+
 Adding an objective is one class here: subclass `Objective` (or `TrajectoryBalance`), declare its
-needs, implement `row_signal` and `loss`, and decorate it with `@register`. Configs select it with
-``objective.name`` and set its fields by name (`Objective.from_config`); see `docs/objectives.md`.
+needs, implement `row_signal` and `loss` (and, with state, `init_state` and `state_forward`), and
+decorate it with `@register`. Configs select it with ``objective.name`` and set its fields by name
+(`Objective.from_config`); see `docs/objectives.md`.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import nnx
 
 from disa_jax.config import from_mapping
 from disa_jax.estimators.dataset import LABEL_SCALES
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rl import losses
-from disa_jax.rl.logz_head import POOLINGS
+from disa_jax.rl.logz_head import POOLINGS, LogZHead, packed_mean_embedding
 
 HEAD_OPTIMIZERS = ("separate", "joint")
 
@@ -56,12 +66,34 @@ def names() -> tuple[str, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
+class ObjectiveState:
+  """An objective's trainable state, as `Objective.init_state` builds it.
+
+  Attributes:
+    module: the parameters (its `nnx.Param` variables are trained beside the policy's, never synced
+      to the rollout engine nor exported).
+    optimizer: their optax transformation.
+    clip_with_policy: one global-norm clip over the policy's and these gradients together, at the
+      policy's ``optim.grad_clip``, before both optimizers (which then must not clip themselves).
+    key_seed: seeds the key the update gives `Objective.state_forward` (folded with the update count
+      and the micro-batch index, so a resumed run draws the same keys).
+    name: the checkpoint's keys of this state, ``<name>_params`` and ``<name>_opt_state``.
+  """
+  module: nnx.Module
+  optimizer: optax.GradientTransformation
+  clip_with_policy: bool = False
+  key_seed: int = 0
+  name: str = "objective"
+
+
+@dataclasses.dataclass(frozen=True)
 class Objective(abc.ABC):
   """Base class of the Stage 3 objectives (see the module docstring)."""
 
   name: ClassVar[str] = ""
   needs_anchor: ClassVar[bool] = False
-  needs_logz_head: ClassVar[bool] = False
+  # The objective owns trainable parameters (`init_state`, `state_forward`; FlowRL's log Z head).
+  has_state: ClassVar[bool] = False
   # The batch carries a log Z estimated from the step's own samples (`VarGrad.batch_log_z`, set
   # by the trainer after the scorer and `row_signal`); such an objective reads ``batch.old_logp``.
   needs_batch_log_z: ClassVar[bool] = False
@@ -104,15 +136,45 @@ class Objective(abc.ABC):
     del is_replay  # on-policy and replayed rows alike
     return self.row_signal(reward)
 
+  def init_state(self, hidden_size: int, seed: Callable[[str], int],
+                 make_optimizer: Callable[..., optax.GradientTransformation],
+                 policy_lr: float) -> ObjectiveState | None:
+    """The objective's trainable state (None: it has none; objectives with ``has_state`` build one).
+
+    Args:
+      hidden_size: the policy's hidden width D (what `state_forward` receives).
+      seed: ``name -> int``, a seed derived from the run's seed and ``name``.
+      make_optimizer: ``(lr, clip=True) -> optax transformation`` with the run's ``optim`` settings
+        (``clip=False``: without its own gradient clip, for ``clip_with_policy``).
+      policy_lr: the policy's learning rate.
+    """
+    del hidden_size, seed, make_optimizer, policy_lr
+    return None
+
+  def state_forward(self, module: nnx.Module, hidden: Array, batch: Any, key: Array) -> Array:
+    """The extra input of `loss` from the objective's state and the policy's forward
+    (``has_state``).
+
+    Args:
+      module: the `ObjectiveState.module`, with the current parameters.
+      hidden: ``[R, L, D]`` the policy's final hidden states of the packed rows.
+      batch: the micro-batch (`disa_jax.rl.batch.TrainBatch`).
+      key: a PRNG key, different for every micro-batch and update (`ObjectiveState.key_seed`).
+
+    Returns:
+      What `loss` receives as ``state_out`` (FlowRL: ``[S]`` log Z per slot).
+    """
+    raise NotImplementedError(f"objective {self.name!r} has no state")
+
   @abc.abstractmethod
-  def loss(self, logp: Array, batch: Any, head_log_z: Array | None = None
+  def loss(self, logp: Array, batch: Any, state_out: Array | None = None
            ) -> tuple[Array, dict[str, Array]]:
     """The loss of one micro-batch and its metrics (see `disa_jax.rl.losses`).
 
     Args:
       logp: ``[b, T]`` token log-probs of the current policy.
       batch: the micro-batch (`disa_jax.rl.batch.TrainBatch`, ``[b, T]`` / ``[b]`` fields).
-      head_log_z: ``[b]`` the log Z head's values (objectives with ``needs_logz_head``).
+      state_out: `state_forward`'s output (objectives with ``has_state``; FlowRL: ``[b]`` log Z).
 
     Returns:
       (scalar loss averaged so that `normalizer` recombines micro-batches exactly, metrics).
@@ -238,7 +300,7 @@ class Disa(TrajectoryBalance):
   name: ClassVar[str] = "disa"
   needs_anchor: ClassVar[bool] = True
 
-  def loss(self, logp, batch, head_log_z=None):
+  def loss(self, logp, batch, state_out=None):
     return losses.disa_loss(batch.log_z, logp, batch.ref_logp, batch.signal,
                             batch.response_mask, **self._tb_kwargs(batch))
 
@@ -270,7 +332,7 @@ class FlowRL(TrajectoryBalance):
       head gradients and the policy's AdamW settings, learning rate included).
   """
   name: ClassVar[str] = "flowrl"
-  needs_logz_head: ClassVar[bool] = True
+  has_state: ClassVar[bool] = True
   head_layers: int = 3
   head_lr: float = 1e-6
   head_init: float = 0.0
@@ -292,10 +354,28 @@ class FlowRL(TrajectoryBalance):
       raise ValueError(f"head_optimizer must be one of {HEAD_OPTIMIZERS}, got "
                        f"{self.head_optimizer!r}")
 
-  def loss(self, logp, batch, head_log_z=None):
-    if head_log_z is None:
+  def init_state(self, hidden_size, seed, make_optimizer, policy_lr):
+    """The log Z head (`disa_jax.rl.logz_head.LogZHead`) and its optimizer: its own AdamW at
+    ``head_lr`` ('separate') or the policy's learning rate under one joint clip ('joint')."""
+    joint = self.head_optimizer == "joint"
+    head = LogZHead(hidden_size, self.head_layers, rngs=nnx.Rngs(seed("logz_head")),
+                    init_bias=self.head_init, dropout_rate=self.head_dropout)
+    optimizer = make_optimizer(policy_lr if joint else self.head_lr, clip=not joint)
+    return ObjectiveState(head, optimizer, clip_with_policy=joint, key_seed=seed("head_dropout"), name="head")
+
+  def state_forward(self, module, hidden, batch, key):
+    """The head on the masked mean of the prompt's hidden states (``head_pooling``); with shared
+    prompts each slot reads its unit's prompt (`TrainBatch.prompt_slot`); dropout with ``key``."""
+    emb = packed_mean_embedding(hidden, batch.rows.prompt_mask, batch.rows.token_slot,
+                                batch.num_slots, pooling=self.head_pooling)  # [S, D]
+    if batch.prompt_slot is not None:
+      emb = jnp.take(emb, batch.prompt_slot, axis=0)  # [S, D]
+    return module(emb, dropout_key=key if self.head_dropout > 0 else None)  # [S]
+
+  def loss(self, logp, batch, state_out=None):
+    if state_out is None:
       raise ValueError("FlowRL.loss needs the head's log Z values, got None")
-    return losses.flowrl_loss(head_log_z, logp, batch.ref_logp, batch.signal,
+    return losses.flowrl_loss(state_out, logp, batch.ref_logp, batch.signal,
                               batch.response_mask, **self._tb_kwargs(batch))
 
 
@@ -355,7 +435,7 @@ class VarGrad(TrajectoryBalance):
         group_size=batch.group_size, beta=self.beta, length_normalize=self.scale == "mean",
         leave_one_out=self.leave_one_out), np.float32)
 
-  def loss(self, logp, batch, head_log_z=None):
+  def loss(self, logp, batch, state_out=None):
     return losses.vargrad_loss(batch.log_z, logp, batch.ref_logp, batch.signal,
                                batch.response_mask, **self._tb_kwargs(batch))
 
@@ -476,7 +556,7 @@ class Grpo(PolicyGradient):
   def needs_reference(self) -> bool:
     return self.kl_coef > 0
 
-  def loss(self, logp, batch, head_log_z=None):
+  def loss(self, logp, batch, state_out=None):
     weights, is_metrics = self.is_weights(batch)
     loss, metrics = losses.grpo_loss(
         logp, batch.old_logp, batch.signal, batch.response_mask, eps_low=self.eps_low,
@@ -503,7 +583,7 @@ class Gspo(PolicyGradient):
   eps_low: float = 3e-4
   eps_high: float = 4e-4
 
-  def loss(self, logp, batch, head_log_z=None):
+  def loss(self, logp, batch, state_out=None):
     weights, is_metrics = self.is_weights(batch)
     loss, metrics = losses.gspo_loss(logp, batch.old_logp, batch.signal, batch.response_mask,
                                      eps_low=self.eps_low, eps_high=self.eps_high,
@@ -544,5 +624,5 @@ class ReplaySft(Objective):
     """`row_signal` on the replayed rows, 0 on the on-policy ones."""
     return self.row_signal(reward) * np.asarray(is_replay, np.float32)
 
-  def loss(self, logp, batch, head_log_z=None):
+  def loss(self, logp, batch, state_out=None):
     return losses.sft_loss(logp, batch.signal, batch.response_mask)

@@ -14,11 +14,11 @@ Compiled programs: one micro step per micro-batch shape (one with packing), one 
 ``step.compiled_programs()`` counts them (what `benchmarks/bench_packing.py` checks);
 ``step.lower(state, micro_batch)`` lowers both without running them (`benchmarks/plan_memory.py`).
 
-The FlowRL log Z head (objectives with ``needs_logz_head``) is a separate module with its own
-parameters and optimizer state (`TrainState` ``head_params`` / ``head_opt_state``), never part of
-the policy's state; its input is the masked mean of the policy's final hidden states over the
-prompt tokens of the same forward pass (with shared prompts, over the one copy of the prompt that
-the slots of a unit share, `TrainBatch.prompt_slot`).
+An objective with trainable state (``has_state``, `objectives.ObjectiveState`) has its own
+parameters and optimizer state (`TrainState` ``obj_params`` / ``obj_opt_state``), never part of the
+policy's state: an opaque slot that the update differentiates and steps beside the policy's. The
+objective maps it and the policy's final hidden states of the same forward pass to the extra input
+of its loss (`Objective.state_forward`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from disa_jax.data.packing import PackedRows
 from disa_jax.parallel import distributed
 from disa_jax.rl.batch import TrainBatch
-from disa_jax.rl.logz_head import packed_mean_embedding
 from disa_jax.rl.losses import mismatch_metrics
 from disa_jax.rl.objectives import Objective
 from disa_jax.scoring.logprobs import gather_responses, logprobs_from_hidden, packed_token_logprobs
@@ -42,12 +41,12 @@ BATCH_AXES = ("data", "fsdp")
 
 
 class TrainState(NamedTuple):
-  """Everything the update changes. ``head_*`` are None unless the objective has a log Z head."""
+  """Everything the update changes. ``obj_*`` are None unless the objective has state."""
   step: jax.Array  # int32 scalar: optimizer updates done
   params: nnx.State  # policy nnx.Param state
   opt_state: Any
-  head_params: nnx.State | None
-  head_opt_state: Any
+  obj_params: nnx.State | None  # the objective's nnx.Param state (`Objective.init_state`)
+  obj_opt_state: Any
 
 
 def lr_schedule(lr: float, *, warmup_steps: int = 0, decay_frac: float = 0.0,
@@ -122,13 +121,13 @@ def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Ar
 
 
 def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
-                   head_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool,
+                   obj_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool,
                    mismatch_threshold: float):
-  """``(params, head_params, micro-batch, dropout key) -> (loss, metrics)`` of one micro-batch,
+  """``(params, obj_params, micro-batch, key) -> (loss, metrics)`` of one micro-batch,
   with the train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the
   engine's log-probs."""
 
-  def micro_loss(params, head_params, mb: TrainBatch, key: jax.Array):
+  def micro_loss(params, obj_params, mb: TrainBatch, key: jax.Array):
     model = nnx.merge(graphdef, params)
     logp, hidden = policy_forward(model, mb)
     mismatch = ({} if mb.behaviour_logp is None else
@@ -136,64 +135,60 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
                                  threshold=mismatch_threshold))
     if on_policy_old_logp:
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
-    head_log_z = None
-    if objective.needs_logz_head:
-      emb = packed_mean_embedding(hidden, mb.rows.prompt_mask, mb.rows.token_slot, mb.num_slots,
-                                  pooling=objective.head_pooling)  # [S, D]
-      if mb.prompt_slot is not None:  # shared prompts: each slot reads its unit's prompt
-        emb = jnp.take(emb, mb.prompt_slot, axis=0)  # [S, D]
-      head_log_z = nnx.merge(head_graphdef, head_params)(
-          emb, dropout_key=key if objective.head_dropout > 0 else None)  # [S]
-    loss, metrics = objective.loss(logp, mb, head_log_z)
+    state_out = None
+    if objective.has_state:
+      state_out = objective.state_forward(nnx.merge(obj_graphdef, obj_params), hidden, mb, key)
+    loss, metrics = objective.loss(logp, mb, state_out)
     return loss, {**metrics, **mismatch}
 
   return micro_loss
 
 
-def _micro_step(grad_fn, objective: Objective, dropout_seed: int):
-  """``(params, head_params, step, acc, micro-batch, k) -> acc``: adds micro-batch k's
-  normalizer-weighted gradients and metrics to the accumulator ``(g, head g, sum n, metrics)``."""
+def _micro_step(grad_fn, objective: Objective, key_seed: int):
+  """``(params, obj_params, step, acc, micro-batch, k) -> acc``: adds micro-batch k's
+  normalizer-weighted gradients and metrics to the accumulator ``(g, objective g, sum n,
+  metrics)``."""
 
-  def micro(params, head_params, step, acc, mb: TrainBatch, k):
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(dropout_seed), step), k)
-    (loss, metrics), (g, hg) = grad_fn(params, head_params, mb, key)
+  def micro(params, obj_params, step, acc, mb: TrainBatch, k):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(key_seed), step), k)
+    (loss, metrics), (g, og) = grad_fn(params, obj_params, mb, key)
     n = objective.normalizer(mb)
-    g_acc, hg_acc, n_acc, m_acc = acc
+    g_acc, og_acc, n_acc, m_acc = acc
     return (jax.tree.map(lambda a, b: a + n * b, g_acc, g),
-            jax.tree.map(lambda a, b: a + n * b, hg_acc, hg), n_acc + n,
+            jax.tree.map(lambda a, b: a + n * b, og_acc, og), n_acc + n,
             _fold_metrics(m_acc, dict(metrics, loss=loss), n))
 
   return micro
 
 
 def _finish(state: TrainState, acc) -> tuple[Any, Any, dict[str, jax.Array]]:
-  """The accumulator -> (policy gradients, head gradients or None, metrics)."""
-  g_sum, hg_sum, n_total, m_acc = acc
+  """The accumulator -> (policy gradients, objective gradients or None, metrics)."""
+  g_sum, og_sum, n_total, m_acc = acc
   denom = jnp.maximum(n_total, 1.0)
   grads = jax.tree.map(lambda x: x / denom, g_sum)
-  head_grads = jax.tree.map(lambda x: x / denom, hg_sum)
+  obj_grads = jax.tree.map(lambda x: x / denom, og_sum)
   metrics = _final_metrics(m_acc, n_total)
   metrics["grad_norm"] = optax.global_norm(grads)
   metrics["num_sequences"] = n_total
-  if state.head_params is not None:
-    metrics["head_grad_norm"] = optax.global_norm(head_grads)
-  return grads, head_grads, metrics
+  if state.obj_params is not None:
+    metrics["objective_grad_norm"] = optax.global_norm(obj_grads)
+  return grads, obj_grads, metrics
 
 
-def _apply_updates(state: TrainState, grads, head_grads, metrics, optimizer, head_optimizer,
+def _apply_updates(state: TrainState, grads, obj_grads, metrics, optimizer, obj_optimizer,
                    joint_clip: float) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step of the policy (and head), after the optional joint clip."""
-  if joint_clip > 0:  # one clip over policy + head gradients (FlowRL's code)
-    norm = optax.global_norm((grads, head_grads))
+  """One optimizer step of the policy (and the objective's state), after the optional joint clip."""
+  if joint_clip > 0:  # one clip over policy + objective gradients
+    norm = optax.global_norm((grads, obj_grads))
     scale = jnp.minimum(1.0, joint_clip / jnp.maximum(norm, 1e-12))
-    grads, head_grads = jax.tree.map(lambda x: x * scale, (grads, head_grads))
+    grads, obj_grads = jax.tree.map(lambda x: x * scale, (grads, obj_grads))
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  head_params, head_opt_state = state.head_params, state.head_opt_state
-  if head_params is not None:
-    h_updates, head_opt_state = head_optimizer.update(head_grads, head_opt_state, head_params)
-    head_params = optax.apply_updates(head_params, h_updates)
-  return TrainState(state.step + 1, params, opt_state, head_params, head_opt_state), metrics
+  obj_params, obj_opt_state = state.obj_params, state.obj_opt_state
+  if obj_params is not None:
+    o_updates, obj_opt_state = obj_optimizer.update(obj_grads, obj_opt_state, obj_params)
+    obj_params = optax.apply_updates(obj_params, o_updates)
+  return TrainState(state.step + 1, params, opt_state, obj_params, obj_opt_state), metrics
 
 
 def batch_shardings(mesh: Mesh) -> TrainBatch:
@@ -213,12 +208,12 @@ def place_micro_batch(mb: TrainBatch, mesh: Mesh) -> TrainBatch:
 def _jit_shardings(mesh: Mesh | None, state_shardings: Any
                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
   """``jax.jit`` sharding arguments of the micro step, the optimizer step and the accumulator's
-  initialiser (all empty without a mesh). The accumulator ``(g, head g, sum n, metrics)`` keeps the
+  initialiser (all empty without a mesh). The accumulator ``(g, objective g, sum n, metrics)`` keeps the
   parameters' shardings; scalars are replicated."""
   if mesh is None:
     return {}, {}, {}
   rep = NamedSharding(mesh, PartitionSpec())
-  acc_sh = (state_shardings.params, state_shardings.head_params, rep, rep)
+  acc_sh = (state_shardings.params, state_shardings.obj_params, rep, rep)
   kw_micro = dict(in_shardings=(acc_sh[0], acc_sh[1], rep, acc_sh, batch_shardings(mesh), rep),
                   out_shardings=acc_sh)
   kw_finish = dict(in_shardings=(state_shardings, acc_sh), out_shardings=(state_shardings, rep))
@@ -238,20 +233,20 @@ class _Update:
 
   def _init_acc(self, state: TrainState, mb: TrainBatch):
     if self._init_j is None:
-      (_, shapes), _ = jax.eval_shape(self._grad_fn, state.params, state.head_params, mb,
+      (_, shapes), _ = jax.eval_shape(self._grad_fn, state.params, state.obj_params, mb,
                                       jax.random.key(0))
       shapes = dict(shapes, loss=jax.ShapeDtypeStruct((), jnp.float32))
       zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-      self._init_j = jax.jit(lambda p, hp: (zeros(p), zeros(hp), jnp.float32(0.0),
+      self._init_j = jax.jit(lambda p, op: (zeros(p), zeros(op), jnp.float32(0.0),
                                             _metric_init(shapes)), **self._kw_init)
     return self._init_j
 
   def __call__(self, state: TrainState, micro_batches: Sequence[TrainBatch]):
     if not micro_batches:
       raise ValueError("an update needs at least one micro-batch, got none")
-    acc = self._init_acc(state, micro_batches[0])(state.params, state.head_params)
+    acc = self._init_acc(state, micro_batches[0])(state.params, state.obj_params)
     for k, mb in enumerate(micro_batches):
-      acc = self._micro_j(state.params, state.head_params, state.step, acc, mb, jnp.int32(k))
+      acc = self._micro_j(state.params, state.obj_params, state.step, acc, mb, jnp.int32(k))
     return self._finish_j(state, acc)
 
   def lower(self, state: TrainState, mb: TrainBatch) -> dict[str, jax.stages.Lowered]:
@@ -264,9 +259,9 @@ class _Update:
       ``{'micro': the forward/backward + accumulate of one micro-batch, 'finish': the optimizer
       step}`` as `jax.stages.Lowered`.
     """
-    acc = jax.eval_shape(self._init_acc(state, mb), state.params, state.head_params)
+    acc = jax.eval_shape(self._init_acc(state, mb), state.params, state.obj_params)
     k = jax.ShapeDtypeStruct((), jnp.int32)
-    return {"micro": self._micro_j.lower(state.params, state.head_params, state.step, acc, mb, k),
+    return {"micro": self._micro_j.lower(state.params, state.obj_params, state.step, acc, mb, k),
             "finish": self._finish_j.lower(state, acc)}
 
   def compiled_programs(self) -> int:
@@ -278,14 +273,14 @@ def make_train_step(graphdef: nnx.GraphDef,
                     objective: Objective,
                     optimizer: optax.GradientTransformation,
                     *,
-                    head_graphdef: nnx.GraphDef | None = None,
-                    head_optimizer: optax.GradientTransformation | None = None,
+                    obj_graphdef: nnx.GraphDef | None = None,
+                    obj_optimizer: optax.GradientTransformation | None = None,
                     mesh: Mesh | None = None,
                     state_shardings: Any = None,
                     donate: bool = True,
                     on_policy_old_logp: bool = False,
                     joint_clip: float = 0.0,
-                    dropout_seed: int = 0,
+                    key_seed: int = 0,
                     mismatch_threshold: float = 0.1
                     ) -> Callable[[TrainState, Sequence[TrainBatch]], Any]:
   """Builds the update ``(state, [micro-batch, ...]) -> (state, metrics)`` (see the module
@@ -295,8 +290,8 @@ def make_train_step(graphdef: nnx.GraphDef,
     graphdef: the policy's graph (from ``nnx.split(model, nnx.Param, ...)``).
     objective: what to optimise (`disa_jax.rl.objectives`).
     optimizer: the policy's optax transformation (see `make_optimizer`).
-    head_graphdef, head_optimizer: the log Z head's graph and optimizer (objectives with
-      ``needs_logz_head``).
+    obj_graphdef, obj_optimizer: the graph and optimizer of the objective's state (objectives with
+      ``has_state``, `objectives.ObjectiveState`).
     mesh: when given, every micro-batch is placed by `batch_shardings` and the state keeps
       ``state_shardings``.
     state_shardings: shardings of `TrainState` (e.g. ``jax.tree.map(lambda x: x.sharding, state)``).
@@ -305,30 +300,31 @@ def make_train_step(graphdef: nnx.GraphDef,
       update (one mini-batch): pi_old is the policy itself, so ``old_logp`` is taken as the
       detached log-probs of this forward pass and ``batch.old_logp`` is ignored (saves the
       separate scoring pass; what TRL does with one iteration per batch).
-    joint_clip: > 0: one global-norm clip at this value over the policy's and the head's gradients
-      together, before both optimizers (which then must not clip themselves); FlowRL's code, where
-      the head is part of the actor.
-    dropout_seed: seeds the head's dropout (`FlowRL.head_dropout`), folded with the update count and
-      the micro-batch index, so a resumed run draws the same masks.
+    joint_clip: > 0: one global-norm clip at this value over the policy's and the objective's
+      gradients together, before both optimizers (which then must not clip themselves;
+      `ObjectiveState.clip_with_policy`).
+    key_seed: seeds the key given to `Objective.state_forward`, folded with the update count and
+      the micro-batch index, so a resumed run draws the same keys (`ObjectiveState.key_seed`).
     mismatch_threshold: the nats of ``mismatch/frac_over`` (`losses.mismatch_metrics`).
 
   Returns:
     The update. Metrics: the loss's metrics combined over micro-batches (normalizer-weighted
     means, max of ``*_max``, min of ``*_min``), plus ``loss``, ``grad_norm`` (before clipping),
-    ``num_sequences`` (the summed normalizer), with a head ``head_grad_norm``, and with the engine's
+    ``num_sequences`` (the summed normalizer), with objective state ``objective_grad_norm``, and with
+    the engine's
     log-probs in the batch ``mismatch/*``.
   """
-  if objective.needs_logz_head and (head_graphdef is None or head_optimizer is None):
-    raise ValueError(f"objective {objective.name!r} has a log Z head: it needs head_graphdef and "
-                     "head_optimizer, got None")
+  if objective.has_state and (obj_graphdef is None or obj_optimizer is None):
+    raise ValueError(f"objective {objective.name!r} has state: it needs obj_graphdef and "
+                     "obj_optimizer, got None")
   grad_fn = jax.value_and_grad(
-      _micro_loss_fn(graphdef, objective, head_graphdef, on_policy_old_logp, mismatch_threshold),
+      _micro_loss_fn(graphdef, objective, obj_graphdef, on_policy_old_logp, mismatch_threshold),
       argnums=(0, 1), has_aux=True)
-  micro = _micro_step(grad_fn, objective, dropout_seed)
+  micro = _micro_step(grad_fn, objective, key_seed)
 
   def finish(state: TrainState, acc):
-    grads, head_grads, metrics = _finish(state, acc)
-    return _apply_updates(state, grads, head_grads, metrics, optimizer, head_optimizer,
+    grads, obj_grads, metrics = _finish(state, acc)
+    return _apply_updates(state, grads, obj_grads, metrics, optimizer, obj_optimizer,
                           joint_clip)
 
   donated = (0,) if donate else ()  # (the accumulator's buffers match no output)
@@ -359,40 +355,43 @@ def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, me
 
 def init_train_state(model: nnx.Module,
                      optimizer: optax.GradientTransformation,
-                     head: nnx.Module | None = None,
-                     head_optimizer: optax.GradientTransformation | None = None,
+                     obj_module: nnx.Module | None = None,
+                     obj_optimizer: optax.GradientTransformation | None = None,
                      *,
                      mesh: Mesh | None = None,
                      step: int = 0) -> tuple[nnx.GraphDef, nnx.GraphDef | None, TrainState, Any]:
-  """Splits the policy (and head) into graph + params and initialises optimizer states.
+  """Splits the policy (and the objective's state, `objectives.ObjectiveState` ``module``) into
+  graph + params and initialises optimizer states.
 
   Policy parameters keep their current placement (shard the model first with
   `disa_jax.parallel.shard_model`); with a ``mesh`` the optimizer moments get the same shardings
-  (`opt_state_shardings`), and the step counter and the (small) head are replicated over it.
+  (`opt_state_shardings`), and the step counter and the (small) objective state are replicated over
+  it.
 
   Returns:
-    (policy graphdef, head graphdef or None, TrainState, shardings of the TrainState).
+    (policy graphdef, objective graphdef or None, TrainState, shardings of the TrainState).
   """
   graphdef, params = nnx.split(model, nnx.Param)
   put = (lambda x: x) if mesh is None else (
       lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec())))
-  head_graphdef = head_params = head_opt = None
-  if head is not None:
-    if head_optimizer is None:
-      raise ValueError("a log Z head needs head_optimizer, got None")
-    head_graphdef, head_params = nnx.split(head, nnx.Param)
-    head_params = jax.tree.map(put, head_params)
-    head_opt = jax.jit(head_optimizer.init)(head_params)
+  obj_graphdef = obj_params = obj_opt = None
+  if obj_module is not None:
+    if obj_optimizer is None:
+      raise ValueError("the objective's state needs obj_optimizer, got None")
+    obj_graphdef, obj_params = nnx.split(obj_module, nnx.Param)
+    obj_params = jax.tree.map(put, obj_params)
+    obj_opt = jax.jit(obj_optimizer.init)(obj_params)
   opt_kw = {} if mesh is None else dict(
       out_shardings=opt_state_shardings(optimizer, params, mesh))
   opt_state = jax.jit(optimizer.init, **opt_kw)(params)
-  state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state, head_params, head_opt)
+  state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state, obj_params, obj_opt)
   if mesh is not None:
-    # Leaves created without a sharded input (step, optimizer counts, the head) are replicated.
+    # Leaves created without a sharded input (step, optimizer counts, the objective's state) are
+    # replicated.
     n = mesh.devices.size
     state = jax.tree.map(lambda x: x if len(x.sharding.device_set) == n else put(x), state)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  return graphdef, head_graphdef, state, shardings
+  return graphdef, obj_graphdef, state, shardings
 
 
 def make_scoring_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, PackedRows], jax.Array]:

@@ -1,12 +1,12 @@
 """Update and sync: the last parts of a Stage 3 step.
 
 `PolicyUpdater` owns the trained state (the policy's parameters, its AdamW state and, for an
-objective with a log Z head, the head and its optimizer) and the jitted update of
-`disa_jax.rl.train_step`. `update(step, sequences)` runs ``rollout.num_minibatches`` optimizer
-updates over the step's `TrainSequences`, shuffled with the step's seed and split into equal
-mini-batches of sequences, each packed into fixed-shape micro-batches (`RolloutConfig.layout`);
-`sync(engine)` pushes the new policy weights (HF names, never the head) to the
-rollout engine.
+objective with state, its parameters and optimizer, `objectives.ObjectiveState`, carried as an
+opaque slot) and the jitted update of `disa_jax.rl.train_step`. `update(step, sequences)` runs
+``rollout.num_minibatches`` optimizer updates over the step's `TrainSequences`, shuffled with the
+step's seed and split into equal mini-batches of sequences, each packed into fixed-shape
+micro-batches (`RolloutConfig.layout`); `sync(engine)` pushes the new policy weights (HF names,
+never the objective's state) to the rollout engine.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from disa_jax.data.packing import sequence_lengths
 from disa_jax.rl.batch import TrainSequences
 from disa_jax.rl.collect import derive_seed
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rl.logz_head import LogZHead
 from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Engine
 
@@ -45,7 +44,8 @@ def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
 
 def optimizer_kwargs(cfg: TrainConfig) -> dict[str, Any]:
   """`train_step.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
-  policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it)."""
+  policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it,
+  `objectives.ObjectiveState.clip_with_policy`)."""
   oc = cfg.optim
   return dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
               grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
@@ -71,23 +71,25 @@ class PolicyUpdater:
     self.pad_id, self.pad_to = pad_id, pad_to
     obj, oc = cfg.objective, cfg.optim
     opt_kwargs = optimizer_kwargs(cfg)
-    head = head_opt = None
-    joint = obj.needs_logz_head and obj.head_optimizer == "joint"
-    if joint:  # one clip over policy + head, in the step; the policy's AdamW settings for both
-      opt_kwargs["grad_clip"] = 0.0
-    optimizer = ts.make_optimizer(oc.lr, **opt_kwargs)
-    if obj.needs_logz_head:
-      head = LogZHead(policy.config.hidden_size, obj.head_layers,
-                      rngs=nnx.Rngs(derive_seed(cfg.seed, "logz_head")), init_bias=obj.head_init,
-                      dropout_rate=obj.head_dropout)
-      head_opt = ts.make_optimizer(oc.lr if joint else obj.head_lr, **opt_kwargs)
-    self.graphdef, head_graphdef, self.state, shardings = ts.init_train_state(
-        policy, optimizer, head, head_opt, mesh=mesh)
-    self._step = ts.make_train_step(self.graphdef, obj, optimizer, head_graphdef=head_graphdef,
-                                    head_optimizer=head_opt, mesh=mesh, state_shardings=shardings,
+
+    def make_opt(lr: float, clip: bool = True):
+      return ts.make_optimizer(lr, **{**opt_kwargs, "grad_clip": oc.grad_clip if clip else 0.0})
+
+    # The objective's trainable state (None without): an opaque slot beside the policy's.
+    obj_state = obj.init_state(policy.config.hidden_size, lambda name: derive_seed(cfg.seed, name),
+                               make_opt, oc.lr)
+    joint = obj_state is not None and obj_state.clip_with_policy
+    # A joint clip: one clip over policy + objective gradients in the step, none in the optimizers.
+    optimizer = make_opt(oc.lr, clip=not joint)
+    obj_module, obj_opt, key_seed, self._obj_name = (
+        (None, None, 0, None) if obj_state is None else
+        (obj_state.module, obj_state.optimizer, obj_state.key_seed, obj_state.name))
+    self.graphdef, obj_graphdef, self.state, shardings = ts.init_train_state(
+        policy, optimizer, obj_module, obj_opt, mesh=mesh)
+    self._step = ts.make_train_step(self.graphdef, obj, optimizer, obj_graphdef=obj_graphdef,
+                                    obj_optimizer=obj_opt, mesh=mesh, state_shardings=shardings,
                                     on_policy_old_logp=old_in_update,
-                                    joint_clip=oc.grad_clip if joint else 0.0,
-                                    dropout_seed=derive_seed(cfg.seed, "head_dropout"),
+                                    joint_clip=oc.grad_clip if joint else 0.0, key_seed=key_seed,
                                     mismatch_threshold=cfg.rollout.mismatch_threshold)
 
   def update(self, step: int, seqs: TrainSequences) -> dict[str, float]:
@@ -121,7 +123,7 @@ class PolicyUpdater:
     return out
 
   def sync(self, engine: Engine | None, dtype: Any = None) -> None:
-    """Pushes the policy (never the log Z head) to the engine in HF names and layouts."""
+    """Pushes the policy (never the objective's state) to the engine in HF names and layouts."""
     nnx.update(self.policy, self.state.params)
     # Collective across processes: a host copy on every process, pushed by each host leader.
     multihost.push_weights(self.policy, engine, dtype=dtype)
@@ -136,21 +138,24 @@ class PolicyUpdater:
   # -- checkpoints -------------------------------------------------------------------------------
 
   def checkpoint_state(self) -> dict[str, Any]:
+    """The trained state as a checkpoint's tree; the objective's state, if any, under
+    ``<name>_params`` / ``<name>_opt_state`` (`objectives.ObjectiveState.name`)."""
     s = self.state
     out = {"step": s.step, "params": nnx.to_pure_dict(s.params), "opt_state": s.opt_state}
-    if s.head_params is not None:
-      out["head_params"] = nnx.to_pure_dict(s.head_params)
-      out["head_opt_state"] = s.head_opt_state
+    if s.obj_params is not None:
+      out[f"{self._obj_name}_params"] = nnx.to_pure_dict(s.obj_params)
+      out[f"{self._obj_name}_opt_state"] = s.obj_opt_state
     return out
 
   def load_checkpoint_state(self, restored: dict[str, Any]) -> None:
     params = self.state.params
     nnx.replace_by_pure_dict(params, restored["params"])
-    head_params = self.state.head_params
-    if head_params is not None:
-      nnx.replace_by_pure_dict(head_params, restored["head_params"])
-    self.state = ts.TrainState(restored["step"], params, restored["opt_state"], head_params,
-                               restored.get("head_opt_state"))
+    obj_params, obj_opt_state = self.state.obj_params, None
+    if obj_params is not None:
+      nnx.replace_by_pure_dict(obj_params, restored[f"{self._obj_name}_params"])
+      obj_opt_state = restored[f"{self._obj_name}_opt_state"]
+    self.state = ts.TrainState(restored["step"], params, restored["opt_state"], obj_params,
+                               obj_opt_state)
 
   def param_shapes(self) -> dict[str, list[int]]:
     """``{parameter path: shape}`` of the trained state (compared before a resume)."""

@@ -1,24 +1,29 @@
-"""docs/objectives.md: the objective added "in one class" there registers, converts from a config
-section, and trains a step through the real update, with no other change to the code."""
+"""docs/objectives.md: the objectives added "in one class" there (one with trainable state)
+register, convert from a config section, and train a step through the real update, with no other
+change to the code."""
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 from disa_jax import config as config_lib
-from disa_jax import testing
+from disa_jax import parallel, testing
 from disa_jax.rl import losses, objectives
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.update import PolicyUpdater
 from tests.rl.helpers import micro_batches, packed_layout, synthetic_sequences
 
 DOC = open("docs/objectives.md").read()
+BLOCKS = re.findall(r"```python\n(.*?)```", DOC, re.S)
+TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
 
 
 def test_the_documented_objective_is_one_class_that_trains():
-  code = re.search(r"```python\n(.*?)```", DOC, re.S).group(1)
+  code = BLOCKS[0]
   env = dict(vars(objectives), jax=jax, jnp=jnp, losses=losses)
   objectives.REGISTRY.pop("disa_huber", None)
   try:
@@ -27,8 +32,7 @@ def test_the_documented_objective_is_one_class_that_trains():
     obj = cfg.objective
     assert type(obj).__name__ == "DisaHuber" and obj.delta == 2.0
     assert obj.needs_anchor and obj.needs_reference and obj.allows_replay  # inherited
-    model = testing.make_tiny_model(seed=0, num_layers=1, hidden_size=32, intermediate_size=64,
-                                    num_heads=2, num_kv_heads=2)
+    model = testing.make_tiny_model(seed=0, **TINY)
     opt = optax.sgd(0.1)
     graphdef, _, state, _ = ts.init_train_state(model, opt)
     step = ts.make_train_step(graphdef, obj, opt, donate=False)
@@ -47,3 +51,35 @@ def test_the_documented_objective_is_one_class_that_trains():
                                rtol=1e-6)
   finally:
     objectives.REGISTRY.pop("disa_huber", None)
+
+
+def test_the_documented_objective_with_state_trains_its_parameter():
+  code = next(b for b in BLOCKS if "init_state" in b)
+  env = dict(vars(objectives), jax=jax, jnp=jnp, losses=losses)
+  objectives.REGISTRY.pop("disa_offset", None)
+  try:
+    exec(compile(code, "docs/objectives.md", "exec"), env)  # pylint: disable=exec-used
+    cfg = config_lib.from_mapping(TrainConfig, {
+        "objective": {"name": "disa_offset", "offset_lr": 0.1},
+        "optim": {"lr": 1e-3},
+        "rollout": dict(prompts_per_batch=2, group_size=4, max_prompt_len=4, max_response_len=8,
+                        num_minibatches=1, micro_batch_rows=4)})
+    obj = cfg.objective
+    assert type(obj).__name__ == "DisaOffset" and obj.has_state and obj.offset_lr == 0.1
+    policy = testing.make_tiny_model(seed=0, **TINY)
+    updater = PolicyUpdater(cfg, policy, parallel.make_mesh(devices=jax.devices()[:1]),
+                            old_in_update=False, pad_id=0, pad_to=4)
+    before = float(updater.state.obj_params["value"].get_value())
+    assert before == 0.0
+    metrics = updater.update(0, synthetic_sequences(0, 8, 4, 8, vocab=128))
+    assert np.isfinite(metrics["loss"]) and metrics["objective_grad_norm"] > 0
+    after = float(updater.state.obj_params["value"].get_value())
+    assert after != before  # the objective's own parameter was trained
+    ckpt = updater.checkpoint_state()
+    assert set(ckpt) == {"step", "params", "opt_state", "log_z_offset_params",
+                         "log_z_offset_opt_state"}
+    # The policy's parameters hold no variable of the objective's.
+    assert len(jax.tree.leaves(updater.state.params)) == len(
+        jax.tree.leaves(nnx.state(testing.make_tiny_model(seed=0, **TINY), nnx.Param)))
+  finally:
+    objectives.REGISTRY.pop("disa_offset", None)

@@ -92,16 +92,16 @@ def _packed_update(method, seqs, layout, mesh=None):
   sgd = optax.sgd(1.0)
   graphdef, head_graphdef, state, shardings = ts.init_train_state(
       model, sgd, head, sgd if head is not None else None, mesh=mesh)
-  step = ts.make_train_step(graphdef, OBJECTIVES[method], sgd, head_graphdef=head_graphdef,
-                            head_optimizer=sgd if head is not None else None, mesh=mesh,
+  step = ts.make_train_step(graphdef, OBJECTIVES[method], sgd, obj_graphdef=head_graphdef,
+                            obj_optimizer=sgd if head is not None else None, mesh=mesh,
                             state_shardings=shardings, donate=False)
   micro = micro_batches(seqs, layout)
   if mesh is not None:
     micro = [ts.place_micro_batch(mb, mesh) for mb in micro]
   new, metrics = step(state, micro)
   moved = lambda a, b: jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), a, b)
-  return float(metrics["loss"]), moved(state.params, new.params), moved(state.head_params,
-                                                                        new.head_params), micro
+  return float(metrics["loss"]), moved(state.params, new.params), moved(state.obj_params,
+                                                                        new.obj_params), micro
 
 
 def _assert_close(method, seqs, layout, mesh=None):

@@ -57,8 +57,8 @@ def _seqs(seed, invalid_rows=0):
 def _run(method, layout, steps=2, mesh=None, invalid_rows=0, adamw=False):
   """``steps`` updates, each on ROWS synthetic sequences laid out by ``layout``."""
   graphdef, head_graphdef, state, shardings, settings, opt, head_opt = _setup(method, mesh, adamw)
-  step = ts.make_train_step(graphdef, settings, opt, head_graphdef=head_graphdef,
-                            head_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
+  step = ts.make_train_step(graphdef, settings, opt, obj_graphdef=head_graphdef,
+                            obj_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
   all_metrics = []
   for i in range(steps):
     micro = micro_batches(_seqs(i, invalid_rows), layout)
@@ -71,8 +71,8 @@ def _run(method, layout, steps=2, mesh=None, invalid_rows=0, adamw=False):
 
 def _assert_states_close(a, b, tol):
   """Max |a - b| over params, relative to the largest parameter change made by the updates."""
-  flat_a = jax.tree.leaves(a.params) + jax.tree.leaves(a.head_params)
-  flat_b = jax.tree.leaves(b.params) + jax.tree.leaves(b.head_params)
+  flat_a = jax.tree.leaves(a.params) + jax.tree.leaves(a.obj_params)
+  flat_b = jax.tree.leaves(b.params) + jax.tree.leaves(b.obj_params)
   flat_0 = jax.tree.leaves(_init_params())
   assert len(flat_a) == len(flat_b)
   worst = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
@@ -109,13 +109,13 @@ def test_accumulation_matches_one_big_micro_batch(method):
   assert m1[0]["num_sequences"] == ROWS - 3
   assert int(s4.step) == 1
   if method == "flowrl":
-    assert m1[0]["head_grad_norm"] > 0
+    assert m1[0]["objective_grad_norm"] > 0
     # The head is its own state: the policy's params hold no head variable.
-    assert s1.head_params is not None
+    assert s1.obj_params is not None
     assert len(jax.tree.leaves(s1.params)) == len(
         jax.tree.leaves(nnx.state(testing.make_tiny_model(**TINY), nnx.Param)))
   else:
-    assert s1.head_params is None
+    assert s1.obj_params is None
 
 
 def test_params_change_and_metrics_present():
@@ -202,7 +202,7 @@ def test_grpo_without_reference_ignores_ref_logp():
 
 def test_head_objective_needs_the_head():
   graphdef, _, _, _, _, opt, _ = _setup("grpo")
-  with pytest.raises(ValueError, match="'flowrl' has a log Z head"):
+  with pytest.raises(ValueError, match="'flowrl' has state"):
     ts.make_train_step(graphdef, OBJECTIVES["flowrl"], opt)
 
 
@@ -215,22 +215,22 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
   sgd = optax.sgd(0.1)
   head_sgd = optax.sgd(0.1)
   def run(seed, joint_clip=0.0):
-    step = ts.make_train_step(graphdef, obj, sgd, head_graphdef=head_graphdef,
-                              head_optimizer=head_sgd, donate=False, dropout_seed=seed,
+    step = ts.make_train_step(graphdef, obj, sgd, obj_graphdef=head_graphdef,
+                              obj_optimizer=head_sgd, donate=False, key_seed=seed,
                               joint_clip=joint_clip)
-    s0 = ts.TrainState(state.step, state.params, sgd.init(state.params), state.head_params,
-                       head_sgd.init(state.head_params))
+    s0 = ts.TrainState(state.step, state.params, sgd.init(state.params), state.obj_params,
+                       head_sgd.init(state.obj_params))
     return step(s0, batch)
   (a, ma), (b, _), (c, _) = run(1), run(1), run(2)
-  leaves = lambda s: jax.tree.leaves(s.head_params)
+  leaves = lambda s: jax.tree.leaves(s.obj_params)
   assert all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))
   assert not all(np.allclose(x, y) for x, y in zip(leaves(a), leaves(c)))
   clipped, mc = run(1, joint_clip=1e-3)
-  norm = float(np.sqrt(ma["grad_norm"] ** 2 + ma["head_grad_norm"] ** 2))
+  norm = float(np.sqrt(ma["grad_norm"] ** 2 + ma["objective_grad_norm"] ** 2))
   assert norm > 1e-2  # the clip is active
   moved = [np.asarray(x) - np.asarray(y) for x, y in
-           zip(jax.tree.leaves((clipped.params, clipped.head_params)),
-               jax.tree.leaves((state.params, state.head_params)))]
+           zip(jax.tree.leaves((clipped.params, clipped.obj_params)),
+               jax.tree.leaves((state.params, state.obj_params)))]
   step_norm = float(np.sqrt(sum(float((m ** 2).sum()) for m in moved)))
   np.testing.assert_allclose(step_norm, 0.1 * 1e-3, rtol=1e-3)  # SGD step = lr x clipped norm
 
@@ -252,3 +252,27 @@ def test_lr_schedule_warmup_constant_and_final_decay():
     u, state = opt.update(jnp.ones(()), state, p)
     moves.append(-float(u))
   assert moves == pytest.approx([1.0, 1.0, 0.1, 0.1], rel=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["separate", "joint"])
+def test_flowrl_owns_its_head_state(mode):
+  """FlowRL builds its head and optimizer itself (`Objective.init_state`); the update only carries
+  them. 'joint': the policy's learning rate, no clip of its own, one clip with the policy's."""
+  calls = []
+  def make_optimizer(lr, clip=True):
+    calls.append((lr, clip))
+    return optax.sgd(lr)
+  obj = objectives.FlowRL(head_optimizer=mode, head_lr=1e-2, head_layers=2)
+  seeds = {"logz_head": 5, "head_dropout": 7}
+  st = obj.init_state(32, seeds.__getitem__, make_optimizer, 1e-3)
+  assert isinstance(st, objectives.ObjectiveState) and isinstance(st.module, LogZHead)
+  assert st.clip_with_policy == (mode == "joint") and st.key_seed == 7 and st.name == "head"
+  assert calls == [(1e-3, False)] if mode == "joint" else calls == [(1e-2, True)]
+  same = LogZHead(32, 2, rngs=nnx.Rngs(5), init_bias=obj.head_init, dropout_rate=obj.head_dropout)
+  for a, b in zip(jax.tree.leaves(nnx.state(st.module, nnx.Param)),
+                  jax.tree.leaves(nnx.state(same, nnx.Param))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Objectives without state have none.
+  assert objectives.Grpo().init_state(32, seeds.__getitem__, make_optimizer, 1e-3) is None
+  with pytest.raises(NotImplementedError):
+    objectives.Grpo().state_forward(None, None, None, None)

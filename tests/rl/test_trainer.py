@@ -163,7 +163,7 @@ def test_baselines_run(tmp_path, method):
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert len(rows) == 1 and np.isfinite(rows[0]["loss"])
   if method == "flowrl":
-    assert rows[0]["head_grad_norm"] > 0
+    assert rows[0]["objective_grad_norm"] > 0
     assert all(k == sorted(models.expected_hf_keys(trainer.policy.config))
                for k in engine.synced_keys)
   else:

@@ -128,7 +128,7 @@ def test_config_registration_and_errors():
   obj = cfg.objective
   assert isinstance(obj, objectives.VarGrad) and obj.leave_one_out and obj.scale == "mean"
   assert obj.needs_batch_log_z and obj.needs_reference and obj.needs_old_logp
-  assert not obj.needs_anchor and not obj.needs_logz_head and obj.allows_replay
+  assert not obj.needs_anchor and not obj.has_state and obj.allows_replay
   assert objectives.default_config("vargrad")["leave_one_out"] is False
   _, _, ref, reward, mask = _data()
   with pytest.raises(ValueError, match="group_size must divide"):
