@@ -24,18 +24,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-import jax
+import bench_stage3_vs_trl  # this script's directory: the shared run of a tiny Trainer
 from transformers import AutoTokenizer
 
 from disa_jax import config as config_lib
-from disa_jax import models, rewards
+from disa_jax import rewards
 from disa_jax.rewards.sum_task import SumTask
-from disa_jax.parallel import make_mesh
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.prompts import PromptItem
-from disa_jax.rl.trainer import Trainer
-from disa_jax.rollout import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("time/step_s", "time/generate_s", "time/train_s", "time/sync_s")
@@ -64,17 +61,8 @@ def run_block(model_dir: str, workdir: str, k: int, steps: int, method: str) -> 
                    num_minibatches=2, share_prompts=True, micro_batch_rows=4, max_staleness=k),
       checkpoint=dict(every=10 ** 6, keep=1), validation=dict(every=0), seed=0,
       total_steps=steps, progress_bar=False, tensorboard=False), "bench")
-  with make_engine("jax", model_dir) as engine:
-    trainer = Trainer(cfg, workdir, policy=models.from_pretrained(model_dir),
-                      reference=models.from_pretrained(model_dir), engine=engine, prompts=items,
-                      reward_fn=rewards.get_reward_fn("sum_task"),
-                      decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                      stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
-                      mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16)
-    try:
-      return trainer.run()
-    finally:
-      trainer.close()
+  return bench_stage3_vs_trl.run_trainer(cfg, model_dir, workdir, items,
+                                         rewards.get_reward_fn("sum_task"))
 
 
 def _child(args) -> None:

@@ -93,16 +93,12 @@ LAYOUTS = {
 def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str = "shared"
              ) -> list[dict]:
   """Our GRPO loop (`disa_jax.rl.trainer.Trainer`) on the peer's model, task and settings."""
-  import jax
   from transformers import AutoTokenizer
 
   from disa_jax import config as config_lib
-  from disa_jax import models
-  from disa_jax.parallel import make_mesh
   from disa_jax.rewards.graded import Graded
   from disa_jax.rl.config import TrainConfig
-  from disa_jax.rl.trainer import PromptItem, Trainer
-  from disa_jax.rollout import make_engine
+  from disa_jax.rl.trainer import PromptItem
   tok = AutoTokenizer.from_pretrained(model_dir)
   items = [PromptItem(f"n{n}", tuple(tok(PROMPT.format(n=n))["input_ids"]), {"n": n}) for n in range(41)]
 
@@ -116,6 +112,20 @@ def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str =
                    num_minibatches=1, **LAYOUTS[layout]),
       checkpoint=dict(every=10 ** 6, keep=1, async_save=True), validation=dict(every=0),
       seed=seed, total_steps=steps, progress_bar=False, tensorboard=False), "bench")
+  return run_trainer(cfg, model_dir, workdir, items, reward_fn)
+
+
+def run_trainer(cfg, model_dir: str, workdir, items, reward_fn) -> list[dict]:
+  """A Stage 3 run of ``cfg`` (a `TrainConfig`) on the HF directory ``model_dir`` (policy and
+  pi_ref), its JAX sampler in its own generation process, one device; the per-step metrics."""
+  import jax
+  from transformers import AutoTokenizer
+
+  from disa_jax import models
+  from disa_jax.parallel import make_mesh
+  from disa_jax.rl.trainer import Trainer
+  from disa_jax.rollout import make_engine
+  tok = AutoTokenizer.from_pretrained(model_dir)
   with make_engine("jax", model_dir) as engine:
     trainer = Trainer(cfg, str(workdir), policy=models.from_pretrained(model_dir),
                       reference=models.from_pretrained(model_dir), engine=engine, prompts=items,
