@@ -373,8 +373,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 40 (5 measures in the last 20%,
-    # a constant lr). Budget, extrapolated (not measured): ~205 s per 1,000-step run two at a time on
-    # 2 cores (measured on this task at these settings), 30 runs ~55 minutes + models, Stages 1-2.
+    # a constant lr). Wall time: one seed (--config.seeds='(0,)') took 35 minutes on 2 cores while
+    # other jobs ran (load 4-11; its Stage 3 runs 275-407 s each, ~205 s on a quiet machine), so the
+    # three seeds need ~1.3-1.7 hours.
     c.runs.update(staleness_grid())
     c.methods = tuple(staleness_grid().keys())
     c.seeds = (0, 1, 2)
