@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import bench_stage3_vs_trl  # this script's directory: the shared run of a tiny Trainer
+import bench_stage3_vs_trl  # this script's directory: the tiny-Trainer run and the stats line
 from transformers import AutoTokenizer
 
 from disa_jax import config as config_lib
@@ -68,10 +68,6 @@ def run_block(model_dir: str, workdir: str, k: int, steps: int, method: str) -> 
 def _child(args) -> None:
   history = run_block(args.model_dir, args.workdir, args.k, args.steps, args.method)
   print("RESULT " + json.dumps([{p: h[p] for p in PHASES} for h in history]), flush=True)
-
-
-def _stats(xs: list[float]) -> str:
-  return f"{statistics.median(xs):.4f} s (min {min(xs):.4f}, max {max(xs):.4f}, n={len(xs)})"
 
 
 def main() -> None:
@@ -120,7 +116,8 @@ def main() -> None:
   for k in ks:
     med = statistics.median(per_k[k]["time/step_s"])
     block_rates = [1.0 / w for w in walls[k]]
-    print(f"  k={k}: step {_stats(per_k[k]['time/step_s'])}; {1.0 / med:.2f} steps/s "
+    step = bench_stage3_vs_trl.stats_line(per_k[k]["time/step_s"])
+    print(f"  k={k}: step {step}; {1.0 / med:.2f} steps/s "
           f"(blocks {min(block_rates):.2f}-{max(block_rates):.2f}); x{base / med:.2f} vs k={ks[0]}")
   k0 = per_k[ks[0]]
   print(f"  where k={ks[0]}'s step goes (medians): generate "

@@ -138,7 +138,7 @@ def run_trainer(cfg, model_dir: str, workdir, items, reward_fn) -> list[dict]:
       trainer.close()
 
 
-def _stats(xs):
+def stats_line(xs):
   return f"median {statistics.median(xs):.4f} s (min {min(xs):.4f}, max {max(xs):.4f}, n={len(xs)})"
 
 
@@ -207,12 +207,12 @@ def _print_summary(args, trl_steps, trl_gen, ours, rewards) -> None:
   print(f"\nGRPO step (8 prompts x 8 samples, <= 8 new tokens; our layout {args.layout}), "
         f"{args.blocks} alternating blocks of "
         f"{args.steps} steps; load average now {os.getloadavg()[0]:.1f}")
-  print(f"  TRL GRPOTrainer : {_stats(trl_steps)}; its generate {_stats(trl_gen)}")
+  print(f"  TRL GRPOTrainer : {stats_line(trl_steps)}; its generate {stats_line(trl_gen)}")
   for v, d in ours.items():
     steps = d["time/step_s"]
     ratio = mt / statistics.median(steps)
-    print(f"  disa_jax {v:11s}: {_stats(steps)}  TRL/ours {ratio:.2f}x -> target >= 1.25: "
-          f"{'MET' if ratio >= 1.25 else 'NOT MET'}  (compilation steps: {_stats(d['compile'])})")
+    print(f"  disa_jax {v:11s}: {stats_line(steps)}  TRL/ours {ratio:.2f}x -> target >= 1.25: "
+          f"{'MET' if ratio >= 1.25 else 'NOT MET'}  (compilation steps: {stats_line(d['compile'])})")
   print("  per phase, medians (min-max) in s:")
   for v, d in ours.items():
     print(f"    {v:11s} " + ", ".join(
@@ -258,7 +258,7 @@ def main():
     trl_steps += run["step_seconds_per_step"]
     trl_gen.append(run["generate_seconds_per_step"]["median"])
     rewards["trl"].append(run["train_reward_last5_mean"])
-    line = f"block {b}: trl {_stats(run['step_seconds_per_step'])}"
+    line = f"block {b}: trl {stats_line(run['step_seconds_per_step'])}"
     for v in variants:
       wd = work / f"ours_{v}_{b}"
       shutil.rmtree(wd, ignore_errors=True)
@@ -267,7 +267,7 @@ def main():
         ours[v][k].extend(h[k] for h in hist[3:])
       ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])
       rewards[v].append(round(float(np.mean([h["reward"] for h in hist[-5:]])), 4))
-      line += f" | {v} {_stats([h['time/step_s'] for h in hist[3:]])}"
+      line += f" | {v} {stats_line([h['time/step_s'] for h in hist[3:]])}"
     print(line, flush=True)
   _print_summary(args, trl_steps, trl_gen, ours, rewards)
 

@@ -353,8 +353,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     # Budget, extrapolated (not measured) from the claims preset's ~0.26 s per step with 2 runs at
     # a time: 16 x 2,000 steps ~70 min + models and Stage 1-2, 6 runs ~26 min.
     scale = "sum" if preset == "anchor_study_rl" else "mean"
-    c.runs.update(anchor_grid(scale))
-    c.methods = tuple(sorted(anchor_grid(scale).keys()))
+    grid = anchor_grid(scale)
+    c.runs.update(grid)
+    c.methods = tuple(sorted(grid.keys()))
     c.fix = ""  # no shipped-variant claims: the report's regime table is what this preset is for
     c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
     t.total_steps = ANCHOR_STUDY_STEPS  # the end-state verdict says whether a run got there
@@ -376,8 +377,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     # a constant lr). Wall time: one seed (--config.seeds='(0,)') took 35 minutes on 2 cores while
     # other jobs ran (load 4-11; its Stage 3 runs 275-407 s each, ~205 s on a quiet machine), so the
     # three seeds need ~1.3-1.7 hours.
-    c.runs.update(staleness_grid())
-    c.methods = tuple(staleness_grid().keys())
+    grid = staleness_grid()
+    c.runs.update(grid)
+    c.methods = tuple(grid.keys())
     c.seeds = (0, 1, 2)
     c.fix = ""  # the preset's table is the study: the report compares the runs at their end states
     c.task.n_max = 15

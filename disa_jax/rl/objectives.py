@@ -55,6 +55,10 @@ REGISTRY: dict[str, type["Objective"]] = {}
 
 def register(cls: type["Objective"]) -> type["Objective"]:
   """Class decorator: makes ``cls`` selectable by its ``name`` in configs."""
+  if cls.has_state and (cls.init_state is Objective.init_state
+                        or not callable(getattr(cls, "state_forward", None))):
+    raise TypeError(f"objective {cls.name!r} declares has_state: it must define init_state and "
+                    "state_forward (see Objective)")
   if cls.name in REGISTRY:
     raise ValueError(f"objective {cls.name!r} is already registered ({REGISTRY[cls.name]})")
   REGISTRY[cls.name] = cls
@@ -75,8 +79,8 @@ class ObjectiveState:
     optimizer: their optax transformation.
     clip_with_policy: one global-norm clip over the policy's and these gradients together, at the
       policy's ``optim.grad_clip``, before both optimizers (which then must not clip themselves).
-    key_seed: seeds the key the update gives `Objective.state_forward` (folded with the update count
-      and the micro-batch index, so a resumed run draws the same keys).
+    key_seed: seeds the key the update gives the objective's ``state_forward`` (folded with the
+      update count and the micro-batch index, so a resumed run draws the same keys).
     name: the checkpoint's keys of this state, ``<name>_params`` and ``<name>_opt_state``.
   """
   module: nnx.Module
@@ -88,7 +92,15 @@ class ObjectiveState:
 
 @dataclasses.dataclass(frozen=True)
 class Objective(abc.ABC):
-  """Base class of the Stage 3 objectives (see the module docstring)."""
+  """Base class of the Stage 3 objectives (see the module docstring).
+
+  An objective with ``has_state`` defines `init_state` and ``state_forward(module, hidden, batch,
+  key) -> state_out`` (`register` refuses one without them): ``module`` is its
+  `ObjectiveState.module` with the current parameters, ``hidden`` the policy's ``[R, L, D]`` final
+  hidden states of the packed rows, ``batch`` the micro-batch (`disa_jax.rl.batch.TrainBatch`),
+  ``key`` a PRNG key different for every micro-batch and update (`ObjectiveState.key_seed`); its
+  result is what `loss` receives as ``state_out`` (FlowRL: ``[S]`` log Z per slot).
+  """
 
   name: ClassVar[str] = ""
   needs_anchor: ClassVar[bool] = False
@@ -106,8 +118,8 @@ class Objective(abc.ABC):
   # How the objective treats a behaviour policy mu != pi_old (stale rollouts,
   # ``rollout.max_staleness`` > 0): True reads the engine's log-probs of mu as ``old_logp`` (TB:
   # omega weighs each row by pi_theta / mu, and TB's fixed point holds under any full-support mu,
-  # Prop. 3(i)); False recomputes pi_old, the policy before the step's updates, and corrects mu -> pi_old
-  # itself where it declares so (`PolicyGradient.is_correction`).
+  # Prop. 3(i)); False recomputes pi_old, the policy before the step's updates, and corrects
+  # mu -> pi_old itself where it declares so (`PolicyGradient.is_correction`).
   behaviour_as_old_logp: ClassVar[bool] = False
 
   @property
@@ -150,21 +162,6 @@ class Objective(abc.ABC):
     """
     del hidden_size, seed, make_optimizer, policy_lr
     return None
-
-  def state_forward(self, module: nnx.Module, hidden: Array, batch: Any, key: Array) -> Array:
-    """The extra input of `loss` from the objective's state and the policy's forward
-    (``has_state``).
-
-    Args:
-      module: the `ObjectiveState.module`, with the current parameters.
-      hidden: ``[R, L, D]`` the policy's final hidden states of the packed rows.
-      batch: the micro-batch (`disa_jax.rl.batch.TrainBatch`).
-      key: a PRNG key, different for every micro-batch and update (`ObjectiveState.key_seed`).
-
-    Returns:
-      What `loss` receives as ``state_out`` (FlowRL: ``[S]`` log Z per slot).
-    """
-    raise NotImplementedError(f"objective {self.name!r} has no state")
 
   @abc.abstractmethod
   def loss(self, logp: Array, batch: Any, state_out: Array | None = None
@@ -361,7 +358,8 @@ class FlowRL(TrajectoryBalance):
     head = LogZHead(hidden_size, self.head_layers, rngs=nnx.Rngs(seed("logz_head")),
                     init_bias=self.head_init, dropout_rate=self.head_dropout)
     optimizer = make_optimizer(policy_lr if joint else self.head_lr, clip=not joint)
-    return ObjectiveState(head, optimizer, clip_with_policy=joint, key_seed=seed("head_dropout"), name="head")
+    return ObjectiveState(head, optimizer, clip_with_policy=joint, key_seed=seed("head_dropout"),
+                          name="head")
 
   def state_forward(self, module, hidden, batch, key):
     """The head on the masked mean of the prompt's hidden states (``head_pooling``); with shared

@@ -18,7 +18,7 @@ An objective with trainable state (``has_state``, `objectives.ObjectiveState`) h
 parameters and optimizer state (`TrainState` ``obj_params`` / ``obj_opt_state``), never part of the
 policy's state: an opaque slot that the update differentiates and steps beside the policy's. The
 objective maps it and the policy's final hidden states of the same forward pass to the extra input
-of its loss (`Objective.state_forward`).
+of its loss (the objective's ``state_forward``, `Objective`).
 """
 from __future__ import annotations
 
@@ -303,8 +303,9 @@ def make_train_step(graphdef: nnx.GraphDef,
     joint_clip: > 0: one global-norm clip at this value over the policy's and the objective's
       gradients together, before both optimizers (which then must not clip themselves;
       `ObjectiveState.clip_with_policy`).
-    key_seed: seeds the key given to `Objective.state_forward`, folded with the update count and
-      the micro-batch index, so a resumed run draws the same keys (`ObjectiveState.key_seed`).
+    key_seed: seeds the key given to the objective's ``state_forward``, folded with the update
+      count and the micro-batch index, so a resumed run draws the same keys
+      (`ObjectiveState.key_seed`).
     mismatch_threshold: the nats of ``mismatch/frac_over`` (`losses.mismatch_metrics`).
 
   Returns:

@@ -9,19 +9,17 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from disa_jax import models, parallel
+from disa_jax import models
 from disa_jax.config import from_mapping
 from disa_jax.rl import async_rollout, losses
 from disa_jax.rl.batch import RolloutBatch
 from disa_jax.rl.collect import derive_seed
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
-from disa_jax.rl.trainer import Trainer
 from tests.rl import test_trainer as tt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,16 +118,8 @@ def _stale_trainer(method, k, workdir, steps=4, offset=0.0, **objective):
   """`tests/rl/test_trainer.py`'s tiny trainer at staleness k, with a `VersionedEngine`."""
   cfg = tt._cfg(method, steps=steps, **objective)  # pylint: disable=protected-access
   cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_staleness=k))
-  policy = tt.testing.make_tiny_model(seed=0, **tt.TINY)
   engine = VersionedEngine(tt.testing.make_tiny_model(seed=0, **tt.TINY), offset)
-  anchor = (tt._anchor(policy.config.hidden_size, beta=cfg.objective.beta)  # pylint: disable=protected-access
-            if cfg.objective.needs_anchor else None)
-  trainer = Trainer(cfg, str(workdir), policy=policy,
-                    reference=tt.testing.make_tiny_model(seed=0, **tt.TINY), engine=engine,
-                    prompts=tt._prompts(), reward_fn=tt._reward, decode=tt._decode,  # pylint: disable=protected-access
-                    stop_token_ids=(tt.EOS,), pad_id=0, anchor=anchor,
-                    validation_prompts=tt._prompts(2), pad_to=16,  # pylint: disable=protected-access
-                    mesh=parallel.make_mesh(devices=jax.devices()[:1]))
+  trainer, _ = tt._trainer(cfg, workdir, engine=engine)  # pylint: disable=protected-access
   scored = []
   score = trainer.scorer.score
 

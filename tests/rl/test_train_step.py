@@ -1,5 +1,6 @@
 """disa_jax.rl.train_step: exact accumulation, all methods, sharded == single device."""
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -274,5 +275,16 @@ def test_flowrl_owns_its_head_state(mode):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # Objectives without state have none.
   assert objectives.Grpo().init_state(32, seeds.__getitem__, make_optimizer, 1e-3) is None
-  with pytest.raises(NotImplementedError):
-    objectives.Grpo().state_forward(None, None, None, None)
+  assert not hasattr(objectives.Grpo(), "state_forward")
+  # An objective that declares state but cannot build or use it is refused when registered.
+  with pytest.raises(TypeError, match="'half_done' declares has_state: it must define init_state "
+                                      "and state_forward"):
+    @objectives.register
+    @dataclasses.dataclass(frozen=True)
+    class HalfDone(objectives.Disa):  # pylint: disable=unused-variable
+      name: ClassVar[str] = "half_done"
+      has_state: ClassVar[bool] = True
+
+      def init_state(self, hidden_size, seed, make_optimizer, policy_lr):
+        return None
+  assert "half_done" not in objectives.REGISTRY

@@ -70,10 +70,11 @@ class RecordingEngine(JaxSampler):
     super().update_weights(state_dict)
 
 
-def _trainer(cfg, workdir, anchor="auto"):
+def _trainer(cfg, workdir, anchor="auto", engine=None):
   policy = testing.make_tiny_model(seed=0, **TINY)
   reference = testing.make_tiny_model(seed=0, **TINY)
-  engine = RecordingEngine(testing.make_tiny_model(seed=0, **TINY))
+  if engine is None:
+    engine = RecordingEngine(testing.make_tiny_model(seed=0, **TINY))
   if anchor == "auto":
     anchor = (_anchor(policy.config.hidden_size, beta=cfg.objective.beta)
               if cfg.objective.needs_anchor else None)
