@@ -76,7 +76,7 @@ def _replay(fraction: float = 0.0, mode: str = "replace", positive: bool = False
 
 def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict | None = None,
          anchor: str = "fitted", match_rows_of: str = "", sigma: float = 0.0,
-         minibatches: int = 0, staleness: int = 0) -> ml_collections.ConfigDict:
+         minibatches: int = 0, staleness: int = 0, lr: float = 0.0) -> ml_collections.ConfigDict:
   r = ml_collections.ConfigDict()
   r.objective = objective  # the objective section (name + the class's fields)
   r.replay = replay if replay is not None else _replay()  # the run's train.replay section
@@ -86,6 +86,7 @@ def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict
   r.sigma = sigma  # 'exact+noise': RMS of the seeded per-prompt offsets (disa_jax.anchor.noise)
   r.minibatches = minibatches  # optimizer updates per rollout batch; 0 = train.rollout's
   r.staleness = staleness  # rollout.max_staleness of this run (asynchronous rollouts); 0 = the job's
+  r.lr = lr  # this run's peak train.optim.lr; 0 = the job's
   return r
 
 
@@ -173,6 +174,8 @@ def anchor_grid(scale: str) -> ml_collections.ConfigDict:
 
 
 STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)
+STALENESS_LR = 5e-4  # the staleness study's train.optim.lr
+HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
 
 
 def staleness_grid() -> ml_collections.ConfigDict:
@@ -193,6 +196,15 @@ def staleness_grid() -> ml_collections.ConfigDict:
     g[f"k{k}_flowrl"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k)
     g[f"k{k}_grpo"] = _run(stage3_base.objective("grpo"), staleness=k)
     g[f"k{k}_grpo_tis"] = _run(grpo_tis, staleness=k)
+  # The control of TB's delay: at the job's lr (5e-4), one seed of TB at k = 2 diverged (loss and
+  # grad norm growing from step ~40) with the exact log Z as with the fitted anchor, while k = 0
+  # spiked once and recovered. Half the lr separates "stale rows move TB's fixed point" (App. C.5:
+  # the end state would stay off) from "delayed updates at a step size near the edge diverge" (a
+  # smaller step reaches the k = 0 end state: the fixed point does not depend on the lr).
+  k = max(STALENESS)
+  g[f"k{k}_disa_halflr"] = _run(_tb("disa"), staleness=k, lr=HALF_LR)
+  g[f"k{k}_disa_exact_halflr"] = _run(_tb("disa"), anchor="exact", staleness=k, lr=HALF_LR)
+  g[f"k{k}_flowrl_halflr"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k, lr=HALF_LR)
   return g
 
 
@@ -383,7 +395,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.seeds = (0, 1, 2)
     c.fix = ""  # the preset's table is the study: the report compares the runs at their end states
     c.task.n_max = 15
-    t.optim.lr = 5e-4
+    t.optim.lr = STALENESS_LR
     t.optim.decay_frac = 0.0
     t.total_steps = 1000
     c.track.every = 40

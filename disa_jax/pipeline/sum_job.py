@@ -72,7 +72,8 @@ class RunSpec:
   per-prompt offsets of RMS exactly ``sigma``, seeded by the job's seed: `disa_jax.anchor.noise`).
   ``minibatches``: optimizer updates per rollout batch of this run (``train.rollout.
   num_minibatches``); 0 keeps the job's. ``staleness``: this run's ``train.rollout.max_staleness``
-  (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's.
+  (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's. ``lr``: this run's
+  peak ``train.optim.lr``; 0 keeps the job's.
   """
   objective: Objective
   replay: ReplayConfig = ReplayConfig()
@@ -81,6 +82,7 @@ class RunSpec:
   sigma: float = 0.0
   minibatches: int = 0
   staleness: int = 0
+  lr: float = 0.0
 
   def __post_init__(self):
     if self.anchor not in ANCHORS:
@@ -99,6 +101,8 @@ class RunSpec:
                        f"sigma={self.sigma!r}, minibatches={self.minibatches!r}")
     if not (isinstance(self.staleness, int) and self.staleness >= 0):
       raise ValueError(f"staleness must be an int >= 0 (0 = the job's), got {self.staleness!r}")
+    if not self.lr >= 0:
+      raise ValueError(f"lr must be >= 0 (0 = the job's train.optim.lr), got {self.lr!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +318,8 @@ class SumJob:
       train["rollout"] = dict(train.get("rollout", {}), num_minibatches=spec.minibatches)
     if spec.staleness:
       train["rollout"] = dict(train.get("rollout", {}), max_staleness=spec.staleness)
+    if spec.lr:
+      train["optim"] = dict(train.get("optim", {}), lr=spec.lr)
     if spec.anchor != "fitted" and self.stage1_cfg.label_scale != "sum":
       raise ValueError(f"runs.{method}.anchor={spec.anchor!r} needs stage1.label_scale='sum' (the "
                        f"exact log Z is on the trajectory scale), got "

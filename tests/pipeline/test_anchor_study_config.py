@@ -98,16 +98,24 @@ def test_heldout_option_splits_the_stage3_prompts(tmp_path):
 
 def test_staleness_study_preset_sets_each_runs_staleness(tmp_path):
   job = _job(main_config.get_config("staleness_study"), tmp_path)
-  assert job.cfg.seeds == (0, 1, 2) and len(job.cfg.methods) == 10
+  assert job.cfg.seeds == (0, 1, 2) and len(job.cfg.methods) == 13
   for name in job.cfg.methods:
     k, method = name.split("_", 1)
     cfg = job.stage3_cfgs[(name, 0)]
     assert cfg.train.rollout.max_staleness == int(k[1:]) in main_config.STALENESS, name
+    half = method.endswith("_halflr")  # the TB delay control: the same run at half the lr
+    method = method.removesuffix("_halflr")
+    want_lr = main_config.HALF_LR if half else main_config.STALENESS_LR
+    assert cfg.train.optim.lr == want_lr, name
     obj = cfg.train.objective
     assert obj.name == {"disa_exact": "disa", "grpo_tis": "grpo"}.get(method, method)
     if method == "grpo_tis":
       assert obj.is_correction == "tis" and obj.is_cap == 2.0
     elif method == "grpo":
       assert obj.is_correction == "none"
+  assert {n for n in job.cfg.methods if n.endswith("_halflr")} == {
+      "k2_disa_halflr", "k2_disa_exact_halflr", "k2_flowrl_halflr"}
   with pytest.raises(ValueError, match="staleness must be an int >= 0 .* got -1"):
     RunSpec(Disa(), staleness=-1)
+  with pytest.raises(ValueError, match=r"lr must be >= 0 .* got -0.1"):
+    RunSpec(Disa(), lr=-0.1)
