@@ -176,6 +176,13 @@ def anchor_grid(scale: str) -> ml_collections.ConfigDict:
 STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)
 STALENESS_LR = 5e-4  # the staleness study's train.optim.lr
 HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
+# The staleness study's questions, each 'A<B' decided over seeds: does k = 2 raise each method's KL;
+# does TIS help GRPO at k = 2; is DISA's frozen anchor more robust to staleness than FlowRL's head;
+# does the anchor's error (sigma_g) matter on-policy and under staleness.
+STALENESS_COMPARE = (
+    *(f"k0_{m}<k2_{m}" for m in ("disa", "disa_exact", "flowrl", "grpo", "grpo_tis")),
+    "k2_grpo_tis<k2_grpo", "k2_disa<k2_flowrl", "k2_disa_halflr<k2_flowrl_halflr",
+    "k0_disa_exact<k0_disa", "k2_disa_exact_halflr<k2_disa_halflr")
 
 
 def staleness_grid() -> ml_collections.ConfigDict:
@@ -230,6 +237,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # Runs the fix is compared with (Welch over seeds): its controls, when the preset trains them.
   c.controls = ()
+  # Further comparisons the report decides, each 'A<B': "A's KL to the target is below B's" by
+  # Welch's test over Stage 3 seeds (p < 0.05); both runs must be in methods.
+  c.compare = ()
   c.sft_enabled = True  # train and evaluate the LoRA-SFT baseline (App. D.4)
   # conditional_kl.json: per evaluated model, KL(pi|c || pi~|c) and KL(pi|c || p_T|c) over the
   # enumerated correct answers (disa_jax.eval.conditional; a few seconds per model).
@@ -394,6 +404,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.methods = tuple(grid.keys())
     c.seeds = (0, 1, 2)
     c.fix = ""  # the preset's table is the study: the report compares the runs at their end states
+    c.compare = STALENESS_COMPARE
     c.task.n_max = 15
     t.optim.lr = STALENESS_LR
     t.optim.decay_frac = 0.0

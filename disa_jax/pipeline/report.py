@@ -260,6 +260,9 @@ def _claims(job, s1: dict, evals: dict, runs: dict, dyn: dict, fix: str | None,
   for c in [x for x in job.cfg.controls if fix and x in evals]:
     out.append(_kl_below(job, runs, dyn, fix, c,
                          f"{fix}'s KL to the target is below its control {c}'s (Welch, p < 0.05)"))
+  for a, _, b in (pair.partition("<") for pair in job.cfg.compare):
+    out.append(_kl_below(job, runs, dyn, a, b, f"{a}'s KL to the target is below {b}'s (Welch "
+                                                 "over seeds, p < 0.05)"))
   for m in [x for x in evals if x.endswith("_replay") and x[:-len("_replay")] in evals]:
     base = m[:-len("_replay")]
     out.append(_kl_below(job, runs, dyn, m, base,

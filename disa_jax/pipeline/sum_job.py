@@ -170,6 +170,7 @@ class MainConfig:
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   controls: tuple[str, ...] = ()
+  compare: tuple[str, ...] = ()
   track: TrackConfig = TrackConfig()
   sft_enabled: bool = True
   conditional_kl: bool = False
@@ -201,6 +202,11 @@ class MainConfig:
     if bad or (self.controls and not self.fix):
       raise ValueError(f"controls must name runs {sorted(self.runs)} other than the fix "
                        f"{self.fix!r} (which must be set), got {self.controls!r}")
+    for i, pair in enumerate(self.compare):
+      a, _, b = pair.partition("<")
+      if not (a in self.methods and b in self.methods and a != b):
+        raise ValueError(f"compare[{i}] must be 'A<B' with A != B both in methods "
+                         f"{list(self.methods)}, got {pair!r}")
     for name, spec in self.runs.items():
       other = self.runs.get(spec.match_rows_of)
       if spec.match_rows_of and (other is None or other.replay.mode != "add"

@@ -1,6 +1,7 @@
 """The claims preset trains the fix's controls as named runs, each differing from the fix in one
 thing, and the config refuses controls it cannot build."""
 import dataclasses
+import re
 
 import pytest
 
@@ -60,3 +61,17 @@ def test_controls_the_config_cannot_build_are_refused():
   c.runs.disa_pos_replay_n8.match_rows_of = "disa_pos_replay"
   with pytest.raises(ValueError, match="samples every row on-policy, but the run replays"):
     MainConfig.from_config(c)
+
+
+@pytest.mark.parametrize("pair", ["disa<nope", "disa<disa", "disa>grpo", "disa"])
+def test_a_comparison_of_runs_the_job_does_not_train_is_refused(pair):
+  c = main_config.get_config("")
+  c.compare = (pair,)
+  with pytest.raises(ValueError, match=r"compare\[0\] must be 'A<B' .*" + re.escape(repr(pair))):
+    MainConfig.from_config(c)
+
+
+def test_the_staleness_study_compares_runs_it_trains():
+  cfg = MainConfig.from_config(main_config.get_config("staleness_study"))
+  assert "k2_disa<k2_flowrl" in cfg.compare and "k0_disa<k2_disa" in cfg.compare
+  assert all(set(p.split("<")) <= set(cfg.methods) for p in cfg.compare)

@@ -75,3 +75,19 @@ def test_matched_accuracy_reports_p_correct_reached_and_the_seeds_and_is_flagged
   assert n["grpo_p_correct"] == [0.97, 0.91, 0.96] and n["grpo_seeds_reached"] == [0, 1, 2]
   assert m["holds"] and n["p"] < 0.05
   assert m["from_transient"]  # grpo is still moving: the old code set this claim's flag to False
+
+
+def test_each_configured_comparison_is_one_welch_claim():
+  runs = _runs({"k0_disa": [0.18, 0.20, 0.19], "k2_disa": [5.0, 9.0, 7.0],
+                "k0_grpo": [1.8, 1.9, 1.7], "k2_grpo": [1.85, 1.8, 1.9]})
+  job = _job()
+  job.cfg = SimpleNamespace(seeds=SEEDS, compare=("k0_disa<k2_disa", "k0_grpo<k2_grpo"),
+                            controls=())
+  evals = {m: {} for m in ("k0_disa", "k2_disa", "k0_grpo", "k2_grpo")}
+  s1 = {"n_study_mae_vs_exact": {"2": 0.6, "4": 0.4}}
+  dyn = _dyn({"k0_disa": True, "k2_disa": False, "k0_grpo": True, "k2_grpo": True}, {})
+  out = {c["claim"].split("'")[0]: c for c in R._claims(job, s1, evals, runs, dyn, None, [])}
+  disa, grpo = out["k0_disa"], out["k0_grpo"]
+  assert disa["holds"] and disa["numbers"]["p"] < 0.05 and disa["from_transient"]
+  assert disa["runs"] == ["k0_disa", "k2_disa"]
+  assert not grpo["holds"] and not grpo["from_transient"] and "Welch p" in grpo["why"]
