@@ -14,7 +14,8 @@ Our step runs in a child process per block, one per variant (``--variants``):
   "before" column;
 - a ``+malloc`` suffix sets the same allocator settings through ``GLIBC_TUNABLES`` (for a base
   tree without `disa_jax.runtime`), ``+nomalloc`` turns `disa_jax.runtime`'s off
-  (``DISA_HOST_MALLOC=0``). XLA:CPU allocates each execution's temporaries as one block; above
+  (``DISA_HOST_MALLOC=0``), an ``@k<K>`` suffix runs it with asynchronous rollouts
+  (``rollout.max_staleness = K``, `disa_jax.rl.async_rollout`), e.g. ``--variants new,new@k1``. XLA:CPU allocates each execution's temporaries as one block; above
   64 MiB (the update's is 64.5 MiB on this model) glibc maps it fresh from the kernel on every call
   and every page faults again (16.5k minor faults per update); kept, the block is reused.
 
@@ -90,8 +91,8 @@ LAYOUTS = {
 }
 
 
-def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str = "shared"
-             ) -> list[dict]:
+def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str = "shared",
+             staleness: int = 0) -> list[dict]:
   """Our GRPO loop (`disa_jax.rl.trainer.Trainer`) on the peer's model, task and settings."""
   from transformers import AutoTokenizer
 
@@ -109,7 +110,8 @@ def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str =
       objective=dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0),
       optim=dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0),
       rollout=dict(prompts_per_batch=8, group_size=8, max_prompt_len=64, max_response_len=8,
-                   num_minibatches=1, **LAYOUTS[layout]),
+                   num_minibatches=1, **LAYOUTS[layout],
+                   **({"max_staleness": staleness} if staleness else {})),
       checkpoint=dict(every=10 ** 6, keep=1, async_save=True), validation=dict(every=0),
       seed=seed, total_steps=steps, progress_bar=False, tensorboard=False), "bench")
   return run_trainer(cfg, model_dir, workdir, items, reward_fn)
@@ -151,19 +153,30 @@ def extract_tree(rev: str, dest: Path) -> Path:
   return dest
 
 
+def parse_variant(variant: str) -> tuple[str, str, int]:
+  """'new+nomalloc@k1' -> ('new', '+nomalloc', 1): the tree, the allocator option, the staleness."""
+  head, _, k = variant.partition("@k")
+  tree, _, opt = head.partition("+")
+  if tree not in ("base", "new") or opt not in ("", "malloc", "nomalloc") or not (
+      k == "" or k.isdigit()):
+    raise ValueError(f"--variants: unknown variant {variant!r} (base|new, optionally +malloc or "
+                     "+nomalloc, then optionally @k<K>)")
+  return tree, f"+{opt}" if opt else "", int(k or 0)
+
+
 def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, steps: int,
                    seed: int, layout: str) -> list[dict]:
   """Our GRPO run in a child process importing `disa_jax` from `tree`; returns its history."""
   out = workdir / "history.json"
   env = dict(os.environ, PYTHONPATH=str(tree), CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
-  if variant.endswith("+malloc"):
+  _, opt, staleness = parse_variant(variant)
+  if opt == "+malloc":
     env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-  if variant.endswith("+nomalloc"):
+  if opt == "+nomalloc":
     env["DISA_HOST_MALLOC"] = "0"  # `disa_jax.runtime` leaves glibc's defaults
   args = [sys.executable, __file__, "--child", json.dumps(
       {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
-       "layout": layout,
-       "out": str(out)})]
+       "layout": layout, "staleness": staleness, "out": str(out)})]
   proc = subprocess.run(args, env=env, capture_output=True, text=True)
   if proc.returncode != 0:
     raise RuntimeError(f"our run ({variant}) failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -179,7 +192,7 @@ def _child(spec: str) -> None:
     pass
   Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
   hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"],
-                  layout=s["layout"])
+                  layout=s["layout"], **({"staleness": s["staleness"]} if s["staleness"] else {}))
   Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
 
 
@@ -192,7 +205,7 @@ def _parse_args():
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--variants", default="new",
                   help="comma list of base | new, each optionally +malloc (GLIBC_TUNABLES) or "
-                       "+nomalloc (DISA_HOST_MALLOC=0)")
+                       "+nomalloc (DISA_HOST_MALLOC=0), then optionally @k<K> (max_staleness K)")
   ap.add_argument("--baseline-rev", default=None, help="git revision of the 'base' variant")
   ap.add_argument("--layout", choices=sorted(LAYOUTS), default="shared",
                   help="our update's micro-batch layout (a base tree must know its fields)")
@@ -239,8 +252,10 @@ def main():
     sys.exit(f"peer script not found: {args.peer}")
   variants = [v for v in args.variants.split(",") if v]
   for v in variants:
-    if v.split("+")[0] not in ("base", "new") or v.split("+")[1:] not in ([], ["malloc"], ["nomalloc"]):
-      sys.exit(f"--variants: unknown variant {v!r}")
+    try:
+      parse_variant(v)
+    except ValueError as e:
+      sys.exit(str(e))
     if v.startswith("base") and not args.baseline_rev:
       sys.exit("--variants with 'base' needs --baseline-rev")
   work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_trl_"))
@@ -262,7 +277,7 @@ def main():
     for v in variants:
       wd = work / f"ours_{v}_{b}"
       shutil.rmtree(wd, ignore_errors=True)
-      hist = run_ours_child(v, trees[v.split("+")[0]], str(warm), wd, args.steps, b, args.layout)
+      hist = run_ours_child(v, trees[parse_variant(v)[0]], str(warm), wd, args.steps, b, args.layout)
       for k in PHASES:
         ours[v][k].extend(h[k] for h in hist[3:])
       ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])
