@@ -262,7 +262,7 @@ def plan(setup: Setup, *, rows: int, row_len: int, with_score: bool = True) -> P
   batch_shards = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
   if rows % batch_shards:
     raise ValueError(f"--rows value {rows} must be a multiple of the {batch_shards} batch shards "
-                     "(rollout.micro_batch_rows must be, see rl/trainer.py)")
+                     "(rollout.micro_batch_rows must be, see rl/build.py)")
   layout = PackingLayout(row_len=row_len, rows=rows, seqs_per_row=rc.seqs_per_row)
   mb = abstract_micro_batch(layout, rc.max_response_len, setup.mesh)
   lowered = setup.step.lower(setup.state, mb)

@@ -1,16 +1,20 @@
 """Stage 3: anchored trajectory-balance RL (DISA) and the FlowRL, GRPO and GSPO baselines.
 
-A step reads rollout -> score -> objective -> update -> sync, one module per part:
+A step reads rollout -> score -> objective -> update -> sync, one module per part, each stage
+returning a new frozen batch type (`batch`):
 
-- `collect`: `RolloutCollector`, sampling + grading + packing into a `RolloutBatch`;
-- `scorer`: `BatchScorer`, the reference / old log-probs and the anchor's log Z;
+- `collect`: `RolloutCollector`, sampling + grading into a `RolloutBatch`;
+- `scorer`: `BatchScorer`, the reference / old log-probs and the anchor's log Z: a `ScoredBatch`;
+- `objective_step`: `ObjectiveStep`, the objective's per-row signal: a `SignalBatch`;
 - `objectives`: one frozen class per method (`Disa`, `FlowRL`, `Grpo`, `Gspo`), with its
   hyperparameters and declared needs, on the pure loss functions of `losses` (eqs. 1-3, 5, 6, 10);
-- `update`: `PolicyUpdater`, the jitted sharded micro-batched AdamW update of `train_step`, and
-  the weight sync to the engine;
-- `trainer`: the loop, validation, checkpoints and resume.
+- `update`: `PolicyUpdater`, the jitted sharded micro-batched AdamW update of `train_step`;
+- `sync`: `WeightSync`, the new weights to the engine;
+- `trainer`: the loop over the parts (`StepParts`), validation, checkpoints and resume;
+- `build`: one factory per part from its config section, the one anchor check
+  (`validate_anchor`) and `build_trainer`, what callers use.
 
-Also: `batch` (the typed batches), `prompts` (the resumable prompt stream), `replay` (Stage 1
+Also: `seeds` (every seed of a run), `prompts` (the resumable prompt stream), `replay` (Stage 1
 replay), `logz_head` (FlowRL's head), `config` (what the trainer reads), `metrics` (JSONL +
 TensorBoard). Sub-modules are imported on use (``from disa_jax.rl import objectives``) so that
 importing the package stays cheap.

@@ -32,7 +32,7 @@ from typing import Mapping
 
 import numpy as np
 
-from disa_jax.rl.batch import RolloutBatch
+from disa_jax.rl.batch import RolloutBatch, require
 from disa_jax.rl.collect import LocalRollout, RolloutCollector
 from disa_jax.rollout.types import Engine
 
@@ -147,12 +147,11 @@ def _unragged(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray | None]:
 
 
 def save_batches(path: str | os.PathLike, batches: Mapping[int, RolloutBatch]) -> None:
-  """Writes unscored rollout batches to ``path`` (.npz, no pickle), atomically."""
+  """Writes unscored rollout batches (`RolloutBatch`, never a `ScoredBatch`) to ``path`` (.npz,
+  no pickle), atomically."""
   arrays, meta = {}, {}
   for s, b in batches.items():
-    for f in ("ref_logp", "old_logp", "log_z", "signal"):
-      if getattr(b, f) is not None:
-        raise ValueError(f"save_batches: batch of step {s} is already scored ({f} is set)")
+    require(b, RolloutBatch, f"save_batches (batch of step {s})")
     p = f"{s}/"
     meta[str(s)] = {"prompt_ids": b.prompt_ids, "group_size": b.group_size,
                     "response_width": b.response_width, "finish_reason": b.finish_reason,

@@ -1,13 +1,17 @@
-"""The typed batches of a Stage 3 step: `RolloutBatch` on the host, `TrainBatch` into the update.
+"""The typed batches of a Stage 3 step: one frozen type per stage, then `TrainBatch` (the update).
 
-A step reads: rollout -> score -> objective -> update. `RolloutBatch` is filled in that order:
+A step reads: rollout -> score -> objective -> update. Each stage takes the previous stage's type
+and returns a new one (nothing is filled in place), so a step run out of order fails at the type:
 
-1. the collector (`disa_jax.rl.collect`) samples and grades (prompt-major sequences: the G
-   sequences of prompt p are ``p*G : (p+1)*G``);
-2. the scorer (`disa_jax.rl.scorer`) adds the log-probs the objective needs: ``ref_logp`` (pi_ref),
-   ``old_logp`` (pi_old), per response token, and ``log_z`` (the anchor's per-sequence value);
-3. the objective adds ``signal``, its per-sequence scalar (r~ for TB, the advantage for GRPO/GSPO);
-4. `RolloutBatch.train_sequences` hands them to the update, which packs each mini-batch into
+1. the collector (`disa_jax.rl.collect`) samples and grades: `RolloutBatch` (prompt-major
+   sequences: the G sequences of prompt p are ``p*G : (p+1)*G``);
+2. the scorer (`disa_jax.rl.scorer`) takes a `RolloutBatch` and returns a `ScoredBatch`, with the
+   log-probs the objective needs: ``ref_logp`` (pi_ref), ``old_logp`` (pi_old), per response
+   token, and ``log_z`` (the anchor's per-sequence value);
+3. the objective stage (`disa_jax.rl.objective_step`) takes a `ScoredBatch` and returns a
+   `SignalBatch`, with ``signal``, the objective's per-sequence scalar (r~ for TB, the advantage for
+   GRPO/GSPO), and a batch log Z where the objective estimates one;
+4. `SignalBatch.train_sequences` hands them to the update, which packs each mini-batch into
    `TrainBatch` micro-batches (`TrainSequences.micro_batches`).
 
 A `TrainBatch` has two sides. The model side is `disa_jax.data.packing.PackedRows`: R rows of L
@@ -128,9 +132,22 @@ class TrainSequences:
     return out
 
 
-@dataclasses.dataclass
+def require(batch: object, expected: type, stage: str) -> None:
+  """Refuses a batch of the wrong stage: ``stage`` takes an ``expected`` (see the module docstring).
+
+  Raises:
+    TypeError: naming the stage, the type it takes and the type it got.
+  """
+  if not isinstance(batch, expected):
+    raise TypeError(f"{stage} takes a {expected.__name__}, got {type(batch).__name__}: the step "
+                    "runs rollout -> score -> objective -> update, each stage on the previous "
+                    "stage's batch")
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutBatch:
-  """One RL step's samples on the host, sequences prompt-major ``[B = P * G]``.
+  """One RL step's graded samples on the host (the collector's output), sequences prompt-major
+  ``[B = P * G]``.
 
   Attributes:
     prompt_ids: ``[P]`` ids of the step's prompts.
@@ -147,11 +164,6 @@ class RolloutBatch:
     finish_reason: ``[B]`` 'stop' | 'length' | 'replay'.
     stored_ref_logp: ``[B]`` float64 log pi_ref recorded by Stage 1 for replayed sequences (NaN
       for on-policy ones); checked against the recomputed value.
-    ref_logp, old_logp: ``[B, W]`` float32 per response token (zeros beyond each response), filled
-      by the scorer when the objective needs them.
-    log_z: ``[B]`` float32, filled by the scorer for objectives with an anchor, or by the trainer
-      for objectives with a batch log Z (`Objective.needs_batch_log_z`).
-    signal: ``[B]`` float32, filled by the objective (`Objective.row_signal`).
     generate_s: seconds spent in the engines.
     policy_version: the optimizer steps behind the weights the engine sampled with (the batch of
       step t at ``rollout.max_staleness`` k: max(t - k, 0)); replayed rows keep it too.
@@ -168,10 +180,6 @@ class RolloutBatch:
   engine_logp: list[np.ndarray | None]
   finish_reason: list[str]
   stored_ref_logp: np.ndarray
-  ref_logp: np.ndarray | None = None
-  old_logp: np.ndarray | None = None
-  log_z: np.ndarray | None = None
-  signal: np.ndarray | None = None
   generate_s: float = 0.0
   policy_version: int = 0
 
@@ -196,20 +204,6 @@ class RolloutBatch:
     """``[B]`` -> ``[P, G]`` raw rewards."""
     return self.reward.reshape(len(self.prompt_ids), self.group_size)
 
-  def train_sequences(self) -> TrainSequences:
-    """The update's inputs (None fields as zeros: the objective does not read them)."""
-    if self.signal is None:
-      raise ValueError("RolloutBatch.signal is unset: the objective's row_signal has not run")
-    zeros_t = np.zeros((self.num_rows, self.response_width), np.float32)
-    return TrainSequences(
-        prompts=self.prompts, responses=self.response_ids,
-        old_logp=zeros_t if self.old_logp is None else self.old_logp,
-        ref_logp=zeros_t if self.ref_logp is None else self.ref_logp,
-        signal=np.asarray(self.signal, np.float32).reshape(-1),
-        log_z=(np.zeros(self.num_rows, np.float32) if self.log_z is None
-               else np.asarray(self.log_z, np.float32)),
-        behaviour_logp=self.behaviour_logp(), on_policy=~self.is_replay)
-
   def behaviour_logp(self) -> np.ndarray:
     """``[B, W]`` log mu of each response token as sampled (zeros on replayed rows)."""
     return self.response_logp_rows([np.zeros(0, np.float32) if r else lp
@@ -223,3 +217,101 @@ class RolloutBatch:
         raise ValueError(f"sequence {i} has no recorded log-probs")
       out[i, :len(lp)] = lp
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredBatch:
+  """A `RolloutBatch` with the passes its objective reads (the scorer's output).
+
+  A field stays None exactly when the objective does not read it (`BatchScorer.score`).
+
+  Attributes:
+    rollout: the step's graded samples, ``[B = P * G]`` sequences.
+    ref_logp: ``[B, W]`` float32 log pi_ref per response token (zeros beyond each response);
+      None unless ``objective.needs_reference``.
+    old_logp: ``[B, W]`` float32 log pi_old per response token; None unless the objective needs
+      pi_old on the host (not taken from the update's own forward).
+    log_z: ``[B]`` float32 the anchor's log Z of each row's prompt; None unless
+      ``objective.needs_anchor``.
+  """
+  rollout: RolloutBatch
+  ref_logp: np.ndarray | None = None
+  old_logp: np.ndarray | None = None
+  log_z: np.ndarray | None = None
+
+  def __post_init__(self):
+    require(self.rollout, RolloutBatch, "ScoredBatch.rollout")
+
+  # The rollout's facts an objective reads (`VarGrad.batch_log_z`).
+  @property
+  def group_size(self) -> int:
+    return self.rollout.group_size
+
+  @property
+  def response_width(self) -> int:
+    return self.rollout.response_width
+
+  @property
+  def response_ids(self) -> list[np.ndarray]:
+    return self.rollout.response_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalBatch:
+  """A `ScoredBatch` with the objective's per-row signal (the objective stage's output): what the
+  update trains on (`train_sequences`).
+
+  Attributes:
+    scored: the scored batch, ``[B = P * G]`` sequences.
+    signal: ``[B]`` float32 the objective's per-sequence scalar (`Objective.batch_signal`).
+    log_z: ``[B]`` float32 the log Z the loss reads: the anchor's (``scored.log_z``) or the batch
+      estimate of an objective with ``needs_batch_log_z``; None for the others.
+  """
+  scored: ScoredBatch
+  signal: np.ndarray
+  log_z: np.ndarray | None = None
+
+  def __post_init__(self):
+    require(self.scored, ScoredBatch, "SignalBatch.scored")
+    rows = self.scored.rollout.num_rows
+    if np.shape(self.signal) != (rows,):
+      raise ValueError(f"SignalBatch.signal has shape {np.shape(self.signal)}, expected "
+                       f"({rows},): one value per row of the batch")
+
+  @property
+  def rollout(self) -> RolloutBatch:
+    return self.scored.rollout
+
+  # The scored facts an objective reads (`VarGrad.batch_log_z`).
+  @property
+  def old_logp(self) -> np.ndarray | None:
+    return self.scored.old_logp
+
+  @property
+  def ref_logp(self) -> np.ndarray | None:
+    return self.scored.ref_logp
+
+  @property
+  def group_size(self) -> int:
+    return self.scored.group_size
+
+  @property
+  def response_width(self) -> int:
+    return self.scored.response_width
+
+  @property
+  def response_ids(self) -> list[np.ndarray]:
+    return self.scored.response_ids
+
+  def train_sequences(self) -> TrainSequences:
+    """The update's inputs (None fields as zeros: the objective does not read them)."""
+    b, scored = self.rollout, self.scored
+    zeros_t = np.zeros((b.num_rows, b.response_width), np.float32)
+    return TrainSequences(
+        prompts=b.prompts, responses=b.response_ids,
+        old_logp=zeros_t if scored.old_logp is None else scored.old_logp,
+        ref_logp=zeros_t if scored.ref_logp is None else scored.ref_logp,
+        signal=np.asarray(self.signal, np.float32).reshape(-1),
+        log_z=(np.zeros(b.num_rows, np.float32) if self.log_z is None
+               else np.asarray(self.log_z, np.float32)),
+        behaviour_logp=b.behaviour_logp(), on_policy=~b.is_replay)

@@ -12,12 +12,13 @@ Multi-host (``jax.process_count() > 1``): each host leader's generation process 
 contiguous slice of the step's prompts (``SamplingParams.prompt_index_offset`` keeps the samples
 those of a single engine handed the whole batch), grades its slice, and the completions, rewards and
 grading errors are all-gathered, so every process holds the same `RolloutBatch`. The sampling seed
-of step k is derived from (seed, k), so a resumed run samples what an uninterrupted one would.
+of step k is derived from (seed, k) (`disa_jax.rl.seeds`), so a resumed run samples what an
+uninterrupted one would. The collector is built from the run's ``rollout``, ``replay`` and
+``validation`` sections (`disa_jax.rl.build.make_collector`).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from typing import Any, Callable, Sequence
 
@@ -26,18 +27,13 @@ import numpy as np
 from disa_jax.eval import metrics as eval_metrics
 from disa_jax.parallel import distributed
 from disa_jax.rewards.graded import Graded, Response, RewardFn
+from disa_jax.rl import seeds
 from disa_jax.rl.batch import RolloutBatch
-from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.config import ReplayConfig, RolloutConfig, ValidationConfig
 from disa_jax.rl.prompts import PromptItem, PromptStream
 from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
 from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Completion, Engine, SamplingParams
-
-
-def derive_seed(*parts: Any) -> int:
-  """A 31-bit seed from any hashable description (e.g. ``(seed, 'rollout', step)``)."""
-  digest = hashlib.sha256(repr(parts).encode()).digest()
-  return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def grade(reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
@@ -106,28 +102,38 @@ class RolloutCollector:
   """Samples and grades the rollout batch of each RL step (see the module docstring).
 
   Args:
-    cfg: the run's `TrainConfig` (rollout, replay, seed).
+    rollout: the run's ``rollout`` section (sampling settings, group size, widths).
+    replay: the run's ``replay`` section (Stage 1 replay; ``fraction=0``: none).
+    validation: the run's ``validation`` section (what `validate` samples).
+    seed: the run's seed (every sampling seed is derived from it, `disa_jax.rl.seeds`).
+    rows_per_prompt: R rows of each prompt's group (`TrainConfig.rows_per_prompt`).
     engine: this host's rollout engine (None on processes that do not lead a host).
     stream: the training prompts.
     reward_fn: the run's `RewardFn`.
     decode: token ids -> text (special tokens skipped), for the reward function.
     stop_token_ids: tokens that end a response.
-    replay_pool: Stage 1 samples (required when ``cfg.replay`` is enabled).
+    replay_pool: Stage 1 samples (required when ``replay`` is enabled).
     leaders: process indices of the host leaders (`distributed.host_leaders`).
   """
 
-  def __init__(self, cfg: TrainConfig, *, engine: Engine | None, stream: PromptStream,
+  def __init__(self, rollout: RolloutConfig, replay: ReplayConfig, validation: ValidationConfig,
+               *, seed: int, rows_per_prompt: int, engine: Engine | None, stream: PromptStream,
                reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
                stop_token_ids: tuple[int, ...], replay_pool: ReplayPool | None,
                leaders: list[int]):
-    if cfg.replay.enabled and replay_pool is None:
-      raise ValueError(f"replay.fraction={cfg.replay.fraction} needs a Stage 1 replay pool, got None")
-    if replay_pool is not None and not cfg.replay.enabled:
+    if replay.enabled and replay_pool is None:
+      raise ValueError(f"replay.fraction={replay.fraction} needs a Stage 1 replay pool, got None")
+    if replay_pool is not None and not replay.enabled:
       raise ValueError("a replay pool was given but replay.fraction=0")
     if replay_pool is not None and replay_pool.coverage([it.prompt_id for it in stream.items]) == 0:
       raise ValueError(f"none of the {len(stream.items)} training prompt ids has a Stage 1 sample "
                        "in the replay pool")
-    self.cfg, self.engine, self.stream = cfg, engine, stream
+    if rows_per_prompt < rollout.group_size:
+      raise ValueError(f"rows_per_prompt={rows_per_prompt} is below rollout.group_size="
+                       f"{rollout.group_size}")
+    self.rollout_cfg, self.replay_cfg, self.validation_cfg = rollout, replay, validation
+    self.seed, self.rows_per_prompt = seed, rows_per_prompt
+    self.engine, self.stream = engine, stream
     self.reward_fn, self.decode = reward_fn, decode
     self.stop_token_ids = tuple(stop_token_ids)
     self.replay, self.leaders = replay_pool, leaders
@@ -166,7 +172,7 @@ class RolloutCollector:
             Graded(r, e), call.generate_s)
 
   def sampling(self, n: int, seed: int, **overrides: Any) -> SamplingParams:
-    rc = self.cfg.rollout
+    rc = self.rollout_cfg
     kwargs = dict(n=n, temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
                   max_tokens=rc.max_response_len, stop_token_ids=self.stop_token_ids, seed=seed,
                   return_raw_logprobs=rc.old_logp_source == "engine")
@@ -176,9 +182,9 @@ class RolloutCollector:
   def _draw_replay(self, step: int, items: Sequence[PromptItem]) -> list[list[ReplaySample]]:
     if self.replay is None:
       return [[] for _ in items]
-    k = replay_count(self.cfg.replay.fraction_at(step), self.cfg.rollout.group_size)
+    k = replay_count(self.replay_cfg.fraction_at(step), self.rollout_cfg.group_size)
     return self.replay.draw([it.prompt_id for it in items], k,
-                            seed=derive_seed(self.cfg.seed, "replay", step))
+                            seed=seeds.replay_seed(self.seed, step))
 
   def collect(self, step: int, version: int = 0) -> RolloutBatch:
     """The graded rollout batch of RL step ``step`` (0-based), sampled by weights ``version``.
@@ -192,8 +198,8 @@ class RolloutCollector:
   def sample(self, step: int, version: int = 0) -> LocalRollout:
     """This process's share of step ``step``'s rollouts (no collective; `finish` gathers them)."""
     items = self.stream.batch(step)
-    rows = self.cfg.rows_per_prompt
-    seed = derive_seed(self.cfg.seed, "rollout", step)
+    rows = self.rows_per_prompt
+    seed = seeds.rollout_seed(self.seed, step)
     replayed = self._draw_replay(step, items)
     k = max(len(r) for r in replayed)
     main = self.generate_local(items, self.sampling(rows - k, seed))
@@ -218,11 +224,9 @@ class RolloutCollector:
         groups[i] += extra[j]
         rows_r[i] += extra_g.reward[j * k:(j + 1) * k].tolist()
         rows_e[i] += extra_g.error[j * k:(j + 1) * k].tolist()
-    batch = self._assemble(items, groups, rows_r, rows_e, replayed, t_gen)
-    batch.policy_version = local.version
-    return batch
+    return self._assemble(items, groups, rows_r, rows_e, replayed, t_gen, local.version)
 
-  def _assemble(self, items, groups, rows_r, rows_e, replayed, t_gen) -> RolloutBatch:
+  def _assemble(self, items, groups, rows_r, rows_e, replayed, t_gen, version) -> RolloutBatch:
     resp, reward, error, is_replay, sampled, raw, finish, stored = [], [], [], [], [], [], [], []
     for group, r, e, rep in zip(groups, rows_r, rows_e, replayed):
       resp += [c.token_ids for c in group] + [s.token_ids for s in rep]
@@ -235,18 +239,19 @@ class RolloutCollector:
       stored += [np.nan] * len(group) + [s.logp_ref for s in rep]
     return RolloutBatch(
         prompt_ids=[it.prompt_id for it in items],
-        prompt_tokens=[tuple(it.token_ids) for it in items], group_size=self.cfg.rows_per_prompt,
-        response_width=self.cfg.rollout.max_response_len, response_ids=resp,
+        prompt_tokens=[tuple(it.token_ids) for it in items], group_size=self.rows_per_prompt,
+        response_width=self.rollout_cfg.max_response_len, response_ids=resp,
         reward=np.asarray(reward, np.float32), grade_error=np.asarray(error, bool),
         is_replay=np.asarray(is_replay, bool), sampled_logp=sampled, engine_logp=raw,
-        finish_reason=finish, stored_ref_logp=np.asarray(stored, np.float64), generate_s=t_gen)
+        finish_reason=finish, stored_ref_logp=np.asarray(stored, np.float64), generate_s=t_gen,
+        policy_version=version)
 
   def validate(self, items: Sequence[PromptItem], done: int) -> dict[str, float]:
     """Mean@n, pass@n and response length of the current engine weights on ``items``."""
-    vc = self.cfg.validation
+    vc = self.validation_cfg
     params = SamplingParams(n=vc.n, temperature=vc.temperature, top_p=vc.top_p,
                             max_tokens=vc.max_tokens, stop_token_ids=self.stop_token_ids,
-                            seed=derive_seed(self.cfg.seed, "validation", done))
+                            seed=seeds.validation_seed(self.seed, done))
     comps, graded, _ = self.generate(items, params)
     correct = graded.reward.reshape(len(items), vc.n) > 0.5  # [P * n] -> [P, n]
     return {f"eval/mean@{vc.n}": eval_metrics.mean_at_k(correct),

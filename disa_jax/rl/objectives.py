@@ -107,7 +107,8 @@ class Objective(abc.ABC):
   # The objective owns trainable parameters (`init_state`, `state_forward`; FlowRL's log Z head).
   has_state: ClassVar[bool] = False
   # The batch carries a log Z estimated from the step's own samples (`VarGrad.batch_log_z`, set
-  # by the trainer after the scorer and `row_signal`); such an objective reads ``batch.old_logp``.
+  # by `disa_jax.rl.objective_step.ObjectiveStep` after the scorer and `row_signal`); such an
+  # objective reads ``batch.old_logp``.
   needs_batch_log_z: ClassVar[bool] = False
   allows_replay: ClassVar[bool] = False
   # Whether the loss's minimiser is the reward-tilted target pi~ (distribution matching) rather
@@ -419,7 +420,7 @@ class VarGrad(TrajectoryBalance):
     """``[B]`` float32 log Z^ of each row (`disa_jax.rl.losses.batch_log_z` at pi_old).
 
     Args:
-      batch: a scored `disa_jax.rl.batch.RolloutBatch` (``old_logp``, ``ref_logp``, ``signal``).
+      batch: a `disa_jax.rl.batch.SignalBatch` (``old_logp``, ``ref_logp``, ``signal``).
     """
     for field in ("old_logp", "ref_logp", "signal"):
       if getattr(batch, field) is None:

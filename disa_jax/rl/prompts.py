@@ -6,6 +6,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax.rl import seeds
+
 
 @dataclasses.dataclass(frozen=True)
 class PromptItem:
@@ -51,7 +53,7 @@ class PromptStream:
   def _order(self, epoch: int) -> np.ndarray:
     if epoch not in self._orders:
       n = len(self.items)
-      self._orders = {epoch: (np.random.default_rng([self.seed, epoch]).permutation(n)
+      self._orders = {epoch: (seeds.epoch_rng(self.seed, epoch).permutation(n)
                               if self.shuffle else np.arange(n))}
     return self._orders[epoch]
 

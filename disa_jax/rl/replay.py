@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from disa_jax.estimators.dataset import load_stage1
+from disa_jax.rl import seeds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +115,7 @@ class ReplayPool:
       if not pool or k == 0:
         out.append([])
         continue
-      rng = np.random.default_rng([seed, i])
+      rng = seeds.replay_prompt_rng(seed, i)
       if len(pool) >= k:
         idx = rng.choice(len(pool), k, replace=False)
       else:

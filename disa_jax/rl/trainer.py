@@ -1,15 +1,18 @@
 """The Stage 3 loop (Alg. 1, lines 10-13): rollout -> score -> objective -> update -> sync.
 
-One RL step reads, part by part (each a small object of its own module):
+One RL step reads, part by part (each a small object of its own module, built from its own config
+section by `disa_jax.rl.build` and handed to `Trainer` as `StepParts`; callers build a trainer
+with `disa_jax.rl.build.build_trainer`):
 
 1. rollout (`RolloutCollector`, `disa_jax.rl.collect`): the step's prompts, G samples each from the
-   rollout engine, graded, into a `RolloutBatch`;
+   rollout engine, graded, into a frozen `RolloutBatch`;
 2. score (`BatchScorer`, `disa_jax.rl.scorer`): the reference / old log-probs and the anchor's log Z
-   the objective declares it needs;
-3. objective (`disa_jax.rl.objectives`): its per-row signal (r~ or the group advantage);
+   the objective declares it needs, into a `ScoredBatch`;
+3. objective (`ObjectiveStep`, `disa_jax.rl.objective_step`): its per-row signal (r~ or the group
+   advantage), into a `SignalBatch`;
 4. update (`PolicyUpdater`, `disa_jax.rl.update`): ``num_minibatches`` optimizer updates, each
    over packed micro-batches (`disa_jax.data.packing`; the scorer's passes use the same rows);
-5. sync: the new policy weights to the engine.
+5. sync (`WeightSync`, `disa_jax.rl.sync`): the new policy weights to the engine.
 
 Then every ``validation.every`` steps (and before step 1 with ``validation.at_start``) a
 validation pass, every ``checkpoint.every`` steps a checkpoint; a new best validation score
@@ -23,114 +26,92 @@ loop on every process (see `disa_jax.rl.collect` and `disa_jax.parallel.distribu
 """
 from __future__ import annotations
 
-import logging
+import dataclasses
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import jax
 from tqdm.auto import tqdm
 
 from disa_jax import config as config_lib
-from disa_jax import models, parallel, preemption
+from disa_jax import models, preemption
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.checkpoint.selection import Selection
 from disa_jax.parallel import distributed
-from disa_jax.rewards.graded import RewardFn
 from disa_jax.rl import async_rollout
+from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import MetricsLogger
-from disa_jax.rl.prompts import PromptItem, PromptStream
-from disa_jax.rl.replay import ReplayPool
+from disa_jax.rl.objective_step import ObjectiveStep
+from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.scorer import BatchScorer, replay_stats
+from disa_jax.rl.sync import WeightSync
 from disa_jax.rl.update import PolicyUpdater
-from disa_jax.rollout.types import Engine
 
 # Config sections a resumed run must share with the checkpoint (others, e.g. total_steps, may grow).
-_LOG = logging.getLogger("disa_jax.rl")
 RESUME_SECTIONS = ("objective", "optim", "rollout", "replay", "seed", "shuffle")
 
 
+@dataclasses.dataclass(frozen=True)
+class StepParts:
+  """The parts of one RL step, each built from its own config section (`disa_jax.rl.build`).
+
+  Attributes:
+    collector: rollout: samples and grades a `RolloutBatch`.
+    scorer: score: `RolloutBatch` -> `ScoredBatch`.
+    objective: objective: `ScoredBatch` -> `SignalBatch`.
+    updater: update: the trained state and its optimizer updates.
+    sync: sync: the new weights to the engine.
+    pipeline: the asynchronous rollouts (``rollout.max_staleness`` > 0); None: synchronous.
+  """
+  collector: RolloutCollector
+  scorer: BatchScorer
+  objective: ObjectiveStep
+  updater: PolicyUpdater
+  sync: WeightSync
+  pipeline: RolloutPipeline | None = None
+
+  def __post_init__(self):
+    for name, kind in (("collector", RolloutCollector), ("scorer", BatchScorer),
+                       ("objective", ObjectiveStep), ("updater", PolicyUpdater),
+                       ("sync", WeightSync)):
+      if not isinstance(getattr(self, name), kind):
+        raise TypeError(f"StepParts.{name} must be a {kind.__name__}, got "
+                        f"{type(getattr(self, name)).__name__}")
+    if self.sync.pipeline is not self.pipeline:
+      raise ValueError("StepParts.sync must push through StepParts.pipeline (the same object)")
+
+
 class Trainer:
-  """Runs a Stage 3 experiment (see the module docstring).
+  """Runs a Stage 3 experiment (see the module docstring) on the parts it is given.
+
+  Build one with `disa_jax.rl.build.build_trainer`. The constructor resumes from the latest
+  checkpoint in ``<workdir>/checkpoints``, if any.
 
   Args:
-    cfg: the validated run config.
+    cfg: the validated run config (the loop's own settings: steps, validation, checkpoints, the
+      resume check).
     workdir: run directory (metrics, TensorBoard, checkpoints).
-    policy: the trained `Transformer` (initialised from pi_ref's weights; updated in place).
-    reference: the frozen pi_ref `Transformer` (None if the objective needs neither it nor an
-      anchor).
-    engine: the rollout engine; it must start with the policy's weights. In a multi-process run,
-      each host leader passes its host's engine and the other processes None.
-    prompts: training prompts.
-    reward_fn: the run's `RewardFn` (`disa_jax.rewards.get_reward_fn`).
-    decode: response token ids -> text (special tokens skipped), for the reward function.
-    stop_token_ids: tokens that end a response (EOS).
-    pad_id: padding token id.
-    anchor: the frozen `disa_jax.anchor.Anchor` (objectives with ``needs_anchor``).
+    parts: the step's parts (`StepParts`).
     validation_prompts: prompts for periodic validation (``cfg.validation``).
-    mesh: device mesh (default: all devices on the fsdp axis).
-    pad_to: without packing (``rollout.packing=False``), rows are padded to a multiple of this.
-    replay_pool: Stage 1 samples for ``cfg.replay``.
     identity: what else a resumed checkpoint must agree on (model paths, data, anchor, ...).
-    sync_dtype: dtype of the weights pushed to the engine (None: the parameters' own).
     measures: called with the RL step every ``validation.every`` steps, after the weight sync;
       returns more validation metrics (e.g. the exact measures of `disa_jax.eval.exact`).
   """
 
-  def __init__(self, cfg: TrainConfig, workdir: str, *, policy: models.Transformer,
-               reference: models.Transformer | None, engine: Engine | None,
-               prompts: Sequence[PromptItem], reward_fn: RewardFn,
-               decode: Callable[[Sequence[int]], str], stop_token_ids: tuple[int, ...],
-               pad_id: int, anchor: Any = None, validation_prompts: Sequence[PromptItem] = (),
-               mesh: jax.sharding.Mesh | None = None, pad_to: int = 64,
-               replay_pool: ReplayPool | None = None, identity: Mapping[str, Any] | None = None,
-               sync_dtype: Any = None,
+  def __init__(self, cfg: TrainConfig, workdir: str, parts: StepParts, *,
+               validation_prompts: Sequence[PromptItem] = (),
+               identity: Mapping[str, Any] | None = None,
                measures: Callable[[int], Mapping[str, float]] | None = None):
-    self.cfg, self.workdir, self.engine, self.sync_dtype = cfg, workdir, engine, sync_dtype
+    if not isinstance(parts, StepParts):
+      raise TypeError(f"Trainer parts must be a StepParts, got {type(parts).__name__}")
+    self.cfg, self.workdir, self.parts = cfg, workdir, parts
     self.identity, self.measures = dict(identity or {}), measures
     self.validation_prompts = list(validation_prompts)
-    obj, rc = cfg.objective, cfg.rollout
-    leaders = distributed.host_leaders()
-    if engine is None and jax.process_index() in leaders:
-      raise ValueError(f"process {jax.process_index()} leads its host's generation but engine=None")
-    if obj.needs_anchor:
-      if anchor is None:
-        raise ValueError(f"objective {obj.name!r} needs the frozen anchor, got anchor=None")
-      obj.check_anchor(anchor, embedding_dim=(reference.config.hidden_size
-                                              if anchor.needs_embeddings else None))
-    self.mesh = mesh if mesh is not None else parallel.make_mesh()
-    shards = parallel.batch_shards(self.mesh)
-    if rc.micro_batch_rows % shards and distributed.is_main_process():
-      _LOG.warning("rollout.micro_batch_rows=%d -> %d rows per micro-batch (a multiple of the "
-                   "mesh's data x fsdp = %d batch shards)", rc.micro_batch_rows,
-                   parallel.rows_for_mesh(rc.micro_batch_rows, shards), shards)
-    parallel.shard_model(policy, self.mesh, parallel.TRAIN_RULES)
-    if reference is not None:
-      parallel.shard_model(reference, self.mesh, parallel.TRAIN_RULES)
-    self.policy = policy
-    stream = PromptStream(prompts, rc.prompts_per_batch, seed=cfg.seed, shuffle=cfg.shuffle,
-                          max_prompt_len=rc.max_prompt_len)
-    # (an objective with a batch log Z reads pi_old on the host, before the update)
-    old_in_update = (obj.needs_old_logp and rc.num_minibatches == 1
-                     and rc.old_logp_source == "recompute" and not obj.needs_batch_log_z
-                     and not (rc.max_staleness and obj.behaviour_as_old_logp))
-    self.collector = RolloutCollector(cfg, engine=engine, stream=stream, reward_fn=reward_fn,
-                                      decode=decode, stop_token_ids=stop_token_ids,
-                                      replay_pool=replay_pool, leaders=leaders)
-    self.updater = PolicyUpdater(cfg, policy, self.mesh, old_in_update=old_in_update,
-                                 pad_id=pad_id, pad_to=pad_to)
-    self.scorer = BatchScorer(cfg, policy_graphdef=self.updater.graphdef,
-                              reference=reference if (obj.needs_reference or obj.needs_anchor)
-                              else None, anchor=anchor, mesh=self.mesh, pad_id=pad_id,
-                              pad_to=pad_to, old_in_update=old_in_update)
     self.ckpt = CheckpointManager(f"{workdir}/checkpoints", max_to_keep=cfg.checkpoint.keep,
                                   async_save=cfg.checkpoint.async_save)
-    # rollout.max_staleness > 0: batches sampled ahead by the rollout thread (filled in `run`).
-    self.pipeline = (async_rollout.RolloutPipeline(self.collector, engine, rc.max_staleness)
-                     if rc.max_staleness else None)
     self._restored_in_flight: dict[int, Any] = {}
     self.start_step = 0
     self.selection = Selection(metric=f"eval/mean@{cfg.validation.n}")
@@ -144,6 +125,32 @@ class Trainer:
                                  run_config={"train": config_lib.to_dict(cfg),
                                              "identity": dict(self.identity)})
                    if distributed.is_main_process() else None)
+
+  # The parts, by name.
+  @property
+  def collector(self) -> RolloutCollector:
+    return self.parts.collector
+
+  @property
+  def scorer(self) -> BatchScorer:
+    return self.parts.scorer
+
+  @property
+  def updater(self) -> PolicyUpdater:
+    return self.parts.updater
+
+  @property
+  def pipeline(self) -> RolloutPipeline | None:
+    return self.parts.pipeline
+
+  @property
+  def policy(self) -> models.Transformer:
+    """The trained `Transformer` (its weights are the state's after each sync)."""
+    return self.parts.updater.policy
+
+  @property
+  def engine(self):
+    return self.parts.sync.engine
 
   @property
   def state(self):
@@ -221,31 +228,25 @@ class Trainer:
                          f"rollout.max_staleness={self.cfg.rollout.max_staleness} but its in-flight "
                          f"rollouts {path} are missing")
       self._restored_in_flight = async_rollout.load_batches(path)
-    self.updater.sync(self.engine, self.sync_dtype)
+    self.parts.sync.push_now()
 
   # -- one RL step -------------------------------------------------------------------------------
 
   def step(self, step: int) -> dict[str, float]:
     """RL step ``step`` (0-based): rollout -> score -> objective -> update -> sync."""
+    parts = self.parts
     t0 = time.perf_counter()
-    batch = (self.pipeline.take(step) if self.pipeline is not None
-             else self.collector.collect(step, version=step))
-    self.scorer.score(batch, self.state.params)
-    batch.signal = self.cfg.objective.batch_signal(  # [P, G] -> [B]
-        batch.grouped_reward, batch.is_replay.reshape(batch.grouped_reward.shape)).reshape(-1)
-    if self.cfg.objective.needs_batch_log_z:  # VarGrad: log Z from this batch's own samples
-      batch.log_z = self.cfg.objective.batch_log_z(batch)  # [B]
+    batch = (parts.pipeline.take(step) if parts.pipeline is not None
+             else parts.collector.collect(step, version=step))
+    scored = parts.scorer.score(batch, self.state.params)
+    signalled = parts.objective.apply(scored)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
-      metrics.update(replay_stats(batch))
-    metrics.update(self.updater.update(step, batch.train_sequences()))
+      metrics.update(replay_stats(scored))
+    metrics.update(parts.updater.update(step, signalled.train_sequences()))
     t2 = time.perf_counter()
-    if self.pipeline is not None:  # queued: the engine applies it between its generate calls
-      weights = self.updater.host_weights(self.sync_dtype)
-      self.pipeline.advance(step + 1, weights if self.engine is not None else None)
-    else:
-      self.updater.sync(self.engine, self.sync_dtype)
+    parts.sync.after_update(step + 1)
     t3 = time.perf_counter()
     metrics["rollout/staleness"] = float(step - batch.policy_version)
     metrics.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,

@@ -21,9 +21,10 @@ from disa_jax import parallel
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
 from disa_jax.data.packing import sequence_lengths
+from disa_jax.rl import seeds
 from disa_jax.rl.batch import TrainSequences
-from disa_jax.rl.collect import derive_seed
-from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.config import OptimConfig, RolloutConfig, TrainConfig
+from disa_jax.rl.objectives import Objective
 from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Engine
 
@@ -42,42 +43,61 @@ def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
   return out
 
 
+def total_updates(cfg: TrainConfig) -> int:
+  """The optimizer updates of the whole run: ``total_steps * rollout.num_minibatches``."""
+  return cfg.total_steps * cfg.rollout.num_minibatches
+
+
+def optim_kwargs(oc: OptimConfig, updates: int) -> dict[str, Any]:
+  """`train_step.make_optimizer` arguments besides the learning rate, from the ``optim`` section
+  and the run's ``updates`` (`total_updates`)."""
+  return dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
+              grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
+              decay_frac=oc.decay_frac, decay_factor=oc.decay_factor, total_updates=updates)
+
+
 def optimizer_kwargs(cfg: TrainConfig) -> dict[str, Any]:
   """`train_step.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
   policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it,
   `objectives.ObjectiveState.clip_with_policy`)."""
-  oc = cfg.optim
-  return dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
-              grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
-              decay_frac=oc.decay_frac, decay_factor=oc.decay_factor,
-              total_updates=cfg.total_steps * cfg.rollout.num_minibatches)
+  return optim_kwargs(cfg.optim, total_updates(cfg))
 
 
 class PolicyUpdater:
   """The trained state and its update (see the module docstring).
 
+  Built from the few settings it reads (`disa_jax.rl.build.make_updater`).
+
   Args:
-    cfg: the run's `TrainConfig` (objective, optim, rollout, seed).
+    objective: the run's objective (its loss, its state).
+    optim: the run's ``optim`` section.
+    rollout: the run's ``rollout`` section (mini-batches, micro-batch layout,
+      ``mismatch_threshold``).
     policy: the trained `Transformer`, already sharded on ``mesh``.
     mesh: the training mesh.
+    seed: the run's seed (the objective's state and each step's shuffle, `disa_jax.rl.seeds`).
+    total_updates: the optimizer updates of the run (the learning-rate schedule's length).
     old_in_update: take pi_old from the update's own forward (one on-policy update per batch).
     pad_id: padding token id of the packed rows.
     pad_to: without packing, rows are padded to a multiple of this.
   """
 
-  def __init__(self, cfg: TrainConfig, policy: models.Transformer, mesh: jax.sharding.Mesh, *,
-               old_in_update: bool, pad_id: int, pad_to: int):
-    self.cfg, self.policy, self.mesh = cfg, policy, mesh
+  def __init__(self, objective: Objective, optim: OptimConfig, rollout: RolloutConfig,
+               policy: models.Transformer, mesh: jax.sharding.Mesh, *, seed: int,
+               total_updates: int, old_in_update: bool, pad_id: int, pad_to: int):
+    if total_updates < 1:
+      raise ValueError(f"PolicyUpdater total_updates must be >= 1, got {total_updates}")
+    self.rollout, self.seed, self.policy, self.mesh = rollout, seed, policy, mesh
     self.pad_id, self.pad_to = pad_id, pad_to
-    obj, oc = cfg.objective, cfg.optim
-    opt_kwargs = optimizer_kwargs(cfg)
+    obj, oc = objective, optim
+    opt_kwargs = optim_kwargs(oc, total_updates)
 
     def make_opt(lr: float, clip: bool = True):
       return ts.make_optimizer(lr, **{**opt_kwargs, "grad_clip": oc.grad_clip if clip else 0.0})
 
     # The objective's trainable state (None without): an opaque slot beside the policy's.
-    obj_state = obj.init_state(policy.config.hidden_size, lambda name: derive_seed(cfg.seed, name),
-                               make_opt, oc.lr)
+    obj_state = obj.init_state(policy.config.hidden_size,
+                               lambda name: seeds.objective_seed(seed, name), make_opt, oc.lr)
     joint = obj_state is not None and obj_state.clip_with_policy
     # A joint clip: one clip over policy + objective gradients in the step, none in the optimizers.
     optimizer = make_opt(oc.lr, clip=not joint)
@@ -90,7 +110,7 @@ class PolicyUpdater:
                                     obj_optimizer=obj_opt, mesh=mesh, state_shardings=shardings,
                                     on_policy_old_logp=old_in_update,
                                     joint_clip=oc.grad_clip if joint else 0.0, key_seed=key_seed,
-                                    mismatch_threshold=cfg.rollout.mismatch_threshold)
+                                    mismatch_threshold=rollout.mismatch_threshold)
 
   def update(self, step: int, seqs: TrainSequences) -> dict[str, float]:
     """``num_minibatches`` updates over ``seqs``, shuffled with the step's seed.
@@ -100,11 +120,11 @@ class PolicyUpdater:
       ``packing/efficiency`` (non-padding tokens / computed tokens; a shared prompt counts once
       per unit, `disa_jax.data.packing.PackedBatch.num_real_tokens`).
     """
-    rc = self.cfg.rollout
+    rc = self.rollout
     n = len(seqs.prompts)
     layout = rc.layout(sequence_lengths(seqs.prompts, seqs.responses), self.pad_to,
                        parallel.batch_shards(self.mesh))
-    order = np.random.default_rng([self.cfg.seed, step, 17]).permutation(n)
+    order = seeds.minibatch_rng(self.seed, step).permutation(n)
     size = n // rc.num_minibatches
     collected, micro_counts, real, computed = [], [], 0, 0
     for m in range(rc.num_minibatches):

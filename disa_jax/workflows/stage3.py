@@ -47,7 +47,7 @@ from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.replay import ReplayPool
-from disa_jax.rl.trainer import Trainer
+from disa_jax.rl.build import build_trainer, validate_anchor
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig, generation_env
 from disa_jax.rollout.types import MODEL_ENGINES
@@ -183,18 +183,22 @@ def load_prompt_items(path: str, fmt: str, tokenizer: Any, rendering: str, max_l
                      r.reward_meta()) for r in loaders.load_prompts(path, fmt)]
 
 
+def anchor_identity(cfg: Stage3Config) -> dict[str, str]:
+  """The reference model and prompt rendering the run's anchor must have been fitted under."""
+  return {"reference": cfg.model.reference, "rendering": cfg.data.rendering}
+
+
+def anchor_source(cfg: Stage3Config) -> str:
+  """Where the run's anchor comes from (the prefix of an anchor mismatch)."""
+  return f"data.anchor_path={cfg.data.anchor_path!r}"
+
+
 def load_anchor(cfg: Stage3Config, hidden_size: int):
-  """The frozen anchor, refused if it was fitted on another reference, rendering or label facts."""
+  """The frozen anchor, refused if it was fitted on another reference, rendering or label facts
+  (`disa_jax.rl.build.validate_anchor`; preflight's check before a launch)."""
   anchor = anchor_lib.load_anchor(cfg.data.anchor_path)
-  obj = cfg.train.objective
-  if not anchor.needs_embeddings:  # a table by prompt id (e.g. the exact log Z): facts only
-    obj.check_anchor(anchor, embedding_dim=None)
-    return anchor
-  try:
-    obj.check_anchor(anchor, embedding_dim=hidden_size, reference=cfg.model.reference,
-                     rendering=cfg.data.rendering)
-  except ValueError as e:
-    raise ValueError(f"data.anchor_path={cfg.data.anchor_path!r}: {e}") from None
+  validate_anchor(cfg.train.objective, anchor, hidden_size=hidden_size,
+                  identity=anchor_identity(cfg), source=anchor_source(cfg))
   return anchor
 
 
@@ -316,7 +320,8 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   reward_fn = rewards.get_reward_fn(dc.reward)
   mesh = cfg.mesh.make()
   policy, reference = _load_models(cfg, mesh)
-  anchor = load_anchor(cfg, policy.config.hidden_size) if tc.objective.needs_anchor else None
+  # Checked once, by build_trainer (`validate_anchor`).
+  anchor = anchor_lib.load_anchor(dc.anchor_path) if tc.objective.needs_anchor else None
   pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len,
                                  correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe,
                                  first_samples=tc.replay.first_samples)
@@ -328,17 +333,17 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   engine = (cfg.engine.make(cfg.model.policy_path, env=generation_env())
             if distributed.is_host_leader() else None)
   try:
-    trainer = Trainer(tc, str(workdir), policy=policy, reference=reference, engine=engine,
-                      prompts=prompts, reward_fn=reward_fn,
-                      decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                      stop_token_ids=stop,
-                      pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                                 else tokenizer.eos_token_id),
-                      anchor=anchor, validation_prompts=validation, mesh=mesh,
-                      replay_pool=pool, identity=_identity(cfg),
-                      sync_dtype=jnp.dtype(cfg.engine.dtype),
-                      measures=(exact_measures(cfg, tokenizer, policy, engine)
-                                if cfg.exact_target.enabled else None))
+    trainer = build_trainer(
+        tc, str(workdir), policy=policy, reference=reference, engine=engine, prompts=prompts,
+        reward_fn=reward_fn, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        stop_token_ids=stop,
+        pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                   else tokenizer.eos_token_id),
+        anchor=anchor, anchor_identity=anchor_identity(cfg), anchor_source=anchor_source(cfg),
+        validation_prompts=validation, mesh=mesh, replay_pool=pool, identity=_identity(cfg),
+        sync_dtype=jnp.dtype(cfg.engine.dtype),
+        measures=(exact_measures(cfg, tokenizer, policy, engine)
+                  if cfg.exact_target.enabled else None))
     history = trainer.run()
     trainer.close()
   finally:

@@ -39,7 +39,7 @@ def main(steps: int, workdir: str) -> None:
 
   from disa_jax import models, rollout  # pylint: disable=g-import-not-at-top
   from disa_jax.parallel import make_mesh  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl.trainer import Trainer  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl.build import build_trainer  # pylint: disable=g-import-not-at-top
   from tests.rl import test_trainer as T  # pylint: disable=g-import-not-at-top
 
   assert jax.process_count() == 2 and len(jax.devices()) == 2 * mh_worker.DEVICES_PER_PROCESS
@@ -50,11 +50,11 @@ def main(steps: int, workdir: str) -> None:
     mesh = make_mesh(fsdp=-1)  # the 4 devices of both processes
     policy = models.from_pretrained(model_path, mesh=mesh)
     reference = models.from_pretrained(model_path, mesh=mesh)
-    trainer = Trainer(make_config(steps), os.path.join(workdir, "run"), policy=policy,
-                      reference=reference, engine=engine, prompts=T._prompts(),  # pylint: disable=protected-access
-                      reward_fn=T._reward, decode=T._decode, stop_token_ids=(T.EOS,), pad_id=0,  # pylint: disable=protected-access
-                      anchor=T._anchor(policy.config.hidden_size),  # pylint: disable=protected-access
-                      validation_prompts=T._prompts(3), mesh=mesh, pad_to=16)  # pylint: disable=protected-access
+    trainer = build_trainer(make_config(steps), os.path.join(workdir, "run"), policy=policy,
+                            reference=reference, engine=engine, prompts=T._prompts(),  # pylint: disable=protected-access
+                            reward_fn=T._reward, decode=T._decode, stop_token_ids=(T.EOS,), pad_id=0,  # pylint: disable=protected-access
+                            anchor=T._anchor(policy.config.hidden_size),  # pylint: disable=protected-access
+                            validation_prompts=T._prompts(3), mesh=mesh, pad_to=16)  # pylint: disable=protected-access
     trainer.run()
     trainer.close()
     params = distributed.replicate_to_hosts(nnx.to_pure_dict(trainer.state.params))

@@ -21,7 +21,7 @@ runtime.tune_host_allocator()
 import jax  # noqa: E402
 
 from disa_jax import models, parallel  # noqa: E402
-from disa_jax.rl.trainer import Trainer  # noqa: E402
+from disa_jax.rl.build import build_trainer  # noqa: E402
 from disa_jax.rollout import make_engine, shm  # noqa: E402
 from tests.rl import test_trainer as tt  # noqa: E402
 
@@ -70,12 +70,13 @@ def main():
                           "soak/shm_mapped_trainer_mb": _shm_mapped_mb(os.getpid()),
                           "soak/shm_mapped_engine_mb": _shm_mapped_mb(engine.pid),
                           "soak/dev_shm_used_mb": _dev_shm_used_mb()}
-    trainer = Trainer(cfg, workdir, policy=policy, reference=models.from_pretrained(model_dir),
-                      engine=engine, prompts=tt._prompts(), reward_fn=tt._reward,  # pylint: disable=protected-access
-                      decode=tt._decode, stop_token_ids=(tt.EOS,), pad_id=0,  # pylint: disable=protected-access
-                      anchor=tt._anchor(policy.config.hidden_size, beta=cfg.objective.beta),  # pylint: disable=protected-access
-                      validation_prompts=tt._prompts(2), pad_to=16,  # pylint: disable=protected-access
-                      mesh=parallel.make_mesh(devices=jax.devices()[:1]), measures=measures)
+    trainer = build_trainer(
+        cfg, workdir, policy=policy, reference=models.from_pretrained(model_dir),
+        engine=engine, prompts=tt._prompts(), reward_fn=tt._reward,  # pylint: disable=protected-access
+        decode=tt._decode, stop_token_ids=(tt.EOS,), pad_id=0,  # pylint: disable=protected-access
+        anchor=tt._anchor(policy.config.hidden_size, beta=cfg.objective.beta),  # pylint: disable=protected-access
+        validation_prompts=tt._prompts(2), pad_to=16,  # pylint: disable=protected-access
+        mesh=parallel.make_mesh(devices=jax.devices()[:1]), measures=measures)
     try:
       trainer.run()
     finally:

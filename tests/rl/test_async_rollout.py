@@ -17,7 +17,7 @@ from disa_jax import models
 from disa_jax.config import from_mapping
 from disa_jax.rl import async_rollout, losses
 from disa_jax.rl.batch import RolloutBatch
-from disa_jax.rl.collect import derive_seed
+from disa_jax.rl import seeds
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
 from tests.rl import test_trainer as tt
@@ -124,8 +124,9 @@ def _stale_trainer(method, k, workdir, steps=4, offset=0.0, **objective):
   score = trainer.scorer.score
 
   def recording_score(batch, params):
-    score(batch, params)
-    scored.append(batch)
+    out = score(batch, params)
+    scored.append(out)
+    return out
 
   trainer.scorer.score = recording_score
   return trainer, engine, scored
@@ -139,12 +140,12 @@ def test_each_batch_is_sampled_by_the_weights_k_updates_old_and_tb_reads_its_log
   trainer.close()
   versions = {seed: pushes for seed, pushes in engine.calls}
   for step in range(5 + k):  # the last k batches were sampled ahead for a longer run
-    assert versions[derive_seed(0, "rollout", step)] == max(step - k, 0), step
-  assert [b.policy_version for b in scored] == [max(s - k, 0) for s in range(5)]
+    assert versions[seeds.rollout_seed(0, step)] == max(step - k, 0), step
+  assert [b.rollout.policy_version for b in scored] == [max(s - k, 0) for s in range(5)]
   assert [r["rollout/staleness"] for r in history] == [min(s, k) for s in range(5)]
   # TB (omega = clipped_ratio) weighs stale rows by pi_theta / mu: old_logp is the engine's.
   for b in scored:
-    np.testing.assert_array_equal(b.old_logp, b.behaviour_logp())
+    np.testing.assert_array_equal(b.old_logp, b.rollout.behaviour_logp())
 
 
 def test_grpo_with_tis_recomputes_pi_old_and_corrects_the_stale_rows(tmp_path):
@@ -153,8 +154,8 @@ def test_grpo_with_tis_recomputes_pi_old_and_corrects_the_stale_rows(tmp_path):
   history = trainer.run()
   trainer.close()
   stale = scored[1]
-  assert stale.policy_version == 0
-  gap = np.abs(stale.old_logp - stale.behaviour_logp()).max()
+  assert stale.rollout.policy_version == 0
+  gap = np.abs(stale.old_logp - stale.rollout.behaviour_logp()).max()
   assert gap > 1e-3  # pi_old (weights 1) is not the behaviour (weights 0)
   assert all(0 < r["is_weight_mean"] <= 2.0 for r in history)
 

@@ -11,10 +11,9 @@ from flax import nnx
 
 from disa_jax import config as config_lib
 from disa_jax import parallel, testing
-from disa_jax.rl import losses, objectives
+from disa_jax.rl import build, losses, objectives
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rl.update import PolicyUpdater
 from tests.rl.helpers import micro_batches, packed_layout, synthetic_sequences
 
 DOC = open("docs/objectives.md").read()
@@ -67,8 +66,8 @@ def test_the_documented_objective_with_state_trains_its_parameter():
     obj = cfg.objective
     assert type(obj).__name__ == "DisaOffset" and obj.has_state and obj.offset_lr == 0.1
     policy = testing.make_tiny_model(seed=0, **TINY)
-    updater = PolicyUpdater(cfg, policy, parallel.make_mesh(devices=jax.devices()[:1]),
-                            old_in_update=False, pad_id=0, pad_to=4)
+    updater = build.make_updater(cfg, policy, parallel.make_mesh(devices=jax.devices()[:1]),
+                                 pad_id=0, pad_to=4)
     before = float(updater.state.obj_params["value"].get_value())
     assert before == 0.0
     metrics = updater.update(0, synthetic_sequences(0, 8, 4, 8, vocab=128))

@@ -8,10 +8,10 @@ import pytest
 from disa_jax import estimators as E
 from disa_jax import parallel, testing
 from disa_jax.rl import config as rl_config
-from disa_jax.rl.collect import derive_seed
+from disa_jax.rl import seeds
+from disa_jax.rl.build import build_trainer
 from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
 from disa_jax.rl.scorer import replay_stats
-from disa_jax.rl.trainer import Trainer
 from disa_jax.scoring.batched import SequenceScorer
 from tests.rl import test_trainer as T
 
@@ -64,11 +64,11 @@ def _trainer(cfg, workdir, path):
   reference = testing.make_tiny_model(seed=0, **T.TINY)
   engine = CountingEngine(testing.make_tiny_model(seed=0, **T.TINY))
   anchor = T._anchor(policy.config.hidden_size) if cfg.objective.needs_anchor else None
-  return Trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
-                 prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
-                 stop_token_ids=(T.EOS,), pad_id=0, anchor=anchor, pad_to=16,
-                 replay_pool=ReplayPool.from_stage1(path, max_response_len=6),
-                 mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
+  return build_trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
+                       prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
+                       stop_token_ids=(T.EOS,), pad_id=0, anchor=anchor, pad_to=16,
+                       replay_pool=ReplayPool.from_stage1(path, max_response_len=6),
+                       mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
 
 
 def test_pool_counts_what_it_leaves_out_and_draws_deterministically(tmp_path):
@@ -130,10 +130,9 @@ def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
     engine.calls.clear()
     items = trainer.collector.stream.batch(step)
     batch = trainer.collector.collect(step)
-    trainer.scorer.score(batch, trainer.state.params)
-    stats = replay_stats(batch)
+    stats = replay_stats(trainer.scorer.score(batch, trainer.state.params))
     drawn = pool.draw([it.prompt_id for it in items], k,
-                      seed=derive_seed(trainer.cfg.seed, "replay", step))
+                      seed=seeds.replay_seed(trainer.cfg.seed, step))
     covered = [it.prompt_id in pool for it in items]
     # One call with G - k for every prompt, then one with k for the uncovered ones.
     assert engine.calls[0][0] == g - k and len(engine.calls[0][1]) == len(items)
@@ -200,10 +199,10 @@ def test_no_training_prompt_in_the_pool_is_refused(tmp_path):
   cfg = _replay_cfg("disa")
   policy = testing.make_tiny_model(seed=0, **T.TINY)
   with pytest.raises(ValueError, match="none of the 5 training prompt ids"):
-    Trainer(cfg, str(tmp_path / "run"), policy=policy,
-            reference=testing.make_tiny_model(seed=0, **T.TINY),
-            engine=T.RecordingEngine(testing.make_tiny_model(seed=0, **T.TINY)),
-            prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
-            stop_token_ids=(T.EOS,), pad_id=0,
-            anchor=T._anchor(policy.config.hidden_size), replay_pool=pool,
-            mesh=parallel.make_mesh(devices=jax.devices()[:1]))
+    build_trainer(cfg, str(tmp_path / "run"), policy=policy,
+                  reference=testing.make_tiny_model(seed=0, **T.TINY),
+                  engine=T.RecordingEngine(testing.make_tiny_model(seed=0, **T.TINY)),
+                  prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
+                  stop_token_ids=(T.EOS,), pad_id=0,
+                  anchor=T._anchor(policy.config.hidden_size), replay_pool=pool,
+                  mesh=parallel.make_mesh(devices=jax.devices()[:1]))

@@ -12,10 +12,10 @@ from disa_jax.anchor import Anchor, AnchorMeta, AnchorMLP, EmbeddingSpec
 from disa_jax.config import from_mapping
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rewards.graded import Graded
+from disa_jax.rl.build import build_trainer
 from disa_jax.rl.config import TrainConfig, WandbConfig
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.rl.prompts import PromptItem, PromptStream
-from disa_jax.rl.trainer import Trainer
 from disa_jax.rollout.jax_sampler import JaxSampler
 
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
@@ -78,10 +78,10 @@ def _trainer(cfg, workdir, anchor="auto", engine=None):
   if anchor == "auto":
     anchor = (_anchor(policy.config.hidden_size, beta=cfg.objective.beta)
               if cfg.objective.needs_anchor else None)
-  return Trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
-                 prompts=_prompts(), reward_fn=_reward, decode=_decode, stop_token_ids=(EOS,),
-                 pad_id=0, anchor=anchor, validation_prompts=_prompts(2), pad_to=16,
-                 mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
+  return build_trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
+                       prompts=_prompts(), reward_fn=_reward, decode=_decode, stop_token_ids=(EOS,),
+                       pad_id=0, anchor=anchor, validation_prompts=_prompts(2), pad_to=16,
+                       mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
 
 
 def _strip_time(rows):
@@ -237,11 +237,11 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
                                   num_minibatches=2, micro_batch_rows=8),
       validation=dataclasses.replace(cfg.validation, every=0),
       checkpoint=dataclasses.replace(cfg.checkpoint, every=100))
-  trainer = Trainer(cfg, str(tmp_path), policy=testing.make_tiny_model(seed=0, **TINY),
-                    reference=reference, engine=RecordingEngine(testing.make_tiny_model(
+  trainer = build_trainer(cfg, str(tmp_path), policy=testing.make_tiny_model(seed=0, **TINY),
+                          reference=reference, engine=RecordingEngine(testing.make_tiny_model(
                         seed=0, **TINY)), prompts=prompts, reward_fn=_reward, decode=_decode,
-                    stop_token_ids=(EOS,), pad_id=0, anchor=fit.anchor, pad_to=16,
-                    mesh=parallel.make_mesh(devices=jax.devices()[:1]))
+                          stop_token_ids=(EOS,), pad_id=0, anchor=fit.anchor, pad_to=16,
+                          mesh=parallel.make_mesh(devices=jax.devices()[:1]))
   trainer.run()
   trainer.close()
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))

@@ -13,7 +13,7 @@ from disa_jax.rl import losses, objectives
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax import parallel, testing
-from disa_jax.rl.trainer import Trainer
+from disa_jax.rl.build import build_trainer
 from disa_jax.rl.config import ReplayConfig
 from disa_jax.rl.replay import ReplayPool
 from tests.rl.test_replay import _write_stage1
@@ -146,7 +146,7 @@ def _vargrad_trainer(workdir, *, reference_seed, replay=None):
       replay=dict(fraction=0.5, mode="add") if replay else {},
       checkpoint=dict(every=10, keep=1, async_save=False), total_steps=2, progress_bar=False),
       "train")
-  return Trainer(
+  return build_trainer(
       cfg, str(workdir), policy=testing.make_tiny_model(seed=0, **TINY),
       reference=testing.make_tiny_model(seed=reference_seed, **TINY),
       engine=RecordingEngine(testing.make_tiny_model(seed=0, **TINY)), prompts=_prompts(),

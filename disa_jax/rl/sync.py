@@ -1,0 +1,44 @@
+"""Sync: the last part of a Stage 3 step. Pushes the updated policy weights to the rollout engine.
+
+Synchronous rollouts (``rollout.max_staleness`` = 0) push at once (`PolicyUpdater.sync`, a
+collective). Asynchronous ones (k > 0) hand an owned host copy of the weights to the
+`RolloutPipeline`, which queues the push on its rollout thread between the engine's generate calls
+and then the sampling of step done + k (`disa_jax.rl.async_rollout`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from disa_jax.rl.async_rollout import RolloutPipeline
+from disa_jax.rl.update import PolicyUpdater
+from disa_jax.rollout.types import Engine
+
+
+class WeightSync:
+  """Pushes the policy to this host's engine (see the module docstring).
+
+  Args:
+    updater: the run's `PolicyUpdater` (it holds the trained weights).
+    engine: this host's engine (None on processes that do not lead a host).
+    dtype: dtype of the weights pushed (None: the parameters' own).
+    pipeline: the asynchronous rollouts' pipeline (None: synchronous rollouts).
+  """
+
+  def __init__(self, updater: PolicyUpdater, engine: Engine | None, dtype: Any = None,
+               pipeline: RolloutPipeline | None = None):
+    if pipeline is not None and pipeline.engine is not engine:
+      raise ValueError("WeightSync: the rollout pipeline drives another engine than the one given")
+    self.updater, self.engine, self.dtype, self.pipeline = updater, engine, dtype, pipeline
+
+  def push_now(self) -> None:
+    """Collective: the engine gets the current weights before this returns (start, resume)."""
+    self.updater.sync(self.engine, self.dtype)
+
+  def after_update(self, done: int) -> None:
+    """Collective: after ``done`` updates, the weights of version ``done`` go to the engine (at
+    once, or queued before the pipeline's next sampling)."""
+    if self.pipeline is None:
+      self.push_now()
+      return
+    weights = self.updater.host_weights(self.dtype)
+    self.pipeline.advance(done, weights if self.engine is not None else None)
