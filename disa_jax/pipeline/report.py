@@ -35,15 +35,15 @@ from disa_jax import estimators as E
 from disa_jax.anchor import Anchor
 from disa_jax.anchor.diagnostics import prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
+from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
 
 
-def _stage1_section(job, exact: dict) -> dict:
+def _stage1_section(job, exact: ExactTarget) -> dict:
   pool = E.load_stage1(job.stage1_cfg.dataset_path())
-  by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
-  log_z = np.asarray([by_id[p] for p in pool.prompt_ids])
+  log_z = exact.log_z_of(pool.prompt_ids)
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
                     repeats=job.cfg.n_study_repeats, log_z_ref=log_z)
   n = job.stage2_cfg.samples or pool.mask.shape[1]
@@ -64,12 +64,11 @@ def _stage1_section(job, exact: dict) -> dict:
   }
 
 
-def _stage2_section(job, exact: dict) -> dict:
+def _stage2_section(job, exact: ExactTarget) -> dict:
   summary = json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())
   ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
   pred = np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")))
-  by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
-  log_z = np.asarray([by_id[p] for p in ids])
+  log_z = exact.log_z_of(ids)
   val = [ids.index(p) for p in summary["val_prompt_ids"]] or list(range(len(ids)))
   labels, _ = anchor_targets(E.load_stage1(job.stage1_cfg.dataset_path()), samples=job.stage2_cfg.samples)
   fs = summary["fit"]
@@ -285,7 +284,7 @@ def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[st
   return out
 
 
-def _anchor_gap(evals: dict, summaries: dict, job, exact: dict) -> dict[str, Any] | None:
+def _anchor_gap(evals: dict, summaries: dict, job, exact: ExactTarget) -> dict[str, Any] | None:
   """DISA with the fitted anchor against the oracle (exact log Z), and Prop. 4 as a measurement
   (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the envelope
   from its held-out prompts."""
@@ -295,7 +294,7 @@ def _anchor_gap(evals: dict, summaries: dict, job, exact: dict) -> dict[str, Any
   g = dict(zip(ids, np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")),
                                np.float64)))
   held = set(json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())["val_prompt_ids"])
-  log_z = dict(zip(exact["prompt_ids"], exact["log_z"]))
+  log_z = exact.log_z_by_id()
   rows = summaries["disa"]["exact"]["per_prompt"]
   pids = [p["prompt_id"] for p in summaries["disa"]["per_prompt"]]
   eta = np.asarray([g[p] - log_z[p] for p in pids])
@@ -460,7 +459,7 @@ def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None
   gap = _anchor_gap(evals, summaries, job, exact)
   plots = _plots(job, s1, s2, _training_curves(job))
   if dyn["series"]:
-    plots += D.plot_dynamics(dyn["series"], float(np.mean(exact["target_entropy_correct"])), job.dir)
+    plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
   study_path = job.dir / "anchor_study.json"
   study = json.loads(study_path.read_text()) if study_path.exists() else None
   ns_path = job.dir / "nstudy" / "nstudy.json"

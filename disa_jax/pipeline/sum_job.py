@@ -38,7 +38,7 @@ from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.conditional import conditional_kl
-from disa_jax.eval.exact import correct_set_terms
+from disa_jax.eval.exact import ExactTarget
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
@@ -394,19 +394,13 @@ class SumJob:
       save_prompts([recs[n] for n in train], self.train_prompts_path)
       save_prompts([recs[n] for n in held], self.heldout_prompts_path)
 
-  def exact(self) -> dict[str, Any]:
+  def exact(self) -> ExactTarget:
     """The exact log Z(q) of every prompt (`disa_jax.eval.exact`), cached in exact.json."""
     path = self.dir / "exact.json"
     if path.exists():
-      return json.loads(path.read_text())
-    out = {"prompt_ids": [], "log_z": [], "target_entropy_correct": [], "p_correct_ref": []}
-    for prompt_id, lp in self._correct_set_logprobs(self.ref_path).items():
-      terms = correct_set_terms(lp, lp, self.cfg.beta)
-      out["prompt_ids"].append(prompt_id)
-      for key in ("log_z", "target_entropy_correct", "p_correct_ref"):
-        out[key].append(terms[key])
-    out["beta"] = self.cfg.beta
-    _write_json(path, out)
+      return ExactTarget.load(path)
+    out = ExactTarget.from_logprobs(self._correct_set_logprobs(self.ref_path), self.cfg.beta)
+    out.save(path)
     return out
 
   def _correct_set_logprobs(self, model_path: str) -> dict[str, np.ndarray]:
@@ -465,8 +459,7 @@ class SumJob:
     run_stage2(self.stage2_cfg)
     if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not Path(
         self.exact_anchor_path).exists():
-      ex = self.exact()
-      TableAnchor(dict(zip(ex["prompt_ids"], ex["log_z"])), beta=self.cfg.beta,
+      TableAnchor(self.exact().log_z_by_id(), beta=self.cfg.beta,
                   reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
     self._noise_anchors()
@@ -477,8 +470,7 @@ class SumJob:
                          if self.cfg.runs[m].anchor == "exact+noise"}):
       if Path(self.noise_anchor_path(sigma)).exists():
         continue
-      ex = self.exact()
-      table = noisy_log_z(dict(zip(ex["prompt_ids"], ex["log_z"])), sigma, self.cfg.seed)
+      table = noisy_log_z(self.exact().log_z_by_id(), sigma, self.cfg.seed)
       TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale,
                   source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
@@ -491,9 +483,7 @@ class SumJob:
       return
     pool = estimators.load_stage1(self.stage1_cfg.dataset_path())
     emb = np.load(self.dir / "stage2" / "embeddings.npy")  # Stage 2's cache, in the pool's order
-    ex = self.exact()
-    by_id = dict(zip(ex["prompt_ids"], ex["log_z"]))
-    res = sigma_g_study(emb, pool, np.asarray([by_id[p] for p in pool.prompt_ids]),
+    res = sigma_g_study(emb, pool, self.exact().log_z_of(pool.prompt_ids),
                         ns=self.cfg.n_study, folds=self.cfg.anchor_study.folds,
                         repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
                         seed=self.cfg.seed)
