@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from disa_jax.artifacts import ArtifactError
-from disa_jax.eval.exact import ExactTarget, correct_set_terms
+from disa_jax.checkpoint.selection import Choice, Selection
+from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget, correct_set_terms
+from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries, Stage3Run
 
 
 def _exact():
@@ -47,3 +50,92 @@ def test_exact_target_missing_or_corrupt_file_names_it(tmp_path):
   path.write_text(json.dumps(raw | {"beta": "2"}))
   with pytest.raises(ArtifactError, match=r"field 'beta' must be float"):
     ExactTarget.load(path)
+
+
+def _stage3_run(tmp_path):
+  rows = [{"step": 1, "reward": 0.5}]
+  for step in (2, 4):
+    rows.append({"step": step, "reward": 0.7, **{f"exact/{f}": step * 1.0 for f in SERIES_FIELDS}})
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  return Stage3Run(workdir=tmp_path, steps_run=4, start_step=0, final={"step": 4, "reward": 0.7},
+                   export=tmp_path / "final", export_checkpoint=4, preempted=None,
+                   selection=Selection("eval/mean@8", ((2, 0.5), (4, 0.75))), stop_token_ids=(2,))
+
+
+def test_stage3_run_round_trips_with_its_metrics_and_exact_series(tmp_path):
+  run = _stage3_run(tmp_path)
+  run.save()
+  assert Stage3Run.load(tmp_path) == run
+  assert json.loads((tmp_path / "stage3_summary.json").read_text()) == run.to_json()
+  assert [r["step"] for r in run.metrics()] == [1, 2, 4] and run.checkpoint_steps() == []
+  series = run.exact_series()
+  np.testing.assert_array_equal(series.step, [2, 4])
+  np.testing.assert_array_equal(series["kl_mc"], [2.0, 4.0])
+  assert series == ExactSeries.from_rows(run.metrics())
+
+
+def test_stage3_run_missing_or_corrupt_summary_names_the_file(tmp_path):
+  with pytest.raises(ArtifactError, match="stage3_summary.json does not exist"):
+    Stage3Run.load(tmp_path)
+  run = _stage3_run(tmp_path)
+  run.save()
+  raw = json.loads((tmp_path / "stage3_summary.json").read_text())
+  (tmp_path / "stage3_summary.json").write_text(json.dumps(raw | {"steps_run": "4"}))
+  with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'steps_run' must be int"):
+    Stage3Run.load(tmp_path)
+  (tmp_path / "stage3_summary.json").write_text(json.dumps(raw | {"selection": {"metric": "m"}}))
+  with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'selection' is malformed"):
+    Stage3Run.load(tmp_path)
+  (tmp_path / "metrics.jsonl").write_text('{"step": 2, "exact/kl_mc": 1.0}\n')
+  with pytest.raises(ArtifactError, match=r"metrics.jsonl: step 2 lacks field 'exact/p_correct'"):
+    run.exact_series()
+  (tmp_path / "metrics.jsonl").write_text('{"step": 2\n')
+  with pytest.raises(ArtifactError, match=r"metrics.jsonl line 1 is not JSON"):
+    run.metrics()
+
+
+def _measures():
+  per = [{"log_z": 1.0, "kl_mc": 0.1, "tb_sq": 0.2}, {"log_z": 2.0, "kl_mc": 0.3, "tb_sq": 0.4}]
+  return ExactMeasures(means={k: 0.5 for k in MEASURES} | {"kl_wrong": float("nan")},
+                       samples_per_prompt=4, per_prompt=tuple(per))
+
+
+def _eval_result(out_dir):
+  task = BenchmarkEval(name="task", ability="sum_task", path="p.jsonl", method="disa", k=2,
+                       n_problems=2, metrics={"mean@2": 0.5}, prompt_ids=("a", "b"),
+                       correct=np.asarray([[1, 0], [0, 0]]),
+                       sampling={"n": 2, "stop_token_ids": [2]}, diversity={}, exact=_measures())
+  return EvalResult(output_dir=out_dir, method="disa", model_path="m",
+                    checkpoint=Choice(step=4, which="best", reason="r", metric="x", value=0.5),
+                    tables={"mean@2": {"task": 0.5}}, evaluated_now=("task",),
+                    benchmarks={"task": task})
+
+
+def test_eval_result_round_trips_through_summary_and_benchmark_files(tmp_path):
+  res = _eval_result(tmp_path)
+  res.benchmarks["task"].save(tmp_path)
+  res.save()
+  back = EvalResult.load(tmp_path)
+  assert back == res and back.benchmarks["task"].exact.per_prompt_values("tb_sq").tolist() == [0.2, 0.4]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["stop_token_ids"] == {"task": [2]} and "per_prompt" not in summary["exact"]["task"]
+  assert json.loads((tmp_path / "task.json").read_text())["per_prompt"][0] == {
+      "prompt_id": "a", "correct": [1, 0]}
+
+
+def test_eval_result_missing_or_corrupt_file_names_it(tmp_path):
+  with pytest.raises(ArtifactError, match="summary.json does not exist"):
+    EvalResult.load(tmp_path)
+  res = _eval_result(tmp_path)
+  res.save()
+  with pytest.raises(ArtifactError, match="benchmark 'task': .*task.json does not exist"):
+    EvalResult.load(tmp_path)
+  res.benchmarks["task"].save(tmp_path)
+  raw = json.loads((tmp_path / "task.json").read_text())
+  del raw["exact"]["tb_sq"]
+  (tmp_path / "task.json").write_text(json.dumps(raw))
+  with pytest.raises(ArtifactError, match=r"task.json: field 'tb_sq' is missing"):
+    EvalResult.load(tmp_path)
+  (tmp_path / "task.json").write_text(json.dumps(raw | {"k": 2.5}))
+  with pytest.raises(ArtifactError, match=r"task.json: field 'k' must be int"):
+    EvalResult.load(tmp_path)

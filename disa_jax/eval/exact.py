@@ -210,6 +210,55 @@ class ExactTarget:
                beta=float(artifacts.field(obj, "beta", path, float)))
 
 
+MEASURES = ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
+            "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z", "tb_sq",
+            "p_wrong_kl_wrong", "kl_mc_se", "p_wrong_kl_wrong_se", "kl_decomposed_se", "kl_wrong",
+            "p_correct_kl_correct")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExactMeasures:
+  """The exact measures of a policy on P prompts (`ExactTracker.measure`, as an evaluation stores
+  them under ``exact`` in its ``<benchmark>.json``).
+
+  Attributes:
+    means: every measure of `MEASURES`, averaged over the prompts (``*_se``: the standard errors of
+      the Monte Carlo means).
+    samples_per_prompt: k, the policy samples per prompt of the Monte Carlo terms.
+    per_prompt: ``[P]`` each prompt's measures (`correct_set_terms` and `monte_carlo_terms`).
+  """
+  means: Mapping[str, float]
+  samples_per_prompt: int
+  per_prompt: tuple[Mapping[str, float], ...]
+
+  __eq__ = artifacts.fields_equal
+
+  def __getitem__(self, name: str) -> float:
+    """The mean of measure ``name`` (KeyError for one that is not in `MEASURES`)."""
+    return self.means[name]
+
+  def per_prompt_values(self, name: str) -> np.ndarray:
+    """``[P]`` measure ``name`` of every prompt."""
+    return np.asarray([p[name] for p in self.per_prompt], np.float64)
+
+  def to_json(self, per_prompt: bool = True) -> dict[str, Any]:
+    """The stored form (`ExactTracker.measure`'s keys; ``per_prompt=False`` leaves it out)."""
+    out = {"per_prompt": [dict(p) for p in self.per_prompt]} if per_prompt else {}
+    return out | {"samples_per_prompt": self.samples_per_prompt, **self.means}
+
+  @classmethod
+  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "ExactMeasures":
+    """From `to_json`'s form, read from ``path`` (a missing field raises naming both)."""
+    if not isinstance(obj, Mapping):
+      raise artifacts.ArtifactError(f"{path}: field 'exact' must be an object")
+    per = artifacts.field(obj, "per_prompt", path, list)
+    if not all(isinstance(p, dict) for p in per):
+      raise artifacts.ArtifactError(f"{path}: field 'exact.per_prompt' must be a list of objects")
+    return cls(means={k: float(artifacts.field(obj, k, path, float)) for k in MEASURES},
+               samples_per_prompt=artifacts.field(obj, "samples_per_prompt", path, int),
+               per_prompt=tuple(per))
+
+
 def wrong_term(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray, p_correct: float,
                p_correct_ref: float) -> tuple[float, float]:
   """Unbiased Monte Carlo estimate of P_w KL(pi|w || pi~|w) from k policy samples, and its SE.

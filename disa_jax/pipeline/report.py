@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -39,6 +39,11 @@ from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.stage3 import Stage3Run
+
+TASK = "task"  # the evaluations' benchmark of the job's prompts
+Stage3Runs = Mapping[tuple[str, int], Stage3Run]  # every Stage 3 run, by (method, seed)
 
 
 def _stage1_section(job, exact: ExactTarget) -> dict:
@@ -78,9 +83,12 @@ def _stage2_section(job, exact: ExactTarget) -> dict:
           "val_mse_curve": summary["history"]["val_mse"]}
 
 
-def eval_row(summary: dict) -> dict:
-  """A report row from `run_evaluation`'s task.json (sampled metrics and the exact target)."""
-  k, m, x = summary["k"], summary["metrics"], summary["exact"]
+def eval_row(task: BenchmarkEval) -> dict:
+  """A report row from an evaluation's task benchmark (sampled metrics and the exact target)."""
+  k, m, x = task.k, task.metrics, task.exact
+  if x is None:
+    raise ValueError(f"the evaluation of {task.method!r} on {task.path} has no exact measures "
+                     "(exact_target off)")
   return {"k": k, "accuracy_mean_at_k": m[f"mean@{k}"], "pass_at_k": m[f"pass@{k}"],
           "distinct_correct_mean": m[f"distinct_correct@{k}"], "p_correct_exact": x["p_correct"],
           "entropy_correct": x["entropy_correct"], "target_entropy_correct": x["target_entropy_correct"],
@@ -119,13 +127,12 @@ def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
   return out
 
 
-def _training_curves(job) -> dict[str, list[tuple[int, float]]]:
+def _training_curves(job, stage3: Stage3Runs) -> dict[str, list[tuple[int, float]]]:
   curves = {}
   for m in job.cfg.methods:  # the first seed's run
-    path = Path(job.stage3_cfgs[(m, job.cfg.seeds[0])].workdir) / "metrics.jsonl"
-    if path.exists():
-      rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-      curves[m] = [(int(r["step"]), float(r["reward"])) for r in rows if "reward" in r]
+    run = stage3.get((m, job.cfg.seeds[0]))
+    if run is not None and run.metrics_path.exists():
+      curves[m] = [(int(r["step"]), float(r["reward"])) for r in run.metrics() if "reward" in r]
   return curves
 
 
@@ -160,14 +167,14 @@ def _lr_decay_step(job, method: str, seed: int) -> int | None:
   return D.lr_decay_step(t.total_steps, t.rollout.num_minibatches, t.optim.decay_frac)
 
 
-def _dynamics(job) -> dict[str, Any]:
+def _dynamics(job, stage3: Stage3Runs) -> dict[str, Any]:
   """Per method: each seed's end state and matched accuracy, and the first seed's series."""
   out: dict[str, Any] = {"series": {}, "end_state": {}, "matched": {}, "matched_runs": {}}
   for m in job.cfg.methods:
     ends, matched = [], []
     for seed in job.cfg.seeds:
-      path = Path(job.stage3_cfgs[(m, seed)].workdir) / "metrics.jsonl"
-      series = D.exact_series(path) if path.exists() else None
+      run = stage3.get((m, seed))
+      series = run.exact_series() if run is not None and run.metrics_path.exists() else None
       if series is None or series["step"].size < 2:
         continue
       if seed == job.cfg.seeds[0]:
@@ -284,22 +291,22 @@ def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[st
   return out
 
 
-def _anchor_gap(evals: dict, summaries: dict, job, exact: ExactTarget) -> dict[str, Any] | None:
+def _anchor_gap(evals: dict, results: Mapping[str, EvalResult], job, exact: ExactTarget
+                ) -> dict[str, Any] | None:
   """DISA with the fitted anchor against the oracle (exact log Z), and Prop. 4 as a measurement
   (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the envelope
   from its held-out prompts."""
-  if not {"disa", "disa_exact"} <= set(evals) or "disa" not in summaries:
+  if not {"disa", "disa_exact"} <= set(evals) or "disa" not in results:
     return None
   ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
   g = dict(zip(ids, np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")),
                                np.float64)))
   held = set(json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())["val_prompt_ids"])
   log_z = exact.log_z_by_id()
-  rows = summaries["disa"]["exact"]["per_prompt"]
-  pids = [p["prompt_id"] for p in summaries["disa"]["per_prompt"]]
+  task = results["disa"].benchmarks[TASK]
+  pids = task.prompt_ids
   eta = np.asarray([g[p] - log_z[p] for p in pids])
-  r_mean = np.asarray([r["kl_mc"] for r in rows])
-  r_sq = np.asarray([r["tb_sq"] for r in rows])
+  r_mean, r_sq = task.exact.per_prompt_values("kl_mc"), task.exact.per_prompt_values("tb_sq")
   is_held = np.asarray([p in held for p in pids])
   check = prop4_check(eta[~is_held], r_mean[~is_held], r_sq[~is_held], eta[is_held])
   return {"kl_disa": evals["disa"]["kl_to_target"], "kl_disa_exact": evals["disa_exact"]["kl_to_target"],
@@ -445,19 +452,28 @@ def _claims_md(report: dict) -> list[str]:
           "Numbers of each claim: `claims` in report.json.", ""]
 
 
-def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
-  """report.json / report.md / PNGs in the job's directory; returns the report."""
-  skipped, exact = skipped or {}, job.exact()
-  runs = {name: eval_row(s) for name, s in summaries.items()}
+def write_report(job, exact: ExactTarget, stage3: Stage3Runs, results: Mapping[str, EvalResult],
+                 skipped: Mapping[str, str] | None = None) -> dict:
+  """report.json / report.md / PNGs in the job's directory; returns the report.
+
+  Args:
+    job: the `SumJob` (its configs and its directory, where the report goes).
+    exact: the exact target of the job's prompts.
+    stage3: every Stage 3 run, by (method, seed).
+    results: every evaluation row's `EvalResult` (its ``task`` benchmark is read).
+    skipped: rows not trained, with the reason.
+  """
+  skipped = dict(skipped or {})
+  runs = {name: eval_row(r.benchmarks[TASK]) for name, r in results.items()}
   evals = aggregate_seeds(job, runs)
   s1, s2 = _stage1_section(job, exact), _stage2_section(job, exact)
-  dyn = _dynamics(job)
+  dyn = _dynamics(job, stage3)
   regime = _regime(job, dyn)
   fix = job.cfg.fix if job.cfg.fix in evals else None
   contrasts = [m for m in job.cfg.methods if job.cfg.runs[m].objective.maximises_reward]
   claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
-  gap = _anchor_gap(evals, summaries, job, exact)
-  plots = _plots(job, s1, s2, _training_curves(job))
+  gap = _anchor_gap(evals, results, job, exact)
+  plots = _plots(job, s1, s2, _training_curves(job, stage3))
   if dyn["series"]:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
   study_path = job.dir / "anchor_study.json"

@@ -51,12 +51,12 @@ from disa_jax.rl.objectives import Objective
 from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
-from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
+from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
 from disa_jax.workflows.sft import SftConfig, run_sft
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
 from disa_jax.workflows.stage2 import Stage2Config, run_stage2
-from disa_jax.workflows.stage3 import Stage3Config, run_stage3
+from disa_jax.workflows.stage3 import Stage3Config, Stage3Run, run_stage3
 
 ANCHORS = ("fitted", "exact", "exact+noise")
 
@@ -223,10 +223,10 @@ class MainConfig:
 def _timed_stage3(cfg) -> float:
   """`run_stage3` (in this process, or in a worker of `SumJob.stage3_all`); returns its seconds."""
   t0 = time.time()
-  summary = run_stage3(cfg)
-  if summary["preempted"] is not None:  # saved at that step; the job's rerun resumes the run
+  run = run_stage3(cfg)
+  if run.preempted is not None:  # saved at that step; the job's rerun resumes the run
     raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
-                       f"{summary['preempted']} (checkpoint saved); rerun the job to resume")
+                       f"{run.preempted} (checkpoint saved); rerun the job to resume")
   return round(time.time() - t0, 2)
 
 
@@ -490,9 +490,9 @@ class SumJob:
     res["verdict"] = sigma_verdict(res)
     _write_json(path, res)
 
-  def stage3_all(self) -> dict[str, str]:
-    """Every (method, seed) run not yet exported, ``stage3_workers`` at a time; returns the
-    evaluation rows {run name: exported policy}.
+  def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
+    """Every (method, seed) run not yet exported (or without its summary), ``stage3_workers`` at a
+    time; returns every run, by (method, seed).
 
     With one worker the runs go one after another in this process. With more, each run is a
     spawned process of its own (``run_stage3`` on its config; JAX never forks), the progress bars
@@ -501,8 +501,9 @@ class SumJob:
     alternate, so one run keeps about one core busy).
     """
     keys = [(m, s) for m in self.cfg.methods for s in self.cfg.seeds]
-    final = {k: Path(self.stage3_cfgs[k].workdir) / "final" for k in keys}
-    todo = [k for k in keys if not (final[k] / "export_info.json").exists()]
+    wd = {k: Path(self.stage3_cfgs[k].workdir) for k in keys}
+    todo = [k for k in keys if not ((wd[k] / "final" / "export_info.json").exists()
+                                    and (wd[k] / Stage3Run.FILE).exists())]
     workers = min(self.cfg.stage3_workers, len(todo))
     if workers <= 1:
       for k in todo:
@@ -520,7 +521,7 @@ class SumJob:
             failed[self.run_name(*k)] = e
       if failed:
         raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
-    return {self.run_name(*k): str(final[k]) for k in keys}
+    return {k: Stage3Run.load(wd[k]) for k in keys}
 
   def lora_sft(self) -> str | None:
     """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
@@ -533,7 +534,7 @@ class SumJob:
 
   # -- 4. evaluation and report ------------------------------------------------------------------
 
-  def evaluate(self, rows: dict[str, str]) -> dict[str, dict[str, Any]]:
+  def evaluate(self, rows: dict[str, str]) -> dict[str, EvalResult]:
     """`run_evaluation` of every row (one in-process engine, weights swapped between rows)."""
     out, engine = {}, None
     try:
@@ -541,8 +542,7 @@ class SumJob:
         cfg = self._eval_config(row, path)
         if engine is None and not (Path(cfg.output_dir) / "task.json").exists():
           engine = cfg.engine.make(self.ref_path)
-        self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
-        out[row] = json.loads((Path(cfg.output_dir) / "task.json").read_text())
+        out[row] = self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
     finally:
       if engine is not None:
         engine.close()
@@ -556,7 +556,9 @@ class SumJob:
     self._timed("exact_log_z", self.exact)
     self._timed("stage2", self.stage2)
     self._timed("anchor_study", self.anchor_study)
-    rows = {"reference": self.ref_path, "proposal": self.proposal_path} | self.stage3_all()
+    stage3 = self.stage3_all()
+    rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
+        self.run_name(*k): str(run.export) for k, run in stage3.items()}
     skipped = {}
     if self.cfg.sft_enabled:
       sft = self._timed("lora_sft", self.lora_sft)
@@ -567,4 +569,4 @@ class SumJob:
     if self.cfg.conditional_kl:
       self._timed("conditional_kl", self.conditional_kls, rows)
     evals = self.evaluate(rows)
-    return write_report(self, evals, skipped)
+    return write_report(self, self.exact(), stage3, evals, skipped)

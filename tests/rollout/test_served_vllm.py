@@ -124,7 +124,7 @@ def test_evaluation_through_the_served_model(served, tmp_path):
   c = eval_config(served.model_path, {"math500": files["math500"]}, tmp_path / "eval", "openai")
   c.engine.openai = ConfigDict({"base_url": served.url, "model": SERVED_NAME})
   summary = run_evaluation(EvalConfig.from_config(c))
-  assert set(summary["benchmarks"]) == {"math500"} and summary["stop_token_ids"] == {"math500": [2]}
+  assert set(summary.benchmarks) == {"math500"} and summary.benchmarks["math500"].stop_token_ids == [2]
   rows = (tmp_path / "eval" / "math500_responses.jsonl").read_text().splitlines()
   assert len(rows) == 2 and all(len(json.loads(r)["responses"]) == 2 for r in rows)
 

@@ -130,7 +130,7 @@ def main():
     from disa_jax.workflows.evaluation import EvalConfig, run_evaluation  # pylint: disable=g-import-not-at-top
     from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # pylint: disable=g-import-not-at-top
     summary = (run_stage3(Stage3Config.from_config(config)) if stage == "stage3"
-               else run_evaluation(EvalConfig.from_config(config)))
+               else run_evaluation(EvalConfig.from_config(config))).to_json()
   else:
     raise SystemExit(f"unknown stage {stage!r} or point {point!r}")
   print("SUMMARY " + json.dumps({k: summary[k] for k in ("run", "resumed") if k in summary}))

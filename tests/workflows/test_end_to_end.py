@@ -23,7 +23,7 @@ from disa_jax.data import loaders, templates
 from disa_jax.estimators import load_stage1
 from disa_jax.anchor.labels import anchor_targets
 from disa_jax.workflows.stage3 import Stage3Config
-from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
+from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
 from disa_jax.workflows.stage2 import Stage2Config, run_stage2
 from tests.workflows import toy_reward
@@ -173,8 +173,8 @@ def check_eval(out_dir, summary):
   for row in rows:  # the stored correctness is the math verifier's
     got = rewards.get_reward_fn("math")(row["responses"], [{"ground_truth": gts[row["prompt_id"]]}] * 2)
     assert (got.reward > 0.5).astype(int).tolist() == row["correct"]
-  assert set(summary["tables"]) == {"mean@2", "pass@1", "pass@3"}
-  assert summary["tables"]["mean@2"]["math500"] == m["metrics"]["mean@2"]
+  assert set(summary.tables) == {"mean@2", "pass@1", "pass@3"}
+  assert summary.tables["mean@2"]["math500"] == m["metrics"]["mean@2"]
   md = (out_dir / "summary.md").read_text()
   assert "## mean@2" in md and "## pass@3" in md
 
@@ -220,11 +220,12 @@ def test_jax_engine_pipeline(jax_pipeline, checkpoints, prompt_files, tmp_path):
 
   cfg = EvalConfig.from_config(eval_config(checkpoints["proposal"], prompt_files, tmp_path / "ev", "jax"))
   summary = run_evaluation(cfg)
-  assert summary["evaluated_now"] == ["humanevalplus", "math500"]
+  assert summary.evaluated_now == ("humanevalplus", "math500")
   check_eval(tmp_path / "ev", summary)
   before = (tmp_path / "ev" / "math500.json").read_text()
   again = run_evaluation(cfg)
-  assert again["evaluated_now"] == [] and again["tables"] == summary["tables"]
+  assert again.evaluated_now == () and again.tables == summary.tables
+  assert again.benchmarks == summary.benchmarks and again == EvalResult.load(tmp_path / "ev")
   assert (tmp_path / "ev" / "math500.json").read_text() == before
 
 
@@ -266,7 +267,7 @@ def test_stage3_disa_trains_on_the_stage2_anchor(jax_pipeline, checkpoints, tmp_
   c.run_dir, c.math_k, c.export_dtype = str(workdir), 2, "float32"  # float32: the step's change shows
   summary = run_evaluation(EvalConfig.from_config(c))
   exported = tmp_path / "ev" / "policy_step1"
-  assert summary["model_path"] == str(exported) and set(summary["benchmarks"]) == {"math500"}
+  assert summary.model_path == str(exported) and set(summary.benchmarks) == {"math500"}
   before = models.to_hf_state_dict(models.from_pretrained(checkpoints["reference"]))
   after = models.to_hf_state_dict(models.from_pretrained(str(exported)))
   assert before.keys() == after.keys()
@@ -341,7 +342,6 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
                  "local_diversity", "diversity_k", "max_prompt_len"))})
   over_e.update({"engine.vllm_kwargs.max_model_len": 512, "engine.vllm_kwargs.max_num_seqs": 32})
   _run_cli("evaluate.py", os.path.join(ROOT, "configs", "eval_paper.py") + ":all", over_e)
-  summary_e = json.loads((ev_dir / "summary.json").read_text())
-  check_eval(ev_dir, summary_e)
+  check_eval(ev_dir, EvalResult.load(ev_dir))
   _run_cli("evaluate.py", os.path.join(ROOT, "configs", "eval_paper.py") + ":all", over_e)
   assert json.loads((ev_dir / "summary.json").read_text())["evaluated_now"] == []

@@ -145,8 +145,8 @@ def test_evaluation_does_not_report_another_models_numbers(checkpoints, prompt_f
   c.math_k, c.max_tokens = 2, 3
   cfg = EvalConfig.from_config(c)
   first = run_evaluation(cfg, engine=_WeightEcho())
-  assert first["evaluated_now"] == ["math500"]
-  assert run_evaluation(cfg, engine=_WeightEcho())["evaluated_now"] == []  # the same model: reused
+  assert first.evaluated_now == ("math500",)
+  assert run_evaluation(cfg, engine=_WeightEcho()).evaluated_now == ()  # the same model: reused
   responses = (tmp_path / "ev" / "math500_responses.jsonl").read_text()
   # Training moved on: the same path now holds other weights (as run_step=-1 picks a newer step).
   shutil.copy(f"{checkpoints['reference']}/model.safetensors", model / "model.safetensors")
@@ -156,5 +156,5 @@ def test_evaluation_does_not_report_another_models_numbers(checkpoints, prompt_f
   with pytest.raises(IdentityMismatchError, match="temperature"):
     run_evaluation(dataclasses.replace(cfg, temperature=1.0), engine=_WeightEcho())
   again = run_evaluation(dataclasses.replace(cfg, overwrite=True), engine=_WeightEcho())
-  assert again["evaluated_now"] == ["math500"]
+  assert again.evaluated_now == ("math500",)
   assert (tmp_path / "ev" / "math500_responses.jsonl").read_text() != responses  # the new model's
