@@ -8,7 +8,9 @@ import pytest
 from disa_jax.artifacts import ArtifactError
 from disa_jax.checkpoint.selection import Choice, Selection
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget, correct_set_terms
+from disa_jax.sft.baseline import SUMMARY_FILE
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.sft import SftRun
 from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries, Stage3Run
 
 
@@ -139,3 +141,28 @@ def test_eval_result_missing_or_corrupt_file_names_it(tmp_path):
   (tmp_path / "task.json").write_text(json.dumps(raw | {"k": 2.5}))
   with pytest.raises(ArtifactError, match=r"task.json: field 'k' must be int"):
     EvalResult.load(tmp_path)
+
+
+def _sft_summary(out_path):
+  return {"num_prompts": 3, "num_samples": 24, "num_kept": 5, "steps": 2, "loss_first": 2.5,
+          "loss_last": 1.5, "packing_efficiency": 0.9, "config": {"rank": 4},
+          "out_path": str(out_path), "seconds": 1.0, "skipped": False}
+
+
+def test_sft_run_round_trips_through_sft_summary_json(tmp_path):
+  (tmp_path / SUMMARY_FILE).write_text(json.dumps(_sft_summary(tmp_path)))
+  run = SftRun.load(tmp_path)
+  assert run.exported and not run.skipped and run.num_kept == 5 and run.loss_last == 1.5
+  assert run.to_json() == _sft_summary(tmp_path)
+  assert SftRun.from_json(run.to_json(), "x", tmp_path) == run
+  stopped = SftRun.from_json({"preempted": 3, "out_path": str(tmp_path), "skipped": False}, "x",
+                             tmp_path)
+  assert not stopped.exported and SftRun.from_json(stopped.to_json(), "x", tmp_path) == stopped
+
+
+def test_sft_run_missing_or_corrupt_summary_names_the_file(tmp_path):
+  with pytest.raises(ArtifactError, match="sft_summary.json does not exist"):
+    SftRun.load(tmp_path)
+  (tmp_path / SUMMARY_FILE).write_text(json.dumps(_sft_summary(tmp_path) | {"num_kept": None}))
+  with pytest.raises(ArtifactError, match=r"sft_summary.json: field 'num_kept' must be int"):
+    SftRun.load(tmp_path)

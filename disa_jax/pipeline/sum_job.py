@@ -53,7 +53,7 @@ from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
-from disa_jax.workflows.sft import SftConfig, run_sft
+from disa_jax.workflows.sft import SftConfig, SftRun, run_sft
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
 from disa_jax.workflows.stage2 import Stage2Config, run_stage2
 from disa_jax.workflows.stage3 import Stage3Config, Stage3Run, run_stage3
@@ -523,14 +523,17 @@ class SumJob:
         raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
     return {k: Stage3Run.load(wd[k]) for k in keys}
 
-  def lora_sft(self) -> str | None:
+  def lora_sft(self) -> SftRun | None:
     """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
     data = estimators.load_stage1(self.stage1_cfg.dataset_path())
     if not (data.reward[data.mask] >= 1.0).any():  # nothing to distil: say so in the report
       _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
       return None
-    run_sft(self.sft_cfg)
-    return self.sft_cfg.out_path
+    run = run_sft(self.sft_cfg)
+    if not run.exported:  # adapters saved at that step; the job's rerun resumes the baseline
+      raise RuntimeError(f"the LoRA-SFT baseline {run.out_path} was stopped by a preemption "
+                         f"signal at step {run.preempted}; rerun the job to resume")
+    return run
 
   # -- 4. evaluation and report ------------------------------------------------------------------
 
@@ -563,7 +566,7 @@ class SumJob:
     if self.cfg.sft_enabled:
       sft = self._timed("lora_sft", self.lora_sft)
       if sft is not None:
-        rows["lora_sft"] = sft
+        rows["lora_sft"] = str(sft.out_path)
       else:
         skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
     if self.cfg.conditional_kl:
