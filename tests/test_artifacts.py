@@ -5,12 +5,15 @@ import json
 import numpy as np
 import pytest
 
+from disa_jax.anchor.frozen import EmbeddingSpec
 from disa_jax.artifacts import ArtifactError
 from disa_jax.checkpoint.selection import Choice, Selection
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget, correct_set_terms
+from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.sft.baseline import SUMMARY_FILE
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
 from disa_jax.workflows.sft import SftRun
+from disa_jax.workflows.stage2 import AnchorArtifact, FitSummary
 from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries, Stage3Run
 
 
@@ -166,3 +169,44 @@ def test_sft_run_missing_or_corrupt_summary_names_the_file(tmp_path):
   (tmp_path / SUMMARY_FILE).write_text(json.dumps(_sft_summary(tmp_path) | {"num_kept": None}))
   with pytest.raises(ArtifactError, match=r"sft_summary.json: field 'num_kept' must be int"):
     SftRun.load(tmp_path)
+
+
+def _anchor_artifact(out_dir):
+  return AnchorArtifact(
+      output_dir=out_dir, anchor_path=out_dir / "anchor", stage1_path="s1.jsonl", prompts=3,
+      prompts_fitted=3, samples_per_prompt=4, dropped_nonfinite=(),
+      embedding=EmbeddingSpec(source="model_mean_pool", dim=2, model_path="ref",
+                              prompt_format="stage1_prompt", rendering="plain"),
+      beta=15.0, label_scale="sum", labels="plain", weighting="uniform",
+      reward_transform=RewardTransform("raw"), label_stats={"mean": 1.0, "std": 0.5},
+      fit=FitSummary(best_epoch=1, train_mse=0.1, val_mse=0.2, val_r2=0.5, n_train=2, n_val=1),
+      val_prompt_ids=("c",), sigma_g_train=0.3, sigma_g_val=0.4,
+      history={"train_mse": [0.2, 0.1], "val_mse": [0.3, 0.2], "val_r2": [0.1, 0.5]},
+      validation_curve=str(out_dir / "validation_curve.png"), resumed=False)
+
+
+def test_anchor_artifact_round_trips_with_its_embedding_cache(tmp_path):
+  art = _anchor_artifact(tmp_path)
+  art.save()
+  assert AnchorArtifact.load(tmp_path) == art
+  (tmp_path / "embeddings_ids.json").write_text(json.dumps({"prompt_ids": ["a", "b", "c"]}))
+  np.save(tmp_path / "embeddings.npy", np.ones((3, 2), np.float32))
+  ids, emb = art.embeddings()
+  assert ids == ("a", "b", "c") and emb.shape == (3, 2)
+
+
+def test_anchor_artifact_missing_or_corrupt_file_names_it(tmp_path):
+  with pytest.raises(ArtifactError, match="stage2_summary.json does not exist"):
+    AnchorArtifact.load(tmp_path)
+  art = _anchor_artifact(tmp_path)
+  art.save()
+  raw = json.loads((tmp_path / "stage2_summary.json").read_text())
+  (tmp_path / "stage2_summary.json").write_text(json.dumps(raw | {"fit": {"best_epoch": 1}}))
+  with pytest.raises(ArtifactError, match=r"stage2_summary.json: field 'train_mse' is missing"):
+    AnchorArtifact.load(tmp_path)
+  with pytest.raises(ArtifactError, match="embeddings_ids.json does not exist"):
+    art.embeddings()
+  (tmp_path / "embeddings_ids.json").write_text(json.dumps({"prompt_ids": ["a", "b"]}))
+  np.save(tmp_path / "embeddings.npy", np.ones((3, 2), np.float32))
+  with pytest.raises(ArtifactError, match=r"embeddings.npy: shape \(3, 2\) is not \[P = 2, D\]"):
+    art.embeddings()

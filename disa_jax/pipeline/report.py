@@ -25,29 +25,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 
 from disa_jax import estimators as E
-from disa_jax.anchor import Anchor
 from disa_jax.anchor.diagnostics import prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.stage2 import AnchorArtifact
 from disa_jax.workflows.stage3 import Stage3Run
 
 TASK = "task"  # the evaluations' benchmark of the job's prompts
 Stage3Runs = Mapping[tuple[str, int], Stage3Run]  # every Stage 3 run, by (method, seed)
 
 
-def _stage1_section(job, exact: ExactTarget) -> dict:
-  pool = E.load_stage1(job.stage1_cfg.dataset_path())
+def _stage1_section(job, pool: Stage1Data, exact: ExactTarget) -> dict:
   log_z = exact.log_z_of(pool.prompt_ids)
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
                     repeats=job.cfg.n_study_repeats, log_z_ref=log_z)
@@ -69,18 +68,17 @@ def _stage1_section(job, exact: ExactTarget) -> dict:
   }
 
 
-def _stage2_section(job, exact: ExactTarget) -> dict:
-  summary = json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())
-  ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
-  pred = np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")))
+def _stage2_section(job, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactTarget) -> dict:
+  ids, emb = anchor.embeddings()
+  pred = np.asarray(anchor.anchor()(emb))
   log_z = exact.log_z_of(ids)
-  val = [ids.index(p) for p in summary["val_prompt_ids"]] or list(range(len(ids)))
-  labels, _ = anchor_targets(E.load_stage1(job.stage1_cfg.dataset_path()), samples=job.stage2_cfg.samples)
-  fs = summary["fit"]
-  return {"best_epoch": fs["best_epoch"], "val_mse_vs_labels": fs["val_mse"], "val_r2_vs_labels": fs["val_r2"],
+  val = [ids.index(p) for p in anchor.val_prompt_ids] or list(range(len(ids)))
+  labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
+  fs = anchor.fit
+  return {"best_epoch": fs.best_epoch, "val_mse_vs_labels": fs.val_mse, "val_r2_vs_labels": fs.val_r2,
           "sigma_g_heldout": sigma_g(pred[val], log_z[val]), "sigma_g_all": sigma_g(pred, log_z),
           "label_rmse_heldout": sigma_g(labels[val], log_z[val]), "n_val": len(val),
-          "val_mse_curve": summary["history"]["val_mse"]}
+          "val_mse_curve": anchor.history["val_mse"]}
 
 
 def eval_row(task: BenchmarkEval) -> dict:
@@ -291,17 +289,15 @@ def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[st
   return out
 
 
-def _anchor_gap(evals: dict, results: Mapping[str, EvalResult], job, exact: ExactTarget
-                ) -> dict[str, Any] | None:
+def _anchor_gap(evals: dict, results: Mapping[str, EvalResult], anchor: AnchorArtifact,
+                exact: ExactTarget) -> dict[str, Any] | None:
   """DISA with the fitted anchor against the oracle (exact log Z), and Prop. 4 as a measurement
   (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the envelope
   from its held-out prompts."""
   if not {"disa", "disa_exact"} <= set(evals) or "disa" not in results:
     return None
-  ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
-  g = dict(zip(ids, np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")),
-                               np.float64)))
-  held = set(json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())["val_prompt_ids"])
+  g = anchor.predictions()
+  held = set(anchor.val_prompt_ids)
   log_z = exact.log_z_by_id()
   task = results["disa"].benchmarks[TASK]
   pids = task.prompt_ids
@@ -452,27 +448,40 @@ def _claims_md(report: dict) -> list[str]:
           "Numbers of each claim: `claims` in report.json.", ""]
 
 
-def write_report(job, exact: ExactTarget, stage3: Stage3Runs, results: Mapping[str, EvalResult],
-                 skipped: Mapping[str, str] | None = None) -> dict:
-  """report.json / report.md / PNGs in the job's directory; returns the report.
+@dataclasses.dataclass(frozen=True)
+class ReportInputs:
+  """The stages' artifacts the report reads (it opens no file of another stage's directory).
 
-  Args:
-    job: the `SumJob` (its configs and its directory, where the report goes).
+  Attributes:
     exact: the exact target of the job's prompts.
+    pool: the Stage 1 samples (``[P, N]`` arrays; `Stage1Data`).
+    anchor: Stage 2's output (the fitted anchor, its embedding cache and fit).
     stage3: every Stage 3 run, by (method, seed).
-    results: every evaluation row's `EvalResult` (its ``task`` benchmark is read).
+    evals: every evaluation row's `EvalResult` (its ``task`` benchmark is read).
     skipped: rows not trained, with the reason.
   """
-  skipped = dict(skipped or {})
+  exact: ExactTarget
+  pool: Stage1Data
+  anchor: AnchorArtifact
+  stage3: Stage3Runs
+  evals: Mapping[str, EvalResult]
+  skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def write_report(job, inputs: ReportInputs) -> dict:
+  """report.json / report.md / PNGs in the job's directory (``job``: the `SumJob`, its configs);
+  returns the report."""
+  skipped, exact, stage3, results = dict(inputs.skipped), inputs.exact, inputs.stage3, inputs.evals
   runs = {name: eval_row(r.benchmarks[TASK]) for name, r in results.items()}
   evals = aggregate_seeds(job, runs)
-  s1, s2 = _stage1_section(job, exact), _stage2_section(job, exact)
+  s1 = _stage1_section(job, inputs.pool, exact)
+  s2 = _stage2_section(job, inputs.anchor, inputs.pool, exact)
   dyn = _dynamics(job, stage3)
   regime = _regime(job, dyn)
   fix = job.cfg.fix if job.cfg.fix in evals else None
   contrasts = [m for m in job.cfg.methods if job.cfg.runs[m].objective.maximises_reward]
   claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
-  gap = _anchor_gap(evals, results, job, exact)
+  gap = _anchor_gap(evals, results, inputs.anchor, exact)
   plots = _plots(job, s1, s2, _training_curves(job, stage3))
   if dyn["series"]:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)

@@ -36,6 +36,7 @@ from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
+from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.conditional import conditional_kl
 from disa_jax.eval.exact import ExactTarget
@@ -43,7 +44,7 @@ from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
-from disa_jax.pipeline.report import write_report
+from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rewards.sum_task import SumTask, correct_set, task_tokenizer
 from disa_jax.rl.config import ReplayConfig
@@ -55,7 +56,7 @@ from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
 from disa_jax.workflows.sft import SftConfig, SftRun, run_sft
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
-from disa_jax.workflows.stage2 import Stage2Config, run_stage2
+from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from disa_jax.workflows.stage3 import Stage3Config, Stage3Run, run_stage3
 
 ANCHORS = ("fitted", "exact", "exact+noise")
@@ -454,15 +455,16 @@ class SumJob:
         pool_size=spec.pool_size, ms=self.cfg.n_study, repeats=spec.repeats, ks=spec.ks,
         seed=self.cfg.seed, embedding=self.stage2_cfg.embedding))
 
-  def stage2(self) -> None:
+  def stage2(self) -> AnchorArtifact:
     """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
-    run_stage2(self.stage2_cfg)
+    anchor = run_stage2(self.stage2_cfg)
     if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not Path(
         self.exact_anchor_path).exists():
       TableAnchor(self.exact().log_z_by_id(), beta=self.cfg.beta,
                   reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
     self._noise_anchors()
+    return anchor
 
   def _noise_anchors(self) -> None:
     """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
@@ -476,13 +478,15 @@ class SumJob:
                   source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
                       self.noise_anchor_path(sigma))
 
-  def anchor_study(self) -> None:
+  def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z."""
     path = self.dir / "anchor_study.json"
     if path.exists() or not self.cfg.anchor_study.repeats:
       return
-    pool = estimators.load_stage1(self.stage1_cfg.dataset_path())
-    emb = np.load(self.dir / "stage2" / "embeddings.npy")  # Stage 2's cache, in the pool's order
+    ids, emb = anchor.embeddings()  # Stage 2's cache, in the pool's order
+    if ids != tuple(pool.prompt_ids):
+      raise ValueError(f"the Stage 2 embedding cache of {anchor.output_dir} is not in the order of "
+                       f"the Stage 1 pool {self.stage1_cfg.dataset_path()}")
     res = sigma_g_study(emb, pool, self.exact().log_z_of(pool.prompt_ids),
                         ns=self.cfg.n_study, folds=self.cfg.anchor_study.folds,
                         repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
@@ -556,9 +560,10 @@ class SumJob:
     self._timed("stage1", self.stage1)
     if self.cfg.nstudy.enabled:
       self._timed("nstudy", self.nstudy)
-    self._timed("exact_log_z", self.exact)
-    self._timed("stage2", self.stage2)
-    self._timed("anchor_study", self.anchor_study)
+    exact = self._timed("exact_log_z", self.exact)
+    anchor = self._timed("stage2", self.stage2)
+    pool = estimators.load_stage1(self.stage1_cfg.dataset_path())
+    self._timed("anchor_study", self.anchor_study, pool, anchor)
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
         self.run_name(*k): str(run.export) for k, run in stage3.items()}
@@ -572,4 +577,5 @@ class SumJob:
     if self.cfg.conditional_kl:
       self._timed("conditional_kl", self.conditional_kls, rows)
     evals = self.evaluate(rows)
-    return write_report(self, self.exact(), stage3, evals, skipped)
+    return write_report(self, ReportInputs(exact=exact, pool=pool, anchor=anchor, stage3=stage3,
+                                           evals=evals, skipped=skipped))

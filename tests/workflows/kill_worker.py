@@ -125,7 +125,7 @@ def main():
     from disa_jax.workflows.stage2 import Stage2Config, run_stage2  # pylint: disable=g-import-not-at-top
     if point != "none":
       _stage2_hooks(point)
-    summary = run_stage2(Stage2Config.from_config(config))
+    summary = run_stage2(Stage2Config.from_config(config)).to_json()
   elif stage in ("stage3", "eval") and point == "none":
     from disa_jax.workflows.evaluation import EvalConfig, run_evaluation  # pylint: disable=g-import-not-at-top
     from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # pylint: disable=g-import-not-at-top

@@ -25,7 +25,7 @@ from disa_jax.anchor.labels import anchor_targets
 from disa_jax.workflows.stage3 import Stage3Config
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
-from disa_jax.workflows.stage2 import Stage2Config, run_stage2
+from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from tests.workflows import toy_reward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,9 +118,9 @@ def check_stage1(cfg: Stage1Config, files, summary, n_prompts):
   return data
 
 
-def check_stage2(cfg: Stage2Config, files, summary, stage1_data):
-  assert summary["prompts_fitted"] == len(stage1_data.prompt_ids) and not summary["resumed"]
-  assert summary["fit"]["n_val"] == 2 and len(summary["history"]["val_mse"]) == 6
+def check_stage2(cfg: Stage2Config, files, summary: AnchorArtifact, stage1_data):
+  assert summary.prompts_fitted == len(stage1_data.prompt_ids) and not summary.resumed
+  assert summary.fit.n_val == 2 and len(summary.history["val_mse"]) == 6
   png = os.path.join(cfg.output_dir, "validation_curve.png")
   with open(png, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -146,15 +146,15 @@ def check_stage2(cfg: Stage2Config, files, summary, stage1_data):
   # The anchor saved is the one fitted on Stage 1's labels: its train / held-out errors against
   # the labels recomputed here are the summary's.
   labels, _ = anchor_targets(stage1_data)
-  assert summary["label_stats"]["mean"] == pytest.approx(labels.mean(), rel=1e-9)
+  assert summary.label_stats["mean"] == pytest.approx(labels.mean(), rel=1e-9)
   pred = np.asarray(anchor(emb))
   ids = stage1_data.prompt_ids
-  val = np.asarray([ids.index(p) for p in summary["val_prompt_ids"]])
+  val = np.asarray([ids.index(p) for p in summary.val_prompt_ids])
   train = np.setdiff1d(np.arange(len(ids)), val)
   assert np.sqrt(np.mean((pred[train] - labels[train]) ** 2)) == pytest.approx(
-      summary["sigma_g_train"], rel=1e-5)
+      summary.sigma_g_train, rel=1e-5)
   assert np.sqrt(np.mean((pred[val] - labels[val]) ** 2)) == pytest.approx(
-      summary["sigma_g_val"], rel=1e-5)
+      summary.sigma_g_val, rel=1e-5)
 
 
 def check_eval(out_dir, summary):
@@ -216,7 +216,8 @@ def test_jax_engine_pipeline(jax_pipeline, checkpoints, prompt_files, tmp_path):
   assert again["prompts_done"] == 0 and "startup_s" not in again  # no engine was started
   data = check_stage1(p["cfg1"], p["files"], p["s1"], 6)
   check_stage2(p["cfg2"], p["files"], p["s2"], data)
-  assert p["s2_again"]["resumed"] and p["s2_again"]["fit"] == p["s2"]["fit"]
+  assert p["s2_again"].resumed and p["s2_again"].fit == p["s2"].fit
+  assert AnchorArtifact.load(p["cfg2"].output_dir) == p["s2"]
 
   cfg = EvalConfig.from_config(eval_config(checkpoints["proposal"], prompt_files, tmp_path / "ev", "jax"))
   summary = run_evaluation(cfg)
@@ -331,7 +332,7 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
   for _ in range(2):
     _run_cli("stage2.py", os.path.join(ROOT, "configs", "stage2_paper.py") + ":qwen3-4b-base,math",
              over2)
-  s2 = json.loads((s2_dir / "stage2_summary.json").read_text())
+  s2 = AnchorArtifact.load(s2_dir)
   check_stage2(Stage2Config.from_config(c2), prompt_files, s2, data)
 
   ce = eval_config(checkpoints["proposal"], prompt_files, ev_dir, "vllm")

@@ -70,7 +70,7 @@ def test_stage2_does_not_serve_a_stored_anchor_fitted_on_other_inputs(checkpoint
                "reward": float(j % 2), "num_tokens": 2} for j in range(3)] for i in range(6)]
   path, _ = write_stage1_run(tmp_path, checkpoints["reference"], samples)
   first = run_stage2(_stage2_config(checkpoints, tmp_path, path))
-  assert run_stage2(_stage2_config(checkpoints, tmp_path, path))["resumed"]
+  assert run_stage2(_stage2_config(checkpoints, tmp_path, path)).resumed
   with pytest.raises(IdentityMismatchError) as e:
     run_stage2(_stage2_config(checkpoints, tmp_path, path, weighting="inverse_variance",
                               samples=2))
@@ -85,7 +85,7 @@ def test_stage2_does_not_serve_a_stored_anchor_fitted_on_other_inputs(checkpoint
   lines = open(path).read().splitlines(keepends=True)
   open(path, "w").write("".join(lines[:-1]))
   again = run_stage2(_stage2_config(checkpoints, tmp_path, path, labels="jensen", overwrite=True))
-  assert not again["resumed"] and again["labels"] == "jensen" and first["labels"] == "plain"
+  assert not again.resumed and again.labels == "jensen" and first.labels == "plain"
 
 
 def test_stage3_and_sft_refuse_a_changed_checkpoint_before_any_work(tmp_path):

@@ -185,5 +185,5 @@ def test_stage2_stops_on_nonfinite_labels_or_drops_and_lists_them(checkpoints, t
     run_stage2(Stage2Config.from_config(c))
   c.drop_nonfinite = True
   s = run_stage2(Stage2Config.from_config(c))
-  assert s["dropped_nonfinite"] == [ids[4]] and s["prompts_fitted"] == 5 and s["prompts"] == 6
-  assert s["label_scale"] == "mean" and s["sigma_g_val"] is None
+  assert s.dropped_nonfinite == (ids[4],) and s.prompts_fitted == 5 and s.prompts == 6
+  assert s.label_scale == "mean" and s.sigma_g_val is None
