@@ -12,7 +12,9 @@ from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget, correct_se
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.sft.baseline import SUMMARY_FILE
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.nstudy import NStudyResult
 from disa_jax.workflows.sft import SftRun
+from disa_jax.workflows.stage1 import Stage1Diagnostics, Stage1Result
 from disa_jax.workflows.stage2 import AnchorArtifact, FitSummary
 from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries, Stage3Run
 
@@ -210,3 +212,52 @@ def test_anchor_artifact_missing_or_corrupt_file_names_it(tmp_path):
   np.save(tmp_path / "embeddings.npy", np.ones((3, 2), np.float32))
   with pytest.raises(ArtifactError, match=r"embeddings.npy: shape \(3, 2\) is not \[P = 2, D\]"):
     art.embeddings()
+
+
+def _stage1_result(out_dir):
+  q = {"q00": 1.0, "q25": 1.5, "q50": 2.0, "q75": 2.5, "q100": 3.0}
+  diag = Stage1Diagnostics(
+      prompts=2, samples=8, beta=15.0, label_scale="sum", reward_transform=RewardTransform("raw"),
+      proposal_logprobs="raw", ess=q, ess_fraction=q, cv2=q, max_weight_share=q, log_z_is=q,
+      nonfinite_labels=0, nonfinite_prompt_ids=(), share_no_reward=0.5, mean_reward=0.25,
+      mean_response_tokens=3.0, grade_errors=0)
+  return Stage1Result(output_dir=out_dir, dataset=out_dir / "stage1.jsonl", preempted=False,
+                      run={"prompts_done": 2.0, "seconds": 1.0}, stop_token_ids=(2,),
+                      diagnostics=diag)
+
+
+def test_stage1_and_nstudy_results_round_trip(tmp_path):
+  s1 = _stage1_result(tmp_path / "stage1")
+  (tmp_path / "stage1").mkdir()
+  s1.save()
+  assert Stage1Result.load(tmp_path / "stage1") == s1
+  raw = json.loads((tmp_path / "stage1" / "stage1_summary.json").read_text())
+  assert list(raw)[:2] == ["prompts", "samples"] and raw["stop_token_ids"] == [2]
+  study = {"prompts": 2, "prompts_with_full_pool": 2, "pool_size": 4, "repeats": 3,
+           "per_m": [{"M": 2, "variance_mean": 0.5}, {"M": 8, "variance_mean": 0.1}],
+           "variance_reduction_2_to_8": 0.8}
+  (tmp_path / "nstudy.json").write_text(json.dumps(study))
+  (tmp_path / "subset.json").write_text(json.dumps({"k": 3}))
+  ns = NStudyResult.load(tmp_path)
+  assert ns.study_json() == study and ns.k == 3 and ns.stage1 == s1
+  assert ns.relative_bias_change_8_to_16 is None and ns.to_json()["stage1"] == raw
+
+
+def test_stage1_and_nstudy_missing_or_corrupt_files_name_them(tmp_path):
+  with pytest.raises(ArtifactError, match="stage1_summary.json does not exist"):
+    Stage1Result.load(tmp_path)
+  s1 = _stage1_result(tmp_path / "stage1")
+  (tmp_path / "stage1").mkdir()
+  s1.save()
+  path = tmp_path / "stage1" / "stage1_summary.json"
+  raw = json.loads(path.read_text())
+  path.write_text(json.dumps(raw | {"ess": [1.0]}))
+  with pytest.raises(ArtifactError, match=r"stage1_summary.json: field 'ess' must be dict"):
+    Stage1Result.load(tmp_path / "stage1")
+  s1.save()
+  with pytest.raises(ArtifactError, match="subset.json does not exist"):
+    NStudyResult.load(tmp_path)
+  (tmp_path / "subset.json").write_text(json.dumps({"k": 3}))
+  (tmp_path / "nstudy.json").write_text(json.dumps({"prompts": 2}))
+  with pytest.raises(ArtifactError, match=r"nstudy.json: field 'per_m' is missing"):
+    NStudyResult.load(tmp_path)

@@ -39,6 +39,7 @@ from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.nstudy import NStudyResult
 from disa_jax.workflows.stage2 import AnchorArtifact
 from disa_jax.workflows.stage3 import Stage3Run
 
@@ -458,6 +459,7 @@ class ReportInputs:
     anchor: Stage 2's output (the fitted anchor, its embedding cache and fit).
     stage3: every Stage 3 run, by (method, seed).
     evals: every evaluation row's `EvalResult` (its ``task`` benchmark is read).
+    nstudy: the App. C.3 study (None when off).
     skipped: rows not trained, with the reason.
   """
   exact: ExactTarget
@@ -465,6 +467,7 @@ class ReportInputs:
   anchor: AnchorArtifact
   stage3: Stage3Runs
   evals: Mapping[str, EvalResult]
+  nstudy: NStudyResult | None = None
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -487,8 +490,7 @@ def write_report(job, inputs: ReportInputs) -> dict:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
   study_path = job.dir / "anchor_study.json"
   study = json.loads(study_path.read_text()) if study_path.exists() else None
-  ns_path = job.dir / "nstudy" / "nstudy.json"
-  nstudy = json.loads(ns_path.read_text()) if ns_path.exists() else None
+  nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train["total_steps"],
                        "preset": job.cfg.preset},

@@ -53,9 +53,9 @@ from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
-from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
+from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
 from disa_jax.workflows.sft import SftConfig, SftRun, run_sft
-from disa_jax.workflows.stage1 import Stage1Config, run_stage1
+from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
 from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from disa_jax.workflows.stage3 import Stage3Config, Stage3Run, run_stage3
 
@@ -444,13 +444,17 @@ class SumJob:
 
   # -- 1-3. the workflows ------------------------------------------------------------------------
 
-  def stage1(self) -> None:
-    run_stage1(self.stage1_cfg)
+  def stage1(self) -> Stage1Result:
+    out = run_stage1(self.stage1_cfg)
+    if out.preempted:  # its batches so far are saved; the job's rerun resumes Stage 1
+      raise RuntimeError(f"Stage 1 {out.dataset} was stopped by a preemption signal; rerun the "
+                         "job to resume")
+    return out
 
-  def nstudy(self) -> None:
+  def nstudy(self) -> NStudyResult:
     """The App. C.3 command on the sum task (`launch/nstudy.py`'s workflow), in ``nstudy/``."""
     spec = self.cfg.nstudy
-    run_nstudy(NStudyConfig(
+    return run_nstudy(NStudyConfig(
         stage1=self.stage1_cfg, output_dir=str(self.dir / "nstudy"), subset_size=spec.subset_size,
         pool_size=spec.pool_size, ms=self.cfg.n_study, repeats=spec.repeats, ks=spec.ks,
         seed=self.cfg.seed, embedding=self.stage2_cfg.embedding))
@@ -527,10 +531,9 @@ class SumJob:
         raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
     return {k: Stage3Run.load(wd[k]) for k in keys}
 
-  def lora_sft(self) -> SftRun | None:
+  def lora_sft(self, pool: Stage1Data) -> SftRun | None:
     """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
-    data = estimators.load_stage1(self.stage1_cfg.dataset_path())
-    if not (data.reward[data.mask] >= 1.0).any():  # nothing to distil: say so in the report
+    if not (pool.reward[pool.mask] >= 1.0).any():  # nothing to distil: say so in the report
       _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
       return None
     run = run_sft(self.sft_cfg)
@@ -557,19 +560,18 @@ class SumJob:
 
   def run(self) -> dict[str, Any]:
     self._timed("models", self.build_models)
-    self._timed("stage1", self.stage1)
-    if self.cfg.nstudy.enabled:
-      self._timed("nstudy", self.nstudy)
+    stage1 = self._timed("stage1", self.stage1)
+    nstudy = self._timed("nstudy", self.nstudy) if self.cfg.nstudy.enabled else None
     exact = self._timed("exact_log_z", self.exact)
     anchor = self._timed("stage2", self.stage2)
-    pool = estimators.load_stage1(self.stage1_cfg.dataset_path())
+    pool = stage1.data()
     self._timed("anchor_study", self.anchor_study, pool, anchor)
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
         self.run_name(*k): str(run.export) for k, run in stage3.items()}
     skipped = {}
     if self.cfg.sft_enabled:
-      sft = self._timed("lora_sft", self.lora_sft)
+      sft = self._timed("lora_sft", self.lora_sft, pool)
       if sft is not None:
         rows["lora_sft"] = str(sft.out_path)
       else:
@@ -578,4 +580,4 @@ class SumJob:
       self._timed("conditional_kl", self.conditional_kls, rows)
     evals = self.evaluate(rows)
     return write_report(self, ReportInputs(exact=exact, pool=pool, anchor=anchor, stage3=stage3,
-                                           evals=evals, skipped=skipped))
+                                           evals=evals, nstudy=nstudy, skipped=skipped))

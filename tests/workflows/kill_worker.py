@@ -120,7 +120,7 @@ def main():
     from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # pylint: disable=g-import-not-at-top
     if point != "none":
       _stage1_hooks(point)
-    summary = run_stage1(Stage1Config.from_config(config))
+    summary = run_stage1(Stage1Config.from_config(config)).to_json()
   elif stage == "stage2":
     from disa_jax.workflows.stage2 import Stage2Config, run_stage2  # pylint: disable=g-import-not-at-top
     if point != "none":

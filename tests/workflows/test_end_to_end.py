@@ -24,7 +24,7 @@ from disa_jax.estimators import load_stage1
 from disa_jax.anchor.labels import anchor_targets
 from disa_jax.workflows.stage3 import Stage3Config
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
-from disa_jax.workflows.stage1 import Stage1Config, run_stage1
+from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
 from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from tests.workflows import toy_reward
 
@@ -110,11 +110,12 @@ def check_stage1(cfg: Stage1Config, files, summary, n_prompts):
     lp = np.asarray(scoring.token_logprobs_naive(ref, ids, jnp.ones_like(ids)))[0, len(p_ids):]
     assert row["samples"][0]["logp_ref"] == pytest.approx(float(lp.sum()), abs=2e-4)
   no_reward = np.mean([all(s["reward"] <= 0 for s in r["samples"]) for r in data.records])
-  assert summary["share_no_reward"] == pytest.approx(no_reward)
-  assert summary["prompts"] == n_prompts and summary["samples"] == n_prompts * N
-  ess = [summary["ess"][q] for q in ("q00", "q25", "q50", "q75", "q100")]
+  d = summary.diagnostics
+  assert d.share_no_reward == pytest.approx(no_reward)
+  assert d.prompts == n_prompts and d.samples == n_prompts * N
+  ess = [d.ess[q] for q in ("q00", "q25", "q50", "q75", "q100")]
   assert ess == sorted(ess) and 1.0 - 1e-6 <= ess[0] and ess[-1] <= N + 1e-6
-  assert summary["cv2"]["q00"] >= 0
+  assert d.cv2["q00"] >= 0
   return data
 
 
@@ -207,12 +208,13 @@ def jax_pipeline(checkpoints, tmp_path_factory):
 @pytest.mark.slow
 def test_jax_engine_pipeline(jax_pipeline, checkpoints, prompt_files, tmp_path):
   p = jax_pipeline
-  assert p["s1_first"]["run"]["prompts_done"] == 4
-  assert p["s1"]["run"]["prompts_done"] == 2 and p["s1"]["run"]["prompts_skipped"] == 4
+  assert p["s1_first"].run["prompts_done"] == 4
+  assert p["s1"].run["prompts_done"] == 2 and p["s1"].run["prompts_skipped"] == 4
   assert p["cfg1"].dataset_path().read_text().startswith(p["s1_lines4"])  # resumed, not rewritten
-  assert p["s1"]["run"]["samples"] == 2 * N and p["s1"]["run"]["samples_per_s"] > 0
-  assert p["s1"]["run"]["generated_tokens"] > 0 and p["s1"]["run"]["tokens_per_s"] > 0
-  again = p["s1_again"]["run"]
+  assert p["s1"].run["samples"] == 2 * N and p["s1"].run["samples_per_s"] > 0
+  assert p["s1"].run["generated_tokens"] > 0 and p["s1"].run["tokens_per_s"] > 0
+  assert Stage1Result.load(p["cfg1"].output_dir) == p["s1_again"]
+  again = p["s1_again"].run
   assert again["prompts_done"] == 0 and "startup_s" not in again  # no engine was started
   data = check_stage1(p["cfg1"], p["files"], p["s1"], 6)
   check_stage2(p["cfg2"], p["files"], p["s2"], data)
@@ -315,13 +317,13 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
                  "reward_plugins": "('tests.workflows.toy_reward',)"})
     out = _run_cli("stage1.py", os.path.join(ROOT, "configs", "stage1_paper.py") + ":qwen3-4b-base,math",
                    over)
-    return Stage1Config.from_config(c), json.loads((s1_dir / "stage1_summary.json").read_text()), out
+    return Stage1Config.from_config(c), Stage1Result.load(s1_dir), out
 
   cfg1, first, _ = stage1(3)
-  assert first["run"]["prompts_done"] == 3
+  assert first.run["prompts_done"] == 3
   cfg1, summary, _ = stage1(6)
-  assert summary["run"]["prompts_done"] == 3 and summary["run"]["prompts_skipped"] == 3
-  assert summary["proposal_logprobs"] == "raw"
+  assert summary.run["prompts_done"] == 3 and summary.run["prompts_skipped"] == 3
+  assert summary.diagnostics.proposal_logprobs == "raw"
   data = check_stage1(cfg1, prompt_files, summary, 6)
   assert data.proposal_logprobs == "raw"
 
