@@ -65,7 +65,8 @@ def _stage3_run(tmp_path):
     rows.append({"step": step, "reward": 0.7, **{f"exact/{f}": step * 1.0 for f in SERIES_FIELDS}})
   (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
   return Stage3Run(workdir=tmp_path, steps_run=4, start_step=0, final={"step": 4, "reward": 0.7},
-                   export=tmp_path / "final", export_checkpoint=4, preempted=None,
+                   export=tmp_path / "final",
+                   export_checkpoint=Choice(step=4, which="best", reason="latest"), preempted=None,
                    selection=Selection("eval/mean@8", ((2, 0.5), (4, 0.75))), stop_token_ids=(2,))
 
 
@@ -91,7 +92,7 @@ def test_stage3_run_missing_or_corrupt_summary_names_the_file(tmp_path):
   with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'steps_run' must be int"):
     Stage3Run.load(tmp_path)
   (tmp_path / "stage3_summary.json").write_text(json.dumps(raw | {"selection": {"metric": "m"}}))
-  with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'selection' is malformed"):
+  with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'selection' or"):
     Stage3Run.load(tmp_path)
   (tmp_path / "metrics.jsonl").write_text('{"step": 2, "exact/kl_mc": 1.0}\n')
   with pytest.raises(ArtifactError, match=r"metrics.jsonl: step 2 lacks field 'exact/p_correct'"):

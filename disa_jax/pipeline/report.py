@@ -33,11 +33,11 @@ import numpy as np
 from disa_jax import estimators as E
 from disa_jax.anchor.diagnostics import prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
+from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
-from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
 from disa_jax.workflows.nstudy import NStudyResult
 from disa_jax.workflows.stage2 import AnchorArtifact

@@ -286,7 +286,7 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
   return out
 
 
-QUANTILES = ("ess", "ess_fraction", "cv2", "max_weight_share", "log_z_is")
+QUANTILE_FIELDS = ("ess", "ess_fraction", "cv2", "max_weight_share", "log_z_is")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +326,7 @@ class Stage1Diagnostics:
     return {"prompts": self.prompts, "samples": self.samples, "beta": self.beta,
             "label_scale": self.label_scale, "reward_transform": self.reward_transform.to_dict(),
             "proposal_logprobs": self.proposal_logprobs,
-            **{q: dict(getattr(self, q)) for q in QUANTILES},
+            **{q: dict(getattr(self, q)) for q in QUANTILE_FIELDS},
             "nonfinite_labels": {"count": self.nonfinite_labels,
                                  "prompt_ids": list(self.nonfinite_prompt_ids)},
             "share_no_reward": self.share_no_reward, "mean_reward": self.mean_reward,
@@ -343,7 +343,7 @@ class Stage1Diagnostics:
     return cls(prompts=f("prompts", int), samples=f("samples", int), beta=float(f("beta", float)),
                label_scale=f("label_scale", str), reward_transform=transform,
                proposal_logprobs=f("proposal_logprobs", str),
-               **{q: f(q, dict) for q in QUANTILES},
+               **{q: f(q, dict) for q in QUANTILE_FIELDS},
                nonfinite_labels=artifacts.field(bad, "count", f"{path} nonfinite_labels", int),
                nonfinite_prompt_ids=artifacts.str_tuple(bad, "prompt_ids",
                                                         f"{path} nonfinite_labels"),

@@ -326,7 +326,7 @@ class Stage3Run:
     start_step: the step it resumed from (0 for a fresh run).
     final: the last step's metrics of that call (None when it ran no step).
     export: the exported policy (``<workdir>/final``), None when not exported (or preempted).
-    export_checkpoint: the checkpoint step the export holds.
+    export_checkpoint: the checkpoint the export holds, and why (`checkpoint.selection.Choice`).
     preempted: the step a SIGTERM / SIGUSR1 stopped the run at, else None.
     selection: the validation scores the export's choice reads (`checkpoint.selection`).
     stop_token_ids: the rollouts' stop ids.
@@ -336,7 +336,7 @@ class Stage3Run:
   start_step: int
   final: Mapping[str, float] | None
   export: Path | None
-  export_checkpoint: int | None
+  export_checkpoint: selection.Choice | None
   preempted: int | None
   selection: selection.Selection
   stop_token_ids: tuple[int, ...]
@@ -364,7 +364,9 @@ class Stage3Run:
             "start_step": self.start_step, "final": None if self.final is None else dict(self.final),
             "export": None if self.export is None else str(self.export),
             "preempted": self.preempted, "selection": self.selection.to_json(),
-            "export_checkpoint": self.export_checkpoint, "stop_token_ids": list(self.stop_token_ids)}
+            "export_checkpoint": (None if self.export_checkpoint is None
+                                  else self.export_checkpoint.to_dict()),
+            "stop_token_ids": list(self.stop_token_ids)}
 
   def save(self) -> None:
     """``stage3_summary.json`` in the run directory (main process only)."""
@@ -379,15 +381,18 @@ class Stage3Run:
     opt_int = lambda name: artifacts.field(obj, name, path, (int, type(None)))
     export = artifacts.field(obj, "export", path, (str, type(None)))
     sel = artifacts.field(obj, "selection", path, dict)
+    choice = artifacts.field(obj, "export_checkpoint", path, (dict, type(None)))
     try:
       sel = selection.Selection.from_json(sel)
+      choice = None if choice is None else selection.Choice(**choice)
     except (KeyError, TypeError, ValueError) as e:
-      raise artifacts.ArtifactError(f"{path}: field 'selection' is malformed ({e!r})") from None
+      raise artifacts.ArtifactError(f"{path}: field 'selection' or 'export_checkpoint' is "
+                                    f"malformed ({e!r})") from None
     return cls(workdir=Path(workdir), steps_run=artifacts.field(obj, "steps_run", path, int),
                start_step=artifacts.field(obj, "start_step", path, int),
                final=artifacts.field(obj, "final", path, (dict, type(None))),
                export=None if export is None else Path(export),
-               export_checkpoint=opt_int("export_checkpoint"), preempted=opt_int("preempted"),
+               export_checkpoint=choice, preempted=opt_int("preempted"),
                selection=sel,
                stop_token_ids=tuple(artifacts.field(obj, "stop_token_ids", path, list)))
 
@@ -476,7 +481,8 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
       print(f"stage3: exporting checkpoint {choice.step}: {choice.reason}", flush=True)
       export.export_policy(workdir, final, step=choice.step, dtype=cfg.export_dtype,
                            overwrite_partial=True, choice=choice)
-    run = dataclasses.replace(run, export=final, export_checkpoint=json.loads(
-        (final / "export_info.json").read_text()).get("checkpoint"))
+    choice = json.loads((final / "export_info.json").read_text()).get("checkpoint")
+    run = dataclasses.replace(run, export=final, export_checkpoint=(
+        None if choice is None else selection.Choice(**choice)))
   run.save()
   return run
