@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax import estimators, models
+from disa_jax import models
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
