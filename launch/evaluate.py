@@ -30,4 +30,4 @@ from disa_jax.workflows.evaluation import EvalConfig, run_evaluation  # noqa: E4
 _CONFIG = launcher.define_flags("Evaluation config (configs/eval_paper.py:...).")
 
 if __name__ == "__main__":
-  launcher.run(_CONFIG, EvalConfig.from_config, run_evaluation)
+  launcher.run(_CONFIG, EvalConfig.from_config, lambda cfg: run_evaluation(cfg).to_json())

@@ -33,4 +33,5 @@ from disa_jax.workflows.nstudy import NStudyConfig, preflight_nstudy, run_nstudy
 _CONFIG = launcher.define_flags("N-study config (configs/nstudy_paper.py:...).")
 
 if __name__ == "__main__":
-  launcher.run(_CONFIG, NStudyConfig.from_config, run_nstudy, check=preflight_nstudy)
+  launcher.run(_CONFIG, NStudyConfig.from_config, lambda cfg: run_nstudy(cfg).to_json(),
+               check=preflight_nstudy)

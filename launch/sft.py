@@ -37,8 +37,8 @@ def convert(config):
 
 def execute(cfg):
   main_process = distributed.is_main_process()
-  summary = run_sft(cfg, log=print if main_process else None)
-  return summary if main_process else None
+  run = run_sft(cfg, log=print if main_process else None)
+  return run.to_json() if main_process else None
 
 
 if __name__ == "__main__":

@@ -32,4 +32,4 @@ from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # noqa: E402
 _CONFIG = launcher.define_flags("Stage 1 config (configs/stage1_paper.py:...).")
 
 if __name__ == "__main__":
-  launcher.run(_CONFIG, Stage1Config.from_config, run_stage1)
+  launcher.run(_CONFIG, Stage1Config.from_config, lambda cfg: run_stage1(cfg).to_json())

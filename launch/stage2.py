@@ -28,7 +28,7 @@ _CONFIG = launcher.define_flags("Stage 2 config (configs/stage2_paper.py:...).")
 
 
 def execute(cfg):
-  summary = run_stage2(cfg)
+  summary = run_stage2(cfg).to_json()
   summary.pop("history", None)  # long; it is in stage2_summary.json
   return summary
 

@@ -40,7 +40,7 @@ def convert(config):
 
 
 def execute(cfg):
-  return run_stage3(cfg)
+  return run_stage3(cfg).to_json()
 
 
 if __name__ == "__main__":

@@ -325,6 +325,18 @@ class Stage1Sample:
                bool(s.get("grade_error", False)))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Stage1Stats:
+  """The per-prompt statistics a Stage 1 dataset stores beside its samples (`stage1_statistics`
+  when it was written; NaN where a row stored none), each ``[P]``."""
+  log_z_is: np.ndarray  # [P] the log Z_IS labels (eq. 8)
+  log_z_gm: np.ndarray  # [P] the geometric-mean variant
+  ess: np.ndarray  # [P] effective sample size of the importance weights
+  cv2: np.ndarray  # [P] squared coefficient of variation of the weights
+  max_weight_share: np.ndarray  # [P] the largest normalised weight
+  n_valid: np.ndarray  # [P] int: the prompt's samples
+
+
 @dataclasses.dataclass
 class Stage1Data:
   """A validated Stage 1 dataset as padded arrays (P prompts, up to N samples each), its samples
@@ -338,7 +350,7 @@ class Stage1Data:
   reward: np.ndarray  # [P, N] raw verifier rewards
   num_tokens: np.ndarray  # [P, N]
   mask: np.ndarray  # [P, N] bool
-  stats: dict[str, np.ndarray]  # each [P], as stored
+  stats: Stage1Stats  # each [P], as stored
   beta: float
   reward_transform: RewardTransform
   label_scale: str
@@ -354,7 +366,7 @@ class Stage1Data:
   @property
   def labels(self) -> np.ndarray:
     """``[P]`` stored log Z_IS labels (eq. 8)."""
-    return self.stats["log_z_is"]
+    return self.stats.log_z_is
 
   def log_weights(self, label_scale: str | None = None, beta: float | None = None) -> np.ndarray:
     """``[P, N]`` log importance weights (w of eq. 7) recomputed on the given scale and at the given beta
@@ -460,9 +472,9 @@ def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
   grade_error = np.zeros_like(arr["mask"])
   for i, r in enumerate(good):
     grade_error[i, :len(r["samples"])] = [bool(s.get("grade_error", False)) for s in r["samples"]]
-  stats = {k: np.asarray([np.nan if r.get(k) is None else r[k] for r in good], np.float64)
-           for k in STAT_FIELDS}
-  stats["n_valid"] = arr["mask"].sum(-1)
+  stats = Stage1Stats(**{k: np.asarray([np.nan if r.get(k) is None else r[k] for r in good],
+                                        np.float64) for k in STAT_FIELDS},
+                      n_valid=arr["mask"].sum(-1))
   return Stage1Data(prompt_ids=[r["prompt_id"] for r in good], prompts=[r["prompt"] for r in good],
                     logp_ref=arr["logp_ref"], logp_proposal=arr["logp_proposal"], reward=arr["reward"],
                     num_tokens=arr["num_tokens"], mask=arr["mask"], grade_error=grade_error,

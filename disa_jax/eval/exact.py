@@ -23,10 +23,12 @@ samples is reported beside it; both carry standard errors.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models, rewards
 from disa_jax.rewards import sum_task
@@ -144,6 +146,117 @@ def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
           "entropy_correct": float(-(q * np.log(np.maximum(q, 1e-300))).sum()),
           "target_entropy_correct": float(-(t * np.log(np.maximum(t, 1e-300))).sum()),
           "kl_correct": float((q * (lp - lpc - (lr - lrc))).sum()), "kl_binary": float(kl_bin)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExactTarget:
+  """The exact reward-tilted target of a prompt set (`correct_set_terms` under pi_ref), persisted
+  as one JSON file (the main job's ``exact.json``).
+
+  Attributes:
+    prompt_ids: ``[P]`` the prompts, in the order of the arrays.
+    log_z: ``[P]`` the exact log Z(q) (`exact_log_z`).
+    target_entropy_correct: ``[P]`` the target's entropy over the correct answers.
+    p_correct_ref: ``[P]`` P_ref(c), pi_ref's probability of a correct answer.
+    beta: the inverse temperature of the target.
+  """
+  prompt_ids: tuple[str, ...]
+  log_z: np.ndarray
+  target_entropy_correct: np.ndarray
+  p_correct_ref: np.ndarray
+  beta: float
+
+  ARRAYS = ("log_z", "target_entropy_correct", "p_correct_ref")
+
+  def __post_init__(self):
+    for name in self.ARRAYS:
+      arr = np.asarray(getattr(self, name), np.float64)
+      if arr.shape != (len(self.prompt_ids),):
+        raise ValueError(f"ExactTarget.{name} must have shape [P] = ({len(self.prompt_ids)},), "
+                         f"got {arr.shape}")
+      object.__setattr__(self, name, arr)
+    object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+
+  __eq__ = artifacts.fields_equal
+
+  @classmethod
+  def from_logprobs(cls, logprobs: Mapping[str, np.ndarray], beta: float) -> "ExactTarget":
+    """From ``{prompt id: [C] log pi_ref of its correct answers}`` (the target of pi_ref)."""
+    terms = [correct_set_terms(lp, lp, beta) for lp in logprobs.values()]
+    return cls(tuple(logprobs), *(np.asarray([t[k] for t in terms]) for k in cls.ARRAYS),
+               beta=float(beta))
+
+  def log_z_by_id(self) -> dict[str, float]:
+    return dict(zip(self.prompt_ids, self.log_z.tolist()))
+
+  def log_z_of(self, prompt_ids: Sequence[str]) -> np.ndarray:
+    """``[len(prompt_ids)]`` the exact log Z of ``prompt_ids`` (KeyError naming a missing one)."""
+    by_id = self.log_z_by_id()
+    missing = [p for p in prompt_ids if p not in by_id]
+    if missing:
+      raise KeyError(f"the exact target has no log Z for prompts {missing[:5]}")
+    return np.asarray([by_id[p] for p in prompt_ids], np.float64)
+
+  def save(self, path: str | Path) -> None:
+    artifacts.write_json(path, {"prompt_ids": list(self.prompt_ids),
+                                **{k: getattr(self, k).tolist() for k in self.ARRAYS},
+                                "beta": self.beta})
+
+  @classmethod
+  def load(cls, path: str | Path) -> "ExactTarget":
+    obj = artifacts.read_json(path, "the exact target")
+    ids = artifacts.str_tuple(obj, "prompt_ids", path)
+    return cls(ids, *(artifacts.float_array(obj, k, path, len(ids)) for k in cls.ARRAYS),
+               beta=float(artifacts.field(obj, "beta", path, float)))
+
+
+MEASURES = ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
+            "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z", "tb_sq",
+            "p_wrong_kl_wrong", "kl_mc_se", "p_wrong_kl_wrong_se", "kl_decomposed_se", "kl_wrong",
+            "p_correct_kl_correct")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExactMeasures:
+  """The exact measures of a policy on P prompts (`ExactTracker.measure`, as an evaluation stores
+  them under ``exact`` in its ``<benchmark>.json``).
+
+  Attributes:
+    means: every measure of `MEASURES`, averaged over the prompts (``*_se``: the standard errors of
+      the Monte Carlo means).
+    samples_per_prompt: k, the policy samples per prompt of the Monte Carlo terms.
+    per_prompt: ``[P]`` each prompt's measures (`correct_set_terms` and `monte_carlo_terms`).
+  """
+  means: Mapping[str, float]
+  samples_per_prompt: int
+  per_prompt: tuple[Mapping[str, float], ...]
+
+  __eq__ = artifacts.fields_equal
+
+  def __getitem__(self, name: str) -> float:
+    """The mean of measure ``name`` (KeyError for one that is not in `MEASURES`)."""
+    return self.means[name]
+
+  def per_prompt_values(self, name: str) -> np.ndarray:
+    """``[P]`` measure ``name`` of every prompt."""
+    return np.asarray([p[name] for p in self.per_prompt], np.float64)
+
+  def to_json(self, per_prompt: bool = True) -> dict[str, Any]:
+    """The stored form (`ExactTracker.measure`'s keys; ``per_prompt=False`` leaves it out)."""
+    out = {"per_prompt": [dict(p) for p in self.per_prompt]} if per_prompt else {}
+    return out | {"samples_per_prompt": self.samples_per_prompt, **self.means}
+
+  @classmethod
+  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "ExactMeasures":
+    """From `to_json`'s form, read from ``path`` (a missing field raises naming both)."""
+    if not isinstance(obj, Mapping):
+      raise artifacts.ArtifactError(f"{path}: field 'exact' must be an object")
+    per = artifacts.field(obj, "per_prompt", path, list)
+    if not all(isinstance(p, dict) for p in per):
+      raise artifacts.ArtifactError(f"{path}: field 'exact.per_prompt' must be a list of objects")
+    return cls(means={k: float(artifacts.field(obj, k, path, float)) for k in MEASURES},
+               samples_per_prompt=artifacts.field(obj, "samples_per_prompt", path, int),
+               per_prompt=tuple(per))
 
 
 def wrong_term(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray, p_correct: float,

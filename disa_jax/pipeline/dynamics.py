@@ -19,26 +19,23 @@ Stage 3 logs the exact measures of the policy every ``validation.every`` steps (
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-FIELDS = ("p_correct", "entropy_correct", "target_entropy_correct", "kl_mc", "kl_mc_se",
-          "kl_binary", "kl_correct", "p_correct_kl_correct", "p_wrong_kl_wrong", "kl_decomposed",
-          "kl_decomposed_se")
+from disa_jax import artifacts
+from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries
+
+FIELDS = SERIES_FIELDS
 LEVELS = (0.5, 0.7, 0.9)
 
 
-def exact_series(metrics_path: str | Path) -> dict[str, np.ndarray]:
-  """The ``exact/*`` measurements of a Stage 3 run: ``step`` and every field, each ``[M]``."""
-  rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-  rows = [r for r in rows if "exact/kl_mc" in r]
-  out = {"step": np.asarray([r["step"] for r in rows], np.int64)}
-  for f in FIELDS:
-    out[f] = np.asarray([r[f"exact/{f}"] for r in rows], np.float64)
-  return out
+def exact_series(metrics_path: str | Path) -> ExactSeries:
+  """The ``exact/*`` measurements of a Stage 3 metrics file: ``step`` and every field, each ``[M]``
+  (`Stage3Run.exact_series` reads its own run's)."""
+  return ExactSeries.from_rows(artifacts.read_jsonl(metrics_path, "the Stage 3 metrics"),
+                               metrics_path)
 
 
 def lr_decay_step(total_steps: int, num_minibatches: int, decay_frac: float) -> int | None:

@@ -240,8 +240,8 @@ def _report(problem: TabularProblem, cfg: OfflineConfig, data: E.Stage1Data, ord
       "stage1": {
           "label_mae_vs_exact": float(np.mean(np.abs(labels - truth))),
           "label_bias_vs_exact": float(np.mean(labels - truth)),
-          "ess_median": float(np.nanmedian(data.stats["ess"])),
-          "cv2_median": float(np.nanmedian(data.stats["cv2"])),
+          "ess_median": float(np.nanmedian(data.stats.ess)),
+          "cv2_median": float(np.nanmedian(data.stats.cv2)),
           "n_study_mae_vs_exact": _n_study_errors(problem, cfg),
       },
       "stage2": {

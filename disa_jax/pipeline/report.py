@@ -25,25 +25,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
 from disa_jax import estimators as E
-from disa_jax.anchor import Anchor
 from disa_jax.anchor.diagnostics import prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
+from disa_jax.estimators.dataset import Stage1Data
+from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
+from disa_jax.workflows.nstudy import NStudyResult
+from disa_jax.workflows.stage2 import AnchorArtifact
+from disa_jax.workflows.stage3 import Stage3Run
+
+TASK = "task"  # the evaluations' benchmark of the job's prompts
+Stage3Runs = Mapping[tuple[str, int], Stage3Run]  # every Stage 3 run, by (method, seed)
 
 
-def _stage1_section(job, exact: dict) -> dict:
-  pool = E.load_stage1(job.stage1_cfg.dataset_path())
-  by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
-  log_z = np.asarray([by_id[p] for p in pool.prompt_ids])
+def _stage1_section(job, pool: Stage1Data, exact: ExactTarget) -> dict:
+  log_z = exact.log_z_of(pool.prompt_ids)
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
                     repeats=job.cfg.n_study_repeats, log_z_ref=log_z)
   n = job.stage2_cfg.samples or pool.mask.shape[1]
@@ -64,24 +69,25 @@ def _stage1_section(job, exact: dict) -> dict:
   }
 
 
-def _stage2_section(job, exact: dict) -> dict:
-  summary = json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())
-  ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
-  pred = np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")))
-  by_id = dict(zip(exact["prompt_ids"], exact["log_z"]))
-  log_z = np.asarray([by_id[p] for p in ids])
-  val = [ids.index(p) for p in summary["val_prompt_ids"]] or list(range(len(ids)))
-  labels, _ = anchor_targets(E.load_stage1(job.stage1_cfg.dataset_path()), samples=job.stage2_cfg.samples)
-  fs = summary["fit"]
-  return {"best_epoch": fs["best_epoch"], "val_mse_vs_labels": fs["val_mse"], "val_r2_vs_labels": fs["val_r2"],
+def _stage2_section(job, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactTarget) -> dict:
+  ids, emb = anchor.embeddings()
+  pred = np.asarray(anchor.anchor()(emb))
+  log_z = exact.log_z_of(ids)
+  val = [ids.index(p) for p in anchor.val_prompt_ids] or list(range(len(ids)))
+  labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
+  fs = anchor.fit
+  return {"best_epoch": fs.best_epoch, "val_mse_vs_labels": fs.val_mse, "val_r2_vs_labels": fs.val_r2,
           "sigma_g_heldout": sigma_g(pred[val], log_z[val]), "sigma_g_all": sigma_g(pred, log_z),
           "label_rmse_heldout": sigma_g(labels[val], log_z[val]), "n_val": len(val),
-          "val_mse_curve": summary["history"]["val_mse"]}
+          "val_mse_curve": anchor.history["val_mse"]}
 
 
-def eval_row(summary: dict) -> dict:
-  """A report row from `run_evaluation`'s task.json (sampled metrics and the exact target)."""
-  k, m, x = summary["k"], summary["metrics"], summary["exact"]
+def eval_row(task: BenchmarkEval) -> dict:
+  """A report row from an evaluation's task benchmark (sampled metrics and the exact target)."""
+  k, m, x = task.k, task.metrics, task.exact
+  if x is None:
+    raise ValueError(f"the evaluation of {task.method!r} on {task.path} has no exact measures "
+                     "(exact_target off)")
   return {"k": k, "accuracy_mean_at_k": m[f"mean@{k}"], "pass_at_k": m[f"pass@{k}"],
           "distinct_correct_mean": m[f"distinct_correct@{k}"], "p_correct_exact": x["p_correct"],
           "entropy_correct": x["entropy_correct"], "target_entropy_correct": x["target_entropy_correct"],
@@ -120,13 +126,12 @@ def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
   return out
 
 
-def _training_curves(job) -> dict[str, list[tuple[int, float]]]:
+def _training_curves(job, stage3: Stage3Runs) -> dict[str, list[tuple[int, float]]]:
   curves = {}
   for m in job.cfg.methods:  # the first seed's run
-    path = Path(job.stage3_cfgs[(m, job.cfg.seeds[0])].workdir) / "metrics.jsonl"
-    if path.exists():
-      rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-      curves[m] = [(int(r["step"]), float(r["reward"])) for r in rows if "reward" in r]
+    run = stage3.get((m, job.cfg.seeds[0]))
+    if run is not None and run.metrics_path.exists():
+      curves[m] = [(int(r["step"]), float(r["reward"])) for r in run.metrics() if "reward" in r]
   return curves
 
 
@@ -161,14 +166,14 @@ def _lr_decay_step(job, method: str, seed: int) -> int | None:
   return D.lr_decay_step(t.total_steps, t.rollout.num_minibatches, t.optim.decay_frac)
 
 
-def _dynamics(job) -> dict[str, Any]:
+def _dynamics(job, stage3: Stage3Runs) -> dict[str, Any]:
   """Per method: each seed's end state and matched accuracy, and the first seed's series."""
   out: dict[str, Any] = {"series": {}, "end_state": {}, "matched": {}, "matched_runs": {}}
   for m in job.cfg.methods:
     ends, matched = [], []
     for seed in job.cfg.seeds:
-      path = Path(job.stage3_cfgs[(m, seed)].workdir) / "metrics.jsonl"
-      series = D.exact_series(path) if path.exists() else None
+      run = stage3.get((m, seed))
+      series = run.exact_series() if run is not None and run.metrics_path.exists() else None
       if series is None or series["step"].size < 2:
         continue
       if seed == job.cfg.seeds[0]:
@@ -288,22 +293,20 @@ def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[st
   return out
 
 
-def _anchor_gap(evals: dict, summaries: dict, job, exact: dict) -> dict[str, Any] | None:
+def _anchor_gap(evals: dict, results: Mapping[str, EvalResult], anchor: AnchorArtifact,
+                exact: ExactTarget) -> dict[str, Any] | None:
   """DISA with the fitted anchor against the oracle (exact log Z), and Prop. 4 as a measurement
   (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the envelope
   from its held-out prompts."""
-  if not {"disa", "disa_exact"} <= set(evals) or "disa" not in summaries:
+  if not {"disa", "disa_exact"} <= set(evals) or "disa" not in results:
     return None
-  ids = json.loads((job.dir / "stage2" / "embeddings_ids.json").read_text())["prompt_ids"]
-  g = dict(zip(ids, np.asarray(Anchor.load(job.anchor_path)(np.load(job.dir / "stage2" / "embeddings.npy")),
-                               np.float64)))
-  held = set(json.loads((job.dir / "stage2" / "stage2_summary.json").read_text())["val_prompt_ids"])
-  log_z = dict(zip(exact["prompt_ids"], exact["log_z"]))
-  rows = summaries["disa"]["exact"]["per_prompt"]
-  pids = [p["prompt_id"] for p in summaries["disa"]["per_prompt"]]
+  g = anchor.predictions()
+  held = set(anchor.val_prompt_ids)
+  log_z = exact.log_z_by_id()
+  task = results["disa"].benchmarks[TASK]
+  pids = task.prompt_ids
   eta = np.asarray([g[p] - log_z[p] for p in pids])
-  r_mean = np.asarray([r["kl_mc"] for r in rows])
-  r_sq = np.asarray([r["tb_sq"] for r in rows])
+  r_mean, r_sq = task.exact.per_prompt_values("kl_mc"), task.exact.per_prompt_values("tb_sq")
   is_held = np.asarray([p in held for p in pids])
   check = prop4_check(eta[~is_held], r_mean[~is_held], r_sq[~is_held], eta[is_held])
   return {"kl_disa": evals["disa"]["kl_to_target"], "kl_disa_exact": evals["disa_exact"]["kl_to_target"],
@@ -449,25 +452,48 @@ def _claims_md(report: dict) -> list[str]:
           "Numbers of each claim: `claims` in report.json.", ""]
 
 
-def write_report(job, summaries: dict[str, dict], skipped: dict[str, str] | None = None) -> dict:
-  """report.json / report.md / PNGs in the job's directory; returns the report."""
-  skipped, exact = skipped or {}, job.exact()
-  runs = {name: eval_row(s) for name, s in summaries.items()}
+@dataclasses.dataclass(frozen=True)
+class ReportInputs:
+  """The stages' artifacts the report reads (it opens no file of another stage's directory).
+
+  Attributes:
+    exact: the exact target of the job's prompts.
+    pool: the Stage 1 samples (``[P, N]`` arrays; `Stage1Data`).
+    anchor: Stage 2's output (the fitted anchor, its embedding cache and fit).
+    stage3: every Stage 3 run, by (method, seed).
+    evals: every evaluation row's `EvalResult` (its ``task`` benchmark is read).
+    nstudy: the App. C.3 study (None when off).
+    skipped: rows not trained, with the reason.
+  """
+  exact: ExactTarget
+  pool: Stage1Data
+  anchor: AnchorArtifact
+  stage3: Stage3Runs
+  evals: Mapping[str, EvalResult]
+  nstudy: NStudyResult | None = None
+  skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def write_report(job, inputs: ReportInputs) -> dict:
+  """report.json / report.md / PNGs in the job's directory (``job``: the `SumJob`, its configs);
+  returns the report."""
+  skipped, exact, stage3, results = dict(inputs.skipped), inputs.exact, inputs.stage3, inputs.evals
+  runs = {name: eval_row(r.benchmarks[TASK]) for name, r in results.items()}
   evals = aggregate_seeds(job, runs)
-  s1, s2 = _stage1_section(job, exact), _stage2_section(job, exact)
-  dyn = _dynamics(job)
+  s1 = _stage1_section(job, inputs.pool, exact)
+  s2 = _stage2_section(job, inputs.anchor, inputs.pool, exact)
+  dyn = _dynamics(job, stage3)
   regime = _regime(job, dyn)
   fix = job.cfg.fix if job.cfg.fix in evals else None
   contrasts = [m for m in job.cfg.methods if job.cfg.runs[m].objective.maximises_reward]
   claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
-  gap = _anchor_gap(evals, summaries, job, exact)
-  plots = _plots(job, s1, s2, _training_curves(job))
+  gap = _anchor_gap(evals, results, inputs.anchor, exact)
+  plots = _plots(job, s1, s2, _training_curves(job, stage3))
   if dyn["series"]:
-    plots += D.plot_dynamics(dyn["series"], float(np.mean(exact["target_entropy_correct"])), job.dir)
+    plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
   study_path = job.dir / "anchor_study.json"
   study = json.loads(study_path.read_text()) if study_path.exists() else None
-  ns_path = job.dir / "nstudy" / "nstudy.json"
-  nstudy = json.loads(ns_path.read_text()) if ns_path.exists() else None
+  nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train["total_steps"],
                        "preset": job.cfg.preset},

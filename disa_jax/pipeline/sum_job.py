@@ -30,20 +30,21 @@ from typing import Any
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax import estimators, models
+from disa_jax import models
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
+from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.conditional import conditional_kl
-from disa_jax.eval.exact import correct_set_terms
+from disa_jax.eval.exact import ExactTarget
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
-from disa_jax.pipeline.report import write_report
+from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rewards.sum_task import SumTask, correct_set, task_tokenizer
 from disa_jax.rl.config import ReplayConfig
@@ -51,12 +52,12 @@ from disa_jax.rl.objectives import Objective
 from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
-from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
-from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
-from disa_jax.workflows.sft import SftConfig, run_sft
-from disa_jax.workflows.stage1 import Stage1Config, run_stage1
-from disa_jax.workflows.stage2 import Stage2Config, run_stage2
-from disa_jax.workflows.stage3 import Stage3Config, run_stage3
+from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
+from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
+from disa_jax.workflows.sft import SftConfig, SftRun, run_sft
+from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
+from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
+from disa_jax.workflows.stage3 import Stage3Config, Stage3Run, run_stage3
 
 ANCHORS = ("fitted", "exact", "exact+noise")
 
@@ -229,10 +230,10 @@ class MainConfig:
 def _timed_stage3(cfg) -> float:
   """`run_stage3` (in this process, or in a worker of `SumJob.stage3_all`); returns its seconds."""
   t0 = time.time()
-  summary = run_stage3(cfg)
-  if summary["preempted"] is not None:  # saved at that step; the job's rerun resumes the run
+  run = run_stage3(cfg)
+  if run.preempted is not None:  # saved at that step; the job's rerun resumes the run
     raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
-                       f"{summary['preempted']} (checkpoint saved); rerun the job to resume")
+                       f"{run.preempted} (checkpoint saved); rerun the job to resume")
   return round(time.time() - t0, 2)
 
 
@@ -400,19 +401,13 @@ class SumJob:
       save_prompts([recs[n] for n in train], self.train_prompts_path)
       save_prompts([recs[n] for n in held], self.heldout_prompts_path)
 
-  def exact(self) -> dict[str, Any]:
+  def exact(self) -> ExactTarget:
     """The exact log Z(q) of every prompt (`disa_jax.eval.exact`), cached in exact.json."""
     path = self.dir / "exact.json"
     if path.exists():
-      return json.loads(path.read_text())
-    out = {"prompt_ids": [], "log_z": [], "target_entropy_correct": [], "p_correct_ref": []}
-    for prompt_id, lp in self._correct_set_logprobs(self.ref_path).items():
-      terms = correct_set_terms(lp, lp, self.cfg.beta)
-      out["prompt_ids"].append(prompt_id)
-      for key in ("log_z", "target_entropy_correct", "p_correct_ref"):
-        out[key].append(terms[key])
-    out["beta"] = self.cfg.beta
-    _write_json(path, out)
+      return ExactTarget.load(path)
+    out = ExactTarget.from_logprobs(self._correct_set_logprobs(self.ref_path), self.cfg.beta)
+    out.save(path)
     return out
 
   def _correct_set_logprobs(self, model_path: str) -> dict[str, np.ndarray]:
@@ -455,27 +450,31 @@ class SumJob:
 
   # -- 1-3. the workflows ------------------------------------------------------------------------
 
-  def stage1(self) -> None:
-    run_stage1(self.stage1_cfg)
+  def stage1(self) -> Stage1Result:
+    out = run_stage1(self.stage1_cfg)
+    if out.preempted:  # its batches so far are saved; the job's rerun resumes Stage 1
+      raise RuntimeError(f"Stage 1 {out.dataset} was stopped by a preemption signal; rerun the "
+                         "job to resume")
+    return out
 
-  def nstudy(self) -> None:
+  def nstudy(self) -> NStudyResult:
     """The App. C.3 command on the sum task (`launch/nstudy.py`'s workflow), in ``nstudy/``."""
     spec = self.cfg.nstudy
-    run_nstudy(NStudyConfig(
+    return run_nstudy(NStudyConfig(
         stage1=self.stage1_cfg, output_dir=str(self.dir / "nstudy"), subset_size=spec.subset_size,
         pool_size=spec.pool_size, ms=self.cfg.n_study, repeats=spec.repeats, ks=spec.ks,
         seed=self.cfg.seed, embedding=self.stage2_cfg.embedding))
 
-  def stage2(self) -> None:
+  def stage2(self) -> AnchorArtifact:
     """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
-    run_stage2(self.stage2_cfg)
+    anchor = run_stage2(self.stage2_cfg)
     if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not Path(
         self.exact_anchor_path).exists():
-      ex = self.exact()
-      TableAnchor(dict(zip(ex["prompt_ids"], ex["log_z"])), beta=self.cfg.beta,
+      TableAnchor(self.exact().log_z_by_id(), beta=self.cfg.beta,
                   reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
     self._noise_anchors()
+    return anchor
 
   def _noise_anchors(self) -> None:
     """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
@@ -483,32 +482,31 @@ class SumJob:
                          if self.cfg.runs[m].anchor == "exact+noise"}):
       if Path(self.noise_anchor_path(sigma)).exists():
         continue
-      ex = self.exact()
-      table = noisy_log_z(dict(zip(ex["prompt_ids"], ex["log_z"])), sigma, self.cfg.seed)
+      table = noisy_log_z(self.exact().log_z_by_id(), sigma, self.cfg.seed)
       TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale,
                   source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
                       self.noise_anchor_path(sigma))
 
-  def anchor_study(self) -> None:
+  def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z."""
     path = self.dir / "anchor_study.json"
     if path.exists() or not self.cfg.anchor_study.repeats:
       return
-    pool = estimators.load_stage1(self.stage1_cfg.dataset_path())
-    emb = np.load(self.dir / "stage2" / "embeddings.npy")  # Stage 2's cache, in the pool's order
-    ex = self.exact()
-    by_id = dict(zip(ex["prompt_ids"], ex["log_z"]))
-    res = sigma_g_study(emb, pool, np.asarray([by_id[p] for p in pool.prompt_ids]),
+    ids, emb = anchor.embeddings()  # Stage 2's cache, in the pool's order
+    if ids != tuple(pool.prompt_ids):
+      raise ValueError(f"the Stage 2 embedding cache of {anchor.output_dir} is not in the order of "
+                       f"the Stage 1 pool {self.stage1_cfg.dataset_path()}")
+    res = sigma_g_study(emb, pool, self.exact().log_z_of(pool.prompt_ids),
                         ns=self.cfg.n_study, folds=self.cfg.anchor_study.folds,
                         repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
                         seed=self.cfg.seed)
     res["verdict"] = sigma_verdict(res)
     _write_json(path, res)
 
-  def stage3_all(self) -> dict[str, str]:
-    """Every (method, seed) run not yet exported, ``stage3_workers`` at a time; returns the
-    evaluation rows {run name: exported policy}.
+  def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
+    """Every (method, seed) run not yet exported (or without its summary), ``stage3_workers`` at a
+    time; returns every run, by (method, seed).
 
     With one worker the runs go one after another in this process. With more, each run is a
     spawned process of its own (``run_stage3`` on its config; JAX never forks), the progress bars
@@ -517,8 +515,9 @@ class SumJob:
     alternate, so one run keeps about one core busy).
     """
     keys = [(m, s) for m in self.cfg.methods for s in self.cfg.seeds]
-    final = {k: Path(self.stage3_cfgs[k].workdir) / "final" for k in keys}
-    todo = [k for k in keys if not (final[k] / "export_info.json").exists()]
+    wd = {k: Path(self.stage3_cfgs[k].workdir) for k in keys}
+    todo = [k for k in keys if not ((wd[k] / "final" / "export_info.json").exists()
+                                    and (wd[k] / Stage3Run.FILE).exists())]
     workers = min(self.cfg.stage3_workers, len(todo))
     if workers <= 1:
       for k in todo:
@@ -536,20 +535,22 @@ class SumJob:
             failed[self.run_name(*k)] = e
       if failed:
         raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
-    return {self.run_name(*k): str(final[k]) for k in keys}
+    return {k: Stage3Run.load(wd[k]) for k in keys}
 
-  def lora_sft(self) -> str | None:
+  def lora_sft(self, pool: Stage1Data) -> SftRun | None:
     """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
-    data = estimators.load_stage1(self.stage1_cfg.dataset_path())
-    if not (data.reward[data.mask] >= 1.0).any():  # nothing to distil: say so in the report
+    if not (pool.reward[pool.mask] >= 1.0).any():  # nothing to distil: say so in the report
       _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
       return None
-    run_sft(self.sft_cfg)
-    return self.sft_cfg.out_path
+    run = run_sft(self.sft_cfg)
+    if not run.exported:  # adapters saved at that step; the job's rerun resumes the baseline
+      raise RuntimeError(f"the LoRA-SFT baseline {run.out_path} was stopped by a preemption "
+                         f"signal at step {run.preempted}; rerun the job to resume")
+    return run
 
   # -- 4. evaluation and report ------------------------------------------------------------------
 
-  def evaluate(self, rows: dict[str, str]) -> dict[str, dict[str, Any]]:
+  def evaluate(self, rows: dict[str, str]) -> dict[str, EvalResult]:
     """`run_evaluation` of every row (one in-process engine, weights swapped between rows)."""
     out, engine = {}, None
     try:
@@ -557,8 +558,7 @@ class SumJob:
         cfg = self._eval_config(row, path)
         if engine is None and not (Path(cfg.output_dir) / "task.json").exists():
           engine = cfg.engine.make(self.ref_path)
-        self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
-        out[row] = json.loads((Path(cfg.output_dir) / "task.json").read_text())
+        out[row] = self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
     finally:
       if engine is not None:
         engine.close()
@@ -566,21 +566,24 @@ class SumJob:
 
   def run(self) -> dict[str, Any]:
     self._timed("models", self.build_models)
-    self._timed("stage1", self.stage1)
-    if self.cfg.nstudy.enabled:
-      self._timed("nstudy", self.nstudy)
-    self._timed("exact_log_z", self.exact)
-    self._timed("stage2", self.stage2)
-    self._timed("anchor_study", self.anchor_study)
-    rows = {"reference": self.ref_path, "proposal": self.proposal_path} | self.stage3_all()
+    stage1 = self._timed("stage1", self.stage1)
+    nstudy = self._timed("nstudy", self.nstudy) if self.cfg.nstudy.enabled else None
+    exact = self._timed("exact_log_z", self.exact)
+    anchor = self._timed("stage2", self.stage2)
+    pool = stage1.data()
+    self._timed("anchor_study", self.anchor_study, pool, anchor)
+    stage3 = self.stage3_all()
+    rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
+        self.run_name(*k): str(run.export) for k, run in stage3.items()}
     skipped = {}
     if self.cfg.sft_enabled:
-      sft = self._timed("lora_sft", self.lora_sft)
+      sft = self._timed("lora_sft", self.lora_sft, pool)
       if sft is not None:
-        rows["lora_sft"] = sft
+        rows["lora_sft"] = str(sft.out_path)
       else:
         skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
     if self.cfg.conditional_kl:
       self._timed("conditional_kl", self.conditional_kls, rows)
     evals = self.evaluate(rows)
-    return write_report(self, evals, skipped)
+    return write_report(self, ReportInputs(exact=exact, pool=pool, anchor=anchor, stage3=stage3,
+                                           evals=evals, nstudy=nstudy, skipped=skipped))

@@ -31,10 +31,11 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models
 from disa_jax.checkpoint import identity, selection
@@ -42,7 +43,7 @@ from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval import diversity, metrics, runner
-from disa_jax.eval.exact import ExactTargetConfig, ExactTracker
+from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig, ExactTracker
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.workflows import export
@@ -114,6 +115,134 @@ class EvalConfig:
     return self.label or os.path.basename(os.path.normpath(self.model_path or self.run_dir))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class BenchmarkEval:
+  """One benchmark of an evaluation, persisted as ``<output_dir>/<name>.json`` (beside
+  ``<name>.md`` and ``<name>_responses.jsonl``).
+
+  Attributes:
+    name, ability, path: the benchmark, its records' ability and its prompt file.
+    method: the evaluated model's row name.
+    k: samples per problem; n_problems: P.
+    metrics: Mean@k / pass@k / ... by name (`disa_jax.eval.metrics`).
+    prompt_ids: ``[P]`` the problems.
+    correct: ``[P, k]`` int, 1 where a sample was graded correct.
+    sampling: the sampling parameters (`SamplingParams.to_dict`).
+    diversity: the local / judge diversity results (empty when off).
+    exact: the exact measures against the tilted target (None when off).
+  """
+  name: str
+  ability: str
+  path: str
+  method: str
+  k: int
+  n_problems: int
+  metrics: Mapping[str, float]
+  prompt_ids: tuple[str, ...]
+  correct: np.ndarray
+  sampling: Mapping[str, Any]
+  diversity: Mapping[str, Any]
+  exact: ExactMeasures | None
+
+  __eq__ = artifacts.fields_equal
+
+  @property
+  def stop_token_ids(self) -> list[int]:
+    return list(self.sampling["stop_token_ids"])
+
+  def to_json(self) -> dict[str, Any]:
+    out = {"name": self.name, "ability": self.ability, "metrics": dict(self.metrics),
+           "per_prompt": [{"prompt_id": p, "correct": row.tolist()}
+                          for p, row in zip(self.prompt_ids, self.correct)],
+           "k": self.k, "n_problems": self.n_problems, "path": self.path, "method": self.method,
+           "sampling": dict(self.sampling), "diversity": dict(self.diversity)}
+    return out | ({} if self.exact is None else {"exact": self.exact.to_json()})
+
+  @classmethod
+  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "BenchmarkEval":
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    per = f("per_prompt", list)
+    try:
+      ids = tuple(str(p["prompt_id"]) for p in per)
+      correct = np.asarray([p["correct"] for p in per], np.int64).reshape(len(per), -1)
+    except (KeyError, TypeError, ValueError) as e:
+      raise artifacts.ArtifactError(f"{path}: field 'per_prompt' is malformed ({e!r})") from None
+    sampling = f("sampling", dict)
+    if not isinstance(sampling.get("stop_token_ids"), list):
+      raise artifacts.ArtifactError(f"{path}: field 'sampling.stop_token_ids' is missing")
+    return cls(name=f("name", str), ability=f("ability", str), path=f("path", str),
+               method=f("method", str), k=f("k", int), n_problems=f("n_problems", int),
+               metrics=f("metrics", dict), prompt_ids=ids, correct=correct, sampling=sampling,
+               diversity=f("diversity", dict),
+               exact=ExactMeasures.from_json(obj["exact"], path) if "exact" in obj else None)
+
+  def save(self, out_dir: str | Path) -> None:
+    """``<out_dir>/<name>.json``, written last (atomically): it marks the benchmark done."""
+    artifacts.write_json(Path(out_dir) / f"{self.name}.json", self.to_json())
+
+  @classmethod
+  def load(cls, out_dir: str | Path, name: str) -> "BenchmarkEval":
+    path = Path(out_dir) / f"{name}.json"
+    return cls.from_json(artifacts.read_json(path, f"the evaluation of benchmark {name!r}"), path)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+  """An evaluation: what `run_evaluation` returns, persisted as ``<output_dir>/summary.json`` (with
+  summary.md) beside its benchmarks' files.
+
+  Attributes:
+    output_dir: the evaluation's directory.
+    method: the row name of the tables.
+    model_path: the HF directory served.
+    checkpoint: the Stage 3 checkpoint evaluated and why (None for ``model_path``).
+    tables: per metric, the benchmarks' values (`disa_jax.eval.metrics.results_json`).
+    evaluated_now: the benchmarks the call that wrote it evaluated (the rest were resumed).
+    benchmarks: every benchmark's results, by name.
+  """
+  output_dir: Path
+  method: str
+  model_path: str
+  checkpoint: selection.Choice | None
+  tables: Mapping[str, Mapping[str, Any]]
+  evaluated_now: tuple[str, ...]
+  benchmarks: Mapping[str, BenchmarkEval]
+
+  FILE = "summary.json"
+
+  def to_json(self) -> dict[str, Any]:
+    """summary.json: the tables, and each benchmark's metrics, diversity and exact means."""
+    b = self.benchmarks
+    return {"method": self.method, "model_path": self.model_path,
+            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
+            "tables": {m: dict(v) for m, v in self.tables.items()},
+            "benchmarks": {n: dict(o.metrics) for n, o in b.items()},
+            "diversity": {n: dict(o.diversity) for n, o in b.items() if o.diversity},
+            "exact": {n: o.exact.to_json(per_prompt=False) for n, o in b.items()
+                      if o.exact is not None},
+            "evaluated_now": list(self.evaluated_now),
+            "stop_token_ids": {n: o.stop_token_ids for n, o in b.items()}}
+
+  def save(self) -> None:
+    (self.output_dir / self.FILE).write_text(json.dumps(self.to_json(), indent=1))
+
+  @classmethod
+  def load(cls, output_dir: str | Path) -> "EvalResult":
+    """The evaluation in ``output_dir``: summary.json and its benchmarks' ``<name>.json``."""
+    path = Path(output_dir) / cls.FILE
+    obj = artifacts.read_json(path, "the evaluation")
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    choice = f("checkpoint", (dict, type(None)))
+    try:
+      choice = None if choice is None else selection.Choice(**choice)
+    except TypeError as e:
+      raise artifacts.ArtifactError(f"{path}: field 'checkpoint' is malformed ({e})") from None
+    return cls(output_dir=Path(output_dir), method=f("method", str),
+               model_path=f("model_path", str), checkpoint=choice, tables=f("tables", dict),
+               evaluated_now=tuple(f("evaluated_now", list)),
+               benchmarks={n: BenchmarkEval.load(output_dir, n) for n in f("benchmarks", dict)})
+
+
 def resolve_model(cfg: EvalConfig) -> tuple[str, selection.Choice | None]:
   """The HF directory to serve: ``model_path``, or the run's ``run_checkpoint`` exported to
   output_dir, with the choice (None for ``model_path``)."""
@@ -163,7 +292,7 @@ class _Scorers:
 
 
 def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine, tokenizer,
-                  scorers: _Scorers, out_dir: Path) -> dict[str, Any]:
+                  scorers: _Scorers, out_dir: Path) -> BenchmarkEval:
   """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
   records = loaders.load_prompts(path, name if name in loaders.BENCHMARK_FORMATS else "auto",
                                  limit=cfg.limit or None)
@@ -182,20 +311,22 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
     for pid, resp, corr in zip(res.prompt_ids, res.responses, res.correct):
       f.write(json.dumps({"prompt_id": pid, "responses": resp,
                           "correct": corr.astype(int).tolist()}) + "\n")
-  out = res.to_json()
-  out.update(k=k, n_problems=len(records), path=path, method=cfg.method,
-             sampling=params.to_dict(), diversity=_diversity(cfg, name, records, res.responses))
+  exact = None
   if cfg.exact_target.enabled:
     pol, ref = scorers.get()
-    out["exact"] = ExactTracker(
+    exact = ExactMeasures.from_json(ExactTracker(
         cfg.exact_target, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
-        records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol, step=0)
+        records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol, step=0),
+                                    out_dir / f"{name}.json")
+  out = BenchmarkEval(name=res.name, ability=res.ability, path=path, method=cfg.method, k=k,
+                      n_problems=len(records), metrics=res.metrics,
+                      prompt_ids=tuple(res.prompt_ids), correct=res.correct.astype(np.int64),
+                      sampling=params.to_dict(),
+                      diversity=_diversity(cfg, name, records, res.responses), exact=exact)
   (out_dir / f"{name}.md").write_text(
       f"# {name} ({len(records)} problems, k = {k})\n\n"
       + metrics.markdown_table({cfg.method: res.metrics}, average=False))
-  tmp = out_dir / f"{name}.json.tmp"
-  tmp.write_text(json.dumps(out, indent=1))
-  os.replace(tmp, out_dir / f"{name}.json")  # written last: marks the benchmark done
+  out.save(out_dir)  # written last: marks the benchmark done
   return out
 
 
@@ -230,8 +361,9 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
   return todo
 
 
-def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
-  """Evaluates (or resumes evaluating) the suite; returns the summary written to summary.json.
+def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> EvalResult:
+  """Evaluates (or resumes evaluating) the suite; returns it (`EvalResult`, written to
+  summary.json).
 
   Args:
     cfg: the evaluation config.
@@ -249,7 +381,7 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> dict[str, Any]:
     return _run_evaluation(cfg, engine, out_dir)
 
 
-def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> dict[str, Any]:
+def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> EvalResult:
   """`run_evaluation` once the output directory is locked."""
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
 
@@ -259,14 +391,14 @@ def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> dict[str, An
   scorers = _Scorers(cfg, model_path, int(tokenizer.pad_token_id if tokenizer.pad_token_id
                                           is not None else tokenizer.eos_token_id))
   todo = _claim_benchmarks(cfg, model_path, out_dir)
-  results: dict[str, dict[str, Any]] = {}
+  results: dict[str, BenchmarkEval] = {}
   own = engine is None
   try:
     for name, path in cfg.benchmarks.items():
       if not path:
         continue
       if name not in todo:
-        results[name] = json.loads((out_dir / f"{name}.json").read_text())
+        results[name] = BenchmarkEval.load(out_dir, name)
         continue
       if engine is None:
         engine = cfg.engine.make(model_path)
@@ -281,35 +413,31 @@ def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> dict[str, An
 
 
 def _write_summary(cfg: EvalConfig, model_path: str, choice: selection.Choice | None,
-                   results: dict[str, dict[str, Any]], evaluated_now: list[str], out_dir: Path
-                   ) -> dict[str, Any]:
+                   results: dict[str, BenchmarkEval], evaluated_now: list[str], out_dir: Path
+                   ) -> EvalResult:
   """The suite tables (summary.md / summary.json), with the run checkpoint taken and why."""
   tables: dict[str, dict[str, float]] = {}
   for name, out in results.items():
-    if out["ability"] != "code":
-      tables.setdefault(f"mean@{out['k']}", {})[name] = out["metrics"][f"mean@{out['k']}"]
+    if out.ability != "code":
+      tables.setdefault(f"mean@{out.k}", {})[name] = out.metrics[f"mean@{out.k}"]
     else:
-      tables.setdefault("pass@1", {})[name] = out["metrics"]["pass@1"]
-      tables.setdefault(f"pass@{out['k']}", {})[name] = out["metrics"][f"pass@{out['k']}"]
+      tables.setdefault("pass@1", {})[name] = out.metrics["pass@1"]
+      tables.setdefault(f"pass@{out.k}", {})[name] = out.metrics[f"pass@{out.k}"]
+  result = EvalResult(output_dir=out_dir, method=cfg.method, model_path=model_path,
+                      checkpoint=choice,
+                      tables={m: metrics.results_json({cfg.method: v})[cfg.method]
+                              for m, v in tables.items()},
+                      evaluated_now=tuple(evaluated_now), benchmarks=results)
+  summary = result.to_json()
   md = [f"# {cfg.method}: evaluation\n"]
   if choice is not None:
     md.append(f"Checkpoint: step {choice.step} of {cfg.run_dir}: {choice.reason}.\n")
   for metric, vals in tables.items():
     md.append(f"## {metric}\n\n" + metrics.markdown_table({cfg.method: vals}))
-  div = {n: o["diversity"] for n, o in results.items() if o.get("diversity")}
-  if div:
-    md.append("## diversity\n\n```\n" + json.dumps(div, indent=1) + "\n```\n")
-  exact = {n: {k: v for k, v in o["exact"].items() if k != "per_prompt"}
-           for n, o in results.items() if o.get("exact")}
-  if exact:
-    md.append("## exact target\n\n```\n" + json.dumps(exact, indent=1) + "\n```\n")
+  if summary["diversity"]:
+    md.append("## diversity\n\n```\n" + json.dumps(summary["diversity"], indent=1) + "\n```\n")
+  if summary["exact"]:
+    md.append("## exact target\n\n```\n" + json.dumps(summary["exact"], indent=1) + "\n```\n")
   (out_dir / "summary.md").write_text("\n".join(md))
-  summary = {"method": cfg.method, "model_path": model_path,
-             "checkpoint": None if choice is None else choice.to_dict(),
-             "tables": {m: metrics.results_json({cfg.method: v})[cfg.method]
-                        for m, v in tables.items()},
-             "benchmarks": {n: o["metrics"] for n, o in results.items()}, "diversity": div,
-             "exact": exact, "evaluated_now": evaluated_now,
-             "stop_token_ids": {n: o["sampling"]["stop_token_ids"] for n, o in results.items()}}
-  (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-  return summary
+  result.save()
+  return result

@@ -32,11 +32,12 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax.anchor.embeddings import embed_prompts
 from disa_jax.data import loaders
@@ -46,7 +47,8 @@ from disa_jax.estimators.dataset import load_stage1
 from disa_jax.workflows.preflight import PreflightError, preflight
 from disa_jax.checkpoint import identity
 from disa_jax.workflows.stage1 import IDENTITY_FIELDS as STAGE1_IDENTITY_FIELDS
-from disa_jax.workflows.stage1 import ScorerConfig, Stage1Config, load_reference, run_stage1
+from disa_jax.workflows.stage1 import (ScorerConfig, Stage1Config, Stage1Result, load_reference,
+                                       run_stage1)
 
 # What the subset and the pool depend on: a rerun into the same directory must agree on them.
 STUDY_FIELDS = ("subset_size", "pool_size", "ks", "kmeans_iters", "seed")
@@ -215,14 +217,77 @@ def plot_nstudy(rows: list[dict[str, float]], path: Path) -> None:
   plt.close(fig)
 
 
-def run_nstudy(cfg: NStudyConfig) -> dict[str, Any]:
-  """Subset -> Stage 1 pool -> statistics; resumable. Returns ``nstudy.json``'s content plus the
-  subset's k and the Stage 1 summary."""
+@dataclasses.dataclass(frozen=True)
+class NStudyResult:
+  """The App. C.3 study: what `run_nstudy` returns, persisted as ``<output_dir>/nstudy.json``
+  (with ``subset.json``, the subset's description, and the pool's Stage 1 output in ``stage1/``).
+
+  Attributes:
+    output_dir: the study's directory.
+    prompts: the subset's prompts; prompts_with_full_pool: those with ``pool_size`` samples.
+    pool_size, repeats: samples per prompt in the pool, and subsamples per M.
+    per_m: ``[len(ms)]`` one row per M (``M``, ``variance_mean``, ``relative_bias_mean``, ...;
+      `disa_jax.estimators.nstudy.NStudy.summary`).
+    variance_reduction_2_to_8, relative_bias_change_8_to_16: the paper's two figures (None when
+      the Ms lack 2 and 8, or 8 and 16).
+    k: the clusters of the stratified subset (the SSE elbow).
+    stage1: the pool's Stage 1 output.
+  """
+  output_dir: Path
+  prompts: int
+  prompts_with_full_pool: int
+  pool_size: int
+  repeats: int
+  per_m: tuple[Mapping[str, float], ...]
+  variance_reduction_2_to_8: float | None
+  relative_bias_change_8_to_16: float | None
+  k: int
+  stage1: Stage1Result
+
+  FILE = "nstudy.json"
+  OPTIONAL = ("variance_reduction_2_to_8", "relative_bias_change_8_to_16")
+
+  def study_json(self) -> dict[str, Any]:
+    """nstudy.json's content."""
+    out = {"prompts": self.prompts, "prompts_with_full_pool": self.prompts_with_full_pool,
+           "pool_size": self.pool_size, "repeats": self.repeats,
+           "per_m": [dict(r) for r in self.per_m]}
+    return out | {k: getattr(self, k) for k in self.OPTIONAL if getattr(self, k) is not None}
+
+  def to_json(self) -> dict[str, Any]:
+    """What the command prints: nstudy.json, the subset's k and the pool's Stage 1 summary."""
+    return {**self.study_json(), "k": self.k, "stage1": self.stage1.to_json()}
+
+  @classmethod
+  def from_study(cls, output_dir: str | Path, study: Mapping[str, Any], k: int,
+                 stage1: Stage1Result, path: str | Path) -> "NStudyResult":
+    f = lambda name, kind: artifacts.field(study, name, path, kind)
+    per_m = f("per_m", list)
+    if not all(isinstance(r, dict) and "M" in r for r in per_m):
+      raise artifacts.ArtifactError(f"{path}: field 'per_m' must be a list of rows with an 'M'")
+    opt = {name: (f(name, float) if name in study else None) for name in cls.OPTIONAL}
+    return cls(Path(output_dir), f("prompts", int), f("prompts_with_full_pool", int),
+               f("pool_size", int), f("repeats", int), tuple(per_m), **opt, k=k, stage1=stage1)
+
+  @classmethod
+  def load(cls, output_dir: str | Path) -> "NStudyResult":
+    out = Path(output_dir)
+    path, subset = out / cls.FILE, out / "subset.json"
+    k = artifacts.field(artifacts.read_json(subset, "the N-study subset"), "k", subset, int)
+    return cls.from_study(out, artifacts.read_json(path, "the N-study"), k,
+                          Stage1Result.load(out / "stage1"), path)
+
+
+def run_nstudy(cfg: NStudyConfig) -> NStudyResult:
+  """Subset -> Stage 1 pool -> statistics; resumable. Returns the study (`NStudyResult`:
+  ``nstudy.json``'s content, the subset's k and the pool's Stage 1 output)."""
   out = Path(cfg.output_dir)
   out.mkdir(parents=True, exist_ok=True)
   claim_nstudy_output(cfg)
   _write_json(out / "nstudy_config.json", config_lib.to_dict(cfg))
   subset = choose_subset(cfg)
   stage1 = run_stage1(cfg.pool_config())
-  result = study_pool(cfg)
-  return {**result, "k": subset["k"], "stage1": stage1}
+  if stage1.preempted:
+    raise RuntimeError(f"the N-study's Stage 1 pool {stage1.dataset} was stopped by a preemption "
+                       "signal; rerun the command to resume")
+  return NStudyResult.from_study(out, study_pool(cfg), subset["k"], stage1, out / NStudyResult.FILE)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import preemption
 from disa_jax.checkpoint import identity
@@ -23,7 +24,7 @@ from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.estimators import load_stage1
 from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
-from disa_jax.sft.baseline import LoRASFTConfig, run_lora_sft
+from disa_jax.sft.baseline import SUMMARY_FILE, LoRASFTConfig, run_lora_sft
 from disa_jax.workflows.stage1 import encode_stage1_prompts
 
 
@@ -49,6 +50,57 @@ class SftConfig:
     return config_lib.from_mapping(cls, config)
 
 
+@dataclasses.dataclass(frozen=True)
+class SftRun:
+  """The LoRA-SFT baseline: what `run_sft` returns; a finished one is persisted as
+  ``<out_path>/sft_summary.json`` beside the merged export (`disa_jax.sft.baseline` writes it).
+
+  Attributes:
+    out_path: the merged HF export (absent while ``preempted``).
+    preempted: the step a SIGTERM / SIGUSR1 stopped the training at (no export), else None.
+    skipped: the export existed already (the call trained nothing).
+    num_kept: the reward-1 samples trained on (None when preempted).
+    steps: optimizer steps (None when preempted).
+    loss_first, loss_last: the first and last step's loss (None without steps).
+    summary: all of sft_summary.json (counts, truncations, packing, timings, the SFT config;
+      `disa_jax.sft.baseline.run_lora_sft` owns its keys); empty when preempted.
+  """
+  out_path: Path
+  preempted: int | None
+  skipped: bool
+  num_kept: int | None
+  steps: int | None
+  loss_first: float | None
+  loss_last: float | None
+  summary: Mapping[str, Any]
+
+  @property
+  def exported(self) -> bool:
+    return self.preempted is None
+
+  def to_json(self) -> dict[str, Any]:
+    """`run_lora_sft`'s summary, as the command prints it."""
+    if self.preempted is not None:
+      return {"preempted": self.preempted, "out_path": str(self.out_path), "skipped": False}
+    return dict(self.summary, skipped=self.skipped)
+
+  @classmethod
+  def from_json(cls, obj: Mapping[str, Any], path: str | Path, out_path: str | Path) -> "SftRun":
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    if obj.get("preempted") is not None:
+      return cls(Path(out_path), f("preempted", int), False, None, None, None, None, {})
+    opt_float = lambda name: f(name, (float, type(None)))
+    return cls(Path(out_path), None, bool(obj.get("skipped", False)), f("num_kept", int),
+               f("steps", int), opt_float("loss_first"), opt_float("loss_last"),
+               {k: v for k, v in obj.items() if k != "skipped"})
+
+  @classmethod
+  def load(cls, out_path: str | Path) -> "SftRun":
+    """The finished baseline exported at ``out_path``, as its run stored it."""
+    path = Path(out_path) / SUMMARY_FILE
+    return cls.from_json(artifacts.read_json(path, "the LoRA-SFT baseline"), path, out_path)
+
+
 def claim_sft_output(cfg: SftConfig) -> str:
   """Records (or checks) ``<out_path>.identity.json``; `identity.claim_output`'s state."""
   out, ckpt = Path(cfg.out_path), Path(cfg.out_path + ".ckpt")
@@ -61,8 +113,8 @@ def claim_sft_output(cfg: SftConfig) -> str:
                                discard=lambda: identity.remove_paths([out, ckpt]))
 
 
-def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-  """Runs (or resumes, or finds finished) the LoRA-SFT baseline; returns its summary (with
+def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> SftRun:
+  """Runs (or resumes, or finds finished) the LoRA-SFT baseline; returns it (`SftRun`, with
   ``preempted``, the step, when a SIGTERM / SIGUSR1 stopped it: `disa_jax.preemption`).
 
   Raises:
@@ -81,11 +133,12 @@ def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> dict[st
       lock.release()
 
 
-def _run_sft(cfg: SftConfig, log: Callable[[str], None] | None) -> dict[str, Any]:
+def _run_sft(cfg: SftConfig, log: Callable[[str], None] | None) -> SftRun:
   """`run_sft` once the output is locked and its identity checked."""
   data = load_stage1(cfg.stage1_path)
   ids, _ = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
   by_text = dict(zip(data.prompts, ids))  # the stored (rendered) text -> its ids
   with preemption.watch():
-    return run_lora_sft(cfg.reference_path, cfg.stage1_path, cfg.out_path, cfg.sft,
-                        encode_prompt=by_text.__getitem__, mesh=cfg.mesh.make(), log=log)
+    summary = run_lora_sft(cfg.reference_path, cfg.stage1_path, cfg.out_path, cfg.sft,
+                           encode_prompt=by_text.__getitem__, mesh=cfg.mesh.make(), log=log)
+  return SftRun.from_json(summary, f"run_lora_sft({cfg.out_path!r})", cfg.out_path)

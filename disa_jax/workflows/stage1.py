@@ -31,18 +31,19 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models, preemption, rewards
 from disa_jax.checkpoint import identity
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt, render_prompt
 from disa_jax.estimators import Stage1Writer, collect, load_stage1
-from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS
+from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS, Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rollout import stop_ids
@@ -260,8 +261,8 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
   mask = data.mask  # [P, N]
   reward = np.where(mask, data.reward, 0.0)  # [P, N]
   bearing = np.any(mask & (data.reward > 0), axis=1)  # [P]
-  labels = np.asarray(data.stats["log_z_is"])  # [P]
-  n_valid = np.asarray(data.stats["n_valid"], np.float64)  # [P]
+  labels = np.asarray(data.stats.log_z_is)  # [P]
+  n_valid = np.asarray(data.stats.n_valid, np.float64)  # [P]
   bad = np.flatnonzero(~np.isfinite(labels))
   out = {
       "prompts": int(mask.shape[0]),
@@ -269,10 +270,10 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
       "beta": data.beta, "label_scale": data.label_scale,
       "reward_transform": data.reward_transform.to_dict(),
       "proposal_logprobs": data.proposal_logprobs,
-      "ess": _quantiles(data.stats["ess"]),
-      "ess_fraction": _quantiles(data.stats["ess"] / np.maximum(n_valid, 1)),
-      "cv2": _quantiles(data.stats["cv2"]),
-      "max_weight_share": _quantiles(data.stats["max_weight_share"]),
+      "ess": _quantiles(data.stats.ess),
+      "ess_fraction": _quantiles(data.stats.ess / np.maximum(n_valid, 1)),
+      "cv2": _quantiles(data.stats.cv2),
+      "max_weight_share": _quantiles(data.stats.max_weight_share),
       "log_z_is": _quantiles(labels),
       "nonfinite_labels": {"count": int(bad.size),
                            "prompt_ids": [data.prompt_ids[i] for i in bad[:20]]},
@@ -283,6 +284,122 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
   }
   out["run"] = dict(run) if run else None
   return out
+
+
+QUANTILE_FIELDS = ("ess", "ess_fraction", "cv2", "max_weight_share", "log_z_is")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage1Diagnostics:
+  """`stage1_summary` of a finished Stage 1 dataset (P prompts, up to N samples each).
+
+  Attributes:
+    prompts, samples: P and the valid samples.
+    beta, label_scale, reward_transform, proposal_logprobs: the label facts of the dataset.
+    ess, ess_fraction, cv2, max_weight_share, log_z_is: quantiles over prompts (``q00`` ... ``q100``
+      over finite values) of the ESS, ESS / n_valid, CV^2, largest weight share and label.
+    nonfinite_labels: prompts whose label is not finite; nonfinite_prompt_ids: the first 20.
+    share_no_reward: prompts whose samples all have reward <= 0.
+    mean_reward, mean_response_tokens: over valid samples.
+    grade_errors: samples whose grader raised or timed out (reward 0).
+  """
+  prompts: int
+  samples: int
+  beta: float
+  label_scale: str
+  reward_transform: RewardTransform
+  proposal_logprobs: str
+  ess: Mapping[str, float]
+  ess_fraction: Mapping[str, float]
+  cv2: Mapping[str, float]
+  max_weight_share: Mapping[str, float]
+  log_z_is: Mapping[str, float]
+  nonfinite_labels: int
+  nonfinite_prompt_ids: tuple[str, ...]
+  share_no_reward: float
+  mean_reward: float
+  mean_response_tokens: float
+  grade_errors: int
+
+  def to_json(self) -> dict[str, Any]:
+    """`stage1_summary`'s keys (without ``run``)."""
+    return {"prompts": self.prompts, "samples": self.samples, "beta": self.beta,
+            "label_scale": self.label_scale, "reward_transform": self.reward_transform.to_dict(),
+            "proposal_logprobs": self.proposal_logprobs,
+            **{q: dict(getattr(self, q)) for q in QUANTILE_FIELDS},
+            "nonfinite_labels": {"count": self.nonfinite_labels,
+                                 "prompt_ids": list(self.nonfinite_prompt_ids)},
+            "share_no_reward": self.share_no_reward, "mean_reward": self.mean_reward,
+            "mean_response_tokens": self.mean_response_tokens, "grade_errors": self.grade_errors}
+
+  @classmethod
+  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "Stage1Diagnostics":
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    bad = f("nonfinite_labels", dict)
+    try:
+      transform = RewardTransform.from_dict(f("reward_transform", dict))
+    except (TypeError, ValueError) as e:
+      raise artifacts.ArtifactError(f"{path}: field 'reward_transform' is malformed ({e})") from None
+    return cls(prompts=f("prompts", int), samples=f("samples", int), beta=float(f("beta", float)),
+               label_scale=f("label_scale", str), reward_transform=transform,
+               proposal_logprobs=f("proposal_logprobs", str),
+               **{q: f(q, dict) for q in QUANTILE_FIELDS},
+               nonfinite_labels=artifacts.field(bad, "count", f"{path} nonfinite_labels", int),
+               nonfinite_prompt_ids=artifacts.str_tuple(bad, "prompt_ids",
+                                                        f"{path} nonfinite_labels"),
+               share_no_reward=float(f("share_no_reward", float)),
+               mean_reward=float(f("mean_reward", float)),
+               mean_response_tokens=float(f("mean_response_tokens", float)),
+               grade_errors=f("grade_errors", int))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage1Result:
+  """Stage 1's output: what `run_stage1` returns; a finished one is persisted as
+  ``<output_dir>/stage1_summary.json`` beside its dataset.
+
+  Attributes:
+    output_dir: the Stage 1 directory.
+    dataset: the dataset (`data()` loads it: ``[P, N]`` arrays, typed samples and labels).
+    preempted: a SIGTERM / SIGUSR1 stopped the call between batches (no summary; a rerun resumes).
+    run: the call's throughput figures (`collect.collect_stage1`'s, with ``generated_tokens`` and
+      ``tokens_per_s`` once finished).
+    stop_token_ids: the proposal's stop ids (() when preempted).
+    diagnostics: the dataset's statistics (None when preempted).
+  """
+  output_dir: Path
+  dataset: Path
+  preempted: bool
+  run: Mapping[str, float] | None
+  stop_token_ids: tuple[int, ...]
+  diagnostics: Stage1Diagnostics | None
+
+  FILE = "stage1_summary.json"
+
+  def data(self) -> Stage1Data:
+    return load_stage1(self.dataset)
+
+  def to_json(self) -> dict[str, Any]:
+    """stage1_summary.json (``{"preempted": True, "run", "dataset"}`` for a preempted call)."""
+    if self.preempted:
+      return {"preempted": True, "run": None if self.run is None else dict(self.run),
+              "dataset": str(self.dataset)}
+    return {**self.diagnostics.to_json(), "run": None if self.run is None else dict(self.run),
+            "dataset": str(self.dataset), "stop_token_ids": list(self.stop_token_ids)}
+
+  def save(self) -> None:
+    (self.output_dir / self.FILE).write_text(json.dumps(self.to_json(), indent=1))
+
+  @classmethod
+  def load(cls, output_dir: str | Path) -> "Stage1Result":
+    """The finished Stage 1 output in ``output_dir``."""
+    path = Path(output_dir) / cls.FILE
+    obj = artifacts.read_json(path, "the Stage 1 output")
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    return cls(output_dir=Path(output_dir), dataset=Path(f("dataset", str)), preempted=False,
+               run=f("run", (dict, type(None))),
+               stop_token_ids=tuple(f("stop_token_ids", list)),
+               diagnostics=Stage1Diagnostics.from_json(obj, path))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,15 +416,15 @@ def _encode_all(cfg: Stage1Config, records, ref_tok, prop_tok):
   return ref_texts, ref_ids, prop_ids
 
 
-def run_stage1(cfg: Stage1Config) -> dict[str, Any]:
-  """Runs (or resumes) Stage 1; returns the summary also written to ``stage1_summary.json``, or,
-  when a SIGTERM / SIGUSR1 stopped it between batches (`disa_jax.preemption`), ``{"preempted":
-  True, "run": ..., "dataset": ...}`` (no summary file: a rerun resumes)."""
+def run_stage1(cfg: Stage1Config) -> Stage1Result:
+  """Runs (or resumes) Stage 1; returns its output (`Stage1Result`, also written to
+  ``stage1_summary.json``), or, when a SIGTERM / SIGUSR1 stopped it between batches
+  (`disa_jax.preemption`), one with ``preempted`` set (no summary file: a rerun resumes)."""
   with preemption.watch():
     return _run_stage1(cfg)
 
 
-def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
+def _run_stage1(cfg: Stage1Config) -> Stage1Result:
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
   out_dir = Path(cfg.output_dir)
   claim_stage1_output(cfg)
@@ -336,7 +453,8 @@ def _run_stage1(cfg: Stage1Config) -> dict[str, Any]:
       if run["preempted"]:
         print(f"stage1: preempted ({preemption.requested()}) after {run['prompts_done']} prompts; "
               f"rerun the command to resume", flush=True)
-        return {"preempted": True, "run": run, "dataset": str(cfg.dataset_path())}
+        return Stage1Result(out_dir, cfg.dataset_path(), preempted=True, run=run,
+                            stop_token_ids=(), diagnostics=None)
   return _finish(cfg, out_dir, prompts, before, run, sampling.stop_token_ids)
 
 
@@ -365,7 +483,7 @@ def _collect(cfg: Stage1Config, writer, prompts, ref_tok, prop_ids: dict, reward
 
 
 def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,
-            stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
+            stop_token_ids: tuple[int, ...]) -> Stage1Result:
   """Checks that every prompt is labelled, writes and returns the summary."""
   data = load_stage1(cfg.dataset_path(), cfg.dataset_format)
   run["generated_tokens"] = int(sum(s.num_tokens for pid, samples in zip(data.prompt_ids,
@@ -377,7 +495,8 @@ def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,
     raise RuntimeError(f"Stage 1 finished but {len(missing)} prompt(s) are not in the dataset: "
                        f"{missing[:10]}")
   summary = stage1_summary(data, run)
-  summary["dataset"] = str(cfg.dataset_path())
-  summary["stop_token_ids"] = list(stop_token_ids)
-  (out_dir / "stage1_summary.json").write_text(json.dumps(summary, indent=1))
-  return summary
+  result = Stage1Result(out_dir, cfg.dataset_path(), preempted=False, run=summary["run"],
+                        stop_token_ids=tuple(int(t) for t in stop_token_ids),
+                        diagnostics=Stage1Diagnostics.from_json(summary, "stage1_summary"))
+  result.save()
+  return result

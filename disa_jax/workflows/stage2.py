@@ -34,10 +34,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import estimators
 from disa_jax.anchor import Anchor, diagnostics, fit_anchor
@@ -47,6 +48,7 @@ from disa_jax.anchor.frozen import EmbeddingSpec, META_FILE
 from disa_jax.anchor.labels import LABEL_KINDS, anchor_targets, check_variant
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
 
 
@@ -131,6 +133,137 @@ def _embeddings(cfg: Stage2Config, data, out_dir: Path):
   return emb, spec
 
 
+@dataclasses.dataclass(frozen=True)
+class FitSummary:
+  """The anchor fit at its selected epoch (`disa_jax.anchor.fit.FitResult.summary`)."""
+  best_epoch: int
+  train_mse: float
+  val_mse: float | None
+  val_r2: float | None
+  n_train: int
+  n_val: int
+
+  @classmethod
+  def from_json(cls, obj: Any, path: str | Path) -> "FitSummary":
+    if not isinstance(obj, Mapping):
+      raise artifacts.ArtifactError(f"{path}: field 'fit' must be an object")
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    opt = lambda name: f(name, (float, type(None)))
+    return cls(f("best_epoch", int), f("train_mse", float), opt("val_mse"), opt("val_r2"),
+               f("n_train", int), f("n_val", int))
+
+
+@dataclasses.dataclass(frozen=True)
+class AnchorArtifact:
+  """Stage 2's output: what `run_stage2` returns, persisted as ``<output_dir>/stage2_summary.json``
+  beside the embedding cache, with the frozen anchor at ``anchor_path``.
+
+  Attributes:
+    output_dir: the Stage 2 directory (summary, embedding cache, validation curve).
+    anchor_path: the frozen `Anchor` (`anchor()` loads it).
+    stage1_path: the Stage 1 dataset the labels came from.
+    prompts, prompts_fitted: Stage 1's prompts, and those with a finite label (P).
+    samples_per_prompt: N, the samples per prompt the labels used.
+    dropped_nonfinite: the prompts without a finite label (dropped with ``drop_nonfinite``).
+    embedding: what the anchor reads (`EmbeddingSpec`).
+    beta, label_scale, reward_transform: the label facts (`disa_jax.anchor.labels`).
+    labels, weighting: the label variant and the regression weights.
+    label_stats: mean / std / min / max of the fitted labels.
+    fit: the fit at its selected epoch; history: per epoch, ``train_mse`` / ``val_mse`` /
+      ``val_r2`` (each ``[E]``; the val curves empty without a held-out split).
+    val_prompt_ids: the held-out prompts of the fit.
+    sigma_g_train, sigma_g_val: RMS(g - label) on the training / held-out prompts (None: none).
+    validation_curve: the PNG of the fit's curves.
+    resumed: the call that returned it found the fit done.
+  """
+  output_dir: Path
+  anchor_path: Path
+  stage1_path: str
+  prompts: int
+  prompts_fitted: int
+  samples_per_prompt: int
+  dropped_nonfinite: tuple[str, ...]
+  embedding: EmbeddingSpec
+  beta: float
+  label_scale: str
+  labels: str
+  weighting: str
+  reward_transform: RewardTransform
+  label_stats: Mapping[str, float]
+  fit: FitSummary
+  val_prompt_ids: tuple[str, ...]
+  sigma_g_train: float
+  sigma_g_val: float | None
+  history: Mapping[str, list[float]]
+  validation_curve: str
+  resumed: bool
+
+  FILE = "stage2_summary.json"
+
+  def anchor(self) -> Anchor:
+    return Anchor.load(self.anchor_path)
+
+  def embeddings(self) -> tuple[tuple[str, ...], np.ndarray]:
+    """The embedding cache: the prompt ids ``[P]`` and their reference embeddings ``[P, D]``."""
+    ids_path, cache = self.output_dir / "embeddings_ids.json", self.output_dir / "embeddings.npy"
+    ids = artifacts.str_tuple(artifacts.read_json(ids_path, "the Stage 2 embedding cache"),
+                              "prompt_ids", ids_path)
+    if not cache.is_file():
+      raise artifacts.ArtifactError(f"the Stage 2 embedding cache: {cache} does not exist")
+    emb = np.load(cache)
+    if emb.ndim != 2 or emb.shape[0] != len(ids):
+      raise artifacts.ArtifactError(f"{cache}: shape {emb.shape} is not [P = {len(ids)}, D] "
+                                    f"({ids_path} lists {len(ids)} prompts)")
+    return ids, emb
+
+  def predictions(self) -> dict[str, float]:
+    """g(q) of every prompt of the embedding cache, by prompt id."""
+    ids, emb = self.embeddings()
+    return dict(zip(ids, np.asarray(self.anchor()(emb), np.float64).tolist()))
+
+  def to_json(self) -> dict[str, Any]:
+    return {"anchor_path": str(self.anchor_path), "stage1_path": self.stage1_path,
+            "prompts": self.prompts, "prompts_fitted": self.prompts_fitted,
+            "samples_per_prompt": self.samples_per_prompt,
+            "dropped_nonfinite": list(self.dropped_nonfinite),
+            "embedding": dataclasses.asdict(self.embedding), "beta": self.beta,
+            "label_scale": self.label_scale, "labels": self.labels, "weighting": self.weighting,
+            "reward_transform": self.reward_transform.to_dict(),
+            "label_stats": dict(self.label_stats), "fit": dataclasses.asdict(self.fit),
+            "val_prompt_ids": list(self.val_prompt_ids), "sigma_g_train": self.sigma_g_train,
+            "sigma_g_val": self.sigma_g_val, "history": dict(self.history),
+            "validation_curve": self.validation_curve, "resumed": self.resumed}
+
+  def save(self) -> None:
+    _write_json(self.output_dir / self.FILE, self.to_json())
+
+  @classmethod
+  def load(cls, output_dir: str | Path) -> "AnchorArtifact":
+    """The Stage 2 output in ``output_dir`` (``resumed`` as its run stored it)."""
+    path = Path(output_dir) / cls.FILE
+    obj = artifacts.read_json(path, "the Stage 2 anchor")
+    f = lambda name, kind: artifacts.field(obj, name, path, kind)
+    try:
+      embedding = EmbeddingSpec(**f("embedding", dict))
+      transform = RewardTransform.from_dict(f("reward_transform", dict))
+    except (TypeError, ValueError) as e:
+      raise artifacts.ArtifactError(f"{path}: field 'embedding' or 'reward_transform' is "
+                                    f"malformed ({e})") from None
+    return cls(output_dir=Path(output_dir), anchor_path=Path(f("anchor_path", str)),
+               stage1_path=f("stage1_path", str), prompts=f("prompts", int),
+               prompts_fitted=f("prompts_fitted", int),
+               samples_per_prompt=f("samples_per_prompt", int),
+               dropped_nonfinite=artifacts.str_tuple(obj, "dropped_nonfinite", path),
+               embedding=embedding, beta=float(f("beta", float)),
+               label_scale=f("label_scale", str), labels=f("labels", str),
+               weighting=f("weighting", str), reward_transform=transform,
+               label_stats=f("label_stats", dict), fit=FitSummary.from_json(f("fit", dict), path),
+               val_prompt_ids=artifacts.str_tuple(obj, "val_prompt_ids", path),
+               sigma_g_train=float(f("sigma_g_train", float)),
+               sigma_g_val=f("sigma_g_val", (float, type(None))), history=f("history", dict),
+               validation_curve=f("validation_curve", str), resumed=f("resumed", bool))
+
+
 def _write_json(path: Path, obj: Any) -> None:
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_text(json.dumps(obj, indent=1))
@@ -157,8 +290,9 @@ def claim_stage2_output(cfg: Stage2Config) -> str:
                                discard=lambda: identity.remove_paths([anchor_dir, *outputs]))
 
 
-def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
-  """Runs (or finds finished) Stage 2; returns the summary (also in ``stage2_summary.json``).
+def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
+  """Runs (or finds finished) Stage 2; returns its output (`AnchorArtifact`, persisted as
+  ``stage2_summary.json``).
 
   Raises:
     OutputLockedError: another Stage 2 run holds ``output_dir``.
@@ -171,7 +305,7 @@ def run_stage2(cfg: Stage2Config) -> dict[str, Any]:
     return _run_stage2(cfg)
 
 
-def _run_stage2(cfg: Stage2Config) -> dict[str, Any]:
+def _run_stage2(cfg: Stage2Config) -> AnchorArtifact:
   """`run_stage2` once the output is locked and its identity checked."""
   out_dir = Path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,10 +319,9 @@ def _run_stage2(cfg: Stage2Config) -> dict[str, Any]:
     if not summary_path.exists():
       raise FileExistsError(f"{anchor_dir} already holds an anchor but {summary_path} is missing; "
                             f"choose a new anchor_path or output_dir")
-    summary = json.loads(summary_path.read_text())
-    Anchor.load(anchor_dir)  # the stored anchor must load
-    summary["resumed"] = True
-    return summary
+    out = dataclasses.replace(AnchorArtifact.load(out_dir), resumed=True)
+    out.anchor()  # the stored anchor must load
+    return out
 
   data = estimators.load_stage1(cfg.stage1_path, cfg.stage1_format)
   labels, weights = anchor_targets(data, cfg.labels, cfg.weighting, samples=cfg.samples)  # [P]
@@ -209,26 +342,21 @@ def _run_stage2(cfg: Stage2Config) -> dict[str, Any]:
   pred = np.asarray(res.anchor(emb), np.float64)  # [P_kept]
   _write_json(pending, {"anchor_path": str(anchor_dir.resolve())})
   res.anchor.save(anchor_dir)
-  summary = {
-      "anchor_path": str(anchor_dir.resolve()),
-      "stage1_path": cfg.stage1_path,
-      "prompts": int(len(data.prompt_ids)), "prompts_fitted": int(idx.size),
-      "samples_per_prompt": int(cfg.samples or data.mask.shape[1]),
-      "dropped_nonfinite": dropped,
-      "embedding": dataclasses.asdict(spec),
-      "beta": data.beta, "label_scale": data.label_scale, "labels": cfg.labels,
-      "weighting": cfg.weighting, "reward_transform": data.reward_transform.to_dict(),
-      "label_stats": {"mean": float(y.mean()), "std": float(y.std()), "min": float(y.min()),
-                      "max": float(y.max())},
-      "fit": res.summary(),
-      "val_prompt_ids": [data.prompt_ids[idx[i]] for i in res.val_idx],
-      "sigma_g_train": diagnostics.sigma_g(pred[res.train_idx], y[res.train_idx]),
-      "sigma_g_val": (diagnostics.sigma_g(pred[res.val_idx], y[res.val_idx])
-                      if res.val_idx.size else None),
-      "history": res.history,
-      "validation_curve": str(out_dir / "validation_curve.png"),
-      "resumed": False,
-  }
-  _write_json(summary_path, summary)
+  out = AnchorArtifact(
+      output_dir=out_dir, anchor_path=anchor_dir.resolve(), stage1_path=cfg.stage1_path,
+      prompts=int(len(data.prompt_ids)), prompts_fitted=int(idx.size),
+      samples_per_prompt=int(cfg.samples or data.mask.shape[1]),
+      dropped_nonfinite=tuple(dropped), embedding=spec, beta=data.beta,
+      label_scale=data.label_scale, labels=cfg.labels, weighting=cfg.weighting,
+      reward_transform=data.reward_transform,
+      label_stats={"mean": float(y.mean()), "std": float(y.std()), "min": float(y.min()),
+                   "max": float(y.max())},
+      fit=FitSummary(**res.summary()),
+      val_prompt_ids=tuple(data.prompt_ids[idx[i]] for i in res.val_idx),
+      sigma_g_train=diagnostics.sigma_g(pred[res.train_idx], y[res.train_idx]),
+      sigma_g_val=(diagnostics.sigma_g(pred[res.val_idx], y[res.val_idx])
+                   if res.val_idx.size else None),
+      history=res.history, validation_curve=str(out_dir / "validation_curve.png"), resumed=False)
+  out.save()
   pending.unlink()
-  return summary
+  return out

@@ -29,12 +29,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from disa_jax import anchor as anchor_lib
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models, preemption, rewards
 from disa_jax.checkpoint import identity, selection
@@ -274,15 +276,134 @@ def claim_stage3_output(cfg: Stage3Config) -> str:
                                                                      for n in RUN_OUTPUTS))
 
 
-def _write_summary(workdir: Path, summary: dict[str, Any]) -> None:
-  """``stage3_summary.json`` beside the run (main process only)."""
-  if distributed.is_main_process():
-    (workdir / "stage3_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+SERIES_FIELDS = ("p_correct", "entropy_correct", "target_entropy_correct", "kl_mc", "kl_mc_se",
+                 "kl_binary", "kl_correct", "p_correct_kl_correct", "p_wrong_kl_wrong",
+                 "kl_decomposed", "kl_decomposed_se")
 
 
-def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
-  """Trains (or resumes) the run; returns its summary (final metrics, export path and checkpoint,
-  ``preempted``: the step a SIGTERM / SIGUSR1 stopped it at, else None).
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExactSeries:
+  """The exact measures a Stage 3 run logged (``exact/*`` in metrics.jsonl, `exact_target`), one
+  entry per measurement: ``step`` ``[M]`` (int64) and every field of `SERIES_FIELDS` ``[M]``
+  (float64). ``series[name]`` reads a field (the `pipeline.dynamics` functions take a mapping)."""
+  step: np.ndarray
+  p_correct: np.ndarray
+  entropy_correct: np.ndarray
+  target_entropy_correct: np.ndarray
+  kl_mc: np.ndarray
+  kl_mc_se: np.ndarray
+  kl_binary: np.ndarray
+  kl_correct: np.ndarray
+  p_correct_kl_correct: np.ndarray
+  p_wrong_kl_wrong: np.ndarray
+  kl_decomposed: np.ndarray
+  kl_decomposed_se: np.ndarray
+
+  __eq__ = artifacts.fields_equal
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    if name != "step" and name not in SERIES_FIELDS:
+      raise KeyError(name)
+    return getattr(self, name)
+
+  @classmethod
+  def from_rows(cls, rows: list[Mapping[str, Any]], path: str | Path = "metrics") -> "ExactSeries":
+    """From metrics rows (read from ``path``); only the rows with exact measures count, and one of
+    them missing a field raises `ArtifactError` naming ``path``, the step and the field."""
+    rows = [r for r in rows if "exact/kl_mc" in r]
+    for r in rows:
+      for f in SERIES_FIELDS:
+        if f"exact/{f}" not in r:
+          raise artifacts.ArtifactError(f"{path}: step {r.get('step')} lacks field 'exact/{f}'")
+    return cls(step=np.asarray([r["step"] for r in rows], np.int64),
+               **{f: np.asarray([r[f"exact/{f}"] for r in rows], np.float64)
+                  for f in SERIES_FIELDS})
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage3Run:
+  """A Stage 3 run: what `run_stage3` returns, persisted as ``<workdir>/stage3_summary.json``.
+
+  Attributes:
+    workdir: the run directory (owns checkpoints/, metrics.jsonl, final/).
+    steps_run: RL steps run by the call that wrote the summary.
+    start_step: the step it resumed from (0 for a fresh run).
+    final: the last step's metrics of that call (None when it ran no step).
+    export: the exported policy (``<workdir>/final``), None when not exported (or preempted).
+    export_checkpoint: the checkpoint the export holds, and why (`checkpoint.selection.Choice`).
+    preempted: the step a SIGTERM / SIGUSR1 stopped the run at, else None.
+    selection: the validation scores the export's choice reads (`checkpoint.selection`).
+    stop_token_ids: the rollouts' stop ids.
+  """
+  workdir: Path
+  steps_run: int
+  start_step: int
+  final: Mapping[str, float] | None
+  export: Path | None
+  export_checkpoint: selection.Choice | None
+  preempted: int | None
+  selection: selection.Selection
+  stop_token_ids: tuple[int, ...]
+
+  FILE = "stage3_summary.json"
+
+  @property
+  def metrics_path(self) -> Path:
+    return self.workdir / "metrics.jsonl"
+
+  def checkpoint_steps(self) -> list[int]:
+    """The finished checkpoint steps under ``<workdir>/checkpoints``, ascending."""
+    return selection.finished_steps(self.workdir)
+
+  def metrics(self) -> list[dict[str, float]]:
+    """Every step's metrics row (metrics.jsonl), in order."""
+    return artifacts.read_jsonl(self.metrics_path, "the Stage 3 metrics")
+
+  def exact_series(self) -> ExactSeries:
+    """The run's exact measures (empty when it logged none)."""
+    return ExactSeries.from_rows(self.metrics(), self.metrics_path)
+
+  def to_json(self) -> dict[str, Any]:
+    return {"workdir": str(self.workdir), "steps_run": self.steps_run,
+            "start_step": self.start_step, "final": None if self.final is None else dict(self.final),
+            "export": None if self.export is None else str(self.export),
+            "preempted": self.preempted, "selection": self.selection.to_json(),
+            "export_checkpoint": (None if self.export_checkpoint is None
+                                  else self.export_checkpoint.to_dict()),
+            "stop_token_ids": list(self.stop_token_ids)}
+
+  def save(self) -> None:
+    """``stage3_summary.json`` in the run directory (main process only)."""
+    if distributed.is_main_process():
+      (self.workdir / self.FILE).write_text(json.dumps(self.to_json(), indent=1, default=str))
+
+  @classmethod
+  def load(cls, workdir: str | Path) -> "Stage3Run":
+    """The run whose summary ``<workdir>/stage3_summary.json`` holds."""
+    path = Path(workdir) / cls.FILE
+    obj = artifacts.read_json(path, "the Stage 3 run")
+    opt_int = lambda name: artifacts.field(obj, name, path, (int, type(None)))
+    export = artifacts.field(obj, "export", path, (str, type(None)))
+    sel = artifacts.field(obj, "selection", path, dict)
+    choice = artifacts.field(obj, "export_checkpoint", path, (dict, type(None)))
+    try:
+      sel = selection.Selection.from_json(sel)
+      choice = None if choice is None else selection.Choice(**choice)
+    except (KeyError, TypeError, ValueError) as e:
+      raise artifacts.ArtifactError(f"{path}: field 'selection' or 'export_checkpoint' is "
+                                    f"malformed ({e!r})") from None
+    return cls(workdir=Path(workdir), steps_run=artifacts.field(obj, "steps_run", path, int),
+               start_step=artifacts.field(obj, "start_step", path, int),
+               final=artifacts.field(obj, "final", path, (dict, type(None))),
+               export=None if export is None else Path(export),
+               export_checkpoint=choice, preempted=opt_int("preempted"),
+               selection=sel,
+               stop_token_ids=tuple(artifacts.field(obj, "stop_token_ids", path, list)))
+
+
+def run_stage3(cfg: Stage3Config) -> Stage3Run:
+  """Trains (or resumes) the run; returns it (`Stage3Run`: final metrics, export path and
+  checkpoint, ``preempted``: the step a SIGTERM / SIGUSR1 stopped it at, else None).
 
   Raises:
     OutputLockedError: another run holds ``workdir``.
@@ -303,7 +424,7 @@ def run_stage3(cfg: Stage3Config) -> dict[str, Any]:
       lock.release()
 
 
-def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
+def _run_stage3(cfg: Stage3Config) -> Stage3Run:
   """`run_stage3` once the run directory is locked and its identity checked."""
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
 
@@ -349,15 +470,15 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
   finally:
     if engine is not None:
       engine.close()
-  summary = {"workdir": str(workdir), "steps_run": len(history), "start_step": trainer.start_step,
-             "final": history[-1] if history else None, "export": None,
-             "preempted": trainer.preempted_at, "selection": trainer.selection.to_json(),
-             "export_checkpoint": None, "stop_token_ids": list(stop)}
+  run = Stage3Run(workdir=workdir, steps_run=len(history), start_step=trainer.start_step,
+                  final=history[-1] if history else None, export=None, export_checkpoint=None,
+                  preempted=trainer.preempted_at, selection=trainer.selection,
+                  stop_token_ids=tuple(int(t) for t in stop))
   if trainer.preempted_at is not None:
     print(f"stage3: preempted ({preemption.requested() or 'signal on another process'}); "
           f"checkpoint {trainer.preempted_at} saved, rerun the command to resume", flush=True)
-    _write_summary(workdir, summary)
-    return summary
+    run.save()
+    return run
   final = workdir / "final"
   if cfg.export and distributed.is_main_process():
     if not (final / "export_info.json").exists():
@@ -365,8 +486,8 @@ def _run_stage3(cfg: Stage3Config) -> dict[str, Any]:
       print(f"stage3: exporting checkpoint {choice.step}: {choice.reason}", flush=True)
       export.export_policy(workdir, final, step=choice.step, dtype=cfg.export_dtype,
                            overwrite_partial=True, choice=choice)
-    summary["export"] = str(final)
-    summary["export_checkpoint"] = json.loads((final / "export_info.json").read_text()).get(
-        "checkpoint")
-  _write_summary(workdir, summary)
-  return summary
+    choice = json.loads((final / "export_info.json").read_text()).get("checkpoint")
+    run = dataclasses.replace(run, export=final, export_checkpoint=(
+        None if choice is None else selection.Choice(**choice)))
+  run.save()
+  return run

@@ -124,7 +124,7 @@ def test_evaluation_through_the_served_model(served, tmp_path):
   c = eval_config(served.model_path, {"math500": files["math500"]}, tmp_path / "eval", "openai")
   c.engine.openai = ConfigDict({"base_url": served.url, "model": SERVED_NAME})
   summary = run_evaluation(EvalConfig.from_config(c))
-  assert set(summary["benchmarks"]) == {"math500"} and summary["stop_token_ids"] == {"math500": [2]}
+  assert set(summary.benchmarks) == {"math500"} and summary.benchmarks["math500"].stop_token_ids == [2]
   rows = (tmp_path / "eval" / "math500_responses.jsonl").read_text().splitlines()
   assert len(rows) == 2 and all(len(json.loads(r)["responses"]) == 2 for r in rows)
 
@@ -170,7 +170,7 @@ def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
   # its generation config names a second eos, as Qwen instruct checkpoints do).
   stop_case.write_tokenizer_dir(str(tmp_path / "proposal"), [2, 3])
   full_cfg = _stage1(tmp_path, served, "full")
-  assert run_stage1(full_cfg)["stop_token_ids"] == [2, 3]
+  assert run_stage1(full_cfg).stop_token_ids == (2, 3)
 
   # Stage 1 again; the server crashes (SIGKILL to its group) before the second batch.
   calls = []
@@ -202,8 +202,8 @@ def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
   assert judge.num_requests > 2 + len(rest)  # connection-refused attempts were retried
   served.wait_ready()
   resumed = run_stage1(cfg)
-  assert resumed["run"]["prompts_skipped"] == 2 and resumed["run"]["prompts_done"] == 4
-  assert resumed["stop_token_ids"] == [2, 3]
+  assert resumed.run["prompts_skipped"] == 2 and resumed.run["prompts_done"] == 4
+  assert resumed.stop_token_ids == (2, 3)
   _check_same_stage1(full_cfg, cfg, stops=(2, 3))
 
   # A second judge run reads the cache: the same scores and no HTTP request, with no server there.

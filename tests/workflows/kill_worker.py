@@ -120,17 +120,17 @@ def main():
     from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # pylint: disable=g-import-not-at-top
     if point != "none":
       _stage1_hooks(point)
-    summary = run_stage1(Stage1Config.from_config(config))
+    summary = run_stage1(Stage1Config.from_config(config)).to_json()
   elif stage == "stage2":
     from disa_jax.workflows.stage2 import Stage2Config, run_stage2  # pylint: disable=g-import-not-at-top
     if point != "none":
       _stage2_hooks(point)
-    summary = run_stage2(Stage2Config.from_config(config))
+    summary = run_stage2(Stage2Config.from_config(config)).to_json()
   elif stage in ("stage3", "eval") and point == "none":
     from disa_jax.workflows.evaluation import EvalConfig, run_evaluation  # pylint: disable=g-import-not-at-top
     from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # pylint: disable=g-import-not-at-top
     summary = (run_stage3(Stage3Config.from_config(config)) if stage == "stage3"
-               else run_evaluation(EvalConfig.from_config(config)))
+               else run_evaluation(EvalConfig.from_config(config))).to_json()
   else:
     raise SystemExit(f"unknown stage {stage!r} or point {point!r}")
   print("SUMMARY " + json.dumps({k: summary[k] for k in ("run", "resumed") if k in summary}))

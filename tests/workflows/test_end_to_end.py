@@ -23,9 +23,9 @@ from disa_jax.data import loaders, templates
 from disa_jax.estimators import load_stage1
 from disa_jax.anchor.labels import anchor_targets
 from disa_jax.workflows.stage3 import Stage3Config
-from disa_jax.workflows.evaluation import EvalConfig, run_evaluation
-from disa_jax.workflows.stage1 import Stage1Config, run_stage1
-from disa_jax.workflows.stage2 import Stage2Config, run_stage2
+from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
+from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
+from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from tests.workflows import toy_reward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -110,17 +110,18 @@ def check_stage1(cfg: Stage1Config, files, summary, n_prompts):
     lp = np.asarray(scoring.token_logprobs_naive(ref, ids, jnp.ones_like(ids)))[0, len(p_ids):]
     assert row["samples"][0]["logp_ref"] == pytest.approx(float(lp.sum()), abs=2e-4)
   no_reward = np.mean([all(s["reward"] <= 0 for s in r["samples"]) for r in data.records])
-  assert summary["share_no_reward"] == pytest.approx(no_reward)
-  assert summary["prompts"] == n_prompts and summary["samples"] == n_prompts * N
-  ess = [summary["ess"][q] for q in ("q00", "q25", "q50", "q75", "q100")]
+  d = summary.diagnostics
+  assert d.share_no_reward == pytest.approx(no_reward)
+  assert d.prompts == n_prompts and d.samples == n_prompts * N
+  ess = [d.ess[q] for q in ("q00", "q25", "q50", "q75", "q100")]
   assert ess == sorted(ess) and 1.0 - 1e-6 <= ess[0] and ess[-1] <= N + 1e-6
-  assert summary["cv2"]["q00"] >= 0
+  assert d.cv2["q00"] >= 0
   return data
 
 
-def check_stage2(cfg: Stage2Config, files, summary, stage1_data):
-  assert summary["prompts_fitted"] == len(stage1_data.prompt_ids) and not summary["resumed"]
-  assert summary["fit"]["n_val"] == 2 and len(summary["history"]["val_mse"]) == 6
+def check_stage2(cfg: Stage2Config, files, summary: AnchorArtifact, stage1_data):
+  assert summary.prompts_fitted == len(stage1_data.prompt_ids) and not summary.resumed
+  assert summary.fit.n_val == 2 and len(summary.history["val_mse"]) == 6
   png = os.path.join(cfg.output_dir, "validation_curve.png")
   with open(png, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -146,15 +147,15 @@ def check_stage2(cfg: Stage2Config, files, summary, stage1_data):
   # The anchor saved is the one fitted on Stage 1's labels: its train / held-out errors against
   # the labels recomputed here are the summary's.
   labels, _ = anchor_targets(stage1_data)
-  assert summary["label_stats"]["mean"] == pytest.approx(labels.mean(), rel=1e-9)
+  assert summary.label_stats["mean"] == pytest.approx(labels.mean(), rel=1e-9)
   pred = np.asarray(anchor(emb))
   ids = stage1_data.prompt_ids
-  val = np.asarray([ids.index(p) for p in summary["val_prompt_ids"]])
+  val = np.asarray([ids.index(p) for p in summary.val_prompt_ids])
   train = np.setdiff1d(np.arange(len(ids)), val)
   assert np.sqrt(np.mean((pred[train] - labels[train]) ** 2)) == pytest.approx(
-      summary["sigma_g_train"], rel=1e-5)
+      summary.sigma_g_train, rel=1e-5)
   assert np.sqrt(np.mean((pred[val] - labels[val]) ** 2)) == pytest.approx(
-      summary["sigma_g_val"], rel=1e-5)
+      summary.sigma_g_val, rel=1e-5)
 
 
 def check_eval(out_dir, summary):
@@ -173,8 +174,8 @@ def check_eval(out_dir, summary):
   for row in rows:  # the stored correctness is the math verifier's
     got = rewards.get_reward_fn("math")(row["responses"], [{"ground_truth": gts[row["prompt_id"]]}] * 2)
     assert (got.reward > 0.5).astype(int).tolist() == row["correct"]
-  assert set(summary["tables"]) == {"mean@2", "pass@1", "pass@3"}
-  assert summary["tables"]["mean@2"]["math500"] == m["metrics"]["mean@2"]
+  assert set(summary.tables) == {"mean@2", "pass@1", "pass@3"}
+  assert summary.tables["mean@2"]["math500"] == m["metrics"]["mean@2"]
   md = (out_dir / "summary.md").read_text()
   assert "## mean@2" in md and "## pass@3" in md
 
@@ -207,24 +208,27 @@ def jax_pipeline(checkpoints, tmp_path_factory):
 @pytest.mark.slow
 def test_jax_engine_pipeline(jax_pipeline, checkpoints, prompt_files, tmp_path):
   p = jax_pipeline
-  assert p["s1_first"]["run"]["prompts_done"] == 4
-  assert p["s1"]["run"]["prompts_done"] == 2 and p["s1"]["run"]["prompts_skipped"] == 4
+  assert p["s1_first"].run["prompts_done"] == 4
+  assert p["s1"].run["prompts_done"] == 2 and p["s1"].run["prompts_skipped"] == 4
   assert p["cfg1"].dataset_path().read_text().startswith(p["s1_lines4"])  # resumed, not rewritten
-  assert p["s1"]["run"]["samples"] == 2 * N and p["s1"]["run"]["samples_per_s"] > 0
-  assert p["s1"]["run"]["generated_tokens"] > 0 and p["s1"]["run"]["tokens_per_s"] > 0
-  again = p["s1_again"]["run"]
+  assert p["s1"].run["samples"] == 2 * N and p["s1"].run["samples_per_s"] > 0
+  assert p["s1"].run["generated_tokens"] > 0 and p["s1"].run["tokens_per_s"] > 0
+  assert Stage1Result.load(p["cfg1"].output_dir) == p["s1_again"]
+  again = p["s1_again"].run
   assert again["prompts_done"] == 0 and "startup_s" not in again  # no engine was started
   data = check_stage1(p["cfg1"], p["files"], p["s1"], 6)
   check_stage2(p["cfg2"], p["files"], p["s2"], data)
-  assert p["s2_again"]["resumed"] and p["s2_again"]["fit"] == p["s2"]["fit"]
+  assert p["s2_again"].resumed and p["s2_again"].fit == p["s2"].fit
+  assert AnchorArtifact.load(p["cfg2"].output_dir) == p["s2"]
 
   cfg = EvalConfig.from_config(eval_config(checkpoints["proposal"], prompt_files, tmp_path / "ev", "jax"))
   summary = run_evaluation(cfg)
-  assert summary["evaluated_now"] == ["humanevalplus", "math500"]
+  assert summary.evaluated_now == ("humanevalplus", "math500")
   check_eval(tmp_path / "ev", summary)
   before = (tmp_path / "ev" / "math500.json").read_text()
   again = run_evaluation(cfg)
-  assert again["evaluated_now"] == [] and again["tables"] == summary["tables"]
+  assert again.evaluated_now == () and again.tables == summary.tables
+  assert again.benchmarks == summary.benchmarks and again == EvalResult.load(tmp_path / "ev")
   assert (tmp_path / "ev" / "math500.json").read_text() == before
 
 
@@ -266,7 +270,7 @@ def test_stage3_disa_trains_on_the_stage2_anchor(jax_pipeline, checkpoints, tmp_
   c.run_dir, c.math_k, c.export_dtype = str(workdir), 2, "float32"  # float32: the step's change shows
   summary = run_evaluation(EvalConfig.from_config(c))
   exported = tmp_path / "ev" / "policy_step1"
-  assert summary["model_path"] == str(exported) and set(summary["benchmarks"]) == {"math500"}
+  assert summary.model_path == str(exported) and set(summary.benchmarks) == {"math500"}
   before = models.to_hf_state_dict(models.from_pretrained(checkpoints["reference"]))
   after = models.to_hf_state_dict(models.from_pretrained(str(exported)))
   assert before.keys() == after.keys()
@@ -313,13 +317,13 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
                  "reward_plugins": "('tests.workflows.toy_reward',)"})
     out = _run_cli("stage1.py", os.path.join(ROOT, "configs", "stage1_paper.py") + ":qwen3-4b-base,math",
                    over)
-    return Stage1Config.from_config(c), json.loads((s1_dir / "stage1_summary.json").read_text()), out
+    return Stage1Config.from_config(c), Stage1Result.load(s1_dir), out
 
   cfg1, first, _ = stage1(3)
-  assert first["run"]["prompts_done"] == 3
+  assert first.run["prompts_done"] == 3
   cfg1, summary, _ = stage1(6)
-  assert summary["run"]["prompts_done"] == 3 and summary["run"]["prompts_skipped"] == 3
-  assert summary["proposal_logprobs"] == "raw"
+  assert summary.run["prompts_done"] == 3 and summary.run["prompts_skipped"] == 3
+  assert summary.diagnostics.proposal_logprobs == "raw"
   data = check_stage1(cfg1, prompt_files, summary, 6)
   assert data.proposal_logprobs == "raw"
 
@@ -330,7 +334,7 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
   for _ in range(2):
     _run_cli("stage2.py", os.path.join(ROOT, "configs", "stage2_paper.py") + ":qwen3-4b-base,math",
              over2)
-  s2 = json.loads((s2_dir / "stage2_summary.json").read_text())
+  s2 = AnchorArtifact.load(s2_dir)
   check_stage2(Stage2Config.from_config(c2), prompt_files, s2, data)
 
   ce = eval_config(checkpoints["proposal"], prompt_files, ev_dir, "vllm")
@@ -341,7 +345,6 @@ def test_vllm_commands_end_to_end(checkpoints, prompt_files, tmp_path):
                  "local_diversity", "diversity_k", "max_prompt_len"))})
   over_e.update({"engine.vllm_kwargs.max_model_len": 512, "engine.vllm_kwargs.max_num_seqs": 32})
   _run_cli("evaluate.py", os.path.join(ROOT, "configs", "eval_paper.py") + ":all", over_e)
-  summary_e = json.loads((ev_dir / "summary.json").read_text())
-  check_eval(ev_dir, summary_e)
+  check_eval(ev_dir, EvalResult.load(ev_dir))
   _run_cli("evaluate.py", os.path.join(ROOT, "configs", "eval_paper.py") + ":all", over_e)
   assert json.loads((ev_dir / "summary.json").read_text())["evaluated_now"] == []

@@ -10,7 +10,7 @@ import pytest
 from configs import nstudy_paper
 from disa_jax.estimators import load_stage1
 from disa_jax.estimators import nstudy as nstudy_lib
-from disa_jax.workflows.nstudy import NStudyConfig, run_nstudy
+from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
 from tests.workflows.conftest import write_dapo_parquet
 from tests.workflows.test_end_to_end import stage1_config
 
@@ -44,20 +44,21 @@ def test_nstudy_subset_pool_statistics_and_resume(checkpoints, tmp_path):
   # The pool: Stage 1 on exactly the subset, POOL samples per prompt.
   data = load_stage1(cfg.pool_config().dataset_path(), "jsonl")
   assert sorted(data.prompt_ids) == sorted(subset["prompt_ids"])
-  assert data.mask.shape == (SUBSET, POOL) and first["stage1"]["run"]["prompts_done"] == SUBSET
+  assert data.mask.shape == (SUBSET, POOL) and first.stage1.run["prompts_done"] == SUBSET
   # The statistics equal the estimator library's on the same pool and seed.
   ref = nstudy_lib.n_study(jax.random.key(cfg.seed + 1), data.log_weights(),
                            data.mask, ms=cfg.ms, repeats=cfg.repeats).summary()
-  assert first["per_m"] == ref
-  assert [r["M"] for r in first["per_m"]] == [2, 4, 8]
-  v = {r["M"]: r["variance_mean"] for r in first["per_m"]}
-  assert first["variance_reduction_2_to_8"] == pytest.approx(1 - v[8] / v[2])
+  assert list(first.per_m) == ref and first.k == subset["k"]
+  assert [r["M"] for r in first.per_m] == [2, 4, 8]
+  v = {r["M"]: r["variance_mean"] for r in first.per_m}
+  assert first.variance_reduction_2_to_8 == pytest.approx(1 - v[8] / v[2])
   assert v[8] < v[2]  # more samples, less variance (a pool of 8: M = 8 is the pool itself)
   assert v[8] == pytest.approx(0.0, abs=1e-10)
   assert (tmp_path / "ns" / "nstudy.png").stat().st_size > 0
   # A rerun resumes: no new Stage 1 work, the same statistics.
   again = run_nstudy(cfg)
-  assert again["stage1"]["run"]["prompts_done"] == 0 and again["per_m"] == first["per_m"]
+  assert again.stage1.run["prompts_done"] == 0 and again.per_m == first.per_m
+  assert NStudyResult.load(tmp_path / "ns") == again
   # A rerun on different inputs never serves the old results: it stops, naming the field.
   with pytest.raises(ValueError, match="subset_size"):
     run_nstudy(_config(checkpoints, files, tmp_path / "ns", subset_size=5))

@@ -140,12 +140,12 @@ def test_stage1_sigusr1_stops_after_the_batch_in_flight_and_resumes(checkpoints,
   cfg = Stage1Config.from_config(kr._stage1_config_dict(  # pylint: disable=protected-access
       checkpoints, prompts, tmp_path / "run", "jsonl"))
   first = run_stage1(cfg)
-  assert first["preempted"] is True and first["run"]["prompts_done"] == 2, first
+  assert first.preempted and first.run["prompts_done"] == 2, first
   written = kr._records(cfg)  # pylint: disable=protected-access
   assert len(written) == 2 and not (tmp_path / "run" / "stage1_summary.json").exists()
   monkeypatch.setattr(dataset.Stage1Writer, "write", write)
   second = run_stage1(cfg)
-  assert "preempted" not in second and second["run"]["prompts_skipped"] == 2
-  assert second["run"]["prompts_done"] == kr.N_PROMPTS - 2
+  assert not second.preempted and second.run["prompts_skipped"] == 2
+  assert second.run["prompts_done"] == kr.N_PROMPTS - 2
   records = kr._records(cfg)  # pylint: disable=protected-access
   assert len(records) == kr.N_PROMPTS and all(records[p] == r for p, r in written.items())

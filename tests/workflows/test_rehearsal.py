@@ -76,8 +76,8 @@ def _evaluate(export, prompt_files, out_dir):
   cfg = EvalConfig.from_config(eval_config(str(export), prompt_files, out_dir, "jax"))
   preflight(cfg)
   summary = run_evaluation(cfg)
-  assert summary["evaluated_now"] == ["humanevalplus", "math500"]
-  assert set(summary["tables"]) == {"mean@2", "pass@1", "pass@3"}
+  assert summary.evaluated_now == ("humanevalplus", "math500")
+  assert set(summary.tables) == {"mean@2", "pass@1", "pass@3"}
 
 
 @pytest.mark.slow
@@ -91,10 +91,10 @@ def test_paper_configs_stage1_to_evaluation_on_fsdp6(stages_1_2, checkpoints, pr
   assert notes == ["train.rollout.micro_batch_rows=8 -> 12 rows per micro-batch on mesh "
                    "{'data': 1, 'fsdp': 6, 'tensor': 1} (data x fsdp = 6)"]
   summary = run_stage3(cfg)
-  assert summary["export"] == str(tmp_path / "run" / "final")
+  assert summary.export == tmp_path / "run" / "final"
   rows = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1]
-  _evaluate(summary["export"], prompt_files, tmp_path / "ev")
+  _evaluate(summary.export, prompt_files, tmp_path / "ev")
   print(f"rehearsal on fsdp=6: Stage 1 + 2 {seconds_1_2:.0f} s, Stage 3 + evaluation "
         f"{time.monotonic() - start:.0f} s")
 

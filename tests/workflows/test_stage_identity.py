@@ -70,7 +70,7 @@ def test_stage2_does_not_serve_a_stored_anchor_fitted_on_other_inputs(checkpoint
                "reward": float(j % 2), "num_tokens": 2} for j in range(3)] for i in range(6)]
   path, _ = write_stage1_run(tmp_path, checkpoints["reference"], samples)
   first = run_stage2(_stage2_config(checkpoints, tmp_path, path))
-  assert run_stage2(_stage2_config(checkpoints, tmp_path, path))["resumed"]
+  assert run_stage2(_stage2_config(checkpoints, tmp_path, path)).resumed
   with pytest.raises(IdentityMismatchError) as e:
     run_stage2(_stage2_config(checkpoints, tmp_path, path, weighting="inverse_variance",
                               samples=2))
@@ -85,7 +85,7 @@ def test_stage2_does_not_serve_a_stored_anchor_fitted_on_other_inputs(checkpoint
   lines = open(path).read().splitlines(keepends=True)
   open(path, "w").write("".join(lines[:-1]))
   again = run_stage2(_stage2_config(checkpoints, tmp_path, path, labels="jensen", overwrite=True))
-  assert not again["resumed"] and again["labels"] == "jensen" and first["labels"] == "plain"
+  assert not again.resumed and again.labels == "jensen" and first.labels == "plain"
 
 
 def test_stage3_and_sft_refuse_a_changed_checkpoint_before_any_work(tmp_path):
@@ -145,8 +145,8 @@ def test_evaluation_does_not_report_another_models_numbers(checkpoints, prompt_f
   c.math_k, c.max_tokens = 2, 3
   cfg = EvalConfig.from_config(c)
   first = run_evaluation(cfg, engine=_WeightEcho())
-  assert first["evaluated_now"] == ["math500"]
-  assert run_evaluation(cfg, engine=_WeightEcho())["evaluated_now"] == []  # the same model: reused
+  assert first.evaluated_now == ("math500",)
+  assert run_evaluation(cfg, engine=_WeightEcho()).evaluated_now == ()  # the same model: reused
   responses = (tmp_path / "ev" / "math500_responses.jsonl").read_text()
   # Training moved on: the same path now holds other weights (as run_step=-1 picks a newer step).
   shutil.copy(f"{checkpoints['reference']}/model.safetensors", model / "model.safetensors")
@@ -156,5 +156,5 @@ def test_evaluation_does_not_report_another_models_numbers(checkpoints, prompt_f
   with pytest.raises(IdentityMismatchError, match="temperature"):
     run_evaluation(dataclasses.replace(cfg, temperature=1.0), engine=_WeightEcho())
   again = run_evaluation(dataclasses.replace(cfg, overwrite=True), engine=_WeightEcho())
-  assert again["evaluated_now"] == ["math500"]
+  assert again.evaluated_now == ("math500",)
   assert (tmp_path / "ev" / "math500_responses.jsonl").read_text() != responses  # the new model's

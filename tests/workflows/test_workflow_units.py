@@ -6,7 +6,7 @@ import pytest
 from configs import eval_paper, stage1_paper, stage2_paper, stage3_paper
 from disa_jax import testing
 from disa_jax.estimators import RewardTransform, build_records
-from disa_jax.estimators.dataset import Stage1Data
+from disa_jax.estimators.dataset import STAT_FIELDS, Stage1Data, Stage1Stats
 from disa_jax.rollout.types import Completion, SamplingParams
 from disa_jax import config as config_lib
 from disa_jax.workflows import prompting
@@ -131,9 +131,8 @@ def test_stage1_summary_counts_prompts_without_reward_and_quantiles():
                     logp_ref=np.array([[s["logp_ref"] for s in r] for r in samples]),
                     logp_proposal=np.full((3, 4), -2.0), reward=np.array(rewards, float),
                     num_tokens=np.full((3, 4), 2), mask=mask,
-                    stats={k: np.array([r[k] for r in recs]) for k in ("log_z_is", "log_z_gm", "ess",
-                                                                        "cv2", "max_weight_share")}
-                    | {"n_valid": np.full(3, 4)},
+                    stats=Stage1Stats(**{k: np.array([r[k] for r in recs]) for k in STAT_FIELDS},
+                                      n_valid=np.full(3, 4)),
                     beta=15.0, reward_transform=rt, label_scale="sum", proposal_logprobs="processed",
                     records=recs)
   s = stage1_summary(data, {"samples": 12, "seconds": 2.0})
@@ -185,5 +184,5 @@ def test_stage2_stops_on_nonfinite_labels_or_drops_and_lists_them(checkpoints, t
     run_stage2(Stage2Config.from_config(c))
   c.drop_nonfinite = True
   s = run_stage2(Stage2Config.from_config(c))
-  assert s["dropped_nonfinite"] == [ids[4]] and s["prompts_fitted"] == 5 and s["prompts"] == 6
-  assert s["label_scale"] == "mean" and s["sigma_g_val"] is None
+  assert s.dropped_nonfinite == (ids[4],) and s.prompts_fitted == 5 and s.prompts == 6
+  assert s.label_scale == "mean" and s.sigma_g_val is None
