@@ -43,7 +43,7 @@ def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
 
 
 def optimizer_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-  """`train_step.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
+  """`disa_jax.optim.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
   policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it,
   `objectives.ObjectiveState.clip_with_policy`)."""
   oc = cfg.optim
