@@ -25,7 +25,7 @@ from typing import Any, Mapping, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["check_attention_chunk", "from_mapping", "to_dict"]
+__all__ = ["check_attention_chunk", "from_mapping", "qualify", "to_dict"]
 
 
 def check_attention_chunk(value: Any, field: str = "attention_chunk") -> None:
@@ -123,11 +123,12 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | Any, where: str = "conf
   try:
     return cls(**kwargs)
   except (TypeError, ValueError) as e:
-    raise ValueError(_qualify(str(e), where)) from None
+    raise ValueError(qualify(str(e), where)) from None
 
 
-def _qualify(msg: str, where: str) -> str:
-  """Prefixes a validation message with the dotted path of the section that raised it."""
+def qualify(msg: str, where: str) -> str:
+  """Prefixes a validation message with the dotted path ``where`` of the section that raised it
+  (`from_mapping`, and a config derived from a converted one with ``dataclasses.replace``)."""
   if msg.startswith(where):
     return msg
   parent, _, last = where.rpartition(".")

@@ -39,6 +39,8 @@ from typing import Sequence
 import flax.struct
 import numpy as np
 
+from disa_jax.parallel.mesh import rows_for_mesh
+
 
 @flax.struct.dataclass
 class PackedRows:
@@ -172,6 +174,32 @@ class PackedBatch:
       out.append((int(self.seq_index[s]),
                   token_values[self.seq_row[s], start:start + self.response_len[s]]))
     return out
+
+
+def round_up(n: int, to: int) -> int:
+  """``n`` rounded up to a multiple of ``to`` (a length bucket)."""
+  return -(-int(n) // to) * to
+
+
+def micro_batch_layout(rows: int, *, packing: bool = True, row_len: int = 0, shards: int = 1,
+                       seqs_per_row: int = 16, pad_to: int = 16, share_prompts: bool = False
+                       ) -> PackingLayout:
+  """The one layout builder of the trainers (Stage 3, LoRA-SFT, the warm-up) and the scorers.
+
+  Args:
+    rows: rows per micro-batch, rounded up to a multiple of ``shards`` (the mesh's data x fsdp
+      batch shards, `disa_jax.parallel.rows_for_mesh`: every device gets whole rows).
+    packing: several sequences per row (first-fit-decreasing) or one per row.
+    row_len: L. Packing: required. Without: 0 = each micro-batch padded to its own longest sequence
+      rounded up to ``pad_to``; > 0 = fixed.
+    seqs_per_row, share_prompts: packing only (`PackingLayout`).
+    pad_to: the length bucket of ``row_len=0`` without packing.
+  """
+  rows = rows_for_mesh(rows, shards)
+  if packing:
+    return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row,
+                         share_prompts=share_prompts)
+  return PackingLayout(packing=False, row_len=row_len, rows=rows, pad_to=pad_to)
 
 
 def sequence_lengths(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]

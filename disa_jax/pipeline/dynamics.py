@@ -41,7 +41,7 @@ def exact_series(metrics_path: str | Path) -> ExactSeries:
 def lr_decay_step(total_steps: int, num_minibatches: int, decay_frac: float) -> int | None:
   """The first RL step (0-based) with an optimizer update at the decayed learning rate.
 
-  `disa_jax.rl.train_step.lr_schedule` decays the last ``decay_frac`` of the run's
+  `disa_jax.optim.lr_schedule` decays the last ``decay_frac`` of the run's
   ``total_steps x num_minibatches`` updates; None for a constant rate (``decay_frac = 0``).
   """
   if decay_frac <= 0:

@@ -328,7 +328,7 @@ def _regime(job, dyn: dict) -> dict[str, Any]:
   """Whether every method reached its end state, per method, and what the preset promises."""
   per = {m: _at_end(dyn, m)[1] for m in job.cfg.methods}
   done = all(_at_end(dyn, m)[0] for m in job.cfg.methods)
-  return {"preset": job.cfg.preset, "steps": job.cfg.train["total_steps"], "all_at_end_state": done,
+  return {"preset": job.cfg.preset, "steps": job.cfg.train.total_steps, "all_at_end_state": done,
           "per_method": per}
 
 
@@ -495,7 +495,7 @@ def write_report(job, inputs: ReportInputs) -> dict:
   study = json.loads(study_path.read_text()) if study_path.exists() else None
   nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   report = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
-                       "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train["total_steps"],
+                       "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train.total_steps,
                        "preset": job.cfg.preset},
             "regime": regime, "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals, "runs": runs,
@@ -505,7 +505,7 @@ def write_report(job, inputs: ReportInputs) -> dict:
             "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   md = [f"# DISA main job: sum task, n in [{job.task.n_min}, {job.task.n_max}], beta = {job.cfg.beta}", "",
-        f"Preset {job.cfg.preset!r}, {job.cfg.train['total_steps']} Stage 3 steps per run. Engine: "
+        f"Preset {job.cfg.preset!r}, {job.cfg.train.total_steps} Stage 3 steps per run. Engine: "
         f"{job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = "
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
         *_methods_md(job, evals, regime, skipped), *_matched_md(dyn), *_claims_md(report),

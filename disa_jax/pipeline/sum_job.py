@@ -23,6 +23,7 @@ import dataclasses
 import json
 import multiprocessing
 import time
+import typing
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from disa_jax.data.records import PromptRecord
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.conditional import conditional_kl
-from disa_jax.eval.exact import ExactTarget
+from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
@@ -47,19 +48,31 @@ from disa_jax.pipeline.heldout import HeldoutConfig, split_values
 from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rewards.sum_task import SumTask, correct_set, task_tokenizer
-from disa_jax.rl.config import ReplayConfig
+from disa_jax.rl.config import ReplayConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
 from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.sft.baseline import LoRASFTConfig
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
 from disa_jax.workflows.sft import SftConfig, SftRun, run_sft
 from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
 from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
-from disa_jax.workflows.stage3 import Stage3Config, Stage3Run, run_stage3
+from disa_jax.workflows.stage3 import (BackboneConfig, DataConfig, Stage3Config, Stage3Run,
+                                      run_stage3)
 
 ANCHORS = ("fitted", "exact", "exact+noise")
+# The value of every path field in `MainConfig`'s workflow sections: `SumJob` sets the real paths
+# (under its workdir) when it derives each stage's config.
+JOB_PATH = "<set by SumJob>"
+_JOB_PATHS = {
+    "stage1": dict(prompts_path=JOB_PATH, reference_path=JOB_PATH, proposal_path=JOB_PATH,
+                   output_dir=JOB_PATH),
+    "stage2": dict(stage1_path=JOB_PATH, reference_path=JOB_PATH, anchor_path=JOB_PATH,
+                   output_dir=JOB_PATH),
+    "eval": dict(output_dir=JOB_PATH, model_path=JOB_PATH, benchmarks={"task": JOB_PATH}),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +172,13 @@ class TrackConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MainConfig:
-  """`configs/main.py`, typed. ``stage1`` / ``stage2`` / ``train`` / ``sft`` / ``eval`` are the
-  workflows' own sections; `SumJob` completes them with paths and converts them (validated)."""
+  """`configs/main.py`, typed: converted once (`from_config`) and validated once.
+
+  ``stage1`` / ``stage2`` / ``eval`` are the workflows' own configs, ``train`` Stage 3's
+  `TrainConfig` (its ``objective`` is replaced by each run's) and ``sft`` run_sft's
+  `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
+  them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
+  """
   preset: str = "default"
   seed: int = 0
   beta: float = 15.0
@@ -184,11 +202,11 @@ class MainConfig:
   n_study_repeats: int = 64
   anchor_study: AnchorStudyConfig = AnchorStudyConfig()
   nstudy: NStudyRunSpec = NStudyRunSpec()
-  stage1: dict = dataclasses.field(default_factory=dict)
-  stage2: dict = dataclasses.field(default_factory=dict)
-  train: dict = dataclasses.field(default_factory=dict)
-  sft: dict = dataclasses.field(default_factory=dict)
-  eval: dict = dataclasses.field(default_factory=dict)
+  stage1: Stage1Config = Stage1Config(**_JOB_PATHS["stage1"])
+  stage2: Stage2Config = Stage2Config(**_JOB_PATHS["stage2"])
+  train: TrainConfig = TrainConfig()
+  sft: LoRASFTConfig = LoRASFTConfig()
+  eval: EvalConfig = EvalConfig(**_JOB_PATHS["eval"])
 
   def __post_init__(self):
     if not self.beta > 0:
@@ -224,7 +242,24 @@ class MainConfig:
 
   @classmethod
   def from_config(cls, config: Any) -> "MainConfig":
-    return config_lib.from_mapping(cls, config)
+    """From `configs/main.py`'s ConfigDict (or a dict): its sections hold no paths, so the
+    workflow configs' required path fields are set to `JOB_PATH` before the one conversion;
+    errors name the dotted field (``stage1.sampling.temperature``, ``runs.disa.objective.beta``)."""
+    raw = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    hints = typing.get_type_hints(cls)
+    for name, paths in _JOB_PATHS.items():  # (from_mapping itself: not the workflows' from_config)
+      section = raw.get(name, {})
+      section = dict(section.to_dict() if hasattr(section, "to_dict") else section, **paths)
+      raw[name] = config_lib.from_mapping(hints[name], section, name)
+    return config_lib.from_mapping(cls, raw)
+
+
+def _derived(where: str, cfg: Any, **changes: Any) -> Any:
+  """``dataclasses.replace(cfg, **changes)`` (validated again), its errors naming ``where``."""
+  try:
+    return dataclasses.replace(cfg, **changes)
+  except (TypeError, ValueError) as e:
+    raise ValueError(config_lib.qualify(str(e), where)) from None
 
 
 def _timed_stage3(cfg) -> float:
@@ -291,75 +326,83 @@ class SumJob:
     return {"fitted": self.anchor_path, "exact": self.exact_anchor_path}.get(
         spec.anchor) or self.noise_anchor_path(spec.sigma)
 
-  def _stage1_config(self):
-    return config_lib.from_mapping(Stage1Config, dict(
-        self.cfg.stage1, prompts_path=self.prompts_path, reference_path=self.ref_path,
-        proposal_path=self.proposal_path, output_dir=str(self.dir / "stage1"),
-        beta=self.cfg.beta, engine=self.cfg.engine, progress=self.progress), "stage1")
+  def _stage1_config(self) -> Stage1Config:
+    return _derived("stage1", self.cfg.stage1, prompts_path=self.prompts_path,
+                    reference_path=self.ref_path, proposal_path=self.proposal_path,
+                    output_dir=str(self.dir / "stage1"), beta=self.cfg.beta,
+                    engine=self.cfg.engine, progress=self.progress)
 
-  def _stage2_config(self):
-    s2 = dict(self.cfg.stage2, stage1_path=str(self.stage1_cfg.dataset_path()),
-              reference_path=self.ref_path, anchor_path=self.anchor_path,
-              output_dir=str(self.dir / "stage2"))
-    s2["fit"] = dict(s2.get("fit", {}), seed=self.cfg.seed)
-    return config_lib.from_mapping(Stage2Config, s2, "stage2")
+  def _stage2_config(self) -> Stage2Config:
+    s2 = self.cfg.stage2
+    return _derived("stage2", s2, stage1_path=str(self.stage1_cfg.dataset_path()),
+                    reference_path=self.ref_path, anchor_path=self.anchor_path,
+                    output_dir=str(self.dir / "stage2"),
+                    fit=dataclasses.replace(s2.fit, seed=self.cfg.seed))
 
   def run_name(self, method: str, seed: int) -> str:
     """The Stage 3 run directory / evaluation row of (method, seed)."""
     return method if seed == self.cfg.seeds[0] else f"{method}_seed{seed}"
 
-  def _stage3_config(self, method: str, seed: int):
-    spec = self.cfg.runs[method]
-    obj = spec.objective.to_config()
-    if "beta" in obj:  # the job's one beta (the anchors' labels use it too)
-      obj["beta"] = self.cfg.beta
-    track = self.cfg.track
-    train = dict(self.cfg.train, objective=obj, seed=seed, progress_bar=self.progress,
-                 replay=config_lib.to_dict(spec.replay),
-                 validation=dict(self.cfg.train.get("validation", {}), every=track.every))
-    if spec.match_rows_of:  # G + k on-policy rows: the rows per prompt of the run it matches
-      g = int(train["rollout"]["group_size"])
-      k = replay_count(self.cfg.runs[spec.match_rows_of].replay.fraction, g)
-      train["rollout"] = dict(train["rollout"], group_size=g + k)
-    if spec.minibatches:
-      train["rollout"] = dict(train.get("rollout", {}), num_minibatches=spec.minibatches)
-    if spec.staleness:
-      train["rollout"] = dict(train.get("rollout", {}), max_staleness=spec.staleness)
-    if spec.lr:
-      train["optim"] = dict(train.get("optim", {}), lr=spec.lr)
+  def _stage3_config(self, method: str, seed: int) -> Stage3Config:
+    """Run ``method`` at Stage 3 seed ``seed``: the job's `TrainConfig` with the run's objective
+    (at the job's beta, which the anchors' labels use too), replay and `RunSpec` overrides."""
+    spec, track = self.cfg.runs[method], self.cfg.track
     if spec.anchor != "fitted" and self.stage1_cfg.label_scale != "sum":
       raise ValueError(f"runs.{method}.anchor={spec.anchor!r} needs stage1.label_scale='sum' (the "
                        f"exact log Z is on the trajectory scale), got "
                        f"{self.stage1_cfg.label_scale!r}")
-    anchor = self._anchor_path(spec)
-    exact = dict(reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
-                 kl_samples=track.kl_samples, seed=self.cfg.seed + 9)
-    return config_lib.from_mapping(Stage3Config, dict(
-        workdir=str(self.dir / "stage3" / self.run_name(method, seed)),
-        model=dict(policy_path=self.ref_path, dtype="float32", remat=False),
-        data=dict(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
-                  anchor_path=anchor,
-                  replay_path=str(self.stage1_cfg.dataset_path()) if spec.replay.enabled else ""),
-        engine=self.cfg.engine, mesh=self.mesh, train=train, exact_target=exact,
-        export_dtype="float32"),  # tiny float32 models, measured exactly after export
-        f"runs.{method}")
+    try:
+      return Stage3Config(
+          workdir=str(self.dir / "stage3" / self.run_name(method, seed)),
+          model=BackboneConfig(policy_path=self.ref_path, dtype="float32", remat=False),
+          data=DataConfig(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
+                          anchor_path=self._anchor_path(spec),
+                          replay_path=str(self.stage1_cfg.dataset_path())
+                          if spec.replay.enabled else ""),
+          engine=self.cfg.engine, mesh=self.mesh, train=self._run_train(spec, seed),
+          exact_target=ExactTargetConfig(
+              reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
+              kl_samples=track.kl_samples, seed=self.cfg.seed + 9),
+          export_dtype="float32")  # tiny float32 models, measured exactly after export
+    except (TypeError, ValueError) as e:
+      raise ValueError(config_lib.qualify(str(e), f"runs.{method}")) from None
 
-  def _sft_config(self):
-    return config_lib.from_mapping(SftConfig, dict(
-        reference_path=self.ref_path, stage1_path=str(self.stage1_cfg.dataset_path()),
-        out_path=str(self.dir / "sft"), mesh=self.mesh,
-        sft=dict(self.cfg.sft, seed=self.cfg.seed)), "sft")
+  def _run_train(self, spec: RunSpec, seed: int) -> TrainConfig:
+    """The job's ``train`` section as run ``spec`` at ``seed`` trains (`_stage3_config`)."""
+    t = self.cfg.train
+    obj = spec.objective
+    if any(f.name == "beta" for f in dataclasses.fields(obj)):
+      obj = dataclasses.replace(obj, beta=self.cfg.beta)
+    rollout = {}
+    if spec.match_rows_of:  # G + k on-policy rows: the rows per prompt of the run it matches
+      g = t.rollout.group_size
+      rollout["group_size"] = g + replay_count(self.cfg.runs[spec.match_rows_of].replay.fraction, g)
+    if spec.minibatches:
+      rollout["num_minibatches"] = spec.minibatches
+    if spec.staleness:
+      rollout["max_staleness"] = spec.staleness
+    optim = dict(lr=spec.lr) if spec.lr else {}
+    return dataclasses.replace(
+        t, objective=obj, seed=seed, progress_bar=self.progress, replay=spec.replay,
+        validation=dataclasses.replace(t.validation, every=self.cfg.track.every),
+        rollout=dataclasses.replace(t.rollout, **rollout),
+        optim=dataclasses.replace(t.optim, **optim))
 
-  def _eval_config(self, row: str, model_path: str):
-    e = dict(self.cfg.eval)
-    e["exact_target"] = dict(e.get("exact_target", {}), reference_path=self.ref_path,
-                             beta=self.cfg.beta, seed=self.cfg.seed + 8)
-    return config_lib.from_mapping(EvalConfig, dict(
-        e, output_dir=str(self.dir / "eval" / row), model_path=model_path, label=row,
+  def _sft_config(self) -> SftConfig:
+    return SftConfig(reference_path=self.ref_path, stage1_path=str(self.stage1_cfg.dataset_path()),
+                     out_path=str(self.dir / "sft"), mesh=self.mesh,
+                     sft=_derived("sft", self.cfg.sft, seed=self.cfg.seed))
+
+  def _eval_config(self, row: str, model_path: str) -> EvalConfig:
+    e = self.cfg.eval
+    exact = dataclasses.replace(e.exact_target, reference_path=self.ref_path, beta=self.cfg.beta,
+                                seed=self.cfg.seed + 8)
+    return _derived(
+        "eval", e, exact_target=exact, output_dir=str(self.dir / "eval" / row),
+        model_path=model_path, label=row,
         benchmarks={"task": self.prompts_path} | (
             {"heldout": self.heldout_prompts_path} if self.cfg.heldout.enabled else {}),
-        seed=self.cfg.seed + 7,
-        engine=dataclasses.replace(self.cfg.engine, separate_process=False)), "eval")
+        seed=self.cfg.seed + 7, engine=dataclasses.replace(self.cfg.engine, separate_process=False))
 
   def _timed(self, name: str, fn, *args):
     t0 = time.time()

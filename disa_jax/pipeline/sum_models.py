@@ -96,8 +96,8 @@ def _warmup_layout(tok, task: SumTask, prompt_lens: list[int], batch_size: int
   per_row = WARMUP_ROW_LEN // longest
   if per_row < 1:
     raise ValueError(f"a warm-up sequence of {longest} tokens exceeds WARMUP_ROW_LEN={WARMUP_ROW_LEN}")
-  return packing.PackingLayout(row_len=WARMUP_ROW_LEN, rows=-(-batch_size // per_row),
-                               seqs_per_row=per_row * 2)
+  return packing.micro_batch_layout(-(-batch_size // per_row), row_len=WARMUP_ROW_LEN,
+                                    seqs_per_row=per_row * 2)
 
 
 def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_from: Transformer | None = None,
@@ -109,9 +109,11 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
   """
   tok = make_tokenizer()
   model = init_from if init_from is not None else Transformer(model_config(tok, arch), rngs=nnx.Rngs(spec.seed))
-  init, step = make_sft_step(SupervisedSchedule(learning_rate=spec.learning_rate, warmup_steps=min(20, spec.steps),
-                                       total_steps=spec.steps, schedule="constant"))
-  opt = init(model)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  tx, step = make_sft_step(SupervisedSchedule(learning_rate=spec.learning_rate, warmup_steps=min(20, spec.steps),
+                                              total_steps=spec.steps, schedule="constant"),
+                           graphdef, loss="batch_mean")
+  opt_state = tx.init(params)
   rng = np.random.default_rng(spec.seed + 1)
   prompts = {n: tok.encode(task.prompt(n), add_special_tokens=False) for n in task.ns}
   layout = _warmup_layout(tok, task, [len(p) for p in prompts.values()], spec.batch_size)
@@ -123,7 +125,9 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
     (b,) = packing.pack([prompts[int(n)] for n in ns], resp, layout, pad_id=tok.pad_token_id)
     rows = {k: jnp.asarray(getattr(b.rows, k)) for k in ("input_ids", "segment_ids", "positions",
                                                           "response_mask")}
-    losses.append(float(step(model, opt, rows)))
+    params, opt_state, loss = step(params, opt_state, rest, [rows])
+    losses.append(float(loss))
+  nnx.update(model, params)
   return model, {"steps": spec.steps, "seconds": time.time() - t0, "loss_first": losses[0],
                  "loss_last20": float(np.mean(losses[-20:])), "losses": losses}
 

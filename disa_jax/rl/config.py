@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from disa_jax.data.packing import PackingLayout
-from disa_jax.parallel.mesh import rows_for_mesh
+from disa_jax.data.packing import PackingLayout, micro_batch_layout, round_up
 from disa_jax.rl.objectives import Disa, Objective
 
 OLD_LOGP_SOURCES = ("recompute", "engine")
@@ -156,13 +155,13 @@ class RolloutConfig:
     rounded up to ``pad_to``. ``shards``: the mesh's batch shards (`disa_jax.parallel.
     batch_shards`); rows per micro-batch are ``micro_batch_rows`` rounded up to a multiple of it.
     """
-    rows = rows_for_mesh(self.micro_batch_rows, shards)
     if self.packing:
-      return PackingLayout(row_len=self.row_len or self.max_prompt_len + self.max_response_len,
-                           rows=rows, seqs_per_row=self.seqs_per_row,
-                           share_prompts=self.share_prompts)
-    longest = int(max(lengths, default=1))
-    return PackingLayout(packing=False, row_len=-(-longest // pad_to) * pad_to, rows=rows)
+      row_len = self.row_len or self.max_prompt_len + self.max_response_len
+    else:
+      row_len = round_up(max(lengths, default=1), pad_to)
+    return micro_batch_layout(self.micro_batch_rows, packing=self.packing, row_len=row_len,
+                              shards=shards, seqs_per_row=self.seqs_per_row,
+                              share_prompts=self.share_prompts)
 
 
 @dataclasses.dataclass(frozen=True)

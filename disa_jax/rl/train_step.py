@@ -10,7 +10,9 @@ gradient of the objective's loss over the whole mini-batch, and however many mic
 mini-batch has, nothing recompiles. On a mesh the packed rows are sharded over the batch axes and
 the per-sequence arrays (``[S, W]`` / ``[S]``) are replicated.
 
-Compiled programs: one micro step per micro-batch shape (one with packing), one optimizer step;
+The accumulation is `disa_jax.optim.AccumulatingStep` (weights w_k = c_k = n_k), the optimizer
+`disa_jax.optim.make_optimizer` (re-exported here with `lr_schedule`). Compiled programs: one micro
+step per micro-batch shape (one with packing), one optimizer step;
 ``step.compiled_programs()`` counts them (what `benchmarks/bench_packing.py` checks);
 ``step.lower(state, micro_batch)`` lowers both without running them (`benchmarks/plan_memory.py`).
 
@@ -22,7 +24,7 @@ of its loss (the objective's ``state_forward``, `Objective`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax.data.packing import PackedRows
+from disa_jax.optim import AccumulatingStep, lr_schedule, make_optimizer
 from disa_jax.parallel import distributed
 from disa_jax.rl.batch import TrainBatch
 from disa_jax.rl.losses import mismatch_metrics
@@ -38,6 +41,9 @@ from disa_jax.rl.objectives import Objective
 from disa_jax.scoring.logprobs import gather_responses, logprobs_from_hidden, packed_token_logprobs
 
 BATCH_AXES = ("data", "fsdp")
+__all__ = ["AccumulatingStep", "BATCH_AXES", "TrainState", "batch_shardings", "init_train_state",
+           "lr_schedule", "make_optimizer", "make_scoring_fn", "make_train_step",
+           "opt_state_shardings", "place_micro_batch", "policy_forward"]
 
 
 class TrainState(NamedTuple):
@@ -47,62 +53,6 @@ class TrainState(NamedTuple):
   opt_state: Any
   obj_params: nnx.State | None  # the objective's nnx.Param state (`Objective.init_state`)
   obj_opt_state: Any
-
-
-def lr_schedule(lr: float, *, warmup_steps: int = 0, decay_frac: float = 0.0,
-                decay_factor: float = 0.1, total_updates: int = 0) -> optax.Schedule | float:
-  """Linear warm-up, then ``lr``, then ``lr * decay_factor`` for the last ``decay_frac`` of the
-  ``total_updates`` optimizer updates (a constant ``lr`` when neither is asked for)."""
-  if decay_frac > 0 and total_updates < 1:
-    raise ValueError(f"decay_frac={decay_frac} needs the run's total_updates, got {total_updates}")
-  if warmup_steps <= 0 and decay_frac <= 0:
-    return lr
-  boundary = int(round((1.0 - decay_frac) * total_updates)) if decay_frac > 0 else None
-  def schedule(count):
-    value = lr * jnp.minimum(1.0, count / max(warmup_steps, 1)) if warmup_steps > 0 else lr
-    if boundary is not None:
-      value = jnp.where(count >= boundary, value * decay_factor, value)
-    return value
-  return schedule
-
-
-def make_optimizer(lr: float, *, weight_decay: float = 0.01, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8, grad_clip: float = 1.0, warmup_steps: int = 0,
-                   decay_frac: float = 0.0, decay_factor: float = 0.1,
-                   total_updates: int = 0) -> optax.GradientTransformation:
-  """AdamW on `lr_schedule`, after global-norm clipping (``grad_clip`` <= 0: off)."""
-  schedule = lr_schedule(lr, warmup_steps=warmup_steps, decay_frac=decay_frac,
-                         decay_factor=decay_factor, total_updates=total_updates)
-  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
-  if grad_clip > 0:
-    return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
-  return adamw
-
-
-def _fold_metrics(acc: dict[str, jax.Array], metrics: dict[str, jax.Array], n: jax.Array
-                  ) -> dict[str, jax.Array]:
-  """Adds one micro-batch's scalar metrics: running max/min for ``*_max``/``*_min``, else the
-  n-weighted sum (divided by sum n in `_final_metrics`)."""
-  out = {}
-  for k, v in metrics.items():
-    if k.endswith("_max"):
-      out[k] = jnp.maximum(acc[k], v)
-    elif k.endswith("_min"):
-      out[k] = jnp.minimum(acc[k], v)
-    else:
-      out[k] = acc[k] + n * v
-  return out
-
-
-def _metric_init(shapes: dict[str, Any]) -> dict[str, jax.Array]:
-  return {k: jnp.full(v.shape, -jnp.inf if k.endswith("_max") else
-                      jnp.inf if k.endswith("_min") else 0.0, jnp.float32)
-          for k, v in shapes.items()}
-
-
-def _final_metrics(acc: dict[str, jax.Array], n_total: jax.Array) -> dict[str, jax.Array]:
-  total = jnp.maximum(n_total, 1.0)
-  return {k: v if k.endswith(("_max", "_min")) else v / total for k, v in acc.items()}
 
 
 def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Array]:
@@ -122,12 +72,15 @@ def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Ar
 
 def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
                    obj_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool,
-                   mismatch_threshold: float):
-  """``(params, obj_params, micro-batch, key) -> (loss, metrics)`` of one micro-batch,
-  with the train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the
-  engine's log-probs."""
+                   mismatch_threshold: float, key_seed: int):
+  """The `optim.AccumulatingStep` loss of one micro-batch: ``((params, obj_params), None, mb,
+  step, k) -> (loss, (n, n, metrics))`` with n the objective's `normalizer`, and the
+  train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the engine's
+  log-probs. The objective's state gets the key of (``key_seed``, step, k)."""
 
-  def micro_loss(params, obj_params, mb: TrainBatch, key: jax.Array):
+  def micro_loss(params, const, mb: TrainBatch, step, k):
+    del const
+    params, obj_params = params
     model = nnx.merge(graphdef, params)
     logp, hidden = policy_forward(model, mb)
     mismatch = ({} if mb.behaviour_logp is None else
@@ -137,58 +90,38 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     state_out = None
     if objective.has_state:
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(key_seed), step), k)
       state_out = objective.state_forward(nnx.merge(obj_graphdef, obj_params), hidden, mb, key)
     loss, metrics = objective.loss(logp, mb, state_out)
-    return loss, {**metrics, **mismatch}
+    n = objective.normalizer(mb)
+    return loss, (n, n, {**metrics, **mismatch})
 
   return micro_loss
 
 
-def _micro_step(grad_fn, objective: Objective, key_seed: int):
-  """``(params, obj_params, step, acc, micro-batch, k) -> acc``: adds micro-batch k's
-  normalizer-weighted gradients and metrics to the accumulator ``(g, objective g, sum n,
-  metrics)``."""
+def _apply_fn(optimizer, obj_optimizer, joint_clip: float):
+  """The `optim.AccumulatingStep` optimizer step: ``(state, (grads, objective grads), metrics,
+  sum n) -> (state, metrics)``, after the optional joint clip; adds ``grad_norm``,
+  ``num_sequences`` and with objective state ``objective_grad_norm``."""
 
-  def micro(params, obj_params, step, acc, mb: TrainBatch, k):
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(key_seed), step), k)
-    (loss, metrics), (g, og) = grad_fn(params, obj_params, mb, key)
-    n = objective.normalizer(mb)
-    g_acc, og_acc, n_acc, m_acc = acc
-    return (jax.tree.map(lambda a, b: a + n * b, g_acc, g),
-            jax.tree.map(lambda a, b: a + n * b, og_acc, og), n_acc + n,
-            _fold_metrics(m_acc, dict(metrics, loss=loss), n))
+  def apply(state: TrainState, grads, metrics, n_total):
+    grads, obj_grads = grads
+    metrics = dict(metrics, grad_norm=optax.global_norm(grads), num_sequences=n_total)
+    if state.obj_params is not None:
+      metrics["objective_grad_norm"] = optax.global_norm(obj_grads)
+    if joint_clip > 0:  # one clip over policy + objective gradients
+      norm = optax.global_norm((grads, obj_grads))
+      scale = jnp.minimum(1.0, joint_clip / jnp.maximum(norm, 1e-12))
+      grads, obj_grads = jax.tree.map(lambda x: x * scale, (grads, obj_grads))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    obj_params, obj_opt_state = state.obj_params, state.obj_opt_state
+    if obj_params is not None:
+      o_updates, obj_opt_state = obj_optimizer.update(obj_grads, obj_opt_state, obj_params)
+      obj_params = optax.apply_updates(obj_params, o_updates)
+    return TrainState(state.step + 1, params, opt_state, obj_params, obj_opt_state), metrics
 
-  return micro
-
-
-def _finish(state: TrainState, acc) -> tuple[Any, Any, dict[str, jax.Array]]:
-  """The accumulator -> (policy gradients, objective gradients or None, metrics)."""
-  g_sum, og_sum, n_total, m_acc = acc
-  denom = jnp.maximum(n_total, 1.0)
-  grads = jax.tree.map(lambda x: x / denom, g_sum)
-  obj_grads = jax.tree.map(lambda x: x / denom, og_sum)
-  metrics = _final_metrics(m_acc, n_total)
-  metrics["grad_norm"] = optax.global_norm(grads)
-  metrics["num_sequences"] = n_total
-  if state.obj_params is not None:
-    metrics["objective_grad_norm"] = optax.global_norm(obj_grads)
-  return grads, obj_grads, metrics
-
-
-def _apply_updates(state: TrainState, grads, obj_grads, metrics, optimizer, obj_optimizer,
-                   joint_clip: float) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step of the policy (and the objective's state), after the optional joint clip."""
-  if joint_clip > 0:  # one clip over policy + objective gradients
-    norm = optax.global_norm((grads, obj_grads))
-    scale = jnp.minimum(1.0, joint_clip / jnp.maximum(norm, 1e-12))
-    grads, obj_grads = jax.tree.map(lambda x: x * scale, (grads, obj_grads))
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  obj_params, obj_opt_state = state.obj_params, state.obj_opt_state
-  if obj_params is not None:
-    o_updates, obj_opt_state = obj_optimizer.update(obj_grads, obj_opt_state, obj_params)
-    obj_params = optax.apply_updates(obj_params, o_updates)
-  return TrainState(state.step + 1, params, opt_state, obj_params, obj_opt_state), metrics
+  return apply
 
 
 def batch_shardings(mesh: Mesh) -> TrainBatch:
@@ -208,65 +141,17 @@ def place_micro_batch(mb: TrainBatch, mesh: Mesh) -> TrainBatch:
 def _jit_shardings(mesh: Mesh | None, state_shardings: Any
                    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
   """``jax.jit`` sharding arguments of the micro step, the optimizer step and the accumulator's
-  initialiser (all empty without a mesh). The accumulator ``(g, objective g, sum n, metrics)`` keeps the
-  parameters' shardings; scalars are replicated."""
+  initialiser (all empty without a mesh). The accumulator ``((g, objective g), sum n, metrics)``
+  keeps the parameters' shardings; scalars are replicated."""
   if mesh is None:
     return {}, {}, {}
   rep = NamedSharding(mesh, PartitionSpec())
-  acc_sh = (state_shardings.params, state_shardings.obj_params, rep, rep)
-  kw_micro = dict(in_shardings=(acc_sh[0], acc_sh[1], rep, acc_sh, batch_shardings(mesh), rep),
+  params_sh = (state_shardings.params, state_shardings.obj_params)
+  acc_sh = (params_sh, rep, rep)
+  kw_micro = dict(in_shardings=(params_sh, rep, rep, acc_sh, batch_shardings(mesh), rep),
                   out_shardings=acc_sh)
   kw_finish = dict(in_shardings=(state_shardings, acc_sh), out_shardings=(state_shardings, rep))
   return kw_micro, kw_finish, dict(out_shardings=acc_sh)
-
-
-class _Update:
-  """The update built by `make_train_step`: ``update(state, micro_batches) -> (state, metrics)``.
-
-  Holds the jitted micro step, optimizer step and the accumulator's initialiser (built on the
-  first call, once the loss's metric names are known).
-  """
-
-  def __init__(self, grad_fn, micro_j, finish_j, kw_init: dict[str, Any]):
-    self._grad_fn, self._micro_j, self._finish_j, self._kw_init = grad_fn, micro_j, finish_j, kw_init
-    self._init_j = None
-
-  def _init_acc(self, state: TrainState, mb: TrainBatch):
-    if self._init_j is None:
-      (_, shapes), _ = jax.eval_shape(self._grad_fn, state.params, state.obj_params, mb,
-                                      jax.random.key(0))
-      shapes = dict(shapes, loss=jax.ShapeDtypeStruct((), jnp.float32))
-      zeros = lambda t: jax.tree.map(jnp.zeros_like, t)
-      self._init_j = jax.jit(lambda p, op: (zeros(p), zeros(op), jnp.float32(0.0),
-                                            _metric_init(shapes)), **self._kw_init)
-    return self._init_j
-
-  def __call__(self, state: TrainState, micro_batches: Sequence[TrainBatch]):
-    if not micro_batches:
-      raise ValueError("an update needs at least one micro-batch, got none")
-    acc = self._init_acc(state, micro_batches[0])(state.params, state.obj_params)
-    for k, mb in enumerate(micro_batches):
-      acc = self._micro_j(state.params, state.obj_params, state.step, acc, mb, jnp.int32(k))
-    return self._finish_j(state, acc)
-
-  def lower(self, state: TrainState, mb: TrainBatch) -> dict[str, jax.stages.Lowered]:
-    """Lowers the micro step and the optimizer step without running anything.
-
-    ``state`` and ``mb`` may be abstract (`jax.ShapeDtypeStruct` leaves, with shardings on a mesh):
-    what `benchmarks/plan_memory.py` compiles to read XLA's memory analysis of a step.
-
-    Returns:
-      ``{'micro': the forward/backward + accumulate of one micro-batch, 'finish': the optimizer
-      step}`` as `jax.stages.Lowered`.
-    """
-    acc = jax.eval_shape(self._init_acc(state, mb), state.params, state.obj_params)
-    k = jax.ShapeDtypeStruct((), jnp.int32)
-    return {"micro": self._micro_j.lower(state.params, state.obj_params, state.step, acc, mb, k),
-            "finish": self._finish_j.lower(state, acc)}
-
-  def compiled_programs(self) -> int:
-    """Compiled micro and optimizer steps so far (recompilations show up here)."""
-    return self._micro_j._cache_size() + self._finish_j._cache_size()  # pylint: disable=protected-access
 
 
 def make_train_step(graphdef: nnx.GraphDef,
@@ -282,7 +167,7 @@ def make_train_step(graphdef: nnx.GraphDef,
                     joint_clip: float = 0.0,
                     key_seed: int = 0,
                     mismatch_threshold: float = 0.1
-                    ) -> Callable[[TrainState, Sequence[TrainBatch]], Any]:
+                    ) -> AccumulatingStep:
   """Builds the update ``(state, [micro-batch, ...]) -> (state, metrics)`` (see the module
   docstring).
 
@@ -318,21 +203,12 @@ def make_train_step(graphdef: nnx.GraphDef,
   if objective.has_state and (obj_graphdef is None or obj_optimizer is None):
     raise ValueError(f"objective {objective.name!r} has state: it needs obj_graphdef and "
                      "obj_optimizer, got None")
-  grad_fn = jax.value_and_grad(
-      _micro_loss_fn(graphdef, objective, obj_graphdef, on_policy_old_logp, mismatch_threshold),
-      argnums=(0, 1), has_aux=True)
-  micro = _micro_step(grad_fn, objective, key_seed)
-
-  def finish(state: TrainState, acc):
-    grads, obj_grads, metrics = _finish(state, acc)
-    return _apply_updates(state, grads, obj_grads, metrics, optimizer, obj_optimizer,
-                          joint_clip)
-
-  donated = (0,) if donate else ()  # (the accumulator's buffers match no output)
+  loss_fn = _micro_loss_fn(graphdef, objective, obj_graphdef, on_policy_old_logp,
+                           mismatch_threshold, key_seed)
   kw_micro, kw_finish, kw_init = _jit_shardings(mesh, state_shardings)
-  micro_j = jax.jit(micro, donate_argnums=(3,), **kw_micro)
-  finish_j = jax.jit(finish, donate_argnums=donated, **kw_finish)
-  return _Update(grad_fn, micro_j, finish_j, kw_init)
+  return AccumulatingStep(loss_fn, _apply_fn(optimizer, obj_optimizer, joint_clip),
+                          lambda state: ((state.params, state.obj_params), state.step),
+                          donate=donate, micro_kw=kw_micro, finish_kw=kw_finish, init_kw=kw_init)
 
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:

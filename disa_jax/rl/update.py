@@ -57,7 +57,7 @@ def optim_kwargs(oc: OptimConfig, updates: int) -> dict[str, Any]:
 
 
 def optimizer_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-  """`train_step.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
+  """`disa_jax.optim.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
   policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it,
   `objectives.ObjectiveState.clip_with_policy`)."""
   return optim_kwargs(cfg.optim, total_updates(cfg))

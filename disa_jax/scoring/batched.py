@@ -34,11 +34,10 @@ def scoring_layout(lengths: np.ndarray, *, packing: bool, rows: int, row_len: in
   """The layout of a scoring call on sequences of ``lengths``: fixed rows of ``row_len`` tokens
   (``row_len=0``: `grown_row_len` from ``grown``, the row length used so far), or without packing
   one sequence per row padded to the pass's longest rounded up to ``pad_to``."""
-  if not packing:
-    return packing_lib.PackingLayout(packing=False, rows=rows, pad_to=pad_to)
-  return packing_lib.PackingLayout(
-      row_len=row_len or grown_row_len(grown, max(lengths, default=1)), rows=rows,
-      seqs_per_row=seqs_per_row)
+  if packing:
+    row_len = row_len or grown_row_len(grown, max(lengths, default=1))
+  return packing_lib.micro_batch_layout(rows, packing=packing, row_len=row_len if packing else 0,
+                                        seqs_per_row=seqs_per_row, pad_to=pad_to)
 
 
 def _to_device(rows: packing_lib.PackedRows) -> packing_lib.PackedRows:

@@ -16,7 +16,6 @@ with the lengths while their shape does not.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -27,7 +26,6 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -37,9 +35,8 @@ from disa_jax.checkpoint import CheckpointManager
 from disa_jax.data import packing as packing_lib
 from disa_jax.estimators.dataset import Stage1Data, load_stage1
 from disa_jax.parallel import distributed
-from disa_jax.scoring import packed_token_logprobs
 from disa_jax.sft import lora
-from disa_jax.sft.supervised import SupervisedSchedule
+from disa_jax.sft.supervised import SupervisedSchedule, make_sft_step
 
 SUMMARY_FILE = "sft_summary.json"
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
@@ -131,11 +128,10 @@ class LoRASFTConfig:
     """The micro-batch layout for examples of at most ``longest`` tokens (without packing: each
     micro-batch padded to its own longest); ``micro_batch_rows`` rounded up to a multiple of the
     mesh's ``shards`` (data x fsdp)."""
-    rows = parallel.rows_for_mesh(self.micro_batch_rows, shards)
-    if not self.packing:
-      return packing_lib.PackingLayout(packing=False, rows=rows, pad_to=self.pad_to)
-    return packing_lib.PackingLayout(row_len=self.row_len or -(-longest // self.pad_to) * self.pad_to,
-                                     rows=rows, seqs_per_row=self.seqs_per_row)
+    row_len = (self.row_len or packing_lib.round_up(longest, self.pad_to)) if self.packing else 0
+    return packing_lib.micro_batch_layout(self.micro_batch_rows, packing=self.packing,
+                                          row_len=row_len, shards=shards,
+                                          seqs_per_row=self.seqs_per_row, pad_to=self.pad_to)
 
   def dtype(self) -> Any:
     if self.compute_dtype == "auto":
@@ -176,61 +172,6 @@ def filter_reward_one(data: Stage1Data, keep_reward: float = 1.0) -> list[SFTExa
                            f"{keep_reward} but no response tokens")
         out.append(SFTExample(data.prompt_ids[p], data.prompts[p], sample.token_ids, i))
   return out
-
-
-def make_accumulating_step(sft_config: SupervisedSchedule, graphdef: nnx.GraphDef
-                           ) -> tuple[optax.GradientTransformation, Callable]:
-  """The adapter update with gradient accumulation over micro-batches.
-
-  The loss is the response-token mean NLL over the whole batch (as `sft_loss` on the unsplit
-  batch): micro-batch k adds its token-sum NLL and gradient to a donated accumulator, and the sums
-  are divided by the batch's total number of response tokens before the optimizer step. One
-  compiled program per micro-batch shape, however many micro-batches a batch has.
-
-  Args:
-    sft_config: optimiser settings.
-    graphdef: from ``nnx.split(model, lora.LoRAParam, ...)``.
-
-  Returns:
-    (tx, step) with ``step(lora_params, opt_state, rest, micro_batches) -> (lora_params,
-    opt_state, loss)``; each micro-batch a `disa_jax.data.packing.PackedRows` (``[R, L]``; the
-    loss is on its ``response_mask`` tokens).
-  """
-  tx = sft_config.optimizer()
-
-  def nll_sum(lora_params, rest, rows):
-    model = nnx.merge(graphdef, lora_params, rest)
-    lp = packed_token_logprobs(model, rows)  # [R, L]
-    m = rows.response_mask.astype(jnp.float32)
-    return -jnp.sum(lp * m), jnp.sum(m)
-
-  grad_fn = jax.value_and_grad(nll_sum, has_aux=True)
-
-  @functools.partial(jax.jit, donate_argnums=(2,))
-  def micro(lora_params, rest, acc, rows):
-    (loss, n), g = grad_fn(lora_params, rest, rows)
-    g_acc, l_acc, n_acc = acc
-    return jax.tree.map(jnp.add, g_acc, g), l_acc + loss, n_acc + n
-
-  @jax.jit
-  def apply(lora_params, opt_state, acc):
-    g_sum, l_sum, n_sum = acc
-    n_tok = jnp.maximum(n_sum, 1.0)
-    grads = jax.tree.map(lambda g: g / n_tok, g_sum)
-    updates, opt_state = tx.update(grads, opt_state, lora_params)
-    return optax.apply_updates(lora_params, updates), opt_state, l_sum / n_tok
-
-  zeros = jax.jit(lambda p: (jax.tree.map(jnp.zeros_like, p), jnp.float32(0.0), jnp.float32(0.0)))
-
-  def step(lora_params, opt_state, rest, micro_batches):
-    if not micro_batches:
-      raise ValueError("an update needs at least one micro-batch, got none")
-    acc = zeros(lora_params)
-    for rows in micro_batches:
-      acc = micro(lora_params, rest, acc, rows)
-    return apply(lora_params, opt_state, acc)
-
-  return tx, step
 
 
 def _default_encoder(reference_path: str) -> Callable[[str], Sequence[int]]:
@@ -434,7 +375,7 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
   total_steps = steps_per_epoch * config.epochs
   shards = 1 if batch_sharding is None else parallel.batch_shards(batch_sharding.mesh)
   layout = config.layout(max(len(p) + len(r) for p, r in zip(enc.prompts, enc.responses)), shards)
-  tx, step_fn = make_accumulating_step(config.sft(total_steps), graphdef)
+  tx, step_fn = make_sft_step(config.sft(total_steps), graphdef)
   opt_state = tx.init(lora_params)
   ckpt = CheckpointManager(out_path.rstrip("/") + ".ckpt", max_to_keep=1, async_save=False)
   opt_state, start, losses = _restore_adapters(ckpt, lora_params, opt_state, config, n, total_steps,

@@ -7,9 +7,9 @@ with in = (D,), out = (N, H); o: ``[L, N, H, D]`` with in = (N, H), out = (D,)),
 
 where A B contracts the rank axis (flattening in and out). B starts at zero, so the adapted model
 equals the base model until B is trained. A and B are `LoRAParam` variables (flax's
-``nnx.LoRAParam``, a subclass of ``nnx.Param``): ``nnx.Optimizer(model, tx, wrt=LoRAParam)`` /
-``make_sft_step(cfg, wrt=LoRAParam)`` train only them, while a full-parameter filter
-(``nnx.Param``) still sees everything.
+``nnx.LoRAParam``, a subclass of ``nnx.Param``): ``nnx.split(model, LoRAParam, ...)`` and
+``make_sft_step(cfg, graphdef)`` train only them, while a full-parameter filter (``nnx.Param``)
+still sees everything.
 
 `apply_lora` swaps the model's `DecoderLayers` for `LoRADecoderLayers`, which shares the base
 variables and returns the adapted kernels from ``stacked()`` (the method the decoder's layer scan

@@ -73,20 +73,18 @@ def test_accumulated_step_equals_full_batch_step():
       row_len=16, rows=1, seqs_per_row=4), pad_id=0)]
   assert len(micro) == 2 and max(int(m.segment_ids.max()) for m in micro) == 2  # shared rows
 
-  ref = lora.apply_lora(make_tiny_model("qwen2", num_layers=1), lora.LoRAConfig(rank=4, alpha=8.0))
-  init, step = make_sft_step(cfg, wrt=lora.LoRAParam)
-  opt = init(ref)
   model = lora.apply_lora(make_tiny_model("qwen2", num_layers=1), lora.LoRAConfig(rank=4, alpha=8.0))
   graphdef, params, rest = nnx.split(model, lora.LoRAParam, ...)
-  tx, acc_step = baseline.make_accumulating_step(cfg, graphdef)
-  opt_state = tx.init(params)
+  tx, full_step = make_sft_step(cfg, graphdef, loss="batch_mean")
+  _, acc_step = make_sft_step(cfg, graphdef)  # 'token_mean'
+  ref_params, ref_opt, opt_state = params, tx.init(params), tx.init(params)
   for _ in range(2):
-    want_loss = step(ref, opt, full)
+    ref_params, ref_opt, want_loss = full_step(ref_params, ref_opt, rest, [full])
     params, opt_state, loss = acc_step(params, opt_state, rest, micro)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
   # Adam divides by sqrt(v): float32 summation-order noise in the gradient shows up at ~1e-6.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
-               nnx.to_pure_dict(params), lora.lora_state_dict(ref))
+               nnx.to_pure_dict(params), nnx.to_pure_dict(ref_params))
 
 
 def test_packed_sft_loss_equals_padded_loss_and_gradient():

@@ -16,13 +16,19 @@ def _ids(seed=0, b=2, t=12, vocab=60):
 
 
 def _train(model, steps=3, lr=1e-2):
-  init, step = make_sft_step(SupervisedSchedule(learning_rate=lr, total_steps=10, warmup_steps=0,
-                                       schedule="constant"), wrt=lora.LoRAParam)
-  opt = init(model)
+  """``steps`` adapter-only updates of ``model`` (in place) on one padded batch; the losses."""
+  graphdef, params, rest = nnx.split(model, lora.LoRAParam, ...)
+  tx, step = make_sft_step(SupervisedSchedule(learning_rate=lr, total_steps=10, warmup_steps=0,
+                                              schedule="constant"), graphdef, loss="batch_mean")
+  opt_state = tx.init(params)
   ids = _ids(1, 4, 12)
   mask = jnp.ones_like(ids)
   batch = {"input_ids": ids, "attention_mask": mask, "response_mask": mask.at[:, :4].set(0)}
-  losses = [float(step(model, opt, batch)) for _ in range(steps)]
+  losses = []
+  for _ in range(steps):
+    params, opt_state, loss = step(params, opt_state, rest, [batch])
+    losses.append(float(loss))
+  nnx.update(model, params)
   return losses
 
 

@@ -1,0 +1,112 @@
+"""The main job's config converts once: `MainConfig` holds typed workflow sections, and the config
+of every stage (each Stage 3 run per method and seed above all) is derived from them with
+`dataclasses.replace`, identical to what the job built before (by merging raw dicts and converting
+each section a second time) for every preset of configs/main.py."""
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from configs import main as main_config
+from disa_jax import config as config_lib
+from disa_jax.pipeline import report
+from disa_jax.pipeline.sum_job import JOB_PATH, MainConfig, SumJob
+from disa_jax.rl.config import TrainConfig
+from disa_jax.sft.baseline import LoRASFTConfig
+from disa_jax.workflows.evaluation import EvalConfig
+from disa_jax.workflows.stage1 import Stage1Config
+from disa_jax.workflows.stage2 import Stage2Config
+
+# Written by the job of commit 1974253 (raw dict sections merged by hand, converted per stage):
+# per preset and heldout fraction, the sha256 (16 hex digits) of every stage config's JSON form
+# (`config_lib.to_dict`, keys sorted, the workdir written '<workdir>'), and the default preset's
+# configs in full.
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
+
+
+def _job(c, workdir) -> SumJob:
+  return SumJob(MainConfig.from_config(c), workdir, progress=False)
+
+
+def _stage_configs(job: SumJob, workdir: Path) -> dict[str, dict]:
+  """{'<method>/<seed>' or '<stage1>' / '<stage2>' / '<sft>' / '<eval>': the config as JSON}."""
+  cfgs = {f"{m}/{s}": c for (m, s), c in job.stage3_cfgs.items()}
+  cfgs |= {"<stage1>": job.stage1_cfg, "<stage2>": job.stage2_cfg, "<sft>": job.sft_cfg,
+           "<eval>": job.eval_template}
+  text = {k: json.dumps(config_lib.to_dict(c), sort_keys=True).replace(str(workdir), "<workdir>")
+          for k, c in cfgs.items()}
+  return {k: json.loads(t) for k, t in text.items()}
+
+
+def _sha(obj) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("preset", main_config.PRESETS)
+def test_every_stage_config_of_every_preset_is_unchanged(tmp_path, preset):
+  expected = json.loads(FIXTURE.read_text())
+  for heldout in (0.0, 0.2):
+    c = main_config.get_config(preset)
+    c.heldout.fraction = heldout
+    workdir = (tmp_path / f"h{heldout}").resolve()
+    got = _stage_configs(_job(c, workdir), workdir)
+    key = f"{preset or 'default'}/heldout{heldout}"
+    if key in expected["full"]:  # (a diff to read if it fails)
+      assert got == expected["full"][key]
+    assert {k: _sha(v) for k, v in got.items()} == expected["sha256"][key], key
+
+
+def test_sections_are_typed_and_each_stage_derives_from_them(tmp_path):
+  c = main_config.get_config()
+  c.train.total_steps = 50  # (as --config.train.total_steps=50 sets it)
+  c.beta = 10.0
+  cfg = MainConfig.from_config(c)
+  assert isinstance(cfg.stage1, Stage1Config) and isinstance(cfg.stage2, Stage2Config)
+  assert isinstance(cfg.train, TrainConfig) and isinstance(cfg.sft, LoRASFTConfig)
+  assert isinstance(cfg.eval, EvalConfig) and cfg.stage1.prompts_path == JOB_PATH
+  assert cfg.train.total_steps == 50 and cfg.sft.learning_rate == c.sft.learning_rate
+  job = SumJob(cfg, tmp_path, progress=False)
+  derived = [job.stage1_cfg, job.stage2_cfg, job.sft_cfg, job.eval_template,
+             *job.stage3_cfgs.values()]
+  assert JOB_PATH not in json.dumps([config_lib.to_dict(d) for d in derived])
+  assert job.stage1_cfg.beta == job.eval_template.exact_target.beta == 10.0
+  for (method, _), run in job.stage3_cfgs.items():
+    assert run.train.total_steps == 50, method
+    obj = run.train.objective
+    assert getattr(obj, "beta", 10.0) == 10.0, method  # the job's beta, not the section's 15
+    assert run.train.objective == dataclasses.replace(
+        cfg.runs[method].objective, **({"beta": 10.0} if hasattr(obj, "beta") else {}))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("train.total_steps", 0, r"train.total_steps must be >= 1, got 0"),
+    ("train.rollout.group_size", 0, r"train.rollout.group_size must be >= 1, got 0"),
+    ("runs.disa.objective.beta", -1.0, r"runs.disa.objective: beta must be > 0, got -1.0"),
+    ("eval.rendering", "zz", r"eval: rendering must be one of .*, got 'zz'")])
+def test_a_bad_section_field_stops_the_one_conversion_naming_it(field, value, match):
+  c = main_config.get_config()
+  *path, last = field.split(".")
+  section = c
+  for k in path:
+    section = section[k]
+  section[last] = value
+  with pytest.raises(ValueError, match=match):
+    MainConfig.from_config(c)
+
+
+def test_a_run_override_the_train_section_refuses_names_the_run(tmp_path):
+  c = main_config.get_config()
+  c.runs.disa.minibatches = 3  # 8 prompts x 8 rows do not split into 3 mini-batches
+  cfg = MainConfig.from_config(c)
+  with pytest.raises(ValueError, match=r"runs.disa: rollout.num_minibatches must divide the 64 "
+                                       r"rows of a step .* got 3"):
+    SumJob(cfg, tmp_path, progress=False)
+
+
+def test_the_report_reads_the_typed_train_section(tmp_path):
+  c = main_config.get_config()
+  c.train.total_steps = 50
+  regime = report._regime(_job(c, tmp_path), {"end_state": {}})  # pylint: disable=protected-access
+  assert regime["steps"] == 50 and not regime["all_at_end_state"]
