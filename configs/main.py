@@ -37,7 +37,8 @@ Presets and their budgets (2 CPU cores):
 - ``nonuniform_target``: a target that is not uniform over the correct answers (pi_ref skewed
   against the proposal's preference), the fix and its controls, with conditional_kl.json.
 - ``staleness_study``: issue 29's runs at ``rollout.max_staleness`` k = 0 and 2 (`staleness_grid`):
-  DISA, the oracle, FlowRL, GRPO and GRPO with TIS, three seeds, on the smaller task (n = 0..15).
+  DISA, the oracle, FlowRL, GRPO and GRPO with TIS, three seeds, on the smaller task (n = 0..15),
+  and DISA, the oracle and FlowRL at k = 2 with half the lr (the control of TB's delay).
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -396,9 +397,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 40 (5 measures in the last 20%,
-    # a constant lr). Wall time: one seed (--config.seeds='(0,)') took 35 minutes on 2 cores while
-    # other jobs ran (load 4-11; its Stage 3 runs 275-407 s each, ~205 s on a quiet machine), so the
-    # three seeds need ~1.3-1.7 hours.
+    # a constant lr). Wall time on 2 cores (39 runs): seed 0's first 10 runs took 35 min (load
+    # 4-11); the other 29 runs took 102 min while other jobs' tests ran (load 7-11; runs 324-499 s
+    # each, ~205 s on a quiet machine), so ~1.3 h quiet and ~2.3 h loaded for the whole preset.
+    # Results: docs/objectives.md ("Where training ends with stale rollouts").
     grid = staleness_grid()
     c.runs.update(grid)
     c.methods = tuple(grid.keys())

@@ -17,10 +17,10 @@ def _report():
     return json.load(f)
 
 
-@pytest.mark.parametrize("doc", ["docs/real_checkpoints.md", "README.md"])
+@pytest.mark.parametrize("doc", ["docs/real_checkpoints.md", "README.md", "docs/objectives.md"])
 def test_every_tables_block_in_the_docs_is_the_generators_output(doc):
   n = tables.check_document(os.path.join(ROOT, doc), root=ROOT)
-  assert n >= (1 if doc == "docs/real_checkpoints.md" else 0)
+  assert n >= (0 if doc == "README.md" else 1)
 
 
 def test_a_hand_edited_number_is_caught(tmp_path):
