@@ -224,7 +224,7 @@ class EvalResult:
             "stop_token_ids": {n: o.stop_token_ids for n, o in b.items()}}
 
   def save(self) -> None:
-    (self.output_dir / self.FILE).write_text(json.dumps(self.to_json(), indent=1))
+    artifacts.write_json(self.output_dir / self.FILE, self.to_json())
 
   @classmethod
   def load(cls, output_dir: str | Path) -> "EvalResult":

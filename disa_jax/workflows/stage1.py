@@ -388,7 +388,7 @@ class Stage1Result:
             "dataset": str(self.dataset), "stop_token_ids": list(self.stop_token_ids)}
 
   def save(self) -> None:
-    (self.output_dir / self.FILE).write_text(json.dumps(self.to_json(), indent=1))
+    artifacts.write_json(self.output_dir / self.FILE, self.to_json())
 
   @classmethod
   def load(cls, output_dir: str | Path) -> "Stage1Result":
