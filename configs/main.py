@@ -38,7 +38,8 @@ Presets and their budgets (2 CPU cores):
   against the proposal's preference), the fix and its controls, with conditional_kl.json.
 - ``staleness_study``: issue 29's runs at ``rollout.max_staleness`` k = 0 and 2 (`staleness_grid`):
   DISA, the oracle, FlowRL, GRPO and GRPO with TIS, three seeds, on the smaller task (n = 0..15),
-  and DISA, the oracle and FlowRL at k = 2 with half the lr (the control of TB's delay).
+  DISA, the oracle and FlowRL at k = 2 with half the lr (the control of TB's delay) and VarGrad at
+  k = 2 (a batch-mean log Z: the control of the explanation).
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -183,7 +184,7 @@ HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
 STALENESS_COMPARE = (
     *(f"k0_{m}<k2_{m}" for m in ("disa", "disa_exact", "flowrl", "grpo", "grpo_tis")),
     "k2_grpo_tis<k2_grpo", "k2_disa<k2_flowrl", "k2_disa_halflr<k2_flowrl_halflr",
-    "k0_disa_exact<k0_disa", "k2_disa_exact_halflr<k2_disa_halflr")
+    "k0_disa_exact<k0_disa", "k2_disa_exact_halflr<k2_disa_halflr", "k2_vargrad<k2_disa")
 
 
 def staleness_grid() -> ml_collections.ConfigDict:
@@ -213,6 +214,9 @@ def staleness_grid() -> ml_collections.ConfigDict:
   g[f"k{k}_disa_halflr"] = _run(_tb("disa"), staleness=k, lr=HALF_LR)
   g[f"k{k}_disa_exact_halflr"] = _run(_tb("disa"), anchor="exact", staleness=k, lr=HALF_LR)
   g[f"k{k}_flowrl_halflr"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k, lr=HALF_LR)
+  # The control of the explanation "a learned log Z absorbs the residual common to a prompt's rows,
+  # a fixed one does not": VarGrad's batch-mean log Z (no anchor, no head) at k = 2.
+  g[f"k{k}_vargrad"] = _run(_tb("vargrad"), staleness=k)
   return g
 
 
@@ -398,8 +402,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 40 (5 measures in the last 20%,
     # a constant lr). Wall time on 2 cores (39 runs): seed 0's first 10 runs took 35 min (load
-    # 4-11); the other 29 runs took 102 min while other jobs' tests ran (load 7-11; runs 324-499 s
-    # each, ~205 s on a quiet machine), so ~1.3 h quiet and ~2.3 h loaded for the whole preset.
+    # 4-11); the next 29 runs took 102 min while other jobs' tests ran (load 7-11; runs 324-499 s
+    # each), the 3 VarGrad runs 8 min on a quiet machine (174-272 s each), so ~1.4 h quiet and
+    # ~2.4 h loaded for the whole preset (42 runs).
     # Results: docs/objectives.md ("Where training ends with stale rollouts").
     grid = staleness_grid()
     c.runs.update(grid)

@@ -22,7 +22,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # Written by the job of commit 1974253 (raw dict sections merged by hand, converted per stage):
 # per preset and heldout fraction, the sha256 (16 hex digits) of every stage config's JSON form
 # (`config_lib.to_dict`, keys sorted, the workdir written '<workdir>'), and the default preset's
-# configs in full.
+# configs in full. The staleness preset's k2_vargrad runs were added later (their hashes written
+# by the new code, with every older entry of that preset checked unchanged first).
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
