@@ -14,10 +14,11 @@ Our step runs in a child process per block, one per variant (``--variants``):
   "before" column;
 - a ``+malloc`` suffix sets the same allocator settings through ``GLIBC_TUNABLES`` (for a base
   tree without `disa_jax.runtime`), ``+nomalloc`` turns `disa_jax.runtime`'s off
-  (``DISA_HOST_MALLOC=0``), an ``@k<K>`` suffix runs it with asynchronous rollouts
-  (``rollout.max_staleness = K``, `disa_jax.rl.async_rollout`), e.g. ``--variants new,new@k1``. XLA:CPU allocates each execution's temporaries as one block; above
+  (``DISA_HOST_MALLOC=0``). XLA:CPU allocates each execution's temporaries as one block; above
   64 MiB (the update's is 64.5 MiB on this model) glibc maps it fresh from the kernel on every call
-  and every page faults again (16.5k minor faults per update); kept, the block is reused.
+  and every page faults again (16.5k minor faults per update); kept, the block is reused;
+- an ``@k<K>`` suffix runs the variant with asynchronous rollouts (``rollout.max_staleness = K``,
+  `disa_jax.rl.async_rollout`), e.g. ``--variants new,new@k1``.
 
 Blocks alternate (TRL, then each variant), each ``--steps`` RL steps; per-step wall times are
 pooled per side (the first 3 steps of each of our blocks are compilation and are reported apart),
@@ -111,6 +112,7 @@ def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str =
       optim=dict(lr=1e-4, weight_decay=0.0, grad_clip=1.0),
       rollout=dict(prompts_per_batch=8, group_size=8, max_prompt_len=64, max_response_len=8,
                    num_minibatches=1, **LAYOUTS[layout],
+                   # (a base tree from before asynchronous rollouts has no such field)
                    **({"max_staleness": staleness} if staleness else {})),
       checkpoint=dict(every=10 ** 6, keep=1, async_save=True), validation=dict(every=0),
       seed=seed, total_steps=steps, progress_bar=False, tensorboard=False), "bench")
@@ -193,7 +195,7 @@ def _child(spec: str) -> None:
     pass
   Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
   hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"],
-                  layout=s["layout"], **({"staleness": s["staleness"]} if s["staleness"] else {}))
+                  layout=s["layout"], staleness=s["staleness"])
   Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
 
 
