@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models
 from disa_jax.anchor import TableAnchor, noisy_log_z
@@ -279,10 +280,6 @@ def prompt_records(task: SumTask) -> list[PromptRecord]:
                        "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
 
-def _write_json(path: Path, obj: Any) -> None:
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=1, default=float))
-  tmp.replace(path)
 
 
 class SumJob:
@@ -413,7 +410,7 @@ class SumJob:
   def _record(self, name: str, seconds: float) -> None:
     if name not in self.times:  # the time of the run that did the work (a resumed run skips it)
       self.times[name] = seconds
-      _write_json(self.dir / "times.json", self.times)
+      artifacts.write_json(self.dir / "times.json", self.times)
 
   # -- 0. the task's own pieces ------------------------------------------------------------------
 
@@ -429,8 +426,8 @@ class SumJob:
           progress=self.progress, desc=f"warm-up {Path(path).name}")
       save_model(model, path)
       self.tok.save_pretrained(path)
-      _write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
-                  | {"spec": dataclasses.asdict(spec), "init_from": init})
+      artifacts.write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
+                           | {"spec": dataclasses.asdict(spec), "init_from": init})
     self.write_prompts()
 
   def write_prompts(self) -> None:
@@ -488,7 +485,7 @@ class SumJob:
         if held:
           entry[f"{key}_mean_heldout"] = float(np.mean([per[p] for p in sorted(held)]))
       out[row] = entry
-    _write_json(path, out)
+    artifacts.write_json(path, out)
     return out
 
   # -- 1-3. the workflows ------------------------------------------------------------------------
@@ -545,7 +542,7 @@ class SumJob:
                         repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
                         seed=self.cfg.seed)
     res["verdict"] = sigma_verdict(res)
-    _write_json(path, res)
+    artifacts.write_json(path, res)
 
   def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
     """Every (method, seed) run not yet exported (or without its summary), ``stage3_workers`` at a
@@ -583,7 +580,8 @@ class SumJob:
   def lora_sft(self, pool: Stage1Data) -> SftRun | None:
     """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
     if not (pool.reward[pool.mask] >= 1.0).any():  # nothing to distil: say so in the report
-      _write_json(self.dir / "sft_skipped.json", {"reason": "no Stage 1 sample has reward 1"})
+      artifacts.write_json(self.dir / "sft_skipped.json",
+                           {"reason": "no Stage 1 sample has reward 1"})
       return None
     run = run_sft(self.sft_cfg)
     if not run.exported:  # adapters saved at that step; the job's rerun resumes the baseline

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -105,10 +104,6 @@ class NStudyConfig:
         sampling=dataclasses.replace(self.stage1.sampling, n=self.pool_size))
 
 
-def _write_json(path: Path, obj: Any) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=1))
-  os.replace(tmp, path)
 
 
 def preflight_nstudy(cfg: NStudyConfig) -> list[str]:
@@ -174,7 +169,7 @@ def choose_subset(cfg: NStudyConfig) -> dict[str, Any]:
           "cluster_sizes": np.bincount(labels, minlength=k).tolist(),
           "subset_cluster_sizes": np.bincount(labels[chosen], minlength=k).tolist(),
           "prompt_ids": [records[i].prompt_id for i in chosen]}
-  _write_json(info_path, info)
+  artifacts.write_json(info_path, info)
   return info
 
 
@@ -194,7 +189,7 @@ def study_pool(cfg: NStudyConfig) -> dict[str, Any]:
   if 8 in by_m and 16 in by_m:  # the paper: M = 8 -> 16 removes ~3 points of relative bias
     out["relative_bias_change_8_to_16"] = (by_m[8]["relative_bias_mean"]
                                            - by_m[16]["relative_bias_mean"])
-  _write_json(Path(cfg.output_dir) / "nstudy.json", out)
+  artifacts.write_json(Path(cfg.output_dir) / "nstudy.json", out)
   plot_nstudy(rows, Path(cfg.output_dir) / "nstudy.png")
   return out
 
@@ -284,7 +279,7 @@ def run_nstudy(cfg: NStudyConfig) -> NStudyResult:
   out = Path(cfg.output_dir)
   out.mkdir(parents=True, exist_ok=True)
   claim_nstudy_output(cfg)
-  _write_json(out / "nstudy_config.json", config_lib.to_dict(cfg))
+  artifacts.write_json(out / "nstudy_config.json", config_lib.to_dict(cfg))
   subset = choose_subset(cfg)
   stage1 = run_stage1(cfg.pool_config())
   if stage1.preempted:

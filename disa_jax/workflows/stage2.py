@@ -126,7 +126,7 @@ def _embeddings(cfg: Stage2Config, data, out_dir: Path):
     with open(out_dir / "embeddings.tmp.npy", "wb") as f:
       np.save(f, emb)
     os.replace(out_dir / "embeddings.tmp.npy", cache)
-    _write_json(ids_file, key)
+    artifacts.write_json(ids_file, key)
   spec = EmbeddingSpec(source="model_mean_pool", dim=int(emb.shape[1]),
                        model_path=cfg.reference_path, prompt_format="stage1_prompt",
                        rendering=rendering)
@@ -235,7 +235,7 @@ class AnchorArtifact:
             "validation_curve": self.validation_curve, "resumed": self.resumed}
 
   def save(self) -> None:
-    _write_json(self.output_dir / self.FILE, self.to_json())
+    artifacts.write_json(self.output_dir / self.FILE, self.to_json())
 
   @classmethod
   def load(cls, output_dir: str | Path) -> "AnchorArtifact":
@@ -264,10 +264,6 @@ class AnchorArtifact:
                validation_curve=f("validation_curve", str), resumed=f("resumed", bool))
 
 
-def _write_json(path: Path, obj: Any) -> None:
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=1))
-  os.replace(tmp, path)
 
 
 IDENTITY_FIELDS = ("stage1_format", "samples", "labels", "weighting", "drop_nonfinite", "fit",
@@ -340,7 +336,7 @@ def _run_stage2(cfg: Stage2Config) -> AnchorArtifact:
                    label_kind=LABEL_KINDS[cfg.labels])
   plot_validation_curve(res.history, res.best_epoch, out_dir / "validation_curve.png")
   pred = np.asarray(res.anchor(emb), np.float64)  # [P_kept]
-  _write_json(pending, {"anchor_path": str(anchor_dir.resolve())})
+  artifacts.write_json(pending, {"anchor_path": str(anchor_dir.resolve())})
   res.anchor.save(anchor_dir)
   out = AnchorArtifact(
       output_dir=out_dir, anchor_path=anchor_dir.resolve(), stage1_path=cfg.stage1_path,
