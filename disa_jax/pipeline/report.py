@@ -105,7 +105,7 @@ AGGREGATED = ("accuracy_mean_at_k", "pass_at_k", "distinct_correct_mean", "p_cor
 def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
   """Evaluation rows by method: the mean over the method's Stage 3 seeds, with ``<metric>_std`` and ``seeds``
   when there are several; rows that are not Stage 3 runs (reference, proposal, lora_sft) as they are."""
-  runs = {m: [job.run_name(m, s) for s in job.cfg.seeds] for m in job.cfg.methods}
+  runs = {m: [job.run_name(m, s) for s in job.cfg.run_seeds(m)] for m in job.cfg.methods}
   in_runs = {r for rs in runs.values() for r in rs}
   out = {name: e for name, e in evals.items() if name not in in_runs and name in ("reference", "proposal")}
   for m, names in runs.items():
@@ -129,7 +129,7 @@ def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
 def _training_curves(job, stage3: Stage3Runs) -> dict[str, list[tuple[int, float]]]:
   curves = {}
   for m in job.cfg.methods:  # the first seed's run
-    run = stage3.get((m, job.cfg.seeds[0]))
+    run = stage3.get((m, job.cfg.run_seeds(m)[0]))
     if run is not None and run.metrics_path.exists():
       curves[m] = [(int(r["step"]), float(r["reward"])) for r in run.metrics() if "reward" in r]
   return curves
@@ -171,12 +171,12 @@ def _dynamics(job, stage3: Stage3Runs) -> dict[str, Any]:
   out: dict[str, Any] = {"series": {}, "end_state": {}, "matched": {}, "matched_runs": {}}
   for m in job.cfg.methods:
     ends, matched = [], []
-    for seed in job.cfg.seeds:
+    for seed in job.cfg.run_seeds(m):
       run = stage3.get((m, seed))
       series = run.exact_series() if run is not None and run.metrics_path.exists() else None
       if series is None or series["step"].size < 2:
         continue
-      if seed == job.cfg.seeds[0]:
+      if seed == job.cfg.run_seeds(m)[0]:
         out["series"][m] = series
       ends.append(D.end_state(series, lr_decay_step=_lr_decay_step(job, m, seed)).to_dict()
                   | {"seed": seed})
@@ -220,7 +220,7 @@ def _claim(claim: str, holds: bool, numbers: dict, *, runs: tuple[str, ...], dyn
 def _seed_values(job, runs: dict, m: str, key: str, se_key: str | None
                  ) -> tuple[list[float], list[float] | None]:
   """Seed-level values of evaluation field ``key`` of method ``m`` (and their standard errors)."""
-  rows = [runs[n] for n in (job.run_name(m, s) for s in job.cfg.seeds) if n in runs]
+  rows = [runs[n] for n in (job.run_name(m, s) for s in job.cfg.run_seeds(m)) if n in runs]
   return [r[key] for r in rows], ([r[se_key] for r in rows] if se_key else None)
 
 
@@ -347,7 +347,8 @@ def _methods_md(job, evals: dict, regime: dict, skipped: dict) -> list[str]:
         "term is sampled).", ""]
   if len(job.cfg.seeds) > 1:
     md += [f"Stage 3 seeds {list(job.cfg.seeds)}: cells are mean ± std over seeds (KL: ± std over "
-           "seeds; a single run's KL: ± its Monte Carlo standard error).", ""]
+           "seeds; a single run's KL: ± its Monte Carlo standard error). A run with seeds of its own "
+           "(`RunSpec.seeds`) says how many in its label.", ""]
   md += [f"| method | state | Mean@{k} | distinct correct in {k} | P(correct) | entropy over correct "
          "(target) | KL(pi ‖ pi~) | KL binary | P_c KL_c | P_w KL_w |", "|---|---|---|---|---|---|---|---|---|---|"]
   for name, e in evals.items():
@@ -501,7 +502,9 @@ def write_report(job, inputs: ReportInputs) -> dict:
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals, "runs": runs,
             "end_state": dyn["end_state"], "matched_accuracy": dyn["matched"],
             "matched_accuracy_runs": {m: dict(v) for m, v in dyn["matched_runs"].items()},
-            "stage3_seeds": list(job.cfg.seeds), "skipped_methods": skipped, "claims": claims,
+            "stage3_seeds": list(job.cfg.seeds),
+            "run_seeds": {m: list(job.cfg.run_seeds(m)) for m in job.cfg.methods},
+            "skipped_methods": skipped, "claims": claims,
             "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   md = [f"# DISA main job: sum task, n in [{job.task.n_min}, {job.task.n_max}], beta = {job.cfg.beta}", "",

@@ -88,7 +88,8 @@ class RunSpec:
   ``minibatches``: optimizer updates per rollout batch of this run (``train.rollout.
   num_minibatches``); 0 keeps the job's. ``staleness``: this run's ``train.rollout.max_staleness``
   (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's. ``lr``: this run's
-  peak ``train.optim.lr``; 0 keeps the job's.
+  peak ``train.optim.lr``; 0 keeps the job's. ``seeds``: this run's Stage 3 seeds, () = the job's
+  (`MainConfig.run_seeds`): a grid runs several seeds only where a comparison is decided.
   """
   objective: Objective
   replay: ReplayConfig = ReplayConfig()
@@ -98,6 +99,7 @@ class RunSpec:
   minibatches: int = 0
   staleness: int = 0
   lr: float = 0.0
+  seeds: tuple[int, ...] = ()
 
   def __post_init__(self):
     if self.anchor not in ANCHORS:
@@ -118,6 +120,8 @@ class RunSpec:
       raise ValueError(f"staleness must be an int >= 0 (0 = the job's), got {self.staleness!r}")
     if not self.lr >= 0:
       raise ValueError(f"lr must be >= 0 (0 = the job's train.optim.lr), got {self.lr!r}")
+    if len(set(self.seeds)) != len(self.seeds):
+      raise ValueError(f"seeds must be distinct (() = the job's), got {self.seeds!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,11 +239,19 @@ class MainConfig:
                          f"{spec.match_rows_of!r}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds must be distinct ints, at least one, got {self.seeds!r}")
+    for m in self.methods:  # a run's own seeds name its runs after the job's first seed
+      if self.runs[m].seeds and self.runs[m].seeds[0] != self.seeds[0]:
+        raise ValueError(f"runs.{m}.seeds must start with the job's first seed {self.seeds[0]} "
+                         f"(its unsuffixed run), got {self.runs[m].seeds!r}")
     if not (isinstance(self.stage3_workers, int) and self.stage3_workers >= 1):
       raise ValueError(f"stage3_workers must be an int >= 1, got {self.stage3_workers!r}")
     if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
       raise ValueError(f"n_study values and n_study_repeats must be >= 1, got {self.n_study}, "
                        f"{self.n_study_repeats}")
+
+  def run_seeds(self, method: str) -> tuple[int, ...]:
+    """The Stage 3 seeds of run ``method``: its own `RunSpec.seeds`, else the job's."""
+    return self.runs[method].seeds or self.seeds
 
   @classmethod
   def from_config(cls, config: Any) -> "MainConfig":
@@ -294,7 +306,8 @@ class SumJob:
     self.arch = cfg.arch
     self.stage1_cfg = self._stage1_config()
     self.stage2_cfg = self._stage2_config()
-    self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods for s in cfg.seeds}
+    self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods
+                        for s in cfg.run_seeds(m)}
     self.sft_cfg = self._sft_config()
     self.eval_template = self._eval_config("reference", self.ref_path)
     self.times: dict[str, float] = {}
@@ -420,6 +433,7 @@ class SumJob:
                              (self.proposal_path, self.cfg.proposal_model, self.ref_path)):
       marker = Path(path) / "warmup.json"
       if marker.exists():
+        self._check_saved_model(marker, spec)
         continue
       model, summary = train_sum_model(
           self.task, self.arch, spec, init_from=from_pretrained(init) if init else None,
@@ -427,8 +441,21 @@ class SumJob:
       save_model(model, path)
       self.tok.save_pretrained(path)
       artifacts.write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
-                           | {"spec": dataclasses.asdict(spec), "init_from": init})
+                           | {"spec": dataclasses.asdict(spec), "init_from": init,
+                              "task": [self.task.n_min, self.task.n_max]})
     self.write_prompts()
+
+  def _check_saved_model(self, marker: Path, spec: WarmupSpec) -> None:
+    """A saved warm-up model is reused only if it was trained as this job would train it (its
+    spec and the task's range; a marker from before the range was recorded is checked on its
+    spec): a rerun with other settings never serves it."""
+    saved = json.loads(marker.read_text())
+    want = {"spec": dataclasses.asdict(spec), "task": [self.task.n_min, self.task.n_max]}
+    diff = {k: (saved.get(k), v) for k, v in want.items()
+            if k in saved and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))}
+    if diff:
+      raise ValueError(f"{marker.parent} holds a model trained with other settings {diff} "
+                       "((saved, wanted)); use another workdir or delete it")
 
   def write_prompts(self) -> None:
     """The prompt file, and with ``heldout`` its Stage 3 and held-out parts (kept when written)."""
@@ -554,7 +581,7 @@ class SumJob:
     workers on two cores nearly halve Stage 3's wall time (a run's trainer and its engine worker
     alternate, so one run keeps about one core busy).
     """
-    keys = [(m, s) for m in self.cfg.methods for s in self.cfg.seeds]
+    keys = [(m, s) for m in self.cfg.methods for s in self.cfg.run_seeds(m)]
     wd = {k: Path(self.stage3_cfgs[k].workdir) for k in keys}
     todo = [k for k in keys if not ((wd[k] / "final" / "export_info.json").exists()
                                     and (wd[k] / Stage3Run.FILE).exists())]
