@@ -34,11 +34,14 @@ class IdentityMismatchError(ValueError):
   """An output was computed from other inputs; ``diffs`` maps field -> (old, new)."""
 
   def __init__(self, where: Path, diffs: dict[str, tuple[Any, Any]]):
-    self.diffs = diffs
+    self.where, self.diffs = where, diffs
     lines = "\n".join(f"  {k}: stored {o!r}, this run {n!r}" for k, (o, n) in sorted(diffs.items()))
     super().__init__(f"{where.parent} holds outputs of a run with other inputs ({len(diffs)} "
                      f"field(s) differ, recorded in {where}):\n{lines}\nUse a new output "
                      f"directory, the same inputs, or overwrite=True to discard the old outputs.")
+
+  def __reduce__(self):  # (pickled back from a worker process with its arguments)
+    return type(self), (self.where, self.diffs)
 
 
 def _hash_file(path: Path, h) -> None:

@@ -18,10 +18,13 @@ class OutputLockedError(RuntimeError):
   """Another writer holds the output; ``path`` is the lock file, ``holder_pid`` its pid (or None)."""
 
   def __init__(self, path: Path, holder_pid: int | None, what: str):
-    self.path, self.holder_pid = path, holder_pid
+    self.path, self.holder_pid, self._what = path, holder_pid, what
     super().__init__(f"{what} is being written by another process (pid {holder_pid}; lock file "
                      f"{path}). Wait for it to finish or stop it; two writers would mix their "
                      f"outputs.")
+
+  def __reduce__(self):  # (pickled back from a worker process with its arguments)
+    return type(self), (self.path, self.holder_pid, self._what)
 
 
 class OutputLock:

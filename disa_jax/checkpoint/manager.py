@@ -52,6 +52,14 @@ class CheckpointSaveError(RuntimeError):
     self.latest_step = latest_step
     self.disk_full = disk_full
 
+  def __reduce__(self):  # (pickled back from a worker process with its arguments)
+    return _save_error, (str(self), self.step, self.latest_step, self.disk_full)
+
+
+def _save_error(message: str, step: int | None, latest_step: int | None, disk_full: bool
+                ) -> CheckpointSaveError:
+  return CheckpointSaveError(message, step=step, latest_step=latest_step, disk_full=disk_full)
+
 
 def _is_disk_full(e: BaseException) -> bool:
   """Whether `e` (or an exception it was raised from) is ENOSPC."""

@@ -58,10 +58,13 @@ class Stage1FormatError(ValueError):
   """A Stage 1 file has invalid rows; ``errors`` lists (row index, reason)."""
 
   def __init__(self, path: str, errors: list[tuple[int, str]]):
-    self.errors = errors
+    self.path, self.errors = path, errors
     shown = "\n".join(f"  row {i}: {why}" for i, why in errors[:20])
     more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
     super().__init__(f"{path}: {len(errors)} invalid Stage 1 row(s):\n{shown}{more}")
+
+  def __reduce__(self):  # (pickled back from a worker process with its arguments)
+    return type(self), (self.path, self.errors)
 
 
 def scaled_logps(logp: np.ndarray, num_tokens: np.ndarray, label_scale: str) -> np.ndarray:
