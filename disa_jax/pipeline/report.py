@@ -36,6 +36,7 @@ from disa_jax.anchor.labels import anchor_targets
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
+from disa_jax.pipeline import grid as G
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
@@ -332,6 +333,27 @@ def _regime(job, dyn: dict) -> dict[str, Any]:
           "per_method": per}
 
 
+def _grid_section(job, stage3: Stage3Runs, runs: dict, dyn: dict, s2: dict) -> dict[str, Any]:
+  """Per method, its end-state figures over seeds and regime; per regime, KL against sigma_g
+  (`disa_jax.pipeline.grid`)."""
+  figures = G.run_figures(G.collect(job, stage3, runs, dyn["matched_runs"]))
+  return {"regimes": {m: G.regime_of(job, m) for m in figures}, "figures": figures,
+          "sigma_curve": G.sigma_curve(job, figures, s2.get("sigma_g_all"))}
+
+
+def _grid_md(report: dict) -> list[str]:
+  """The regime table (`tables.regime_table`) and the KL-against-sigma_g rows."""
+  md = ["## End-state figures per run (regime table)", "",
+        "Mean ± std over the run's seeds [95% interval]; steps to P(correct) >= 0.9 over the seeds "
+        "that got there; gradient noise = the mean squared gradient norm over the last 20% of steps "
+        "(`disa_jax.pipeline.grid`).", "", *tables.regime_table(report), ""]
+  if report["grid"]["sigma_curve"]:
+    md += ["KL against the log Z error sigma_g (kl_vs_sigma.png), with the loss gap to the exact "
+           "log Z run and Prop. 4's envelope sigma^2 + 2 sigma sqrt(L_TB):", "",
+           *tables.sigma_table(report), ""]
+  return md
+
+
 def _cell(e: dict, key: str, fmt: str) -> str:
   if key + "_std" in e:
     return f"{e[key]:{fmt}} ± {e[key + '_std']:{fmt}}"
@@ -490,6 +512,8 @@ def write_report(job, inputs: ReportInputs) -> dict:
   claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
   gap = _anchor_gap(evals, results, inputs.anchor, exact)
   plots = _plots(job, s1, s2, _training_curves(job, stage3))
+  grid = _grid_section(job, stage3, runs, dyn, s2)
+  plots += G.plot_sigma_curve(grid["sigma_curve"], job.dir)
   if dyn["series"]:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
   study_path = job.dir / "anchor_study.json"
@@ -500,7 +524,7 @@ def write_report(job, inputs: ReportInputs) -> dict:
                        "preset": job.cfg.preset},
             "regime": regime, "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals, "runs": runs,
-            "end_state": dyn["end_state"], "matched_accuracy": dyn["matched"],
+            "end_state": dyn["end_state"], "matched_accuracy": dyn["matched"], "grid": grid,
             "matched_accuracy_runs": {m: dict(v) for m, v in dyn["matched_runs"].items()},
             "stage3_seeds": list(job.cfg.seeds),
             "run_seeds": {m: list(job.cfg.run_seeds(m)) for m in job.cfg.methods},
@@ -511,7 +535,8 @@ def write_report(job, inputs: ReportInputs) -> dict:
         f"Preset {job.cfg.preset!r}, {job.cfg.train.total_steps} Stage 3 steps per run. Engine: "
         f"{job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = "
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
-        *_methods_md(job, evals, regime, skipped), *_matched_md(dyn), *_claims_md(report),
+        *_methods_md(job, evals, regime, skipped), *_grid_md(report), *_matched_md(dyn),
+        *_claims_md(report),
         *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_nstudy_md(nstudy),
         "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items()), "",
         "Plots: " + ", ".join(plots)]

@@ -62,12 +62,53 @@ def claims_table(report: Mapping[str, Any]) -> list[str]:
   return md
 
 
+def _fig(s: Mapping[str, Any], fmt: str) -> str:
+  """A figure's `grid.summary`: 'mean ± std [lo, hi]' (one seed: the value)."""
+  if s["n"] == 0:
+    return "-"
+  if s["ci95"] is None:
+    return f"{s['mean']:{fmt}}"
+  return f"{s['mean']:{fmt}} ± {s['std']:{fmt}} [{s['ci95'][0]:{fmt}}, {s['ci95'][1]:{fmt}}]"
+
+
+def regime_table(report: Mapping[str, Any]) -> list[str]:
+  """Per Stage 3 method of the grid section: its regime, seeds, end state, final KL, conditional KL
+  over correct answers, steps to P(correct) >= 0.9 and gradient noise (`pipeline.grid`)."""
+  grid, states = report["grid"], report["regime"]["per_method"]
+  md = ["| run | regime | seeds | end state | KL(pi ‖ pi~) | KL(pi\\|c ‖ pi~\\|c) | "
+        "steps to P(c) 0.9 (reached) | gradient noise E\\|g\\|² |", "|---|---|---|---|---|---|---|---|"]
+  for m, f in grid["figures"].items():
+    md.append(f"| `{m}` | {grid['regimes'][m]} | {f['seeds']} | {states.get(m, '-')} | "
+              f"{_fig(f['kl'], '.3f')} | {_fig(f['kl_correct'], '.3f')} | "
+              f"{_fig(f['steps_to_0.9'], '.0f')} ({f['reached']}/{f['seeds']}) | "
+              f"{_fig(f['grad_sq'], '.3g')} |")
+  return md
+
+
+def sigma_table(report: Mapping[str, Any]) -> list[str]:
+  """Per regime with an exact-log-Z run: sigma_g, KL and the loss gap against Prop. 4's envelope."""
+  md = ["| regime | run | sigma_g | seeds | KL(pi ‖ pi~) | loss gap to exact | envelope |",
+        "|---|---|---|---|---|---|---|"]
+  for regime, pts in report["grid"]["sigma_curve"].items():
+    for p in pts:
+      kl = f"{p['kl']:.3f}" + (f" ± {p['kl_std']:.3f}" if p["seeds"] > 1 else "")
+      md.append(f"| {regime} | `{p['run']}` | {p['sigma']:.3g} | {p['seeds']} | {kl} | "
+                f"{p['loss_gap']:.3g} | {p['envelope']:.3g} |")
+  return md
+
+
 def render(report: Mapping[str, Any]) -> str:
-  """Both tables, with the run they come from."""
+  """The tables, with the run they come from: methods and claims; with a grid section (reports
+  since issue 27) the regime table, and the sigma_g table when the grid has an exact-log-Z run."""
   cfg = report["config"]
   head = (f"Preset `{cfg['preset']}`, {cfg['stage3_steps']} Stage 3 steps, Stage 3 seeds "
           f"{report['stage3_seeds']}, beta = {cfg['beta']:g}, task {cfg['task']}.")
-  return "\n".join([head, "", *methods_table(report), "", *claims_table(report)]) + "\n"
+  parts = [head, "", *methods_table(report), "", *claims_table(report)]
+  if "grid" in report:
+    parts += ["", *regime_table(report)]
+    if report["grid"]["sigma_curve"]:
+      parts += ["", *sigma_table(report)]
+  return "\n".join(parts) + "\n"
 
 
 def check_document(path: str | Path, root: str | Path = ".") -> int:

@@ -1,0 +1,191 @@
+"""The regime grid's figures (issue 27): per run, its end-state numbers over seeds; per regime, the
+end-state KL against the anchor's error sigma_g beside the Prop. 4 envelope.
+
+For every Stage 3 method of the job (`run_figures`), over its Stage 3 seeds:
+
+- ``kl``: the final KL(pi || pi~) (Monte Carlo with the exact log Z, the evaluation's);
+- ``kl_correct``: the final conditional KL over correct answers, KL(pi|c || pi~|c) (exact);
+- ``steps_to_0.9``: the first tracked step with P(correct) >= 0.9 (`dynamics.matched_accuracy`), over
+  the seeds that got there, and how many did;
+- ``grad_sq``: the mean squared gradient norm over the end-state window (the last 20% of steps,
+  before clipping). Near a stationary point the mean gradient is ~0, so this estimates the
+  variance of the per-update gradient, tr Cov(g): the gradient noise a method trains with at its
+  end state. It is comparable across log Z sources of one objective family (same residual scale),
+  not across families (GRPO's loss has another scale);
+- ``loss``: the mean training loss over the same window.
+
+Each figure has its mean, sample std and a 95% Student-t interval over seeds (one seed: none).
+
+`sigma_curve`: for the runs whose log Z has a known error (the exact log Z: 0; the exact log Z plus
+noise of RMS sigma; the fitted anchor: its sigma_g against the exact log Z, on the sum scale only),
+grouped by regime (residual scale, updates per rollout batch, staleness): sigma, the end-state KL
+and the loss gap to the exact-log-Z run of the regime against Prop. 4's envelope sigma^2 +
+2 sigma sqrt(L_TB). The runs end at different policies, so the loss gap is between two training
+runs' end-state losses, not the two losses at one policy that Prop. 4 bounds: the comparison is
+read as a check, not a proof.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from disa_jax.pipeline import seed_stats
+
+WINDOW = 0.2  # the end-state window: the last 20% of steps (as `dynamics.end_state`)
+LEVEL = "0.9"  # the accuracy level of ``steps_to_0.9``
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+  """Mean, sample std and 95% Student-t interval of seed-level ``values`` (finite ones).
+
+  Returns:
+    {'mean', 'std', 'ci95' ([lo, hi], None for one value), 'n'}; NaN mean and std for none.
+  """
+  v = np.asarray([x for x in values if x is not None and np.isfinite(x)], np.float64)
+  if not v.size:
+    return {"mean": float("nan"), "std": float("nan"), "ci95": None, "n": 0}
+  if v.size == 1:
+    return {"mean": float(v[0]), "std": 0.0, "ci95": None, "n": 1}
+  std = float(v.std(ddof=1))
+  half = seed_stats.t_quantile(0.975, v.size - 1) * std / math.sqrt(v.size)
+  return {"mean": float(v.mean()), "std": std, "ci95": [float(v.mean() - half),
+                                                         float(v.mean() + half)], "n": int(v.size)}
+
+
+def window_means(rows: Sequence[Mapping[str, Any]], total_steps: int,
+                 window: float = WINDOW) -> dict[str, float]:
+  """Mean squared ``grad_norm`` and mean ``loss`` of the training rows in the last ``window``
+  of ``total_steps`` (rows without them, e.g. the exact measures' own rows, are skipped).
+
+  Raises:
+    ValueError: no training row in the window (the run did not get there).
+  """
+  start = total_steps - window * total_steps
+  got = [(float(r["grad_norm"]), float(r["loss"])) for r in rows
+         if "grad_norm" in r and "loss" in r and r.get("step", -1) > start]
+  if not got:
+    raise ValueError(f"no training row with grad_norm and loss after step {start:g} of "
+                     f"{total_steps}")
+  g, l = np.asarray(got).T
+  return {"grad_sq": float(np.mean(g ** 2)), "loss": float(np.mean(l))}
+
+
+def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict]:
+  """Per method, `summary` of each figure over its seeds.
+
+  Args:
+    per_seed: method -> one dict per seed with 'kl', 'kl_correct', 'steps_to_0.9' (None: not
+      reached), 'grad_sq' and 'loss'.
+
+  Returns:
+    method -> {'seeds', 'kl', 'kl_correct', 'grad_sq', 'loss': `summary`, 'steps_to_0.9':
+    `summary` over the seeds that reached it, 'reached': how many did}.
+  """
+  out = {}
+  for m, seeds in per_seed.items():
+    steps = [s["steps_to_0.9"] for s in seeds if s["steps_to_0.9"] is not None]
+    out[m] = {"seeds": len(seeds), "reached": len(steps), "steps_to_0.9": summary(steps)}
+    out[m] |= {k: summary([s[k] for s in seeds]) for k in ("kl", "kl_correct", "grad_sq", "loss")}
+  return out
+
+
+def collect(job, stage3: Mapping, evals: Mapping[str, Mapping[str, Any]],
+            matched_runs: Mapping[str, Sequence]) -> dict[str, list[dict[str, Any]]]:
+  """The seed-level figures of every Stage 3 method of ``job`` (a `SumJob`).
+
+  Args:
+    stage3: (method, seed) -> `Stage3Run`.
+    evals: evaluation row name -> its row (`report.eval_row`).
+    matched_runs: method -> [(seed, `dynamics.matched_accuracy`)], the report's dynamics.
+  """
+  out: dict[str, list[dict[str, Any]]] = {}
+  for m in job.cfg.methods:
+    matched = dict(matched_runs.get(m, []))
+    rows = []
+    for seed in job.cfg.run_seeds(m):
+      run, ev = stage3.get((m, seed)), evals.get(job.run_name(m, seed))
+      if run is None or ev is None or not Path(run.metrics_path).exists():
+        continue
+      hit = (matched.get(seed) or {}).get(LEVEL)
+      total = job.stage3_cfgs[(m, seed)].train.total_steps
+      rows.append({"seed": seed, "kl": ev["kl_to_target"], "kl_correct": ev["kl_correct"],
+                   "steps_to_0.9": None if hit is None else hit["step"],
+                   **window_means(run.metrics(), total)})
+    if rows:
+      out[m] = rows
+  return out
+
+
+def regime_of(job, method: str) -> str:
+  """'<scale>, <k> update(s) per batch[, staleness <s>][, lr <lr>]' of ``method``'s runs (the
+  run's own lr only)."""
+  spec, train = job.cfg.runs[method], job.cfg.train
+  scale = getattr(spec.objective, "scale", None) or "-"
+  k = spec.minibatches or train.rollout.num_minibatches
+  s = spec.staleness or train.rollout.max_staleness
+  return (f"{scale}, {k} update{'s' if k > 1 else ''} per batch" + (f", staleness {s}" if s else "")
+          + (f", lr {spec.lr:g}" if spec.lr else ""))
+
+
+def sigma_of(job, method: str, fitted_sigma_g: float | None) -> float | None:
+  """The RMS error of ``method``'s log Z against the exact one: 0 (exact), sigma (exact + noise),
+  the fitted anchor's sigma_g (when the job's labels are on the sum scale); None otherwise."""
+  spec = job.cfg.runs[method]
+  if not spec.objective.needs_anchor:
+    return None
+  if spec.anchor == "exact":
+    return 0.0
+  if spec.anchor == "exact+noise":
+    return float(spec.sigma)
+  return fitted_sigma_g if job.cfg.stage1.label_scale == "sum" else None
+
+
+def sigma_curve(job, figures: Mapping[str, Mapping[str, Any]], fitted_sigma_g: float | None
+                ) -> dict[str, list[dict[str, Any]]]:
+  """Per regime with an exact-log-Z run, its runs of known sigma sorted by sigma: KL, the loss gap
+  |L - L_exact| of the end-state windows and Prop. 4's envelope sigma^2 + 2 sigma sqrt(L_exact)."""
+  by_regime: dict[str, list[tuple[float, str]]] = {}
+  for m in figures:
+    sigma = sigma_of(job, m, fitted_sigma_g)
+    if sigma is not None:
+      by_regime.setdefault(regime_of(job, m), []).append((sigma, m))
+  out = {}
+  for regime, pts in by_regime.items():
+    exact = [m for s, m in pts if s == 0.0]
+    if not exact:
+      continue
+    l_tb = figures[exact[0]]["loss"]["mean"]
+    out[regime] = [{"run": m, "sigma": s, "kl": figures[m]["kl"]["mean"],
+                    "kl_std": figures[m]["kl"]["std"], "seeds": figures[m]["seeds"],
+                    "loss_gap": abs(figures[m]["loss"]["mean"] - l_tb),
+                    "envelope": s * s + 2.0 * s * math.sqrt(max(l_tb, 0.0))}
+                   for s, m in sorted(pts)]
+  return out
+
+
+def plot_sigma_curve(curve: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path
+                     ) -> list[str]:
+  """kl_vs_sigma.png: end-state KL against sigma per regime, and the loss gap against the envelope
+  (log scale); [] when no regime has a curve."""
+  if not curve:
+    return []
+  import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6))
+  for regime, pts in curve.items():
+    s = [p["sigma"] for p in pts]
+    ax.errorbar(s, [p["kl"] for p in pts], yerr=[p["kl_std"] for p in pts], marker="o",
+                capsize=3, label=regime)
+    line = bx.plot(s, [max(p["loss_gap"], 1e-3) for p in pts], marker="o", label=f"{regime}: gap")
+    bx.plot(s, [max(p["envelope"], 1e-3) for p in pts], ls="--", color=line[0].get_color(),
+            label=f"{regime}: envelope")
+  ax.set_xlabel("sigma_g (RMS error of log Z)"); ax.set_ylabel("end-state KL(pi || pi~)")
+  ax.set_title("KL against the anchor's error"); ax.legend(fontsize=7)
+  bx.set_yscale("log"); bx.set_xlabel("sigma_g"); bx.set_ylabel("|L - L_exact| (end-state window)")
+  bx.set_title("loss gap and Prop. 4 envelope"); bx.legend(fontsize=6)
+  fig.tight_layout(); fig.savefig(Path(out_dir) / "kl_vs_sigma.png", dpi=110); plt.close(fig)
+  return ["kl_vs_sigma.png"]

@@ -1,0 +1,86 @@
+"""`pipeline.grid`: the regime table's figures over seeds and the KL-against-sigma_g curve, on
+made-up runs whose answers are known."""
+import math
+import types
+
+import pytest
+
+from configs import main as main_config
+from disa_jax.pipeline import grid as G
+from disa_jax.pipeline import tables
+from disa_jax.pipeline.sum_job import MainConfig
+
+
+def test_summary_is_the_mean_sample_std_and_the_student_t_interval():
+  s = G.summary([1.0, 2.0, 3.0])
+  half = 4.302652729911275 / math.sqrt(3.0)  # t_{0.975, 2} x std 1 / sqrt(3)
+  assert s["mean"] == 2.0 and s["std"] == 1.0 and s["n"] == 3
+  assert s["ci95"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-9)
+  assert G.summary([5.0]) == {"mean": 5.0, "std": 0.0, "ci95": None, "n": 1}
+  assert G.summary([None, float("nan")])["n"] == 0
+
+
+def test_the_window_keeps_the_last_fifth_of_training_rows_only():
+  rows = [{"step": s, "grad_norm": float(s), "loss": 10.0 * s} for s in range(1, 101)]
+  rows += [{"step": 100, "exact/kl_mc": 0.3}]  # a measure row: no gradient, skipped
+  got = G.window_means(rows, 100)
+  assert got["grad_sq"] == pytest.approx(sum(s * s for s in range(81, 101)) / 20)
+  assert got["loss"] == pytest.approx(10.0 * sum(range(81, 101)) / 20)
+  with pytest.raises(ValueError, match="no training row with grad_norm and loss after step 80"):
+    G.window_means(rows[:50], 100)
+
+
+def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
+  seeds = [{"kl": 0.2, "kl_correct": 0.1, "steps_to_0.9": 64, "grad_sq": 4.0, "loss": 1.0},
+           {"kl": 0.4, "kl_correct": 0.3, "steps_to_0.9": None, "grad_sq": 6.0, "loss": 2.0}]
+  f = G.run_figures({"a": seeds})["a"]
+  assert f["seeds"] == 2 and f["reached"] == 1 and f["steps_to_0.9"]["mean"] == 64
+  assert f["kl"]["mean"] == pytest.approx(0.3) and f["grad_sq"]["std"] == pytest.approx(math.sqrt(2))
+
+
+def _grid_job():
+  cfg = MainConfig.from_config(main_config.get_config("anchor_study_rl"))
+  return types.SimpleNamespace(cfg=cfg)
+
+
+def _fig(kl, loss, seeds=3):
+  one = lambda v: {"mean": v, "std": 0.1 if seeds > 1 else 0.0, "ci95": None, "n": seeds}
+  return {"seeds": seeds, "reached": seeds, "kl": one(kl), "kl_correct": one(kl / 2),
+          "steps_to_0.9": one(100.0), "grad_sq": one(50.0), "loss": one(loss)}
+
+
+def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
+  job = _grid_job()
+  figures = {"sum_u1_exact": _fig(0.2, 4.0), "sum_u1_noise1": _fig(0.3, 6.5, 1),
+             "sum_u1_fitted": _fig(0.25, 4.5), "sum_u1_vargrad": _fig(0.22, 1.0),
+             "sum_u4_noise2": _fig(1.0, 9.0, 1)}  # no exact run at 4 updates: no curve there
+  curve = G.sigma_curve(job, figures, fitted_sigma_g=0.4)
+  assert list(curve) == ["sum, 1 update per batch"]
+  pts = curve["sum, 1 update per batch"]
+  assert [p["run"] for p in pts] == ["sum_u1_exact", "sum_u1_fitted", "sum_u1_noise1"]
+  assert [p["sigma"] for p in pts] == [0.0, 0.4, 1.0]  # VarGrad has no anchor: not on the curve
+  assert pts[2]["loss_gap"] == pytest.approx(2.5)
+  assert pts[2]["envelope"] == pytest.approx(1.0 + 2.0 * 1.0 * 2.0)  # sigma^2 + 2 sigma sqrt(4)
+  assert G.regime_of(job, "sum_u4_noise2") == "sum, 4 updates per batch"
+
+
+def test_the_fitted_anchor_has_no_sigma_on_the_mean_scale():
+  cfg = MainConfig.from_config(main_config.get_config("anchor_study_rl_mean"))
+  job = types.SimpleNamespace(cfg=cfg)
+  assert G.sigma_of(job, "mean_u4_fitted", 0.4) is None  # the exact log Z is the sum scale's
+  assert G.sigma_of(job, "mean_u4_vargrad", 0.4) is None
+
+
+def test_the_regime_and_sigma_tables_render_the_grid_section():
+  job = _grid_job()
+  figures = {"sum_u1_exact": _fig(0.2, 4.0), "sum_u1_noise1": _fig(0.3, 6.5, 1)}
+  figures["sum_u1_exact"]["kl"]["ci95"] = [0.1, 0.3]
+  report = {"regime": {"per_method": {"sum_u1_exact": "end state (flat)"}},
+            "grid": {"regimes": {m: G.regime_of(job, m) for m in figures}, "figures": figures,
+                     "sigma_curve": G.sigma_curve(job, figures, None)}}
+  rows = tables.regime_table(report)
+  assert rows[2] == ("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
+                     "0.200 ± 0.100 [0.100, 0.300] | 0.100 | 100 (3/3) | 50 |")
+  assert rows[3].startswith("| `sum_u1_noise1` | sum, 1 update per batch | 1 | - | 0.300 |")
+  sig = tables.sigma_table(report)
+  assert sig[3] == "| sum, 1 update per batch | `sum_u1_noise1` | 1 | 1 | 0.300 | 2.5 | 5 |"
