@@ -5,16 +5,20 @@ it without importing the task itself."""
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from disa_jax import rewards, tasks
+from disa_jax.data.loaders import save_prompts
+from disa_jax.data.records import PromptRecord
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTargetConfig, ExactTracker
 from disa_jax.rollout.types import Completion
 from disa_jax.tasks import sum as sum_task
 from disa_jax.tasks.base import Task, get_task, register_task
+from disa_jax.workflows import stage3
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,3 +147,49 @@ def test_the_workflows_resolve_the_sum_reward_without_importing_the_task(module)
                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
                        timeout=300)
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+class _ExactSection:
+  """`ExactTargetConfig` with stand-in models: `load_model` names the path, `scorer` a `_Scorer`."""
+
+  def __init__(self, **kw):
+    self.cfg, self.loaded = ExactTargetConfig(reference_path="ref", **kw), []
+
+  def __getattr__(self, name):
+    return getattr(self.cfg, name)
+
+  def load_model(self, path):
+    self.loaded.append(path)
+    return path
+
+  def scorer(self, model, pad_id):
+    scorer = _Scorer()
+    scorer.update = lambda policy: None
+    return scorer
+
+
+def _stage3_cfg(tmp_path, ability, ns):
+  recs = [PromptRecord(f"p{n}", [{"role": "user", "content": sum_task.SumTask().prompt(n)}],
+                       str(n), ability, {"ability": ability}) for n in ns]
+  save_prompts(recs, str(tmp_path / "prompts.jsonl"))
+  data = types.SimpleNamespace(validation_paths=(str(tmp_path / "prompts.jsonl"),),
+                               train_path="", prompts_format="auto", rendering="plain")
+  rollout = types.SimpleNamespace(max_prompt_len=64, max_response_len=8)
+  return types.SimpleNamespace(data=data, train=types.SimpleNamespace(rollout=rollout),
+                               exact_target=_ExactSection(beta=2.0, kl_samples=3))
+
+
+def test_stage3_logs_the_sum_tasks_exact_measures_through_the_task(tok, tmp_path):
+  cfg = _stage3_cfg(tmp_path, "sum_task", (2, 3))
+  measures = stage3.exact_measures(cfg, tok, policy="policy", engine=_Engine(tok, 2))
+  assert cfg.exact_target.loaded == ["ref"]
+  out = measures(4)
+  assert list(out) == [f"exact/{k}" for k in ("samples_per_prompt", *MEASURES)]
+  assert out["exact/samples_per_prompt"] == 3.0 and all(isinstance(v, float) for v in out.values())
+
+
+def test_stage3_refuses_exact_measures_of_a_task_without_an_exact_target(tok, tmp_path):
+  cfg = _stage3_cfg(tmp_path, "math", (2,))
+  with pytest.raises(ValueError, match="the prompts' task 'math' has no exact target"):
+    stage3.exact_measures(cfg, tok, policy="policy", engine=_Engine(tok, 2))
+  assert cfg.exact_target.loaded == []  # the reference model is not loaded
