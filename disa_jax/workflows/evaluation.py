@@ -7,9 +7,10 @@ a rollout engine (vLLM by default), samples k responses per problem with the pap
 code, pass@1 and pass@16), grades them (math-verify / execution / a registered task reward) through
 `disa_jax.eval.runner.evaluate_benchmark`, and optionally scores diversity (the local metric:
 distinct final answers and mean pairwise distance; the App. D.5 LLM judge on an OpenAI-compatible
-endpoint). For a task whose correct set can be enumerated (`disa_jax.eval.exact`), ``exact_target``
-adds the exact measures against the reward-tilted target: P(correct), the entropy over correct
-answers, and KL(pi || pi~) with its decomposition. Output directory:
+endpoint). For a task whose correct set can be enumerated (`disa_jax.tasks`; the measures of its
+``measures`` hook, `disa_jax.eval.exact`), ``exact_target`` adds the exact measures against the
+reward-tilted target: P(correct), the entropy over correct answers, and KL(pi || pi~) with its
+decomposition. Output directory:
 
     <name>.json, <name>.md        metrics (and per-problem correctness, diversity) of one benchmark
     <name>_responses.jsonl        every response with its correctness (reused by a rerun)

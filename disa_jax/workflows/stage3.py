@@ -134,7 +134,8 @@ class Stage3Config:
     exact_target: every ``train.validation.every`` steps, the exact measures against the tilted
       target (P(correct), entropy over correct, KL and its decomposition; `disa_jax.eval.exact`) on
       the validation prompts (the training prompts when there are none), for a task whose correct
-      set can be enumerated; off unless ``exact_target.reference_path`` is set.
+      set can be enumerated (its `disa_jax.tasks` ``measures`` hook); off unless
+      ``exact_target.reference_path`` is set.
     export: write the final policy to ``<workdir>/final`` as an HF directory.
     export_checkpoint: which checkpoint ``final`` holds: 'best' (by validation; the latest when
       the run never validated), 'latest' or a step number.
