@@ -19,9 +19,9 @@ import numpy as np
 from disa_jax import estimators as E
 from disa_jax.anchor import AnchorFitConfig
 from disa_jax.anchor.embeddings import embed_prompts
-from disa_jax.rewards.sum_task import SumTask, make_tokenizer
 from disa_jax.models import from_pretrained
 from disa_jax.pipeline.anchor_study import format_sigma_table, sigma_g_study, sigma_verdict
+from disa_jax.tasks.sum import SumTask, make_tokenizer
 
 
 def main():

@@ -29,10 +29,10 @@ from transformers import AutoTokenizer
 
 from disa_jax import config as config_lib
 from disa_jax import rewards
-from disa_jax.rewards.sum_task import SumTask
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.prompts import PromptItem
+from disa_jax.tasks.sum import SumTask
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("time/step_s", "time/generate_s", "time/train_s", "time/sync_s")

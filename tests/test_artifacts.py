@@ -28,7 +28,7 @@ def test_exact_target_round_trips_and_keeps_the_json_format(tmp_path):
   ex = _exact()
   assert ex.log_z.shape == (2,) and ex.beta == 2.0
   t = correct_set_terms(np.log([0.2, 0.1]), np.log([0.2, 0.1]), 2.0)
-  assert ex.log_z[0] == t["log_z"] and ex.p_correct_ref[0] == t["p_correct_ref"]
+  assert ex.log_z[0] == t.log_z and ex.p_correct_ref[0] == t.p_correct_ref
   ex.save(tmp_path / "exact.json")
   assert ExactTarget.load(tmp_path / "exact.json") == ex
   raw = json.loads((tmp_path / "exact.json").read_text())  # the main job's exact.json keys

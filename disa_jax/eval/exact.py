@@ -1,8 +1,8 @@
 """Exact evaluation against the reward-tilted target, for tasks whose correct set can be enumerated.
 
 For a binary reward with the raw transform, the target pi~(o|q) = pi_ref(o|q) exp(beta r(q, o)) / Z(q)
-is known exactly once every correct response of q is scored under pi_ref (a registered correct-set
-function, `register_correct_set`; the sum task registers one). With P_ref(c) = sum over the correct
+is known exactly once every correct response of q is scored under pi_ref (the task's correct-set
+function, `disa_jax.tasks.base.Task.correct_set`; the sum task has one). With P_ref(c) = sum over the correct
 set of pi_ref:
 
     Z(q) = 1 + (e^beta - 1) P_ref(c)              (exact, `exact_log_z`)
@@ -30,33 +30,14 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models, rewards
-from disa_jax.rewards import sum_task
-from disa_jax.rewards.graded import Response
+from disa_jax import models
+from disa_jax.rewards.graded import Response, RewardFn
 from disa_jax.rollout.types import Completion, SamplingParams
 from disa_jax.scoring.batched import SequenceScorer
 
+# ``(tokenizer, reward_meta) -> every correct response (token ids, stop token included)``: a task's
+# enumerable correct set (`disa_jax.tasks.base.Task.correct_set`).
 CorrectSetFn = Callable[[Any, Mapping[str, Any]], list[list[int]]]
-_CORRECT_SETS: dict[str, CorrectSetFn] = {}
-
-
-def register_correct_set(ability: str, fn: CorrectSetFn) -> None:
-  """``fn(tokenizer, reward_meta) -> every correct response (token ids, stop token included)``."""
-  _CORRECT_SETS[ability] = fn
-
-
-def correct_set_fn(ability: str) -> CorrectSetFn:
-  if ability not in _CORRECT_SETS:
-    raise KeyError(f"no enumerable correct set is registered for ability {ability!r}; known: "
-                   f"{sorted(_CORRECT_SETS)}")
-  return _CORRECT_SETS[ability]
-
-
-def _register_builtin() -> None:
-  register_correct_set("sum_task", sum_task.correct_set)
-
-
-_register_builtin()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +100,37 @@ def _mean_se(x: np.ndarray) -> tuple[float, float]:
   return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else float("nan")
 
 
+@dataclasses.dataclass(frozen=True)
+class CorrectSetTerms:
+  """The exact terms of one prompt (`correct_set_terms`); every field is a scalar ``[]`` of that
+  prompt, from its ``[C]`` correct responses scored under the policy and pi_ref.
+
+  Attributes:
+    log_z: log Z(q) (`exact_log_z`).
+    p_correct: P(c), the policy's probability of a correct answer.
+    p_correct_ref: P_ref(c), pi_ref's.
+    p_correct_target: P~(c) = e^beta P_ref(c) / Z(q), the target's.
+    entropy_correct: the policy's entropy over the correct answers (of pi|c).
+    target_entropy_correct: the target's (of pi~|c).
+    kl_correct: KL(pi|c || pi~|c).
+    kl_binary: KL(P_c || P~_c), the binary KL of being correct.
+  """
+  log_z: float
+  p_correct: float
+  p_correct_ref: float
+  p_correct_target: float
+  entropy_correct: float
+  target_entropy_correct: float
+  kl_correct: float
+  kl_binary: float
+
+  def to_dict(self) -> dict[str, float]:
+    """``{field: value}`` in field order (the per-prompt record of `ExactMeasures`)."""
+    return dataclasses.asdict(self)
+
+
 def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
-                      ) -> dict[str, float]:
+                      ) -> CorrectSetTerms:
   """The exact terms of one prompt from its correct set scored under both models.
 
   Args:
@@ -128,11 +138,12 @@ def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
     beta: inverse temperature.
 
   Returns:
-    ``log_z``, ``p_correct``, ``p_correct_ref`` (P_ref(c)), ``p_correct_target``,
-    ``entropy_correct``, ``target_entropy_correct``, ``kl_correct`` (KL(pi|c || pi~|c)),
-    ``kl_binary`` (KL(P_c || P~_c)).
+    `CorrectSetTerms` of the prompt.
   """
   lp, lr = np.asarray(logp_policy, np.float64), np.asarray(logp_ref, np.float64)
+  if lp.shape != lr.shape or lp.ndim != 1 or lp.size == 0:
+    raise ValueError(f"correct_set_terms needs two [C] log-prob arrays (C >= 1), got "
+                     f"logp_policy {lp.shape} and logp_ref {lr.shape}")
   lpc, lrc = _logsumexp(lp), _logsumexp(lr)  # log P(c), log P_ref(c)
   log_z = float(exact_log_z(lrc, beta))
   q, t = np.exp(lp - lpc), np.exp(lr - lrc)  # pi|c and pi~|c
@@ -141,11 +152,11 @@ def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
   for a, b in ((pc, ptc), (1.0 - pc, 1.0 - ptc)):
     if a > 0:
       kl_bin += a * (np.log(a) - np.log(max(b, 1e-300)))
-  return {"log_z": log_z, "p_correct": pc, "p_correct_ref": float(np.exp(lrc)),
-          "p_correct_target": ptc,
-          "entropy_correct": float(-(q * np.log(np.maximum(q, 1e-300))).sum()),
-          "target_entropy_correct": float(-(t * np.log(np.maximum(t, 1e-300))).sum()),
-          "kl_correct": float((q * (lp - lpc - (lr - lrc))).sum()), "kl_binary": float(kl_bin)}
+  return CorrectSetTerms(
+      log_z=log_z, p_correct=pc, p_correct_ref=float(np.exp(lrc)), p_correct_target=ptc,
+      entropy_correct=float(-(q * np.log(np.maximum(q, 1e-300))).sum()),
+      target_entropy_correct=float(-(t * np.log(np.maximum(t, 1e-300))).sum()),
+      kl_correct=float((q * (lp - lpc - (lr - lrc))).sum()), kl_binary=float(kl_bin))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -183,7 +194,7 @@ class ExactTarget:
   def from_logprobs(cls, logprobs: Mapping[str, np.ndarray], beta: float) -> "ExactTarget":
     """From ``{prompt id: [C] log pi_ref of its correct answers}`` (the target of pi_ref)."""
     terms = [correct_set_terms(lp, lp, beta) for lp in logprobs.values()]
-    return cls(tuple(logprobs), *(np.asarray([t[k] for t in terms]) for k in cls.ARRAYS),
+    return cls(tuple(logprobs), *(np.asarray([getattr(t, k) for t in terms]) for k in cls.ARRAYS),
                beta=float(beta))
 
   def log_z_by_id(self) -> dict[str, float]:
@@ -230,6 +241,13 @@ class ExactMeasures:
   means: Mapping[str, float]
   samples_per_prompt: int
   per_prompt: tuple[Mapping[str, float], ...]
+
+  def __post_init__(self):
+    missing = [k for k in MEASURES if k not in self.means]
+    if missing:
+      raise ValueError(f"ExactMeasures.means lacks measures {missing} (it needs every one of "
+                       f"MEASURES)")
+    object.__setattr__(self, "per_prompt", tuple(self.per_prompt))
 
   __eq__ = artifacts.fields_equal
 
@@ -293,7 +311,7 @@ def wrong_term(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray, p_
 
 
 def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray,
-                      exact: Mapping[str, float], beta: float) -> dict[str, float]:
+                      exact: CorrectSetTerms, beta: float) -> dict[str, float]:
   """The sampled terms of one prompt: the MC KL and the wrong-answer term of the decomposition.
 
   Args:
@@ -309,14 +327,14 @@ def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndar
     with the exact log Z, the on-policy L_TB(theta; Z) of Prop. 4 (the terms of the KL are the
     residuals).
   """
-  terms = lp_policy - lp_ref - beta * reward + exact["log_z"]  # [k] residuals R = log pi / pi~
+  terms = lp_policy - lp_ref - beta * reward + exact.log_z  # [k] residuals R = log pi / pi~
   kl, kl_se = _mean_se(terms)
   wrong = reward < 0.5
   # pi|w = pi / P_w and pi~|w = pi_ref|w = pi_ref / P_ref(w), with P_ref(w) = 1 - P_ref(c).
-  pw, pw_ref = 1.0 - exact["p_correct"], 1.0 - exact["p_correct_ref"]
+  pw, pw_ref = 1.0 - exact.p_correct, 1.0 - exact.p_correct_ref
   cond = (lp_policy[wrong] - np.log(max(pw, 1e-300))) - (lp_ref[wrong] - np.log(max(pw_ref,
                                                                                     1e-300)))
-  pwkw, pwkw_se = wrong_term(lp_policy, lp_ref, reward, exact["p_correct"], exact["p_correct_ref"])
+  pwkw, pwkw_se = wrong_term(lp_policy, lp_ref, reward, exact.p_correct, exact.p_correct_ref)
   return {"kl_mc": kl, "kl_mc_se": kl_se, "kl_wrong": _mean_se(cond)[0],
           "p_wrong_kl_wrong": pwkw, "p_wrong_kl_wrong_se": pwkw_se,
           "wrong_samples": int(wrong.sum()), "tb_sq": float(np.mean(terms ** 2))}
@@ -332,7 +350,7 @@ def measurement_seed(seed: int, step: int) -> int:
 
 class ExactTracker:
   """The exact measures of a policy on a fixed set of prompts (`run_evaluation`, and Stage 3 every
-  ``validation.every`` steps).
+  ``validation.every`` steps), built by a task's measurement hook (`disa_jax.tasks.base.Task.measures`).
 
   The correct sets and their log pi_ref are computed once; each `measure` scores the correct sets
   under the current policy and draws ``cfg.kl_samples`` samples per prompt from the engine serving
@@ -343,18 +361,27 @@ class ExactTracker:
     tokenizer: the shared tokenizer (decodes samples for the reward, builds the correct sets).
     prompts: ``[P]`` prompt token ids.
     metas: ``[P]`` reward metas (the correct-set function reads them).
-    ability: the records' ability (selects the correct-set function and the reward).
+    correct_set: the task's `CorrectSetFn`, ``(tokenizer, meta) -> [C_p] correct responses``.
+    reward_fn: the task's `RewardFn` (grades the policy samples).
     ref_scorer: a `SequenceScorer` of pi_ref.
     max_tokens: the response limit that defines the output space (a generation cut there is one
       outcome), the same as the policy's sampling.
   """
 
   def __init__(self, cfg: ExactTargetConfig, tokenizer: Any, prompts: Sequence[Sequence[int]],
-               metas: Sequence[Mapping[str, Any]], ability: str, ref_scorer: Any, max_tokens: int):
+               metas: Sequence[Mapping[str, Any]], correct_set: CorrectSetFn, reward_fn: RewardFn,
+               ref_scorer: Any, max_tokens: int):
+    if len(prompts) != len(metas) or not prompts:
+      raise ValueError(f"ExactTracker needs one meta per prompt and at least one prompt, got "
+                       f"{len(prompts)} prompts and {len(metas)} metas")
     self.cfg, self.tokenizer, self.ref_scorer = cfg, tokenizer, ref_scorer
     self.prompts, self.metas = [list(p) for p in prompts], list(metas)
-    self.reward_fn = rewards.get_reward_fn(ability)
-    sets = [correct_set_fn(ability)(tokenizer, m) for m in self.metas]  # [P][C_p]
+    self.reward_fn = reward_fn
+    sets = [correct_set(tokenizer, m) for m in self.metas]  # [P][C_p]
+    empty = [i for i, cs in enumerate(sets) if not cs]
+    if empty:
+      raise ValueError(f"the correct set of prompts {empty[:5]} is empty (metas[{empty[0]}] = "
+                       f"{self.metas[empty[0]]!r})")
     self._flat_p = [p for p, cs in zip(self.prompts, sets) for _ in cs]
     self._flat_c = [c for cs in sets for c in cs]
     self._bounds = np.cumsum([0] + [len(cs) for cs in sets])
@@ -364,14 +391,15 @@ class ExactTracker:
       raise ValueError(f"max_tokens={max_tokens} cannot hold a correct answer of {longest} tokens")
     self.max_tokens = max_tokens
 
-  def measure(self, engine: Any, policy_scorer: Any, *, step: int) -> dict[str, Any]:
+  def measure(self, engine: Any, policy_scorer: Any, *, step: int) -> ExactMeasures:
     """Every exact measure of the policy served by ``engine`` and scored by ``policy_scorer``.
 
     ``step`` (the RL step, 0 for a final evaluation) selects the samples' seed
     (`measurement_seed`): two measurements of a run never share their samples.
 
     Returns:
-      Means over prompts (with ``*_se`` for the Monte Carlo terms) and ``per_prompt`` lists.
+      `ExactMeasures`: the means over prompts of every measure of `MEASURES` (with ``*_se`` for the
+      Monte Carlo terms), k, and the ``[P]`` per-prompt measures.
     """
     lp_pol = policy_scorer.sequence_logprobs(self._flat_p, self._flat_c)
     b = self._bounds
@@ -385,8 +413,8 @@ class ExactTracker:
                     self.reward_fn, self.cfg.beta)
 
 
-def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_scorer, tokenizer,
-             reward_fn, beta: float) -> dict[str, Any]:
+def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completion]], prompts,
+             metas, ref_scorer, tokenizer, reward_fn: RewardFn, beta: float) -> ExactMeasures:
   """Adds the Monte Carlo terms to the exact ones and averages over prompts."""
   k = len(comps[0])
   flat = [c for cs in comps for c in cs]
@@ -400,21 +428,20 @@ def _combine(exact, comps: Sequence[Sequence[Completion]], prompts, metas, ref_s
   per = []
   for i, e in enumerate(exact):
     mc = monte_carlo_terms(lp_pol[i], lp_ref[i], reward[i], e, beta)
-    per.append({**e, **mc, "kl_decomposed": e["kl_binary"] + e["p_correct"] * e["kl_correct"]
+    per.append({**e.to_dict(), **mc, "kl_decomposed": e.kl_binary + e.p_correct * e.kl_correct
                 + mc["p_wrong_kl_wrong"]})
-  out: dict[str, Any] = {"per_prompt": per, "samples_per_prompt": k}
+  means: dict[str, float] = {}
   for key in ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
               "kl_binary", "kl_correct", "kl_decomposed", "kl_mc", "log_z", "tb_sq",
               "p_wrong_kl_wrong"):
-    vals = np.asarray([p[key] for p in per], np.float64)
-    out[key] = float(vals.mean())
+    means[key] = float(np.asarray([p[key] for p in per], np.float64).mean())
   # Standard errors over prompts of the Monte Carlo means: combine the per-prompt MC errors. The
   # decomposition's only Monte Carlo term is P_w KL(pi|w || pi~|w), so its error is that term's.
   for key in ("kl_mc", "p_wrong_kl_wrong"):
     se = np.asarray([p[f"{key}_se"] for p in per], np.float64)
-    out[f"{key}_se"] = float(np.sqrt(np.sum(se ** 2)) / len(per))
-  out["kl_decomposed_se"] = out["p_wrong_kl_wrong_se"]
+    means[f"{key}_se"] = float(np.sqrt(np.sum(se ** 2)) / len(per))
+  means["kl_decomposed_se"] = means["p_wrong_kl_wrong_se"]
   wrong = [p["kl_wrong"] for p in per if p["wrong_samples"]]
-  out["kl_wrong"] = float(np.mean(wrong)) if wrong else float("nan")
-  out["p_correct_kl_correct"] = float(np.mean([p["p_correct"] * p["kl_correct"] for p in per]))
-  return out
+  means["kl_wrong"] = float(np.mean(wrong)) if wrong else float("nan")
+  means["p_correct_kl_correct"] = float(np.mean([p["p_correct"] * p["kl_correct"] for p in per]))
+  return ExactMeasures(means=means, samples_per_prompt=k, per_prompt=tuple(per))

@@ -48,13 +48,13 @@ from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
 from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
-from disa_jax.rewards.sum_task import SumTask, correct_set, task_tokenizer
 from disa_jax.rl.config import ReplayConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
 from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.sft.baseline import LoRASFTConfig
+from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
 from disa_jax.workflows.sft import SftConfig, SftRun, run_sft

@@ -25,9 +25,9 @@ from flax import nnx
 from tqdm import tqdm
 
 from disa_jax.data import packing
-from disa_jax.rewards.sum_task import SumTask, make_tokenizer
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
 from disa_jax.sft import SupervisedSchedule, make_sft_step
+from disa_jax.tasks.sum import SumTask, make_tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,8 @@
   `run_humaneval(problem, completion, timeout_s) -> bool`, `extract_code(response)`; the sandbox
   itself is `disa_jax.rewards.sandbox`.
 - Registry: `get_reward_fn(name)` is the one `RewardFn` type, ``(responses, metas) -> Graded``
-  (rewards plus grading errors; `disa_jax.rewards.graded`), for 'math', 'code', 'sum_task' and
-  anything added with `register_reward(name, fn)`.
+  (rewards plus grading errors; `disa_jax.rewards.graded`), for 'math', 'code' and anything
+  added with `register_reward(name, fn)` ('sum_task': registered by `disa_jax.tasks` on import).
 """
 
 from disa_jax.rewards import code

@@ -6,7 +6,7 @@ Every stage grades through a `RewardFn`:
 
 - `Response`: the decoded text (special tokens skipped), the generated token ids (stop token
   included) and the finish reason, so a verifier can check the text (math, code) or the exact token
-  sequence (a task whose correct set is enumerable, e.g. `disa_jax.rewards.sum_task`).
+  sequence (a task whose correct set is enumerable, e.g. `disa_jax.tasks.sum`).
 - `Graded`: ``reward`` ``[n]`` float32 and ``error`` ``[n]`` bool marking the items whose grading
   failed (the grader raised, ran out of time, or its process died). A failed grading is scored 0,
   like a wrong answer, but it is not one: a broken grader would look like a model that is always

@@ -11,10 +11,11 @@ Built in:
     `{"humaneval": <HumanEval+ record>}` (function calls on base + plus inputs),
   with optional `timeout_s` (per case / per HumanEval run). Candidates are graded concurrently by a
   thread pool (`code_workers`, default 2): the threads only wait on sandbox subprocesses.
-- `'sum_task'`: the main job's task (`disa_jax.rewards.sum_task`): meta `{"ground_truth": n}`; 1
-  iff the token ids are exactly one of the n + 1 canonical answers " a+b" EOS.
 
-Task-specific rewards are added with `register_reward(name, fn)`; `fn(responses, metas)` receives
+Task-specific rewards are added with `register_reward(name, fn)`: the tasks of `disa_jax.tasks`
+register theirs when that package is imported (this package never imports it), e.g. `'sum_task'`
+(`disa_jax.tasks.sum`: meta `{"ground_truth": n}`; 1 iff the token ids are exactly one of the n + 1
+canonical answers " a+b" EOS). `fn(responses, metas)` receives
 `Response` objects and returns a `Graded` or an ``[n]`` array of rewards (no grading errors).
 """
 
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from disa_jax.rewards import code as code_lib
-from disa_jax.rewards import math_pool, sum_task
+from disa_jax.rewards import math_pool
 from disa_jax.rewards.graded import Graded, Response, RewardFn
 
 __all__ = ["Graded", "Response", "RewardFn", "register_reward", "get_reward_fn", "reward_names",
@@ -106,12 +107,6 @@ def code_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, A
     return np.asarray(list(ex.map(_code_one, texts, metas)), np.float32)
 
 
-def sum_task_reward_fn(responses: Sequence[Response],
-                       metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
-  """The sum task's verifier on token ids (see `disa_jax.rewards.sum_task.sum_task_rewards`)."""
-  return sum_task.sum_task_rewards([r.token_ids for r in responses], metas)
-
-
 def register_reward(name: str, fn: Callable[..., Any], *, overwrite: bool = False) -> None:
   """Registers ``fn(responses: Sequence[Response], metas) -> Graded | [n] rewards`` under `name`.
 
@@ -170,4 +165,3 @@ def reward_names() -> list[str]:
 
 register_reward("math", math_reward_fn)
 register_reward("code", code_reward_fn)
-register_reward("sum_task", sum_task_reward_fn)

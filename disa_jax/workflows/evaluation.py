@@ -7,9 +7,10 @@ a rollout engine (vLLM by default), samples k responses per problem with the pap
 code, pass@1 and pass@16), grades them (math-verify / execution / a registered task reward) through
 `disa_jax.eval.runner.evaluate_benchmark`, and optionally scores diversity (the local metric:
 distinct final answers and mean pairwise distance; the App. D.5 LLM judge on an OpenAI-compatible
-endpoint). For a task whose correct set can be enumerated (`disa_jax.eval.exact`), ``exact_target``
-adds the exact measures against the reward-tilted target: P(correct), the entropy over correct
-answers, and KL(pi || pi~) with its decomposition. Output directory:
+endpoint). For a task whose correct set can be enumerated (`disa_jax.tasks`; the measures of its
+``measures`` hook, `disa_jax.eval.exact`), ``exact_target`` adds the exact measures against the
+reward-tilted target: P(correct), the entropy over correct answers, and KL(pi || pi~) with its
+decomposition. Output directory:
 
     <name>.json, <name>.md        metrics (and per-problem correctness, diversity) of one benchmark
     <name>_responses.jsonl        every response with its correctness (reused by a rerun)
@@ -37,13 +38,13 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models
+from disa_jax import models, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering
 from disa_jax.eval import diversity, metrics, runner
-from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig, ExactTracker
+from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.workflows import export
@@ -313,11 +314,14 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
                           "correct": corr.astype(int).tolist()}) + "\n")
   exact = None
   if cfg.exact_target.enabled:
-    pol, ref = scorers.get()
-    exact = ExactMeasures.from_json(ExactTracker(
+    tracker = tasks.get_task(records[0].ability).measures(
         cfg.exact_target, tokenizer, res.prompt_token_ids, [r.reward_meta() for r in records],
-        records[0].ability, ref, max_tokens=cfg.max_tokens).measure(engine, pol, step=0),
-                                    out_dir / f"{name}.json")
+        lambda: scorers.get()[1], max_tokens=cfg.max_tokens)
+    if tracker is None:
+      raise ValueError(f"exact_target.reference_path is set but benchmark {name!r} has the task "
+                       f"{records[0].ability!r}, which has no exact target (its correct set "
+                       "cannot be enumerated)")
+    exact = tracker.measure(engine, scorers.get()[0], step=0)
   out = BenchmarkEval(name=res.name, ability=res.ability, path=path, method=cfg.method, k=k,
                       n_problems=len(records), metrics=res.metrics,
                       prompt_ids=tuple(res.prompt_ids), correct=res.correct.astype(np.int64),

@@ -39,6 +39,8 @@ import numpy as np
 from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models, preemption, rewards
+# Registers the built-in tasks' rewards by name ('sum_task'; `disa_jax.rewards` holds math, code).
+from disa_jax import tasks  # pylint: disable=unused-import
 from disa_jax.checkpoint import identity
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt, render_prompt

@@ -38,12 +38,12 @@ import numpy as np
 from disa_jax import anchor as anchor_lib
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models, preemption, rewards
+from disa_jax import models, preemption, rewards, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt
-from disa_jax.eval.exact import ExactTargetConfig, ExactTracker
+from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rl.config import TrainConfig
@@ -134,7 +134,8 @@ class Stage3Config:
     exact_target: every ``train.validation.every`` steps, the exact measures against the tilted
       target (P(correct), entropy over correct, KL and its decomposition; `disa_jax.eval.exact`) on
       the validation prompts (the training prompts when there are none), for a task whose correct
-      set can be enumerated; off unless ``exact_target.reference_path`` is set.
+      set can be enumerated (its `disa_jax.tasks` ``measures`` hook); off unless
+      ``exact_target.reference_path`` is set.
     export: write the final policy to ``<workdir>/final`` as an HF directory.
     export_checkpoint: which checkpoint ``final`` holds: 'best' (by validation; the latest when
       the run never validated), 'latest' or a step number.
@@ -221,8 +222,23 @@ def _load_models(cfg: Stage3Config, mesh):
 
 
 def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
-  """``(step) -> metrics``: the exact measures of the current policy (`ExactTracker`), prefixed
-  'exact/', on the validation prompts (or the training prompts)."""
+  """``(step) -> metrics``: the exact measures of the current policy (the task's measurement hook,
+  `disa_jax.tasks.base.Task.measures`), prefixed 'exact/', on the validation prompts (or the
+  training prompts).
+
+  Args:
+    cfg: the run's config (``exact_target``, ``data``, ``train.rollout``).
+    tokenizer: the policy's tokenizer.
+    policy: the policy model (its scorer is refreshed before each measurement).
+    engine: the engine serving the policy.
+
+  Returns:
+    ``(step) -> {"exact/<measure>": float}`` (`ExactMeasures.to_json` without ``per_prompt``).
+
+  Raises:
+    ValueError: in a multi-process run, for prompts of several abilities, or for a task without
+      an exact target.
+  """
   if jax.process_count() > 1:
     raise ValueError("exact_target runs in single-process runs only")
   dc = cfg.data
@@ -231,20 +247,24 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   abilities = {r.ability for r in records}
   if len(abilities) != 1:
     raise ValueError(f"exact_target needs prompts of one ability, got {sorted(abilities)}")
+  ability = abilities.pop()
   pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
   scorer = lambda model: cfg.exact_target.scorer(model, pad)
-  tracker = ExactTracker(
+  tracker = tasks.get_task(ability).measures(
       cfg.exact_target, tokenizer,
       [encode_prompt(tokenizer, r, dc.rendering, max_len=cfg.train.rollout.max_prompt_len)
-       for r in records], [r.reward_meta() for r in records], abilities.pop(),
-      scorer(cfg.exact_target.load_model(cfg.exact_target.reference_path)),
+       for r in records], [r.reward_meta() for r in records],
+      lambda: scorer(cfg.exact_target.load_model(cfg.exact_target.reference_path)),
       max_tokens=cfg.train.rollout.max_response_len)
+  if tracker is None:
+    raise ValueError(f"exact_target.reference_path is set but the prompts' task {ability!r} has "
+                     "no exact target (its correct set cannot be enumerated)")
   policy_scorer = scorer(policy)
 
   def measures(step: int):
     policy_scorer.update(policy)
     out = tracker.measure(engine, policy_scorer, step=step)
-    return {f"exact/{k}": float(v) for k, v in out.items() if k != "per_prompt"}
+    return {f"exact/{k}": float(v) for k, v in out.to_json(per_prompt=False).items()}
 
   return measures
 

@@ -95,3 +95,23 @@ def test_the_tracker_samples_each_measurement_with_its_steps_seed():
     with pytest.raises(_Stop):
       tracker.measure(Engine(), Scorer(), step=step)
   assert seeds == [X.measurement_seed(8, 100), X.measurement_seed(8, 200)]
+
+
+def test_correct_set_terms_is_a_frozen_record_of_one_prompt():
+  t = X.correct_set_terms(np.log(POLICY[:2]), np.log(REF[:2]), beta=2.0)
+  assert isinstance(t, X.CorrectSetTerms)
+  assert list(t.to_dict()) == ["log_z", "p_correct", "p_correct_ref", "p_correct_target",
+                               "entropy_correct", "target_entropy_correct", "kl_correct",
+                               "kl_binary"]
+  assert t.p_correct == pytest.approx(POLICY[:2].sum()) and t.log_z == X.exact_log_z(
+      np.log(REF[:2].sum()), 2.0)
+  with pytest.raises(AttributeError):
+    t.log_z = 0.0
+  with pytest.raises(ValueError, match=r"logp_policy \(2,\) and logp_ref \(3,\)"):
+    X.correct_set_terms(np.log(POLICY[:2]), np.log(REF[:3]), beta=2.0)
+
+
+def test_exact_measures_need_every_measure():
+  with pytest.raises(ValueError, match=r"ExactMeasures.means lacks measures \['tb_sq'\]"):
+    X.ExactMeasures(means={k: 0.0 for k in X.MEASURES if k != "tb_sq"}, samples_per_prompt=2,
+                    per_prompt=())

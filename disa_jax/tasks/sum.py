@@ -14,8 +14,10 @@ so log Z is exact once the n + 1 correct completions are scored under pi_ref
 task's tokenizer (`make_tokenizer`) is character-level for digits, so each string has exactly one
 tokenisation, which the reward checks.
 
-The task lives with the rewards because its verifier is the registered 'sum_task' reward
-(`disa_jax.rewards.registry`); the main job writes its prompts (`disa_jax.pipeline.sum_job`).
+The whole task lives here: its tokenizer, prompts, verifier, the 'sum_task' reward (registered in
+`disa_jax.rewards` when this module is imported, as `disa_jax.tasks` does) and its enumerable
+correct set (`TASK.correct_set`, the exact target of `disa_jax.eval.exact`). The main job writes its
+prompts (`disa_jax.pipeline.sum_job`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from disa_jax.rewards.graded import Response
+from disa_jax.tasks.base import Task, register_task
 
 PROMPT_TEMPLATE = "Give two non-negative integers that sum to {n}:"
 WORDS = ("Give", "two", "non", "negative", "integers", "that", "sum", "to")
@@ -140,7 +145,32 @@ def sum_task_rewards(token_ids: Sequence[Sequence[int]],
                      for i, (ids, m) in enumerate(zip(token_ids, metas))], np.float32)
 
 
+def sum_task_reward_fn(responses: Sequence[Response],
+                       metas: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  """The 'sum_task' `RewardFn` body: `sum_task_rewards` of the responses' token ids.
+
+  Args:
+    responses: n `Response` objects (their ``token_ids`` are graded).
+    metas: n dicts with ``ground_truth`` = the prompt's n.
+
+  Returns:
+    ``[n]`` float32 rewards.
+  """
+  return sum_task_rewards([r.token_ids for r in responses], metas)
+
+
 def correct_set(tokenizer, meta: Mapping[str, Any]) -> list[list[int]]:
-  """Every correct response of the prompt whose meta is ``meta`` (the exact evaluator's input)."""
+  """Every correct response of the prompt whose meta is ``meta`` (the exact evaluator's input).
+
+  Args:
+    tokenizer: the task's tokenizer (`make_tokenizer`).
+    meta: the prompt's reward meta, ``{"ground_truth": n}``.
+
+  Returns:
+    ``[n + 1]`` token-id lists `` a+(n-a)`` EOS, a = 0..n.
+  """
   return SumTask(0, 0).correct_completions(tokenizer, _n_of(meta, 0))
+
+
+TASK = register_task(Task("sum_task", correct_set=correct_set), reward_fn=sum_task_reward_fn)
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from disa_jax.eval.exact import exact_log_z
-from disa_jax.rewards.sum_task import SumTask, make_tokenizer
+from disa_jax.tasks.sum import SumTask, make_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,130 @@
+"""The `Task`: what a prompt's ``ability`` names, its reward and, when it has one, its exact target.
+
+A task is keyed by one name, the same string in three places: the reward registry
+(`disa_jax.rewards.get_reward_fn`), the ``ability`` field of prompt records
+(`disa_jax.data.records.PromptRecord.ability`) and `get_task`. Its parts:
+
+- the reward: `Task.reward_fn` resolves the registered reward of the task's name;
+- the exact target (optional): `Task.correct_set`, ``(tokenizer, reward_meta) -> every correct
+  response as token ids (stop token included)``, for a task whose correct set can be enumerated
+  (the sum task); None otherwise (math, code);
+- `Task.measures`: the per-task measurement hook of Stage 3 and evaluation; the exact measures
+  (`disa_jax.eval.exact.ExactTracker`) of a task with an exact target, None for the others.
+
+`register_task` adds a task (and, with ``reward_fn``, registers its reward under the task's name);
+the built-in tasks register themselves when `disa_jax.tasks` is imported.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+from disa_jax import rewards
+from disa_jax.eval.exact import CorrectSetFn, ExactTargetConfig, ExactTracker
+from disa_jax.rewards.graded import RewardFn
+from disa_jax.scoring.batched import SequenceScorer
+
+_TASKS: dict[str, "Task"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A task: its name (reward-registry key and prompt ability) and its optional exact target.
+
+  Attributes:
+    name: the reward-registry key and the ``ability`` of the task's prompt records.
+    correct_set: ``(tokenizer, reward_meta) -> [C] correct responses (token ids, stop token
+      included)`` when the task's correct set can be enumerated; None when it cannot.
+  """
+  name: str
+  correct_set: CorrectSetFn | None = None
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name:
+      raise ValueError(f"Task.name must be a non-empty str, got {self.name!r}")
+    if self.correct_set is not None and not callable(self.correct_set):
+      raise ValueError(f"Task {self.name!r}: correct_set must be callable or None, got "
+                       f"{type(self.correct_set).__name__}")
+
+  @property
+  def ability(self) -> str:
+    """The ``ability`` field of the task's prompt records (the task's name)."""
+    return self.name
+
+  @property
+  def has_exact_target(self) -> bool:
+    """Whether the task's correct set can be enumerated (`correct_set` is set)."""
+    return self.correct_set is not None
+
+  def reward_fn(self) -> RewardFn:
+    """The task's registered reward (`disa_jax.rewards.get_reward_fn` of its name).
+
+    Returns:
+      ``(responses [n], metas [n]) -> Graded``.
+    """
+    return rewards.get_reward_fn(self.name)
+
+  def measures(self, cfg: ExactTargetConfig, tokenizer: Any, prompts: Sequence[Sequence[int]],
+               metas: Sequence[Mapping[str, Any]], ref_scorer: Callable[[], SequenceScorer],
+               max_tokens: int) -> ExactTracker | None:
+    """The task's measurement object on ``prompts`` (Stage 3's and evaluation's hook).
+
+    Args:
+      cfg: the ``exact_target`` config section (beta, kl_samples, seed).
+      tokenizer: the shared tokenizer (decodes samples, builds the correct sets).
+      prompts: ``[P]`` prompt token ids.
+      metas: ``[P]`` their reward metas.
+      ref_scorer: ``() -> SequenceScorer`` of pi_ref; called only for a task with an exact
+        target (it loads the reference model).
+      max_tokens: the response limit of the policy's sampling.
+
+    Returns:
+      The `ExactTracker` of the prompts, or None when the task has no exact target.
+    """
+    if self.correct_set is None:
+      return None
+    return ExactTracker(cfg, tokenizer, prompts, metas, self.correct_set, self.reward_fn(),
+                        ref_scorer(), max_tokens=max_tokens)
+
+
+def register_task(task: Task, *, reward_fn: Callable[..., Any] | None = None) -> Task:
+  """Adds ``task`` to `get_task`'s registry.
+
+  Args:
+    task: the task; its name must not be registered yet.
+    reward_fn: when given, registered as the task's reward under ``task.name``
+      (`disa_jax.rewards.register_reward`); otherwise a reward of that name must already exist.
+
+  Returns:
+    ``task``.
+
+  Raises:
+    ValueError: for a name already registered, or without a reward.
+  """
+  if not isinstance(task, Task):
+    raise ValueError(f"register_task needs a Task, got {type(task).__name__}: {task!r}")
+  if task.name in _TASKS:
+    raise ValueError(f"task {task.name!r} is already registered")
+  if reward_fn is not None:
+    rewards.register_reward(task.name, reward_fn)
+  elif task.name not in rewards.reward_names():
+    raise ValueError(f"task {task.name!r} has no registered reward and no reward_fn was given; "
+                     f"registered rewards: {rewards.reward_names()}")
+  _TASKS[task.name] = task
+  return task
+
+
+def get_task(ability: str) -> Task:
+  """The registered task of ``ability`` (a prompt record's ``ability``, a reward name).
+
+  Raises:
+    KeyError: for an unknown ability (the message names it and the known ones).
+  """
+  if ability not in _TASKS:
+    raise KeyError(f"no task is registered for ability {ability!r}; known tasks: {task_names()}")
+  return _TASKS[ability]
+
+
+def task_names() -> list[str]:
+  """The registered tasks' names, sorted."""
+  return sorted(_TASKS)
