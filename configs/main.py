@@ -34,6 +34,7 @@ Presets and their budgets (2 CPU cores):
   scale sum / mean (two presets: the Stage 1 labels' scale is the job's), 1 or 4 updates per
   rollout batch, log Z from the exact value, the fitted anchor, the exact value + noise of RMS
   sigma in ``NOISE_SIGMAS`` (sum only), FlowRL's head, VarGrad's batch estimate.
+- ``anchor_study_rl_quick``: the grid's one-seed subset (7 sum-scale cells).
 - ``nonuniform_target``: a target that is not uniform over the correct answers (pi_ref skewed
   against the proposal's preference), the fix and its controls, with conditional_kl.json.
 - ``staleness_study``: issue 29's runs at ``rollout.max_staleness`` k = 0 and 2 (`staleness_grid`):
@@ -48,6 +49,7 @@ from configs import common
 from configs import stage3_base
 
 PRESETS = ("", "claims", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
+           "anchor_study_rl_quick",
            "nonuniform_target", "staleness_study")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 3500
@@ -415,6 +417,18 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     t.total_steps = CLAIMS_STEPS
     c.sft_enabled = False
     c.anchor_study.repeats = 0
+  if preset == "anchor_study_rl_quick":
+    # The grid's one-seed subset (sum scale): the offset's invariance on-policy and its cost with
+    # 4 updates per batch (exact and noise 2), and the four log Z sources at 4 updates. The cells
+    # are the full grid's (same names and configs: in the same workdir they are reused).
+    grid = anchor_grid("sum")
+    c.methods = ("sum_u1_exact", "sum_u1_noise2", "sum_u4_exact", "sum_u4_noise2",
+                 "sum_u4_fitted", "sum_u4_flowrl", "sum_u4_vargrad")
+    for m in c.methods:
+      grid[m].seeds = (0,)
+    c.runs.update(grid)
+    c.fix = ""
+    _small_task(c, ANCHOR_STUDY_STEPS, ANCHOR_STUDY_TRACK)
   if preset in ("anchor_study_rl", "anchor_study_rl_mean"):
     # Issue 27's regime grid on the small task (`_small_task`): sum scale 16 cells (the 8 decided
     # ones x 3 seeds, the 8 noise cells x 1: 32 runs); mean scale (its own workdir: Stage 1 labels

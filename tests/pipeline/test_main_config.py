@@ -25,7 +25,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # configs in full. The staleness preset's k2_vargrad runs were added later (their hashes written
 # by the new code, with every older entry of that preset checked unchanged first). The regime grid
 # and non-uniform target presets moved to the small task later (issue 27): their entries were
-# rewritten by the new code, every other preset's checked unchanged.
+# rewritten by the new code (and the one-seed subset anchor_study_rl_quick added), every other
+# preset's checked unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
