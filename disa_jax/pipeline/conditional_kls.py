@@ -35,9 +35,10 @@ def model_identity(path: str | Path) -> str:
   return f"{root}#{digest.hexdigest()[:16]}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ConditionalKL:
-  """One row's preference among correct answers, per prompt of the job.
+  """One row's preference among correct answers, per prompt of the job (compare two with
+  `artifacts.fields_equal`: its fields are arrays).
 
   Attributes:
     model_path: the checkpoint scored.
@@ -98,7 +99,7 @@ class ConditionalKL:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ConditionalKLs:
   """Every row's `ConditionalKL`, against one target and one proposal.
 

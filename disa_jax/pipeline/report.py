@@ -19,7 +19,10 @@ per side there is no verdict). Every claim goes through `_claim`, which computes
 from the runs it compares: a run is at its end state when KL and the conditional KL over correct
 answers are flat over the last 20% of its steps, outside the lr decay phase (`pipeline.dynamics`).
 With several Stage 3 seeds a method's row is the mean over seeds (``*_std`` the standard deviation).
-The tables README / docs print come from report.json through `pipeline.tables`.
+The tables README / docs print come from report.json through `pipeline.tables`. `write_report`
+returns the report as a `JobReport` (read back from report.json); with `MainConfig.conditional_kl`
+it has a ``conditional_kl`` section and report.md the table "Preference among correct answers"
+(`pipeline.conditional_kls`).
 """
 from __future__ import annotations
 

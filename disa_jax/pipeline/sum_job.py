@@ -14,8 +14,10 @@ prompt file), then runs the commands a researcher runs on real checkpoints, with
    anchor_study.json  sigma_g of sharper label / weighting variants (`pipeline.anchor_study`).
 3. stage3/<run>/    `run_stage3` per run and seed (DISA, FlowRL, GRPO, GSPO, ...; the policy exported
                     to final/); sft/: `run_sft`, the LoRA-SFT baseline.
-4. eval/<row>/      `run_evaluation` of every model on the prompts, with the exact target.
-   report.{json,md} and PNG plots (`pipeline.report`).
+4. eval/<row>/      `run_evaluation` of every model on the prompts, with the exact target;
+   conditional_kl.json  with ``conditional_kl``, each model's preference among correct answers
+                    (`pipeline.conditional_kls`, cached per checkpoint).
+   report.{json,md} and PNG plots (`pipeline.report`); `run` returns it as a `JobReport`.
 """
 from __future__ import annotations
 
