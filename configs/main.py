@@ -290,7 +290,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.compare = ()
   c.sft_enabled = True  # train and evaluate the LoRA-SFT baseline (App. D.4)
   # conditional_kl.json: per evaluated model, KL(pi|c || pi~|c) and KL(pi|c || p_T|c) over the
-  # enumerated correct answers (disa_jax.eval.conditional; a few seconds per model).
+  # enumerated correct answers (disa_jax.pipeline.conditional_kls; a few seconds per model, cached
+  # per checkpoint), and their means in the report ("Preference among correct answers").
   c.conditional_kl = False
   c.heldout = ml_collections.ConfigDict()  # held-out prompts (disa_jax.pipeline.heldout)
   # Share of the n values left out of Stage 3 (0 = none; 0.2 = 8 of 41), evaluated as the

@@ -9,7 +9,6 @@ evaluations. Rerunning with the same workdir resumes.
 """
 import os
 import sys
-from pathlib import Path
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -35,8 +34,8 @@ def convert(config):
 
 def execute(cfg):
   logging.set_verbosity(logging.WARNING)
-  SumJob(cfg, _WORKDIR.value).run()
-  print((Path(_WORKDIR.value) / "report.md").read_text())
+  report = SumJob(cfg, _WORKDIR.value).run()
+  print(report.markdown())
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Read with `ast`, nothing is imported:
 
 - no import of a project module (`disa_jax`, `configs`, `launch`, or a relative import) inside a
-  function or method body: they sit at the top of their module. The one exception, `DEFERRED`,
-  says why it must wait (and `test_the_generation_process_imports_no_jax` keeps the reason true);
+  function or method body: they sit at the top of their module, without exception (the generation
+  process gets its environment when it is spawned, not by deferring JAX's import:
+  `tests/rollout/test_process.py::test_the_generation_process_starts_with_its_env`);
 - an import of a third-party module inside a function (an optional heavy dependency such as vllm
   or torch) says why, in a comment on its line or the line above;
 - the package graph has no cycle. A node is the first path component under `disa_jax/` (`models`,
@@ -15,19 +16,10 @@ Read with `ast`, nothing is imported:
 import ast
 import pathlib
 import re
-import subprocess
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCANNED = ("disa_jax", "launch")
 PROJECT = ("disa_jax", "configs", "launch")
-# The deferred project imports that stay, (file, module) -> why. Each is a function-local import
-# that must not run when its module is imported.
-DEFERRED = {
-    ("disa_jax/rollout/process.py", "disa_jax.rollout.jax_sampler"):
-        "the generation process applies ProcessOptions.env before JAX is imported there "
-        "(JAX reads JAX_PLATFORMS and its other flags when imported)",
-}
 
 
 def _files():
@@ -92,21 +84,15 @@ def _where(path, node):
   return f"{path.relative_to(ROOT)}:{node.lineno}"
 
 
-def _deferred(path, node) -> bool:
-  module = _absolute(node, path) if isinstance(node, ast.ImportFrom) else node.names[0].name
-  return (str(path.relative_to(ROOT)), module) in DEFERRED
-
-
 def test_no_function_local_project_imports():
-  local, deferred = [], []
+  local = []
   for path, _, imports in _parsed():
     for node, in_function in imports:
       relative = isinstance(node, ast.ImportFrom) and node.level > 0
       if in_function and (relative or any(_is_project(n) for n in _imported(node, path))):
-        (deferred if _deferred(path, node) else local).append(_where(path, node))
+        local.append(_where(path, node))
   assert not local, (f"{len(local)} function-local imports of project modules (move them to the "
                      "top of the module):\n" + "\n".join(local))
-  assert len(deferred) == len(DEFERRED), f"DEFERRED lists imports that are gone: {deferred}"
 
 
 # Tool directives are not reasons: `# pylint: disable=...`, `# noqa: ...`, `# type: ignore[...]`.
@@ -129,16 +115,6 @@ def _has_comment(lines, lineno):
   while i >= 0 and lines[i].strip().startswith(("import ", "from ")):
     i -= 1
   return i >= 0 and lines[i].strip().startswith("#") and bool(_reason(lines[i]))
-
-
-def test_the_generation_process_imports_no_jax():
-  """Why `DEFERRED` holds the JAX sampler: the generation process (`disa_jax.rollout.process`, and
-  the `disa_jax.rollout` package it is part of) is imported before its environment is set."""
-  code = ("import sys; import disa_jax.rollout.process; "
-          "print(sorted(m for m in ('jax', 'flax', 'torch', 'vllm') if m in sys.modules))")
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       check=True)
-  assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_function_local_third_party_imports_say_why():

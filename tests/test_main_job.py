@@ -53,6 +53,7 @@ def _cfg(**over):
   c.sft.micro_batch_rows = 8
   c.eval.math_k = 4
   c.eval.exact_target.kl_samples = 4
+  c.conditional_kl = True
   for k, v in over.items():
     *path, field = k.split(".")
     node = c
@@ -77,63 +78,69 @@ def _welch_holds(n):
 def _check_claims(claims):
   """Each verdict follows from the numbers it reports."""
   for c in claims:
-    n = c["numbers"]
-    if c["claim"] == "Stage 1 error shrinks with N":
+    n = c.numbers
+    if c.claim == "Stage 1 error shrinks with N":
       errs = list(n.values())
-      assert c["holds"] == all(a > b for a, b in zip(errs, errs[1:])) and not c["from_transient"]
-    elif "matches the tilted target" in c["claim"]:
+      assert c.holds == all(a > b for a, b in zip(errs, errs[1:])) and not c.from_transient
+    elif "matches the tilted target" in c.claim:
       want = n["kl"] <= 1.0 and abs(n["entropy_correct"] - n["target_entropy"]) <= 0.3
-      assert c["holds"] == want and c["from_transient"] == (not n["state"].startswith("end state"))
-    elif ("'s KL to the target is below " in c["claim"] or
-          c["claim"].startswith(("reward maximisation collapses", "Stage 1 replay brings"))):
-      assert c["holds"] == _welch_holds(n), c  # Welch over seeds, p < 0.05
+      assert c.holds == want and c.from_transient == (not n["state"].startswith("end state"))
+    elif ("'s KL to the target is below " in c.claim or
+          c.claim.startswith(("reward maximisation collapses", "Stage 1 replay brings"))):
+      assert c.holds == _welch_holds(n), c  # Welch over seeds, p < 0.05
     else:
-      raise AssertionError(f"a claim this test does not check: {c['claim']!r}")
+      raise AssertionError(f"a claim this test does not check: {c.claim!r}")
 
 
 @pytest.mark.slow
 def test_main_job_end_to_end_and_resume(job_run):
   job, report, tmp_path = job_run
   methods = {"disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo"}
-  assert set(report["methods"]) == {"reference", "proposal", "lora_sft"} | methods
-  assert not report["skipped_methods"]
-  for row in report["methods"].values():
+  assert set(report.methods) == {"reference", "proposal", "lora_sft"} | methods
+  assert not report.skipped_methods
+  for row in report.methods.values():
     assert 0 <= row["accuracy_mean_at_k"] <= 1 and row["kl_to_target"] > -1.0  # an MC estimate of KL >= 0
     # the exact decomposition's terms add up, and each exact term is a KL
     assert row["kl_decomposed"] == pytest.approx(
         row["kl_binary"] + row["p_correct_kl_correct"] + row["p_wrong_kl_wrong"], abs=1e-9)
     assert row["kl_binary"] >= -1e-12 and row["p_correct_kl_correct"] >= -1e-12
   exact = json.loads((tmp_path / "exact.json").read_text())
-  ref = report["methods"]["reference"]
+  ref = report.methods["reference"]
   # pi_ref evaluated exactly: its P(correct) is the exact P_ref(c), and pi_ref|c = pi~|c (binary reward)
   assert ref["p_correct_exact"] == pytest.approx(np.mean(exact["p_correct_ref"]), abs=1e-6)
   assert ref["kl_correct"] == pytest.approx(0.0, abs=1e-6)
   assert ref["p_wrong_kl_wrong"] == pytest.approx(0.0, abs=1e-6)  # pi_ref|w = pi~|w too
   assert ref["entropy_correct"] == pytest.approx(ref["target_entropy_correct"], abs=1e-6)
-  assert set(report["stage1"]["n_study_mae_vs_exact"]) == {"2", "4"}
+  assert set(report.stage1["n_study_mae_vs_exact"]) == {"2", "4"}
   # the App. C.3 command ran inside the job: a stratified subset with a fresh pool of 8
-  ns = report["nstudy"]
+  ns = report.nstudy
   assert ns["prompts"] == 4 and ns["pool_size"] == 8 and [r["M"] for r in ns["per_m"]] == [2, 4]
   assert (tmp_path / "nstudy" / "nstudy.png").exists() and "App. C.3 N-study" in (
       tmp_path / "report.md").read_text()
-  assert {c["claim"] for c in report["claims"]} >= {"Stage 1 error shrinks with N"}
-  _check_claims(report["claims"])
+  assert {c.claim for c in report.claims} >= {"Stage 1 error shrinks with N"}
+  _check_claims(report.claims)
   # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
-  assert set(report["end_state"]) == methods and set(report["regime"]["per_method"]) == methods
-  for m, ends in report["end_state"].items():
+  assert set(report.end_state) == methods and set(report.regime["per_method"]) == methods
+  for m, ends in report.end_state.items():
     assert [e["window_steps"][1] for e in ends] == [4], m
-  assert set(report["matched_accuracy"]["disa"]) == {"0.5", "0.7", "0.9"}
-  gap = report["anchor_gap"]
+  assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
+  gap = report.anchor_gap
   assert gap["loss_gap"] <= gap["envelope_same_sample"] + 1e-9 and gap["sigma_g_train"] > 0
   assert gap["verdict"] in ("holds", "violated")  # val_fraction 0.3: held-out prompts exist
-  study = report["anchor_study"]
+  study = report.anchor_study
   md = (tmp_path / "report.md").read_text()
+  assert report.dir == tmp_path and report.markdown() == md
+  # the preference among correct answers of every evaluated row: pi_ref's is the target's
+  assert set(report.conditional_kl) == set(report.runs)
+  assert report.conditional_kl["reference"]["kl_target_correct_mean"] == pytest.approx(0, abs=1e-9)
+  assert report.conditional_kl["proposal"]["kl_proposal_correct_mean"] == pytest.approx(0, abs=1e-9)
+  assert "## Preference among correct answers" in md
   assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md
   assert "At matched accuracy" in md and "Prop. 4" in md
   # two measurements are too few for an end state: every verdict between methods is labelled
-  assert not report["regime"]["all_at_end_state"] and "TRANSIENT" in md
-  versus = [c for c in report["claims"] if "below grpo's" in c["claim"]]  # GRPO: the first reward maximiser
-  assert len(versus) == 2 and all(c["from_transient"] for c in versus)
+  assert not report.regime["all_at_end_state"] and "TRANSIENT" in md
+  versus = [c for c in report.claims if "below grpo's" in c.claim]  # GRPO: the first reward maximiser
+  assert len(versus) == 2 and all(c.from_transient for c in versus)
   for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png", "kl_vs_step.png",
             "kl_correct_vs_step.png", "entropy_vs_accuracy.png"):
     assert (tmp_path / f).exists(), f
@@ -148,7 +155,7 @@ def test_main_job_end_to_end_and_resume(job_run):
                                            tmp_path / "stage3" / "disa" / "final" / "export_info.json")}
   report2 = _job(_cfg(), tmp_path).run()  # resumes: nothing recomputed
   assert all(p.stat().st_mtime == t for p, t in stamps.items())
-  assert report2["methods"] == json.loads((tmp_path / "report.json").read_text())["methods"]
+  assert report2.methods == json.loads((tmp_path / "report.json").read_text())["methods"]
 
 
 def _leaves(d, prefix=""):
@@ -238,16 +245,16 @@ def test_replay_methods_and_several_seeds_give_mean_and_std_rows(job_run, tmp_pa
                       stage3_workers=2, **{"anchor_study.repeats": 0}), tmp_path).run()
   times = json.loads((tmp_path / "times.json").read_text())
   assert {"stage3_disa_seed1", "stage3_disa_replay", "stage3_disa_replay_seed1"} <= set(times)
-  assert set(report["runs"]) == {"reference", "proposal", "disa", "disa_seed1", "disa_replay", "disa_replay_seed1"}
+  assert set(report.runs) == {"reference", "proposal", "disa", "disa_seed1", "disa_replay", "disa_replay_seed1"}
   for m in ("disa", "disa_replay"):
-    row = report["methods"][m]
+    row = report.methods[m]
     assert row["seeds"] == 2 and row["kl_to_target_std"] >= 0
-    runs = [report["runs"][m], report["runs"][f"{m}_seed1"]]
+    runs = [report.runs[m], report.runs[f"{m}_seed1"]]
     assert row["accuracy_mean_at_k"] == pytest.approx(sum(r["accuracy_mean_at_k"] for r in runs) / 2)
   rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_replay" / "metrics.jsonl").read_text().splitlines()]
   assert all(r["replay/fraction"] == 0.25 for r in rows)  # round(0.25 * 4) = 1 of 4 samples per prompt
   assert "replay/fraction" not in json.loads((tmp_path / "stage3" / "disa" / "metrics.jsonl").read_text().splitlines()[0])
-  assert any(c["claim"].startswith("Stage 1 replay brings disa") for c in report["claims"])
+  assert any(c.claim.startswith("Stage 1 replay brings disa") for c in report.claims)
   assert "disa (2 seeds)" in (tmp_path / "report.md").read_text()
 
 

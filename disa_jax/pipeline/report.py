@@ -19,17 +19,22 @@ per side there is no verdict). Every claim goes through `_claim`, which computes
 from the runs it compares: a run is at its end state when KL and the conditional KL over correct
 answers are flat over the last 20% of its steps, outside the lr decay phase (`pipeline.dynamics`).
 With several Stage 3 seeds a method's row is the mean over seeds (``*_std`` the standard deviation).
-The tables README / docs print come from report.json through `pipeline.tables`.
+The tables README / docs print come from report.json through `pipeline.tables`. `write_report`
+returns the report as a `JobReport` (read back from report.json); with `MainConfig.conditional_kl`
+it has a ``conditional_kl`` section and report.md the table "Preference among correct answers"
+(`pipeline.conditional_kls`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 import jax
 import numpy as np
 
+from disa_jax import artifacts
 from disa_jax import estimators as E
 from disa_jax.anchor.diagnostics import prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
@@ -39,16 +44,20 @@ from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline import seed_stats, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
 from disa_jax.workflows.nstudy import NStudyResult
 from disa_jax.workflows.stage2 import AnchorArtifact
 from disa_jax.workflows.stage3 import Stage3Run
 
+if TYPE_CHECKING:  # (sum_job imports this module: the job's type for annotations only)
+  from disa_jax.pipeline.sum_job import SumJob
+
 TASK = "task"  # the evaluations' benchmark of the job's prompts
 Stage3Runs = Mapping[tuple[str, int], Stage3Run]  # every Stage 3 run, by (method, seed)
 
 
-def _stage1_section(job, pool: Stage1Data, exact: ExactTarget) -> dict:
+def _stage1_section(job: SumJob, pool: Stage1Data, exact: ExactTarget) -> dict[str, Any]:
   log_z = exact.log_z_of(pool.prompt_ids)
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
                     repeats=job.cfg.n_study_repeats, log_z_ref=log_z)
@@ -70,7 +79,8 @@ def _stage1_section(job, pool: Stage1Data, exact: ExactTarget) -> dict:
   }
 
 
-def _stage2_section(job, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactTarget) -> dict:
+def _stage2_section(job: SumJob, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactTarget
+                    ) -> dict[str, Any]:
   ids, emb = anchor.embeddings()
   pred = np.asarray(anchor.anchor()(emb))
   log_z = exact.log_z_of(ids)
@@ -83,7 +93,7 @@ def _stage2_section(job, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactT
           "val_mse_curve": anchor.history["val_mse"]}
 
 
-def eval_row(task: BenchmarkEval) -> dict:
+def eval_row(task: BenchmarkEval) -> dict[str, Any]:
   """A report row from an evaluation's task benchmark (sampled metrics and the exact target)."""
   k, m, x = task.k, task.metrics, task.exact
   if x is None:
@@ -103,7 +113,7 @@ AGGREGATED = ("accuracy_mean_at_k", "pass_at_k", "distinct_correct_mean", "p_cor
               "kl_decomposed")
 
 
-def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
+def aggregate_seeds(job: SumJob, evals: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
   """Evaluation rows by method: the mean over the method's Stage 3 seeds, with ``<metric>_std`` and ``seeds``
   when there are several; rows that are not Stage 3 runs (reference, proposal, lora_sft) as they are."""
   runs = {m: [job.run_name(m, s) for s in job.cfg.run_seeds(m)] for m in job.cfg.methods}
@@ -127,7 +137,7 @@ def aggregate_seeds(job, evals: dict[str, dict]) -> dict[str, dict]:
   return out
 
 
-def _training_curves(job, stage3: Stage3Runs) -> dict[str, list[tuple[int, float]]]:
+def _training_curves(job: SumJob, stage3: Stage3Runs) -> dict[str, list[tuple[int, float]]]:
   curves = {}
   for m in job.cfg.methods:  # the first seed's run
     run = stage3.get((m, job.cfg.run_seeds(m)[0]))
@@ -136,7 +146,8 @@ def _training_curves(job, stage3: Stage3Runs) -> dict[str, list[tuple[int, float
   return curves
 
 
-def _plots(job, s1: dict, s2: dict, curves: dict) -> list[str]:
+def _plots(job: SumJob, s1: dict[str, Any], s2: dict[str, Any],
+           curves: dict[str, list[tuple[int, float]]]) -> list[str]:
   import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
@@ -161,13 +172,13 @@ def _plots(job, s1: dict, s2: dict, curves: dict) -> list[str]:
   return files
 
 
-def _lr_decay_step(job, method: str, seed: int) -> int | None:
+def _lr_decay_step(job: SumJob, method: str, seed: int) -> int | None:
   """The first RL step of (method, seed)'s learning-rate decay phase (None: a constant rate)."""
   t = job.stage3_cfgs[(method, seed)].train
   return D.lr_decay_step(t.total_steps, t.rollout.num_minibatches, t.optim.decay_frac)
 
 
-def _dynamics(job, stage3: Stage3Runs) -> dict[str, Any]:
+def _dynamics(job: SumJob, stage3: Stage3Runs) -> dict[str, Any]:
   """Per method: each seed's end state and matched accuracy, and the first seed's series."""
   out: dict[str, Any] = {"series": {}, "end_state": {}, "matched": {}, "matched_runs": {}}
   for m in job.cfg.methods:
@@ -218,7 +229,7 @@ def _claim(claim: str, holds: bool, numbers: dict, *, runs: tuple[str, ...], dyn
           "runs": list(runs), "from_transient": transient}
 
 
-def _seed_values(job, runs: dict, m: str, key: str, se_key: str | None
+def _seed_values(job: SumJob, runs: dict[str, dict[str, Any]], m: str, key: str, se_key: str | None
                  ) -> tuple[list[float], list[float] | None]:
   """Seed-level values of evaluation field ``key`` of method ``m`` (and their standard errors)."""
   rows = [runs[n] for n in (job.run_name(m, s) for s in job.cfg.run_seeds(m)) if n in runs]
@@ -235,7 +246,8 @@ def _below(a: str, b: str, va, vb, sa=None, sb=None) -> tuple[bool, dict, str | 
   return c.below(), nums, None if c.below() else f"Welch p = {c.p:.3g} (needs < 0.05 and diff < 0)"
 
 
-def _kl_below(job, runs: dict, dyn: dict, a: str, b: str, claim: str) -> dict[str, Any]:
+def _kl_below(job: SumJob, runs: dict[str, dict[str, Any]], dyn: dict[str, Any], a: str, b: str,
+              claim: str) -> dict[str, Any]:
   """The claim "``a``'s final KL to the target is below ``b``'s", decided by `_below` over seeds."""
   va, sa = _seed_values(job, runs, a, "kl_to_target", "kl_to_target_se")
   vb, sb = _seed_values(job, runs, b, "kl_to_target", "kl_to_target_se")
@@ -243,7 +255,8 @@ def _kl_below(job, runs: dict, dyn: dict, a: str, b: str, claim: str) -> dict[st
   return _claim(claim, holds, nums, runs=(a, b), dyn=dyn, why=why)
 
 
-def _claims(job, s1: dict, evals: dict, runs: dict, dyn: dict, fix: str | None,
+def _claims(job: SumJob, s1: dict[str, Any], evals: dict[str, dict[str, Any]],
+            runs: dict[str, dict[str, Any]], dyn: dict[str, Any], fix: str | None,
             contrasts: list[str]) -> list[dict[str, Any]]:
   """The paper's claims on this task, each with its numbers (see the module docstring);
   ``contrasts`` are the reward-maximising runs they are compared with, ``job.cfg.controls`` the
@@ -276,7 +289,8 @@ def _claims(job, s1: dict, evals: dict, runs: dict, dyn: dict, fix: str | None,
   return out
 
 
-def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[str, Any]]:
+def _versus_contrast(job: SumJob, m: str, c: str, runs: dict[str, dict[str, Any]],
+                     dyn: dict[str, Any]) -> list[dict[str, Any]]:
   """``m`` against the reward maximiser ``c`` (GRPO) at the end state and at matched accuracy."""
   out = [_kl_below(job, runs, dyn, m, c,
                    f"{m}'s KL to the target is below {c}'s (Welch over seeds, p < 0.05)")]
@@ -294,8 +308,8 @@ def _versus_contrast(job, m: str, c: str, runs: dict, dyn: dict) -> list[dict[st
   return out
 
 
-def _anchor_gap(evals: dict, results: Mapping[str, EvalResult], anchor: AnchorArtifact,
-                exact: ExactTarget) -> dict[str, Any] | None:
+def _anchor_gap(evals: dict[str, dict[str, Any]], results: Mapping[str, EvalResult],
+                anchor: AnchorArtifact, exact: ExactTarget) -> dict[str, Any] | None:
   """DISA with the fitted anchor against the oracle (exact log Z), and Prop. 4 as a measurement
   (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the envelope
   from its held-out prompts."""
@@ -325,7 +339,7 @@ def _anchor_study_md(res: dict | None) -> list[str]:
           res["verdict"]["text"], ""]
 
 
-def _regime(job, dyn: dict) -> dict[str, Any]:
+def _regime(job: SumJob, dyn: dict[str, Any]) -> dict[str, Any]:
   """Whether every method reached its end state, per method, and what the preset promises."""
   per = {m: _at_end(dyn, m)[1] for m in job.cfg.methods}
   done = all(_at_end(dyn, m)[0] for m in job.cfg.methods)
@@ -360,7 +374,8 @@ def _cell(e: dict, key: str, fmt: str) -> str:
   return f"{e[key]:{fmt}}"
 
 
-def _methods_md(job, evals: dict, regime: dict, skipped: dict) -> list[str]:
+def _methods_md(job: SumJob, evals: dict[str, dict[str, Any]], regime: dict[str, Any],
+                skipped: Mapping[str, str]) -> list[str]:
   """The end-state table: sampled metrics, the exact target and the KL decomposition."""
   k = next(iter(evals.values()))["k"] if evals else 8
   md = ["## Methods at the end of training", "",
@@ -476,6 +491,127 @@ def _claims_md(report: dict) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Claim:
+  """One verdict of the report (`_claim`; report.json's ``claims`` entries).
+
+  Attributes:
+    claim: what is claimed, in words.
+    holds: whether the numbers support it.
+    numbers: the numbers it is decided on (means, Welch's test, ...).
+    why: why it does not hold or has no verdict (None: no reason to give).
+    runs: the Stage 3 methods it compares (() for a claim about Stage 1).
+    from_transient: some of ``runs`` had not reached their end state.
+  """
+  claim: str
+  holds: bool
+  numbers: Mapping[str, Any]
+  why: str | None
+  runs: tuple[str, ...]
+  from_transient: bool
+
+  @classmethod
+  def from_json(cls, obj: Any, where: str) -> "Claim":
+    if not isinstance(obj, dict):
+      raise artifacts.ArtifactError(f"{where}: must be an object, got {type(obj).__name__}")
+    return cls(claim=artifacts.field(obj, "claim", where, str),
+               holds=artifacts.field(obj, "holds", where, bool),
+               numbers=artifacts.field(obj, "numbers", where, dict),
+               why=artifacts.field(obj, "why", where, (str, type(None))),
+               runs=artifacts.str_tuple(obj, "runs", where),
+               from_transient=artifacts.field(obj, "from_transient", where, bool))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobReport:
+  """The main job's report: what `write_report` (and `SumJob.run`) returns, loaded from
+  ``<dir>/report.json``; ``report.md`` says it in words and tables.
+
+  Each field is the report.json section of its name (the file has a few more: ``config``,
+  ``matched_accuracy_runs``, ``run_seeds``). A row of ``methods`` / ``runs`` maps an evaluation
+  metric (`eval_row`: ``kl_to_target``, ``accuracy_mean_at_k``, ...) to its value.
+
+  Attributes:
+    dir: the job's directory.
+    methods: evaluation row per method (a Stage 3 method's: the mean over its seeds, with
+      ``<metric>_std`` and ``seeds`` when there are several) and per other row (reference,
+      proposal, lora_sft).
+    runs: evaluation row per evaluated model (every Stage 3 seed its own).
+    claims: the verdicts (`Claim`).
+    skipped_methods: rows not trained -> why.
+    regime: whether every method reached its end state (``all_at_end_state``, ``per_method``).
+    stage1: the Stage 1 labels against the exact log Z (``n_study_mae_vs_exact``, ...).
+    stage2: the anchor's fit and sigma_g.
+    anchor_study: the sigma_g study of sharper anchors (None when off).
+    nstudy: the App. C.3 study (None when off).
+    anchor_gap: DISA against its oracle and Prop. 4 (None without both runs).
+    end_state: per method, each seed's end-state verdict (`pipeline.dynamics.end_state`).
+    matched_accuracy: per method, per accuracy level, mean ± std over seeds.
+    conditional_kl: per row, the means of the preference among correct answers
+      (`ConditionalKL.means`; None when the job did not compute them).
+    grid: per method, its end-state figures over seeds and regime, and per regime KL against
+      sigma_g (`_grid_section`, `disa_jax.pipeline.grid`; None in a report from before it).
+    stage3_seeds: the job's Stage 3 seeds.
+    times_s: seconds per stage.
+    plots: the PNG files in ``dir``.
+  """
+  dir: Path
+  methods: Mapping[str, Mapping[str, Any]]
+  runs: Mapping[str, Mapping[str, Any]]
+  claims: tuple[Claim, ...]
+  skipped_methods: Mapping[str, str]
+  regime: Mapping[str, Any]
+  stage1: Mapping[str, Any]
+  stage2: Mapping[str, Any]
+  anchor_study: Mapping[str, Any] | None
+  nstudy: Mapping[str, Any] | None
+  anchor_gap: Mapping[str, Any] | None
+  end_state: Mapping[str, list[Mapping[str, Any]]]
+  matched_accuracy: Mapping[str, Mapping[str, Any]]
+  conditional_kl: Mapping[str, Mapping[str, float]] | None
+  grid: Mapping[str, Any] | None
+  stage3_seeds: tuple[int, ...]
+  times_s: Mapping[str, float]
+  plots: tuple[str, ...]
+
+  FILE = "report.json"
+
+  @property
+  def json_path(self) -> Path:
+    return self.dir / self.FILE
+
+  @property
+  def md_path(self) -> Path:
+    return self.dir / "report.md"
+
+  def markdown(self) -> str:
+    """The text of report.md."""
+    return self.md_path.read_text()
+
+  @classmethod
+  def load(cls, workdir: str | Path) -> "JobReport":
+    """The report of the job in ``workdir`` (`artifacts.ArtifactError` naming the file and the
+    field when report.json is missing or malformed)."""
+    path = Path(workdir) / cls.FILE
+    obj = artifacts.read_json(path, "the main job's report")
+    get = lambda name, kind=dict: artifacts.field(obj, name, path, kind)
+    optional = lambda name: artifacts.field(obj, name, path, (dict, type(None)))
+    seeds = get("stage3_seeds", list)
+    if not all(isinstance(x, int) for x in seeds):
+      raise artifacts.ArtifactError(f"{path}: field 'stage3_seeds' must be a list of ints")
+    return cls(dir=Path(workdir), methods=get("methods"), runs=get("runs"),
+               claims=tuple(Claim.from_json(c, f"{path} (claims[{i}])")
+                            for i, c in enumerate(get("claims", list))),
+               skipped_methods=get("skipped_methods"), regime=get("regime"),
+               stage1=get("stage1"), stage2=get("stage2"), anchor_study=optional("anchor_study"),
+               nstudy=optional("nstudy"), anchor_gap=optional("anchor_gap"),
+               end_state=get("end_state"), matched_accuracy=get("matched_accuracy"),
+               conditional_kl=optional("conditional_kl") if "conditional_kl" in obj else None,
+               grid=optional("grid") if "grid" in obj else None,
+               stage3_seeds=tuple(seeds), times_s=get("times_s"),
+               plots=artifacts.str_tuple(obj, "plots", path))
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportInputs:
   """The stages' artifacts the report reads (it opens no file of another stage's directory).
 
@@ -487,6 +623,8 @@ class ReportInputs:
     evals: every evaluation row's `EvalResult` (its ``task`` benchmark is read).
     nstudy: the App. C.3 study (None when off).
     skipped: rows not trained, with the reason.
+    conditional_kl: the rows' preference among correct answers (None when not computed:
+      `MainConfig.conditional_kl` off).
   """
   exact: ExactTarget
   pool: Stage1Data
@@ -495,11 +633,40 @@ class ReportInputs:
   evals: Mapping[str, EvalResult]
   nstudy: NStudyResult | None = None
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  conditional_kl: ConditionalKLs | None = None
 
 
-def write_report(job, inputs: ReportInputs) -> dict:
-  """report.json / report.md / PNGs in the job's directory (``job``: the `SumJob`, its configs);
-  returns the report."""
+def _conditional_kl_md(section: Mapping[str, Mapping[str, float]] | None) -> list[str]:
+  """The table "Preference among correct answers": per row, the means of KL(pi|c ‖ pi~|c) and
+  KL(pi|c ‖ p_T|c) over the training prompts (and over the held-out prompts, when there are any).
+
+  Args:
+    section: report.json's ``conditional_kl`` (`ConditionalKLs.report_section`); None: no table.
+  """
+  if section is None:
+    return []
+  held = any("kl_target_correct_mean_heldout" in e for e in section.values())
+  cols = ["KL(pi|c ‖ pi~|c)", "KL(pi|c ‖ p_T|c)"]
+  keys = ["kl_target_correct_mean", "kl_proposal_correct_mean"]
+  if held:
+    cols = [f"{c}, {where}" for where in ("training prompts", "held-out prompts") for c in cols]
+    keys += [f"{k}_heldout" for k in keys]
+  md = ["## Preference among correct answers", "",
+        "Per model, the mean over prompts of KL(pi|c ‖ pi~|c) (against the target's preference "
+        "among correct answers, pi~|c = pi_ref|c) and of KL(pi|c ‖ p_T|c) (against the proposal's); "
+        "per prompt in conditional_kl.json.", "",
+        "| model | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+  md += [f"| {row} | " + " | ".join(f"{e[k]:.4f}" if e.get(k) is not None else "-" for k in keys)
+         + " |" for row, e in section.items()]
+  return md + [""]
+
+
+def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
+  """report.json / report.md / PNGs in the job's directory (``job``: the `SumJob`, its configs).
+
+  Returns:
+    The report, as loaded back from report.json (`JobReport`).
+  """
   skipped, exact, stage3, results = dict(inputs.skipped), inputs.exact, inputs.stage3, inputs.evals
   runs = {name: eval_row(r.benchmarks[TASK]) for name, r in results.items()}
   evals = aggregate_seeds(job, runs)
@@ -524,6 +691,8 @@ def write_report(job, inputs: ReportInputs) -> dict:
                        "preset": job.cfg.preset},
             "regime": regime, "stage1": s1, "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals, "runs": runs,
+            **({} if inputs.conditional_kl is None else
+               {"conditional_kl": inputs.conditional_kl.report_section()}),
             "end_state": dyn["end_state"], "matched_accuracy": dyn["matched"], "grid": grid,
             "matched_accuracy_runs": {m: dict(v) for m, v in dyn["matched_runs"].items()},
             "stage3_seeds": list(job.cfg.seeds),
@@ -535,10 +704,10 @@ def write_report(job, inputs: ReportInputs) -> dict:
         f"Preset {job.cfg.preset!r}, {job.cfg.train.total_steps} Stage 3 steps per run. Engine: "
         f"{job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = "
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
-        *_methods_md(job, evals, regime, skipped), *_grid_md(report), *_matched_md(dyn),
-        *_claims_md(report),
+        *_methods_md(job, evals, regime, skipped), *_grid_md(report),
+        *_conditional_kl_md(report.get("conditional_kl")), *_matched_md(dyn), *_claims_md(report),
         *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_nstudy_md(nstudy),
         "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items()), "",
         "Plots: " + ", ".join(plots)]
   (job.dir / "report.md").write_text("\n".join(md) + "\n")
-  return report
+  return JobReport.load(job.dir)

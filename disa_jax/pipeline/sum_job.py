@@ -14,8 +14,10 @@ prompt file), then runs the commands a researcher runs on real checkpoints, with
    anchor_study.json  sigma_g of sharper label / weighting variants (`pipeline.anchor_study`).
 3. stage3/<run>/    `run_stage3` per run and seed (DISA, FlowRL, GRPO, GSPO, ...; the policy exported
                     to final/); sft/: `run_sft`, the LoRA-SFT baseline.
-4. eval/<row>/      `run_evaluation` of every model on the prompts, with the exact target.
-   report.{json,md} and PNG plots (`pipeline.report`).
+4. eval/<row>/      `run_evaluation` of every model on the prompts, with the exact target;
+   conditional_kl.json  with ``conditional_kl``, each model's preference among correct answers
+                    (`pipeline.conditional_kls`, cached per checkpoint).
+   report.{json,md} and PNG plots (`pipeline.report`); `run` returns it as a `JobReport`.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ import json
 import multiprocessing
 import time
 import typing
+import warnings
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -45,8 +48,9 @@ from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
+from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
-from disa_jax.pipeline.report import ReportInputs, write_report
+from disa_jax.pipeline.report import JobReport, ReportInputs, write_report
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rl.config import ReplayConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
@@ -489,31 +493,53 @@ class SumJob:
                                                                answers), np.float64)
     return out
 
-  def conditional_kls(self, rows: dict[str, str]) -> dict[str, Any]:
-    """Per row, the preference among correct answers against the target's and the proposal's:
-    KL(pi|c || pi~|c) (= pi_ref|c: the reward is binary) and KL(pi|c || p_T|c), per prompt and
-    their means (over the held-out prompts too, with ``heldout``); cached in conditional_kl.json."""
-    path = self.dir / "conditional_kl.json"
-    if path.exists():
-      return json.loads(path.read_text())
-    ref = self._correct_set_logprobs(self.ref_path)
-    prop = self._correct_set_logprobs(self.proposal_path)
-    held = set()
-    if self.cfg.heldout.enabled:  # (the ids as loaded: prefixed with the data source)
-      self.write_prompts()
-      held = {r.prompt_id for r in loaders.load_prompts(self.heldout_prompts_path)}
-    out: dict[str, Any] = {"heldout_prompt_ids": sorted(held)}
-    for row, model_path in rows.items():
-      lp, entry = self._correct_set_logprobs(model_path), {}
-      for key, other in (("kl_target_correct", ref), ("kl_proposal_correct", prop)):
-        per = {p: conditional_kl(lp[p], other[p]) for p in lp}
-        entry[key] = per  # per prompt; the mean over the training prompts (all without a split)
-        entry[f"{key}_mean"] = float(np.mean([v for p, v in per.items() if p not in held]))
-        if held:
-          entry[f"{key}_mean_heldout"] = float(np.mean([per[p] for p in sorted(held)]))
-      out[row] = entry
-    artifacts.write_json(path, out)
-    return out
+  def conditional_kls(self, rows: Mapping[str, str]) -> ConditionalKLs:
+    """Per row (name -> checkpoint), the preference among correct answers against the target's and
+    the proposal's: KL(pi|c || pi~|c) (= pi_ref|c: the reward is binary) and KL(pi|c || p_T|c), per
+    prompt and their means over the training and the held-out prompts (`ConditionalKLs`).
+
+    Cached in conditional_kl.json per row: a row is computed again when it is missing there or its
+    checkpoint is not the one it was scored from (`model_identity`), all rows when the prompts,
+    pi_ref or p_T changed. Returns the rows asked for, in their order.
+    """
+    path = self.dir / ConditionalKLs.FILE
+    self.write_prompts()  # (the ids as loaded: prefixed with the data source)
+    ids = tuple(r.prompt_id for r in loaders.load_prompts(self.prompts_path))
+    held = tuple(sorted({r.prompt_id for r in loaders.load_prompts(self.heldout_prompts_path)}
+                        if self.cfg.heldout.enabled else ()))
+    ref_id, prop_id = model_identity(self.ref_path), model_identity(self.proposal_path)
+    kept = self._cached_conditional_kls(path, ids, ref_id, prop_id, rows)
+    out = ConditionalKLs(path=path, prompt_ids=ids, heldout_prompt_ids=held,
+                         reference_identity=ref_id, proposal_identity=prop_id, rows={})
+    mask = out.heldout_mask()
+    todo = [name for name in rows if name not in kept]
+    if todo:
+      ref = self._correct_set_logprobs(self.ref_path)
+      prop = self._correct_set_logprobs(self.proposal_path)
+      for name in todo:
+        lp = self._correct_set_logprobs(rows[name])
+        kept[name] = ConditionalKL(
+            model_path=rows[name], model_identity=model_identity(rows[name]),
+            kl_target=[conditional_kl(lp[p], ref[p]) for p in ids],
+            kl_proposal=[conditional_kl(lp[p], prop[p]) for p in ids], heldout=mask)
+    asked = {name: dataclasses.replace(kept[name], heldout=mask) for name in rows}
+    others = {name: dataclasses.replace(row, heldout=mask) for name, row in kept.items()
+              if name not in asked}
+    dataclasses.replace(out, rows=asked | others).save()  # the saved rows not asked for are kept
+    return dataclasses.replace(out, rows=asked)
+
+  def _cached_conditional_kls(self, path: Path, ids: tuple[str, ...], ref_id: str, prop_id: str,
+                              rows: Mapping[str, str]) -> dict[str, ConditionalKL]:
+    """The rows of conditional_kl.json still valid (`ConditionalKLs.reusable`); none when the file
+    is absent or unreadable (e.g. written before the rows were keyed by checkpoint)."""
+    if not path.exists():
+      return {}
+    try:
+      saved = ConditionalKLs.load(path)
+    except artifacts.ArtifactError as e:
+      warnings.warn(f"recomputing every conditional KL: {e}")
+      return {}
+    return saved.reusable(ids, ref_id, prop_id, rows)
 
   # -- 1-3. the workflows ------------------------------------------------------------------------
 
@@ -632,7 +658,12 @@ class SumJob:
         engine.close()
     return out
 
-  def run(self) -> dict[str, Any]:
+  def run(self) -> JobReport:
+    """Every stage of the module docstring (each skipped when its output exists), then the report.
+
+    Returns:
+      The report (`JobReport`: report.json and report.md in the job's directory).
+    """
     self._timed("models", self.build_models)
     stage1 = self._timed("stage1", self.stage1)
     nstudy = self._timed("nstudy", self.nstudy) if self.cfg.nstudy.enabled else None
@@ -650,8 +681,9 @@ class SumJob:
         rows["lora_sft"] = str(sft.out_path)
       else:
         skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
-    if self.cfg.conditional_kl:
-      self._timed("conditional_kl", self.conditional_kls, rows)
+    preference = (self._timed("conditional_kl", self.conditional_kls, rows)
+                  if self.cfg.conditional_kl else None)
     evals = self.evaluate(rows)
     return write_report(self, ReportInputs(exact=exact, pool=pool, anchor=anchor, stage3=stage3,
-                                           evals=evals, nstudy=nstudy, skipped=skipped))
+                                           evals=evals, nstudy=nstudy, skipped=skipped,
+                                           conditional_kl=preference))

@@ -6,6 +6,12 @@ through a request `ShmRing`, results come back through a result `ShmRing`, weigh
 heartbeat and, on failure, its traceback. `ProcessOptions` say how the process is run and watched;
 `make_local_engine` builds the engine inside it (or in the calling process).
 
+The worker's environment (`ProcessOptions.env`, and vLLM's defaults) is the environment the spawned
+interpreter starts with: `spawn_environment` sets it in ``os.environ`` around ``Process.start()``
+and restores it, so JAX (which reads ``JAX_PLATFORMS`` and its other flags when it is imported, and
+may be imported while the child unpickles its target or re-imports the trainer's ``__main__``) sees
+it before anything runs there.
+
 Failure handling (never a hang):
 * every call waits with a deadline (`timeout_s`) and checks, every ~50 ms, that the worker is alive
   and that its heartbeat is fresher than `heartbeat_timeout_s` (a stopped or wedged process stops
@@ -25,6 +31,7 @@ Failure handling (never a hang):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import multiprocessing.connection
@@ -34,12 +41,13 @@ import threading
 import time
 import traceback
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from disa_jax import preemption, runtime
 from disa_jax.rollout import reaper, shm
+from disa_jax.rollout.jax_sampler import JaxSampler
 from disa_jax.rollout.types import (MODEL_ENGINES, Completion, Engine, SamplingParams, check_kind,
                                     check_scalar_mapping, validate_prompts)
 from disa_jax.rollout.vllm_engine import VllmEngine
@@ -66,8 +74,9 @@ class ProcessOptions:
     heartbeat_timeout_s: the worker is declared hung when its heartbeat is older than this.
     request_bytes: slot size of the request ring (the prompt tokens of one call must fit).
     result_bytes: slot size of the result ring (results are sent in as many chunks as needed).
-    env: environment variables set in the worker before anything is imported there (any name;
-      int and float values are written as strings).
+    env: environment variables the worker's interpreter starts with (any name; int and float
+      values are written as strings): set before anything, JAX included, is imported there
+      (`spawn_environment`).
   """
   timeout_s: float = 3600.0
   startup_timeout_s: float = 900.0
@@ -94,11 +103,39 @@ def make_local_engine(kind: str, model_path: str, **options: Any) -> Engine:
   """Builds an engine in this process: 'jax' (`JaxSampler`) or 'vllm' (`VllmEngine`)."""
   check_kind(kind, "engine kind", MODEL_ENGINES)
   if kind == "jax":
-    # The one deferred project import: the generation process sets `ProcessOptions.env` before
-    # JAX is imported there (JAX reads JAX_PLATFORMS and its other flags when imported).
-    from disa_jax.rollout.jax_sampler import JaxSampler  # pylint: disable=g-import-not-at-top
     return JaxSampler.from_pretrained(model_path, **options)
   return VllmEngine(model_path, **options)
+
+
+_SPAWN_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def spawn_environment(env: Mapping[str, str]) -> Iterator[None]:
+  """``os.environ`` with ``env`` set for the duration, then restored (a name it added removed).
+
+  A process spawned inside (``Process.start()`` with the `spawn` start method execs a fresh
+  interpreter with this process's environment) starts with ``env``: it is there before the child
+  runs any Python, so before it imports JAX. A lock serialises the callers of this process; other
+  threads that read ``os.environ`` meanwhile see ``env`` too, so hold it only around the start.
+
+  Args:
+    env: variable name -> string value.
+  """
+  bad = {k: v for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))}
+  if bad:
+    raise TypeError(f"spawn_environment needs str names and values, got {bad!r}")
+  with _SPAWN_ENV_LOCK:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+      yield
+    finally:
+      for k, v in saved.items():
+        if v is None:
+          os.environ.pop(k, None)
+        else:
+          os.environ[k] = v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +147,6 @@ class _WorkerSpec:
   ctl_name: str
   req_name: str
   res_name: str
-  env: dict
   result_bytes: int
 
 
@@ -170,7 +206,6 @@ def _worker_main(spec: _WorkerSpec) -> None:
   # process and removes what vLLM's processes registered (`reaper`).
   reaper.use_private_resource_tracker()
   preemption.ignore_in_child()  # the trainer saves on SIGTERM / SIGUSR1, then closes this process
-  os.environ.update(spec.env)
   if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
     runtime.tune_host_allocator()
   ctl = shm.ControlBlock.attach(spec.ctl_name)
@@ -289,7 +324,7 @@ class RemoteEngine:
     worker_env.update(process.env)
     spec = _WorkerSpec(kind=kind, model_path=str(model_path), engine_kwargs=dict(options or {}),
                        parent_pid=os.getpid(), ctl_name=self._ctl.name, req_name=self._req.name,
-                       res_name=self._res.name, env=worker_env, result_bytes=self._res.slot_bytes)
+                       res_name=self._res.name, result_bytes=self._res.slot_bytes)
     ctx = mp.get_context("spawn")
     # Not daemonic: a daemonic process may not start children (vLLM may). Shutdown is ours: close(),
     # atexit, and the worker's own watchdog when this process dies.
@@ -297,7 +332,8 @@ class RemoteEngine:
                              daemon=False)
     self.startup_s = float("nan")
     t0 = time.monotonic()
-    self._proc.start()
+    with spawn_environment(worker_env):  # the worker starts with it (before JAX is imported)
+      self._proc.start()
     self._finalizer = weakref.finalize(self, RemoteEngine._cleanup, self._proc, self._names)
     # Registered now, i.e. after multiprocessing's own exit hook, so it runs before that hook joins
     # the (non-daemonic) worker at interpreter exit.

@@ -11,7 +11,7 @@ SEEDS = (0, 1, 2)
 
 
 def _job(seeds=SEEDS):
-  return SimpleNamespace(cfg=SimpleNamespace(seeds=seeds),
+  return SimpleNamespace(cfg=SimpleNamespace(seeds=seeds, run_seeds=lambda m: seeds),
                          run_name=lambda m, s: m if s == seeds[0] else f"{m}_seed{s}")
 
 
@@ -81,8 +81,8 @@ def test_each_configured_comparison_is_one_welch_claim():
   runs = _runs({"k0_disa": [0.18, 0.20, 0.19], "k2_disa": [5.0, 9.0, 7.0],
                 "k0_grpo": [1.8, 1.9, 1.7], "k2_grpo": [1.85, 1.8, 1.9]})
   job = _job()
-  job.cfg = SimpleNamespace(seeds=SEEDS, compare=("k0_disa<k2_disa", "k0_grpo<k2_grpo"),
-                            controls=())
+  job.cfg = SimpleNamespace(seeds=SEEDS, run_seeds=lambda m: SEEDS,
+                            compare=("k0_disa<k2_disa", "k0_grpo<k2_grpo"), controls=())
   evals = {m: {} for m in ("k0_disa", "k2_disa", "k0_grpo", "k2_grpo")}
   s1 = {"n_study_mae_vs_exact": {"2": 0.6, "4": 0.4}}
   dyn = _dyn({"k0_disa": True, "k2_disa": False, "k0_grpo": True, "k2_grpo": True}, {})

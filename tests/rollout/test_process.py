@@ -14,6 +14,7 @@ import pytest
 from disa_jax.rollout import (GenerationProcessError, ProcessOptions, RemoteEngine, SamplingParams,
                               make_engine, shm)
 from disa_jax.rollout.jax_sampler import JaxSampler
+from disa_jax.rollout.process import spawn_environment
 from tests.rollout import reference
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70]]
@@ -108,6 +109,42 @@ def test_startup_failure_is_reported(tmp_path):
   with pytest.raises(GenerationProcessError, match="failed to start"):
     RemoteEngine("jax", str(tmp_path / "missing"), process=ProcessOptions(startup_timeout_s=120))
   assert shm.list_segments(os.getpid()) == []
+
+
+def _start_environment(pid: int) -> dict[str, str]:
+  """The environment process ``pid`` was exec'd with (/proc/<pid>/environ: later changes to its
+  ``os.environ`` do not show there)."""
+  with open(f"/proc/{pid}/environ", "rb") as f:
+    items = [item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item]
+  return {k.decode(): v.decode() for k, v in items}
+
+
+def test_the_generation_process_starts_with_its_env(tiny_ckpt, monkeypatch):
+  """`ProcessOptions.env` is in the generation process's environment from its exec, so before it
+  imports anything (JAX reads JAX_PLATFORMS and XLA_FLAGS when imported or initialised there); the
+  trainer's own environment is left as it was."""
+  monkeypatch.setenv("DISA_TEST_OVERRIDDEN", "trainer")
+  monkeypatch.delenv("DISA_TEST_ADDED", raising=False)
+  before = dict(os.environ)
+  env = {"JAX_PLATFORMS": "cpu", "DISA_TEST_ADDED": "1", "DISA_TEST_OVERRIDDEN": "worker"}
+  with make_engine("jax", tiny_ckpt, process=ProcessOptions(env=env)) as engine:
+    assert dict(os.environ) == before
+    start = _start_environment(engine.pid)
+    assert {k: start.get(k) for k in env} == env
+    assert len(engine.generate(PROMPTS[:1], PARAMS)[0]) == PARAMS.n
+
+
+def test_spawn_environment_restores_the_environment(monkeypatch):
+  monkeypatch.setenv("DISA_TEST_OVERRIDDEN", "before")
+  monkeypatch.delenv("DISA_TEST_ADDED", raising=False)
+  with pytest.raises(RuntimeError, match="inside"):
+    with spawn_environment({"DISA_TEST_OVERRIDDEN": "x", "DISA_TEST_ADDED": "y"}):
+      assert os.environ["DISA_TEST_OVERRIDDEN"] == "x" and os.environ["DISA_TEST_ADDED"] == "y"
+      raise RuntimeError("inside")
+  assert os.environ["DISA_TEST_OVERRIDDEN"] == "before" and "DISA_TEST_ADDED" not in os.environ
+  with pytest.raises(TypeError, match="'N': 1"):
+    with spawn_environment({"N": 1}):
+      pass
 
 
 def test_kill_9_of_generation_process(tiny_ckpt):

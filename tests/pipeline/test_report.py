@@ -1,0 +1,78 @@
+"""`pipeline.report` on made-up numbers: the table of the preference among correct answers, and
+the `JobReport` artifact read back from a report.json."""
+import json
+
+import numpy as np
+import pytest
+
+from disa_jax import artifacts
+from disa_jax.pipeline import report as R
+from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs
+
+
+def _preference(tmp_path, heldout):
+  ids = ("sum_task/0", "sum_task/1", "sum_task/2")
+  mask = np.asarray([p in heldout for p in ids])
+  rows = {"reference": ConditionalKL("ref", "r#1", [0.0, 0.0, 0.0], [0.5, 0.7, 0.9], mask),
+          "disa": ConditionalKL("disa", "d#1", [0.1, 0.2, 0.6], [0.3, 0.4, 0.2], mask)}
+  return ConditionalKLs(tmp_path / "conditional_kl.json", ids, tuple(heldout), "r#1", "p#1", rows)
+
+
+def test_the_preference_table_without_a_split(tmp_path):
+  md = R._conditional_kl_md(_preference(tmp_path, ()).report_section())
+  assert md[0] == "## Preference among correct answers"
+  assert "| model | KL(pi|c ‖ pi~|c) | KL(pi|c ‖ p_T|c) |" in md
+  assert "| reference | 0.0000 | 0.7000 |" in md and "| disa | 0.3000 | 0.3000 |" in md
+  assert R._conditional_kl_md(None) == []
+
+
+def test_the_preference_table_with_held_out_prompts(tmp_path):
+  section = _preference(tmp_path, ("sum_task/2",)).report_section()
+  assert section["disa"] == pytest.approx({
+      "kl_target_correct_mean": 0.15, "kl_proposal_correct_mean": 0.35,
+      "kl_target_correct_mean_heldout": 0.6, "kl_proposal_correct_mean_heldout": 0.2})
+  md = R._conditional_kl_md(section)
+  assert ("| model | KL(pi|c ‖ pi~|c), training prompts | KL(pi|c ‖ p_T|c), training prompts | "
+          "KL(pi|c ‖ pi~|c), held-out prompts | KL(pi|c ‖ p_T|c), held-out prompts |") in md
+  assert "| disa | 0.1500 | 0.3500 | 0.6000 | 0.2000 |" in md
+
+
+def _report_json(**over):
+  claim = {"claim": "Stage 1 error shrinks with N", "holds": True, "numbers": {"2": 0.3, "4": 0.1},
+           "why": None, "runs": [], "from_transient": False}
+  obj = {"config": {"beta": 15.0}, "regime": {"all_at_end_state": False, "per_method": {}},
+         "stage1": {"n": 4}, "stage2": {"best_epoch": 3}, "anchor_study": None, "nstudy": None,
+         "anchor_gap": None, "methods": {"disa": {"kl_to_target": 0.4}},
+         "runs": {"disa": {"kl_to_target": 0.4}}, "end_state": {"disa": [{"reached": False}]},
+         "matched_accuracy": {}, "matched_accuracy_runs": {}, "stage3_seeds": [0],
+         "run_seeds": {"disa": [0]}, "skipped_methods": {"lora_sft": "no reward-1 sample"},
+         "claims": [claim], "times_s": {"stage1": 1.5}, "plots": ["training_curves.png"]}
+  return obj | over
+
+
+def test_job_report_loads_report_json(tmp_path):
+  (tmp_path / "report.json").write_text(json.dumps(_report_json()))
+  (tmp_path / "report.md").write_text("# the report\n")
+  rep = R.JobReport.load(tmp_path)
+  assert rep.dir == tmp_path and rep.json_path == tmp_path / "report.json"
+  assert rep.markdown() == "# the report\n" and rep.conditional_kl is None
+  assert rep.methods["disa"]["kl_to_target"] == 0.4 and rep.stage3_seeds == (0,)
+  assert rep.claims == (R.Claim("Stage 1 error shrinks with N", True, {"2": 0.3, "4": 0.1}, None,
+                                (), False),)
+  section = {"disa": {"kl_target_correct_mean": 0.1, "kl_proposal_correct_mean": 0.2}}
+  (tmp_path / "report.json").write_text(json.dumps(_report_json(conditional_kl=section)))
+  assert R.JobReport.load(tmp_path).conditional_kl == section
+
+
+def test_job_report_errors_name_the_field(tmp_path):
+  with pytest.raises(artifacts.ArtifactError, match="report.json does not exist"):
+    R.JobReport.load(tmp_path)
+  obj = _report_json()
+  del obj["methods"]
+  (tmp_path / "report.json").write_text(json.dumps(obj))
+  with pytest.raises(artifacts.ArtifactError, match="field 'methods' is missing"):
+    R.JobReport.load(tmp_path)
+  bad_claim = dict(_report_json()["claims"][0], holds="yes")
+  (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[bad_claim])))
+  with pytest.raises(artifacts.ArtifactError, match=r"claims\[0\].*field 'holds' must be bool"):
+    R.JobReport.load(tmp_path)
