@@ -12,6 +12,8 @@ For every Stage 3 method of the job (`run_figures`), over its Stage 3 seeds:
   variance of the per-update gradient, tr Cov(g): the gradient noise a method trains with at its
   end state. It is comparable across log Z sources of one objective family (same residual scale),
   not across families (GRPO's loss has another scale);
+  ``grad_sq_median`` is the median over the same steps: the squared norm is heavy-tailed (a few
+  spiking steps can carry the mean), and the median says what a typical step sees;
 - ``loss``: the mean training loss over the same window.
 
 Each figure has its mean, sample std and a 95% Student-t interval over seeds (one seed: none).
@@ -57,7 +59,7 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 def window_means(rows: Sequence[Mapping[str, Any]], total_steps: int,
                  window: float = WINDOW) -> dict[str, float]:
-  """Mean squared ``grad_norm`` and mean ``loss`` of the training rows in the last ``window``
+  """Mean and median squared ``grad_norm`` and mean ``loss`` of the training rows in the last ``window``
   of ``total_steps`` (rows without them, e.g. the exact measures' own rows, are skipped).
 
   Raises:
@@ -70,7 +72,8 @@ def window_means(rows: Sequence[Mapping[str, Any]], total_steps: int,
     raise ValueError(f"no training row with grad_norm and loss after step {start:g} of "
                      f"{total_steps}")
   g, l = np.asarray(got).T
-  return {"grad_sq": float(np.mean(g ** 2)), "loss": float(np.mean(l))}
+  return {"grad_sq": float(np.mean(g ** 2)), "grad_sq_median": float(np.median(g ** 2)),
+          "loss": float(np.mean(l))}
 
 
 def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict]:
@@ -78,17 +81,19 @@ def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str
 
   Args:
     per_seed: method -> one dict per seed with 'kl', 'kl_correct', 'steps_to_0.9' (None: not
-      reached), 'grad_sq' and 'loss'.
+      reached), 'grad_sq', 'grad_sq_median' and 'loss'.
 
   Returns:
-    method -> {'seeds', 'kl', 'kl_correct', 'grad_sq', 'loss': `summary`, 'steps_to_0.9':
+    method -> {'seeds', 'kl', 'kl_correct', 'grad_sq', 'grad_sq_median', 'loss': `summary`,
+    'steps_to_0.9':
     `summary` over the seeds that reached it, 'reached': how many did}.
   """
   out = {}
   for m, seeds in per_seed.items():
     steps = [s["steps_to_0.9"] for s in seeds if s["steps_to_0.9"] is not None]
     out[m] = {"seeds": len(seeds), "reached": len(steps), "steps_to_0.9": summary(steps)}
-    out[m] |= {k: summary([s[k] for s in seeds]) for k in ("kl", "kl_correct", "grad_sq", "loss")}
+    out[m] |= {k: summary([s[k] for s in seeds])
+               for k in ("kl", "kl_correct", "grad_sq", "grad_sq_median", "loss")}
   return out
 
 

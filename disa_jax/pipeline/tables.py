@@ -76,12 +76,13 @@ def regime_table(report: Mapping[str, Any]) -> list[str]:
   over correct answers, steps to P(correct) >= 0.9 and gradient noise (`pipeline.grid`)."""
   grid, states = report["grid"], report["regime"]["per_method"]
   md = ["| run | regime | seeds | end state | KL(pi ‖ pi~) | KL(pi\\|c ‖ pi~\\|c) | "
-        "steps to P(c) 0.9 (reached) | gradient noise E\\|g\\|² |", "|---|---|---|---|---|---|---|---|"]
+        "steps to P(c) 0.9 (reached) | gradient noise E\\|g\\|² | median \\|g\\|² |",
+        "|---|---|---|---|---|---|---|---|---|"]
   for m, f in grid["figures"].items():
     md.append(f"| `{m}` | {grid['regimes'][m]} | {f['seeds']} | {states.get(m, '-')} | "
               f"{_fig(f['kl'], '.3f')} | {_fig(f['kl_correct'], '.3f')} | "
               f"{_fig(f['steps_to_0.9'], '.0f')} ({f['reached']}/{f['seeds']}) | "
-              f"{_fig(f['grad_sq'], '.3g')} |")
+              f"{_fig(f['grad_sq'], '.3g')} | {_fig(f['grad_sq_median'], '.3g')} |")
   return md
 
 

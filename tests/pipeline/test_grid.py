@@ -25,14 +25,17 @@ def test_the_window_keeps_the_last_fifth_of_training_rows_only():
   rows += [{"step": 100, "exact/kl_mc": 0.3}]  # a measure row: no gradient, skipped
   got = G.window_means(rows, 100)
   assert got["grad_sq"] == pytest.approx(sum(s * s for s in range(81, 101)) / 20)
+  assert got["grad_sq_median"] == pytest.approx((90 ** 2 + 91 ** 2) / 2)
   assert got["loss"] == pytest.approx(10.0 * sum(range(81, 101)) / 20)
   with pytest.raises(ValueError, match="no training row with grad_norm and loss after step 80"):
     G.window_means(rows[:50], 100)
 
 
 def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
-  seeds = [{"kl": 0.2, "kl_correct": 0.1, "steps_to_0.9": 64, "grad_sq": 4.0, "loss": 1.0},
-           {"kl": 0.4, "kl_correct": 0.3, "steps_to_0.9": None, "grad_sq": 6.0, "loss": 2.0}]
+  seeds = [{"kl": 0.2, "kl_correct": 0.1, "steps_to_0.9": 64, "grad_sq": 4.0,
+            "grad_sq_median": 3.0, "loss": 1.0},
+           {"kl": 0.4, "kl_correct": 0.3, "steps_to_0.9": None, "grad_sq": 6.0,
+            "grad_sq_median": 5.0, "loss": 2.0}]
   f = G.run_figures({"a": seeds})["a"]
   assert f["seeds"] == 2 and f["reached"] == 1 and f["steps_to_0.9"]["mean"] == 64
   assert f["kl"]["mean"] == pytest.approx(0.3) and f["grad_sq"]["std"] == pytest.approx(math.sqrt(2))
@@ -46,7 +49,8 @@ def _grid_job():
 def _fig(kl, loss, seeds=3):
   one = lambda v: {"mean": v, "std": 0.1 if seeds > 1 else 0.0, "ci95": None, "n": seeds}
   return {"seeds": seeds, "reached": seeds, "kl": one(kl), "kl_correct": one(kl / 2),
-          "steps_to_0.9": one(100.0), "grad_sq": one(50.0), "loss": one(loss)}
+          "steps_to_0.9": one(100.0), "grad_sq": one(50.0), "grad_sq_median": one(20.0),
+          "loss": one(loss)}
 
 
 def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
@@ -80,7 +84,7 @@ def test_the_regime_and_sigma_tables_render_the_grid_section():
                      "sigma_curve": G.sigma_curve(job, figures, None)}}
   rows = tables.regime_table(report)
   assert rows[2] == ("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
-                     "0.200 ± 0.100 [0.100, 0.300] | 0.100 | 100 (3/3) | 50 |")
+                     "0.200 ± 0.100 [0.100, 0.300] | 0.100 | 100 (3/3) | 50 | 20 |")
   assert rows[3].startswith("| `sum_u1_noise1` | sum, 1 update per batch | 1 | - | 0.300 |")
   sig = tables.sigma_table(report)
   assert sig[3] == "| sum, 1 update per batch | `sum_u1_noise1` | 1 | 1 | 0.300 | 2.5 | 5 |"
