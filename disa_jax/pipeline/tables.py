@@ -88,7 +88,7 @@ def regime_table(report: Mapping[str, Any]) -> list[str]:
 
 def sigma_table(report: Mapping[str, Any]) -> list[str]:
   """Per regime with an exact-log-Z run: sigma_g, KL and the loss gap against Prop. 4's envelope."""
-  md = ["| regime | run | sigma_g | seeds | KL(pi ‖ pi~) | loss gap to exact | envelope |",
+  md = ["| regime | run | sigma_g | seeds | KL(pi ‖ pi~) | loss gap to exact (first seeds) | envelope |",
         "|---|---|---|---|---|---|---|"]
   for regime, pts in report["grid"]["sigma_curve"].items():
     for p in pts:
@@ -102,8 +102,10 @@ def render(report: Mapping[str, Any]) -> str:
   """The tables, with the run they come from: methods and claims; with a grid section (reports
   since issue 27) the regime table, and the sigma_g table when the grid has an exact-log-Z run."""
   cfg = report["config"]
+  own = any(s != report["stage3_seeds"] for s in report.get("run_seeds", {}).values())
+  seeds = "per run (the seeds column)" if own else str(report["stage3_seeds"])
   head = (f"Preset `{cfg['preset']}`, {cfg['stage3_steps']} Stage 3 steps, Stage 3 seeds "
-          f"{report['stage3_seeds']}, beta = {cfg['beta']:g}, task {cfg['task']}.")
+          f"{seeds}, beta = {cfg['beta']:g}, task {cfg['task']}.")
   parts = [head, "", *methods_table(report), "", *claims_table(report)]
   if "grid" in report:
     parts += ["", *regime_table(report)]

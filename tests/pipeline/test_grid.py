@@ -1,7 +1,9 @@
 """`pipeline.grid`: the regime table's figures over seeds and the KL-against-sigma_g curve, on
 made-up runs whose answers are known."""
+import json
 import math
 import types
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +41,7 @@ def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
   f = G.run_figures({"a": seeds})["a"]
   assert f["seeds"] == 2 and f["reached"] == 1 and f["steps_to_0.9"]["mean"] == 64
   assert f["kl"]["mean"] == pytest.approx(0.3) and f["grad_sq"]["std"] == pytest.approx(math.sqrt(2))
+  assert f["loss_first_seed"] == 1.0
 
 
 def _grid_job():
@@ -50,7 +53,7 @@ def _fig(kl, loss, seeds=3):
   one = lambda v: {"mean": v, "std": 0.1 if seeds > 1 else 0.0, "ci95": None, "n": seeds}
   return {"seeds": seeds, "reached": seeds, "kl": one(kl), "kl_correct": one(kl / 2),
           "steps_to_0.9": one(100.0), "grad_sq": one(50.0), "grad_sq_median": one(20.0),
-          "loss": one(loss)}
+          "loss": one(loss + 100.0), "loss_first_seed": loss}  # (a diverged later seed)
 
 
 def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
@@ -63,7 +66,7 @@ def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
   pts = curve["sum, 1 update per batch"]
   assert [p["run"] for p in pts] == ["sum_u1_exact", "sum_u1_fitted", "sum_u1_noise1"]
   assert [p["sigma"] for p in pts] == [0.0, 0.4, 1.0]  # VarGrad has no anchor: not on the curve
-  assert pts[2]["loss_gap"] == pytest.approx(2.5)
+  assert pts[2]["loss_gap"] == pytest.approx(2.5)  # first seeds' losses, not the seed means
   assert pts[2]["envelope"] == pytest.approx(1.0 + 2.0 * 1.0 * 2.0)  # sigma^2 + 2 sigma sqrt(4)
   assert G.regime_of(job, "sum_u4_noise2") == "sum, 4 updates per batch"
 
@@ -88,3 +91,13 @@ def test_the_regime_and_sigma_tables_render_the_grid_section():
   assert rows[3].startswith("| `sum_u1_noise1` | sum, 1 update per batch | 1 | - | 0.300 |")
   sig = tables.sigma_table(report)
   assert sig[3] == "| sum, 1 update per batch | `sum_u1_noise1` | 1 | 1 | 0.300 | 2.5 | 5 |"
+
+
+def test_the_tables_header_says_when_runs_have_seeds_of_their_own():
+  with open(Path(__file__).parents[1] / "fixtures" / "claims_report.json") as f:
+    report = json.load(f)
+  assert "Stage 3 seeds [0, 1, 2]," in tables.render(report)  # (a report from before run_seeds)
+  report["run_seeds"] = {m: report["stage3_seeds"] for m in report["regime"]["per_method"]}
+  assert "Stage 3 seeds [0, 1, 2]," in tables.render(report)
+  report["run_seeds"]["grpo"] = [0]
+  assert "Stage 3 seeds per run (the seeds column)," in tables.render(report)
