@@ -11,7 +11,8 @@ SEEDS = (0, 1, 2)
 
 
 def _job(seeds=SEEDS):
-  return SimpleNamespace(cfg=SimpleNamespace(seeds=seeds, run_seeds=lambda m: seeds),
+  return SimpleNamespace(cfg=SimpleNamespace(seeds=seeds, run_seeds=lambda m: seeds,
+                                             stage1=SimpleNamespace(label_scale="sum")),
                          run_name=lambda m, s: m if s == seeds[0] else f"{m}_seed{s}")
 
 
@@ -82,7 +83,8 @@ def test_each_configured_comparison_is_one_welch_claim():
                 "k0_grpo": [1.8, 1.9, 1.7], "k2_grpo": [1.85, 1.8, 1.9]})
   job = _job()
   job.cfg = SimpleNamespace(seeds=SEEDS, run_seeds=lambda m: SEEDS,
-                            compare=("k0_disa<k2_disa", "k0_grpo<k2_grpo"), controls=())
+                            compare=("k0_disa<k2_disa", "k0_grpo<k2_grpo"), controls=(),
+                            stage1=SimpleNamespace(label_scale="sum"))
   evals = {m: {} for m in ("k0_disa", "k2_disa", "k0_grpo", "k2_grpo")}
   s1 = {"n_study_mae_vs_exact": {"2": 0.6, "4": 0.4}}
   dyn = _dyn({"k0_disa": True, "k2_disa": False, "k0_grpo": True, "k2_grpo": True}, {})
@@ -91,3 +93,15 @@ def test_each_configured_comparison_is_one_welch_claim():
   assert disa["holds"] and disa["numbers"]["p"] < 0.05 and disa["from_transient"]
   assert disa["runs"] == ["k0_disa", "k2_disa"]
   assert not grpo["holds"] and not grpo["from_transient"] and "Welch p" in grpo["why"]
+
+
+def test_the_stage1_claim_is_made_only_against_an_exact_value_on_the_labels_scale():
+  job = _job()
+  job.cfg = SimpleNamespace(seeds=SEEDS, run_seeds=lambda m: SEEDS, compare=(), controls=(),
+                            stage1=SimpleNamespace(label_scale="sum"))
+  s1 = {"n_study_mae_vs_exact": {"2": 0.6, "4": 0.4}}
+  dyn = _dyn({}, {})
+  claims = [c["claim"] for c in R._claims(job, s1, {}, {}, dyn, None, [])]
+  assert claims == ["Stage 1 error shrinks with N"]
+  job.cfg.stage1.label_scale = "mean"  # (labels of the length-normalised residual)
+  assert R._claims(job, s1, {}, {}, dyn, None, []) == []
