@@ -413,7 +413,7 @@ def _matched_md(dyn: dict) -> list[str]:
         "Mean ± std over the seeds that got there ('seeds reached'; P(correct) is the value reached "
         "at that measurement).", "",
         "| method | level | seeds reached | step | P(correct) reached | entropy over correct | "
-        "KL(pi|c ‖ pi~|c) |", "|---|---|---|---|---|---|---|"]
+        "KL(pi\\|c ‖ pi~\\|c) |", "|---|---|---|---|---|---|---|"]
   for m, levels in dyn["matched"].items():
     for lvl, row in levels.items():
       got = f"{row['seeds_reached']} of {row['seeds']}"
@@ -649,7 +649,7 @@ def _conditional_kl_md(section: Mapping[str, Mapping[str, float]] | None) -> lis
   if section is None:
     return []
   held = any("kl_target_correct_mean_heldout" in e for e in section.values())
-  cols = ["KL(pi|c ‖ pi~|c)", "KL(pi|c ‖ p_T|c)"]
+  cols = ["KL(pi\\|c ‖ pi~\\|c)", "KL(pi\\|c ‖ p_T\\|c)"]
   keys = ["kl_target_correct_mean", "kl_proposal_correct_mean"]
   if held:
     cols = [f"{c}, {where}" for where in ("training prompts", "held-out prompts") for c in cols]

@@ -21,7 +21,7 @@ def _preference(tmp_path, heldout):
 def test_the_preference_table_without_a_split(tmp_path):
   md = R._conditional_kl_md(_preference(tmp_path, ()).report_section())
   assert md[0] == "## Preference among correct answers"
-  assert "| model | KL(pi|c ‖ pi~|c) | KL(pi|c ‖ p_T|c) |" in md
+  assert "| model | KL(pi\\|c ‖ pi~\\|c) | KL(pi\\|c ‖ p_T\\|c) |" in md
   assert "| reference | 0.0000 | 0.7000 |" in md and "| disa | 0.3000 | 0.3000 |" in md
   assert R._conditional_kl_md(None) == []
 
@@ -32,8 +32,8 @@ def test_the_preference_table_with_held_out_prompts(tmp_path):
       "kl_target_correct_mean": 0.15, "kl_proposal_correct_mean": 0.35,
       "kl_target_correct_mean_heldout": 0.6, "kl_proposal_correct_mean_heldout": 0.2})
   md = R._conditional_kl_md(section)
-  assert ("| model | KL(pi|c ‖ pi~|c), training prompts | KL(pi|c ‖ p_T|c), training prompts | "
-          "KL(pi|c ‖ pi~|c), held-out prompts | KL(pi|c ‖ p_T|c), held-out prompts |") in md
+  assert ("| model | KL(pi\\|c ‖ pi~\\|c), training prompts | KL(pi\\|c ‖ p_T\\|c), training prompts | "
+          "KL(pi\\|c ‖ pi~\\|c), held-out prompts | KL(pi\\|c ‖ p_T\\|c), held-out prompts |") in md
   assert "| disa | 0.1500 | 0.3500 | 0.6000 | 0.2000 |" in md
 
 
