@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.pipeline import seed_stats
+from disa_jax.pipeline import dynamics, seed_stats
 
 WINDOW = 0.2  # the end-state window: the last 20% of steps (as `dynamics.end_state`)
 LEVEL = "0.9"  # the accuracy level of ``steps_to_0.9``
@@ -46,15 +46,12 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
   Returns:
     {'mean', 'std', 'ci95' ([lo, hi], None for one value), 'n'}; NaN mean and std for none.
   """
-  v = np.asarray([x for x in values if x is not None and np.isfinite(x)], np.float64)
-  if not v.size:
-    return {"mean": float("nan"), "std": float("nan"), "ci95": None, "n": 0}
-  if v.size == 1:
-    return {"mean": float(v[0]), "std": 0.0, "ci95": None, "n": 1}
-  std = float(v.std(ddof=1))
-  half = seed_stats.t_quantile(0.975, v.size - 1) * std / math.sqrt(v.size)
-  return {"mean": float(v.mean()), "std": std, "ci95": [float(v.mean() - half),
-                                                         float(v.mean() + half)], "n": int(v.size)}
+  v = [x for x in values if x is not None and np.isfinite(x)]
+  mean, std = dynamics.mean_std(v)  # (NaN for none, std 0 for one)
+  if len(v) < 2:
+    return {"mean": mean, "std": std, "ci95": None, "n": len(v)}
+  half = seed_stats.t_quantile(0.975, len(v) - 1) * std / math.sqrt(len(v))
+  return {"mean": mean, "std": std, "ci95": [mean - half, mean + half], "n": len(v)}
 
 
 def window_means(rows: Sequence[Mapping[str, Any]], total_steps: int,
