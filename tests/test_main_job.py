@@ -44,7 +44,8 @@ def _cfg(**over):
   c.train.rollout.micro_batch_rows = 4
   c.track.every = 2  # two exact measurements per run: the dynamics tables and plots
   c.track.kl_samples = 4
-  c.methods = ("disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo")
+  # disa_data1: DISA on a second Stage 1/2 draw (its own Stage 1 file and anchor)
+  c.methods = ("disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo", "disa_data1")
   c.stage3_workers = 1  # the runs one after another in this process (the seeds test takes 2)
   c.sft.rank = 4
   c.sft.alpha = 8.0
@@ -95,7 +96,7 @@ def _check_claims(claims):
 @pytest.mark.slow
 def test_main_job_end_to_end_and_resume(job_run):
   job, report, tmp_path = job_run
-  methods = {"disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo"}
+  methods = {"disa", "disa_pos_replay", "disa_exact", "flowrl", "grpo", "gspo", "disa_data1"}
   assert set(report.methods) == {"reference", "proposal", "lora_sft"} | methods
   assert not report.skipped_methods
   for row in report.methods.values():
@@ -148,6 +149,14 @@ def test_main_job_end_to_end_and_resume(job_run):
     assert (tmp_path / "stage3" / m / "final" / "config.json").exists()
     rows = [json.loads(l) for l in (tmp_path / "stage3" / m / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "exact/kl_mc" in r] == [2, 4], m
+  # the second Stage 1/2 draw: another pool (another sampling seed), its own anchor, in the report
+  assert (tmp_path / "stage1_data1" / "stage1.jsonl").read_text() != (
+      tmp_path / "stage1" / "stage1.jsonl").read_text()
+  assert json.loads((tmp_path / "stage3" / "disa_data1" / "config.json").read_text())[
+      "data"]["anchor_path"] == str(tmp_path / "anchor_data1")
+  assert set(report.stage12_replicas) == {"0", "1"} and "## Stage 1/2 data seeds" in md
+  assert report.stage12_replicas["0"]["sigma_g_all"] == pytest.approx(report.stage2["sigma_g_all"])
+  assert report.stage12_replicas["1"]["sigma_g_all"] != report.stage2["sigma_g_all"]
   rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_pos_replay" / "metrics.jsonl").read_text().splitlines()]
   # mode "add", fraction 0.5: k = 2 reward-1 rows added to G = 4 on-policy rows, 2 of 6 rows
   assert all(r["replay/fraction"] == pytest.approx(2 / 6) for r in rows)

@@ -93,6 +93,35 @@ def _stage2_section(job: SumJob, anchor: AnchorArtifact, pool: Stage1Data, exact
           "val_mse_curve": anchor.history["val_mse"]}
 
 
+def _replicas_section(job: SumJob, inputs: ReportInputs) -> dict[str, dict[str, float]]:
+  """Per Stage 1/2 data seed (0 = the job's; {} without further ones): the labels' mean absolute
+  error and the anchor's sigma_g against the exact log Z, and the fit's best epoch."""
+  if not inputs.replicas:
+    return {}
+  out = {}
+  for d, (pool, anchor) in {0: (inputs.pool, inputs.anchor), **inputs.replicas}.items():
+    labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
+    fit = _stage2_section(job, anchor, pool, inputs.exact)
+    out[str(d)] = {"label_mae_vs_exact": float(np.mean(np.abs(
+        labels - inputs.exact.log_z_of(pool.prompt_ids)))),
+                   "sigma_g_heldout": fit["sigma_g_heldout"], "sigma_g_all": fit["sigma_g_all"],
+                   "best_epoch": fit["best_epoch"]}
+  return out
+
+
+def _replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
+  if not section:
+    return []
+  md = ["## Stage 1/2 data seeds", "",
+        "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
+        "named `*_data<d>` read that anchor and replay pool.", "",
+        "| data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all | best epoch |",
+        "|---|---|---|---|---|"]
+  md += [f"| {d} | {r['label_mae_vs_exact']:.4f} | {r['sigma_g_heldout']:.4f} | "
+         f"{r['sigma_g_all']:.4f} | {r['best_epoch']} |" for d, r in section.items()]
+  return md + [""]
+
+
 def eval_row(task: BenchmarkEval) -> dict[str, Any]:
   """A report row from an evaluation's task benchmark (sampled metrics and the exact target)."""
   k, m, x = task.k, task.metrics, task.exact
@@ -553,6 +582,8 @@ class JobReport:
       (`ConditionalKL.means`; None when the job did not compute them).
     grid: per method, its end-state figures over seeds and regime, and per regime KL against
       sigma_g (`_grid_section`, `disa_jax.pipeline.grid`; None in a report from before it).
+    stage12_replicas: per Stage 1/2 data seed, the labels' error and the anchor's sigma_g ({}
+      without further data seeds, and in a report from before them).
     stage3_seeds: the job's Stage 3 seeds.
     times_s: seconds per stage.
     plots: the PNG files in ``dir``.
@@ -572,6 +603,7 @@ class JobReport:
   matched_accuracy: Mapping[str, Mapping[str, Any]]
   conditional_kl: Mapping[str, Mapping[str, float]] | None
   grid: Mapping[str, Any] | None
+  stage12_replicas: Mapping[str, Mapping[str, float]]
   stage3_seeds: tuple[int, ...]
   times_s: Mapping[str, float]
   plots: tuple[str, ...]
@@ -610,6 +642,7 @@ class JobReport:
                end_state=get("end_state"), matched_accuracy=get("matched_accuracy"),
                conditional_kl=optional("conditional_kl") if "conditional_kl" in obj else None,
                grid=optional("grid") if "grid" in obj else None,
+               stage12_replicas=get("stage12_replicas") if "stage12_replicas" in obj else {},
                stage3_seeds=tuple(seeds), times_s=get("times_s"),
                plots=artifacts.str_tuple(obj, "plots", path))
 
@@ -628,6 +661,7 @@ class ReportInputs:
     skipped: rows not trained, with the reason.
     conditional_kl: the rows' preference among correct answers (None when not computed:
       `MainConfig.conditional_kl` off).
+    replicas: per further Stage 1/2 data seed d > 0 (`RunSpec.data_seed`), its pool and anchor.
   """
   exact: ExactTarget
   pool: Stage1Data
@@ -637,6 +671,8 @@ class ReportInputs:
   nstudy: NStudyResult | None = None
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
   conditional_kl: ConditionalKLs | None = None
+  replicas: Mapping[int, tuple[Stage1Data, AnchorArtifact]] = dataclasses.field(
+      default_factory=dict)
 
 
 def _conditional_kl_md(section: Mapping[str, Mapping[str, float]] | None) -> list[str]:
@@ -700,6 +736,7 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
             "matched_accuracy_runs": {m: dict(v) for m, v in dyn["matched_runs"].items()},
             "stage3_seeds": list(job.cfg.seeds),
             "run_seeds": {m: list(job.cfg.run_seeds(m)) for m in job.cfg.methods},
+            "stage12_replicas": _replicas_section(job, inputs),
             "skipped_methods": skipped, "claims": claims,
             "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
@@ -709,7 +746,8 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
         *_methods_md(job, evals, regime, skipped), *_grid_md(report),
         *_conditional_kl_md(report.get("conditional_kl")), *_matched_md(dyn), *_claims_md(report),
-        *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_nstudy_md(nstudy),
+        *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_replicas_md(report["stage12_replicas"]),
+        *_nstudy_md(nstudy),
         "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items()), "",
         "Plots: " + ", ".join(plots)]
   (job.dir / "report.md").write_text("\n".join(md) + "\n")

@@ -94,6 +94,9 @@ class RunSpec:
   (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's. ``lr``: this run's
   peak ``train.optim.lr``; 0 keeps the job's. ``seeds``: this run's Stage 3 seeds, () = the job's
   (`MainConfig.run_seeds`): a grid runs several seeds only where a comparison is decided.
+  ``data_seed``: the Stage 1/2 replicate the run reads its fitted anchor and replay pool from: 0 =
+  the job's (``stage1/``, ``anchor/``); d > 0 = Stage 1 drawn again with sampling seed + d and
+  Stage 2 fitted on it with fit seed + d (``stage1_data<d>/``, ``anchor_data<d>/``: `SumJob.replica`).
   """
   objective: Objective
   replay: ReplayConfig = ReplayConfig()
@@ -104,6 +107,7 @@ class RunSpec:
   staleness: int = 0
   lr: float = 0.0
   seeds: tuple[int, ...] = ()
+  data_seed: int = 0
 
   def __post_init__(self):
     if self.anchor not in ANCHORS:
@@ -126,6 +130,9 @@ class RunSpec:
       raise ValueError(f"lr must be >= 0 (0 = the job's train.optim.lr), got {self.lr!r}")
     if len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds must be distinct (() = the job's), got {self.seeds!r}")
+    if not (isinstance(self.data_seed, int) and self.data_seed >= 0):
+      raise ValueError(f"data_seed must be an int >= 0 (0 = the job's Stage 1/2), got "
+                       f"{self.data_seed!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,8 +315,10 @@ class SumJob:
     self.task = SumTask(cfg.task.n_min, cfg.task.n_max)
     self.tok = task_tokenizer()
     self.arch = cfg.arch
-    self.stage1_cfg = self._stage1_config()
-    self.stage2_cfg = self._stage2_config()
+    # Stage 1/2 per data seed a run reads (`RunSpec.data_seed`; 0 = the job's own, always run)
+    self.replicas = {d: self._stage12_configs(d) for d in sorted(
+        {0} | {cfg.runs[m].data_seed for m in cfg.methods})}
+    self.stage1_cfg, self.stage2_cfg = self.replicas[0]
     self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods
                         for s in cfg.run_seeds(m)}
     self.sft_cfg = self._sft_config()
@@ -327,7 +336,6 @@ class SumJob:
   heldout_prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts_heldout.jsonl"))
   proposal_path = property(lambda self: str(self.dir / "models" / "proposal"))
   prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts.jsonl"))
-  anchor_path = property(lambda self: str(self.dir / "anchor"))
   exact_anchor_path = property(lambda self: str(self.dir / "anchor_exact"))
   mesh = property(lambda self: MeshConfig(fsdp=1, num_devices=1))
 
@@ -337,21 +345,23 @@ class SumJob:
   def _anchor_path(self, spec: RunSpec) -> str:
     if not spec.objective.needs_anchor:
       return ""
-    return {"fitted": self.anchor_path, "exact": self.exact_anchor_path}.get(
-        spec.anchor) or self.noise_anchor_path(spec.sigma)
+    return {"fitted": self.replicas[spec.data_seed][1].anchor_path,
+            "exact": self.exact_anchor_path}.get(spec.anchor) or self.noise_anchor_path(spec.sigma)
 
-  def _stage1_config(self) -> Stage1Config:
-    return _derived("stage1", self.cfg.stage1, prompts_path=self.prompts_path,
-                    reference_path=self.ref_path, proposal_path=self.proposal_path,
-                    output_dir=str(self.dir / "stage1"), beta=self.cfg.beta,
-                    engine=self.cfg.engine, progress=self.progress)
-
-  def _stage2_config(self) -> Stage2Config:
-    s2 = self.cfg.stage2
-    return _derived("stage2", s2, stage1_path=str(self.stage1_cfg.dataset_path()),
-                    reference_path=self.ref_path, anchor_path=self.anchor_path,
-                    output_dir=str(self.dir / "stage2"),
-                    fit=dataclasses.replace(s2.fit, seed=self.cfg.seed))
+  def _stage12_configs(self, d: int) -> tuple[Stage1Config, Stage2Config]:
+    """Stage 1 and Stage 2 of data seed ``d`` (`RunSpec.data_seed`): the job's sampling and fit
+    seeds + d, in ``stage1/``, ``stage2/``, ``anchor/`` (d = 0) or ``<name>_data<d>/``."""
+    s1, s2 = self.cfg.stage1, self.cfg.stage2
+    where = lambda name: str(self.dir / (name if d == 0 else f"{name}_data{d}"))
+    stage1 = _derived("stage1", s1, prompts_path=self.prompts_path, reference_path=self.ref_path,
+                      proposal_path=self.proposal_path, output_dir=where("stage1"),
+                      beta=self.cfg.beta, engine=self.cfg.engine, progress=self.progress,
+                      sampling=dataclasses.replace(s1.sampling, seed=s1.sampling.seed + d))
+    stage2 = _derived("stage2", s2, stage1_path=str(stage1.dataset_path()),
+                      reference_path=self.ref_path, anchor_path=where("anchor"),
+                      output_dir=where("stage2"),
+                      fit=dataclasses.replace(s2.fit, seed=self.cfg.seed + d))
+    return stage1, stage2
 
   def run_name(self, method: str, seed: int) -> str:
     """The Stage 3 run directory / evaluation row of (method, seed)."""
@@ -371,7 +381,7 @@ class SumJob:
           model=BackboneConfig(policy_path=self.ref_path, dtype="float32", remat=False),
           data=DataConfig(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
                           anchor_path=self._anchor_path(spec),
-                          replay_path=str(self.stage1_cfg.dataset_path())
+                          replay_path=str(self.replicas[spec.data_seed][0].dataset_path())
                           if spec.replay.enabled else ""),
           engine=self.cfg.engine, mesh=self.mesh, train=self._run_train(spec, seed),
           exact_target=ExactTargetConfig(
@@ -543,11 +553,21 @@ class SumJob:
 
   # -- 1-3. the workflows ------------------------------------------------------------------------
 
-  def stage1(self) -> Stage1Result:
-    out = run_stage1(self.stage1_cfg)
+  def stage1(self, cfg: Stage1Config | None = None) -> Stage1Result:
+    """`run_stage1` of the job's Stage 1 (or of ``cfg``: a data seed's)."""
+    out = run_stage1(cfg or self.stage1_cfg)
     if out.preempted:  # its batches so far are saved; the job's rerun resumes Stage 1
       raise RuntimeError(f"Stage 1 {out.dataset} was stopped by a preemption signal; rerun the "
                          "job to resume")
+    return out
+
+  def replica_stages(self) -> dict[int, tuple[Stage1Data, AnchorArtifact]]:
+    """Stage 1 and Stage 2 of every further data seed a run reads (`RunSpec.data_seed`), by d."""
+    out = {}
+    for d, (s1, s2) in self.replicas.items():
+      if d:
+        pool = self._timed(f"stage1_data{d}", self.stage1, s1).data()
+        out[d] = (pool, self._timed(f"stage2_data{d}", run_stage2, s2))
     return out
 
   def nstudy(self) -> NStudyResult:
@@ -671,6 +691,7 @@ class SumJob:
     anchor = self._timed("stage2", self.stage2)
     pool = stage1.data()
     self._timed("anchor_study", self.anchor_study, pool, anchor)
+    replicas = self.replica_stages()
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
         self.run_name(*k): str(run.export) for k, run in stage3.items()}
@@ -686,4 +707,4 @@ class SumJob:
     evals = self.evaluate(rows)
     return write_report(self, ReportInputs(exact=exact, pool=pool, anchor=anchor, stage3=stage3,
                                            evals=evals, nstudy=nstudy, skipped=skipped,
-                                           conditional_kl=preference))
+                                           conditional_kl=preference, replicas=replicas))

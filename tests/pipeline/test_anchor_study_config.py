@@ -25,7 +25,7 @@ def test_regime_grid_cells(tmp_path):
     assert cfg.train.rollout.num_minibatches == int(updates[1:])
     kind = {"fitted": Disa, "exact": Disa, "flowrl": FlowRL, "vargrad": VarGrad}.get(source, Disa)
     assert type(obj) is kind, name
-    want_anchor = {"fitted": job.anchor_path, "exact": job.exact_anchor_path, "flowrl": "",
+    want_anchor = {"fitted": job.stage2_cfg.anchor_path, "exact": job.exact_anchor_path, "flowrl": "",
                    "vargrad": ""}.get(source)
     if source.startswith("noise"):
       sigma = float(source[len("noise"):].replace("p", "."))

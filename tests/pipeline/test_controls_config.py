@@ -75,3 +75,40 @@ def test_the_staleness_study_compares_runs_it_trains():
   cfg = MainConfig.from_config(main_config.get_config("staleness_study"))
   assert "k2_disa<k2_flowrl" in cfg.compare and "k0_disa<k2_disa" in cfg.compare
   assert all(set(p.split("<")) <= set(cfg.methods) for p in cfg.compare)
+
+
+def test_the_claims_preset_runs_the_decisive_runs_on_five_seeds_and_the_rest_on_three(job):
+  seeds = {m: job.cfg.run_seeds(m) for m in job.cfg.methods}
+  assert {m for m, s in seeds.items() if len(s) == 5} == set(main_config.CLAIMS_DECISIVE)
+  assert all(len(s) == 3 for m, s in seeds.items() if m not in main_config.CLAIMS_DECISIVE)
+  assert len(job.stage3_cfgs) == 41
+  # the small task at a constant lr: no decay phase inside the end-state window
+  train = _train(job, "disa")
+  assert (job.task.n_max, train.optim.decay_frac, train.total_steps) == (15, 0.0, 800)
+  assert job.stage3_cfgs[("disa", 4)].train.seed == 4
+
+
+def test_a_data_seed_reads_its_own_stage1_draw_and_anchor_fit(job):
+  assert sorted(job.replicas) == [0, 1]
+  (s1, s2), (r1, r2) = job.replicas[0], job.replicas[1]
+  # another draw of Stage 1 (its own file and sampling seed), another fit of Stage 2 on it
+  assert r1.sampling == dataclasses.replace(s1.sampling, seed=s1.sampling.seed + 1)
+  assert r1.dataset_path() != s1.dataset_path() and r2.stage1_path == str(r1.dataset_path())
+  assert r2.fit == dataclasses.replace(s2.fit, seed=s2.fit.seed + 1)
+  assert len({s2.anchor_path, r2.anchor_path, s2.output_dir, r2.output_dir}) == 4
+  for name, anchor, pool in (("disa_pos_replay", s2.anchor_path, s1.dataset_path()),
+                             ("disa_pos_replay_data1", r2.anchor_path, r1.dataset_path())):
+    for seed in (0, 1):
+      data = job.stage3_cfgs[(name, seed)].data
+      assert (data.anchor_path, data.replay_path) == (anchor, str(pool)), name
+  assert job.stage3_cfgs[("disa_data1", 0)].data.anchor_path == r2.anchor_path
+  # otherwise the same run: the replica changes nothing but the data
+  assert _train(job, "disa_pos_replay_data1") == _train(job, "disa_pos_replay")
+  assert "disa_pos_replay_data1<disa_data1" in job.cfg.compare
+
+
+def test_a_negative_data_seed_is_refused():
+  c = main_config.get_config("claims")
+  c.runs.disa_data1.data_seed = -1
+  with pytest.raises(ValueError, match=r"runs.disa_data1.*data_seed must be an int >= 0 .*got -1"):
+    MainConfig.from_config(c)
