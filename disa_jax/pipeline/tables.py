@@ -6,7 +6,8 @@ that README / docs print about the claims).
 
 Two tables: the methods at the end of training (mean ± std over Stage 3 seeds; a single run's KL
 ± its Monte Carlo standard error) with each method's end-state verdict, and the claims with their
-verdicts, Welch statistics over seeds and TRANSIENT flags (`pipeline.report`). A document embeds the
+verdicts, Welch statistics over seeds and TRANSIENT flags (`pipeline.report`); with several Stage
+1/2 data seeds, their anchors' errors; with a grid section, the regime and sigma_g tables. A document embeds the
 output between ``<!-- tables: PATH -->`` and ``<!-- /tables -->``; `check_document` (and
 ``--check``, and the tests) compare every such block with the generator's output for its PATH.
 """
@@ -98,6 +99,17 @@ def sigma_table(report: Mapping[str, Any]) -> list[str]:
   return md
 
 
+def replicas_table(report: Mapping[str, Any]) -> list[str]:
+  """Per Stage 1/2 data seed (`RunSpec.data_seed`): the labels' error and the anchor's sigma_g
+  against the exact log Z."""
+  md = ["| Stage 1/2 data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all |",
+        "|---|---|---|---|"]
+  for d, r in report["stage12_replicas"].items():
+    md.append(f"| {d} | {r['label_mae_vs_exact']:.4f} | {r['sigma_g_heldout']:.4f} | "
+              f"{r['sigma_g_all']:.4f} |")
+  return md
+
+
 def render(report: Mapping[str, Any]) -> str:
   """The tables, with the run they come from: methods and claims; with a grid section (reports
   since issue 27) the regime table, and the sigma_g table when the grid has an exact-log-Z run."""
@@ -107,6 +119,8 @@ def render(report: Mapping[str, Any]) -> str:
   head = (f"Preset `{cfg['preset']}`, {cfg['stage3_steps']} Stage 3 steps, Stage 3 seeds "
           f"{seeds}, beta = {cfg['beta']:g}, task {cfg['task']}.")
   parts = [head, "", *methods_table(report), "", *claims_table(report)]
+  if report.get("stage12_replicas"):
+    parts += ["", *replicas_table(report)]
   if "grid" in report:
     parts += ["", *regime_table(report)]
     if report["grid"]["sigma_curve"]:

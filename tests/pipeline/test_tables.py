@@ -25,7 +25,9 @@ def test_every_tables_block_in_the_docs_is_the_generators_output(doc):
 
 def test_a_hand_edited_number_is_caught(tmp_path):
   doc = tmp_path / "doc.md"
-  text = open(os.path.join(ROOT, "docs/real_checkpoints.md")).read()
+  text = f"Before.\n\n<!-- tables: {FIXTURE} -->\n{tables.render(_report())}<!-- /tables -->\nAfter.\n"
+  doc.write_text(text)
+  assert tables.check_document(doc, root=ROOT) == 1
   assert "0.170 ± 0.010" in text
   doc.write_text(text.replace("0.170 ± 0.010", "0.150 ± 0.010"))
   with pytest.raises(ValueError, match="tables block of tests/fixtures/claims_report.json is not"):
@@ -53,3 +55,14 @@ def test_the_command_prints_the_tables_and_checks_a_document(tmp_path, capsys):
   shutil.copy(os.path.join(ROOT, FIXTURE), path)
   assert tables.main([str(path)]) == 0
   assert capsys.readouterr().out == tables.render(_report())
+
+
+def test_the_stage12_data_seeds_table_renders_each_draw():
+  report = _report()
+  assert "Stage 1/2 data seed" not in tables.render(report)  # one draw: no table
+  report["stage12_replicas"] = {
+      "0": {"label_mae_vs_exact": 0.25, "sigma_g_heldout": 0.61, "sigma_g_all": 0.5, "best_epoch": 9},
+      "1": {"label_mae_vs_exact": 0.3, "sigma_g_heldout": 0.72, "sigma_g_all": 0.55, "best_epoch": 4}}
+  md = tables.render(report).splitlines()
+  at = md.index("| Stage 1/2 data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all |")
+  assert md[at + 2:at + 4] == ["| 0 | 0.2500 | 0.6100 | 0.5000 |", "| 1 | 0.3000 | 0.7200 | 0.5500 |"]
