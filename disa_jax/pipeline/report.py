@@ -57,6 +57,13 @@ TASK = "task"  # the evaluations' benchmark of the job's prompts
 Stage3Runs = Mapping[tuple[str, int], Stage3Run]  # every Stage 3 run, by (method, seed)
 
 
+def exact_on_label_scale(job: SumJob) -> bool:
+  """Whether the Stage 1 labels estimate the exact log Z (the trajectory sum's: label_scale 'sum').
+  On the mean scale (1/|o|) they estimate another quantity that no enumeration gives, so the report
+  prints no error against the exact value for them, nor for the anchor fitted to them."""
+  return job.cfg.stage1.label_scale == "sum"
+
+
 def _stage1_section(job: SumJob, pool: Stage1Data, exact: ExactTarget) -> dict[str, Any]:
   log_z = exact.log_z_of(pool.prompt_ids)
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
@@ -64,33 +71,38 @@ def _stage1_section(job: SumJob, pool: Stage1Data, exact: ExactTarget) -> dict[s
   n = job.stage2_cfg.samples or pool.mask.shape[1]
   labels, _ = anchor_targets(pool, samples=n)  # the labels Stage 2 fitted: first N samples
   stats = E.stage1_statistics(pool.log_weights()[:, :n], pool.mask[:, :n])
-  return {
-      "n": n, "pool": int(pool.mask.shape[1]),
-      "label_mae_vs_exact": float(np.mean(np.abs(labels - log_z))),
-      "label_signed_error_mean": float(np.mean(labels - log_z)),
+  out = {
+      "n": n, "pool": int(pool.mask.shape[1]), "label_scale": job.cfg.stage1.label_scale,
       "ess_median": float(np.nanmedian(np.asarray(stats["ess"]))),
       "cv2_median": float(np.nanmedian(np.asarray(stats["cv2"]))),
       "proposal_accuracy": float(pool.reward[pool.mask].mean()),
       "prompts_without_correct_sample": int(np.sum((pool.reward[:, :n] * pool.mask[:, :n]).max(1) == 0)),
       "grade_errors": int(0 if pool.grade_error is None else pool.grade_error.sum()),
-      "n_study_mae_vs_exact": {str(m): float(np.nanmean(study.log_abs_error[i])) for i, m in enumerate(study.ms)},
       "n_study_variance": {str(m): float(np.nanmean(study.variance[i])) for i, m in enumerate(study.ms)},
       "log_z_exact_mean": float(log_z.mean()), "log_z_exact_std": float(log_z.std()),
   }
+  if exact_on_label_scale(job):
+    out |= {"label_mae_vs_exact": float(np.mean(np.abs(labels - log_z))),
+            "label_signed_error_mean": float(np.mean(labels - log_z)),
+            "n_study_mae_vs_exact": {str(m): float(np.nanmean(study.log_abs_error[i]))
+                                     for i, m in enumerate(study.ms)}}
+  return out
 
 
 def _stage2_section(job: SumJob, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactTarget
                     ) -> dict[str, Any]:
+  """The fit against its labels; on the sum scale also sigma_g against the exact log Z."""
   ids, emb = anchor.embeddings()
-  pred = np.asarray(anchor.anchor()(emb))
-  log_z = exact.log_z_of(ids)
   val = [ids.index(p) for p in anchor.val_prompt_ids] or list(range(len(ids)))
-  labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
   fs = anchor.fit
-  return {"best_epoch": fs.best_epoch, "val_mse_vs_labels": fs.val_mse, "val_r2_vs_labels": fs.val_r2,
-          "sigma_g_heldout": sigma_g(pred[val], log_z[val]), "sigma_g_all": sigma_g(pred, log_z),
-          "label_rmse_heldout": sigma_g(labels[val], log_z[val]), "n_val": len(val),
-          "val_mse_curve": anchor.history["val_mse"]}
+  out = {"best_epoch": fs.best_epoch, "val_mse_vs_labels": fs.val_mse, "val_r2_vs_labels": fs.val_r2,
+         "n_val": len(val), "val_mse_curve": anchor.history["val_mse"]}
+  if exact_on_label_scale(job):
+    pred, log_z = np.asarray(anchor.anchor()(emb)), exact.log_z_of(ids)
+    labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
+    out |= {"sigma_g_heldout": sigma_g(pred[val], log_z[val]), "sigma_g_all": sigma_g(pred, log_z),
+            "label_rmse_heldout": sigma_g(labels[val], log_z[val])}
+  return out
 
 
 def _replicas_section(job: SumJob, inputs: ReportInputs) -> dict[str, dict[str, float]]:
@@ -100,25 +112,28 @@ def _replicas_section(job: SumJob, inputs: ReportInputs) -> dict[str, dict[str, 
     return {}
   out = {}
   for d, (pool, anchor) in {0: (inputs.pool, inputs.anchor), **inputs.replicas}.items():
-    labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
     fit = _stage2_section(job, anchor, pool, inputs.exact)
-    out[str(d)] = {"label_mae_vs_exact": float(np.mean(np.abs(
-        labels - inputs.exact.log_z_of(pool.prompt_ids)))),
-                   "sigma_g_heldout": fit["sigma_g_heldout"], "sigma_g_all": fit["sigma_g_all"],
-                   "best_epoch": fit["best_epoch"]}
+    out[str(d)] = {"best_epoch": fit["best_epoch"], "val_mse_vs_labels": fit["val_mse_vs_labels"]}
+    if exact_on_label_scale(job):
+      labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
+      out[str(d)] |= {"label_mae_vs_exact": float(np.mean(np.abs(
+          labels - inputs.exact.log_z_of(pool.prompt_ids)))),
+                      "sigma_g_heldout": fit["sigma_g_heldout"], "sigma_g_all": fit["sigma_g_all"]}
   return out
 
 
 def _replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
   if not section:
     return []
+  cell = lambda r, k: f"{r[k]:.4f}" if k in r else "-"  # (no exact value on the mean scale)
   md = ["## Stage 1/2 data seeds", "",
         "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
         "named `*_data<d>` read that anchor and replay pool.", "",
-        "| data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all | best epoch |",
-        "|---|---|---|---|---|"]
-  md += [f"| {d} | {r['label_mae_vs_exact']:.4f} | {r['sigma_g_heldout']:.4f} | "
-         f"{r['sigma_g_all']:.4f} | {r['best_epoch']} |" for d, r in section.items()]
+        "| data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all | val MSE vs "
+        "labels | best epoch |", "|---|---|---|---|---|---|"]
+  md += [f"| {d} | {cell(r, 'label_mae_vs_exact')} | {cell(r, 'sigma_g_heldout')} | "
+         f"{cell(r, 'sigma_g_all')} | {cell(r, 'val_mse_vs_labels')} | {r['best_epoch']} |"
+         for d, r in section.items()]
   return md + [""]
 
 
@@ -191,9 +206,10 @@ def _plots(job: SumJob, s1: dict[str, Any], s2: dict[str, Any],
   fig.tight_layout(); fig.savefig(job.dir / "training_curves.png", dpi=110); plt.close(fig)
   files.append("training_curves.png")
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-  ms = [int(m) for m in s1["n_study_mae_vs_exact"]]
-  axes[0].plot(ms, list(s1["n_study_mae_vs_exact"].values()), marker="o")
-  axes[0].set_xscale("log", base=2); axes[0].set_xlabel("N"); axes[0].set_title("mean |log Z_IS - log Z|")
+  key, title = (("n_study_mae_vs_exact", "mean |log Z_IS - log Z|") if "n_study_mae_vs_exact" in s1
+                else ("n_study_variance", "mean Var(log Z_N) (no exact value on this scale)"))
+  axes[0].plot([int(m) for m in s1[key]], list(s1[key].values()), marker="o")
+  axes[0].set_xscale("log", base=2); axes[0].set_xlabel("N"); axes[0].set_title(title)
   if s2["val_mse_curve"]:
     axes[1].plot(s2["val_mse_curve"]); axes[1].set_xlabel("epoch"); axes[1].set_title("Stage 2 val MSE")
   fig.tight_layout(); fig.savefig(job.dir / "stage1_stage2.png", dpi=110); plt.close(fig)
@@ -290,10 +306,9 @@ def _claims(job: SumJob, s1: dict[str, Any], evals: dict[str, dict[str, Any]],
   """The paper's claims on this task, each with its numbers (see the module docstring);
   ``contrasts`` are the reward-maximising runs they are compared with, ``job.cfg.controls`` the
   controls the fix is compared with."""
-  errs = list(s1["n_study_mae_vs_exact"].values())
   out = []
-  if job.cfg.stage1.label_scale == "sum":  # (the exact log Z is the sum scale's: on the mean
-    # scale the labels estimate another quantity, and no enumerable value checks them)
+  if exact_on_label_scale(job):
+    errs = list(s1["n_study_mae_vs_exact"].values())
     out.append(_claim("Stage 1 error shrinks with N", all(a > b for a, b in zip(errs, errs[1:])),
                       s1["n_study_mae_vs_exact"], runs=(), dyn=dyn))
   for m in [x for x in (fix, "disa_exact", "disa") if x and x in evals]:
@@ -456,17 +471,23 @@ def _matched_md(dyn: dict) -> list[str]:
 
 
 def _stage12_md(s1: dict, s2: dict, study: dict | None) -> list[str]:
+  stats = (f"median ESS {s1['ess_median']:.2f}, median CV^2 {s1['cv2_median']:.3f}; proposal "
+           f"accuracy {s1['proposal_accuracy']:.3f}; prompts with no correct sample: "
+           f"{s1['prompts_without_correct_sample']}")
+  fit = (f"- best epoch {s2['best_epoch']}, val MSE vs labels {s2['val_mse_vs_labels']:.4f}, val R^2 "
+         f"vs labels {s2['val_r2_vs_labels']:.3f} ({s2['n_val']} held-out prompts)")
+  if "n_study_mae_vs_exact" not in s1:  # labels on the mean scale: no exact value to compare with
+    md = [f"## Stage 1 (labels on the {s1['label_scale']} scale: no exact value to compare with)", "",
+          f"- N = {s1['n']}: {stats}", "", "| N | mean Var(log Z_N) |", "|---|---|"]
+    md += [f"| {m} | {v:.4f} |" for m, v in s1["n_study_variance"].items()]
+    return md + ["", "## Stage 2 (anchor)", "", fit, ""] + _anchor_study_md(study)
   md = ["## Stage 1 (log Z_IS against the exact log Z)", "",
         f"- N = {s1['n']}: mean |log Z_IS - log Z| = {s1['label_mae_vs_exact']:.4f}, mean signed error "
-        f"{s1['label_signed_error_mean']:+.4f}; median ESS {s1['ess_median']:.2f}, median CV^2 "
-        f"{s1['cv2_median']:.3f}; proposal accuracy {s1['proposal_accuracy']:.3f}; prompts with no "
-        f"correct sample: {s1['prompts_without_correct_sample']}",
+        f"{s1['label_signed_error_mean']:+.4f}; {stats}",
         f"- exact log Z across prompts: mean {s1['log_z_exact_mean']:.3f}, std {s1['log_z_exact_std']:.3f}",
         "", "| N | mean abs error vs exact | mean Var(log Z_N) |", "|---|---|---|"]
   md += [f"| {m} | {v:.4f} | {s1['n_study_variance'][m]:.4f} |" for m, v in s1["n_study_mae_vs_exact"].items()]
-  md += ["", "## Stage 2 (anchor)", "",
-         f"- best epoch {s2['best_epoch']}, val MSE vs labels {s2['val_mse_vs_labels']:.4f}, val R^2 vs "
-         f"labels {s2['val_r2_vs_labels']:.3f} ({s2['n_val']} held-out prompts)",
+  md += ["", "## Stage 2 (anchor)", "", fit,
          f"- sigma_g = RMS(g(q) - log Z(q)): held-out {s2['sigma_g_heldout']:.4f}, all prompts "
          f"{s2['sigma_g_all']:.4f} (the raw labels' RMS error on the held-out prompts: "
          f"{s2['label_rmse_heldout']:.4f})", ""]
@@ -571,8 +592,9 @@ class JobReport:
     claims: the verdicts (`Claim`).
     skipped_methods: rows not trained -> why.
     regime: whether every method reached its end state (``all_at_end_state``, ``per_method``).
-    stage1: the Stage 1 labels against the exact log Z (``n_study_mae_vs_exact``, ...).
-    stage2: the anchor's fit and sigma_g.
+    stage1: the Stage 1 labels against the exact log Z (``n_study_mae_vs_exact``, ...; those
+      figures only where the labels estimate it: `exact_on_label_scale`).
+    stage2: the anchor's fit, and its sigma_g against the exact log Z (`exact_on_label_scale`).
     anchor_study: the sigma_g study of sharper anchors (None when off).
     nstudy: the App. C.3 study (None when off).
     anchor_gap: DISA against its oracle and Prop. 4 (None without both runs).

@@ -3,6 +3,7 @@ compares, comparisons need Welch's p < 0.05 over seeds, and the matched-accuracy
 P(correct) reached and which seeds got there."""
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from disa_jax.pipeline import report as R
@@ -105,3 +106,21 @@ def test_the_stage1_claim_is_made_only_against_an_exact_value_on_the_labels_scal
   assert claims == ["Stage 1 error shrinks with N"]
   job.cfg.stage1.label_scale = "mean"  # (labels of the length-normalised residual)
   assert R._claims(job, s1, {}, {}, dyn, None, []) == []
+
+
+def test_on_the_mean_scale_the_stage12_sections_print_no_error_against_the_exact_log_z():
+  job = _job()
+  job.cfg.stage1.label_scale = "mean"
+  anchor = SimpleNamespace(embeddings=lambda: (("a", "b"), np.zeros((2, 4))), val_prompt_ids=("b",),
+                           fit=SimpleNamespace(best_epoch=3, val_mse=0.2, val_r2=0.5),
+                           history={"val_mse": [0.3, 0.2]})
+  exact = SimpleNamespace(log_z_of=lambda ids: pytest.fail("the exact log Z read on the mean scale"))
+  s2 = R._stage2_section(job, anchor, None, exact)
+  assert s2 == {"best_epoch": 3, "val_mse_vs_labels": 0.2, "val_r2_vs_labels": 0.5, "n_val": 1,
+                "val_mse_curve": [0.3, 0.2]}
+  s1 = {"n": 4, "label_scale": "mean", "ess_median": 2.0, "cv2_median": 0.5,
+        "proposal_accuracy": 0.8, "prompts_without_correct_sample": 0,
+        "n_study_variance": {"2": 0.3, "4": 0.1}}
+  md = "\n".join(R._stage12_md(s1, s2, None))
+  assert "no exact value to compare with" in md and "| 4 | 0.1000 |" in md
+  assert "log Z_IS - log Z" not in md and "sigma_g" not in md
