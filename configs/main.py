@@ -48,7 +48,7 @@ import ml_collections
 from configs import common
 from configs import stage3_base
 
-PRESETS = ("", "claims", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
+PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
            "anchor_study_rl_quick",
            "nonuniform_target", "staleness_study")
 DEFAULT_STEPS = 400
@@ -437,6 +437,12 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.seeds = (0, 1, 2)
     for m in CLAIMS_DECISIVE:
       c.runs[m].seeds = (0, 1, 2, 3, 4)
+    _small_task(c, CLAIMS_STEPS, CLAIMS_TRACK)
+  if preset == "claims_quick":
+    # One seed of the four runs the claims turn on, at the claims preset's settings (the same run
+    # configs: in the claims preset's workdir they are reused): the end-state verdicts of each run
+    # in ~10 minutes, no comparison verdict (one seed).
+    c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
     _small_task(c, CLAIMS_STEPS, CLAIMS_TRACK)
   if preset == "anchor_study_rl_quick":
     # The grid's one-seed subset (sum scale): the offset's invariance on-policy and its cost with

@@ -112,3 +112,11 @@ def test_a_negative_data_seed_is_refused():
   c.runs.disa_data1.data_seed = -1
   with pytest.raises(ValueError, match=r"runs.disa_data1.*data_seed must be an int >= 0 .*got -1"):
     MainConfig.from_config(c)
+
+
+def test_claims_quick_is_one_seed_of_the_four_claims_runs_as_the_claims_preset_trains_them(job):
+  quick = SumJob(MainConfig.from_config(main_config.get_config("claims_quick")), job.dir / "q",
+                 progress=False)
+  assert set(quick.stage3_cfgs) == {(m, 0) for m in ("disa_pos_replay", "disa", "disa_exact", "grpo")}
+  for (m, _), cfg in quick.stage3_cfgs.items():
+    assert cfg.train == _train(job, m), m
