@@ -133,9 +133,12 @@ def regime_of(job, method: str) -> str:
           + (f", lr {spec.lr:g}" if spec.lr else ""))
 
 
-def sigma_of(job, method: str, fitted_sigma_g: float | None) -> float | None:
+def sigma_of(job, method: str, fitted_sigma_g: float | None,
+             data_seed_sigma_g: Mapping[int, float] | None = None) -> float | None:
   """The RMS error of ``method``'s log Z against the exact one: 0 (exact), sigma (exact + noise),
-  the fitted anchor's sigma_g (when the job's labels are on the sum scale); None otherwise."""
+  the fitted anchor's sigma_g (when the job's labels are on the sum scale): the job's
+  (``fitted_sigma_g``) or, for a run on another Stage 1/2 data seed d, ``data_seed_sigma_g[d]``;
+  None otherwise."""
   spec = job.cfg.runs[method]
   if not spec.objective.needs_anchor:
     return None
@@ -143,10 +146,13 @@ def sigma_of(job, method: str, fitted_sigma_g: float | None) -> float | None:
     return 0.0
   if spec.anchor == "exact+noise":
     return float(spec.sigma)
-  return fitted_sigma_g if job.cfg.stage1.label_scale == "sum" else None
+  if job.cfg.stage1.label_scale != "sum":
+    return None
+  return (data_seed_sigma_g or {}).get(spec.data_seed) if spec.data_seed else fitted_sigma_g
 
 
-def sigma_curve(job, figures: Mapping[str, Mapping[str, Any]], fitted_sigma_g: float | None
+def sigma_curve(job, figures: Mapping[str, Mapping[str, Any]], fitted_sigma_g: float | None,
+                data_seed_sigma_g: Mapping[int, float] | None = None
                 ) -> dict[str, list[dict[str, Any]]]:
   """Per regime with an exact-log-Z run, its runs of known sigma sorted by sigma: KL (mean over the
   run's seeds), the loss gap |L - L_exact| of the end-state windows and Prop. 4's envelope
@@ -155,7 +161,7 @@ def sigma_curve(job, figures: Mapping[str, Mapping[str, Any]], fitted_sigma_g: f
   diverged does not stand for the others."""
   by_regime: dict[str, list[tuple[float, str]]] = {}
   for m in figures:
-    sigma = sigma_of(job, m, fitted_sigma_g)
+    sigma = sigma_of(job, m, fitted_sigma_g, data_seed_sigma_g)
     if sigma is not None:
       by_regime.setdefault(regime_of(job, m), []).append((sigma, m))
   out = {}

@@ -394,12 +394,14 @@ def _regime(job: SumJob, dyn: dict[str, Any]) -> dict[str, Any]:
           "per_method": per}
 
 
-def _grid_section(job, stage3: Stage3Runs, runs: dict, dyn: dict, s2: dict) -> dict[str, Any]:
+def _grid_section(job, stage3: Stage3Runs, runs: dict, dyn: dict, s2: dict,
+                  replicas: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
   """Per method, its end-state figures over seeds and regime; per regime, KL against sigma_g
-  (`disa_jax.pipeline.grid`)."""
+  (`disa_jax.pipeline.grid`; a run on another Stage 1/2 data seed at its own anchor's sigma_g)."""
   figures = G.run_figures(G.collect(job, stage3, runs, dyn["matched_runs"]))
+  others = {int(d): r["sigma_g_all"] for d, r in replicas.items() if d != "0" and "sigma_g_all" in r}
   return {"regimes": {m: G.regime_of(job, m) for m in figures}, "figures": figures,
-          "sigma_curve": G.sigma_curve(job, figures, s2.get("sigma_g_all"))}
+          "sigma_curve": G.sigma_curve(job, figures, s2.get("sigma_g_all"), others)}
 
 
 def _grid_md(report: dict) -> list[str]:
@@ -740,7 +742,8 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
   claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
   gap = _anchor_gap(evals, results, inputs.anchor, exact)
   plots = _plots(job, s1, s2, _training_curves(job, stage3))
-  grid = _grid_section(job, stage3, runs, dyn, s2)
+  replicas = _replicas_section(job, inputs)
+  grid = _grid_section(job, stage3, runs, dyn, s2, replicas)
   plots += G.plot_sigma_curve(grid["sigma_curve"], job.dir)
   if dyn["series"]:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
@@ -758,7 +761,7 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
             "matched_accuracy_runs": {m: dict(v) for m, v in dyn["matched_runs"].items()},
             "stage3_seeds": list(job.cfg.seeds),
             "run_seeds": {m: list(job.cfg.run_seeds(m)) for m in job.cfg.methods},
-            "stage12_replicas": _replicas_section(job, inputs),
+            "stage12_replicas": replicas,
             "skipped_methods": skipped, "claims": claims,
             "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))

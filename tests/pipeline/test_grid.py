@@ -101,3 +101,10 @@ def test_the_tables_header_says_when_runs_have_seeds_of_their_own():
   assert "Stage 3 seeds [0, 1, 2]," in tables.render(report)
   report["run_seeds"]["grpo"] = [0]
   assert "Stage 3 seeds per run (the seeds column)," in tables.render(report)
+
+
+def test_a_run_on_another_stage12_data_seed_is_placed_at_its_own_anchors_sigma():
+  job = types.SimpleNamespace(cfg=MainConfig.from_config(main_config.get_config("claims")))
+  assert G.sigma_of(job, "disa", 0.87, {1: 0.48}) == 0.87
+  assert G.sigma_of(job, "disa_data1", 0.87, {1: 0.48}) == 0.48  # not the job's anchor's
+  assert G.sigma_of(job, "disa_data1", 0.87) is None  # its anchor's sigma_g unknown: off the curve
