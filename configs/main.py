@@ -17,17 +17,26 @@ Presets and their budgets (2 CPU cores):
 - default: every method (the fix ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``,
   GRPO, FlowRL, GSPO) and LoRA-SFT, ``DEFAULT_STEPS`` Stage 3 steps each. A documented budget, not
   the end state: the report labels every verdict drawn from a run that has not reached its end
-  state TRANSIENT. Measured on 2 cores before shared prompts and parallel runs: models 130 s,
-  Stage 1 16 s, Stage 2 5 s, anchor study 39 s, each Stage 3 run 124-169 s, ~18 minutes in all.
-- ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO) and the
+  state TRANSIENT. Measured on a quiet 2-core machine: 11 min 41 s (models 121 s, Stage 1 19 s,
+  N-study 25 s, anchor study 48 s, each Stage 3 run 122-138 s two at a time, LoRA-SFT 17 s,
+  evaluations 54 s); b8e67b9's default on the same machine: 13 min 12 s (partly loaded). It does
+  not reach the end state, and cannot within 10 minutes: at the claims preset's settings (small
+  task, 800 steps) the four claim runs take 206-247 s each two at a time (~8 minutes for the four,
+  plus the models' 2) before any other method, and even there the slope test calls 2 of its 41
+  runs flat. ``claims_quick`` is those four runs, one seed.
+- ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
-  KL-Cov), ``CLAIMS_STEPS`` steps each. The report decides each run's end state by the slope test of
-  `disa_jax.pipeline.dynamics` and each comparison by Welch's test over Stage 3 seeds
-  (``--config.seeds='(0,1,2)'``; one seed gives no comparison verdict). Wall time not measured
-  with the controls (issue 15 measured ~33 minutes per seed for the first four runs on 2 cores;
-  the nine runs are ~2.25x that). The lr decay (the last 15% of steps) overlaps the end-state
-  window, and the report says so: flat there may be the schedule's doing.
+  KL-Cov), and the fix and DISA on a second Stage 1/2 draw (``data_seed`` 1), on the small task
+  (``_small_task``: n = 0..15, lr 5e-4 constant, ``CLAIMS_STEPS`` steps tracked every 32): 5 Stage 3
+  seeds for ``CLAIMS_DECISIVE``, 3 for the rest, 41 runs. The report decides each run's end state
+  by the slope test of `disa_jax.pipeline.dynamics` and each comparison by Welch's test over Stage 3
+  seeds. Wall time on 2 cores: 93 min 22 s (models 135 s, each run 206-352 s two at a time; a test
+  run shared the machine for 12 minutes). Results: docs/real_checkpoints.md (from
+  docs/reports/claims.json).
+- ``claims_quick``: one seed of the claims preset's four claim runs (the same run configs). Not
+  timed on its own: from the claims run's times, models 135 s + Stage 1/2 20 s + two pairs of runs
+  (224 + 247 s) + evaluation ~25 s, about 11 minutes.
 - ``replay_study``: issue 9's replay (25% of each group's slots from every Stage 1 sample) for DISA
   and FlowRL against GRPO and GSPO, three seeds.
 - ``anchor_study_rl`` / ``anchor_study_rl_mean``: issue 27's regime grid (`anchor_grid`): residual
