@@ -19,7 +19,7 @@ Presets and their budgets (2 CPU cores):
   the end state: the report labels every verdict drawn from a run that has not reached its end
   state TRANSIENT. Measured on a quiet 2-core machine: 11 min 41 s (models 121 s, Stage 1 19 s,
   N-study 25 s, anchor study 48 s, each Stage 3 run 122-138 s two at a time, LoRA-SFT 17 s,
-  evaluations 54 s); b8e67b9's default on the same machine: 13 min 12 s (partly loaded). It does
+  evaluations 54 s); b8e67b9's default on the same machine, also quiet: 12 min 40 s. It does
   not reach the end state, and cannot within 10 minutes: at the claims preset's settings (small
   task, 800 steps) the four claim runs take 206-247 s each two at a time (~8 minutes for the four,
   plus the models' 2) before any other method, and even there 12 of the 41 runs are still moving
