@@ -450,7 +450,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   if preset == "claims_quick":
     # One seed of the four runs the claims turn on, at the claims preset's settings (the same run
     # configs: in the claims preset's workdir they are reused): the end-state verdicts of each run
-    # in ~10 minutes, no comparison verdict (one seed).
+    # in about 11 minutes (estimated from the claims run's times), no comparison verdict (one seed).
     c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
     _small_task(c, CLAIMS_STEPS, CLAIMS_TRACK)
   if preset == "anchor_study_rl_quick":

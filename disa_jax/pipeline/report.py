@@ -69,7 +69,6 @@ def _stage1_section(job: SumJob, pool: Stage1Data, exact: ExactTarget) -> dict[s
   study = E.n_study(jax.random.key(job.cfg.seed + 11), pool.log_weights(), pool.mask, ms=job.cfg.n_study,
                     repeats=job.cfg.n_study_repeats, log_z_ref=log_z)
   n = job.stage2_cfg.samples or pool.mask.shape[1]
-  labels, _ = anchor_targets(pool, samples=n)  # the labels Stage 2 fitted: first N samples
   stats = E.stage1_statistics(pool.log_weights()[:, :n], pool.mask[:, :n])
   out = {
       "n": n, "pool": int(pool.mask.shape[1]), "label_scale": job.cfg.stage1.label_scale,
@@ -82,11 +81,19 @@ def _stage1_section(job: SumJob, pool: Stage1Data, exact: ExactTarget) -> dict[s
       "log_z_exact_mean": float(log_z.mean()), "log_z_exact_std": float(log_z.std()),
   }
   if exact_on_label_scale(job):
-    out |= {"label_mae_vs_exact": float(np.mean(np.abs(labels - log_z))),
-            "label_signed_error_mean": float(np.mean(labels - log_z)),
-            "n_study_mae_vs_exact": {str(m): float(np.nanmean(study.log_abs_error[i]))
-                                     for i, m in enumerate(study.ms)}}
+    out |= _label_errors(job, pool, exact) | {
+        "n_study_mae_vs_exact": {str(m): float(np.nanmean(study.log_abs_error[i]))
+                                 for i, m in enumerate(study.ms)}}
   return out
+
+
+def _label_errors(job: SumJob, pool: Stage1Data, exact: ExactTarget) -> dict[str, float]:
+  """The labels Stage 2 fitted (each prompt's first ``stage2.samples`` samples) against the exact
+  log Z: mean absolute and mean signed error."""
+  labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples or pool.mask.shape[1])
+  err = labels - exact.log_z_of(pool.prompt_ids)
+  return {"label_mae_vs_exact": float(np.mean(np.abs(err))),
+          "label_signed_error_mean": float(np.mean(err))}
 
 
 def _stage2_section(job: SumJob, anchor: AnchorArtifact, pool: Stage1Data, exact: ExactTarget
@@ -105,36 +112,31 @@ def _stage2_section(job: SumJob, anchor: AnchorArtifact, pool: Stage1Data, exact
   return out
 
 
-def _replicas_section(job: SumJob, inputs: ReportInputs) -> dict[str, dict[str, float]]:
-  """Per Stage 1/2 data seed (0 = the job's; {} without further ones): the labels' mean absolute
-  error and the anchor's sigma_g against the exact log Z, and the fit's best epoch."""
+def _replicas_section(job: SumJob, inputs: ReportInputs, s1: Mapping[str, Any],
+                      s2: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+  """Per Stage 1/2 data seed ({} without further ones): the fit's best epoch and validation MSE
+  and, on the sum scale, the labels' mean absolute error and the anchor's sigma_g against the exact
+  log Z. Data seed 0's row is taken from the job's own Stage 1/2 sections ``s1`` / ``s2``."""
   if not inputs.replicas:
     return {}
-  out = {}
-  for d, (pool, anchor) in {0: (inputs.pool, inputs.anchor), **inputs.replicas}.items():
-    fit = _stage2_section(job, anchor, pool, inputs.exact)
-    out[str(d)] = {"best_epoch": fit["best_epoch"], "val_mse_vs_labels": fit["val_mse_vs_labels"]}
-    if exact_on_label_scale(job):
-      labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
-      out[str(d)] |= {"label_mae_vs_exact": float(np.mean(np.abs(
-          labels - inputs.exact.log_z_of(pool.prompt_ids)))),
-                      "sigma_g_heldout": fit["sigma_g_heldout"], "sigma_g_all": fit["sigma_g_all"]}
+  keys = ("label_mae_vs_exact", "sigma_g_heldout", "sigma_g_all")
+  row = lambda errors, fit: {"best_epoch": fit["best_epoch"],
+                             "val_mse_vs_labels": fit["val_mse_vs_labels"]} | {
+                                 k: src[k] for src in (errors, fit) for k in keys if k in src}
+  out = {"0": row(s1, s2)}
+  for d, (pool, anchor) in inputs.replicas.items():
+    errors = _label_errors(job, pool, inputs.exact) if exact_on_label_scale(job) else {}
+    out[str(d)] = row(errors, _stage2_section(job, anchor, pool, inputs.exact))
   return out
 
 
 def _replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
   if not section:
     return []
-  cell = lambda r, k: f"{r[k]:.4f}" if k in r else "-"  # (no exact value on the mean scale)
-  md = ["## Stage 1/2 data seeds", "",
-        "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
-        "named `*_data<d>` read that anchor and replay pool.", "",
-        "| data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all | val MSE vs "
-        "labels | best epoch |", "|---|---|---|---|---|---|"]
-  md += [f"| {d} | {cell(r, 'label_mae_vs_exact')} | {cell(r, 'sigma_g_heldout')} | "
-         f"{cell(r, 'sigma_g_all')} | {cell(r, 'val_mse_vs_labels')} | {r['best_epoch']} |"
-         for d, r in section.items()]
-  return md + [""]
+  return ["## Stage 1/2 data seeds", "",
+          "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
+          "named `*_data<d>` read that anchor and replay pool.", "",
+          *tables.replicas_table({"stage12_replicas": section}), ""]
 
 
 def eval_row(task: BenchmarkEval) -> dict[str, Any]:
@@ -742,7 +744,7 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
   claims = _claims(job, s1, evals, runs, dyn, fix, contrasts)
   gap = _anchor_gap(evals, results, inputs.anchor, exact)
   plots = _plots(job, s1, s2, _training_curves(job, stage3))
-  replicas = _replicas_section(job, inputs)
+  replicas = _replicas_section(job, inputs, s1, s2)
   grid = _grid_section(job, stage3, runs, dyn, s2, replicas)
   plots += G.plot_sigma_curve(grid["sigma_curve"], job.dir)
   if dyn["series"]:

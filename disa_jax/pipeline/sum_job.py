@@ -96,7 +96,7 @@ class RunSpec:
   (`MainConfig.run_seeds`): a grid runs several seeds only where a comparison is decided.
   ``data_seed``: the Stage 1/2 replicate the run reads its fitted anchor and replay pool from: 0 =
   the job's (``stage1/``, ``anchor/``); d > 0 = Stage 1 drawn again with sampling seed + d and
-  Stage 2 fitted on it with fit seed + d (``stage1_data<d>/``, ``anchor_data<d>/``: `SumJob.replica`).
+  Stage 2 fitted on it with fit seed + d (``stage1_data<d>/``, ``anchor_data<d>/``: `SumJob.replicas`).
   """
   objective: Objective
   replay: ReplayConfig = ReplayConfig()

@@ -7,8 +7,8 @@ that README / docs print about the claims).
 Two tables: the methods at the end of training (mean ± std over Stage 3 seeds; a single run's KL
 ± its Monte Carlo standard error) with each method's end-state verdict, and the claims with their
 verdicts, Welch statistics over seeds and TRANSIENT flags (`pipeline.report`); with several Stage
-1/2 data seeds, their anchors' errors; with a grid section, the regime and sigma_g tables. A document embeds the
-output between ``<!-- tables: PATH -->`` and ``<!-- /tables -->``; `check_document` (and
+1/2 data seeds, their anchors' errors; with a grid section, the regime and sigma_g tables. A
+document embeds the output between ``<!-- tables: PATH -->`` and ``<!-- /tables -->``; `check_document` (and
 ``--check``, and the tests) compare every such block with the generator's output for its PATH.
 """
 from __future__ import annotations
@@ -101,13 +101,14 @@ def sigma_table(report: Mapping[str, Any]) -> list[str]:
 
 def replicas_table(report: Mapping[str, Any]) -> list[str]:
   """Per Stage 1/2 data seed (`RunSpec.data_seed`): the labels' error and the anchor's sigma_g
-  against the exact log Z."""
-  md = ["| Stage 1/2 data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all |",
-        "|---|---|---|---|"]
-  cell = lambda r, k: f"{r[k]:.4f}" if k in r else "-"  # (no exact value on the mean scale)
+  against the exact log Z ('-' on the mean scale, where there is no exact value), the fit's
+  validation MSE against its labels and its best epoch."""
+  md = ["| Stage 1/2 data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all | "
+        "val MSE vs labels | best epoch |", "|---|---|---|---|---|---|"]
+  cell = lambda r, k: f"{r[k]:.4f}" if k in r else "-"
   for d, r in report["stage12_replicas"].items():
     md.append(f"| {d} | {cell(r, 'label_mae_vs_exact')} | {cell(r, 'sigma_g_heldout')} | "
-              f"{cell(r, 'sigma_g_all')} |")
+              f"{cell(r, 'sigma_g_all')} | {cell(r, 'val_mse_vs_labels')} | {r['best_epoch']} |")
   return md
 
 

@@ -61,8 +61,14 @@ def test_the_stage12_data_seeds_table_renders_each_draw():
   report = _report()
   assert "Stage 1/2 data seed" not in tables.render(report)  # one draw: no table
   report["stage12_replicas"] = {
-      "0": {"label_mae_vs_exact": 0.25, "sigma_g_heldout": 0.61, "sigma_g_all": 0.5, "best_epoch": 9},
-      "1": {"label_mae_vs_exact": 0.3, "sigma_g_heldout": 0.72, "sigma_g_all": 0.55, "best_epoch": 4}}
+      "0": {"label_mae_vs_exact": 0.25, "sigma_g_heldout": 0.61, "sigma_g_all": 0.5,
+            "val_mse_vs_labels": 0.125, "best_epoch": 9},
+      "1": {"label_mae_vs_exact": 0.3, "sigma_g_heldout": 0.72, "sigma_g_all": 0.55,
+            "val_mse_vs_labels": 0.25, "best_epoch": 4}}
   md = tables.render(report).splitlines()
-  at = md.index("| Stage 1/2 data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all |")
-  assert md[at + 2:at + 4] == ["| 0 | 0.2500 | 0.6100 | 0.5000 |", "| 1 | 0.3000 | 0.7200 | 0.5500 |"]
+  at = md.index("| Stage 1/2 data seed | label mean abs error vs exact | sigma_g held-out | sigma_g all | "
+                "val MSE vs labels | best epoch |")
+  assert md[at + 2:at + 4] == ["| 0 | 0.2500 | 0.6100 | 0.5000 | 0.1250 | 9 |",
+                               "| 1 | 0.3000 | 0.7200 | 0.5500 | 0.2500 | 4 |"]
+  mean_scale = {"stage12_replicas": {"0": {"val_mse_vs_labels": 0.5, "best_epoch": 2}}}
+  assert tables.replicas_table(mean_scale)[2] == "| 0 | - | - | - | 0.5000 | 2 |"
