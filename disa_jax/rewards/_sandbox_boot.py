@@ -7,47 +7,56 @@ Executed as a script (`python -I -S _sandbox_boot.py`, standard library only) by
            program's cwd and HOME in mode none)
   S/io/    root-only: config.json, in_<i> (stdin of case i), out_<i>/err_<i>, result.json
 
-When started by `unshare [--user --map-root-user] --mount --net --pid --fork --mount-proc` it is
-PID 1 of a fresh PID namespace, in a private mount namespace without network. It then
+When started by `unshare [--user --map-root-user] --mount --net --ipc --pid --fork --mount-proc`
+it is PID 1 of a fresh PID namespace, in private mount and IPC namespaces without network. It then
 
-1. covers the world-writable directories (/tmp, /var/tmp, /run/lock, /dev/shm) with small read-only
-   tmpfs mounts, mounts a tmpfs of `work_mb` MiB at /tmp/home holding a copy of S/work (the
-   program's only writable directory), bind-mounts the Python install tree read-only at
-   /tmp/python, and hides the directories that hold user data (/root, /home, /work, /mnt, /opt,
-   ..., the grader's cwd and repository) under empty read-only tmpfs (if `mounts` is set); makes
+1. caps System V IPC of its IPC namespace (`ipc_sysctls`: shared memory, message queues,
+   semaphores); builds the program's root in a fresh tmpfs from an allow-list (`root`): the system
+   trees (/usr, /lib, ...) and a few /etc files bound read-only, a fresh /etc/passwd and
+   /etc/group, /dev/{null,zero,full,random,urandom}, a read-only 64 KiB /dev/shm, its /proc, a
+   tmpfs of `work_mb` MiB at /tmp/home holding a copy of S/work (the program's only writable
+   directory) and the Python install tree read-only at /tmp/python; pivots into it and detaches the
+   host's tree (no /run, /var, /sys, /home, /root, ..., nor S); makes the root read-only and
    itself non-dumpable (no ptrace, no /proc/1/{cwd,environ,mem} for the program);
 2. for each case forks a child that starts a new session, gets rlimits, (userns mode) enters a
    nested user + mount namespace as its only mapped uid (the sandbox's mounts become locked),
    drops the capability bounding set, sets no_new_privs, drops to the sandbox uid/gid (when one is
    given), clears every capability, checks all of that in /proc/self/status, changes into the work
    directory and execs the program with a scrubbed environment, stdin from in_<i> and
-   stdout/stderr into out_<i>/err_<i> (RLIMIT_FSIZE caps them);
+   stdout/stderr into fresh files out_<i>/err_<i> (RLIMIT_FSIZE caps them; opened without
+   following symlinks);
 3. waits for the child up to the per-case wall-clock timeout, then kills every process the case
-   left behind (all processes of the namespace when PID 1, all processes of the dedicated uid
-   otherwise, the child's process group as the last resort) and reaps them;
+   left behind (all processes of the namespace when PID 1; otherwise every descendant, found
+   through /proc, which `setsid` cannot leave since the supervisor is a child subreaper, and every
+   process of the dedicated uid) and reaps them; without an IPC namespace, it also removes the
+   System V objects of the dedicated uid;
 4. writes result.json: per case exit code, signal, timed_out, wall seconds, skipped.
 
-The untrusted program never sees S/io (root-only, and hidden under the tmpfs), never sees the
-expected outputs (they stay with the grader), and cannot signal this supervisor (a different uid,
-or, in userns mode, PID 1 of its namespace with no signal handler).
+The untrusted program never sees S/io (root-only, and outside its root), never sees the expected
+outputs (they stay with the grader), and cannot signal this supervisor (a different uid, or, in
+userns mode, PID 1 of its namespace with no signal handler).
 """
 
 import ctypes
 import ctypes.util
+import errno
 import json
 import os
 import resource
 import select
 import signal
+import stat
 import sys
 import time
 
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
+MNT_DETACH = 2
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -55,7 +64,10 @@ PR_SET_NO_NEW_PRIVS = 38
 CAP_SETPCAP = 8
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+IPC_RMID = 0
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# pivot_root has no libc wrapper; its number on the architectures this was written for.
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41}
 
 
 def _libc():
@@ -86,13 +98,44 @@ def _copy_tree(src, dst, uid):
         os.chown(n, uid, uid)
 
 
-def _setup_mounts(cfg, libc):
-  """Hides world-writable directories and user data; the work dir is a size-capped tmpfs."""
-  for d in cfg["cover"]:
-    if os.path.isdir(d) and not os.path.islink(d):
-      _mount(libc, "tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-  home = cfg["home"]
-  os.makedirs(home, mode=0o755, exist_ok=True)
+def _bind(libc, src, dst, read_only):
+  """Bind-mounts `src` (recursively) at `dst`, made like it (a directory or an empty file)."""
+  if os.path.isdir(src):
+    os.makedirs(dst, mode=0o755, exist_ok=True)
+  else:
+    os.close(os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644))
+  _mount(libc, src, dst, None, MS_BIND | MS_REC, None)
+  if read_only:  # a noexec source stays noexec (a locked flag in userns mode)
+    keep = MS_NOEXEC if os.statvfs(dst).f_flag & os.ST_NOEXEC else 0
+    _mount(libc, "none", dst, None,
+           MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep, None)
+
+
+def _build_root(cfg, libc, new):
+  """Makes the program's root in a fresh tmpfs at `new` from the allow-list `cfg["root"]`."""
+  lay = cfg["root"]
+  _mount(libc, "tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+  for path, link in lay["tops"] + lay["etc"]:
+    dst = new + path
+    os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
+    if link is not None:
+      os.symlink(link, dst)
+    else:
+      _bind(libc, path, dst, read_only=True)
+  os.makedirs(new + "/etc", mode=0o755, exist_ok=True)
+  for name in ("passwd", "group"):
+    _write(f"{new}/etc/{name}", lay[name])
+  os.makedirs(new + "/dev/shm", mode=0o755)
+  for node in lay["dev"]:  # device nodes stay writable (/dev/null)
+    _bind(libc, node, new + node, read_only=False)
+  for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    os.symlink(target, f"{new}/dev/{name}")
+  _mount(libc, "tmpfs", new + "/dev/shm", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV,
+         "mode=0755,size=64k")
+  _bind(libc, "/proc", new + "/proc", read_only=False)  # writable: the nested uid_map
+  home = new + cfg["home"]
+  os.makedirs(home, mode=0o755)
   # The program's only writable directory: a private tmpfs of `work_mb` MiB (all its files
   # together), not the host's disk.
   _mount(libc, "tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV,
@@ -101,69 +144,140 @@ def _setup_mounts(cfg, libc):
   if cfg["python_bind"]:
     # The interpreter's install tree, read-only, at a path the unprivileged uid can traverse.
     src, dst = cfg["python_bind"]
-    os.makedirs(dst, mode=0o755, exist_ok=True)
-    _mount(libc, src, dst, None, MS_BIND | MS_REC, None)
-    _mount(libc, "none", dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-  for d in cfg["hide"]:  # user data (repository, datasets, home directories): empty, read-only
-    if os.path.isdir(d) and not os.path.islink(d):
-      _mount(libc, "tmpfs", d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=4k")
-  for d in cfg["cover"]:  # read-only once the home mount point exists (the work tmpfs stays rw)
-    if os.path.isdir(d) and not os.path.islink(d):
-      _mount(libc, "tmpfs", d, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+    _bind(libc, src, new + dst, read_only=True)
+  for d in lay["hide"]:  # the grader's cwd or repository inside an allowed tree
+    _mount(libc, "tmpfs", new + d, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755,size=4k")
+
+
+def _pivot_root(libc, new, old):
+  machine = os.uname().machine
+  if machine not in _SYS_PIVOT_ROOT:
+    raise OSError(errno.ENOSYS, f"pivot_root: no syscall number known for {machine}")
+  if libc.syscall(_SYS_PIVOT_ROOT[machine], new.encode(), old.encode()) != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f"pivot_root {new}: {os.strerror(err)}")
+
+
+def _setup_mounts(cfg, libc):
+  """Pivots into the allow-listed root (see `_build_root`) and detaches the host's tree.
+
+  The supervisor keeps its working directory (S, now unreachable by path) for io/.
+  """
+  os.umask(0o022)
+  new = os.path.abspath("root")
+  os.mkdir(new, 0o700)
+  _build_root(cfg, libc, new)
+  os.mkdir(new + "/.old", 0o700)
+  _pivot_root(libc, new, new + "/.old")
+  if libc.umount2(b"/.old", MNT_DETACH) != 0:
+    raise OSError(ctypes.get_errno(), "umount2 /.old")
+  os.rmdir("/.old")
+  _mount(libc, "none", "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+
+
+def _limit_ipc(cfg):
+  """Caps System V IPC in the sandbox's own IPC namespace (per-namespace sysctls)."""
+  for name, value in cfg["ipc_sysctls"].items():
+    try:
+      _write(f"/proc/sys/{name}", value)
+    except FileNotFoundError:
+      continue  # a kernel without that kind of IPC
+    except OSError:
+      if cfg["ipc_strict"]:
+        raise
+      # userns mode on older kernels, where only the host's root may set them: defaults stay
 
 
 def _pids_of_uid(uid):
+  """Pids of the processes with `uid` among their real/effective/saved/fs uids or gids."""
   pids = []
+  want = str(uid)
   for name in os.listdir("/proc"):
     if not name.isdigit():
       continue
     try:
       with open(f"/proc/{name}/status") as f:
-        for line in f:
-          if line.startswith("Uid:"):
-            if int(line.split()[1]) == uid:
-              pids.append(int(name))
-            break
+        ids = [line.split()[1:] for line in f if line.startswith(("Uid:", "Gid:"))]
     except OSError:
       continue
+    if any(want in row for row in ids):
+      pids.append(int(name))
   return pids
 
 
-def _kill_case(cfg, pid):
-  """Kills everything case `pid` may have left behind and reaps it; returns its wait status."""
+def _descendants(root):
+  """Pids of every descendant of process `root` (from the parent pids in /proc/*/stat)."""
+  children = {}
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/stat", "rb") as f:
+        data = f.read()
+    except OSError:
+      continue
+    children.setdefault(int(data[data.rindex(b")") + 2:].split()[1]), []).append(int(name))
+  out, todo = [], [root]
+  while todo:
+    kids = children.get(todo.pop(), [])
+    out += kids
+    todo += kids
+  return out
+
+
+def _remove_ipc_of(uid, libc):
+  """Removes the System V shared memory, message queues and semaphores owned or made by `uid`."""
+  for kind, id_col in (("shm", "shmid"), ("msg", "msqid"), ("sem", "semid")):
+    try:
+      with open(f"/proc/sysvipc/{kind}") as f:
+        lines = f.read().splitlines()
+    except OSError:
+      continue
+    head = lines[0].split() if lines else []
+    for line in lines[1:]:
+      row = dict(zip(head, line.split()))
+      if uid not in (int(row["uid"]), int(row["cuid"])):
+        continue
+      ident = int(row[id_col])
+      if kind == "sem":
+        libc.semctl(ident, 0, IPC_RMID)
+      else:
+        getattr(libc, kind + "ctl")(ident, IPC_RMID, None)
+
+
+def _kill_case(cfg, pid, libc):
+  """Kills everything case `pid` may have left behind and reaps it; returns its wait status.
+
+  PID 1 of the sandbox's namespace kills every other process of it; otherwise (mode none) every
+  descendant of the supervisor (orphans of the case come back to it, a child subreaper) and every
+  process of the sandbox uid, until no child is left (at most 10 s).
+  """
   status = None
   uid = cfg["uid"]
   pid1 = os.getpid() == 1 and cfg["pid_namespace"]
-  for _ in range(1000):
+  deadline = time.monotonic() + 10.0
+  while True:
     if pid1:
-      try:
-        os.kill(-1, signal.SIGKILL)  # PID 1 of our own namespace: every other process in it
-      except ProcessLookupError:
-        pass
-    elif uid is not None:
-      for p in _pids_of_uid(uid):
-        try:
-          os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
+      targets = [-1]  # PID 1 of our own namespace: every other process in it
     else:
+      targets = _descendants(os.getpid()) + (_pids_of_uid(uid) if uid is not None else [])
+    for p in targets:
       try:
-        os.killpg(pid, signal.SIGKILL)
+        os.kill(p, signal.SIGKILL)
       except (ProcessLookupError, PermissionError):
         pass
     try:
-      got, st = os.waitpid(-1, 0 if (pid1 or uid is not None) else os.WNOHANG)
+      got, st = os.waitpid(-1, os.WNOHANG)
     except ChildProcessError:
       break
     if got == pid:
       status = st
     if got == 0:
-      break
-  if status is None:
-    try:
-      _, status = os.waitpid(pid, 0)
-    except ChildProcessError:
-      pass
+      if time.monotonic() > deadline:
+        break
+      time.sleep(0.001)
+  if uid is not None and not cfg["mounts"]:
+    _remove_ipc_of(uid, libc)
   return status
 
 
@@ -251,14 +365,33 @@ def _drop_privileges(cfg, libc):
                           f"CapBnd {st['CapBnd']}, NoNewPrivs {st['NoNewPrivs']}")
 
 
+def _create_fresh(path):
+  """A new file at `path` for writing (whatever was there removed; never through a symlink)."""
+  try:
+    os.unlink(path)
+  except FileNotFoundError:
+    pass
+  return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+
+def _open_stdin(path):
+  """`path` when it is a regular file (opened without following a symlink), else /dev/null."""
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+  except FileNotFoundError:
+    return os.open(os.devnull, os.O_RDONLY)
+  if not stat.S_ISREG(os.fstat(fd).st_mode):
+    raise OSError(errno.EINVAL, f"{path} is not a regular file")
+  return fd
+
+
 def _child(cfg, i, libc):
   """In the forked child: limits, identity, exec. Never returns."""
   try:
     os.setsid()
-    fin = os.open(f"io/in_{i}", os.O_RDONLY) if os.path.exists(f"io/in_{i}") else os.open(
-      os.devnull, os.O_RDONLY)
-    fout = os.open(f"io/out_{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    ferr = os.open(f"io/err_{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fin = _open_stdin(f"io/in_{i}")
+    fout = _create_fresh(f"io/out_{i}")
+    ferr = _create_fresh(f"io/err_{i}")
     os.dup2(fin, 0)
     os.dup2(fout, 1)
     os.dup2(ferr, 2)
@@ -283,6 +416,7 @@ def main():
     cfg = json.load(f)
   libc = _libc()
   if cfg["mounts"]:
+    _limit_ipc(cfg)
     _setup_mounts(cfg, libc)
   # Not dumpable: a program of the same host uid (userns mode) cannot ptrace the supervisor or
   # read its /proc/1/{cwd,environ,mem}; the flag resets in the case child at execve.
@@ -290,7 +424,8 @@ def main():
   if os.getpid() == 1:  # PID 1 gets only signals it has a handler for: keep none
     signal.signal(signal.SIGINT, signal.SIG_DFL)
   if not (os.getpid() == 1 and cfg["pid_namespace"]):
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of a case come back to us
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # orphans of a case come to us
+      raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER")
   results = []
   stop = False
   for i in range(cfg["num_cases"]):
@@ -304,7 +439,7 @@ def main():
       _child(cfg, i, libc)
     timed_out = not _wait_exit(pid, cfg["timeout_s"])
     wall = time.monotonic() - t0
-    status = _kill_case(cfg, pid)
+    status = _kill_case(cfg, pid, libc)
     exit_code = sig = None
     if status is not None:
       if os.WIFEXITED(status):
@@ -315,7 +450,7 @@ def main():
                     "wall_s": wall})
     if timed_out and cfg["stop_on_timeout"]:
       stop = True
-  with open("io/result.json.tmp", "w") as f:
+  with os.fdopen(_create_fresh("io/result.json.tmp"), "w") as f:
     json.dump(results, f)
   os.rename("io/result.json.tmp", "io/result.json")
 

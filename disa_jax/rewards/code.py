@@ -109,12 +109,43 @@ def _token_match(actual: str, expected: str, tol: float) -> bool:
   return False
 
 
+_TOKEN_RE = re.compile(r"\S+")
+_BLANK_RE = re.compile(r"\s*")
+
+
+def _blank(text: str, start: int, end: int) -> bool:
+  """Whether text[start:end] is all whitespace (without copying it)."""
+  return _BLANK_RE.match(text, start, end).end() == end
+
+
+def _lines_match(actual: str, expected: str) -> bool:
+  """Line-by-line equality after `rstrip`, trailing empty lines dropped, scanning `actual` in place
+  (none of its lines is copied or listed: a flood costs no memory beyond its string)."""
+  want = [l.rstrip() for l in expected.split("\n")]
+  while want and not want[-1]:
+    want.pop()
+  i = pos = 0
+  while pos <= len(actual):
+    end = actual.find("\n", pos)
+    end = len(actual) if end < 0 else end
+    if i < len(want):
+      if not (actual.startswith(want[i], pos, end) and _blank(actual, pos + len(want[i]), end)):
+        return False
+      i += 1
+    elif not _blank(actual, pos, end):
+      return False
+    pos = end + 1
+  return i == len(want)
+
+
 def stdio_output_matches(actual: str, expected: str, *, float_tol: float = 1e-6) -> bool:
   """Whether a program's stdout matches the expected output.
 
-  Lines are compared after stripping trailing whitespace and dropping trailing empty lines; if that
-  fails, whitespace-separated tokens are compared, with a relative/absolute tolerance `float_tol`
-  for tokens whose expected form is a decimal (`0.5`, `1e-3`). Integers must match exactly.
+  Lines are compared after stripping trailing whitespace (a trailing CR included) and dropping
+  trailing empty lines; if that fails, whitespace-separated tokens are compared, with a
+  relative/absolute tolerance `float_tol` for tokens whose expected form is a decimal (`0.5`,
+  `1e-3`). Integers must match exactly. `actual` is scanned lazily: only the expected output is
+  split into lists, so a flood of short lines or tokens costs no memory beyond its string.
 
   Args:
     actual: the program's stdout.
@@ -124,18 +155,14 @@ def stdio_output_matches(actual: str, expected: str, *, float_tol: float = 1e-6)
   Returns:
     True when they match.
   """
-  a_lines = [l.rstrip() for l in actual.replace("\r\n", "\n").split("\n")]
-  e_lines = [l.rstrip() for l in expected.replace("\r\n", "\n").split("\n")]
-  while a_lines and not a_lines[-1]:
-    a_lines.pop()
-  while e_lines and not e_lines[-1]:
-    e_lines.pop()
-  if a_lines == e_lines:
+  if _lines_match(actual, expected):
     return True
-  a_tok, e_tok = actual.split(), expected.split()
-  if len(a_tok) != len(e_tok):
-    return False
-  return all(_token_match(a, e, float_tol) for a, e in zip(a_tok, e_tok))
+  tokens = _TOKEN_RE.finditer(actual)
+  for e in expected.split():
+    a = next(tokens, None)
+    if a is None or not _token_match(a.group(), e, float_tol):
+      return False
+  return next(tokens, None) is None
 
 
 def _default_limits(timeout_s: float) -> sandbox.SandboxLimits:
@@ -341,20 +368,34 @@ def _inputs(problem: Mapping[str, Any]) -> str:
   return _inputs_json(base, plus)
 
 
+# Output caps of the HumanEval+ runner's JSON: the canonical solution's, and a candidate's: 8x the
+# canonical outputs' JSON (a matching float's repr can be ~5x longer) plus 1 MiB.
+_CANONICAL_OUTPUT_MB = 64
+_MIB = 1 << 20
+
+
+def _candidate_output_mb(expected: list) -> int:
+  return 1 + 8 * len(json.dumps(expected)) // _MIB
+
+
 def _run_function_calls(problem: Mapping[str, Any], program: str, inputs_json: str,
-                        timeout_s: float, with_check: bool,
-                        limits: sandbox.SandboxLimits | None) -> dict[str, Any] | None:
-  """Runs the runner in the sandbox; returns its JSON document or None on any failure."""
+                        timeout_s: float, with_check: bool, limits: sandbox.SandboxLimits | None,
+                        output_mb: int) -> dict[str, Any] | None:
+  """Runs the runner in the sandbox; returns its JSON document or None on any failure.
+
+  At most `output_mb` MiB of it are written and read (`limits.output_cap_bytes` when given), and
+  one that reaches the cap (maybe cut short) fails unparsed: the grader's memory grows with the
+  cap, never with the candidate's output."""
   with open(os.path.join(_HERE, "_humaneval_runner.py")) as f:
     runner = f.read()
   payload = ('{"program": ' + json.dumps(program) + ', "entry_point": ' +
              json.dumps(problem["entry_point"]) + ', "inputs": ' + inputs_json + ', "test": ' +
              json.dumps(problem.get("test") if with_check else None) + "}")
   lim = limits or sandbox.SandboxLimits(cpu_s=max(1, int(math.ceil(timeout_s)) + 1),
-                                        fsize_mb=256, output_cap_bytes=256 * 1024 * 1024)
+                                        fsize_mb=output_mb, output_cap_bytes=output_mb * _MIB)
   res = sandbox.run_cases({"runner.py": runner, "payload.json": payload}, "runner.py", [None],
                           timeout_s=timeout_s, limits=lim)[0]
-  if not res.ok:
+  if not res.ok or len(res.stdout) >= lim.output_cap_bytes:
     return None
   try:
     doc = json.loads(res.stdout)
@@ -407,10 +448,12 @@ def humaneval_expected_outputs(problem: Mapping[str, Any], *, timeout_s: float =
       return results
     except (OSError, ValueError):
       pass
-  doc = _run_function_calls(problem, program, inputs_json, timeout_s, False, None)
+  doc = _run_function_calls(problem, program, inputs_json, timeout_s, False, None,
+                            _CANONICAL_OUTPUT_MB)
   if doc is None or doc.get("load_error"):
     raise RuntimeError(f"{problem.get('task_id', '?')}: the canonical solution failed in the "
-                       f"sandbox: {None if doc is None else doc.get('load_error')}")
+                       f"sandbox (or its outputs reached {_CANONICAL_OUTPUT_MB} MiB of JSON): "
+                       f"{None if doc is None else doc.get('load_error')}")
   results = doc["results"]
   if use_disk_cache:
     try:
@@ -437,7 +480,8 @@ def run_humaneval(problem: Mapping[str, Any], completion: str, timeout_s: float 
       `extract_code` on a raw response first).
     timeout_s: wall-clock bound for running all inputs (one sandboxed process).
     run_check: also require the original HumanEval `check(candidate)` to pass.
-    limits: sandbox rlimits.
+    limits: sandbox rlimits (default: CPU = timeout + 1 s, other limits as `SandboxLimits`, and
+      the candidate's output capped at 8x the canonical outputs' JSON + 1 MiB).
 
   Returns:
     True when every output matches and (if `run_check`) the check passes.
@@ -448,7 +492,8 @@ def run_humaneval(problem: Mapping[str, Any], completion: str, timeout_s: float 
   expected = humaneval_expected_outputs(problem)
   inputs_json = _inputs(problem)
   doc = _run_function_calls(problem, humaneval_program(problem, completion), inputs_json,
-                            timeout_s, run_check and bool(problem.get("test")), limits)
+                            timeout_s, run_check and bool(problem.get("test")), limits,
+                            _candidate_output_mb(expected))
   if doc is None or doc.get("load_error"):
     return False
   results = doc["results"]

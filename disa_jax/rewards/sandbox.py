@@ -9,31 +9,40 @@ cases run one after another, each in its own session.
 Isolation modes (`SandboxConfig.mode`; `auto` probes once per process for the namespace mode that
 fits the grader's uid):
 
-- `ns` (running as root): `unshare --mount --net --pid --fork --kill-child --mount-proc`; the
-  program runs as a fresh unprivileged uid/gid (random in [10^6, 2*10^6), so RLIMIT_NPROC counts
-  only this sandbox's processes even though the grader is root).
+- `ns` (running as root): `unshare --mount --net --ipc --pid --fork --kill-child --mount-proc`;
+  the program runs as a fresh unprivileged uid/gid (drawn from [10^6, 2*10^6) and kept only when
+  no passwd/group entry names it and no process has it, so RLIMIT_NPROC counts only this
+  sandbox's processes even though the grader is root).
 - `userns` (not root: refused as root; user namespaces allowed): the same namespaces inside
   `unshare --user --map-root-user`; each case then enters a second user + mount namespace nested in
   it, where it is uid 1000 (the only mapped uid), so every mount of the sandbox is a locked mount
   it cannot unmount.
 
-In both namespace modes the program has no network (an empty network namespace), a /proc of its own
-PID namespace (where the supervisor is PID 1, not dumpable, so its /proc/1/{cwd,environ} are
-closed), no capabilities (effective, permitted and bounding sets empty) and `no_new_privs`; its
-cwd and HOME are a private tmpfs of `SandboxConfig.work_mb` MiB (all its files together);
-world-writable directories are covered by read-only tmpfs, and every top-level directory but the
-system ones (so /root, /home, /work, /mnt, /opt, cluster file systems such as /lustre, the
-grader's cwd and this repository: also the datasets with the expected outputs) is hidden under an
-empty tmpfs. System directories (/usr, /lib, /etc, /var, ...) stay readable. When the supervisor exits or is killed every process of the sandbox dies with it.
-The case child checks its own capabilities, uid and no_new_privs before exec and refuses to run the
-program (exit 126) if any is left.
+In both namespace modes the program has no network (an empty network namespace), its own System V
+IPC (an IPC namespace: the grader's shared memory is out of sight, and whatever the program makes
+dies with the sandbox; capped at 16 MiB of shared memory, 16 message queues and 16 semaphore
+sets where the kernel lets the namespace's root set the limits: always in `ns`, on recent kernels
+in `userns`), a /proc of its own PID namespace (where the supervisor is PID 1, not dumpable, so
+its /proc/1/{cwd,environ} are closed), no capabilities (effective, permitted and bounding sets
+empty) and `no_new_privs`. Its root is a fresh read-only tmpfs holding only an allow-list of the
+host (`_sandbox_host.root_layout`): /usr and the /bin, /lib... trees, a few /etc files the loader
+and the standard library read (a fresh /etc/passwd), /dev/{null,zero,full,random,urandom}, an
+empty read-only /dev/shm, its /proc, the interpreter at /tmp/python and its cwd and HOME: a private
+tmpfs of `SandboxConfig.work_mb` MiB at /tmp/home (all its files together). Nothing else of the
+host exists there: no /run (with its daemons' unix sockets), /var, /sys, /tmp, /home, /root,
+/work, /opt, cluster file systems, the grader's cwd or this repository (the datasets with the
+expected outputs). When the supervisor exits or is killed every process of the sandbox dies with
+it. The case child checks its own capabilities, uid and no_new_privs before exec and refuses to
+run the program (exit 126) if any is left.
 
 - `none`: rlimits, a new session, a private directory on the host's disk, a scrubbed environment,
-  no capabilities and no_new_privs only (as root, also a fresh uid); **the network is reachable**,
-  world-readable files (datasets with the expected outputs included) are readable and the work
-  directory has no size cap. Never chosen by itself: without a working namespace mode the sandbox
-  raises `SandboxUnavailableError`, unless `SandboxConfig.allow_none` is set, and then warns once
-  per process.
+  no capabilities and no_new_privs only (as root, also a fresh uid, checked unused as above, whose
+  System V objects are removed after each case); **the network is reachable**, world-readable
+  files (datasets with the expected outputs included) and System V objects are readable and the
+  work directory has no size cap. Without root the program runs as the grader's uid: it can reach
+  the stage and the grader's files, and RLIMIT_NPROC counts all of that user's processes. Never
+  chosen by itself: without a working namespace mode the sandbox raises `SandboxUnavailableError`,
+  unless `SandboxConfig.allow_none` is set, and then warns once per process.
 
 The default config comes from the environment (`default_config`): `DISA_SANDBOX_MODE`
 (auto | ns | userns | none), `DISA_SANDBOX_ALLOW_NONE` (0 | 1), `DISA_SANDBOX_WORK_MB`.
@@ -41,8 +50,19 @@ The default config comes from the environment (`default_config`): `DISA_SANDBOX_
 In every mode: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE (caps stdout/stderr too: they are files),
 RLIMIT_NPROC and RLIMIT_NOFILE; the environment holds only PATH, HOME, TMPDIR, locale and thread
 caps (plus LD_LIBRARY_PATH of the bind-mounted interpreter); the wall-clock timeout kills every
-process of the case, and the grader additionally kills the supervisor's whole process group if the
-supervisor itself overruns.
+process of the case (the supervisor is a child subreaper, so `setsid` daemons are found too), and
+the grader additionally kills the supervisor's whole process group if the supervisor itself
+overruns. The grader reads back only regular files (no symlink, FIFO or hard link a program of
+mode `none` could plant in the stage), at most `output_cap_bytes` of each.
+
+Memory of one sandbox (no cgroup is used: see `SandboxLimits`): RLIMIT_AS caps each process at
+`memory_mb` and RLIMIT_NPROC is lowered so that processes x `memory_mb` <= `total_memory_mb`; on top
+of that come the work tmpfs (`work_mb`, namespace modes), System V IPC (16 MiB of shared memory
+and ~1.5 MiB of message queues, namespace modes) and kernel buffers (pipes, sockets: bounded by
+RLIMIT_NOFILE per process).
+
+Stage directories (``$TMPDIR/disa_sbx_<pidns>_<pid>_<start>_*``) are named after their grader;
+each grading first removes those of dead graders (a grader killed by SIGKILL leaves its stage).
 """
 
 from __future__ import annotations
@@ -50,47 +70,46 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import select
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import warnings
 from typing import Mapping, Sequence
+
+from disa_jax.rewards import _sandbox_host
 
 __all__ = ["SandboxLimits", "SandboxConfig", "SandboxUnavailableError", "CaseResult", "run_cases",
            "sandbox_mode", "default_config", "MODES"]
 
 MODES = ("ns", "userns", "none")
-_USERNS_UID = 1000  # the program's uid in the nested user namespace of userns mode
 _BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_boot.py")
-_COVER = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
-# The system directories the program may see. Every other top-level directory (user data: code,
-# datasets with the expected outputs, credentials, cluster file systems) is hidden from it in the
-# namespace modes, together with the grader's cwd and this repository.
-_SYSTEM = ("/", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/dev",
-           "/proc", "/sys", "/tmp", "/var", "/run", "/nix", "/gnu")
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_HOME_NS = "/tmp/home"
-_NS_PREFIX = ("unshare", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
-_USERNS_PREFIX = ("unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork",
-                  "--kill-child", "--mount-proc")
+_NS_PREFIX = ("unshare", "--mount", "--net", "--ipc", "--pid", "--fork", "--kill-child",
+              "--mount-proc")
+_USERNS_PREFIX = ("unshare", "--user", "--map-root-user", "--mount", "--net", "--ipc", "--pid",
+                  "--fork", "--kill-child", "--mount-proc")
 
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-  """Resource limits of one sandboxed process (each case's process and its children).
+  """Resource limits of one sandbox (each case's process and its children).
+
+  No cgroup bounds the sandbox as a whole (cgroup v2 with a delegated memory controller is not
+  something a grader can count on); instead RLIMIT_NPROC is lowered until RLIMIT_AS x RLIMIT_NPROC
+  fits `total_memory_mb` (see `effective_nproc`). RLIMIT_NPROC counts threads too.
 
   Attributes:
     cpu_s: RLIMIT_CPU in seconds, per process.
     memory_mb: RLIMIT_AS in MiB, per process.
     fsize_mb: RLIMIT_FSIZE in MiB: the largest file, stdout and stderr included, it may write.
-    nproc: RLIMIT_NPROC: processes of the sandbox uid (modes `ns` and root `none`).
+    nproc: RLIMIT_NPROC at most: processes of the sandbox uid (modes `ns` and root `none`; in
+      `userns` the supervisor and `unshare` take 2 of them, in non-root `none` every process of
+      the grader's user counts).
     nofile: RLIMIT_NOFILE.
     output_cap_bytes: how much of stdout/stderr the grader reads back.
+    total_memory_mb: the address space of all processes of the sandbox together.
   """
   cpu_s: int = 10
   memory_mb: int = 2048
@@ -98,19 +117,28 @@ class SandboxLimits:
   nproc: int = 32
   nofile: int = 64
   output_cap_bytes: int = 16 * 1024 * 1024
+  total_memory_mb: int = 8192
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
       v = getattr(self, f.name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"SandboxLimits.{f.name} must be a positive int, got {v!r}")
+    if self.total_memory_mb < self.memory_mb:
+      raise ValueError(f"SandboxLimits.total_memory_mb ({self.total_memory_mb}) must be at least "
+                       f"memory_mb ({self.memory_mb}), the address space of one process")
+
+  @property
+  def effective_nproc(self) -> int:
+    """RLIMIT_NPROC: `nproc`, lowered so that it times `memory_mb` is at most `total_memory_mb`."""
+    return min(self.nproc, self.total_memory_mb // self.memory_mb)
 
   def rlimits(self) -> dict[str, int]:
     return {
       "RLIMIT_CPU": self.cpu_s,
       "RLIMIT_AS": self.memory_mb * 1024 * 1024,
       "RLIMIT_FSIZE": self.fsize_mb * 1024 * 1024,
-      "RLIMIT_NPROC": self.nproc,
+      "RLIMIT_NPROC": self.effective_nproc,
       "RLIMIT_NOFILE": self.nofile,
       "RLIMIT_CORE": 0,
     }
@@ -197,170 +225,6 @@ _MODE_LOCK = threading.Lock()
 _WARNED_NONE = False
 
 
-_PYTHON_NS = "/tmp/python"
-# The program runs as `python -I -S -c _LAUNCH <script>`: no `site` (its .pth hooks cost ~40 ms per
-# start on some machines and only matter for third-party packages, which the sandboxed interpreter
-# does not promise), with the `exit`/`quit` builtins that `site` would add, and the script executed
-# as `__main__` (plain `exec`: importing `runpy` alone costs ~25 ms).
-_LAUNCH = ("import sys, builtins, _sitebuiltins as s\n"
-           "builtins.exit = s.Quitter('exit', 'Ctrl-D (i.e. EOF)')\n"
-           "builtins.quit = s.Quitter('quit', 'Ctrl-D (i.e. EOF)')\n"
-           "sys.argv = sys.argv[1:]\n"
-           "with open(sys.argv[0], 'rb') as f:\n"
-           "  code = compile(f.read(), sys.argv[0], 'exec')\n"
-           "g = {'__name__': '__main__', '__file__': sys.argv[0], '__builtins__': builtins}\n"
-           "del f, s\n"
-           "exec(code, g)\n")
-
-
-def _interpreter(mode: str, setuid: bool) -> tuple[str, list[str] | None]:
-  """The interpreter the program runs with, and the bind mount that exposes it.
-
-  In the namespace modes the grader's own base interpreter (same version) is bind-mounted read-only
-  at /tmp/python, since its install tree may sit in a directory the sandbox uid cannot traverse
-  (e.g. /root). Without namespaces, a root grader that drops to a fresh uid uses /usr/bin/python3
-  when it exists (the only interpreter such a uid can be expected to reach); otherwise
-  `sys.executable`.
-
-  Returns:
-    (argv[0], [bind source, bind target] or None).
-  """
-  if mode in ("ns", "userns"):
-    base = os.path.realpath(sys.base_prefix)
-    exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    if exe.startswith(base + os.sep):
-      return _PYTHON_NS + exe[len(base):], [base, _PYTHON_NS]
-    return exe, None
-  if setuid and os.path.exists("/usr/bin/python3"):
-    return "/usr/bin/python3", None
-  return sys.executable, None
-
-
-def _python() -> str:
-  return sys.executable
-
-
-def _hidden_dirs() -> list[str]:
-  """Every top-level directory but `_SYSTEM`, plus the grader's cwd and the repository when they
-  lie inside a system directory that can be hidden (not /usr, /lib, /etc, ...)."""
-  tops = [os.path.join("/", d) for d in sorted(os.listdir("/"))]
-  out: list[str] = []
-  for d in [t for t in tops if os.path.isdir(t) and not os.path.islink(t)] + [os.getcwd(), _REPO]:
-    d = os.path.realpath(d)
-    if d in _SYSTEM or any(d.startswith(h + "/") for h in out) or d in out:
-      continue
-    if d.startswith(("/usr/", "/lib/", "/etc/", "/proc/", "/sys/", "/dev/")):
-      continue
-    out.append(d)
-  return out
-
-
-def _scrubbed_env(home: str) -> dict[str, str]:
-  return {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": home,
-    "TMPDIR": home,
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONIOENCODING": "utf-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONHASHSEED": "0",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-  }
-
-
-def _write_work_files(stage: str, mode: str, files: Mapping[str, str | bytes],
-                      stdins: Sequence[bytes | None], uid: int | None) -> tuple[str, str]:
-  """Creates the stage's private work directory (the program's files) and io directory (stdins).
-
-  Args:
-    stage: the stage directory (fresh, from `tempfile.mkdtemp`).
-    mode: the isolation mode.
-    files: relative file name -> content, written under ``<stage>/work``.
-    stdins: one entry per case; each non-None one is written to ``<stage>/io/in_<i>``.
-    uid: the sandbox uid that gets to own the work directory (mode `none` only: in the namespace
-      modes the supervisor copies the files into the work tmpfs), or None.
-
-  Returns:
-    (work directory, io directory).
-
-  Raises:
-    ValueError: on an absolute file name, one containing '..', or an empty one.
-  """
-  # Without namespaces the work directory is reached through the stage path itself, so the stage
-  # must be traversable (not listable); io/ stays root-only.
-  os.chmod(stage, 0o700 if mode in ("ns", "userns") else 0o711)
-  work = os.path.join(stage, "work")
-  io_dir = os.path.join(stage, "io")
-  os.mkdir(work, 0o700)
-  os.mkdir(io_dir, 0o700)
-  for name, content in files.items():
-    if os.path.isabs(name) or ".." in name.split("/") or not name:
-      raise ValueError(f"files: bad file name {name!r} (must be relative, without '..')")
-    path = os.path.join(work, name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-      f.write(content.encode() if isinstance(content, str) else content)
-  if uid is not None:
-    for root, dirs, fnames in os.walk(work):
-      for n in [root] + [os.path.join(root, d) for d in dirs] + [
-          os.path.join(root, fn) for fn in fnames]:
-        os.chown(n, uid, uid)
-  for i, data in enumerate(stdins):
-    if data is not None:
-      with open(os.path.join(io_dir, f"in_{i}"), "wb") as f:
-        f.write(data)
-  return work, io_dir
-
-
-def _boot_config(mode: str, work: str, uid: int | None, script: str, num_cases: int,
-                 timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool,
-                 work_mb: int) -> dict:
-  """The supervisor's ``config.json`` (read by `_sandbox_boot.py`).
-
-  Args:
-    mode: the isolation mode.
-    work: the private work directory (HOME without namespaces).
-    uid: the sandbox uid and gid, or None to keep the grader's.
-    script: the file to run, relative to the work directory.
-    num_cases: number of cases (stdins).
-    timeout_s: wall-clock bound of each case.
-    limits: the rlimits.
-    stop_on_timeout: skip the remaining cases after a timeout.
-    work_mb: size of the work tmpfs (namespace modes).
-
-  Returns:
-    The JSON-ready supervisor config: mounts, work tmpfs size, the nested-namespace uid, hidden
-    and covered directories, uid, rlimits, the program's argv and environment, and the case
-    settings.
-  """
-  home = _HOME_NS if mode in ("ns", "userns") else work
-  python, python_bind = _interpreter(mode, uid is not None)
-  env = _scrubbed_env(home)
-  if python_bind:  # the interpreter's RUNPATH may point into a hidden directory
-    env["LD_LIBRARY_PATH"] = python_bind[1] + "/lib"
-  return {
-    "mounts": mode in ("ns", "userns"),
-    "pid_namespace": mode in ("ns", "userns"),
-    "cover": [d for d in _COVER if os.path.isdir(d) and not os.path.islink(d)],
-    "home": home,
-    "uid": uid,
-    "gid": uid,
-    "userns_uid": _USERNS_UID if mode == "userns" else None,
-    "work_mb": work_mb,
-    "rlimits": limits.rlimits(),
-    "python_bind": python_bind,
-    "hide": _hidden_dirs() if mode in ("ns", "userns") else [],
-    "argv": [python, "-I", "-S", "-c", _LAUNCH, script],
-    "env": env,
-    "num_cases": num_cases,
-    "timeout_s": float(timeout_s),
-    "stop_on_timeout": bool(stop_on_timeout),
-  }
-
-
 def _run_supervisor(mode: str, stage: str, num_cases: int, timeout_s: float) -> str:
   """Runs the supervisor (`_sandbox_boot.py`) in the stage and waits for it.
 
@@ -376,7 +240,7 @@ def _run_supervisor(mode: str, stage: str, num_cases: int, timeout_s: float) -> 
     The path of the file holding the supervisor's own stdout and stderr.
   """
   prefix = {"ns": _NS_PREFIX, "userns": _USERNS_PREFIX, "none": ()}[mode]
-  cmd = list(prefix) + [_python(), "-I", "-S", _BOOT]
+  cmd = list(prefix) + [sys.executable, "-I", "-S", _BOOT]
   boot_err = os.path.join(stage, "boot_err")
   with open(boot_err, "wb") as err_f:
     proc = subprocess.Popen(cmd, cwd=stage, stdin=subprocess.DEVNULL, stdout=err_f,
@@ -405,40 +269,47 @@ def _case_results(io_dir: str, boot_err: str, num_cases: int, output_cap: int) -
     One `CaseResult` per case; all skipped, with the supervisor's output as stderr, when the
     supervisor failed.
   """
-  result_path = os.path.join(io_dir, "result.json")
-  if not os.path.exists(result_path):
-    with open(boot_err, "rb") as f:
-      msg = f.read(4000).decode(errors="replace")
+  raw = _sandbox_host.read_regular(os.path.join(io_dir, "result.json"), 4096 + 256 * num_cases)
+  try:
+    statuses = json.loads(raw) if raw is not None else None
+  except ValueError:
+    statuses = None
+  if not isinstance(statuses, list) or len(statuses) != num_cases:
+    msg = (_sandbox_host.read_regular(boot_err, 4000) or b"").decode(errors="replace")
+    msg = msg or f"sandbox: the supervisor wrote no valid result.json ({raw!r:.200})"
     return [CaseResult(None, None, False, True, 0.0, b"", msg.encode()) for _ in range(num_cases)]
-  with open(result_path) as f:
-    statuses = json.load(f)
   out = []
   for i, st in enumerate(statuses):
     out.append(CaseResult(
       exit_code=st["exit"], signal=st["signal"], timed_out=st["timed_out"],
       skipped=st["skipped"], wall_s=st["wall_s"],
-      stdout=_read_capped(os.path.join(io_dir, f"out_{i}"), output_cap),
-      stderr=_read_capped(os.path.join(io_dir, f"err_{i}"), output_cap)))
+      stdout=_sandbox_host.read_regular(os.path.join(io_dir, f"out_{i}"), output_cap) or b"",
+      stderr=_sandbox_host.read_regular(os.path.join(io_dir, f"err_{i}"), output_cap) or b""))
   return out
 
 
 def _run(mode: str, files: Mapping[str, str | bytes], script: str, stdins: Sequence[bytes | None],
          timeout_s: float, limits: SandboxLimits, stop_on_timeout: bool,
          work_mb: int) -> list[CaseResult]:
-  """Runs the cases in the given mode (see `run_cases`)."""
-  is_root = os.geteuid() == 0
-  uid = random.randrange(1_000_000, 2_000_000) if (is_root and mode in ("ns", "none")) else None
-  stage = tempfile.mkdtemp(prefix="disa_sbx_")
+  """Runs the cases in the given mode (see `run_cases`), after removing dead graders' stages."""
+  _sandbox_host.sweep_stale_stages()
+  fresh_uid = os.geteuid() == 0 and mode in ("ns", "none")
+  uid = _sandbox_host.acquire_uid() if fresh_uid else None
+  stage = None
   try:
-    work, io_dir = _write_work_files(stage, mode, files, stdins, uid if mode == "none" else None)
-    cfg = _boot_config(mode, work, uid, script, len(stdins), timeout_s, limits, stop_on_timeout,
-                       work_mb)
+    stage = _sandbox_host.make_stage()
+    work, io_dir = _sandbox_host.write_work_files(stage, mode, files, stdins,
+                                                  uid if mode == "none" else None)
+    cfg = _sandbox_host.boot_config(mode, work, uid, script, len(stdins), timeout_s,
+                                    limits.rlimits(), stop_on_timeout, work_mb)
     with open(os.path.join(io_dir, "config.json"), "w") as f:
       json.dump(cfg, f)
     boot_err = _run_supervisor(mode, stage, len(stdins), timeout_s)
     return _case_results(io_dir, boot_err, len(stdins), limits.output_cap_bytes)
   finally:
-    shutil.rmtree(stage, ignore_errors=True)
+    if stage is not None:
+      shutil.rmtree(stage, ignore_errors=True)
+    _sandbox_host.release_uid(uid)
 
 
 def _wait_pid(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -460,14 +331,6 @@ def _wait_pid(proc: subprocess.Popen, timeout_s: float) -> bool:
   finally:
     os.close(pidfd)
   return bool(done)
-
-
-def _read_capped(path: str, cap: int) -> bytes:
-  try:
-    with open(path, "rb") as f:
-      return f.read(cap)
-  except FileNotFoundError:
-    return b""
 
 
 def _probe(mode: str) -> str | None:

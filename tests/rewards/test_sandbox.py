@@ -1,4 +1,4 @@
-"""The code sandbox: basic execution, limits, and the hostile batteries of issues 4 and 24.
+"""The code sandbox: basic execution, limits, and the hostile batteries of issues 4, 24 and 39.
 
 Every hostile program prints the expected output ("PWNED") only if its attack succeeded, so a
 contained attack is a failed case. Each case also checks that the grader survived, that it returned
@@ -9,16 +9,21 @@ is left behind. The fork bomb is bounded to 16 processes of sleeping children fo
 import json
 import os
 import pathlib
+import pwd
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import tracemalloc
 import uuid
 
 import pytest
 
 from disa_jax import testing
+from disa_jax.rewards import _sandbox_host
 from disa_jax.rewards import code
 from disa_jax.rewards import sandbox
 from disa_jax.rewards._sandbox_boot import _pids_of_uid  # processes running as a uid
@@ -374,12 +379,144 @@ def test_waits_without_pidfd(monkeypatch):
   slow.wait()
 
 
+def test_the_program_sees_only_the_allow_listed_root():
+  """Issue 39, finding 1: / holds the allow-list only (no /run, /var, /sys, /home, ...), and the
+  standard library still works there (a shell, a temp file, the time zone)."""
+  if sandbox.sandbox_mode() == "none":
+    pytest.skip("mode none runs on the host's tree (documented)")
+  prog = ("import os, subprocess, tempfile, time\n"
+          "for d in ('/', '/dev', '/tmp'):\n"
+          "  print(' '.join(sorted(os.listdir(d))))\n"
+          "sh = subprocess.run(['/bin/sh', '-c', 'echo sh-ok'], capture_output=True, text=True)\n"
+          "with tempfile.NamedTemporaryFile() as f:\n"
+          "  print(sh.stdout.strip(), 'tmp-ok', time.strftime('%Z'))\n")
+  res = sandbox.run_cases({"p.py": prog}, "p.py", [None], timeout_s=10)
+  assert res[0].ok, res[0].stderr
+  top, dev, tmp, last = [line.split() for line in res[0].stdout.decode().splitlines()]
+  assert {"usr", "etc", "dev", "proc", "tmp"} <= set(top) <= {
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "nix", "gnu", "etc", "dev", "proc",
+    "tmp"}, top
+  assert set(dev) == {"null", "zero", "full", "random", "urandom", "shm", "fd", "stdin", "stdout",
+                      "stderr"}, dev
+  assert set(tmp) <= {"home", "python"} and last[:2] == ["sh-ok", "tmp-ok"], (tmp, last)
+
+
+def test_total_memory_caps_the_process_count():
+  """Issue 39, finding 3: RLIMIT_NPROC x RLIMIT_AS fits `total_memory_mb`."""
+  lim = sandbox.SandboxLimits(memory_mb=2048, nproc=32)
+  assert lim.total_memory_mb == 8192 and lim.rlimits()["RLIMIT_NPROC"] == 4
+  assert sandbox.SandboxLimits(memory_mb=128, nproc=3).effective_nproc == 3  # nproc already fits
+  with pytest.raises(ValueError, match=r"total_memory_mb \(512\) must be at least memory_mb "
+                                       r"\(1024\)"):
+    sandbox.SandboxLimits(memory_mb=1024, total_memory_mb=512)
+
+
+def test_read_regular_refuses_what_a_program_could_plant(tmp_path):
+  """Issue 39, finding 6: no symlink, FIFO, hard link or directory is read, and nothing blocks."""
+  plain = tmp_path / "plain"
+  plain.write_bytes(b"x" * 100)
+  (tmp_path / "link").symlink_to(plain)
+  os.mkfifo(tmp_path / "fifo")
+  other = tmp_path / "other"
+  other.write_bytes(b"secret")
+  os.link(other, tmp_path / "hard")
+  got: dict = {}
+  names = ["plain", "link", "fifo", "hard", ".", "missing"]
+  th = threading.Thread(target=lambda: got.update(
+    {n: _sandbox_host.read_regular(str(tmp_path / n), 64) for n in names}), daemon=True)
+  th.start()
+  th.join(10)
+  assert got == {"plain": b"x" * 64, "link": None, "fifo": None, "hard": None, ".": None,
+                 "missing": None}
+
+
+def test_sweep_removes_only_the_stages_of_dead_graders(tmp_path):
+  """Issue 39, finding 5: a stage whose grader is gone (or whose pid was reused) is removed."""
+  ns = os.stat("/proc/self/ns/pid").st_ino
+  start = _sandbox_host._start_time(os.getpid())  # pylint: disable=protected-access
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  names = {"alive": f"disa_sbx_{ns}_{os.getpid()}_{start}_a",
+           "dead": f"disa_sbx_{ns}_{dead.pid}_1_b",
+           "reused": f"disa_sbx_{ns}_{os.getpid()}_{start + 1}_c",
+           "other_ns": f"disa_sbx_{ns + 1}_{dead.pid}_1_d", "unnamed": "disa_sbx_e8x2"}
+  for n in names.values():
+    (tmp_path / n / "io").mkdir(parents=True)
+  removed = _sandbox_host.sweep_stale_stages(str(tmp_path))
+  assert sorted(removed) == sorted(str(tmp_path / names[k]) for k in ("dead", "reused"))
+  assert sorted(os.listdir(tmp_path)) == sorted(names[k] for k in ("alive", "other_ns", "unnamed"))
+  stage = _sandbox_host.make_stage()
+  try:
+    assert os.path.basename(stage).startswith(f"disa_sbx_{ns}_{os.getpid()}_{start}_")
+  finally:
+    os.rmdir(stage)
+
+
+def test_fresh_uid_is_not_one_in_use(monkeypatch):
+  """Issue 39, finding 6: a drawn uid that a process or a passwd entry has is drawn again."""
+  if os.geteuid() != 0 or not shutil.which("setpriv"):
+    pytest.skip("needs root and setpriv to run a process as another uid")
+  busy = random.randrange(3_000_000, 4_000_000)
+  victim = subprocess.Popen(["setpriv", "--reuid", str(busy), "--regid", "0", "--clear-groups",
+                             "sleep", "30"])
+  try:
+    for _ in range(100):  # until setpriv has switched its uid
+      if _pids_of_uid(busy):
+        break
+      time.sleep(0.05)
+    draws = [busy, 0, 65534 if _has_passwd(65534) else 0, 1_234_567]
+    monkeypatch.setattr(_sandbox_host.random, "randrange", lambda *a: draws.pop(0))
+    uid = _sandbox_host.acquire_uid()
+    _sandbox_host.release_uid(uid)
+    assert uid == 1_234_567 and draws == []
+  finally:
+    victim.kill()
+    victim.wait()
+
+
+def _has_passwd(uid: int) -> bool:
+  try:
+    pwd.getpwuid(uid)
+    return True
+  except KeyError:
+    return False
+
+
+def test_stdio_comparison_reads_a_flood_in_place():
+  """Issue 39, finding 4: comparing a flood of short lines or tokens allocates almost nothing
+  (it was ~50 bytes a token: `split()` listed them all); the verdicts are unchanged."""
+  cases = [("1 2\r\n3\n\n", "1 2\n3", True), ("a\n\nb", "a", False), ("", "", True),
+           ("a\x1cb", "a b", True), ("1\n2", "1 2 3", False), ("1 2 3", "1 2", False),
+           ("x  \n\n", "x\n\n\n", True), ("0.50000001\n", "0.5", True), ("ab", "a", False),
+           ("12\n" * 1000, "12\n" * 1000, True), (" 12", "12", True)]
+  assert [code.stdio_output_matches(a, e) for a, e, _ in cases] == [ok for _, _, ok in cases]
+  floods = ["12 " * 500_000, "12\n" * 500_000]  # 1.5 MB each
+  tracemalloc.start()
+  try:
+    verdicts = [code.stdio_output_matches(f, "12") for f in floods]
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert verdicts == [False, False]
+  assert peak < 1 << 18, peak
+
+
 _REPO = pathlib.Path(__file__).resolve().parents[2]
 _BATTERY = pathlib.Path(__file__).resolve().parent / "hostile_battery.py"
 _SYS_PYTHON = "/usr/bin/python3"
 _NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps=-all",
            "--bounding-set=-all"]
-_NS_FLAGS = ["--mount", "--net", "--pid", "--fork", "--mount-proc"]
+_NS_FLAGS = ["--mount", "--net", "--ipc", "--pid", "--fork", "--mount-proc"]
+# What mode none does not hold (documented in `sandbox`): the host's files, network, process table,
+# /run's sockets and System V IPC stay reachable; without root, the program's own System V objects
+# (of the grader's uid) outlive it too.
+_NONE_ESCAPES = {"read_host_files", "write_outside", "disk_fill", "socket_loopback",
+                 "proc_host_processes", "unshare_then_umount", "host_unix_socket", "sysv_shm_read"}
+_ROWS = {"control", "umount_covers", "unshare_then_umount", "proc1_cwd", "proc1_environ",
+         "read_host_files", "write_outside", "disk_fill", "fork_bomb", "socket_loopback",
+         "privileges", "proc_host_processes", "signal_supervisor", "host_unix_socket",
+         "sysv_shm_read", "sysv_shm_make", "aggregate_memory", "symlink_out", "setsid_daemons",
+         "stale_stage", "fifo_out", "output_flood"}
 
 
 def _kernel_allows(cmd: list[str]) -> str | None:
@@ -388,83 +525,115 @@ def _kernel_allows(cmd: list[str]) -> str | None:
   return None if res.returncode == 0 else (res.stderr.strip() or f"exit {res.returncode}")
 
 
-def _battery_runner(mode: str) -> tuple[list[str], dict[str, str]]:
+def _battery_runner(mode: str, as_root: bool) -> tuple[list[str], dict[str, str]]:
   """The command (and PYTHONPATH) running the battery in `mode`; skips, naming why, if it can't.
 
-  `ns` runs as root; `userns` as uid 65534 (dropped with setpriv when the tests run as root, as
-  the grader of an unprivileged job would be), under the system python3 of the same version.
+  As root: the tests' interpreter. Otherwise uid 65534 (dropped with setpriv when the tests run as
+  root, as the grader of an unprivileged job would be) under the system python3 of the same
+  version, or the tests' own user when it is not root.
   """
-  if shutil.which("unshare") is None:
+  if as_root and os.geteuid() != 0:
+    pytest.skip(f"mode {mode} as root needs root")
+  if mode != "none" and shutil.which("unshare") is None:
     pytest.skip("no unshare executable")
-  if mode == "ns":
-    if os.geteuid() != 0:
-      pytest.skip("mode ns needs root")
-    why = _kernel_allows(["unshare"] + _NS_FLAGS)
+  if as_root:
+    why = _kernel_allows(["unshare"] + _NS_FLAGS) if mode == "ns" else None
     if why:
-      pytest.skip(f"the kernel refuses `unshare -m -n -p` as root: {why}")
+      pytest.skip(f"the kernel refuses `unshare -m -n -i -p` as root: {why}")
     return [sys.executable], {"PYTHONPATH": str(_REPO)}
   prefix: list[str] = []
   python = sys.executable
   site = [p for p in sys.path if p.endswith("site-packages")]
   if os.geteuid() == 0:
     if not shutil.which("setpriv") or not os.path.exists(_SYS_PYTHON):
-      pytest.skip("userns as a non-root user needs setpriv and /usr/bin/python3 to drop to 65534")
+      pytest.skip("a non-root grader needs setpriv and /usr/bin/python3 to drop to 65534")
     ver = subprocess.run([_SYS_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
                          capture_output=True, text=True).stdout.strip()
     if ver != str(sys.version_info[:2]):
       pytest.skip(f"system python {ver} differs from {sys.version_info[:2]}")
     prefix, python = _NOBODY, _SYS_PYTHON
-  why = _kernel_allows(prefix + ["unshare", "--user", "--map-root-user"] + _NS_FLAGS)
-  if why:
-    pytest.skip(f"the kernel forbids unprivileged user namespaces here: {why}")
+  if mode == "userns":
+    why = _kernel_allows(prefix + ["unshare", "--user", "--map-root-user"] + _NS_FLAGS)
+    if why:
+      pytest.skip(f"the kernel forbids unprivileged user namespaces here: {why}")
   return prefix + [python], {"PYTHONPATH": ":".join([str(_REPO)] + site)}
 
 
-@pytest.mark.parametrize("mode", ["ns", "userns"])
-def test_hostile_battery(mode):
-  """Issue 24, findings 1 and 3: every attack of `hostile_battery.py` is blocked in both modes.
-
-  The attacks: unmount each cover (umount2 MNT_DETACH), directly and from a user + mount namespace
-  of the program's own (where it holds every capability), the supervisor's /proc/1/cwd and
-  /proc/1/environ, read a host file in /tmp, in the repository and (as root) in a new top-level
-  directory (directly, via /proc/1/cwd and /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB cap, a fork bomb,
-  a loopback connection, the program's own uid / capabilities / no_new_privs, the grader's
-  processes in /proc, and signals to the supervisor (the next case must still run).
-  """
-  cmd, env = _battery_runner(mode)
-  token = uuid.uuid4().hex
+def _battery_spec(token: str, tmp_path: pathlib.Path,
+                  as_root: bool) -> tuple[dict, list[pathlib.Path], list[pathlib.Path]]:
+  """The battery's spec, the host paths made for it and those it must not write (all removed
+  afterwards)."""
   host_files = [pathlib.Path("/tmp") / f"disa_hostile_{token}", _REPO / f"disa_hostile_{token}"]
   top = pathlib.Path(f"/disa_hostile_{token}")  # a data directory of a name no list knows
+  run_dir = pathlib.Path(f"/run/disa_hostile_{token}")  # where a host daemon's socket would be
   if os.geteuid() == 0:
     top.mkdir(mode=0o755)
     host_files.append(top / "expected_outputs.txt")
+    run_dir.mkdir()
+  else:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+  run_dir.chmod(0o777)  # the battery may run as 65534
   outside = [pathlib.Path(d) / f"disa_hostile_w_{token}"
              for d in ("/tmp", "/var/tmp", "/dev/shm", str(_REPO))]
+  for p in host_files:
+    p.write_text(f"expected outputs {token}\n")
+    p.chmod(0o644)
   spec = {"secret": token, "host_files": [str(p) for p in host_files],
-          "outside": [str(p) for p in outside], "port": testing.free_port(), "work_mb": 16, "nproc": 16}
+          "outside": [str(p) for p in outside], "port": testing.free_port(),
+          "unix_socket": str(run_dir / "grader.sock"),
+          "shm_key": random.randrange(1 << 28, 1 << 30), "work_mb": 16, "nproc": 16,
+          "memory_mb": 128, "total_memory_mb": 512,
+          "victim_uid": random.randrange(3_000_000, 4_000_000) if as_root else None,
+          "flood_mb": 16, "rss_growth_mib": 16}
+  return spec, host_files + [top, run_dir], outside
+
+
+@pytest.mark.parametrize("mode,as_root", [("ns", True), ("userns", False), ("none", True),
+                                          ("none", False)],
+                         ids=["ns-root", "userns-65534", "none-root", "none-65534"])
+def test_hostile_battery(mode, as_root, tmp_path):
+  """Issues 24 and 39: the attacks of `hostile_battery.py`, in every mode, as root and not.
+
+  Issue 24: unmount each mount, directly and from a user + mount namespace of the program's own
+  (where it holds every capability), the supervisor's /proc/1/cwd and /proc/1/environ, read a host
+  file in /tmp, in the repository and (as root) in a new top-level directory (directly, via
+  /proc/1/cwd and /proc/1/root), write outside the work dir, fill the work dir past its 16 MiB
+  cap, a fork bomb, a loopback connection, the program's own uid / capabilities / no_new_privs,
+  the grader's processes in /proc, and signals to the supervisor (the next case must still run).
+  Issue 39: a host unix socket under /run; the grader's System V segment, and one of the
+  program's that must not outlive the sandbox; 16 processes touching memory (together at most
+  `total_memory_mb`); a symlink and a FIFO planted as the program's out file; a setsid daemon and
+  4 spinners; a grader killed by SIGKILL (its stage must go); an output flood against
+  run_humaneval (the grader's peak RSS); as root, a uid draw forced onto a uid in use.
+
+  The namespace modes hold every attack; mode none holds all but `_NONE_ESCAPES` (documented).
+  """
+  cmd, env = _battery_runner(mode, as_root)
+  token = uuid.uuid4().hex
+  tmp_path.chmod(0o777)
+  spec, made, outside = _battery_spec(token, tmp_path, as_root)
   try:
-    for p in host_files:
-      p.write_text(f"expected outputs {token}\n")
-      p.chmod(0o644)
     out = subprocess.run(cmd + [str(_BATTERY), json.dumps(spec)], capture_output=True, text=True,
-                         timeout=240, env={"PATH": "/usr/bin:/bin", "DISA_SANDBOX_MODE": mode,
-                                           "DISA_SANDBOX_WORK_MB": "16", **env})
+                         timeout=600, env={"PATH": "/usr/bin:/bin", "DISA_SANDBOX_MODE": mode,
+                                           "DISA_SANDBOX_ALLOW_NONE": str(int(mode == "none")),
+                                           "DISA_SANDBOX_WORK_MB": "16",
+                                           "DISA_CACHE_DIR": str(tmp_path), **env})
     assert out.returncode == 0, out.stderr[-3000:]
     table = json.loads(out.stdout.strip().splitlines()[-1])
     written = [str(p) for p in outside if p.exists()]
   finally:
-    for p in host_files + outside:
-      if p.exists():
+    for p in made + outside:
+      if p.is_dir():
+        shutil.rmtree(p)
+      elif p.exists():
         p.unlink()
-    if top.exists():
-      top.rmdir()
-  print(f"\nhostile battery, mode {mode}:")
+  print(f"\nhostile battery, mode {mode}, {'root' if as_root else 'uid 65534'}:")
   for name, row in table.items():
-    print(f"  {name:16s} {'ESCAPED' if row['escaped'] else 'blocked'}  {row['detail'][:150]}")
-  assert sorted(table) == sorted(["control", "umount_covers", "unshare_then_umount",
-                                  "proc1_cwd", "proc1_environ",
-                                  "read_host_files", "write_outside", "disk_fill", "fork_bomb",
-                                  "socket_loopback", "privileges", "proc_host_processes",
-                                  "signal_supervisor"])
-  assert {k: v for k, v in table.items() if v["escaped"] is not False} == {}
-  assert written == []
+    print(f"  {name:18s} {'ESCAPED' if row['escaped'] else 'blocked'}  {row['detail'][:150]}")
+  assert set(table) == _ROWS | ({"uid_collision"} if as_root else set())
+  allowed = set() if mode != "none" else _NONE_ESCAPES | (set() if as_root else {"sysv_shm_make"})
+  assert {k: v for k, v in table.items() if v["escaped"] is None or
+          (v["escaped"] and k not in allowed)} == {}
+  if mode != "none":
+    assert written == []
