@@ -9,11 +9,13 @@ abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compil
 - ``score``: the no-gradient pi_old scoring pass (`train_step.make_scoring_fn`) over the same rows.
 
 Settings come from the paper's Stage 3 config (``configs/stage3_paper.py:disa,<preset>,math``):
-bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat, the DISA objective,
-``max_response_len`` wide per-sequence arrays, ``seqs_per_row`` slots per row, and the attention
-query block ``model.attention_chunk`` (``--attention-chunk`` overrides it; 0 = dense). The mesh is
-``fsdp`` x 1 over fake CPU devices with the training rules (`parallel.TRAIN_RULES`); the layers run
-as a scan (what ``layer_loop='auto'`` picks on a GPU; one layer body is compiled).
+bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat with
+``model.remat_policy`` (``--remat-policy`` compares several), the DISA objective,
+``max_response_len`` wide per-sequence arrays, ``seqs_per_row`` slots per row, the attention query
+block ``model.attention_chunk`` (``--attention-chunk``; 0 = none) and ``model.attention_impl`` as
+it resolves on this CPU ('auto' = 'xla'; the GPU kernels do not compile here). The mesh is ``fsdp``
+x 1 over fake CPU devices with the training rules (`parallel.TRAIN_RULES`); the layers run as a
+scan (what ``layer_loop='auto'`` picks on a GPU; one layer body is compiled).
 
 Per device, for one micro-batch size: ``micro`` = its arguments (params, gradient accumulator,
 batch) + outputs - aliased (donated) + temporaries; the AdamW moments are resident but not an
@@ -27,6 +29,7 @@ Usage (about 8 minutes on 2 CPU cores; ``--quick``: under a minute; docs/cluster
   python benchmarks/plan_memory.py [--models qwen3-4b-base,qwen2.5-7b] [--rows 8,16,32,64]
       [--row-lens 4096,8192,18432] [--attention-chunk C] [--fsdp 8] [--capacity-gib 80]
       [--no-dense-check] [--no-search] [--quick] [--settings-of qwen3-4b-base] [--no-remat]
+      [--remat-policy full,save_qkv_attn,save_qkv_attn_mlp] [--attention-impl xla|dense]
 One GPU (what `bench_gpu_train.py` measures), e.g.:
   python benchmarks/plan_memory.py --models qwen3-0.6b,qwen3-1.7b,qwen3-4b-base \
       --settings-of qwen3-4b-base --fsdp 1 --rows 1 --row-lens 8192,16384 --no-dense-check \
@@ -59,8 +62,10 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
+from disa_jax import config as config_lib  # noqa: E402
 from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackedRows, PackingLayout  # noqa: E402
+from disa_jax.models import attention_dispatch  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
 from disa_jax.models.transformer import Transformer  # noqa: E402
 from disa_jax.rl import train_step as ts  # noqa: E402
@@ -76,8 +81,9 @@ programs on fake devices; a GPU run differs, and some of what it needs is not co
 - XLA:GPU fuses and assigns buffers differently (other fusions, rematerialisation and scheduling),
   so temporaries differ, in either direction; XLA:CPU keeps some bf16 buffers in f32 (e.g. the
   per-layer residual stack that remat saves), which a GPU keeps in bf16;
-- the attention is the project's own (query blocks of model.attention_chunk / --attention-chunk,
-  f32 scores of a block materialised); a fused flash-attention kernel would need much less;
+- the attention is the XLA one ('xla' query blocks or model.attention_chunk chunks, f32 scores of
+  a block materialised; 'dense': the [T, T]-mask path); a GPU's default, cuDNN flash attention,
+  keeps only the output and a float32 log-sum-exp per query and head, so it needs less;
 - cuDNN / cuBLAS workspaces (flash attention if used, GEMM workspace) are not counted;
 - NCCL communication buffers of the FSDP all-gathers / reduce-scatters are not counted;
 - allocator fragmentation and XLA's preallocation (JAX takes 75% of the GPU unless
@@ -124,6 +130,8 @@ class Plan:
   rows: int
   fsdp: int
   attention_chunk: int
+  attention_impl: str
+  remat_policy: str | None  # None: no remat
   micro: ProgramMemory
   optim: ProgramMemory
   score: ProgramMemory | None
@@ -158,6 +166,8 @@ class Setup:
   score: Any
   ref_bytes: int
   attention_chunk: int
+  attention_impl: str = "xla"
+  remat_policy: str | None = "full"
   optim: ProgramMemory | None = None
 
 
@@ -204,14 +214,15 @@ def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
 
 def make_setup(name: str, *, fsdp: int, attention_chunk: int | None = None,
                devices: Sequence[jax.Device] | None = None, settings_of: str | None = None,
-               remat: bool | None = None) -> Setup:
+               remat: bool | None = None, remat_policy: str | None = None,
+               attention_impl: str | None = None) -> Setup:
   """The abstract trained state and the trainer's jitted functions for preset ``name``; the
-  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = dense).
+  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = none).
   The Stage 3 settings are those of the paper config of backbone ``settings_of`` (default:
-  ``name``, which must then be a paper backbone); ``remat`` overrides its ``model.remat``."""
+  ``name``, a paper backbone); ``remat``, ``remat_policy``, ``attention_impl`` override its own."""
   train, mc = paper_train_config(settings_of or name)
-  if remat is not None:
-    mc = dataclasses.replace(mc, remat=remat)
+  overrides = dict(remat=remat, remat_policy=remat_policy, attention_impl=attention_impl)
+  mc = dataclasses.replace(mc, **{k: v for k, v in overrides.items() if v is not None})
   if attention_chunk is None:
     attention_chunk = mc.attention_chunk
   config = get_preset(name)
@@ -225,11 +236,16 @@ def make_setup(name: str, *, fsdp: int, attention_chunk: int | None = None,
 
 def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh: Mesh,
               attention_chunk: int) -> Setup:
-  """`make_setup` for an explicit config (tests use a tiny one)."""
+  """`make_setup` for an explicit config (tests use a tiny one); ``mc.attention_impl`` resolved
+  for this backend (the program compiles here)."""
+  impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=jax.default_backend(),
+                                         dtype=jnp.dtype(mc.dtype), head_dim=config.head_dim,
+                                         branches=False)
   model = nnx.eval_shape(lambda: Transformer(
       config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
-      remat=mc.remat, scan_unroll=mc.scan_unroll, layer_loop="scan",
-      attention_chunk=attention_chunk))
+      remat=mc.remat, remat_policy=mc.remat_policy, scan_unroll=mc.scan_unroll,
+      layer_loop="scan", attention_chunk=attention_chunk, attention_impl=impl,
+      max_segments=train.rollout.seqs_per_row))
   graphdef, params = abstract_params(model, mesh)
   optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
   rep = NamedSharding(mesh, PartitionSpec())
@@ -239,7 +255,8 @@ def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh:
   step = ts.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
                             state_shardings=shardings)
   return Setup(name, config, train, mesh, graphdef, state, step, ts.make_scoring_fn(graphdef),
-               ref_bytes=device_bytes(params, mc.dtype), attention_chunk=attention_chunk)
+               ref_bytes=device_bytes(params, mc.dtype), attention_chunk=attention_chunk,
+               attention_impl=impl, remat_policy=mc.remat_policy if mc.remat else None)
 
 
 def abstract_micro_batch(layout: PackingLayout, width: int, mesh: Mesh) -> TrainBatch:
@@ -270,14 +287,16 @@ def plan(setup: Setup, *, rows: int, row_len: int, with_score: bool = True) -> P
     setup.optim = ProgramMemory.of(lowered["finish"])
   score = ProgramMemory.of(setup.score.lower(setup.state.params, mb.rows)) if with_score else None
   return Plan(setup.name, row_len, rows, setup.mesh.shape["fsdp"], attention_chunk,
-              ProgramMemory.of(lowered["micro"]), setup.optim, score,
+              setup.attention_impl, setup.remat_policy, ProgramMemory.of(lowered["micro"]),
+              setup.optim, score,
               adam_bytes=device_bytes(setup.state.opt_state), ref_bytes=setup.ref_bytes)
 
 
 def plan_record(p: Plan, remat: bool | None) -> dict[str, Any]:
   """One plan as a JSON-able dict (bytes per device; ``micro`` includes the AdamW moments)."""
   return dict(model=p.model, row_len=p.row_len, rows=p.rows, fsdp=p.fsdp,
-              attention_chunk=p.attention_chunk, remat=remat,
+              attention_chunk=p.attention_chunk, attention_impl=p.attention_impl, remat=remat,
+              remat_policy=p.remat_policy,
               micro=p.micro.peak + p.adam_bytes, optim=p.optim.peak,
               score=None if p.score is None else p.score.peak + p.adam_bytes, peak=p.peak,
               peak_with_ref=p.peak_with_ref)
@@ -287,8 +306,13 @@ def gib(n: int) -> str:
   return f"{n / GIB:.2f}"
 
 
-TABLE_HEADER = ("model", "row_len", "rows", "tokens", "tok/dev", "attn", "args", "temp", "out",
-                "+adam", "micro", "optim", "score", "peak", "+ref", "fits")
+TABLE_HEADER = ("model", "row_len", "rows", "tokens", "tok/dev", "attn", "remat", "args", "temp",
+                "out", "+adam", "micro", "optim", "score", "peak", "+ref", "fits")
+
+
+def attention_label(p: Plan) -> str:
+  """'xla', 'xla/1024' (query chunks), 'dense/1024', ..."""
+  return p.attention_impl + (f"/{p.attention_chunk}" if p.attention_chunk else "")
 
 
 def table_row(p: Plan, capacity: int) -> tuple[str, ...]:
@@ -296,7 +320,7 @@ def table_row(p: Plan, capacity: int) -> tuple[str, ...]:
   m = p.micro
   score = gib(p.score.peak + p.adam_bytes) if p.score is not None else "-"
   return (p.model, str(p.row_len), str(p.rows), str(p.tokens), str(p.tokens // p.fsdp),
-          str(p.attention_chunk) if p.attention_chunk else "dense", gib(m.argument), gib(m.temp),
+          attention_label(p), p.remat_policy or "off", gib(m.argument), gib(m.temp),
           gib(m.output - m.alias), gib(p.adam_bytes), gib(m.peak + p.adam_bytes),
           gib(p.optim.peak), score, gib(p.peak), gib(p.peak_with_ref),
           "yes" if p.peak_with_ref <= capacity else "NO")
@@ -319,7 +343,8 @@ def largest_fit(setup: Setup, plans: Sequence[Plan], *, row_len: int, capacity: 
   """
   shards = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
   known = {p.rows: p for p in plans if p.model == setup.name and p.row_len == row_len
-           and p.attention_chunk == setup.attention_chunk}
+           and (p.attention_chunk, p.attention_impl, p.remat_policy)
+           == (setup.attention_chunk, setup.attention_impl, setup.remat_policy)}
 
   def measure(rows: int) -> Plan:
     if rows not in known:
@@ -377,8 +402,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   "model's own; needed for presets that are not paper backbones, e.g. qwen3-0.6b)")
   ap.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
                   help="override the config's model.remat (default: the config's, on)")
+  ap.add_argument("--remat-policy", default=None,
+                  help="remat policies to compare, comma-separated (disa_jax.config.REMAT_POLICIES;"
+                  " default: the config's model.remat_policy)")
+  ap.add_argument("--attention-impl", default=None, choices=("auto", "xla", "dense"),
+                  help="attention implementation compiled here (default: the config's "
+                  "model.attention_impl, which is 'xla' on a CPU; 'dense' = the [T, T]-mask path)")
   ap.add_argument("--dense-check", action=argparse.BooleanOptionalAction, default=True,
-                  help="also compile dense attention at the largest row length, rows = fsdp")
+                  help="also compile the 'dense' attention without chunks at the largest row "
+                  "length, rows = fsdp")
   ap.add_argument("--search", action=argparse.BooleanOptionalAction, default=True,
                   help="find the most rows that fit at the largest row length")
   ap.add_argument("--json", default=None,
@@ -395,16 +427,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   args.rows, args.row_lens = int_list("--rows", args.rows), int_list("--row-lens", args.row_lens)
   if args.attention_chunk is not None and args.attention_chunk < 0:
     raise SystemExit(f"--attention-chunk={args.attention_chunk}: must be >= 0 (0 = dense)")
+  args.remat_policies = [None] if args.remat_policy is None else (
+      [p.strip() for p in args.remat_policy.split(",") if p.strip()] or [""])
+  for p in set(args.remat_policies) - {None} - set(config_lib.REMAT_POLICIES):
+    raise SystemExit(f"--remat-policy must be one of {config_lib.REMAT_POLICIES}, got {p!r}")
   if args.fsdp < 1:
     raise SystemExit(f"--fsdp={args.fsdp}: must be >= 1")
   return args
 
 
-def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[Plan], list[str]]:
-  """The table rows of one model, then (optionally) its largest fit and the dense comparison."""
+def run_model(name: str, args: argparse.Namespace, capacity: int, remat_policy: str | None = None
+              ) -> tuple[list[Plan], list[str]]:
+  """The table rows of one model and remat policy, then (optionally) its largest fit and the
+  dense comparison."""
   t0 = time.perf_counter()
   setup = make_setup(name, fsdp=args.fsdp, attention_chunk=args.attention_chunk,
-                     settings_of=args.settings_of, remat=args.remat)
+                     settings_of=args.settings_of, remat=args.remat, remat_policy=remat_policy,
+                     attention_impl=args.attention_impl)
+  name = f"{name} ({setup.remat_policy or 'no remat'})" if len(args.remat_policies) > 1 else name
   plans, notes = [], []
   for row_len in args.row_lens:
     for rows in args.rows:
@@ -421,9 +461,10 @@ def run_model(name: str, args: argparse.Namespace, capacity: int) -> tuple[list[
                      f"{best.tokens} tokens ({best.rows} rows, {best.tokens // args.fsdp} per "
                      f"device; peak+ref {gib(best.peak_with_ref)} GiB)" if best else
                      f"none (rows={args.fsdp} already needs more)"))
-  if args.dense_check and setup.attention_chunk:
-    dense = plan(make_setup(name, fsdp=args.fsdp, attention_chunk=0,
-                            settings_of=args.settings_of, remat=args.remat),
+  if args.dense_check and (setup.attention_chunk or setup.attention_impl != "dense"):
+    dense = plan(make_setup(setup.name, fsdp=args.fsdp, attention_chunk=0,
+                            settings_of=args.settings_of, remat=args.remat,
+                            remat_policy=remat_policy, attention_impl="dense"),
                  rows=args.fsdp, row_len=longest)
     plans.append(dense)
     notes.append(f"{name}: dense attention at row_len={longest}, rows={args.fsdp}: peak+ref "
@@ -439,8 +480,9 @@ def stage3_notes(name: str) -> list[str]:
   row_len = rc.row_len or rc.max_prompt_len + rc.max_response_len
   return [f"paper config (configs/stage3_paper.py:disa,{name},math): row_len={row_len}, "
           f"micro_batch_rows={rc.micro_batch_rows}: {row_len * rc.micro_batch_rows} tokens per "
-          f"micro-batch; model.attention_chunk={mc.attention_chunk or '0 (dense)'} (the policy "
-          "and the reference are built with it)"]
+          f"micro-batch; model.attention_chunk={mc.attention_chunk or '0 (dense)'}, "
+          f"model.attention_impl={mc.attention_impl!r}, model.remat_policy="
+          f"{mc.remat_policy!r} (the policy and the reference are built with them)"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -459,9 +501,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         flush=True)
   plans, notes = [], []
   for name in args.models:
-    p, n = run_model(name, args, capacity)
-    plans += p
-    notes += n
+    for policy in args.remat_policies:
+      p, n = run_model(name, args, capacity, policy)
+      plans += p
+      notes += n
   print("\nGiB per device. args/temp/out: the micro step's arguments (params, grad accumulator, "
         "batch), temporaries, outputs not aliased;\n+adam: AdamW moments (resident); micro = "
         "args + temp + out + adam; optim: the AdamW step; score: pi_old forward + adam;\n"

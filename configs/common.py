@@ -23,6 +23,14 @@ PROPOSALS = {  # name -> (local HF directory, vLLM tensor-parallel size)
     "qwen3-4b-instruct-2507": ("models/Qwen3-4B-Instruct-2507", 1),
 }
 DEFAULT_PROPOSAL = "qwen3-235b-a22b-instruct-2507"
+# The context of each model above (config.json's max_position_embeddings, tokens; vendored in
+# tests/fixtures/model_configs/, which tests/test_dry_run_commands.py checks these against).
+CONTEXTS = {
+    "qwen2.5-7b": 131072,
+    "qwen3-4b-base": 32768,
+    "qwen3-235b-a22b-instruct-2507": 262144,
+    "qwen3-4b-instruct-2507": 262144,
+}
 # Training prompts = Stage 1 prompts: the training part of launch/split_validation.py's split of
 # the prepared set (launch/prepare_data.py writes data/dapo-17k-processed.parquet and
 # data/deepcoder.parquet); the validation part is what Stage 3 selects checkpoints on.
@@ -74,6 +82,14 @@ def check(backbone: str, task: str, proposal: str) -> None:
     raise ValueError(f"config TASK must be one of {sorted(TASKS)}, got {task!r}")
   if proposal not in PROPOSALS:
     raise ValueError(f"config proposal must be one of {sorted(PROPOSALS)}, got {proposal!r}")
+
+
+def max_model_len(model: str, longest: int) -> int:
+  """The vLLM ``max_model_len`` that serves ``model`` (a key of `CONTEXTS`): the longest request
+  (prompt + response), within the model's context. vLLM ends a response at ``max_model_len``
+  (finish reason 'length'), so on Qwen3-4B-Base (32,768 tokens) the paper's 2,048 + 32,768-token
+  validation and evaluation requests run to its context, as they can on no longer one."""
+  return min(longest, CONTEXTS[model])
 
 
 def run_name(backbone: str, task: str, proposal: str, beta: float, impl: str = "") -> str:
@@ -181,6 +197,7 @@ def exact_target() -> ml_collections.ConfigDict:
   # Attention query block of the models it loads (0 = dense): enumerable correct sets are short
   # answers (tens of tokens), where dense [heads, T, T] scores are small.
   e.attention_chunk = 0
+  e.attention_impl = "auto"  # As Stage 3's model.attention_impl (configs/stage3_base.py).
   return e
 
 

@@ -39,12 +39,19 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"  # Activation dtype of the forward/backward passes.
   c.model.param_dtype = "float32"  # Storage dtype of the trained parameters (AdamW master copy).
   c.model.remat = True  # Recompute decoder layers in the backward pass (long responses).
+  # What a recomputed layer keeps: 'full' (nothing), 'save_attn', 'save_qkv_attn', 'save_qkv_attn_mlp'
+  # (disa_jax/models/transformer.py remat_policy; benchmarks/plan_memory.py --remat-policy).
+  c.model.remat_policy = "full"
   c.model.scan_unroll = 1  # Unroll of the scan over layers (num_layers: faster small models).
   # Attention query block of the policy and pi_ref, in tokens; 0 = dense. Dense attention
   # materialises [heads, T, T] float32 scores per packed row: at the paper's T = 2048 + 16384 =
   # 18,432, benchmarks/plan_memory.py (fsdp = 8, 8 rows) puts the micro step at 188 GiB/device for
   # Qwen3-4B-Base (176 for Qwen2.5-7B) dense and 28 (38) GiB with 1024 (docs/cluster.md).
   c.model.attention_chunk = 1024
+  # Attention over packed rows: 'auto' = cuDNN flash attention on a GPU (per segment, no [T, T]
+  # scores; attention_chunk then unused), block-sparse XLA elsewhere; 'xla' | 'pallas' | 'cudnn' |
+  # 'splash' | 'dense' (disa_jax/models/attention_dispatch.py).
+  c.model.attention_impl = "auto"
 
   c.data = ml_collections.ConfigDict()
   c.data.train_path = ""  # Training prompts (veRL parquet/jsonl): DAPO-17k / DeepCoder.
@@ -58,7 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # The policy's rollout engine ('jax' on machines without vLLM). Its max_model_len holds the longest
   # request: validation's max_prompt_len + validation.max_tokens = 2048 + 32768 (rollouts need
-  # 2048 + 16384); `--dry_run` checks both, and the backbone's max_position_embeddings.
+  # 2048 + 16384), within the served model's context (configs/stage3_paper.py: 32768 on
+  # Qwen3-4B-Base, where vLLM ends a longer response at the context); `--dry_run` checks both
+  # against the policy's config.json.
   c.engine = common.engine("vllm", max_model_len=2048 + 32768)
   c.mesh = common.mesh()  # The training mesh.
 

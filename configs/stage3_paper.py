@@ -94,6 +94,8 @@ def get_config(arg: str = "disa,qwen2.5-7b,math") -> ml_collections.ConfigDict:
   run = (backbone, task, proposal, beta, impl)  # the Stage 1 / 2 run behind an anchor or replay
   c = stage3_base.get_config()
   c.model.policy_path = common.BACKBONES[backbone]
+  # The longest request is validation's 2048 + 32768 tokens; Qwen3-4B-Base's context is 32768.
+  c.engine.vllm_kwargs.max_model_len = common.max_model_len(backbone, 2048 + 32768)
   c.data.train_path, c.data.reward, c.train.validation.n = common.TASKS[task]
   c.data.validation_paths = (common.VALIDATION[task],)  # checkpoint selection (paper App. D)
   o = c.train.objective = stage3_base.objective(method)

@@ -3,9 +3,11 @@
 Every entry point reads an `ml_collections` config file and converts its ConfigDict once, with
 `from_mapping`, into a tree of frozen dataclasses: the Stage 1 / 2 / 3 / evaluation / SFT workflow
 configs, the main job's config and the Stage 3 `TrainConfig`. The conversion refuses unknown and
-missing fields, converts lists to tuples, coerces ints to floats where a float is declared, and
-names the dotted field in every error; each dataclass then validates its own values in
-``__post_init__``, so nothing downstream re-checks them.
+missing fields, converts lists to tuples, coerces ints to floats where a float is declared, refuses
+NaN and +-inf in every float field (no field gives infinity a meaning, and a range check written as
+a comparison lets NaN through: ``lr=inf`` and ``weight_decay=nan`` were accepted), and names the
+dotted field in every error; each dataclass then validates its own values in ``__post_init__``, so
+nothing downstream re-checks them.
 
 A field whose type defines ``from_config(value, where)`` (a classmethod) is built by it: this is
 how a polymorphic section such as the Stage 3 objective (`disa_jax.rl.objectives`) picks its class
@@ -14,29 +16,51 @@ defines it.
 
 `check_attention_chunk` is the one check of the ``attention_chunk`` field that the workflow
 sections building a `Transformer` for long sequences carry (Stage 3 ``model``, the Stage 1 / 2
-scorer, the SFT section, ``exact_target``); `Transformer` applies it to its argument too.
+scorer, the SFT section, ``exact_target``); `Transformer` applies it to its argument too, and
+`check_attention_impl` / `check_remat_policy` to the ``attention_impl`` / ``remat_policy`` fields
+next to it.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Mapping, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["check_attention_chunk", "from_mapping", "qualify", "to_dict"]
+__all__ = ["ATTENTION_IMPLS", "REMAT_POLICIES", "check_attention_chunk", "check_attention_impl",
+           "check_remat_policy", "from_mapping", "qualify", "to_dict"]
+
+# `Transformer` attention implementations (`disa_jax.models.attention_dispatch`): 'auto' = 'xla' on
+# a CPU, 'cudnn' on a GPU, 'splash' on a TPU (each falling back to 'xla' for what it cannot run).
+ATTENTION_IMPLS = ("auto", "dense", "xla", "pallas", "cudnn", "splash")
+# What a rematerialised decoder layer keeps for the backward pass (`Transformer.remat_policy`).
+REMAT_POLICIES = ("full", "save_attn", "save_qkv_attn", "save_qkv_attn_mlp")
 
 
 def check_attention_chunk(value: Any, field: str = "attention_chunk") -> None:
   """Refuses an attention query-block size that is not an int >= 0, naming ``field`` and the value.
 
   0 = dense attention (`[heads, T, T]` float32 scores per row); c > 0 = queries in blocks of c
-  tokens (`disa_jax.models.layers.gqa_attention`), any row length.
+  tokens (`disa_jax.models.attention_xla`), any row length.
   """
   if isinstance(value, bool) or not isinstance(value, int) or value < 0:
     raise ValueError(f"{field} must be an int >= 0 (0 = dense attention, c > 0 = query blocks of "
                      f"c tokens), got {value!r}")
+
+
+def check_attention_impl(value: Any, field: str = "attention_impl") -> None:
+  """Refuses an attention implementation not in `ATTENTION_IMPLS`, naming ``field`` and value."""
+  if value not in ATTENTION_IMPLS:
+    raise ValueError(f"{field} must be one of {ATTENTION_IMPLS}, got {value!r}")
+
+
+def check_remat_policy(value: Any, field: str = "remat_policy") -> None:
+  """Refuses a remat policy not in `REMAT_POLICIES`, naming ``field`` and the value."""
+  if value not in REMAT_POLICIES:
+    raise ValueError(f"{field} must be one of {REMAT_POLICIES}, got {value!r}")
 
 
 def _to_plain(value: Any) -> Any:
@@ -85,6 +109,8 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
       value = float(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
       raise ValueError(f"{key} must be {hint.__name__}, got {value!r}")
+    if hint is float and not math.isfinite(value):
+      raise ValueError(f"{key} must be a finite number, got {value!r}")
   return value
 
 
@@ -101,8 +127,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | Any, where: str = "conf
     The dataclass instance (its ``__post_init__`` validation runs as usual).
 
   Raises:
-    ValueError: on an unknown field, a missing field without default, or a value of the wrong kind
-      or range; the message names the dotted field.
+    ValueError: on an unknown field, a missing field without default, a value of the wrong kind
+      or range, or a float field set to NaN or +-inf; the message names the dotted field.
   """
   data = _to_plain(data)
   if not isinstance(data, Mapping):

@@ -1,7 +1,9 @@
-"""Grouped-query softmax attention with an explicit boolean mask, and its written-out backward.
+"""Grouped-query softmax attention: the dense reference core and the packed-row layout.
 
-`gqa_attention` is the decoder's attention. The scores and the softmax are float32 whatever the
-activations' dtype, as in the Hugging Face implementations.
+`gqa_attention` is the attention over an explicit boolean mask (the KV-cache path, and the
+reference every other implementation is tested against). The scores and the softmax are float32
+whatever the activations' dtype, as in the Hugging Face implementations. A query row with no
+allowed key gets a zero output and passes no gradient (padding rows).
 
 Three ways to run it, all with the same values up to float32 rounding:
 - dense: one `[B, K, G, T, S]` score tensor;
@@ -9,6 +11,12 @@ Three ways to run it, all with the same values up to float32 rounding:
   triangle, T = S): the queries run in blocks, and block i is compared only with the keys
   before its end. This skips the upper triangle, 3/8 of the score work at 4 blocks;
 - checkpointed query chunks (``query_chunk``): the memory-bounded path for long packed rows.
+
+Packed rows are described without a `[B, T, T]` mask by a `SegmentLayout` (segment ids, optional
+shared-prompt branch ids, and each token's segment extent); `layout_mask` gives any block of the
+mask it implies. The implementations that take a layout (`attention_xla`, `attention_pallas`,
+`attention_cudnn`, `attention_splash`; chosen by `attention_dispatch`) are tested against
+`gqa_attention` on `dense_mask(layout)`.
 
 The gradient of the core (`_attend`) is written out (FlashAttention's backward without the
 tiling). The probabilities are kept from the forward pass in the head-major layout
@@ -19,11 +27,12 @@ them whole first). Fwd+bwd of one d=512 layer's core (8 x 512 tokens, 8 heads / 
 float32, 2-core CPU, medians of 15): autodiff of the same value 166 ms, written out 146 ms, in 4
 causal blocks 120 ms; the token-major einsums this replaced took 219 ms under autodiff, and
 PyTorch's scaled_dot_product_attention (causal) 142 ms. `benchmarks/bench_models_speed.py` times
-the whole train step.
+the whole train step; `benchmarks/bench_attention.py` the implementations.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -53,8 +62,9 @@ def _token_major(x: jax.Array) -> jax.Array:
 def _probs(qh: jax.Array, kt: jax.Array, mask: jax.Array) -> jax.Array:
   """`[B, K, G, T, S]` float32 softmax of the scaled, masked scores."""
   scores = jnp.einsum("bkgth,bksh->bkgts", qh, kt, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None], scores * (1.0 / math.sqrt(qh.shape[-1])), MASK_VALUE)
-  return jax.nn.softmax(scores, axis=-1)
+  allowed = mask[:, None, None]
+  scores = jnp.where(allowed, scores * (1.0 / math.sqrt(qh.shape[-1])), MASK_VALUE)
+  return jnp.where(allowed, jax.nn.softmax(scores, axis=-1), 0.0)  # a row with no key: all 0
 
 
 @jax.custom_vjp
@@ -142,9 +152,8 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
       blocks against the keys up to each block's end. Ignored with query chunking.
 
   Returns:
-    `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key gets the mean of
-    the values it is compared with (all S keys; its block's keys on the causal path): finite,
-    never NaN, and never read by a real token.
+    `[B, T, N, H]` attention output in q's dtype. A query row with no allowed key (padding) gets
+    zeros and passes no gradient to k and v.
   """
   b, t, n, h = q.shape
   if query_chunk > 0 and t > query_chunk:
@@ -155,3 +164,94 @@ def gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
                        f"k {k.shape}")
     return _causal_blocks(q, k, v, mask)
   return _attend(q, k, v, mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Packed rows without a [B, T, T] mask
+# ------------------------------------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SegmentLayout:
+  """Who attends to whom in self-attention over rows of T tokens (build with `packed_layout`).
+
+  Query t may attend to key s when s <= t, both carry the same segment id and it is not 0
+  (padding), and, with branch ids (shared prompts), the key's branch is 0 (the prompt) or the
+  query's own.
+
+  Attributes:
+    segment_ids: `[B, T]` int32, 0 = padding.
+    branch_ids: `[B, T]` int32 or None.
+    first: `[B, T]` int32, the index of the first token of each token's segment id in its row.
+    last: `[B, T]` int32, the index of the last token of each token's segment id in its row.
+  """
+  segment_ids: jax.Array
+  branch_ids: jax.Array | None
+  first: jax.Array
+  last: jax.Array
+
+
+def _segment_extent(seg: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """For `[B, T]` ids: the first and last index of each token's id in its row (`[B, T]` int32).
+
+  A stable sort groups equal ids in row order, so a group's first and last members are the id's
+  first and last occurrence, whatever the ids (they need not be contiguous runs)."""
+  b, t = seg.shape
+  idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  order = jnp.argsort(seg, axis=1, stable=True).astype(jnp.int32)
+  ids = jnp.take_along_axis(seg, order, axis=1)
+  change = ids[:, 1:] != ids[:, :-1]
+  edge = jnp.ones((b, 1), bool)
+  start = jax.lax.cummax(jnp.where(jnp.concatenate([edge, change], 1), idx, 0), axis=1)
+  end = jax.lax.cummin(jnp.where(jnp.concatenate([change, edge], 1), idx, t), axis=1,
+                       reverse=True)
+  inverse = jnp.argsort(order, axis=1)
+  back = lambda pos: jnp.take_along_axis(jnp.take_along_axis(order, pos, axis=1), inverse, axis=1)
+  return back(start), back(end)
+
+
+def packed_layout(segment_ids: jax.Array, branch_ids: jax.Array | None = None) -> SegmentLayout:
+  """The `SegmentLayout` of packed rows.
+
+  Args:
+    segment_ids: `[B, T]` int, 0 = padding, k > 0 = the k-th sequence (or shared-prompt unit).
+    branch_ids: `[B, T]` int or None: 0 on a unit's prompt, k on its k-th response.
+
+  Returns:
+    The layout, its segment extents computed once (every layer reads them).
+  """
+  seg = segment_ids.astype(jnp.int32)
+  if branch_ids is not None and branch_ids.shape != seg.shape:
+    raise ValueError(f"branch_ids must have the shape of segment_ids {seg.shape}, got "
+                     f"{branch_ids.shape}")
+  first, last = _segment_extent(seg)
+  br = None if branch_ids is None else branch_ids.astype(jnp.int32)
+  return SegmentLayout(seg, br, first, last)
+
+
+def layout_mask(layout: SegmentLayout, q_lo: int, q_hi: int, k_lo: int, k_hi: int) -> jax.Array:
+  """`[B, q_hi - q_lo, k_hi - k_lo]` bool: the mask between queries `[q_lo, q_hi)` and keys
+  `[k_lo, k_hi)` of the rows (causal by index, same non-zero segment, branch rule)."""
+  seg = layout.segment_ids
+  sq, sk = seg[:, q_lo:q_hi, None], seg[:, None, k_lo:k_hi]
+  causal = (jnp.arange(q_lo, q_hi)[:, None] >= jnp.arange(k_lo, k_hi)[None, :])[None]
+  mask = causal & (sq == sk) & (sk > 0)
+  if layout.branch_ids is not None:
+    bq, bk = layout.branch_ids[:, q_lo:q_hi, None], layout.branch_ids[:, None, k_lo:k_hi]
+    mask &= (bk == 0) | (bk == bq)
+  return mask
+
+
+def dense_mask(layout: SegmentLayout) -> jax.Array:
+  """`[B, T, T]` bool: the whole mask (the dense reference path; tests)."""
+  t = layout.segment_ids.shape[1]
+  return layout_mask(layout, 0, t, 0, t)
+
+
+def segment_span(layout: SegmentLayout) -> jax.Array:
+  """`[B, T]` int32: how far back each real token's segment reaches (index - first index of its
+  id, + 1): the keys a query can need; 0 on padding."""
+  t = layout.segment_ids.shape[1]
+  span = jnp.arange(t, dtype=jnp.int32)[None] - layout.first + 1
+  return jnp.where(layout.segment_ids > 0, span, 0)

@@ -18,10 +18,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
-from disa_jax.config import check_attention_chunk
+from disa_jax import config as config_lib
 from disa_jax.models import attention as A
+from disa_jax.models import attention_dispatch
+from disa_jax.models import decode_attention as D
 from disa_jax.models import layers as L
 from disa_jax.models.config import ModelConfig
 from disa_jax.parallel.rules import ShardingContext
@@ -30,6 +34,40 @@ from disa_jax.parallel.rules import ShardingContext
 # leading 'layers' axis of size num_layers.
 _INIT_STD = 0.02
 _LAYER_LOOPS = ("auto", "scan", "unrolled")
+# Activations a rematerialised layer can keep (`jax.ad_checkpoint.checkpoint_name` in `_layer`; the
+# fused attention kernels name their log-sum-exp 'attn_lse').
+ATTN_NAMES = ("attn_q", "attn_k", "attn_v", "attn_out", "attn_lse")
+MLP_NAMES = ("mlp_gate", "mlp_up")
+_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_attn": jax.checkpoint_policies.save_only_these_names(*ATTN_NAMES[3:]),
+    "save_qkv_attn": jax.checkpoint_policies.save_only_these_names(*ATTN_NAMES),
+    "save_qkv_attn_mlp": jax.checkpoint_policies.save_only_these_names(*ATTN_NAMES, *MLP_NAMES),
+}
+
+
+def remat_policy(name: str):
+  """The `jax.checkpoint` policy called ``name`` (`disa_jax.config.REMAT_POLICIES`):
+
+  - 'full': nothing (each layer's input only; the backward reruns the whole layer);
+  - 'save_attn': the attention output and the fused kernels' log-sum-exp: the backward reruns the
+    norms, projections and MLP but not a fused attention's forward (its q, k, v come from the
+    recomputed projections);
+  - 'save_qkv_attn': also q, k, v (after RoPE): the q/k/v projections are not rerun either;
+  - 'save_qkv_attn_mlp': also the MLP's gate and up projections (the backward reruns norms and
+    elementwise ops only).
+  'xla' / 'dense' attention keeps its probabilities in its own residuals, which every policy
+  recomputes. JAX's `dots_with_no_batch_dims_saveable` is not offered: the projections are
+  custom-VJP functions (`layers.dense`) whose matmuls it does not see, so it saved what 'full'
+  saves (benchmarks/plan_memory.py: the same memory).
+  """
+  config_lib.check_remat_policy(name)
+  return _POLICIES[name]
+
+
+def _check_count(value: Any, field: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"{field} must be an int >= 0 (0 = no bound), got {value!r}")
 
 
 def layer_param_specs(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -87,11 +125,17 @@ class Transformer(nnx.Module):
     dtype: computation dtype of activations (logits are returned in it).
     param_dtype: storage dtype of parameters.
     remat: recompute each layer's activations in the backward pass (`jax.checkpoint`).
+    remat_policy: with remat, what each layer keeps (`remat_policy`; default 'full': nothing).
     scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled);
       used only when the layers run as a scan.
-    attention_chunk: 0 = dense attention; c > 0 = queries in blocks of c under `jax.checkpoint`
-      (`attention.gqa_attention`): `[B, N, c, T]` scores at a time instead of `[B, N, T, T]`, for long
-      packed rows (any T: a last partial block is padded).
+    attention_chunk: 0 = no chunking; c > 0 = the 'xla' / 'dense' attention runs its queries in
+      blocks of c under `jax.checkpoint` (`attention_xla`): `[B, N, c, keys]` scores at a time, for
+      long packed rows (any T). The fused implementations ignore it.
+    attention_impl: which attention runs the packed rows (`attention_dispatch`; 'auto' = 'xla' on a
+      CPU, 'cudnn' on a GPU, 'splash' on a TPU). The KV-cache path is always the dense one.
+    max_segment_len: the longest segment (packed sequence) a row can hold; 0 = the row length. The
+      'xla' attention skips keys further back (a band); a row that breaks the bound gets NaN.
+    max_segments: the most segments a packed row can hold ('cudnn'; 0 = the row length).
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
@@ -99,10 +143,15 @@ class Transformer(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
                param_dtype: Any = jnp.float32, remat: bool = False, scan_unroll: int = 1,
-               layer_loop: str = "auto", attention_chunk: int = 0):
+               layer_loop: str = "auto", attention_chunk: int = 0, attention_impl: str = "auto",
+               remat_policy: str = "full", max_segment_len: int = 0, max_segments: int = 0):
     if layer_loop not in _LAYER_LOOPS:
       raise ValueError(f"Transformer layer_loop={layer_loop!r}; expected one of {_LAYER_LOOPS}")
-    check_attention_chunk(attention_chunk, "Transformer attention_chunk")
+    config_lib.check_attention_chunk(attention_chunk, "Transformer attention_chunk")
+    config_lib.check_attention_impl(attention_impl, "Transformer attention_impl")
+    config_lib.check_remat_policy(remat_policy, "Transformer remat_policy")
+    _check_count(max_segment_len, "Transformer max_segment_len")
+    _check_count(max_segments, "Transformer max_segments")
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype
@@ -110,6 +159,10 @@ class Transformer(nnx.Module):
     self.scan_unroll = scan_unroll
     self.layer_loop = layer_loop
     self.attention_chunk = attention_chunk
+    self.attention_impl = attention_impl
+    self.remat_policy = remat_policy
+    self.max_segment_len = max_segment_len
+    self.max_segments = max_segments
     self.sharding: ShardingContext | None = None
     v, d = config.vocab_size, config.hidden_size
     self.embed = nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), (v, d), param_dtype),
@@ -149,7 +202,8 @@ class Transformer(nnx.Module):
 
     kv: this layer's cache `([B, S, K, H], [B, S, K, H])`, or with `layer` the whole cache
     `([L, B, S, K, H], ...)`, of which slice `layer` is this layer's (the new entries are written
-    into it in place). Returns (x, the updated kv).
+    into it in place), or the sampler's head-major `decode_attention.RaggedKV` (with `layer`).
+    Returns (x, the updated kv).
     """
     c = self.config
     p = {name: a.astype(self.dtype) for name, a in p.items()}
@@ -166,8 +220,9 @@ class Transformer(nnx.Module):
       q = self._constrain(L.apply_rope(q, cos, sin), ("batch", "seq", "act_heads", None))
       k = self._constrain(L.apply_rope(k, cos, sin), ("batch", "seq", "act_kv_heads", None))
       v = self._constrain(v, ("batch", "seq", "act_kv_heads", None))
+      q, k, v = (checkpoint_name(a, name) for a, name in zip((q, k, v), ATTN_NAMES))
       new_kv = None
-      if kv is not None:
+      if kv is not None and not isinstance(kv, D.RaggedKV):
         k_cache, v_cache = kv
         if layer is None:
           start = (0, cache_index, 0, 0)
@@ -180,8 +235,12 @@ class Transformer(nnx.Module):
           v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
-      attn = A.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk,
-                                causal=kv is None)
+      if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
+        attn, new_kv = kv.update_and_attend(q, k, v, layer)
+      else:
+        attn = (A.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk)  # cache: a mask
+                if kv is not None else self._attention(q, k, v, mask))  # rows: their layout
+      attn = checkpoint_name(attn, "attn_out")
       out = L.dense(attn, p["o_kernel"], 2)
       if c.o_bias:
         out = out + p["o_bias"]
@@ -190,6 +249,7 @@ class Transformer(nnx.Module):
       h = L.rms_norm(x, p["mlp_norm"], c.rms_norm_eps)
       g = self._constrain(L.dense(h, p["gate_kernel"]), ("batch", "seq", "act_mlp"))
       u = self._constrain(L.dense(h, p["up_kernel"]), ("batch", "seq", "act_mlp"))
+      g, u = checkpoint_name(g, MLP_NAMES[0]), checkpoint_name(u, MLP_NAMES[1])
       x = x + L.dense(jax.nn.silu(g) * u, p["down_kernel"])
       x = self._constrain(x, ("batch", "seq", "act_embed"))
     return x, new_kv
@@ -199,10 +259,14 @@ class Transformer(nnx.Module):
       return jax.default_backend() == "cpu"
     return self.layer_loop == "unrolled"
 
-  def _run(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array, *,
+  def _run(self, input_ids: jax.Array, positions: jax.Array,
+           mask: jax.Array | A.SegmentLayout, *,
            cache: dict[str, jax.Array] | None = None, cache_index: jax.Array | None = None,
            collect: bool = False):
-    """Embeds, runs the layers; returns (pre-norm x `[B,T,D]`, per-layer outputs | None, cache)."""
+    """Embeds, runs the layers; returns (pre-norm x `[B,T,D]`, per-layer outputs | None, cache).
+
+    ``mask``: the rows' `attention.SegmentLayout` (no cache), or the `[B, T, S]` mask of the cache.
+    """
     x = self._embed(input_ids)
     c = self.config
     cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling))
@@ -212,8 +276,7 @@ class Transformer(nnx.Module):
       return self._layer(p, x, cos, sin, mask, kv, cache_index, i)
 
     if self.remat:
-      layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable,
-                             static_argnums=(3,))
+      layer = jax.checkpoint(layer, policy=remat_policy(self.remat_policy), static_argnums=(3,))
     kv_xs = None if cache is None else (cache["k"], cache["v"])
     if self._layers_unrolled():
       outs = []
@@ -242,31 +305,50 @@ class Transformer(nnx.Module):
       return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=1) - 1, 0)
 
+  def _layout(self, input_ids: jax.Array, attention_mask: jax.Array | None,
+              segment_ids: jax.Array | None = None,
+              branch_ids: jax.Array | None = None) -> A.SegmentLayout:
+    """The rows' `attention.SegmentLayout`: causal within ``segment_ids`` (0 = padding), with
+    ``branch_ids`` (shared prompts) also the key's branch 0 (the prompt) or the query's own; an
+    ``attention_mask`` is one segment of its real tokens (padding rows attend to nothing); neither
+    is one segment of the whole row."""
+    b, t = input_ids.shape
+    if branch_ids is not None and segment_ids is None:
+      raise ValueError("branch_ids (shared prompts) need segment_ids, got None")
+    if segment_ids is not None and attention_mask is not None:
+      raise ValueError("pass attention_mask or segment_ids, not both (segment 0 is padding)")
+    for name, ids in (("segment_ids", segment_ids), ("branch_ids", branch_ids),
+                      ("attention_mask", attention_mask)):
+      if ids is not None and ids.shape != (b, t):
+        raise ValueError(f"{name} must be [B, T] = {(b, t)}, got {ids.shape}")
+    if segment_ids is None:
+      real = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+      segment_ids = real.astype(jnp.int32)
+    layout = A.packed_layout(segment_ids, branch_ids)
+    span = A.segment_span(layout) if self.max_segment_len else None
+    if span is not None and not isinstance(span, jax.core.Tracer):  # eager: refuse at once
+      longest = np.asarray(span).max(axis=1)
+      over = np.flatnonzero(longest > self.max_segment_len)
+      if over.size:
+        raise ValueError(f"Transformer max_segment_len={self.max_segment_len}: row {over[0]} "
+                         f"holds a segment of {longest[over[0]]} tokens")
+    return layout
+
   def _full_mask(self, input_ids: jax.Array, attention_mask: jax.Array | None,
                  segment_ids: jax.Array | None = None,
                  branch_ids: jax.Array | None = None) -> jax.Array:
-    """`[B, T, T]` bool: causal, and key-padding (``attention_mask``) or same-segment
-    (``segment_ids``: query and key in one segment, the key's segment > 0); with ``branch_ids``
-    (shared prompts) also the key's branch is 0 (the prompt) or the query's own."""
-    b, t = input_ids.shape
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]  # [1, T, T]
-    if branch_ids is not None and segment_ids is None:
-      raise ValueError("branch_ids (shared prompts) need segment_ids, got None")
-    if segment_ids is not None:
-      if attention_mask is not None:
-        raise ValueError("pass attention_mask or segment_ids, not both (segment 0 is padding)")
-      for name, ids in (("segment_ids", segment_ids), ("branch_ids", branch_ids)):
-        if ids is not None and ids.shape != (b, t):
-          raise ValueError(f"{name} must be [B, T] = {(b, t)}, got {ids.shape}")
-      seg = segment_ids.astype(jnp.int32)
-      same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)  # [B, T, T]
-      if branch_ids is not None:
-        br = branch_ids.astype(jnp.int32)
-        same &= (br[:, None, :] == 0) | (br[:, None, :] == br[:, :, None])
-      return causal & same
-    if attention_mask is None:
-      return jnp.broadcast_to(causal, (b, t, t))
-    return causal & attention_mask.astype(bool)[:, None, :]
+    """`[B, T, T]` bool: the dense mask of `_layout` (the reference; tests)."""
+    return A.dense_mask(self._layout(input_ids, attention_mask, segment_ids, branch_ids))
+
+  def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array, layout: A.SegmentLayout
+                 ) -> jax.Array:
+    """Self-attention over packed rows by `attention_impl` (`attention_dispatch`)."""
+    impl = attention_dispatch.resolve_impl(
+        self.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
+        branches=layout.branch_ids is not None)
+    return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=self.attention_chunk,
+                                     window=self.max_segment_len, max_segments=self.max_segments,
+                                     sharding=self.sharding)
 
   def _check_ids(self, input_ids: jax.Array) -> None:
     if input_ids.ndim != 2:
@@ -277,9 +359,9 @@ class Transformer(nnx.Module):
   # ----------------------------------------------------------------------------------------------
 
   def _prepare(self, input_ids, positions, attention_mask, segment_ids, branch_ids=None):
-    """Checks the ids; returns (positions `[B, T]`, mask `[B, T, T]`)."""
+    """Checks the ids; returns (positions `[B, T]`, the rows' `attention.SegmentLayout`)."""
     self._check_ids(input_ids)
-    mask = self._full_mask(input_ids, attention_mask, segment_ids, branch_ids)
+    mask = self._layout(input_ids, attention_mask, segment_ids, branch_ids)
     if positions is None and branch_ids is not None:
       raise ValueError("branch_ids (shared prompts) need explicit positions (each response "
                        "continues from its prompt), got positions=None")
@@ -389,3 +471,28 @@ class Transformer(nnx.Module):
       x = x[:, -1:]
     hidden = L.rms_norm(x, self.final_norm[...], self.config.rms_norm_eps)
     return self.logits_from_hidden(hidden), new_cache
+
+  def decode_ragged(self, input_ids: jax.Array, positions: jax.Array, cache: D.RaggedKV
+                    ) -> tuple[jax.Array, D.RaggedKV]:
+    """One decode step through the sampler's ragged head-major cache (`decode_attention`).
+
+    Args:
+      input_ids: `[B, 1]` each slot's new token, written at ``cache.write``.
+      positions: `[B, 1]` their RoPE positions.
+      cache: the `decode_attention.RaggedKV` (each slot attends over ``[start, write]``).
+
+    Returns:
+      (logits `[B, 1, V]`, the cache with the new entries, updated in place).
+    """
+    self._check_ids(input_ids)
+    x = self._embed(input_ids)
+    c = self.config
+    cos, sin = L.rope_cos_sin(positions, L.rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling))
+
+    def layer(x, p, kv, i):
+      return self._layer(p, x, cos, sin, None, kv, None, i)
+
+    x, cache = D.run_layers(layer, x, self.layers.stacked(), cache,
+                            unrolled=self._layers_unrolled())
+    hidden = L.rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+    return self.logits_from_hidden(hidden), cache

@@ -126,3 +126,29 @@ def test_settings_of_another_backbone():
     pm.make_setup("qwen3-0.6b", fsdp=1)
   args = pm.parse_args(["--models", "qwen3-0.6b", "--settings-of", "qwen3-4b-base", "--no-remat"])
   assert (args.settings_of, args.remat) == ("qwen3-4b-base", False)
+
+
+@pytest.mark.slow  # one more micro-step compilation (~15 s of CPU, 40 s on the shared machine)
+def test_remat_policies_are_planned(settings, sharded):
+  """A policy that keeps q, k, v, the attention output and the MLP projections needs more
+  temporaries than 'full' (which keeps each layer's input only); the plan says which it compiled,
+  and the attention is the CPU's block-sparse 'xla' ('auto')."""
+  train, mc = settings
+  _, (base, _) = sharded
+  assert (base.attention_impl, base.remat_policy) == ("xla", "full")
+  mesh = parallel.make_mesh(1, 8, 1, devices=jax.devices()[:8])
+  saving = pm.setup_for("small", testing.tiny_config("qwen3", **SMALL), train,
+                        dataclasses.replace(mc, remat_policy="save_qkv_attn_mlp"), mesh, CHUNK)
+  more = pm.plan(saving, rows=8, row_len=ROW_LEN, with_score=False)
+  assert more.remat_policy == "save_qkv_attn_mlp" and more.micro.temp > base.micro.temp
+  rec = pm.plan_record(more, remat=True)
+  assert (rec["attention_impl"], rec["remat_policy"]) == ("xla", "save_qkv_attn_mlp")
+  assert pm.table_row(more, 1 << 40)[5:7] == ("xla/32", "save_qkv_attn_mlp")
+
+
+def test_remat_policy_flags():
+  args = pm.parse_args(["--remat-policy", "full, save_qkv_attn", "--attention-impl", "dense"])
+  assert (args.remat_policies, args.attention_impl) == (["full", "save_qkv_attn"], "dense")
+  assert pm.parse_args([]).remat_policies == [None]  # the config's
+  with pytest.raises(SystemExit, match="--remat-policy must be one of .* got 'most'"):
+    pm.parse_args(["--remat-policy", "full,most"])
