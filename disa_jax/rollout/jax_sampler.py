@@ -1,19 +1,33 @@
 """The JAX sampler: the default rollout engine, on `Transformer`'s KV-cache API.
 
-One jitted function per shape bucket runs the prefill and the whole decode loop (`lax.while_loop`,
-which exits as soon as every sequence has emitted a stop token). The n samples of a prompt share
-one prefill: the prompt runs once and its KV cache is repeated to its n rows. Prompts are
-left-padded; the batch size, the padded prompt length and the number of new tokens are rounded up
-to powers of two, and the sampling parameters (temperature, top-k, top-p, stop tokens,
-max_tokens) are traced values, so new prompt lengths or parameters do not recompile.
+Two decode paths (``cache_layout``), both one jitted call per request that runs prefill and decode
+in `lax.while_loop`s which exit as soon as every row is done:
+
+* 'ragged' (default, `disa_jax.rollout.continuous`): continuous batching of the rows on
+  ``max_batch_size`` slots of one head-major KV cache, donated and updated in place; each slot
+  attends over its own live entries only, and a row that stops frees its slot for a waiting row.
+* 'dense' (the reference the ragged path is tested against): the rows in chunks of
+  ``max_batch_size``; each chunk runs to its longest row on a `[L, B, S, K, H]` cache created in the
+  program, every row attending over all S positions.
+
+The n samples of a prompt share one prefill: the prompt runs once and its KV cache is repeated to
+its rows. Prompts are left-padded; the batch (slots), the padded prompt length and the number of
+new tokens are rounded up to powers of two, and the sampling parameters (temperature, top-k, top-p,
+stop tokens, max_tokens) are traced values, so new prompt lengths or parameters do not recompile.
 
 Randomness: each sample (prompt p, sample j) draws from its own key `fold_in(fold_in(key(seed), p),
-j)`, folded with the step index, so a sample does not depend on what else is in the batch.
+j)`, folded with the token's column, so a sample does not depend on what else is in the batch
+(`disa_jax.rollout.sampling`).
+
+Weights: `update_weights` takes HF-named arrays (`models.load_hf_state_dict`) or, from a flat push,
+`flat_weights.FlatWeights` (one host -> device copy per bucket and a jitted split into the model's
+own layouts).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -22,78 +36,17 @@ import numpy as np
 from flax import nnx
 
 from disa_jax import models
+from disa_jax.rollout import continuous, flat_weights
+from disa_jax.rollout.sampling import bucket as _bucket
+from disa_jax.rollout.sampling import row_keys, sample_step
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 
-_NEG_INF = -jnp.inf
+CACHE_LAYOUTS = ("ragged", "dense")
 
 
-def _bucket(n: int, minimum: int) -> int:
-  """Smallest power of two >= max(n, minimum)."""
-  return 1 << max(int(n - 1).bit_length(), int(minimum - 1).bit_length())
-
-
-def process_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array,
-                   top_p: jax.Array) -> jax.Array:
-  """Log-probs of the distribution actually sampled from.
-
-  Scales by the temperature, keeps the `top_k` largest logits (0 = all), then the smallest set of
-  most likely tokens whose probability reaches `top_p` (a token is kept if the mass of the tokens
-  ranked above it is < top_p; the most likely token is always kept). Ties at a cut-off are kept.
-
-  Args:
-    logits: `[B, V]` float32 raw logits.
-    temperature: scalar > 0 (callers substitute 1 for greedy).
-    top_k: int32 scalar, 0 = off.
-    top_p: float32 scalar in (0, 1].
-
-  Returns:
-    `[B, V]` float32 log-probs; -inf outside the kept set.
-  """
-  vocab = logits.shape[-1]
-  scaled = logits.astype(jnp.float32) / temperature
-
-  def truncate(scaled):
-    sorted_desc = -jnp.sort(-scaled, axis=-1)  # [B, V]
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    kth = jax.lax.dynamic_index_in_dim(sorted_desc, k - 1, axis=-1, keepdims=True)  # [B, 1]
-    sorted_desc = jnp.where(sorted_desc >= kth, sorted_desc, _NEG_INF)
-    probs = jax.nn.softmax(sorted_desc, axis=-1)
-    mass_above = jnp.cumsum(probs, axis=-1) - probs  # [B, V]
-    # Tokens cut by top-k have probability 0 but their mass_above may round below 1.
-    keep = (mass_above < top_p) & (sorted_desc > _NEG_INF)
-    cutoff = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)  # [B, 1]
-    return jnp.where(scaled >= cutoff, scaled, _NEG_INF)
-
-  scaled = jax.lax.cond((top_k > 0) | (top_p < 1.0), truncate, lambda s: s, scaled)
-  return jax.nn.log_softmax(scaled, axis=-1)
-
-
-def _sample_step(logits: jax.Array, keys: jax.Array, step: jax.Array, temperature: jax.Array,
-                 top_k: jax.Array, top_p: jax.Array):
-  """Samples one token per row.
-
-  Args:
-    logits: `[B, V]` raw logits.
-    keys: `[B, 2]` uint32 per-row keys.
-    step: int32 scalar, folded into the keys.
-
-  Returns:
-    (tokens `[B]` int32, processed log-probs `[B]` (0 for greedy), raw log-probs `[B]`).
-  """
-  logits = logits.astype(jnp.float32)
-  greedy = temperature <= 0.0
-  processed = process_logits(logits, jnp.where(greedy, 1.0, temperature), top_k, top_p)
-  step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
-  sampled = jax.vmap(jax.random.categorical)(step_keys, processed)  # [B]
-  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
-  lp = jnp.take_along_axis(processed, tokens[:, None], axis=-1)[:, 0]
-  raw = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
-  return tokens, jnp.where(greedy, 0.0, lp), raw
-
-
-def _generate_impl(graphdef, state, input_ids, prompt_mask, active, keys, max_new, temperature,
-                   top_k, top_p, stop_mask, *, num_new: int, cache_dtype: Any, group: int = 1):
-  """Prefill + decode loop for one bucket.
+def _generate_dense(graphdef, state, input_ids, prompt_mask, active, keys, max_new, temperature,
+                    top_k, top_p, stop_mask, *, num_new: int, cache_dtype: Any, group: int = 1):
+  """The dense reference path: prefill + decode loop for one chunk of rows.
 
   Args:
     input_ids: `[B / g, Tp]` int32 left-padded prompts, one per group of g consecutive rows.
@@ -124,7 +77,7 @@ def _generate_impl(graphdef, state, input_ids, prompt_mask, active, keys, max_ne
     logits, kv_mask, prompt_mask = (jnp.repeat(x, group, axis=0)
                                     for x in (logits, kv_mask, prompt_mask))
     cache = {k: jnp.repeat(v, group, axis=1) for k, v in cache.items()}  # [L, B, S, K, H]
-  tok, lp, raw = _sample_step(logits[:, -1], keys, jnp.int32(0), temperature, top_k, top_p)
+  tok, lp, raw = sample_step(logits[:, -1], keys, jnp.int32(0), temperature, top_k, top_p)
   real_len = jnp.sum(prompt_mask, axis=1).astype(jnp.int32)  # [B]
   out_tok = jnp.zeros((batch, num_new), jnp.int32).at[:, 0].set(tok)
   out_lp = jnp.zeros((batch, num_new), jnp.float32).at[:, 0].set(lp)
@@ -142,7 +95,7 @@ def _generate_impl(graphdef, state, input_ids, prompt_mask, active, keys, max_ne
     kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), bool), (0, slot))
     pos = (real_len + step - 1)[:, None]  # [B, 1]
     logits, cache = model.forward_with_cache(tok[:, None], pos, cache, slot, kv_mask)
-    new_tok, lp, raw = _sample_step(logits[:, 0], keys, step, temperature, top_k, top_p)
+    new_tok, lp, raw = sample_step(logits[:, 0], keys, step, temperature, top_k, top_p)
     live = ~done
     new_tok = jnp.where(live, new_tok, 0)
     # Write column `step` of the [B, N] outputs.
@@ -159,12 +112,25 @@ def _generate_impl(graphdef, state, input_ids, prompt_mask, active, keys, max_ne
   return out_tok, out_lp, out_raw, lengths, stopped, steps
 
 
-@jax.jit
-def _row_keys(seed: jax.Array, prompt_idx: jax.Array, sample_idx: jax.Array) -> jax.Array:
-  """`[B, 2]` keys fold_in(fold_in(PRNGKey(seed), p), j)."""
-  base = jax.random.PRNGKey(seed)
-  return jax.vmap(lambda p, j: jax.random.fold_in(jax.random.fold_in(base, p), j))(
-      prompt_idx, sample_idx)
+def _left_pad(prompts: Sequence[np.ndarray], rows: int, width: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """`[rows, width]` int32 ids and mask of left-padded prompts; rows past the prompts hold one
+  dummy token."""
+  ids = np.zeros((rows, width), np.int32)
+  mask = np.zeros((rows, width), np.int32)
+  for r, p in enumerate(prompts):
+    ids[r, width - len(p):] = p
+    mask[r, width - len(p):] = 1
+  mask[len(prompts):, -1] = 1
+  return ids, mask
+
+
+def _completions(out, count: int, with_raw: bool) -> list[Completion]:
+  """The first ``count`` rows of a jitted call's (tokens, logprobs, raw, lengths, stopped)."""
+  tok, lp, raw, lengths, stopped = (np.asarray(x) for x in out[:5])
+  return [Completion(token_ids=tok[r, :lengths[r]], logprobs=lp[r, :lengths[r]],
+                     raw_logprobs=raw[r, :lengths[r]] if with_raw else None,
+                     finish_reason="stop" if stopped[r] else "length") for r in range(count)]
 
 
 class JaxSampler:
@@ -172,18 +138,29 @@ class JaxSampler:
 
   Args:
     model: the model (its weights are updated in place by `update_weights`).
-    max_batch_size: rows (prompts x n) per jitted call; larger requests are split.
+    max_batch_size: rows (prompts x n) decoded at once: the slots of the ragged cache (more rows
+      wait for a free slot), or the chunk size of the dense path.
     min_batch_bucket: smallest padded batch (fewer distinct shapes to compile).
     min_prompt_bucket: smallest padded prompt length.
     min_new_bucket: smallest output buffer length.
     cache_dtype: KV-cache dtype (default: the model's computation dtype).
+    cache_layout: 'ragged' (continuous batching, `disa_jax.rollout.continuous`) or 'dense' (the
+      reference; see the module docstring).
+    decode_block: ragged attention block, in positions (a power of two; capped by the padded
+      prompt and output lengths, so it divides the cache length).
   """
 
   def __init__(self, model: models.Transformer, *, max_batch_size: int = 256,
                min_batch_bucket: int = 8, min_prompt_bucket: int = 16, min_new_bucket: int = 16,
-               cache_dtype: Any = None):
+               cache_dtype: Any = None, cache_layout: str = "ragged", decode_block: int = 256):
     if max_batch_size < 1:
       raise ValueError(f"JaxSampler.max_batch_size must be >= 1, got {max_batch_size}")
+    if cache_layout not in CACHE_LAYOUTS:
+      raise ValueError(f"JaxSampler.cache_layout must be one of {CACHE_LAYOUTS}, got "
+                       f"{cache_layout!r}")
+    if not (isinstance(decode_block, int) and decode_block >= 1
+            and decode_block & (decode_block - 1) == 0):
+      raise ValueError(f"JaxSampler.decode_block must be a power of two, got {decode_block!r}")
     self.model = model
     self.vocab_size = model.config.vocab_size
     self.max_batch_size = max_batch_size
@@ -191,10 +168,12 @@ class JaxSampler:
     self.min_prompt_bucket = min_prompt_bucket
     self.min_new_bucket = min_new_bucket
     self.cache_dtype = jnp.dtype(cache_dtype or model.dtype)
+    self.cache_layout = cache_layout
+    self.decode_block = decode_block
     self._graphdef, self._state = nnx.split(model)
-    self._fns: dict[int, Any] = {}
+    self._fns: dict[tuple, Any] = {}
     self._closed = False
-    self.last_num_steps = 0  # decoding steps of the last jitted call (for tests and stats)
+    self.last_num_steps = 0  # 1 + decoding steps of the last jitted call (for tests and stats)
 
   @classmethod
   def from_pretrained(cls, model_path: str, *, dtype: str = "float32",
@@ -202,12 +181,19 @@ class JaxSampler:
     """Loads a local HF checkpoint with `disa_jax.models.from_pretrained`."""
     return cls(models.from_pretrained(model_path, dtype=jnp.dtype(dtype)), **kwargs)
 
-  def _fn(self, num_new: int, group: int):
-    if (num_new, group) not in self._fns:
-      self._fns[num_new, group] = jax.jit(functools.partial(
-          _generate_impl, self._graphdef, num_new=num_new, cache_dtype=self.cache_dtype,
-          group=group))
-    return self._fns[num_new, group]
+  def _fn(self, key: tuple):
+    """The jitted program of ``key``: ('dense', num_new, group) or ('ragged', num_new, unit,
+    group, block)."""
+    if key not in self._fns:
+      if key[0] == "dense":
+        self._fns[key] = jax.jit(functools.partial(
+            _generate_dense, self._graphdef, num_new=key[1], cache_dtype=self.cache_dtype,
+            group=key[2]))
+      else:
+        self._fns[key] = jax.jit(functools.partial(
+            continuous.generate, self._graphdef, num_new=key[1], unit=key[2], group=key[3],
+            block=key[4], cache_dtype=self.cache_dtype.name), donate_argnums=(1,))
+    return self._fns[key]
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                params: SamplingParams) -> list[list[Completion]]:
@@ -218,6 +204,8 @@ class JaxSampler:
     if any(t >= self.vocab_size for t in params.stop_token_ids):
       raise ValueError(f"SamplingParams.stop_token_ids {params.stop_token_ids} outside the "
                        f"vocabulary of size {self.vocab_size}")
+    if not prompts:
+      return []
     n = params.n
     # One row per (prompt, sample), prompt-major.
     rows = [(p, j) for p in range(len(prompts)) for j in range(n)]
@@ -226,39 +214,92 @@ class JaxSampler:
     num_new = _bucket(params.max_tokens, self.min_new_bucket)
     scalars = (jnp.int32(params.max_tokens), jnp.float32(params.temperature),
                jnp.int32(params.top_k), jnp.float32(params.top_p), jnp.asarray(stop_mask))
-    flat: list[Completion] = []
+    run = self._generate_ragged if self.cache_layout == "ragged" else self._generate_dense
+    flat = run(prompts, rows, params, num_new, scalars)
+    return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+  def _keys(self, rows: Sequence[tuple[int, int]], size: int, params: SamplingParams):
+    """`[size, 2]` keys of ``rows`` (the rest padding)."""
+    pad = [0] * (size - len(rows))
+    p_idx = np.array([p + params.prompt_index_offset for p, _ in rows] + pad, np.int32)
+    j_idx = np.array([j for _, j in rows] + pad, np.int32)
+    return row_keys(jnp.uint32(params.seed % (1 << 32)), p_idx, j_idx)
+
+  def _generate_dense(self, prompts, rows, params, num_new, scalars) -> list[Completion]:
+    """The reference path: chunks of ``max_batch_size`` rows, each to its longest row."""
+    n, flat = params.n, []
     for start in range(0, len(rows), self.max_batch_size):
       chunk = rows[start:start + self.max_batch_size]
       batch = _bucket(len(chunk), self.min_batch_bucket)
       # The n rows of a prompt share one prefill when the chunk holds whole groups.
       group = n if n > 1 and start % n == 0 and len(chunk) % n == 0 and batch % n == 0 else 1
       prompt_len = _bucket(max(len(prompts[p]) for p, _ in chunk), self.min_prompt_bucket)
-      ids = np.zeros((batch // group, prompt_len), np.int32)
-      mask = np.zeros((batch // group, prompt_len), np.int32)
-      for r, (p, _) in enumerate(chunk[::group]):
-        ids[r, prompt_len - len(prompts[p]):] = prompts[p]
-        mask[r, prompt_len - len(prompts[p]):] = 1
-      mask[len(chunk) // group:, -1] = 1  # padding rows hold one dummy token
+      ids, mask = _left_pad([prompts[p] for p, _ in chunk[::group]], batch // group, prompt_len)
       active = np.arange(batch) < len(chunk)
-      p_idx = np.array([p + params.prompt_index_offset for p, _ in chunk]
-                       + [0] * (batch - len(chunk)), np.int32)
-      j_idx = np.array([j for _, j in chunk] + [0] * (batch - len(chunk)), np.int32)
-      keys = _row_keys(jnp.uint32(params.seed % (1 << 32)), p_idx, j_idx)
-      out = self._fn(num_new, group)(self._state, jnp.asarray(ids), jnp.asarray(mask),
-                              jnp.asarray(active), keys, *scalars)
-      tok, lp, raw, lengths, stopped, steps = (np.asarray(x) for x in out)
-      self.last_num_steps = int(steps)
-      for r in range(len(chunk)):
-        k = int(lengths[r])
-        flat.append(Completion(
-            token_ids=tok[r, :k], logprobs=lp[r, :k],
-            raw_logprobs=raw[r, :k] if params.return_raw_logprobs else None,
-            finish_reason="stop" if stopped[r] else "length"))
-    return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+      out = self._fn(("dense", num_new, group))(
+          self._state, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(active),
+          self._keys(chunk, batch, params), *scalars)
+      self.last_num_steps = int(out[5])
+      flat += _completions(out, len(chunk), params.return_raw_logprobs)
+    return flat
+
+  def _ragged_plan(self, num_rows: int, n: int, longest_prompt: int, max_tokens: int
+                   ) -> tuple[tuple, int, int, int]:
+    """(program key, slots, padded rows, padded prompt length) of a ragged call."""
+    num_new = _bucket(max_tokens, self.min_new_bucket)
+    slots = _bucket(min(num_rows, self.max_batch_size), self.min_batch_bucket)
+    unit = continuous.admission_rows(slots, n)
+    # Rows padded to a power of two >= the smallest batch, then to whole admissions.
+    size = -(-_bucket(num_rows, max(unit, self.min_batch_bucket)) // unit) * unit
+    prompt_len = _bucket(longest_prompt, self.min_prompt_bucket)
+    block = min(self.decode_block, prompt_len, num_new)
+    return ("ragged", num_new, unit, math.gcd(unit, n), block), slots, size, prompt_len
+
+  def _generate_ragged(self, prompts, rows, params, num_new, scalars) -> list[Completion]:
+    """All rows in one call on the ragged cache's slots (`continuous.generate`)."""
+    key, slots, size, prompt_len = self._ragged_plan(len(rows), params.n,
+                                                     max(len(p) for p in prompts),
+                                                     params.max_tokens)
+    ids, mask = _left_pad(prompts, _bucket(len(prompts), self.min_batch_bucket), prompt_len)
+    row_prompt = np.zeros((size,), np.int32)
+    row_prompt[:len(rows)] = [p for p, _ in rows]
+    cache = continuous.empty_cache(self.model.config, slots, prompt_len + num_new,
+                                   self.cache_dtype)
+    out = self._fn(key)(self._state, cache, jnp.asarray(ids), jnp.asarray(mask),
+                        jnp.asarray(row_prompt), jnp.int32(len(rows)),
+                        self._keys(rows, size, params), *scalars)
+    self.last_num_steps = int(out[5])
+    return _completions(out, len(rows), params.return_raw_logprobs)
+
+  def compiled_memory(self, prompts: int, n: int, prompt_len: int, max_tokens: int) -> Any:
+    """The ragged program of a request of ``prompts`` prompts of ``prompt_len`` tokens x ``n``
+    samples x ``max_tokens``, compiled for abstract inputs (nothing allocated, the model may be
+    abstract too: `nnx.eval_shape`).
+
+    Returns:
+      (`jax.stages.Compiled.memory_analysis()`, the KV cache's bytes).
+    """
+    key, slots, size, padded = self._ragged_plan(prompts * n, n, prompt_len, max_tokens)
+    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+    cache = jax.eval_shape(lambda: continuous.empty_cache(self.model.config, slots,
+                                                          padded + key[1], self.cache_dtype))
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+    num_prompts = _bucket(prompts, self.min_batch_bucket)
+    args = (jax.tree.map(shape, self._state), cache, i32(num_prompts, padded),
+            i32(num_prompts, padded), i32(size), i32(), jax.ShapeDtypeStruct(
+                (size, 2), jnp.uint32), i32(), jax.ShapeDtypeStruct((), jnp.float32), i32(),
+            jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((self.vocab_size,), bool))
+    compiled = self._fn(key).lower(*args).compile()
+    return compiled.memory_analysis(), continuous.cache_bytes(
+        self.model.config, slots, padded + key[1], self.cache_dtype)
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
-    """Loads HF-named, HF-layout weights (every key used, every shape checked)."""
-    models.load_hf_state_dict(self.model, state_dict)
+    """Loads HF-named, HF-layout weights (every key used, every shape checked), or a flat push
+    (`flat_weights.FlatWeights`: its buckets straight into the model's own layouts)."""
+    if isinstance(state_dict, flat_weights.FlatWeights):
+      flat_weights.load_into(self.model, state_dict)
+    else:
+      models.load_hf_state_dict(self.model, state_dict)
     # Transfers are asynchronous: wait, so that the caller may reuse the host arrays (the
     # generation process's shared block) and the sync's load time counts the copy to the device.
     self._state = jax.block_until_ready(nnx.state(self.model))

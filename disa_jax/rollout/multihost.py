@@ -2,10 +2,11 @@
 
 In a multi-process run each host leader's generation process samples a slice of a step's prompts;
 `allgather_completions` gives every process all of them (with their rewards and grading errors).
-After an update, `push_weights` gathers the (cross-host sharded) policy into a full host copy on
-every process (`disa_jax.models.host_state_dict`) and each host leader loads it into its local
-engine. Both are collectives: every process calls them. In a single process they reduce to the
-local completions and a plain ``engine.update_weights``.
+After an update, `push_weights` exports the (cross-host sharded) policy as a flat push
+(`flat_weights.export`: cast and gathered on the devices, bucket by bucket); only the host leaders
+copy the buckets to their host and load them into their local engine, the other processes copy
+nothing. Both are collectives: every process calls them. In a single process they reduce to the
+local completions and an export + ``engine.update_weights``.
 """
 from __future__ import annotations
 
@@ -14,21 +15,27 @@ from typing import Any
 import jax
 import numpy as np
 
-from disa_jax.models import host_state_dict
 from disa_jax.parallel import distributed
+from disa_jax.rollout import flat_weights
 from disa_jax.rollout.types import FINISH_REASONS, Completion
 
 
+def host_weights(model: Any, dtype: Any = None) -> flat_weights.FlatWeights | None:
+  """Collective: ``model``'s weights as a flat push, copied to the host on host leaders only
+  (None elsewhere); an owned copy, valid after later updates donate the parameters."""
+  return flat_weights.export(model, dtype, fetch=distributed.is_host_leader())
+
+
 def push_weights(model: Any, engine: Any, dtype: Any = None) -> None:
-  """Collective: gathers ``model``'s weights and, on each host leader, loads them into ``engine``.
+  """Collective: exports ``model``'s weights and, on each host leader, loads them into ``engine``.
 
   ``engine`` may be None on processes that are not host leaders.
   """
-  state = host_state_dict(model, dtype)
+  flat = host_weights(model, dtype)
   if distributed.is_host_leader():
     if engine is None:
       raise ValueError("the host leader process has no generation engine (engine=None)")
-    engine.update_weights(state)
+    engine.update_weights(flat)
 
 
 def allgather_completions(local: list[Completion], rewards: np.ndarray,

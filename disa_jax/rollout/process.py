@@ -46,7 +46,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from disa_jax import preemption, runtime
-from disa_jax.rollout import reaper, shm
+from disa_jax.rollout import flat_weights, reaper, shm
 from disa_jax.rollout.jax_sampler import JaxSampler
 from disa_jax.rollout.types import (MODEL_ENGINES, Completion, Engine, SamplingParams, check_kind,
                                     check_scalar_mapping, validate_prompts)
@@ -202,10 +202,12 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
+  # The trainer saves on SIGTERM / SIGUSR1, then closes this process; one that arrived while this
+  # process started (blocked: `preemption.shielded_start`) is dropped here.
+  preemption.ignore_in_child()
   # Before anything registers a segment or semaphore: a tracker that survives a kill -9 of this
   # process and removes what vLLM's processes registered (`reaper`).
   reaper.use_private_resource_tracker()
-  preemption.ignore_in_child()  # the trainer saves on SIGTERM / SIGUSR1, then closes this process
   if spec.kind == "jax":  # before JAX's threads exist (vLLM keeps glibc's defaults)
     runtime.tune_host_allocator()
   ctl = shm.ControlBlock.attach(spec.ctl_name)
@@ -261,6 +263,10 @@ def _worker_main(spec: _WorkerSpec) -> None:
           weights = shm.ShmBlock.attach(meta["block"])
           known_names.add(weights.name)
         _, views = weights.read()
+        if "flat" in meta:  # a flat push: its buckets, laid out by the trainer's layout
+          layout = flat_weights.FlatLayout.from_dict(meta["flat"])
+          views = flat_weights.FlatWeights(layout, [views[f"b{i}"]
+                                                    for i in range(len(layout.bucket_sizes))])
         t0 = time.perf_counter()
         engine.update_weights(views)
         load_s = time.perf_counter() - t0
@@ -304,6 +310,7 @@ class RemoteEngine:
     self._next_id = 0
     self._weights: shm.ShmBlock | None = None
     self._weights_count = 0
+    self.copy_threads = min(8, os.cpu_count() or 1)  # threads copying weights into shared memory
     # Timing of the last update_weights: bytes, copy_s (into shared memory), load_s (engine's own load
     # in the worker), total_s (call to return).
     self.last_sync: dict[str, float] = {}
@@ -332,7 +339,9 @@ class RemoteEngine:
                              daemon=False)
     self.startup_s = float("nan")
     t0 = time.monotonic()
-    with spawn_environment(worker_env):  # the worker starts with it (before JAX is imported)
+    # The worker starts with its env (before JAX is imported) and with SIGTERM / SIGUSR1 blocked
+    # until it ignores them (a signal to the whole job while it starts must not kill it).
+    with spawn_environment(worker_env), preemption.shielded_start():
       self._proc.start()
     self._finalizer = weakref.finalize(self, RemoteEngine._cleanup, self._proc, self._names)
     # Registered now, i.e. after multiprocessing's own exit hook, so it runs before that hook joins
@@ -502,8 +511,14 @@ class RemoteEngine:
     return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
-    """Copies `state_dict` (HF names/layouts) into shared memory and loads it in the worker."""
-    arrays = {k: np.asarray(v) for k, v in state_dict.items()}
+    """Copies `state_dict` (HF names/layouts, or a flat push's buckets, `flat_weights`) into
+    shared memory (``copy_threads`` threads) and loads it in the worker."""
+    request = {}
+    if isinstance(state_dict, flat_weights.FlatWeights):
+      arrays = {f"b{i}": b for i, b in enumerate(state_dict.buffers)}
+      request = {"flat": state_dict.layout.to_dict()}
+    else:
+      arrays = {k: np.asarray(v) for k, v in state_dict.items()}
     nbytes = shm.message_nbytes({}, arrays)
     with self._lock:
       if self._closed:
@@ -517,9 +532,9 @@ class RemoteEngine:
             shm.segment_name(f"w{self._weights_count}", self._token), nbytes)
         self._names.add(self._weights.name)
       t0 = time.perf_counter()
-      self._weights.write({}, arrays)
+      self._weights.write({}, arrays, self.copy_threads)
       t1 = time.perf_counter()
-      meta = self._call("update_weights", {"block": self._weights.name}, {})[0][0]
+      meta = self._call("update_weights", {"block": self._weights.name, **request}, {})[0][0]
       self.last_sync = {"bytes": nbytes, "copy_s": t1 - t0, "load_s": meta["load_s"],
                         "total_s": time.perf_counter() - t0}
       # The worker has it mapped now: drop the name so that nothing can leak.

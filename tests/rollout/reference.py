@@ -1,10 +1,12 @@
 """NumPy reference of the sampled distribution and teacher-forced log-probs, for rollout tests."""
 
+import functools
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from disa_jax import scoring
+from disa_jax import models, scoring
+from disa_jax.rollout import flat_weights
 
 PAD_TO = 64  # sequences are right-padded to this length so that one compiled forward serves all
 
@@ -73,19 +75,41 @@ def raw_logprobs_ref(model, prompt, completion) -> np.ndarray:
   return out[len(prompt):len(ids)]
 
 
-def check_update_changes_and_restores(engine, prompts, params, hf_state, seed: int) -> None:
-  """Perturbed weights change the samples; restoring the weights restores them bit for bit."""
+def assert_same_completions(got, want, atol: float = 0.0) -> None:
+  """`[P][n]` completions: the same tokens and finish reasons, log-probs (and raw log-probs where
+  ``want`` has them) equal bit for bit, or within ``atol``."""
+  close = (np.testing.assert_array_equal if atol == 0.0
+           else functools.partial(np.testing.assert_allclose, atol=atol))
+  for per_g, per_w in zip(got, want, strict=True):
+    for g, w in zip(per_g, per_w, strict=True):
+      np.testing.assert_array_equal(g.token_ids, w.token_ids)
+      close(g.logprobs, w.logprobs)
+      if w.raw_logprobs is not None:
+        close(g.raw_logprobs, w.raw_logprobs)
+      assert g.finish_reason == w.finish_reason
+
+
+def flat_push(hf_state, config) -> flat_weights.FlatWeights:
+  """The flat push (float32) of the HF-named weights ``hf_state`` of a model of ``config``."""
+  model = models.Transformer(config, rngs=nnx.Rngs(0))
+  models.load_hf_state_dict(model, hf_state)
+  return flat_weights.export(model, "float32")
+
+
+def check_update_changes_and_restores(engine, prompts, params, hf_state, seed: int,
+                                      push=lambda state: state) -> None:
+  """Perturbed weights change the samples; restoring the weights restores them bit for bit.
+
+  ``push`` turns HF-named weights into what is pushed (e.g. `flat_push`)."""
   before = engine.generate(prompts, params)
   rng = np.random.default_rng(seed)
   perturbed = {k: v + 0.5 * v.std() * rng.standard_normal(v.shape).astype(v.dtype)
                for k, v in hf_state.items()}
-  engine.update_weights(perturbed)
+  engine.update_weights(push(perturbed))
   during = engine.generate(prompts, params)
-  engine.update_weights(hf_state)
+  engine.update_weights(push(hf_state))
   after = engine.generate(prompts, params)
   flat = lambda out: [c for per in out for c in per]
   assert any(not np.array_equal(a.token_ids, b.token_ids)
              for a, b in zip(flat(before), flat(during)))
-  for a, b in zip(flat(before), flat(after)):
-    np.testing.assert_array_equal(a.token_ids, b.token_ids)
-    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+  assert_same_completions(after, before)

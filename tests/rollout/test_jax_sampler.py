@@ -8,7 +8,8 @@ import scipy.stats
 
 from disa_jax import models
 from disa_jax.rollout import SamplingParams
-from disa_jax.rollout.jax_sampler import JaxSampler, process_logits
+from disa_jax.rollout.jax_sampler import JaxSampler
+from disa_jax.rollout.sampling import process_logits
 from tests.rollout import reference, stop_case
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70]]
@@ -122,22 +123,22 @@ def test_stops_at_the_generation_config_eos(sampler, tmp_path):
 def test_new_prompt_lengths_and_params_do_not_recompile(sampler):
   s = sampler
   s.generate(PROMPTS, SamplingParams(max_tokens=10))
-  compiled = s._fns[16, 1]._cache_size()  # pylint: disable=protected-access
+  compiled = {k: f._cache_size() for k, f in s._fns.items()}  # pylint: disable=protected-access
   for prompt_len, n, t, k, p in [(3, 1, 1.0, 0, 1.0), (9, 1, 0.5, 5, 0.9), (15, 1, 0.0, 0, 1.0),
                                  (1, 1, 2.0, 0, 0.3)]:
     prompts = [list(range(1, prompt_len + 1)), [4, 5], [7]]
     s.generate(prompts, SamplingParams(n=n, temperature=t, top_k=k, top_p=p, max_tokens=10,
                                        stop_token_ids=(prompt_len,)))
-  assert s._fns[16, 1]._cache_size() == compiled  # pylint: disable=protected-access
+  assert {k: f._cache_size() for k, f in s._fns.items()} == compiled  # pylint: disable=protected-access
 
 
 def test_samples_of_a_prompt_share_one_prefill(sampler):
-  """n = 4 samples of 3 prompts (12 rows in a batch of 16: a padding prompt) prefill each prompt
-  once; greedy completions and their raw log-probs equal those of the prompts repeated n times
-  with n = 1 (one prefill per row)."""
+  """n = 4 samples of 3 prompts (12 rows on 16 slots) prefill each prompt once; greedy
+  completions and their raw log-probs equal those of the prompts repeated n times with n = 1
+  (one prefill per row)."""
   params = SamplingParams(n=4, temperature=0.0, max_tokens=6, return_raw_logprobs=True)
   grouped = sampler.generate(PROMPTS, params)
-  assert (16, 4) in sampler._fns  # pylint: disable=protected-access
+  assert ("ragged", 16, 4, 4, 16) in sampler._fns  # pylint: disable=protected-access  (group 4)
   flat = sampler.generate([p for p in PROMPTS for _ in range(4)], dataclasses.replace(params, n=1))
   for i, comps in enumerate(grouped):
     for j, c in enumerate(comps):
@@ -161,12 +162,7 @@ def test_update_weights_changes_and_restores_bit_for_bit(sampler, hf_state):
   assert any(not np.array_equal(a.token_ids, b.token_ids)
              for pa, pb in zip(before, during) for a, b in zip(pa, pb))
   s.update_weights(hf_state)
-  after = s.generate(PROMPTS, params)
-  for pa, pb in zip(before, after):
-    for a, b in zip(pa, pb):
-      np.testing.assert_array_equal(a.token_ids, b.token_ids)
-      np.testing.assert_array_equal(a.logprobs, b.logprobs)
-      np.testing.assert_array_equal(a.raw_logprobs, b.raw_logprobs)
+  reference.assert_same_completions(s.generate(PROMPTS, params), before)
   with pytest.raises(ValueError):
     s.update_weights({k: v for k, v in hf_state.items() if "layers.0." not in k})
 

@@ -97,6 +97,18 @@ def test_remote_weight_update_changes_and_restores(remote, hf_state):
   assert shm.list_segments(os.getpid()) == []
 
 
+def test_remote_flat_push_equals_direct_load(remote, tiny_model, hf_state):
+  """A flat push through shared memory (several buckets, copied by two threads) changes the
+  samples, and pushing the checkpoint's weights back samples bit for bit as before (the worker
+  loaded the checkpoint directly)."""
+  remote.copy_threads = 2
+  push = lambda state: reference.flat_push(state, tiny_model.config)
+  reference.check_update_changes_and_restores(remote, PROMPTS, PARAMS, hf_state, seed=2,
+                                              push=push)
+  assert remote.last_sync["bytes"] >= push(hf_state).nbytes
+  assert shm.list_segments(os.getpid()) == []
+
+
 def test_worker_errors_are_reported_and_engine_survives(remote, hf_state):
   with pytest.raises(GenerationProcessError, match="outside"):
     remote.generate([[1, 100_000]], PARAMS)

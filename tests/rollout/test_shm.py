@@ -159,10 +159,11 @@ def test_concurrent_processes_round_trip(ring):
 def test_killed_lock_holder_does_not_wedge_ring(ring):
   """flock is released by the kernel when a holder dies (here: a child killed mid-critical-section)."""
   ctx = mp.get_context("spawn")
-  proc = ctx.Process(target=_hold_lock_forever, args=(ring.name,))
+  held = ctx.Event()
+  proc = ctx.Process(target=_hold_lock_forever, args=(ring.name, held))
   proc.start()
   try:
-    time.sleep(1.5)  # let it take the lock
+    assert held.wait(120), "the child never took the lock"
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="lock"):  # the lock is held: put times out
       ring.put({"x": 1}, timeout=0.2)
@@ -208,10 +209,11 @@ def test_a_stopped_lock_holder_is_reported_by_the_liveness_check(ring):
   assert ring.get(timeout=5)[0] == {"ok": 1}
 
 
-def _hold_lock_forever(name):
+def _hold_lock_forever(name, held):
   import fcntl
   r = shm.ShmRing.attach(name)
   fcntl.flock(r._shm._fd, fcntl.LOCK_EX)  # pylint: disable=protected-access
+  held.set()
   time.sleep(600)
 
 

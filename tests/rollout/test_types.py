@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from disa_jax.rollout import Completion, Engine, SamplingParams, make_engine
-from disa_jax.rollout.jax_sampler import JaxSampler, _bucket
+from disa_jax.rollout.jax_sampler import JaxSampler
+from disa_jax.rollout.sampling import bucket as _bucket
 
 
 def test_sampling_params_roundtrip_and_validation():

@@ -79,6 +79,14 @@ def test_vllm_weight_update_changes_and_restores_bit_for_bit(vllm_engine, hf_sta
   reference.check_update_changes_and_restores(vllm_engine, PROMPTS, params, hf_state, seed=0)
 
 
+def test_vllm_flat_push_changes_and_restores_bit_for_bit(vllm_engine, tiny_model, hf_state):
+  """vLLM loads a flat push's HF-named views (transposed views of the shared buckets)."""
+  params = SamplingParams(n=2, temperature=0.9, max_tokens=10, seed=3)
+  reference.check_update_changes_and_restores(
+      vllm_engine, PROMPTS, params, hf_state, seed=4,
+      push=lambda state: reference.flat_push(state, tiny_model.config))
+
+
 def test_vllm_stops_at_the_generation_config_eos(vllm_engine, tmp_path):
   """Tokenizer eos 2, generation_config eos another token: sampling ends at the latter."""
   stop_case.check_engine_stops_at_generation_config_eos(vllm_engine, str(tmp_path / "tok"))

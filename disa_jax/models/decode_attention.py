@@ -1,0 +1,184 @@
+"""Decode attention over a head-major ragged KV cache (the JAX sampler's, `disa_jax.rollout`).
+
+`RaggedKV` holds one sequence per slot b of B: ``k``, ``v`` `[L, B, K, S, H]`, head-major (the K
+key/value heads before the S positions, the layout the scores' einsum reads, so no step transposes
+the cache). Slot b's live entries are ``[start[b], write[b]]``; a decode step writes each slot's new
+key and value at ``write[b]`` (a scatter into the cache, which is a loop carry of the caller's
+program: updated in place, never copied), and attends over the live entries only
+(`ragged_attention`): the positions run in blocks of ``block``, an XLA while loop visits the blocks
+``[min(start) // block, ceil(max(write + 1) / block))`` with an online softmax (float32 scores, as
+`attention.gqa_attention`), so the work follows the longest live row, not the cache length S.
+
+The cache holds its values' bits as unsigned ints of the same width (`as_bits`; read back block by
+block with `from_bits`, a free bitcast): XLA:CPU runs a bfloat16 scatter in float32 on a converted
+copy of the whole operand (twice the cache, per write), while it scatters integers in place, as
+every backend does.
+
+A Pallas kernel (one program per slot, reading its own live blocks) would also skip the blocks of
+the shorter rows; this XLA path is the one every backend runs.
+
+`run_layers` drives a model's layer function over the whole stacked cache: a Python loop over the
+layers, or a `jax.lax.scan` whose carry (not its stacked outputs) is the cache, so the cache is
+updated in place in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from disa_jax.models.attention import MASK_VALUE
+
+_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def bits_dtype(dtype: Any) -> Any:
+  """The unsigned int type of ``dtype``'s width (the cache's storage type)."""
+  return _BITS[jnp.dtype(dtype).itemsize]
+
+
+def as_bits(x: jax.Array) -> jax.Array:
+  """x's bits as unsigned ints of its width."""
+  return jax.lax.bitcast_convert_type(x, bits_dtype(x.dtype))
+
+
+def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
+  """The ``dtype`` values whose bits ``bits`` holds."""
+  return jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype))
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "write", "start"],
+                   meta_fields=["block", "dtype"])
+@dataclasses.dataclass(frozen=True)
+class RaggedKV:
+  """The sampler's KV cache during one decode step (see the module docstring).
+
+  Attributes:
+    k, v: `[L, B, K, S, H]` keys and values, head-major, as the bits of ``dtype`` values.
+    write: `[B]` int32, where each slot's new key and value go (its last live entry).
+    start: `[B]` int32, each slot's first live entry.
+    block: positions per attention block (static; divides S).
+    dtype: the values' dtype name (static).
+  """
+  k: jax.Array
+  v: jax.Array
+  write: jax.Array
+  start: jax.Array
+  block: int
+  dtype: str
+
+  def update_and_attend(self, q: jax.Array, k: jax.Array, v: jax.Array, layer: Any
+                        ) -> tuple[jax.Array, "RaggedKV"]:
+    """Writes one layer's new entries and attends over the live ones.
+
+    Args:
+      q: `[B, 1, N, H]` queries of the new tokens.
+      k, v: `[B, 1, K, H]` their keys and values.
+      layer: the layer index (int, or a traced int32 scalar under a scan).
+
+    Returns:
+      (`[B, 1, N, H]` attention output in q's dtype, the cache with the new entries).
+    """
+    out, kc, vc = ragged_attention(q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write,
+                                   self.start, self.block, self.dtype)
+    return out, dataclasses.replace(self, k=kc, v=vc)
+
+
+def ragged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array,
+                     v_cache: jax.Array, layer: Any, write: jax.Array, start: jax.Array,
+                     block: int, dtype: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Writes each slot's new key and value at ``write``, then attends with one query per slot over
+  its live entries ``[start, write]``, block by block.
+
+  The caches are the block loop's carry and every iteration writes the new entries (the same
+  values: a `[B, K, H]` scatter): the loop then updates the caches, so XLA neither copies them
+  for the loop nor for the next layer's write; a loop that only read them would get them copied
+  whole on every layer, since the next layer writes them in place.
+
+  Args:
+    q: `[B, 1, N, H]` queries (N = K * G; head n uses key/value head n // G).
+    k, v: `[B, K, H]` the new keys and values.
+    k_cache, v_cache: `[L, B, K, S, H]` the whole cache, as bits (`as_bits`) of ``dtype``
+      values; layer ``layer``'s is written and read.
+    layer: int or traced int32 scalar.
+    write: `[B]` int32, where each slot's new entry goes (its last live one).
+    start: `[B]` int32, each slot's first live entry (<= write).
+    block: positions per block; must divide S.
+    dtype: the cache values' dtype.
+
+  Returns:
+    (`[B, 1, N, H]` in q's dtype, k_cache, v_cache with the new entries).
+  """
+  b, _, n, h = q.shape
+  _, _, kv_heads, s, _ = k_cache.shape
+  if s % block:
+    raise ValueError(f"ragged_attention block={block} must divide the cache length {s}")
+  g = n // kv_heads
+  qh = q.reshape(b, kv_heads, g, h)
+  scale = 1.0 / math.sqrt(h)
+  rows = jnp.arange(b)
+  end = write + 1
+  first = jnp.min(start) // block
+  last = (jnp.max(end) + block - 1) // block
+  k_bits, v_bits = as_bits(k.astype(dtype)), as_bits(v.astype(dtype))
+
+  def body(i, carry):
+    m, l, acc, k_cache, v_cache = carry  # [B, K, G] running max and sum, [B, K, G, H] numerator
+    k_cache = k_cache.at[layer, rows, :, write, :].set(k_bits)
+    v_cache = v_cache.at[layer, rows, :, write, :].set(v_bits)
+    at = i * block
+    kb, vb = (from_bits(jax.lax.dynamic_slice(x, (layer, 0, 0, at, 0),
+                                              (1, b, kv_heads, block, h))[0], dtype)
+              for x in (k_cache, v_cache))  # [B, K, block, H]
+    scores = jnp.einsum("bkgh,bksh->bkgs", qh, kb.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * scale
+    pos = at + jnp.arange(block, dtype=jnp.int32)
+    valid = ((pos[None] >= start[:, None]) & (pos[None] < end[:, None]))[:, None, None]
+    scores = jnp.where(valid, scores, MASK_VALUE)
+    m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.where(valid, jnp.exp(scores - m_new[..., None]), 0.0)
+    vb = vb.astype(q.dtype)
+    pv = jnp.einsum("bkgs,bksh->bkgh", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
+    return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv, k_cache, v_cache
+
+  init = (jnp.full((b, kv_heads, g), MASK_VALUE, jnp.float32),
+          jnp.zeros((b, kv_heads, g), jnp.float32), jnp.zeros((b, kv_heads, g, h), jnp.float32),
+          k_cache, v_cache)
+  _, l, acc, k_cache, v_cache = jax.lax.fori_loop(first, last, body, init)
+  return (acc / l[..., None]).reshape(b, 1, n, h).astype(q.dtype), k_cache, v_cache
+
+
+def run_layers(layer: Callable[[jax.Array, dict[str, jax.Array], RaggedKV, Any],
+                               tuple[jax.Array, RaggedKV]],
+               x: jax.Array, stacked: dict[str, jax.Array], cache: RaggedKV, *,
+               unrolled: bool) -> tuple[jax.Array, RaggedKV]:
+  """Runs ``layer(x, params_i, cache, i)`` over the L stacked layers, threading the whole cache.
+
+  Args:
+    layer: one decoder layer; returns (x, the cache with layer i's new entries).
+    x: `[B, 1, D]` the new tokens' embeddings.
+    stacked: the layers' `[L, ...]` parameters.
+    cache: the ragged cache.
+    unrolled: a Python loop (static layer indices) instead of a scan (traced indices).
+
+  Returns:
+    (x after the last layer, the updated cache).
+  """
+  num_layers = cache.k.shape[0]
+  if unrolled:
+    for i in range(num_layers):
+      x, cache = layer(x, {name: a[i] for name, a in stacked.items()}, cache, i)
+    return x, cache
+
+  def body(carry, xs):
+    p, i = xs
+    return layer(carry[0], p, carry[1], i), None
+
+  (x, cache), _ = jax.lax.scan(body, (x, cache), (stacked, jnp.arange(num_layers)))
+  return x, cache

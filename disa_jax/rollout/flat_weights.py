@@ -1,0 +1,355 @@
+"""Flat weight push: the policy's parameters as a few contiguous buffers, one copy each way.
+
+A `FlatLayout` places the parameters of a `Transformer` (its own layouts: stacked `[L, ...]` layer
+arrays, `[in, out...]` kernels) one after the other, each cast to the push dtype, flattened and
+starting at a multiple of `ALIGN` elements, in buckets of at most ``bucket_bytes`` (0: one buffer).
+The layout is a function of the model config, the dtype and the bucket size alone, so both ends of
+a push compute it.
+
+* `export` (trainer, collective): one jitted cast + concatenate per bucket on the device (with a
+  mesh, the bucket comes out replicated: the all-gather runs on the devices, and every host holds
+  the whole model), then one device -> host copy of each bucket, on host leaders only (``fetch``);
+  the next bucket is computed while one is copied, so the export's extra device memory is about two
+  buckets.
+* `FlatWeights`: the host buckets plus their layout. It is a read-only Mapping of the Hugging Face
+  names to HF-layout *views* of the buckets (the linear kernels as transposed views), so every
+  engine's ``update_weights`` takes it; the generation process (`process.RemoteEngine`) copies the
+  buckets into shared memory with several threads and rebuilds a `FlatWeights` on the shared views
+  in the child; vLLM loads the HF-named views (`vllm_engine`).
+* `load` (the JAX sampler): one host -> device copy per bucket and one jitted split straight into
+  the engine's own parameters (the same layouts: no transposes; a cast only when the engine's
+  dtype differs from the push's).
+
+Bit-exact: the cast is XLA's round-to-nearest-even (as NumPy's and ml_dtypes'), and a push in the
+engine's dtype copies bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Iterator, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from disa_jax import models
+from disa_jax.models.config import ModelConfig, RopeScaling
+from disa_jax.models.transformer import layer_param_specs
+
+ALIGN = 64  # elements: every parameter starts at a multiple of this within its bucket
+DEFAULT_BUCKET_BYTES = 1 << 30
+
+
+def _np_dtype(dtype: Any) -> np.dtype:
+  return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
+
+
+def config_to_dict(config: ModelConfig) -> dict[str, Any]:
+  """A JSON-able dict of every `ModelConfig` field (`config_from_dict` inverts it exactly)."""
+  return dataclasses.asdict(config)
+
+
+def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
+  d = dict(d)
+  rope = d.pop("rope_scaling", None)
+  return ModelConfig(**d, rope_scaling=None if rope is None else RopeScaling(**rope))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """Nested dict -> {'a.b': leaf}."""
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """{'a.b': leaf} -> nested dict."""
+  out: dict[str, Any] = {}
+  for path, v in flat.items():
+    *parents, last = path.split(".")
+    node = out
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[last] = v
+  return out
+
+
+def model_params(model: models.Transformer) -> dict[str, jax.Array]:
+  """``{'embed': ..., 'layers.q_kernel': ..., ...}``: the model's parameters by path."""
+  return _flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+
+
+def param_shapes(config: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+  """The parameters of a `Transformer` of ``config`` as (path, shape), sorted by path. Plain
+  Python (no JAX backend starts: vLLM's generation process calls it too)."""
+  v, d = config.vocab_size, config.hidden_size
+  shapes = {"embed": (v, d), "final_norm": (d,)}
+  if not config.tie_word_embeddings:
+    shapes["lm_head"] = (d, v)
+  for name, (shape, _) in layer_param_specs(config).items():
+    shapes[f"layers.{name}"] = (config.num_layers,) + tuple(shape)
+  return tuple(sorted(shapes.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One parameter in a flat layout: ``size`` elements from ``offset`` of bucket ``bucket``."""
+  path: str
+  shape: tuple[int, ...]
+  bucket: int
+  offset: int
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatLayout:
+  """Where each parameter of a model of ``config`` lies in the push's buckets (module docstring).
+
+  Attributes:
+    config: the model's architecture.
+    dtype: the pushed dtype's name ('bfloat16', 'float32', ...).
+    bucket_bytes: a bucket holds at most this many bytes, unless one parameter alone is larger
+      (it then fills a bucket by itself); 0 = one bucket.
+  """
+  config: ModelConfig
+  dtype: str
+  bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+  def __post_init__(self):
+    object.__setattr__(self, "dtype", _np_dtype(self.dtype).name)
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+      raise ValueError(f"FlatLayout.dtype must be a float dtype, got {self.dtype!r}")
+    if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
+      raise ValueError(f"FlatLayout.bucket_bytes must be an int >= 0, got {self.bucket_bytes!r}")
+
+  @functools.cached_property
+  def _plan(self) -> tuple[tuple[Entry, ...], tuple[int, ...]]:
+    cap = self.bucket_bytes // _np_dtype(self.dtype).itemsize if self.bucket_bytes else math.inf
+    entries, sizes, bucket, at = [], [], 0, 0
+    for path, shape in param_shapes(self.config):
+      size = math.prod(shape)
+      if at and at + size > cap:
+        sizes.append(at)
+        bucket, at = bucket + 1, 0
+      entries.append(Entry(path, shape, bucket, at))
+      at = -(-(at + size) // ALIGN) * ALIGN
+    sizes.append(at)
+    return tuple(entries), tuple(sizes)
+
+  @property
+  def entries(self) -> tuple[Entry, ...]:
+    return self._plan[0]
+
+  @property
+  def bucket_sizes(self) -> tuple[int, ...]:
+    """Elements of each bucket (alignment padding included)."""
+    return self._plan[1]
+
+  def bucket_entries(self, bucket: int) -> tuple[Entry, ...]:
+    return tuple(e for e in self.entries if e.bucket == bucket)
+
+  @property
+  def nbytes(self) -> int:
+    return sum(self.bucket_sizes) * _np_dtype(self.dtype).itemsize
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"config": config_to_dict(self.config), "dtype": self.dtype,
+            "bucket_bytes": self.bucket_bytes}
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "FlatLayout":
+    return cls(config_from_dict(d["config"]), d["dtype"], int(d["bucket_bytes"]))
+
+  def check_params(self, shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
+    """Raises ValueError naming the first parameter of ``shapes`` (path -> shape) that is missing
+    from this layout, absent from ``shapes`` or of another shape."""
+    want = {e.path: e.shape for e in self.entries}
+    for path in sorted(set(want) | set(shapes)):
+      got = tuple(shapes[path]) if path in shapes else None
+      if got != want.get(path):
+        raise ValueError(f"{where}: parameter {path!r} has shape {got} but the pushed layout has "
+                         f"{want.get(path)} (None = absent)")
+
+
+def _hf_view(rule: models.KeyRule, ours: np.ndarray, hf_shape: tuple[int, ...]) -> np.ndarray:
+  """Our (per-layer) layout -> the HF layout, as a view (a transposed one for linear kernels)."""
+  if rule.transpose:
+    return ours.reshape(hf_shape[::-1]).T  # [in, out...] -> [out, in]
+  return ours.reshape(hf_shape)
+
+
+class FlatWeights(Mapping):
+  """Host buckets of a push and their layout; a read-only Mapping of HF names to HF-layout views.
+
+  Args:
+    layout: the buckets' layout.
+    buffers: one 1-D array per bucket, of the layout's dtype and size (owned arrays, or views of
+      the generation process's shared memory).
+  """
+
+  def __init__(self, layout: FlatLayout, buffers: Sequence[np.ndarray]):
+    if len(buffers) != len(layout.bucket_sizes):
+      raise ValueError(f"FlatWeights: {len(buffers)} buffers for a layout of "
+                       f"{len(layout.bucket_sizes)} buckets")
+    dtype = _np_dtype(layout.dtype)
+    for i, (buf, size) in enumerate(zip(buffers, layout.bucket_sizes)):
+      if buf.dtype != dtype or buf.shape != (size,):
+        raise ValueError(f"FlatWeights: bucket {i} is {buf.dtype}{list(buf.shape)}, the layout "
+                         f"needs {dtype}[{size}]")
+    self.layout = layout
+    self.buffers = list(buffers)
+    self._entries = {e.path: e for e in layout.entries}
+    self._hf = models.expected_hf_keys(layout.config)  # name -> (rule, layer or None)
+    self.timings: dict[str, float] = {}  # filled by `export`
+
+  @property
+  def nbytes(self) -> int:
+    return sum(b.nbytes for b in self.buffers)
+
+  def param(self, path: str) -> np.ndarray:
+    """Parameter ``path`` in our layout, a view of its bucket."""
+    e = self._entries[path]
+    return self.buffers[e.bucket][e.offset:e.offset + e.size].reshape(e.shape)
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    if name not in self._hf:
+      raise KeyError(name)
+    rule, layer = self._hf[name]
+    ours = self.param(rule.path)
+    return _hf_view(rule, ours if layer is None else ours[layer], rule.hf_shape(self.layout.config))
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._hf)
+
+  def __len__(self) -> int:
+    return len(self._hf)
+
+
+def _replicated(x: jax.Array) -> NamedSharding | None:
+  """x's mesh, every device holding the whole array (None: x is not on a named mesh)."""
+  sharding = getattr(x, "sharding", None)
+  return sharding.update(spec=PartitionSpec()) if isinstance(sharding, NamedSharding) else None
+
+
+@functools.lru_cache(maxsize=32)
+def _export_fn(layout: FlatLayout, bucket: int, out_sharding: NamedSharding | None):
+  """Jitted: bucket ``bucket``'s parameters (a list, in entry order) -> the 1-D bucket."""
+  entries, size = layout.bucket_entries(bucket), layout.bucket_sizes[bucket]
+  dtype = jnp.dtype(layout.dtype)
+
+  def fn(arrays: list[jax.Array]) -> jax.Array:
+    parts, at = [], 0
+    for e, x in zip(entries, arrays):
+      if e.offset > at:
+        parts.append(jnp.zeros((e.offset - at,), dtype))
+      parts.append(x.astype(dtype).reshape(-1))
+      at = e.offset + e.size
+    if size > at:
+      parts.append(jnp.zeros((size - at,), dtype))
+    return jnp.concatenate(parts)
+
+  return jax.jit(fn, out_shardings=out_sharding)
+
+
+def export(model: models.Transformer, dtype: Any = None, *,
+           bucket_bytes: int = DEFAULT_BUCKET_BYTES, fetch: bool = True) -> FlatWeights | None:
+  """Collective: the model's parameters as host buckets (see the module docstring).
+
+  Every process of a multi-process run must call it (the buckets are gathered on the devices);
+  only those with ``fetch`` copy them to the host.
+
+  Args:
+    model: the policy (parameters possibly sharded, across processes too).
+    dtype: the pushed dtype (None: the parameters' own).
+    bucket_bytes: the layout's bucket size (`FlatLayout`).
+    fetch: copy the buckets to this host (False on processes that push nothing).
+
+  Returns:
+    The `FlatWeights` (``timings['export_s']``: device cast + device -> host), or None without
+    ``fetch``.
+  """
+  params = model_params(model)
+  layout = FlatLayout(model.config, _np_dtype(model.param_dtype if dtype is None else dtype).name,
+                      bucket_bytes)
+  layout.check_params({p: x.shape for p, x in params.items()}, "flat export")
+  sharding = _replicated(next(iter(params.values())))
+
+  def run(bucket: int) -> jax.Array:
+    fn = _export_fn(layout, bucket, sharding)
+    return fn([params[e.path] for e in layout.bucket_entries(bucket)])
+
+  t0 = time.perf_counter()
+  buffers, pending = [], run(0)
+  for bucket in range(len(layout.bucket_sizes)):
+    following = run(bucket + 1) if bucket + 1 < len(layout.bucket_sizes) else None
+    # Wait for every local device's share of the gather before one process reads its copy
+    # (`disa_jax.parallel.distributed.process_allgather`'s note on hangs).
+    pending.block_until_ready()
+    if fetch:
+      buffers.append(np.asarray(pending.addressable_data(0)))
+    pending = following
+  if not fetch:
+    return None
+  flat = FlatWeights(layout, buffers)
+  flat.timings["export_s"] = time.perf_counter() - t0
+  return flat
+
+
+@functools.lru_cache(maxsize=32)
+def _split_fn(layout: FlatLayout, bucket: int, dtypes: tuple[str, ...], out_shardings: Any):
+  """Jitted: the 1-D bucket -> its parameters (a list in entry order) in ``dtypes``."""
+  entries = layout.bucket_entries(bucket)
+
+  def fn(buf: jax.Array) -> tuple[jax.Array, ...]:
+    return tuple(jax.lax.slice(buf, (e.offset,), (e.offset + e.size,)).reshape(e.shape).astype(d)
+                 for e, d in zip(entries, dtypes))
+
+  return jax.jit(fn, out_shardings=out_shardings)
+
+
+def load(current: Mapping[str, jax.Array], flat: FlatWeights) -> dict[str, jax.Array]:
+  """The pushed parameters on the device, laid out as ``current`` (the engine's parameters by
+  path: their dtypes, shardings and committedness are kept, so nothing that was compiled for the
+  old ones compiles again).
+
+  Raises:
+    ValueError: naming the first parameter the push and ``current`` disagree on.
+  """
+  layout = flat.layout
+  layout.check_params({p: x.shape for p, x in current.items()}, "flat weights load")
+  out = {}
+  for bucket, host in enumerate(flat.buffers):
+    entries = layout.bucket_entries(bucket)
+    first = current[entries[0].path]
+    if getattr(first, "committed", True):
+      dev = jax.device_put(host, _replicated(first) or first.sharding)
+      shardings = tuple(current[e.path].sharding for e in entries)
+    else:
+      dev, shardings = jax.device_put(host), None
+    fn = _split_fn(layout, bucket, tuple(current[e.path].dtype.name for e in entries), shardings)
+    out.update(zip((e.path for e in entries), fn(dev)))
+    del dev
+  return out
+
+
+def load_into(model: models.Transformer, flat: FlatWeights) -> None:
+  """Loads ``flat`` into ``model``'s parameters in place (`load`) and waits for the copies."""
+  state = nnx.state(model, nnx.Param)
+  new = load(model_params(model), flat)
+  nnx.replace_by_pure_dict(state, _nest(new))
+  nnx.update(model, state)
+  jax.block_until_ready(new)

@@ -1,0 +1,136 @@
+"""The ragged KV cache and continuous batching (`disa_jax.rollout.continuous`): the same samples as
+the dense reference path, decode attention over the live entries only, one in-place cache, and
+the memory of 256 rows of a 4B model."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from disa_jax import models
+from disa_jax.models import attention as A
+from disa_jax.models.decode_attention import as_bits, from_bits, ragged_attention
+from disa_jax.rollout import SamplingParams, continuous
+from disa_jax.rollout.jax_sampler import JaxSampler
+from tests.rollout import reference
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70], [3, 4], [8, 9, 10, 11, 12]]
+H200_BYTES = 139 << 30  # the H200's usable memory (about 139 GiB)
+
+
+@pytest.fixture(scope="module")
+def samplers(tiny_model):
+  """The ragged sampler and the dense reference on the same weights; few slots, so that 5 prompts
+  x 4 samples wait for each other."""
+  kw = dict(max_batch_size=8, min_batch_bucket=8, decode_block=16)
+  return (JaxSampler(tiny_model, cache_layout="ragged", **kw),
+          JaxSampler(tiny_model, cache_layout="dense", **kw))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=4, temperature=0.0, max_tokens=20, return_raw_logprobs=True),
+    SamplingParams(n=4, temperature=1.0, max_tokens=20, seed=3, return_raw_logprobs=True),
+    SamplingParams(n=4, temperature=0.8, top_k=20, top_p=0.9, max_tokens=20, seed=5),
+], ids=["greedy", "sampled", "truncated"])
+def test_ragged_samples_what_the_dense_reference_samples(samplers, params):
+  """Greedy and under a fixed key: the same tokens, log-probs equal to float32 rounding (the
+  blocked online softmax sums in another order than one softmax). The parameters share one
+  compiled program per path (same shapes)."""
+  ragged, dense = samplers
+  reference.assert_same_completions(ragged.generate(PROMPTS, params),
+                                    dense.generate(PROMPTS, params), atol=1e-5)
+
+
+def test_finished_rows_free_their_slots_for_waiting_rows(samplers):
+  """20 rows on 8 slots; rows stop at different lengths (stop = each prompt's 2nd-7th greedy
+  token), so later rows start in slots freed early: fewer decode steps than the dense path's
+  chunks of 8 run, and the same completions."""
+  ragged, dense = samplers
+  greedy = dense.generate(PROMPTS, SamplingParams(n=4, temperature=0.0, max_tokens=20))
+  stops = tuple({int(g[0].token_ids[i]) for i, g in zip((1, 3, 6, 2, 4), greedy)})
+  params = SamplingParams(n=4, temperature=1.0, max_tokens=20, seed=9, stop_token_ids=stops)
+  got, want = ragged.generate(PROMPTS, params), dense.generate(PROMPTS, params)
+  reference.assert_same_completions(got, want, atol=1e-5)
+  lengths = [len(c.token_ids) for per in want for c in per]
+  assert len(set(lengths)) > 3 and min(lengths) < 20, lengths
+  # Decode steps (each row's first token comes from its prefill): chunks of 8 run to their
+  # longest row; continuous batching refills freed slots while the long rows run.
+  chunked = sum(max(lengths[i:i + 8]) - 1 for i in range(0, len(lengths), 8))
+  assert ragged.last_num_steps - 1 < chunked, (ragged.last_num_steps - 1, chunked, lengths)
+
+
+def test_decode_attention_reads_live_blocks_only():
+  """Against a dense masked softmax: every slot sees exactly its live range; the blocks outside
+  [min start, max end) hold NaN and are never read (the output stays finite)."""
+  rng = np.random.default_rng(0)
+  layers, b, kv, g, s, h, block = 2, 4, 2, 3, 64, 8, 8
+  k = rng.normal(size=(layers, b, kv, s, h)).astype(np.float32)
+  v = rng.normal(size=(layers, b, kv, s, h)).astype(np.float32)
+  q = rng.normal(size=(b, 1, kv * g, h)).astype(np.float32)
+  start, write = np.array([9, 17, 20, 12]), np.array([29, 39, 20, 32])
+  k_new, v_new = (rng.normal(size=(b, kv, h)).astype(np.float32) for _ in range(2))
+  for x in (k, v):
+    x[:, :, :, :8] = np.nan  # block 0: before every start's block
+    x[:, :, :, 40:] = np.nan  # blocks 5-7: after every write
+  for layer in (0, 1):
+    out, kc, vc = ragged_attention(jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new),
+                                   as_bits(jnp.asarray(k)), as_bits(jnp.asarray(v)), layer,
+                                   jnp.asarray(write), jnp.asarray(start), block, "float32")
+    kc, vc = from_bits(kc, jnp.float32), from_bits(vc, jnp.float32)
+    want_k, want_v = k.copy(), v.copy()
+    want_k[layer, np.arange(b), :, write], want_v[layer, np.arange(b), :, write] = k_new, v_new
+    np.testing.assert_array_equal(np.asarray(kc), want_k)
+    np.testing.assert_array_equal(np.asarray(vc), want_v)
+    live = (np.arange(s)[None] >= start[:, None]) & (np.arange(s)[None] <= write[:, None])
+    kt, vt = (np.nan_to_num(x[layer]).transpose(0, 2, 1, 3) for x in (want_k, want_v))
+    want = np.asarray(A.gqa_attention(jnp.asarray(q), jnp.asarray(kt), jnp.asarray(vt),
+                                      jnp.asarray(live[:, None, :])))  # kt: [B, S, K, H]
+    np.testing.assert_allclose(np.asarray(out), want, atol=2e-6)
+
+
+def test_one_cache_updated_in_place(tiny_model):
+  """The compiled ragged program holds one KV cache: the donated input, aliased to the output;
+  everything else it allocates is < 10% of the cache's size."""
+  sampler = JaxSampler(tiny_model, max_batch_size=64)
+  memory, cache = sampler.compiled_memory(prompts=8, n=8, prompt_len=16, max_tokens=512)
+  assert cache == continuous.cache_bytes(tiny_model.config, 64, 16 + 512, jnp.float32)
+  assert memory.alias_size_in_bytes >= cache
+  assert memory.temp_size_in_bytes <= 0.1 * cache, (memory.temp_size_in_bytes, cache)
+
+
+@pytest.mark.slow  # compiles a 36-layer (scanned) 4B program on the CPU: ~25 s
+def test_256_rows_of_a_4b_model_fit_one_h200():
+  """qwen3-4b-base, 32 prompts of 256 tokens x 8 samples x 1,024 new tokens on 256 slots: the
+  bfloat16 cache is 256 x 1,280 x 36 x 2 x 8 x 128 x 2 bytes = 45 GiB (one copy), and bfloat16
+  weights + cache + the program's temporaries fit the H200's 139 GiB.
+
+  The program is compiled in float32: XLA:CPU would convert every bfloat16 weight to float32
+  (~35 GB of temporaries no GPU has); the float32 program's temporaries bound the bfloat16 one's.
+  """
+  config = models.get_preset("qwen3-4b-base")
+  model = nnx.eval_shape(lambda: models.Transformer(config, rngs=nnx.Rngs(0), layer_loop="scan"))
+  sampler = JaxSampler(model, max_batch_size=256)
+  memory, cache32 = sampler.compiled_memory(prompts=32, n=8, prompt_len=256, max_tokens=1024)
+  cache = continuous.cache_bytes(config, 256, 256 + 1024, jnp.bfloat16)
+  assert cache == 256 * 1280 * 36 * 2 * 8 * 128 * 2 == cache32 // 2 == 48_318_382_080
+  assert memory.alias_size_in_bytes >= cache32  # the float32 cache, donated: one copy
+  assert memory.temp_size_in_bytes <= 0.1 * cache32, memory
+  weights = sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(nnx.state(model)))
+  assert weights == 8_044_936_192
+  assert weights + cache + memory.temp_size_in_bytes < H200_BYTES, memory
+
+
+def test_admission_rows():
+  assert [continuous.admission_rows(s, n) for s, n in
+          [(8, 1), (64, 8), (256, 8), (256, 1024), (64, 12), (16, 4), (8, 12)]] == [
+              1, 8, 32, 32, 12, 4, 1]
+
+
+def test_bad_sampler_options_are_named(tiny_model):
+  with pytest.raises(ValueError, match="cache_layout"):
+    JaxSampler(tiny_model, cache_layout="paged")
+  with pytest.raises(ValueError, match="decode_block"):
+    JaxSampler(tiny_model, decode_block=24)

@@ -1,0 +1,122 @@
+"""The flat weight push (`disa_jax.rollout.flat_weights`): layout, bitwise round trips, a sharded
+export, and a pushed policy sampling as the same weights loaded directly (JAX engine in this
+process; the generation process in test_process.py, vLLM in test_vllm_engine.py)."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+
+from disa_jax import models, parallel, testing
+from disa_jax.parallel import distributed
+from disa_jax.rollout import SamplingParams, flat_weights, multihost
+from disa_jax.rollout.flat_weights import ALIGN, FlatLayout, FlatWeights
+from disa_jax.rollout.jax_sampler import JaxSampler
+from tests.rollout import reference
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 20, 30, 40, 50, 60, 70]]
+SMALL_BUCKETS = 100_000  # bytes: the tiny model's parameters in 3-5 buckets
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+  return np.ascontiguousarray(a).view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+
+
+def _np(dtype):
+  return np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def test_layout_buckets_and_json_round_trip(tiny_model):
+  layout = FlatLayout(tiny_model.config, "bfloat16", SMALL_BUCKETS)
+  assert len(layout.bucket_sizes) > 2
+  params = flat_weights.model_params(tiny_model)
+  assert [e.path for e in layout.entries] == sorted(params)
+  for e in layout.entries:
+    assert e.offset % ALIGN == 0 and e.offset + e.size <= layout.bucket_sizes[e.bucket]
+    assert e.shape == params[e.path].shape
+  for b, size in enumerate(layout.bucket_sizes):  # only a parameter alone may exceed the cap
+    entries = layout.bucket_entries(b)
+    assert len(entries) == 1 or size <= SMALL_BUCKETS // 2 + ALIGN, (b, size, entries)
+  assert FlatLayout.from_dict(layout.to_dict()) == layout
+  assert FlatLayout(tiny_model.config, "float32", 0).bucket_sizes == (
+      sum(-(-e.size // ALIGN) * ALIGN for e in layout.entries),)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_round_trips_bitwise(tiny_model, dtype):
+  """Export -> host buckets -> load into another model: every parameter bit for bit the policy's
+  cast to the push dtype; the HF-named views equal `to_hf_state_dict`'s arrays bit for bit."""
+  flat = flat_weights.export(tiny_model, dtype, bucket_bytes=SMALL_BUCKETS)
+  assert len(flat.buffers) > 2 and flat.timings["export_s"] > 0
+  want = {p: np.asarray(x).astype(_np(dtype)) for p, x in
+          flat_weights.model_params(tiny_model).items()}
+  for path, w in want.items():
+    np.testing.assert_array_equal(_bits(flat.param(path)), _bits(w))
+  hf = models.to_hf_state_dict(tiny_model, dtype=jnp.dtype(dtype))
+  assert list(flat) == list(models.expected_hf_keys(tiny_model.config)) and set(flat) == set(hf)
+  for name, w in hf.items():
+    assert flat[name].shape == w.shape and flat[name].dtype == w.dtype, name
+    np.testing.assert_array_equal(_bits(flat[name]), _bits(w), err_msg=name)
+  other = testing.make_tiny_model("qwen3", seed=7, head_dim=32, dtype=jnp.dtype(dtype))
+  flat_weights.load_into(other, flat)
+  for path, x in flat_weights.model_params(other).items():
+    np.testing.assert_array_equal(_bits(np.asarray(x)), _bits(want[path]), err_msg=path)
+
+
+def test_sharded_export_gathers_on_the_devices(tiny_ckpt, tiny_model):
+  """A policy sharded over a (fsdp=2, tensor=2) mesh exports the same buckets as on one device."""
+  mesh = parallel.make_mesh(fsdp=2, tensor=2, devices=jax.devices()[:4])
+  sharded = models.from_pretrained(tiny_ckpt, mesh=mesh)
+  assert any(not x.sharding.is_fully_replicated
+             for x in flat_weights.model_params(sharded).values())
+  got = flat_weights.export(sharded, "bfloat16", bucket_bytes=SMALL_BUCKETS)
+  want = flat_weights.export(tiny_model, "bfloat16", bucket_bytes=SMALL_BUCKETS)
+  for g, w in zip(got.buffers, want.buffers, strict=True):
+    np.testing.assert_array_equal(_bits(g), _bits(w))
+
+
+def test_pushed_bf16_policy_samples_as_directly_loaded_weights(tiny_model):
+  """A float32 policy pushed as bfloat16 into a bfloat16 sampler samples bit for bit what the
+  sampler samples after loading the policy's bfloat16 HF state dict; the push recompiles
+  nothing."""
+  params = SamplingParams(n=2, temperature=0.9, max_tokens=10, seed=3, return_raw_logprobs=True)
+  sampler = JaxSampler(testing.make_tiny_model("qwen3", seed=5, head_dim=32, dtype=jnp.bfloat16))
+  sampler.update_weights(models.to_hf_state_dict(tiny_model, dtype=jnp.bfloat16))
+  want = sampler.generate(PROMPTS, params)
+  compiled = {k: f._cache_size() for k, f in sampler._fns.items()}  # pylint: disable=protected-access
+  other = testing.make_tiny_model("qwen3", seed=6, head_dim=32)
+  sampler.update_weights(flat_weights.export(other, "bfloat16"))
+  assert sampler.generate(PROMPTS, params)[0][0].token_ids.tolist() != want[0][0].token_ids.tolist()
+  sampler.update_weights(flat_weights.export(tiny_model, "bfloat16", bucket_bytes=SMALL_BUCKETS))
+  reference.assert_same_completions(sampler.generate(PROMPTS, params), want)
+  assert {k: f._cache_size() for k, f in sampler._fns.items()} == compiled  # pylint: disable=protected-access
+
+
+def test_bad_pushes_are_named(tiny_model):
+  flat = flat_weights.export(tiny_model, "float32", bucket_bytes=SMALL_BUCKETS)
+  with pytest.raises(ValueError, match="bucket 1 is float32"):
+    FlatWeights(flat.layout, [flat.buffers[0], flat.buffers[1][:-1]] + flat.buffers[2:])
+  with pytest.raises(ValueError, match="2 buffers"):
+    FlatWeights(flat.layout, flat.buffers[:2])
+  deeper = nnx.eval_shape(lambda: models.Transformer(
+      testing.tiny_config("qwen3", head_dim=32, num_layers=3), rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match="'layers.attn_norm' has shape \\(3, 64\\)"):
+    flat_weights.load_into(deeper, flat)
+  with pytest.raises(ValueError, match="FlatLayout.dtype"):
+    FlatLayout(tiny_model.config, "int8")
+  with pytest.raises(KeyError):
+    flat["model.layers.9.mlp.up_proj.weight"]  # pylint: disable=pointless-statement
+
+
+def test_only_host_leaders_copy_and_push(tiny_model, monkeypatch):
+  """Every process runs the export (a collective); one that leads no host copies nothing and
+  pushes nothing, a host leader without an engine is an error."""
+  monkeypatch.setattr(distributed, "is_host_leader", lambda: False)
+  assert multihost.host_weights(tiny_model) is None
+  multihost.push_weights(tiny_model, None)
+  monkeypatch.setattr(distributed, "is_host_leader", lambda: True)
+  with pytest.raises(ValueError, match="no generation engine"):
+    multihost.push_weights(tiny_model, None)
+  assert isinstance(multihost.host_weights(tiny_model), FlatWeights)
