@@ -16,10 +16,15 @@ plus one checkpoint write. ``--signal``'s lead time must exceed that (launch/slu
 
 Child processes (the generation process, the math-grading pool) ignore both signals
 (`ignore_in_child`): the stage that owns them closes them after its save, and they exit on their own
-when their parent dies. In a multi-process run every process must see the same decision at the same
-step, so `agreed()` is a collective there (`disa_jax.parallel.distributed.any_process`: an
-all-gather of one flag per process and step). This module itself needs only the standard library,
-so that the grading pool's light worker processes can import it.
+when their parent dies. A child started inside `shielded_start` is covered from its first
+instruction: it inherits both signals blocked, so one that reaches it while its interpreter still
+starts (SLURM signals the whole job step, children included) waits, pending, until
+`ignore_in_child` discards it; without that, a SIGTERM during the generation process's start-up
+killed it and failed the stage instead of stopping it cleanly. In a multi-process run every
+process must see the same decision at the same step, so `agreed()` is a collective there
+(`disa_jax.parallel.distributed.any_process`: an all-gather of one flag per process and step).
+This module itself needs only the standard library, so that the grading pool's light worker
+processes can import it.
 """
 from __future__ import annotations
 
@@ -27,12 +32,14 @@ import contextlib
 import signal
 import sys
 import threading
+from multiprocessing import resource_tracker
 from typing import Callable, Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 _received: list[int] = []  # the signals received while a `watch()` is active, in order
 _depth = [0]  # nesting of active `watch()` contexts (a workflow inside a workflow)
+_depth_lock = threading.Lock()  # (nested contexts may be entered from several threads)
 
 
 def _handle(signum: int, frame) -> None:  # pylint: disable=unused-argument
@@ -45,19 +52,24 @@ def _handle(signum: int, frame) -> None:  # pylint: disable=unused-argument
 def watch() -> Iterator[None]:
   """Within the context SIGTERM / SIGUSR1 set the preemption flag instead of ending the process.
 
-  Must be entered from the main thread (Python delivers signals there). Nested contexts share the
-  outer one's handlers; the outermost restores the previous handlers and clears the flag on exit.
+  The outermost context must be entered from the main thread (Python delivers signals there).
+  Nested contexts share the outer one's handlers, from any thread while it is active (the seeds of
+  `disa_jax.rl.seed_batch`, each a stage in a thread of its own); the outermost restores the
+  previous handlers and clears the flag on exit.
   """
-  if threading.current_thread() is not threading.main_thread():
-    raise RuntimeError("preemption.watch() must be entered from the main thread (signal handlers "
-                       "can only be installed there)")
-  if _depth[0]:
-    _depth[0] += 1
+  with _depth_lock:
+    nested = _depth[0] > 0
+    _depth[0] += nested
+  if nested:
     try:
       yield
     finally:
-      _depth[0] -= 1
+      with _depth_lock:
+        _depth[0] -= 1
     return
+  if threading.current_thread() is not threading.main_thread():
+    raise RuntimeError("preemption.watch() must be entered from the main thread (signal handlers "
+                       "can only be installed there)")
   old = {s: signal.signal(s, _handle) for s in SIGNALS}
   _depth[0] = 1
   try:
@@ -81,7 +93,29 @@ def agreed(any_process: Callable[[bool], bool] = lambda flag: flag) -> bool:
   return any_process(bool(_received))
 
 
+@contextlib.contextmanager
+def shielded_start() -> Iterator[None]:
+  """Processes started inside the context start with SIGTERM / SIGUSR1 blocked.
+
+  The calling thread blocks both signals for the duration (a child inherits its mask through fork
+  and exec); a child that calls `ignore_in_child` first thing then drops any that arrived while it
+  started. This process loses nothing: a signal sent to it meanwhile is handled by another thread
+  or, when none is left unblocked, stays pending until the context restores the mask.
+  """
+  # multiprocessing's spawn starts its resource tracker on first use and then unblocks SIGTERM
+  # (`ResourceTracker.ensure_running` blocks and unblocks SIGINT / SIGTERM around that start): it
+  # is started first, so that the mask set here holds while the child starts.
+  resource_tracker.ensure_running()
+  old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def ignore_in_child() -> None:
-  """For a child process the stage owns: ignore SIGTERM / SIGUSR1 (its parent closes it)."""
+  """For a child process the stage owns: ignore SIGTERM / SIGUSR1 (its parent closes it), and
+  discard any that arrived, blocked, while it started (`shielded_start`)."""
   for s in SIGNALS:
     signal.signal(s, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)

@@ -4,7 +4,9 @@
 its pid there. The kernel drops a flock when the last descriptor of the open file closes, so the
 lock ends with the holder however it ends (return, exception, ``kill -9``): a stale lock file
 never blocks a rerun. A second holder, in this process or another, gets `OutputLockedError`
-naming the lock file and the holder's pid. Not for NFS: flock there is advisory per client.
+naming the lock file and the holder's pid. Not for NFS: flock there is advisory per client. An
+output named by a URL (``gs://``) is locked through a local file named after it
+(`disa_jax.paths.lock_file`: object stores have no locks), against the writers of this machine.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import errno
 import fcntl
 import os
 from pathlib import Path
+
+from disa_jax import paths
 
 
 class OutputLockedError(RuntimeError):
@@ -31,12 +35,12 @@ class OutputLock:
   """Holds an exclusive flock on ``path`` until `release` (or the process ends).
 
   Args:
-    path: the lock file (created; its parent must exist).
+    path: the lock file (created; its parent must exist), or a URL (`paths.lock_file`).
     what: the output it guards, for the error message (default: the lock file's parent).
   """
 
   def __init__(self, path: str | os.PathLike, what: str | None = None):
-    self.path = Path(path)
+    self.path = paths.lock_file(path)
     self._fd: int | None = None
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

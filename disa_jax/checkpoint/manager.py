@@ -13,6 +13,9 @@ proceeds in a background thread. Orbax writes into a temporary directory and ren
 write finishes, so a process killed mid-save (``kill -9``) leaves the previous checkpoint as the
 latest one and the partial directory is ignored (and removed by the next manager on start).
 
+A run rewound to an earlier checkpoint (Stage 3 recomputing metrics rows that were damaged,
+`disa_jax.rl.trainer`) deletes the newer ones first (`discard_after`): it writes them again.
+
 Retention: the last ``max_to_keep`` finished checkpoints are kept, plus the step a caller protects
 (``save(..., keep_also=s)``: Stage 3 protects its best checkpoint by validation, the one the paper
 reports). Older ones are deleted once a newer save has finished, never before, so a failed save
@@ -21,6 +24,9 @@ never leaves fewer than ``max_to_keep`` finished checkpoints.
 A finished step whose files were damaged afterwards (a torn ``meta`` JSON, a missing ``state``
 item: a copy cut short, a disk fault) is skipped with a warning naming the step and its directory;
 `latest_step` is the newest intact one, so a resume continues from it.
+
+The directory may be a URL (``gs://``: orbax writes it through `etils.epath`; the removals and
+checks here go through `disa_jax.paths`).
 
 A save that fails (a full disk, a vanished directory, ...) raises `CheckpointSaveError` naming the
 step, the directory, the cause (ENOSPC is spelled out) and the latest finished checkpoint, which is
@@ -31,7 +37,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import warnings
 from typing import Any
 
@@ -39,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from disa_jax import paths
 
 PyTree = Any
 
@@ -96,7 +103,8 @@ class CheckpointManager:
   """Keeps the last ``max_to_keep`` checkpoints of a run (plus a protected one) under ``directory``.
 
   Args:
-    directory: checkpoint root (created if missing); step s lives in ``directory/<s>``.
+    directory: checkpoint root (created if missing; local or a URL); step s lives in
+      ``directory/<s>``.
     max_to_keep: number of most recent checkpoints kept (>= 1), besides the protected step
       (``keep_also`` of the latest `save`).
     save_interval_steps: `save` writes only on multiples of this (unless ``force``).
@@ -113,8 +121,8 @@ class CheckpointManager:
       raise ValueError(f"checkpoint max_to_keep must be >= 1, got {max_to_keep!r}")
     if save_interval_steps < 1:
       raise ValueError(f"checkpoint save_interval_steps must be >= 1, got {save_interval_steps!r}")
-    self.directory = os.path.abspath(os.fspath(directory))
-    os.makedirs(self.directory, exist_ok=True)
+    self.directory = paths.absolute(directory)
+    paths.as_path(self.directory).mkdir(parents=True, exist_ok=True)
     self.max_to_keep, self._async = max_to_keep, async_save
     self._keep_also: int | None = None  # the protected step (beyond the last max_to_keep)
     options = ocp.CheckpointManagerOptions(
@@ -146,8 +154,8 @@ class CheckpointManager:
 
   def _why_unreadable(self, step: int) -> str | None:
     """Why the finished checkpoint ``step`` cannot be restored, or None when it is intact."""
-    state = os.path.join(self.directory, str(step), "state", "_METADATA")
-    if not os.path.isfile(state):
+    state = paths.as_path(self.directory) / str(step) / "state" / "_METADATA"
+    if not state.is_file():
       return f"its state item is incomplete ({state} is missing)"
     try:
       self._read_meta(step)
@@ -177,7 +185,7 @@ class CheckpointManager:
     self.intact_steps()
     doomed = [s for s, why in self._damage.items() if why is not None and s >= step]
     for s in doomed:
-      shutil.rmtree(os.path.join(self.directory, str(s)))
+      paths.remove(os.path.join(self.directory, str(s)))
       del self._damage[s]
     if doomed:
       self._mngr.reload()
@@ -189,6 +197,22 @@ class CheckpointManager:
 
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
+
+  def discard_after(self, step: int) -> list[int]:
+    """Deletes the finished checkpoints newer than ``step`` (a run rewound to ``step`` writes them
+    again); returns their steps. Waits for a save in flight first."""
+    self.intact_steps()  # (waits, and tells the damaged steps apart: orbax cannot read those)
+    doomed = [s for s in self.all_steps() if s > step]
+    for s in doomed:
+      if self._damage.pop(s, None) is None:
+        self._mngr.delete(s)
+      else:
+        paths.remove(os.path.join(self.directory, str(s)))
+    if doomed:
+      self._mngr.reload()
+    if self._keep_also is not None and self._keep_also > step:
+      self._keep_also = None
+    return doomed
 
   def save(self, step: int, state: PyTree, meta: dict[str, Any], *, force: bool = False,
            keep_also: int | None = None) -> bool:

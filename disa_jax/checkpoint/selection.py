@@ -82,9 +82,14 @@ def finished_steps(run_dir: str | Path) -> list[int]:
   return sorted(int(p.name) for p in root.glob("*") if p.name.isdigit() and (p / "state").exists())
 
 
+def read_meta(run_dir: str | Path, step: int) -> dict[str, Any]:
+  """Checkpoint ``step``'s JSON metadata (the trainer's `_meta`), read without orbax."""
+  return json.loads((Path(run_dir) / "checkpoints" / str(step) / "meta" / "metadata").read_text())
+
+
 def read_selection(run_dir: str | Path, step: int) -> Selection | None:
   """The validation record in checkpoint ``step``'s metadata (None if it holds none)."""
-  meta = json.loads((Path(run_dir) / "checkpoints" / str(step) / "meta" / "metadata").read_text())
+  meta = read_meta(run_dir, step)
   return Selection.from_json(meta["selection"]) if meta.get("selection") else None
 
 

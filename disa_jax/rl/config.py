@@ -68,7 +68,8 @@ class RolloutConfig:
 
   Attributes:
     prompts_per_batch: prompts per RL step (paper: 128).
-    group_size: G responses per prompt (paper: 8).
+    group_size: G responses per prompt (paper: 8); >= 2 for an objective whose signal is relative
+      to its group (`Objective.group_relative`: GRPO, GSPO, VarGrad, a group z-scored reward).
     max_prompt_len, max_response_len: token limits (paper: 2048, 16384).
     temperature, top_p, top_k: training sampling parameters.
     old_logp_source: 'recompute' (the policy before the update scores the rollouts once) or
@@ -321,7 +322,9 @@ class TrainConfig:
       with ``name`` and the class's fields).
     optim, rollout, replay, validation, checkpoint: the sections above.
     seed: the run's PRNG seed (sampling, shuffling, replay draws, the log Z head).
-    total_steps: RL steps (rollout batches).
+    total_steps: RL steps (rollout batches). It sets the learning-rate schedule's decay phase
+      (``optim.decay_frac``), so a Stage 3 run cannot be resumed with another value (its
+      identity, `disa_jax.workflows.stage3`).
     shuffle: reshuffle the prompts every epoch (seeded).
     log_every: write metrics every this many steps.
     tensorboard: also write TensorBoard event files.
@@ -360,6 +363,11 @@ class TrainConfig:
       _fail("rollout", "num_minibatches", rc.num_minibatches,
             f"must divide the {rows} rows of a step ({rc.prompts_per_batch} prompts x "
             f"{self.rows_per_prompt} rows)")
+    if self.objective.group_relative and self.rows_per_prompt < 2:
+      _fail("rollout", "group_size", self.rollout.group_size,
+            f"must be >= 2 for objective {self.objective.name!r}: "
+            f"{self.objective.group_relative}, and a group of one row has nothing to be relative "
+            "to (every row's signal would be 0)")
 
   @property
   def replay_rows(self) -> int:

@@ -4,7 +4,15 @@
 fsynced so that a killed process loses at most the line being written) and, when enabled, writes
 the same scalars to TensorBoard event files through tensorboardX. On resume from a checkpoint at
 step s, `MetricsLogger(..., resume_step=s)` first drops the JSONL lines with step > s: those steps
-are recomputed by the resumed run, so the file ends up identical to an uninterrupted run's.
+are recomputed by the resumed run, so the file ends up identical to an uninterrupted run's. The
+file is rewritten atomically (a temporary file renamed over it).
+
+A damaged line (a bit flip, a NUL run left by a crashed file system: anything but an object with an
+integer ``step``, unlike a torn last line, which is only a killed write) never shortens the file:
+`scan_jsonl` reads every line and reports the damaged ones; `MetricsLogger` keeps every intact row,
+copies the file as found to ``metrics.jsonl.damaged-<n>`` and warns naming each damaged line and
+its error. The rows the damage lost are recomputed when a checkpoint before them is left: the
+`Trainer` resumes from it (`JsonlScan.first_lost_step`), not from the latest.
 
 With ``wandb=WandbConfig(enabled=True, ...)`` the same rows go to Weights & Biases (`WandbSink`): the
 run's resolved config is uploaded at start, and its id is kept in ``workdir/wandb_run.json`` so
@@ -13,17 +21,22 @@ identically after the resume) are not sent twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
 
+from disa_jax.checkpoint.files import naming
 from disa_jax.rl.config import WandbConfig
 
 WANDB_STATE_FILE = "wandb_run.json"
+METRICS_FILE = "metrics.jsonl"
 
 
 def _to_float(name: str, v: Any) -> float:
@@ -51,21 +64,84 @@ def _summary_writer_cls():
   return SummaryWriter
 
 
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-  """Parses a metrics file; a torn last line (killed writer) is skipped."""
-  rows = []
+@dataclasses.dataclass(frozen=True)
+class JsonlScan:
+  """A metrics file, line by line (`scan_jsonl`).
+
+  Attributes:
+    rows: the intact rows (JSON objects with an integer ``step``), in file order.
+    lines: each row's line number (1-based).
+    damaged: ``(line number, why)`` of every complete line that is not an intact row.
+    torn: the last line was cut short without a newline (a killed writer; not damage).
+  """
+  rows: tuple[dict[str, Any], ...] = ()
+  lines: tuple[int, ...] = ()
+  damaged: tuple[tuple[int, str], ...] = ()
+  torn: bool = False
+
+  def first_lost_step(self) -> int | None:
+    """The earliest step the first damaged line can have held: the step after the last intact
+    row above it (0 when none is); None when no line is damaged."""
+    if not self.damaged:
+      return None
+    above = [r["step"] for r, n in zip(self.rows, self.lines) if n < self.damaged[0][0]]
+    return above[-1] + 1 if above else 0
+
+
+def _parse_row(raw: bytes) -> dict[str, Any]:
+  row = json.loads(raw.decode("utf-8"))
+  step = row.get("step") if isinstance(row, dict) else None
+  if not isinstance(step, int) or isinstance(step, bool):
+    raise ValueError(f"not a metrics row (an object with an integer 'step'): {raw[:80]!r}")
+  return row
+
+
+def scan_jsonl(path: str) -> JsonlScan:
+  """Reads every line of a metrics file (a missing file has none); see `JsonlScan`."""
+  rows, lines, damaged, torn = [], [], [], False
   if not os.path.exists(path):
-    return rows
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if not line:
+    return JsonlScan()
+  with open(path, "rb") as f:
+    for n, raw in enumerate(f, 1):
+      if not raw.strip():
         continue
       try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        break
-  return rows
+        rows.append(_parse_row(raw))
+        lines.append(n)
+      except ValueError as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        if raw.endswith(b"\n"):
+          damaged.append((n, f"{type(e).__name__}: {str(e)[:200]}"))
+        else:
+          torn = True
+  return JsonlScan(tuple(rows), tuple(lines), tuple(damaged), torn)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """Every intact row of a metrics file; a torn last line (killed writer) and damaged lines are
+  skipped (`scan_jsonl` reports them)."""
+  return list(scan_jsonl(path).rows)
+
+
+def _set_aside(path: str) -> str:
+  """Copies ``path`` to the first free ``<path>.damaged-<n>`` (n = 1, 2, ...); returns that name."""
+  n = 1
+  while os.path.exists(f"{path}.damaged-{n}"):
+    n += 1
+  aside = f"{path}.damaged-{n}"
+  with naming(aside, "a copy of a damaged metrics file"):
+    shutil.copyfile(path, aside)
+  return aside
+
+
+def _rewrite(path: str, rows: list[dict[str, Any]]) -> None:
+  """Replaces ``path`` by ``rows`` atomically (a killed rewrite leaves the old file)."""
+  tmp = path + ".tmp"
+  with naming(tmp, "the run's metrics"):
+    with open(tmp, "w") as f:
+      f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class WandbSink:
@@ -140,7 +216,8 @@ class MetricsLogger:
   Args:
     workdir: run directory; writes ``workdir/metrics.jsonl`` and ``workdir/tb/``.
     resume_step: when resuming from the checkpoint at this step, drop later JSONL lines; None for
-      a fresh run (an existing file is then truncated).
+      a fresh run (an existing file is then truncated). Damaged lines are reported and the file
+      as found is copied aside first (see the module docstring).
     tensorboard: also write TensorBoard event files.
     filename: JSONL file name.
     wandb: the ``train.wandb`` section; when enabled, rows also go to wandb (`WandbSink`).
@@ -152,33 +229,46 @@ class MetricsLogger:
                *,
                resume_step: int | None = None,
                tensorboard: bool = True,
-               filename: str = "metrics.jsonl",
+               filename: str = METRICS_FILE,
                wandb: WandbConfig = WandbConfig(),
                run_config: Mapping[str, Any] | None = None):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, filename)
-    kept = [] if resume_step is None else [
-        r for r in read_jsonl(self.path) if int(r["step"]) <= resume_step
-    ]
-    with open(self.path, "w") as f:
-      for r in kept:
-        f.write(json.dumps(r, sort_keys=True) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    self._f = open(self.path, "a")
+    scan = scan_jsonl(self.path)
+    if scan.damaged:
+      self._report_damage(scan, resume_step)
+    _rewrite(self.path, [] if resume_step is None else
+             [r for r in scan.rows if r["step"] <= resume_step])
+    with naming(self.path, "the run's metrics"):
+      self._f = open(self.path, "a")
     self._tb = None
     if tensorboard:
       self._tb = _summary_writer_cls()(os.path.join(workdir, "tb"), purge_step=resume_step)
     self._wandb = (WandbSink(wandb, workdir, resume_step=resume_step, run_config=run_config or {})
                    if wandb.enabled else None)
 
+  def _report_damage(self, scan: JsonlScan, resume_step: int | None) -> None:
+    """Copies the damaged file aside and warns naming its damaged lines."""
+    aside = _set_aside(self.path)
+    shown = "; ".join(f"line {n}: {why}" for n, why in scan.damaged[:5])
+    more = f"; and {len(scan.damaged) - 5} more" if len(scan.damaged) > 5 else ""
+    kept = ("no row is kept (a fresh run)" if resume_step is None else
+            f"its intact rows up to step {resume_step} are kept, later steps are computed again")
+    warnings.warn(f"{self.path}: {len(scan.damaged)} damaged line(s) ({shown}{more}); the file as "
+                  f"found is kept as {aside}; {kept}", RuntimeWarning)
+
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Writes one step's scalar metrics; returns them as Python floats."""
+    """Writes one step's scalar metrics; returns them as Python floats.
+
+    Raises:
+      OutputWriteError: the file system refused the write (it names the file).
+    """
     row = {k: _to_float(k, v) for k, v in metrics.items()}
     rec = {"step": int(step), **{k: (v if math.isfinite(v) else str(v)) for k, v in row.items()}}
-    self._f.write(json.dumps(rec, sort_keys=True) + "\n")
-    self._f.flush()
-    os.fsync(self._f.fileno())
+    with naming(self.path, "the run's metrics"):
+      self._f.write(json.dumps(rec, sort_keys=True) + "\n")
+      self._f.flush()
+      os.fsync(self._f.fileno())
     if self._tb is not None:
       for k, v in row.items():
         if math.isfinite(v):

@@ -138,6 +138,16 @@ class Objective(abc.ABC):
     """The loss reads ``batch.behaviour_logp`` (the engine's log-probs of the sampled tokens)."""
     return False
 
+  @property
+  def group_relative(self) -> str:
+    """Why a row's signal is relative to the other rows of its prompt's group ('' when it is not).
+
+    Such an objective needs groups of at least 2 rows (`disa_jax.rl.config.TrainConfig` refuses
+    fewer): a group of one has nothing to be relative to, so every row's signal is 0 (a z-score
+    or a batch mean of one value).
+    """
+    return ""
+
   @abc.abstractmethod
   def row_signal(self, reward: np.ndarray) -> np.ndarray:
     """The per-row scalar the loss reads, from raw rewards ``[P, G]`` -> ``[P, G]`` float32."""
@@ -276,6 +286,12 @@ class TrajectoryBalance(Objective):
   @property
   def needs_old_logp(self) -> bool:
     return self.omega != "one"
+
+  @property
+  def group_relative(self) -> str:
+    if self.reward_transform.kind == "group_zscore":
+      return "its reward_transform z-scores the rewards within each prompt's group"
+    return ""
 
   def row_signal(self, reward: np.ndarray) -> np.ndarray:
     return np.asarray(self.reward_transform.apply(reward), np.float32)
@@ -416,6 +432,10 @@ class VarGrad(TrajectoryBalance):
   def needs_old_logp(self) -> bool:
     return True
 
+  @property
+  def group_relative(self) -> str:
+    return "its log Z is the mean of each prompt's group (its residuals sum to 0 within a group)"
+
   def batch_log_z(self, batch: Any) -> np.ndarray:
     """``[B]`` float32 log Z^ of each row (`disa_jax.rl.losses.batch_log_z` at pi_old).
 
@@ -487,6 +507,10 @@ class PolicyGradient(Objective):
   @property
   def needs_behaviour_logp(self) -> bool:
     return self.is_correction != "none"
+
+  @property
+  def group_relative(self) -> str:
+    return "its advantages are z-scores within each prompt's group (eq. 3)"
 
   def is_weights(self, batch: Any) -> tuple[Array | None, dict[str, Array]]:
     """The micro-batch's behaviour -> pi_old weights (None without a correction) and metrics."""

@@ -1,4 +1,5 @@
-"""launch/train.py end to end: tiny HF checkpoint, veRL jsonl prompts, math reward, GRPO steps."""
+"""launch/train.py end to end: tiny HF checkpoint, veRL jsonl prompts, math reward, GRPO steps; a
+rerun with another total_steps is refused (``overwrite`` starts afresh)."""
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-def test_launch_runs_one_step_and_resumes(tmp_path):
+def test_launch_runs_one_step_and_refuses_other_steps(tmp_path):
   ckpt = testing.save_tiny_checkpoint(str(tmp_path / "model"), family="qwen3")
   rows = [{"prompt": [{"role": "user", "content": f"What is {i}+{i}?"}], "data_source": "toy",
            "ability": "math", "reward_model": {"ground_truth": str(2 * i)},
@@ -23,7 +24,7 @@ def test_launch_runs_one_step_and_resumes(tmp_path):
   workdir = tmp_path / "run"
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=ROOT)
 
-  def launch(steps):
+  def launch(steps, *extra, ok=True):
     cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
            "--config=" + os.path.join(ROOT, "configs", "stage3_paper.py") + ":grpo,qwen3-4b-base,math",
            f"--config.model.policy_path={ckpt}", "--config.model.dtype=float32",
@@ -35,12 +36,16 @@ def test_launch_runs_one_step_and_resumes(tmp_path):
            "--config.engine.separate_process=False", "--config.engine.dtype=float32",
            "--config.train.validation.every=0", "--config.data.validation_paths=()",
            "--config.train.checkpoint.every=1", f"--config.train.total_steps={steps}",
-           "--config.train.progress_bar=False", f"--workdir={workdir}"]
+           "--config.train.progress_bar=False", f"--workdir={workdir}", *extra]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
+    assert (out.returncode == 0) == ok, out.stderr[-4000:]
+    return out
 
   launch(1)
-  launch(2)  # resumes from the step-1 checkpoint
+  # Another total_steps is another learning-rate schedule: refused, naming the field (issue 39).
+  refused = launch(2, ok=False)
+  assert "train.total_steps: stored 1, this run 2" in refused.stderr, refused.stderr[-4000:]
+  launch(2, "--config.overwrite=True")  # discards the 1-step run and trains 2 steps
   rows = read_jsonl(str(workdir / "metrics.jsonl"))
   assert [r["step"] for r in rows] == [1, 2]
   assert json.loads((workdir / "config.json").read_text())["train"]["objective"]["name"] == "grpo"
