@@ -22,18 +22,21 @@ Presets and their budgets (2 CPU cores):
   evaluations 54 s); b8e67b9's default on the same machine, also quiet: 12 min 40 s. It does
   not reach the end state, and cannot within 10 minutes: at the claims preset's settings (small
   task, 800 steps) the four claim runs take 206-247 s each two at a time (~8 minutes for the four,
-  plus the models' 2) before any other method, and even there 12 of the 41 runs are still moving
-  at step 800 by the slope test. ``claims_quick`` is those four runs, one seed.
+  plus the models' 2) before any other method, and even there 12 of the 41 runs were still moving
+  at step 800 by the old slope test. ``claims_quick`` is those four runs, one seed.
 - ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
   KL-Cov), and the fix and DISA on a second Stage 1/2 draw (``data_seed`` 1), on the small task
-  (``_small_task``: n = 0..15, lr 5e-4 constant, ``CLAIMS_STEPS`` steps tracked every 32): 5 Stage 3
-  seeds for ``CLAIMS_DECISIVE``, 3 for the rest, 41 runs. The report decides each run's end state
-  by the slope test of `disa_jax.pipeline.dynamics` and each comparison by Welch's test over Stage 3
-  seeds. Wall time on 2 cores: 93 min 22 s (models 135 s, each run 206-352 s two at a time; a test
-  run shared the machine for 12 minutes). Results: docs/real_checkpoints.md (from
-  docs/reports/claims.json).
+  (``_small_task``: n = 0..15, lr 5e-4 constant, ``CLAIMS_STEPS`` steps tracked every
+  ``SMALL_TRACK``): 5 Stage 3 seeds for ``CLAIMS_DECISIVE``, 3 for the rest, 41 runs. The report
+  decides each run's end state by the equivalence rule of `disa_jax.pipeline.dynamics` (``end_state``
+  below) and each comparison by `disa_jax.pipeline.claims` (Fisher's test of failures, Welch's test
+  over the other seeds, Holm's correction). Wall time on 2 cores, measured before issue 44 (tracked
+  every 32 with 16 samples): 93 min 22 s (models 135 s, each run 206-352 s two at a time; a test
+  run shared the machine for 12 minutes); issue 44's tracking (twice as often, twice the samples)
+  adds measurements not yet timed. Results: docs/real_checkpoints.md (from
+  docs/reports/claims.json, written before issue 44).
 - ``claims_quick``: one seed of the claims preset's four claim runs (the same run configs). Not
   timed on its own: from the claims run's times, models 135 s + Stage 1/2 20 s + two pairs of runs
   (224 + 247 s) + evaluation ~25 s, about 11 minutes.
@@ -62,7 +65,6 @@ PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anc
            "nonuniform_target", "staleness_study")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
-CLAIMS_TRACK = 32  # 5 measures in the last 20% of 800 steps (the end-state window)
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
 CLAIMS_DECISIVE = ("disa_pos_replay", "disa", "disa_matched", "grpo_remedies")
 
@@ -171,12 +173,16 @@ def runs() -> ml_collections.ConfigDict:
 NOISE_SIGMAS = (0.25, 0.5, 1.0, 2.0)  # sigma_g of the controlled anchors (issue 27)
 GRID_SEEDS = (0, 1, 2)  # Stage 3 seeds of the grid cells a comparison is decided on
 # The small task's settings, shared by the studies that must reach their end state on 2 cores: on
-# n = 0..15 at lr 5e-4 (constant) DISA's KL settles by step ~600-800 (issue 29's k = 0 runs), and
-# a tracked measure every 32 steps leaves 5 in the last 20% of 800 steps (the end-state window).
+# n = 0..15 at lr 5e-4 (constant) DISA's KL settles by step ~600-800 (issue 29's k = 0 runs). A
+# tracked measure every 16 steps leaves 13 in the end-state window (the last 25% of the measured
+# steps 16..800: steps 608..800), above its 10; with 32 samples per prompt the primary KL's
+# Monte Carlo error is about a fifth of its equivalence margin (issue 44: at 16 samples and every
+# 32 steps, 5 measurements, a flat curve could hardly be shown flat).
 SMALL_N_MAX = 15
 SMALL_LR = 5e-4
 ANCHOR_STUDY_STEPS = 800
-ANCHOR_STUDY_TRACK = 32
+SMALL_TRACK = 16
+SMALL_TRACK_SAMPLES = 32
 
 
 def anchor_grid(scale: str) -> ml_collections.ConfigDict:
@@ -211,29 +217,31 @@ def anchor_grid(scale: str) -> ml_collections.ConfigDict:
 
 
 def anchor_compare(scale: str) -> tuple[str, ...]:
-  """The grid's decided comparisons at one scale, each 'A<B' by Welch over `GRID_SEEDS` (p < 0.05
-  each, no correction for the number of tests: read a lone p near 0.05 as a lead): does the frozen
-  anchor beat the co-trained head and the batch estimate or the reverse, and does the exact log Z
-  beat each (what the fitted anchor's error costs)."""
+  """The grid's decided comparisons at one scale over `GRID_SEEDS` (`disa_jax.pipeline.claims`,
+  Holm-corrected over the report's tests), each pair declared once: do the frozen anchor, the
+  co-trained head and the batch estimate differ, either way ('A<>B'), and does the exact log Z
+  beat each ('A<B': what the fitted anchor's error costs)."""
   out = []
   for k in (1, 4) if scale == "sum" else (4,):  # (mean scale, 1 update: one seed, no test)
     u = f"{scale}_u{k}"
     for a, b in (("fitted", "flowrl"), ("fitted", "vargrad"), ("flowrl", "vargrad")):
-      out += [f"{u}_{a}<{u}_{b}", f"{u}_{b}<{u}_{a}"]  # each direction: which one is lower
+      out += [f"{u}_{a}<>{u}_{b}"]  # which one is lower: one two-sided test
     if scale == "sum":
       out += [f"{u}_exact<{u}_fitted", f"{u}_exact<{u}_flowrl", f"{u}_exact<{u}_vargrad"]
   return tuple(out)
 
 
-def _small_task(c: ml_collections.ConfigDict, steps: int, track_every: int) -> None:
+def _small_task(c: ml_collections.ConfigDict, steps: int) -> None:
   """The small task (n = 0..`SMALL_N_MAX`) at lr `SMALL_LR`, constant (no decay phase in the
-  end-state window), ``steps`` Stage 3 steps tracked every ``track_every``; no SFT baseline, anchor
-  study or N-study (not what these presets decide)."""
+  end-state window), ``steps`` Stage 3 steps tracked every `SMALL_TRACK` with
+  `SMALL_TRACK_SAMPLES` samples per prompt; no SFT baseline, anchor study or N-study (not what
+  these presets decide)."""
   c.task.n_max = SMALL_N_MAX
   c.train.optim.lr = SMALL_LR
   c.train.optim.decay_frac = 0.0
   c.train.total_steps = steps
-  c.track.every = track_every
+  c.track.every = SMALL_TRACK
+  c.track.kl_samples = SMALL_TRACK_SAMPLES
   c.sft_enabled = False
   c.anchor_study.repeats = 0
   c.nstudy.enabled = False
@@ -322,6 +330,16 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.track = ml_collections.ConfigDict()  # exact measures during Stage 3 (pipeline.dynamics)
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
   c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
+  # The end-state rule (disa_jax.pipeline.dynamics, issue 44): a run is at its end state when the
+  # 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL over
+  # correct answers across the window lies inside +-delta, delta = max(delta_abs, delta_rel x the
+  # value). The default preset's 4 measurements of 400 steps leave every run undecided (a budget).
+  c.end_state = ml_collections.ConfigDict()
+  c.end_state.window = 0.25  # the last 25% of the measured steps
+  c.end_state.min_points = 10  # fewer measurements in the window: undecided
+  c.end_state.delta_abs = 0.02  # nats of change across the window ...
+  c.end_state.delta_rel = 0.1  # ... or 10% of the value, whichever is larger
+  c.end_state.level = 0.9  # two one-sided tests at 5% each
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max
@@ -433,7 +451,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   if preset == "claims":
     # The runs the claims turn on, the fix's controls (the report compares the fix with each), and
     # the fix and DISA on a second Stage 1/2 draw. On the small task (`_small_task`: n = 0..15,
-    # lr 5e-4 constant, CLAIMS_STEPS steps tracked every 32), where on-policy DISA's KL settles by
+    # lr 5e-4 constant, CLAIMS_STEPS steps tracked every SMALL_TRACK), where on-policy DISA's KL settles by
     # step ~600-800 (issue 29), so that 41 runs fit the 2-hour budget: 5 Stage 3 seeds for the
     # decisive comparisons (CLAIMS_DECISIVE), 3 for every other run.
     c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "grpo_remedies",
@@ -442,17 +460,17 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.controls = ("disa_exact_pos_replay", "disa_matched", "disa_pos_replay_n8", "replay_sft",
                   "grpo_remedies")
     c.compare = ("disa_pos_replay<disa", "disa_pos_replay_data1<disa_data1",
-                 "disa_pos_replay<disa_pos_replay_data1", "disa_pos_replay_data1<disa_pos_replay")
+                 "disa_pos_replay<>disa_pos_replay_data1")  # (does the Stage 1/2 draw matter?)
     c.seeds = (0, 1, 2)
     for m in CLAIMS_DECISIVE:
       c.runs[m].seeds = (0, 1, 2, 3, 4)
-    _small_task(c, CLAIMS_STEPS, CLAIMS_TRACK)
+    _small_task(c, CLAIMS_STEPS)
   if preset == "claims_quick":
     # One seed of the four runs the claims turn on, at the claims preset's settings (the same run
     # configs: in the claims preset's workdir they are reused): the end-state verdicts of each run
     # in about 11 minutes (estimated from the claims run's times), no comparison verdict (one seed).
     c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
-    _small_task(c, CLAIMS_STEPS, CLAIMS_TRACK)
+    _small_task(c, CLAIMS_STEPS)
   if preset == "anchor_study_rl_quick":
     # The grid's one-seed subset (sum scale): the offset's invariance on-policy and its cost with
     # 4 updates per batch (exact and noise 2), and the four log Z sources at 4 updates. The cells
@@ -464,7 +482,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
       grid[m].seeds = (0,)
     c.runs.update(grid)
     c.fix = ""
-    _small_task(c, ANCHOR_STUDY_STEPS, ANCHOR_STUDY_TRACK)
+    _small_task(c, ANCHOR_STUDY_STEPS)
   if preset in ("anchor_study_rl", "anchor_study_rl_mean"):
     # Issue 27's regime grid on the small task (`_small_task`): sum scale 16 cells (the 8 decided
     # ones x 3 seeds, the 8 noise cells x 1: 32 runs); mean scale (its own workdir: Stage 1 labels
@@ -477,7 +495,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.fix = ""  # no shipped-variant claims: the report's regime table is what this preset is for
     c.compare = anchor_compare(scale)
     c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
-    _small_task(c, ANCHOR_STUDY_STEPS, ANCHOR_STUDY_TRACK)
+    _small_task(c, ANCHOR_STUDY_STEPS)
   if preset == "nonuniform_target":
     # pi_ref prefers large first summands (P(a) ~ 1.25^a = 0.8^(n - a)) while p_T, fine-tuned on
     # skew 0.85, prefers small ones: pi~|c = pi_ref|c is neither uniform nor the proposal's. Does
@@ -486,10 +504,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.reference_model.skew = 1.25
     c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")  # the fix and its controls
     c.conditional_kl = True
-    _small_task(c, ANCHOR_STUDY_STEPS, ANCHOR_STUDY_TRACK)
+    _small_task(c, ANCHOR_STUDY_STEPS)
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
-    # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 40 (5 measures in the last 20%,
+    # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,
     # a constant lr). Wall time on 2 cores (39 runs): seed 0's first 10 runs took 35 min (load
     # 4-11); the next 29 runs took 102 min while other jobs' tests ran (load 7-11; runs 324-499 s
     # each), the 3 VarGrad runs 8 min on a quiet machine (174-272 s each), so ~1.4 h quiet and
@@ -505,7 +523,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     t.optim.lr = STALENESS_LR
     t.optim.decay_frac = 0.0
     t.total_steps = 1000
-    c.track.every = 40
+    c.track.every = 20  # 13 measurements in the end-state window (the last 25% of 20..1000)
+    c.track.kl_samples = SMALL_TRACK_SAMPLES
     c.sft_enabled = False
     c.anchor_study.repeats = 0
     c.nstudy.enabled = False

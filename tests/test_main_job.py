@@ -11,6 +11,7 @@ import pytest
 
 from configs import main as main_config
 from disa_jax import config as config_lib
+from disa_jax.pipeline import seed_stats
 from disa_jax.pipeline.sum_job import MainConfig, SumJob
 from tests.test_notebooks import NOTEBOOKS, NOTEBOOKS_DIR, execute_on_run
 
@@ -72,25 +73,24 @@ def job_run(tmp_path_factory):
   return job, job.run(), tmp_path
 
 
-def _welch_holds(n):
-  return "p" in n and n["diff"] < 0 and n["p"] < 0.05
-
-
 def _check_claims(claims):
-  """Each verdict follows from the numbers it reports."""
+  """Each verdict follows from the test it reports (`pipeline.claims`): Holm over the report's
+  tested claims, adjusted p < 0.05 with the claimed sign; no test: undecided, never 'does not
+  hold'."""
+  tested = [c for c in claims if c.test is not None]
+  adjusted = seed_stats.holm([c.test["p"] for c in tested])
+  for c, adj in zip(tested, adjusted):
+    assert c.test["p_holm"] == pytest.approx(adj, rel=1e-12), c
+    assert c.holds == (adj < 0.05 and c.test["direction_ok"]), c
+    assert c.verdict == ("holds" if c.holds else "does not hold"), c
+    if c.test["name"] == "welch" and "differ" not in c.claim:  # "A below B": the sign of A - B
+      assert c.test["direction_ok"] == (c.numbers["diff"] < 0), c
   for c in claims:
-    n = c.numbers
-    if c.claim == "Stage 1 error shrinks with N":
-      errs = list(n.values())
-      assert c.holds == all(a > b for a, b in zip(errs, errs[1:])) and not c.from_transient
-    elif "matches the tilted target" in c.claim:
-      want = n["kl"] <= 1.0 and abs(n["entropy_correct"] - n["target_entropy"]) <= 0.3
-      assert c.holds == want and c.from_transient == (not n["state"].startswith("end state"))
-    elif ("'s KL to the target is below " in c.claim or
-          c.claim.startswith(("reward maximisation collapses", "Stage 1 replay brings"))):
-      assert c.holds == _welch_holds(n), c  # Welch over seeds, p < 0.05
-    else:
-      raise AssertionError(f"a claim this test does not check: {c.claim!r}")
+    assert c.claim.startswith(("the Stage 1 error shrinks with N", "reward maximisation collapses",
+                               "Stage 1 replay brings")) or " ends as close to the target as " in c.claim \
+        or "'s KL to the target" in c.claim or " fail" in c.claim, f"a claim not checked: {c.claim!r}"
+    if c.test is None:
+      assert c.verdict == "undecided" and not c.holds and c.why, c
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert ns["prompts"] == 4 and ns["pool_size"] == 8 and [r["M"] for r in ns["per_m"]] == [2, 4]
   assert (tmp_path / "nstudy" / "nstudy.png").exists() and "App. C.3 N-study" in (
       tmp_path / "report.md").read_text()
-  assert {c.claim for c in report.claims} >= {"Stage 1 error shrinks with N"}
+  assert any(c.claim.startswith("the Stage 1 error shrinks with N") for c in report.claims)
   _check_claims(report.claims)
   # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
   assert set(report.end_state) == methods and set(report.regime["per_method"]) == methods
@@ -127,7 +127,9 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
   gap = report.anchor_gap
   assert gap["loss_gap"] <= gap["envelope_same_sample"] + 1e-9 and gap["sigma_g_train"] > 0
-  assert gap["verdict"] in ("holds", "violated")  # val_fraction 0.3: held-out prompts exist
+  # val_fraction 0.3: held-out prompts exist; a verdict only where the envelope is below L_TB
+  assert gap["verdict"] in ("holds", "violated", None)
+  assert (gap["verdict"] is None) == (not gap["envelope"] < gap["loss_tb"])
   study = report.anchor_study
   md = (tmp_path / "report.md").read_text()
   assert report.dir == tmp_path and report.markdown() == md
@@ -139,9 +141,9 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md
   assert "At matched accuracy" in md and "Prop. 4" in md
   # two measurements are too few for an end state: every verdict between methods is labelled
-  assert not report.regime["all_at_end_state"] and "TRANSIENT" in md
+  assert not report.regime["all_at_end_state"] and "end state undecided" in md
   versus = [c for c in report.claims if "below grpo's" in c.claim]  # GRPO: the first reward maximiser
-  assert len(versus) == 2 and all(c.from_transient for c in versus)
+  assert len(versus) == 2 and all(c.from_transient and c.verdict == "undecided" for c in versus)
   for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png", "kl_vs_step.png",
             "kl_correct_vs_step.png", "entropy_vs_accuracy.png"):
     assert (tmp_path / f).exists(), f

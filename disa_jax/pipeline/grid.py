@@ -3,12 +3,14 @@ end-state KL against the anchor's error sigma_g beside the Prop. 4 envelope.
 
 For every Stage 3 method of the job (`run_figures`), over its Stage 3 seeds:
 
-- ``kl``: the final KL(pi || pi~) (Monte Carlo with the exact log Z, the evaluation's);
+- ``kl``: the final KL(pi || pi~), the primary one (`dynamics.PRIMARY`: the evaluation's exact
+  decomposition with its one Monte Carlo term); ``kl_mc``: the plain Monte Carlo KL beside it;
 - ``kl_correct``: the final conditional KL over correct answers, KL(pi|c || pi~|c) (exact);
-- ``steps_to_0.9``: the first tracked step with P(correct) >= 0.9 (`dynamics.matched_accuracy`), over
-  the seeds that got there, and how many did;
-- ``grad_sq``: the mean squared gradient norm over the end-state window (the last 20% of steps,
-  before clipping). Near a stationary point the mean gradient is ~0, so this estimates the
+- ``steps_to_0.9``: the step where P(correct) reaches 0.9, interpolated between measurements (the
+  first measured step for a run already past it; `dynamics.matched_accuracy`), over the seeds that
+  got there, and how many did;
+- ``grad_sq``: the mean squared gradient norm over the end-state window (the last
+  `dynamics.EndStateConfig.window` of the steps, before clipping). Near a stationary point the mean gradient is ~0, so this estimates the
   variance of the per-update gradient, tr Cov(g): the gradient noise a method trains with at its
   end state. It is comparable across log Z sources of one objective family (same residual scale),
   not across families (GRPO's loss has another scale);
@@ -36,7 +38,7 @@ import numpy as np
 
 from disa_jax.pipeline import dynamics, seed_stats
 
-WINDOW = 0.2  # the end-state window: the last 20% of steps (as `dynamics.end_state`)
+WINDOW = dynamics.EndStateConfig.window  # the end-state window's default share of the steps
 LEVEL = "0.9"  # the accuracy level of ``steps_to_0.9``
 
 
@@ -77,11 +79,11 @@ def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str
   """Per method, `summary` of each figure over its seeds.
 
   Args:
-    per_seed: method -> one dict per seed with 'kl', 'kl_correct', 'steps_to_0.9' (None: not
-      reached), 'grad_sq', 'grad_sq_median' and 'loss'.
+    per_seed: method -> one dict per seed with 'kl', 'kl_mc', 'kl_correct', 'steps_to_0.9'
+      (None: not reached), 'grad_sq', 'grad_sq_median' and 'loss'.
 
   Returns:
-    method -> {'seeds', 'kl', 'kl_correct', 'grad_sq', 'grad_sq_median', 'loss': `summary`,
+    method -> {'seeds', 'kl', 'kl_mc', 'kl_correct', 'grad_sq', 'grad_sq_median', 'loss': `summary`,
     'loss_first_seed': the first seed's window loss, 'steps_to_0.9':
     `summary` over the seeds that reached it, 'reached': how many did}.
   """
@@ -90,7 +92,7 @@ def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str
     steps = [s["steps_to_0.9"] for s in seeds if s["steps_to_0.9"] is not None]
     out[m] = {"seeds": len(seeds), "reached": len(steps), "steps_to_0.9": summary(steps)}
     out[m] |= {k: summary([s[k] for s in seeds])
-               for k in ("kl", "kl_correct", "grad_sq", "grad_sq_median", "loss")}
+               for k in ("kl", "kl_mc", "kl_correct", "grad_sq", "grad_sq_median", "loss")}
     out[m]["loss_first_seed"] = seeds[0]["loss"]
   return out
 
@@ -114,9 +116,10 @@ def collect(job, stage3: Mapping, evals: Mapping[str, Mapping[str, Any]],
         continue
       hit = (matched.get(seed) or {}).get(LEVEL)
       total = job.stage3_cfgs[(m, seed)].train.total_steps
-      rows.append({"seed": seed, "kl": ev["kl_to_target"], "kl_correct": ev["kl_correct"],
+      rows.append({"seed": seed, "kl": ev[dynamics.PRIMARY], "kl_mc": ev["kl_to_target"],
+                   "kl_correct": ev["kl_correct"],
                    "steps_to_0.9": None if hit is None else hit["step"],
-                   **window_means(run.metrics(), total)})
+                   **window_means(run.metrics(), total, job.cfg.end_state.window)})
     if rows:
       out[m] = rows
   return out

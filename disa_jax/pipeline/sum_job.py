@@ -22,6 +22,7 @@ prompt file), then runs the commands a researcher runs on real checkpoints, with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import multiprocessing
 import time
@@ -48,12 +49,16 @@ from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
+from disa_jax.pipeline import seeds
+from disa_jax.pipeline.claims import parse_comparison
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
+from disa_jax.pipeline.dynamics import EndStateConfig
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
 from disa_jax.pipeline.report import JobReport, ReportInputs, write_report
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rl.config import ReplayConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
+from disa_jax.rl import seed_batch
 from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
@@ -194,6 +199,8 @@ class MainConfig:
   `TrainConfig` (its ``objective`` is replaced by each run's) and ``sft`` run_sft's
   `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
   them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
+  ``seed_batch``: the most Stage 3 seeds of one run trained together, as one batch dimension in one
+  process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own).
   """
   preset: str = "default"
   seed: int = 0
@@ -202,11 +209,13 @@ class MainConfig:
   methods: tuple[str, ...] = ("disa", "flowrl", "grpo", "gspo")
   seeds: tuple[int, ...] = (0,)
   stage3_workers: int = 1
+  seed_batch: int = 1
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   controls: tuple[str, ...] = ()
   compare: tuple[str, ...] = ()
   track: TrackConfig = TrackConfig()
+  end_state: EndStateConfig = EndStateConfig()
   sft_enabled: bool = True
   conditional_kl: bool = False
   heldout: HeldoutConfig = HeldoutConfig()
@@ -237,11 +246,17 @@ class MainConfig:
     if bad or (self.controls and not self.fix):
       raise ValueError(f"controls must name runs {sorted(self.runs)} other than the fix "
                        f"{self.fix!r} (which must be set), got {self.controls!r}")
+    pairs = {}
     for i, pair in enumerate(self.compare):
-      a, _, b = pair.partition("<")
-      if not (a in self.methods and b in self.methods and a != b):
-        raise ValueError(f"compare[{i}] must be 'A<B' with A != B both in methods "
+      a, b, _ = parse_comparison(pair, f"compare[{i}]")
+      if not (a in self.methods and b in self.methods):
+        raise ValueError(f"compare[{i}] must be 'A<B' or 'A<>B' with both runs in methods "
                          f"{list(self.methods)}, got {pair!r}")
+      if frozenset((a, b)) in pairs:  # one hypothesis per pair, its direction declared once
+        raise ValueError(f"compare[{i}] = {pair!r} tests the pair of "
+                         f"{pairs[frozenset((a, b))]!r} again; declare each pair once ('A<B', or "
+                         "'A<>B' for either direction)")
+      pairs[frozenset((a, b))] = pair
     for name, spec in self.runs.items():
       other = self.runs.get(spec.match_rows_of)
       if spec.match_rows_of and (other is None or other.replay.mode != "add"
@@ -254,8 +269,9 @@ class MainConfig:
       if self.runs[m].seeds and self.runs[m].seeds[0] != self.seeds[0]:
         raise ValueError(f"runs.{m}.seeds must start with the job's first seed {self.seeds[0]} "
                          f"(its unsuffixed run), got {self.runs[m].seeds!r}")
-    if not (isinstance(self.stage3_workers, int) and self.stage3_workers >= 1):
-      raise ValueError(f"stage3_workers must be an int >= 1, got {self.stage3_workers!r}")
+    for name in ("stage3_workers", "seed_batch"):
+      if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+        raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
     if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
       raise ValueError(f"n_study values and n_study_repeats must be >= 1, got {self.n_study}, "
                        f"{self.n_study_repeats}")
@@ -286,13 +302,30 @@ def _derived(where: str, cfg: Any, **changes: Any) -> Any:
     raise ValueError(config_lib.qualify(str(e), where)) from None
 
 
-def _timed_stage3(cfg) -> float:
-  """`run_stage3` (in this process, or in a worker of `SumJob.stage3_all`); returns its seconds."""
+def together(cfg: Stage3Config) -> Stage3Config:
+  """A seed's Stage 3 config as `seed_batch.train_together` runs it: its sampler in this process
+  (its programs batched with the other seeds'), its checkpoints written synchronously (orbax's
+  asynchronous writes from several threads at once collide)."""
+  train = cfg.train
+  return dataclasses.replace(
+      cfg, engine=dataclasses.replace(cfg.engine, separate_process=False),
+      train=dataclasses.replace(train, checkpoint=dataclasses.replace(train.checkpoint,
+                                                                      async_save=False)))
+
+
+def _timed_stage3(cfgs: list[Stage3Config]) -> float:
+  """`run_stage3` of one run (in this process, or in a worker of `SumJob.stage3_all`), or of
+  several seeds of one run trained together (`seed_batch.train_together`: one thread per seed,
+  the samplers in this process); returns its seconds."""
   t0 = time.time()
-  run = run_stage3(cfg)
-  if run.preempted is not None:  # saved at that step; the job's rerun resumes the run
-    raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
-                       f"{run.preempted} (checkpoint saved); rerun the job to resume")
+  if len(cfgs) == 1:
+    runs = [run_stage3(cfgs[0])]
+  else:
+    runs = seed_batch.train_together([functools.partial(run_stage3, together(c)) for c in cfgs])
+  for cfg, run in zip(cfgs, runs):
+    if run.preempted is not None:  # saved at that step; the job's rerun resumes the run
+      raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
+                         f"{run.preempted} (checkpoint saved); rerun the job to resume")
   return round(time.time() - t0, 2)
 
 
@@ -321,6 +354,7 @@ class SumJob:
     self.stage1_cfg, self.stage2_cfg = self.replicas[0]
     self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods
                         for s in cfg.run_seeds(m)}
+    self.run_of_row = {self.run_name(m, s): (m, s) for m, s in self.stage3_cfgs}
     self.sft_cfg = self._sft_config()
     self.eval_template = self._eval_config("reference", self.ref_path)
     self.times: dict[str, float] = {}
@@ -360,7 +394,8 @@ class SumJob:
     stage2 = _derived("stage2", s2, stage1_path=str(stage1.dataset_path()),
                       reference_path=self.ref_path, anchor_path=where("anchor"),
                       output_dir=where("stage2"),
-                      fit=dataclasses.replace(s2.fit, seed=self.cfg.seed + d))
+                      fit=dataclasses.replace(s2.fit, seed=seeds.job_seed(self.cfg.seed,
+                                                                          "stage2_fit", d)))
     return stage1, stage2
 
   def run_name(self, method: str, seed: int) -> str:
@@ -386,7 +421,8 @@ class SumJob:
           engine=self.cfg.engine, mesh=self.mesh, train=self._run_train(spec, seed),
           exact_target=ExactTargetConfig(
               reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
-              kl_samples=track.kl_samples, seed=self.cfg.seed + 9),
+              kl_samples=track.kl_samples,
+              seed=seeds.run_seed(self.cfg.seed, "track", method, seed)),
           export_dtype="float32")  # tiny float32 models, measured exactly after export
     except (TypeError, ValueError) as e:
       raise ValueError(config_lib.qualify(str(e), f"runs.{method}")) from None
@@ -415,18 +451,23 @@ class SumJob:
   def _sft_config(self) -> SftConfig:
     return SftConfig(reference_path=self.ref_path, stage1_path=str(self.stage1_cfg.dataset_path()),
                      out_path=str(self.dir / "sft"), mesh=self.mesh,
-                     sft=_derived("sft", self.cfg.sft, seed=self.cfg.seed))
+                     sft=_derived("sft", self.cfg.sft, seed=seeds.job_seed(self.cfg.seed, "sft")))
 
   def _eval_config(self, row: str, model_path: str) -> EvalConfig:
+    """The evaluation of ``row``, its sampling seeds its own (`pipeline.seeds`: a Stage 3 run's
+    from its method and Stage 3 seed, another row's from its name)."""
     e = self.cfg.eval
+    run, stage3_seed = self.run_of_row.get(row, (row, None))
+    seed_of = lambda stream: seeds.run_seed(self.cfg.seed, stream, run, stage3_seed)
     exact = dataclasses.replace(e.exact_target, reference_path=self.ref_path, beta=self.cfg.beta,
-                                seed=self.cfg.seed + 8)
+                                seed=seed_of("eval_exact"))
     return _derived(
         "eval", e, exact_target=exact, output_dir=str(self.dir / "eval" / row),
         model_path=model_path, label=row,
         benchmarks={"task": self.prompts_path} | (
             {"heldout": self.heldout_prompts_path} if self.cfg.heldout.enabled else {}),
-        seed=self.cfg.seed + 7, engine=dataclasses.replace(self.cfg.engine, separate_process=False))
+        seed=seed_of("eval_sampling"),
+        engine=dataclasses.replace(self.cfg.engine, separate_process=False))
 
   def _timed(self, name: str, fn, *args):
     t0 = time.time()
@@ -576,7 +617,7 @@ class SumJob:
     return run_nstudy(NStudyConfig(
         stage1=self.stage1_cfg, output_dir=str(self.dir / "nstudy"), subset_size=spec.subset_size,
         pool_size=spec.pool_size, ms=self.cfg.n_study, repeats=spec.repeats, ks=spec.ks,
-        seed=self.cfg.seed, embedding=self.stage2_cfg.embedding))
+        seed=seeds.job_seed(self.cfg.seed, "nstudy"), embedding=self.stage2_cfg.embedding))
 
   def stage2(self) -> AnchorArtifact:
     """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
@@ -595,7 +636,8 @@ class SumJob:
                          if self.cfg.runs[m].anchor == "exact+noise"}):
       if Path(self.noise_anchor_path(sigma)).exists():
         continue
-      table = noisy_log_z(self.exact().log_z_by_id(), sigma, self.cfg.seed)
+      table = noisy_log_z(self.exact().log_z_by_id(), sigma,
+                          seeds.job_seed(self.cfg.seed, "noise_anchor"))
       TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale,
                   source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
@@ -613,39 +655,62 @@ class SumJob:
     res = sigma_g_study(emb, pool, self.exact().log_z_of(pool.prompt_ids),
                         ns=self.cfg.n_study, folds=self.cfg.anchor_study.folds,
                         repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
-                        seed=self.cfg.seed)
+                        seed=seeds.job_seed(self.cfg.seed, "anchor_study"))
     res["verdict"] = sigma_verdict(res)
     artifacts.write_json(path, res)
 
-  def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
-    """Every (method, seed) run not yet exported (or without its summary), ``stage3_workers`` at a
-    time; returns every run, by (method, seed).
+  def stage3_units(self, todo: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    """The (method, seed) runs of ``todo`` as units of work: each method's seeds in chunks of at
+    most ``seed_batch`` trained together (`seed_batch.train_together`), the largest units first
+    (the longest jobs start first on the workers), each method's in seed order."""
+    units = []
+    for m in dict.fromkeys(k[0] for k in todo):
+      mine = [k for k in todo if k[0] == m]
+      units += [mine[i:i + self.cfg.seed_batch] for i in range(0, len(mine), self.cfg.seed_batch)]
+    return sorted(units, key=len, reverse=True)
 
-    With one worker the runs go one after another in this process. With more, each run is a
-    spawned process of its own (``run_stage3`` on its config; JAX never forks), the progress bars
-    off; a failed run raises here with its name, after the others finish. On a CPU host, two
-    workers on two cores nearly halve Stage 3's wall time (a run's trainer and its engine worker
-    alternate, so one run keeps about one core busy).
+  def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
+    """Every (method, seed) run not yet exported (or without its summary), a unit of
+    `stage3_units` at a time on each of ``stage3_workers`` workers; returns every run, by (method,
+    seed).
+
+    With one worker the units go one after another in this process. With more, each unit is a
+    spawned process of its own (``run_stage3`` on its config, or its seeds trained together; JAX
+    never forks), the progress bars off; a failed unit raises here naming its runs, after the
+    others finish. On a CPU host, two workers on two cores nearly halve Stage 3's wall time (a
+    run's trainer and its engine worker alternate, so one run keeps about one core busy). Each run
+    of a unit records the unit's seconds (its seeds ran together).
     """
     keys = [(m, s) for m in self.cfg.methods for s in self.cfg.run_seeds(m)]
     wd = {k: Path(self.stage3_cfgs[k].workdir) for k in keys}
     todo = [k for k in keys if not ((wd[k] / "final" / "export_info.json").exists()
                                     and (wd[k] / Stage3Run.FILE).exists())]
-    workers = min(self.cfg.stage3_workers, len(todo))
+    units = self.stage3_units(todo)
+    workers = min(self.cfg.stage3_workers, len(units))
+    quiet = workers > 1 or any(len(u) > 1 for u in units)  # (one bar per process and run)
+    bar = lambda c: dataclasses.replace(c, train=dataclasses.replace(
+        c.train, progress_bar=c.train.progress_bar and not quiet))
+    cfgs = [[bar(self.stage3_cfgs[k]) for k in unit] for unit in units]
+    record = lambda unit, seconds: [self._record(f"stage3_{self.run_name(*k)}", seconds)
+                                    for k in unit]
     if workers <= 1:
-      for k in todo:
-        self._record(f"stage3_{self.run_name(*k)}", _timed_stage3(self.stage3_cfgs[k]))
-    else:
-      cfgs = [dataclasses.replace(self.stage3_cfgs[k], train=dataclasses.replace(
-          self.stage3_cfgs[k].train, progress_bar=False)) for k in todo]
-      failed = {}  # (its workers are not daemons: each run starts its own engine worker)
+      for unit, c in zip(units, cfgs):
+        try:
+          record(unit, _timed_stage3(c))
+        except Exception as e:  # pylint: disable=broad-except
+          if len(unit) == 1:
+            raise
+          raise RuntimeError(f"Stage 3 runs failed: { {self.run_name(*k): e for k in unit} }"
+                             ) from e
+    else:  # (its workers are not daemons: each run starts its own engine worker)
+      failed = {}
       with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        pending = {k: ex.submit(_timed_stage3, c) for k, c in zip(todo, cfgs)}
-        for k, fut in pending.items():
+        pending = [(unit, ex.submit(_timed_stage3, c)) for unit, c in zip(units, cfgs)]
+        for unit, fut in pending:
           try:
-            self._record(f"stage3_{self.run_name(*k)}", fut.result())
+            record(unit, fut.result())
           except Exception as e:  # pylint: disable=broad-except
-            failed[self.run_name(*k)] = e
+            failed.update({self.run_name(*k): e for k in unit})
       if failed:
         raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
     return {k: Stage3Run.load(wd[k]) for k in keys}

@@ -6,8 +6,11 @@ that README / docs print about the claims).
 
 Two tables: the methods at the end of training (mean ± std over Stage 3 seeds; a single run's KL
 ± its Monte Carlo standard error) with each method's end-state verdict, and the claims with their
-verdicts, Welch statistics over seeds and TRANSIENT flags (`pipeline.report`); with several Stage
-1/2 data seeds, their anchors' errors; with a grid section, the regime and sigma_g tables. A
+verdicts, tests, raw and Holm-adjusted p-values and end-state flags (`pipeline.claims`); with
+several Stage 1/2 data seeds, their anchors' errors; with a grid section, the regime and sigma_g
+tables. A report from before issue 44 (no ``instrument`` section: KL by Monte Carlo, end states by
+the slope test, no correction) is rendered in its own format, unchanged, except that a claim it
+could not test reads "undecided" rather than "does NOT hold". A
 document embeds the output between ``<!-- tables: PATH -->`` and ``<!-- /tables -->``; `check_document` (and
 ``--check``, and the tests) compare every such block with the generator's output for its PATH.
 """
@@ -23,25 +26,40 @@ from typing import Any, Mapping
 BLOCK = re.compile(r"<!-- tables: (\S+) -->\n(.*?)<!-- /tables -->", re.S)
 
 
+def _current(report: Mapping[str, Any]) -> bool:
+  """The report is from issue 44's instrument on (it has the ``instrument`` section)."""
+  return "instrument" in report
+
+
+def _kl_cols(report: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(the KL columns' headers, their row keys): the primary KL and the Monte Carlo one beside it;
+  an older report's Monte Carlo KL alone."""
+  if _current(report):
+    return ("KL(pi ‖ pi~), decomposed", "KL, Monte Carlo"), ("kl_decomposed", "kl_to_target")
+  return ("KL(pi ‖ pi~)",), ("kl_to_target",)
+
+
 def _pm(row: Mapping[str, Any], key: str, fmt: str) -> str:
   if f"{key}_std" in row:
     return f"{row[key]:{fmt}} ± {row[f'{key}_std']:{fmt}}"
-  if key == "kl_to_target":
-    return f"{row[key]:{fmt}} ± {row['kl_to_target_se']:{fmt}} (MC)"
+  if f"{key}_se" in row:
+    return f"{row[key]:{fmt}} ± {row[f'{key}_se']:{fmt}} (MC)"
   return f"{row[key]:{fmt}}"
 
 
 def methods_table(report: Mapping[str, Any]) -> list[str]:
   """The Stage 3 methods' end-of-training rows (reference / proposal / SFT rows left out)."""
   states = report["regime"]["per_method"]
-  md = ["| method | seeds | end state | P(correct) | entropy over correct (target) | KL(pi ‖ pi~) |",
-        "|---|---|---|---|---|---|"]
+  heads, keys = _kl_cols(report)
+  md = ["| method | seeds | end state | P(correct) | entropy over correct (target) | "
+        + " | ".join(heads) + " |", "|---|---|---|---|---|" + "---|" * len(heads)]
   for name, row in report["methods"].items():
     if name not in states:
       continue
     md.append(f"| `{name}` | {row.get('seeds', 1)} | {states[name]} | "
               f"{_pm(row, 'p_correct_exact', '.3f')} | {_pm(row, 'entropy_correct', '.2f')} "
-              f"({row['target_entropy_correct']:.2f}) | {_pm(row, 'kl_to_target', '.3f')} |")
+              f"({row['target_entropy_correct']:.2f}) | "
+              + " | ".join(_pm(row, k, ".3f") for k in keys) + " |")
   return md
 
 
@@ -52,11 +70,32 @@ def _stats(n: Mapping[str, Any]) -> str:
           f"p = {n['p']:.3g} (seeds {n['seeds'][0]} / {n['seeds'][1]})")
 
 
+_STATES = {"end state": "end state", "transient": "TRANSIENT", "undecided": "end state undecided",
+           "-": "-"}
+
+
 def claims_table(report: Mapping[str, Any]) -> list[str]:
-  """Each claim: its verdict, whether it is drawn from a transient, and its test over seeds."""
+  """Each claim: its verdict, the end state of the runs it compares, its test, its raw and
+  Holm-adjusted p-values (`pipeline.claims`); an older report's claims in its own format."""
+  if not _current(report):
+    return _legacy_claims_table(report)
+  md = ["| claim | verdict | state | test | p | p (Holm) | why not |", "|---|---|---|---|---|---|---|"]
+  for c in report["claims"]:
+    t = c["test"] or {}
+    p = lambda k: f"{t[k]:.3g}" if k in t else "-"
+    md.append(f"| {c['claim']} | {c['verdict']} | {_STATES[c['state']]} | "
+              f"{t.get('summary', '-')} | {p('p')} | {p('p_holm')} | "
+              f"{c['why'] if c['verdict'] != 'holds' else ''} |")
+  return md
+
+
+def _legacy_claims_table(report: Mapping[str, Any]) -> list[str]:
+  """The claims of a report from before issue 44: Welch over seeds, uncorrected; a claim with
+  no test (no p-value) that does not hold reads "undecided"."""
   md = ["| claim | verdict | state | Welch over seeds | why not |", "|---|---|---|---|---|"]
   for c in report["claims"]:
-    verdict = "holds" if c["holds"] else "does NOT hold"
+    verdict = ("holds" if c["holds"] else "does NOT hold" if "p" in c["numbers"] or not c["why"]
+               else "undecided")
     state = "TRANSIENT" if c["from_transient"] else "end state" if c["runs"] else "-"
     md.append(f"| {c['claim']} | {verdict} | {state} | {_stats(c['numbers'])} | "
               f"{c['why'] or ''} |")
@@ -76,12 +115,14 @@ def regime_table(report: Mapping[str, Any]) -> list[str]:
   """Per Stage 3 method of the grid section: its regime, seeds, end state, final KL, conditional KL
   over correct answers, steps to P(correct) >= 0.9 and gradient noise (`pipeline.grid`)."""
   grid, states = report["grid"], report["regime"]["per_method"]
-  md = ["| run | regime | seeds | end state | KL(pi ‖ pi~) | KL(pi\\|c ‖ pi~\\|c) | "
+  heads = _kl_cols(report)[0]
+  kls = ("kl", "kl_mc") if _current(report) else ("kl",)
+  md = ["| run | regime | seeds | end state | " + " | ".join(heads) + " | KL(pi\\|c ‖ pi~\\|c) | "
         "steps to P(c) 0.9 (reached) | gradient noise E\\|g\\|² | median \\|g\\|² |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
   for m, f in grid["figures"].items():
     md.append(f"| `{m}` | {grid['regimes'][m]} | {f['seeds']} | {states.get(m, '-')} | "
-              f"{_fig(f['kl'], '.3f')} | {_fig(f['kl_correct'], '.3f')} | "
+              + "".join(f"{_fig(f[k], '.3f')} | " for k in kls) + f"{_fig(f['kl_correct'], '.3f')} | "
               f"{_fig(f['steps_to_0.9'], '.0f')} ({f['reached']}/{f['seeds']}) | "
               f"{_fig(f['grad_sq'], '.3g')} | {_fig(f['grad_sq_median'], '.3g')} |")
   return md
@@ -89,8 +130,8 @@ def regime_table(report: Mapping[str, Any]) -> list[str]:
 
 def sigma_table(report: Mapping[str, Any]) -> list[str]:
   """Per regime with an exact-log-Z run: sigma_g, KL and the loss gap against Prop. 4's envelope."""
-  md = ["| regime | run | sigma_g | seeds | KL(pi ‖ pi~) | loss gap to exact (first seeds) | envelope |",
-        "|---|---|---|---|---|---|---|"]
+  md = [f"| regime | run | sigma_g | seeds | {_kl_cols(report)[0][0]} | loss gap to exact (first "
+        "seeds) | envelope |", "|---|---|---|---|---|---|---|"]
   for regime, pts in report["grid"]["sigma_curve"].items():
     for p in pts:
       kl = f"{p['kl']:.3f}" + (f" ± {p['kl_std']:.3f}" if p["seeds"] > 1 else "")
@@ -120,6 +161,10 @@ def render(report: Mapping[str, Any]) -> str:
   seeds = "per run (the seeds column)" if own else str(report["stage3_seeds"])
   head = (f"Preset `{cfg['preset']}`, {cfg['stage3_steps']} Stage 3 steps, Stage 3 seeds "
           f"{seeds}, beta = {cfg['beta']:g}, task {cfg['task']}.")
+  if _current(report):
+    tested = sum(1 for c in report["claims"] if c["test"])
+    head += (f" Every verdict uses KL = `{report['instrument']['primary_metric']}`; p-values "
+             f"Holm-adjusted over the report's {tested} tests.")
   parts = [head, "", *methods_table(report), "", *claims_table(report)]
   if report.get("stage12_replicas"):
     parts += ["", *replicas_table(report)]

@@ -18,40 +18,94 @@ Then every ``validation.every`` steps (and before step 1 with ``validation.at_st
 validation pass, every ``checkpoint.every`` steps a checkpoint; a new best validation score
 (Mean@n) is saved at once and kept beside the last ``checkpoint.keep`` checkpoints
 (`disa_jax.checkpoint.selection`). SIGTERM / SIGUSR1 stop the loop at the next step boundary with
-a checkpoint of the steps done (`disa_jax.preemption`); the rerun resumes exactly. Metrics go to ``<workdir>/metrics.jsonl`` and TensorBoard (process 0 only); a tqdm bar
-shows the ETA. A run resumes from the latest checkpoint in ``<workdir>/checkpoints`` automatically,
-after checking that the checkpoint was written by the same run (config, model identity, parameter
-shapes), with an error that names the first field that differs. Multi-host runs execute this same
-loop on every process (see `disa_jax.rl.collect` and `disa_jax.parallel.distributed`).
+a checkpoint of the steps done (`disa_jax.preemption`); the rerun resumes exactly. Metrics go to
+``<workdir>/metrics.jsonl`` and TensorBoard (process 0 only); a tqdm bar shows the ETA.
+
+A run resumes from the latest checkpoint in ``<workdir>/checkpoints`` automatically, after checking
+that the checkpoint was written by the same run (the config sections of `RESUME_SECTIONS`, model
+identity, parameter shapes), with an error that names the first field that differs. ``total_steps``
+may grow (the loop runs on to the new end) unless the learning rate decays (``optim.decay_frac``):
+the decay phase starts at a share of the run's updates, so the schedule would belong to neither run
+(the Stage 3 command refuses any change of it, `disa_jax.workflows.stage3`). When metrics.jsonl
+holds damaged rows at or before the latest checkpoint, the run resumes from the latest checkpoint
+before them instead, deleting the newer ones, so that the lost rows are computed again
+(`disa_jax.rl.metrics`); without such a checkpoint it resumes from the latest and warns that those
+rows stay lost. Multi-host runs execute this same loop on every process (see `disa_jax.rl.collect`
+and `disa_jax.parallel.distributed`).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from disa_jax import config as config_lib
-from disa_jax import models, preemption
-from disa_jax.checkpoint import CheckpointManager
+from disa_jax import models, optim, preemption
+from disa_jax.checkpoint import CheckpointManager, selection
+from disa_jax.checkpoint.identity import flatten
 from disa_jax.checkpoint.selection import Selection
 from disa_jax.parallel import distributed
 from disa_jax.rl import async_rollout
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rl.metrics import MetricsLogger
+from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, scan_jsonl
 from disa_jax.rl.objective_step import ObjectiveStep
+from disa_jax.rl.objectives import Objective
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.scorer import BatchScorer, replay_stats
 from disa_jax.rl.sync import WeightSync
 from disa_jax.rl.update import PolicyUpdater
 
-# Config sections a resumed run must share with the checkpoint (others, e.g. total_steps, may grow).
-RESUME_SECTIONS = ("objective", "optim", "rollout", "replay", "seed", "shuffle")
+# Config sections a resumed run must share with the checkpoint (what a step computes and what
+# validation selects on; total_steps may grow under a constant learning rate: `_check_schedule`).
+RESUME_SECTIONS = ("objective", "optim", "rollout", "replay", "validation", "seed", "shuffle")
+
+
+# Per thread, a callable given each `Trainer` the thread builds, once built (unset: none):
+# `disa_jax.rl.seed_batch` routes a seed's device calls through its thread's batch of seeds.
+BUILD_HOOK = threading.local()
+
+
+# What a Stage 3 run's identity holds of its train config (`disa_jax.workflows.stage3`): what a
+# step computes, and total_steps (the learning-rate schedule, the end of the run).
+IDENTITY_FIELDS = RESUME_SECTIONS + ("total_steps",)
+
+
+def train_identity(train: Mapping[str, Any]) -> dict[str, Any]:
+  """``{'train.<section>.<field>': value}`` of a train config's `IDENTITY_FIELDS` (``train``: as
+  `config_lib.to_dict` spells a `TrainConfig`)."""
+  return flatten("train", {k: train[k] for k in IDENTITY_FIELDS})
+
+
+def recorded_train_identity(workdir: str | os.PathLike, objective: Objective) -> dict[str, Any]:
+  """`train_identity` of the train config in the latest readable checkpoint of ``workdir`` ({}
+  when there is none): what an identity file written before those fields existed lacks."""
+  for step in reversed(selection.finished_steps(workdir)):
+    try:
+      meta = selection.read_meta(workdir, step)
+    except (OSError, ValueError):  # a damaged checkpoint: the one before it
+      continue
+    return train_identity(saved_train_config(meta.get("config") or {}, objective))
+  return {}
+
+
+def saved_train_config(saved: Mapping[str, Any], objective: Objective) -> dict[str, Any]:
+  """A checkpoint's train config (its meta's ``config``) as `config_lib.to_dict` spells it, a field
+  it does not record (written before the field existed) taking its default (the objective's: those
+  of ``objective``'s class when the checkpoint's section lacks them)."""
+  defaults = {f.name: config_lib.to_dict(f.default) for f in dataclasses.fields(TrainConfig)
+              if f.init}
+  defaults["objective"] = config_lib.to_dict(type(objective)())
+  return {name: ({**default, **(saved.get(name) or {})} if isinstance(default, dict)
+                 else saved.get(name, default)) for name, default in defaults.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +172,22 @@ class Trainer:
     self.preempted_at: int | None = None  # the step a preemption signal stopped the run at
     self._saved_step: int | None = None
     latest = self.ckpt.latest_step()
-    if latest is not None:
-      self._resume(latest)
-    self.logger = (MetricsLogger(workdir, resume_step=latest, tensorboard=cfg.tensorboard,
+    start = self._resume_point(latest)
+    if start is not None:
+      self._resume(start)
+    if start != latest:  # checked and restored first: only then are the newer ones deleted
+      dropped = self.ckpt.discard_after(start)
+      warnings.warn(f"{workdir}/{METRICS_FILE}: damaged rows of steps up to {latest}; resuming "
+                    f"from checkpoint {start} to compute steps {start + 1}-{latest} again "
+                    f"(checkpoints {dropped} deleted: they are written again)", RuntimeWarning)
+    self.logger = (MetricsLogger(workdir, resume_step=start, tensorboard=cfg.tensorboard,
                                  wandb=cfg.wandb,
                                  run_config={"train": config_lib.to_dict(cfg),
                                              "identity": dict(self.identity)})
                    if distributed.is_main_process() else None)
+    hook = getattr(BUILD_HOOK, "fn", None)
+    if hook is not None:
+      hook(self)
 
   # The parts, by name.
   @property
@@ -182,26 +245,48 @@ class Trainer:
         if f.stem not in kept:
           f.unlink()
 
+  def _resume_point(self, latest: int | None) -> int | None:
+    """The checkpoint to resume from: ``latest``, or the latest before the first damaged row of
+    metrics.jsonl when that row is not after ``latest`` (see the module docstring). Process 0
+    reads the file; every process resumes from its choice."""
+    if latest is None:
+      return None
+    path = os.path.join(self.workdir, METRICS_FILE)
+    lost = scan_jsonl(path).first_lost_step() if distributed.is_main_process() else None
+    lost = int(distributed.process_allgather(np.asarray([-1 if lost is None else lost],
+                                                        np.int32))[0, 0])  # process 0's
+    if lost < 0 or lost > latest:  # nothing damaged, or only rows the resume recomputes anyway
+      return latest
+    earlier = [s for s in self.ckpt.intact_steps() if s < lost]
+    if not earlier:
+      warnings.warn(f"{path}: a damaged row holds a step from {lost} on, but no checkpoint before "
+                    f"step {lost} is left (train.checkpoint.keep); resuming from step {latest}, "
+                    "so the damaged rows stay lost (copied aside) and the rows after them are kept",
+                    RuntimeWarning)
+      return latest
+    return earlier[-1]
+
   def _check_resumable(self, step: int, saved: Mapping[str, Any]) -> None:
     """Names the first config field, identity entry or parameter shape that differs.
 
     A field the checkpoint does not record (written before the field existed) counts as its
-    default.
+    default; an identity entry it records that this run does not (the input paths, compared by
+    content in the stage's identity file since) is not compared.
     """
     now = self._meta(step)
-    defaults = config_lib.to_dict(TrainConfig(objective=type(self.cfg.objective)()))
+    recorded = saved_train_config(saved["config"], self.cfg.objective)
     where = f"cannot resume {self.workdir}: checkpoint {step} was written with"
     for section in RESUME_SECTIONS:
-      old, new = saved["config"].get(section), now["config"][section]
+      old, new = recorded[section], now["config"][section]
       if isinstance(new, dict):
-        old = {**defaults[section], **(old or {})}
-        for key in sorted(set(old) | set(new)):
+        for key in sorted(set(old) | set(new), key=lambda k: (k != "name", k)):  # name first
           if old.get(key) != new.get(key):
             raise ValueError(f"{where} {section}.{key}={old.get(key)!r}, this run has "
                              f"{new.get(key)!r}")
       elif old != new:
         raise ValueError(f"{where} {section}={old!r}, this run has {new!r}")
-    for key in sorted(set(saved.get("identity", {})) | set(now["identity"])):
+    self._check_schedule(where, recorded["total_steps"])
+    for key in sorted(now["identity"]):
       if saved.get("identity", {}).get(key) != now["identity"].get(key):
         raise ValueError(f"{where} {key}={saved.get('identity', {}).get(key)!r}, this run has "
                          f"{now['identity'].get(key)!r}")
@@ -212,6 +297,17 @@ class Trainer:
                          f"model has {shape}")
     if saved["data_position"] != step:
       raise ValueError(f"checkpoint {step}: data_position {saved['data_position']} != step")
+
+  def _check_schedule(self, where: str, saved_steps: int) -> None:
+    """Refuses another ``total_steps`` when the learning rate's decay phase depends on it."""
+    oc, updates = self.cfg.optim, self.cfg.rollout.num_minibatches
+    old = optim.decay_boundary(oc.decay_frac, saved_steps * updates)
+    new = optim.decay_boundary(oc.decay_frac, self.cfg.total_steps * updates)
+    if old != new:
+      raise ValueError(f"{where} total_steps={saved_steps}, this run has {self.cfg.total_steps}: "
+                       f"with optim.decay_frac={oc.decay_frac} the learning rate's decay phase "
+                       f"starts at optimizer update {old} there and {new} here, so the resumed "
+                       "run would follow neither schedule; use its total_steps or a new workdir")
 
   def _resume(self, step: int) -> None:
     meta = self.ckpt.read_meta(step)

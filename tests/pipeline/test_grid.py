@@ -25,22 +25,24 @@ def test_summary_is_the_mean_sample_std_and_the_student_t_interval():
 def test_the_window_keeps_the_last_fifth_of_training_rows_only():
   rows = [{"step": s, "grad_norm": float(s), "loss": 10.0 * s} for s in range(1, 101)]
   rows += [{"step": 100, "exact/kl_mc": 0.3}]  # a measure row: no gradient, skipped
-  got = G.window_means(rows, 100)
+  assert G.WINDOW == G.dynamics.EndStateConfig().window  # the end-state rule's window by default
+  got = G.window_means(rows, 100, window=0.2)
   assert got["grad_sq"] == pytest.approx(sum(s * s for s in range(81, 101)) / 20)
   assert got["grad_sq_median"] == pytest.approx((90 ** 2 + 91 ** 2) / 2)
   assert got["loss"] == pytest.approx(10.0 * sum(range(81, 101)) / 20)
   with pytest.raises(ValueError, match="no training row with grad_norm and loss after step 80"):
-    G.window_means(rows[:50], 100)
+    G.window_means(rows[:50], 100, window=0.2)
 
 
 def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
-  seeds = [{"kl": 0.2, "kl_correct": 0.1, "steps_to_0.9": 64, "grad_sq": 4.0,
+  seeds = [{"kl": 0.2, "kl_mc": 0.25, "kl_correct": 0.1, "steps_to_0.9": 64, "grad_sq": 4.0,
             "grad_sq_median": 3.0, "loss": 1.0},
-           {"kl": 0.4, "kl_correct": 0.3, "steps_to_0.9": None, "grad_sq": 6.0,
+           {"kl": 0.4, "kl_mc": 0.5, "kl_correct": 0.3, "steps_to_0.9": None, "grad_sq": 6.0,
             "grad_sq_median": 5.0, "loss": 2.0}]
   f = G.run_figures({"a": seeds})["a"]
   assert f["seeds"] == 2 and f["reached"] == 1 and f["steps_to_0.9"]["mean"] == 64
   assert f["kl"]["mean"] == pytest.approx(0.3) and f["grad_sq"]["std"] == pytest.approx(math.sqrt(2))
+  assert f["kl_mc"]["mean"] == pytest.approx(0.375)
   assert f["loss_first_seed"] == 1.0
 
 
@@ -91,6 +93,14 @@ def test_the_regime_and_sigma_tables_render_the_grid_section():
   assert rows[3].startswith("| `sum_u1_noise1` | sum, 1 update per batch | 1 | - | 0.300 |")
   sig = tables.sigma_table(report)
   assert sig[3] == "| sum, 1 update per batch | `sum_u1_noise1` | 1 | 1 | 0.300 | 2.5 | 5 |"
+  for f in figures.values():  # a report of issue 44's instrument: the Monte Carlo KL beside
+    f["kl_mc"] = dict(f["kl"], mean=f["kl"]["mean"] + 0.05)
+  report["instrument"] = {"primary_metric": "kl_decomposed"}
+  rows = tables.regime_table(report)
+  assert "| KL(pi ‖ pi~), decomposed | KL, Monte Carlo |" in rows[0] and rows[1].count("|") == 11
+  assert rows[2].startswith("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
+                            "0.200 ± 0.100 [0.100, 0.300] | 0.250 ± 0.100 [0.100, 0.300] | 0.100 |")
+  assert "| KL(pi ‖ pi~), decomposed |" in tables.sigma_table(report)[0]
 
 
 def test_the_tables_header_says_when_runs_have_seeds_of_their_own():

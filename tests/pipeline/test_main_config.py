@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from configs import main as main_config
@@ -26,7 +27,10 @@ from disa_jax.workflows.stage2 import Stage2Config
 # by the new code, with every older entry of that preset checked unchanged first). The regime grid
 # and non-uniform target presets moved to the small task later (issue 27): their entries were
 # rewritten by the new code (and the one-seed subset anchor_study_rl_quick added), every other
-# preset's checked unchanged.
+# preset's checked unchanged. Issue 44 rewrote every entry: each run's own tracking and evaluation
+# seeds (`pipeline.seeds`) and the end-state presets' tracking (every 16 / 20 steps, 32 samples);
+# reverting exactly those fields (and the attention_impl / remat_policy fields added meanwhile) gave
+# every committed hash back first.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
@@ -112,5 +116,45 @@ def test_a_run_override_the_train_section_refuses_names_the_run(tmp_path):
 def test_the_report_reads_the_typed_train_section(tmp_path):
   c = main_config.get_config()
   c.train.total_steps = 50
-  regime = report._regime(_job(c, tmp_path), {"end_state": {}})  # pylint: disable=protected-access
+  regime = report._regime(_job(c, tmp_path), {"method_state": {}})  # pylint: disable=protected-access
   assert regime["steps"] == 50 and not regime["all_at_end_state"]
+  assert set(regime["per_method"].values()) == {"undecided (no exact measurements)"}
+
+
+def test_every_run_and_stage3_seed_measures_and_is_evaluated_with_its_own_seeds(tmp_path):
+  job = _job(main_config.get_config("claims"), tmp_path)
+  track = {k: c.exact_target.seed for k, c in job.stage3_cfgs.items()}
+  assert len(set(track.values())) == len(track) == 41  # no two runs share a measurement's samples
+  rows = ["reference", "proposal"] + list(job.run_of_row)
+  evals = [job._eval_config(r, "m") for r in rows]  # pylint: disable=protected-access
+  exact, sampling = [e.exact_target.seed for e in evals], [e.seed for e in evals]
+  assert len(set(exact)) == len(set(sampling)) == len(rows)
+  assert not set(exact) & set(sampling) and not set(exact) & set(track.values())
+  assert job.stage3_cfgs[("disa", 1)].train.seed == 1  # training: the Stage 3 seed (seeds.py)
+  again = _job(main_config.get_config("claims_quick"), tmp_path / "q")  # a run keeps its seeds
+  assert again.stage3_cfgs[("disa", 0)].exact_target.seed == track[("disa", 0)]
+
+
+@pytest.mark.parametrize("preset", [p for p in main_config.PRESETS if p not in ("", "replay_study")])
+def test_every_preset_that_decides_end_states_has_enough_measurements_in_the_window(preset):
+  from disa_jax.pipeline import dynamics
+  cfg = MainConfig.from_config(main_config.get_config(preset))
+  steps = np.arange(cfg.track.every, cfg.train.total_steps + 1, cfg.track.every)
+  assert dynamics.window_mask(steps, cfg.end_state).sum() >= cfg.end_state.min_points, preset
+
+
+def test_the_end_state_section_is_typed_and_a_pair_is_declared_once():
+  c = main_config.get_config()
+  c.end_state.delta_rel = 0.2
+  assert MainConfig.from_config(c).end_state.delta(1.0) == pytest.approx(0.2)
+  c.end_state.level = 1.5
+  with pytest.raises(ValueError, match=r"end_state.level must be in \(0, 1\), got 1.5"):
+    MainConfig.from_config(c)
+  c = main_config.get_config()
+  c.compare = ("disa<grpo", "grpo<>disa")
+  with pytest.raises(ValueError, match=r"compare\[1\] = 'grpo<>disa' tests the pair of 'disa<grpo' "
+                                       "again"):
+    MainConfig.from_config(c)
+  grid = MainConfig.from_config(main_config.get_config("anchor_study_rl"))
+  pairs = [frozenset(p.replace("<>", "<").split("<")) for p in grid.compare]
+  assert len(pairs) == len(set(pairs)) == 12  # (half of the 18 before: each pair in both directions)

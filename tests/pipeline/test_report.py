@@ -58,7 +58,12 @@ def test_job_report_loads_report_json(tmp_path):
   assert rep.markdown() == "# the report\n" and rep.conditional_kl is None
   assert rep.methods["disa"]["kl_to_target"] == 0.4 and rep.stage3_seeds == (0,)
   assert rep.claims == (R.Claim("Stage 1 error shrinks with N", True, {"2": 0.3, "4": 0.1}, None,
-                                (), False),)
+                                (), False, verdict="holds"),)  # (a report from before issue 44)
+  current = dict(_report_json()["claims"][0], verdict="undecided", holds=False, state="-",
+                 test=None, why="no paired test")
+  (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[current])))
+  back = R.JobReport.load(tmp_path).claims[0]
+  assert (back.verdict, back.state, back.test, back.why) == ("undecided", "-", None, "no paired test")
   section = {"disa": {"kl_target_correct_mean": 0.1, "kl_proposal_correct_mean": 0.2}}
   (tmp_path / "report.json").write_text(json.dumps(_report_json(conditional_kl=section)))
   assert R.JobReport.load(tmp_path).conditional_kl == section

@@ -72,3 +72,48 @@ def test_the_stage12_data_seeds_table_renders_each_draw():
                                "| 1 | 0.3000 | 0.7200 | 0.5500 | 0.2500 | 4 |"]
   mean_scale = {"stage12_replicas": {"0": {"val_mse_vs_labels": 0.5, "best_epoch": 2}}}
   assert tables.replicas_table(mean_scale)[2] == "| 0 | - | - | - | 0.5000 | 2 |"
+
+
+def _current_report():
+  """The fixture as a report of issue 44's instrument: the primary KL beside the Monte Carlo one,
+  claims with verdicts, states and Holm-adjusted tests."""
+  report = _report()
+  report["instrument"] = {"primary_metric": "kl_decomposed"}
+  for row in report["methods"].values():
+    row["kl_decomposed"], row["kl_decomposed_se"] = row["kl_to_target"] - 0.01, 0.004
+    if "kl_to_target_std" in row:
+      row["kl_decomposed_std"] = row["kl_to_target_std"] / 2
+  test = {"name": "welch", "p": 0.012, "p_holm": 0.048, "direction_ok": True,
+          "summary": "Welch: diff -2.397, 95% CI [-2.532, -2.261], seeds 3 / 3"}
+  report["claims"] = [
+      {"claim": "fix's KL to the target is below grpo's", "verdict": "holds", "holds": True,
+       "numbers": {}, "why": None, "runs": ["fix", "grpo"], "from_transient": True,
+       "state": "undecided", "test": test},
+      {"claim": "disa's KL to the target is below grpo's", "verdict": "undecided", "holds": False,
+       "numbers": {}, "why": "fewer than 2 seeds", "runs": ["disa", "grpo"],
+       "from_transient": True, "state": "transient", "test": None}]
+  return report
+
+
+def test_a_current_report_shows_the_primary_kl_and_holm_adjusted_verdicts():
+  report = _current_report()
+  methods = tables.methods_table(report)
+  assert methods[0].endswith("| KL(pi ‖ pi~), decomposed | KL, Monte Carlo |")
+  assert "| 0.160 ± 0.005 | 0.170 ± 0.010 |" in methods[2]  # disa_pos_replay: mean ± std of each
+  claims = tables.claims_table(report)
+  assert claims[0] == "| claim | verdict | state | test | p | p (Holm) | why not |"
+  assert claims[2] == ("| fix's KL to the target is below grpo's | holds | end state undecided | "
+                       "Welch: diff -2.397, 95% CI [-2.532, -2.261], seeds 3 / 3 | 0.012 | 0.048 |  |")
+  assert claims[3] == ("| disa's KL to the target is below grpo's | undecided | TRANSIENT | - | - | - "
+                       "| fewer than 2 seeds |")
+  assert "Every verdict uses KL = `kl_decomposed`; p-values Holm-adjusted over the report's 1 " \
+         "tests." in tables.render(report)
+
+
+def test_an_old_report_that_could_not_test_a_claim_reads_undecided():
+  report = _report()
+  report["claims"].append({"claim": "x's KL to the target is below y's", "holds": False,
+                           "numbers": {"seeds": [1, 1]}, "why": "fewer than 2 seeds on a side",
+                           "runs": ["x", "y"], "from_transient": True})
+  assert tables.claims_table(report)[-1].startswith("| x's KL to the target is below y's | undecided |")
+  assert "does NOT hold" in tables.claims_table(_report())[-1]  # tested, not significant: as before
