@@ -66,9 +66,11 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.rendering = "chat_template"  # Prompt rendering: 'chat_template' | 'plain' (as in training).
   c.max_prompt_len = 4096  # Longest prompt (tokens); a longer one stops with its id.
   c.reward_plugins = ()  # Modules imported first that register further rewards by name.
-  # Serves the checkpoint; max_model_len = max_prompt_len + max_tokens (checked by `--dry_run`).
-  c.engine = common.engine("vllm", max_model_len=4096 + 32768, startup_timeout_s=1800.0,
-                           timeout_s=6 * 3600.0)
+  # Serves the checkpoint. max_model_len None = the served model's own context (its config.json;
+  # 32768 for Qwen3-4B-Base, where vLLM ends a response at the context, 131072 for Qwen2.5-7B):
+  # the model is only known at run time. `--dry_run` checks max_prompt_len + max_tokens against it.
+  c.engine = common.engine("vllm", startup_timeout_s=1800.0, timeout_s=6 * 3600.0)
+  c.engine.vllm_kwargs.max_model_len = ml_collections.config_dict.placeholder(int)
   c.exact_target = common.exact_target()  # Exact evaluation (enumerable correct sets only).
   c.local_diversity = False  # Distinct answers + mean pairwise distance per problem (offline).
   c.judge_url = ""  # OpenAI-compatible endpoint of the App. D.5 judge; '' = no judge.

@@ -40,5 +40,6 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.embedding.pad_to = 256  # Without packing: sequence-length bucket.
   c.embedding.chunk_size = 1024  # Vocabulary-chunk rows (unused by embeddings; ScorerConfig's field).
   c.embedding.attention_chunk = 1024  # Attention query block (0 = dense), as Stage 2 embeds.
+  c.embedding.attention_impl = "auto"  # As Stage 2 embeds (configs/stage3_base.py says what).
   c.embedding.mesh = common.mesh()  # The reference model's mesh.
   return c

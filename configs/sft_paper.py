@@ -54,10 +54,12 @@ def get_config(arg: str = "qwen2.5-7b") -> ml_collections.ConfigDict:
   s.seed = 0
   s.checkpoint_every = 50
   s.remat = True  # long sequences: recompute layer activations in the backward pass
+  s.remat_policy = "full"  # what a recomputed layer keeps (as Stage 3's model.remat_policy)
   # Attention query block in tokens (0 = dense). Dense attention materialises [heads, T, T] float32
   # scores per row and layer: 40 GiB for one Qwen3-4B-Base row of T = 18,432 (32 heads x T^2 x 4
   # bytes; 35 GiB for Qwen2.5-7B's 28 heads); blocks of 1024 queries hold 2.25 GiB. At the same row
   # length benchmarks/plan_memory.py's Stage 3 micro step (4B, 8 rows, fsdp = 8) needs 188
   # GiB/device dense and 28 GiB with 1024 (docs/cluster.md).
   s.attention_chunk = 1024
+  s.attention_impl = "auto"  # as Stage 3's model.attention_impl (configs/stage3_base.py)
   return c

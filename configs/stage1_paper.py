@@ -70,7 +70,8 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   # --- proposal sampling (App. D.2: the evaluation settings, so up to 32768 tokens) ---------------
   c.sampling = common.sampling(8, max_tokens=32768)  # N = 8 samples per prompt (App. D.3).
   # --- proposal engine ------------------------------------------------------------------------
-  c.engine = common.engine("vllm", tensor_parallel_size=tp, max_model_len=2048 + 32768,
+  c.engine = common.engine("vllm", tensor_parallel_size=tp,
+                           max_model_len=common.max_model_len(proposal, 2048 + 32768),
                            startup_timeout_s=3600.0, timeout_s=4 * 3600.0)  # 235B MoE: 8 GPUs.
   # --- log pi_ref scoring (JAX, sharded) --------------------------------------------------------
   c.scorer = ml_collections.ConfigDict()
@@ -90,6 +91,7 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   # hold [heads, 1024, L] at a time (2.25 / 4.5 GiB). benchmarks/plan_memory.py, Stage 3's 4B micro
   # step at L = 18,432: 188 GiB/device dense vs 28 GiB with 1024 (docs/cluster.md).
   c.scorer.attention_chunk = 1024
+  c.scorer.attention_impl = "auto"  # As Stage 3's model.attention_impl (configs/stage3_base.py).
   c.scorer.mesh = common.mesh()  # The reference model's mesh.
   # --- run ------------------------------------------------------------------------------------
   c.prompts_per_batch = 64  # Prompts per engine call and per durable write (the resume unit).

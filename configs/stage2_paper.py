@@ -51,5 +51,6 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   # Attention query block in tokens (0 = dense [heads, L, L] float32 scores per row); as Stage 1's
   # scorer.attention_chunk (configs/stage1_paper.py says why 1024 for the 4B / 7B models).
   c.embedding.attention_chunk = 1024
+  c.embedding.attention_impl = "auto"  # As Stage 3's model.attention_impl (configs/stage3_base.py).
   c.embedding.mesh = common.mesh()  # The reference model's mesh.
   return c

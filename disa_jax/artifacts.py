@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from disa_jax import paths
 
 
 class ArtifactError(ValueError):
@@ -23,7 +24,7 @@ class ArtifactError(ValueError):
 
 def read_json(path: str | Path, what: str) -> dict[str, Any]:
   """The JSON object in ``path`` (``what``: the artifact, for the message)."""
-  path = Path(path)
+  path = paths.as_path(path)
   if not path.is_file():
     raise ArtifactError(f"{what}: {path} does not exist")
   try:
@@ -37,7 +38,7 @@ def read_json(path: str | Path, what: str) -> dict[str, Any]:
 
 def read_jsonl(path: str | Path, what: str) -> list[dict[str, Any]]:
   """The JSON objects of ``path``, one a line (blank lines skipped)."""
-  path = Path(path)
+  path = paths.as_path(path)
   if not path.is_file():
     raise ArtifactError(f"{what}: {path} does not exist")
   rows = []
@@ -88,10 +89,10 @@ def str_tuple(obj: Mapping[str, Any], name: str, path: str | Path) -> tuple[str,
 
 def write_json(path: str | Path, obj: Any) -> None:
   """``obj`` as indented JSON, written atomically (a temporary file renamed over ``path``)."""
-  path = Path(path)
+  path = paths.as_path(path)
   tmp = path.with_suffix(path.suffix + ".tmp")
   tmp.write_text(json.dumps(obj, indent=1, default=float))
-  os.replace(tmp, path)
+  paths.replace(tmp, path)
 
 
 def fields_equal(a: Any, b: Any) -> bool:

@@ -32,7 +32,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["AccumulatingStep", "lr_schedule", "make_optimizer"]
+__all__ = ["AccumulatingStep", "decay_boundary", "lr_schedule", "make_optimizer"]
+
+
+def decay_boundary(decay_frac: float, total_updates: int) -> int | None:
+  """The first optimizer update of `lr_schedule`'s low-rate phase (None: no decay phase)."""
+  return int(round((1.0 - decay_frac) * total_updates)) if decay_frac > 0 else None
 
 
 def lr_schedule(lr: float, *, warmup_steps: int = 0, decay_frac: float = 0.0,
@@ -43,7 +48,7 @@ def lr_schedule(lr: float, *, warmup_steps: int = 0, decay_frac: float = 0.0,
     raise ValueError(f"decay_frac={decay_frac} needs the run's total_updates, got {total_updates}")
   if warmup_steps <= 0 and decay_frac <= 0:
     return lr
-  boundary = int(round((1.0 - decay_frac) * total_updates)) if decay_frac > 0 else None
+  boundary = decay_boundary(decay_frac, total_updates)
   def schedule(count):
     value = lr * jnp.minimum(1.0, count / max(warmup_steps, 1)) if warmup_steps > 0 else lr
     if boundary is not None:

@@ -22,6 +22,7 @@ from absl import flags, logging  # noqa: E402
 
 from disa_jax import launcher  # noqa: E402
 from disa_jax.pipeline.sum_job import MainConfig, SumJob  # noqa: E402
+from disa_jax.workflows.preflight import require_writable  # noqa: E402
 
 _CONFIG = launcher.define_flags("main-job config file", default_config="configs/main.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)
@@ -29,7 +30,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reus
 
 def convert(config):
   # Every stage's config is converted and validated here: a bad value stops at once, naming it.
-  return MainConfig.from_config(config)
+  cfg = MainConfig.from_config(config)
+  require_writable({"--workdir": _WORKDIR.value})
+  return cfg
 
 
 def execute(cfg):

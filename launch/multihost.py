@@ -7,9 +7,12 @@ r"""Runs an entry module inside a multi-process JAX run, or checks that the proc
 
 The coordinator, process count and id come from the environment (SLURM, Cloud TPU, or
 DISA_COORDINATOR / DISA_NUM_PROCESSES / DISA_PROCESS_ID; see `disa_jax.parallel.distributed`).
+A missing or unknown entry module, or a malformed launch variable, is one ``error:`` line and exit
+code 2 (`disa_jax.launcher.user_errors`); the entry module reports its own mistakes the same way.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -26,7 +29,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
+from disa_jax import launcher  # noqa: E402
 from disa_jax.parallel import distributed  # noqa: E402
+
+_STARTED = []  # the entry module runs: its errors are its own
 
 
 def check() -> int:
@@ -48,18 +54,36 @@ def check() -> int:
   return 0 if ok else 1
 
 
+def _entry_module(name: str) -> str:
+  """``name`` if it is an importable module, else a ValueError naming it."""
+  try:
+    found = importlib.util.find_spec(name) is not None
+  except (ImportError, ValueError):
+    found = False
+  if not found or name.startswith("-"):
+    raise ValueError(f"entry module {name!r} not found: give a module such as launch.train, "
+                     "launch.sft or launch.stage1 (then its flags), or --check")
+  return name
+
+
 def main(argv: list[str]) -> int:
-  if len(argv) < 2 or argv[1] in ("-h", "--help"):
+  if len(argv) > 1 and argv[1] in ("-h", "--help"):
     print(__doc__)
-    return 2
+    return 0
+  if len(argv) < 2:
+    raise ValueError("missing the entry module: multihost.py launch.train --config=... "
+                     "(or --check)")
+  distributed.detect_launch()  # a malformed launch variable stops here, named
   if argv[1] == "--check":
     return check()
+  module = _entry_module(argv[1])
   distributed.initialize()
-  module = argv[1]
   sys.argv = [module] + argv[2:]
+  _STARTED.append(True)
   runpy.run_module(module, run_name="__main__", alter_sys=True)
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv))
+  with launcher.user_errors(sys.argv, started=lambda: bool(_STARTED)):
+    sys.exit(main(sys.argv))

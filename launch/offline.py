@@ -22,9 +22,16 @@ from disa_jax import launcher  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
 from disa_jax.pipeline.offline_job import OfflineConfig, run  # noqa: E402
+from disa_jax.workflows.preflight import require_writable  # noqa: E402
 
 _CONFIG = launcher.define_flags("offline config file", default_config="configs/offline_synthetic.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (created; reused to resume)", required=True)
+
+
+def convert(config):
+  cfg = OfflineConfig.from_config(config)
+  require_writable({"--workdir": _WORKDIR.value})
+  return cfg
 
 
 def execute(cfg):
@@ -34,4 +41,4 @@ def execute(cfg):
 
 
 if __name__ == "__main__":
-  launcher.run(_CONFIG, OfflineConfig.from_config, execute, check=None)  # a tabular problem, no models
+  launcher.run(_CONFIG, convert, execute, check=None)  # a tabular problem, no models

@@ -7,7 +7,8 @@ r"""Stage 3 entry point: DISA / FlowRL / GRPO / GSPO training.
 A thin flag parser around `disa_jax.workflows.stage3.run_stage3`: the ConfigDict (with
 ``--config.field=value`` overrides) is converted once into the typed `Stage3Config`, which validates
 every field. Re-running with the same ``--workdir`` resumes from its latest checkpoint.
-``--dry_run`` checks the config, mesh, lengths, paths and anchor without loading weights.
+``--dry_run`` checks the config, mesh, lengths (against the policy's context), paths, anchor and
+workdir (writable; a rerun's settings against the run it would resume) without loading weights.
 """
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import sys
 import pytest
 
 from configs import sft_paper, stage1_paper, stage2_paper, stage3_paper
-from disa_jax import testing
 from disa_jax.workflows.sft import SftConfig
 from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage2 import Stage2Config
 from disa_jax.workflows.stage3 import Stage3Config
+from tests.test_dry_run_commands import make_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "configs", "README.md")).read()
@@ -85,26 +85,31 @@ def test_sft_reads_the_math_stage1_data(arg):
   assert sft.stage1_path == str(s1.dataset_path()) and sft.reference_path == s1.reference_path
 
 
-def _dry_run(script: str, config: str, cwd) -> dict:
+def _dry_run(script: str, config: str, cwd, *flags: str) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), f"--config={config}",
-                        "--dry_run"], env=env, capture_output=True, text=True, timeout=300,
+                        *flags, "--dry_run"], env=env, capture_output=True, text=True, timeout=300,
                        cwd=cwd)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout)
 
 
 @pytest.mark.slow
-def test_dry_runs_of_the_commands_print_the_same_chain(tmp_path):
+def test_dry_runs_of_the_commands_print_the_same_chain(tmp_path, monkeypatch):
   arg = "qwen3-4b-base,math,impl=paper"
-  # --dry_run checks the inputs: tiny stand-ins at the paths the paper configs name.
-  testing.make_command_inputs(tmp_path, Stage1Config.from_config(stage1_paper.get_config(arg)),
-                              Stage3Config.from_config(stage3_paper.get_config(f"disa,{arg}")))
+  # --dry_run checks the inputs: the real models' config.json at the paths the paper configs name.
+  monkeypatch.chdir(tmp_path)
+  stage1 = Stage1Config.from_config(stage1_paper.get_config(arg))
+  make_inputs(stage1)
   (tmp_path / SftConfig.from_config(sft_paper.get_config("qwen3-4b-base")).stage1_path).mkdir(
       parents=True, exist_ok=True)  # the SFT default reads the non-'impl=paper' Stage 1 run
+  # Each stage's output is made (as the stage would) after its own dry run: a dry run refuses
+  # outputs without their identity file, as the run would.
   s1 = _dry_run("stage1.py", f"configs/stage1_paper.py:{arg}", tmp_path)
+  stage1.dataset_path().mkdir(parents=True)  # Stage 2's input: Stage 1's output
   s2 = _dry_run("stage2.py", f"configs/stage2_paper.py:{arg}", tmp_path)
-  s3 = _dry_run("train.py", f"configs/stage3_paper.py:disa,{arg}", tmp_path)
+  make_inputs(Stage3Config.from_config(stage3_paper.get_config(f"disa,{arg}")))  # the anchor
+  s3 = _dry_run("train.py", f"configs/stage3_paper.py:disa,{arg}", tmp_path, "--workdir=run")
   sft = _dry_run("sft.py", "configs/sft_paper.py:qwen3-4b-base", tmp_path)
   assert s2["stage1_path"] == os.path.join(s1["output_dir"], "stage1")
   assert s3["data"]["anchor_path"] == s2["anchor_path"]

@@ -1,5 +1,6 @@
 """The launchers (`disa_jax.launcher`): any directory, one-line errors with exit code 2, and
-`--dry_run`'s checks before any weights load (`disa_jax.workflows.preflight`)."""
+`--dry_run`'s checks before any weights load (`disa_jax.workflows.preflight`), in subprocesses
+as a user runs them (tests/test_user_errors.py runs the whole matrix of mistakes in-process)."""
 import os
 import subprocess
 import sys
@@ -8,10 +9,12 @@ import time
 import pytest
 
 from configs import stage1_paper, stage3_paper
-from disa_jax import launcher, testing
+from disa_jax import launcher
 from disa_jax.workflows.preflight import PreflightError, preflight
 from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage3 import Stage3Config
+from tests.test_dry_run_commands import make_inputs
+from tests.test_user_errors import error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S3 = "configs/stage3_paper.py:disa,qwen3-4b-base,math"
@@ -25,20 +28,22 @@ def _launch(script, *args, cwd, devices=1):
 
 
 def _error_line(out):
-  """The one stderr line of a refused command (JAX's own log lines aside)."""
-  assert out.returncode == 2, out.stderr[-3000:]
-  lines = [l for l in out.stderr.splitlines() if l.strip()]
-  assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
-  assert "Traceback" not in out.stderr
-  return lines[0]
+  """The one stderr line of a refused command."""
+  return error_line(out.returncode, out.stderr)
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-  """A directory holding every input the paper's Stage 1 / Stage 3 configs name (tiny)."""
+  """A directory holding every input the paper's Stage 1 / Stage 3 configs name: the real models'
+  config.json (tests/fixtures/model_configs/), empty prompt files, a matching anchor."""
   root = tmp_path_factory.mktemp("inputs")
-  testing.make_command_inputs(root, Stage1Config.from_config(stage1_paper.get_config()),
-                              Stage3Config.from_config(stage3_paper.get_config(S3.split(":")[1])))
+  cwd = os.getcwd()
+  os.chdir(root)
+  try:
+    make_inputs(Stage1Config.from_config(stage1_paper.get_config()))
+    make_inputs(Stage3Config.from_config(stage3_paper.get_config(S3.split(":")[1])))
+  finally:
+    os.chdir(cwd)
   return root
 
 
@@ -74,8 +79,8 @@ def test_dry_run_refuses_a_bad_mesh_in_seconds_and_names_the_fix(inputs):
   assert "mesh.fsdp=4" in line and "6 present" in line and "mesh.fsdp=-1" in line
   print(f"--dry_run start to the bad-mesh error: {elapsed:.1f} s")
   assert elapsed < 60
-  ok = _launch("train.py", f"--config={S3}", "--config.mesh.fsdp=6", "--dry_run", cwd=inputs,
-               devices=6)
+  ok = _launch("train.py", f"--config={S3}", "--config.mesh.fsdp=6", "--workdir=w", "--dry_run",
+               cwd=inputs, devices=6)
   assert ok.returncode == 0, ok.stderr[-3000:]
   assert "train.rollout.micro_batch_rows=8 -> 12 rows per micro-batch" in ok.stderr
 
@@ -83,20 +88,21 @@ def test_dry_run_refuses_a_bad_mesh_in_seconds_and_names_the_fix(inputs):
 def test_preflight_lengths_paths_and_anchor(inputs, monkeypatch):
   monkeypatch.chdir(inputs)
   arg = S3.split(":")[1]
-  preflight(Stage3Config.from_config(stage3_paper.get_config(arg)))  # the paper values fit
+  notes = preflight(Stage3Config.from_config(stage3_paper.get_config(arg)))  # the paper values fit
+  assert any("vLLM ends a response there" in n for n in notes), notes  # 2048 + 32768 > 32768
   c = stage3_paper.get_config(arg)
   c.engine.vllm_kwargs.max_model_len = 18432  # main's value: validation at 32768 does not fit
   with pytest.raises(PreflightError, match=r"train.rollout.max_prompt_len \+ train.validation."
                      r"max_tokens = 34816 > engine.vllm_kwargs.max_model_len=18432; set "
-                     r"engine.vllm_kwargs.max_model_len=34816"):
+                     r"engine.vllm_kwargs.max_model_len=32768"):  # the model's context
     preflight(Stage3Config.from_config(c))
   c = stage3_paper.get_config(arg)
   c.train.objective.beta = 3.0  # the anchor was fitted with the config's beta
   with pytest.raises(PreflightError, match="data.anchor_path=.*beta"):
     preflight(Stage3Config.from_config(c))
   s1 = stage1_paper.get_config()
-  s1.engine.vllm_kwargs.max_model_len = 70000  # beyond the tiny proposal's 65536 positions
-  with pytest.raises(PreflightError, match="max_position_embeddings=65536 of proposal_path"):
+  s1.engine.vllm_kwargs.max_model_len = 300000  # beyond the 235B proposal's 262144 positions
+  with pytest.raises(PreflightError, match="the context of proposal_path="):
     preflight(Stage1Config.from_config(s1))
   s1 = stage1_paper.get_config()
   s1.prompts_path = "data/none.parquet"

@@ -89,3 +89,38 @@ def test_the_figure_check_fails_on_a_notebook_without_its_figure(tmp_path):
   nbformat.write(nb, tmp_path / "none.ipynb")
   with pytest.raises(AssertionError, match="drew no inline figure"):
     execute_on_run(tmp_path / "none.ipynb", tmp_path, tmp_path)
+
+
+def test_the_kl_strip_has_one_legend_titles_in_words_and_a_labelled_target(tmp_path, monkeypatch):
+  """dynamics.ipynb's figure of KL(π‖π̃), its decomposition and the entropy over correct answers
+  (five panels), drawn from two made-up runs by the notebook's own cells: one legend for the
+  figure (every run once, then the target line), panel titles in words, the target labelled."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (the notebooks' own)
+  keys = ("kl_mc", "kl_mc_se", "kl_binary", "p_correct_kl_correct", "p_wrong_kl_wrong",
+          "entropy_correct", "target_entropy_correct", "p_correct")
+  for run, scale in (("disa", 1.0), ("grpo", 2.0)):
+    (tmp_path / "stage3" / run).mkdir(parents=True)
+    rows = [{"step": s, "reward": 0.1 * s, **{f"exact/{k}": scale * (1 + s) for k in keys}}
+            for s in range(4)]
+    (tmp_path / "stage3" / run / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+  nb = nbformat.read(NOTEBOOKS_DIR / "dynamics.ipynb", as_version=4)
+  cells = [c for c in nb.cells if c.cell_type == "code"]
+  setup = next(c for c in cells if "def series" in c.source)
+  strip = next(c for c in cells if "exact/kl_mc_se" in c.source)
+  monkeypatch.setattr(plt, "show", lambda *a, **k: None)
+  namespace = {"RUN_DIR": str(tmp_path)}
+  exec(setup.source, namespace)  # pylint: disable=exec-used
+  exec(strip.source, namespace)  # pylint: disable=exec-used
+  fig = namespace["fig"]
+  try:
+    assert len(fig.axes) == 5
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert all(t and "_" not in t and "/" not in t for t in titles), titles  # words, not keys
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:2] == ["disa", "grpo"] and len(labels) == 3, labels
+    target = [l for l in fig.axes[-1].get_lines() if l.get_label() == labels[2]]
+    assert labels[2].startswith("target") and target, labels  # the dashed line, named
+  finally:
+    plt.close(fig)

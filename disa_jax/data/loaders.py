@@ -22,17 +22,21 @@
 
 `'auto'` picks the format from the path and the first row's keys. Prompts of non-veRL formats are
 a one-message chat list with the paper's template applied (`disa_jax.data.templates`).
-`save_prompts(records, path)` writes veRL jsonl or parquet.
+`save_prompts(records, path)` writes veRL jsonl or parquet. A path may be a URL (``gs://``,
+`disa_jax.paths`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import math
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
+from disa_jax import paths
 from disa_jax.data import templates
 from disa_jax.data.records import PromptRecord
 from disa_jax.rewards import math_answer
@@ -87,7 +91,8 @@ def _json_rows(path: str, name: str, f) -> list[Any]:
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
-  """Rows of a .jsonl / .json (list) / .parquet file, optionally .gz-compressed (json/jsonl).
+  """Rows of a .jsonl / .json (list) / .parquet file, optionally .gz-compressed (json/jsonl);
+  local or a URL.
 
   Raises:
     ValueError: on an unknown extension, an unreadable file (bad JSON on a line, with its line
@@ -101,13 +106,16 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     try:
-      return pq.read_table(path).to_pylist()
+      with paths.as_path(path).open("rb") as f:
+        return pq.read_table(f).to_pylist()
     except pa.ArrowException as e:
       raise ValueError(f"{path}: not a readable parquet file: {e}") from e
-  opener = gzip.open if path.endswith(".gz") else open
   try:
-    with opener(path, "rt", encoding="utf-8") as f:
-      return _json_rows(path, name, f)
+    with contextlib.ExitStack() as stack:
+      raw = stack.enter_context(paths.as_path(path).open("rb"))
+      if path.endswith(".gz"):
+        raw = stack.enter_context(gzip.open(raw))
+      return _json_rows(path, name, stack.enter_context(io.TextIOWrapper(raw, encoding="utf-8")))
   except UnicodeDecodeError as e:
     raise ValueError(f"{path}: not UTF-8 text: {e}") from e
   except gzip.BadGzipFile as e:
@@ -485,9 +493,10 @@ def save_prompts(records: Sequence[PromptRecord], path: str) -> None:
   if path.endswith(".parquet"):
     import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
-    pq.write_table(pa.Table.from_pylist(rows), path)
+    with paths.as_path(path).open("wb") as f:
+      pq.write_table(pa.Table.from_pylist(rows), f)
   elif path.endswith(".jsonl"):
-    with open(path, "w", encoding="utf-8") as f:
+    with paths.as_path(path).open("w", encoding="utf-8") as f:
       for row in rows:
         f.write(json.dumps(row) + "\n")
   else:

@@ -24,10 +24,15 @@ Writes are append-only and resumable: `Stage1Writer.completed_ids()` tells a rer
 skip, each `write` call is flushed and fsync'ed (jsonl) or written to a temporary part file that is
 hard-linked to a part name no part has yet (the highest index + 1; a link never replaces a file), so
 a killed run loses at most the prompts in flight and never a finished part. A jsonl file whose last
-line was cut by a crash is repaired on open (the partial line is dropped and reported). A writer
+line was cut by a crash is repaired on open (the partial line is dropped and reported). A write the
+file system refuses (a full disk, a read-only directory) raises `OutputWriteError` naming the file
+(`disa_jax.checkpoint.files`); a parquet part that could not be written is removed, the parts
+before it are intact, and a rerun labels its prompts. A writer
 holds an exclusive lock (`disa_jax.checkpoint.lock`, ``<dataset>.lock`` beside a jsonl file,
 ``.lock`` inside a part directory) from open to `close` or the end of its process: a second writer
-gets `OutputLockedError` naming the holder's pid.
+gets `OutputLockedError` naming the holder's pid. The dataset may be a URL (``gs://``,
+`disa_jax.paths`): a part is then written under its temporary name and copied to its part name, an
+append rewrites the jsonl object, and the lock excludes the writers of this machine only.
 """
 from __future__ import annotations
 
@@ -38,11 +43,12 @@ import math
 import os
 import re
 import warnings
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from disa_jax import paths
+from disa_jax.checkpoint.files import OutputWriteError, naming
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.estimators.importance import log_importance_weights, stage1_statistics
 from disa_jax.estimators.reward_transforms import RewardTransform
@@ -173,7 +179,7 @@ class Stage1Writer:
   """
 
   def __init__(self, path: str | os.PathLike, fmt: str = "auto"):
-    self.path = Path(path)
+    self.path = paths.as_path(path)
     if fmt == "auto":
       fmt = "jsonl" if self.path.suffix == ".jsonl" else "parquet"
     if fmt not in ("jsonl", "parquet"):
@@ -213,8 +219,7 @@ class Stage1Writer:
     cut = data.rfind(b"\n") + 1  # keep every complete line
     warnings.warn(f"{self.path}: dropping a partial last line of {len(data) - cut} bytes left by an "
                   f"interrupted run; that prompt will be recomputed")
-    with open(self.path, "r+b") as f:
-      f.truncate(cut)
+    paths.truncate(self.path, cut)
     self.repaired_lines = 1
 
   def completed_ids(self) -> set[str]:
@@ -222,7 +227,11 @@ class Stage1Writer:
     return set(self._done)
 
   def write(self, records: Iterable[dict[str, Any]]) -> int:
-    """Appends records durably; raises on a duplicate prompt_id. Returns the number written."""
+    """Appends records durably; raises on a duplicate prompt_id. Returns the number written.
+
+    Raises:
+      OutputWriteError: the file system refused the write (its message names the file).
+    """
     if not self._lock.held:
       raise RuntimeError(f"Stage1Writer({self.path}) is closed")
     records = list(records)
@@ -233,11 +242,9 @@ class Stage1Writer:
     if not records:
       return 0
     if self.fmt == "jsonl":
-      with open(self.path, "a", encoding="utf-8") as f:
-        for r in records:
-          f.write(json.dumps(r, default=_json_default, allow_nan=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+      lines = "".join(json.dumps(r, default=_json_default, allow_nan=True) + "\n" for r in records)
+      with naming(self.path, "the Stage 1 dataset"):
+        paths.append(self.path, lines)  # a cut write leaves a partial last line: repaired next
     else:
       self._write_part(records)
     self._done.update(ids)
@@ -245,31 +252,37 @@ class Stage1Writer:
 
   def _write_part(self, records: list[dict[str, Any]]) -> None:
     """One new parquet part: written and fsync'ed under a temporary name, then hard-linked to the
-    first free part name (``os.link`` fails rather than replace an existing part)."""
+    first free part name (`paths.link_new` fails rather than replace an existing part)."""
     import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
     k = 1 + max((int(m.group(1)) for p in self.path.iterdir() if (m := _PART_RE.match(p.name))),
                 default=-1)
     tmp = self.path / f"part-{k:06d}.parquet.tmp"
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    with open(tmp, "rb") as f:
-      os.fsync(f.fileno())
+    table = pa.Table.from_pylist(rows)
+    try:
+      with naming(tmp, "a Stage 1 dataset part"):
+        with tmp.open("wb") as f:
+          pq.write_table(table, f)
+        paths.sync(tmp)
+    except OutputWriteError:
+      tmp.unlink(missing_ok=True)  # (a killed run's is removed by the next writer)
+      raise
     while True:
       try:
-        os.link(tmp, self.path / f"part-{k:06d}.parquet")
+        paths.link_new(tmp, self.path / f"part-{k:06d}.parquet")
         break
       except FileExistsError:
         k += 1
     tmp.unlink()
 
 
-def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any, str]]:
+def _iter_raw(path: paths.AnyPath, fmt: str) -> Iterable[tuple[int, Any, str]]:
   """Yields (row index, raw record or an Exception for an unparseable row, the file holding it)."""
   if fmt == "jsonl":
     if not path.exists():
       return
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
       for i, line in enumerate(f):
         try:
           yield i, json.loads(line), path.name
@@ -279,7 +292,9 @@ def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any, str]]:
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
     i = 0
     for part in sorted(path.glob("part-*.parquet")):
-      for row in pq.read_table(part).to_pylist():
+      with part.open("rb") as f:
+        rows = pq.read_table(f).to_pylist()
+      for row in rows:
         if isinstance(row.get("reward_transform"), str):
           try:
             row["reward_transform"] = json.loads(row["reward_transform"])
@@ -289,7 +304,7 @@ def _iter_raw(path: Path, fmt: str) -> Iterable[tuple[int, Any, str]]:
         i += 1
 
 
-def _iter_ids(path: Path, fmt: str) -> Iterable[str]:
+def _iter_ids(path: paths.AnyPath, fmt: str) -> Iterable[str]:
   for _, r, _ in _iter_raw(path, fmt):
     if isinstance(r, dict) and "prompt_id" in r:
       yield str(r["prompt_id"])
@@ -439,12 +454,12 @@ def _check_record(r: Any) -> str | None:
 
 
 def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
-  """Loads and validates a Stage 1 dataset.
+  """Loads and validates a Stage 1 dataset (local or a URL).
 
   Every row is checked; all invalid rows are reported together in a `Stage1FormatError` with their
   index and reason. Rows must agree on beta, reward transform, label scale and proposal log-probs.
   """
-  path = Path(path)
+  path = paths.as_path(path)
   if fmt == "auto":
     fmt = "jsonl" if path.suffix == ".jsonl" else "parquet"
   if not path.exists():

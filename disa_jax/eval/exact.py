@@ -54,6 +54,7 @@ class ExactTargetConfig:
       False: one padded row each (for comparison).
     attention_chunk: attention query block of the models this section loads (`load_model`; 0 =
       dense, c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
+    attention_impl: their attention over packed rows (`disa_jax.config.ATTENTION_IMPLS`).
   """
   reference_path: str = ""
   beta: float = 15.0
@@ -61,9 +62,11 @@ class ExactTargetConfig:
   seed: int = 8
   packing: bool = True
   attention_chunk: int = 0
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
+    config_lib.check_attention_impl(self.attention_impl, "exact_target.attention_impl")
     if not self.beta > 0:
       raise ValueError(f"exact_target.beta must be > 0, got {self.beta!r}")
     if self.kl_samples < 2:
@@ -75,7 +78,8 @@ class ExactTargetConfig:
 
   def load_model(self, path: str) -> Any:
     """The model of the local HF directory ``path`` (float32, unsharded) with this attention."""
-    return models.from_pretrained(path, attention_chunk=self.attention_chunk)
+    return models.from_pretrained(path, attention_chunk=self.attention_chunk,
+                                  attention_impl=self.attention_impl)
 
   def scorer(self, model: Any, pad_id: int) -> Any:
     """The `SequenceScorer` of these measures (64 rows per pass; packed rows grow with the data)."""

@@ -33,6 +33,7 @@ from disa_jax import config as config_lib
 from disa_jax import models, parallel, preemption
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.data import packing as packing_lib
+from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators.dataset import Stage1Data, load_stage1
 from disa_jax.parallel import distributed
 from disa_jax.sft import lora
@@ -69,8 +70,10 @@ class LoRASFTConfig:
     seed: data order and adapter initialisation.
     checkpoint_every: optimizer updates between adapter checkpoints (0 = only at the end).
     remat: recompute each layer's activations in the backward pass (long sequences).
+    remat_policy: what a recomputed layer keeps (`disa_jax.config.REMAT_POLICIES`).
     attention_chunk: attention query block (0 = dense: `[heads, row_len, row_len]` float32 scores
       per row; c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
+    attention_impl: the attention over packed rows (`disa_jax.config.ATTENTION_IMPLS`).
   """
   rank: int = 64
   alpha: float = 128.0
@@ -92,10 +95,14 @@ class LoRASFTConfig:
   seed: int = 0
   checkpoint_every: int = 100
   remat: bool = False
+  remat_policy: str = "full"
   attention_chunk: int = 0
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "LoRASFTConfig.attention_chunk")
+    config_lib.check_attention_impl(self.attention_impl, "LoRASFTConfig.attention_impl")
+    config_lib.check_remat_policy(self.remat_policy, "LoRASFTConfig.remat_policy")
     lora.LoRAConfig(self.rank, self.alpha, tuple(self.targets))  # validates the adapter fields
     for field in ("batch_size", "micro_batch_rows", "epochs", "max_seq_len", "pad_to",
                   "seqs_per_row"):
@@ -175,8 +182,7 @@ def filter_reward_one(data: Stage1Data, keep_reward: float = 1.0) -> list[SFTExa
 
 
 def _default_encoder(reference_path: str) -> Callable[[str], Sequence[int]]:
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
-  tok = AutoTokenizer.from_pretrained(reference_path)
+  tok = load_tokenizer(reference_path)
   return lambda text: tok.encode(text, add_special_tokens=False)
 
 
@@ -262,7 +268,10 @@ def _lora_model(reference_path: str, config: LoRASFTConfig, dtype: Any, mesh: Me
 
   """
   model = models.from_pretrained(reference_path, dtype=dtype, mesh=mesh, remat=config.remat,
-                                 attention_chunk=config.attention_chunk)
+                                 remat_policy=config.remat_policy,
+                                 attention_chunk=config.attention_chunk,
+                                 attention_impl=config.attention_impl,
+                                 max_segments=config.seqs_per_row if config.packing else 1)
   lora.apply_lora(model, config.lora, seed=config.seed)
   batch_sharding = None
   if mesh is not None:

@@ -176,7 +176,11 @@ def merge_lora(model: Transformer) -> Transformer:
                                               param_dtype=model.param_dtype,
                                               remat=model.remat, scan_unroll=model.scan_unroll,
                                               layer_loop=model.layer_loop,
-                                              attention_chunk=model.attention_chunk))
+                                              attention_chunk=model.attention_chunk,
+                                              attention_impl=model.attention_impl,
+                                              remat_policy=model.remat_policy,
+                                              max_segment_len=model.max_segment_len,
+                                              max_segments=model.max_segments))
   merged.embed.set_value(model.embed[...])
   merged.final_norm.set_value(model.final_norm[...])
   if model.lm_head is not None:

@@ -38,11 +38,12 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models, tasks
+from disa_jax import models, paths, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering
+from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval import diversity, metrics, runner
 from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig
 from disa_jax.rollout import stop_ids
@@ -179,11 +180,11 @@ class BenchmarkEval:
 
   def save(self, out_dir: str | Path) -> None:
     """``<out_dir>/<name>.json``, written last (atomically): it marks the benchmark done."""
-    artifacts.write_json(Path(out_dir) / f"{self.name}.json", self.to_json())
+    artifacts.write_json(paths.as_path(out_dir) / f"{self.name}.json", self.to_json())
 
   @classmethod
   def load(cls, out_dir: str | Path, name: str) -> "BenchmarkEval":
-    path = Path(out_dir) / f"{name}.json"
+    path = paths.as_path(out_dir) / f"{name}.json"
     return cls.from_json(artifacts.read_json(path, f"the evaluation of benchmark {name!r}"), path)
 
 
@@ -230,7 +231,7 @@ class EvalResult:
   @classmethod
   def load(cls, output_dir: str | Path) -> "EvalResult":
     """The evaluation in ``output_dir``: summary.json and its benchmarks' ``<name>.json``."""
-    path = Path(output_dir) / cls.FILE
+    path = paths.as_path(output_dir) / cls.FILE
     obj = artifacts.read_json(path, "the evaluation")
     f = lambda name, kind: artifacts.field(obj, name, path, kind)
     choice = f("checkpoint", (dict, type(None)))
@@ -238,7 +239,7 @@ class EvalResult:
       choice = None if choice is None else selection.Choice(**choice)
     except TypeError as e:
       raise artifacts.ArtifactError(f"{path}: field 'checkpoint' is malformed ({e})") from None
-    return cls(output_dir=Path(output_dir), method=f("method", str),
+    return cls(output_dir=paths.as_path(output_dir), method=f("method", str),
                model_path=f("model_path", str), checkpoint=choice, tables=f("tables", dict),
                evaluated_now=tuple(f("evaluated_now", list)),
                benchmarks={n: BenchmarkEval.load(output_dir, n) for n in f("benchmarks", dict)})
@@ -308,7 +309,7 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
   res = runner.evaluate_benchmark(engine, tokenizer, records, params, name=name,
                                   rendering=cfg.rendering, max_prompt_len=cfg.max_prompt_len,
                                   pass_ks=(1, k) if code else None)
-  with open(out_dir / f"{name}_responses.jsonl", "w", encoding="utf-8") as f:
+  with (out_dir / f"{name}_responses.jsonl").open("w", encoding="utf-8") as f:
     for pid, resp, corr in zip(res.prompt_ids, res.responses, res.correct):
       f.write(json.dumps({"prompt_id": pid, "responses": resp,
                           "correct": corr.astype(int).tolist()}) + "\n")
@@ -379,7 +380,7 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> EvalResult:
     IdentityMismatchError: a benchmark's results come from another model or settings and
       ``overwrite`` is off.
   """
-  out_dir = Path(cfg.output_dir)
+  out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   with OutputLock(out_dir / ".lock", f"the evaluation {out_dir}"):
     return _run_evaluation(cfg, engine, out_dir)
@@ -387,11 +388,10 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> EvalResult:
 
 def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> EvalResult:
   """`run_evaluation` once the output directory is locked."""
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
 
   import_reward_plugins(cfg.reward_plugins)
   model_path, choice = resolve_model(cfg)
-  tokenizer = AutoTokenizer.from_pretrained(model_path)
+  tokenizer = load_tokenizer(model_path)
   scorers = _Scorers(cfg, model_path, int(tokenizer.pad_token_id if tokenizer.pad_token_id
                                           is not None else tokenizer.eos_token_id))
   todo = _claim_benchmarks(cfg, model_path, out_dir)

@@ -41,6 +41,7 @@ from disa_jax import config as config_lib
 from disa_jax.anchor.embeddings import embed_prompts
 from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
+from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators import nstudy as nstudy_lib
 from disa_jax.estimators.dataset import load_stage1
 from disa_jax.workflows.preflight import PreflightError, preflight
@@ -146,13 +147,12 @@ def choose_subset(cfg: NStudyConfig) -> dict[str, Any]:
   info_path, subset_path = out / "subset.json", out / "subset.jsonl"
   if info_path.exists() and subset_path.exists():  # written last: the subset is complete
     return json.loads(info_path.read_text())
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  # heavy, optional
   s1 = cfg.stage1
   records = loaders.load_prompts(s1.prompts_path, s1.prompts_format, limit=s1.limit or None)
   if len(records) < max(cfg.ks):
     raise ValueError(f"stage1.prompts_path={s1.prompts_path!r} has {len(records)} prompts, fewer "
                      f"than the largest k in ks={cfg.ks}")
-  tok = AutoTokenizer.from_pretrained(s1.reference_path)
+  tok = load_tokenizer(s1.reference_path)
   ids = [encode_prompt(tok, r, s1.rendering, max_len=s1.max_prompt_len) for r in records]
   model = load_reference(s1.reference_path, cfg.embedding)
   emb, _ = embed_prompts(model, ids, pad_id=int(tok.pad_token_id),

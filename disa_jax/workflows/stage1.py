@@ -38,12 +38,14 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models, preemption, rewards
+from disa_jax import models, paths, preemption, rewards
 # Registers the built-in tasks' rewards by name ('sum_task'; `disa_jax.rewards` holds math, code).
 from disa_jax import tasks  # pylint: disable=unused-import
 from disa_jax.checkpoint import identity
+from disa_jax.checkpoint.files import naming
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt, render_prompt
+from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators import Stage1Writer, collect, load_stage1
 from disa_jax.estimators.dataset import LABEL_SCALES, PROPOSAL_LOGPROBS, Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
@@ -76,6 +78,8 @@ class ScorerConfig:
     chunk_size: vocabulary-chunk rows of the log-prob kernel.
     attention_chunk: attention query block of the reference model (0 = dense: `[heads, L, L]`
       float32 scores per row; c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
+    attention_impl: the reference model's attention over packed rows
+      (`disa_jax.config.ATTENTION_IMPLS`; 'auto' picks by backend).
     mesh: the reference model's device mesh.
   """
 
@@ -86,10 +90,12 @@ class ScorerConfig:
   pad_to: int = 256
   chunk_size: int = 1024
   attention_chunk: int = 0
+  attention_impl: str = "auto"
   mesh: MeshConfig = MeshConfig()
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "scorer.attention_chunk")
+    config_lib.check_attention_impl(self.attention_impl, "scorer.attention_impl")
     for name in ("batch_size", "pad_to", "chunk_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"scorer.{name} must be >= 1, got {getattr(self, name)}")
@@ -150,10 +156,10 @@ class Stage1Config:
     names the section when the Stage 1 config is part of another (the N-study's ``stage1``)."""
     return config_lib.from_mapping(cls, config, where)
 
-  def dataset_path(self) -> Path:
+  def dataset_path(self) -> paths.AnyPath:
     """Where the Stage 1 dataset lives (a .jsonl file or a parquet part directory)."""
     name = "stage1.jsonl" if self.dataset_format == "jsonl" else "stage1"
-    return Path(self.output_dir) / name
+    return paths.as_path(self.output_dir) / name
 
 
 # ------------------------------------------------------------------------------------------------
@@ -173,7 +179,8 @@ def import_reward_plugins(modules: Sequence[str]) -> None:
 def load_reference(path: str, scorer: ScorerConfig):
   """The reference model from a local HF directory on the scorer's mesh."""
   return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=scorer.mesh.make(),
-                                attention_chunk=scorer.attention_chunk)
+                                attention_chunk=scorer.attention_chunk,
+                                attention_impl=scorer.attention_impl)
 
 
 def claim_stage1_output(cfg: Stage1Config) -> str:
@@ -183,7 +190,7 @@ def claim_stage1_output(cfg: Stage1Config) -> str:
   Raises:
     IdentityMismatchError: the directory holds labels of other inputs and ``cfg.overwrite`` is off.
   """
-  out_dir = Path(cfg.output_dir)
+  out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   config = config_lib.to_dict(cfg)
   ident = {**identity.inputs(prompts_path=cfg.prompts_path, reference_path=cfg.reference_path,
@@ -195,8 +202,9 @@ def claim_stage1_output(cfg: Stage1Config) -> str:
       has_output=cfg.dataset_path().exists(),
       discard=lambda: identity.remove_paths([cfg.dataset_path(), out_dir / "stage1_summary.json"]))
   tmp = out_dir / "stage1_config.json.tmp"
-  tmp.write_text(json.dumps(config, indent=1))
-  os.replace(tmp, out_dir / "stage1_config.json")
+  with naming(tmp, "the Stage 1 config"):
+    tmp.write_text(json.dumps(config, indent=1))
+    paths.replace(tmp, out_dir / "stage1_config.json")
   return state
 
 
@@ -206,8 +214,9 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
 
   Stage 2 (embeddings) and the SFT baseline re-encode Stage 1's prompts with `encode_prompt`: the
   prompt file and rendering come from Stage 1's ``stage1_config.json`` beside the dataset.
-  A reference other than Stage 1's, or a prompt whose rendered text differs from the one Stage 1
-  stored (the prompt file or tokenizer changed), is refused.
+  A reference other than Stage 1's (by path, or by content: the fingerprint Stage 1's identity
+  records), or a prompt whose rendered text differs from the one Stage 1 stored (the prompt file or
+  tokenizer changed), is refused.
 
   Args:
     stage1_path: the Stage 1 dataset (inside Stage 1's output directory).
@@ -217,16 +226,16 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
   Returns:
     (``[P]`` token ids in the dataset's prompt order, the rendering).
   """
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
-  s1_file = Path(stage1_path).parent / "stage1_config.json"
+  s1_file = paths.as_path(stage1_path).parent / "stage1_config.json"
   if not s1_file.exists():
     raise FileNotFoundError(f"stage1_path={stage1_path!r}: {s1_file} not found; Stage 2 and the SFT baseline need "
                             "the Stage 1 run's config (prompt file, rendering) beside its dataset")
   s1 = json.loads(s1_file.read_text())
-  if os.path.realpath(s1["reference_path"]) != os.path.realpath(reference_path):
+  if not _same_reference(s1["reference_path"], reference_path, s1_file.parent):
     raise ValueError(f"reference_path={reference_path!r} differs from the reference Stage 1 "
-                     f"scored the labels under ({s1['reference_path']!r}, in {s1_file})")
-  tok = AutoTokenizer.from_pretrained(reference_path)
+                     f"scored the labels under ({s1['reference_path']!r}, in {s1_file}), by path "
+                     "and by content")
+  tok = load_tokenizer(reference_path)
   by_id = {r.prompt_id: r for r in loaders.load_prompts(s1["prompts_path"], s1["prompts_format"])}
   ids = []
   for pid, stored in zip(data.prompt_ids, data.prompts):
@@ -237,6 +246,16 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
                        f"the prompt file {s1['prompts_path']!r} or the tokenizer changed")
     ids.append(encode_prompt(tok, by_id[pid], s1["rendering"], max_len=s1["max_prompt_len"]))
   return ids, s1["rendering"]
+
+
+def _same_reference(recorded: str, reference_path: str, out_dir: paths.AnyPath) -> bool:
+  """Whether ``reference_path`` is the reference Stage 1 (output in ``out_dir``) scored under:
+  the ``recorded`` path, or the content its ``stage1_identity.json`` fingerprints."""
+  if os.path.realpath(recorded) == os.path.realpath(reference_path):
+    return True
+  ident = out_dir / "stage1_identity.json"
+  stored = json.loads(ident.read_text()).get("reference_path.sha256") if ident.exists() else None
+  return stored is not None and identity.fingerprint(reference_path) == stored
 
 
 def _quantiles(x: np.ndarray) -> dict[str, float | None]:
@@ -394,11 +413,13 @@ class Stage1Result:
 
   @classmethod
   def load(cls, output_dir: str | Path) -> "Stage1Result":
-    """The finished Stage 1 output in ``output_dir``."""
-    path = Path(output_dir) / cls.FILE
+    """The finished Stage 1 output in ``output_dir`` (its dataset there: the stored path names
+    where the output was written, which a copied output is not)."""
+    out = paths.as_path(output_dir)
+    path = out / cls.FILE
     obj = artifacts.read_json(path, "the Stage 1 output")
     f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    return cls(output_dir=Path(output_dir), dataset=Path(f("dataset", str)), preempted=False,
+    return cls(output_dir=out, dataset=out / paths.as_path(f("dataset", str)).name, preempted=False,
                run=f("run", (dict, type(None))),
                stop_token_ids=tuple(f("stop_token_ids", list)),
                diagnostics=Stage1Diagnostics.from_json(obj, path))
@@ -427,16 +448,15 @@ def run_stage1(cfg: Stage1Config) -> Stage1Result:
 
 
 def _run_stage1(cfg: Stage1Config) -> Stage1Result:
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
-  out_dir = Path(cfg.output_dir)
+  out_dir = paths.as_path(cfg.output_dir)
   claim_stage1_output(cfg)
   import_reward_plugins(cfg.reward_plugins)
   reward_fn = rewards.get_reward_fn(cfg.reward)
   records = loaders.load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
   if not records:
     raise ValueError(f"prompts_path={cfg.prompts_path!r}: no prompts to label")
-  ref_tok = AutoTokenizer.from_pretrained(cfg.reference_path)
-  prop_tok = AutoTokenizer.from_pretrained(cfg.proposal_path)
+  ref_tok = load_tokenizer(cfg.reference_path)
+  prop_tok = load_tokenizer(cfg.proposal_path)
   prompting.check_same_vocabulary(ref_tok, prop_tok)
   ref_texts, ref_ids, prop_ids = _encode_all(cfg, records, ref_tok, prop_tok)
   prompts = [collect.Stage1Prompt(r.prompt_id, text, ids, r.reward_meta())

@@ -13,13 +13,16 @@ squares (eq. 9; Table 6 defaults), and writes:
     <output_dir>/validation_curve.png                  train / held-out MSE and R^2 per epoch
     <output_dir>/stage2_summary.json                   fit summary, history, label statistics
     <anchor_path>/                                     the frozen `Anchor` (orbax + metadata, with
-                                                       the reference and rendering it was fitted on)
+                                                       the reference (path and content fingerprint)
+                                                       and rendering it was fitted on)
 
 ``<output_dir>/stage2_identity.json`` records what the anchor was fitted from (the Stage 1 dataset
 and the reference with content hashes, the label variant, weighting, samples, fit and embedding
-settings; `disa_jax.checkpoint.identity`); a rerun with other inputs stops naming every differing
-field (``overwrite=True`` deletes the old anchor, summary and embedding cache and fits afresh). One
-run at a time holds ``<output_dir>/.lock``.
+settings; `disa_jax.checkpoint.identity`: inputs compared by content, ``anchor_path`` recorded but
+not compared, so an output copied elsewhere with its inputs resumes); a rerun with other inputs
+stops naming every differing field (``overwrite=True`` deletes the old anchor, summary and embedding
+cache and fits afresh). One run at a time holds ``<output_dir>/.lock``. Any of these paths may be
+a URL (``gs://``, `disa_jax.paths`); the reference model is a local directory.
 A rerun with the same identity finds the anchor and the summary and returns the stored summary without refitting. A run
 killed between saving the anchor and writing the summary left ``stage2_pending.json`` naming the
 anchor: the rerun removes that anchor and fits again (the same anchor: the fit is seeded). Every file
@@ -31,8 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -40,7 +41,7 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import estimators
+from disa_jax import estimators, paths
 from disa_jax.anchor import Anchor, diagnostics, fit_anchor
 from disa_jax.anchor.embeddings import embed_prompts
 from disa_jax.anchor.fit import AnchorFitConfig
@@ -48,6 +49,7 @@ from disa_jax.anchor.frozen import EmbeddingSpec, META_FILE
 from disa_jax.anchor.labels import LABEL_KINDS, anchor_targets, check_variant
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
 
@@ -103,34 +105,40 @@ def plot_validation_curve(history: dict[str, list[float]], best_epoch: int, path
   ax.set_title("Stage 2 anchor fit")
   ax.legend(loc="upper right")
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  with paths.as_path(path).open("wb") as f:
+    fig.savefig(f, format="png", dpi=120)
   plt.close(fig)
 
 
 def _embeddings(cfg: Stage2Config, data, out_dir: Path):
   """``[P, D]`` reference embeddings of the Stage 1 prompts (cached in ``out_dir``), and the spec."""
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
   token_ids, rendering = encode_stage1_prompts(cfg.stage1_path, cfg.reference_path, data)
   cache, ids_file = out_dir / "embeddings.npy", out_dir / "embeddings_ids.json"
   key = {"reference_path": cfg.reference_path, "dtype": cfg.embedding.dtype,
          "rendering": rendering, "prompt_ids": data.prompt_ids}
   if cache.exists() and ids_file.exists() and json.loads(ids_file.read_text()) == key:
-    emb = np.load(cache)
+    emb = _load_npy(cache)
   else:
     ids_file.unlink(missing_ok=True)  # the key is written last: a cache without it is stale
-    tok = AutoTokenizer.from_pretrained(cfg.reference_path)
+    tok = load_tokenizer(cfg.reference_path)
     model = load_reference(cfg.reference_path, cfg.embedding)
     emb, _ = embed_prompts(model, token_ids, pad_id=int(tok.pad_token_id),
                            batch_size=cfg.embedding.batch_size, pad_to=cfg.embedding.pad_to,
                            row_len=cfg.embedding.row_len, packing=cfg.embedding.packing)
-    with open(out_dir / "embeddings.tmp.npy", "wb") as f:
+    with (out_dir / "embeddings.tmp.npy").open("wb") as f:
       np.save(f, emb)
-    os.replace(out_dir / "embeddings.tmp.npy", cache)
+    paths.replace(out_dir / "embeddings.tmp.npy", cache)
     artifacts.write_json(ids_file, key)
   spec = EmbeddingSpec(source="model_mean_pool", dim=int(emb.shape[1]),
                        model_path=cfg.reference_path, prompt_format="stage1_prompt",
-                       rendering=rendering)
+                       rendering=rendering, model_sha256=identity.fingerprint(cfg.reference_path))
   return emb, spec
+
+
+def _load_npy(path: paths.AnyPath) -> np.ndarray:
+  """The array of a ``.npy`` file (local or a URL)."""
+  with path.open("rb") as f:
+    return np.load(f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +218,7 @@ class AnchorArtifact:
                               "prompt_ids", ids_path)
     if not cache.is_file():
       raise artifacts.ArtifactError(f"the Stage 2 embedding cache: {cache} does not exist")
-    emb = np.load(cache)
+    emb = _load_npy(cache)
     if emb.ndim != 2 or emb.shape[0] != len(ids):
       raise artifacts.ArtifactError(f"{cache}: shape {emb.shape} is not [P = {len(ids)}, D] "
                                     f"({ids_path} lists {len(ids)} prompts)")
@@ -240,7 +248,7 @@ class AnchorArtifact:
   @classmethod
   def load(cls, output_dir: str | Path) -> "AnchorArtifact":
     """The Stage 2 output in ``output_dir`` (``resumed`` as its run stored it)."""
-    path = Path(output_dir) / cls.FILE
+    path = paths.as_path(output_dir) / cls.FILE
     obj = artifacts.read_json(path, "the Stage 2 anchor")
     f = lambda name, kind: artifacts.field(obj, name, path, kind)
     try:
@@ -249,7 +257,8 @@ class AnchorArtifact:
     except (TypeError, ValueError) as e:
       raise artifacts.ArtifactError(f"{path}: field 'embedding' or 'reward_transform' is "
                                     f"malformed ({e})") from None
-    return cls(output_dir=Path(output_dir), anchor_path=Path(f("anchor_path", str)),
+    return cls(output_dir=paths.as_path(output_dir),
+               anchor_path=paths.as_path(f("anchor_path", str)),
                stage1_path=f("stage1_path", str), prompts=f("prompts", int),
                prompts_fitted=f("prompts_fitted", int),
                samples_per_prompt=f("samples_per_prompt", int),
@@ -273,7 +282,7 @@ IDENTITY_FIELDS = ("stage1_format", "samples", "labels", "weighting", "drop_nonf
 def claim_stage2_output(cfg: Stage2Config) -> str:
   """Records (or checks) the identity of ``cfg``'s inputs in ``stage2_identity.json``; returns
   `disa_jax.checkpoint.identity.claim_output`'s state ('new' | 'resumed' | 'overwritten')."""
-  out_dir, anchor_dir = Path(cfg.output_dir), Path(cfg.anchor_path)
+  out_dir, anchor_dir = paths.as_path(cfg.output_dir), paths.as_path(cfg.anchor_path)
   config = config_lib.to_dict(cfg)
   ident = {**identity.inputs(stage1_path=cfg.stage1_path, reference_path=cfg.reference_path),
            **{f: config[f] for f in IDENTITY_FIELDS}}
@@ -283,7 +292,8 @@ def claim_stage2_output(cfg: Stage2Config) -> str:
   return identity.claim_output(out_dir / "stage2_identity.json", ident, overwrite=cfg.overwrite,
                                has_output=(anchor_dir / META_FILE).exists()
                                or any(f.exists() for f in outputs),
-                               discard=lambda: identity.remove_paths([anchor_dir, *outputs]))
+                               discard=lambda: identity.remove_paths([anchor_dir, *outputs]),
+                               locations=("anchor_path",))
 
 
 def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
@@ -294,7 +304,7 @@ def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
     OutputLockedError: another Stage 2 run holds ``output_dir``.
     IdentityMismatchError: ``output_dir`` holds a fit of other inputs and ``overwrite`` is off.
   """
-  out_dir = Path(cfg.output_dir)
+  out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   with OutputLock(out_dir / ".lock", f"the Stage 2 output {out_dir}"):
     claim_stage2_output(cfg)
@@ -303,19 +313,21 @@ def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
 
 def _run_stage2(cfg: Stage2Config) -> AnchorArtifact:
   """`run_stage2` once the output is locked and its identity checked."""
-  out_dir = Path(cfg.output_dir)
+  out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   summary_path = out_dir / "stage2_summary.json"
   pending = out_dir / "stage2_pending.json"
-  anchor_dir = Path(cfg.anchor_path)
+  anchor_dir = paths.as_path(cfg.anchor_path)
   if pending.exists() and json.loads(pending.read_text())["anchor_path"] == str(
       anchor_dir.resolve()) and not summary_path.exists():
-    shutil.rmtree(anchor_dir, ignore_errors=True)  # saved by a run killed before its summary
+    paths.remove(anchor_dir)  # saved by a run killed before its summary
   if (anchor_dir / META_FILE).exists():
     if not summary_path.exists():
       raise FileExistsError(f"{anchor_dir} already holds an anchor but {summary_path} is missing; "
                             f"choose a new anchor_path or output_dir")
-    out = dataclasses.replace(AnchorArtifact.load(out_dir), resumed=True)
+    # The anchor where this run finds it (a copied output names its old place).
+    out = dataclasses.replace(AnchorArtifact.load(out_dir), resumed=True,
+                              anchor_path=anchor_dir.resolve())
     out.anchor()  # the stored anchor must load
     return out
 

@@ -16,13 +16,18 @@ Hugging Face directory. Run directory:
                        (`disa_jax.checkpoint.selection`; the summary and the log say which and why)
 
 SIGTERM / SIGUSR1 save a checkpoint at the next step boundary and return a summary with
-``preempted`` set (no export); the command then exits 0 (`disa_jax.preemption`).
-A rerun with the same ``workdir`` resumes; one whose checkpoint comes from another config or model
-stops at once, naming the field that differs. ``identity.json`` records the inputs' paths and
-content hashes (policy, reference, prompt / anchor / replay / validation files) and the model and
-data settings (`disa_jax.checkpoint.identity`): a rerun with other inputs stops naming every
-differing field, or with ``overwrite=True`` deletes the checkpoints, metrics and export and starts
-afresh. Process 0 holds ``<workdir>/.lock`` for the run (a second run gets `OutputLockedError`).
+``preempted`` set (no export); the command then exits 0 (`disa_jax.preemption`), start-up included
+(before the engine starts: nothing new to save). A rerun with the same ``workdir`` resumes; one
+whose checkpoint comes from another config or model stops at once, naming the field that differs.
+``identity.json`` records the inputs' paths and content hashes (policy, reference, prompt / anchor /
+replay / validation files; compared by content, so a workdir copied with its inputs to other paths
+resumes), the model and data settings and the training fields that change what a step computes,
+``train.total_steps`` included (it places the learning rate's decay phase;
+`disa_jax.rl.trainer.IDENTITY_FIELDS`): a rerun with other values stops naming every differing
+field, or with ``overwrite=True`` deletes the checkpoints, metrics and export and starts afresh
+(`disa_jax.checkpoint.identity`; an identity.json older than the training fields is completed from
+the latest checkpoint's config). Process 0 holds ``<workdir>/.lock`` for the run (a second run gets
+`OutputLockedError`).
 """
 from __future__ import annotations
 
@@ -40,9 +45,11 @@ from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import models, preemption, rewards, tasks
 from disa_jax.checkpoint import identity, selection
+from disa_jax.checkpoint.files import naming
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt
+from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
@@ -50,6 +57,7 @@ from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.replay import ReplayPool
 from disa_jax.rl.build import build_trainer, validate_anchor
+from disa_jax.rl.trainer import recorded_train_identity, train_identity
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig, generation_env
 from disa_jax.rollout.types import MODEL_ENGINES
@@ -70,21 +78,31 @@ class BackboneConfig:
     dtype: computation dtype of the forward / backward passes.
     param_dtype: storage dtype of the trained policy (the AdamW master copy).
     remat: recompute decoder layers in the backward pass.
+    remat_policy: what a recomputed layer keeps (`disa_jax.config.REMAT_POLICIES`; 'full' = nothing;
+      `disa_jax.models.transformer.remat_policy`).
     scan_unroll: unroll of the scan over decoder layers (num_layers = fully unrolled).
     attention_chunk: attention query block of the policy and the reference (0 = dense: `[heads,
       T, T]` float32 scores per packed row; c > 0 = blocks of c queries, `[heads, c, T]` at a time;
-      `disa_jax.models.Transformer`).
+      `disa_jax.models.Transformer`); 'xla' / 'dense' attention only.
+    attention_impl: the attention of the policy and the reference over packed rows
+      (`disa_jax.config.ATTENTION_IMPLS`; 'auto' = 'xla' on a CPU, 'cudnn' on a GPU, 'splash' on
+      a TPU; `disa_jax.models.attention_dispatch`). Both models are told that a row holds at most
+      ``rollout.seqs_per_row`` sequences (cuDNN's packed layout).
   """
   policy_path: str = ""
   reference_path: str = ""
   dtype: str = "bfloat16"
   param_dtype: str = "float32"
   remat: bool = True
+  remat_policy: str = "full"
   scan_unroll: int = 1
   attention_chunk: int = 0
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "model.attention_chunk")
+    config_lib.check_attention_impl(self.attention_impl, "model.attention_impl")
+    config_lib.check_remat_policy(self.remat_policy, "model.remat_policy")
     for f in ("dtype", "param_dtype"):
       if getattr(self, f) not in DTYPES:
         raise ValueError(f"model.{f} must be one of {DTYPES}, got {getattr(self, f)!r}")
@@ -209,15 +227,18 @@ def _load_models(cfg: Stage3Config, mesh):
   mc = cfg.model
   # from_pretrained ties storage and compute dtype: the policy is loaded in param_dtype (the AdamW
   # master copy) and then computes in dtype; the frozen reference is stored in dtype.
+  rc = cfg.train.rollout
+  attention = dict(attention_chunk=mc.attention_chunk, attention_impl=mc.attention_impl,
+                   max_segments=rc.seqs_per_row if rc.packing else 1)
   policy = models.from_pretrained(mc.policy_path, dtype=jnp.dtype(mc.param_dtype), mesh=mesh,
-                                  remat=mc.remat, scan_unroll=mc.scan_unroll,
-                                  attention_chunk=mc.attention_chunk)
+                                  remat=mc.remat, remat_policy=mc.remat_policy,
+                                  scan_unroll=mc.scan_unroll, **attention)
   policy.dtype = jnp.dtype(mc.dtype)
   obj = cfg.train.objective
   reference = None
   if obj.needs_reference or obj.needs_anchor:
     reference = models.from_pretrained(mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh,
-                                       attention_chunk=mc.attention_chunk)
+                                       **attention)
   return policy, reference
 
 
@@ -270,14 +291,14 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
 
 
 def _identity(cfg: Stage3Config) -> dict[str, Any]:
-  """What a resumed checkpoint must have been written with, beside the train config."""
-  return {"model.policy_path": cfg.model.policy_path, "model.reference": cfg.model.reference,
-          "data.train_path": cfg.data.train_path, "data.reward": cfg.data.reward,
-          "data.rendering": cfg.data.rendering, "data.anchor_path": cfg.data.anchor_path,
-          "data.replay_path": cfg.data.replay_path}
+  """What a resumed checkpoint must have been written with, beside the train config. The input
+  files are not named: ``identity.json`` compares them by content before (a checkpoint written
+  when this recorded their paths too still resumes: the trainer compares this run's fields)."""
+  return {"data.reward": cfg.data.reward, "data.rendering": cfg.data.rendering}
 
 
-RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tb", "final")  # what overwrite=True deletes
+# What overwrite=True deletes.
+RUN_OUTPUTS = ("checkpoints", "in_flight", "metrics.jsonl", "tb", "final", "stage3_summary.json")
 
 
 def claim_stage3_output(cfg: Stage3Config) -> str:
@@ -288,12 +309,15 @@ def claim_stage3_output(cfg: Stage3Config) -> str:
                              replay_path=dc.replay_path,
                              **{f"validation_paths.{i}": p for i, p in enumerate(dc.validation_paths)}),
            "model": config_lib.to_dict(mc), "data": config_lib.to_dict(dc),
-           "exact_target": config_lib.to_dict(cfg.exact_target)}
+           "exact_target": config_lib.to_dict(cfg.exact_target),
+           **train_identity(config_lib.to_dict(cfg.train))}
 
   return identity.claim_output(workdir / "identity.json", ident, overwrite=cfg.overwrite,
                                has_output=(workdir / "checkpoints").exists(),
                                discard=lambda: identity.remove_paths(workdir / n
-                                                                     for n in RUN_OUTPUTS))
+                                                                     for n in RUN_OUTPUTS),
+                               recorded=lambda _: recorded_train_identity(workdir,
+                                                                          cfg.train.objective))
 
 
 SERIES_FIELDS = ("p_correct", "entropy_correct", "target_entropy_correct", "kl_mc", "kl_mc_se",
@@ -431,29 +455,46 @@ def run_stage3(cfg: Stage3Config) -> Stage3Run:
   """
   if not cfg.workdir:
     raise ValueError("workdir is required (the run directory), got ''")
-  Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
-  lock = None
-  if distributed.is_main_process():
-    lock = OutputLock(Path(cfg.workdir) / ".lock", f"the Stage 3 run {cfg.workdir}")
-    claim_stage3_output(cfg)
-  try:
-    with preemption.watch():
+  with naming(cfg.workdir, "the Stage 3 run directory"):
+    Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
+  with preemption.watch():  # from here on a SIGTERM / SIGUSR1 stops the run cleanly
+    lock = None
+    if distributed.is_main_process():
+      lock = OutputLock(Path(cfg.workdir) / ".lock", f"the Stage 3 run {cfg.workdir}")
+    try:
+      if lock is not None:
+        claim_stage3_output(cfg)
       return _run_stage3(cfg)
-  finally:
-    if lock is not None:
-      lock.release()
+    finally:
+      if lock is not None:
+        lock.release()
+
+
+def _preempted_before_training(cfg: Stage3Config) -> Stage3Run | None:
+  """The saved summary of a run a preemption signal stopped during start-up (nothing new to
+  save), else None (collective in a multi-process run)."""
+  if not preemption.agreed(distributed.any_process):
+    return None
+  at = ([0] + selection.finished_steps(cfg.workdir))[-1]
+  print(f"stage3: preempted ({preemption.requested() or 'signal on another process'}) during "
+        "start-up; nothing new to save, rerun the command to resume", flush=True)
+  run = Stage3Run(workdir=Path(cfg.workdir), steps_run=0, start_step=at, final=None, export=None,
+                  export_checkpoint=None, preempted=at, stop_token_ids=(),
+                  selection=selection.Selection(metric=f"eval/mean@{cfg.train.validation.n}"))
+  run.save()
+  return run
 
 
 def _run_stage3(cfg: Stage3Config) -> Stage3Run:
   """`run_stage3` once the run directory is locked and its identity checked."""
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
 
   workdir = Path(cfg.workdir)
   if distributed.is_main_process():
-    (workdir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
+    with naming(workdir / "config.json", "the Stage 3 config"):
+      (workdir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
   import_reward_plugins(cfg.data.reward_plugins)
   tc, dc = cfg.train, cfg.data
-  tokenizer = AutoTokenizer.from_pretrained(cfg.model.policy_path)
+  tokenizer = load_tokenizer(cfg.model.policy_path)
   items = lambda p: load_prompt_items(p, dc.prompts_format, tokenizer, dc.rendering,
                                       tc.rollout.max_prompt_len)
   prompts = items(dc.train_path)
@@ -467,10 +508,13 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
                                  correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe,
                                  first_samples=tc.replay.first_samples)
           if tc.replay.enabled else None)
-  # One generation process per host, owned by the host's first process (all of them in a
-  # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
   stop = stop_ids.stop_token_ids(tokenizer, cfg.model.policy_path,
                                  chat_template=dc.rendering == "chat_template")
+  early = _preempted_before_training(cfg)
+  if early is not None:
+    return early
+  # One generation process per host, owned by the host's first process (all of them in a
+  # single-process run); DISA_GENERATION_GPUS gives it the GPUs the trainer leaves free.
   engine = (cfg.engine.make(cfg.model.policy_path, env=generation_env())
             if distributed.is_host_leader() else None)
   try:
@@ -495,8 +539,10 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
                   preempted=trainer.preempted_at, selection=trainer.selection,
                   stop_token_ids=tuple(int(t) for t in stop))
   if trainer.preempted_at is not None:
-    print(f"stage3: preempted ({preemption.requested() or 'signal on another process'}); "
-          f"checkpoint {trainer.preempted_at} saved, rerun the command to resume", flush=True)
+    saved = (f"checkpoint {trainer.preempted_at} saved" if trainer.preempted_at > trainer.start_step
+             else "no new step to save")
+    print(f"stage3: preempted ({preemption.requested() or 'signal on another process'}); {saved}, "
+          "rerun the command to resume", flush=True)
     run.save()
     return run
   final = workdir / "final"
