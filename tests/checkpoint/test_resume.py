@@ -138,8 +138,7 @@ def test_metrics_logger_truncates_on_resume(tmp_path):
 def test_kill9_resume_of_the_stage3_trainer(tmp_path, seed):
   """The real DISA trainer (tiny model, JAX sampler): kill -9 mid-run, resume, compare metrics."""
   steps = 8
-  env = _env()
-  env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # later processes reuse compiles
+  env = _env()  # later processes reuse compiles (the session's cache, tests/conftest.py)
   worker = os.path.join(ROOT, "tests", "checkpoint", "trainer_worker.py")
 
   def start(workdir):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -215,12 +216,23 @@ def test_resume_mid_async_run_continues_exactly(tmp_path):
     _stale_trainer("disa", 1, tmp_path / "part", steps=5)
 
 
-def test_k0_reproduces_the_synchronous_loop(tmp_path):
+@pytest.fixture()
+def default_xla_optimizations():
+  """XLA's default optimizations for this test (the suite compiles without most of them,
+  tests/conftest.py): a golden file is compared with programs built as when it was written."""
+  was = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", False)
+  yield
+  jax.config.update("jax_disable_most_optimizations", was)
+
+
+def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations):
   """k = 0 runs the loop of commit ae9f951, before asynchronous rollouts: the same metrics.
 
   The fixture was written there with, per method, ``t, _ = tt._trainer(tt._cfg(method, steps=3),
-  d); tt._strip_time(t.run())``. Equal on the machine that wrote it; compared to float32 rounding
-  here, since another CPU may round the last bit of an XLA reduction differently.
+  d); tt._strip_time(t.run())``, with XLA's default optimizations. Equal on the machine that wrote
+  it; compared to float32 rounding here, since another CPU may round the last bit of an XLA
+  reduction differently.
   """
   golden = json.loads((FIXTURES / "sync_loop_ae9f951.json").read_text())
   for method, rows in golden.items():
@@ -242,8 +254,7 @@ def test_kill_9_mid_async_run_then_rerun_continues_exactly(tmp_path):
   metrics equal an uninterrupted run's."""
   model_dir = str(tmp_path / "model")
   models.save_pretrained(tt.testing.make_tiny_model(seed=0, **tt.TINY), model_dir)
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="",
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"))
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="")
   start = lambda work: subprocess.Popen(
       [sys.executable, str(WORKER), str(work), "6", model_dir, "--staleness", "1"], env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -104,8 +104,22 @@ def _packed_update(method, seqs, layout, mesh=None):
                                                                         new.obj_params), micro
 
 
-def _assert_close(method, seqs, layout, mesh=None):
-  loss_ref, (g_ref, hg_ref) = _alone_loss(method, seqs)
+_ALONE: dict = {}  # (method, kind) -> the alone reference, computed once per module run
+
+
+def _alone_reference(method, kind):
+  """`_alone_loss` of KINDS[kind]'s sequences as numpy, shared by the tests that compare with it
+  (it is deterministic: one device, fixed seeds; its unrolled per-sequence program is the costly
+  compile of this module)."""
+  if (method, kind) not in _ALONE:
+    loss, grads = _alone_loss(method, KINDS[kind][0]())
+    _ALONE[method, kind] = (float(loss), jax.tree.map(np.asarray, grads))
+  return _ALONE[method, kind]
+
+
+def _assert_close(method, kind, layout, mesh=None):
+  seqs = KINDS[kind][0]()
+  loss_ref, (g_ref, hg_ref) = _alone_reference(method, kind)
   loss, g, hg, micro = _packed_update(method, seqs, layout, mesh)
   assert len(micro) > 1  # the gradient is recombined from several micro-batches
   np.testing.assert_allclose(loss, float(loss_ref), rtol=TOL, atol=TOL)
@@ -169,8 +183,7 @@ METHODS = ["disa", "flowrl", "grpo", "gspo"]
 @pytest.mark.parametrize("kind", ["packed", pytest.param("shared", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("method", METHODS)
 def test_packed_update_equals_every_sequence_alone(method, kind):
-  seqs, layout = KINDS[kind]
-  _assert_close(method, seqs(), layout(2, ROW_LEN))
+  _assert_close(method, kind, KINDS[kind][1](2, ROW_LEN))
 
 
 @pytest.mark.slow
@@ -178,18 +191,16 @@ def test_packed_update_equals_every_sequence_alone(method, kind):
 @pytest.mark.parametrize("method", METHODS)
 def test_packed_update_sharded_equals_every_sequence_alone(method, kind, n_devices):
   assert n_devices == 8
-  seqs, layout = KINDS[kind]
   mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-  _assert_close(method, seqs(), layout(4, ROW_LEN), mesh)
+  _assert_close(method, kind, KINDS[kind][1](4, ROW_LEN), mesh)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_packed_update_sharded_flowrl(kind):
   """The quick tier's sharded check (the head pools over rows split across devices; with shared
   prompts it reads each unit's prompt)."""
-  seqs, layout = KINDS[kind]
   mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
-  _assert_close("flowrl", seqs(), layout(4, ROW_LEN), mesh)
+  _assert_close("flowrl", kind, KINDS[kind][1](4, ROW_LEN), mesh)
 
 
 def test_no_recompilation_across_length_mixes():

@@ -75,10 +75,8 @@ def model_dir(tmp_path_factory):
   return path
 
 
-def _env(tmp_path):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-  env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
-  return env
+def _env():
+  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="")
 
 
 def _start(workdir, steps, model_dir, env, *extra):
@@ -93,7 +91,7 @@ def _strip(rows):
 
 @pytest.mark.slow
 def test_generation_process_killed_mid_step_then_rerun_continues_exactly(tmp_path, model_dir):
-  steps, env = 6, _env(tmp_path)
+  steps, env = 6, _env()
   ref = _start(tmp_path / "ref", steps, model_dir, env)
   out, _ = ref.communicate(timeout=600)
   assert ref.returncode == 0, out[-3000:]
@@ -126,7 +124,7 @@ def test_generation_process_killed_mid_step_then_rerun_continues_exactly(tmp_pat
 def test_soak_200_steps_memory_and_shared_memory_stay_flat(tmp_path, model_dir):
   """RSS of the trainer and the generation process and /dev/shm at step 10 (after every shape is
   compiled) and step 200: growth under 5%, and no segment remains after the run."""
-  proc = _start(tmp_path / "soak", 200, model_dir, _env(tmp_path), "--soak")
+  proc = _start(tmp_path / "soak", 200, model_dir, _env(), "--soak")
   out, _ = proc.communicate(timeout=1500)
   assert proc.returncode == 0, out[-3000:]
   rows = [r for r in read_jsonl(str(tmp_path / "soak" / "metrics.jsonl")) if "soak/rss_engine_mb" in r]

@@ -98,8 +98,8 @@ def _eval_outputs(out_dir: Path):
 @pytest.fixture(scope="module")
 def setup(checkpoints, tmp_path_factory):
   root = tmp_path_factory.mktemp("fault_matrix")
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="",
-             JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"))
+  # XLA_FLAGS="": one device; the session's compilation cache (tests/conftest.py) is inherited
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="")
   bench = root / "math500.jsonl"
   fixtures = ROOT / "tests" / "fixtures" / "benchmarks" / "math500_simplerl_sample.jsonl"
   rows = sorted((json.loads(l) for l in fixtures.read_text().splitlines()),
@@ -160,7 +160,9 @@ def _leftover_segments(pids):
     time.sleep(0.5)
 
 
-@pytest.mark.parametrize("stage", ["stage1", "stage2", "stage3", "eval"])
+@pytest.mark.parametrize("stage", [  # one xdist group each: the stages run on both workers
+    pytest.param(s, marks=pytest.mark.xdist_group(f"tests/workflows/test_fault_matrix.py::{s}"))
+    for s in ("stage1", "stage2", "stage3", "eval")])
 def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
   root = setup["root"] / stage
   t0 = time.time()

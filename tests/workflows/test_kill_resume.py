@@ -56,9 +56,9 @@ def _stage2_config(ckpts, stage1_path, out_dir) -> Stage2Config:
   return Stage2Config.from_config(c)
 
 
-def _env(cache_dir):
-  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="",
-              JAX_COMPILATION_CACHE_DIR=str(cache_dir))
+def _env():
+  """One CPU device; the session's compilation cache is inherited (tests/conftest.py)."""
+  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="")
 
 
 def _worker(stage, cfg, point, env, expect_kill):
@@ -97,7 +97,7 @@ def _assert_same_stage1(got, want, n_prompts=N_PROMPTS):
 @pytest.fixture(scope="module")
 def setup(checkpoints, tmp_path_factory):
   root = tmp_path_factory.mktemp("kill_resume")
-  return {"root": root, "ckpts": checkpoints, "env": _env(root / "jax_cache"),
+  return {"root": root, "ckpts": checkpoints, "env": _env(),
           "prompts": write_dapo_parquet(str(root / "dapo_tiny.parquet"), N_PROMPTS), "refs": {}}
 
 
