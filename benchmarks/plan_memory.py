@@ -393,8 +393,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--row-lens", default="4096,8192,18432",
                   help="tokens per packed row (18432 = the paper config's 2048 + 16384)")
   ap.add_argument("--attention-chunk", type=int, default=None,
-                  help="query block of the attention (0 = dense [T, T] scores); default: the "
-                  "paper config's model.attention_chunk")
+                  help="query chunk of the attention (0 = none: the implementation's own "
+                  "blocks); default: the paper config's model.attention_chunk")
   ap.add_argument("--fsdp", type=int, default=8, help="FSDP axis size (fake CPU devices)")
   ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
   ap.add_argument("--settings-of", default=None,
@@ -426,11 +426,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     get_preset(m)  # an unknown name raises, listing the presets
   args.rows, args.row_lens = int_list("--rows", args.rows), int_list("--row-lens", args.row_lens)
   if args.attention_chunk is not None and args.attention_chunk < 0:
-    raise SystemExit(f"--attention-chunk={args.attention_chunk}: must be >= 0 (0 = dense)")
+    raise SystemExit(f"--attention-chunk={args.attention_chunk}: must be >= 0 (0 = no chunking)")
   args.remat_policies = [None] if args.remat_policy is None else (
       [p.strip() for p in args.remat_policy.split(",") if p.strip()] or [""])
   for p in set(args.remat_policies) - {None} - set(config_lib.REMAT_POLICIES):
     raise SystemExit(f"--remat-policy must be one of {config_lib.REMAT_POLICIES}, got {p!r}")
+  if args.remat is False and args.remat_policy is not None:
+    raise SystemExit(f"--no-remat with --remat-policy={args.remat_policy}: a policy says what a "
+                     "recomputed layer keeps, and --no-remat recomputes none (drop one of the two)")
   if args.fsdp < 1:
     raise SystemExit(f"--fsdp={args.fsdp}: must be >= 1")
   return args

@@ -43,8 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (disa_jax/models/transformer.py remat_policy; benchmarks/plan_memory.py --remat-policy).
   c.model.remat_policy = "full"
   c.model.scan_unroll = 1  # Unroll of the scan over layers (num_layers: faster small models).
-  # Attention query block of the policy and pi_ref, in tokens; 0 = dense. Dense attention
-  # materialises [heads, T, T] float32 scores per packed row: at the paper's T = 2048 + 16384 =
+  # Attention query chunk of the policy and pi_ref, in tokens ('xla' / 'dense' attention); 0 = no
+  # chunking (the implementation's own query blocks, their probabilities kept for the backward).
+  # attention_impl='dense' without chunks materialises [heads, T, T] float32 scores per packed
+  # row: at the paper's T = 2048 + 16384 =
   # 18,432, benchmarks/plan_memory.py (fsdp = 8, 8 rows) puts the micro step at 188 GiB/device for
   # Qwen3-4B-Base (176 for Qwen2.5-7B) dense and 28 (38) GiB with 1024 (docs/cluster.md).
   c.model.attention_chunk = 1024

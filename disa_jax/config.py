@@ -43,12 +43,13 @@ REMAT_POLICIES = ("full", "save_attn", "save_qkv_attn", "save_qkv_attn_mlp")
 def check_attention_chunk(value: Any, field: str = "attention_chunk") -> None:
   """Refuses an attention query-block size that is not an int >= 0, naming ``field`` and the value.
 
-  0 = dense attention (`[heads, T, T]` float32 scores per row); c > 0 = queries in blocks of c
-  tokens (`disa_jax.models.attention_xla`), any row length.
+  0 = no chunking (the implementation's own query blocks: block-sparse for 'xla', causal blocks of
+  the `[T, T]` mask for 'dense'); c > 0 = queries in blocks of c tokens whose probabilities the
+  backward pass recomputes (`disa_jax.models.attention_xla`), any row length.
   """
   if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f"{field} must be an int >= 0 (0 = dense attention, c > 0 = query blocks of "
-                     f"c tokens), got {value!r}")
+    raise ValueError(f"{field} must be an int >= 0 (0 = no chunking, c > 0 = query blocks of c "
+                     f"tokens), got {value!r}")
 
 
 def check_attention_impl(value: Any, field: str = "attention_impl") -> None:

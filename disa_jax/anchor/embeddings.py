@@ -16,7 +16,7 @@ from flax import nnx
 from disa_jax.anchor.frozen import EmbeddingSpec
 from disa_jax.data import packing as packing_lib
 from disa_jax.scoring import packed_prompt_embeddings
-from disa_jax.scoring.batched import embed_packed, scoring_layout
+from disa_jax.scoring.batched import SEQS_PER_ROW, embed_packed, scoring_layout
 
 
 def embed_prompts(model: nnx.Module,
@@ -52,7 +52,7 @@ def embed_prompts(model: nnx.Module,
   graphdef, state = nnx.split(model)
   empty = [[] for _ in prompt_ids]
   layout = scoring_layout(packing_lib.sequence_lengths(prompt_ids, empty), packing=packing,
-                          rows=batch_size, row_len=row_len, pad_to=pad_to, seqs_per_row=64)
+                          rows=batch_size, row_len=row_len, pad_to=pad_to, seqs_per_row=SEQS_PER_ROW)
 
   @jax.jit
   def embed(state, rows):

@@ -80,6 +80,10 @@ class PackingLayout:
     pad_to: padding mode with ``row_len=0``: the length bucket.
     share_prompts: packing only: sequences with the same prompt tokens share one copy of the prompt
       per row (see the module docstring); seqs_per_row still counts sequences (responses).
+    max_segment_len: packing only: the longest segment (a sequence, or a shared-prompt unit) a row
+      may hold; 0 = row_len. The model's ``max_segment_len`` (`disa_jax.models.Transformer`: the
+      'xla' attention's band) is set to the same bound; `plan` refuses a longer segment on the host
+      instead of letting the model turn its row into NaN.
   """
   packing: bool = True
   row_len: int = 0
@@ -87,6 +91,7 @@ class PackingLayout:
   seqs_per_row: int = 16
   pad_to: int = 16
   share_prompts: bool = False
+  max_segment_len: int = 0
 
   def __post_init__(self):
     for name in ("rows", "seqs_per_row", "pad_to"):
@@ -95,6 +100,9 @@ class PackingLayout:
     if self.row_len < 0 or (self.packing and self.row_len < 1):
       raise ValueError(f"PackingLayout.row_len must be >= 1 with packing (>= 0 without), got "
                        f"{self.row_len!r}")
+    if self.max_segment_len < 0 or (self.max_segment_len and not self.packing):
+      raise ValueError(f"PackingLayout.max_segment_len must be >= 0 and 0 without packing, got "
+                       f"{self.max_segment_len!r} (packing={self.packing})")
     if self.share_prompts and not self.packing:
       raise ValueError("PackingLayout.share_prompts=True needs packing=True (one sequence per row "
                        "has no prompt to share), got packing=False")
@@ -182,8 +190,8 @@ def round_up(n: int, to: int) -> int:
 
 
 def micro_batch_layout(rows: int, *, packing: bool = True, row_len: int = 0, shards: int = 1,
-                       seqs_per_row: int = 16, pad_to: int = 16, share_prompts: bool = False
-                       ) -> PackingLayout:
+                       seqs_per_row: int = 16, pad_to: int = 16, share_prompts: bool = False,
+                       max_segment_len: int = 0) -> PackingLayout:
   """The one layout builder of the trainers (Stage 3, LoRA-SFT, the warm-up) and the scorers.
 
   Args:
@@ -192,13 +200,13 @@ def micro_batch_layout(rows: int, *, packing: bool = True, row_len: int = 0, sha
     packing: several sequences per row (first-fit-decreasing) or one per row.
     row_len: L. Packing: required. Without: 0 = each micro-batch padded to its own longest sequence
       rounded up to ``pad_to``; > 0 = fixed.
-    seqs_per_row, share_prompts: packing only (`PackingLayout`).
+    seqs_per_row, share_prompts, max_segment_len: packing only (`PackingLayout`).
     pad_to: the length bucket of ``row_len=0`` without packing.
   """
   rows = rows_for_mesh(rows, shards)
   if packing:
     return PackingLayout(row_len=row_len, rows=rows, seqs_per_row=seqs_per_row,
-                         share_prompts=share_prompts)
+                         share_prompts=share_prompts, max_segment_len=max_segment_len)
   return PackingLayout(packing=False, row_len=row_len, rows=rows, pad_to=pad_to)
 
 
@@ -213,12 +221,13 @@ def sequence_lengths(prompts: Sequence[Sequence[int]], responses: Sequence[Seque
   return np.asarray([len(p) + len(r) for p, r in zip(prompts, responses)], np.int64)
 
 
-def check_fits(lengths: np.ndarray, row_len: int) -> None:
-  """Refuses a sequence longer than ``row_len``, naming its index and length."""
+def check_fits(lengths: np.ndarray, row_len: int, bound: str = "row_len") -> None:
+  """Refuses a sequence longer than ``row_len``, naming its index and length (and ``bound``, the
+  name of the limit)."""
   over = np.flatnonzero(np.asarray(lengths) > row_len)
   if over.size:
     i = int(over[0])
-    raise ValueError(f"sequence {i} has {int(lengths[i])} tokens > row_len={row_len}")
+    raise ValueError(f"sequence {i} has {int(lengths[i])} tokens > {bound}={row_len}")
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int, max_items: int,
@@ -292,6 +301,8 @@ def plan(lengths: np.ndarray, layout: PackingLayout, counts: np.ndarray | None =
   shared prompts units of ``counts`` sequences each."""
   lengths = np.asarray(lengths, np.int64)
   if layout.packing:
+    if layout.max_segment_len:
+      check_fits(lengths, layout.max_segment_len, "max_segment_len")
     rows = first_fit_decreasing(lengths, layout.row_len, layout.seqs_per_row, counts)
   else:
     if layout.row_len:

@@ -14,7 +14,8 @@
 - 'auto': 'xla' on a CPU, 'cudnn' on a GPU, 'splash' on a TPU.
 
 A fused implementation that cannot express a call (shared-prompt branch ids for cuDNN / splash;
-cuDNN's dtypes and head sizes) runs it on 'xla' instead (`resolve_impl`); asking for 'cudnn' or
+cuDNN's dtypes and head sizes) runs it on 'xla' instead (`resolve_impl`; a warning is logged
+once per reason when the implementation was asked for by name, not by 'auto'); asking for 'cudnn' or
 'splash' on another backend is an error. With a mesh (`Transformer.sharding`), the kernels run
 per device under `jax.shard_map` over the batch (and head) axes the activations are sharded
 over; 'dense' and 'xla' are plain XLA and are partitioned by XLA.
@@ -22,6 +23,8 @@ over; 'dense' and 'xla' are plain XLA and are partitioned by XLA.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from typing import Any
 
@@ -36,6 +39,7 @@ from disa_jax.models import attention_splash
 from disa_jax.models import attention_xla
 from disa_jax.parallel.rules import ShardingContext, logical_to_spec
 
+logger = logging.getLogger(__name__)
 _AUTO = {"cpu": "xla", "gpu": "cudnn", "tpu": "splash"}
 _BACKENDS = {"cudnn": ("gpu",), "splash": ("tpu",), "pallas": ("gpu", "cpu")}
 
@@ -54,16 +58,29 @@ def resolve_impl(impl: str, *, backend: str, dtype: Any, head_dim: int, branches
     ValueError: an unknown name, or 'cudnn' / 'splash' / 'pallas' asked for on another backend.
   """
   config_lib.check_attention_impl(impl)
-  if impl == "auto":
+  explicit = impl != "auto"
+  if not explicit:
     impl = _AUTO.get(backend, "xla")
   elif impl in _BACKENDS and backend not in _BACKENDS[impl]:
     raise ValueError(f"attention_impl={impl!r} runs on {_BACKENDS[impl]} only; this backend is "
                      f"{backend!r} (use 'xla' or 'auto')")
-  if impl == "cudnn" and attention_cudnn.unsupported(dtype, head_dim, branches):
-    return "xla"
-  if impl == "splash" and branches:
-    return "xla"
-  return impl
+  why = ""
+  if impl == "cudnn":
+    why = attention_cudnn.unsupported(dtype, head_dim, branches)
+  elif impl == "splash" and branches:
+    why = "shared-prompt branch masks are not a splash mask"
+  if not why:
+    return impl
+  if explicit:
+    _warn_fallback(impl, why)
+  return "xla"
+
+
+@functools.cache
+def _warn_fallback(impl: str, why: str) -> None:
+  """Logs once per (implementation, reason) that an explicitly asked-for ``impl`` runs on 'xla'."""
+  logger.warning("attention_impl=%r cannot run this call (%s); running it on 'xla' instead", impl,
+                 why)
 
 
 def _mesh_specs(sharding: ShardingContext, q: jax.Array, k: jax.Array

@@ -178,8 +178,10 @@ def _dkv_kernel(*refs, cfg: PallasConfig, scale: float):
 
 def _specs(shape_q, groups: int, cfg: PallasConfig, *, per: str):
   """BlockSpecs over the grid (row, query head, block): ``per`` = 'q' (blocks of queries) or 'k'
-  (blocks of keys). Returns (tokens, heads of q, heads of k/v, ids of this block, ids of the whole
-  row, lse / delta of this block, lse / delta of the whole row)."""
+  (blocks of keys). Returns a dict: 'own' (this block of tokens, its own head), 'full_q' (the
+  whole row of q, this head), 'full_kv' / 'own_kv' (k / v of the whole row / this block, the
+  query head's k/v head), 'row_own' / 'row_full' (ids of this block / the whole row), 'stat_own' /
+  'stat_full' (lse / delta of this block / the whole row)."""
   _, tp, _, h = shape_q
   b_own = cfg.block_q if per == "q" else cfg.block_k
   own = pl.BlockSpec((None, b_own, None, h), lambda b, n, i: (b, i, n, 0))

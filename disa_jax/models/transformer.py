@@ -129,8 +129,9 @@ class Transformer(nnx.Module):
     scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled);
       used only when the layers run as a scan.
     attention_chunk: 0 = no chunking; c > 0 = the 'xla' / 'dense' attention runs its queries in
-      blocks of c under `jax.checkpoint` (`attention_xla`): `[B, N, c, keys]` scores at a time, for
-      long packed rows (any T). The fused implementations ignore it.
+      blocks of c whose probabilities the backward pass recomputes ('xla': a custom VJP,
+      `attention_xla`; 'dense': `jax.checkpoint` per chunk): `[B, N, c, keys]` scores at a time,
+      for long packed rows (any T). The fused implementations ignore it.
     attention_impl: which attention runs the packed rows (`attention_dispatch`; 'auto' = 'xla' on a
       CPU, 'cudnn' on a GPU, 'splash' on a TPU). The KV-cache path is always the dense one.
     max_segment_len: the longest segment (packed sequence) a row can hold; 0 = the row length. The

@@ -162,7 +162,20 @@ class RolloutConfig:
       row_len = round_up(max(lengths, default=1), pad_to)
     return micro_batch_layout(self.micro_batch_rows, packing=self.packing, row_len=row_len,
                               shards=shards, seqs_per_row=self.seqs_per_row,
-                              share_prompts=self.share_prompts)
+                              share_prompts=self.share_prompts,
+                              max_segment_len=self.max_segment_len)
+
+  @property
+  def max_segment_len(self) -> int:
+    """The longest segment a packed row can hold (0 = the row: no bound below it): one sequence,
+    max_prompt_len + max_response_len tokens (prompts are refused and responses cut at their
+    limits), when that is shorter than ``row_len``; with ``share_prompts`` a unit (a prompt and
+    several responses) may fill its row. The models' ``max_segment_len`` (the 'xla' attention's
+    band) and `layout`'s (refused on the host while packing) are this one bound."""
+    longest = self.max_prompt_len + self.max_response_len
+    if not self.packing or self.share_prompts or longest >= (self.row_len or longest):
+      return 0
+    return longest
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from disa_jax.data import packing as packing_lib
 from disa_jax.scoring.logprobs import packed_token_logprobs
 
 MIN_GROWN_ROW_LEN = 64
+SEQS_PER_ROW = 64  # most sequences per packed row of the scorers (and the prompt embeddings)
 
 
 def grown_row_len(current: int, longest: int) -> int:
@@ -111,7 +112,7 @@ class SequenceScorer:
   """
 
   def __init__(self, model: nnx.Module, *, pad_id: int, batch_size: int = 64, row_len: int = 0,
-               packing: bool = True, pad_to: int = 16, seqs_per_row: int = 64,
+               packing: bool = True, pad_to: int = 16, seqs_per_row: int = SEQS_PER_ROW,
                chunk_size: int | None = None):
     for name, v in (("batch_size", batch_size), ("pad_to", pad_to), ("seqs_per_row", seqs_per_row)):
       if v < 1:

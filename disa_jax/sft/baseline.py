@@ -71,9 +71,12 @@ class LoRASFTConfig:
     checkpoint_every: optimizer updates between adapter checkpoints (0 = only at the end).
     remat: recompute each layer's activations in the backward pass (long sequences).
     remat_policy: what a recomputed layer keeps (`disa_jax.config.REMAT_POLICIES`).
-    attention_chunk: attention query block (0 = dense: `[heads, row_len, row_len]` float32 scores
-      per row; c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
-    attention_impl: the attention over packed rows (`disa_jax.config.ATTENTION_IMPLS`).
+    attention_chunk: attention query block ('xla' / 'dense' attention; 0 = no chunking: the
+      implementation's own query blocks; c > 0 = blocks of c queries whose probabilities the
+      backward pass recomputes; `disa_jax.models.Transformer`).
+    attention_impl: the attention over packed rows (`disa_jax.config.ATTENTION_IMPLS`); the model
+      is told that a row holds at most ``seqs_per_row`` sequences of at most ``max_seq_len``
+      tokens each (`max_segment_len`: the 'xla' band).
   """
   rank: int = 64
   alpha: float = 128.0
@@ -138,7 +141,15 @@ class LoRASFTConfig:
     row_len = (self.row_len or packing_lib.round_up(longest, self.pad_to)) if self.packing else 0
     return packing_lib.micro_batch_layout(self.micro_batch_rows, packing=self.packing,
                                           row_len=row_len, shards=shards,
-                                          seqs_per_row=self.seqs_per_row, pad_to=self.pad_to)
+                                          seqs_per_row=self.seqs_per_row, pad_to=self.pad_to,
+                                          max_segment_len=self.max_segment_len)
+
+  @property
+  def max_segment_len(self) -> int:
+    """The longest segment of a packed row: ``max_seq_len`` (examples are cut to it; 0 without
+    packing). The model's ``max_segment_len`` (the 'xla' band) and `layout`'s (refused on the host
+    while packing) are this one bound."""
+    return self.max_seq_len if self.packing else 0
 
   def dtype(self) -> Any:
     if self.compute_dtype == "auto":
@@ -271,7 +282,8 @@ def _lora_model(reference_path: str, config: LoRASFTConfig, dtype: Any, mesh: Me
                                  remat_policy=config.remat_policy,
                                  attention_chunk=config.attention_chunk,
                                  attention_impl=config.attention_impl,
-                                 max_segments=config.seqs_per_row if config.packing else 1)
+                                 max_segments=config.seqs_per_row if config.packing else 1,
+                                 max_segment_len=config.max_segment_len)
   lora.apply_lora(model, config.lora, seed=config.seed)
   batch_sharding = None
   if mesh is not None:

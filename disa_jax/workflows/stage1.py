@@ -53,7 +53,7 @@ from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
-from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.scoring.batched import SEQS_PER_ROW, SequenceScorer
 from disa_jax.workflows import prompting
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -76,8 +76,9 @@ class ScorerConfig:
       sequence seen so far (`disa_jax.scoring.batched.grown_row_len`).
     pad_to: without packing, the sequence-length bucket (tokens).
     chunk_size: vocabulary-chunk rows of the log-prob kernel.
-    attention_chunk: attention query block of the reference model (0 = dense: `[heads, L, L]`
-      float32 scores per row; c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
+    attention_chunk: attention query block of the reference model ('xla' / 'dense' attention;
+      0 = no chunking: the implementation's own query blocks; c > 0 = blocks of c queries whose
+      probabilities the backward pass recomputes; `disa_jax.models.Transformer`).
     attention_impl: the reference model's attention over packed rows
       (`disa_jax.config.ATTENTION_IMPLS`; 'auto' picks by backend).
     mesh: the reference model's device mesh.
@@ -177,10 +178,18 @@ def import_reward_plugins(modules: Sequence[str]) -> None:
 
 
 def load_reference(path: str, scorer: ScorerConfig):
-  """The reference model from a local HF directory on the scorer's mesh."""
+  """The reference model from a local HF directory on the scorer's mesh.
+
+  Its rows hold at most `disa_jax.scoring.batched.SEQS_PER_ROW` sequences (the scorer's and the
+  prompt embeddings' packing; one without packing): its ``max_segments``. No segment bound
+  (``max_segment_len``, the 'xla' band) is set: the scored sequences have none below the row
+  (dataset samples of any length, responses re-tokenised by the reference's tokenizer, ``row_len``
+  grown to the longest), and a row breaking it would come out NaN.
+  """
   return models.from_pretrained(path, dtype=jnp.dtype(scorer.dtype), mesh=scorer.mesh.make(),
                                 attention_chunk=scorer.attention_chunk,
-                                attention_impl=scorer.attention_impl)
+                                attention_impl=scorer.attention_impl,
+                                max_segments=SEQS_PER_ROW if scorer.packing else 1)
 
 
 def claim_stage1_output(cfg: Stage1Config) -> str:

@@ -81,13 +81,15 @@ class BackboneConfig:
     remat_policy: what a recomputed layer keeps (`disa_jax.config.REMAT_POLICIES`; 'full' = nothing;
       `disa_jax.models.transformer.remat_policy`).
     scan_unroll: unroll of the scan over decoder layers (num_layers = fully unrolled).
-    attention_chunk: attention query block of the policy and the reference (0 = dense: `[heads,
-      T, T]` float32 scores per packed row; c > 0 = blocks of c queries, `[heads, c, T]` at a time;
-      `disa_jax.models.Transformer`); 'xla' / 'dense' attention only.
+    attention_chunk: attention query block of the policy and the reference (0 = no chunking: the
+      implementation's own query blocks; c > 0 = blocks of c queries whose probabilities the
+      backward pass recomputes, `[heads, c, keys]` at a time; `disa_jax.models.Transformer`);
+      'xla' / 'dense' attention only.
     attention_impl: the attention of the policy and the reference over packed rows
       (`disa_jax.config.ATTENTION_IMPLS`; 'auto' = 'xla' on a CPU, 'cudnn' on a GPU, 'splash' on
       a TPU; `disa_jax.models.attention_dispatch`). Both models are told that a row holds at most
-      ``rollout.seqs_per_row`` sequences (cuDNN's packed layout).
+      ``rollout.seqs_per_row`` sequences (cuDNN's packed layout) and that no segment is longer
+      than `RolloutConfig.max_segment_len` (the 'xla' band; the packing refuses a longer one).
   """
   policy_path: str = ""
   reference_path: str = ""
@@ -229,7 +231,8 @@ def _load_models(cfg: Stage3Config, mesh):
   # master copy) and then computes in dtype; the frozen reference is stored in dtype.
   rc = cfg.train.rollout
   attention = dict(attention_chunk=mc.attention_chunk, attention_impl=mc.attention_impl,
-                   max_segments=rc.seqs_per_row if rc.packing else 1)
+                   max_segments=rc.seqs_per_row if rc.packing else 1,
+                   max_segment_len=rc.max_segment_len)
   policy = models.from_pretrained(mc.policy_path, dtype=jnp.dtype(mc.param_dtype), mesh=mesh,
                                   remat=mc.remat, remat_policy=mc.remat_policy,
                                   scan_unroll=mc.scan_unroll, **attention)

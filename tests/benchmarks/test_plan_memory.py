@@ -152,3 +152,5 @@ def test_remat_policy_flags():
   assert pm.parse_args([]).remat_policies == [None]  # the config's
   with pytest.raises(SystemExit, match="--remat-policy must be one of .* got 'most'"):
     pm.parse_args(["--remat-policy", "full,most"])
+  with pytest.raises(SystemExit, match="--no-remat with --remat-policy=full,save_attn"):
+    pm.parse_args(["--no-remat", "--remat-policy", "full,save_attn"])

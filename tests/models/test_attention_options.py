@@ -3,6 +3,8 @@ gradients on packed and shared-prompt rows; the remat policies give the gradient
 saving the attention's names keeps the backward from running the fused forward again; the options
 are validated naming the field and reach the models the workflows build."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,9 @@ from jax.ad_checkpoint import checkpoint_name
 from configs import stage3_paper
 from disa_jax import config as config_lib
 from disa_jax import testing
-from disa_jax.models import Transformer, attention_pallas, attention_xla, transformer
+from disa_jax.data import packing
+from disa_jax.models import Transformer, attention_dispatch, attention_pallas, attention_xla, transformer
+from disa_jax.sft.baseline import LoRASFTConfig
 from disa_jax.workflows import stage3
 
 from .attention_cases import CASES, layout, max_rel_err, qkv
@@ -59,14 +63,27 @@ def dense_model_grads():
 
 
 @pytest.mark.parametrize("impl,window", [("xla", 12), ("pallas", 0)])
-def test_implementations_give_the_model_the_same_gradients(impl, window, dense_model_grads):
+def test_implementations_give_the_model_the_same_gradients(monkeypatch, impl, window,
+                                                           dense_model_grads):
   """'xla' (with the band at the longest unit: 12 tokens) and 'pallas' (interpreted) against
   'dense' on the tiny Qwen3 model (4 query heads over 2 key/value heads) over shared-prompt rows:
   the loss and every parameter's gradient, to float32 rounding through two layers (each attention
-  alone agrees to 1e-6: test_attention_xla.py, test_attention_pallas.py)."""
+  alone agrees to 1e-6: test_attention_xla.py, test_attention_pallas.py). A spy checks that the
+  model really ran ``impl``'s function, once per layer, with the band."""
+  module, name = {"xla": (attention_xla, "xla_attention"),
+                  "pallas": (attention_pallas, "pallas_attention")}[impl]
+  calls = []
+  original = getattr(module, name)
+
+  def spy(*args, **kwargs):
+    calls.append(kwargs.get("window"))
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(module, name, spy)
   model = testing.make_tiny_model("qwen3", seed=3)
   model.attention_impl, model.max_segment_len = impl, window
   assert max_rel_err(_loss_and_grads(model, "branches"), dense_model_grads) <= 1e-5
+  assert calls == [window if impl == "xla" else None] * model.config.num_layers
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +161,34 @@ def test_stage3_builds_its_models_with_the_options(tmp_path):
   assert (policy.attention_impl, policy.remat_policy) == ("pallas", "save_qkv_attn")
   assert reference.attention_impl == "pallas"
   assert policy.max_segments == reference.max_segments == cfg.train.rollout.seqs_per_row
+  assert policy.max_segment_len == reference.max_segment_len == 0  # rows of one longest sequence
+
+
+def test_stage3_and_sft_give_the_band_their_longest_sequence(tmp_path):
+  """Rows longer than the longest sequence (prompt + response limits): the models get that bound
+  as ``max_segment_len`` (the 'xla' band), and the packing refuses a longer segment on the host
+  (the model would give its row NaN under jit). Shared prompts (a unit may fill its row) and
+  rows of one longest sequence get no band."""
+  ckpt = testing.save_tiny_checkpoint(str(tmp_path / "tiny"), "qwen3")
+  c = stage3_paper.get_config("disa,qwen3-4b-base,math").to_dict()
+  c["model"].update(policy_path=ckpt)
+  rollout = c["train"]["rollout"]
+  rollout.update(max_prompt_len=16, max_response_len=48, row_len=256)
+  cfg = stage3.Stage3Config.from_config(c)
+  policy, reference = stage3._load_models(cfg, None)  # pylint: disable=protected-access
+  assert policy.max_segment_len == reference.max_segment_len == 64
+  layout = cfg.train.rollout.layout([64], pad_to=16)
+  assert (layout.row_len, layout.max_segment_len) == (256, 64)
+  packing.pack([[3] * 16], [[4] * 48], layout, pad_id=0)
+  with pytest.raises(ValueError, match=r"sequence 1 has 65 tokens > max_segment_len=64"):
+    packing.pack([[3] * 16, [3] * 17], [[4] * 8, [4] * 48], layout, pad_id=0)
+  rollout.update(share_prompts=True)
+  assert stage3.Stage3Config.from_config(c).train.rollout.max_segment_len == 0
+  rollout.update(share_prompts=False, row_len=0)
+  assert stage3.Stage3Config.from_config(c).train.rollout.max_segment_len == 0
+  sft = LoRASFTConfig(max_seq_len=64, row_len=256)
+  assert sft.max_segment_len == sft.layout(64).max_segment_len == 64
+  assert LoRASFTConfig(max_seq_len=64, packing=False).max_segment_len == 0
 
 
 def test_query_chunks_keep_no_copies_of_q_k_v_under_a_remat_policy(capsys):
@@ -162,3 +207,24 @@ def test_query_chunks_keep_no_copies_of_q_k_v_under_a_remat_policy(capsys):
   saved = [line for line in capsys.readouterr().out.splitlines()
            if "from a constant" not in line and "from the argument lay" not in line]
   assert len(saved) == 4 and all(" named 'attn_" in line for line in saved), saved
+
+
+def test_an_explicit_fused_impl_warns_once_when_it_falls_back(caplog):
+  """'cudnn' / 'splash' asked for by name but unable to run a call run it on 'xla' and say why,
+  once per reason; 'auto' falls back silently."""
+  resolve = attention_dispatch.resolve_impl
+  attention_dispatch._warn_fallback.cache_clear()  # pylint: disable=protected-access
+  with caplog.at_level(logging.WARNING, logger=attention_dispatch.__name__):
+    assert resolve("auto", backend="gpu", dtype=jnp.float32, head_dim=64, branches=False) == "xla"
+    assert resolve("auto", backend="tpu", dtype=jnp.bfloat16, head_dim=64, branches=True) == "xla"
+    assert not caplog.records
+    for _ in range(2):
+      assert resolve("cudnn", backend="gpu", dtype=jnp.float32, head_dim=64,
+                     branches=False) == "xla"
+      assert resolve("splash", backend="tpu", dtype=jnp.bfloat16, head_dim=64,
+                     branches=True) == "xla"
+  messages = [r.getMessage() for r in caplog.records]
+  assert len(messages) == 2, messages
+  assert "attention_impl='cudnn'" in messages[0] and "dtype float32" in messages[0]
+  assert "attention_impl='splash'" in messages[1] and "branch" in messages[1]
+  assert all("running it on 'xla'" in m for m in messages)

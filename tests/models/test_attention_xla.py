@@ -107,3 +107,39 @@ def test_compiled_flops_follow_the_segments_not_the_row():
   assert one / eight > 3.6
   assert 1.8 < model(256) / model(128) < 2.0
   assert 1.85 < model(2048, 16384) / model(1024, 16384) < 2.05  # 8 vs 16 segments of a long row
+
+
+def _train_step_flops(impl, t, segment=128):
+  """XLA's FLOP count of the compiled loss and parameter gradients of a one-layer tiny Qwen3
+  (small vocabulary and MLP, so that the attention dominates) on one row of T tokens made of
+  equal segments, the band ('xla') at their length."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from disa_jax import testing  # pylint: disable=import-outside-toplevel
+  model = testing.make_tiny_model("qwen3", seed=11, num_layers=1, vocab_size=32,
+                                  intermediate_size=32)
+  model.attention_impl, model.max_segment_len = impl, segment if impl == "xla" else 0
+  seg = jax.numpy.asarray(np.repeat(np.arange(1, t // segment + 1), segment)[None], np.int32)
+  ids = (seg * 7) % 32
+  graphdef, state = nnx.split(model)
+
+  def loss(state, ids, seg):
+    logits = nnx.merge(graphdef, state)(ids, segment_ids=seg)
+    return -jax.numpy.mean(jax.numpy.take_along_axis(jax.nn.log_softmax(logits)[:, :-1],
+                                                     ids[:, 1:, None], axis=-1))
+
+  step = jax.jit(jax.value_and_grad(loss))
+  cost = step.lower(state, ids, seg).compile().cost_analysis()
+  return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
+
+
+def test_compiled_train_step_flops_follow_the_segments_not_the_row():
+  """The whole model's loss and gradients through `Transformer` (not the attention alone): rows
+  of T = 256 and 1024 tokens of 128-token segments. With 'xla' and the band the FLOPs grow about
+  linearly in T (sum(segment^2) = T x 128: ratio ~4.9, the T^2 ratio being 16); 'dense' grows
+  ~T^2 in its attention (ratio ~10 with the linear rest of the model)."""
+  xla = [_train_step_flops("xla", t) for t in (256, 1024)]
+  dense = [_train_step_flops("dense", t) for t in (256, 1024)]
+  print(f"train-step FLOPs, T=256 / 1024: xla {xla}, dense {dense}")
+  assert xla[1] / xla[0] < 5.5  # linear (4) plus the band's edges; T^2 would be 16
+  assert dense[1] / dense[0] > 8.5
+  assert xla[1] < 0.5 * dense[1]
