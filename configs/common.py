@@ -183,6 +183,7 @@ def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size:
   e.process.request_bytes = 16 << 20  # Request ring slot size (one call's prompt tokens).
   e.process.result_bytes = 32 << 20  # Result ring slot size (results come in chunks).
   e.process.env = OpenSection()  # Environment variables of the process, any name (name=value).
+  e.process.copy_threads = 0  # Threads copying a weight push into shared memory; 0 = min(8, CPUs).
   return e
 
 

@@ -156,7 +156,8 @@ def _dtype_class(dtype: Any) -> str:
   return dtype.kind
 
 
-def _np_dtype(dtype: Any) -> np.dtype:
+def np_dtype(dtype: Any) -> np.dtype:
+  """The NumPy dtype of a JAX dtype (bfloat16: ml_dtypes')."""
   return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
 
 
@@ -180,7 +181,7 @@ def to_hf_state_dict(model: Transformer, dtype: Any = None) -> dict[str, np.ndar
   for rule in _rules_for(c):
     host = np.asarray(jax.device_get(_get_variable(model, rule.path)[...]))
     if dtype is not None:
-      host = host.astype(_np_dtype(dtype))
+      host = host.astype(np_dtype(dtype))
     hf_shape = rule.hf_shape(c)
     if rule.per_layer:
       for i in range(c.num_layers):
@@ -266,7 +267,7 @@ def load_hf_state_dict(model: Transformer, state_dict: Mapping[str, Any]) -> Non
     var = _get_variable(model, rule.path)
     current = var[...]
     host = _assemble(c, rule, tuple(current.shape), lambda k: np.asarray(state_dict[k]),
-                     _np_dtype(current.dtype))
+                     np_dtype(current.dtype))
     # Keep the array's committedness: jit caches executables per committed/uncommitted inputs, so a
     # committed replacement of an uncommitted parameter would force a recompilation after every load.
     if getattr(current, "committed", True):
@@ -350,12 +351,12 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
   rules = TRAIN_RULES if rules is None else rules
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype,
                                              param_dtype=dtype, **model_kwargs))
-  np_dtype = _np_dtype(dtype)
+  host_dtype = np_dtype(dtype)
   fallbacks = []
   for rule in _rules_for(config):
     var = _get_variable(model, rule.path)
     shape = tuple(var.get_value().shape)
-    host = _assemble(config, rule, shape, reader.get, np_dtype)
+    host = _assemble(config, rule, shape, reader.get, host_dtype)
     if mesh is None:
       var.set_value(jnp.asarray(host))
     else:

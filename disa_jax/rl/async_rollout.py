@@ -13,7 +13,7 @@ is not ready yet; the engine waits only when k batches are ahead.
 
 Collectives stay on the main thread, in step order on every process: the all-gather of a batch
 (`RolloutCollector.finish`, when the trainer takes it) and the host copy of the weights
-(`PolicyUpdater.host_weights`). The rollout thread runs only this host's engine, so multi-host runs
+(`disa_jax.rollout.multihost.host_weights`, called by `WeightSync.after_update`). The rollout thread runs only this host's engine, so multi-host runs
 (one generation process per host) keep working.
 
 Checkpoints and resume: a checkpoint after S steps holds the weights of version S, but the batches

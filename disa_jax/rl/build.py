@@ -37,6 +37,7 @@ from disa_jax.rl.scorer import BatchScorer
 from disa_jax.rl.sync import WeightSync
 from disa_jax.rl.trainer import StepParts, Trainer
 from disa_jax.rl.update import PolicyUpdater, total_updates
+from disa_jax.rollout import flat_weights
 from disa_jax.rollout.types import Engine
 
 _LOG = logging.getLogger("disa_jax.rl")
@@ -125,12 +126,14 @@ def make_objective_step(cfg: TrainConfig) -> ObjectiveStep:
 
 
 def make_weight_sync(cfg: TrainConfig, updater: PolicyUpdater, collector: RolloutCollector,
-                     engine: Engine | None, dtype: Any = None) -> WeightSync:
-  """The `WeightSync` of the run; with ``rollout.max_staleness`` > 0 it pushes through a new
-  `RolloutPipeline` of ``collector`` (``sync.pipeline``)."""
+                     engine: Engine | None, dtype: Any = None,
+                     bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES) -> WeightSync:
+  """The `WeightSync` of the run (pushes in ``dtype``, buckets of ``bucket_bytes``); with
+  ``rollout.max_staleness`` > 0 it pushes through a new `RolloutPipeline` of ``collector``
+  (``sync.pipeline``)."""
   k = cfg.rollout.max_staleness
   pipeline = RolloutPipeline(collector, engine, k) if k else None
-  return WeightSync(updater, engine, dtype, pipeline)
+  return WeightSync(updater, engine, dtype, pipeline, bucket_bytes)
 
 
 def _place_models(cfg: TrainConfig, mesh: jax.sharding.Mesh, policy: models.Transformer,
@@ -152,7 +155,8 @@ def build_parts(cfg: TrainConfig, *, policy: models.Transformer,
                 prompts: Sequence[PromptItem], reward_fn: RewardFn,
                 decode: Callable[[Sequence[int]], str], stop_token_ids: tuple[int, ...],
                 pad_id: int, anchor: Any, mesh: jax.sharding.Mesh, pad_to: int = 64,
-                replay_pool: ReplayPool | None = None, sync_dtype: Any = None) -> StepParts:
+                replay_pool: ReplayPool | None = None, sync_dtype: Any = None,
+                sync_bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES) -> StepParts:
   """The `StepParts` of ``cfg`` (``anchor`` already validated, `validate_anchor`)."""
   leaders = distributed.host_leaders()
   if engine is None and jax.process_index() in leaders:
@@ -164,7 +168,7 @@ def build_parts(cfg: TrainConfig, *, policy: models.Transformer,
   updater = make_updater(cfg, policy, mesh, pad_id=pad_id, pad_to=pad_to)
   scorer = make_scorer(cfg, updater, reference=reference, anchor=anchor, mesh=mesh,
                        pad_id=pad_id, pad_to=pad_to)
-  sync = make_weight_sync(cfg, updater, collector, engine, sync_dtype)
+  sync = make_weight_sync(cfg, updater, collector, engine, sync_dtype, sync_bucket_bytes)
   return StepParts(collector=collector, scorer=scorer, objective=make_objective_step(cfg),
                    updater=updater, sync=sync, pipeline=sync.pipeline)
 
@@ -178,6 +182,7 @@ def build_trainer(cfg: TrainConfig, workdir: str, *, policy: models.Transformer,
                   mesh: jax.sharding.Mesh | None = None, pad_to: int = 64,
                   replay_pool: ReplayPool | None = None, identity: Mapping[str, Any] | None = None,
                   sync_dtype: Any = None,
+                  sync_bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES,
                   measures: Callable[[int], Mapping[str, float]] | None = None) -> Trainer:
   """A `Trainer` of ``cfg`` on its parts (resumed from ``workdir``'s latest checkpoint, if any).
 
@@ -204,6 +209,7 @@ def build_trainer(cfg: TrainConfig, workdir: str, *, policy: models.Transformer,
     replay_pool: Stage 1 samples for ``cfg.replay``.
     identity: what else a resumed checkpoint must agree on (model paths, data, anchor, ...).
     sync_dtype: dtype of the weights pushed to the engine (None: the parameters' own).
+    sync_bucket_bytes: bucket size of that flat push (`WeightSync`).
     measures: called with the RL step every ``validation.every`` steps, after the weight sync;
       returns more validation metrics (e.g. the exact measures of `disa_jax.eval.exact`).
   """
@@ -214,6 +220,7 @@ def build_trainer(cfg: TrainConfig, workdir: str, *, policy: models.Transformer,
   parts = build_parts(cfg, policy=policy, reference=reference, engine=engine, prompts=prompts,
                       reward_fn=reward_fn, decode=decode, stop_token_ids=stop_token_ids,
                       pad_id=pad_id, anchor=anchor, mesh=mesh, pad_to=pad_to,
-                      replay_pool=replay_pool, sync_dtype=sync_dtype)
+                      replay_pool=replay_pool, sync_dtype=sync_dtype,
+                      sync_bucket_bytes=sync_bucket_bytes)
   return Trainer(cfg, workdir, parts, validation_prompts=validation_prompts, identity=identity,
                  measures=measures)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flax import nnx
-
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.update import PolicyUpdater
-from disa_jax.rollout import multihost
+from disa_jax.rollout import flat_weights, multihost
 from disa_jax.rollout.types import Engine
 
 
@@ -26,17 +24,24 @@ class WeightSync:
     engine: this host's engine (None on processes that do not lead a host).
     dtype: dtype of the weights pushed (None: the parameters' own).
     pipeline: the asynchronous rollouts' pipeline (None: synchronous rollouts).
+    bucket_bytes: the flat push's bucket size (`flat_weights.FlatLayout`; 0 = one bucket): the
+      export's extra device memory is about two buckets. The same on every process.
   """
 
   def __init__(self, updater: PolicyUpdater, engine: Engine | None, dtype: Any = None,
-               pipeline: RolloutPipeline | None = None):
+               pipeline: RolloutPipeline | None = None,
+               bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES):
     if pipeline is not None and pipeline.engine is not engine:
       raise ValueError("WeightSync: the rollout pipeline drives another engine than the one given")
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+      raise ValueError(f"WeightSync bucket_bytes must be an int >= 0 (0 = one bucket), got "
+                       f"{bucket_bytes!r}")
     self.updater, self.engine, self.dtype, self.pipeline = updater, engine, dtype, pipeline
+    self.bucket_bytes = bucket_bytes
 
   def push_now(self) -> None:
     """Collective: the engine gets the current weights before this returns (start, resume)."""
-    self.updater.sync(self.engine, self.dtype)
+    self.updater.sync(self.engine, self.dtype, self.bucket_bytes)
 
   def after_update(self, done: int) -> None:
     """Collective: after ``done`` updates, the weights of version ``done`` go to the engine (at
@@ -44,7 +49,6 @@ class WeightSync:
     if self.pipeline is None:
       self.push_now()
       return
-    policy = self.updater.policy
-    nnx.update(policy, self.updater.state.params)
-    weights = multihost.host_weights(policy, self.dtype)  # collective
+    weights = multihost.host_weights(self.updater.current_policy(), self.dtype,
+                                     self.bucket_bytes)  # collective
     self.pipeline.advance(done, weights if self.engine is not None else None)

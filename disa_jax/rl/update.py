@@ -5,7 +5,7 @@ objective with state, its parameters and optimizer, `objectives.ObjectiveState`,
 opaque slot) and the jitted update of `disa_jax.rl.train_step`. `update(step, sequences)` runs
 ``rollout.num_minibatches`` optimizer updates over the step's `TrainSequences`, shuffled with the
 step's seed and split into equal mini-batches of sequences, each packed into fixed-shape
-micro-batches (`RolloutConfig.layout`); `sync(engine)` pushes the new policy weights (HF names,
+micro-batches (`RolloutConfig.layout`); `sync(engine)` pushes the new policy weights (a flat push,
 never the objective's state) to the rollout engine.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from disa_jax.rl import seeds
 from disa_jax.rl.batch import TrainSequences
 from disa_jax.rl.config import OptimConfig, RolloutConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
-from disa_jax.rollout import multihost
+from disa_jax.rollout import flat_weights, multihost
 from disa_jax.rollout.types import Engine
 
 
@@ -142,18 +142,16 @@ class PolicyUpdater:
                 "packing/efficiency": real / max(computed, 1)})
     return out
 
-  def sync(self, engine: Engine | None, dtype: Any = None) -> None:
-    """Pushes the policy (never the objective's state) to the engine in HF names and layouts."""
+  def current_policy(self) -> models.Transformer:
+    """The policy `Transformer` holding the trained parameters (updated in place)."""
     nnx.update(self.policy, self.state.params)
-    # Collective across processes: a host copy on every process, pushed by each host leader.
-    multihost.push_weights(self.policy, engine, dtype=dtype)
+    return self.policy
 
-  def host_weights(self, dtype: Any = None) -> dict[str, np.ndarray]:
-    """Collective: the policy's weights as an owned host copy in HF names (for a push the rollout
-    thread makes later, while the next updates donate the device buffers)."""
-    nnx.update(self.policy, self.state.params)
-    return {k: np.array(v, copy=True)
-            for k, v in models.host_state_dict(self.policy, dtype).items()}
+  def sync(self, engine: Engine | None, dtype: Any = None,
+           bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES) -> None:
+    """Pushes the policy (never the objective's state) to the engine as a flat push
+    (`multihost.push_weights`: collective, host copies on host leaders only)."""
+    multihost.push_weights(self.current_policy(), engine, dtype=dtype, bucket_bytes=bucket_bytes)
 
   # -- checkpoints -------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from flax import nnx
 
 from disa_jax.models.config import ModelConfig
 from disa_jax.models.decode_attention import RaggedKV, as_bits, bits_dtype
-from disa_jax.rollout.sampling import sample_step
+from disa_jax.rollout.sampling import prompt_positions, sample_step
 
 
 def admission_rows(slots: int, n: int) -> int:
@@ -99,7 +99,7 @@ def _admit(model, c: _Loop, r: _Request, unit: int, group: int, dtype: str) -> _
   prompts = r.row_prompt[c.admitted + jnp.arange(0, unit, group, dtype=jnp.int32)]  # [U / g]
   ids, mask = r.prompt_ids[prompts], r.prompt_mask[prompts]
   pre = model.init_cache(unit // group, prompt_len, dtype=dtype)  # [L, U/g, Tp, K, H]
-  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+  positions = prompt_positions(mask)
   logits, pre = model.forward_with_cache(ids, positions, pre, jnp.int32(0), mask.astype(bool),
                                          last_only=True)
   k, v = (c_.at[:, slots, :, :prompt_len, :].set(

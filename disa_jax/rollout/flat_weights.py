@@ -22,6 +22,10 @@ a push compute it.
 
 Bit-exact: the cast is XLA's round-to-nearest-even (as NumPy's and ml_dtypes'), and a push in the
 engine's dtype copies bits.
+
+Not done: a GPU-to-GPU path (NCCL or CUDA IPC from the trainer's devices to the generation
+process's) does not exist, and no host buffer is pinned: every push goes device -> pageable host
+memory -> shared memory -> device.
 """
 
 from __future__ import annotations
@@ -34,21 +38,17 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from disa_jax import models
 from disa_jax.models.config import ModelConfig, RopeScaling
+from disa_jax.models.hf_interop import np_dtype as _np_dtype
 from disa_jax.models.transformer import layer_param_specs
 
 ALIGN = 64  # elements: every parameter starts at a multiple of this within its bucket
 DEFAULT_BUCKET_BYTES = 1 << 30
-
-
-def _np_dtype(dtype: Any) -> np.dtype:
-  return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
 
 
 def config_to_dict(config: ModelConfig) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from flax import nnx
 from disa_jax import models
 from disa_jax.rollout import continuous, flat_weights
 from disa_jax.rollout.sampling import bucket as _bucket
-from disa_jax.rollout.sampling import row_keys, sample_step
+from disa_jax.rollout.sampling import prompt_positions, row_keys, sample_step
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 
 CACHE_LAYOUTS = ("ragged", "dense")
@@ -69,7 +69,7 @@ def _generate_dense(graphdef, state, input_ids, prompt_mask, active, keys, max_n
   cache_len = prompt_len + num_new
   cache = model.init_cache(prompts, cache_len, dtype=cache_dtype)
   kv_mask = jnp.zeros((prompts, cache_len), bool).at[:, :prompt_len].set(prompt_mask.astype(bool))
-  positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
+  positions = prompt_positions(prompt_mask)
   # Left padding: the last column holds every row's last prompt token.
   logits, cache = model.forward_with_cache(input_ids, positions, cache, jnp.int32(0), kv_mask,
                                            last_only=True)

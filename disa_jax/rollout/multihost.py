@@ -20,18 +20,24 @@ from disa_jax.rollout import flat_weights
 from disa_jax.rollout.types import FINISH_REASONS, Completion
 
 
-def host_weights(model: Any, dtype: Any = None) -> flat_weights.FlatWeights | None:
-  """Collective: ``model``'s weights as a flat push, copied to the host on host leaders only
-  (None elsewhere); an owned copy, valid after later updates donate the parameters."""
-  return flat_weights.export(model, dtype, fetch=distributed.is_host_leader())
+def host_weights(model: Any, dtype: Any = None,
+                 bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES
+                 ) -> flat_weights.FlatWeights | None:
+  """Collective: ``model``'s weights as a flat push in buckets of ``bucket_bytes`` (the same on
+  every process), copied to the host on host leaders only (None elsewhere); an owned copy, valid
+  after later updates donate the parameters."""
+  return flat_weights.export(model, dtype, bucket_bytes=bucket_bytes,
+                             fetch=distributed.is_host_leader())
 
 
-def push_weights(model: Any, engine: Any, dtype: Any = None) -> None:
-  """Collective: exports ``model``'s weights and, on each host leader, loads them into ``engine``.
+def push_weights(model: Any, engine: Any, dtype: Any = None,
+                 bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES) -> None:
+  """Collective: exports ``model``'s weights (`host_weights`) and, on each host leader, loads them
+  into ``engine``.
 
   ``engine`` may be None on processes that are not host leaders.
   """
-  flat = host_weights(model, dtype)
+  flat = host_weights(model, dtype, bucket_bytes)
   if distributed.is_host_leader():
     if engine is None:
       raise ValueError("the host leader process has no generation engine (engine=None)")

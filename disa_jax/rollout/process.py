@@ -77,6 +77,8 @@ class ProcessOptions:
     env: environment variables the worker's interpreter starts with (any name; int and float
       values are written as strings): set before anything, JAX included, is imported there
       (`spawn_environment`).
+    copy_threads: threads that copy a weight update into shared memory (`shm.copy_array`);
+      0 = min(8, CPU count).
   """
   timeout_s: float = 3600.0
   startup_timeout_s: float = 900.0
@@ -84,6 +86,7 @@ class ProcessOptions:
   request_bytes: int = 16 << 20
   result_bytes: int = 32 << 20
   env: dict = dataclasses.field(default_factory=dict)
+  copy_threads: int = 0
 
   def __post_init__(self):
     env = check_scalar_mapping(self.env, "process.env", allow_none=False)
@@ -97,6 +100,10 @@ class ProcessOptions:
     for name in ("request_bytes", "result_bytes"):
       if getattr(self, name) < 4096:
         raise ValueError(f"process.{name} must be >= 4096, got {getattr(self, name)!r}")
+    if (isinstance(self.copy_threads, bool) or not isinstance(self.copy_threads, int)
+        or self.copy_threads < 0):
+      raise ValueError(f"process.copy_threads must be an int >= 0 (0 = min(8, CPU count)), got "
+                       f"{self.copy_threads!r}")
 
 
 def make_local_engine(kind: str, model_path: str, **options: Any) -> Engine:
@@ -310,7 +317,10 @@ class RemoteEngine:
     self._next_id = 0
     self._weights: shm.ShmBlock | None = None
     self._weights_count = 0
-    self.copy_threads = min(8, os.cpu_count() or 1)  # threads copying weights into shared memory
+    # Threads copying weights into shared memory (`ProcessOptions.copy_threads`), for arrays of at
+    # least `copy_min_bytes` (a flat push's buckets; `shm.copy_array`).
+    self.copy_threads = process.copy_threads or min(8, os.cpu_count() or 1)
+    self.copy_min_bytes = shm.MIN_THREADED_BYTES
     # Timing of the last update_weights: bytes, copy_s (into shared memory), load_s (engine's own load
     # in the worker), total_s (call to return).
     self.last_sync: dict[str, float] = {}
@@ -512,7 +522,8 @@ class RemoteEngine:
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
     """Copies `state_dict` (HF names/layouts, or a flat push's buckets, `flat_weights`) into
-    shared memory (``copy_threads`` threads) and loads it in the worker."""
+    shared memory (``copy_threads`` threads for arrays of ``copy_min_bytes`` or more) and loads
+    it in the worker."""
     request = {}
     if isinstance(state_dict, flat_weights.FlatWeights):
       arrays = {f"b{i}": b for i, b in enumerate(state_dict.buffers)}
@@ -532,7 +543,7 @@ class RemoteEngine:
             shm.segment_name(f"w{self._weights_count}", self._token), nbytes)
         self._names.add(self._weights.name)
       t0 = time.perf_counter()
-      self._weights.write({}, arrays, self.copy_threads)
+      self._weights.write({}, arrays, self.copy_threads, self.copy_min_bytes)
       t1 = time.perf_counter()
       meta = self._call("update_weights", {"block": self._weights.name, **request}, {})[0][0]
       self.last_sync = {"bytes": nbytes, "copy_s": t1 - t0, "load_s": meta["load_s"],

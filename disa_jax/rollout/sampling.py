@@ -14,6 +14,12 @@ import jax.numpy as jnp
 _NEG_INF = -jnp.inf
 
 
+def prompt_positions(prompt_mask: jax.Array) -> jax.Array:
+  """`[B, T]` int32 position of each prompt token from its (left-padded) `[B, T]` mask: the count
+  of real tokens before it (padding: 0)."""
+  return jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
+
+
 def bucket(n: int, minimum: int) -> int:
   """Smallest power of two >= max(n, minimum)."""
   return 1 << max(int(n - 1).bit_length(), int(minimum - 1).bit_length())

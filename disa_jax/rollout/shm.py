@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
 
 PREFIX = "disa_ro_"
 _ALIGN = 64
-_MIN_THREADED = 1 << 22  # bytes: smaller arrays are copied by the calling thread
+MIN_THREADED_BYTES = 1 << 22  # default of `copy_array`'s min_bytes: smaller arrays, one thread
 _SHM_DIR = "/dev/shm"
 
 
@@ -143,27 +143,33 @@ def message_nbytes(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
   return _align(8 + len(header)) + data
 
 
-def copy_array(dst: np.ndarray, src: np.ndarray, threads: int = 1) -> None:
-  """``dst[...] = src``; with ``threads`` > 1 and both C-contiguous of the same dtype and shape,
-  as byte copies of ``threads`` slices run in a thread pool (NumPy releases the GIL for them)."""
+def copy_array(dst: np.ndarray, src: np.ndarray, threads: int = 1,
+               min_bytes: int = MIN_THREADED_BYTES) -> int:
+  """``dst[...] = src``; with ``threads`` > 1, both C-contiguous of the same dtype and shape and
+  at least ``min_bytes`` bytes, as byte copies of ``threads`` slices (cut at multiples of 64 bytes)
+  run in a thread pool (NumPy releases the GIL for them). Returns the threads that copied (1: the
+  calling thread alone)."""
   if (threads <= 1 or dst.dtype != src.dtype or dst.shape != src.shape
-      or not (dst.flags.c_contiguous and src.flags.c_contiguous) or src.nbytes < _MIN_THREADED):
+      or not (dst.flags.c_contiguous and src.flags.c_contiguous) or src.nbytes < min_bytes):
     dst[...] = src
-    return
+    return 1
   d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
   bounds = np.linspace(0, d.size, threads + 1).astype(np.int64) // _ALIGN * _ALIGN
   bounds[-1] = d.size
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     list(pool.map(lambda i: np.copyto(d[bounds[i]:bounds[i + 1]], s[bounds[i]:bounds[i + 1]]),
                   range(threads)))
+  return threads
 
 
 def pack_message(buf: memoryview, meta: Mapping[str, Any],
-                 arrays: Mapping[str, np.ndarray], threads: int = 1) -> int:
+                 arrays: Mapping[str, np.ndarray], threads: int = 1,
+                 min_threaded_bytes: int = MIN_THREADED_BYTES) -> int:
   """Writes `meta` (JSON-able) and `arrays` into `buf`; returns the bytes used.
 
   Args:
-    threads: large arrays are copied by this many threads (`copy_array`).
+    threads: arrays of at least ``min_threaded_bytes`` are copied by this many threads
+      (`copy_array`).
 
   Raises:
     ValueError: if the message does not fit into `buf` (the error gives both sizes).
@@ -179,7 +185,7 @@ def pack_message(buf: memoryview, meta: Mapping[str, Any],
   for (name, dtype, shape, offset), a in zip(entries, arrays.values()):
     a = np.asarray(a)
     dst = np.ndarray(tuple(shape), dtype=np.dtype(dtype), buffer=buf, offset=base + offset)
-    copy_array(dst, a, threads)
+    copy_array(dst, a, threads, min_threaded_bytes)
   return total
 
 
@@ -404,8 +410,9 @@ class ShmBlock:
     return cls(open_segment(name), owner=False)
 
   def write(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
-            threads: int = 1) -> int:
-    return pack_message(self._shm.buf, meta, arrays, threads)
+            threads: int = 1, min_threaded_bytes: int = MIN_THREADED_BYTES) -> int:
+    """`pack_message` into the block; returns the bytes used."""
+    return pack_message(self._shm.buf, meta, arrays, threads, min_threaded_bytes)
 
   def read(self) -> tuple[dict, dict[str, np.ndarray]]:
     """Zero-copy views; valid until the block is rewritten or closed."""

@@ -30,7 +30,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # preset's checked unchanged. Issue 44 rewrote every entry: each run's own tracking and evaluation
 # seeds (`pipeline.seeds`) and the end-state presets' tracking (every 16 / 20 steps, 32 samples);
 # reverting exactly those fields (and the attention_impl / remat_policy fields added meanwhile) gave
-# every committed hash back first.
+# every committed hash back first. The engine's process.copy_threads (issue 41) was added the same
+# way: dropping exactly that field gave every committed hash back before the new ones were written.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 

@@ -89,11 +89,13 @@ def assert_same_completions(got, want, atol: float = 0.0) -> None:
       assert g.finish_reason == w.finish_reason
 
 
-def flat_push(hf_state, config) -> flat_weights.FlatWeights:
-  """The flat push (float32) of the HF-named weights ``hf_state`` of a model of ``config``."""
+def flat_push(hf_state, config, bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES
+              ) -> flat_weights.FlatWeights:
+  """The flat push (float32, buckets of ``bucket_bytes``) of the HF-named weights ``hf_state`` of
+  a model of ``config``."""
   model = models.Transformer(config, rngs=nnx.Rngs(0))
   models.load_hf_state_dict(model, hf_state)
-  return flat_weights.export(model, "float32")
+  return flat_weights.export(model, "float32", bucket_bytes=bucket_bytes)
 
 
 def check_update_changes_and_restores(engine, prompts, params, hf_state, seed: int,

@@ -57,6 +57,19 @@ def test_open_sections_take_scalars_only_naming_the_field(tmp_path):
     ProcessOptions(env={"Y": [1]})
 
 
+def test_copy_threads_is_a_checked_process_option(tmp_path):
+  """``engine.process.copy_threads`` (threads copying a weight push into shared memory) is set
+  from the command line and refused, naming the field and the value, unless an int >= 0."""
+  assert _parse(tmp_path).process.copy_threads == 0  # min(8, CPU count)
+  assert _parse(tmp_path, "--config.engine.process.copy_threads=3").process.copy_threads == 3
+  with pytest.raises(ValueError, match=r"config\.engine\.process\.copy_threads must be an int "
+                                       r">= 0 .*got -1"):
+    _parse(tmp_path, "--config.engine.process.copy_threads=-1")
+  for bad in (True, 2.0, "4"):
+    with pytest.raises(ValueError, match=r"process\.copy_threads must be an int >= 0 .*got "):
+      ProcessOptions(copy_threads=bad)
+
+
 def test_enforce_eager_defaults_to_false_on_cuda():
   assert default_enforce_eager(cuda=True) is False
   assert default_enforce_eager(cuda=False) is True

@@ -72,8 +72,9 @@ def _children(pid):
 
 @pytest.fixture(scope="module")
 def remote(tiny_ckpt):
-  # Small result slots so that results travel in several chunks.
-  with make_engine("jax", tiny_ckpt, process=ProcessOptions(result_bytes=8192, heartbeat_timeout_s=30.0)) as engine:
+  # Small result slots so that results travel in several chunks; weights copied by two threads.
+  process = ProcessOptions(result_bytes=8192, heartbeat_timeout_s=30.0, copy_threads=2)
+  with make_engine("jax", tiny_ckpt, process=process) as engine:
     yield engine
 
 
@@ -97,15 +98,24 @@ def test_remote_weight_update_changes_and_restores(remote, hf_state):
   assert shm.list_segments(os.getpid()) == []
 
 
-def test_remote_flat_push_equals_direct_load(remote, tiny_model, hf_state):
-  """A flat push through shared memory (several buckets, copied by two threads) changes the
+def test_remote_flat_push_equals_direct_load(remote, tiny_model, hf_state, monkeypatch):
+  """A flat push through shared memory (several buckets, each copied by two threads) changes the
   samples, and pushing the checkpoint's weights back samples bit for bit as before (the worker
   loaded the checkpoint directly)."""
-  remote.copy_threads = 2
-  push = lambda state: reference.flat_push(state, tiny_model.config)
+  copies = []  # (bytes, threads that copied) of each array written into shared memory
+  copy_array = shm.copy_array
+  monkeypatch.setattr(shm, "copy_array", lambda dst, src, *a: copies.append(
+      (src.nbytes, copy_array(dst, src, *a))))
+  assert remote.copy_threads == 2  # ProcessOptions.copy_threads
+  monkeypatch.setattr(remote, "copy_min_bytes", 0)  # the tiny model's buckets are < 4 MiB
+  push = lambda state: reference.flat_push(state, tiny_model.config, bucket_bytes=100_000)
+  buckets = [b.nbytes for b in push(hf_state).buffers]
+  assert len(buckets) > 2
   reference.check_update_changes_and_restores(remote, PROMPTS, PARAMS, hf_state, seed=2,
                                               push=push)
   assert remote.last_sync["bytes"] >= push(hf_state).nbytes
+  # Each of the two pushes copied every bucket with two threads (the rest: generate requests).
+  assert sorted(n for n, t in copies if t == 2) == sorted(buckets * 2), copies
   assert shm.list_segments(os.getpid()) == []
 
 

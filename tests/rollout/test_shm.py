@@ -36,6 +36,32 @@ def test_pack_unpack_roundtrip_zero_copy():
   assert shm.unpack_message(buf)[1]["a"][0, 0] == 99
 
 
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_threaded_copy_equals_plain_copy_bitwise(threads):
+  """`copy_array` with several threads writes the same bytes as ``dst[...] = src``: odd sizes
+  (below, at and just above a thread's 64-byte cut, and with more threads than 64-byte blocks),
+  2-byte bfloat16 and 4-byte elements, source and destination at unaligned addresses."""
+  rng = np.random.default_rng(threads)
+  raw = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+  for dtype in (np.uint8, ml_dtypes.bfloat16, np.float32):
+    itemsize = np.dtype(dtype).itemsize
+    for n in (1, 3, 63, 64, 65, 127, 191, 1000, 4097, 12345):
+      nbytes = n * itemsize
+      src = raw[1:1 + nbytes].view(dtype)  # starts at an odd address
+      plain = np.empty(nbytes, np.uint8)
+      plain.view(dtype)[...] = src
+      threaded = np.full(nbytes + 6, 0xAB, np.uint8)  # the copy goes to [3, 3 + nbytes)
+      assert shm.copy_array(threaded[3:3 + nbytes].view(dtype), src, threads, min_bytes=0) == threads
+      np.testing.assert_array_equal(threaded[3:3 + nbytes], plain,
+                                    err_msg=f"{np.dtype(dtype)}[{n}], {threads} threads")
+      assert (threaded[:3] == 0xAB).all() and (threaded[-3:] == 0xAB).all()  # nothing outside
+  big = raw[:1 << 15]
+  out = np.zeros_like(big)
+  assert shm.copy_array(out, big, threads, min_bytes=1 << 16) == 1  # below min_bytes: one thread
+  assert shm.copy_array(out[::2], big[::2], threads, min_bytes=0) == 1  # not contiguous
+  np.testing.assert_array_equal(out[::2], big[::2])
+
+
 def test_message_too_large_names_sizes(ring):
   with pytest.raises(ValueError, match="exceeds ShmRing"):
     ring.put({}, {"x": np.zeros(1 << 15, np.float32)})
