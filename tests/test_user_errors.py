@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from disa_jax import launcher
+from disa_jax.checkpoint.files import OutputWriteError
+from disa_jax.checkpoint.identity import IdentityMismatchError
 from disa_jax.workflows import evaluation
 from disa_jax.workflows.stage3 import claim_stage3_output
 from tests.test_dry_run_commands import make_inputs, typed_config
@@ -199,3 +201,23 @@ def test_an_offline_hub_source_fails_in_seconds_with_the_way_out(tmp_path):
   assert "pass --source=" in line and "HF_HUB_OFFLINE=1" in line, line
   assert time.monotonic() - start < 30  # the imports; the probe itself fails at once
   assert not list(tmp_path.rglob("*.jsonl"))
+
+
+
+@pytest.mark.parametrize("error, shown", [
+    (OutputWriteError(28, "No space left on device (writing the Stage 1 dataset part)", "/d/p.tmp"),
+     "No space left on device (writing the Stage 1 dataset part): '/d/p.tmp'"),
+    (IdentityMismatchError(Path("/w/identity.json"), {"lr": (1e-6, 0.5)}),
+     "/w holds outputs of a run with other inputs (1 field(s) differ")])
+def test_a_run_time_output_error_is_one_line_and_exit_code_2(error, shown, capfd):
+  """Past the start-up checks (``started()`` true) a generic error is the run's own and keeps its
+  traceback, but a full or read-only disk or another run's outputs are the user's: one line."""
+  with pytest.raises(SystemExit) as e:
+    with launcher.user_errors([], started=lambda: True):
+      raise error
+  assert e.value.code == 2
+  err = capfd.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and shown in err[0], err
+  with pytest.raises(ValueError, match="a bug"):  # a run's own error keeps its traceback
+    with launcher.user_errors([], started=lambda: True):
+      raise ValueError("a bug")
