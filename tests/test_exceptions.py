@@ -13,6 +13,7 @@ import disa_jax
 from disa_jax.checkpoint.identity import IdentityMismatchError
 from disa_jax.checkpoint.lock import OutputLockedError
 from disa_jax.checkpoint.manager import CheckpointSaveError
+from disa_jax.data.prepare import SourceUnavailableError
 from disa_jax.estimators.dataset import Stage1FormatError
 
 # Modules that need an optional dependency or start work when imported are not scanned.
@@ -23,6 +24,7 @@ EXAMPLES = [
     CheckpointSaveError("disk full at step 7", step=7, latest_step=5, disk_full=True),
     IdentityMismatchError(Path("/tmp/x/identity.json"), {"beta": (15.0, 10.0)}),
     Stage1FormatError("/tmp/s1.jsonl", [(3, "no samples")]),
+    SourceUnavailableError("BytedTsinghua-SIA/DAPO-Math-17k", "the hub does not answer"),
 ]
 
 

@@ -129,10 +129,14 @@ class SourceUnavailableError(ValueError):
   """A hub source that cannot be read here; the message says what to pass instead."""
 
   def __init__(self, source: str, why: str):
+    self.source, self.why = source, why
     super().__init__(
         f"source={source!r} is a Hugging Face hub name and {why}: download the set where the hub "
         "is reachable and pass --source=<its file or dataset directory>, or set HF_HUB_OFFLINE=1 "
         "to read the hub's copy from the local cache")
+
+  def __reduce__(self):  # (pickled back from a worker process with its arguments)
+    return type(self), (self.source, self.why)
 
 
 def _check_source(source: str) -> str:

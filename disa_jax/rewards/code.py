@@ -368,14 +368,15 @@ def _inputs(problem: Mapping[str, Any]) -> str:
   return _inputs_json(base, plus)
 
 
-# Output caps of the HumanEval+ runner's JSON: the canonical solution's, and a candidate's: 8x the
-# canonical outputs' JSON (a matching float's repr can be ~5x longer) plus 1 MiB.
-_CANONICAL_OUTPUT_MB = 64
+# Output caps of the HumanEval+ runner's JSON: the canonical solution's (HumanEval/15's outputs on
+# its plus inputs are 141 MiB of JSON), and a candidate's: 8x the canonical outputs' JSON (a matching
+# float's repr can be ~5x longer) plus 1 MiB, at most the canonical cap.
+_CANONICAL_OUTPUT_MB = 256
 _MIB = 1 << 20
 
 
 def _candidate_output_mb(expected: list) -> int:
-  return 1 + 8 * len(json.dumps(expected)) // _MIB
+  return min(_CANONICAL_OUTPUT_MB, 1 + 8 * len(json.dumps(expected)) // _MIB)
 
 
 def _run_function_calls(problem: Mapping[str, Any], program: str, inputs_json: str,

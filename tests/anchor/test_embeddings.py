@@ -1,11 +1,13 @@
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from disa_jax.anchor.embeddings import embed_prompts
 from disa_jax.scoring import prompt_embeddings
 from disa_jax.testing import make_tiny_model
 
 
+@pytest.mark.slow
 def test_embed_prompts_matches_unpadded_mean_pool():
   model = make_tiny_model("qwen3", seed=0)
   prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]

@@ -47,6 +47,7 @@ def sharded(settings, n_devices):
                  pm.plan(setup, rows=16, row_len=ROW_LEN, with_score=False)]
 
 
+@pytest.mark.slow
 def test_memory_grows_with_tokens(sharded):
   _, (base, more_rows) = sharded
   assert more_rows.tokens == 2 * base.tokens

@@ -126,3 +126,18 @@ def test_command(tmp_path):
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stderr[-3000:]
   assert json.loads(out.stdout)["rows_written"] == 1
+
+
+def test_the_dry_run_checks_a_local_source_and_writes_nothing(tmp_path):
+  """``--dry_run`` (`prepare.plan`): a local file is taken as a path (no hub lookup), the output's
+  format is checked, nothing is read or written; a local-looking source that is missing is named."""
+  src = tmp_path / "m.jsonl"
+  src.write_text("not even json\n")  # the plan reads nothing, so a bad row is not seen
+  out = tmp_path / "o" / "math500.jsonl"
+  got = prepare.plan("math500", str(src), str(out))
+  assert got["source_kind"] == "file" and got["configs"] == [""] and got["split"] is None
+  assert got["output"] == str(out) and not out.parent.exists()
+  with pytest.raises(FileNotFoundError, match=r"\./dl/MATH-500"):
+    prepare.plan("math500", "./dl/MATH-500", str(out))
+  with pytest.raises(ValueError, match=r"o\.csv: output must end in \.parquet or \.jsonl"):
+    prepare.plan("math500", str(src), str(tmp_path / "o.csv"))

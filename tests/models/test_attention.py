@@ -112,6 +112,7 @@ def test_causal_attention_needs_as_many_keys_as_queries():
     attention.gqa_attention(q, k3, v3, mask, causal=True)
 
 
+@pytest.mark.slow
 def test_the_model_runs_causal_blocks_on_packed_rows_and_dense_attention_with_a_cache(monkeypatch):
   """With 4-row causal blocks, packed rows' log-probs and gradients equal those of one block, and
   the cache path (keys != queries) still decodes: the model passes causal=True only without a

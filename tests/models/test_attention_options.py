@@ -63,6 +63,7 @@ def dense_model_grads():
 
 
 @pytest.mark.parametrize("impl,window", [("xla", 12), ("pallas", 0)])
+@pytest.mark.slow
 def test_implementations_give_the_model_the_same_gradients(monkeypatch, impl, window,
                                                            dense_model_grads):
   """'xla' (with the band at the longest unit: 12 tokens) and 'pallas' (interpreted) against
@@ -92,6 +93,7 @@ def no_remat():
 
 
 @pytest.mark.parametrize("policy", config_lib.REMAT_POLICIES)
+@pytest.mark.slow
 def test_remat_policies_give_the_gradients_of_no_remat(policy, no_remat):
   model = testing.make_tiny_model("qwen3", seed=4)
   model.remat, model.remat_policy = True, policy

@@ -132,6 +132,7 @@ def _train_step_flops(impl, t, segment=128):
   return float((cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"])
 
 
+@pytest.mark.slow
 def test_compiled_train_step_flops_follow_the_segments_not_the_row():
   """The whole model's loss and gradients through `Transformer` (not the attention alone): rows
   of T = 256 and 1024 tokens of 128-token segments. With 'xla' and the band the FLOPs grow about

@@ -15,6 +15,7 @@ from disa_jax import models, testing
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama"])
+@pytest.mark.slow
 def test_state_dict_round_trip_in_memory(family):
   a = testing.make_tiny_model(family, seed=0)
   b = testing.make_tiny_model(family, seed=1)

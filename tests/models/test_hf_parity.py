@@ -33,6 +33,7 @@ def hf_pair(request, tmp_path_factory):
   return family, hf, path
 
 
+@pytest.mark.slow
 def test_logits_and_hidden_states_float32(hf_pair):
   family, hf, path = hf_pair
   model = models.from_pretrained(path)

@@ -34,6 +34,7 @@ def test_shapes_and_jit_matches_eager(model):
                              atol=1e-6)
 
 
+@pytest.mark.slow
 def test_left_padding_equals_unpadded(model):
   ids = _ids(1, 9)
   pad = jnp.zeros((1, 4), jnp.int32)
@@ -45,6 +46,7 @@ def test_left_padding_equals_unpadded(model):
   assert np.isfinite(np.asarray(model(padded, attention_mask=mask))).all()
 
 
+@pytest.mark.slow
 def test_cache_prefill_then_decode_equals_full_forward(model):
   b, prompt, gen, pad = 2, 6, 5, 3
   ids = _ids(b, prompt + gen, seed=1)
@@ -112,6 +114,7 @@ def test_remat_and_unroll_do_not_change_values_or_grads():
 
 
 @pytest.mark.parametrize("remat", [False, True])
+@pytest.mark.slow
 def test_layer_loops_agree_on_values_grads_and_cache(remat):
   """layer_loop 'scan' and 'unrolled' compute the same logits, gradients and KV-cache path."""
   scan = testing.make_tiny_model("qwen3", seed=2)

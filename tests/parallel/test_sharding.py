@@ -62,6 +62,7 @@ def test_rules_resolution():
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=["2x2x2", "1x4x2", "8x1x1", "1x8x1"])
+@pytest.mark.slow
 def test_sharded_forward_and_gradient_equal_single_device(reference, mesh_shape):
   model, ids, mask, ref_logits, ref_grads = reference
   mesh = parallel.make_mesh(**mesh_shape)

@@ -40,6 +40,7 @@ def _counting(job, monkeypatch):
   return scored
 
 
+@pytest.mark.slow
 def test_a_row_added_later_is_computed_and_the_others_reused(job, tmp_path, monkeypatch):
   a = str(shutil.copytree(job.ref_path, tmp_path / "a"))
   first = job.conditional_kls({"a": a})

@@ -134,6 +134,7 @@ def _stale_trainer(method, k, workdir, steps=4, offset=0.0, **objective):
 
 
 @pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.slow
 def test_each_batch_is_sampled_by_the_weights_k_updates_old_and_tb_reads_its_log_probs(
     tmp_path, k):
   trainer, engine, scored = _stale_trainer("disa", k, tmp_path, steps=5)
@@ -226,6 +227,7 @@ def default_xla_optimizations():
   jax.config.update("jax_disable_most_optimizations", was)
 
 
+@pytest.mark.slow
 def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations):
   """k = 0 runs the loop of commit ae9f951, before asynchronous rollouts: the same metrics.
 

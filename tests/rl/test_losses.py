@@ -339,6 +339,7 @@ def test_grpo_token_mean_vs_seq_mean_and_loss_normalizer():
 
 
 @pytest.mark.parametrize("loss_agg", losses.AGG_KINDS)
+@pytest.mark.slow
 def test_micro_batches_recombined_with_loss_normalizer_equal_the_whole_batch(loss_agg):
   logp, old, ref, mask, adv = _batch(seed=5, b=6, t=5)
   mask = mask.at[4, 2:].set(0.0).at[5].set(0.0)  # uneven lengths and an empty row

@@ -144,6 +144,7 @@ def _layout_logp(model, seqs, layout):
 
 
 @pytest.mark.parametrize("method", ["disa", "grpo"])
+@pytest.mark.slow
 def test_packed_update_equals_padded_update(method):
   """Packing on vs off (one sequence per padded row): the same per-token log-probs, loss and
   gradients of one update, for a trajectory-balance objective and a clipped-ratio one."""

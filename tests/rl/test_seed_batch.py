@@ -94,6 +94,7 @@ def alone(tiny, tmp_path_factory):
   return d
 
 
+@pytest.mark.slow
 def test_a_batch_of_one_seed_is_todays_run_bit_for_bit(tiny, alone, tmp_path):
   (run,) = seed_batch.train_together([functools.partial(run_stage3, _cfg(tiny, tmp_path, 0))])
   assert run.steps_run == 2 and run.export == tmp_path / "final"
@@ -105,6 +106,7 @@ def test_a_batch_of_one_seed_is_todays_run_bit_for_bit(tiny, alone, tmp_path):
     np.testing.assert_array_equal(w, theirs[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_each_seed_of_a_batch_is_that_seed_trained_alone(tiny, alone, tmp_path):
   batcher = seed_batch.SeedBatcher(2)
   runs = seed_batch.train_together(

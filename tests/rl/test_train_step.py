@@ -172,6 +172,7 @@ def test_an_update_needs_a_micro_batch():
 
 
 @pytest.mark.parametrize("method", ["disa", "grpo"])
+@pytest.mark.slow
 def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
   """One update per batch: taking pi_old from the update's own forward equals scoring it first."""
   graphdef, _, state, _, settings, opt, _ = _setup(method)

@@ -89,6 +89,7 @@ def _strip_time(rows):
           for r in rows]
 
 
+@pytest.mark.slow
 def test_disa_run_metrics_checkpoints_and_resume(tmp_path, monkeypatch):
   # Uninterrupted 3-step run.
   trainer, engine = _trainer(_cfg(steps=3), tmp_path / "full")
@@ -133,6 +134,7 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path, monkeypatch):
   assert runs[0]["config"]["train"]["objective"]["name"] == "disa"
 
 
+@pytest.mark.slow
 def test_shared_prompt_run_equals_unshared_run(tmp_path):
   """DISA with rollout.share_prompts: the pi_ref and pi_old passes, the anchor's prompt embeddings
   and the update on shared-prompt rows give the metrics of the unshared run, on fewer tokens."""

@@ -132,6 +132,7 @@ def test_new_prompt_lengths_and_params_do_not_recompile(sampler):
   assert {k: f._cache_size() for k, f in s._fns.items()} == compiled  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_samples_of_a_prompt_share_one_prefill(sampler):
   """n = 4 samples of 3 prompts (12 rows on 16 slots) prefill each prompt once; greedy
   completions and their raw log-probs equal those of the prompts repeated n times with n = 1

@@ -152,6 +152,7 @@ def _proc_consumer(name, out_name, n_total):
   out.close()
 
 
+@pytest.mark.slow
 def test_concurrent_processes_round_trip(ring):
   """2 producer processes and 2 consumer processes through one 3-slot ring."""
   out = shm.ShmRing.create(shm.segment_name("out"), num_slots=2, slot_bytes=1 << 16)

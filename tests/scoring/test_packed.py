@@ -45,6 +45,7 @@ def _by_layout(model, prompts, responses, layout):
   return out
 
 
+@pytest.mark.slow
 def test_packed_logprobs_equal_padded_and_alone(model):
   prompts, responses = _sequences()
   packed_layout = packing.PackingLayout(row_len=16, rows=2, seqs_per_row=4)

@@ -87,6 +87,7 @@ def test_accumulated_step_equals_full_batch_step():
                nnx.to_pure_dict(params), nnx.to_pure_dict(ref_params))
 
 
+@pytest.mark.slow
 def test_packed_sft_loss_equals_padded_loss_and_gradient():
   """`sft_loss` on packed rows (segment ids) = on padded rows, value and gradient (float32)."""
   rng = np.random.default_rng(3)

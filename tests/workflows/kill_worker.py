@@ -85,19 +85,15 @@ def _stage2_hooks(point: str) -> None:
 
     fit._train = dies_in_the_fit  # pylint: disable=protected-access
   elif point == "mid_anchor_save":
-    real_replace = os.replace
+    from disa_jax import paths  # frozen.py moves its metadata file in place with paths.replace
+    real_replace = paths.replace
 
-    class _Os:  # `os` for frozen.py: the metadata file's final rename never happens
-      def __getattr__(self, name):
-        return getattr(os, name)
+    def replace(src, dst):  # the metadata file's final rename never happens
+      if str(dst).endswith(frozen.META_FILE):
+        _die()
+      return real_replace(src, dst)
 
-      @staticmethod
-      def replace(src, dst):
-        if str(dst).endswith(frozen.META_FILE):
-          _die()
-        return real_replace(src, dst)
-
-    frozen.os = _Os()
+    paths.replace = replace
   elif point == "after_anchor_save":
     original = frozen.Anchor.save
 

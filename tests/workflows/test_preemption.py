@@ -95,7 +95,7 @@ def _strip(rows):
 
 @pytest.mark.slow
 def test_stage3_sigterm_mid_run_saves_exits_0_and_resumes_exactly(tmp_path):
-  env = kr._env(tmp_path / "jax_cache")  # pylint: disable=protected-access
+  env = kr._env()  # pylint: disable=protected-access
   ref = _summary(_run(_stage3_cmd(tmp_path, tmp_path / "ref"), env).stdout)
   assert ref["preempted"] is None and ref["export_checkpoint"]["step"] == STEPS
 
