@@ -545,9 +545,11 @@ class RemoteEngine:
       t0 = time.perf_counter()
       self._weights.write({}, arrays, self.copy_threads, self.copy_min_bytes)
       t1 = time.perf_counter()
-      meta = self._call("update_weights", {"block": self._weights.name, **request}, {})[0][0]
+      name = self._weights.name
+      try:
+        meta = self._call("update_weights", {"block": name, **request}, {})[0][0]
+      finally:  # The worker has it mapped now (or failed): drop the name so that nothing can leak.
+        shm.unlink_segment(name)
+        self._names.discard(name)
       self.last_sync = {"bytes": nbytes, "copy_s": t1 - t0, "load_s": meta["load_s"],
                         "total_s": time.perf_counter() - t0}
-      # The worker has it mapped now: drop the name so that nothing can leak.
-      shm.unlink_segment(self._weights.name)
-      self._names.discard(self._weights.name)

@@ -197,6 +197,7 @@ def test_in_flight_batches_round_trip(tmp_path):
       assert x == y, f.name
 
 
+@pytest.mark.slow
 def test_resume_mid_async_run_continues_exactly(tmp_path):
   full, _, _ = _stale_trainer("disa", 1, tmp_path / "full", steps=4)
   full.run()

@@ -182,7 +182,8 @@ METHODS = ["disa", "flowrl", "grpo", "gspo"]
 
 
 @pytest.mark.parametrize("kind", ["packed", pytest.param("shared", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [METHODS[0], *(pytest.param(m, marks=pytest.mark.slow)
+                                                  for m in METHODS[1:])])
 def test_packed_update_equals_every_sequence_alone(method, kind):
   _assert_close(method, kind, KINDS[kind][1](2, ROW_LEN))
 
@@ -197,6 +198,7 @@ def test_packed_update_sharded_equals_every_sequence_alone(method, kind, n_devic
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.slow
 def test_packed_update_sharded_flowrl(kind):
   """The quick tier's sharded check (the head pools over rows split across devices; with shared
   prompts it reads each unit's prompt)."""

@@ -124,6 +124,7 @@ def test_worker_errors_are_reported_and_engine_survives(remote, hf_state):
     remote.generate([[1, 100_000]], PARAMS)
   with pytest.raises(GenerationProcessError, match="layers.0"):
     remote.update_weights({k: v for k, v in hf_state.items() if "layers.0." not in k})
+  assert shm.list_segments(os.getpid()) == []  # a failed push leaves no name behind either
   assert len(remote.generate(PROMPTS[:1], PARAMS)[0]) == PARAMS.n
 
 

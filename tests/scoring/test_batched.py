@@ -1,11 +1,13 @@
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from disa_jax.scoring import token_logprobs
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.testing import make_tiny_model
 
 
+@pytest.mark.slow
 def test_scorer_matches_unpadded_scoring_and_updates():
   model = make_tiny_model("qwen3", seed=0)
   prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]

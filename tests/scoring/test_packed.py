@@ -102,6 +102,7 @@ def test_segment_mask_is_causal_within_segments_only(model):
                         segment_ids=seg)
 
 
+@pytest.mark.slow
 def test_scorer_packed_equals_padded_and_prompt_embeddings_equal_alone(model):
   prompts, responses = _sequences(2)
   packed = SequenceScorer(model, pad_id=0, batch_size=2, row_len=16, seqs_per_row=4)
@@ -135,6 +136,7 @@ def _shared_layout(**kw):
   return packing.PackingLayout(row_len=16, rows=2, seqs_per_row=4, share_prompts=True, **kw)
 
 
+@pytest.mark.slow
 def test_shared_prompt_logprobs_equal_unshared_and_alone(model):
   prompts, responses = _shared_sequences()
   (b,) = packing.pack(prompts, responses, _shared_layout(), pad_id=0)
