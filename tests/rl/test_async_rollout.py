@@ -235,7 +235,9 @@ def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations)
   The fixture was written there with, per method, ``t, _ = tt._trainer(tt._cfg(method, steps=3),
   d); tt._strip_time(t.run())``, with XLA's default optimizations. Equal on the machine that wrote
   it; compared to float32 rounding here, since another CPU may round the last bit of an XLA
-  reduction differently.
+  reduction differently. Means such as ``log_z_mean`` (about 0.02) average terms of order one, so
+  their rounding is absolute: a few float32 ulps at 1.0 (1.2e-7 each); two CPUs measured 1.3e-7 and
+  1.8e-7 apart there, and 3.7e-7 relative on ``grad_norm``.
   """
   golden = json.loads((FIXTURES / "sync_loop_ae9f951.json").read_text())
   for method, rows in golden.items():
@@ -247,7 +249,7 @@ def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations)
     assert [sorted(set(r) - new) for r in now] == [sorted(r) for r in rows]
     for r_now, r_old in zip(now, rows):
       for key, value in r_old.items():
-        assert r_now[key] == pytest.approx(value, rel=1e-6, abs=1e-7), (method, key)
+        assert r_now[key] == pytest.approx(value, rel=1e-6, abs=1e-6), (method, key)
     assert all(r["rollout/staleness"] == 0 for r in now)
 
 
