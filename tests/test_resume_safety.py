@@ -281,7 +281,7 @@ def test_stage3_sigterm_during_startup_stops_cleanly_and_the_rerun_trains(tmp_pa
   c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
   c.model.dtype, c.model.remat, c.mesh.num_devices = "float32", False, 1
   c.train.rollout.update(prompts_per_batch=2, group_size=2, max_response_len=4, num_minibatches=1,
-                         micro_batch_rows=4)
+                         micro_batch_rows=4, max_prompt_len=128)
   c.engine.kind, c.engine.separate_process, c.engine.dtype = "jax", True, "float32"
   c.train.update(total_steps=2, progress_bar=False, tensorboard=False)
   c.train.validation.every, c.train.checkpoint.every = 0, 1

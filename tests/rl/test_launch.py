@@ -31,7 +31,7 @@ def test_launch_runs_one_step_and_refuses_other_steps(tmp_path):
            "--config.model.remat=False", f"--config.data.train_path={data}",
            "--config.data.rendering=plain",
            "--config.train.rollout.prompts_per_batch=2", "--config.train.rollout.group_size=2",
-           "--config.train.rollout.max_response_len=4", "--config.train.rollout.num_minibatches=1",
+           "--config.train.rollout.max_response_len=4", "--config.train.rollout.max_prompt_len=128", "--config.train.rollout.num_minibatches=1",
            "--config.train.rollout.micro_batch_rows=4", "--config.engine.kind=jax",
            "--config.engine.separate_process=False", "--config.engine.dtype=float32",
            "--config.train.validation.every=0", "--config.data.validation_paths=()",

@@ -254,7 +254,7 @@ def test_stage3_disa_trains_on_the_stage2_anchor(jax_pipeline, checkpoints, tmp_
       "model.remat": False, "data.train_path": p["files"]["train"],
       "data.anchor_path": p["cfg2"].anchor_path, "train.rollout.prompts_per_batch": 2,
       "train.rollout.group_size": 2, "train.rollout.max_response_len": 4,
-      "train.rollout.num_minibatches": 1, "train.rollout.micro_batch_rows": 4,
+      "train.rollout.max_prompt_len": 128, "train.rollout.num_minibatches": 1, "train.rollout.micro_batch_rows": 4,
       "engine.kind": "jax", "engine.separate_process": False, "engine.dtype": "float32",
       "train.validation.every": 0, "data.validation_paths": "()", "train.checkpoint.every": 1,
       "train.total_steps": 1,

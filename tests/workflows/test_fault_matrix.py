@@ -5,9 +5,11 @@ evaluation, rerun to completion, and compare with an uninterrupted run bit for b
 Each trial is a fresh output directory: the stage's worker (`kill_worker.py`, a fresh process on
 one CPU device) is SIGKILLed a delay after it finished its imports (printed START), drawn uniformly
 from [0, 1] x the time after START of an uninterrupted run with a warm compilation cache (seeded per
-stage; a run that ends before its delay is a kill that did not land), then rerun to completion. Stage 1 samples in a separate generation process
-(shared-memory exchange), parquet parts, so kills land in part writes and engine traffic. The
-trial count is ``DISA_FAULT_TRIALS`` (default 10 per stage); the figures of a run print at the end.
+stage; a run that ends before its delay is a kill that did not land), then rerun to completion.
+In Stage 3 every other trial waits for the first checkpoint and draws the delay over the time left,
+so that reruns resume from mid-run checkpoints (at least one must). Stage 1 samples in a separate
+generation process (shared-memory exchange), parquet parts, so kills land in part writes and engine
+traffic. The trial count is ``DISA_FAULT_TRIALS`` (default 10 per stage); the figures of a run print at the end.
 """
 import json
 import os
@@ -46,9 +48,10 @@ def _stage3_config(ckpts, train_path, workdir) -> dict:
   c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
   r = c.train.rollout
   r.prompts_per_batch, r.group_size, r.max_response_len = 2, 2, 4
+  r.max_prompt_len = 128  # packed rows of 132 tokens, not the paper's 2,052 (~1 s a step here)
   r.num_minibatches, r.micro_batch_rows = 1, 4
   c.engine.kind, c.engine.separate_process, c.engine.dtype = "jax", False, "float32"
-  c.train.validation.every, c.train.checkpoint.every, c.train.total_steps = 0, 1, 3
+  c.train.validation.every, c.train.checkpoint.every, c.train.total_steps = 0, 1, 6
   c.train.checkpoint.async_save, c.train.progress_bar, c.train.tensorboard = True, False, False
   return c.to_dict()
 
@@ -148,6 +151,12 @@ def _finish(proc, what, log: Path):
   assert proc.returncode == 0, (what, log.read_text()[-4000:])
 
 
+def _wait_for(path: Path, proc) -> None:
+  """Until ``path`` exists (or the worker ended)."""
+  while not path.exists() and proc.poll() is None:
+    time.sleep(0.02)
+
+
 def _leftover_segments(pids):
   """/dev/shm segments named after a worker (creator pid in the name), after a grace period for
   the generation process's watchdog to remove them."""
@@ -160,9 +169,8 @@ def _leftover_segments(pids):
     time.sleep(0.5)
 
 
-@pytest.mark.parametrize("stage", [  # one xdist group each: the stages run on both workers
-    pytest.param(s, marks=pytest.mark.xdist_group(f"tests/workflows/test_fault_matrix.py::{s}"))
-    for s in ("stage1", "stage2", "stage3", "eval")])
+@pytest.mark.parametrize("stage", ["stage1", "stage2", "stage3", "eval"])  # a group each
+# (tests/conftest.py PER_PARAMETER): the stages run on both workers
 def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
   root = setup["root"] / stage
   t0 = time.time()
@@ -179,14 +187,20 @@ def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
   want = OUTPUTS[stage](root / "ref")
   assert OUTPUTS[stage](root / "warm") == want, f"{stage}: two uninterrupted runs differ"
   rng = random.Random(f"fault-matrix-{stage}")
-  landed, identical = 0, 0
+  landed, identical, resumed = 0, 0, 0
   for trial in range(TRIALS):
     out = root / f"trial{trial}"
     config = _configs(setup, stage, out)
-    proc, _ = _start(stage, config, setup["env"], log)
+    proc, started = _start(stage, config, setup["env"], log)
     pids.append(proc.pid)
+    delay = rng.uniform(0.0, 1.0)
+    if stage == "stage3" and trial % 2:  # after the first checkpoint: the rerun resumes mid-run
+      _wait_for(out / "checkpoints" / "1", proc)
+      delay *= max(wall - (time.time() - started), 0.0)
+    else:
+      delay *= wall
     try:
-      proc.wait(timeout=rng.uniform(0.0, 1.0) * wall)
+      proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
       os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=120)
@@ -194,13 +208,17 @@ def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
     rerun, _ = _start(stage, config, setup["env"], log)
     pids.append(rerun.pid)
     _finish(rerun, f"rerun of trial {trial}", log)
+    if stage == "stage3":
+      resumed += json.loads((out / "stage3_summary.json").read_text())["start_step"] > 0
     got = OUTPUTS[stage](out)
     for i, (g, w) in enumerate(zip(got, want)):
       assert g == w, f"{stage} trial {trial}: output {i} differs from the uninterrupted run's"
     identical += 1
   left = _leftover_segments(pids)
   print(f"\nFAULT MATRIX {stage}: {TRIALS} trials, {landed} kills landed, {identical} identical "
-        f"outputs, uninterrupted warm run {wall:.1f} s after imports, stage total {time.time() - t0:.0f} s, "
+        f"outputs, {resumed} Stage 3 reruns resumed from a checkpoint after step 0, "
+        f"uninterrupted warm run {wall:.1f} s after imports, stage total {time.time() - t0:.0f} s, "
         f"leftover segments {len(left)}")
   assert not left, left
   assert landed >= TRIALS // 2, f"{stage}: only {landed} of {TRIALS} kills landed before the end"
+  assert stage != "stage3" or resumed >= 1, "no Stage 3 rerun resumed from a mid-run checkpoint"

@@ -78,7 +78,7 @@ def _stage3_cmd(tmp_path, workdir):
           f"--config.data.validation_paths=('{tmp_path / 'val.jsonl'}',)",
           "--config.data.rendering=plain",
           "--config.train.rollout.prompts_per_batch=2", "--config.train.rollout.group_size=2",
-          "--config.train.rollout.max_response_len=4", "--config.train.rollout.num_minibatches=1",
+          "--config.train.rollout.max_response_len=4", "--config.train.rollout.max_prompt_len=128", "--config.train.rollout.num_minibatches=1",
           "--config.train.rollout.micro_batch_rows=4", "--config.engine.kind=jax",
           "--config.engine.separate_process=True", "--config.engine.dtype=float32",
           "--config.train.validation.every=2", "--config.train.validation.n=2",

@@ -34,8 +34,9 @@ def _stage3_overrides(policy, train_path, anchor_path):
   return {"model.policy_path": policy, "model.dtype": "float32", "model.remat": False,
           "data.train_path": train_path, "data.anchor_path": anchor_path,
           "train.rollout.prompts_per_batch": 3, "train.rollout.group_size": 2,
-          "train.rollout.max_response_len": 4, "train.rollout.num_minibatches": 1,
-          "engine.kind": "jax", "engine.separate_process": False, "engine.dtype": "float32",
+          "train.rollout.max_response_len": 4, "train.rollout.max_prompt_len": 128,
+          "train.rollout.num_minibatches": 1, "engine.kind": "jax", "engine.separate_process": False,
+          "engine.dtype": "float32",
           "train.validation.every": 0, "train.checkpoint.every": 1, "train.total_steps": 1,
           "train.progress_bar": False, "mesh.fsdp": FSDP, "mesh.num_devices": FSDP,
           "data.validation_paths": ()}  # the paper's held-out split is not made here
