@@ -82,18 +82,19 @@ def pytest_runtest_setup(item):
       testing.require(available(), why)
 
 
-# Module groups (or single tests) in the order the workers should start them: the longest first
-# (seconds from `--durations=0` on 2 cores, 2026-11-27). A group not listed starts after these, in
+# Groups (`_group`) in the order the workers should start them: the longest first (summed seconds
+# per group from `--durations=0` on 2 cores, 2026-11-27). A group not listed starts after these, in
 # collection order; a stale list costs balance, never correctness.
 HEAVY = (
-    "tests/workflows/test_fault_matrix.py::stage3", "tests/test_main_job.py",
-    "tests/workflows/test_fault_matrix.py::stage2", "tests/workflows/test_fault_matrix.py::stage1",
-    "tests/workflows/test_fault_matrix.py::eval", "tests/rl/test_packed_update.py",
-    "tests/workflows/test_kill_resume.py", "tests/multihost/test_multihost_trainer.py",
-    "tests/workflows/test_end_to_end.py", "tests/rl/test_async_rollout.py",
-    "tests/rl/test_train_step.py", "tests/rl/test_stage3_faults.py",
-    "tests/checkpoint/test_resume.py", "tests/workflows/test_rehearsal.py",
-    "tests/rl/test_trainer.py", "tests/rollout/test_vllm_engine.py",
+    "tests/test_main_job.py", "tests/rl/test_packed_update.py", "tests/workflows/test_end_to_end.py",
+    "tests/workflows/test_fault_matrix.py::stage1", "tests/multihost/test_multihost_trainer.py",
+    "tests/rollout/test_served_vllm.py", "tests/workflows/test_fault_matrix.py::stage2",
+    "tests/workflows/test_kill_resume.py", "tests/workflows/test_fault_matrix.py::stage3",
+    "tests/workflows/test_fault_matrix.py::eval", "tests/rl/test_trainer.py",
+    "tests/models/test_transformer.py", "tests/rl/test_train_step.py", "tests/test_requirements.py",
+    "tests/rl/test_async_rollout.py", "tests/workflows/test_rehearsal.py",
+    "tests/rl/test_stage3_faults.py", "tests/rl/test_losses.py", "tests/checkpoint/test_resume.py",
+    "tests/rollout/test_vllm_engine.py",
 )
 
 
