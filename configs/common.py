@@ -184,6 +184,7 @@ def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size:
   e.process.result_bytes = 32 << 20  # Result ring slot size (results come in chunks).
   e.process.env = OpenSection()  # Environment variables of the process, any name (name=value).
   e.process.copy_threads = 0  # Threads copying a weight push into shared memory; 0 = min(8, CPUs).
+  e.push_bucket_bytes = 1 << 30  # Stage 3's weight push: bytes per bucket (0 = one buffer).
   return e
 
 

@@ -22,6 +22,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+from disa_jax.rollout.flat_weights import DEFAULT_BUCKET_BYTES
 from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEndpoint
 from disa_jax.rollout.process import ProcessOptions, RemoteEngine, make_local_engine
 from disa_jax.rollout.types import MODEL_ENGINES, Engine, check_kind, check_scalar_mapping
@@ -137,6 +138,10 @@ class EngineConfig:
       ('ragged', continuous batching, or the 'dense' reference), decode_block, ...
     openai: the served model (kind 'openai').
     process: the generation process's `ProcessOptions` (with separate_process only).
+    push_bucket_bytes: Stage 3's weight push to this engine goes in buckets of at most this many
+      bytes (`disa_jax.rollout.flat_weights.FlatLayout`; 0 = one buffer): a smaller bucket holds
+      less host and shared memory at once, a larger one makes fewer copies. Stage 1 and
+      evaluation push no weights.
   """
   kind: str = "vllm"
   separate_process: bool = True
@@ -145,9 +150,14 @@ class EngineConfig:
   jax_kwargs: dict = dataclasses.field(default_factory=dict)
   openai: ServedEndpoint = ServedEndpoint()
   process: ProcessOptions = ProcessOptions()
+  push_bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
   def __post_init__(self):
     check_kind(self.kind)
+    if (isinstance(self.push_bucket_bytes, bool) or not isinstance(self.push_bucket_bytes, int)
+        or self.push_bucket_bytes < 0):
+      raise ValueError("engine.push_bucket_bytes must be an int >= 0 (0 = one bucket), got "
+                       f"{self.push_bucket_bytes!r}")
     object.__setattr__(self, "vllm_kwargs",
                        check_scalar_mapping(self.vllm_kwargs, "engine.vllm_kwargs", allow_none=True))
     if self.kind == "openai":

@@ -529,7 +529,7 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
                    else tokenizer.eos_token_id),
         anchor=anchor, anchor_identity=anchor_identity(cfg), anchor_source=anchor_source(cfg),
         validation_prompts=validation, mesh=mesh, replay_pool=pool, identity=_identity(cfg),
-        sync_dtype=jnp.dtype(cfg.engine.dtype),
+        sync_dtype=jnp.dtype(cfg.engine.dtype), sync_bucket_bytes=cfg.engine.push_bucket_bytes,
         measures=(exact_measures(cfg, tokenizer, policy, engine)
                   if cfg.exact_target.enabled else None))
     history = trainer.run()

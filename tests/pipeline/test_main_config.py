@@ -32,6 +32,7 @@ from disa_jax.workflows.stage2 import Stage2Config
 # reverting exactly those fields (and the attention_impl / remat_policy fields added meanwhile) gave
 # every committed hash back first. The engine's process.copy_threads (issue 41) was added the same
 # way: dropping exactly that field gave every committed hash back before the new ones were written.
+# So was the engine's push_bucket_bytes (issue 41).
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 

@@ -7,6 +7,7 @@ from configs import eval_paper, stage1_paper, stage2_paper, stage3_paper
 from disa_jax import testing
 from disa_jax.estimators import RewardTransform, build_records
 from disa_jax.estimators.dataset import STAT_FIELDS, Stage1Data, Stage1Stats
+from disa_jax.rollout import flat_weights
 from disa_jax.rollout.types import Completion, SamplingParams
 from disa_jax import config as config_lib
 from disa_jax.workflows import prompting
@@ -14,6 +15,7 @@ from disa_jax.workflows.evaluation import EvalConfig
 from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage1 import stage1_summary
 from disa_jax.workflows.stage2 import Stage2Config
+from disa_jax.workflows.stage3 import Stage3Config, run_stage3
 
 
 def _s1(**over):
@@ -186,3 +188,40 @@ def test_stage2_stops_on_nonfinite_labels_or_drops_and_lists_them(checkpoints, t
   s = run_stage2(Stage2Config.from_config(c))
   assert s.dropped_nonfinite == (ids[4],) and s.prompts_fitted == 5 and s.prompts == 6
   assert s.label_scale == "mean" and s.sigma_g_val is None
+
+
+@pytest.mark.parametrize("bad", [-1, True])
+def test_a_bad_push_bucket_size_is_refused_naming_the_field(bad):
+  c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
+  c.engine.push_bucket_bytes = bad
+  with pytest.raises(ValueError, match=r"engine.push_bucket_bytes"):
+    Stage3Config.from_config(c)
+
+
+def test_the_push_bucket_size_of_the_config_is_the_one_stage3_pushes_with(tmp_path, monkeypatch):
+  """`engine.push_bucket_bytes` reaches the flat export of every weight push of a Stage 3 run."""
+  from tests.workflows.conftest import make_checkpoint, write_dapo_parquet  # pylint: disable=g-import-not-at-top
+  c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
+  c.workdir, c.model.policy_path = str(tmp_path / "run"), make_checkpoint(str(tmp_path / "m"), 0)
+  c.data.train_path = write_dapo_parquet(str(tmp_path / "dapo.parquet"), 4)
+  c.data.validation_paths, c.data.rendering = (), "plain"
+  c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
+  c.model.dtype, c.model.remat, c.mesh.num_devices = "float32", False, 1
+  c.train.rollout.update(prompts_per_batch=2, group_size=2, max_prompt_len=128, max_response_len=4,
+                         num_minibatches=1, micro_batch_rows=4)
+  c.engine.kind, c.engine.separate_process, c.engine.dtype = "jax", False, "float32"
+  c.engine.push_bucket_bytes = 4096
+  c.train.update(total_steps=1, progress_bar=False, tensorboard=False)
+  c.train.validation.every, c.export = 0, False
+  seen = []
+  export = flat_weights.export
+
+  def recording(*args, **kwargs):
+    out = export(*args, **kwargs)
+    seen.append((out.layout.bucket_bytes, len(out.buffers)))
+    return out
+
+  monkeypatch.setattr(flat_weights, "export", recording)
+  run_stage3(Stage3Config.from_config(c))
+  # (the default, 1 GiB, holds the tiny model in one bucket)
+  assert seen and all(size == 4096 and buckets > 1 for size, buckets in seen), seen
