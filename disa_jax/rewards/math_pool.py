@@ -110,9 +110,10 @@ class _Worker:
     ours, theirs = socket.socketpair()
     fd = theirs.fileno()
     try:
-      self.proc = subprocess.Popen(
-          [sys.executable, "-c", _BOOT, str(fd), grader, json.dumps(sys.path)],
-          pass_fds=(fd,), stdin=subprocess.DEVNULL, close_fds=True)
+      with preemption.shielded_start():  # a SIGTERM to the job while it starts: dropped there
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(fd), grader, json.dumps(sys.path)],
+            pass_fds=(fd,), stdin=subprocess.DEVNULL, close_fds=True)
     finally:
       theirs.close()
     self.conn = mp_connection.Connection(ours.detach())

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from disa_jax import rewards
+from disa_jax import preemption, rewards
 from disa_jax.data import load_prompts
 from disa_jax.rewards import math_pool
 from disa_jax.rewards import math_verify_grader as mvg
@@ -276,3 +277,24 @@ def test_math_reward_from_an_unguarded_script(tmp_path, how):
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.splitlines() == ["REWARD 1.0 0.0", "BATCH [1.0, 0.0]"], out.stdout
   assert "bootstrapping" not in out.stderr, out.stderr[-3000:]
+
+
+def test_workers_survive_a_sigterm_while_they_start(monkeypatch):
+  """SIGTERM to each worker as soon as it exists (its interpreter still starting) and to this
+  process, as SLURM signals a job step: the stage saves and closes the pool itself, so no worker
+  may die of it (a dead worker would be replaced: other pids)."""
+  init = math_pool._Worker.__init__  # pylint: disable=protected-access
+
+  def signalled(self, grader):
+    init(self, grader)
+    os.kill(self.proc.pid, signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(math_pool._Worker, "__init__", signalled)  # pylint: disable=protected-access
+  with preemption.watch():
+    with math_pool.MathGraderPool(2) as p:
+      pids = [w.proc.pid for w in p._workers]  # pylint: disable=protected-access
+      assert list(p.grade(["\\boxed{2}", "\\boxed{3}"], ["2", "2"])) == [1.0, 0.0]
+      assert [w.proc.pid for w in p._workers] == pids  # pylint: disable=protected-access
+      assert all(w.alive() for w in p._workers)  # pylint: disable=protected-access
+    assert preemption.requested() == "SIGTERM"
