@@ -34,7 +34,7 @@ from disa_jax.rl.trainer import Trainer
 from disa_jax.rollout.process import RemoteEngine
 from disa_jax.workflows.stage3 import Stage3Config, claim_stage3_output, run_stage3
 from tests.rl import test_trainer as tt
-from tests.workflows.conftest import make_checkpoint, write_dapo_parquet
+from tests.workflows.conftest import tiny_stage3_config
 
 
 def _damage(path, line, at=5):
@@ -273,19 +273,7 @@ def test_the_generation_process_survives_sigterm_while_it_starts(tmp_path, monke
 
 @pytest.mark.slow  # two tiny Stage 3 runs, each starting a generation process (~40 s on 2 cores)
 def test_stage3_sigterm_during_startup_stops_cleanly_and_the_rerun_trains(tmp_path, monkeypatch):
-  ckpt = make_checkpoint(str(tmp_path / "model"), 0)
-  c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
-  c.workdir, c.model.policy_path = str(tmp_path / "run"), ckpt
-  c.data.train_path = write_dapo_parquet(str(tmp_path / "dapo.parquet"), 4)
-  c.data.validation_paths, c.data.rendering = (), "plain"
-  c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
-  c.model.dtype, c.model.remat, c.mesh.num_devices = "float32", False, 1
-  c.train.rollout.update(prompts_per_batch=2, group_size=2, max_response_len=4, num_minibatches=1,
-                         micro_batch_rows=4, max_prompt_len=128)
-  c.engine.kind, c.engine.separate_process, c.engine.dtype = "jax", True, "float32"
-  c.train.update(total_steps=2, progress_bar=False, tensorboard=False)
-  c.train.validation.every, c.train.checkpoint.every = 0, 1
-  cfg = Stage3Config.from_config(c)
+  cfg = Stage3Config.from_config(tiny_stage3_config(tmp_path, separate_process=True, steps=2))
   _signal_while_starting(monkeypatch)
   first = run_stage3(cfg)
   assert (first.preempted, first.steps_run, first.export) == (0, 0, None)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from configs import stage3_paper
 from disa_jax import models, testing
 
 HEAD_DIM = 32
@@ -27,6 +28,23 @@ def make_checkpoint(path: str, seed: int) -> str:
   models.save_pretrained(model, path)
   testing.make_tokenizer().save_pretrained(path)
   return path
+
+
+def tiny_stage3_config(tmp_path, *, separate_process: bool, steps: int):
+  """The paper's GRPO Stage 3 config at tiny sizes: a fresh tiny policy and 4 toy prompts under
+  ``tmp_path``, the JAX engine, checkpoints every step, no validation."""
+  c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
+  c.workdir, c.model.policy_path = str(tmp_path / "run"), make_checkpoint(str(tmp_path / "model"), 0)
+  c.data.train_path = write_dapo_parquet(str(tmp_path / "dapo.parquet"), 4)
+  c.data.validation_paths, c.data.rendering = (), "plain"
+  c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
+  c.model.dtype, c.model.remat, c.mesh.num_devices = "float32", False, 1
+  c.train.rollout.update(prompts_per_batch=2, group_size=2, max_response_len=4, num_minibatches=1,
+                         micro_batch_rows=4, max_prompt_len=128)
+  c.engine.kind, c.engine.separate_process, c.engine.dtype = "jax", separate_process, "float32"
+  c.train.update(total_steps=steps, progress_bar=False, tensorboard=False)
+  c.train.validation.every, c.train.checkpoint.every = 0, 1
+  return c
 
 
 @pytest.fixture(scope="session")

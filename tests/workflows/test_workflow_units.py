@@ -16,6 +16,7 @@ from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage1 import stage1_summary
 from disa_jax.workflows.stage2 import Stage2Config
 from disa_jax.workflows.stage3 import Stage3Config, run_stage3
+from tests.workflows.conftest import tiny_stage3_config
 
 
 def _s1(**over):
@@ -200,19 +201,8 @@ def test_a_bad_push_bucket_size_is_refused_naming_the_field(bad):
 
 def test_the_push_bucket_size_of_the_config_is_the_one_stage3_pushes_with(tmp_path, monkeypatch):
   """`engine.push_bucket_bytes` reaches the flat export of every weight push of a Stage 3 run."""
-  from tests.workflows.conftest import make_checkpoint, write_dapo_parquet  # pylint: disable=g-import-not-at-top
-  c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
-  c.workdir, c.model.policy_path = str(tmp_path / "run"), make_checkpoint(str(tmp_path / "m"), 0)
-  c.data.train_path = write_dapo_parquet(str(tmp_path / "dapo.parquet"), 4)
-  c.data.validation_paths, c.data.rendering = (), "plain"
-  c.data.reward, c.data.reward_plugins = "toy_contains", ("tests.workflows.toy_reward",)
-  c.model.dtype, c.model.remat, c.mesh.num_devices = "float32", False, 1
-  c.train.rollout.update(prompts_per_batch=2, group_size=2, max_prompt_len=128, max_response_len=4,
-                         num_minibatches=1, micro_batch_rows=4)
-  c.engine.kind, c.engine.separate_process, c.engine.dtype = "jax", False, "float32"
-  c.engine.push_bucket_bytes = 4096
-  c.train.update(total_steps=1, progress_bar=False, tensorboard=False)
-  c.train.validation.every, c.export = 0, False
+  c = tiny_stage3_config(tmp_path, separate_process=False, steps=1)
+  c.engine.push_bucket_bytes, c.export = 4096, False
   seen = []
   export = flat_weights.export
 
