@@ -10,7 +10,10 @@ a push compute it.
   mesh, the bucket comes out replicated: the all-gather runs on the devices, and every host holds
   the whole model), then one device -> host copy of each bucket, on host leaders only (``fetch``);
   the next bucket is computed while one is copied, so the export's extra device memory is about two
-  buckets.
+  buckets. ``assemble='host'`` builds the same bytes on the host instead: each parameter cast on
+  its device, then copied into its place in a host bucket. On the CPU backend, where the devices'
+  memory is host memory and XLA's concatenate of casts runs at ~0.2 GB/s on 2 cores, this is the
+  faster way ('auto' picks it there, for parameters this process holds whole).
 * `FlatWeights`: the host buckets plus their layout. It is a read-only Mapping of the Hugging Face
   names to HF-layout *views* of the buckets (the linear kernels as transposed views), so every
   engine's ``update_weights`` takes it; the generation process (`process.RemoteEngine`) copies the
@@ -265,8 +268,34 @@ def _export_fn(layout: FlatLayout, bucket: int, out_sharding: NamedSharding | No
   return jax.jit(fn, out_shardings=out_sharding)
 
 
+ASSEMBLE = ("auto", "device", "host")
+
+
+def _assemble_on_host(params: Mapping[str, jax.Array], assemble: str) -> bool:
+  if assemble not in ASSEMBLE:
+    raise ValueError(f"flat export assemble must be one of {ASSEMBLE}, got {assemble!r}")
+  whole = all(x.is_fully_addressable for x in params.values())
+  if assemble == "host" and not whole:
+    raise ValueError("flat export assemble='host' needs parameters this process holds whole; "
+                     "these are sharded across processes (use 'device')")
+  if assemble == "auto":
+    return whole and all(d.platform == "cpu" for x in params.values() for d in x.devices())
+  return assemble == "host"
+
+
+def _host_bucket(layout: FlatLayout, bucket: int, params: Mapping[str, jax.Array]) -> np.ndarray:
+  """Bucket ``bucket`` assembled on the host: each parameter cast on its device, then copied into
+  its place; the gaps are zeros, as the device path writes them."""
+  dtype = jnp.dtype(layout.dtype)
+  buf = np.zeros((layout.bucket_sizes[bucket],), _np_dtype(layout.dtype))
+  for e in layout.bucket_entries(bucket):
+    buf[e.offset:e.offset + e.size] = np.asarray(params[e.path].astype(dtype)).reshape(-1)
+  return buf
+
+
 def export(model: models.Transformer, dtype: Any = None, *,
-           bucket_bytes: int = DEFAULT_BUCKET_BYTES, fetch: bool = True) -> FlatWeights | None:
+           bucket_bytes: int = DEFAULT_BUCKET_BYTES, fetch: bool = True,
+           assemble: str = "auto") -> FlatWeights | None:
   """Collective: the model's parameters as host buckets (see the module docstring).
 
   Every process of a multi-process run must call it (the buckets are gathered on the devices);
@@ -277,6 +306,9 @@ def export(model: models.Transformer, dtype: Any = None, *,
     dtype: the pushed dtype (None: the parameters' own).
     bucket_bytes: the layout's bucket size (`FlatLayout`).
     fetch: copy the buckets to this host (False on processes that push nothing).
+    assemble: 'device' (one jitted cast + concatenate per bucket, one copy to the host), 'host'
+      (the same bytes built on the host, for parameters this process holds whole) or 'auto'
+      ('host' on the CPU backend, else 'device').
 
   Returns:
     The `FlatWeights` (``timings['export_s']``: device cast + device -> host), or None without
@@ -286,6 +318,14 @@ def export(model: models.Transformer, dtype: Any = None, *,
   layout = FlatLayout(model.config, _np_dtype(model.param_dtype if dtype is None else dtype).name,
                       bucket_bytes)
   layout.check_params({p: x.shape for p, x in params.items()}, "flat export")
+  if _assemble_on_host(params, assemble):  # nothing collective: each process reads its own copy
+    t0 = time.perf_counter()
+    if not fetch:
+      return None
+    flat = FlatWeights(layout, [_host_bucket(layout, b, params)
+                                for b in range(len(layout.bucket_sizes))])
+    flat.timings["export_s"] = time.perf_counter() - t0
+    return flat
   sharding = _replicated(next(iter(params.values())))
 
   def run(bucket: int) -> jax.Array:

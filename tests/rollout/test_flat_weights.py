@@ -46,11 +46,12 @@ def test_layout_buckets_and_json_round_trip(tiny_model):
       sum(-(-e.size // ALIGN) * ALIGN for e in layout.entries),)
 
 
+@pytest.mark.parametrize("assemble", ["device", "host"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_export_round_trips_bitwise(tiny_model, dtype):
+def test_export_round_trips_bitwise(tiny_model, dtype, assemble):
   """Export -> host buckets -> load into another model: every parameter bit for bit the policy's
   cast to the push dtype; the HF-named views equal `to_hf_state_dict`'s arrays bit for bit."""
-  flat = flat_weights.export(tiny_model, dtype, bucket_bytes=SMALL_BUCKETS)
+  flat = flat_weights.export(tiny_model, dtype, bucket_bytes=SMALL_BUCKETS, assemble=assemble)
   assert len(flat.buffers) > 2 and flat.timings["export_s"] > 0
   want = {p: np.asarray(x).astype(_np(dtype)) for p, x in
           flat_weights.model_params(tiny_model).items()}
@@ -73,10 +74,21 @@ def test_sharded_export_gathers_on_the_devices(tiny_ckpt, tiny_model):
   sharded = models.from_pretrained(tiny_ckpt, mesh=mesh)
   assert any(not x.sharding.is_fully_replicated
              for x in flat_weights.model_params(sharded).values())
-  got = flat_weights.export(sharded, "bfloat16", bucket_bytes=SMALL_BUCKETS)
-  want = flat_weights.export(tiny_model, "bfloat16", bucket_bytes=SMALL_BUCKETS)
-  for g, w in zip(got.buffers, want.buffers, strict=True):
-    np.testing.assert_array_equal(_bits(g), _bits(w))
+  want = flat_weights.export(tiny_model, "bfloat16", bucket_bytes=SMALL_BUCKETS, assemble="device")
+  for assemble in ("device", "host"):  # the host path: bucket for bucket the same bytes, gaps too
+    got = flat_weights.export(sharded, "bfloat16", bucket_bytes=SMALL_BUCKETS, assemble=assemble)
+    for g, w in zip(got.buffers, want.buffers, strict=True):
+      np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=assemble)
+
+
+def test_export_assembles_on_the_host_on_cpu_and_refuses_other_modes(tiny_model, monkeypatch):
+  calls = []
+  host_bucket = flat_weights._host_bucket  # pylint: disable=protected-access
+  monkeypatch.setattr(flat_weights, "_host_bucket", lambda *a: calls.append(a) or host_bucket(*a))
+  flat_weights.export(tiny_model, "bfloat16", bucket_bytes=SMALL_BUCKETS)  # 'auto' on CPU devices
+  assert len(calls) == len(FlatLayout(tiny_model.config, "bfloat16", SMALL_BUCKETS).bucket_sizes)
+  with pytest.raises(ValueError, match=r"assemble must be one of .*got 'gpu'"):
+    flat_weights.export(tiny_model, "bfloat16", assemble="gpu")
 
 
 def test_pushed_bf16_policy_samples_as_directly_loaded_weights(tiny_model):
