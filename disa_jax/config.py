@@ -40,6 +40,13 @@ ATTENTION_IMPLS = ("auto", "dense", "xla", "pallas", "cudnn", "splash")
 REMAT_POLICIES = ("full", "save_attn", "save_qkv_attn", "save_qkv_attn_mlp")
 
 
+def check_count(value: Any, field: str, zero: str = "") -> None:
+  """Refuses a count that is not an int >= 0 (a bool is not one), naming ``field``, what 0 means
+  (``zero``, if anything) and the value."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"{field} must be an int >= 0{f' ({zero})' if zero else ''}, got {value!r}")
+
+
 def check_attention_chunk(value: Any, field: str = "attention_chunk") -> None:
   """Refuses an attention query-block size that is not an int >= 0, naming ``field`` and the value.
 
@@ -47,9 +54,7 @@ def check_attention_chunk(value: Any, field: str = "attention_chunk") -> None:
   the `[T, T]` mask for 'dense'); c > 0 = queries in blocks of c tokens whose probabilities the
   backward pass recomputes (`disa_jax.models.attention_xla`), any row length.
   """
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f"{field} must be an int >= 0 (0 = no chunking, c > 0 = query blocks of c "
-                     f"tokens), got {value!r}")
+  check_count(value, field, "0 = no chunking, c > 0 = query blocks of c tokens")
 
 
 def check_attention_impl(value: Any, field: str = "attention_impl") -> None:

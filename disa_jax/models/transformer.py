@@ -65,11 +65,6 @@ def remat_policy(name: str):
   return _POLICIES[name]
 
 
-def _check_count(value: Any, field: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f"{field} must be an int >= 0 (0 = no bound), got {value!r}")
-
-
 def layer_param_specs(c: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
   """Per-layer parameter shapes (without the leading L axis) and logical axes for config `c`."""
   d, f, n, k, h = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
@@ -151,8 +146,8 @@ class Transformer(nnx.Module):
     config_lib.check_attention_chunk(attention_chunk, "Transformer attention_chunk")
     config_lib.check_attention_impl(attention_impl, "Transformer attention_impl")
     config_lib.check_remat_policy(remat_policy, "Transformer remat_policy")
-    _check_count(max_segment_len, "Transformer max_segment_len")
-    _check_count(max_segments, "Transformer max_segments")
+    config_lib.check_count(max_segment_len, "Transformer max_segment_len", "0 = no bound")
+    config_lib.check_count(max_segments, "Transformer max_segments", "0 = no bound")
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype

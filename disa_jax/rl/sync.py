@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from disa_jax import config as config_lib
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rollout import flat_weights, multihost
@@ -33,9 +34,7 @@ class WeightSync:
                bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES):
     if pipeline is not None and pipeline.engine is not engine:
       raise ValueError("WeightSync: the rollout pipeline drives another engine than the one given")
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
-      raise ValueError(f"WeightSync bucket_bytes must be an int >= 0 (0 = one bucket), got "
-                       f"{bucket_bytes!r}")
+    config_lib.check_count(bucket_bytes, "WeightSync bucket_bytes", "0 = one bucket")
     self.updater, self.engine, self.dtype, self.pipeline = updater, engine, dtype, pipeline
     self.bucket_bytes = bucket_bytes
 

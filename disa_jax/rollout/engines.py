@@ -22,6 +22,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+from disa_jax import config as config_lib
 from disa_jax.rollout.flat_weights import DEFAULT_BUCKET_BYTES
 from disa_jax.rollout.openai_engine import OpenAIEngine, ServedEndpoint
 from disa_jax.rollout.process import ProcessOptions, RemoteEngine, make_local_engine
@@ -154,10 +155,7 @@ class EngineConfig:
 
   def __post_init__(self):
     check_kind(self.kind)
-    if (isinstance(self.push_bucket_bytes, bool) or not isinstance(self.push_bucket_bytes, int)
-        or self.push_bucket_bytes < 0):
-      raise ValueError("engine.push_bucket_bytes must be an int >= 0 (0 = one bucket), got "
-                       f"{self.push_bucket_bytes!r}")
+    config_lib.check_count(self.push_bucket_bytes, "engine.push_bucket_bytes", "0 = one bucket")
     object.__setattr__(self, "vllm_kwargs",
                        check_scalar_mapping(self.vllm_kwargs, "engine.vllm_kwargs", allow_none=True))
     if self.kind == "openai":

@@ -45,6 +45,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from disa_jax import config as config_lib
 from disa_jax import models
 from disa_jax.models.config import ModelConfig, RopeScaling
 from disa_jax.models.hf_interop import np_dtype as _np_dtype
@@ -136,8 +137,7 @@ class FlatLayout:
     object.__setattr__(self, "dtype", _np_dtype(self.dtype).name)
     if not jnp.issubdtype(self.dtype, jnp.floating):
       raise ValueError(f"FlatLayout.dtype must be a float dtype, got {self.dtype!r}")
-    if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 0:
-      raise ValueError(f"FlatLayout.bucket_bytes must be an int >= 0, got {self.bucket_bytes!r}")
+    config_lib.check_count(self.bucket_bytes, "FlatLayout.bucket_bytes", "0 = one bucket")
 
   @functools.cached_property
   def _plan(self) -> tuple[tuple[Entry, ...], tuple[int, ...]]:

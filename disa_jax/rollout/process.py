@@ -45,6 +45,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import config as config_lib
 from disa_jax import preemption, runtime
 from disa_jax.rollout import flat_weights, reaper, shm
 from disa_jax.rollout.jax_sampler import JaxSampler
@@ -100,10 +101,7 @@ class ProcessOptions:
     for name in ("request_bytes", "result_bytes"):
       if getattr(self, name) < 4096:
         raise ValueError(f"process.{name} must be >= 4096, got {getattr(self, name)!r}")
-    if (isinstance(self.copy_threads, bool) or not isinstance(self.copy_threads, int)
-        or self.copy_threads < 0):
-      raise ValueError(f"process.copy_threads must be an int >= 0 (0 = min(8, CPU count)), got "
-                       f"{self.copy_threads!r}")
+    config_lib.check_count(self.copy_threads, "process.copy_threads", "0 = min(8, CPU count)")
 
 
 def make_local_engine(kind: str, model_path: str, **options: Any) -> Engine:
