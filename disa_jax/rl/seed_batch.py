@@ -94,6 +94,7 @@ class SeedBatcher:
     self._waiting: dict[int, _Call] = {}
     self._programs: dict[tuple, Callable] = {}
     self.roles: collections.Counter[str] = collections.Counter()  # groups run, by role
+    self._joined = 0  # members so far: nothing fires before all `size` have joined
 
   @contextlib.contextmanager
   def member(self) -> Iterator[None]:
@@ -104,6 +105,7 @@ class SeedBatcher:
       if len(self._members) >= self.size:
         raise RuntimeError(f"SeedBatcher of size {self.size} already has {self.size} members")
       self._members.add(me)
+      self._joined += 1
     try:
       yield
     finally:
@@ -161,7 +163,8 @@ class SeedBatcher:
   def _fire_if_ready(self) -> None:
     """With the lock held: once every member waits, runs the waiting calls (one program per
     group)."""
-    if not self._waiting or len(self._waiting) < len(self._members):
+    if (not self._waiting or len(self._waiting) < len(self._members)
+        or self._joined < self.size):  # a seed that started early waits for the others
       return
     calls, self._waiting = list(self._waiting.values()), {}
     groups: dict[tuple, list[_Call]] = {}
