@@ -134,7 +134,7 @@ def device_peak_bytes() -> int | None:
 
 
 def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, response_len: int,
-            steps: int, warmup: int) -> dict[str, Any]:
+            steps: int, warmup: int, attention_impl: str = "auto") -> dict[str, Any]:
   """Builds the policy and the trainer's update for one packed row and times ``steps`` updates."""
   train, mc = plan_memory.paper_train_config(SETTINGS_OF)
   rc = train.rollout
@@ -151,7 +151,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   model = Transformer(c, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype),
                       param_dtype=jnp.dtype(mc.param_dtype), remat=remat,
                       scan_unroll=mc.scan_unroll, layer_loop="auto",
-                      attention_chunk=mc.attention_chunk)
+                      attention_chunk=mc.attention_chunk, attention_impl=attention_impl)
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
   optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
@@ -168,6 +168,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
                                         mb.response_mask)]]
   jax.block_until_ready((state, placed))
   init_s = time.perf_counter() - t0
+  finish = update.lower(state, placed[0])["finish"].compile().memory_analysis()
   times = []
   for i in range(warmup + steps):
     t0 = time.perf_counter()
@@ -187,7 +188,10 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
               tokens_per_s=sum(seq_lens) / seconds, tflops=flops / seconds / 1e12,
               peak_bytes=device_peak_bytes(), loss=loss, grad_norm=grad_norm,
               compiled_programs=update.compiled_programs(),
-              attention_chunk=mc.attention_chunk, dtype=mc.dtype, param_dtype=mc.param_dtype)
+              attention_chunk=mc.attention_chunk, attention_impl=attention_impl,
+              dtype=mc.dtype, param_dtype=mc.param_dtype,
+              optimizer_step_temp_bytes=finish.temp_size_in_bytes,
+              optimizer_step_argument_bytes=finish.argument_size_in_bytes)
 
 
 def matmul_ceiling(size: int, reps: int = 20) -> dict[str, Any]:
@@ -226,11 +230,12 @@ def child(args: argparse.Namespace) -> None:
     out = dict(kind="matmul", **matmul_ceiling(args.matmul_size), **device_facts())
   else:
     shape = Shape.parse(args.one)
-    out = dict(kind="train", **dataclasses.asdict(shape))
+    out = dict(kind="train", attention_impl=args.attention_impl, **dataclasses.asdict(shape))
     try:
       out.update(measure(get_preset(shape.model), shape.row_len, shape.remat,
                          prompt_len=args.prompt_len, response_len=args.response_len,
-                         steps=args.steps, warmup=args.warmup))
+                         steps=args.steps, warmup=args.warmup,
+                         attention_impl=args.attention_impl))
     except Exception as e:  # pylint: disable=broad-except  (an OOM is a result of its row)
       out.update(error=f"{type(e).__name__}: {str(e)[:1500]}", peak_bytes=device_peak_bytes())
   print("RESULT " + json.dumps(out), flush=True)
@@ -241,7 +246,7 @@ def run_child(one: str, args: argparse.Namespace) -> dict[str, Any]:
   cmd = [sys.executable, os.path.abspath(__file__), "--one", one,
          "--steps", str(args.steps), "--warmup", str(args.warmup),
          "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len),
-         "--matmul-size", str(args.matmul_size)]
+         "--matmul-size", str(args.matmul_size), "--attention-impl", args.attention_impl]
   env = dict(os.environ)
   env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
   t0 = time.perf_counter()
@@ -344,6 +349,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--prompt-len", type=int, default=256)
   ap.add_argument("--response-len", type=int, default=1792)
   ap.add_argument("--matmul-size", type=int, default=8192)
+  ap.add_argument("--attention-impl", default="auto",
+                  help="the model's attention_impl (disa_jax/models/attention_dispatch.py)")
   ap.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
   ap.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet bf16 dense peak")
   ap.add_argument("--child-timeout", type=float, default=600.0)

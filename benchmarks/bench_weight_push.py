@@ -15,7 +15,9 @@ dtype) started from a checkpoint of the same shapes. Each repetition runs one pu
 Parts: device -> host (the export), shm (`RemoteEngine.last_sync['copy_s']`), child load
 (``load_s``), push (export + the whole ``update_weights`` call); medians and min-max over
 ``--reps`` after one untimed repetition (compilation; the first push creates and maps the block),
-in GB/s of the pushed bytes too. At the end both paths' weights sample the same greedy tokens.
+in GB/s of the pushed bytes too. ``--paths`` picks the paths (and `flat_pinned`: the flat export
+through page-locked host memory); ratios are against the first. At the end the engine, holding the
+last push, samples the greedy tokens it sampled from the checkpoint loaded directly.
 
 Both processes run with XLA_PYTHON_CLIENT_PREALLOCATE=false (unless set): two JAX processes may
 share one GPU.
@@ -56,13 +58,17 @@ from disa_jax.rollout import SamplingParams, flat_weights, make_engine  # noqa: 
 PARTS = ("device_to_host_s", "shm_s", "child_load_s", "push_s")
 
 
+PATHS = ("old", "flat", "flat_pinned")
+
+
 def _push(engine, policy, path: str, dtype: Any) -> dict[str, float]:
-  """One push of ``path`` ('old' | 'flat'); its parts in seconds."""
+  """One push of ``path`` (`PATHS`); its parts in seconds."""
   t0 = time.perf_counter()
   if path == "old":
     weights = models.host_state_dict(policy, dtype)
   else:
-    weights = flat_weights.export(policy, dtype)
+    weights = flat_weights.export(policy, dtype, assemble="auto",
+                                  host_memory="pinned" if path == "flat_pinned" else "pageable")
   d2h = time.perf_counter() - t0
   engine.update_weights(weights)
   s = engine.last_sync
@@ -77,8 +83,8 @@ def _greedy(engine, vocab: int) -> list[list[int]]:
   return [per[0].token_ids.tolist() for per in out]
 
 
-def run(model: str, layers: int, dtype: str, reps: int, copy_threads: int, tmp: str
-        ) -> dict[str, Any]:
+def run(model: str, layers: int, dtype: str, reps: int, copy_threads: int, tmp: str,
+        paths: Sequence[str] = ("old", "flat")) -> dict[str, Any]:
   """Both paths, alternating, on a policy of ``model``'s shapes (a preset or 'tiny'; ``layers``
   of them, 0 = all), pushed as ``dtype`` (see the module docstring)."""
   config = testing.tiny_config("qwen3", head_dim=32) if model == "tiny" else get_preset(model)
@@ -92,22 +98,21 @@ def run(model: str, layers: int, dtype: str, reps: int, copy_threads: int, tmp: 
   print(f"checkpoint written in {time.perf_counter() - t0:.1f} s", flush=True)
   engine = make_engine("jax", path, options=dict(dtype=dtype))
   engine.copy_threads = copy_threads
-  rows: dict[str, list[dict[str, float]]] = {"old": [], "flat": []}
+  rows: dict[str, list[dict[str, float]]] = {p: [] for p in paths}
   try:
+    direct = _greedy(engine, config.vocab_size)  # the checkpoint's weights, loaded directly
     for rep in range(reps + 1):
-      for name in (("old", "flat") if rep % 2 == 0 else ("flat", "old")):
+      for name in (tuple(paths) if rep % 2 == 0 else tuple(reversed(paths))):
         r = _push(engine, policy, name, jnp.dtype(dtype))
         print(f"rep {rep} {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()), flush=True)
         if rep:
           rows[name].append(r)
-    engine.update_weights(flat_weights.export(policy, jnp.dtype(dtype)))
-    flat_tokens = _greedy(engine, config.vocab_size)
-    engine.update_weights(models.host_state_dict(policy, jnp.dtype(dtype)))
-    same = flat_tokens == _greedy(engine, config.vocab_size)
+    same = _greedy(engine, config.vocab_size) == direct  # after the last push (`last_path`)
   finally:
     engine.close()
-  out: dict[str, Any] = dict(kind="weight_push", model=model, layers=config.num_layers,
-                             dtype=dtype, copy_threads=copy_threads, reps=reps,
+  out: dict[str, Any] = dict(kind="weight_push", paths=list(paths), model=model,
+                             layers=config.num_layers,
+                             dtype=dtype, copy_threads=copy_threads, reps=reps, last_path=name,
                              device=jax.devices()[0].device_kind, same_greedy_samples=same,
                              params=sum(int(np.prod(s)) for _, s in
                                         flat_weights.param_shapes(config)))
@@ -118,7 +123,8 @@ def run(model: str, layers: int, dtype: str, reps: int, copy_threads: int, tmp: 
       out[f"{name}_{part}"] = statistics.median(xs)
       out[f"{name}_{part}_min_max"] = [min(xs), max(xs)]
       out[f"{name}_{part[:-2]}_gb_per_s"] = rs[0]["bytes"] / statistics.median(xs) / 1e9
-  out["speedup_push"] = out["old_push_s"] / out["flat_push_s"]
+  for name in paths[1:]:
+    out[f"speedup_push_{name}"] = out[f"{paths[0]}_push_s"] / out[f"{name}_push_s"]
   return out
 
 
@@ -131,6 +137,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--copy-threads", type=int, default=min(8, os.cpu_count() or 1))
   ap.add_argument("--tmp", default=None, help="where the checkpoint goes (default: a temp dir)")
+  ap.add_argument("--paths", default="old,flat",
+                  help=f"comma-separated, of {PATHS}; ratios are against the first")
   ap.add_argument("--out", default=None, help="append the result as a JSON line here")
   args = ap.parse_args(argv)
   if args.model != "tiny":
@@ -138,6 +146,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for name in ("reps", "copy_threads"):
     if getattr(args, name) < 1:
       raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+  args.paths = [p for p in args.paths.split(",") if p]
+  bad = [p for p in args.paths if p not in PATHS]
+  if bad or not args.paths or len(set(args.paths)) != len(args.paths):
+    raise SystemExit(f"--paths={','.join(args.paths)}: distinct names of {PATHS} expected")
   if args.layers < 0:
     raise SystemExit(f"--layers={args.layers}: must be >= 0")
   return args
@@ -149,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         flush=True)
   tmp = args.tmp or tempfile.mkdtemp(prefix="bench_weight_push_")
   try:
-    r = run(args.model, args.layers, args.dtype, args.reps, args.copy_threads, tmp)
+    r = run(args.model, args.layers, args.dtype, args.reps, args.copy_threads, tmp, args.paths)
   finally:
     if not args.tmp:
       shutil.rmtree(tmp, ignore_errors=True)
@@ -157,17 +169,20 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.out:
     with open(args.out, "a") as f:
       f.write(json.dumps(r) + "\n")
+  paths = r["paths"]
   print(f"\n{r['model']} ({r['layers']} layers, {r['params'] / 1e9:.2f} B params) pushed as "
-        f"{r['dtype']}: {r['flat_bytes'] / 1e9:.2f} GB; medians (min-max) over {r['reps']} reps")
-  print(f"{'part':18s} {'old s':>22s} {'flat s':>22s} {'old GB/s':>9s} {'flat GB/s':>9s}")
+        f"{r['dtype']}: {r[f'{paths[-1]}_bytes'] / 1e9:.2f} GB; medians (min-max) over "
+        f"{r['reps']} reps; GB/s in brackets")
+  print(f"{'part':16s} " + " ".join(f"{p:>30s}" for p in paths))
   for part in PARTS:
     cells = [f"{r[f'{p}_{part}']:.3f} ({r[f'{p}_{part}_min_max'][0]:.3f}-"
-             f"{r[f'{p}_{part}_min_max'][1]:.3f})" for p in ("old", "flat")]
-    print(f"{part[:-2]:18s} {cells[0]:>22s} {cells[1]:>22s} "
-          f"{r[f'old_{part[:-2]}_gb_per_s']:9.2f} {r[f'flat_{part[:-2]}_gb_per_s']:9.2f}")
-  print(f"push speed-up {r['speedup_push']:.1f}x; same greedy samples after either path: "
-        f"{r['same_greedy_samples']}")
-
+             f"{r[f'{p}_{part}_min_max'][1]:.3f}) [{r[f'{p}_{part[:-2]}_gb_per_s']:.1f}]"
+             for p in paths]
+    print(f"{part[:-2]:16s} " + " ".join(f"{c:>30s}" for c in cells))
+  for p in paths[1:]:
+    print(f"push speed-up of {p} over {paths[0]}: {r[f'speedup_push_{p}']:.2f}x")
+  print(f"greedy samples after the last push ({r['last_path']}) equal the directly loaded "
+        f"checkpoint's: {r['same_greedy_samples']}")
 
 if __name__ == "__main__":
   main()

@@ -46,12 +46,14 @@ def test_layout_buckets_and_json_round_trip(tiny_model):
       sum(-(-e.size // ALIGN) * ALIGN for e in layout.entries),)
 
 
-@pytest.mark.parametrize("assemble", ["device", "host"])
+@pytest.mark.parametrize("assemble,host_memory",
+                         [("device", "pageable"), ("device", "pinned"), ("host", "pageable")])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_export_round_trips_bitwise(tiny_model, dtype, assemble):
+def test_export_round_trips_bitwise(tiny_model, dtype, assemble, host_memory):
   """Export -> host buckets -> load into another model: every parameter bit for bit the policy's
   cast to the push dtype; the HF-named views equal `to_hf_state_dict`'s arrays bit for bit."""
-  flat = flat_weights.export(tiny_model, dtype, bucket_bytes=SMALL_BUCKETS, assemble=assemble)
+  flat = flat_weights.export(tiny_model, dtype, bucket_bytes=SMALL_BUCKETS, assemble=assemble,
+                             host_memory=host_memory)
   assert len(flat.buffers) > 2 and flat.timings["export_s"] > 0
   want = {p: np.asarray(x).astype(_np(dtype)) for p, x in
           flat_weights.model_params(tiny_model).items()}
@@ -89,6 +91,29 @@ def test_export_assembles_on_the_host_on_cpu_and_refuses_other_modes(tiny_model,
   assert len(calls) == len(FlatLayout(tiny_model.config, "bfloat16", SMALL_BUCKETS).bucket_sizes)
   with pytest.raises(ValueError, match=r"assemble must be one of .*got 'gpu'"):
     flat_weights.export(tiny_model, "bfloat16", assemble="gpu")
+  with pytest.raises(ValueError, match="host_memory must be one of .*'cuda'"):
+    flat_weights.export(tiny_model, "bfloat16", host_memory="cuda")
+
+
+def test_host_memory_auto_pins_on_accelerators_that_offer_it():
+  class Mem:
+    def __init__(self, kind):
+      self.kind = kind
+
+  class Dev:
+    def __init__(self, platform, kinds):
+      self.platform, self._kinds = platform, kinds
+
+    def addressable_memories(self):
+      return [Mem(k) for k in self._kinds]
+
+  resolve = flat_weights.resolve_host_memory
+  assert resolve(Dev("gpu", ["device", "pinned_host", "unpinned_host"]), "auto") == "pinned"
+  assert resolve(Dev("tpu", ["device", "pinned_host"]), "auto") == "pinned"
+  assert resolve(Dev("gpu", ["device"]), "auto") == "pageable"
+  assert resolve(Dev("cpu", ["device", "pinned_host"]), "auto") == "pageable"
+  assert resolve(jax.devices()[0], "auto") == "pageable"  # this CPU
+  assert resolve(Dev("gpu", ["device", "pinned_host"]), "pageable") == "pageable"
 
 
 def test_pushed_bf16_policy_samples_as_directly_loaded_weights(tiny_model):
