@@ -53,6 +53,11 @@ Presets and their budgets (2 CPU cores):
   DISA, the oracle, FlowRL, GRPO and GRPO with TIS, three seeds, on the smaller task (n = 0..15),
   DISA, the oracle and FlowRL at k = 2 with half the lr (the control of TB's delay) and VarGrad at
   k = 2 (a batch-mean log Z: the control of the explanation).
+- ``anchor_testbed``: issue 45's task, where the anchor has work to do: n = 0..159 (160 prompts),
+  pi_ref's share of correct answers falling geometrically with n from 0.9 to 0.01 (log Z spans
+  several nats), 32 prompts held out of Stages 2 and 3 (``heldout.anchor``). Stages 1-2 only
+  (``stages='anchor'``): ``anchor_report.md`` gives the spread of the exact log Z, Stage 1's ESS and
+  CV^2, and the anchor's R^2 and sigma_g on the held-out prompts beside a constant predictor's.
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -62,7 +67,7 @@ from configs import stage3_base
 
 PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
            "anchor_study_rl_quick",
-           "nonuniform_target", "staleness_study")
+           "nonuniform_target", "staleness_study", "anchor_testbed")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
@@ -247,6 +252,26 @@ def _small_task(c: ml_collections.ConfigDict, steps: int) -> None:
   c.nstudy.enabled = False
 
 
+TESTBED_N_MAX = 159  # the anchor testbed's prompts: n = 0..159 (" 100+59" + EOS: 8 tokens)
+
+
+def _anchor_testbed(c: ml_collections.ConfigDict) -> None:
+  """Issue 45's task (see PRESET_DOC): log Z that differs across prompts, a held-out set the anchor
+  never sees, Stages 1-2 only."""
+  c.task.n_max = TESTBED_N_MAX
+  c.reference_model.correct_frac = 0.9  # at n = 0 ...
+  c.reference_model.correct_frac_last = 0.01  # ... falling geometrically to this at n = 159
+  c.reference_model.steps = 2400  # 160 prompts: twice the default task's warm-up
+  c.heldout.fraction = 0.2  # 32 of the 160 prompts
+  c.heldout.anchor = True  # ... out of Stage 2's fit as well as Stage 3
+  c.stages = "anchor"
+  c.stage1.prompts_per_batch = 160  # every prompt in one engine call
+  c.stage2.fit.batch_size = 16  # 102 training + 26 validation prompts of the 128 fitted
+  c.sft_enabled = False
+  c.nstudy.enabled = False
+  c.anchor_study.repeats = 0
+
+
 STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)
 STALENESS_LR = 5e-4  # the staleness study's train.optim.lr
 HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
@@ -310,6 +335,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # one run keeps about one core busy: 2 on this 2-core CPU. 1 on an accelerator (each process would
   # claim the device's memory).
   c.stage3_workers = 2
+  c.stages = "all"  # 'all', or 'anchor': the models, Stages 1-2, the anchor study, anchor_report.md
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # Runs the fix is compared with (Welch over seeds): its controls, when the preset trains them.
@@ -327,6 +353,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # 'heldout' benchmark (eval/<row>/heldout.json); Stages 1-2 and 'task' keep every prompt.
   c.heldout.fraction = 0.0
   c.heldout.seed = 0  # the split's seed
+  # True: Stage 2 fits without the held-out prompts too (embedded and predicted, never fitted); the
+  # report then gives the anchor's R^2 and sigma_g against the exact log Z on them.
+  c.heldout.anchor = False
   c.track = ml_collections.ConfigDict()  # exact measures during Stage 3 (pipeline.dynamics)
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
   c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
@@ -505,6 +534,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")  # the fix and its controls
     c.conditional_kl = True
     _small_task(c, ANCHOR_STUDY_STEPS)
+  if preset == "anchor_testbed":
+    _anchor_testbed(c)
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,

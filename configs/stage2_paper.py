@@ -32,6 +32,9 @@ def get_config(arg: str = "qwen3-4b-base,math") -> ml_collections.ConfigDict:
   c.labels = "plain"  # 'plain' (log Z_IS, eq. 8) | 'jensen' (+CV^2/2N) | 'jackknife'.
   c.weighting = "uniform"  # Least squares weights: 'uniform' (eq. 9) | 'inverse_variance'.
   c.drop_nonfinite = False  # Drop prompts with non-finite labels (listed in the summary) or stop.
+  # A prompt file whose prompts the fit leaves out entirely (neither trained on nor used to pick the
+  # epoch; still embedded, so the anchor predicts them): a held-out set ('' = none).
+  c.exclude_prompts_path = ""
   c.fit = ml_collections.ConfigDict()
   c.fit.hidden_sizes = (64,)  # Hidden widths: (64,) = two-layer MLP, width 64 (Table 6).
   c.fit.activation = "relu"  # Hidden activation.

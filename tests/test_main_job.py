@@ -291,10 +291,39 @@ def test_a_run_failing_in_a_stage3_worker_is_raised_with_its_name(tmp_path):
     ("fix", "disa_ppo", "fix must name one of runs"),
     ("track.kl_samples", 1, "track needs every >= 0 and kl_samples >= 2"),
     ("sft.learning_rate", -1.0, "sft: LoRASFTConfig.learning_rate must be > 0"),
-    ("runs.grpo.anchor", "exact", "objective 'grpo' uses no anchor")])
+    ("runs.grpo.anchor", "exact", "objective 'grpo' uses no anchor"),
+    ("stages", "stage2", "stages must be one of"),
+    ("reference_model.correct_frac_last", 1.5, "correct_frac_last must be < 0 .off. or in")])
 def test_bad_config_stops_at_once_naming_the_field(tmp_path, field, value, match):
   c = _cfg(**{field: value})
   if field.startswith("runs.disa_replay"):
     c.methods = ("disa_replay",)
   with pytest.raises(ValueError, match=match):
     _job(c, tmp_path)
+
+
+def test_the_anchor_stages_fit_without_the_held_out_prompts_and_report_them(tmp_path):
+  """stages='anchor' with heldout.anchor: models, Stage 1, the exact log Z and Stage 2, then
+  anchor_report.json, no Stage 3; the held-out prompts are embedded and predicted but not fitted,
+  and the report's generalisation rows are the anchor's own predictions against the exact log Z."""
+  from disa_jax.anchor.diagnostics import generalisation
+  from disa_jax.data import loaders
+  c = _cfg(stages="anchor", **{"heldout.fraction": 0.3, "heldout.anchor": True,
+                               "reference_model.correct_frac_last": 0.05})
+  job = _job(c, tmp_path)
+  report = job.run()
+  assert not (tmp_path / "stage3").exists() and not (tmp_path / "report.json").exists()
+  held = sorted(r.prompt_id for r in loaders.load_prompts(job.heldout_prompts_path))
+  assert len(held) == 2  # round(0.3 x 7)
+  anchor = job.stage2()
+  assert anchor.prompts == 7 and anchor.prompts_fitted == 5
+  assert not set(held) & set(anchor.val_prompt_ids)
+  saved = json.loads((tmp_path / "anchor_report.json").read_text())
+  gen = saved["stage2"]["generalisation"]
+  assert gen["heldout"]["prompts"] == 2 and gen["fitted"]["prompts"] == 5
+  pred, exact = anchor.predictions(), job.exact()
+  want = generalisation(np.array([pred[p] for p in held]), exact.log_z_of(held),
+                        anchor.label_stats["mean"])
+  for k, v in want.items():
+    assert gen["heldout"][k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+  assert report.stage2["generalisation"] == gen and "never saw" in report.markdown()

@@ -23,6 +23,21 @@ def sigma_g(pred: np.ndarray, log_z: np.ndarray) -> float:
   return float(np.sqrt(np.mean((pred - log_z) ** 2)))
 
 
+def generalisation(pred: np.ndarray, log_z: np.ndarray, constant: float) -> dict[str, float]:
+  """The anchor against the exact log Z on a set of prompts ``[P]``: sigma_g, R^2 = 1 - SSE / SST
+  (SST around these prompts' own mean: 0 = as good as the best constant for them, which no fit
+  knows), and sigma of ``constant`` (the fit's mean label: the predictor a fit without features
+  would give) with its ratio to sigma_g."""
+  pred, log_z = np.asarray(pred, np.float64), np.asarray(log_z, np.float64)
+  sst = float(np.sum((log_z - log_z.mean()) ** 2))
+  sg = sigma_g(pred, log_z)
+  const = sigma_g(np.full_like(log_z, constant), log_z)
+  return {"prompts": int(log_z.size), "sigma_g": sg,
+          "r2": 1.0 - float(np.sum((pred - log_z) ** 2)) / sst if sst > 0 else float("nan"),
+          "sigma_constant": const, "sigma_g_over_constant": sg / const if const > 0 else float("nan"),
+          "log_z_std": float(log_z.std()), "log_z_range": float(log_z.max() - log_z.min())}
+
+
 def anchor_error_envelope(sigma: float, tb_loss_exact: float) -> float:
   """Prop. 4: |L_DISA - L_TB(.; Z)| <= sigma_g^2 + 2 sigma_g sqrt(L_TB(.; Z))."""
   if sigma < 0 or tb_loss_exact < 0:

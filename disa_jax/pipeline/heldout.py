@@ -11,9 +11,12 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class HeldoutConfig:
-  """``fraction`` of the n values held out of Stage 3 (0 = none), drawn with ``seed``."""
+  """``fraction`` of the n values held out of Stage 3 (0 = none), drawn with ``seed``; with
+  ``anchor`` also out of Stage 2's fit (`Stage2Config.exclude_prompts_path`), so that the anchor's
+  error on them measures how it generalises to prompts it never saw (issue 45)."""
   fraction: float = 0.0
   seed: int = 0
+  anchor: bool = False
 
   def __post_init__(self):
     if not 0.0 <= self.fraction < 1.0:

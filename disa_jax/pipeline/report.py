@@ -26,15 +26,16 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import estimators as E
-from disa_jax.anchor.diagnostics import prop4_check, sigma_g
+from disa_jax.anchor.diagnostics import generalisation, prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
+from disa_jax.data import loaders
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
@@ -110,7 +111,21 @@ def _stage2_section(job: SumJob, anchor: AnchorArtifact, pool: Stage1Data, exact
     labels, _ = anchor_targets(pool, samples=job.stage2_cfg.samples)
     out |= {"sigma_g_heldout": sigma_g(pred[val], log_z[val]), "sigma_g_all": sigma_g(pred, log_z),
             "label_rmse_heldout": sigma_g(labels[val], log_z[val])}
+    if job.cfg.heldout.enabled and job.cfg.heldout.anchor:
+      out["generalisation"] = _generalisation(job, anchor, ids, pred, log_z)
   return out
+
+
+def _generalisation(job: SumJob, anchor: AnchorArtifact, ids: Sequence[str], pred: np.ndarray,
+                    log_z: np.ndarray) -> dict[str, dict[str, float]]:
+  """The anchor against the exact log Z on the held-out prompts (never fitted: `HeldoutConfig`'s
+  ``anchor``) and on the prompts it was fitted on, each beside the constant predictor of the
+  fit's mean label."""
+  held = {r.prompt_id for r in loaders.load_prompts(job.heldout_prompts_path)}
+  is_held = np.array([p in held for p in ids], bool)
+  const = float(anchor.label_stats["mean"])
+  return {"heldout": generalisation(pred[is_held], log_z[is_held], const),
+          "fitted": generalisation(pred[~is_held], log_z[~is_held], const)}
 
 
 def _replicas_section(job: SumJob, inputs: ReportInputs, s1: Mapping[str, Any],
@@ -441,8 +456,21 @@ def _stage12_md(s1: dict, s2: dict, study: dict | None) -> list[str]:
   md += ["", "## Stage 2 (anchor)", "", fit,
          f"- sigma_g = RMS(g(q) - log Z(q)): held-out {s2['sigma_g_heldout']:.4f}, all prompts "
          f"{s2['sigma_g_all']:.4f} (the raw labels' RMS error on the held-out prompts: "
-         f"{s2['label_rmse_heldout']:.4f})", ""]
+         f"{s2['label_rmse_heldout']:.4f})", *_generalisation_md(s2.get("generalisation")), ""]
   return md + _anchor_study_md(study)
+
+
+def _generalisation_md(gen: dict | None) -> list[str]:
+  if gen is None:
+    return []
+  row = lambda name, g: (f"| {name} | {g['prompts']} | {g['log_z_std']:.3f} | {g['log_z_range']:.3f} "
+                         f"| {g['r2']:.3f} | {g['sigma_g']:.4f} | {g['sigma_constant']:.4f} | "
+                         f"{g['sigma_g_over_constant']:.3f} |")
+  return ["", "The anchor on prompts it never saw (held out of Stages 2 and 3) against the exact "
+          "log Z; the constant is the fit's mean label:", "",
+          "| prompts | P | std log Z | range log Z | R^2 | sigma_g | sigma constant | "
+          "sigma_g / constant |", "|---|---|---|---|---|---|---|---|",
+          row("held out", gen["heldout"]), row("fitted", gen["fitted"])]
 
 
 def _nstudy_md(ns: dict | None) -> list[str]:
@@ -759,3 +787,36 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
         "Plots: " + ", ".join(plots)]
   (job.dir / "report.md").write_text("\n".join(md) + "\n")
   return JobReport.load(job.dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class AnchorReport:
+  """Stages 1-2 of the job alone (`MainConfig.stages` = 'anchor'): ``anchor_report.json`` (the
+  report's ``stage1`` / ``stage2`` sections, with ``generalisation`` where prompts are held out of
+  the fit) and ``anchor_report.md``."""
+  dir: Path
+  stage1: dict[str, Any]
+  stage2: dict[str, Any]
+
+  def markdown(self) -> str:
+    return (self.dir / "anchor_report.md").read_text()
+
+
+def write_anchor_report(job: SumJob, pool: Stage1Data, anchor: AnchorArtifact,
+                        exact: ExactTarget) -> AnchorReport:
+  """``anchor_report.json`` / ``.md`` in the job's directory: the Stage 1 and Stage 2 sections of
+  `write_report`, computed the same way, and the times so far."""
+  s1 = _stage1_section(job, pool, exact)
+  s2 = {k: v for k, v in _stage2_section(job, anchor, pool, exact).items() if k != "val_mse_curve"}
+  study_path = job.dir / "anchor_study.json"
+  study = json.loads(study_path.read_text()) if study_path.exists() else None
+  out = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
+                    "preset": job.cfg.preset, "heldout": dataclasses.asdict(job.cfg.heldout)},
+         "stage1": s1, "stage2": s2, "times_s": job.times}
+  (job.dir / "anchor_report.json").write_text(json.dumps(out, indent=1, default=float))
+  md = [f"# DISA main job, Stages 1-2: sum task, n in [{job.task.n_min}, {job.task.n_max}], "
+        f"beta = {job.cfg.beta}", "", f"Preset {job.cfg.preset!r} (stages = 'anchor').", "",
+        *_stage12_md(s1, s2, study),
+        "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items())]
+  (job.dir / "anchor_report.md").write_text("\n".join(md) + "\n")
+  return AnchorReport(job.dir, s1, s2)

@@ -54,7 +54,8 @@ from disa_jax.pipeline.claims import parse_comparison
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.dynamics import EndStateConfig
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
-from disa_jax.pipeline.report import JobReport, ReportInputs, write_report
+from disa_jax.pipeline.report import (AnchorReport, JobReport, ReportInputs, write_anchor_report,
+                                      write_report)
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
 from disa_jax.rl.config import ReplayConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
@@ -73,6 +74,7 @@ from disa_jax.workflows.stage3 import (BackboneConfig, DataConfig, Stage3Config,
                                       run_stage3)
 
 ANCHORS = ("fitted", "exact", "exact+noise")
+STAGES = ("all", "anchor")  # `MainConfig.stages`
 # The value of every path field in `MainConfig`'s workflow sections: `SumJob` sets the real paths
 # (under its workdir) when it derives each stage's config.
 JOB_PATH = "<set by SumJob>"
@@ -200,7 +202,8 @@ class MainConfig:
   `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
   them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
   ``seed_batch``: the most Stage 3 seeds of one run trained together, as one batch dimension in one
-  process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own).
+  process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or
+  'anchor' (the models, Stages 1-2 and the anchor study, then `report.write_anchor_report`).
   """
   preset: str = "default"
   seed: int = 0
@@ -210,6 +213,7 @@ class MainConfig:
   seeds: tuple[int, ...] = (0,)
   stage3_workers: int = 1
   seed_batch: int = 1
+  stages: str = "all"
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   controls: tuple[str, ...] = ()
@@ -269,6 +273,8 @@ class MainConfig:
       if self.runs[m].seeds and self.runs[m].seeds[0] != self.seeds[0]:
         raise ValueError(f"runs.{m}.seeds must start with the job's first seed {self.seeds[0]} "
                          f"(its unsuffixed run), got {self.runs[m].seeds!r}")
+    if self.stages not in STAGES:
+      raise ValueError(f"stages must be one of {STAGES}, got {self.stages!r}")
     for name in ("stage3_workers", "seed_batch"):
       if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
         raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
@@ -391,7 +397,9 @@ class SumJob:
                       proposal_path=self.proposal_path, output_dir=where("stage1"),
                       beta=self.cfg.beta, engine=self.cfg.engine, progress=self.progress,
                       sampling=dataclasses.replace(s1.sampling, seed=s1.sampling.seed + d))
+    held_out = self.cfg.heldout.enabled and self.cfg.heldout.anchor
     stage2 = _derived("stage2", s2, stage1_path=str(stage1.dataset_path()),
+                      exclude_prompts_path=self.heldout_prompts_path if held_out else "",
                       reference_path=self.ref_path, anchor_path=where("anchor"),
                       output_dir=where("stage2"),
                       fit=dataclasses.replace(s2.fit, seed=seeds.job_seed(self.cfg.seed,
@@ -496,7 +504,7 @@ class SumJob:
       save_model(model, path)
       self.tok.save_pretrained(path)
       artifacts.write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
-                           | {"spec": dataclasses.asdict(spec), "init_from": init,
+                           | {"spec": spec.record(), "init_from": init,
                               "task": [self.task.n_min, self.task.n_max]})
     self.write_prompts()
 
@@ -505,7 +513,7 @@ class SumJob:
     spec and the task's range; a marker from before the range was recorded is checked on its
     spec): a rerun with other settings never serves it."""
     saved = json.loads(marker.read_text())
-    want = {"spec": dataclasses.asdict(spec), "task": [self.task.n_min, self.task.n_max]}
+    want = {"spec": spec.record(), "task": [self.task.n_min, self.task.n_max]}
     diff = {k: (saved.get(k), v) for k, v in want.items()
             if k in saved and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))}
     if diff:
@@ -743,7 +751,7 @@ class SumJob:
         engine.close()
     return out
 
-  def run(self) -> JobReport:
+  def run(self) -> JobReport | AnchorReport:
     """Every stage of the module docstring (each skipped when its output exists), then the report.
 
     Returns:
@@ -756,6 +764,8 @@ class SumJob:
     anchor = self._timed("stage2", self.stage2)
     pool = stage1.data()
     self._timed("anchor_study", self.anchor_study, pool, anchor)
+    if self.cfg.stages == "anchor":
+      return write_anchor_report(self, pool, anchor, exact)
     replicas = self.replica_stages()
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -46,20 +47,47 @@ class TinyLMSpec:
 class WarmupSpec:
   """Supervised warm-up of one model on made-up answers."""
 
-  correct_frac: float  # share of correct answers in the training data
+  correct_frac: float  # share of correct answers in the training data (at n_min, see below)
   skew: float = 1.0  # preference among correct answers: P(a) ~ skew ** a (1 = uniform)
   steps: int = 400
   batch_size: int = 64
   learning_rate: float = 3e-3
   seed: int = 0
+  # < 0: every prompt's training answers are correct_frac correct. Else the share falls
+  # geometrically from correct_frac at n_min to this at n_max (`correct_frac_at`), so that
+  # P_ref(correct | n), and with it log Z(n), differs across prompts (issue 45).
+  correct_frac_last: float = -1.0
 
   def __post_init__(self):
     if not 0.0 <= self.correct_frac <= 1.0:
       raise ValueError(f"WarmupSpec.correct_frac must be in [0, 1], got {self.correct_frac!r}")
+    if self.correct_frac_last >= 0 and not (0.0 < self.correct_frac_last <= 1.0
+                                            and self.correct_frac > 0):
+      raise ValueError(f"WarmupSpec.correct_frac_last must be < 0 (off) or in (0, 1] with "
+                       f"correct_frac > 0, got {self.correct_frac_last!r} "
+                       f"(correct_frac {self.correct_frac!r})")
     if not self.skew > 0:
       raise ValueError(f"WarmupSpec.skew must be > 0, got {self.skew!r}")
     if self.steps < 1 or self.batch_size < 1:
       raise ValueError(f"WarmupSpec.steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+
+
+  def correct_frac_at(self, n: int, n_min: int, n_max: int) -> float:
+    """The share of correct training answers for prompt n: ``correct_frac``, or with
+    ``correct_frac_last`` the geometric interpolation correct_frac^(1-t) correct_frac_last^t,
+    t = (n - n_min) / (n_max - n_min)."""
+    if self.correct_frac_last < 0 or n_max == n_min:
+      return self.correct_frac
+    t = (n - n_min) / (n_max - n_min)
+    return float(self.correct_frac ** (1.0 - t) * self.correct_frac_last ** t)
+
+  def record(self) -> dict[str, Any]:
+    """The spec as saved with its model (``correct_frac_last`` only where set, so that a model
+    saved before the field existed matches the same spec)."""
+    out = dataclasses.asdict(self)
+    if self.correct_frac_last < 0:
+      del out["correct_frac_last"]
+    return out
 
 
 def model_config(tokenizer, spec: TinyLMSpec) -> ModelConfig:
@@ -72,7 +100,7 @@ def model_config(tokenizer, spec: TinyLMSpec) -> ModelConfig:
 
 
 def _answers(rng: np.random.Generator, task: SumTask, n: int, spec: WarmupSpec) -> tuple[int, int]:
-  if rng.random() < spec.correct_frac:
+  if rng.random() < spec.correct_frac_at(n, task.n_min, task.n_max):
     w = spec.skew ** np.arange(n + 1, dtype=np.float64)
     a = int(rng.choice(n + 1, p=w / w.sum()))
     return a, n - a

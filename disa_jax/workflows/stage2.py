@@ -49,6 +49,7 @@ from disa_jax.anchor.frozen import EmbeddingSpec, META_FILE
 from disa_jax.anchor.labels import LABEL_KINDS, anchor_targets, check_variant
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.data import loaders
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
@@ -67,6 +68,7 @@ class Stage2Config:
   labels: str = "plain"
   weighting: str = "uniform"
   drop_nonfinite: bool = False
+  exclude_prompts_path: str = ""
   fit: AnchorFitConfig = AnchorFitConfig()
   embedding: ScorerConfig = ScorerConfig()
   overwrite: bool = False
@@ -170,7 +172,8 @@ class AnchorArtifact:
     output_dir: the Stage 2 directory (summary, embedding cache, validation curve).
     anchor_path: the frozen `Anchor` (`anchor()` loads it).
     stage1_path: the Stage 1 dataset the labels came from.
-    prompts, prompts_fitted: Stage 1's prompts, and those with a finite label (P).
+    prompts, prompts_fitted: Stage 1's prompts, and those the fit used (P): a finite label, not
+      excluded (``exclude_prompts_path``).
     samples_per_prompt: N, the samples per prompt the labels used.
     dropped_nonfinite: the prompts without a finite label (dropped with ``drop_nonfinite``).
     embedding: what the anchor reads (`EmbeddingSpec`).
@@ -286,6 +289,8 @@ def claim_stage2_output(cfg: Stage2Config) -> str:
   config = config_lib.to_dict(cfg)
   ident = {**identity.inputs(stage1_path=cfg.stage1_path, reference_path=cfg.reference_path),
            **{f: config[f] for f in IDENTITY_FIELDS}}
+  if cfg.exclude_prompts_path:  # (only when set: identities written before the field stay valid)
+    ident["excluded_prompt_ids"] = sorted(excluded_prompt_ids(cfg))
   outputs = [out_dir / n for n in ("stage2_summary.json", "stage2_pending.json", "embeddings.npy",
                                    "embeddings_ids.json", "validation_curve.png")]
 
@@ -294,6 +299,33 @@ def claim_stage2_output(cfg: Stage2Config) -> str:
                                or any(f.exists() for f in outputs),
                                discard=lambda: identity.remove_paths([anchor_dir, *outputs]),
                                locations=("anchor_path",))
+
+
+def excluded_prompt_ids(cfg: Stage2Config) -> frozenset[str]:
+  """The prompt ids of ``cfg.exclude_prompts_path`` (none when unset)."""
+  if not cfg.exclude_prompts_path:
+    return frozenset()
+  return frozenset(r.prompt_id for r in loaders.load_prompts(cfg.exclude_prompts_path))
+
+
+def _fitted_prompts(cfg: Stage2Config, data: Any, labels: np.ndarray
+                    ) -> tuple[np.ndarray, list[str]]:
+  """(indices of the prompts the fit uses ``[P_kept]``, the prompts dropped for a non-finite
+  label): every Stage 1 prompt but the excluded ones and, with ``drop_nonfinite``, those without a
+  finite label (else an error names them)."""
+  excluded = excluded_prompt_ids(cfg)
+  unknown = sorted(excluded - set(data.prompt_ids))
+  if unknown:
+    raise ValueError(f"exclude_prompts_path={cfg.exclude_prompts_path!r}: {len(unknown)} prompt "
+                     f"id(s) are not in the Stage 1 dataset {cfg.stage1_path!r}: {unknown[:10]}")
+  fitted = np.array([pid not in excluded for pid in data.prompt_ids], bool)
+  finite = np.isfinite(labels)
+  dropped = [data.prompt_ids[i] for i in np.flatnonzero(fitted & ~finite)]
+  if dropped and not cfg.drop_nonfinite:
+    raise ValueError(f"{len(dropped)} Stage 1 prompt(s) have non-finite labels (no valid "
+                     f"sample, or all weights zero): {dropped[:10]}; rerun Stage 1 for them or "
+                     f"set drop_nonfinite=True")
+  return np.flatnonzero(fitted & finite), dropped
 
 
 def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
@@ -333,13 +365,7 @@ def _run_stage2(cfg: Stage2Config) -> AnchorArtifact:
 
   data = estimators.load_stage1(cfg.stage1_path, cfg.stage1_format)
   labels, weights = anchor_targets(data, cfg.labels, cfg.weighting, samples=cfg.samples)  # [P]
-  keep = np.isfinite(labels)
-  dropped = [data.prompt_ids[i] for i in np.flatnonzero(~keep)]
-  if dropped and not cfg.drop_nonfinite:
-    raise ValueError(f"{len(dropped)} Stage 1 prompt(s) have non-finite labels (no valid "
-                     f"sample, or all weights zero): {dropped[:10]}; rerun Stage 1 for them or "
-                     f"set drop_nonfinite=True")
-  idx = np.flatnonzero(keep)
+  idx, dropped = _fitted_prompts(cfg, data, labels)
   emb_all, spec = _embeddings(cfg, data, out_dir)
   emb, y = emb_all[idx], labels[idx]  # [P_kept, D], [P_kept]
   res = fit_anchor(emb, y, embedding=spec, beta=data.beta, reward_transform=data.reward_transform,

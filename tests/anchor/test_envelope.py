@@ -42,3 +42,17 @@ def test_inverse_variance_weights():
   np.testing.assert_allclose(w, raw / raw.mean())
   with pytest.raises(ValueError, match="floor"):
     inverse_variance_weights(np.ones(2), np.ones(2), floor=0.0)
+
+
+def test_generalisation_against_hand_computed_values():
+  """R^2 around the prompts' own mean, sigma_g, and the constant predictor's sigma."""
+  from disa_jax.anchor.diagnostics import generalisation
+  log_z = np.array([1.0, 2.0, 3.0, 6.0])  # mean 3, SST 14
+  pred = np.array([1.5, 2.0, 2.0, 5.0])  # SSE 0.25 + 0 + 1 + 1 = 2.25
+  g = generalisation(pred, log_z, constant=2.0)
+  assert g["r2"] == pytest.approx(1 - 2.25 / 14)
+  assert g["sigma_g"] == pytest.approx(np.sqrt(2.25 / 4))
+  assert g["sigma_constant"] == pytest.approx(np.sqrt((1 + 0 + 1 + 16) / 4))
+  assert g["sigma_g_over_constant"] == pytest.approx(np.sqrt(2.25 / 18))
+  assert g["log_z_range"] == 5.0 and g["prompts"] == 4
+  assert generalisation(np.full(4, 3.0), log_z, 3.0)["r2"] == pytest.approx(0.0)

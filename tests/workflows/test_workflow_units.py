@@ -191,6 +191,54 @@ def test_stage2_stops_on_nonfinite_labels_or_drops_and_lists_them(checkpoints, t
   assert s.label_scale == "mean" and s.sigma_g_val is None
 
 
+def test_stage2_leaves_excluded_prompts_out_of_the_fit_but_predicts_them(checkpoints, tmp_path):
+  """A held-out prompt file: those prompts neither train nor validate the fit (the fit of the rest
+  is the same whatever their labels), yet are embedded and predicted; an id not in Stage 1 is
+  refused naming it; the exclusion is part of the output's identity."""
+  from disa_jax.checkpoint.identity import IdentityMismatchError
+  from disa_jax.data import loaders
+  from disa_jax.data.records import PromptRecord
+  from disa_jax.workflows.stage2 import run_stage2
+  samples = [[{"token_ids": [7, 8], "text": "ab", "logp_ref": -2.0 - j - i, "logp_proposal": -2.5,
+               "reward": float(j % 2), "num_tokens": 2} for j in range(3)] for i in range(6)]
+  path, ids = write_stage1_run(tmp_path, checkpoints["reference"], samples)
+  held = tmp_path / "held.jsonl"
+  loaders.save_prompts([PromptRecord(ids[i], f"prompt number {i}", "a", "toy") for i in (1, 4)],
+                       str(held))
+  c = stage2_paper.get_config("qwen3-4b-base,math")
+  c.stage1_path, c.reference_path = path, checkpoints["reference"]
+  c.fit.epochs, c.fit.batch_size, c.fit.val_fraction = 3, 4, 0.0
+  c.embedding.dtype, c.embedding.batch_size, c.embedding.pad_to = "float32", 8, 16
+  c.embedding.mesh.num_devices = 1
+  c.exclude_prompts_path = str(held)
+
+  def fit(name, rows):
+    c.anchor_path, c.output_dir = str(tmp_path / f"anchor_{name}"), str(tmp_path / f"s2_{name}")
+    p, _ = write_stage1_run(tmp_path / name, checkpoints["reference"], rows) if name != "a" else (
+        path, None)
+    c.stage1_path = p
+    return run_stage2(Stage2Config.from_config(c))
+
+  a = fit("a", samples)
+  assert a.prompts == 6 and a.prompts_fitted == 4 and set(a.predictions()) == set(ids)
+  other = [[dict(s, logp_ref=s["logp_ref"] - (5.0 if i in (1, 4) else 0.0)) for s in row]
+           for i, row in enumerate(samples)]  # only the excluded prompts' labels differ
+  (tmp_path / "b").mkdir()
+  b = fit("b", other)
+  pa, pb = a.predictions(), b.predictions()
+  for i, pid in enumerate(ids):
+    assert pa[pid] == pytest.approx(pb[pid], abs=1e-6), pid
+  c.anchor_path, c.output_dir, c.stage1_path = str(tmp_path / "anchor_a"), str(tmp_path / "s2_a"), path
+  c.exclude_prompts_path = ""
+  with pytest.raises(IdentityMismatchError, match="excluded_prompt_ids"):
+    run_stage2(Stage2Config.from_config(c))
+  loaders.save_prompts([PromptRecord("nope", "x", "a", "toy")], str(tmp_path / "bad.jsonl"))
+  c.exclude_prompts_path = str(tmp_path / "bad.jsonl")
+  c.anchor_path, c.output_dir = str(tmp_path / "anchor_c"), str(tmp_path / "s2_c")
+  with pytest.raises(ValueError, match=r"exclude_prompts_path=.*not in the Stage 1 dataset.*nope"):
+    run_stage2(Stage2Config.from_config(c))
+
+
 @pytest.mark.parametrize("bad", [-1, True])
 def test_a_bad_push_bucket_size_is_refused_naming_the_field(bad):
   c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
