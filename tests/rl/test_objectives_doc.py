@@ -23,7 +23,7 @@ TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num
 
 def test_the_documented_objective_is_one_class_that_trains():
   code = BLOCKS[0]
-  env = dict(vars(objectives), jax=jax, jnp=jnp, losses=losses)
+  env = dict(vars(objectives.trajectory_balance), jax=jax, jnp=jnp, losses=losses)
   objectives.REGISTRY.pop("disa_huber", None)
   try:
     exec(compile(code, "docs/objectives.md", "exec"), env)  # pylint: disable=exec-used
@@ -54,7 +54,7 @@ def test_the_documented_objective_is_one_class_that_trains():
 
 def test_the_documented_objective_with_state_trains_its_parameter():
   code = next(b for b in BLOCKS if "init_state" in b)
-  env = dict(vars(objectives), jax=jax, jnp=jnp, losses=losses)
+  env = dict(vars(objectives.trajectory_balance), jax=jax, jnp=jnp, losses=losses)
   objectives.REGISTRY.pop("disa_offset", None)
   try:
     exec(compile(code, "docs/objectives.md", "exec"), env)  # pylint: disable=exec-used
