@@ -169,6 +169,9 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   jax.block_until_ready((state, placed))
   init_s = time.perf_counter() - t0
   finish = update.lower(state, placed[0])["finish"].compile().memory_analysis()
+  print(f"optimizer step compiled: temp {finish.temp_size_in_bytes} B, arguments "
+        f"{finish.argument_size_in_bytes} B, outputs {finish.output_size_in_bytes} B",
+        file=sys.stderr, flush=True)  # (in the log even when the steps then fail)
   times = []
   for i in range(warmup + steps):
     t0 = time.perf_counter()
@@ -257,7 +260,9 @@ def run_child(one: str, args: argparse.Namespace) -> dict[str, Any]:
     return dict(kind="error", one=one, error=f"timed out after {args.child_timeout} s")
   for line in proc.stdout.splitlines():
     if line.startswith("RESULT "):
-      return dict(json.loads(line[len("RESULT "):]), wall_s=time.perf_counter() - t0)
+      compiled = [x for x in proc.stderr.splitlines() if x.startswith("optimizer step compiled:")]
+      return dict(json.loads(line[len("RESULT "):]), wall_s=time.perf_counter() - t0,
+                  **({"optimizer_step_compiled": compiled[-1]} if compiled else {}))
   return dict(kind="error", one=one, error=f"exit {proc.returncode}: {proc.stderr[-1500:]}")
 
 

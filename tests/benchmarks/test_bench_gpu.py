@@ -78,6 +78,8 @@ def test_measure_runs_the_trainers_update():
   assert r["peak_bytes"] is None  # the CPU keeps no device statistics
   assert r["grad_norm"] > 0  # pi_old is the policy: importance weights 1, not clipped to 0
   assert len(r["step_s_all"]) == 2 and r["step_s"] == r["step_s_all"][1]
+  assert r["attention_impl"] == "auto" and r["optimizer_step_argument_bytes"] > 0
+  assert r["optimizer_step_temp_bytes"] >= 0
 
 
 @pytest.mark.slow
@@ -90,7 +92,9 @@ def test_rollout_measurements(tmp_path):
     assert (g["rows"], g["decode_steps"]) == (8, 16)
     assert g["tokens_per_s"] == pytest.approx(8 * 16 / g["seconds"])
   assert g["layout"] == "dense" and "kv_cache_bytes" not in g
-  s = bw.run("tiny", 0, "float32", reps=1, copy_threads=2, tmp=str(tmp_path))
+  s = bw.run("tiny", 0, "float32", reps=1, copy_threads=2, tmp=str(tmp_path),
+             paths=("old", "flat", "flat_pinned"))
   assert s["same_greedy_samples"] and s["old_bytes"] > 0 and s["flat_bytes"] > 0
-  for path in ("old", "flat"):
+  assert s["last_path"] == "old" and set(s) >= {"speedup_push_flat", "speedup_push_flat_pinned"}
+  for path in ("old", "flat", "flat_pinned"):
     assert s[f"{path}_push_s"] >= s[f"{path}_device_to_host_s"] + s[f"{path}_shm_s"]
