@@ -29,9 +29,11 @@ processes can import it.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
+import time
 from multiprocessing import resource_tracker
 from typing import Callable, Iterator
 
@@ -79,6 +81,31 @@ def watch() -> Iterator[None]:
     for s, h in old.items():
       signal.signal(s, h)
     _received.clear()
+
+
+def request(signum: int = signal.SIGTERM) -> None:
+  """Sets the preemption flag as the signal ``signum`` would (from any thread)."""
+  _handle(signum, None)
+
+
+def _stop_when_orphaned(parent_pid: int, poll_s: float) -> None:
+  while os.getppid() == parent_pid:
+    time.sleep(poll_s)
+  print(f"preemption: parent process {parent_pid} is gone", file=sys.stderr, flush=True)
+  request(signal.SIGTERM)
+  while _depth[0] > 0:  # the stage in progress saves at its step boundary and leaves `watch()`
+    time.sleep(poll_s)
+  os._exit(0)  # nobody is left to hand this process another stage
+
+
+def stop_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+  """For a worker process whose parent hands it whole stages (`SumJob.stage3_all`'s pool): once
+  the parent is gone (killed, say, with nobody left to collect the result), the stage in progress
+  stops as on SIGTERM, saving at its next step boundary, and the process then exits instead of
+  training on, or idling, as an orphan. Starts a daemon thread that polls the parent every
+  ``poll_s`` seconds (a pool initializer)."""
+  threading.Thread(target=_stop_when_orphaned, args=(parent_pid, poll_s), daemon=True,
+                   name="stop-with-parent").start()
 
 
 def requested() -> str | None:

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import multiprocessing
+import os
 import time
 import typing
 import warnings
@@ -36,7 +37,7 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models
+from disa_jax import models, preemption
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
@@ -712,7 +713,10 @@ class SumJob:
                              ) from e
     else:  # (its workers are not daemons: each run starts its own engine worker)
       failed = {}
-      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+      # A worker whose job process is gone stops its run at the next step, with a checkpoint.
+      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=preemption.stop_with_parent,
+                                       initargs=(os.getpid(),)) as ex:
         pending = [(unit, ex.submit(_timed_stage3, c)) for unit, c in zip(units, cfgs)]
         for unit, fut in pending:
           try:
