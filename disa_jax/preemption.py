@@ -99,7 +99,8 @@ def _stop_when_orphaned(parent_pid: int, poll_s: float) -> None:
 
 
 def stop_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
-  """For a worker process whose parent hands it whole stages (`SumJob.stage3_all`'s pool): once
+  """For a worker process whose parent hands it whole stages (`SumJob.stage3_all`'s pool) or
+  requests (the math-grading pool's workers, which exit at once: no stage in progress): once
   the parent is gone (killed, say, with nobody left to collect the result), the stage in progress
   stops as on SIGTERM, saving at its next step boundary, and the process then exits instead of
   training on, or idling, as an orphan. Starts a daemon thread that polls the parent every

@@ -66,17 +66,10 @@ def _resolve_grader(spec: str) -> Callable[[str, Any], Any]:
   return getattr(importlib.import_module(module), name)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-  """Ends this worker once the pool's process is gone (checked every second)."""
-  while os.getppid() == parent_pid:
-    time.sleep(1.0)
-  os._exit(0)
-
-
 def _worker_entry(fd: int, grader: str) -> None:
   """A worker process: connects to the pool over socket ``fd`` and grades until told to stop."""
   preemption.ignore_in_child()  # the stage saves on SIGTERM / SIGUSR1, then closes the pool
-  threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+  preemption.stop_with_parent(os.getppid())  # (no stage runs here: it exits at once)
   _worker_main(mp_connection.Connection(fd), grader)
 
 
