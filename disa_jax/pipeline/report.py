@@ -733,6 +733,16 @@ def _conditional_kl_md(section: Mapping[str, Mapping[str, float]] | None) -> lis
   return md + [""]
 
 
+def _saved_anchor_study(job: SumJob) -> dict[str, Any] | None:
+  """The job's anchor_study.json (`SumJob.anchor_study`), None when it did not run."""
+  path = job.dir / "anchor_study.json"
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def _times_md(job: SumJob) -> list[str]:
+  return ["## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items())]
+
+
 def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
   """report.json / report.md / PNGs in the job's directory (``job``: the `SumJob`, its configs).
 
@@ -756,8 +766,7 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
   plots += G.plot_sigma_curve(grid["sigma_curve"], job.dir)
   if dyn["series"]:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
-  study_path = job.dir / "anchor_study.json"
-  study = json.loads(study_path.read_text()) if study_path.exists() else None
+  study = _saved_anchor_study(job)
   nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   report = {"instrument": instrument(job), "config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train.total_steps,
@@ -783,7 +792,7 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
         *_conditional_kl_md(report.get("conditional_kl")), *_matched_md(dyn), *_claims_md(report),
         *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_replicas_md(report["stage12_replicas"]),
         *_nstudy_md(nstudy),
-        "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items()), "",
+        *_times_md(job), "",
         "Plots: " + ", ".join(plots)]
   (job.dir / "report.md").write_text("\n".join(md) + "\n")
   return JobReport.load(job.dir)
@@ -808,8 +817,7 @@ def write_anchor_report(job: SumJob, pool: Stage1Data, anchor: AnchorArtifact,
   `write_report`, computed the same way, and the times so far."""
   s1 = _stage1_section(job, pool, exact)
   s2 = {k: v for k, v in _stage2_section(job, anchor, pool, exact).items() if k != "val_mse_curve"}
-  study_path = job.dir / "anchor_study.json"
-  study = json.loads(study_path.read_text()) if study_path.exists() else None
+  study = _saved_anchor_study(job)
   out = {"config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                     "preset": job.cfg.preset, "heldout": dataclasses.asdict(job.cfg.heldout)},
          "stage1": s1, "stage2": s2, "times_s": job.times}
@@ -817,6 +825,6 @@ def write_anchor_report(job: SumJob, pool: Stage1Data, anchor: AnchorArtifact,
   md = [f"# DISA main job, Stages 1-2: sum task, n in [{job.task.n_min}, {job.task.n_max}], "
         f"beta = {job.cfg.beta}", "", f"Preset {job.cfg.preset!r} (stages = 'anchor').", "",
         *_stage12_md(s1, s2, study),
-        "## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items())]
+        *_times_md(job)]
   (job.dir / "anchor_report.md").write_text("\n".join(md) + "\n")
   return AnchorReport(job.dir, s1, s2)
