@@ -1,5 +1,6 @@
-"""Stage 3 steps/s per seed with S seeds as one batch dimension (`disa_jax.rl.seed_batch`), against
-separate runs, at the claims preset's run shape (issue 44, item 6).
+"""Stage 3 seconds per step per seed at the claims preset's run shape: S seeds as one batch
+dimension (`disa_jax.rl.seed_batch`) against separate runs, and this tree against an older one
+(issue 44, item 6).
 
 The run: ``--method`` of `configs/main.py`'s ``claims`` preset (the small task n = 0..15, the tiny
 Qwen3 of `disa_jax.pipeline.sum_models`, lr 5e-4, 8 prompts x G = 8 rows of <= 8 tokens, 2
@@ -7,25 +8,29 @@ mini-batches, shared-prompt packing, the exact tracker every `SMALL_TRACK` steps
 `SMALL_TRACK_SAMPLES` samples per prompt), on the job's own models, Stage 1 and anchor, prepared
 once in ``--workdir`` by the main job's stages 0-2 (`SumJob`; minutes on 2 cores).
 
-Blocks, each a fresh child process (its own compilations, nothing cached between blocks):
+Blocks (``--blocks``), each a fresh child process that trains its seeds ``--steps`` steps from
+scratch (its own compilations: nothing is cached between blocks):
 
-- ``separate``: one seed by `run_stage3`, as the main job runs a seed today (the JAX sampler in its
-  own generation process). S separate runs cost S times this, one after another;
-- ``batch S``: S seeds by `seed_batch.train_together` (one process, the samplers in it, every
-  routed device call one vmapped program over the seeds), for each S of ``--sizes``.
+- ``separate``: one seed by `run_stage3`, as the main job runs a seed (the JAX sampler in its own
+  generation process);
+- ``batch_S``: S seeds by `seed_batch.train_together` (one process, the samplers in it, every routed
+  device call one vmapped program over the seeds); ``batch_1`` is one seed with its sampler in the
+  trainer's process (`sum_job.together`), nothing routed;
+- a ``base:`` prefix runs the block on the `disa_jax` of git revision ``--baseline-rev`` (extracted
+  with `git archive`; it needs today's `SumJob` / `train_together` API): the "before" column.
 
-Each block runs its seeds twice from scratch, for N1 and N2 steps (``--steps N1,N2``): the cost of a
-step is (T(N2) - T(N1)) / (N2 - N1), everything a step costs included (the tracker's measurements
-amortised over their interval, checkpoints, weight syncs, the host work of every seed), and the
-start-up (loading, compiling) is T(N1) - N1 x that. Blocks alternate (separate, batch S1, ...)
-``--reps`` times. Printed per block kind: medians (min-max) of the wall and CPU seconds per step
-per seed (CPU: `time.process_time` of the block's process plus its finished children's, i.e.
-the generation process), steps/s per seed, the speed-up against ``separate``, the start-up, and
-the load average (`/proc/loadavg`) before and after each block. The machine is shared: the CPU
-figures are the robust ones.
+Per block: the median (min-max) over its seeds of each seed's median ``time/step_s`` (metrics.jsonl,
+the steps after the first ``--skip``: compilation), i.e. collect + score + update + sync; and the
+block's wall time per step per seed (start-up, the tracker's measurements and checkpoints
+included). Blocks alternate ``--reps`` times; per kind the medians (min-max) over reps, the ratio to
+the first kind of ``--blocks`` in the same run, and the load average (`/proc/loadavg`) before and
+after each block. (Before 2026-11-28 this script took the difference of two runs' wall times of 16
+and 48 steps in one process; the second run reused the first one's compilations, which made
+in-process blocks look 3x faster than they are: `results/seed_batch_cpu.json` is that flawed run.)
 
     python benchmarks/bench_seed_batch.py --workdir /tmp/disa_bench_seeds [--method disa]
-        [--sizes 1,4,8] [--steps 16,48] [--reps 3] [--json out.json]
+        [--blocks base:batch_1,batch_1,batch_4 --baseline-rev HEAD~1] [--steps 96] [--reps 2]
+        [--json out.json]
 """
 from __future__ import annotations
 
@@ -33,21 +38,25 @@ import argparse
 import dataclasses
 import functools
 import json
-import resource
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root, for configs/
+# A child of a ``base:`` block imports the older tree's disa_jax (and configs/) first.
+TREE = Path(os.environ.get("DISA_BENCH_TREE", str(ROOT)))
+sys.path[:0] = [str(TREE), str(ROOT), str(ROOT / "benchmarks")]
 
 from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()  # as the main job's processes do, before JAX's CPU backend exists
 
+from bench_stage3_vs_trl import extract_tree  # noqa: E402
 from configs import main as main_config  # noqa: E402
 from disa_jax.pipeline import sum_job  # noqa: E402
 from disa_jax.pipeline.sum_job import MainConfig, SumJob  # noqa: E402
@@ -87,106 +96,119 @@ def seed_configs(workdir: str, method: str, size: int, steps: int, out: Path,
   return cfgs
 
 
-def _cpu() -> float:
-  own = time.process_time()
-  ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return own + ch.ru_utime + ch.ru_stime
-
-
 def run_block(args) -> dict:
-  """One block in this process: N1 then N2 steps from scratch; wall and CPU seconds of each."""
-  out = {}
-  for steps in args.steps:
-    d = Path(args.workdir) / "bench" / f"{args.block}_{steps}"
-    shutil.rmtree(d, ignore_errors=True)
-    size = 1 if args.block == "separate" else int(args.block.split("_")[1])
-    cfgs = seed_configs(args.workdir, args.method, size, steps, d,
-                        in_process=args.block != "separate")
-    t0, c0 = time.perf_counter(), _cpu()
-    if args.block == "separate":
-      run_stage3(cfgs[0])
-    else:
-      seed_batch.train_together([functools.partial(run_stage3, c) for c in cfgs])
-    out[str(steps)] = {"wall": time.perf_counter() - t0, "cpu": _cpu() - c0, "seeds": size}
-    shutil.rmtree(d, ignore_errors=True)
-  return out
+  """One block in this process: its seeds' ``--steps`` steps from scratch; each seed's median
+  step time after ``--skip`` steps and the block's wall time."""
+  kind = args.block.split(":")[-1]
+  d = Path(args.workdir) / "bench" / args.block.replace(":", "_")
+  shutil.rmtree(d, ignore_errors=True)
+  size = 1 if kind == "separate" else int(kind.split("_")[1])
+  cfgs = seed_configs(args.workdir, args.method, size, args.steps, d,
+                      in_process=kind != "separate")
+  t0 = time.perf_counter()
+  if kind == "separate":
+    run_stage3(cfgs[0])
+  else:
+    seed_batch.train_together([functools.partial(run_stage3, c) for c in cfgs])
+  wall = time.perf_counter() - t0
+  steps = []
+  for c in cfgs:
+    rows = [json.loads(line) for line in (Path(c.workdir) / "metrics.jsonl").open()]
+    times = [r["time/step_s"] for r in rows if r["step"] > args.skip]
+    if len(times) < 3:
+      raise SystemExit(f"{c.workdir}: {len(times)} steps after --skip {args.skip}; raise --steps")
+    steps.append(statistics.median(times))
+  shutil.rmtree(d, ignore_errors=True)
+  return {"seeds": size, "wall": wall, "step_median_per_seed": steps}
 
 
 def _load() -> str:
   return Path("/proc/loadavg").read_text().split(" ")[0]
 
 
-def summarise(blocks: list[dict], n1: int, n2: int) -> dict:
-  """Per block kind: per-step-per-seed wall / CPU (medians, min-max), start-up, speed-up."""
-  kinds: dict[str, list[dict]] = {}
+def _span(xs: list[float]) -> dict[str, float]:
+  return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def summarise(blocks: list[dict], steps: int) -> dict:
+  """Per block kind over its reps: the step time (a batch's step serves S seeds: per seed it is
+  the step / S), the wall time per step per seed, and both as ratios to the first kind's."""
+  kinds: dict[str, dict[str, list[float]]] = {}
   for b in blocks:
-    r1, r2 = b["result"][str(n1)], b["result"][str(n2)]
-    s = r1["seeds"]
-    per = {k: (r2[k] - r1[k]) / (n2 - n1) / s for k in ("wall", "cpu")}
-    start = {k: r1[k] - n1 * per[k] * s for k in ("wall", "cpu")}
-    kinds.setdefault(b["block"], []).append({**{f"step_{k}": v for k, v in per.items()},
-                                             **{f"startup_{k}": v for k, v in start.items()},
-                                             "load": (b["load_before"], b["load_after"])})
-  out = {}
-  for kind, rows in kinds.items():
-    med = lambda k: statistics.median(r[k] for r in rows)
-    span = lambda k: (min(r[k] for r in rows), max(r[k] for r in rows))
-    out[kind] = {k: {"median": med(k), "min": span(k)[0], "max": span(k)[1]}
-                 for k in ("step_wall", "step_cpu", "startup_wall", "startup_cpu")}
-    out[kind]["loads"] = [r["load"] for r in rows]
-  base = out.get("separate")
-  for kind, row in out.items():
-    row["steps_per_s_per_seed_wall"] = 1.0 / row["step_wall"]["median"]
-    row["steps_per_s_per_seed_cpu"] = 1.0 / row["step_cpu"]["median"]
-    if base:
-      row["speedup_wall"] = base["step_wall"]["median"] / row["step_wall"]["median"]
-      row["speedup_cpu"] = base["step_cpu"]["median"] / row["step_cpu"]["median"]
+    r = b["result"]
+    k = kinds.setdefault(b["block"], {"step": [], "wall": [], "loads": []})
+    k["step"].append(statistics.median(r["step_median_per_seed"]) / r["seeds"])
+    k["wall"].append(r["wall"] / steps / r["seeds"])
+    k["loads"].append((b["load_before"], b["load_after"]))
+  out = {kind: {"step_per_seed_s": _span(v["step"]), "wall_per_step_per_seed_s": _span(v["wall"]),
+                "loads": v["loads"]} for kind, v in kinds.items()}
+  first = out[blocks[0]["block"]]
+  for row in out.values():
+    for key in ("step_per_seed_s", "wall_per_step_per_seed_s"):
+      row[key]["ratio_to_first"] = first[key]["median"] / row[key]["median"]
   return out
+
+
+def _child(args, kind: str, base: Path | None) -> dict:
+  env = dict(os.environ)
+  if kind.startswith("base:"):
+    env["DISA_BENCH_TREE"] = str(base)
+  cmd = [sys.executable, __file__, "--workdir", args.workdir, "--method", args.method,
+         "--steps", str(args.steps), "--skip", str(args.skip), "--block", kind]
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+  lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    raise SystemExit(f"block {kind} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+  return json.loads(lines[-1][7:])
 
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True)
   p.add_argument("--method", default="disa")
-  p.add_argument("--sizes", default="1,4,8")
-  p.add_argument("--steps", default="16,48")
-  p.add_argument("--reps", type=int, default=3)
+  p.add_argument("--blocks", default="separate,batch_1,batch_4")
+  p.add_argument("--baseline-rev", default="")
+  p.add_argument("--steps", type=int, default=96)
+  p.add_argument("--skip", type=int, default=8, help="first steps left out (compilation)")
+  p.add_argument("--reps", type=int, default=2)
   p.add_argument("--json", default="")
   p.add_argument("--block", default="", help=argparse.SUPPRESS)  # a child's block
   args = p.parse_args()
-  args.steps = [int(x) for x in args.steps.split(",")]
-  if len(args.steps) != 2 or not 0 < args.steps[0] < args.steps[1]:
-    raise SystemExit(f"--steps must be N1,N2 with 0 < N1 < N2, got {args.steps}")
   if args.block:
     print("RESULT " + json.dumps(run_block(args)), flush=True)
     return
+  kinds = args.blocks.split(",")
+  for kind in kinds:
+    name = kind.split(":")[-1]
+    if kind.split(":")[0] not in ("base", name) or not (
+        name == "separate" or (name.startswith("batch_") and name[6:].isdigit())):
+      raise SystemExit(f"--blocks: unknown block {kind!r} ([base:]separate or [base:]batch_<S>)")
+  if any(k.startswith("base:") for k in kinds) and not args.baseline_rev:
+    raise SystemExit("--blocks with a base: block needs --baseline-rev")
   prepare(args.workdir, args.method)
-  kinds = ["separate"] + [f"batch_{int(s)}" for s in args.sizes.split(",")]
+  base = (extract_tree(args.baseline_rev, Path(tempfile.mkdtemp(prefix="bench_seed_base_")))
+          if args.baseline_rev else None)
+  if base is not None:
+    subprocess.run(f"git -C {ROOT} archive {args.baseline_rev} configs | tar -x -C {base}",
+                   shell=True, check=True)
   blocks = []
   for rep in range(args.reps):
     for kind in kinds:
       before = _load()
-      cmd = [sys.executable, __file__, "--workdir", args.workdir, "--method", args.method,
-             "--steps", ",".join(map(str, args.steps)), "--block", kind]
-      proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-      lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-      if proc.returncode or not lines:
-        raise SystemExit(f"block {kind} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-      blocks.append({"block": kind, "rep": rep, "result": json.loads(lines[-1][7:]),
+      blocks.append({"block": kind, "rep": rep, "result": _child(args, kind, base),
                      "load_before": before, "load_after": _load()})
       print(f"rep {rep} {kind}: {blocks[-1]['result']} load {before} -> {_load()}", flush=True)
-  summary = summarise(blocks, *args.steps)
+  summary = summarise(blocks, args.steps)
   for kind, row in summary.items():
-    sw, sc = row["step_wall"], row["step_cpu"]
-    print(f"{kind:>10}: per step per seed wall {sw['median'] * 1e3:.0f} ms "
-          f"({sw['min'] * 1e3:.0f}-{sw['max'] * 1e3:.0f}), CPU {sc['median'] * 1e3:.0f} ms "
-          f"({sc['min'] * 1e3:.0f}-{sc['max'] * 1e3:.0f}); {row['steps_per_s_per_seed_wall']:.2f} "
-          f"steps/s/seed (wall); x{row.get('speedup_wall', 1):.2f} wall, "
-          f"x{row.get('speedup_cpu', 1):.2f} CPU vs separate; start-up "
-          f"{row['startup_wall']['median']:.1f} s wall; loads {row['loads']}")
+    st, wa = row["step_per_seed_s"], row["wall_per_step_per_seed_s"]
+    print(f"{kind:>16}: step per seed {st['median'] * 1e3:.1f} ms ({st['min'] * 1e3:.1f}-"
+          f"{st['max'] * 1e3:.1f}), x{st['ratio_to_first']:.2f} vs {kinds[0]}; wall per step per "
+          f"seed {wa['median'] * 1e3:.1f} ms ({wa['min'] * 1e3:.1f}-{wa['max'] * 1e3:.1f}), "
+          f"x{wa['ratio_to_first']:.2f}; loads {row['loads']}")
   if args.json:
     Path(args.json).write_text(json.dumps({"blocks": blocks, "summary": summary,
-                                           "args": vars(args)}, indent=1))
+                                           "args": vars(args), "baseline_rev": args.baseline_rev},
+                                          indent=1))
 
 
 if __name__ == "__main__":

@@ -142,6 +142,11 @@ def runs() -> ml_collections.ConfigDict:
   # FlowRL's co-trained log Z head starts at 0 while the exact log Z here is ~13: a small head
   # learning rate would leave FlowRL far from its own fixed point.
   r.flowrl = _run(_tb("flowrl", head_lr=1e-2))
+  # FlowRL as the paper runs it (issue 45): the head is part of the actor ("theta and phi are
+  # updated jointly by SGD", Sec. 2), one AdamW at the policy's lr under one gradient clip, its
+  # output bias initialised as FlowRL's code does (torch.nn.Linear's default, log Z offset 0).
+  # `flowrl` above is the tuned one (a separate head optimiser at lr 1e-2).
+  r.flowrl_paper = _run(_tb("flowrl", head_optimizer="joint"))
   r.grpo = _run(stage3_base.objective("grpo"))
   r.gspo = _run(stage3_base.objective("gspo"))
   # The controls of the fix (issue 26), each changing one thing:

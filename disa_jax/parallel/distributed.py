@@ -30,6 +30,7 @@ parameters into a full host copy on every process (`replicate_to_hosts`), which 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import zlib
@@ -227,21 +228,33 @@ def global_batch(local: Mapping[str, np.ndarray], sharding: NamedSharding,
   return out
 
 
-def shard_global_batch(batch: Any, sharding: NamedSharding, axis: int = 0) -> Any:
+def shard_global_batch(batch: Any, sharding: Any, axis: int = 0) -> Any:
   """`global_batch` for a batch (any pytree of arrays) every process holds in full: each process
-  feeds only its own rows of ``axis``."""
+  feeds only its own rows of ``axis``.
 
-  def one(v):
+  ``sharding`` is one `NamedSharding` for every leaf, or a pytree of them matching ``batch`` (a
+  prefix of it). In a single process every row is this process's: the whole tree goes to its
+  devices in one batched ``jax.device_put`` (the same arrays, without a per-leaf placement plan).
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(jax.tree.map(np.asarray, batch), sharding)
+
+  def one(s, v):
     v = np.asarray(v)
-    rows = process_rows(sharding, v.shape, axis)
+    rows = process_rows(s, v.shape, axis)
     idx = (slice(None),) * axis + (rows,)
-    return jax.make_array_from_process_local_data(sharding, v[idx], v.shape)
+    return jax.make_array_from_process_local_data(s, v[idx], v.shape)
 
-  return jax.tree.map(one, batch)
+  if isinstance(sharding, jax.sharding.Sharding):
+    return jax.tree.map(functools.partial(one, sharding), batch)
+  return jax.tree.map(lambda s, sub: jax.tree.map(functools.partial(one, s), sub), sharding, batch)
 
 
 def replicate_to_hosts(tree: Any) -> Any:
-  """Every leaf as a full NumPy copy on every process (an all-gather across hosts when needed)."""
+  """Every leaf as a full NumPy copy on every process (an all-gather across hosts when needed).
+  In a single process: one batched ``jax.device_get`` of the tree (its transfers start together)."""
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, jax.device_get(tree))
 
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:

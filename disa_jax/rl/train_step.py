@@ -134,8 +134,7 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
 
 def place_micro_batch(mb: TrainBatch, mesh: Mesh) -> TrainBatch:
   """A host micro-batch as global arrays on ``mesh`` (every process feeds its own rows)."""
-  sh = batch_shardings(mesh)
-  return jax.tree.map(lambda s, x: distributed.shard_global_batch(x, s), sh, mb)
+  return distributed.shard_global_batch(mb, batch_shardings(mesh))
 
 
 def _jit_shardings(mesh: Mesh | None, state_shardings: Any

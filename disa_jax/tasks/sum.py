@@ -140,9 +140,15 @@ def sum_task_rewards(token_ids: Sequence[Sequence[int]],
   Returns:
     ``[n]`` float32 rewards.
   """
-  tok, task = task_tokenizer(), SumTask(0, 0)
-  return np.asarray([task.reward(tok, _n_of(m, i), list(ids))
+  return np.asarray([_task_reward(_n_of(m, i), tuple(ids))
                      for i, (ids, m) in enumerate(zip(token_ids, metas))], np.float32)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _task_reward(n: int, token_ids: tuple[int, ...]) -> float:
+  """`SumTask.reward` with the task's tokenizer, remembered per (n, response): a run grades the
+  same few hundred short responses again and again, and each grading decodes and re-encodes."""
+  return SumTask(0, 0).reward(task_tokenizer(), n, list(token_ids))
 
 
 def sum_task_reward_fn(responses: Sequence[Response],

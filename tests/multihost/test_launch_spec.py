@@ -76,6 +76,41 @@ def test_single_process_rows_and_batch():
   np.testing.assert_array_equal(distributed.replicate_to_hosts({"x": out})["x"], x)
 
 
+def test_single_process_fast_path_equals_per_process_placement(monkeypatch):
+  """One process: `shard_global_batch` puts the whole tree in one ``device_put`` and
+  `replicate_to_hosts` fetches it in one ``device_get``; the arrays (values, dtypes, shardings,
+  None leaves, a tree of shardings) are those of the per-leaf multi-process placement."""
+  devices = np.asarray(jax.devices()[:4]).reshape(2, 2, 1)
+  mesh = Mesh(devices, ("data", "fsdp", "tensor"))
+  rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+  rep = NamedSharding(mesh, PartitionSpec())
+  rng = np.random.default_rng(0)
+  batch = {"ids": rng.integers(0, 50, (8, 5)), "lp": rng.normal(size=(8, 5)).astype(np.float32),
+           "mask": rng.random((8, 5)) > 0.5, "none": None,
+           "slot": rng.integers(0, 3, (6,)).astype(np.int32)}
+  shardings = {"ids": rows, "lp": rows, "mask": rows, "none": rep, "slot": rep}
+  with monkeypatch.context() as m:  # the fast path never places a leaf on its own
+    m.setattr(distributed.jax, "make_array_from_process_local_data", None)
+    fast_one = distributed.shard_global_batch(batch, shardings)
+    fast_all = distributed.shard_global_batch({k: batch[k] for k in ("ids", "lp")}, rows)
+    fast_host = distributed.replicate_to_hosts(fast_one)
+  monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)  # the per-leaf placement
+  slow_one = distributed.shard_global_batch(batch, shardings)
+  slow_all = distributed.shard_global_batch({k: batch[k] for k in ("ids", "lp")}, rows)
+  slow_host = distributed.replicate_to_hosts(slow_one)
+  for fast, slow in ((fast_one, slow_one), (fast_all, slow_all)):
+    assert jax.tree.structure(fast) == jax.tree.structure(slow)
+    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(slow)):
+      assert a.dtype == b.dtype and a.shape == b.shape
+      assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert fast_one["none"] is None and fast_host["none"] is None
+  for k in ("ids", "lp", "mask", "slot"):
+    a, b = fast_host[k], slow_host[k]
+    assert isinstance(a, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+
+
 def test_multihost_check_two_processes():
   """`launch/multihost.py --check` joins 2 processes (3 CPU devices each) and all-reduces."""
   root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -193,3 +193,21 @@ def test_stage3_refuses_exact_measures_of_a_task_without_an_exact_target(tok, tm
   with pytest.raises(ValueError, match="the prompts' task 'math' has no exact target"):
     stage3.exact_measures(cfg, tok, policy="policy", engine=_Engine(tok, 2))
   assert cfg.exact_target.loaded == []  # the reference model is not loaded
+
+
+def test_the_registered_sum_reward_remembers_gradings_per_n_and_response(tok):
+  """`sum_task_rewards` grades a (n, response) once and then recalls it: the same rewards as
+  `SumTask.reward` for every n, a response correct for one n and wrong for another included."""
+  task = sum_task.SumTask(0, 6)
+  responses = [c for n in range(7) for c in task.correct_completions(tok, n)]
+  responses += [tok.encode(" 2+3", add_special_tokens=False), [tok.eos_token_id]]
+  metas = [{"ground_truth": n} for n in range(7)]
+  pairs = [(ids, m) for ids in responses for m in metas]
+  want = [task.reward(tok, m["ground_truth"], ids) for ids, m in pairs]
+  sum_task._task_reward.cache_clear()
+  for _ in range(2):  # graded, then recalled
+    got = sum_task.sum_task_rewards([ids for ids, _ in pairs], [m for _, m in pairs])
+    np.testing.assert_array_equal(got, np.asarray(want, np.float32))
+  info = sum_task._task_reward.cache_info()
+  assert info.misses == len(pairs) and info.hits == len(pairs)
+  assert 0 < sum(want) < len(want)
