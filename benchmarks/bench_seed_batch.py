@@ -59,7 +59,8 @@ runtime.tune_host_allocator()  # as the main job's processes do, before JAX's CP
 from bench_stage3_vs_trl import extract_tree  # noqa: E402
 from configs import main as main_config  # noqa: E402
 from disa_jax.pipeline import sum_job  # noqa: E402
-from disa_jax.pipeline.sum_job import MainConfig, SumJob  # noqa: E402
+from disa_jax.pipeline.job_config import MainConfig  # noqa: E402
+from disa_jax.pipeline.sum_job import SumJob  # noqa: E402
 from disa_jax.rl import seed_batch  # noqa: E402
 from disa_jax.workflows.stage3 import Stage3Config, run_stage3  # noqa: E402
 

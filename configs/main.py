@@ -67,7 +67,8 @@ from configs import stage3_base
 
 PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
            "anchor_study_rl_quick",
-           "nonuniform_target", "staleness_study", "anchor_testbed")
+           "nonuniform_target", "staleness_study", "anchor_testbed", "anchor_testbed_rl",
+           "anchor_testbed_rl_quick")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
@@ -177,6 +178,11 @@ def runs() -> ml_collections.ConfigDict:
   # and replay pool, not only another Stage 3 seed?)
   r.disa_pos_replay_data1 = _run(_tb("disa"), _replay(0.5, "add", positive=True), data_seed=1)
   r.disa_data1 = _run(_tb("disa"), data_seed=1)
+  # The anchor testbed's controls (issue 45): the exact log Z plus seeded per-prompt offsets of RMS
+  # sigma (anchors of known error), and VarGrad's batch estimate of log Z (no anchor, no head).
+  r.disa_noise025 = _run(_tb("disa"), anchor="exact+noise", sigma=0.25)
+  r.disa_noise1 = _run(_tb("disa"), anchor="exact+noise", sigma=1.0)
+  r.vargrad = _run(_tb("vargrad"))
   return r
 
 
@@ -285,6 +291,34 @@ def _anchor_testbed(c: ml_collections.ConfigDict) -> None:
   c.anchor_study.repeats = 0
 
 
+# Issue 45's pre-registered experiment (docs/preregistration.md): the cells, in the tables' order,
+# and the comparisons declared before any run ('A:B', A - B tested two-sided on each endpoint).
+TESTBED_CELLS = ("disa_exact", "disa_noise025", "disa_noise1", "disa", "flowrl_paper", "flowrl",
+                 "vargrad")
+TESTBED_COMPARE = ("disa:disa_exact", "disa:flowrl_paper", "disa:flowrl", "disa:vargrad",
+                   "disa_exact:disa_noise025", "disa_exact:disa_noise1")
+TESTBED_SEEDS = (0, 1, 2, 3, 4)
+TESTBED_STEPS = 1600  # Stage 3 steps per run (the pilot: docs/preregistration.md)
+TESTBED_TRACK = 80  # 20 measurements per run, training and held-out prompts
+
+
+def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> None:
+  """Issue 45's Stage 3 experiment on the anchor testbed (`_anchor_testbed`'s models, Stages 1-2
+  and held-out split): the `TESTBED_CELLS` runs on-policy (one update per rollout batch) on the
+  sum scale, each tracked on the training and the held-out prompts, and the report's endpoint
+  section over `TESTBED_COMPARE` (`disa_jax.pipeline.endpoints`)."""
+  _anchor_testbed(c)
+  c.stages = "all"
+  c.methods = TESTBED_CELLS
+  c.seeds = seeds
+  c.fix = ""  # the endpoints section is this preset's decision
+  c.endpoints.compare = TESTBED_COMPARE
+  c.train.rollout.num_minibatches = 1  # on-policy: every update on the current policy's samples
+  c.train.total_steps = TESTBED_STEPS
+  c.track.every = TESTBED_TRACK
+  c.track.heldout = True
+
+
 STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)
 STALENESS_LR = 5e-4  # the staleness study's train.optim.lr
 HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
@@ -372,6 +406,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.track = ml_collections.ConfigDict()  # exact measures during Stage 3 (pipeline.dynamics)
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
   c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
+  c.track.heldout = False  # also measure the held-out prompts (exact_heldout/*; heldout.fraction)
   # The end-state rule (disa_jax.pipeline.dynamics, issue 44): a run is at its end state when the
   # 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL over
   # correct answers across the window lies inside +-delta, delta = max(delta_abs, delta_rel x the
@@ -382,6 +417,11 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.end_state.delta_abs = 0.02  # nats of change across the window ...
   c.end_state.delta_rel = 0.1  # ... or 10% of the value, whichever is larger
   c.end_state.level = 0.9  # two one-sided tests at 5% each
+  # Pre-registered endpoints (disa_jax.pipeline.endpoints; docs/preregistration.md): each 'A:B'
+  # compares runs A and B on the area under the KL curve, the conditional KL at the end and the
+  # steps to P(correct) >= 0.9 (Welch over seeds, Holm over the family). () = no such section.
+  c.endpoints = ml_collections.ConfigDict()
+  c.endpoints.compare = ()
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max
@@ -549,6 +589,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     _small_task(c, ANCHOR_STUDY_STEPS)
   if preset == "anchor_testbed":
     _anchor_testbed(c)
+  if preset in ("anchor_testbed_rl", "anchor_testbed_rl_quick"):
+    _anchor_testbed_rl(c, TESTBED_SEEDS if preset == "anchor_testbed_rl" else (0,))
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,

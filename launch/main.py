@@ -21,7 +21,8 @@ runtime.tune_host_allocator()  # before JAX creates its CPU backend (a no-op on 
 from absl import flags, logging  # noqa: E402
 
 from disa_jax import launcher  # noqa: E402
-from disa_jax.pipeline.sum_job import MainConfig, SumJob  # noqa: E402
+from disa_jax.pipeline.job_config import MainConfig  # noqa: E402
+from disa_jax.pipeline.sum_job import SumJob  # noqa: E402
 from disa_jax.workflows.preflight import require_writable  # noqa: E402
 
 _CONFIG = launcher.define_flags("main-job config file", default_config="configs/main.py")

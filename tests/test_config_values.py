@@ -18,7 +18,7 @@ from configs import (eval_paper, main, nstudy_paper, offline_synthetic, sft_pape
                      stage2_paper, stage3_base, stage3_paper)
 from disa_jax import config as config_lib
 from disa_jax.pipeline.offline_job import OfflineConfig
-from disa_jax.pipeline.sum_job import MainConfig
+from disa_jax.pipeline.job_config import MainConfig
 from disa_jax.rl import objectives
 from disa_jax.rl.config import TrainConfig
 from disa_jax.workflows.evaluation import EvalConfig

@@ -12,7 +12,8 @@ import pytest
 from configs import main as main_config
 from disa_jax import config as config_lib
 from disa_jax.pipeline import seed_stats
-from disa_jax.pipeline.sum_job import MainConfig, SumJob
+from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.sum_job import SumJob
 from tests.test_notebooks import NOTEBOOKS, NOTEBOOKS_DIR, execute_on_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -55,6 +55,8 @@ class ExactTargetConfig:
     attention_chunk: attention query block of the models this section loads (`load_model`; 0 =
       dense, c > 0 = blocks of c queries; `disa_jax.models.Transformer`).
     attention_impl: their attention over packed rows (`disa_jax.config.ATTENTION_IMPLS`).
+    heldout_path: Stage 3 only: a prompt file measured beside the run's own prompts at every
+      measurement, logged 'exact_heldout/*' ('' = none; the sum job's held-out prompts).
   """
   reference_path: str = ""
   beta: float = 15.0
@@ -63,6 +65,7 @@ class ExactTargetConfig:
   packing: bool = True
   attention_chunk: int = 0
   attention_impl: str = "auto"
+  heldout_path: str = ""
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
@@ -71,6 +74,9 @@ class ExactTargetConfig:
       raise ValueError(f"exact_target.beta must be > 0, got {self.beta!r}")
     if self.kl_samples < 2:
       raise ValueError(f"exact_target.kl_samples must be >= 2, got {self.kl_samples!r}")
+    if self.heldout_path and not self.reference_path:
+      raise ValueError(f"exact_target.heldout_path={self.heldout_path!r} needs "
+                       "exact_target.reference_path (the measures are off without it)")
 
   @property
   def enabled(self) -> bool:

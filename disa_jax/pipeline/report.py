@@ -39,6 +39,7 @@ from disa_jax.data import loaders
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
+from disa_jax.pipeline import endpoints as EP
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import seeds, tables
@@ -768,6 +769,9 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
     plots += D.plot_dynamics(dyn["series"], float(np.mean(exact.target_entropy_correct)), job.dir)
   study = _saved_anchor_study(job)
   nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
+  pairs = job.cfg.endpoints.pairs(job.cfg.methods)
+  ends = (EP.section(EP.collect(stage3, {m: job.cfg.run_seeds(m) for m in job.cfg.methods}), pairs)
+          if pairs else None)
   report = {"instrument": instrument(job), "config": {"beta": job.cfg.beta, "task": f"n in [{job.task.n_min}, {job.task.n_max}]",
                        "engine": job.cfg.engine.kind, "stage3_steps": job.cfg.train.total_steps,
                        "preset": job.cfg.preset},
@@ -780,7 +784,7 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
             "matched_accuracy_runs": {m: dict(v) for m, v in dyn["matched_runs"].items()},
             "stage3_seeds": list(job.cfg.seeds),
             "run_seeds": {m: list(job.cfg.run_seeds(m)) for m in job.cfg.methods},
-            "stage12_replicas": replicas,
+            "stage12_replicas": replicas, **({} if ends is None else {"endpoints": ends}),
             "skipped_methods": skipped, "claims": claims,
             "times_s": job.times, "plots": plots}
   (job.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
@@ -789,7 +793,8 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
         f"{job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = "
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
         *_methods_md(job, evals, regime, skipped), *_grid_md(report),
-        *_conditional_kl_md(report.get("conditional_kl")), *_matched_md(dyn), *_claims_md(report),
+        *_conditional_kl_md(report.get("conditional_kl")), *_matched_md(dyn),
+        *([] if ends is None else EP.markdown(ends)), *_claims_md(report),
         *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_replicas_md(report["stage12_replicas"]),
         *_nstudy_md(nstudy),
         *_times_md(job), "",

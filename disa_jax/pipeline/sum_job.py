@@ -27,7 +27,6 @@ import json
 import multiprocessing
 import os
 import time
-import typing
 import warnings
 from concurrent import futures
 from pathlib import Path
@@ -51,20 +50,16 @@ from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
 from disa_jax.pipeline import seeds
-from disa_jax.pipeline.claims import parse_comparison
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
-from disa_jax.pipeline.dynamics import EndStateConfig
-from disa_jax.pipeline.heldout import HeldoutConfig, split_values
+from disa_jax.pipeline.heldout import split_values
+from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.report import (AnchorReport, JobReport, ReportInputs, write_anchor_report,
                                       write_report)
-from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec, save_model, train_sum_model
-from disa_jax.rl.config import ReplayConfig, TrainConfig
-from disa_jax.rl.objectives import Objective
+from disa_jax.pipeline.sum_models import WarmupSpec, save_model, train_sum_model
+from disa_jax.rl.config import TrainConfig
 from disa_jax.rl import seed_batch
 from disa_jax.rl.replay import replay_count
-from disa_jax.rollout.engines import EngineConfig
 from disa_jax.scoring.batched import SequenceScorer
-from disa_jax.sft.baseline import LoRASFTConfig
 from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
@@ -73,233 +68,6 @@ from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
 from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from disa_jax.workflows.stage3 import (BackboneConfig, DataConfig, Stage3Config, Stage3Run,
                                       run_stage3)
-
-ANCHORS = ("fitted", "exact", "exact+noise")
-STAGES = ("all", "anchor")  # `MainConfig.stages`
-# The value of every path field in `MainConfig`'s workflow sections: `SumJob` sets the real paths
-# (under its workdir) when it derives each stage's config.
-JOB_PATH = "<set by SumJob>"
-_JOB_PATHS = {
-    "stage1": dict(prompts_path=JOB_PATH, reference_path=JOB_PATH, proposal_path=JOB_PATH,
-                   output_dir=JOB_PATH),
-    "stage2": dict(stage1_path=JOB_PATH, reference_path=JOB_PATH, anchor_path=JOB_PATH,
-                   output_dir=JOB_PATH),
-    "eval": dict(output_dir=JOB_PATH, model_path=JOB_PATH, benchmarks={"task": JOB_PATH}),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-  """One Stage 3 run of the main job: an objective, its Stage 1 replay (`ReplayConfig`: the run's
-  ``train.replay`` section, reading the job's Stage 1 file), its anchor, and ``match_rows_of``: the
-  name of a run with replay mode 'add' whose G + k rows per prompt this run samples on-policy (its
-  ``rollout.group_size``; the compute-matched control of that run), '' = the job's G.
-
-  ``anchor``: 'fitted' (Stage 2), 'exact' (the exact log Z) or 'exact+noise' (the exact log Z plus
-  per-prompt offsets of RMS exactly ``sigma``, seeded by the job's seed: `disa_jax.anchor.noise`).
-  ``minibatches``: optimizer updates per rollout batch of this run (``train.rollout.
-  num_minibatches``); 0 keeps the job's. ``staleness``: this run's ``train.rollout.max_staleness``
-  (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's. ``lr``: this run's
-  peak ``train.optim.lr``; 0 keeps the job's. ``seeds``: this run's Stage 3 seeds, () = the job's
-  (`MainConfig.run_seeds`): a grid runs several seeds only where a comparison is decided.
-  ``data_seed``: the Stage 1/2 replicate the run reads its fitted anchor and replay pool from: 0 =
-  the job's (``stage1/``, ``anchor/``); d > 0 = Stage 1 drawn again with sampling seed + d and
-  Stage 2 fitted on it with fit seed + d (``stage1_data<d>/``, ``anchor_data<d>/``: `SumJob.replicas`).
-  """
-  objective: Objective
-  replay: ReplayConfig = ReplayConfig()
-  anchor: str = "fitted"
-  match_rows_of: str = ""
-  sigma: float = 0.0
-  minibatches: int = 0
-  staleness: int = 0
-  lr: float = 0.0
-  seeds: tuple[int, ...] = ()
-  data_seed: int = 0
-
-  def __post_init__(self):
-    if self.anchor not in ANCHORS:
-      raise ValueError(f"anchor must be one of {ANCHORS}, got {self.anchor!r}")
-    if self.anchor != "fitted" and not self.objective.needs_anchor:
-      raise ValueError(f"anchor={self.anchor!r} is set but objective {self.objective.name!r} uses "
-                       "no anchor")
-    if self.match_rows_of and self.replay.enabled:
-      raise ValueError(f"match_rows_of={self.match_rows_of!r} samples every row on-policy, but the "
-                       f"run replays (replay.fraction={self.replay.fraction})")
-    if (self.anchor == "exact+noise") != (self.sigma != 0):
-      raise ValueError(f"sigma must be > 0 with anchor='exact+noise' and 0 otherwise, got "
-                       f"sigma={self.sigma!r} with anchor={self.anchor!r}")
-    if self.sigma < 0 or not (isinstance(self.minibatches, int) and self.minibatches >= 0):
-      raise ValueError(f"sigma must be >= 0 and minibatches an int >= 0 (0 = the job's), got "
-                       f"sigma={self.sigma!r}, minibatches={self.minibatches!r}")
-    if not (isinstance(self.staleness, int) and self.staleness >= 0):
-      raise ValueError(f"staleness must be an int >= 0 (0 = the job's), got {self.staleness!r}")
-    if not self.lr >= 0:
-      raise ValueError(f"lr must be >= 0 (0 = the job's train.optim.lr), got {self.lr!r}")
-    if len(set(self.seeds)) != len(self.seeds):
-      raise ValueError(f"seeds must be distinct (() = the job's), got {self.seeds!r}")
-    if not (isinstance(self.data_seed, int) and self.data_seed >= 0):
-      raise ValueError(f"data_seed must be an int >= 0 (0 = the job's Stage 1/2), got "
-                       f"{self.data_seed!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskConfig:
-  """The sum task: prompts n = n_min..n_max, responses of at most ``max_tokens`` tokens."""
-  n_min: int = 0
-  n_max: int = 40
-  max_tokens: int = 8
-
-  def __post_init__(self):
-    SumTask(self.n_min, self.n_max)  # validates the range
-    if self.max_tokens < 6:
-      raise ValueError(f"max_tokens must be >= 6 (the longest correct answer), got "
-                       f"{self.max_tokens!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class AnchorStudyConfig:
-  """The sigma_g study of sharper anchors: ``repeats`` per N (0 = off), ``folds`` of the split."""
-  repeats: int = 8
-  folds: int = 5
-
-  def __post_init__(self):
-    if self.repeats < 0 or self.folds < 2:
-      raise ValueError(f"anchor_study needs repeats >= 0 and folds >= 2, got {self.repeats}, "
-                       f"{self.folds}")
-
-
-@dataclasses.dataclass(frozen=True)
-class NStudyRunSpec:
-  """The App. C.3 command (`disa_jax.workflows.nstudy`) on the sum task: a stratified subset of
-  ``subset_size`` prompts (k at the elbow of ``ks``), a fresh Stage 1 pool of ``pool_size`` samples
-  per prompt, ``repeats`` subsamples of each M in `MainConfig.n_study`; off when not ``enabled``."""
-  enabled: bool = True
-  subset_size: int = 20
-  pool_size: int = 32
-  repeats: int = 64
-  ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrackConfig:
-  """Exact measures during Stage 3: every ``every`` steps (0 = off), ``kl_samples`` policy samples
-  per prompt for the Monte Carlo KL (`Stage3Config.exact_target`)."""
-  every: int = 100
-  kl_samples: int = 16
-
-  def __post_init__(self):
-    if self.every < 0 or self.kl_samples < 2:
-      raise ValueError(f"track needs every >= 0 and kl_samples >= 2, got {self.every}, "
-                       f"{self.kl_samples}")
-
-
-@dataclasses.dataclass(frozen=True)
-class MainConfig:
-  """`configs/main.py`, typed: converted once (`from_config`) and validated once.
-
-  ``stage1`` / ``stage2`` / ``eval`` are the workflows' own configs, ``train`` Stage 3's
-  `TrainConfig` (its ``objective`` is replaced by each run's) and ``sft`` run_sft's
-  `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
-  them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
-  ``seed_batch``: the most Stage 3 seeds of one run trained together, as one batch dimension in one
-  process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or
-  'anchor' (the models, Stages 1-2 and the anchor study, then `report.write_anchor_report`).
-  """
-  preset: str = "default"
-  seed: int = 0
-  beta: float = 15.0
-  engine: EngineConfig = EngineConfig(kind="jax", dtype="float32")
-  methods: tuple[str, ...] = ("disa", "flowrl", "grpo", "gspo")
-  seeds: tuple[int, ...] = (0,)
-  stage3_workers: int = 1
-  seed_batch: int = 1
-  stages: str = "all"
-  runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
-  fix: str = ""
-  controls: tuple[str, ...] = ()
-  compare: tuple[str, ...] = ()
-  track: TrackConfig = TrackConfig()
-  end_state: EndStateConfig = EndStateConfig()
-  sft_enabled: bool = True
-  conditional_kl: bool = False
-  heldout: HeldoutConfig = HeldoutConfig()
-  task: TaskConfig = TaskConfig()
-  arch: TinyLMSpec = TinyLMSpec()
-  reference_model: WarmupSpec = WarmupSpec(correct_frac=0.6, skew=1.0, steps=1200, seed=0)
-  proposal_model: WarmupSpec = WarmupSpec(correct_frac=0.95, skew=0.85, steps=400, seed=1)
-  n_study: tuple[int, ...] = (2, 4, 8, 16)
-  n_study_repeats: int = 64
-  anchor_study: AnchorStudyConfig = AnchorStudyConfig()
-  nstudy: NStudyRunSpec = NStudyRunSpec()
-  stage1: Stage1Config = Stage1Config(**_JOB_PATHS["stage1"])
-  stage2: Stage2Config = Stage2Config(**_JOB_PATHS["stage2"])
-  train: TrainConfig = TrainConfig()
-  sft: LoRASFTConfig = LoRASFTConfig()
-  eval: EvalConfig = EvalConfig(**_JOB_PATHS["eval"])
-
-  def __post_init__(self):
-    if not self.beta > 0:
-      raise ValueError(f"beta must be > 0, got {self.beta!r}")
-    unknown = [m for m in self.methods if m not in self.runs]
-    if not self.methods or unknown:
-      raise ValueError(f"methods must be a non-empty subset of runs {sorted(self.runs)}, got "
-                       f"{self.methods!r}")
-    if self.fix and self.fix not in self.runs:
-      raise ValueError(f"fix must name one of runs {sorted(self.runs)} (or be ''), got {self.fix!r}")
-    bad = [c for c in self.controls if c not in self.runs or c == self.fix]
-    if bad or (self.controls and not self.fix):
-      raise ValueError(f"controls must name runs {sorted(self.runs)} other than the fix "
-                       f"{self.fix!r} (which must be set), got {self.controls!r}")
-    pairs = {}
-    for i, pair in enumerate(self.compare):
-      a, b, _ = parse_comparison(pair, f"compare[{i}]")
-      if not (a in self.methods and b in self.methods):
-        raise ValueError(f"compare[{i}] must be 'A<B' or 'A<>B' with both runs in methods "
-                         f"{list(self.methods)}, got {pair!r}")
-      if frozenset((a, b)) in pairs:  # one hypothesis per pair, its direction declared once
-        raise ValueError(f"compare[{i}] = {pair!r} tests the pair of "
-                         f"{pairs[frozenset((a, b))]!r} again; declare each pair once ('A<B', or "
-                         "'A<>B' for either direction)")
-      pairs[frozenset((a, b))] = pair
-    for name, spec in self.runs.items():
-      other = self.runs.get(spec.match_rows_of)
-      if spec.match_rows_of and (other is None or other.replay.mode != "add"
-                                 or not other.replay.enabled):
-        raise ValueError(f"runs.{name}.match_rows_of must name a run with replay mode 'add', got "
-                         f"{spec.match_rows_of!r}")
-    if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-      raise ValueError(f"seeds must be distinct ints, at least one, got {self.seeds!r}")
-    for m in self.methods:  # a run's own seeds name its runs after the job's first seed
-      if self.runs[m].seeds and self.runs[m].seeds[0] != self.seeds[0]:
-        raise ValueError(f"runs.{m}.seeds must start with the job's first seed {self.seeds[0]} "
-                         f"(its unsuffixed run), got {self.runs[m].seeds!r}")
-    if self.stages not in STAGES:
-      raise ValueError(f"stages must be one of {STAGES}, got {self.stages!r}")
-    for name in ("stage3_workers", "seed_batch"):
-      if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-        raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-    if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
-      raise ValueError(f"n_study values and n_study_repeats must be >= 1, got {self.n_study}, "
-                       f"{self.n_study_repeats}")
-
-  def run_seeds(self, method: str) -> tuple[int, ...]:
-    """The Stage 3 seeds of run ``method``: its own `RunSpec.seeds`, else the job's."""
-    return self.runs[method].seeds or self.seeds
-
-  @classmethod
-  def from_config(cls, config: Any) -> "MainConfig":
-    """From `configs/main.py`'s ConfigDict (or a dict): its sections hold no paths, so the
-    workflow configs' required path fields are set to `JOB_PATH` before the one conversion;
-    errors name the dotted field (``stage1.sampling.temperature``, ``runs.disa.objective.beta``)."""
-    raw = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-    hints = typing.get_type_hints(cls)
-    for name, paths in _JOB_PATHS.items():  # (from_mapping itself: not the workflows' from_config)
-      section = raw.get(name, {})
-      section = dict(section.to_dict() if hasattr(section, "to_dict") else section, **paths)
-      raw[name] = config_lib.from_mapping(hints[name], section, name)
-    return config_lib.from_mapping(cls, raw)
-
 
 def _derived(where: str, cfg: Any, **changes: Any) -> Any:
   """``dataclasses.replace(cfg, **changes)`` (validated again), its errors naming ``where``."""
@@ -431,7 +199,8 @@ class SumJob:
           exact_target=ExactTargetConfig(
               reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
               kl_samples=track.kl_samples,
-              seed=seeds.run_seed(self.cfg.seed, "track", method, seed)),
+              seed=seeds.run_seed(self.cfg.seed, "track", method, seed),
+              heldout_path=self.heldout_prompts_path if track.heldout and track.every else ""),
           export_dtype="float32")  # tiny float32 models, measured exactly after export
     except (TypeError, ValueError) as e:
       raise ValueError(config_lib.qualify(str(e), f"runs.{method}")) from None

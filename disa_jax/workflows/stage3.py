@@ -32,9 +32,10 @@ the latest checkpoint's config). Process 0 holds ``<workdir>/.lock`` for the run
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -248,7 +249,8 @@ def _load_models(cfg: Stage3Config, mesh):
 def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   """``(step) -> metrics``: the exact measures of the current policy (the task's measurement hook,
   `disa_jax.tasks.base.Task.measures`), prefixed 'exact/', on the validation prompts (or the
-  training prompts).
+  training prompts); with ``exact_target.heldout_path`` also those of the prompts in that file,
+  prefixed 'exact_heldout/' (one policy scorer and one reference for both).
 
   Args:
     cfg: the run's config (``exact_target``, ``data``, ``train.rollout``).
@@ -257,7 +259,8 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
     engine: the engine serving the policy.
 
   Returns:
-    ``(step) -> {"exact/<measure>": float}`` (`ExactMeasures.to_json` without ``per_prompt``).
+    ``(step) -> {"exact/<measure>": float, ...}`` (`ExactMeasures.to_json` without
+    ``per_prompt``).
 
   Raises:
     ValueError: in a multi-process run, for prompts of several abilities, or for a task without
@@ -265,32 +268,46 @@ def exact_measures(cfg: Stage3Config, tokenizer: Any, policy, engine):
   """
   if jax.process_count() > 1:
     raise ValueError("exact_target runs in single-process runs only")
+  et = cfg.exact_target
+  pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+  reference = functools.lru_cache(maxsize=1)(
+      lambda: et.scorer(et.load_model(et.reference_path), pad))
+  sets = {"exact": cfg.data.validation_paths or (cfg.data.train_path,)}
+  if et.heldout_path:
+    sets["exact_heldout"] = (et.heldout_path,)
+  trackers = {prefix: _tracker(cfg, tokenizer, paths, reference) for prefix, paths in sets.items()}
+  policy_scorer = et.scorer(policy, pad)
+
+  def measures(step: int):
+    policy_scorer.update(policy)
+    out = {}
+    for prefix, tracker in trackers.items():
+      got = tracker.measure(engine, policy_scorer, step=step).to_json(per_prompt=False)
+      out.update({f"{prefix}/{k}": float(v) for k, v in got.items()})
+    return out
+
+  return measures
+
+
+def _tracker(cfg: Stage3Config, tokenizer: Any, paths: Sequence[str],
+             reference: Callable[[], Any]) -> Any:
+  """The task's exact tracker of the prompts in ``paths`` (`exact_measures`)."""
   dc = cfg.data
-  records = [r for p in (dc.validation_paths or (dc.train_path,))
-             for r in loaders.load_prompts(p, dc.prompts_format)]
+  records = [r for p in paths for r in loaders.load_prompts(p, dc.prompts_format)]
   abilities = {r.ability for r in records}
   if len(abilities) != 1:
-    raise ValueError(f"exact_target needs prompts of one ability, got {sorted(abilities)}")
+    raise ValueError(f"exact_target needs prompts of one ability, got {sorted(abilities)} in "
+                     f"{list(paths)}")
   ability = abilities.pop()
-  pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-  scorer = lambda model: cfg.exact_target.scorer(model, pad)
   tracker = tasks.get_task(ability).measures(
       cfg.exact_target, tokenizer,
       [encode_prompt(tokenizer, r, dc.rendering, max_len=cfg.train.rollout.max_prompt_len)
-       for r in records], [r.reward_meta() for r in records],
-      lambda: scorer(cfg.exact_target.load_model(cfg.exact_target.reference_path)),
+       for r in records], [r.reward_meta() for r in records], reference,
       max_tokens=cfg.train.rollout.max_response_len)
   if tracker is None:
     raise ValueError(f"exact_target.reference_path is set but the prompts' task {ability!r} has "
                      "no exact target (its correct set cannot be enumerated)")
-  policy_scorer = scorer(policy)
-
-  def measures(step: int):
-    policy_scorer.update(policy)
-    out = tracker.measure(engine, policy_scorer, step=step)
-    return {f"exact/{k}": float(v) for k, v in out.to_json(per_prompt=False).items()}
-
-  return measures
+  return tracker
 
 
 def _identity(cfg: Stage3Config) -> dict[str, Any]:
@@ -354,16 +371,19 @@ class ExactSeries:
     return getattr(self, name)
 
   @classmethod
-  def from_rows(cls, rows: list[Mapping[str, Any]], path: str | Path = "metrics") -> "ExactSeries":
-    """From metrics rows (read from ``path``); only the rows with exact measures count, and one of
-    them missing a field raises `ArtifactError` naming ``path``, the step and the field."""
-    rows = [r for r in rows if "exact/kl_mc" in r]
+  def from_rows(cls, rows: list[Mapping[str, Any]], path: str | Path = "metrics",
+                prefix: str = "exact") -> "ExactSeries":
+    """From metrics rows (read from ``path``); only the rows with exact measures under ``prefix``
+    count ('exact', or 'exact_heldout' for the held-out prompts), and one of them missing a field
+    raises `ArtifactError` naming ``path``, the step and the field."""
+    rows = [r for r in rows if f"{prefix}/kl_mc" in r]
     for r in rows:
       for f in SERIES_FIELDS:
-        if f"exact/{f}" not in r:
-          raise artifacts.ArtifactError(f"{path}: step {r.get('step')} lacks field 'exact/{f}'")
+        if f"{prefix}/{f}" not in r:
+          raise artifacts.ArtifactError(f"{path}: step {r.get('step')} lacks field "
+                                        f"'{prefix}/{f}'")
     return cls(step=np.asarray([r["step"] for r in rows], np.int64),
-               **{f: np.asarray([r[f"exact/{f}"] for r in rows], np.float64)
+               **{f: np.asarray([r[f"{prefix}/{f}"] for r in rows], np.float64)
                   for f in SERIES_FIELDS})
 
 
@@ -406,9 +426,10 @@ class Stage3Run:
     """Every step's metrics row (metrics.jsonl), in order."""
     return artifacts.read_jsonl(self.metrics_path, "the Stage 3 metrics")
 
-  def exact_series(self) -> ExactSeries:
-    """The run's exact measures (empty when it logged none)."""
-    return ExactSeries.from_rows(self.metrics(), self.metrics_path)
+  def exact_series(self, prefix: str = "exact") -> ExactSeries:
+    """The run's exact measures under ``prefix`` ('exact', or 'exact_heldout': the held-out
+    prompts'), empty when it logged none."""
+    return ExactSeries.from_rows(self.metrics(), self.metrics_path, prefix)
 
   def to_json(self) -> dict[str, Any]:
     return {"workdir": str(self.workdir), "steps_run": self.steps_run,

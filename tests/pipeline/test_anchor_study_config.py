@@ -6,7 +6,8 @@ import pytest
 from configs import main as main_config
 from disa_jax.data import loaders
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
-from disa_jax.pipeline.sum_job import MainConfig, RunSpec, SumJob
+from disa_jax.pipeline.job_config import MainConfig, RunSpec
+from disa_jax.pipeline.sum_job import SumJob
 from disa_jax.rl.objectives import Disa, FlowRL, VarGrad
 
 

@@ -10,7 +10,8 @@ import pytest
 from configs import main as main_config
 from disa_jax import artifacts
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
-from disa_jax.pipeline.sum_job import MainConfig, SumJob
+from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.sum_job import SumJob
 
 
 def _job(tmp_path, **heldout):

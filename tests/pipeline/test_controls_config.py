@@ -6,7 +6,8 @@ import re
 import pytest
 
 from configs import main as main_config
-from disa_jax.pipeline.sum_job import MainConfig, SumJob
+from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.sum_job import SumJob
 
 CONTROLS = ("disa_exact_pos_replay", "disa_matched", "disa_pos_replay_n8", "replay_sft",
             "grpo_remedies")

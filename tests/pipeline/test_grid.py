@@ -10,7 +10,7 @@ import pytest
 from configs import main as main_config
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline import tables
-from disa_jax.pipeline.sum_job import MainConfig
+from disa_jax.pipeline.job_config import MainConfig
 
 
 def test_summary_is_the_mean_sample_std_and_the_student_t_interval():

@@ -23,7 +23,8 @@ from disa_jax.anchor import TableAnchor
 from disa_jax.data.loaders import load_prompts, save_prompts
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.models import Transformer
-from disa_jax.pipeline.sum_job import MainConfig, SumJob, prompt_records
+from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.sum_job import SumJob, prompt_records
 from disa_jax.pipeline.sum_models import TinyLMSpec, model_config, save_model
 from disa_jax.rl import seed_batch
 from disa_jax.rl.config import TrainConfig

@@ -1,0 +1,213 @@
+"""The pre-registered Stage 3 endpoints and their comparisons (issue 45, item 5).
+
+On the on-policy sum scale an offset in log Z drops out of the end state (Prop. 3(ii)), so the
+anchor can change only how a run gets there. The endpoints, declared before any run
+(docs/preregistration.md), per run and per prompt set -- the training prompts (``exact/*`` in
+metrics.jsonl) and the held-out ones (``exact_heldout/*``, `TrackConfig.heldout`):
+
+- ``kl_auc``: the area under the ``kl_decomposed`` curve (trapezoids over the tracked steps)
+  divided by the steps it spans: the run's mean KL to the target over training, in nats;
+- ``kl_correct_end``: the conditional KL over the correct answers (``kl_correct``) at the last
+  measurement;
+- ``steps_to_p90``: the step where P(correct) first reaches 0.9, linear in the step between the
+  measurements on either side. A run that never reaches it is censored at its last step; a
+  comparison with a censored run on either side is "undecided" (Welch on censored values would
+  measure the budget).
+
+Each declared comparison ``A:B`` is Welch's two-sided test of mean(A) - mean(B) over seeds, per
+endpoint and prompt set; Holm's correction runs over every test of the family (all comparisons x
+endpoints x prompt sets that were tested), and both p-values are reported. A cell's row gives the
+mean and its 95% interval over seeds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from disa_jax.pipeline import seed_stats
+from disa_jax.workflows.stage3 import ExactSeries
+
+ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
+PROMPT_SETS = {"train": "exact", "heldout": "exact_heldout"}  # set -> metrics prefix
+P_LEVEL = 0.9
+ALPHA = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointsConfig:
+  """``compare``: the declared comparisons, each 'A:B' (run names of ``methods``; A - B is
+  tested, two-sided); () = no endpoint section."""
+  compare: tuple[str, ...] = ()
+
+  def pairs(self, methods: Sequence[str]) -> list[tuple[str, str]]:
+    """The comparisons as (A, B), each run checked against ``methods``."""
+    out = []
+    for i, pair in enumerate(self.compare):
+      a, sep, b = pair.partition(":")
+      if not sep or not a or not b or a == b:
+        raise ValueError(f"endpoints.compare[{i}] must be 'A:B' with two different runs, got "
+                         f"{pair!r}")
+      for name in (a, b):
+        if name not in methods:
+          raise ValueError(f"endpoints.compare[{i}]={pair!r}: {name!r} is not in methods "
+                           f"{tuple(methods)}")
+      out.append((a, b))
+    return out
+
+
+def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]:
+  """The endpoints of one run's measurements on one prompt set.
+
+  Args:
+    series: its exact measures (>= 2 measurements).
+    level: the P(correct) level of ``steps_to_p90``.
+
+  Returns:
+    {'kl_auc', 'kl_correct_end', 'steps_to_p90', 'censored' (never reached the level),
+    'measurements', 'first_step', 'last_step'}.
+  """
+  step = np.asarray(series["step"], np.float64)
+  if step.size < 2 or np.any(np.diff(step) <= 0):
+    raise ValueError(f"run_endpoints needs >= 2 measurements at increasing steps, got steps "
+                     f"{np.asarray(series['step']).tolist()}")
+  kl = np.asarray(series["kl_decomposed"], np.float64)
+  auc = float(np.sum((kl[1:] + kl[:-1]) / 2.0 * np.diff(step)) / (step[-1] - step[0]))
+  p = np.asarray(series["p_correct"], np.float64)
+  hit = np.flatnonzero(p >= level)
+  if not hit.size:
+    reach, censored = float(step[-1]), True
+  elif hit[0] == 0:
+    reach, censored = float(step[0]), False
+  else:
+    i = int(hit[0])
+    reach = float(step[i - 1] + (level - p[i - 1]) / (p[i] - p[i - 1]) * (step[i] - step[i - 1]))
+    censored = False
+  return {"kl_auc": auc, "kl_correct_end": float(series["kl_correct"][-1]),
+          "steps_to_p90": reach, "censored": censored, "measurements": int(step.size),
+          "first_step": int(step[0]), "last_step": int(step[-1])}
+
+
+def collect(stage3: Mapping[tuple[str, int], Any], run_seeds: Mapping[str, Sequence[int]]
+            ) -> dict[str, dict[str, list[dict[str, Any]]]]:
+  """Prompt set -> run -> its seeds' `run_endpoints`, from each finished run's metrics.
+
+  Args:
+    stage3: (run, seed) -> `Stage3Run` (the job's runs; a missing one is left out).
+    run_seeds: run -> its Stage 3 seeds (the runs of the section).
+
+  A prompt set no run measured (no held-out tracking) is left out; a run with fewer than 2
+  measurements of a set has no endpoints there.
+  """
+  out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+  for ps, prefix in PROMPT_SETS.items():
+    for name, seeds in run_seeds.items():
+      for seed in seeds:
+        run = stage3.get((name, seed))
+        if run is None or not run.metrics_path.exists():
+          continue
+        series = run.exact_series(prefix)
+        if series["step"].size >= 2:
+          out.setdefault(ps, {}).setdefault(name, []).append(run_endpoints(series) | {"seed": seed})
+  return out
+
+
+def _cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """Per endpoint: mean and 95% interval over the seeds' values (n >= 2), or the lone value."""
+  out: dict[str, Any] = {"seeds": len(rows),
+                         "censored": int(sum(bool(r["censored"]) for r in rows))}
+  for e in ENDPOINTS:
+    x = [float(r[e]) for r in rows]
+    if len(x) >= 2 and len(set(x)) > 1:
+      s = seed_stats.one_sample(x)
+      out[e] = {"mean": s.mean, "ci_low": s.ci_low, "ci_high": s.ci_high}
+    elif len(x) >= 2:  # every seed the same value (e.g. all censored at the last step)
+      out[e] = {"mean": x[0], "ci_low": x[0], "ci_high": x[0]}
+    else:
+      out[e] = {"mean": x[0] if x else float("nan"), "ci_low": None, "ci_high": None}
+  return out
+
+
+def section(per_run: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+            pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+  """The report's ``endpoints`` section.
+
+  Args:
+    per_run: prompt set ('train' | 'heldout') -> run name -> its seeds' `run_endpoints`.
+    pairs: the declared comparisons (A, B).
+
+  Returns:
+    {'cells': set -> run -> `_cell`, 'tests': one row per (A, B, endpoint, set) with the
+    difference, its 95% interval, the raw and Holm p-values and the verdict, 'family': the
+    number of tests Holm corrects over}.
+  """
+  cells = {ps: {name: _cell(rows) for name, rows in runs.items()} for ps, runs in per_run.items()}
+  tests: list[dict[str, Any]] = []
+  for ps, runs in per_run.items():
+    for a, b in pairs:
+      for e in ENDPOINTS:
+        tests.append(_test(runs.get(a, ()), runs.get(b, ()), a, b, e, ps))
+  tested = [t for t in tests if t["p"] is not None]
+  adjusted = seed_stats.holm([t["p"] for t in tested]) if tested else []
+  for t, q in zip(tested, adjusted):
+    t["p_holm"] = float(q)
+    t["verdict"] = (("A lower" if t["diff"] < 0 else "A higher") if q < ALPHA else
+                    f"undecided (Holm p = {q:.3g} >= {ALPHA:g})")
+  return {"cells": cells, "tests": tests, "family": len(tested), "alpha": ALPHA,
+          "endpoints": list(ENDPOINTS), "p_level": P_LEVEL}
+
+
+def _test(ra: Sequence[Mapping[str, Any]], rb: Sequence[Mapping[str, Any]], a: str, b: str,
+          endpoint: str, prompt_set: str) -> dict[str, Any]:
+  """One declared test: Welch over seeds, or why it was not run."""
+  row: dict[str, Any] = {"a": a, "b": b, "endpoint": endpoint, "set": prompt_set, "p": None,
+                         "p_holm": None, "diff": None, "ci_low": None, "ci_high": None,
+                         "n_a": len(ra), "n_b": len(rb)}
+  why = None
+  if len(ra) < 2 or len(rb) < 2:
+    why = f"{len(ra)} / {len(rb)} seeds (Welch needs >= 2 a side)"
+  elif endpoint == "steps_to_p90" and any(r["censored"] for r in (*ra, *rb)):
+    k = sum(bool(r["censored"]) for r in (*ra, *rb))
+    why = f"{k} of {len(ra) + len(rb)} runs never reached P(correct) {P_LEVEL:g}"
+  if why is None:
+    try:
+      c = seed_stats.welch([r[endpoint] for r in ra], [r[endpoint] for r in rb])
+    except ValueError as e:  # constant on both sides: no test
+      why = str(e)
+    else:
+      row.update(p=c.p, diff=c.diff, ci_low=c.ci_low, ci_high=c.ci_high)
+  if why is not None:
+    row["verdict"] = f"undecided ({why})"
+  return row
+
+
+def markdown(sec: Mapping[str, Any]) -> list[str]:
+  """The endpoint tables of report.md."""
+  out = ["## Pre-registered endpoints (docs/preregistration.md)", "",
+         f"Means over seeds with 95% intervals; `steps_to_p90` is the step where P(correct) first "
+         f"reaches {sec['p_level']:g} (censored runs counted apart). Tests: Welch, two-sided, Holm "
+         f"over the {sec['family']} tests run.", ""]
+  for ps, cells in sec["cells"].items():
+    out += [f"### {ps} prompts", "", "| run | seeds | " + " | ".join(sec["endpoints"])
+            + " | censored |", "|---|--:|" + "--:|" * len(sec["endpoints"]) + "--:|"]
+    for name, c in cells.items():
+      vals = [_fmt(c[e]) for e in sec["endpoints"]]
+      out.append(f"| `{name}` | {c['seeds']} | " + " | ".join(vals) + f" | {c['censored']} |")
+    out.append("")
+  out += ["| A - B | set | endpoint | diff [95% CI] | p | Holm p | verdict |",
+          "|---|---|---|--:|--:|--:|---|"]
+  for t in sec["tests"]:
+    diff = ("-" if t["diff"] is None else
+            f"{t['diff']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
+    p = "-" if t["p"] is None else f"{t['p']:.3g}"
+    q = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
+    out.append(f"| `{t['a']}` - `{t['b']}` | {t['set']} | {t['endpoint']} | {diff} | {p} | {q} "
+               f"| {t['verdict']} |")
+  return out + [""]
+
+
+def _fmt(v: Mapping[str, Any]) -> str:
+  if v["ci_low"] is None:
+    return f"{v['mean']:.3f}"
+  return f"{v['mean']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"

@@ -1,0 +1,132 @@
+"""`disa_jax.pipeline.endpoints`: the pre-registered endpoints of one run on analytic curves, the
+comparisons (Welch, Holm over the family, undecided with a reason), the declared pairs, and the
+series of the held-out prompts read back from a metrics file."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from configs import main as main_config
+from disa_jax.pipeline import endpoints as EP
+from disa_jax.pipeline import seed_stats
+from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries
+
+
+def _series(steps, kl, p, kl_correct=None):
+  n = len(steps)
+  fields = {f: np.zeros(n) for f in SERIES_FIELDS}
+  fields.update(kl_decomposed=np.asarray(kl, float), p_correct=np.asarray(p, float),
+                kl_correct=np.asarray(kl_correct if kl_correct is not None else np.zeros(n), float))
+  return ExactSeries(step=np.asarray(steps, np.int64), **fields)
+
+
+def test_area_under_the_kl_curve_is_the_mean_kl_over_the_measured_steps():
+  flat = EP.run_endpoints(_series([10, 20, 40], [2.0, 2.0, 2.0], [0.1] * 3))
+  assert flat["kl_auc"] == pytest.approx(2.0)
+  line = EP.run_endpoints(_series([0, 50, 100], [4.0, 2.0, 0.0], [0.1] * 3))
+  assert line["kl_auc"] == pytest.approx(2.0)  # a straight line 4 -> 0: mean 2
+  # trapezoids on uneven steps: (3 + 1) / 2 x 10 + (1 + 1) / 2 x 30 over 40 steps
+  uneven = EP.run_endpoints(_series([0, 10, 40], [3.0, 1.0, 1.0], [0.1] * 3, [0.5, 0.4, 0.25]))
+  assert uneven["kl_auc"] == pytest.approx((20 + 30) / 40)
+  assert uneven["kl_correct_end"] == 0.25 and uneven["measurements"] == 3
+  assert (uneven["first_step"], uneven["last_step"]) == (0, 40)
+
+
+def test_steps_to_p90_interpolates_the_first_crossing_and_censors_runs_that_never_cross():
+  crossing = EP.run_endpoints(_series([0, 10, 20, 30], [1] * 4, [0.5, 0.8, 1.0, 0.85]))
+  assert crossing["steps_to_p90"] == pytest.approx(15.0) and not crossing["censored"]
+  never = EP.run_endpoints(_series([0, 10, 20], [1] * 3, [0.5, 0.8, 0.89]))
+  assert never["steps_to_p90"] == 20.0 and never["censored"]
+  past = EP.run_endpoints(_series([16, 32], [1] * 2, [0.95, 0.97]))
+  assert past["steps_to_p90"] == 16.0 and not past["censored"]
+  with pytest.raises(ValueError, match=r"increasing steps, got steps \[10, 10\]"):
+    EP.run_endpoints(_series([10, 10], [1, 1], [0.5, 0.5]))
+
+
+def _runs(rng, kl_mean, n=5, reach=100.0, censored=()):
+  return [{"kl_auc": kl_mean + 0.05 * rng.normal(), "kl_correct_end": 0.3 + 0.05 * rng.normal(),
+           "steps_to_p90": reach + 5 * rng.normal(), "censored": i in censored, "seed": i}
+          for i in range(n)]
+
+
+def test_the_section_tests_each_declared_pair_and_corrects_over_the_family():
+  rng = np.random.default_rng(0)
+  per = {"train": {"a": _runs(rng, 1.0), "b": _runs(rng, 2.0), "c": _runs(rng, 1.0, censored=(2,)),
+                   "d": _runs(rng, 1.0, n=1)}}
+  sec = EP.section(per, [("a", "b"), ("a", "c"), ("a", "d")])
+  tests = {(t["b"], t["endpoint"]): t for t in sec["tests"]}
+  assert len(sec["tests"]) == 9 and sec["family"] == 5  # a:d not testable, a:c's steps censored
+  kl = tests[("b", "kl_auc")]
+  want = seed_stats.welch([r["kl_auc"] for r in per["train"]["a"]],
+                          [r["kl_auc"] for r in per["train"]["b"]])
+  assert kl["p"] == pytest.approx(want.p) and kl["diff"] == pytest.approx(want.diff)
+  assert kl["verdict"] == "A lower" and kl["p_holm"] >= kl["p"]
+  raw = [t["p"] for t in sec["tests"] if t["p"] is not None]
+  np.testing.assert_allclose([t["p_holm"] for t in sec["tests"] if t["p"] is not None],
+                             seed_stats.holm(raw))
+  assert tests[("c", "steps_to_p90")]["verdict"] == (
+      "undecided (1 of 10 runs never reached P(correct) 0.9)")
+  assert tests[("d", "kl_auc")]["verdict"] == "undecided (5 / 1 seeds (Welch needs >= 2 a side))"
+  same = tests[("c", "kl_correct_end")]
+  assert same["verdict"].startswith("undecided (Holm p = ")  # both at 0.3: no difference shown
+  cell = sec["cells"]["train"]["c"]
+  assert cell["seeds"] == 5 and cell["censored"] == 1
+  assert cell["kl_auc"]["ci_low"] < cell["kl_auc"]["mean"] < cell["kl_auc"]["ci_high"]
+  assert sec["cells"]["train"]["d"]["kl_auc"]["ci_low"] is None
+  md = "\n".join(EP.markdown(sec))
+  assert "| `a` - `b` | train | kl_auc |" in md and "Holm over the 5 tests run" in md
+
+
+def test_declared_pairs_are_checked_against_the_methods():
+  cfg = EP.EndpointsConfig(compare=("disa:flowrl",))
+  assert cfg.pairs(("disa", "flowrl")) == [("disa", "flowrl")]
+  with pytest.raises(ValueError, match=r"endpoints.compare\[0\]='disa:gspo': 'gspo' is not in"):
+    EP.EndpointsConfig(compare=("disa:gspo",)).pairs(("disa", "flowrl"))
+  with pytest.raises(ValueError, match=r"endpoints.compare\[1\] must be 'A:B'.*got 'disa<flowrl'"):
+    EP.EndpointsConfig(compare=("disa:flowrl", "disa<flowrl")).pairs(("disa", "flowrl"))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("endpoints.compare", ("disa:nope",), "'nope' is not in methods"),
+    ("track.heldout", True, r"track.heldout=True .* needs heldout.fraction > 0, got 0.0"),
+])
+def test_the_job_config_refuses_endpoints_it_cannot_compute(field, value, match):
+  c = main_config.get_config()
+  section, name = field.split(".")
+  c[section][name] = value
+  with pytest.raises(ValueError, match=match):
+    MainConfig.from_config(c)
+
+
+class _Run:
+  def __init__(self, path: Path):
+    self.metrics_path = path
+
+  def exact_series(self, prefix):
+    rows = [json.loads(line) for line in self.metrics_path.open()]
+    return ExactSeries.from_rows(rows, self.metrics_path, prefix)
+
+
+def test_collect_reads_the_training_and_the_held_out_measures_of_each_run(tmp_path):
+  rows = []
+  for step in (1, 2, 3, 4):
+    row = {"step": step, "loss": 1.0}
+    if step % 2 == 0:
+      for prefix, p in (("exact", 0.45 * step / 2), ("exact_heldout", 0.3 * step / 2)):
+        row |= {f"{prefix}/{f}": 0.0 for f in SERIES_FIELDS}
+        row |= {f"{prefix}/p_correct": p, f"{prefix}/kl_decomposed": 1.0 / step}
+    rows.append(row)
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  got = EP.collect({("disa", 0): _Run(path), ("disa", 1): _Run(tmp_path / "missing.jsonl")},
+                   {"disa": (0, 1), "flowrl": (0,)})
+  assert set(got) == {"train", "heldout"} and list(got["train"]) == ["disa"]
+  train, held = got["train"]["disa"], got["heldout"]["disa"]
+  assert len(train) == 1 and train[0]["seed"] == 0
+  assert train[0]["steps_to_p90"] == 4.0 and not train[0]["censored"]  # 0.45, 0.9
+  assert held[0]["censored"] and held[0]["kl_auc"] == pytest.approx((0.5 + 0.25) / 2)
+  only_train = [{k: v for k, v in r.items() if not k.startswith("exact_heldout/")} for r in rows]
+  path.write_text("".join(json.dumps(r) + "\n" for r in only_train))
+  assert set(EP.collect({("disa", 0): _Run(path)}, {"disa": (0,)})) == {"train"}
