@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from disa_jax import artifacts
 from disa_jax import estimators as E
 from disa_jax.anchor.diagnostics import generalisation, prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
@@ -41,9 +40,10 @@ from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import endpoints as EP
 from disa_jax.pipeline import grid as G
+from disa_jax.pipeline.job_report import JobReport
 from disa_jax.pipeline import claims as C
-from disa_jax.pipeline import seeds, tables
-from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.pipeline import report_md as MD
+from disa_jax.pipeline import seeds
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
 from disa_jax.workflows.nstudy import NStudyResult
@@ -145,15 +145,6 @@ def _replicas_section(job: SumJob, inputs: ReportInputs, s1: Mapping[str, Any],
     errors = _label_errors(job, pool, inputs.exact) if exact_on_label_scale(job) else {}
     out[str(d)] = row(errors, _stage2_section(job, anchor, pool, inputs.exact))
   return out
-
-
-def _replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
-  if not section:
-    return []
-  return ["## Stage 1/2 data seeds", "",
-          "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
-          "named `*_data<d>` read that anchor and replay pool.", "",
-          *tables.replicas_table({"stage12_replicas": section}), ""]
 
 
 def eval_row(task: BenchmarkEval) -> dict[str, Any]:
@@ -337,16 +328,6 @@ def prop4_verdict(check: dict[str, Any]) -> dict[str, Any]:
   return check | {"verdict": None if why else check["verdict"], "verdict_why": why}
 
 
-def _anchor_study_md(res: dict | None) -> list[str]:
-  if res is None:  # the study is off (stage2.study_repeats = 0)
-    return []
-  return ["## Sharper anchors? sigma_g against the exact log Z (issue 9)", "",
-          f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res['folds']}-fold cross-validation over prompts, "
-          f"{res['repeats']} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
-          "plain least squares unless a variant wins below.", "", format_sigma_table(res), "",
-          res["verdict"]["text"], ""]
-
-
 def _regime(job: SumJob, dyn: dict[str, Any]) -> dict[str, Any]:
   """Whether every method reached its end state, per method, and what the preset promises."""
   per = {m: _state_label(dyn, m)[1] for m in job.cfg.methods}
@@ -365,152 +346,6 @@ def _grid_section(job, stage3: Stage3Runs, runs: dict, dyn: dict, s2: dict,
           "sigma_curve": G.sigma_curve(job, figures, s2.get("sigma_g_all"), others)}
 
 
-def _grid_md(report: dict) -> list[str]:
-  """The regime table (`tables.regime_table`) and the KL-against-sigma_g rows."""
-  md = ["## End-state figures per run (regime table)", "",
-        "Mean ± std over the run's seeds [95% interval]; KL: the primary (decomposed) and the Monte "
-        "Carlo one; steps to P(correct) = 0.9 (interpolated) over the seeds that got there; "
-        "gradient noise = the mean squared gradient norm over the end-state window "
-        f"(the last {report['instrument']['end_state']['window']:.0%} of steps; "
-        "`disa_jax.pipeline.grid`).", "", *tables.regime_table(report), ""]
-  if report["grid"]["sigma_curve"]:
-    md += ["KL against the log Z error sigma_g (kl_vs_sigma.png), with the loss gap to the exact "
-           "log Z run and Prop. 4's envelope sigma^2 + 2 sigma sqrt(L_TB):", "",
-           *tables.sigma_table(report), ""]
-  return md
-
-
-def _cell(e: dict, key: str, fmt: str) -> str:
-  if key + "_std" in e:
-    return f"{e[key]:{fmt}} ± {e[key + '_std']:{fmt}}"
-  return f"{e[key]:{fmt}}"
-
-
-def _methods_md(job: SumJob, evals: dict[str, dict[str, Any]], regime: dict[str, Any],
-                skipped: Mapping[str, str]) -> list[str]:
-  """The end-state table: sampled metrics, the exact target and the KL decomposition."""
-  k = next(iter(evals.values()))["k"] if evals else 8
-  md = ["## Methods at the end of training", "",
-        "Evaluation at temperature 1. KL(pi ‖ pi~), the primary KL every verdict uses: its exact "
-        "decomposition KL(P_c ‖ P~_c) + P_c KL(pi|c ‖ pi~|c) + P_w KL(pi|w ‖ pi~|w) (only the last "
-        "term is sampled); beside it the plain Monte Carlo KL with the exact log Z.", ""]
-  if len(job.cfg.seeds) > 1:
-    md += [f"Stage 3 seeds {list(job.cfg.seeds)}: cells are mean ± std over seeds (a single run's "
-           "KL: ± its Monte Carlo standard error). A run with seeds of its own (`RunSpec.seeds`) "
-           "says how many in its label.", ""]
-  md += [f"| method | state | Mean@{k} | distinct correct in {k} | P(correct) | entropy over correct "
-         "(target) | KL(pi ‖ pi~), decomposed | KL, Monte Carlo | KL binary | P_c KL_c | P_w KL_w |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
-  kl = lambda e, key: (_cell(e, key, ".3f") if f"{key}_std" in e
-                       else f"{e[key]:.3f} ± {e[key + '_se']:.3f}")
-  for name, e in evals.items():
-    label = f"{name} ({e['seeds']} seeds)" if "seeds" in e else name
-    state = regime["per_method"].get(name.split("_seed")[0], "-")
-    md.append(f"| {label} | {state} | {_cell(e, 'accuracy_mean_at_k', '.3f')} | "
-              f"{_cell(e, 'distinct_correct_mean', '.2f')} | {_cell(e, 'p_correct_exact', '.3f')} | "
-              f"{_cell(e, 'entropy_correct', '.2f')} ({e['target_entropy_correct']:.2f}) | "
-              f"{kl(e, 'kl_decomposed')} | {kl(e, 'kl_to_target')} | "
-              f"{_cell(e, 'kl_binary', '.3f')} | {_cell(e, 'p_correct_kl_correct', '.3f')} | "
-              f"{_cell(e, 'p_wrong_kl_wrong', '.3f')} |")
-  md += [f"| {name} | not trained: {why} | | | | | | | | | |" for name, why in skipped.items()]
-  return md + [""]
-
-
-def _matched_md(dyn: dict) -> list[str]:
-  """Entropy over correct and KL over correct at each accuracy level, interpolated."""
-  if not dyn["matched"]:
-    return []
-  md = ["## At matched accuracy (interpolated to P(correct) = level)", "",
-        "Mean ± std over the seeds interpolated between the measurements around the level; a seed "
-        "already past the level at its first measurement has no match there ('already past').", "",
-        "| method | level | seeds matched | already past | step | entropy over correct | "
-        "KL(pi\\|c ‖ pi~\\|c) | KL(pi ‖ pi~), decomposed |", "|---|---|---|---|---|---|---|---|"]
-  for m, levels in dyn["matched"].items():
-    for lvl, row in levels.items():
-      got = f"{len(row['seeds_reached'])} of {row['seeds']} | {len(row['seeds_already_past'])}"
-      if not row["seeds_reached"]:
-        md.append(f"| {m} | {lvl} | {got} | - | - | - | - |")
-        continue
-      f = lambda key, fmt: f"{row[key][0]:{fmt}} ± {row[key][1]:{fmt}}"
-      md.append(f"| {m} | {lvl} | {got} | {f('step', '.0f')} | {f('entropy_correct', '.2f')} | "
-                f"{f('kl_correct', '.3f')} | {f('kl', '.3f')} |")
-  return md + [""]
-
-
-def _stage12_md(s1: dict, s2: dict, study: dict | None) -> list[str]:
-  stats = (f"median ESS {s1['ess_median']:.2f}, median CV^2 {s1['cv2_median']:.3f}; proposal "
-           f"accuracy {s1['proposal_accuracy']:.3f}; prompts with no correct sample: "
-           f"{s1['prompts_without_correct_sample']}")
-  fit = (f"- best epoch {s2['best_epoch']}, val MSE vs labels {s2['val_mse_vs_labels']:.4f}, val R^2 "
-         f"vs labels {s2['val_r2_vs_labels']:.3f} ({s2['n_val']} held-out prompts)")
-  if "n_study_mae_vs_exact" not in s1:  # labels on the mean scale: no exact value to compare with
-    md = [f"## Stage 1 (labels on the {s1['label_scale']} scale: no exact value to compare with)", "",
-          f"- N = {s1['n']}: {stats}", "", "| N | mean Var(log Z_N) |", "|---|---|"]
-    md += [f"| {m} | {v:.4f} |" for m, v in s1["n_study_variance"].items()]
-    return md + ["", "## Stage 2 (anchor)", "", fit, ""] + _anchor_study_md(study)
-  md = ["## Stage 1 (log Z_IS against the exact log Z)", "",
-        f"- N = {s1['n']}: mean |log Z_IS - log Z| = {s1['label_mae_vs_exact']:.4f}, mean signed error "
-        f"{s1['label_signed_error_mean']:+.4f}; {stats}",
-        f"- exact log Z across prompts: mean {s1['log_z_exact_mean']:.3f}, std {s1['log_z_exact_std']:.3f}",
-        "", "| N | mean abs error vs exact | mean Var(log Z_N) |", "|---|---|---|"]
-  md += [f"| {m} | {v:.4f} | {s1['n_study_variance'][m]:.4f} |" for m, v in s1["n_study_mae_vs_exact"].items()]
-  md += ["", "## Stage 2 (anchor)", "", fit,
-         f"- sigma_g = RMS(g(q) - log Z(q)): held-out {s2['sigma_g_heldout']:.4f}, all prompts "
-         f"{s2['sigma_g_all']:.4f} (the raw labels' RMS error on the held-out prompts: "
-         f"{s2['label_rmse_heldout']:.4f})", *_generalisation_md(s2.get("generalisation")), ""]
-  return md + _anchor_study_md(study)
-
-
-def _generalisation_md(gen: dict | None) -> list[str]:
-  if gen is None:
-    return []
-  row = lambda name, g: (f"| {name} | {g['prompts']} | {g['log_z_std']:.3f} | {g['log_z_range']:.3f} "
-                         f"| {g['r2']:.3f} | {g['sigma_g']:.4f} | {g['sigma_constant']:.4f} | "
-                         f"{g['sigma_g_over_constant']:.3f} |")
-  return ["", "The anchor on prompts it never saw (held out of Stages 2 and 3) against the exact "
-          "log Z; the constant is the fit's mean label:", "",
-          "| prompts | P | std log Z | range log Z | R^2 | sigma_g | sigma constant | "
-          "sigma_g / constant |", "|---|---|---|---|---|---|---|---|",
-          row("held out", gen["heldout"]), row("fitted", gen["fitted"])]
-
-
-def _nstudy_md(ns: dict | None) -> list[str]:
-  """The App. C.3 command's statistics (`workflows.nstudy`): variance and bias of log Z_M vs M."""
-  if ns is None:
-    return []
-  md = ["## The App. C.3 N-study (stratified subset, pool of "
-        f"{ns['pool_size']}; `nstudy/`)", "",
-        f"- {ns['prompts']} prompts ({ns['prompts_with_full_pool']} with a full pool), "
-        f"{ns['repeats']} subsamples per prompt and M", "",
-        "| M | mean Var(log Z_M) | mean abs(Z_M - Z_pool) / Z_pool |", "|---|---|---|"]
-  md += [f"| {r['M']} | {r['variance_mean']:.4f} | {r['relative_bias_mean']:.4f} |"
-         for r in ns["per_m"]]
-  if "variance_reduction_2_to_8" in ns:
-    md += ["", f"- variance reduction from M = 2 to M = 8: {100 * ns['variance_reduction_2_to_8']:.1f}% "
-           "(the paper: about 75%)"]
-  if "relative_bias_change_8_to_16" in ns:
-    md += [f"- relative bias removed from M = 8 to M = 16: "
-           f"{100 * ns['relative_bias_change_8_to_16']:.1f} points (the paper: about 3)"]
-  return md + [""]
-
-
-def _anchor_gap_md(gap: dict | None) -> list[str]:
-  if gap is None:
-    return []
-  check = (f"|L_DISA - L_TB| (training prompts) = {gap['loss_gap']:.4f} against the envelope with "
-           f"the held-out sigma_g, {gap['envelope']:.4f}: " + (
-               gap["verdict"] if gap["verdict"] is not None else f"no verdict ({gap['verdict_why']})"))
-  return ["## The anchor's error: DISA against the oracle (Prop. 4)", "",
-          f"- KL(pi ‖ pi~), decomposed: DISA (fitted anchor) {gap['kl_disa']:.3f}, disa_exact (exact log Z) "
-          f"{gap['kl_disa_exact']:.3f}: gap {gap['kl_gap']:+.3f} nats",
-          f"- at DISA's final policy, on the anchor's training prompts: sigma_g = "
-          f"{gap['sigma_g_train']:.4f}, L_TB(exact log Z) = {gap['loss_tb']:.3f}, L_DISA = "
-          f"{gap['loss_disa']:.3f}, |L_DISA - L_TB| = {gap['loss_gap']:.4f}; the same-sample "
-          f"envelope sigma_g^2 + 2 sigma_g sqrt(L_TB) = {gap['envelope_same_sample']:.4f} "
-          "(Cauchy-Schwarz on the same moments: it cannot be exceeded, so it is no evidence)",
-          f"- held-out sigma_g = {gap['sigma_g_heldout']:.4f}; {check}", ""]
-
-
 def instrument(job: SumJob) -> dict[str, Any]:
   """How this report decides (report.json's ``instrument``; `pipeline.tables` renders a report
   without it, from before issue 44, in the old format)."""
@@ -519,166 +354,6 @@ def instrument(job: SumJob) -> dict[str, Any]:
           "end_state": dataclasses.asdict(e), "collapse_entropy_fraction": C.COLLAPSE_ENTROPY_FRACTION,
           "divergence_factor": C.DIVERGENCE_FACTOR,
           "seeds": "independent per run and Stage 3 seed (pipeline.seeds)"}
-
-
-def _claims_md(report: dict) -> list[str]:
-  regime, ins = report["regime"], report["instrument"]
-  e = ins["end_state"]
-  rule = (f"a method is at its end state when the {e['level']:.0%} interval of the change of the "
-          f"primary KL and of the conditional KL over correct answers across the last "
-          f"{e['window']:.0%} of measured steps (>= {e['min_points']} measurements, pooled over its "
-          f"seeds) lies inside +-max({e['delta_abs']:g}, {e['delta_rel']:g} x the value)")
-  head = ("Every method reached its end state" if regime["all_at_end_state"] else
-          f"Preset {regime['preset']!r}: not every method reached its end state (verdicts marked "
-          "TRANSIENT or 'end state undecided' compare runs not shown to be at it)")
-  return ["## The paper's claims on this task", "",
-          f"{head}; {rule}. Every verdict uses the primary KL `{ins['primary_metric']}` (the exact "
-          "decomposition; the Monte Carlo KL is shown beside it). A run whose entropy over correct "
-          f"answers is below {ins['collapse_entropy_fraction']:g} of the target's collapsed, one "
-          f"whose KL is above {ins['divergence_factor']:g} x the reference policy's diverged: "
-          "failures are counted by Fisher's "
-          "exact test and KL compared by Welch's test over the other runs. A claim holds only if "
-          f"its p-value, Holm-adjusted over the report's tests, is < {ins['alpha']:g}; a claim "
-          "that could not be tested is undecided.", "", *tables.claims_table(report), "",
-          "Numbers of each claim: `claims` in report.json.", ""]
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries).
-
-  Attributes:
-    claim: what is claimed, in words.
-    holds: whether the numbers support it (``verdict == 'holds'``).
-    numbers: the numbers it is decided on (means, the test's statistics, ...).
-    why: why it does not hold or is undecided (None: no reason to give).
-    runs: the Stage 3 methods it compares (() for a claim about Stage 1).
-    from_transient: some of ``runs`` were not shown to be at their end state.
-    verdict: 'holds' | 'does not hold' | 'undecided' (a report from before issue 44: 'holds' /
-      'does NOT hold', from ``holds``).
-    state: 'end state' | 'transient' | 'undecided' | '-' (no runs); '' in an older report.
-    test: {'name', 'p', 'p_holm', 'direction_ok', 'summary'} (None: untested, or an older report).
-  """
-  claim: str
-  holds: bool
-  numbers: Mapping[str, Any]
-  why: str | None
-  runs: tuple[str, ...]
-  from_transient: bool
-  verdict: str = ""
-  state: str = ""
-  test: Mapping[str, Any] | None = None
-
-  @classmethod
-  def from_json(cls, obj: Any, where: str) -> "Claim":
-    if not isinstance(obj, dict):
-      raise artifacts.ArtifactError(f"{where}: must be an object, got {type(obj).__name__}")
-    holds = artifacts.field(obj, "holds", where, bool)
-    optional = lambda name, kind, default: (artifacts.field(obj, name, where, kind) if name in obj
-                                            else default)
-    return cls(claim=artifacts.field(obj, "claim", where, str), holds=holds,
-               numbers=artifacts.field(obj, "numbers", where, dict),
-               why=artifacts.field(obj, "why", where, (str, type(None))),
-               runs=artifacts.str_tuple(obj, "runs", where),
-               from_transient=artifacts.field(obj, "from_transient", where, bool),
-               verdict=optional("verdict", str, "holds" if holds else "does NOT hold"),
-               state=optional("state", str, ""), test=optional("test", (dict, type(None)), None))
-
-
-@dataclasses.dataclass(frozen=True)
-class JobReport:
-  """The main job's report: what `write_report` (and `SumJob.run`) returns, loaded from
-  ``<dir>/report.json``; ``report.md`` says it in words and tables.
-
-  Each field is the report.json section of its name (the file has a few more: ``config``,
-  ``instrument`` (how it decides: `instrument`), ``end_state_methods`` (each method's end state
-  pooled over its seeds), ``matched_accuracy_runs``, ``run_seeds``). A row of ``methods`` / ``runs`` maps an evaluation
-  metric (`eval_row`: ``kl_to_target``, ``accuracy_mean_at_k``, ...) to its value.
-
-  Attributes:
-    dir: the job's directory.
-    methods: evaluation row per method (a Stage 3 method's: the mean over its seeds, with
-      ``<metric>_std`` and ``seeds`` when there are several) and per other row (reference,
-      proposal, lora_sft).
-    runs: evaluation row per evaluated model (every Stage 3 seed its own).
-    claims: the verdicts (`Claim`).
-    skipped_methods: rows not trained -> why.
-    regime: whether every method reached its end state (``all_at_end_state``, ``per_method``).
-    stage1: the Stage 1 labels against the exact log Z (``n_study_mae_vs_exact``, ...; those
-      figures only where the labels estimate it: `exact_on_label_scale`).
-    stage2: the anchor's fit, and its sigma_g against the exact log Z (`exact_on_label_scale`).
-    anchor_study: the sigma_g study of sharper anchors (None when off).
-    nstudy: the App. C.3 study (None when off).
-    anchor_gap: DISA against its oracle and Prop. 4 (None without both runs).
-    end_state: per method, each seed's end-state verdict (`pipeline.dynamics.end_state`).
-    matched_accuracy: per method, per accuracy level, mean ± std over seeds.
-    conditional_kl: per row, the means of the preference among correct answers
-      (`ConditionalKL.means`; None when the job did not compute them).
-    grid: per method, its end-state figures over seeds and regime, and per regime KL against
-      sigma_g (`_grid_section`, `disa_jax.pipeline.grid`; None in a report from before it).
-    stage12_replicas: per Stage 1/2 data seed, the labels' error and the anchor's sigma_g ({}
-      without further data seeds, and in a report from before them).
-    stage3_seeds: the job's Stage 3 seeds.
-    times_s: seconds per stage.
-    plots: the PNG files in ``dir``.
-  """
-  dir: Path
-  methods: Mapping[str, Mapping[str, Any]]
-  runs: Mapping[str, Mapping[str, Any]]
-  claims: tuple[Claim, ...]
-  skipped_methods: Mapping[str, str]
-  regime: Mapping[str, Any]
-  stage1: Mapping[str, Any]
-  stage2: Mapping[str, Any]
-  anchor_study: Mapping[str, Any] | None
-  nstudy: Mapping[str, Any] | None
-  anchor_gap: Mapping[str, Any] | None
-  end_state: Mapping[str, list[Mapping[str, Any]]]
-  matched_accuracy: Mapping[str, Mapping[str, Any]]
-  conditional_kl: Mapping[str, Mapping[str, float]] | None
-  grid: Mapping[str, Any] | None
-  stage12_replicas: Mapping[str, Mapping[str, float]]
-  stage3_seeds: tuple[int, ...]
-  times_s: Mapping[str, float]
-  plots: tuple[str, ...]
-
-  FILE = "report.json"
-
-  @property
-  def json_path(self) -> Path:
-    return self.dir / self.FILE
-
-  @property
-  def md_path(self) -> Path:
-    return self.dir / "report.md"
-
-  def markdown(self) -> str:
-    """The text of report.md."""
-    return self.md_path.read_text()
-
-  @classmethod
-  def load(cls, workdir: str | Path) -> "JobReport":
-    """The report of the job in ``workdir`` (`artifacts.ArtifactError` naming the file and the
-    field when report.json is missing or malformed)."""
-    path = Path(workdir) / cls.FILE
-    obj = artifacts.read_json(path, "the main job's report")
-    get = lambda name, kind=dict: artifacts.field(obj, name, path, kind)
-    optional = lambda name: artifacts.field(obj, name, path, (dict, type(None)))
-    seeds = get("stage3_seeds", list)
-    if not all(isinstance(x, int) for x in seeds):
-      raise artifacts.ArtifactError(f"{path}: field 'stage3_seeds' must be a list of ints")
-    return cls(dir=Path(workdir), methods=get("methods"), runs=get("runs"),
-               claims=tuple(Claim.from_json(c, f"{path} (claims[{i}])")
-                            for i, c in enumerate(get("claims", list))),
-               skipped_methods=get("skipped_methods"), regime=get("regime"),
-               stage1=get("stage1"), stage2=get("stage2"), anchor_study=optional("anchor_study"),
-               nstudy=optional("nstudy"), anchor_gap=optional("anchor_gap"),
-               end_state=get("end_state"), matched_accuracy=get("matched_accuracy"),
-               conditional_kl=optional("conditional_kl") if "conditional_kl" in obj else None,
-               grid=optional("grid") if "grid" in obj else None,
-               stage12_replicas=get("stage12_replicas") if "stage12_replicas" in obj else {},
-               stage3_seeds=tuple(seeds), times_s=get("times_s"),
-               plots=artifacts.str_tuple(obj, "plots", path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -709,39 +384,10 @@ class ReportInputs:
       default_factory=dict)
 
 
-def _conditional_kl_md(section: Mapping[str, Mapping[str, float]] | None) -> list[str]:
-  """The table "Preference among correct answers": per row, the means of KL(pi|c ‖ pi~|c) and
-  KL(pi|c ‖ p_T|c) over the training prompts (and over the held-out prompts, when there are any).
-
-  Args:
-    section: report.json's ``conditional_kl`` (`ConditionalKLs.report_section`); None: no table.
-  """
-  if section is None:
-    return []
-  held = any("kl_target_correct_mean_heldout" in e for e in section.values())
-  cols = ["KL(pi\\|c ‖ pi~\\|c)", "KL(pi\\|c ‖ p_T\\|c)"]
-  keys = ["kl_target_correct_mean", "kl_proposal_correct_mean"]
-  if held:
-    cols = [f"{c}, {where}" for where in ("training prompts", "held-out prompts") for c in cols]
-    keys += [f"{k}_heldout" for k in keys]
-  md = ["## Preference among correct answers", "",
-        "Per model, the mean over prompts of KL(pi|c ‖ pi~|c) (against the target's preference "
-        "among correct answers, pi~|c = pi_ref|c) and of KL(pi|c ‖ p_T|c) (against the proposal's); "
-        "per prompt in conditional_kl.json.", "",
-        "| model | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-  md += [f"| {row} | " + " | ".join(f"{e[k]:.4f}" if e.get(k) is not None else "-" for k in keys)
-         + " |" for row, e in section.items()]
-  return md + [""]
-
-
 def _saved_anchor_study(job: SumJob) -> dict[str, Any] | None:
   """The job's anchor_study.json (`SumJob.anchor_study`), None when it did not run."""
   path = job.dir / "anchor_study.json"
   return json.loads(path.read_text()) if path.exists() else None
-
-
-def _times_md(job: SumJob) -> list[str]:
-  return ["## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items())]
 
 
 def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
@@ -792,12 +438,12 @@ def write_report(job: SumJob, inputs: ReportInputs) -> JobReport:
         f"Preset {job.cfg.preset!r}, {job.cfg.train.total_steps} Stage 3 steps per run. Engine: "
         f"{job.cfg.engine.kind}. Models: tiny Qwen3 ({job.arch.num_layers} layers, d = "
         f"{job.arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
-        *_methods_md(job, evals, regime, skipped), *_grid_md(report),
-        *_conditional_kl_md(report.get("conditional_kl")), *_matched_md(dyn),
-        *([] if ends is None else EP.markdown(ends)), *_claims_md(report),
-        *_anchor_gap_md(gap), *_stage12_md(s1, s2, study), *_replicas_md(report["stage12_replicas"]),
-        *_nstudy_md(nstudy),
-        *_times_md(job), "",
+        *MD.methods_md(job, evals, regime, skipped), *MD.grid_md(report),
+        *MD.conditional_kl_md(report.get("conditional_kl")), *MD.matched_md(dyn),
+        *([] if ends is None else EP.markdown(ends)), *MD.claims_md(report),
+        *MD.anchor_gap_md(gap), *MD.stage12_md(s1, s2, study), *MD.replicas_md(report["stage12_replicas"]),
+        *MD.nstudy_md(nstudy),
+        *MD.times_md(job), "",
         "Plots: " + ", ".join(plots)]
   (job.dir / "report.md").write_text("\n".join(md) + "\n")
   return JobReport.load(job.dir)
@@ -829,7 +475,7 @@ def write_anchor_report(job: SumJob, pool: Stage1Data, anchor: AnchorArtifact,
   (job.dir / "anchor_report.json").write_text(json.dumps(out, indent=1, default=float))
   md = [f"# DISA main job, Stages 1-2: sum task, n in [{job.task.n_min}, {job.task.n_max}], "
         f"beta = {job.cfg.beta}", "", f"Preset {job.cfg.preset!r} (stages = 'anchor').", "",
-        *_stage12_md(s1, s2, study),
-        *_times_md(job)]
+        *MD.stage12_md(s1, s2, study),
+        *MD.times_md(job)]
   (job.dir / "anchor_report.md").write_text("\n".join(md) + "\n")
   return AnchorReport(job.dir, s1, s2)

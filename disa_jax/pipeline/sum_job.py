@@ -53,7 +53,8 @@ from disa_jax.pipeline import seeds
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.heldout import split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
-from disa_jax.pipeline.report import (AnchorReport, JobReport, ReportInputs, write_anchor_report,
+from disa_jax.pipeline.job_report import JobReport
+from disa_jax.pipeline.report import (AnchorReport, ReportInputs, write_anchor_report,
                                       write_report)
 from disa_jax.pipeline.sum_models import WarmupSpec, save_model, train_sum_model
 from disa_jax.rl.config import TrainConfig

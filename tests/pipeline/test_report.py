@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from disa_jax import artifacts
-from disa_jax.pipeline import report as R
+from disa_jax.pipeline import report_md as MD
+from disa_jax.pipeline.job_report import Claim, JobReport
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs
 
 
@@ -19,11 +20,11 @@ def _preference(tmp_path, heldout):
 
 
 def test_the_preference_table_without_a_split(tmp_path):
-  md = R._conditional_kl_md(_preference(tmp_path, ()).report_section())
+  md = MD.conditional_kl_md(_preference(tmp_path, ()).report_section())
   assert md[0] == "## Preference among correct answers"
   assert "| model | KL(pi\\|c ‖ pi~\\|c) | KL(pi\\|c ‖ p_T\\|c) |" in md
   assert "| reference | 0.0000 | 0.7000 |" in md and "| disa | 0.3000 | 0.3000 |" in md
-  assert R._conditional_kl_md(None) == []
+  assert MD.conditional_kl_md(None) == []
 
 
 def test_the_preference_table_with_held_out_prompts(tmp_path):
@@ -31,7 +32,7 @@ def test_the_preference_table_with_held_out_prompts(tmp_path):
   assert section["disa"] == pytest.approx({
       "kl_target_correct_mean": 0.15, "kl_proposal_correct_mean": 0.35,
       "kl_target_correct_mean_heldout": 0.6, "kl_proposal_correct_mean_heldout": 0.2})
-  md = R._conditional_kl_md(section)
+  md = MD.conditional_kl_md(section)
   assert ("| model | KL(pi\\|c ‖ pi~\\|c), training prompts | KL(pi\\|c ‖ p_T\\|c), training prompts | "
           "KL(pi\\|c ‖ pi~\\|c), held-out prompts | KL(pi\\|c ‖ p_T\\|c), held-out prompts |") in md
   assert "| disa | 0.1500 | 0.3500 | 0.6000 | 0.2000 |" in md
@@ -53,31 +54,31 @@ def _report_json(**over):
 def test_job_report_loads_report_json(tmp_path):
   (tmp_path / "report.json").write_text(json.dumps(_report_json()))
   (tmp_path / "report.md").write_text("# the report\n")
-  rep = R.JobReport.load(tmp_path)
+  rep = JobReport.load(tmp_path)
   assert rep.dir == tmp_path and rep.json_path == tmp_path / "report.json"
   assert rep.markdown() == "# the report\n" and rep.conditional_kl is None
   assert rep.methods["disa"]["kl_to_target"] == 0.4 and rep.stage3_seeds == (0,)
-  assert rep.claims == (R.Claim("Stage 1 error shrinks with N", True, {"2": 0.3, "4": 0.1}, None,
+  assert rep.claims == (Claim("Stage 1 error shrinks with N", True, {"2": 0.3, "4": 0.1}, None,
                                 (), False, verdict="holds"),)  # (a report from before issue 44)
   current = dict(_report_json()["claims"][0], verdict="undecided", holds=False, state="-",
                  test=None, why="no paired test")
   (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[current])))
-  back = R.JobReport.load(tmp_path).claims[0]
+  back = JobReport.load(tmp_path).claims[0]
   assert (back.verdict, back.state, back.test, back.why) == ("undecided", "-", None, "no paired test")
   section = {"disa": {"kl_target_correct_mean": 0.1, "kl_proposal_correct_mean": 0.2}}
   (tmp_path / "report.json").write_text(json.dumps(_report_json(conditional_kl=section)))
-  assert R.JobReport.load(tmp_path).conditional_kl == section
+  assert JobReport.load(tmp_path).conditional_kl == section
 
 
 def test_job_report_errors_name_the_field(tmp_path):
   with pytest.raises(artifacts.ArtifactError, match="report.json does not exist"):
-    R.JobReport.load(tmp_path)
+    JobReport.load(tmp_path)
   obj = _report_json()
   del obj["methods"]
   (tmp_path / "report.json").write_text(json.dumps(obj))
   with pytest.raises(artifacts.ArtifactError, match="field 'methods' is missing"):
-    R.JobReport.load(tmp_path)
+    JobReport.load(tmp_path)
   bad_claim = dict(_report_json()["claims"][0], holds="yes")
   (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[bad_claim])))
   with pytest.raises(artifacts.ArtifactError, match=r"claims\[0\].*field 'holds' must be bool"):
-    R.JobReport.load(tmp_path)
+    JobReport.load(tmp_path)

@@ -9,6 +9,7 @@ import pytest
 
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report as R
+from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline import seed_stats
 
 TARGET_H = 1.84
@@ -195,7 +196,7 @@ def test_the_prop4_verdict_needs_an_envelope_below_the_loss():
   assert tight["verdict"] == "violated" and tight["verdict_why"] is None
   held_none = R.prop4_verdict(check | {"envelope": float("nan"), "verdict": None})
   assert held_none["verdict"] is None and "no held-out prompts" in held_none["verdict_why"]
-  md = "\n".join(R._anchor_gap_md({"kl_disa": 0.3, "kl_disa_exact": 0.2, "kl_gap": 0.1,
+  md = "\n".join(MD.anchor_gap_md({"kl_disa": 0.3, "kl_disa_exact": 0.2, "kl_gap": 0.1,
                                     "sigma_g_train": 0.5, "loss_disa": 3.3,
                                     "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | loose))
   assert "no verdict (the envelope 4.0600 is not below L_TB" in md and "decomposed" in md
@@ -239,6 +240,6 @@ def test_on_the_mean_scale_the_stage12_sections_print_no_error_against_the_exact
   s1 = {"n": 4, "label_scale": "mean", "ess_median": 2.0, "cv2_median": 0.5,
         "proposal_accuracy": 0.8, "prompts_without_correct_sample": 0,
         "n_study_variance": {"2": 0.3, "4": 0.1}}
-  md = "\n".join(R._stage12_md(s1, s2, None))
+  md = "\n".join(MD.stage12_md(s1, s2, None))
   assert "no exact value to compare with" in md and "| 4 | 0.1000 |" in md
   assert "log Z_IS - log Z" not in md and "sigma_g" not in md

@@ -1,0 +1,148 @@
+"""The main job's report as an artifact: ``report.json`` read back into a `JobReport` (its claims as
+`Claim`s), with an `artifacts.ArtifactError` naming the file and the field for a damaged one.
+`pipeline.report.write_report` writes it."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+from disa_jax import artifacts
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries).
+
+  Attributes:
+    claim: what is claimed, in words.
+    holds: whether the numbers support it (``verdict == 'holds'``).
+    numbers: the numbers it is decided on (means, the test's statistics, ...).
+    why: why it does not hold or is undecided (None: no reason to give).
+    runs: the Stage 3 methods it compares (() for a claim about Stage 1).
+    from_transient: some of ``runs`` were not shown to be at their end state.
+    verdict: 'holds' | 'does not hold' | 'undecided' (a report from before issue 44: 'holds' /
+      'does NOT hold', from ``holds``).
+    state: 'end state' | 'transient' | 'undecided' | '-' (no runs); '' in an older report.
+    test: {'name', 'p', 'p_holm', 'direction_ok', 'summary'} (None: untested, or an older report).
+  """
+  claim: str
+  holds: bool
+  numbers: Mapping[str, Any]
+  why: str | None
+  runs: tuple[str, ...]
+  from_transient: bool
+  verdict: str = ""
+  state: str = ""
+  test: Mapping[str, Any] | None = None
+
+  @classmethod
+  def from_json(cls, obj: Any, where: str) -> "Claim":
+    if not isinstance(obj, dict):
+      raise artifacts.ArtifactError(f"{where}: must be an object, got {type(obj).__name__}")
+    holds = artifacts.field(obj, "holds", where, bool)
+    optional = lambda name, kind, default: (artifacts.field(obj, name, where, kind) if name in obj
+                                            else default)
+    return cls(claim=artifacts.field(obj, "claim", where, str), holds=holds,
+               numbers=artifacts.field(obj, "numbers", where, dict),
+               why=artifacts.field(obj, "why", where, (str, type(None))),
+               runs=artifacts.str_tuple(obj, "runs", where),
+               from_transient=artifacts.field(obj, "from_transient", where, bool),
+               verdict=optional("verdict", str, "holds" if holds else "does NOT hold"),
+               state=optional("state", str, ""), test=optional("test", (dict, type(None)), None))
+
+
+@dataclasses.dataclass(frozen=True)
+class JobReport:
+  """The main job's report: what `write_report` (and `SumJob.run`) returns, loaded from
+  ``<dir>/report.json``; ``report.md`` says it in words and tables.
+
+  Each field is the report.json section of its name (the file has a few more: ``config``,
+  ``instrument`` (how it decides: `instrument`), ``end_state_methods`` (each method's end state
+  pooled over its seeds), ``matched_accuracy_runs``, ``run_seeds``). A row of ``methods`` / ``runs`` maps an evaluation
+  metric (`eval_row`: ``kl_to_target``, ``accuracy_mean_at_k``, ...) to its value.
+
+  Attributes:
+    dir: the job's directory.
+    methods: evaluation row per method (a Stage 3 method's: the mean over its seeds, with
+      ``<metric>_std`` and ``seeds`` when there are several) and per other row (reference,
+      proposal, lora_sft).
+    runs: evaluation row per evaluated model (every Stage 3 seed its own).
+    claims: the verdicts (`Claim`).
+    skipped_methods: rows not trained -> why.
+    regime: whether every method reached its end state (``all_at_end_state``, ``per_method``).
+    stage1: the Stage 1 labels against the exact log Z (``n_study_mae_vs_exact``, ...; those
+      figures only where the labels estimate it: `exact_on_label_scale`).
+    stage2: the anchor's fit, and its sigma_g against the exact log Z (`exact_on_label_scale`).
+    anchor_study: the sigma_g study of sharper anchors (None when off).
+    nstudy: the App. C.3 study (None when off).
+    anchor_gap: DISA against its oracle and Prop. 4 (None without both runs).
+    end_state: per method, each seed's end-state verdict (`pipeline.dynamics.end_state`).
+    matched_accuracy: per method, per accuracy level, mean ± std over seeds.
+    conditional_kl: per row, the means of the preference among correct answers
+      (`ConditionalKL.means`; None when the job did not compute them).
+    grid: per method, its end-state figures over seeds and regime, and per regime KL against
+      sigma_g (`_grid_section`, `disa_jax.pipeline.grid`; None in a report from before it).
+    stage12_replicas: per Stage 1/2 data seed, the labels' error and the anchor's sigma_g ({}
+      without further data seeds, and in a report from before them).
+    stage3_seeds: the job's Stage 3 seeds.
+    times_s: seconds per stage.
+    plots: the PNG files in ``dir``.
+  """
+  dir: Path
+  methods: Mapping[str, Mapping[str, Any]]
+  runs: Mapping[str, Mapping[str, Any]]
+  claims: tuple[Claim, ...]
+  skipped_methods: Mapping[str, str]
+  regime: Mapping[str, Any]
+  stage1: Mapping[str, Any]
+  stage2: Mapping[str, Any]
+  anchor_study: Mapping[str, Any] | None
+  nstudy: Mapping[str, Any] | None
+  anchor_gap: Mapping[str, Any] | None
+  end_state: Mapping[str, list[Mapping[str, Any]]]
+  matched_accuracy: Mapping[str, Mapping[str, Any]]
+  conditional_kl: Mapping[str, Mapping[str, float]] | None
+  grid: Mapping[str, Any] | None
+  stage12_replicas: Mapping[str, Mapping[str, float]]
+  stage3_seeds: tuple[int, ...]
+  times_s: Mapping[str, float]
+  plots: tuple[str, ...]
+
+  FILE = "report.json"
+
+  @property
+  def json_path(self) -> Path:
+    return self.dir / self.FILE
+
+  @property
+  def md_path(self) -> Path:
+    return self.dir / "report.md"
+
+  def markdown(self) -> str:
+    """The text of report.md."""
+    return self.md_path.read_text()
+
+  @classmethod
+  def load(cls, workdir: str | Path) -> "JobReport":
+    """The report of the job in ``workdir`` (`artifacts.ArtifactError` naming the file and the
+    field when report.json is missing or malformed)."""
+    path = Path(workdir) / cls.FILE
+    obj = artifacts.read_json(path, "the main job's report")
+    get = lambda name, kind=dict: artifacts.field(obj, name, path, kind)
+    optional = lambda name: artifacts.field(obj, name, path, (dict, type(None)))
+    seeds = get("stage3_seeds", list)
+    if not all(isinstance(x, int) for x in seeds):
+      raise artifacts.ArtifactError(f"{path}: field 'stage3_seeds' must be a list of ints")
+    return cls(dir=Path(workdir), methods=get("methods"), runs=get("runs"),
+               claims=tuple(Claim.from_json(c, f"{path} (claims[{i}])")
+                            for i, c in enumerate(get("claims", list))),
+               skipped_methods=get("skipped_methods"), regime=get("regime"),
+               stage1=get("stage1"), stage2=get("stage2"), anchor_study=optional("anchor_study"),
+               nstudy=optional("nstudy"), anchor_gap=optional("anchor_gap"),
+               end_state=get("end_state"), matched_accuracy=get("matched_accuracy"),
+               conditional_kl=optional("conditional_kl") if "conditional_kl" in obj else None,
+               grid=optional("grid") if "grid" in obj else None,
+               stage12_replicas=get("stage12_replicas") if "stage12_replicas" in obj else {},
+               stage3_seeds=tuple(seeds), times_s=get("times_s"),
+               plots=artifacts.str_tuple(obj, "plots", path))
