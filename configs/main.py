@@ -58,6 +58,12 @@ Presets and their budgets (2 CPU cores):
   several nats), 32 prompts held out of Stages 2 and 3 (``heldout.anchor``). Stages 1-2 only
   (``stages='anchor'``): ``anchor_report.md`` gives the spread of the exact log Z, Stage 1's ESS and
   CV^2, and the anchor's R^2 and sigma_g on the held-out prompts beside a constant predictor's.
+- ``anchor_testbed_rl``: issue 45's pre-registered Stage 3 experiment on that task
+  (docs/preregistration.md): the `TESTBED_CELLS` runs (the exact log Z, the exact log Z + noise of
+  RMS 0.25 and 1, the fitted anchor, FlowRL as the paper runs it and tuned, VarGrad), on-policy on
+  the sum scale, 5 Stage 3 seeds, each tracked on the training and the held-out prompts; the
+  report's endpoint section (`disa_jax.pipeline.endpoints`) decides `TESTBED_COMPARE`. Not run:
+  its budget is open (the pilot on that page). ``anchor_testbed_rl_quick``: the same, one seed.
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -298,8 +304,8 @@ TESTBED_CELLS = ("disa_exact", "disa_noise025", "disa_noise1", "disa", "flowrl_p
 TESTBED_COMPARE = ("disa:disa_exact", "disa:flowrl_paper", "disa:flowrl", "disa:vargrad",
                    "disa_exact:disa_noise025", "disa_exact:disa_noise1")
 TESTBED_SEEDS = (0, 1, 2, 3, 4)
-TESTBED_STEPS = 1600  # Stage 3 steps per run (the pilot: docs/preregistration.md)
-TESTBED_TRACK = 80  # 20 measurements per run, training and held-out prompts
+TESTBED_STEPS = 2400  # Stage 3 steps per run: the pilot's (docs/preregistration.md, "Status")
+TESTBED_TRACK = 120  # 20 measurements per run, training and held-out prompts
 
 
 def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> None:
