@@ -389,6 +389,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # claim the device's memory).
   c.stage3_workers = 2
   c.stages = "all"  # 'all', or 'anchor': the models, Stages 1-2, the anchor study, anchor_report.md
+  # One persistent XLA compilation cache for the job's processes (<workdir>/jax_cache): each Stage 3
+  # run after the first of its shapes loads its compiled programs (disa_jax.runtime).
+  c.compilation_cache = True
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # Runs the fix is compared with (Welch over seeds): its controls, when the preset trains them.

@@ -1,5 +1,6 @@
 """`disa_jax.runtime.tune_host_allocator`: the three mallopt settings on CPU runs, nothing elsewhere."""
 import ctypes.util
+import os
 import subprocess
 import sys
 
@@ -87,3 +88,32 @@ def test_under_the_settings_a_freed_block_of_over_a_gib_is_reused_without_page_f
   first, second = map(int, out.stdout.split())
   assert first > 250_000  # 1.2 GiB of 4 KiB pages, faulted in on first touch
   assert second < first // 100, (first, second)
+
+
+def test_the_persistent_compilation_cache_reaches_this_process_and_its_children(monkeypatch,
+                                                                                 tmp_path):
+  """`persistent_compilation_cache`: JAX's options in this process, the environment for the
+  processes it starts (a fresh interpreter compiles into the directory), and a cache directory
+  already in the environment wins."""
+  import jax  # (as the function does: after the allocator's settings)
+  saved = {name: getattr(jax.config, name) for name, _ in runtime.CACHE_ENV.values()}
+  for env in runtime.CACHE_ENV:
+    monkeypatch.delenv(env, raising=False)
+  try:
+    got = runtime.persistent_compilation_cache(tmp_path / "cache")
+    assert got == str(tmp_path / "cache") == os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert jax.config.jax_compilation_cache_dir == got
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+    assert jax.config.jax_persistent_cache_min_entry_size_bytes == 0
+    child = subprocess.run(
+        [sys.executable, "-c", "import jax, jax.numpy as jnp; "
+         "print(jax.jit(lambda x: x * 3 + 1)(jnp.arange(4.0)).sum())"],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "22.0"
+    assert any((tmp_path / "cache").iterdir())  # the child's program, cached
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "theirs"))
+    assert runtime.persistent_compilation_cache(tmp_path / "mine") == str(tmp_path / "theirs")
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "theirs")
+  finally:
+    for name, value in saved.items():
+      jax.config.update(name, value)

@@ -156,6 +156,9 @@ class MainConfig:
   ``seed_batch``: the most Stage 3 seeds of one run trained together, as one batch dimension in one
   process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or
   'anchor' (the models, Stages 1-2 and the anchor study, then `report.write_anchor_report`).
+  ``compilation_cache``: the job's processes share a persistent compilation cache in
+  ``<workdir>/jax_cache`` (`disa_jax.runtime.persistent_compilation_cache`; a cache directory in
+  the environment wins), so each Stage 3 run after the first of its shapes loads its programs.
   """
   preset: str = "default"
   seed: int = 0
@@ -166,6 +169,7 @@ class MainConfig:
   stage3_workers: int = 1
   seed_batch: int = 1
   stages: str = "all"
+  compilation_cache: bool = True
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   controls: tuple[str, ...] = ()

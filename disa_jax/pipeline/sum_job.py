@@ -36,7 +36,7 @@ import numpy as np
 
 from disa_jax import artifacts
 from disa_jax import config as config_lib
-from disa_jax import models, preemption
+from disa_jax import models, preemption, runtime
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
@@ -531,6 +531,8 @@ class SumJob:
     Returns:
       The report (`JobReport`: report.json and report.md in the job's directory).
     """
+    if self.cfg.compilation_cache:  # every process of the job compiles each program once
+      runtime.persistent_compilation_cache(self.dir / "jax_cache")
     self._timed("models", self.build_models)
     stage1 = self._timed("stage1", self.stage1)
     nstudy = self._timed("nstudy", self.nstudy) if self.cfg.nstudy.enabled else None
