@@ -17,7 +17,11 @@ scratch (its own compilations: nothing is cached between blocks):
   device call one vmapped program over the seeds); ``batch_1`` is one seed with its sampler in the
   trainer's process (`sum_job.together`), nothing routed;
 - a ``base:`` prefix runs the block on the `disa_jax` of git revision ``--baseline-rev`` (extracted
-  with `git archive`; it needs today's `SumJob` / `train_together` API): the "before" column.
+  with `git archive`; it needs today's `SumJob` / `train_together` API): the "before" column;
+- a ``+cache`` suffix gives the block's processes (and their generation processes) one persistent
+  compilation cache, ``<workdir>/bench/jax_cache``, emptied before the first rep: rep 0 fills it,
+  later reps load their programs from it, as the main job's later Stage 3 runs do
+  (`MainConfig.compilation_cache`). Without the suffix nothing is cached.
 
 Per block: the median (min-max) over its seeds of each seed's median ``time/step_s`` (metrics.jsonl,
 the steps after the first ``--skip``: compilation), i.e. collect + score + update + sync; and the
@@ -100,8 +104,8 @@ def seed_configs(workdir: str, method: str, size: int, steps: int, out: Path,
 def run_block(args) -> dict:
   """One block in this process: its seeds' ``--steps`` steps from scratch; each seed's median
   step time after ``--skip`` steps and the block's wall time."""
-  kind = args.block.split(":")[-1]
-  d = Path(args.workdir) / "bench" / args.block.replace(":", "_")
+  kind = args.block.split(":")[-1].removesuffix("+cache")
+  d = Path(args.workdir) / "bench" / args.block.replace(":", "_").replace("+", "_")
   shutil.rmtree(d, ignore_errors=True)
   size = 1 if kind == "separate" else int(kind.split("_")[1])
   cfgs = seed_configs(args.workdir, args.method, size, args.steps, d,
@@ -151,9 +155,13 @@ def summarise(blocks: list[dict], steps: int) -> dict:
 
 
 def _child(args, kind: str, base: Path | None) -> dict:
-  env = dict(os.environ)
+  env = {k: v for k, v in os.environ.items() if k not in runtime.CACHE_ENV}
   if kind.startswith("base:"):
     env["DISA_BENCH_TREE"] = str(base)
+  if kind.endswith("+cache"):
+    env.update({"JAX_COMPILATION_CACHE_DIR": str(Path(args.workdir) / "bench" / "jax_cache"),
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
   cmd = [sys.executable, __file__, "--workdir", args.workdir, "--method", args.method,
          "--steps", str(args.steps), "--skip", str(args.skip), "--block", kind]
   proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
@@ -181,9 +189,11 @@ def main() -> None:
   kinds = args.blocks.split(",")
   for kind in kinds:
     name = kind.split(":")[-1]
+    block = name.removesuffix("+cache")
     if kind.split(":")[0] not in ("base", name) or not (
-        name == "separate" or (name.startswith("batch_") and name[6:].isdigit())):
-      raise SystemExit(f"--blocks: unknown block {kind!r} ([base:]separate or [base:]batch_<S>)")
+        block == "separate" or (block.startswith("batch_") and block[6:].isdigit())):
+      raise SystemExit(f"--blocks: unknown block {kind!r} ([base:]separate or [base:]batch_<S>, "
+                       "optionally +cache)")
   if any(k.startswith("base:") for k in kinds) and not args.baseline_rev:
     raise SystemExit("--blocks with a base: block needs --baseline-rev")
   prepare(args.workdir, args.method)
@@ -192,6 +202,7 @@ def main() -> None:
   if base is not None:
     subprocess.run(f"git -C {ROOT} archive {args.baseline_rev} configs | tar -x -C {base}",
                    shell=True, check=True)
+  shutil.rmtree(Path(args.workdir) / "bench" / "jax_cache", ignore_errors=True)
   blocks = []
   for rep in range(args.reps):
     for kind in kinds:

@@ -10,10 +10,12 @@ output named by a URL (``gs://``) is locked through a local file named after it
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from disa_jax import paths
 
@@ -72,6 +74,25 @@ class OutputLock:
 
   def __del__(self):
     self.release()
+
+
+@contextlib.contextmanager
+def owned_output(path: str | os.PathLike, what: str, claim: Callable[[], Any], *,
+                 owner: bool = True) -> Iterator[None]:
+  """A command's output, owned for the duration: on its ``owner`` (the process that writes it; the
+  main process of a multi-process run) an `OutputLock` on ``path`` and then ``claim()`` (the
+  output's identity check: `disa_jax.checkpoint.identity.claim_output`), released on exit; on the
+  other processes nothing.
+
+  Raises:
+    OutputLockedError: another process holds the output.
+  """
+  if not owner:
+    yield
+    return
+  with OutputLock(path, what):
+    claim()
+    yield
 
 
 def _read_pid(path: Path) -> int | None:

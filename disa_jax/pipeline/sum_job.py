@@ -70,6 +70,9 @@ from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from disa_jax.workflows.stage3 import (BackboneConfig, DataConfig, Stage3Config, Stage3Run,
                                       run_stage3)
 
+SFT_SKIPPED = "no Stage 1 sample has reward 1"  # why a job has no LoRA-SFT row
+
+
 def _derived(where: str, cfg: Any, **changes: Any) -> Any:
   """``dataclasses.replace(cfg, **changes)`` (validated again), its errors naming ``where``."""
   try:
@@ -498,10 +501,10 @@ class SumJob:
     return {k: Stage3Run.load(wd[k]) for k in keys}
 
   def lora_sft(self, pool: Stage1Data) -> SftRun | None:
-    """The LoRA-SFT baseline; None (and the reason in sft_skipped.json) without reward-1 samples."""
+    """The LoRA-SFT baseline; None (and `SFT_SKIPPED` in sft_skipped.json) without reward-1
+    samples."""
     if not (pool.reward[pool.mask] >= 1.0).any():  # nothing to distil: say so in the report
-      artifacts.write_json(self.dir / "sft_skipped.json",
-                           {"reason": "no Stage 1 sample has reward 1"})
+      artifacts.write_json(self.dir / "sft_skipped.json", {"reason": SFT_SKIPPED})
       return None
     run = run_sft(self.sft_cfg)
     if not run.exported:  # adapters saved at that step; the job's rerun resumes the baseline
@@ -552,7 +555,7 @@ class SumJob:
       if sft is not None:
         rows["lora_sft"] = str(sft.out_path)
       else:
-        skipped["lora_sft"] = json.loads((self.dir / "sft_skipped.json").read_text())["reason"]
+        skipped["lora_sft"] = SFT_SKIPPED
     preference = (self._timed("conditional_kl", self.conditional_kls, rows)
                   if self.cfg.conditional_kl else None)
     evals = self.evaluate(rows)

@@ -20,7 +20,7 @@ from disa_jax import artifacts
 from disa_jax import config as config_lib
 from disa_jax import preemption
 from disa_jax.checkpoint import identity
-from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.checkpoint.lock import owned_output
 from disa_jax.estimators import load_stage1
 from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
@@ -121,16 +121,12 @@ def run_sft(cfg: SftConfig, log: Callable[[str], None] | None = None) -> SftRun:
     OutputLockedError: another run holds ``out_path``.
     IdentityMismatchError: ``out_path`` holds a baseline of other inputs and ``overwrite`` is off.
   """
-  lock = None
-  if distributed.is_main_process():
+  owner = distributed.is_main_process()
+  if owner:
     Path(cfg.out_path).parent.mkdir(parents=True, exist_ok=True)
-    lock = OutputLock(cfg.out_path + ".lock", f"the SFT baseline {cfg.out_path}")
-    claim_sft_output(cfg)
-  try:
+  with owned_output(cfg.out_path + ".lock", f"the SFT baseline {cfg.out_path}",
+                    lambda: claim_sft_output(cfg), owner=owner):
     return _run_sft(cfg, log)
-  finally:
-    if lock is not None:
-      lock.release()
 
 
 def _run_sft(cfg: SftConfig, log: Callable[[str], None] | None) -> SftRun:

@@ -48,7 +48,7 @@ from disa_jax.anchor.fit import AnchorFitConfig
 from disa_jax.anchor.frozen import EmbeddingSpec, META_FILE
 from disa_jax.anchor.labels import LABEL_KINDS, anchor_targets, check_variant
 from disa_jax.checkpoint import identity
-from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.checkpoint.lock import owned_output
 from disa_jax.data import loaders
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators.reward_transforms import RewardTransform
@@ -338,8 +338,8 @@ def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
   """
   out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  with OutputLock(out_dir / ".lock", f"the Stage 2 output {out_dir}"):
-    claim_stage2_output(cfg)
+  with owned_output(out_dir / ".lock", f"the Stage 2 output {out_dir}",
+                    lambda: claim_stage2_output(cfg)):
     return _run_stage2(cfg)
 
 

@@ -47,7 +47,7 @@ from disa_jax import config as config_lib
 from disa_jax import models, preemption, rewards, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.files import naming
-from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.checkpoint.lock import owned_output
 from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt
 from disa_jax.data.tokenizer import load_tokenizer
@@ -482,16 +482,9 @@ def run_stage3(cfg: Stage3Config) -> Stage3Run:
   with naming(cfg.workdir, "the Stage 3 run directory"):
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
   with preemption.watch():  # from here on a SIGTERM / SIGUSR1 stops the run cleanly
-    lock = None
-    if distributed.is_main_process():
-      lock = OutputLock(Path(cfg.workdir) / ".lock", f"the Stage 3 run {cfg.workdir}")
-    try:
-      if lock is not None:
-        claim_stage3_output(cfg)
+    with owned_output(Path(cfg.workdir) / ".lock", f"the Stage 3 run {cfg.workdir}",
+                      lambda: claim_stage3_output(cfg), owner=distributed.is_main_process()):
       return _run_stage3(cfg)
-    finally:
-      if lock is not None:
-        lock.release()
 
 
 def _preempted_before_training(cfg: Stage3Config) -> Stage3Run | None:

@@ -75,3 +75,28 @@ def test_remove_paths_deletes_files_and_trees_and_skips_the_absent(tmp_path):
   identity.remove_paths([tmp_path / "tree", str(tmp_path / "file.json"), tmp_path / "absent",
                          tmp_path / "link"])
   assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]  # a link goes, not its target
+
+
+def test_an_owned_output_is_locked_and_claimed_on_its_owner_only(tmp_path):
+  """`owned_output`: the owner holds the lock and runs the claim first (a second owner is refused
+  naming the output; a failed claim releases the lock); a non-owner neither locks nor claims."""
+  from disa_jax.checkpoint.lock import OutputLockedError, owned_output
+  calls = []
+  with owned_output(tmp_path / ".lock", "the test output", lambda: calls.append("claim")):
+    assert calls == ["claim"]
+    with pytest.raises(OutputLockedError, match="the test output"):
+      with owned_output(tmp_path / ".lock", "the test output", lambda: calls.append("no")):
+        pass
+    with owned_output(tmp_path / ".lock", "the test output", lambda: calls.append("other"),
+                      owner=False):
+      pass
+  assert calls == ["claim"]
+
+  def refuse():
+    raise ValueError("another run's output")
+
+  with pytest.raises(ValueError, match="another run's output"):
+    with owned_output(tmp_path / ".lock", "the test output", refuse):
+      pass
+  with owned_output(tmp_path / ".lock", "the test output", lambda: None):  # released again
+    pass

@@ -168,3 +168,14 @@ def test_the_end_state_section_is_typed_and_a_pair_is_declared_once():
   grid = MainConfig.from_config(main_config.get_config("anchor_study_rl"))
   pairs = [frozenset(p.replace("<>", "<").split("<")) for p in grid.compare]
   assert len(pairs) == len(set(pairs)) == 12  # (half of the 18 before: each pair in both directions)
+
+
+def test_a_pool_without_a_correct_sample_skips_the_sft_baseline_with_its_reason(tmp_path):
+  """No reward-1 Stage 1 sample: no LoRA-SFT row; the reason is recorded in sft_skipped.json and
+  is the one the report's ``skipped_methods`` gives (`sum_job.SFT_SKIPPED`)."""
+  from disa_jax.pipeline import sum_job
+  job = _job(main_config.get_config(), tmp_path)
+  pool = type("Pool", (), {"reward": np.zeros((3, 4)), "mask": np.ones((3, 4), bool)})()
+  assert job.lora_sft(pool) is None
+  saved = json.loads((tmp_path / "sft_skipped.json").read_text())
+  assert saved == {"reason": sum_job.SFT_SKIPPED} == {"reason": "no Stage 1 sample has reward 1"}
