@@ -285,11 +285,23 @@ def _claims(job: SumJob, s1: dict[str, Any], runs: dict[str, dict[str, Any]], dy
   ref = runs.get("reference")
   ev = C.Evidence(seed_rows=seed_rows, dyn=dyn, end_state=job.cfg.end_state,
                   reference_kl=None if ref is None else ref[D.PRIMARY])
-  replay = tuple((m, m[:-len("_replay")]) for m in job.cfg.methods
-                 if m.endswith("_replay") and m[:-len("_replay")] in job.cfg.methods)
   plan = C.Plan(fix=fix or "", contrasts=tuple(contrasts), controls=tuple(job.cfg.controls),
-                compare=tuple(job.cfg.compare), replay=replay)
+                compare=tuple(job.cfg.compare), replay=replay_pairs(job.cfg.runs, job.cfg.methods))
   return C.build_claims(ev, plan, s1.get("n_disjoint_abs_error") if exact_on_label_scale(job) else None)
+
+
+def replay_pairs(runs: Mapping[str, Any], methods: Sequence[str]) -> tuple[tuple[str, str], ...]:
+  """Issue 9's replay comparisons, from the runs' specs: (m, b) for each run m that replaces a
+  share of its groups' slots by Stage 1 samples (replay mode 'replace') and each run b of
+  ``methods`` that is m without replay (the same `RunSpec` but for its replay section)."""
+  out = []
+  for m in methods:
+    spec = runs[m]
+    if spec.replay.enabled and spec.replay.mode == "replace":
+      out += [(m, b) for b in methods
+              if b != m and not runs[b].replay.enabled
+              and dataclasses.replace(runs[b], replay=spec.replay) == spec]
+  return tuple(out)
 
 
 def _anchor_gap(evals: dict[str, dict[str, Any]], results: Mapping[str, EvalResult],

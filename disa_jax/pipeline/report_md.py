@@ -71,7 +71,7 @@ def methods_md(job: SumJob, evals: dict[str, dict[str, Any]], regime: dict[str, 
                        else f"{e[key]:.3f} ± {e[key + '_se']:.3f}")
   for name, e in evals.items():
     label = f"{name} ({e['seeds']} seeds)" if "seeds" in e else name
-    state = regime["per_method"].get(name.split("_seed")[0], "-")
+    state = regime["per_method"].get(job.run_of_row.get(name, (name, None))[0], "-")
     md.append(f"| {label} | {state} | {cell(e, 'accuracy_mean_at_k', '.3f')} | "
               f"{cell(e, 'distinct_correct_mean', '.2f')} | {cell(e, 'p_correct_exact', '.3f')} | "
               f"{cell(e, 'entropy_correct', '.2f')} ({e['target_entropy_correct']:.2f}) | "

@@ -121,3 +121,16 @@ def test_claims_quick_is_one_seed_of_the_four_claims_runs_as_the_claims_preset_t
   assert set(quick.stage3_cfgs) == {(m, 0) for m in ("disa_pos_replay", "disa", "disa_exact", "grpo")}
   for (m, _), cfg in quick.stage3_cfgs.items():
     assert cfg.train == _train(job, m), m
+
+
+def test_replay_pairs_come_from_the_run_specs_not_their_names():
+  """Issue 9's replay comparisons: a run replacing slots by Stage 1 samples against the same run
+  without replay, found by its `RunSpec` (the pairs the '_replay' names gave on every preset, and
+  the same pair under other names); 'add' mode (the fix) and other objectives are no pair."""
+  from disa_jax.pipeline.report import replay_pairs
+  cfg = MainConfig.from_config(main_config.get_config("replay_study"))
+  assert replay_pairs(cfg.runs, cfg.methods) == (("disa_replay", "disa"), ("flowrl_replay", "flowrl"))
+  runs = {"mixed": cfg.runs["disa_replay"], "plain": cfg.runs["disa"],
+          "fix": cfg.runs["disa_pos_replay"], "head": cfg.runs["flowrl"]}
+  assert replay_pairs(runs, tuple(runs)) == (("mixed", "plain"),)
+  assert replay_pairs(runs, ("fix", "plain", "head")) == ()
