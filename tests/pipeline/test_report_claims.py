@@ -206,9 +206,11 @@ def test_the_prop4_verdict_needs_an_envelope_below_the_loss():
 
 def _job(methods, label_scale="sum"):
   seeds = (0, 1, 2)
+  on_policy = SimpleNamespace(replay=SimpleNamespace(enabled=False))  # (no replay pairs)
   cfg = SimpleNamespace(seeds=seeds, run_seeds=lambda m: seeds, methods=methods, controls=(),
                         compare=(), end_state=R.D.EndStateConfig(),
-                        stage1=SimpleNamespace(label_scale=label_scale))
+                        stage1=SimpleNamespace(label_scale=label_scale),
+                        runs={m: on_policy for m in methods})
   return SimpleNamespace(cfg=cfg, run_name=lambda m, s: m if s == 0 else f"{m}_seed{s}")
 
 
