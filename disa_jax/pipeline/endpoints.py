@@ -10,7 +10,7 @@ metrics.jsonl) and the held-out ones (``exact_heldout/*``, `TrackConfig.heldout`
 - ``kl_correct_end``: the conditional KL over the correct answers (``kl_correct``) at the last
   measurement;
 - ``steps_to_p90``: the step where P(correct) first reaches 0.9, linear in the step between the
-  measurements on either side. A run that never reaches it is censored at its last step; a
+  measurements on either side (`dynamics.matched_accuracy`'s interpolation). A run that never reaches it is censored at its last step; a
   comparison with a censored run on either side is "undecided" (Welch on censored values would
   measure the budget).
 
@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.pipeline import seed_stats
+from disa_jax.pipeline import dynamics, seed_stats
 from disa_jax.workflows.stage3 import ExactSeries
 
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
@@ -74,16 +74,8 @@ def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]
                      f"{np.asarray(series['step']).tolist()}")
   kl = np.asarray(series["kl_decomposed"], np.float64)
   auc = float(np.sum((kl[1:] + kl[:-1]) / 2.0 * np.diff(step)) / (step[-1] - step[0]))
-  p = np.asarray(series["p_correct"], np.float64)
-  hit = np.flatnonzero(p >= level)
-  if not hit.size:
-    reach, censored = float(step[-1]), True
-  elif hit[0] == 0:
-    reach, censored = float(step[0]), False
-  else:
-    i = int(hit[0])
-    reach = float(step[i - 1] + (level - p[i - 1]) / (p[i] - p[i - 1]) * (step[i] - step[i - 1]))
-    censored = False
+  crossing = dynamics.matched_accuracy(series, (level,))[f"{level:g}"]  # the interpolated step
+  reach, censored = (float(step[-1]), True) if crossing is None else (crossing["step"], False)
   return {"kl_auc": auc, "kl_correct_end": float(series["kl_correct"][-1]),
           "steps_to_p90": reach, "censored": censored, "measurements": int(step.size),
           "first_step": int(step[0]), "last_step": int(step[-1])}
