@@ -10,9 +10,9 @@ metrics.jsonl) and the held-out ones (``exact_heldout/*``, `TrackConfig.heldout`
 - ``kl_correct_end``: the conditional KL over the correct answers (``kl_correct``) at the last
   measurement;
 - ``steps_to_p90``: the step where P(correct) first reaches 0.9, linear in the step between the
-  measurements on either side (`dynamics.matched_accuracy`'s interpolation). A run that never reaches it is censored at its last step; a
-  comparison with a censored run on either side is "undecided" (Welch on censored values would
-  measure the budget).
+  measurements on either side (`dynamics.matched_accuracy`'s interpolation). A run that never
+  reaches it is censored at its last step; a comparison with a censored run on either side is
+  "undecided" (Welch on censored values would measure the budget).
 
 Each declared comparison ``A:B`` is Welch's two-sided test of mean(A) - mean(B) over seeds, per
 endpoint and prompt set; Holm's correction runs over every test of the family (all comparisons x
