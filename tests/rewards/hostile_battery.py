@@ -415,6 +415,24 @@ def _kill_a_grader(tag: str) -> str | None:
   return stage
 
 
+def _wait_until_runs_as(proc: subprocess.Popen, uid: int, timeout_s: float = 30.0) -> None:
+  """Blocks until process `proc` runs as `uid` (setpriv switches after Popen returns: a sandbox
+  run drawing the uid before the switch would see it unused, a race of the battery, not a hole)."""
+  deadline = time.monotonic() + timeout_s
+  while time.monotonic() < deadline:
+    try:
+      with open(f"/proc/{proc.pid}/status") as f:
+        uids = next(line.split()[1:] for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+      uids = []
+    if str(uid) in uids:
+      return
+    if proc.poll() is not None:
+      raise RuntimeError(f"the victim process (uid {uid}) exited with {proc.returncode}")
+    time.sleep(0.01)
+  raise RuntimeError(f"the victim process {proc.pid} did not switch to uid {uid} in {timeout_s} s")
+
+
 def _start_victim(uid: int, secret: str) -> dict:
   """A process and a private file of `uid`; the uid draw is forced to return it, then 65534."""
   path = os.path.join(tempfile.gettempdir(), f"disa_hostile_victim_{secret}")
@@ -424,6 +442,7 @@ def _start_victim(uid: int, secret: str) -> dict:
   os.chmod(path, 0o600)
   proc = subprocess.Popen(["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups",
                            "sleep", "120"])
+  _wait_until_runs_as(proc, uid)
   forced = [uid, 65534]
   draw = random.randrange
 
