@@ -1,6 +1,7 @@
 """Runs a stage and kills itself with SIGKILL at a named point (fault injection).
 
 Usage: kill_worker.py {stage1|stage2|stage3|eval} CONFIG_JSON POINT
+       kill_worker.py serve     (a fork server: `tests.workflows.fork_server`)
 
 Stage 3 and evaluation take POINT 'none' only (the fault matrix kills them from outside).
 
@@ -107,11 +108,8 @@ def _stage2_hooks(point: str) -> None:
     raise SystemExit(f"unknown Stage 2 kill point {point!r}")
 
 
-def main():
-  stage, config_json, point = sys.argv[1], sys.argv[2], sys.argv[3]
-  config = json.loads(config_json)
-  from disa_jax.workflows import evaluation, stage1, stage2, stage3  # pylint: disable=g-import-not-at-top,unused-import
-  print("START", flush=True)  # imports done: the stage's own work begins (the fault matrix times it)
+def run(stage: str, config: dict, point: str) -> None:
+  """Runs ``stage`` on ``config`` (a kill ``point`` armed) and prints its SUMMARY line."""
   if stage == "stage1":
     from disa_jax.workflows.stage1 import Stage1Config, run_stage1  # pylint: disable=g-import-not-at-top
     if point != "none":
@@ -129,7 +127,20 @@ def main():
                else run_evaluation(EvalConfig.from_config(config))).to_json()
   else:
     raise SystemExit(f"unknown stage {stage!r} or point {point!r}")
-  print("SUMMARY " + json.dumps({k: summary[k] for k in ("run", "resumed") if k in summary}))
+  print("SUMMARY " + json.dumps({k: summary[k] for k in ("run", "resumed") if k in summary}),
+        flush=True)
+
+
+def main():
+  from disa_jax.workflows import evaluation, stage1, stage2, stage3  # pylint: disable=g-import-not-at-top,unused-import
+  if sys.argv[1] == "serve":  # a fork server of workers that start after the imports
+    from tests.workflows import fork_server  # pylint: disable=g-import-not-at-top
+    fork_server.serve(lambda request: run(request["stage"], request["config"], request["point"]))
+    return
+  stage, config_json, point = sys.argv[1], sys.argv[2], sys.argv[3]
+  config = json.loads(config_json)
+  print("START", flush=True)  # imports done: the stage's own work begins (the fault matrix times it)
+  run(stage, config, point)
 
 
 if __name__ == "__main__":

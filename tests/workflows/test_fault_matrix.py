@@ -2,9 +2,10 @@
 evaluation, rerun to completion, and compare with an uninterrupted run bit for bit; no
 ``/dev/shm/disa_ro_*`` segment of a killed run may stay behind.
 
-Each trial is a fresh output directory: the stage's worker (`kill_worker.py`, a fresh process on
-one CPU device) is SIGKILLed a delay after it finished its imports (printed START), drawn uniformly
-from [0, 1] x the time after START of an uninterrupted run with a warm compilation cache (seeded per
+Each trial is a fresh output directory: the stage's worker (`kill_worker.py` on one CPU device, a
+process forked by the module's fork server, `fork_server`, where a fresh worker would have
+finished its imports) is SIGKILLed a delay after it started, drawn uniformly
+from [0, 1] x the time after its start of an uninterrupted run with a warm compilation cache (seeded per
 stage; a run that ends before its delay is a kill that did not land), then rerun to completion.
 In Stage 3 every other trial waits for the first checkpoint and draws the delay over the time left,
 so that reruns resume from mid-run checkpoints (at least one must). Stage 1 samples in a separate
@@ -16,7 +17,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +33,6 @@ from tests.workflows.conftest import write_dapo_parquet
 from tests.workflows.test_kill_resume import _stage1_config_dict, _stage2_config
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "workflows" / "kill_worker.py"
 TRIALS = int(os.environ.get("DISA_FAULT_TRIALS", "10"))
 N_PROMPTS = 6
 
@@ -99,16 +98,14 @@ def _eval_outputs(out_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def setup(checkpoints, tmp_path_factory):
+def setup(checkpoints, tmp_path_factory, fork_server):
   root = tmp_path_factory.mktemp("fault_matrix")
-  # XLA_FLAGS="": one device; the session's compilation cache (tests/conftest.py) is inherited
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", XLA_FLAGS="")
   bench = root / "math500.jsonl"
   fixtures = ROOT / "tests" / "fixtures" / "benchmarks" / "math500_simplerl_sample.jsonl"
   rows = sorted((json.loads(l) for l in fixtures.read_text().splitlines()),
                 key=lambda r: len(r["problem"]))[:2]
   bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  return {"root": root, "env": env, "ckpts": checkpoints, "bench": str(bench),
+  return {"root": root, "server": fork_server, "ckpts": checkpoints, "bench": str(bench),
           "prompts": write_dapo_parquet(str(root / "dapo.parquet"), N_PROMPTS)}
 
 
@@ -123,7 +120,7 @@ def _configs(setup, stage: str, out: Path) -> dict:
       setup["stage1_dir"] = setup["root"] / "stage2_input"
       setup["stage1_dir"].mkdir()
       log = setup["stage1_dir"] / "stderr.log"
-      proc, _ = _start("stage1", _configs(setup, "stage1", setup["stage1_dir"]), setup["env"], log)
+      proc, _ = _start("stage1", _configs(setup, "stage1", setup["stage1_dir"]), setup["server"], log)
       _finish(proc, "Stage 1 for Stage 2", log)
     return config_lib.to_dict(_stage2_config(ck, setup["stage1_dir"] / "stage1", out))
   if stage == "stage3":
@@ -135,14 +132,10 @@ OUTPUTS = {"stage1": _stage1_outputs, "stage2": _stage2_outputs, "stage3": _stag
            "eval": _eval_outputs}
 
 
-def _start(stage, config, env, log: Path):
-  """The worker, once it has imported everything and printed START: (process, start time). Its
-  stderr goes to ``log`` (a pipe nobody reads while it runs could fill and stall it)."""
-  with open(log, "a") as err:
-    proc = subprocess.Popen([sys.executable, str(WORKER), stage, json.dumps(config), "none"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
-  line = proc.stdout.readline()
-  assert line.strip() == "START", (line, log.read_text()[-4000:])
+def _start(stage, config, server, log: Path):
+  """The worker, forked by the module's fork server once everything is imported (where a fresh
+  worker prints START): (process, start time). Its stdout and stderr go to ``log``."""
+  proc = server.start(stage, config, "none", log)
   return proc, time.time()
 
 
@@ -178,7 +171,7 @@ def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
   log = root / "stderr.log"
   pids = []
   for name in ("ref", "warm"):  # the second run finds the compilation cache warm, as the trials do
-    ref, started = _start(stage, _configs(setup, stage, root / name), setup["env"], log)
+    ref, started = _start(stage, _configs(setup, stage, root / name), setup["server"], log)
     pids.append(ref.pid)
     _finish(ref, f"uninterrupted run ({name})", log)
     wall = time.time() - started  # the stage's work, after the imports
@@ -191,7 +184,7 @@ def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
   for trial in range(TRIALS):
     out = root / f"trial{trial}"
     config = _configs(setup, stage, out)
-    proc, started = _start(stage, config, setup["env"], log)
+    proc, started = _start(stage, config, setup["server"], log)
     pids.append(proc.pid)
     delay = rng.uniform(0.0, 1.0)
     if stage == "stage3" and trial % 2:  # after the first checkpoint: the rerun resumes mid-run
@@ -205,7 +198,7 @@ def test_kill9_at_random_moments_then_rerun_is_bit_identical(setup, stage):
       os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=120)
     landed += proc.returncode == -signal.SIGKILL
-    rerun, _ = _start(stage, config, setup["env"], log)
+    rerun, _ = _start(stage, config, setup["server"], log)
     pids.append(rerun.pid)
     _finish(rerun, f"rerun of trial {trial}", log)
     if stage == "stage3":

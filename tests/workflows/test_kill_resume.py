@@ -5,8 +5,9 @@ anchor, predictions equal).
 The kills are deterministic (`kill_worker.py` SIGKILLs itself at a named point: between Stage 1
 batches, in the middle of writing a batch, at a training epoch of the anchor fit, in the middle of
 saving the anchor) plus one kill from outside of `launch/stage1.py` after a listed-seed delay. Every
-run is a fresh process with one CPU device, on the tiny checkpoints of `conftest.py` and the
-made-up DAPO-style prompts (6 prompts, 2 per batch, N = 4).
+run is a fresh process with one CPU device (the workers forked by the module's fork server after
+the imports, `conftest.fork_server`; the command a process of its own), on the tiny checkpoints of
+`conftest.py` and the made-up DAPO-style prompts (6 prompts, 2 per batch, N = 4).
 """
 import json
 import os
@@ -14,7 +15,9 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,10 +29,9 @@ from disa_jax.estimators import load_stage1
 from disa_jax import config as typed_config
 from disa_jax.workflows.stage1 import Stage1Config
 from disa_jax.workflows.stage2 import Stage2Config
-from tests.workflows.conftest import write_dapo_parquet
+from tests.workflows.conftest import worker_env, write_dapo_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKER = os.path.join(ROOT, "tests", "workflows", "kill_worker.py")
 N_PROMPTS = 6
 
 pytestmark = pytest.mark.slow
@@ -56,14 +58,15 @@ def _stage2_config(ckpts, stage1_path, out_dir) -> Stage2Config:
   return Stage2Config.from_config(c)
 
 
-def _env():
-  """One CPU device; the session's compilation cache is inherited (tests/conftest.py)."""
-  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XLA_FLAGS="")
-
-
-def _worker(stage, cfg, point, env, expect_kill):
-  out = subprocess.run([sys.executable, WORKER, stage, json.dumps(typed_config.to_dict(cfg)), point],
-                       env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+def _worker(stage, cfg, point, server, expect_kill):
+  """Runs ``stage`` on ``cfg`` in a worker forked by the module's fork server (kill ``point``):
+  its (return code, stdout, stderr)."""
+  with tempfile.TemporaryDirectory() as d:
+    out_path, err_path = os.path.join(d, "stdout"), os.path.join(d, "stderr")
+    proc = server.start(stage, typed_config.to_dict(cfg), point, out_path, err_path)
+    proc.wait(timeout=900)
+    out = subprocess.CompletedProcess(stage, proc.returncode, Path(out_path).read_text(),
+                                      Path(err_path).read_text())
   if expect_kill:
     assert out.returncode == -signal.SIGKILL, (point, out.returncode, out.stderr[-4000:])
     return out
@@ -95,9 +98,9 @@ def _assert_same_stage1(got, want, n_prompts=N_PROMPTS):
 
 
 @pytest.fixture(scope="module")
-def setup(checkpoints, tmp_path_factory):
+def setup(checkpoints, tmp_path_factory, fork_server):
   root = tmp_path_factory.mktemp("kill_resume")
-  return {"root": root, "ckpts": checkpoints, "env": _env(),
+  return {"root": root, "ckpts": checkpoints, "env": worker_env(), "server": fork_server,
           "prompts": write_dapo_parquet(str(root / "dapo_tiny.parquet"), N_PROMPTS), "refs": {}}
 
 
@@ -106,7 +109,7 @@ def _reference_stage1(setup, fmt):
   if fmt not in setup["refs"]:
     c = _stage1_config_dict(setup["ckpts"], setup["prompts"], setup["root"] / f"ref_{fmt}", fmt)
     cfg = Stage1Config.from_config(c)
-    _worker("stage1", cfg, "none", setup["env"], expect_kill=False)
+    _worker("stage1", cfg, "none", setup["server"], expect_kill=False)
     setup["refs"][fmt] = (cfg, _records(cfg))
   return setup["refs"][fmt]
 
@@ -117,12 +120,12 @@ def test_stage1_killed_then_rerun_gives_the_same_labels(setup, tmp_path, fmt, po
   _, want = _reference_stage1(setup, fmt)
   cfg = Stage1Config.from_config(_stage1_config_dict(setup["ckpts"], setup["prompts"],
                                                      tmp_path / "s1", fmt))
-  _worker("stage1", cfg, point, setup["env"], expect_kill=True)
+  _worker("stage1", cfg, point, setup["server"], expect_kill=True)
   done = 2 * int(point.split(":")[1]) - (2 if point.startswith("mid") else 0)
   assert cfg.dataset_path().exists()
   if point.startswith("mid") and fmt == "jsonl":
     assert not cfg.dataset_path().read_bytes().endswith(b"\n")  # a cut line was left behind
-  out = _worker("stage1", cfg, "none", setup["env"], expect_kill=False)
+  out = _worker("stage1", cfg, "none", setup["server"], expect_kill=False)
   run = json.loads(out.stdout.split("SUMMARY ", 1)[1])["run"]
   assert run["prompts_skipped"] >= done and run["prompts_done"] == N_PROMPTS - run["prompts_skipped"]
   _assert_same_stage1(_records(cfg), want)
@@ -148,7 +151,7 @@ def test_stage1_command_killed_from_outside_then_rerun(setup, tmp_path, seed):
   prompts = write_dapo_parquet(str(tmp_path / "dapo_24.parquet"), n)
   ref_cfg = Stage1Config.from_config(_stage1_config_dict(setup["ckpts"], prompts, tmp_path / "ref",
                                                          "jsonl"))
-  _worker("stage1", ref_cfg, "none", setup["env"], expect_kill=False)
+  _worker("stage1", ref_cfg, "none", setup["server"], expect_kill=False)
   c = _stage1_config_dict(setup["ckpts"], prompts, tmp_path / "s1", "jsonl")
   cmd = [sys.executable, os.path.join(ROOT, "launch", "stage1.py"),
          "--config=" + os.path.join(ROOT, "configs", "stage1_paper.py") + ":qwen3-4b-base,math"]
@@ -189,7 +192,7 @@ def _anchor_predictions(cfg: Stage2Config):
 def reference_stage2(setup):
   s1_cfg, _ = _reference_stage1(setup, "jsonl")
   cfg = _stage2_config(setup["ckpts"], s1_cfg.dataset_path(), setup["root"] / "ref_s2")
-  _worker("stage2", cfg, "none", setup["env"], expect_kill=False)
+  _worker("stage2", cfg, "none", setup["server"], expect_kill=False)
   return s1_cfg, _anchor_predictions(cfg)
 
 
@@ -201,8 +204,8 @@ def reference_stage2(setup):
 def test_stage2_killed_then_rerun_gives_the_same_anchor(setup, reference_stage2, tmp_path, point):
   s1_cfg, (want_anchor, want_pred) = reference_stage2
   cfg = _stage2_config(setup["ckpts"], s1_cfg.dataset_path(), tmp_path)
-  _worker("stage2", cfg, point, setup["env"], expect_kill=True)
-  out = _worker("stage2", cfg, "none", setup["env"], expect_kill=False)
+  _worker("stage2", cfg, point, setup["server"], expect_kill=True)
+  out = _worker("stage2", cfg, "none", setup["server"], expect_kill=False)
   assert json.loads(out.stdout.split("SUMMARY ", 1)[1])["resumed"] is False  # it fitted again
   anchor, pred = _anchor_predictions(cfg)
   np.testing.assert_array_equal(pred, want_pred)
