@@ -128,15 +128,16 @@ def run_trainer(cfg, model_dir: str, workdir, items, reward_fn) -> list[dict]:
   from disa_jax import models
   from disa_jax.parallel import make_mesh
   from disa_jax.rl.build import build_trainer
+  from disa_jax.rl.inputs import EngineLink, RolloutTask, StepModels
   from disa_jax.rollout import make_engine
   tok = AutoTokenizer.from_pretrained(model_dir)
   with make_engine("jax", model_dir) as engine:
     trainer = build_trainer(
-        cfg, str(workdir), policy=models.from_pretrained(model_dir),
-        reference=models.from_pretrained(model_dir), engine=engine, prompts=items,
-        reward_fn=reward_fn, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-        stop_token_ids=(tok.eos_token_id,), pad_id=tok.pad_token_id,
-        mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16)
+        cfg, str(workdir),
+        StepModels(models.from_pretrained(model_dir), models.from_pretrained(model_dir),
+                   make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16),
+        RolloutTask(items, reward_fn, lambda ids: tok.decode(ids, skip_special_tokens=True),
+                    (tok.eos_token_id,), tok.pad_token_id), EngineLink(engine))
     try:
       return trainer.run()
     finally:

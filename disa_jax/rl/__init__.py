@@ -11,8 +11,10 @@ returning a new frozen batch type (`batch`):
 - `update`: `PolicyUpdater`, the jitted sharded micro-batched AdamW update of `train_step`;
 - `sync`: `WeightSync`, the new weights to the engine;
 - `trainer`: the loop over the parts (`StepParts`), validation, checkpoints and resume;
-- `build`: one factory per part from its config section, the one anchor check
-  (`validate_anchor`) and `build_trainer`, what callers use.
+- `inputs`: what a run is built on besides its config (`StepModels`, `RolloutTask`, `EngineLink`,
+  `AnchorInput`);
+- `build`: the parts from the config and those inputs, the one anchor check (`validate_anchor`)
+  and `build_trainer`, what callers use.
 
 Also: `seeds` (every seed of a run), `prompts` (the resumable prompt stream), `replay` (Stage 1
 replay), `logz_head` (FlowRL's head), `config` (what the trainer reads), `metrics` (JSONL +

@@ -14,7 +14,7 @@ those of a single engine handed the whole batch), grades its slice, and the comp
 grading errors are all-gathered, so every process holds the same `RolloutBatch`. The sampling seed
 of step k is derived from (seed, k) (`disa_jax.rl.seeds`), so a resumed run samples what an
 uninterrupted one would. The collector is built from the run's ``rollout``, ``replay`` and
-``validation`` sections (`disa_jax.rl.build.make_collector`).
+``validation`` sections and its `RolloutTask` (`disa_jax.rl.inputs`).
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ from disa_jax.parallel import distributed
 from disa_jax.rewards.graded import Graded, Response, RewardFn
 from disa_jax.rl import seeds
 from disa_jax.rl.batch import RolloutBatch
-from disa_jax.rl.config import ReplayConfig, RolloutConfig, ValidationConfig
+from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.inputs import RolloutTask
 from disa_jax.rl.prompts import PromptItem, PromptStream
-from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
+from disa_jax.rl.replay import ReplaySample, replay_count
 from disa_jax.rollout import multihost
 from disa_jax.rollout.types import Completion, Engine, SamplingParams
 
@@ -102,25 +103,22 @@ class RolloutCollector:
   """Samples and grades the rollout batch of each RL step (see the module docstring).
 
   Args:
-    rollout: the run's ``rollout`` section (sampling settings, group size, widths).
-    replay: the run's ``replay`` section (Stage 1 replay; ``fraction=0``: none).
-    validation: the run's ``validation`` section (what `validate` samples).
-    seed: the run's seed (every sampling seed is derived from it, `disa_jax.rl.seeds`).
-    rows_per_prompt: R rows of each prompt's group (`TrainConfig.rows_per_prompt`).
+    cfg: the run's config: its ``rollout`` (sampling settings, group size, widths), ``replay``
+      (Stage 1 replay; ``fraction=0``: none) and ``validation`` (what `validate` samples)
+      sections, ``seed`` (every sampling seed is derived from it, `disa_jax.rl.seeds`),
+      ``shuffle`` and ``rows_per_prompt``.
+    task: the prompts (streamed ``rollout.prompts_per_batch`` a step), the reward function, the
+      decoder, the stop ids and the replay pool (required when ``replay`` is enabled).
     engine: this host's rollout engine (None on processes that do not lead a host).
-    stream: the training prompts.
-    reward_fn: the run's `RewardFn`.
-    decode: token ids -> text (special tokens skipped), for the reward function.
-    stop_token_ids: tokens that end a response.
-    replay_pool: Stage 1 samples (required when ``replay`` is enabled).
     leaders: process indices of the host leaders (`distributed.host_leaders`).
   """
 
-  def __init__(self, rollout: RolloutConfig, replay: ReplayConfig, validation: ValidationConfig,
-               *, seed: int, rows_per_prompt: int, engine: Engine | None, stream: PromptStream,
-               reward_fn: RewardFn, decode: Callable[[Sequence[int]], str],
-               stop_token_ids: tuple[int, ...], replay_pool: ReplayPool | None,
+  def __init__(self, cfg: TrainConfig, task: RolloutTask, engine: Engine | None,
                leaders: list[int]):
+    rollout, replay, replay_pool = cfg.rollout, cfg.replay, task.replay_pool
+    rows_per_prompt = cfg.rows_per_prompt
+    stream = PromptStream(task.prompts, rollout.prompts_per_batch, seed=cfg.seed,
+                          shuffle=cfg.shuffle, max_prompt_len=rollout.max_prompt_len)
     if replay.enabled and replay_pool is None:
       raise ValueError(f"replay.fraction={replay.fraction} needs a Stage 1 replay pool, got None")
     if replay_pool is not None and not replay.enabled:
@@ -131,11 +129,11 @@ class RolloutCollector:
     if rows_per_prompt < rollout.group_size:
       raise ValueError(f"rows_per_prompt={rows_per_prompt} is below rollout.group_size="
                        f"{rollout.group_size}")
-    self.rollout_cfg, self.replay_cfg, self.validation_cfg = rollout, replay, validation
-    self.seed, self.rows_per_prompt = seed, rows_per_prompt
+    self.rollout_cfg, self.replay_cfg, self.validation_cfg = rollout, replay, cfg.validation
+    self.seed, self.rows_per_prompt = cfg.seed, rows_per_prompt
     self.engine, self.stream = engine, stream
-    self.reward_fn, self.decode = reward_fn, decode
-    self.stop_token_ids = tuple(stop_token_ids)
+    self.reward_fn, self.decode = task.reward_fn, task.decode
+    self.stop_token_ids = tuple(task.stop_token_ids)
     self.replay, self.leaders = replay_pool, leaders
 
   def generate(self, items: Sequence[PromptItem], params: SamplingParams

@@ -392,3 +392,17 @@ class TrainConfig:
     """G, or G + k when replayed rows are added."""
     add = self.replay.enabled and self.replay.mode == "add"
     return self.rollout.group_size + (self.replay_rows if add else 0)
+
+  @property
+  def old_logp_in_update(self) -> bool:
+    """Whether pi_old comes from the update's own forward: one on-policy update per batch,
+    recomputed pi_old, and nothing reads it on the host first (a batch log Z, or TB's behaviour
+    log-probs of stale rollouts)."""
+    obj, rc = self.objective, self.rollout
+    return (obj.needs_old_logp and rc.num_minibatches == 1 and rc.old_logp_source == "recompute"
+            and not obj.needs_batch_log_z and not (rc.max_staleness and obj.behaviour_as_old_logp))
+
+  @property
+  def total_updates(self) -> int:
+    """The optimizer updates of the whole run: ``total_steps * rollout.num_minibatches``."""
+    return self.total_steps * self.rollout.num_minibatches

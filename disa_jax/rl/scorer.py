@@ -19,8 +19,8 @@ Scoring runs on the update's micro-batch layout (`RolloutConfig.layout`: packed 
 process feeds its own rows and receives the full result. Log-probs come back per response token
 (``[B, W]``).
 
-The scorer is built from the few settings it reads (`disa_jax.rl.build.make_scorer`); the anchor it
-is given was validated once, by `disa_jax.rl.build.validate_anchor`.
+The scorer is built from the run's config and its `StepModels`; the anchor it is given was
+validated once, by `disa_jax.rl.build.validate_anchor`.
 """
 from __future__ import annotations
 
@@ -30,14 +30,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from disa_jax import models
 from disa_jax.data.packing import PackedRows, sequence_lengths
 from disa_jax import parallel
 from disa_jax.parallel import distributed
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.batch import RolloutBatch, ScoredBatch, require
-from disa_jax.rl.config import RolloutConfig
-from disa_jax.rl.objectives import Objective
+from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.inputs import StepModels
 from disa_jax.scoring import packed_prompt_embeddings
 from disa_jax.scoring.batched import embed_packed, score_packed
 
@@ -46,30 +45,30 @@ class BatchScorer:
   """Scores a `RolloutBatch` with the passes its objective needs (see the module docstring).
 
   Args:
-    objective: the run's objective (what it reads decides the passes).
-    rollout: the run's ``rollout`` section (micro-batch layout, ``old_logp_source``,
-      ``max_staleness``).
-    max_ref_logp_drift: ``replay.max_ref_logp_drift``, the largest median |stored - recomputed|
-      log pi_ref of the replayed rows.
+    cfg: the run's config: its objective (what it reads decides the passes), ``rollout`` (micro-
+      batch layout, ``old_logp_source``, ``max_staleness``) and ``replay.max_ref_logp_drift`` (the
+      largest median |stored - recomputed| log pi_ref of the replayed rows); pi_old comes from
+      the update's own forward when ``cfg.old_logp_in_update``.
+    step_models: the frozen pi_ref (kept when the objective needs it or an anchor), the training
+      mesh and ``pad_to`` (without packing, rows are padded to a multiple of it).
     policy_graphdef: the policy's graph (its parameters are passed to `score`).
-    reference: the frozen pi_ref (None when the objective needs neither it nor an anchor).
     anchor: the frozen `disa_jax.anchor.Anchor`, already validated (objectives with
       ``needs_anchor``; None otherwise).
-    mesh: the training mesh.
     pad_id: padding token id.
-    pad_to: without packing, rows are padded to a multiple of this.
-    old_in_update: pi_old comes from the update's own forward (one on-policy update per batch).
   """
 
-  def __init__(self, objective: Objective, rollout: RolloutConfig, max_ref_logp_drift: float, *,
-               policy_graphdef: nnx.GraphDef, reference: models.Transformer | None, anchor: Any,
-               mesh: jax.sharding.Mesh, pad_id: int, pad_to: int, old_in_update: bool):
-    if (objective.needs_reference or objective.needs_anchor) and reference is None:
+  def __init__(self, cfg: TrainConfig, step_models: StepModels, policy_graphdef: nnx.GraphDef,
+               anchor: Any, pad_id: int):
+    objective, mesh = cfg.objective, step_models.mesh
+    needs_ref = objective.needs_reference or objective.needs_anchor
+    reference = step_models.reference if needs_ref else None
+    if needs_ref and reference is None:
       raise ValueError(f"objective {objective.name!r} needs the reference model, got "
                        "reference=None")
-    self.objective, self.rollout, self.anchor = objective, rollout, anchor
-    self.max_ref_logp_drift = max_ref_logp_drift
-    self.pad_id, self.pad_to, self.old_in_update = pad_id, pad_to, old_in_update
+    self.objective, self.rollout, self.anchor = objective, cfg.rollout, anchor
+    self.max_ref_logp_drift = cfg.replay.max_ref_logp_drift
+    self.pad_id, self.pad_to = pad_id, step_models.pad_to
+    self.old_in_update = cfg.old_logp_in_update
     self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(ts.BATCH_AXES))
     self._shards = parallel.batch_shards(mesh)
     self._score_policy = ts.make_scoring_fn(policy_graphdef)

@@ -23,8 +23,8 @@ from disa_jax.rl import train_step as ts
 from disa_jax.data.packing import sequence_lengths
 from disa_jax.rl import seeds
 from disa_jax.rl.batch import TrainSequences
-from disa_jax.rl.config import OptimConfig, RolloutConfig, TrainConfig
-from disa_jax.rl.objectives import Objective
+from disa_jax.rl.config import OptimConfig, TrainConfig
+from disa_jax.rl.inputs import StepModels
 from disa_jax.rollout import flat_weights, multihost
 from disa_jax.rollout.types import Engine
 
@@ -43,14 +43,9 @@ def _combine(collected: list[dict[str, float]]) -> dict[str, float]:
   return out
 
 
-def total_updates(cfg: TrainConfig) -> int:
-  """The optimizer updates of the whole run: ``total_steps * rollout.num_minibatches``."""
-  return cfg.total_steps * cfg.rollout.num_minibatches
-
-
 def optim_kwargs(oc: OptimConfig, updates: int) -> dict[str, Any]:
   """`train_step.make_optimizer` arguments besides the learning rate, from the ``optim`` section
-  and the run's ``updates`` (`total_updates`)."""
+  and the run's ``updates`` (`TrainConfig.total_updates`)."""
   return dict(weight_decay=oc.weight_decay, b1=oc.b1, b2=oc.b2, eps=oc.eps,
               grad_clip=oc.grad_clip, warmup_steps=oc.warmup_steps,
               decay_frac=oc.decay_frac, decay_factor=oc.decay_factor, total_updates=updates)
@@ -60,36 +55,32 @@ def optimizer_kwargs(cfg: TrainConfig) -> dict[str, Any]:
   """`disa_jax.optim.make_optimizer` arguments besides the learning rate, from ``cfg.optim`` (the
   policy's AdamW; `PolicyUpdater` zeroes ``grad_clip`` when a joint clip replaces it,
   `objectives.ObjectiveState.clip_with_policy`)."""
-  return optim_kwargs(cfg.optim, total_updates(cfg))
+  return optim_kwargs(cfg.optim, cfg.total_updates)
 
 
 class PolicyUpdater:
   """The trained state and its update (see the module docstring).
 
-  Built from the few settings it reads (`disa_jax.rl.build.make_updater`).
-
   Args:
-    objective: the run's objective (its loss, its state).
-    optim: the run's ``optim`` section.
-    rollout: the run's ``rollout`` section (mini-batches, micro-batch layout,
-      ``mismatch_threshold``).
-    policy: the trained `Transformer`, already sharded on ``mesh``.
-    mesh: the training mesh.
-    seed: the run's seed (the objective's state and each step's shuffle, `disa_jax.rl.seeds`).
-    total_updates: the optimizer updates of the run (the learning-rate schedule's length).
-    old_in_update: take pi_old from the update's own forward (one on-policy update per batch).
+    cfg: the run's config: its objective (loss, state), ``optim``, ``rollout`` (mini-batches,
+      micro-batch layout, ``mismatch_threshold``) and ``seed`` (the objective's state and each
+      step's shuffle, `disa_jax.rl.seeds`); the learning-rate schedule runs over
+      ``cfg.total_updates``, and pi_old comes from the update's own forward when
+      ``cfg.old_logp_in_update``.
+    step_models: the policy (already sharded on ``step_models.mesh``), the mesh and ``pad_to`` (without
+      packing, rows are padded to a multiple of it).
     pad_id: padding token id of the packed rows.
-    pad_to: without packing, rows are padded to a multiple of this.
   """
 
-  def __init__(self, objective: Objective, optim: OptimConfig, rollout: RolloutConfig,
-               policy: models.Transformer, mesh: jax.sharding.Mesh, *, seed: int,
-               total_updates: int, old_in_update: bool, pad_id: int, pad_to: int):
+  def __init__(self, cfg: TrainConfig, step_models: StepModels, pad_id: int):
+    total_updates, old_in_update = cfg.total_updates, cfg.old_logp_in_update
     if total_updates < 1:
       raise ValueError(f"PolicyUpdater total_updates must be >= 1, got {total_updates}")
+    policy, mesh = step_models.policy, step_models.mesh
+    rollout, seed = cfg.rollout, cfg.seed
     self.rollout, self.seed, self.policy, self.mesh = rollout, seed, policy, mesh
-    self.pad_id, self.pad_to = pad_id, pad_to
-    obj, oc = objective, optim
+    self.pad_id, self.pad_to = pad_id, step_models.pad_to
+    obj, oc = cfg.objective, cfg.optim
     opt_kwargs = optim_kwargs(oc, total_updates)
 
     def make_opt(lr: float, clip: bool = True):

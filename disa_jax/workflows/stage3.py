@@ -58,6 +58,7 @@ from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.replay import ReplayPool
 from disa_jax.rl.build import build_trainer, validate_anchor
+from disa_jax.rl.inputs import AnchorInput, EngineLink, RolloutTask, StepModels
 from disa_jax.rl.trainer import recorded_train_identity, train_identity
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig, generation_env
@@ -535,15 +536,15 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
   engine = (cfg.engine.make(cfg.model.policy_path, env=generation_env())
             if distributed.is_host_leader() else None)
   try:
+    task = RolloutTask(
+        prompts, reward_fn, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        tuple(stop), int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                         else tokenizer.eos_token_id), validation_prompts=validation,
+        replay_pool=pool)
     trainer = build_trainer(
-        tc, str(workdir), policy=policy, reference=reference, engine=engine, prompts=prompts,
-        reward_fn=reward_fn, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-        stop_token_ids=stop,
-        pad_id=int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                   else tokenizer.eos_token_id),
-        anchor=anchor, anchor_identity=anchor_identity(cfg), anchor_source=anchor_source(cfg),
-        validation_prompts=validation, mesh=mesh, replay_pool=pool, identity=_identity(cfg),
-        sync_dtype=jnp.dtype(cfg.engine.dtype), sync_bucket_bytes=cfg.engine.push_bucket_bytes,
+        tc, str(workdir), StepModels(policy, reference, mesh), task,
+        EngineLink(engine, jnp.dtype(cfg.engine.dtype), cfg.engine.push_bucket_bytes),
+        AnchorInput(anchor, anchor_identity(cfg), anchor_source(cfg)), identity=_identity(cfg),
         measures=(exact_measures(cfg, tokenizer, policy, engine)
                   if cfg.exact_target.enabled else None))
     history = trainer.run()

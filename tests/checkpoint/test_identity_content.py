@@ -7,12 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-import jax
 import pytest
 from flax import nnx
 
 from configs import stage2_paper, stage3_paper
-from disa_jax import parallel, testing
+from disa_jax import testing
 from disa_jax.anchor import Anchor, AnchorMLP
 from disa_jax.anchor.frozen import AnchorMeta, EmbeddingSpec
 from disa_jax.checkpoint import identity
@@ -191,12 +190,10 @@ def test_a_copied_stage2_run_resumes_and_stage3_takes_its_anchor(tmp_path):
 
 def _trainer(workdir: Path, ident: dict):
   model = lambda: testing.make_tiny_model(seed=0, **tt.TINY)
-  return build_trainer(tt._cfg("grpo", steps=1), str(workdir), policy=model(), reference=model(),
-                       engine=tt.RecordingEngine(model()),
-                       prompts=tt._prompts(), reward_fn=tt._reward, decode=tt._decode,
-                       stop_token_ids=(tt.EOS,), pad_id=0, validation_prompts=tt._prompts(2),
-                       pad_to=16, mesh=parallel.make_mesh(devices=jax.devices()[:1]),
-                       identity=ident)
+  return build_trainer(tt._cfg("grpo", steps=1), str(workdir),
+                       tt.StepModels(model(), model(), tt._mesh1(), pad_to=16),
+                       tt._task(validation_prompts=tt._prompts(2)),
+                       tt.EngineLink(tt.RecordingEngine(model())), identity=ident)
 
 
 def test_a_checkpoint_that_named_its_input_paths_resumes(tmp_path):

@@ -50,11 +50,10 @@ def main(steps: int, workdir: str) -> None:
     mesh = make_mesh(fsdp=-1)  # the 4 devices of both processes
     policy = models.from_pretrained(model_path, mesh=mesh)
     reference = models.from_pretrained(model_path, mesh=mesh)
-    trainer = build_trainer(make_config(steps), os.path.join(workdir, "run"), policy=policy,
-                            reference=reference, engine=engine, prompts=T._prompts(),  # pylint: disable=protected-access
-                            reward_fn=T._reward, decode=T._decode, stop_token_ids=(T.EOS,), pad_id=0,  # pylint: disable=protected-access
-                            anchor=T._anchor(policy.config.hidden_size),  # pylint: disable=protected-access
-                            validation_prompts=T._prompts(3), mesh=mesh, pad_to=16)  # pylint: disable=protected-access
+    trainer = build_trainer(make_config(steps), os.path.join(workdir, "run"),
+                            T.StepModels(policy, reference, mesh, pad_to=16),
+                            T._task(validation_prompts=T._prompts(3)), T.EngineLink(engine),  # pylint: disable=protected-access
+                            T.AnchorInput(T._anchor(policy.config.hidden_size)))  # pylint: disable=protected-access
     trainer.run()
     trainer.close()
     params = distributed.replicate_to_hosts(nnx.to_pure_dict(trainer.state.params))

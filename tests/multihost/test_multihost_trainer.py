@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from disa_jax import models, parallel, testing
+from disa_jax import models, testing
 from disa_jax.rl.build import build_trainer
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.rollout.jax_sampler import JaxSampler
@@ -32,12 +32,11 @@ from tests.rl import test_trainer as T  # pylint: disable=g-import-not-at-top,wr
 def _single_process_run(model_path: str, workdir: str):
   policy = models.from_pretrained(model_path)
   engine = JaxSampler.from_pretrained(model_path)
-  trainer = build_trainer(W.make_config(3), workdir, policy=policy,
-                          reference=models.from_pretrained(model_path), engine=engine,
-                          prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,  # pylint: disable=protected-access
-                          stop_token_ids=(T.EOS,), pad_id=0,
-                          anchor=T._anchor(policy.config.hidden_size), validation_prompts=T._prompts(3),  # pylint: disable=protected-access
-                          mesh=parallel.make_mesh(devices=jax.devices()[:1]), pad_to=16)
+  trainer = build_trainer(W.make_config(3), workdir,
+                          T.StepModels(policy, models.from_pretrained(model_path), T._mesh1(),  # pylint: disable=protected-access
+                                       pad_to=16),
+                          T._task(validation_prompts=T._prompts(3)), T.EngineLink(engine),  # pylint: disable=protected-access
+                          T.AnchorInput(T._anchor(policy.config.hidden_size)))  # pylint: disable=protected-access
   trainer.run()
   trainer.close()
   return trainer

@@ -18,10 +18,10 @@ from disa_jax import runtime  # noqa: E402
 
 runtime.tune_host_allocator()
 
-import jax  # noqa: E402
 
-from disa_jax import models, parallel  # noqa: E402
+from disa_jax import models  # noqa: E402
 from disa_jax.rl.build import build_trainer  # noqa: E402
+from disa_jax.rl.inputs import AnchorInput, EngineLink, StepModels  # noqa: E402
 from disa_jax.rollout import make_engine, shm  # noqa: E402
 from tests.rl import test_trainer as tt  # noqa: E402
 
@@ -71,12 +71,10 @@ def main():
                           "soak/shm_mapped_engine_mb": _shm_mapped_mb(engine.pid),
                           "soak/dev_shm_used_mb": _dev_shm_used_mb()}
     trainer = build_trainer(
-        cfg, workdir, policy=policy, reference=models.from_pretrained(model_dir),
-        engine=engine, prompts=tt._prompts(), reward_fn=tt._reward,  # pylint: disable=protected-access
-        decode=tt._decode, stop_token_ids=(tt.EOS,), pad_id=0,  # pylint: disable=protected-access
-        anchor=tt._anchor(policy.config.hidden_size, beta=cfg.objective.beta),  # pylint: disable=protected-access
-        validation_prompts=tt._prompts(2), pad_to=16,  # pylint: disable=protected-access
-        mesh=parallel.make_mesh(devices=jax.devices()[:1]), measures=measures)
+        cfg, workdir, StepModels(policy, models.from_pretrained(model_dir), tt._mesh1(), pad_to=16),  # pylint: disable=protected-access
+        tt._task(validation_prompts=tt._prompts(2)), EngineLink(engine),  # pylint: disable=protected-access
+        AnchorInput(tt._anchor(policy.config.hidden_size, beta=cfg.objective.beta)),  # pylint: disable=protected-access
+        measures=measures)
     try:
       trainer.run()
     finally:

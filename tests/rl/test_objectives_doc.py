@@ -11,7 +11,9 @@ from flax import nnx
 
 from disa_jax import config as config_lib
 from disa_jax import parallel, testing
-from disa_jax.rl import build, losses, objectives
+from disa_jax.rl import losses, objectives
+from disa_jax.rl.inputs import StepModels
+from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rl import train_step as ts
 from disa_jax.rl.config import TrainConfig
 from tests.rl.helpers import micro_batches, packed_layout, synthetic_sequences
@@ -66,8 +68,8 @@ def test_the_documented_objective_with_state_trains_its_parameter():
     obj = cfg.objective
     assert type(obj).__name__ == "DisaOffset" and obj.has_state and obj.offset_lr == 0.1
     policy = testing.make_tiny_model(seed=0, **TINY)
-    updater = build.make_updater(cfg, policy, parallel.make_mesh(devices=jax.devices()[:1]),
-                                 pad_id=0, pad_to=4)
+    updater = PolicyUpdater(cfg, StepModels(policy, None, parallel.make_mesh(
+        devices=jax.devices()[:1]), pad_to=4), pad_id=0)
     before = float(updater.state.obj_params["value"].get_value())
     assert before == 0.0
     metrics = updater.update(0, synthetic_sequences(0, 8, 4, 8, vocab=128))

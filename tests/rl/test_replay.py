@@ -1,15 +1,15 @@
 """Stage 1 replay in Stage 3: the pool, the config rules, and the rows it puts in the rollout batch."""
 import dataclasses
 
-import jax
 import numpy as np
 import pytest
 
 from disa_jax import estimators as E
-from disa_jax import parallel, testing
+from disa_jax import testing
 from disa_jax.rl import config as rl_config
 from disa_jax.rl import seeds
 from disa_jax.rl.build import build_trainer
+from disa_jax.rl.inputs import AnchorInput, EngineLink, StepModels
 from disa_jax.rl.replay import ReplayPool, ReplaySample, replay_count
 from disa_jax.rl.scorer import replay_stats
 from disa_jax.scoring.batched import SequenceScorer
@@ -64,11 +64,9 @@ def _trainer(cfg, workdir, path):
   reference = testing.make_tiny_model(seed=0, **T.TINY)
   engine = CountingEngine(testing.make_tiny_model(seed=0, **T.TINY))
   anchor = T._anchor(policy.config.hidden_size) if cfg.objective.needs_anchor else None
-  return build_trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
-                       prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
-                       stop_token_ids=(T.EOS,), pad_id=0, anchor=anchor, pad_to=16,
-                       replay_pool=ReplayPool.from_stage1(path, max_response_len=6),
-                       mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
+  task = T._task(replay_pool=ReplayPool.from_stage1(path, max_response_len=6))
+  return build_trainer(cfg, str(workdir), StepModels(policy, reference, T._mesh1(), pad_to=16),
+                       task, EngineLink(engine), AnchorInput(anchor)), engine
 
 
 def test_pool_counts_what_it_leaves_out_and_draws_deterministically(tmp_path):
@@ -199,10 +197,8 @@ def test_no_training_prompt_in_the_pool_is_refused(tmp_path):
   cfg = _replay_cfg("disa")
   policy = testing.make_tiny_model(seed=0, **T.TINY)
   with pytest.raises(ValueError, match="none of the 5 training prompt ids"):
-    build_trainer(cfg, str(tmp_path / "run"), policy=policy,
-                  reference=testing.make_tiny_model(seed=0, **T.TINY),
-                  engine=T.RecordingEngine(testing.make_tiny_model(seed=0, **T.TINY)),
-                  prompts=T._prompts(), reward_fn=T._reward, decode=T._decode,
-                  stop_token_ids=(T.EOS,), pad_id=0,
-                  anchor=T._anchor(policy.config.hidden_size), replay_pool=pool,
-                  mesh=parallel.make_mesh(devices=jax.devices()[:1]))
+    build_trainer(cfg, str(tmp_path / "run"),
+                  StepModels(policy, testing.make_tiny_model(seed=0, **T.TINY), T._mesh1()),
+                  T._task(replay_pool=pool),
+                  EngineLink(T.RecordingEngine(testing.make_tiny_model(seed=0, **T.TINY))),
+                  AnchorInput(T._anchor(policy.config.hidden_size)))

@@ -45,12 +45,10 @@ def test_a_trainer_without_prompts_is_refused(tmp_path):
   cfg = tt._cfg(steps=1)  # pylint: disable=protected-access
   policy = testing.make_tiny_model(seed=0, **tt.TINY)
   with pytest.raises(ValueError, match="needs at least one prompt, got 0"):
-    tt.build_trainer(cfg, str(tmp_path), policy=policy, reference=policy,
-                     engine=tt.RecordingEngine(testing.make_tiny_model(seed=0, **tt.TINY)),
-                     prompts=[],
-                     reward_fn=tt._reward, decode=tt._decode, stop_token_ids=(tt.EOS,), pad_id=0,  # pylint: disable=protected-access
-                     anchor=tt._anchor(policy.config.hidden_size),  # pylint: disable=protected-access
-                     mesh=tt.parallel.make_mesh(devices=tt.jax.devices()[:1]))
+    tt.build_trainer(cfg, str(tmp_path), tt.StepModels(policy, policy, tt._mesh1()),  # pylint: disable=protected-access
+                     tt._task(prompts=[]),  # pylint: disable=protected-access
+                     tt.EngineLink(tt.RecordingEngine(testing.make_tiny_model(seed=0, **tt.TINY))),
+                     tt.AnchorInput(tt._anchor(policy.config.hidden_size)))  # pylint: disable=protected-access
 
 
 def test_resuming_with_another_model_names_the_parameter(tmp_path):

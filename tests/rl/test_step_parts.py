@@ -13,6 +13,9 @@ import pytest
 
 from disa_jax import parallel, testing
 from disa_jax.rl import build, objectives, seeds
+from disa_jax.rl.inputs import StepModels
+from disa_jax.rl.scorer import BatchScorer
+from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rl.async_rollout import save_batches
 from disa_jax.rl.batch import RolloutBatch, ScoredBatch, SignalBatch
 from disa_jax.rl.objective_step import ObjectiveStep
@@ -106,9 +109,9 @@ def test_the_anchor_is_checked_once_in_one_place(tmp_path, monkeypatch):
   cfg = tt._cfg()  # pylint: disable=protected-access
   mesh = parallel.make_mesh(devices=jax.devices()[:1])
   policy = testing.make_tiny_model(seed=0, **tt.TINY)
-  updater = build.make_updater(cfg, policy, mesh, pad_id=0, pad_to=16)
-  scorer = build.make_scorer(cfg, updater, reference=policy, anchor=None, mesh=mesh, pad_id=0,
-                             pad_to=16)
+  step_models = StepModels(policy, policy, mesh, pad_to=16)
+  updater = PolicyUpdater(cfg, step_models, pad_id=0)
+  scorer = BatchScorer(cfg, step_models, updater.graphdef, anchor=None, pad_id=0)
   assert scorer.anchor is None
 
 

@@ -13,6 +13,7 @@ from disa_jax.config import from_mapping
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.rewards.graded import Graded
 from disa_jax.rl.build import build_trainer
+from disa_jax.rl.inputs import AnchorInput, EngineLink, RolloutTask, StepModels
 from disa_jax.rl.config import TrainConfig, WandbConfig
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.rl.prompts import PromptItem, PromptStream
@@ -78,10 +79,19 @@ def _trainer(cfg, workdir, anchor="auto", engine=None):
   if anchor == "auto":
     anchor = (_anchor(policy.config.hidden_size, beta=cfg.objective.beta)
               if cfg.objective.needs_anchor else None)
-  return build_trainer(cfg, str(workdir), policy=policy, reference=reference, engine=engine,
-                       prompts=_prompts(), reward_fn=_reward, decode=_decode, stop_token_ids=(EOS,),
-                       pad_id=0, anchor=anchor, validation_prompts=_prompts(2), pad_to=16,
-                       mesh=parallel.make_mesh(devices=jax.devices()[:1])), engine
+  return build_trainer(cfg, str(workdir), StepModels(policy, reference, _mesh1(), pad_to=16),
+                       _task(validation_prompts=_prompts(2)), EngineLink(engine),
+                       AnchorInput(anchor)), engine
+
+
+def _mesh1():
+  return parallel.make_mesh(devices=jax.devices()[:1])
+
+
+def _task(prompts=None, **kw) -> RolloutTask:
+  """The tiny task's `RolloutTask` (its prompts, reward, decoder, EOS, pad id 0)."""
+  return RolloutTask(_prompts() if prompts is None else prompts, _reward, _decode, (EOS,), 0,
+                     **kw)
 
 
 def _strip_time(rows):
@@ -239,11 +249,11 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
                                   num_minibatches=2, micro_batch_rows=8),
       validation=dataclasses.replace(cfg.validation, every=0),
       checkpoint=dataclasses.replace(cfg.checkpoint, every=100))
-  trainer = build_trainer(cfg, str(tmp_path), policy=testing.make_tiny_model(seed=0, **TINY),
-                          reference=reference, engine=RecordingEngine(testing.make_tiny_model(
-                        seed=0, **TINY)), prompts=prompts, reward_fn=_reward, decode=_decode,
-                          stop_token_ids=(EOS,), pad_id=0, anchor=fit.anchor, pad_to=16,
-                          mesh=parallel.make_mesh(devices=jax.devices()[:1]))
+  trainer = build_trainer(
+      cfg, str(tmp_path), StepModels(testing.make_tiny_model(seed=0, **TINY), reference, _mesh1(),
+                                     pad_to=16),
+      _task(prompts), EngineLink(RecordingEngine(testing.make_tiny_model(seed=0, **TINY))),
+      AnchorInput(fit.anchor))
   trainer.run()
   trainer.close()
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))

@@ -12,12 +12,12 @@ from disa_jax import config as config_lib
 from disa_jax.rl import losses, objectives
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
-from disa_jax import parallel, testing
+from disa_jax import testing
 from disa_jax.rl.build import build_trainer
-from disa_jax.rl.config import ReplayConfig
+from disa_jax.rl.inputs import EngineLink, StepModels
 from disa_jax.rl.replay import ReplayPool
 from tests.rl.test_replay import _write_stage1
-from tests.rl.test_trainer import TINY, EOS, RecordingEngine, _decode, _prompts, _reward
+from tests.rl.test_trainer import TINY, RecordingEngine, _mesh1, _task
 
 P, G, T, BETA = 3, 4, 5, 2.0
 
@@ -147,12 +147,11 @@ def _vargrad_trainer(workdir, *, reference_seed, replay=None):
       checkpoint=dict(every=10, keep=1, async_save=False), total_steps=2, progress_bar=False),
       "train")
   return build_trainer(
-      cfg, str(workdir), policy=testing.make_tiny_model(seed=0, **TINY),
-      reference=testing.make_tiny_model(seed=reference_seed, **TINY),
-      engine=RecordingEngine(testing.make_tiny_model(seed=0, **TINY)), prompts=_prompts(),
-      reward_fn=_reward, decode=_decode, stop_token_ids=(EOS,), pad_id=0, anchor=None,
-      pad_to=16, mesh=parallel.make_mesh(devices=jax.devices()[:1]),
-      replay_pool=ReplayPool.from_stage1(replay, max_response_len=6) if replay else None)
+      cfg, str(workdir),
+      StepModels(testing.make_tiny_model(seed=0, **TINY),
+                 testing.make_tiny_model(seed=reference_seed, **TINY), _mesh1(), pad_to=16),
+      _task(replay_pool=ReplayPool.from_stage1(replay, max_response_len=6) if replay else None),
+      EngineLink(RecordingEngine(testing.make_tiny_model(seed=0, **TINY))))
 
 
 @pytest.mark.slow  # ~20 s: a tiny model's rollout, scoring and update compiled
