@@ -67,19 +67,6 @@ def field(obj: Mapping[str, Any], name: str, path: str | Path, kind: type | tupl
   return value
 
 
-def float_array(obj: Mapping[str, Any], name: str, path: str | Path, size: int | None = None
-                ) -> np.ndarray:
-  """``obj[name]`` as a float64 vector (of ``size`` entries when given)."""
-  values = field(obj, name, path, list)
-  try:
-    arr = np.asarray(values, np.float64)
-  except (TypeError, ValueError):
-    raise ArtifactError(f"{path}: field {name!r} must be a list of numbers") from None
-  if arr.ndim != 1 or (size is not None and arr.size != size):
-    raise ArtifactError(f"{path}: field {name!r} must hold {size} numbers, got shape {arr.shape}")
-  return arr
-
-
 def str_tuple(obj: Mapping[str, Any], name: str, path: str | Path) -> tuple[str, ...]:
   values = field(obj, name, path, list)
   if not all(isinstance(v, str) for v in values):

@@ -22,7 +22,7 @@ if _ROOT not in sys.path:
 
 from absl import flags  # noqa: E402
 
-from disa_jax import launcher  # noqa: E402
+from disa_jax import codec, launcher  # noqa: E402
 from disa_jax.data.split import manifest_path, split_validation  # noqa: E402
 from disa_jax.workflows.preflight import require_writable  # noqa: E402
 
@@ -62,7 +62,7 @@ def main(argv):
     return
   manifest = split_validation(_INPUT.value, _TRAIN.value, _VALIDATION.value, size=_SIZE.value,
                               seed=_SEED.value, fmt=_FORMAT.value)
-  out = manifest.to_json()
+  out = codec.encode(manifest)
   out["validation_prompt_ids"] = f"{len(manifest.validation_prompt_ids)} ids (in the manifest file)"
   print(json.dumps(out, indent=1))
 

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from disa_jax import codec
 from disa_jax.anchor.frozen import EmbeddingSpec
 from disa_jax.artifacts import ArtifactError
 from disa_jax.checkpoint.selection import Choice, Selection
@@ -29,8 +30,8 @@ def test_exact_target_round_trips_and_keeps_the_json_format(tmp_path):
   assert ex.log_z.shape == (2,) and ex.beta == 2.0
   t = correct_set_terms(np.log([0.2, 0.1]), np.log([0.2, 0.1]), 2.0)
   assert ex.log_z[0] == t.log_z and ex.p_correct_ref[0] == t.p_correct_ref
-  ex.save(tmp_path / "exact.json")
-  assert ExactTarget.load(tmp_path / "exact.json") == ex
+  codec.save(ex, tmp_path / "exact.json")
+  assert codec.load(ExactTarget, tmp_path / "exact.json", "the exact target") == ex
   raw = json.loads((tmp_path / "exact.json").read_text())  # the main job's exact.json keys
   assert list(raw) == ["prompt_ids", "log_z", "target_entropy_correct", "p_correct_ref", "beta"]
   assert ex.log_z_by_id() == dict(zip(raw["prompt_ids"], raw["log_z"]))
@@ -42,21 +43,21 @@ def test_exact_target_round_trips_and_keeps_the_json_format(tmp_path):
 def test_exact_target_missing_or_corrupt_file_names_it(tmp_path):
   path = tmp_path / "exact.json"
   with pytest.raises(ArtifactError, match="exact.json does not exist"):
-    ExactTarget.load(path)
+    codec.load(ExactTarget, path, "the exact target")
   path.write_text("{not json")
   with pytest.raises(ArtifactError, match="exact.json is not readable JSON"):
-    ExactTarget.load(path)
-  _exact().save(path)
+    codec.load(ExactTarget, path, "the exact target")
+  codec.save(_exact(), path)
   raw = json.loads(path.read_text())
   path.write_text(json.dumps({k: v for k, v in raw.items() if k != "log_z"}))
   with pytest.raises(ArtifactError, match=r"exact.json: field 'log_z' is missing"):
-    ExactTarget.load(path)
+    codec.load(ExactTarget, path, "the exact target")
   path.write_text(json.dumps(raw | {"p_correct_ref": [0.1]}))
   with pytest.raises(ArtifactError, match=r"exact.json: field 'p_correct_ref' must hold 2"):
-    ExactTarget.load(path)
+    codec.load(ExactTarget, path, "the exact target")
   path.write_text(json.dumps(raw | {"beta": "2"}))
   with pytest.raises(ArtifactError, match=r"field 'beta' must be float"):
-    ExactTarget.load(path)
+    codec.load(ExactTarget, path, "the exact target")
 
 
 def _stage3_run(tmp_path):
@@ -92,7 +93,8 @@ def test_stage3_run_missing_or_corrupt_summary_names_the_file(tmp_path):
   with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'steps_run' must be int"):
     Stage3Run.load(tmp_path)
   (tmp_path / "stage3_summary.json").write_text(json.dumps(raw | {"selection": {"metric": "m"}}))
-  with pytest.raises(ArtifactError, match=r"stage3_summary.json: field 'selection' or"):
+  with pytest.raises(ArtifactError,
+                     match=r"stage3_summary.json: field 'selection.scores' is missing"):
     Stage3Run.load(tmp_path)
   (tmp_path / "metrics.jsonl").write_text('{"step": 2, "exact/kl_mc": 1.0}\n')
   with pytest.raises(ArtifactError, match=r"metrics.jsonl: step 2 lacks field 'exact/p_correct'"):
@@ -142,7 +144,7 @@ def test_eval_result_missing_or_corrupt_file_names_it(tmp_path):
   raw = json.loads((tmp_path / "task.json").read_text())
   del raw["exact"]["tb_sq"]
   (tmp_path / "task.json").write_text(json.dumps(raw))
-  with pytest.raises(ArtifactError, match=r"task.json: field 'tb_sq' is missing"):
+  with pytest.raises(ArtifactError, match=r"task.json: field 'exact.tb_sq' is missing"):
     EvalResult.load(tmp_path)
   (tmp_path / "task.json").write_text(json.dumps(raw | {"k": 2.5}))
   with pytest.raises(ArtifactError, match=r"task.json: field 'k' must be int"):
@@ -205,7 +207,7 @@ def test_anchor_artifact_missing_or_corrupt_file_names_it(tmp_path):
   art.save()
   raw = json.loads((tmp_path / "stage2_summary.json").read_text())
   (tmp_path / "stage2_summary.json").write_text(json.dumps(raw | {"fit": {"best_epoch": 1}}))
-  with pytest.raises(ArtifactError, match=r"stage2_summary.json: field 'train_mse' is missing"):
+  with pytest.raises(ArtifactError, match=r"stage2_summary.json: field 'fit.train_mse' is missing"):
     AnchorArtifact.load(tmp_path)
   with pytest.raises(ArtifactError, match="embeddings_ids.json does not exist"):
     art.embeddings()
@@ -260,5 +262,6 @@ def test_stage1_and_nstudy_missing_or_corrupt_files_name_them(tmp_path):
     NStudyResult.load(tmp_path)
   (tmp_path / "subset.json").write_text(json.dumps({"k": 3}))
   (tmp_path / "nstudy.json").write_text(json.dumps({"prompts": 2}))
-  with pytest.raises(ArtifactError, match=r"nstudy.json: field 'per_m' is missing"):
+  with pytest.raises(ArtifactError,
+                     match=r"nstudy.json: field 'prompts_with_full_pool' is missing"):
     NStudyResult.load(tmp_path)

@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from disa_jax import paths
+from disa_jax import codec, paths
 from disa_jax.anchor.mlp import AnchorMLP
 from disa_jax.checkpoint.identity import fingerprint
 from disa_jax.data.prompting import RENDERINGS
@@ -67,6 +67,8 @@ class EmbeddingSpec:
   prompt_format: str = "raw"
   rendering: str | None = None
   model_sha256: str | None = None
+
+  JSON_STRICT = True  # (`codec`: unknown keys are refused)
 
   def __post_init__(self):
     if self.source not in ("precomputed", "model_mean_pool"):
@@ -130,19 +132,7 @@ class AnchorMeta:
     if not self.beta > 0:
       raise ValueError(f"AnchorMeta.beta must be > 0, got {self.beta!r}")
 
-  def to_json(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d["reward_transform"] = self.reward_transform.to_dict()
-    d["hidden_sizes"] = list(self.hidden_sizes)
-    return d
-
-  @classmethod
-  def from_json(cls, d: dict[str, Any]) -> "AnchorMeta":
-    d = dict(d)
-    d["embedding"] = EmbeddingSpec(**d["embedding"])
-    d["reward_transform"] = RewardTransform.from_dict(d["reward_transform"])
-    d["hidden_sizes"] = tuple(d["hidden_sizes"])
-    return cls(**d)
+  JSON_STRICT = True  # (`codec`: unknown keys are refused)
 
 
 class Anchor:
@@ -248,7 +238,7 @@ class Anchor:
       with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(local / STATE_DIR, nnx.to_pure_dict(self._state))
     tmp = d / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(self.meta.to_json(), indent=1, allow_nan=True))
+    tmp.write_text(json.dumps(codec.encode(self.meta), indent=1, allow_nan=True))
     paths.replace(tmp, d / META_FILE)
     return d
 
@@ -258,7 +248,7 @@ class Anchor:
     d = paths.as_path(directory).resolve()
     if not (d / META_FILE).exists():
       raise FileNotFoundError(f"no {META_FILE} in {d}: not an anchor directory")
-    meta = AnchorMeta.from_json(json.loads((d / META_FILE).read_text()))
+    meta = codec.load(AnchorMeta, d / META_FILE, "the anchor")
     mlp = AnchorMLP(meta.embedding.dim, meta.hidden_sizes, meta.activation, rngs=nnx.Rngs(0))
     state = nnx.state(mlp)
     target = nnx.to_pure_dict(state)

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from disa_jax import codec
+
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
@@ -26,7 +28,7 @@ class Selection:
     scores: ``(step, value)`` for every validation, in step order.
   """
   metric: str
-  scores: tuple[tuple[int, float], ...] = ()
+  scores: tuple[tuple[int, float], ...] = codec.field(default=(), required=True)
 
   @property
   def best(self) -> tuple[int, float] | None:
@@ -45,15 +47,16 @@ class Selection:
     kept = tuple((s, v) for s, v in self.scores if s < step)
     return dataclasses.replace(self, scores=kept + ((int(step), float(value)),))
 
+  def json_extra(self) -> dict[str, Any]:
+    """The keys `codec.encode` writes after the fields (derived: not read back)."""
+    return {"best_step": self.best_step, "best_value": None if self.best is None else self.best[1]}
+
   def to_json(self) -> dict[str, Any]:
-    best = self.best
-    return {"metric": self.metric, "scores": [[s, v] for s, v in self.scores],
-            "best_step": None if best is None else best[0],
-            "best_value": None if best is None else best[1]}
+    return codec.encode(self)
 
   @classmethod
   def from_json(cls, d: dict[str, Any]) -> "Selection":
-    return cls(metric=str(d["metric"]), scores=tuple((int(s), float(v)) for s, v in d["scores"]))
+    return codec.decode(cls, d, "selection")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +75,7 @@ class Choice:
   metric: str | None = None
   value: float | None = None
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+  JSON_STRICT = True  # (`codec`: unknown keys are refused)
 
 
 def finished_steps(run_dir: str | Path) -> list[int]:

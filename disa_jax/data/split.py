@@ -20,6 +20,7 @@ import json
 import os
 from typing import Any, Sequence
 
+from disa_jax import codec
 from disa_jax.data import loaders
 from disa_jax.data.records import PromptRecord
 
@@ -40,9 +41,6 @@ class SplitManifest:
   validation_sha256: str
   validation_prompt_ids: tuple[str, ...]
   method: str = "the `size` smallest sha256(seed, prompt, ground truth) keys; duplicates together"
-
-  def to_json(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
 
 
 def file_sha256(path: str) -> str:
@@ -120,5 +118,5 @@ def split_validation(path: str, train_path: str, validation_path: str, *, size: 
       validation_rows=len(val), validation_sha256=file_sha256(validation_path),
       validation_prompt_ids=tuple(records[i].prompt_id for i in val))
   with open(manifest_path(validation_path), "w", encoding="utf-8") as f:
-    json.dump(manifest.to_json(), f, indent=1)
+    json.dump(codec.encode(manifest), f, indent=1)
   return manifest

@@ -29,6 +29,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from disa_jax import codec
+
 KINDS = ("raw", "affine", "group_zscore")
 DDOFS = (0, 1)
 
@@ -67,15 +69,14 @@ class RewardTransform:
     return transform_rewards(reward, mask, kind=self.kind, scale=self.scale, shift=self.shift, eps=self.eps,
                              ddof=self.ddof)
 
+  JSON_STRICT = True  # (`codec`: unknown keys are refused)
+
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    return codec.encode(self)
 
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "RewardTransform":
-    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise ValueError(f"RewardTransform: unknown fields {sorted(unknown)} in {d!r}")
-    return cls(**d)
+    return codec.decode(cls, d, "reward_transform")
 
   def check_matches(self, other: "RewardTransform", what: str = "anchor") -> None:
     """Raises if ``other`` differs from this transform (e.g. the anchor's vs the run's)."""

@@ -23,12 +23,11 @@ samples is reported beside it; both carry standard errors.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models
 from disa_jax.rewards.graded import Response, RewardFn
@@ -134,10 +133,6 @@ class CorrectSetTerms:
   kl_correct: float
   kl_binary: float
 
-  def to_dict(self) -> dict[str, float]:
-    """``{field: value}`` in field order (the per-prompt record of `ExactMeasures`)."""
-    return dataclasses.asdict(self)
-
 
 def correct_set_terms(logp_policy: np.ndarray, logp_ref: np.ndarray, beta: float
                       ) -> CorrectSetTerms:
@@ -182,9 +177,9 @@ class ExactTarget:
     beta: the inverse temperature of the target.
   """
   prompt_ids: tuple[str, ...]
-  log_z: np.ndarray
-  target_entropy_correct: np.ndarray
-  p_correct_ref: np.ndarray
+  log_z: np.ndarray = codec.field(size_of="prompt_ids")
+  target_entropy_correct: np.ndarray = codec.field(size_of="prompt_ids")
+  p_correct_ref: np.ndarray = codec.field(size_of="prompt_ids")
   beta: float
 
   ARRAYS = ("log_z", "target_entropy_correct", "p_correct_ref")
@@ -218,17 +213,6 @@ class ExactTarget:
       raise KeyError(f"the exact target has no log Z for prompts {missing[:5]}")
     return np.asarray([by_id[p] for p in prompt_ids], np.float64)
 
-  def save(self, path: str | Path) -> None:
-    artifacts.write_json(path, {"prompt_ids": list(self.prompt_ids),
-                                **{k: getattr(self, k).tolist() for k in self.ARRAYS},
-                                "beta": self.beta})
-
-  @classmethod
-  def load(cls, path: str | Path) -> "ExactTarget":
-    obj = artifacts.read_json(path, "the exact target")
-    ids = artifacts.str_tuple(obj, "prompt_ids", path)
-    return cls(ids, *(artifacts.float_array(obj, k, path, len(ids)) for k in cls.ARRAYS),
-               beta=float(artifacts.field(obj, "beta", path, float)))
 
 
 MEASURES = ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",
@@ -248,9 +232,9 @@ class ExactMeasures:
     samples_per_prompt: k, the policy samples per prompt of the Monte Carlo terms.
     per_prompt: ``[P]`` each prompt's measures (`correct_set_terms` and `monte_carlo_terms`).
   """
-  means: Mapping[str, float]
-  samples_per_prompt: int
   per_prompt: tuple[Mapping[str, float], ...]
+  samples_per_prompt: int
+  means: Mapping[str, float] = codec.field(inline=True, keys=MEASURES)
 
   def __post_init__(self):
     missing = [k for k in MEASURES if k not in self.means]
@@ -271,20 +255,7 @@ class ExactMeasures:
 
   def to_json(self, per_prompt: bool = True) -> dict[str, Any]:
     """The stored form (`ExactTracker.measure`'s keys; ``per_prompt=False`` leaves it out)."""
-    out = {"per_prompt": [dict(p) for p in self.per_prompt]} if per_prompt else {}
-    return out | {"samples_per_prompt": self.samples_per_prompt, **self.means}
-
-  @classmethod
-  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "ExactMeasures":
-    """From `to_json`'s form, read from ``path`` (a missing field raises naming both)."""
-    if not isinstance(obj, Mapping):
-      raise artifacts.ArtifactError(f"{path}: field 'exact' must be an object")
-    per = artifacts.field(obj, "per_prompt", path, list)
-    if not all(isinstance(p, dict) for p in per):
-      raise artifacts.ArtifactError(f"{path}: field 'exact.per_prompt' must be a list of objects")
-    return cls(means={k: float(artifacts.field(obj, k, path, float)) for k in MEASURES},
-               samples_per_prompt=artifacts.field(obj, "samples_per_prompt", path, int),
-               per_prompt=tuple(per))
+    return codec.encode(self, omit=() if per_prompt else ("per_prompt",))
 
 
 def wrong_term(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndarray, p_correct: float,
@@ -438,7 +409,7 @@ def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completi
   per = []
   for i, e in enumerate(exact):
     mc = monte_carlo_terms(lp_pol[i], lp_ref[i], reward[i], e, beta)
-    per.append({**e.to_dict(), **mc, "kl_decomposed": e.kl_binary + e.p_correct * e.kl_correct
+    per.append({**codec.encode(e), **mc, "kl_decomposed": e.kl_binary + e.p_correct * e.kl_correct
                 + mc["p_wrong_kl_wrong"]})
   means: dict[str, float] = {}
   for key in ("p_correct", "p_correct_target", "entropy_correct", "target_entropy_correct",

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import codec
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
 from disa_jax.eval import metrics
@@ -50,17 +51,12 @@ class BenchmarkResult:
   """
   name: str
   ability: str
-  prompt_ids: list[str]
-  correct: np.ndarray
-  responses: list[list[str]]
-  answers: list[list[str | None]] | None
   metrics: dict[str, float]
-  prompt_token_ids: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
-
-  def to_json(self) -> dict[str, Any]:
-    return {"name": self.name, "ability": self.ability, "metrics": self.metrics,
-            "per_prompt": [{"prompt_id": pid, "correct": row.astype(int).tolist()}
-                           for pid, row in zip(self.prompt_ids, self.correct)]}
+  prompt_ids: list[str] = codec.field(rows="per_prompt", key="prompt_id")
+  correct: np.ndarray = codec.field(rows="per_prompt", dtype=int)
+  responses: list[list[str]] = codec.field(stored=False)
+  answers: list[list[str | None]] | None = codec.field(stored=False)
+  prompt_token_ids: list[tuple[int, ...]] = codec.field(stored=False, default_factory=list)
 
 
 def eval_sampling_params(k: int, max_tokens: int, eos_id: int | None, *, seed: int = 0,
@@ -135,8 +131,9 @@ def evaluate_benchmark(engine: Any, tokenizer: Any, records: Sequence[PromptReco
     result_metrics[f"maj@{k}"] = metrics.maj_at_k(answers, correct)
   result_metrics[f"distinct_correct@{k}"] = _distinct_correct(responses, correct)
   result_metrics["grade_error_share"] = graded.error_share
-  return BenchmarkResult(name, ability, [r.prompt_id for r in records], correct, responses,
-                         answers, result_metrics, prompt_ids)
+  return BenchmarkResult(name=name, ability=ability, metrics=result_metrics,
+                         prompt_ids=[r.prompt_id for r in records], correct=correct,
+                         responses=responses, answers=answers, prompt_token_ids=prompt_ids)
 
 
 def evaluate_suite(engine: Any, tokenizer: Any, benchmarks: Mapping[str, Sequence[PromptRecord]],
@@ -174,6 +171,6 @@ def suite_table(results_by_method: Mapping[str, Mapping[str, BenchmarkResult]], 
   if json_path:
     with open(json_path, "w") as f:
       json.dump({"metric": metric, "results": metrics.results_json(values),
-                 "details": {m: {b: r.to_json() for b, r in res.items()}
+                 "details": {m: {b: codec.encode(r) for b, r in res.items()}
                              for m, res in results_by_method.items()}}, f, indent=1)
   return table

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 
 
 def model_identity(path: str | Path) -> str:
@@ -49,9 +49,9 @@ class ConditionalKL:
   """
   model_path: str
   model_identity: str
-  kl_target: np.ndarray
-  kl_proposal: np.ndarray
-  heldout: np.ndarray
+  kl_target: np.ndarray = codec.field(key="kl_target_correct")
+  kl_proposal: np.ndarray = codec.field(key="kl_proposal_correct")
+  heldout: np.ndarray = codec.field(stored=False)  # (ConditionalKLs' split)
 
   def __post_init__(self):
     for name in ("kl_target", "kl_proposal"):
@@ -98,6 +98,8 @@ class ConditionalKL:
               "kl_proposal_correct_mean_heldout": self.kl_proposal_mean_heldout}
     return out
 
+  json_extra = means  # (`codec.encode` writes the means after the fields)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ConditionalKLs:
@@ -111,7 +113,7 @@ class ConditionalKLs:
     proposal_identity: `model_identity` of p_T.
     rows: row name -> its `ConditionalKL`.
   """
-  path: Path
+  path: Path = codec.field(stored=False)
   prompt_ids: tuple[str, ...]
   heldout_prompt_ids: tuple[str, ...]
   reference_identity: str
@@ -139,39 +141,17 @@ class ConditionalKLs:
     """report.json's ``conditional_kl``: per row, `ConditionalKL.means`."""
     return {name: row.means() for name, row in self.rows.items()}
 
-  def to_json(self) -> dict[str, Any]:
-    return {"prompt_ids": list(self.prompt_ids), "heldout_prompt_ids": list(self.heldout_prompt_ids),
-            "reference_identity": self.reference_identity,
-            "proposal_identity": self.proposal_identity,
-            "rows": {name: {"model_path": r.model_path, "model_identity": r.model_identity,
-                            "kl_target_correct": r.kl_target.tolist(),
-                            "kl_proposal_correct": r.kl_proposal.tolist(), **r.means()}
-                     for name, r in self.rows.items()}}
-
   def save(self) -> None:
-    artifacts.write_json(self.path, self.to_json())
+    codec.save(self, self.path)
 
   @classmethod
   def load(cls, path: str | Path) -> "ConditionalKLs":
     """The rows saved in ``path`` (`artifacts.ArtifactError` naming the field if malformed)."""
     obj = artifacts.read_json(path, "the conditional KLs")
-    ids = artifacts.str_tuple(obj, "prompt_ids", path)
-    held = artifacts.str_tuple(obj, "heldout_prompt_ids", path)
-    mask = np.asarray([p in set(held) for p in ids], bool)
-    rows = {}
-    for name, row in artifacts.field(obj, "rows", path, dict).items():
-      where = f"{path} (row {name!r})"
-      if not isinstance(row, dict):
-        raise artifacts.ArtifactError(f"{where}: must be an object, got {type(row).__name__}")
-      rows[name] = ConditionalKL(
-          model_path=artifacts.field(row, "model_path", where, str),
-          model_identity=artifacts.field(row, "model_identity", where, str),
-          kl_target=artifacts.float_array(row, "kl_target_correct", where, len(ids)),
-          kl_proposal=artifacts.float_array(row, "kl_proposal_correct", where, len(ids)),
-          heldout=mask)
-    return cls(path=Path(path), prompt_ids=ids, heldout_prompt_ids=held,
-               reference_identity=artifacts.field(obj, "reference_identity", path, str),
-               proposal_identity=artifacts.field(obj, "proposal_identity", path, str), rows=rows)
+    head = codec.decode(cls, obj, path, path=Path(path), rows={})  # (the rows need its split)
+    return dataclasses.replace(head, rows={
+        name: codec.decode(ConditionalKL, row, path, f"rows.{name}", heldout=head.heldout_mask())
+        for name, row in artifacts.field(obj, "rows", path, dict).items()})
 
   def reusable(self, prompt_ids: tuple[str, ...], reference_identity: str,
                proposal_identity: str, rows: Mapping[str, str]) -> dict[str, ConditionalKL]:

@@ -274,8 +274,9 @@ class EndState:
             "flat_under_lr_decay": "undecided (flat only inside the lr decay phase: the schedule, "
                                    "not convergence, may have flattened it)"}[self.reason]
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self) | {"label": self.label}
+  def json_extra(self) -> dict[str, Any]:
+    """What `codec.encode` writes after the fields (the report's ``end_state`` entries)."""
+    return {"label": self.label}
 
 
 def _reason(trends: Sequence[Trend], last_step: int, lr_decay: int | None) -> str:

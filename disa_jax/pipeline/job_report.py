@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from disa_jax import artifacts
+from disa_jax import codec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,24 +32,10 @@ class Claim:
   why: str | None
   runs: tuple[str, ...]
   from_transient: bool
-  verdict: str = ""
+  verdict: str = codec.field(default="", missing=lambda read: "holds" if read["holds"]
+                             else "does NOT hold")
   state: str = ""
   test: Mapping[str, Any] | None = None
-
-  @classmethod
-  def from_json(cls, obj: Any, where: str) -> "Claim":
-    if not isinstance(obj, dict):
-      raise artifacts.ArtifactError(f"{where}: must be an object, got {type(obj).__name__}")
-    holds = artifacts.field(obj, "holds", where, bool)
-    optional = lambda name, kind, default: (artifacts.field(obj, name, where, kind) if name in obj
-                                            else default)
-    return cls(claim=artifacts.field(obj, "claim", where, str), holds=holds,
-               numbers=artifacts.field(obj, "numbers", where, dict),
-               why=artifacts.field(obj, "why", where, (str, type(None))),
-               runs=artifacts.str_tuple(obj, "runs", where),
-               from_transient=artifacts.field(obj, "from_transient", where, bool),
-               verdict=optional("verdict", str, "holds" if holds else "does NOT hold"),
-               state=optional("state", str, ""), test=optional("test", (dict, type(None)), None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +75,7 @@ class JobReport:
     times_s: seconds per stage.
     plots: the PNG files in ``dir``.
   """
-  dir: Path
+  dir: Path = codec.field(stored=False)
   methods: Mapping[str, Mapping[str, Any]]
   runs: Mapping[str, Mapping[str, Any]]
   claims: tuple[Claim, ...]
@@ -102,9 +88,9 @@ class JobReport:
   anchor_gap: Mapping[str, Any] | None
   end_state: Mapping[str, list[Mapping[str, Any]]]
   matched_accuracy: Mapping[str, Mapping[str, Any]]
-  conditional_kl: Mapping[str, Mapping[str, float]] | None
-  grid: Mapping[str, Any] | None
-  stage12_replicas: Mapping[str, Mapping[str, float]]
+  conditional_kl: Mapping[str, Mapping[str, float]] | None = codec.field(omit=None)
+  grid: Mapping[str, Any] | None = codec.field(omit=None)
+  stage12_replicas: Mapping[str, Mapping[str, float]] = codec.field(missing=lambda read: {})
   stage3_seeds: tuple[int, ...]
   times_s: Mapping[str, float]
   plots: tuple[str, ...]
@@ -127,22 +113,4 @@ class JobReport:
   def load(cls, workdir: str | Path) -> "JobReport":
     """The report of the job in ``workdir`` (`artifacts.ArtifactError` naming the file and the
     field when report.json is missing or malformed)."""
-    path = Path(workdir) / cls.FILE
-    obj = artifacts.read_json(path, "the main job's report")
-    get = lambda name, kind=dict: artifacts.field(obj, name, path, kind)
-    optional = lambda name: artifacts.field(obj, name, path, (dict, type(None)))
-    seeds = get("stage3_seeds", list)
-    if not all(isinstance(x, int) for x in seeds):
-      raise artifacts.ArtifactError(f"{path}: field 'stage3_seeds' must be a list of ints")
-    return cls(dir=Path(workdir), methods=get("methods"), runs=get("runs"),
-               claims=tuple(Claim.from_json(c, f"{path} (claims[{i}])")
-                            for i, c in enumerate(get("claims", list))),
-               skipped_methods=get("skipped_methods"), regime=get("regime"),
-               stage1=get("stage1"), stage2=get("stage2"), anchor_study=optional("anchor_study"),
-               nstudy=optional("nstudy"), anchor_gap=optional("anchor_gap"),
-               end_state=get("end_state"), matched_accuracy=get("matched_accuracy"),
-               conditional_kl=optional("conditional_kl") if "conditional_kl" in obj else None,
-               grid=optional("grid") if "grid" in obj else None,
-               stage12_replicas=get("stage12_replicas") if "stage12_replicas" in obj else {},
-               stage3_seeds=tuple(seeds), times_s=get("times_s"),
-               plots=artifacts.str_tuple(obj, "plots", path))
+    return codec.load(cls, Path(workdir) / cls.FILE, "the main job's report", dir=Path(workdir))

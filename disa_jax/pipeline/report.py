@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from disa_jax import codec
 from disa_jax import estimators as E
 from disa_jax.anchor.diagnostics import generalisation, prop4_check, sigma_g
 from disa_jax.anchor.labels import anchor_targets
@@ -251,8 +252,8 @@ def _dynamics(job: SumJob, stage3: Stage3Runs) -> dict[str, Any]:
       ends.append((seed, D.end_state(series, cfg, lr_decay_step=_lr_decay_step(job, m, seed))))
       matched.append((seed, D.matched_accuracy(series)))
     if ends:
-      out["end_state"][m] = [e.to_dict() | {"seed": seed} for seed, e in ends]
-      out["method_state"][m] = D.method_end_state([e for _, e in ends], cfg).to_dict()
+      out["end_state"][m] = [codec.encode(e) | {"seed": seed} for seed, e in ends]
+      out["method_state"][m] = codec.encode(D.method_end_state([e for _, e in ends], cfg))
       out["matched_runs"][m] = matched
       out["matched"][m] = {lvl: _matched_summary(matched, lvl) for lvl in (f"{v:g}" for v in D.LEVELS)}
   return out

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models, preemption, runtime
 from disa_jax.anchor import TableAnchor, noisy_log_z
@@ -309,9 +309,9 @@ class SumJob:
     """The exact log Z(q) of every prompt (`disa_jax.eval.exact`), cached in exact.json."""
     path = self.dir / "exact.json"
     if path.exists():
-      return ExactTarget.load(path)
+      return codec.load(ExactTarget, path, "the exact target")
     out = ExactTarget.from_logprobs(self._correct_set_logprobs(self.ref_path), self.cfg.beta)
-    out.save(path)
+    codec.save(out, path)
     return out
 
   def _correct_set_logprobs(self, model_path: str) -> dict[str, np.ndarray]:

@@ -47,23 +47,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from disa_jax import config as config_lib
 from disa_jax import models
-from disa_jax.models.config import ModelConfig, RopeScaling
+from disa_jax.models.config import ModelConfig
 from disa_jax.models.hf_interop import np_dtype as _np_dtype
 from disa_jax.models.transformer import layer_param_specs
 
 ALIGN = 64  # elements: every parameter starts at a multiple of this within its bucket
 DEFAULT_BUCKET_BYTES = 1 << 30
-
-
-def config_to_dict(config: ModelConfig) -> dict[str, Any]:
-  """A JSON-able dict of every `ModelConfig` field (`config_from_dict` inverts it exactly)."""
-  return dataclasses.asdict(config)
-
-
-def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
-  d = dict(d)
-  rope = d.pop("rope_scaling", None)
-  return ModelConfig(**d, rope_scaling=None if rope is None else RopeScaling(**rope))
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -168,14 +157,6 @@ class FlatLayout:
   @property
   def nbytes(self) -> int:
     return sum(self.bucket_sizes) * _np_dtype(self.dtype).itemsize
-
-  def to_dict(self) -> dict[str, Any]:
-    return {"config": config_to_dict(self.config), "dtype": self.dtype,
-            "bucket_bytes": self.bucket_bytes}
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "FlatLayout":
-    return cls(config_from_dict(d["config"]), d["dtype"], int(d["bucket_bytes"]))
 
   def check_params(self, shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
     """Raises ValueError naming the first parameter of ``shapes`` (path -> shape) that is missing

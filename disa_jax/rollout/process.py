@@ -46,7 +46,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from disa_jax import config as config_lib
-from disa_jax import preemption, runtime
+from disa_jax import codec, preemption, runtime
 from disa_jax.rollout import flat_weights, reaper, shm
 from disa_jax.rollout.jax_sampler import JaxSampler
 from disa_jax.rollout.types import (MODEL_ENGINES, Completion, Engine, SamplingParams, check_kind,
@@ -251,7 +251,7 @@ def _worker_main(spec: _WorkerSpec) -> None:
       if cmd == "ping":
         res.put({"id": rid, "ok": True, "last": True, "pid": os.getpid()})
       elif cmd == "generate":
-        params = SamplingParams.from_dict(meta["params"])
+        params = codec.decode(SamplingParams, meta["params"], "params")
         ends = np.cumsum(arrays["lengths"])
         prompts = [arrays["tokens"][e - n:e] for e, n in zip(ends, arrays["lengths"])]
         out = engine.generate(prompts, params)
@@ -269,7 +269,7 @@ def _worker_main(spec: _WorkerSpec) -> None:
           known_names.add(weights.name)
         _, views = weights.read()
         if "flat" in meta:  # a flat push: its buckets, laid out by the trainer's layout
-          layout = flat_weights.FlatLayout.from_dict(meta["flat"])
+          layout = codec.decode(flat_weights.FlatLayout, meta["flat"], "flat")
           views = flat_weights.FlatWeights(layout, [views[f"b{i}"]
                                                     for i in range(len(layout.bucket_sizes))])
         t0 = time.perf_counter()
@@ -511,7 +511,7 @@ class RemoteEngine:
     arrays = {"lengths": np.array([len(p) for p in prompts], np.int64),
               "tokens": np.concatenate(prompts)}
     with self._lock:
-      parts = self._call("generate", {"params": params.to_dict()}, arrays)
+      parts = self._call("generate", {"params": codec.encode(params)}, arrays)
     flat = [c for _, a in parts for c in _unpack_completions(a)]
     if len(flat) != len(prompts) * params.n:
       raise GenerationProcessError(f"expected {len(prompts) * params.n} completions, "
@@ -525,7 +525,7 @@ class RemoteEngine:
     request = {}
     if isinstance(state_dict, flat_weights.FlatWeights):
       arrays = {f"b{i}": b for i, b in enumerate(state_dict.buffers)}
-      request = {"flat": state_dict.layout.to_dict()}
+      request = {"flat": codec.encode(state_dict.layout)}
     else:
       arrays = {k: np.asarray(v) for k, v in state_dict.items()}
     nbytes = shm.message_nbytes({}, arrays)

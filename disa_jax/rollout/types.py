@@ -51,6 +51,8 @@ class SamplingParams:
   return_raw_logprobs: bool = False
   prompt_index_offset: int = 0
 
+  JSON_STRICT = True  # (`codec`: unknown keys are refused)
+
   def __post_init__(self):
     if not isinstance(self.n, int) or self.n < 1:
       raise ValueError(f"SamplingParams.n must be an int >= 1, got {self.n!r}")
@@ -76,16 +78,6 @@ class SamplingParams:
   def greedy(self) -> bool:
     return self.temperature == 0.0
 
-  def to_dict(self) -> dict:
-    d = dataclasses.asdict(self)
-    d["stop_token_ids"] = list(self.stop_token_ids)
-    return d
-
-  @classmethod
-  def from_dict(cls, d: Mapping) -> "SamplingParams":
-    d = dict(d)
-    d["stop_token_ids"] = tuple(d.get("stop_token_ids", ()))
-    return cls(**d)
 
 
 @dataclasses.dataclass

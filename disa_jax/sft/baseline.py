@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax import config as config_lib
-from disa_jax import models, parallel, preemption
+from disa_jax import codec, models, parallel, preemption
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.data import packing as packing_lib
 from disa_jax.data.tokenizer import load_tokenizer
@@ -156,10 +156,6 @@ class LoRASFTConfig:
       return jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32
     return jnp.dtype(self.compute_dtype)
 
-  def to_dict(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d["targets"] = list(self.targets)
-    return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,10 +319,10 @@ def _restore_adapters(ckpt: CheckpointManager, lora_params: nnx.State, opt_state
   if latest is None:
     return opt_state, 0, []
   _, restored, meta = ckpt.restore(_adapter_state(lora_params, opt_state), latest)
-  if meta["config"] != config.to_dict() or meta["num_examples"] != num_examples:
+  if meta["config"] != codec.encode(config) or meta["num_examples"] != num_examples:
     raise ValueError(f"cannot resume {out_path}.ckpt: it was written with config "
                      f"{meta['config']} on {meta['num_examples']} examples, this run has "
-                     f"{config.to_dict()} on {num_examples}")
+                     f"{codec.encode(config)} on {num_examples}")
   nnx.replace_by_pure_dict(lora_params, restored["lora"])
   say(f"lora-sft: resumed at step {latest}/{total_steps}")
   return restored["opt_state"], latest, list(meta["losses"])
@@ -407,7 +403,7 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
     if preemption.agreed(distributed.any_process):  # SIGTERM / SIGUSR1: save and stop
       if saved != step:
         ckpt.save(step, _adapter_state(lora_params, opt_state),
-                  {"config": config.to_dict(), "num_examples": n, "losses": losses}, force=True)
+                  {"config": codec.encode(config), "num_examples": n, "losses": losses}, force=True)
       preempted_at = step
       say(f"lora-sft: preempted ({preemption.requested() or 'another process'}); checkpoint "
           f"{step} saved, rerun to resume")
@@ -421,7 +417,7 @@ def _train_adapters(graphdef: nnx.GraphDef, lora_params: nnx.State, rest: nnx.St
     losses.append(float(loss))
     done = step + 1
     if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == total_steps:
-      ckpt.save(done, _adapter_state(lora_params, opt_state), {"config": config.to_dict(), "num_examples": n,
+      ckpt.save(done, _adapter_state(lora_params, opt_state), {"config": codec.encode(config), "num_examples": n,
                                                                "losses": losses}, force=True)
       saved = done
     say(f"lora-sft: step {done}/{total_steps} loss {losses[-1]:.4f}")
@@ -517,7 +513,7 @@ def run_lora_sft(reference_path: str, stage1_path: str, out_path: str,
       "steps": steps_per_epoch * config.epochs, "steps_per_epoch": steps_per_epoch, "epochs": config.epochs,
       "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
       "lora_params": num_lora, "compute_dtype": jnp.dtype(dtype).name, **packing_stats,
-      "config": config.to_dict(), "out_path": out_path, "seconds": time.perf_counter() - t0,
+      "config": codec.encode(config), "out_path": out_path, "seconds": time.perf_counter() - t0,
       "skipped": False,
   }
   _write_export(merged, summary, reference_path, out_path)

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models, paths, tasks
 from disa_jax.checkpoint import identity, selection
@@ -135,57 +135,35 @@ class BenchmarkEval:
   """
   name: str
   ability: str
-  path: str
-  method: str
+  metrics: Mapping[str, float]
+  prompt_ids: tuple[str, ...] = codec.field(rows="per_prompt", key="prompt_id")
+  correct: np.ndarray = codec.field(rows="per_prompt", dtype=np.int64)
   k: int
   n_problems: int
-  metrics: Mapping[str, float]
-  prompt_ids: tuple[str, ...]
-  correct: np.ndarray
+  path: str
+  method: str
   sampling: Mapping[str, Any]
   diversity: Mapping[str, Any]
-  exact: ExactMeasures | None
+  exact: ExactMeasures | None = codec.field(omit=None)
 
   __eq__ = artifacts.fields_equal
+
+  def __post_init__(self):
+    if not isinstance(self.sampling.get("stop_token_ids"), (list, tuple)):
+      raise ValueError("field 'sampling.stop_token_ids' is missing")
 
   @property
   def stop_token_ids(self) -> list[int]:
     return list(self.sampling["stop_token_ids"])
 
-  def to_json(self) -> dict[str, Any]:
-    out = {"name": self.name, "ability": self.ability, "metrics": dict(self.metrics),
-           "per_prompt": [{"prompt_id": p, "correct": row.tolist()}
-                          for p, row in zip(self.prompt_ids, self.correct)],
-           "k": self.k, "n_problems": self.n_problems, "path": self.path, "method": self.method,
-           "sampling": dict(self.sampling), "diversity": dict(self.diversity)}
-    return out | ({} if self.exact is None else {"exact": self.exact.to_json()})
-
-  @classmethod
-  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "BenchmarkEval":
-    f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    per = f("per_prompt", list)
-    try:
-      ids = tuple(str(p["prompt_id"]) for p in per)
-      correct = np.asarray([p["correct"] for p in per], np.int64).reshape(len(per), -1)
-    except (KeyError, TypeError, ValueError) as e:
-      raise artifacts.ArtifactError(f"{path}: field 'per_prompt' is malformed ({e!r})") from None
-    sampling = f("sampling", dict)
-    if not isinstance(sampling.get("stop_token_ids"), list):
-      raise artifacts.ArtifactError(f"{path}: field 'sampling.stop_token_ids' is missing")
-    return cls(name=f("name", str), ability=f("ability", str), path=f("path", str),
-               method=f("method", str), k=f("k", int), n_problems=f("n_problems", int),
-               metrics=f("metrics", dict), prompt_ids=ids, correct=correct, sampling=sampling,
-               diversity=f("diversity", dict),
-               exact=ExactMeasures.from_json(obj["exact"], path) if "exact" in obj else None)
-
   def save(self, out_dir: str | Path) -> None:
     """``<out_dir>/<name>.json``, written last (atomically): it marks the benchmark done."""
-    artifacts.write_json(paths.as_path(out_dir) / f"{self.name}.json", self.to_json())
+    codec.save(self, paths.as_path(out_dir) / f"{self.name}.json")
 
   @classmethod
   def load(cls, out_dir: str | Path, name: str) -> "BenchmarkEval":
-    path = paths.as_path(out_dir) / f"{name}.json"
-    return cls.from_json(artifacts.read_json(path, f"the evaluation of benchmark {name!r}"), path)
+    return codec.load(cls, paths.as_path(out_dir) / f"{name}.json",
+                      f"the evaluation of benchmark {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,13 +180,13 @@ class EvalResult:
     evaluated_now: the benchmarks the call that wrote it evaluated (the rest were resumed).
     benchmarks: every benchmark's results, by name.
   """
-  output_dir: Path
+  output_dir: Path = codec.field(stored=False)
   method: str
   model_path: str
   checkpoint: selection.Choice | None
   tables: Mapping[str, Mapping[str, Any]]
   evaluated_now: tuple[str, ...]
-  benchmarks: Mapping[str, BenchmarkEval]
+  benchmarks: Mapping[str, BenchmarkEval] = codec.field(stored=False)
 
   FILE = "summary.json"
 
@@ -216,7 +194,7 @@ class EvalResult:
     """summary.json: the tables, and each benchmark's metrics, diversity and exact means."""
     b = self.benchmarks
     return {"method": self.method, "model_path": self.model_path,
-            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_dict(),
+            "checkpoint": codec.encode(self.checkpoint),
             "tables": {m: dict(v) for m, v in self.tables.items()},
             "benchmarks": {n: dict(o.metrics) for n, o in b.items()},
             "diversity": {n: dict(o.diversity) for n, o in b.items() if o.diversity},
@@ -233,16 +211,8 @@ class EvalResult:
     """The evaluation in ``output_dir``: summary.json and its benchmarks' ``<name>.json``."""
     path = paths.as_path(output_dir) / cls.FILE
     obj = artifacts.read_json(path, "the evaluation")
-    f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    choice = f("checkpoint", (dict, type(None)))
-    try:
-      choice = None if choice is None else selection.Choice(**choice)
-    except TypeError as e:
-      raise artifacts.ArtifactError(f"{path}: field 'checkpoint' is malformed ({e})") from None
-    return cls(output_dir=paths.as_path(output_dir), method=f("method", str),
-               model_path=f("model_path", str), checkpoint=choice, tables=f("tables", dict),
-               evaluated_now=tuple(f("evaluated_now", list)),
-               benchmarks={n: BenchmarkEval.load(output_dir, n) for n in f("benchmarks", dict)})
+    return codec.decode(cls, obj, path, output_dir=paths.as_path(output_dir), benchmarks={
+        n: BenchmarkEval.load(output_dir, n) for n in artifacts.field(obj, "benchmarks", path, dict)})
 
 
 def resolve_model(cfg: EvalConfig) -> tuple[str, selection.Choice | None]:
@@ -326,7 +296,7 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
   out = BenchmarkEval(name=res.name, ability=res.ability, path=path, method=cfg.method, k=k,
                       n_problems=len(records), metrics=res.metrics,
                       prompt_ids=tuple(res.prompt_ids), correct=res.correct.astype(np.int64),
-                      sampling=params.to_dict(),
+                      sampling=codec.encode(params),
                       diversity=_diversity(cfg, name, records, res.responses), exact=exact)
   (out_dir / f"{name}.md").write_text(
       f"# {name} ({len(records)} problems, k = {k})\n\n"

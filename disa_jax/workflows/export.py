@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from disa_jax import models
+from disa_jax import codec, models
 from disa_jax.checkpoint.selection import Choice, finished_steps
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -93,5 +93,5 @@ def export_policy(run_dir: str | Path, out_dir: str | Path, *, step: int | None 
       shutil.copy2(f, out_dir / f.name)
   (out_dir / "export_info.json").write_text(json.dumps(
       {"run_dir": str(run_dir.resolve()), "step": step, "policy_path": policy_path, "dtype": dtype,
-       "checkpoint": None if choice is None else choice.to_dict()}, indent=1))
+       "checkpoint": None if choice is None else codec.encode(choice)}, indent=1))
   return str(out_dir)

@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax.anchor.embeddings import embed_prompts
 from disa_jax.data import loaders
@@ -228,49 +228,35 @@ class NStudyResult:
     k: the clusters of the stratified subset (the SSE elbow).
     stage1: the pool's Stage 1 output.
   """
-  output_dir: Path
+  output_dir: Path = codec.field(stored=False)
   prompts: int
   prompts_with_full_pool: int
   pool_size: int
   repeats: int
   per_m: tuple[Mapping[str, float], ...]
-  variance_reduction_2_to_8: float | None
-  relative_bias_change_8_to_16: float | None
+  variance_reduction_2_to_8: float | None = codec.field(omit=None)
+  relative_bias_change_8_to_16: float | None = codec.field(omit=None)
   k: int
   stage1: Stage1Result
 
   FILE = "nstudy.json"
-  OPTIONAL = ("variance_reduction_2_to_8", "relative_bias_change_8_to_16")
 
   def study_json(self) -> dict[str, Any]:
     """nstudy.json's content."""
-    out = {"prompts": self.prompts, "prompts_with_full_pool": self.prompts_with_full_pool,
-           "pool_size": self.pool_size, "repeats": self.repeats,
-           "per_m": [dict(r) for r in self.per_m]}
-    return out | {k: getattr(self, k) for k in self.OPTIONAL if getattr(self, k) is not None}
+    return codec.encode(self, omit=("k", "stage1"))
 
   def to_json(self) -> dict[str, Any]:
     """What the command prints: nstudy.json, the subset's k and the pool's Stage 1 summary."""
-    return {**self.study_json(), "k": self.k, "stage1": self.stage1.to_json()}
-
-  @classmethod
-  def from_study(cls, output_dir: str | Path, study: Mapping[str, Any], k: int,
-                 stage1: Stage1Result, path: str | Path) -> "NStudyResult":
-    f = lambda name, kind: artifacts.field(study, name, path, kind)
-    per_m = f("per_m", list)
-    if not all(isinstance(r, dict) and "M" in r for r in per_m):
-      raise artifacts.ArtifactError(f"{path}: field 'per_m' must be a list of rows with an 'M'")
-    opt = {name: (f(name, float) if name in study else None) for name in cls.OPTIONAL}
-    return cls(Path(output_dir), f("prompts", int), f("prompts_with_full_pool", int),
-               f("pool_size", int), f("repeats", int), tuple(per_m), **opt, k=k, stage1=stage1)
+    return codec.encode(self)
 
   @classmethod
   def load(cls, output_dir: str | Path) -> "NStudyResult":
     out = Path(output_dir)
     path, subset = out / cls.FILE, out / "subset.json"
     k = artifacts.field(artifacts.read_json(subset, "the N-study subset"), "k", subset, int)
-    return cls.from_study(out, artifacts.read_json(path, "the N-study"), k,
-                          Stage1Result.load(out / "stage1"), path)
+    study = artifacts.read_json(path, "the N-study")
+    return codec.decode(cls, study, path, output_dir=out, k=k,
+                        stage1=Stage1Result.load(out / "stage1"))
 
 
 def run_nstudy(cfg: NStudyConfig) -> NStudyResult:
@@ -285,4 +271,5 @@ def run_nstudy(cfg: NStudyConfig) -> NStudyResult:
   if stage1.preempted:
     raise RuntimeError(f"the N-study's Stage 1 pool {stage1.dataset} was stopped by a preemption "
                        "signal; rerun the command to resume")
-  return NStudyResult.from_study(out, study_pool(cfg), subset["k"], stage1, out / NStudyResult.FILE)
+  return codec.decode(NStudyResult, study_pool(cfg), out / NStudyResult.FILE, output_dir=out,
+                      k=subset["k"], stage1=stage1)

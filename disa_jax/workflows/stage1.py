@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models, paths, preemption, rewards
 # Registers the built-in tasks' rewards by name ('sum_task'; `disa_jax.rewards` holds math, code).
@@ -344,43 +344,12 @@ class Stage1Diagnostics:
   cv2: Mapping[str, float]
   max_weight_share: Mapping[str, float]
   log_z_is: Mapping[str, float]
-  nonfinite_labels: int
-  nonfinite_prompt_ids: tuple[str, ...]
+  nonfinite_labels: int = codec.field(key="nonfinite_labels.count")
+  nonfinite_prompt_ids: tuple[str, ...] = codec.field(key="nonfinite_labels.prompt_ids")
   share_no_reward: float
   mean_reward: float
   mean_response_tokens: float
   grade_errors: int
-
-  def to_json(self) -> dict[str, Any]:
-    """`stage1_summary`'s keys (without ``run``)."""
-    return {"prompts": self.prompts, "samples": self.samples, "beta": self.beta,
-            "label_scale": self.label_scale, "reward_transform": self.reward_transform.to_dict(),
-            "proposal_logprobs": self.proposal_logprobs,
-            **{q: dict(getattr(self, q)) for q in QUANTILE_FIELDS},
-            "nonfinite_labels": {"count": self.nonfinite_labels,
-                                 "prompt_ids": list(self.nonfinite_prompt_ids)},
-            "share_no_reward": self.share_no_reward, "mean_reward": self.mean_reward,
-            "mean_response_tokens": self.mean_response_tokens, "grade_errors": self.grade_errors}
-
-  @classmethod
-  def from_json(cls, obj: Mapping[str, Any], path: str | Path) -> "Stage1Diagnostics":
-    f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    bad = f("nonfinite_labels", dict)
-    try:
-      transform = RewardTransform.from_dict(f("reward_transform", dict))
-    except (TypeError, ValueError) as e:
-      raise artifacts.ArtifactError(f"{path}: field 'reward_transform' is malformed ({e})") from None
-    return cls(prompts=f("prompts", int), samples=f("samples", int), beta=float(f("beta", float)),
-               label_scale=f("label_scale", str), reward_transform=transform,
-               proposal_logprobs=f("proposal_logprobs", str),
-               **{q: f(q, dict) for q in QUANTILE_FIELDS},
-               nonfinite_labels=artifacts.field(bad, "count", f"{path} nonfinite_labels", int),
-               nonfinite_prompt_ids=artifacts.str_tuple(bad, "prompt_ids",
-                                                        f"{path} nonfinite_labels"),
-               share_no_reward=float(f("share_no_reward", float)),
-               mean_reward=float(f("mean_reward", float)),
-               mean_response_tokens=float(f("mean_response_tokens", float)),
-               grade_errors=f("grade_errors", int))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,12 +366,12 @@ class Stage1Result:
     stop_token_ids: the proposal's stop ids (() when preempted).
     diagnostics: the dataset's statistics (None when preempted).
   """
-  output_dir: Path
-  dataset: Path
-  preempted: bool
+  output_dir: Path = codec.field(stored=False)
+  preempted: bool = codec.field(omit=False)
+  diagnostics: Stage1Diagnostics | None = codec.field(inline=True, omit=None)
   run: Mapping[str, float] | None
+  dataset: Path
   stop_token_ids: tuple[int, ...]
-  diagnostics: Stage1Diagnostics | None
 
   FILE = "stage1_summary.json"
 
@@ -411,11 +380,7 @@ class Stage1Result:
 
   def to_json(self) -> dict[str, Any]:
     """stage1_summary.json (``{"preempted": True, "run", "dataset"}`` for a preempted call)."""
-    if self.preempted:
-      return {"preempted": True, "run": None if self.run is None else dict(self.run),
-              "dataset": str(self.dataset)}
-    return {**self.diagnostics.to_json(), "run": None if self.run is None else dict(self.run),
-            "dataset": str(self.dataset), "stop_token_ids": list(self.stop_token_ids)}
+    return codec.encode(self, omit=("stop_token_ids",) if self.preempted else ())
 
   def save(self) -> None:
     artifacts.write_json(self.output_dir / self.FILE, self.to_json())
@@ -425,13 +390,8 @@ class Stage1Result:
     """The finished Stage 1 output in ``output_dir`` (its dataset there: the stored path names
     where the output was written, which a copied output is not)."""
     out = paths.as_path(output_dir)
-    path = out / cls.FILE
-    obj = artifacts.read_json(path, "the Stage 1 output")
-    f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    return cls(output_dir=out, dataset=out / paths.as_path(f("dataset", str)).name, preempted=False,
-               run=f("run", (dict, type(None))),
-               stop_token_ids=tuple(f("stop_token_ids", list)),
-               diagnostics=Stage1Diagnostics.from_json(obj, path))
+    res = codec.load(cls, out / cls.FILE, "the Stage 1 output", output_dir=out)
+    return dataclasses.replace(res, dataset=out / res.dataset.name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -484,8 +444,8 @@ def _run_stage1(cfg: Stage1Config) -> Stage1Result:
       if run["preempted"]:
         print(f"stage1: preempted ({preemption.requested()}) after {run['prompts_done']} prompts; "
               f"rerun the command to resume", flush=True)
-        return Stage1Result(out_dir, cfg.dataset_path(), preempted=True, run=run,
-                            stop_token_ids=(), diagnostics=None)
+        return Stage1Result(output_dir=out_dir, dataset=cfg.dataset_path(), preempted=True,
+                            run=run, stop_token_ids=(), diagnostics=None)
   return _finish(cfg, out_dir, prompts, before, run, sampling.stop_token_ids)
 
 
@@ -526,8 +486,8 @@ def _finish(cfg: Stage1Config, out_dir: Path, prompts, before, run,
     raise RuntimeError(f"Stage 1 finished but {len(missing)} prompt(s) are not in the dataset: "
                        f"{missing[:10]}")
   summary = stage1_summary(data, run)
-  result = Stage1Result(out_dir, cfg.dataset_path(), preempted=False, run=summary["run"],
-                        stop_token_ids=tuple(int(t) for t in stop_token_ids),
-                        diagnostics=Stage1Diagnostics.from_json(summary, "stage1_summary"))
+  result = Stage1Result(output_dir=out_dir, dataset=cfg.dataset_path(), preempted=False,
+                        run=summary["run"], stop_token_ids=tuple(int(t) for t in stop_token_ids),
+                        diagnostics=codec.decode(Stage1Diagnostics, summary, "stage1_summary"))
   result.save()
   return result

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import estimators, paths
 from disa_jax.anchor import Anchor, diagnostics, fit_anchor
@@ -153,15 +153,6 @@ class FitSummary:
   n_train: int
   n_val: int
 
-  @classmethod
-  def from_json(cls, obj: Any, path: str | Path) -> "FitSummary":
-    if not isinstance(obj, Mapping):
-      raise artifacts.ArtifactError(f"{path}: field 'fit' must be an object")
-    f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    opt = lambda name: f(name, (float, type(None)))
-    return cls(f("best_epoch", int), f("train_mse", float), opt("val_mse"), opt("val_r2"),
-               f("n_train", int), f("n_val", int))
-
 
 @dataclasses.dataclass(frozen=True)
 class AnchorArtifact:
@@ -187,7 +178,7 @@ class AnchorArtifact:
     validation_curve: the PNG of the fit's curves.
     resumed: the call that returned it found the fit done.
   """
-  output_dir: Path
+  output_dir: Path = codec.field(stored=False)
   anchor_path: Path
   stage1_path: str
   prompts: int
@@ -233,49 +224,16 @@ class AnchorArtifact:
     return dict(zip(ids, np.asarray(self.anchor()(emb), np.float64).tolist()))
 
   def to_json(self) -> dict[str, Any]:
-    return {"anchor_path": str(self.anchor_path), "stage1_path": self.stage1_path,
-            "prompts": self.prompts, "prompts_fitted": self.prompts_fitted,
-            "samples_per_prompt": self.samples_per_prompt,
-            "dropped_nonfinite": list(self.dropped_nonfinite),
-            "embedding": dataclasses.asdict(self.embedding), "beta": self.beta,
-            "label_scale": self.label_scale, "labels": self.labels, "weighting": self.weighting,
-            "reward_transform": self.reward_transform.to_dict(),
-            "label_stats": dict(self.label_stats), "fit": dataclasses.asdict(self.fit),
-            "val_prompt_ids": list(self.val_prompt_ids), "sigma_g_train": self.sigma_g_train,
-            "sigma_g_val": self.sigma_g_val, "history": dict(self.history),
-            "validation_curve": self.validation_curve, "resumed": self.resumed}
+    return codec.encode(self)
 
   def save(self) -> None:
-    artifacts.write_json(self.output_dir / self.FILE, self.to_json())
+    codec.save(self, self.output_dir / self.FILE)
 
   @classmethod
   def load(cls, output_dir: str | Path) -> "AnchorArtifact":
     """The Stage 2 output in ``output_dir`` (``resumed`` as its run stored it)."""
-    path = paths.as_path(output_dir) / cls.FILE
-    obj = artifacts.read_json(path, "the Stage 2 anchor")
-    f = lambda name, kind: artifacts.field(obj, name, path, kind)
-    try:
-      embedding = EmbeddingSpec(**f("embedding", dict))
-      transform = RewardTransform.from_dict(f("reward_transform", dict))
-    except (TypeError, ValueError) as e:
-      raise artifacts.ArtifactError(f"{path}: field 'embedding' or 'reward_transform' is "
-                                    f"malformed ({e})") from None
-    return cls(output_dir=paths.as_path(output_dir),
-               anchor_path=paths.as_path(f("anchor_path", str)),
-               stage1_path=f("stage1_path", str), prompts=f("prompts", int),
-               prompts_fitted=f("prompts_fitted", int),
-               samples_per_prompt=f("samples_per_prompt", int),
-               dropped_nonfinite=artifacts.str_tuple(obj, "dropped_nonfinite", path),
-               embedding=embedding, beta=float(f("beta", float)),
-               label_scale=f("label_scale", str), labels=f("labels", str),
-               weighting=f("weighting", str), reward_transform=transform,
-               label_stats=f("label_stats", dict), fit=FitSummary.from_json(f("fit", dict), path),
-               val_prompt_ids=artifacts.str_tuple(obj, "val_prompt_ids", path),
-               sigma_g_train=float(f("sigma_g_train", float)),
-               sigma_g_val=f("sigma_g_val", (float, type(None))), history=f("history", dict),
-               validation_curve=f("validation_curve", str), resumed=f("resumed", bool))
-
-
+    return codec.load(cls, paths.as_path(output_dir) / cls.FILE, "the Stage 2 anchor",
+                      output_dir=paths.as_path(output_dir))
 
 
 IDENTITY_FIELDS = ("stage1_format", "samples", "labels", "weighting", "drop_nonfinite", "fit",

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from disa_jax import anchor as anchor_lib
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models, preemption, rewards, tasks
 from disa_jax.checkpoint import identity, selection
@@ -408,9 +408,9 @@ class Stage3Run:
   start_step: int
   final: Mapping[str, float] | None
   export: Path | None
-  export_checkpoint: selection.Choice | None
   preempted: int | None
   selection: selection.Selection
+  export_checkpoint: selection.Choice | None
   stop_token_ids: tuple[int, ...]
 
   FILE = "stage3_summary.json"
@@ -433,13 +433,7 @@ class Stage3Run:
     return ExactSeries.from_rows(self.metrics(), self.metrics_path, prefix)
 
   def to_json(self) -> dict[str, Any]:
-    return {"workdir": str(self.workdir), "steps_run": self.steps_run,
-            "start_step": self.start_step, "final": None if self.final is None else dict(self.final),
-            "export": None if self.export is None else str(self.export),
-            "preempted": self.preempted, "selection": self.selection.to_json(),
-            "export_checkpoint": (None if self.export_checkpoint is None
-                                  else self.export_checkpoint.to_dict()),
-            "stop_token_ids": list(self.stop_token_ids)}
+    return codec.encode(self)
 
   def save(self) -> None:
     """``stage3_summary.json`` in the run directory (main process only)."""
@@ -449,25 +443,7 @@ class Stage3Run:
   @classmethod
   def load(cls, workdir: str | Path) -> "Stage3Run":
     """The run whose summary ``<workdir>/stage3_summary.json`` holds."""
-    path = Path(workdir) / cls.FILE
-    obj = artifacts.read_json(path, "the Stage 3 run")
-    opt_int = lambda name: artifacts.field(obj, name, path, (int, type(None)))
-    export = artifacts.field(obj, "export", path, (str, type(None)))
-    sel = artifacts.field(obj, "selection", path, dict)
-    choice = artifacts.field(obj, "export_checkpoint", path, (dict, type(None)))
-    try:
-      sel = selection.Selection.from_json(sel)
-      choice = None if choice is None else selection.Choice(**choice)
-    except (KeyError, TypeError, ValueError) as e:
-      raise artifacts.ArtifactError(f"{path}: field 'selection' or 'export_checkpoint' is "
-                                    f"malformed ({e!r})") from None
-    return cls(workdir=Path(workdir), steps_run=artifacts.field(obj, "steps_run", path, int),
-               start_step=artifacts.field(obj, "start_step", path, int),
-               final=artifacts.field(obj, "final", path, (dict, type(None))),
-               export=None if export is None else Path(export),
-               export_checkpoint=choice, preempted=opt_int("preempted"),
-               selection=sel,
-               stop_token_ids=tuple(artifacts.field(obj, "stop_token_ids", path, list)))
+    return codec.load(cls, Path(workdir) / cls.FILE, "the Stage 3 run", workdir=Path(workdir))
 
 
 def run_stage3(cfg: Stage3Config) -> Stage3Run:
@@ -571,7 +547,8 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
       export.export_policy(workdir, final, step=choice.step, dtype=cfg.export_dtype,
                            overwrite_partial=True, choice=choice)
     choice = json.loads((final / "export_info.json").read_text()).get("checkpoint")
-    run = dataclasses.replace(run, export=final, export_checkpoint=(
-        None if choice is None else selection.Choice(**choice)))
+    run = dataclasses.replace(run, export=final, export_checkpoint=None if choice is None else
+                              codec.decode(selection.Choice, choice, final / "export_info.json",
+                                           "checkpoint"))
   run.save()
   return run

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from disa_jax import models
+from disa_jax import codec, models
 from disa_jax.checkpoint import CheckpointManager
 from disa_jax.checkpoint.selection import Selection, choose_step
 from disa_jax.rl.metrics import read_jsonl
@@ -102,7 +102,7 @@ def test_evaluation_exports_the_best_checkpoint_and_says_so(scripted_run, tmp_pa
   assert any(not np.array_equal(exported[k], np.asarray(final[k])) for k in final)
   # The suite summary says which step was evaluated and why.
   summary = evaluation._write_summary(cfg, path, choice, {}, [], tmp_path / "ev")  # pylint: disable=protected-access
-  assert summary.checkpoint == choice and summary.to_json()["checkpoint"] == choice.to_dict()
+  assert summary.checkpoint == choice and summary.to_json()["checkpoint"] == codec.encode(choice)
   assert json.loads((tmp_path / "ev" / "summary.json").read_text())["checkpoint"]["step"] == 1
   assert f"Checkpoint: step 1 of {workdir}: {choice.reason}" in (tmp_path / "ev" / "summary.md").read_text()
   with pytest.raises(ValueError, match="run_checkpoint must be 'best', 'latest' or a checkpoint "

@@ -3,6 +3,7 @@ enumerable distribution over many seeds), and each tracked measurement draws its
 import numpy as np
 import pytest
 
+from disa_jax import codec
 from disa_jax.eval import exact as X
 
 # Six outcomes, the first two correct. The policy puts little mass on the wrong ones (P_w = 0.03),
@@ -100,7 +101,7 @@ def test_the_tracker_samples_each_measurement_with_its_steps_seed():
 def test_correct_set_terms_is_a_frozen_record_of_one_prompt():
   t = X.correct_set_terms(np.log(POLICY[:2]), np.log(REF[:2]), beta=2.0)
   assert isinstance(t, X.CorrectSetTerms)
-  assert list(t.to_dict()) == ["log_z", "p_correct", "p_correct_ref", "p_correct_target",
+  assert list(codec.encode(t)) == ["log_z", "p_correct", "p_correct_ref", "p_correct_target",
                                "entropy_correct", "target_entropy_correct", "kl_correct",
                                "kl_binary"]
   assert t.p_correct == pytest.approx(POLICY[:2].sum()) and t.log_z == X.exact_log_z(

@@ -104,7 +104,8 @@ def test_bad_rows_name_the_field(tmp_path):
   path = tmp_path / "c.json"
   path.write_text(json.dumps({"prompt_ids": ["x"], "heldout_prompt_ids": [], "reference_identity":
                               "r", "proposal_identity": "p", "rows": {"m": {"model_path": "m"}}}))
-  with pytest.raises(artifacts.ArtifactError, match="row 'm'.*'model_identity' is missing"):
+  with pytest.raises(artifacts.ArtifactError,
+                     match="c.json: field 'rows.m.model_identity' is missing"):
     ConditionalKLs.load(path)
   with pytest.raises(FileNotFoundError, match="'nowhere' is not a directory"):
     model_identity("nowhere")

@@ -80,5 +80,6 @@ def test_job_report_errors_name_the_field(tmp_path):
     JobReport.load(tmp_path)
   bad_claim = dict(_report_json()["claims"][0], holds="yes")
   (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[bad_claim])))
-  with pytest.raises(artifacts.ArtifactError, match=r"claims\[0\].*field 'holds' must be bool"):
+  with pytest.raises(artifacts.ArtifactError,
+                     match=r"report.json: field 'claims\[0\].holds' must be bool"):
     JobReport.load(tmp_path)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from disa_jax import models, parallel, testing
+from disa_jax import codec, models, parallel, testing
 from disa_jax.parallel import distributed
 from disa_jax.rl.sync import WeightSync
 from disa_jax.rl.update import PolicyUpdater
@@ -41,7 +41,7 @@ def test_layout_buckets_and_json_round_trip(tiny_model):
   for b, size in enumerate(layout.bucket_sizes):  # only a parameter alone may exceed the cap
     entries = layout.bucket_entries(b)
     assert len(entries) == 1 or size <= SMALL_BUCKETS // 2 + ALIGN, (b, size, entries)
-  assert FlatLayout.from_dict(layout.to_dict()) == layout
+  assert codec.decode(FlatLayout, codec.encode(layout), "flat") == layout
   assert FlatLayout(tiny_model.config, "float32", 0).bucket_sizes == (
       sum(-(-e.size // ALIGN) * ALIGN for e in layout.entries),)
 

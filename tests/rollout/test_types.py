@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from disa_jax import codec
 from disa_jax.rollout import Completion, Engine, SamplingParams, make_engine
 from disa_jax.rollout.jax_sampler import JaxSampler
 from disa_jax.rollout.sampling import bucket as _bucket
@@ -12,7 +13,7 @@ def test_sampling_params_roundtrip_and_validation():
   p = SamplingParams(n=3, temperature=0.5, top_p=0.9, top_k=7, max_tokens=20,
                      stop_token_ids=[2, 5], seed=4, return_raw_logprobs=True)
   assert p.stop_token_ids == (2, 5)
-  assert SamplingParams.from_dict(p.to_dict()) == p
+  assert codec.decode(SamplingParams, codec.encode(p), "params") == p
   assert SamplingParams(temperature=0.0).greedy and not p.greedy
   for bad, field in [(dict(n=0), "n"), (dict(top_k=-1), "top_k"), (dict(top_p=1.5), "top_p"),
                      (dict(stop_token_ids=(-1,)), "stop_token_ids"), (dict(seed=1.5), "seed"),

@@ -1,0 +1,268 @@
+"""The one codec of every artifact: a dataclass <-> its JSON object, driven by the fields' types.
+
+`encode` writes a dataclass as a JSON-ready dict, its fields in declaration order (nested
+dataclasses as objects, tuples as lists, paths as strings, arrays as lists); `decode` reads it
+back, checking each value against the field's type hint (int, float, str, bool, ``X | None``,
+``tuple[...]``, mappings, nested dataclasses, `pathlib.Path`, `numpy.ndarray`) and raising
+`artifacts.ArtifactError` that names the file, the dotted field and the bad value. A key missing
+from the file takes the field's default (files written before a field existed load); a mapping's
+values are checked only when they are dataclasses.
+
+A field whose layout is irregular declares it with `field` (stored in ``dataclasses.field``'s
+metadata): another JSON key, a dotted key (``'nonfinite_labels.count'``: two fields in one nested
+object), not stored, left out when it holds a given value, merged into its parent (``inline``),
+or stored row-wise with other fields (``rows``: ``[{"prompt_id": .., "correct": ..}, ..]``). A
+class may add derived keys after its fields (``json_extra(self) -> dict``; ignored when read) and
+refuse unknown keys (``JSON_STRICT = True``). `save` / `load` write and read one file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+import numpy as np
+
+from disa_jax import artifacts, paths
+from disa_jax.artifacts import ArtifactError
+
+T = TypeVar("T")
+META = "codec"
+_NOT_SET = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """How one field is stored (see the module docstring); `field` builds it."""
+  key: str | None = None  # the JSON key (dotted: inside a nested object); None: the field's name
+  stored: bool = True  # False: not in the JSON (decode takes it from its caller or the default)
+  omit: Any = _NOT_SET  # left out when the value is this (and read as this when missing)
+  inline: bool = False  # a dataclass or mapping whose keys are merged into the parent object
+  keys: tuple[str, ...] | None = None  # an inline mapping's keys (read in this order)
+  rows: str | None = None  # stored row-wise under this key with the fields of the same ``rows``
+  dtype: Any = None  # an array's dtype (float64 when None; written through it when given)
+  size_of: str | None = None  # an array as long as this (earlier) field
+  missing: Callable[[dict[str, Any]], Any] | None = None  # value of a missing key (fields so far)
+  required: bool = False  # a missing key is an error even though the field has a default
+
+
+def field(*, default: Any = dataclasses.MISSING, default_factory: Any = dataclasses.MISSING,
+          **spec: Any) -> Any:
+  """``dataclasses.field`` with its storage declared (`Spec`'s arguments)."""
+  return dataclasses.field(default=default, default_factory=default_factory,
+                           metadata={META: Spec(**spec)})
+
+
+def _spec(f: dataclasses.Field) -> Spec:
+  return f.metadata.get(META) or Spec()
+
+
+def _key(f: dataclasses.Field) -> str:
+  return _spec(f).key or f.name
+
+
+def _join(where: str, key: str) -> str:
+  return f"{where}.{key}" if where else key
+
+
+def _stored(cls: type) -> list[dataclasses.Field]:
+  return [f for f in dataclasses.fields(cls) if _spec(f).stored]
+
+
+def encode(obj: Any, omit: tuple[str, ...] = ()) -> Any:
+  """The JSON-ready form of ``obj`` (a dataclass: its stored fields but the keys in ``omit``)."""
+  if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    out: dict[str, Any] = {}
+    for f in _stored(type(obj)):
+      spec, value = _spec(f), getattr(obj, f.name)
+      if _key(f) in omit or spec.omit is not _NOT_SET and _same(value, spec.omit):
+        continue
+      if spec.rows is not None:
+        _put_row(out, spec, _key(f), value)
+      elif spec.inline:
+        out.update(encode(value))
+      else:
+        _put(out, _key(f), encode(_typed(value, spec)))
+    return out | (encode(obj.json_extra()) if hasattr(obj, "json_extra") else {})
+  if isinstance(obj, np.ndarray):
+    return obj.tolist()
+  if isinstance(obj, (os.PathLike, paths.RemotePath)):
+    return str(obj)
+  if isinstance(obj, (tuple, list)):
+    return [encode(v) for v in obj]
+  if isinstance(obj, Mapping):
+    return {k: encode(v) for k, v in obj.items()}
+  return obj
+
+
+def _same(value: Any, omitted: Any) -> bool:
+  return value is omitted or (type(value) is type(omitted) and value == omitted)
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+  *parents, last = key.split(".")
+  for p in parents:
+    out = out.setdefault(p, {})
+  out[last] = value
+
+
+def _typed(value: Any, spec: Spec) -> Any:
+  return value.astype(spec.dtype) if spec.dtype and isinstance(value, np.ndarray) else value
+
+
+def _put_row(out: dict[str, Any], spec: Spec, key: str, column: Any) -> None:
+  values = encode(_typed(column, spec))
+  rows = out.setdefault(spec.rows, [{} for _ in values])
+  for row, v in zip(rows, values):
+    row[key] = v
+
+
+def decode(cls: type[T], obj: Any, path: str | Path, where: str = "", /, **given: Any) -> T:
+  """The ``cls`` stored in ``obj`` (read from ``path``; ``where``: its dotted field there, '' for
+  the whole file); ``given`` fields are not read but taken as they are."""
+  if not isinstance(obj, Mapping):
+    raise ArtifactError(f"{path}: field {where!r} must be an object, got {_got(obj)}"
+                        if where else f"{path} holds a JSON {type(obj).__name__}, not an object")
+  hints, kwargs = typing.get_type_hints(cls), dict(given)
+  for f in _stored(cls):
+    spec, name = _spec(f), _join(where, _key(f))
+    if f.name in given or not f.init:
+      continue
+    if spec.rows is not None:
+      kwargs[f.name] = _column(hints[f.name], obj, path, where, spec, _key(f))
+    elif spec.inline and dataclasses.is_dataclass(_required(hints[f.name])):
+      kwargs[f.name] = decode(_required(hints[f.name]), obj, path, where)
+    elif spec.inline:
+      item = (typing.get_args(hints[f.name]) or (Any, Any))[1]
+      kwargs[f.name] = {k: _value(item, _get(obj, k, path, where), path, _join(where, k), spec)
+                        for k in spec.keys}
+    elif _has(obj, _key(f)):
+      value = _value(hints[f.name], _get(obj, _key(f), path, where), path, name, spec)
+      kwargs[f.name] = value
+      if spec.size_of is not None and len(value) != len(kwargs[spec.size_of]):
+        raise ArtifactError(f"{path}: field {name!r} must hold {len(kwargs[spec.size_of])} "
+                            f"numbers, got shape {value.shape}")
+    elif spec.missing is not None:
+      kwargs[f.name] = spec.missing(kwargs)
+    elif spec.omit is not _NOT_SET:
+      kwargs[f.name] = spec.omit
+    elif spec.required or (f.default is dataclasses.MISSING
+                           and f.default_factory is dataclasses.MISSING):
+      _get(obj, _key(f), path, where)  # raises, naming the missing (or mistyped) part
+  _check_known(cls, obj, path, where)
+  try:
+    return cls(**kwargs)
+  except (TypeError, ValueError) as e:
+    raise ArtifactError(f"{path}: field {where!r} is malformed ({e})" if where
+                        else f"{path}: {e}") from None
+
+
+def _required(hint: Any) -> Any:
+  """``X | None`` -> X; any other hint as it is."""
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 \
+      else hint
+
+
+def _check_known(cls: type, obj: Mapping[str, Any], path: str | Path, where: str) -> None:
+  if getattr(cls, "JSON_STRICT", False):
+    unknown = sorted(set(obj) - {_key(f).split(".")[0] for f in _stored(cls)})
+    if unknown:
+      raise ArtifactError(f"{path}: unknown fields {unknown} in "
+                          f"{repr(where) if where else cls.__name__}")
+
+
+def _has(obj: Any, key: str) -> bool:
+  for part in key.split("."):
+    if not isinstance(obj, Mapping) or part not in obj:
+      return False
+    obj = obj[part]
+  return True
+
+
+def _get(obj: Mapping[str, Any], key: str, path: str | Path, where: str) -> Any:
+  """``obj[key]`` (a dotted key: through nested objects), or the error naming the missing one."""
+  done = where
+  for part in key.split("."):
+    if not isinstance(obj, Mapping):
+      raise ArtifactError(f"{path}: field {done!r} must be an object, got {_got(obj)}")
+    done = _join(done, part)
+    if part not in obj:
+      raise ArtifactError(f"{path}: field {done!r} is missing")
+    obj = obj[part]
+  return obj
+
+
+def _column(hint: Any, obj: Mapping[str, Any], path: str | Path, where: str, spec: Spec,
+            key: str) -> Any:
+  """One field of the rows stored under ``spec.rows``."""
+  rows = _value(list, _get(obj, spec.rows, path, where), path, _join(where, spec.rows), spec)
+  values = [_get(row, key, path, _join(where, f"{spec.rows}[{i}]")) for i, row in enumerate(rows)]
+  return _value(hint, values, path, _join(where, f"{spec.rows}[].{key}"), spec)
+
+
+def _got(value: Any) -> str:
+  text = repr(value)
+  return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _value(hint: Any, value: Any, path: str | Path, name: str, spec: Spec = Spec()) -> Any:
+  """``value`` checked against (and converted to) the type ``hint`` of field ``name``."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin in (typing.Union, types.UnionType):
+    if value is None and type(None) in args:
+      return None
+    inner = [a for a in args if a is not type(None)]
+    return _value(inner[0] if len(inner) == 1 else Any, value, path, name, spec)
+  if dataclasses.is_dataclass(hint):
+    return decode(hint, value, path, name)
+  if hint is np.ndarray:
+    try:
+      return np.asarray(_value(list, value, path, name), spec.dtype or np.float64)
+    except (TypeError, ValueError):
+      raise ArtifactError(f"{path}: field {name!r} must be a list of numbers") from None
+  base = origin or hint
+  if base in (tuple, list):
+    _check(value, list, path, name)
+    if base is tuple and args and args[-1] is not Ellipsis:
+      if len(value) != len(args):
+        raise ArtifactError(f"{path}: field {name!r} must hold {len(args)} values, "
+                            f"got {_got(value)}")
+      return tuple(_value(a, v, path, f"{name}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    item = args[0] if args else Any
+    items = [_value(item, v, path, f"{name}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if base is tuple else items
+  if base in (dict, Mapping, typing.Mapping) or (isinstance(base, type)
+                                                  and issubclass(base, Mapping)):
+    _check(value, dict, path, name)
+    item = args[1] if len(args) == 2 else Any
+    if dataclasses.is_dataclass(item):
+      return {k: decode(item, v, path, f"{name}.{k}") for k, v in value.items()}
+    return value
+  if hint is Path:
+    return paths.as_path(_check(value, str, path, name))
+  if hint in (int, float, str, bool):
+    value = _check(value, hint, path, name)
+    return float(value) if hint is float else value
+  return value
+
+
+def _check(value: Any, kind: type, path: str | Path, name: str) -> Any:
+  """``value`` if it is a ``kind`` (an int is a float; a bool is not an int), else the error."""
+  kinds = (int, float) if kind is float else (kind,)
+  if not isinstance(value, kinds) or (isinstance(value, bool) and kind is not bool):
+    raise ArtifactError(f"{path}: field {name!r} must be {kind.__name__}, got {_got(value)}")
+  return value
+
+
+def save(obj: Any, path: str | Path) -> None:
+  """``obj`` encoded into the JSON file ``path`` (`artifacts.write_json`: atomic, indented)."""
+  artifacts.write_json(path, encode(obj))
+
+
+def load(cls: type[T], path: str | Path, what: str, /, **given: Any) -> T:
+  """The ``cls`` in the JSON file ``path`` (``what``: the artifact, for a missing file)."""
+  return decode(cls, artifacts.read_json(path, what), path, **given)

@@ -1,0 +1,164 @@
+"""`disa_jax.codec` (issue 46): every artifact round-trips through encode / decode, the irregular
+layouts keep their JSON shape and key order, and a bad file names the file, field and value."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from disa_jax import codec
+from disa_jax.anchor.frozen import AnchorMeta, EmbeddingSpec
+from disa_jax.artifacts import ArtifactError, fields_equal
+from disa_jax.checkpoint.selection import Choice, Selection
+from disa_jax.data.split import SplitManifest
+from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget
+from disa_jax.eval.runner import BenchmarkResult
+from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs
+from disa_jax.pipeline.job_report import Claim
+from disa_jax.rollout.types import SamplingParams
+from disa_jax.workflows.evaluation import BenchmarkEval
+from disa_jax.workflows.stage1 import Stage1Diagnostics, Stage1Result
+from disa_jax.workflows.stage2 import FitSummary
+from disa_jax.workflows.stage3 import Stage3Run
+
+RT = RewardTransform("affine", 2.0, 0.5)
+Q = {"q00": 1.0, "q50": 2.0, "q100": float("nan")}
+
+
+def _diag():
+  return Stage1Diagnostics(
+      prompts=2, samples=8, beta=15.0, label_scale="sum", reward_transform=RT,
+      proposal_logprobs="raw", ess=Q, ess_fraction=Q, cv2=Q, max_weight_share=Q, log_z_is=Q,
+      nonfinite_labels=1, nonfinite_prompt_ids=("p3",), share_no_reward=0.5, mean_reward=0.25,
+      mean_response_tokens=3.0, grade_errors=0)
+
+
+def _measures():
+  return ExactMeasures(per_prompt=({"log_z": 1.0},), samples_per_prompt=4,
+                       means={k: 0.5 for k in MEASURES} | {"kl_wrong": float("nan")})
+
+
+def _bench():
+  return BenchmarkEval(name="t", ability="math", metrics={"mean@2": 0.5}, prompt_ids=("a", "b"),
+                       correct=np.asarray([[1, 0], [0, 1]]), k=2, n_problems=2, path="p",
+                       method="m", sampling={"n": 2, "stop_token_ids": [2]}, diversity={},
+                       exact=None)
+
+
+def _roundtrip(obj, **given):
+  back = codec.decode(type(obj), json.loads(json.dumps(codec.encode(obj))), "f.json", **given)
+  assert fields_equal(back, obj), (back, obj)
+  return back
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RT, lambda: Choice(4, "best", "r", "x", 0.5), lambda: _diag(), lambda: _measures(),
+    lambda: _bench(), lambda: Selection("m", ((0, 0.25), (2, 0.5))),
+    lambda: SamplingParams(n=2, temperature=0.6, stop_token_ids=(2, 3)),
+    lambda: FitSummary(1, 0.1, None, 0.5, 2, 1),
+    lambda: ExactTarget(("a", "b"), [1.0, 2.0], [0.1, 0.2], [0.3, 0.4], beta=2.0),
+    lambda: AnchorMeta(embedding=EmbeddingSpec("model_mean_pool", 2, "ref"), beta=15.0,
+                       reward_transform=RT, label_scale="sum", hidden_sizes=(8, 4)),
+    lambda: Claim("c", False, {"n": 1}, "why", ("disa",), True, "undecided", "-", {"p": 0.1}),
+    lambda: SplitManifest("s", "h", 3, 0, 1, "t", 2, "x", "v", 1, "y", ("a",))])
+def test_artifacts_round_trip(make):
+  _roundtrip(make())
+
+
+def test_given_fields_are_not_read(tmp_path):
+  run = Stage3Run(workdir=tmp_path, steps_run=4, start_step=0, final=None, export=None,
+                  preempted=3, selection=Selection("m"), export_checkpoint=None,
+                  stop_token_ids=(2,))
+  assert _roundtrip(run, workdir=tmp_path).workdir == tmp_path
+  s1 = Stage1Result(output_dir=tmp_path, preempted=False, diagnostics=_diag(), run=None,
+                    dataset=tmp_path / "d.jsonl", stop_token_ids=(2,))
+  _roundtrip(s1, output_dir=tmp_path)
+
+
+def test_irregular_layouts_keep_their_json_shape():
+  assert codec.encode(Selection("m", ((0, 0.25), (2, 0.5)))) == {
+      "metric": "m", "scores": [[0, 0.25], [2, 0.5]], "best_step": 2, "best_value": 0.5}
+  assert codec.encode(_bench()) == {
+      "name": "t", "ability": "math", "metrics": {"mean@2": 0.5},
+      "per_prompt": [{"prompt_id": "a", "correct": [1, 0]}, {"prompt_id": "b", "correct": [0, 1]}],
+      "k": 2, "n_problems": 2, "path": "p", "method": "m",
+      "sampling": {"n": 2, "stop_token_ids": [2]}, "diversity": {}}
+  enc = codec.encode(_diag())
+  assert list(enc) == ["prompts", "samples", "beta", "label_scale", "reward_transform",
+                       "proposal_logprobs", "ess", "ess_fraction", "cv2", "max_weight_share",
+                       "log_z_is", "nonfinite_labels", "share_no_reward", "mean_reward",
+                       "mean_response_tokens", "grade_errors"]
+  assert enc["nonfinite_labels"] == {"count": 1, "prompt_ids": ["p3"]}
+  assert list(codec.encode(_measures())) == ["per_prompt", "samples_per_prompt", *MEASURES]
+  assert list(codec.encode(_measures(), omit=("per_prompt",)))[0] == "samples_per_prompt"
+  res = BenchmarkResult(name="b", ability="math", metrics={"x": 1.0}, prompt_ids=["p"],
+                        correct=np.asarray([[True, False]]), responses=[["r", "s"]], answers=None)
+  assert codec.encode(res) == {"name": "b", "ability": "math", "metrics": {"x": 1.0},
+                               "per_prompt": [{"prompt_id": "p", "correct": [1, 0]}]}
+  pre = Stage1Result(output_dir=None, preempted=True, diagnostics=None, run={"a": 1},
+                     dataset="d", stop_token_ids=())
+  assert pre.to_json() == {"preempted": True, "run": {"a": 1}, "dataset": "d"}
+
+
+def test_conditional_kls_rows(tmp_path):
+  mask = np.asarray([False, True])
+  ckl = ConditionalKLs(tmp_path / "c.json", ("a", "b"), ("b",), "r", "p",
+                       {"m": ConditionalKL("m", "i", [0.1, 0.2], [0.3, 0.4], mask)})
+  ckl.save()
+  row = json.loads((tmp_path / "c.json").read_text())["rows"]["m"]
+  assert list(row) == ["model_path", "model_identity", "kl_target_correct",
+                       "kl_proposal_correct", "kl_target_correct_mean",
+                       "kl_proposal_correct_mean", "kl_target_correct_mean_heldout",
+                       "kl_proposal_correct_mean_heldout"]
+  back = ConditionalKLs.load(tmp_path / "c.json")
+  assert np.array_equal(back.rows["m"].heldout, mask)
+  assert fields_equal(back.rows["m"], ckl.rows["m"])
+
+
+def test_old_records_take_defaults_and_derived_values():
+  assert codec.decode(RewardTransform, {"kind": "raw", "scale": 1.0, "shift": 0.0, "eps": 0.1},
+                      "f").ddof == 0
+  claim = {"claim": "c", "holds": True, "numbers": {}, "why": None, "runs": [],
+           "from_transient": False}
+  assert codec.decode(Claim, claim, "f").verdict == "holds"
+  assert codec.decode(Claim, claim | {"holds": False}, "f").verdict == "does NOT hold"
+  assert math.isnan(codec.decode(ExactMeasures, codec.encode(_measures()), "f")["kl_wrong"])
+
+
+@pytest.mark.parametrize("obj,cls,message", [
+    ({"metric": "m"}, Selection, r"f.json: field 'scores' is missing"),
+    ({"metric": 3, "scores": []}, Selection, r"f.json: field 'metric' must be str, got int 3"),
+    ({"metric": "m", "scores": [[1.5, 0.1]]}, Selection,
+     r"f.json: field 'scores\[0\]\[0\]' must be int, got float 1.5"),
+    ({"kind": "raw", "bogus": 1}, RewardTransform, r"f.json: unknown fields \['bogus'\]"),
+    ({"kind": "cubic"}, RewardTransform, r"f.json: RewardTransform.kind must be one of"),
+    ({"prompt_ids": ["a"], "log_z": [1.0, 2.0], "target_entropy_correct": [1.0],
+      "p_correct_ref": [1.0], "beta": 1.0}, ExactTarget,
+     r"f.json: field 'log_z' must hold 1 numbers"),
+    ({"prompt_ids": ["a"], "log_z": ["x"], "target_entropy_correct": [1.0],
+      "p_correct_ref": [1.0], "beta": 1.0}, ExactTarget,
+     r"f.json: field 'log_z' must be a list of numbers"),
+    ({"best_epoch": 1, "train_mse": True, "val_mse": None, "val_r2": None, "n_train": 1,
+      "n_val": 0}, FitSummary, r"f.json: field 'train_mse' must be float, got bool True"),
+    ({"name": "t", "ability": "a", "metrics": {}, "per_prompt": [{"prompt_id": "a"}]},
+     BenchmarkEval, r"f.json: field 'per_prompt\[0\].correct' is missing"),
+    ({**codec.encode(_diag()), "nonfinite_labels": {"count": 1}}, Stage1Diagnostics,
+     r"f.json: field 'nonfinite_labels.prompt_ids' is missing"),
+    ({**codec.encode(_diag()), "reward_transform": {"kind": "raw", "x": 1}}, Stage1Diagnostics,
+     r"f.json: unknown fields \['x'\] in 'reward_transform'"),
+    ({**codec.encode(_measures()), "tb_sq": "0.1"}, ExactMeasures,
+     r"f.json: field 'tb_sq' must be float, got str '0.1'"),
+    ([1], FitSummary, r"f.json holds a JSON list, not an object"),
+])
+def test_errors_name_the_file_the_field_and_the_value(obj, cls, message):
+  with pytest.raises(ArtifactError, match=message):
+    codec.decode(cls, obj, "f.json")
+
+
+def test_load_names_a_missing_or_unreadable_file(tmp_path):
+  with pytest.raises(ArtifactError, match="the thing: .*x.json does not exist"):
+    codec.load(Selection, tmp_path / "x.json", "the thing")
+  (tmp_path / "x.json").write_text("{")
+  with pytest.raises(ArtifactError, match="x.json is not readable JSON"):
+    codec.load(Selection, tmp_path / "x.json", "the thing")
