@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from disa_jax.data.packing import PackingLayout, micro_batch_layout, round_up
-from disa_jax.rl.objectives import Disa, Objective
+from disa_jax.rl.objectives import Disa, Needs, Objective
 
 OLD_LOGP_SOURCES = ("recompute", "engine")
 REPLAY_SCHEDULES = ("constant", "linear_decay")
@@ -394,13 +394,16 @@ class TrainConfig:
     return self.rollout.group_size + (self.replay_rows if add else 0)
 
   @property
+  def needs(self) -> Needs:
+    """What the objective reads under this run's rollout settings (`Objective.needs`)."""
+    return self.objective.needs(self.rollout)
+
+  @property
   def old_logp_in_update(self) -> bool:
     """Whether pi_old comes from the update's own forward: one on-policy update per batch,
     recomputed pi_old, and nothing reads it on the host first (a batch log Z, or TB's behaviour
     log-probs of stale rollouts)."""
-    obj, rc = self.objective, self.rollout
-    return (obj.needs_old_logp and rc.num_minibatches == 1 and rc.old_logp_source == "recompute"
-            and not obj.needs_batch_log_z and not (rc.max_staleness and obj.behaviour_as_old_logp))
+    return self.needs.old_logp == "update"
 
   @property
   def total_updates(self) -> int:

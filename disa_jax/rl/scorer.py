@@ -1,17 +1,18 @@
 """Score: the second part of a Stage 3 step. Adds the log-probs and log Z the objective reads.
 
 `BatchScorer.score(batch, policy_params)` takes the collector's `RolloutBatch` and returns a new
-`ScoredBatch` with what its objective declares:
+`ScoredBatch` with what its objective reads under the run's rollout settings (`Objective.needs`,
+resolved once into a `Needs`):
 
-- ``ref_logp``: teacher-forced log pi_ref of every token (``objective.needs_reference``);
-- ``old_logp``: log pi_old, the policy before this step's updates (``objective.needs_old_logp``):
+- ``ref_logp``: teacher-forced log pi_ref of every token (``needs.reference``);
+- ``old_logp``: log pi_old, the policy before this step's updates (``needs.old_logp``):
   recomputed by the policy, or the raw log-probs the engine recorded while sampling
   (``rollout.old_logp_source='engine'``; replayed rows are always recomputed). With a single
   on-policy update per batch, pi_old is taken from the update's own forward instead
-  (``old_in_update``), and nothing is scored here. With stale rollouts
+  (``needs.old_logp == "update"``), and nothing is scored here. With stale rollouts
   (``rollout.max_staleness`` > 0) an objective with ``behaviour_as_old_logp`` (TB) reads the
   engine's log-probs of the behaviour policy mu instead (replayed rows recomputed);
-- ``log_z``: the frozen anchor's value of each row's prompt (``objective.needs_anchor``), queried on
+- ``log_z``: the frozen anchor's value of each row's prompt (``needs.anchor``), queried on
   the reference model's mean-pooled prompt states, the embedding the anchor was fitted on.
 
 Scoring runs on the update's micro-batch layout (`RolloutConfig.layout`: packed rows of
@@ -59,16 +60,14 @@ class BatchScorer:
 
   def __init__(self, cfg: TrainConfig, step_models: StepModels, policy_graphdef: nnx.GraphDef,
                anchor: Any, pad_id: int):
-    objective, mesh = cfg.objective, step_models.mesh
-    needs_ref = objective.needs_reference or objective.needs_anchor
-    reference = step_models.reference if needs_ref else None
-    if needs_ref and reference is None:
+    objective, mesh, self.needs = cfg.objective, step_models.mesh, cfg.needs
+    reference = step_models.reference if self.needs.reference_model else None
+    if self.needs.reference_model and reference is None:
       raise ValueError(f"objective {objective.name!r} needs the reference model, got "
                        "reference=None")
     self.objective, self.rollout, self.anchor = objective, cfg.rollout, anchor
     self.max_ref_logp_drift = cfg.replay.max_ref_logp_drift
     self.pad_id, self.pad_to = pad_id, step_models.pad_to
-    self.old_in_update = cfg.old_logp_in_update
     self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(ts.BATCH_AXES))
     self._shards = parallel.batch_shards(mesh)
     self._score_policy = ts.make_scoring_fn(policy_graphdef)
@@ -112,28 +111,27 @@ class BatchScorer:
       TypeError: ``batch`` is not a `RolloutBatch` (e.g. an already scored batch).
     """
     require(batch, RolloutBatch, "BatchScorer.score")
-    obj = self.objective
+    needs = self.needs
     ref_logp = old_logp = log_z = None
-    if obj.needs_reference:
+    if needs.reference:
       ref_logp = self._batched(self._score_ref, self.ref_params, batch)
       self._check_replay_drift(batch, ref_logp)
-    if obj.needs_old_logp and not self.old_in_update:
+    if needs.old_logp_on_host:
       old_logp = self._old_logp(batch, policy_params)
-    if obj.needs_anchor:
+    if needs.anchor:
       log_z = np.repeat(self.anchor_log_z(batch.prompt_ids, batch.prompt_tokens),
                         batch.group_size)  # [P] -> [P * G]
     return ScoredBatch(rollout=batch, ref_logp=ref_logp, old_logp=old_logp, log_z=log_z)
 
   def _old_logp(self, batch: RolloutBatch, policy_params: nnx.State) -> np.ndarray:
     """``[B, W]`` log pi_old (or the behaviour's log mu, see the module docstring)."""
-    rc = self.rollout
-    if rc.max_staleness and self.objective.behaviour_as_old_logp:
+    if self.needs.old_logp == "behaviour":
       behaviour = batch.behaviour_logp()  # [B, W], zeros on replayed rows
       if batch.is_replay.any():
         recomputed = self._batched(self._score_policy, policy_params, batch)
         behaviour[batch.is_replay] = recomputed[batch.is_replay]
       return behaviour
-    if rc.old_logp_source == "recompute" or batch.is_replay.any():
+    if self.needs.old_logp == "recompute" or batch.is_replay.any():
       # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
       return self._batched(self._score_policy, policy_params, batch)
     return batch.response_logp_rows(batch.engine_logp)

@@ -239,9 +239,8 @@ def _load_models(cfg: Stage3Config, mesh):
                                   remat=mc.remat, remat_policy=mc.remat_policy,
                                   scan_unroll=mc.scan_unroll, **attention)
   policy.dtype = jnp.dtype(mc.dtype)
-  obj = cfg.train.objective
   reference = None
-  if obj.needs_reference or obj.needs_anchor:
+  if cfg.train.needs.reference_model:
     reference = models.from_pretrained(mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh,
                                        **attention)
   return policy, reference

@@ -18,6 +18,7 @@ from disa_jax.rl.scorer import BatchScorer
 from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rl.async_rollout import save_batches
 from disa_jax.rl.batch import RolloutBatch, ScoredBatch, SignalBatch
+from disa_jax.rl.collect import RolloutCollector
 from disa_jax.rl.objective_step import ObjectiveStep
 from disa_jax.rl.trainer import StepParts, Trainer
 from tests.rl import test_trainer as tt
@@ -132,3 +133,56 @@ def test_seeds_are_the_runs_derivations():
                                 np.random.default_rng([3, 7, 17]).permutation(9))
   np.testing.assert_array_equal(seeds.epoch_rng(3, 2).permutation(9),
                                 np.random.default_rng([3, 2]).permutation(9))
+
+
+def _old_rule(obj, rc) -> str:
+  """The resolution the scorer and `TrainConfig` wrote out before `Objective.needs` (reference)."""
+  if not obj.needs_old_logp:
+    return ""
+  stale_behaviour = bool(rc.max_staleness and obj.behaviour_as_old_logp)
+  if (rc.num_minibatches == 1 and rc.old_logp_source == "recompute"
+      and not obj.needs_batch_log_z and not stale_behaviour):
+    return "update"
+  return "behaviour" if stale_behaviour else rc.old_logp_source
+
+
+@pytest.mark.parametrize("method,extra", [("disa", {}), ("flowrl", {}), ("grpo", {}),
+                                          ("grpo", {"is_correction": "tis"}), ("gspo", {}),
+                                          ("vargrad", {"beta": 2.0, "scale": "mean"})])
+def test_needs_resolve_once_what_the_parts_read(method, extra):
+  """`Objective.needs` is the one answer to 'what does this step score': every mini-batch count,
+  staleness and pi_old source gives the pre-`Needs` rule's source, and the flags follow the
+  objective's declarations."""
+  base = tt._cfg(method if method != "vargrad" else "disa")  # pylint: disable=protected-access
+  obj = (objectives.REGISTRY[method](**extra) if method == "vargrad" else
+         dataclasses.replace(base.objective, **extra))
+  seen = set()
+  for nm in (1, 2):
+    for k in (0, 2):
+      for src in ("recompute", "engine"):
+        if k and src == "engine":
+          continue  # refused by RolloutConfig
+        rc = dataclasses.replace(base.rollout, num_minibatches=nm, max_staleness=k,
+                                 old_logp_source=src)
+        needs = obj.needs(rc)
+        assert needs.old_logp == _old_rule(obj, rc), (nm, k, src, needs)
+        assert needs.old_logp_on_host == (needs.old_logp not in ("", "update"))
+        assert (needs.reference, needs.anchor, needs.batch_log_z, needs.behaviour_logp) == (
+            obj.needs_reference, obj.needs_anchor, obj.needs_batch_log_z,
+            obj.needs_behaviour_logp)
+        assert needs.reference_model == (obj.needs_reference or obj.needs_anchor)
+        seen.add(needs.old_logp)
+  assert seen <= set(objectives.base.OLD_LOGP_FROM)
+  if method == "disa":  # TB: each source is reachable
+    assert seen == {"update", "recompute", "engine", "behaviour"}
+  if method == "vargrad":  # the batch log Z reads pi_old on the host, never in the update
+    assert "update" not in seen
+  with pytest.raises(ValueError, match="Needs.old_logp must be one of"):
+    objectives.Needs(old_logp="cache")
+
+
+def test_build_trainer_and_the_parts_take_at_most_8_arguments():
+  for fn in (build.build_trainer, build.build_parts, RolloutCollector.__init__,
+             PolicyUpdater.__init__, BatchScorer.__init__, Trainer.__init__):
+    params = [p for p in inspect.signature(fn).parameters if p != "self"]
+    assert len(params) <= 8, (fn.__qualname__, params)

@@ -30,12 +30,12 @@ Adding an objective is one class in the module of its family (`trajectory_balanc
 `init_state` and `state_forward`), and decorate it with `@register`. Configs select it with ``objective.name`` and set its fields by name
 (`Objective.from_config`); see `docs/objectives.md`.
 """
-from disa_jax.rl.objectives.base import (HEAD_OPTIMIZERS, REGISTRY, Array, Objective,
+from disa_jax.rl.objectives.base import (HEAD_OPTIMIZERS, REGISTRY, Array, Needs, Objective,
                                          ObjectiveState, default_config, names, register)
 from disa_jax.rl.objectives.policy_gradient import Grpo, Gspo, PolicyGradient
 from disa_jax.rl.objectives.supervised import ReplaySft
 from disa_jax.rl.objectives.trajectory_balance import Disa, FlowRL, TrajectoryBalance, VarGrad
 
-__all__ = ["Array", "Disa", "FlowRL", "Grpo", "Gspo", "HEAD_OPTIMIZERS", "Objective",
+__all__ = ["Array", "Disa", "FlowRL", "Grpo", "Gspo", "HEAD_OPTIMIZERS", "Needs", "Objective",
            "ObjectiveState", "PolicyGradient", "REGISTRY", "ReplaySft", "TrajectoryBalance",
            "VarGrad", "default_config", "names", "register"]

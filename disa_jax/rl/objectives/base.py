@@ -37,6 +37,47 @@ def names() -> tuple[str, ...]:
   return tuple(sorted(REGISTRY))
 
 
+OLD_LOGP_FROM = ("", "update", "behaviour", "recompute", "engine")
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """What an objective reads from a step's batch under a run's rollout settings, resolved once
+  (`Objective.needs`): the scorer's passes and the loss's inputs follow from it alone.
+
+  Attributes:
+    reference: ``ref_logp``, log pi_ref of every sampled token (the reference model scores them).
+    anchor: ``log_z`` of each row's prompt from the frozen anchor (on pi_ref's prompt embeddings
+      where the anchor regresses on them: pi_ref is loaded for it too).
+    old_logp: where log pi_old comes from: '' (not read); 'update' (the update's own forward: one
+      on-policy update per batch of recomputed pi_old that nothing reads on the host first);
+      'behaviour' (stale rollouts of an objective with ``behaviour_as_old_logp``: the engine's
+      log-probs of mu, replayed rows recomputed); 'recompute' (the policy scores the batch before
+      the update); 'engine' (the engine's log-probs, all rows recomputed when any is replayed).
+    batch_log_z: the batch's log Z is estimated from its own samples (VarGrad) after the signal.
+    behaviour_logp: the loss reads the engine's log-probs of the sampled tokens itself (TIS).
+  """
+  reference: bool = False
+  anchor: bool = False
+  old_logp: str = ""
+  batch_log_z: bool = False
+  behaviour_logp: bool = False
+
+  def __post_init__(self):
+    if self.old_logp not in OLD_LOGP_FROM:
+      raise ValueError(f"Needs.old_logp must be one of {OLD_LOGP_FROM}, got {self.old_logp!r}")
+
+  @property
+  def reference_model(self) -> bool:
+    """pi_ref must be loaded (its log-probs, or the prompt embeddings an anchor is queried on)."""
+    return self.reference or self.anchor
+
+  @property
+  def old_logp_on_host(self) -> bool:
+    """The scorer computes ``old_logp`` before the update (every source but '' and 'update')."""
+    return self.old_logp not in ("", "update")
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectiveState:
   """An objective's trainable state, as `Objective.init_state` builds it.
@@ -90,6 +131,22 @@ class Objective(abc.ABC):
   # Prop. 3(i)); False recomputes pi_old, the policy before the step's updates, and corrects
   # mu -> pi_old itself where it declares so (`PolicyGradient.is_correction`).
   behaviour_as_old_logp: ClassVar[bool] = False
+
+  def needs(self, rollout: Any) -> Needs:
+    """What this objective reads under the ``rollout`` section (`disa_jax.rl.config.
+    RolloutConfig`: mini-batches per batch, ``old_logp_source``, ``max_staleness``), resolved from
+    its declarations (``needs_reference``, ``needs_old_logp``, ``needs_anchor``,
+    ``needs_batch_log_z``, ``needs_behaviour_logp``, ``behaviour_as_old_logp``)."""
+    old = ""
+    if self.needs_old_logp:
+      stale_behaviour = bool(rollout.max_staleness) and self.behaviour_as_old_logp
+      if (rollout.num_minibatches == 1 and rollout.old_logp_source == "recompute"
+          and not self.needs_batch_log_z and not stale_behaviour):
+        old = "update"
+      else:
+        old = "behaviour" if stale_behaviour else rollout.old_logp_source
+    return Needs(reference=self.needs_reference, anchor=self.needs_anchor, old_logp=old,
+                 batch_log_z=self.needs_batch_log_z, behaviour_logp=self.needs_behaviour_logp)
 
   @property
   def needs_reference(self) -> bool:
