@@ -30,6 +30,7 @@ character n-gram TF-IDF vector fitted on the k responses themselves (`char_ngram
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ __all__ = [
   "judge_messages",
   "parse_judge_score",
   "JudgeUnavailableError",
+  "Retry",
   "DiversityJudge",
   "char_ngram_tfidf",
   "mean_pairwise_distance",
@@ -109,6 +111,34 @@ class JudgeUnavailableError(RuntimeError):
   """The judge endpoint could not be reached or kept failing."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Retry:
+  """The judge's retry policy (for connection errors, timeouts, HTTP 408/429/5xx and unparseable
+  replies).
+
+  Attributes:
+    max_retries: attempts after the first one.
+    backoff_s: first retry delay (doubles each retry).
+    max_backoff_s: cap on one retry delay (None: no cap).
+    timeout_s: per-request timeout.
+  """
+  max_retries: int = 3
+  backoff_s: float = 1.0
+  max_backoff_s: float | None = None
+  timeout_s: float = 60.0
+
+  def __post_init__(self):
+    if self.max_retries < 0:
+      raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+    if self.max_backoff_s is not None and self.max_backoff_s < 0:
+      raise ValueError(f"max_backoff_s must be None or >= 0, got {self.max_backoff_s}")
+
+  def delay(self, attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (>= 1)."""
+    d = self.backoff_s * 2 ** (attempt - 1)
+    return d if self.max_backoff_s is None else min(d, self.max_backoff_s)
+
+
 class DiversityJudge:
   """OpenAI-compatible LLM judge with retries and an on-disk cache.
 
@@ -119,11 +149,7 @@ class DiversityJudge:
     api_key: sent as `Authorization: Bearer <key>` (none given: ``$OPENAI_API_KEY`` if set, else
       the placeholder 'EMPTY').
     cache_dir: directory of cached answers (None: no cache).
-    max_retries: attempts after the first one, for connection errors, timeouts, HTTP 408/429/5xx
-      and unparseable replies.
-    backoff_s: first retry delay (doubles each retry).
-    max_backoff_s: cap on one retry delay (None: no cap).
-    timeout_s: per-request timeout.
+    retry: the retry policy and per-request timeout (`Retry`).
     temperature: sampling temperature sent to the judge.
     max_tokens: completion budget of the reply.
     extra_body: further JSON fields merged into every request (they may not override ``model``,
@@ -131,17 +157,12 @@ class DiversityJudge:
   """
 
   def __init__(self, url: str, model: str, api_key: str | None = None, *,
-               cache_dir: str | None = None, max_retries: int = 3, backoff_s: float = 1.0,
-               max_backoff_s: float | None = None, timeout_s: float = 60.0,
-               temperature: float = 0.0, max_tokens: int = 16, extra_body: dict | None = None):
+               cache_dir: str | None = None, retry: Retry = Retry(), temperature: float = 0.0,
+               max_tokens: int = 16, extra_body: dict | None = None):
     if not url.startswith(("http://", "https://")):
       raise ValueError(f"url must start with http:// or https://, got {url!r}")
     if not model:
       raise ValueError("model must be a non-empty string")
-    if max_retries < 0:
-      raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-    if max_backoff_s is not None and max_backoff_s < 0:
-      raise ValueError(f"max_backoff_s must be None or >= 0, got {max_backoff_s}")
     clash = sorted(set(extra_body or {}) & {"model", "messages", "temperature", "max_tokens"})
     if clash:
       raise ValueError(f"extra_body may not set {clash}; use the DiversityJudge arguments")
@@ -149,14 +170,11 @@ class DiversityJudge:
     self.endpoint = url if url.endswith("/chat/completions") else url + "/chat/completions"
     self.model = model
     self._client = openai_client(self.endpoint.removesuffix("/chat/completions"), api_key or "",
-                                 timeout_s=timeout_s, max_retries=0, on_request=self._count)
-    self.cache_dir = cache_dir
-    self.max_retries = max_retries
-    self.backoff_s = backoff_s
-    self.timeout_s = timeout_s
+                                 timeout_s=retry.timeout_s, max_retries=0,
+                                 on_request=self._count)
+    self.cache_dir, self.retry = cache_dir, retry
     self.temperature = temperature
     self.max_tokens = max_tokens
-    self.max_backoff_s = max_backoff_s
     self.extra_body = dict(extra_body or {})
     self.num_requests = 0  # HTTP requests actually sent (cache hits send none)
 
@@ -196,10 +214,9 @@ class DiversityJudge:
       with open(path) as f:
         return int(json.load(f)["score"])
     last_err: Exception | None = None
-    for attempt in range(self.max_retries + 1):
+    for attempt in range(self.retry.max_retries + 1):
       if attempt:
-        delay = self.backoff_s * 2 ** (attempt - 1)
-        time.sleep(delay if self.max_backoff_s is None else min(delay, self.max_backoff_s))
+        time.sleep(self.retry.delay(attempt))
       try:
         text = self._post(body)
       except openai.APIStatusError as e:
@@ -224,7 +241,7 @@ class DiversityJudge:
         os.replace(tmp, path)
       return s
     raise JudgeUnavailableError(f"diversity judge at {self.endpoint} failed after "
-                                f"{self.max_retries + 1} attempts: {last_err!r}")
+                                f"{self.retry.max_retries + 1} attempts: {last_err!r}")
 
   def score_many(self, problems: Sequence[str], responses: Sequence[Sequence[str]]) -> np.ndarray:
     """Scores for P problems: `[P]` int array."""

@@ -63,7 +63,7 @@ def test_parse_judge_score(text, score):
 def test_judge_posts_caches_and_retries(server, tmp_path):
   url = f"http://127.0.0.1:{server.server_address[1]}/v1"
   judge = dv.DiversityJudge(url, "gpt-4o-mini", api_key="sk-test", cache_dir=str(tmp_path),
-                            backoff_s=0.01)
+                            retry=dv.Retry(backoff_s=0.01))
   server.plan = [(500, ""), (200, "no idea"), (200, "4")]  # 5xx and unparseable are retried
   assert judge.score("Find x.", RESPONSES) == 4
   assert len(server.requests) == 3
@@ -82,7 +82,7 @@ def test_judge_posts_caches_and_retries(server, tmp_path):
 
 def test_judge_client_error_is_not_retried(server):
   url = f"http://127.0.0.1:{server.server_address[1]}"
-  judge = dv.DiversityJudge(url, "m", backoff_s=0.01)
+  judge = dv.DiversityJudge(url, "m", retry=dv.Retry(backoff_s=0.01))
   server.plan = [(401, "")]
   with pytest.raises(dv.JudgeUnavailableError, match="HTTP 401"):
     judge.score("p", RESPONSES)
@@ -91,8 +91,8 @@ def test_judge_client_error_is_not_retried(server):
 
 def test_judge_unreachable_gives_a_clear_error():
   port = testing.free_port()  # nothing listens on this port now
-  judge = dv.DiversityJudge(f"http://127.0.0.1:{port}/v1", "m", max_retries=2, backoff_s=0.01,
-                            timeout_s=2.0)
+  judge = dv.DiversityJudge(f"http://127.0.0.1:{port}/v1", "m",
+                            retry=dv.Retry(max_retries=2, backoff_s=0.01, timeout_s=2.0))
   with pytest.raises(dv.JudgeUnavailableError,
                      match=re.escape(f"http://127.0.0.1:{port}/v1/chat/completions") +
                      ".*after 3 attempts"):
@@ -142,3 +142,12 @@ def test_tfidf_rows_are_unit_norm():
   emb = dv.char_ngram_tfidf(["abcdef", "abcxyz", ""])
   norms = np.linalg.norm(emb, axis=1)
   np.testing.assert_allclose(norms, [1.0, 1.0, 0.0], atol=1e-6)
+
+
+def test_retry_policy_refuses_bad_values_and_caps_its_delays():
+  with pytest.raises(ValueError, match="max_retries must be >= 0, got -1"):
+    dv.Retry(max_retries=-1)
+  with pytest.raises(ValueError, match="max_backoff_s must be None or >= 0, got -0.5"):
+    dv.Retry(max_backoff_s=-0.5)
+  assert [dv.Retry(backoff_s=0.5).delay(a) for a in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+  assert [dv.Retry(backoff_s=0.5, max_backoff_s=1.5).delay(a) for a in (1, 2, 3)] == [0.5, 1.0, 1.5]

@@ -156,11 +156,13 @@ def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
   """The judge and Stage 1 on one server that is killed mid-run and restarted."""
   cache = str(tmp_path / "cache")
   judge = dv.DiversityJudge(served.url, SERVED_NAME, cache_dir=cache, extra_body=CHOICE,
-                            max_retries=200, backoff_s=0.25, max_backoff_s=2.0, timeout_s=120)
+                            retry=dv.Retry(max_retries=200, backoff_s=0.25, max_backoff_s=2.0,
+                                           timeout_s=120))
   first = judge.score_many(PROBLEMS[:2], RESPONSES[:2])
   assert judge.num_requests == 2 and all(1 <= s <= 5 for s in first), first
   # The bare tiny model does not answer in the judge's format: no score, a clear error.
-  bare = dv.DiversityJudge(served.url, SERVED_NAME, max_retries=1, backoff_s=0.0)
+  bare = dv.DiversityJudge(served.url, SERVED_NAME,
+                           retry=dv.Retry(max_retries=1, backoff_s=0.0))
   with pytest.raises(dv.JudgeUnavailableError, match=r"after 2 attempts.*no score 1\.\.5"):
     bare.score(PROBLEMS[0], RESPONSES[0])
   assert bare.num_requests == 2
@@ -188,8 +190,8 @@ def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
     run_stage1(cfg)
   monkeypatch.undo()
   # While it is down, a small retry budget of the judge runs out with an error naming the endpoint.
-  short = dv.DiversityJudge(served.url, SERVED_NAME, extra_body=CHOICE, max_retries=2,
-                            backoff_s=0.05)
+  short = dv.DiversityJudge(served.url, SERVED_NAME, extra_body=CHOICE,
+                            retry=dv.Retry(max_retries=2, backoff_s=0.05))
   with pytest.raises(dv.JudgeUnavailableError,
                      match=rf"judge at {served.url}/chat/completions failed after 3 attempts"):
     short.score(PROBLEMS[2], RESPONSES[2])
@@ -209,10 +211,11 @@ def test_judge_and_stage1_survive_a_server_crash(served, tmp_path, monkeypatch):
   # A second judge run reads the cache: the same scores and no HTTP request, with no server there.
   scores = [int(s) for s in first] + [int(s) for s in rest]
   dead = f"http://127.0.0.1:{testing.free_port()}/v1"
-  again = dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, extra_body=CHOICE, max_retries=0)
+  again = dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, extra_body=CHOICE,
+                            retry=dv.Retry(max_retries=0))
   assert list(again.score_many(PROBLEMS, RESPONSES)) == scores
   assert again.num_requests == 0
   # The cache key holds the request body: the same problems without extra_body are not cached.
   with pytest.raises(dv.JudgeUnavailableError):
-    dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, max_retries=0).score(
+    dv.DiversityJudge(dead, SERVED_NAME, cache_dir=cache, retry=dv.Retry(max_retries=0)).score(
         PROBLEMS[0], RESPONSES[0])
