@@ -58,7 +58,7 @@ import plan_memory  # noqa: E402  (benchmarks/: the paper config's Stage 3 setti
 from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
-from disa_jax.models.transformer import Transformer  # noqa: E402
+from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
 from disa_jax.rl import train_step as ts  # noqa: E402
 from disa_jax.rl.batch import TrainSequences  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
@@ -149,9 +149,10 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
     raise RuntimeError("the packed row does not hold exactly the sequences' tokens")
   t0 = time.perf_counter()
   model = Transformer(c, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype),
-                      param_dtype=jnp.dtype(mc.param_dtype), remat=remat,
-                      scan_unroll=mc.scan_unroll, layer_loop="auto",
-                      attention_chunk=mc.attention_chunk, attention_impl=attention_impl)
+                      param_dtype=jnp.dtype(mc.param_dtype),
+                      options=ModelOptions(remat=remat, scan_unroll=mc.scan_unroll,
+                                           layer_loop="auto", attention_chunk=mc.attention_chunk,
+                                           attention_impl=attention_impl))
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
   optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))

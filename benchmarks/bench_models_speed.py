@@ -118,8 +118,9 @@ def _ours(tmodel, args, dtype, ids, mask, before: bool):
   """(score, train) closures of our model; `before`: the pre-issue-14 layer loop and chunking."""
   config = models.ModelConfig.from_hf_config(tmodel.config.to_dict())
   model = models.Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=jnp.float32,
-                             remat=args.remat, scan_unroll=args.unroll,
-                             layer_loop="scan" if before else "auto")
+                             options=models.ModelOptions(
+                                 remat=args.remat, scan_unroll=args.unroll,
+                                 layer_loop="scan" if before else "auto"))
   models.load_hf_state_dict(model, {k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
   chunk = 1024 if before else args.chunk
   graphdef, params = nnx.split(model)
@@ -203,8 +204,8 @@ def _check_and_warm(fns, tmodel, tids, tmask, args, dtype, ids, mask) -> None:
     ref = torch_logprobs(tmodel, tids, tmask).numpy()
   for name, before in (("before", True), ("after", False)):
     config = models.ModelConfig.from_hf_config(tmodel.config.to_dict())
-    model = models.Transformer(config, rngs=nnx.Rngs(0), dtype=dtype,
-                               layer_loop="scan" if before else "auto")
+    model = models.Transformer(config, rngs=nnx.Rngs(0), dtype=dtype, options=models.ModelOptions(
+        layer_loop="scan" if before else "auto"))
     models.load_hf_state_dict(model, {k: v.detach().numpy() for k, v in tmodel.state_dict().items()})
     got = np.asarray(scoring.token_logprobs(model, ids, mask, chunk_size=1024 if before else args.chunk))
     print(f"max |logprob ours ({name}) - torch| = {np.abs(got[:, 1:] - ref).max():.2e}")

@@ -67,7 +67,7 @@ from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackedRows, PackingLayout  # noqa: E402
 from disa_jax.models import attention_dispatch  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
-from disa_jax.models.transformer import Transformer  # noqa: E402
+from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
 from disa_jax.rl import train_step as ts  # noqa: E402
 from disa_jax.rl.batch import TrainBatch  # noqa: E402
 from disa_jax.rl.config import TrainConfig  # noqa: E402
@@ -243,9 +243,10 @@ def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh:
                                          branches=False)
   model = nnx.eval_shape(lambda: Transformer(
       config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
-      remat=mc.remat, remat_policy=mc.remat_policy, scan_unroll=mc.scan_unroll,
-      layer_loop="scan", attention_chunk=attention_chunk, attention_impl=impl,
-      max_segments=train.rollout.seqs_per_row))
+      options=ModelOptions(remat=mc.remat, remat_policy=mc.remat_policy,
+                           scan_unroll=mc.scan_unroll, layer_loop="scan",
+                           attention_chunk=attention_chunk, attention_impl=impl,
+                           max_segments=train.rollout.seqs_per_row)))
   graphdef, params = abstract_params(model, mesh)
   optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
   rep = NamedSharding(mesh, PartitionSpec())

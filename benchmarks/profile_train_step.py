@@ -69,7 +69,8 @@ def make_model(shape: str, *, remat: bool, unroll: int) -> models.Transformer:
   """The `shape`'s Qwen3 with random weights (std 0.02), float32."""
   config = models.ModelConfig(family="qwen3", qk_norm=True, tie_word_embeddings=False,
                               **SHAPES[shape])
-  return models.Transformer(config, rngs=nnx.Rngs(0), remat=remat, scan_unroll=unroll)
+  return models.Transformer(config, rngs=nnx.Rngs(0),
+                            options=models.ModelOptions(remat=remat, scan_unroll=unroll))
 
 
 def make_sequences(shape: str, vocab: int) -> TrainSequences:

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from disa_jax.models.config import ModelConfig
-from disa_jax.models.transformer import Transformer
+from disa_jax.models.transformer import ModelOptions, Transformer
 from disa_jax.parallel.distributed import replicate_to_hosts
 from disa_jax.parallel.rules import TRAIN_RULES, Rules, ShardingContext, param_sharding, say_fallbacks
 
@@ -338,7 +338,7 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
       parameter at a time; each device receives only its shard) and the model gets a
       `ShardingContext` for its activations.
     rules: logical->mesh rules (default `TRAIN_RULES`); only used with a mesh.
-    **model_kwargs: further `Transformer` arguments (remat, scan_unroll).
+    **model_kwargs: the `ModelOptions` of the model (remat, layer loop, attention, ...).
 
   Returns:
     The model with every checkpoint tensor loaded.
@@ -349,8 +349,9 @@ def from_pretrained(path: str, *, dtype: Any = jnp.float32, mesh: jax.sharding.M
               (lambda: reader.get(_TIED_HEAD)) if _TIED_HEAD in reader.keys() else None,
               lambda: reader.get("model.embed_tokens.weight"))
   rules = TRAIN_RULES if rules is None else rules
+  options = ModelOptions(**model_kwargs)
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0), dtype=dtype,
-                                             param_dtype=dtype, **model_kwargs))
+                                             param_dtype=dtype, options=options))
   host_dtype = np_dtype(dtype)
   fallbacks = []
   for rule in _rules_for(config):

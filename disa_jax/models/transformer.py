@@ -14,6 +14,7 @@ is attached (`model.sharding`); model code never names mesh axes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -111,14 +112,12 @@ class DecoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in self.names}
 
 
-class Transformer(nnx.Module):
-  """Decoder-only language model (see module docstring).
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+  """The runtime choices of a `Transformer`: none changes its parameters or, but for the bounds,
+  its outputs (each option is tested against the reference path it replaces).
 
-  Args:
-    config: the architecture.
-    rngs: parameter initialisation RNGs (`rngs.params()`).
-    dtype: computation dtype of activations (logits are returned in it).
-    param_dtype: storage dtype of parameters.
+  Attributes:
     remat: recompute each layer's activations in the backward pass (`jax.checkpoint`).
     remat_policy: with remat, what each layer keeps (`remat_policy`; default 'full': nothing).
     scan_unroll: `unroll` of the scan over layers (1 = rolled loop; num_layers = fully unrolled);
@@ -136,29 +135,44 @@ class Transformer(nnx.Module):
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
   """
+  remat: bool = False
+  remat_policy: str = "full"
+  scan_unroll: int = 1
+  layer_loop: str = "auto"
+  attention_chunk: int = 0
+  attention_impl: str = "auto"
+  max_segment_len: int = 0
+  max_segments: int = 0
+
+  def __post_init__(self):
+    if self.layer_loop not in _LAYER_LOOPS:
+      raise ValueError(f"Transformer layer_loop={self.layer_loop!r}; expected one of "
+                       f"{_LAYER_LOOPS}")
+    config_lib.check_attention_chunk(self.attention_chunk, "Transformer attention_chunk")
+    config_lib.check_attention_impl(self.attention_impl, "Transformer attention_impl")
+    config_lib.check_remat_policy(self.remat_policy, "Transformer remat_policy")
+    config_lib.check_count(self.max_segment_len, "Transformer max_segment_len", "0 = no bound")
+    config_lib.check_count(self.max_segments, "Transformer max_segments", "0 = no bound")
+
+
+class Transformer(nnx.Module):
+  """Decoder-only language model (see module docstring).
+
+  Args:
+    config: the architecture.
+    rngs: parameter initialisation RNGs (`rngs.params()`).
+    dtype: computation dtype of activations (logits are returned in it).
+    param_dtype: storage dtype of parameters.
+    options: the runtime choices (`ModelOptions`: remat, layer loop, attention implementation and
+      bounds).
+  """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32,
-               param_dtype: Any = jnp.float32, remat: bool = False, scan_unroll: int = 1,
-               layer_loop: str = "auto", attention_chunk: int = 0, attention_impl: str = "auto",
-               remat_policy: str = "full", max_segment_len: int = 0, max_segments: int = 0):
-    if layer_loop not in _LAYER_LOOPS:
-      raise ValueError(f"Transformer layer_loop={layer_loop!r}; expected one of {_LAYER_LOOPS}")
-    config_lib.check_attention_chunk(attention_chunk, "Transformer attention_chunk")
-    config_lib.check_attention_impl(attention_impl, "Transformer attention_impl")
-    config_lib.check_remat_policy(remat_policy, "Transformer remat_policy")
-    config_lib.check_count(max_segment_len, "Transformer max_segment_len", "0 = no bound")
-    config_lib.check_count(max_segments, "Transformer max_segments", "0 = no bound")
+               param_dtype: Any = jnp.float32, options: ModelOptions = ModelOptions()):
     self.config = config
     self.dtype = dtype
     self.param_dtype = param_dtype
-    self.remat = remat
-    self.scan_unroll = scan_unroll
-    self.layer_loop = layer_loop
-    self.attention_chunk = attention_chunk
-    self.attention_impl = attention_impl
-    self.remat_policy = remat_policy
-    self.max_segment_len = max_segment_len
-    self.max_segments = max_segments
+    self.options = options
     self.sharding: ShardingContext | None = None
     v, d = config.vocab_size, config.hidden_size
     self.embed = nnx.Param(_INIT_STD * jax.random.normal(rngs.params(), (v, d), param_dtype),
@@ -234,7 +248,7 @@ class Transformer(nnx.Module):
       if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
         attn, new_kv = kv.update_and_attend(q, k, v, layer)
       else:
-        attn = (A.gqa_attention(q, k, v, mask, query_chunk=self.attention_chunk)  # cache: a mask
+        attn = (A.gqa_attention(q, k, v, mask, query_chunk=self.options.attention_chunk)  # cache: a mask
                 if kv is not None else self._attention(q, k, v, mask))  # rows: their layout
       attn = checkpoint_name(attn, "attn_out")
       out = L.dense(attn, p["o_kernel"], 2)
@@ -251,9 +265,9 @@ class Transformer(nnx.Module):
     return x, new_kv
 
   def _layers_unrolled(self) -> bool:
-    if self.layer_loop == "auto":
+    if self.options.layer_loop == "auto":
       return jax.default_backend() == "cpu"
-    return self.layer_loop == "unrolled"
+    return self.options.layer_loop == "unrolled"
 
   def _run(self, input_ids: jax.Array, positions: jax.Array,
            mask: jax.Array | A.SegmentLayout, *,
@@ -271,8 +285,8 @@ class Transformer(nnx.Module):
     def layer(x, p, kv, i=None):
       return self._layer(p, x, cos, sin, mask, kv, cache_index, i)
 
-    if self.remat:
-      layer = jax.checkpoint(layer, policy=remat_policy(self.remat_policy), static_argnums=(3,))
+    if self.options.remat:
+      layer = jax.checkpoint(layer, policy=remat_policy(self.options.remat_policy), static_argnums=(3,))
     kv_xs = None if cache is None else (cache["k"], cache["v"])
     if self._layers_unrolled():
       outs = []
@@ -288,7 +302,7 @@ class Transformer(nnx.Module):
       y, new_kv = layer(x, p, kv, None)
       return y, (new_kv, y if collect else None)
 
-    x, (new_kv, per_layer) = jax.lax.scan(body, x, (stacked, kv_xs), unroll=self.scan_unroll)
+    x, (new_kv, per_layer) = jax.lax.scan(body, x, (stacked, kv_xs), unroll=self.options.scan_unroll)
     new_cache = None if cache is None else {"k": new_kv[0], "v": new_kv[1]}
     return x, per_layer, new_cache
 
@@ -321,12 +335,12 @@ class Transformer(nnx.Module):
       real = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
       segment_ids = real.astype(jnp.int32)
     layout = A.packed_layout(segment_ids, branch_ids)
-    span = A.segment_span(layout) if self.max_segment_len else None
+    span = A.segment_span(layout) if self.options.max_segment_len else None
     if span is not None and not isinstance(span, jax.core.Tracer):  # eager: refuse at once
       longest = np.asarray(span).max(axis=1)
-      over = np.flatnonzero(longest > self.max_segment_len)
+      over = np.flatnonzero(longest > self.options.max_segment_len)
       if over.size:
-        raise ValueError(f"Transformer max_segment_len={self.max_segment_len}: row {over[0]} "
+        raise ValueError(f"Transformer max_segment_len={self.options.max_segment_len}: row {over[0]} "
                          f"holds a segment of {longest[over[0]]} tokens")
     return layout
 
@@ -340,10 +354,10 @@ class Transformer(nnx.Module):
                  ) -> jax.Array:
     """Self-attention over packed rows by `attention_impl` (`attention_dispatch`)."""
     impl = attention_dispatch.resolve_impl(
-        self.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
+        self.options.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
         branches=layout.branch_ids is not None)
-    return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=self.attention_chunk,
-                                     window=self.max_segment_len, max_segments=self.max_segments,
+    return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=self.options.attention_chunk,
+                                     window=self.options.max_segment_len, max_segments=self.options.max_segments,
                                      sharding=self.sharding)
 
   def _check_ids(self, input_ids: jax.Array) -> None:

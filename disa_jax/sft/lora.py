@@ -174,13 +174,7 @@ def merge_lora(model: Transformer) -> Transformer:
     raise ValueError("merge_lora: the model has no LoRA adapters")
   merged = nnx.eval_shape(lambda: Transformer(model.config, rngs=nnx.Rngs(0), dtype=model.dtype,
                                               param_dtype=model.param_dtype,
-                                              remat=model.remat, scan_unroll=model.scan_unroll,
-                                              layer_loop=model.layer_loop,
-                                              attention_chunk=model.attention_chunk,
-                                              attention_impl=model.attention_impl,
-                                              remat_policy=model.remat_policy,
-                                              max_segment_len=model.max_segment_len,
-                                              max_segments=model.max_segments))
+                                              options=model.options))
   merged.embed.set_value(model.embed[...])
   merged.final_norm.set_value(model.final_norm[...])
   if model.lm_head is not None:

@@ -3,6 +3,7 @@ gradients on packed and shared-prompt rows; the remat policies give the gradient
 saving the attention's names keeps the backward from running the fused forward again; the options
 are validated naming the field and reach the models the workflows build."""
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -17,7 +18,8 @@ from configs import stage3_paper
 from disa_jax import config as config_lib
 from disa_jax import testing
 from disa_jax.data import packing
-from disa_jax.models import Transformer, attention_dispatch, attention_pallas, attention_xla, transformer
+from disa_jax.models import (ModelOptions, Transformer, attention_dispatch, attention_pallas,
+                             attention_xla, transformer)
 from disa_jax.sft.baseline import LoRASFTConfig
 from disa_jax.workflows import stage3
 
@@ -58,7 +60,7 @@ def _loss_and_grads(model, case):
 @pytest.fixture(scope="module")
 def dense_model_grads():
   model = testing.make_tiny_model("qwen3", seed=3)
-  model.attention_impl = "dense"
+  model.options = dataclasses.replace(model.options, attention_impl="dense")
   return _loss_and_grads(model, "branches")
 
 
@@ -82,7 +84,8 @@ def test_implementations_give_the_model_the_same_gradients(monkeypatch, impl, wi
 
   monkeypatch.setattr(module, name, spy)
   model = testing.make_tiny_model("qwen3", seed=3)
-  model.attention_impl, model.max_segment_len = impl, window
+  model.options = dataclasses.replace(model.options, attention_impl=impl,
+                                      max_segment_len=window)
   assert max_rel_err(_loss_and_grads(model, "branches"), dense_model_grads) <= 1e-5
   assert calls == [window if impl == "xla" else None] * model.config.num_layers
 
@@ -96,7 +99,7 @@ def no_remat():
 @pytest.mark.slow
 def test_remat_policies_give_the_gradients_of_no_remat(policy, no_remat):
   model = testing.make_tiny_model("qwen3", seed=4)
-  model.remat, model.remat_policy = True, policy
+  model.options = dataclasses.replace(model.options, remat=True, remat_policy=policy)
   assert max_rel_err(_loss_and_grads(model, "short"), no_remat) <= 1e-6
 
 
@@ -128,14 +131,14 @@ def test_saving_the_attention_skips_its_forward_in_the_backward():
 def test_the_model_refuses_rows_longer_than_its_band():
   """Concrete segment ids are checked at once; traced ones (under jit) give the row NaN logits."""
   model = testing.make_tiny_model("qwen3", seed=6)
-  model.max_segment_len = 11
+  model.options = dataclasses.replace(model.options, max_segment_len=11)
   ids, seg, _, _ = _rows("packed")  # row 1: one segment of 20 tokens
   with pytest.raises(ValueError, match=r"max_segment_len=11: row 1 holds a segment of 20 tokens"):
     model(ids, segment_ids=seg)
   run = nnx.jit(lambda m, ids, seg: m(ids, segment_ids=seg))
   logits = np.asarray(run(model, ids, seg))
   assert np.isfinite(logits[0]).all() and np.isnan(logits[1]).all()
-  model.max_segment_len = 20
+  model.options = dataclasses.replace(model.options, max_segment_len=20)
   assert np.isfinite(np.asarray(run(model, ids, seg))).all()
 
 
@@ -146,7 +149,7 @@ def test_options_are_validated_naming_the_field():
                         (dict(max_segment_len=-1), "Transformer max_segment_len must be an int"),
                         (dict(max_segments=1.5), "Transformer max_segments must be an int")):
     with pytest.raises(ValueError, match=match):
-      Transformer(config, rngs=nnx.Rngs(0), **kwargs)
+      Transformer(config, rngs=nnx.Rngs(0), options=ModelOptions(**kwargs))
   c = stage3_paper.get_config("disa,qwen3-4b-base,math").to_dict()
   c["model"]["remat_policy"] = "most"
   with pytest.raises(ValueError, match=r"model.remat_policy must be one of .* got 'most'"):
@@ -160,10 +163,12 @@ def test_stage3_builds_its_models_with_the_options(tmp_path):
   c["model"].update(policy_path=ckpt, attention_impl="pallas", remat_policy="save_qkv_attn")
   cfg = stage3.Stage3Config.from_config(c)
   policy, reference = stage3._load_models(cfg, None)  # pylint: disable=protected-access
-  assert (policy.attention_impl, policy.remat_policy) == ("pallas", "save_qkv_attn")
-  assert reference.attention_impl == "pallas"
-  assert policy.max_segments == reference.max_segments == cfg.train.rollout.seqs_per_row
-  assert policy.max_segment_len == reference.max_segment_len == 0  # rows of one longest sequence
+  assert (policy.options.attention_impl, policy.options.remat_policy) == ("pallas", "save_qkv_attn")
+  assert reference.options.attention_impl == "pallas"
+  assert (policy.options.max_segments == reference.options.max_segments
+          == cfg.train.rollout.seqs_per_row)
+  # rows of one longest sequence
+  assert policy.options.max_segment_len == reference.options.max_segment_len == 0
 
 
 def test_stage3_and_sft_give_the_band_their_longest_sequence(tmp_path):
@@ -178,7 +183,7 @@ def test_stage3_and_sft_give_the_band_their_longest_sequence(tmp_path):
   rollout.update(max_prompt_len=16, max_response_len=48, row_len=256)
   cfg = stage3.Stage3Config.from_config(c)
   policy, reference = stage3._load_models(cfg, None)  # pylint: disable=protected-access
-  assert policy.max_segment_len == reference.max_segment_len == 64
+  assert policy.options.max_segment_len == reference.options.max_segment_len == 64
   layout = cfg.train.rollout.layout([64], pad_to=16)
   assert (layout.row_len, layout.max_segment_len) == (256, 64)
   packing.pack([[3] * 16], [[4] * 48], layout, pad_id=0)

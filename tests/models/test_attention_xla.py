@@ -3,6 +3,7 @@ is the model's former one, the blocked path equals the dense reference (values a
 1e-6 in float32) on packed, padded and shared-prompt rows with grouped-query heads, with and
 without a band and query chunks, and its compiled FLOPs follow sum(segment^2), not T^2."""
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -117,7 +118,8 @@ def _train_step_flops(impl, t, segment=128):
   from disa_jax import testing  # pylint: disable=import-outside-toplevel
   model = testing.make_tiny_model("qwen3", seed=11, num_layers=1, vocab_size=32,
                                   intermediate_size=32)
-  model.attention_impl, model.max_segment_len = impl, segment if impl == "xla" else 0
+  model.options = dataclasses.replace(model.options, attention_impl=impl,
+                                      max_segment_len=segment if impl == "xla" else 0)
   seg = jax.numpy.asarray(np.repeat(np.arange(1, t // segment + 1), segment)[None], np.int32)
   ids = (seg * 7) % 32
   graphdef, state = nnx.split(model)

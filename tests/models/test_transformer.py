@@ -1,6 +1,7 @@
 """Transformer: jit vs eager, padding invariance, KV-cache path vs full forward, rope scaling,
 chunked vs dense attention on packed rows."""
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -101,7 +102,7 @@ def test_cache_in_bfloat16_close(model, seed):
 def test_remat_and_unroll_do_not_change_values_or_grads():
   base = testing.make_tiny_model("llama", seed=1)
   other = testing.make_tiny_model("llama", seed=1)
-  other.remat, other.scan_unroll = True, 2
+  other.options = dataclasses.replace(other.options, remat=True, scan_unroll=2)
   ids = _ids(2, 7)
 
   def loss(m):
@@ -119,8 +120,8 @@ def test_layer_loops_agree_on_values_grads_and_cache(remat):
   """layer_loop 'scan' and 'unrolled' compute the same logits, gradients and KV-cache path."""
   scan = testing.make_tiny_model("qwen3", seed=2)
   unrolled = testing.make_tiny_model("qwen3", seed=2)
-  scan.layer_loop, unrolled.layer_loop = "scan", "unrolled"
-  scan.remat = unrolled.remat = remat
+  scan.options = dataclasses.replace(scan.options, layer_loop="scan", remat=remat)
+  unrolled.options = dataclasses.replace(unrolled.options, layer_loop="unrolled", remat=remat)
   ids = _ids(2, 9)
   mask = jnp.ones_like(ids).at[0, :2].set(0)
   np.testing.assert_allclose(np.asarray(scan(ids, attention_mask=mask)),
@@ -161,7 +162,7 @@ def test_chunked_attention_equals_dense_on_packed_rows():
   ids, seg = _packed_rows()
   dense = testing.make_tiny_model("qwen3", seed=5)
   chunked = testing.make_tiny_model("qwen3", seed=5)
-  chunked.attention_chunk = 8
+  chunked.options = dataclasses.replace(chunked.options, attention_chunk=8)
   jaxpr = str(jax.make_jaxpr(lambda i: chunked(i, segment_ids=seg))(ids))
   assert "checkpoint" in jaxpr or "remat" in jaxpr  # the blocked path runs (no remat otherwise)
 
@@ -212,9 +213,9 @@ def test_bad_input_rank():
 
 
 def test_bad_layer_loop_names_the_field():
-  from disa_jax.models import Transformer
+  from disa_jax.models import ModelOptions
   with pytest.raises(ValueError, match="layer_loop='while'"):
-    Transformer(testing.make_tiny_model("qwen3").config, rngs=nnx.Rngs(0), layer_loop="while")
+    ModelOptions(layer_loop="while")
 
 
 @pytest.mark.parametrize("n,x_shape,w_shape", [(1, (2, 5, 6), (6, 3, 4)), (2, (2, 5, 3, 4), (3, 4, 6)),

@@ -111,7 +111,8 @@ def test_256_rows_of_a_4b_model_fit_one_h200():
   (~35 GB of temporaries no GPU has); the float32 program's temporaries bound the bfloat16 one's.
   """
   config = models.get_preset("qwen3-4b-base")
-  model = nnx.eval_shape(lambda: models.Transformer(config, rngs=nnx.Rngs(0), layer_loop="scan"))
+  model = nnx.eval_shape(lambda: models.Transformer(
+      config, rngs=nnx.Rngs(0), options=models.ModelOptions(layer_loop="scan")))
   sampler = JaxSampler(model, max_batch_size=256)
   memory, cache32 = sampler.compiled_memory(prompts=32, n=8, prompt_len=256, max_tokens=1024)
   cache = continuous.cache_bytes(config, 256, 256 + 1024, jnp.bfloat16)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from configs import eval_paper, sft_paper, stage1_paper, stage2_paper, stage3_paper
 from disa_jax import testing
-from disa_jax.models import Transformer
+from disa_jax.models import ModelOptions, Transformer
 from disa_jax.sft import baseline, lora
 from disa_jax.workflows import stage3
 from disa_jax.workflows.evaluation import EvalConfig
@@ -54,20 +54,20 @@ def test_stage3_policy_and_reference_get_the_chunk(ckpt):
   cfg = _stage3("disa,qwen3-4b-base,math", policy_path=ckpt, attention_chunk=CHUNK)
   policy, reference = stage3._load_models(cfg, None)  # pylint: disable=protected-access
   assert reference is not None  # DISA keeps pi_ref
-  assert (policy.attention_chunk, reference.attention_chunk) == (CHUNK, CHUNK)
+  assert (policy.options.attention_chunk, reference.options.attention_chunk) == (CHUNK, CHUNK)
   dense, _ = stage3._load_models(  # pylint: disable=protected-access
       _stage3("disa,qwen3-4b-base,math", policy_path=ckpt, attention_chunk=0), None)
-  assert dense.attention_chunk == 0
+  assert dense.options.attention_chunk == 0
 
 
 def test_stage1_scorer_and_stage2_embedding_get_the_chunk(ckpt):
   c1 = stage1_paper.get_config("qwen3-4b-base,math")
   c1.scorer.attention_chunk, c1.scorer.mesh.num_devices = CHUNK, 1
-  assert load_reference(ckpt, Stage1Config.from_config(c1).scorer).attention_chunk == CHUNK
+  assert load_reference(ckpt, Stage1Config.from_config(c1).scorer).options.attention_chunk == CHUNK
   c2 = stage2_paper.get_config("qwen3-4b-base,math")
   c2.embedding.attention_chunk, c2.embedding.mesh.num_devices = CHUNK + 1, 1
   emb = Stage2Config.from_config(c2).embedding
-  assert load_reference(ckpt, emb).attention_chunk == CHUNK + 1
+  assert load_reference(ckpt, emb).options.attention_chunk == CHUNK + 1
 
 
 def test_sft_model_and_its_merged_export_get_the_chunk(ckpt):
@@ -77,14 +77,14 @@ def test_sft_model_and_its_merged_export_get_the_chunk(ckpt):
   graphdef, adapters, rest, _ = baseline._lora_model(  # pylint: disable=protected-access
       ckpt, cfg, jnp.float32, None)
   model = nnx.merge(graphdef, adapters, rest)
-  assert model.attention_chunk == CHUNK
-  assert lora.merge_lora(model).attention_chunk == CHUNK
+  assert model.options.attention_chunk == CHUNK
+  assert lora.merge_lora(model).options.attention_chunk == CHUNK
 
 
 def test_exact_target_models_get_the_chunk(ckpt):
   c = _eval_config()
   c.exact_target.attention_chunk = CHUNK
-  assert EvalConfig.from_config(c).exact_target.load_model(ckpt).attention_chunk == CHUNK
+  assert EvalConfig.from_config(c).exact_target.load_model(ckpt).options.attention_chunk == CHUNK
 
 
 @pytest.mark.parametrize("cls, make, section, match", [
@@ -110,6 +110,6 @@ def test_a_negative_chunk_is_refused_naming_the_field(cls, make, section, match)
 def test_the_model_refuses_a_negative_chunk_and_a_bool():
   config = testing.tiny_config("qwen3")
   with pytest.raises(ValueError, match=r"Transformer attention_chunk must be an int >= 0 .*got -2"):
-    Transformer(config, rngs=nnx.Rngs(0), attention_chunk=-2)
+    Transformer(config, rngs=nnx.Rngs(0), options=ModelOptions(attention_chunk=-2))
   with pytest.raises(ValueError, match=r"config\.model\.attention_chunk must be int, got True"):
     _stage3("disa,qwen3-4b-base,math", attention_chunk=True)
