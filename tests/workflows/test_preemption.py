@@ -24,7 +24,7 @@ from disa_jax.estimators import dataset
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
 from tests.workflows import test_kill_resume as kr
-from tests.workflows.conftest import write_dapo_parquet
+from tests.workflows.conftest import worker_env, write_dapo_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
@@ -95,7 +95,7 @@ def _strip(rows):
 
 @pytest.mark.slow
 def test_stage3_sigterm_mid_run_saves_exits_0_and_resumes_exactly(tmp_path):
-  env = kr._env()  # pylint: disable=protected-access
+  env = worker_env()
   ref = _summary(_run(_stage3_cmd(tmp_path, tmp_path / "ref"), env).stdout)
   assert ref["preempted"] is None and ref["export_checkpoint"]["step"] == STEPS
 
