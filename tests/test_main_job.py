@@ -303,6 +303,7 @@ def test_bad_config_stops_at_once_naming_the_field(tmp_path, field, value, match
     _job(c, tmp_path)
 
 
+@pytest.mark.slow  # ~18 s: models, Stage 1, the exact log Z and Stage 2 of a small job
 def test_the_anchor_stages_fit_without_the_held_out_prompts_and_report_them(tmp_path):
   """stages='anchor' with heldout.anchor: models, Stage 1, the exact log Z and Stage 2, then
   anchor_report.json, no Stage 3; the held-out prompts are embedded and predicted but not fitted,

@@ -127,6 +127,7 @@ def _all_losses(logp, old, ref, mask, reward, log_z):
   }
 
 
+@pytest.mark.slow  # ~13 s: every loss eager and jitted
 def test_jit_matches_eager():
   logp, old, ref, mask, reward = _batch()
   log_z = jnp.array([0.3, -0.7])

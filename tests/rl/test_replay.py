@@ -150,6 +150,7 @@ def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
   trainer.close()
 
 
+@pytest.mark.slow  # ~11 s: a trainer step compiled
 def test_added_rows_keep_the_on_policy_group_whole(tmp_path):
   """mode='add': G on-policy rows per covered prompt plus k replayed ones (R = G + k rows), and
   R on-policy rows for a prompt without Stage 1 samples; the step trains on all of them."""

@@ -87,6 +87,7 @@ def test_default_chunking_follows_the_logits_size(model, monkeypatch):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+@pytest.mark.slow  # ~14 s: eager and jitted scoring of every mode
 def test_jit_equals_eager_and_masked_equals_sliced(model):
   ids, _ = _batch(2, 10, seed=3)
   mask = jnp.ones_like(ids).at[:, 7:].set(0)
