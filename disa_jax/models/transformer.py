@@ -248,7 +248,8 @@ class Transformer(nnx.Module):
       if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
         attn, new_kv = kv.update_and_attend(q, k, v, layer)
       else:
-        attn = (A.gqa_attention(q, k, v, mask, query_chunk=self.options.attention_chunk)  # cache: a mask
+        chunk = self.options.attention_chunk
+        attn = (A.gqa_attention(q, k, v, mask, query_chunk=chunk)  # cache: a mask
                 if kv is not None else self._attention(q, k, v, mask))  # rows: their layout
       attn = checkpoint_name(attn, "attn_out")
       out = L.dense(attn, p["o_kernel"], 2)
@@ -286,7 +287,8 @@ class Transformer(nnx.Module):
       return self._layer(p, x, cos, sin, mask, kv, cache_index, i)
 
     if self.options.remat:
-      layer = jax.checkpoint(layer, policy=remat_policy(self.options.remat_policy), static_argnums=(3,))
+      layer = jax.checkpoint(layer, policy=remat_policy(self.options.remat_policy),
+                             static_argnums=(3,))
     kv_xs = None if cache is None else (cache["k"], cache["v"])
     if self._layers_unrolled():
       outs = []
@@ -302,7 +304,8 @@ class Transformer(nnx.Module):
       y, new_kv = layer(x, p, kv, None)
       return y, (new_kv, y if collect else None)
 
-    x, (new_kv, per_layer) = jax.lax.scan(body, x, (stacked, kv_xs), unroll=self.options.scan_unroll)
+    x, (new_kv, per_layer) = jax.lax.scan(body, x, (stacked, kv_xs),
+                                          unroll=self.options.scan_unroll)
     new_cache = None if cache is None else {"k": new_kv[0], "v": new_kv[1]}
     return x, per_layer, new_cache
 
@@ -340,8 +343,8 @@ class Transformer(nnx.Module):
       longest = np.asarray(span).max(axis=1)
       over = np.flatnonzero(longest > self.options.max_segment_len)
       if over.size:
-        raise ValueError(f"Transformer max_segment_len={self.options.max_segment_len}: row {over[0]} "
-                         f"holds a segment of {longest[over[0]]} tokens")
+        raise ValueError(f"Transformer max_segment_len={self.options.max_segment_len}: row "
+                         f"{over[0]} holds a segment of {longest[over[0]]} tokens")
     return layout
 
   def _full_mask(self, input_ids: jax.Array, attention_mask: jax.Array | None,
@@ -353,11 +356,12 @@ class Transformer(nnx.Module):
   def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array, layout: A.SegmentLayout
                  ) -> jax.Array:
     """Self-attention over packed rows by `attention_impl` (`attention_dispatch`)."""
+    o = self.options
     impl = attention_dispatch.resolve_impl(
-        self.options.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
+        o.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
         branches=layout.branch_ids is not None)
-    return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=self.options.attention_chunk,
-                                     window=self.options.max_segment_len, max_segments=self.options.max_segments,
+    return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=o.attention_chunk,
+                                     window=o.max_segment_len, max_segments=o.max_segments,
                                      sharding=self.sharding)
 
   def _check_ids(self, input_ids: jax.Array) -> None:

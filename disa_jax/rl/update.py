@@ -67,8 +67,8 @@ class PolicyUpdater:
       step's shuffle, `disa_jax.rl.seeds`); the learning-rate schedule runs over
       ``cfg.total_updates``, and pi_old comes from the update's own forward when
       ``cfg.old_logp_in_update``.
-    step_models: the policy (already sharded on ``step_models.mesh``), the mesh and ``pad_to`` (without
-      packing, rows are padded to a multiple of it).
+    step_models: the policy (already sharded on ``step_models.mesh``), the mesh and ``pad_to``
+      (without packing, rows are padded to a multiple of it).
     pad_id: padding token id of the packed rows.
   """
 
