@@ -9,7 +9,9 @@
   itself is `disa_jax.rewards.sandbox`.
 - Registry: `get_reward_fn(name)` is the one `RewardFn` type, ``(responses, metas) -> Graded``
   (rewards plus grading errors; `disa_jax.rewards.graded`), for 'math', 'code' and anything
-  added with `register_reward(name, fn)` ('sum_task': registered by `disa_jax.tasks` on import).
+  added with `register_reward(name, fn, correct_set=...)` ('sum_task': registered by
+  `disa_jax.tasks` on import). It is the one registry of tasks: `correct_set_of(name)` is a task's
+  enumerable correct set (None for math and code), which `disa_jax.tasks.get_task` reads.
 """
 
 from disa_jax.rewards import code
@@ -18,10 +20,11 @@ from disa_jax.rewards.graded import ERROR_SHARE_WARN, Graded, GraderErrorWarning
 from disa_jax.rewards.math_pool import MathGraderPool
 from disa_jax.rewards.math_pool import math_reward
 from disa_jax.rewards.math_pool import math_rewards
+from disa_jax.rewards.registry import correct_set_of
 from disa_jax.rewards.registry import get_reward_fn
 from disa_jax.rewards.registry import register_reward
 from disa_jax.rewards.registry import reward_names
 
 __all__ = ["code", "sandbox", "ERROR_SHARE_WARN", "Graded", "GraderErrorWarning", "Response",
-           "RewardFn", "MathGraderPool", "math_reward", "math_rewards", "get_reward_fn",
+           "RewardFn", "MathGraderPool", "math_reward", "math_rewards", "correct_set_of", "get_reward_fn",
            "register_reward", "reward_names"]

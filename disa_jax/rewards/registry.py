@@ -12,11 +12,16 @@ Built in:
   with optional `timeout_s` (per case / per HumanEval run). Candidates are graded concurrently by a
   thread pool (`code_workers`, default 2): the threads only wait on sandbox subprocesses.
 
-Task-specific rewards are added with `register_reward(name, fn)`: the tasks of `disa_jax.tasks`
-register theirs when that package is imported (this package never imports it), e.g. `'sum_task'`
-(`disa_jax.tasks.sum`: meta `{"ground_truth": n}`; 1 iff the token ids are exactly one of the n + 1
-canonical answers " a+b" EOS). `fn(responses, metas)` receives
+Task-specific rewards are added with `register_reward(name, fn, correct_set=...)`: the tasks of
+`disa_jax.tasks` register theirs when that package is imported (this package never imports it),
+e.g. `'sum_task'` (`disa_jax.tasks.sum`: meta `{"ground_truth": n}`; 1 iff the token ids are
+exactly one of the n + 1 canonical answers " a+b" EOS). `fn(responses, metas)` receives
 `Response` objects and returns a `Graded` or an ``[n]`` array of rewards (no grading errors).
+
+This is the one registry of tasks: a name is a reward, a prompt record's ``ability`` and a task
+(`disa_jax.tasks.get_task` reads its entry). An entry holds the reward and, for a task whose
+correct set can be enumerated, ``correct_set`` (``(tokenizer, reward_meta) -> every correct
+response as token ids``: the exact target of `disa_jax.eval.exact`); None for the others.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from disa_jax.rewards import math_pool
 from disa_jax.rewards.graded import Graded, Response, RewardFn
 
 __all__ = ["Graded", "Response", "RewardFn", "register_reward", "get_reward_fn", "reward_names",
-           "math_reward_fn", "code_reward_fn"]
+           "correct_set_of", "math_reward_fn", "code_reward_fn"]
 
-_REGISTRY: dict[str, Callable[..., Any]] = {}
+# name -> (the grader, its correct set or None): the one registry of tasks (module docstring)
+_REGISTRY: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {}
 
 
 def _check_lengths(responses: Sequence[Any], metas: Sequence[Mapping[str, Any]]) -> None:
@@ -107,17 +113,45 @@ def code_reward_fn(responses: Sequence[Response], metas: Sequence[Mapping[str, A
     return np.asarray(list(ex.map(_code_one, texts, metas)), np.float32)
 
 
-def register_reward(name: str, fn: Callable[..., Any], *, overwrite: bool = False) -> None:
+def register_reward(name: str, fn: Callable[..., Any], *,
+                    correct_set: Callable[..., Any] | None = None, overwrite: bool = False) -> None:
   """Registers ``fn(responses: Sequence[Response], metas) -> Graded | [n] rewards`` under `name`.
 
+  Args:
+    name: the reward's (and task's, and prompt ability's) name.
+    fn: the grader.
+    correct_set: ``(tokenizer, reward_meta) -> [C] correct responses`` (token ids, stop token
+      included) when the task's correct set can be enumerated; None when it cannot.
+    overwrite: replace an entry of the same name.
+
   Raises:
-    ValueError: when `name` is taken and `overwrite` is False.
+    ValueError: when `name` is taken and `overwrite` is False, or for a non-callable.
   """
   if not isinstance(name, str) or not name:
     raise ValueError(f"reward name must be a non-empty str, got {name!r}")
+  if not callable(fn):
+    raise ValueError(f"reward {name!r}: fn must be callable, got {type(fn).__name__}")
+  if correct_set is not None and not callable(correct_set):
+    raise ValueError(f"reward {name!r}: correct_set must be callable or None, got "
+                     f"{type(correct_set).__name__}")
   if name in _REGISTRY and not overwrite:
     raise ValueError(f"reward {name!r} is already registered")
-  _REGISTRY[name] = fn
+  _REGISTRY[name] = (fn, correct_set)
+
+
+def _entry(name: str) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+  if name not in _REGISTRY:
+    raise KeyError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
+  return _REGISTRY[name]
+
+
+def correct_set_of(name: str) -> Callable[..., Any] | None:
+  """The correct-set function registered with reward `name` (None: not enumerable).
+
+  Raises:
+    KeyError: for an unknown name (the message lists the known ones).
+  """
+  return _entry(name)[1]
 
 
 def _as_response(r: Any, i: int) -> Response:
@@ -138,9 +172,7 @@ def get_reward_fn(name: str) -> RewardFn:
   Raises:
     KeyError: for an unknown name (the message lists the known ones).
   """
-  if name not in _REGISTRY:
-    raise KeyError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
-  fn = _REGISTRY[name]
+  fn = _entry(name)[0]
 
   def wrapped(responses: Sequence[Any], metas: Sequence[Mapping[str, Any]]) -> Graded:
     _check_lengths(responses, metas)

@@ -1,18 +1,16 @@
 """The `Task`: what a prompt's ``ability`` names, its reward and, when it has one, its exact target.
 
 A task is keyed by one name, the same string in three places: the reward registry
-(`disa_jax.rewards.get_reward_fn`), the ``ability`` field of prompt records
-(`disa_jax.data.records.PromptRecord.ability`) and `get_task`. Its parts:
+(`disa_jax.rewards.register_reward`, the one registry of tasks), the ``ability`` field of prompt
+records (`disa_jax.data.records.PromptRecord.ability`) and `get_task`, which reads that registry's
+entry. Its parts:
 
 - the reward: `Task.reward_fn` resolves the registered reward of the task's name;
 - the exact target (optional): `Task.correct_set`, ``(tokenizer, reward_meta) -> every correct
   response as token ids (stop token included)``, for a task whose correct set can be enumerated
-  (the sum task); None otherwise (math, code);
+  (the sum task, registered with its reward); None otherwise (math, code);
 - `Task.measures`: the per-task measurement hook of Stage 3 and evaluation; the exact measures
   (`disa_jax.eval.exact.ExactTracker`) of a task with an exact target, None for the others.
-
-`register_task` adds a task (and, with ``reward_fn``, registers its reward under the task's name);
-the built-in tasks register themselves when `disa_jax.tasks` is imported.
 """
 from __future__ import annotations
 
@@ -23,9 +21,6 @@ from disa_jax import rewards
 from disa_jax.eval.exact import CorrectSetFn, ExactTargetConfig, ExactTracker
 from disa_jax.rewards.graded import RewardFn
 from disa_jax.scoring.batched import SequenceScorer
-
-_TASKS: dict[str, "Task"] = {}
-
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -87,44 +82,17 @@ class Task:
                         ref_scorer(), max_tokens=max_tokens)
 
 
-def register_task(task: Task, *, reward_fn: Callable[..., Any] | None = None) -> Task:
-  """Adds ``task`` to `get_task`'s registry.
-
-  Args:
-    task: the task; its name must not be registered yet.
-    reward_fn: when given, registered as the task's reward under ``task.name``
-      (`disa_jax.rewards.register_reward`); otherwise a reward of that name must already exist.
-
-  Returns:
-    ``task``.
-
-  Raises:
-    ValueError: for a name already registered, or without a reward.
-  """
-  if not isinstance(task, Task):
-    raise ValueError(f"register_task needs a Task, got {type(task).__name__}: {task!r}")
-  if task.name in _TASKS:
-    raise ValueError(f"task {task.name!r} is already registered")
-  if reward_fn is not None:
-    rewards.register_reward(task.name, reward_fn)
-  elif task.name not in rewards.reward_names():
-    raise ValueError(f"task {task.name!r} has no registered reward and no reward_fn was given; "
-                     f"registered rewards: {rewards.reward_names()}")
-  _TASKS[task.name] = task
-  return task
-
-
 def get_task(ability: str) -> Task:
-  """The registered task of ``ability`` (a prompt record's ``ability``, a reward name).
+  """The task of ``ability`` (a prompt record's ``ability``, a registered reward's name).
 
   Raises:
     KeyError: for an unknown ability (the message names it and the known ones).
   """
-  if ability not in _TASKS:
+  if ability not in rewards.reward_names():
     raise KeyError(f"no task is registered for ability {ability!r}; known tasks: {task_names()}")
-  return _TASKS[ability]
+  return Task(ability, correct_set=rewards.correct_set_of(ability))
 
 
 def task_names() -> list[str]:
-  """The registered tasks' names, sorted."""
-  return sorted(_TASKS)
+  """The registered tasks' names (the reward registry's), sorted."""
+  return rewards.reward_names()

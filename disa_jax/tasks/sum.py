@@ -15,8 +15,8 @@ task's tokenizer (`make_tokenizer`) is character-level for digits, so each strin
 tokenisation, which the reward checks.
 
 The whole task lives here: its tokenizer, prompts, verifier, the 'sum_task' reward (registered in
-`disa_jax.rewards` when this module is imported, as `disa_jax.tasks` does) and its enumerable
-correct set (`TASK.correct_set`, the exact target of `disa_jax.eval.exact`). The main job writes its
+`disa_jax.rewards` when this module is imported, as `disa_jax.tasks` does, together with its
+enumerable correct set `correct_set`, the exact target of `disa_jax.eval.exact`). The main job writes its
 prompts (`disa_jax.pipeline.sum_job`).
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import rewards
 from disa_jax.rewards.graded import Response
-from disa_jax.tasks.base import Task, register_task
 
 PROMPT_TEMPLATE = "Give two non-negative integers that sum to {n}:"
 WORDS = ("Give", "two", "non", "negative", "integers", "that", "sum", "to")
@@ -178,5 +178,5 @@ def correct_set(tokenizer, meta: Mapping[str, Any]) -> list[list[int]]:
   return SumTask(0, 0).correct_completions(tokenizer, _n_of(meta, 0))
 
 
-TASK = register_task(Task("sum_task", correct_set=correct_set), reward_fn=sum_task_reward_fn)
+rewards.register_reward("sum_task", sum_task_reward_fn, correct_set=correct_set)
 

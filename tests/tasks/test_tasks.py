@@ -1,5 +1,5 @@
-"""`disa_jax.tasks` (issue 28, scope item 2): one registry of tasks keyed by ability, each with its
-reward and optional exact target; the sum task's correct set and reward come through it, the math
+"""`disa_jax.tasks` (issue 28, scope item 2; issue 46: one registry per concept): tasks keyed by
+ability, read from the one reward registry, each with its reward and optional exact target; the sum task's correct set and reward come through it, the math
 and code tasks have no exact target, and every workflow that resolves ``reward = "sum_task"`` finds
 it without importing the task itself."""
 import os
@@ -17,7 +17,7 @@ from disa_jax.data.records import PromptRecord
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTargetConfig, ExactTracker
 from disa_jax.rollout.types import Completion
 from disa_jax.tasks import sum as sum_task
-from disa_jax.tasks.base import Task, get_task, register_task
+from disa_jax.tasks.base import Task, get_task
 from disa_jax.workflows import stage3
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,11 +40,23 @@ class _Scorer:
 
 
 def test_the_built_in_tasks_are_registered_by_ability():
-  assert tasks.task_names() == ["code", "math", "sum_task"]
+  assert {"code", "math", "sum_task"} <= set(tasks.task_names())
+  assert tasks.task_names() == rewards.reward_names()  # one registry: a task is a reward's entry
   for name in tasks.task_names():
     task = get_task(name)
     assert task.name == task.ability == name
-    assert name in rewards.reward_names()  # the reward of the task's name
+    assert task.correct_set is rewards.correct_set_of(name)
+
+
+def test_a_task_registered_with_its_reward_is_found_with_its_correct_set():
+  def correct(tokenizer, meta):
+    return [[1, 2]]
+
+  rewards.register_reward("one_registry_test_task", lambda rs, ms: np.zeros(len(rs), np.float32),
+                          correct_set=correct, overwrite=True)
+  task = get_task("one_registry_test_task")
+  assert task.correct_set is correct and task.has_exact_target
+  np.testing.assert_array_equal(task.reward_fn()(["x"], [{}]).reward, [0.0])
 
 
 @pytest.mark.parametrize("n", [0, 3, 12])
@@ -80,7 +92,7 @@ def test_math_and_code_have_no_exact_target(name):
 
 
 def test_an_unknown_ability_names_it_and_the_known_ones():
-  with pytest.raises(KeyError, match=r"'poetry'.*known tasks: \['code', 'math', 'sum_task'\]"):
+  with pytest.raises(KeyError, match=r"'poetry'.*known tasks: \['code', 'math'.*'sum_task'"):
     get_task("poetry")
 
 
@@ -89,11 +101,14 @@ def test_bad_tasks_are_refused():
     Task("")
   with pytest.raises(ValueError, match="correct_set must be callable or None, got int"):
     Task("x", correct_set=3)
-  with pytest.raises(ValueError, match="task 'math' is already registered"):
-    register_task(Task("math"))
-  with pytest.raises(ValueError, match="task 'no_reward_task' has no registered reward"):
-    register_task(Task("no_reward_task"))
-  assert "no_reward_task" not in tasks.task_names()
+  with pytest.raises(ValueError, match="reward 'math' is already registered"):
+    rewards.register_reward("math", lambda rs, ms: [0.0] * len(rs))
+  with pytest.raises(ValueError, match="reward 'bad_set_task': correct_set must be callable or "
+                                       "None, got int"):
+    rewards.register_reward("bad_set_task", lambda rs, ms: [0.0] * len(rs), correct_set=3)
+  assert "bad_set_task" not in tasks.task_names()
+  with pytest.raises(KeyError, match="unknown reward 'poetry'"):
+    rewards.correct_set_of("poetry")
 
 
 def _completion(ids, lp=-1.0):
