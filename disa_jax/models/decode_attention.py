@@ -14,8 +14,10 @@ block with `from_bits`, a free bitcast): XLA:CPU runs a bfloat16 scatter in floa
 copy of the whole operand (twice the cache, per write), while it scatters integers in place, as
 every backend does.
 
-A Pallas kernel (one program per slot, reading its own live blocks) would also skip the blocks of
-the shorter rows; this XLA path is the one every backend runs.
+This XLA path is the reference every backend runs (``impl='xla'``). ``impl='pallas'``
+(`decode_attention_pallas`) runs the same computation as one Pallas kernel per layer, a program
+per (slot, key/value head) looping over its own live blocks on the device: it also skips the
+blocks of the shorter rows, and a layer costs one launch instead of a loop of small kernels.
 
 `run_layers` drives a model's layer function over the whole stacked cache: a Python loop over the
 layers, or a `jax.lax.scan` whose carry (not its stacked outputs) is the cache, so the cache is
@@ -33,7 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from disa_jax.models.attention import MASK_VALUE
+from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
 
+IMPLS = ("xla", "pallas")  # the decode attention implementations (`RaggedKV.impl`)
 _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
@@ -53,7 +57,7 @@ def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "write", "start"],
-                   meta_fields=["block", "dtype"])
+                   meta_fields=["block", "dtype", "impl"])
 @dataclasses.dataclass(frozen=True)
 class RaggedKV:
   """The sampler's KV cache during one decode step (see the module docstring).
@@ -64,6 +68,8 @@ class RaggedKV:
     start: `[B]` int32, each slot's first live entry.
     block: positions per attention block (static; divides S).
     dtype: the values' dtype name (static).
+    impl: 'xla' (`ragged_attention`, the reference) or 'pallas' (`decode_attention_pallas`: the
+      layer index must then be a Python int, i.e. the layers run unrolled).
   """
   k: jax.Array
   v: jax.Array
@@ -71,6 +77,11 @@ class RaggedKV:
   start: jax.Array
   block: int
   dtype: str
+  impl: str = "xla"
+
+  def __post_init__(self):
+    if self.impl not in IMPLS:
+      raise ValueError(f"RaggedKV.impl must be one of {IMPLS}, got {self.impl!r}")
 
   def update_and_attend(self, q: jax.Array, k: jax.Array, v: jax.Array, layer: Any
                         ) -> tuple[jax.Array, "RaggedKV"]:
@@ -84,8 +95,9 @@ class RaggedKV:
     Returns:
       (`[B, 1, N, H]` attention output in q's dtype, the cache with the new entries).
     """
-    out, kc, vc = ragged_attention(q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write,
-                                   self.start, self.block, self.dtype)
+    attend = pallas_ragged_attention if self.impl == "pallas" else ragged_attention
+    out, kc, vc = attend(q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write, self.start,
+                         self.block, self.dtype)
     return out, dataclasses.replace(self, k=kc, v=vc)
 
 

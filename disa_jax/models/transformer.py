@@ -506,7 +506,8 @@ class Transformer(nnx.Module):
     def layer(x, p, kv, i):
       return self._layer(p, x, cos, sin, None, kv, None, i)
 
+    # The Pallas decode kernel selects a layer's cache by a static block index: unrolled layers.
     x, cache = D.run_layers(layer, x, self.layers.stacked(), cache,
-                            unrolled=self._layers_unrolled())
+                            unrolled=self._layers_unrolled() or cache.impl == "pallas")
     hidden = L.rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     return self.logits_from_hidden(hidden), cache

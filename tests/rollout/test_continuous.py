@@ -1,6 +1,7 @@
 """The ragged KV cache and continuous batching (`disa_jax.rollout.continuous`): the same samples as
-the dense reference path, decode attention over the live entries only, one in-place cache, and
-the memory of 256 rows of a 4B model."""
+the dense reference path, decode attention over the live entries only (the XLA reference and the
+Pallas kernel, in the interpreter here), one in-place cache, and the memory of 256 rows of a 4B
+model."""
 
 import math
 
@@ -13,6 +14,7 @@ from flax import nnx
 from disa_jax import models
 from disa_jax.models import attention as A
 from disa_jax.models.decode_attention import as_bits, from_bits, ragged_attention
+from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
 from disa_jax.rollout import SamplingParams, continuous
 from disa_jax.rollout.jax_sampler import JaxSampler
 from tests.rollout import reference
@@ -62,9 +64,14 @@ def test_finished_rows_free_their_slots_for_waiting_rows(samplers):
   assert ragged.last_num_steps - 1 < chunked, (ragged.last_num_steps - 1, chunked, lengths)
 
 
-def test_decode_attention_reads_live_blocks_only():
+ATTEND = {"xla": ragged_attention, "pallas": pallas_ragged_attention}
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_decode_attention_reads_live_blocks_only(impl):
   """Against a dense masked softmax: every slot sees exactly its live range; the blocks outside
-  [min start, max end) hold NaN and are never read (the output stays finite)."""
+  [min start, max end) hold NaN and are never read (the output stays finite). 'pallas' is the
+  kernel in the Pallas interpreter."""
   rng = np.random.default_rng(0)
   layers, b, kv, g, s, h, block = 2, 4, 2, 3, 64, 8, 8
   k = rng.normal(size=(layers, b, kv, s, h)).astype(np.float32)
@@ -76,9 +83,9 @@ def test_decode_attention_reads_live_blocks_only():
     x[:, :, :, :8] = np.nan  # block 0: before every start's block
     x[:, :, :, 40:] = np.nan  # blocks 5-7: after every write
   for layer in (0, 1):
-    out, kc, vc = ragged_attention(jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new),
-                                   as_bits(jnp.asarray(k)), as_bits(jnp.asarray(v)), layer,
-                                   jnp.asarray(write), jnp.asarray(start), block, "float32")
+    out, kc, vc = ATTEND[impl](jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new),
+                               as_bits(jnp.asarray(k)), as_bits(jnp.asarray(v)), layer,
+                               jnp.asarray(write), jnp.asarray(start), block, "float32")
     kc, vc = from_bits(kc, jnp.float32), from_bits(vc, jnp.float32)
     want_k, want_v = k.copy(), v.copy()
     want_k[layer, np.arange(b), :, write], want_v[layer, np.arange(b), :, write] = k_new, v_new
@@ -89,6 +96,57 @@ def test_decode_attention_reads_live_blocks_only():
     want = np.asarray(A.gqa_attention(jnp.asarray(q), jnp.asarray(kt), jnp.asarray(vt),
                                       jnp.asarray(live[:, None, :])))  # kt: [B, S, K, H]
     np.testing.assert_allclose(np.asarray(out), want, atol=2e-6)
+
+
+def test_the_pallas_kernel_reads_each_slots_own_blocks_only():
+  """Every block outside a slot's own live blocks holds NaN in that slot: the kernel (a program
+  per slot and head) never reads them, and matches a dense softmax over the live range; the XLA
+  reference, whose loop spans every slot's blocks, reads them (NaN)."""
+  rng = np.random.default_rng(1)
+  b, kv, g, s, h, block = 3, 2, 2, 64, 8, 8
+  k = rng.normal(size=(1, b, kv, s, h)).astype(np.float32)
+  v = rng.normal(size=(1, b, kv, s, h)).astype(np.float32)
+  q = rng.normal(size=(b, 1, kv * g, h)).astype(np.float32)
+  start, write = np.array([0, 24, 50]), np.array([9, 30, 63])
+  new = [rng.normal(size=(b, kv, h)).astype(np.float32) for _ in range(2)]
+  for row in range(b):
+    own = np.zeros(s, bool)
+    own[start[row] // block * block:(write[row] // block + 1) * block] = True
+    k[0, row, :, ~own] = np.nan
+    v[0, row, :, ~own] = np.nan
+  args = [jnp.asarray(x) for x in (q, *new)] + [as_bits(jnp.asarray(k)), as_bits(jnp.asarray(v))]
+  out = pallas_ragged_attention(*args, 0, jnp.asarray(write), jnp.asarray(start), block,
+                                "float32")[0]
+  k[0, np.arange(b), :, write], v[0, np.arange(b), :, write] = new
+  live = (np.arange(s)[None] >= start[:, None]) & (np.arange(s)[None] <= write[:, None])
+  kt, vt = (np.nan_to_num(x[0]).transpose(0, 2, 1, 3) for x in (k, v))
+  want = A.gqa_attention(jnp.asarray(q), jnp.asarray(kt), jnp.asarray(vt),
+                         jnp.asarray(live[:, None, :]))
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-6)
+  ref = ragged_attention(*args, 0, jnp.asarray(write), jnp.asarray(start), block, "float32")[0]
+  assert np.isnan(np.asarray(ref)).any()
+
+
+def test_the_pallas_decode_needs_a_static_layer():
+  x = jnp.zeros((1, 1, 2, 8))
+  cache = jnp.zeros((1, 1, 1, 8, 8), jnp.uint32)
+  with pytest.raises(ValueError, match="Python int layer"):
+    jax.jit(lambda layer: pallas_ragged_attention(x, x[:, 0, :1], x[:, 0, :1], cache, cache,
+                                                  layer, jnp.zeros(1, jnp.int32),
+                                                  jnp.zeros(1, jnp.int32), 8, "float32"))(0)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=4, temperature=0.0, max_tokens=12, return_raw_logprobs=True),
+    SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=3, return_raw_logprobs=True),
+], ids=["greedy", "sampled"])
+def test_the_pallas_decode_samples_what_the_xla_decode_samples(tiny_model, params):
+  """The sampler with ``decode_attention='pallas'`` (the kernel in the interpreter, the layers
+  unrolled) against the XLA reference: the same tokens, log-probs equal to float32 rounding."""
+  kw = dict(max_batch_size=8, min_batch_bucket=8, decode_block=16)
+  got = JaxSampler(tiny_model, decode_attention="pallas", **kw).generate(PROMPTS, params)
+  want = JaxSampler(tiny_model, **kw).generate(PROMPTS, params)
+  reference.assert_same_completions(got, want, atol=1e-5)
 
 
 def test_one_cache_updated_in_place(tiny_model):
@@ -135,3 +193,5 @@ def test_bad_sampler_options_are_named(tiny_model):
     JaxSampler(tiny_model, cache_layout="paged")
   with pytest.raises(ValueError, match="decode_block"):
     JaxSampler(tiny_model, decode_block=24)
+  with pytest.raises(ValueError, match="decode_attention must be one of .*'flash'"):
+    JaxSampler(tiny_model, decode_attention="flash")
