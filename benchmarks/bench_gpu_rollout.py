@@ -4,8 +4,9 @@
 `JaxSampler` in this process on a preset with random bf16 weights (no download): ``--prompts``
 prompts of ``--prompt-len`` random tokens, G = ``--group`` samples each, exactly ``--new-tokens``
 new tokens per sample (temperature 1, no stop token), for each ``--layouts`` entry
-('ragged': continuous batching on the head-major ragged cache, `disa_jax.rollout.continuous`;
-'dense': today's reference path). Tokens/s = P * G * new_tokens / the wall time of `generate`
+('ragged': continuous batching on the head-major ragged cache, `disa_jax.rollout.continuous`,
+once per ``--decode-attention`` entry: 'xla', the reference loop over blocks, or 'pallas', one
+kernel per layer, `disa_jax.models.decode_attention_pallas`; 'dense': today's reference path). Tokens/s = P * G * new_tokens / the wall time of `generate`
 (host packing and unpacking included), median of ``--reps`` calls after one untimed call
 (compilation); ms per decode step = that time / new_tokens. Each ragged row also carries the
 compiled program's memory (`JaxSampler.compiled_memory`: arguments, temporaries, the KV cache)
@@ -44,6 +45,7 @@ from flax import nnx  # noqa: E402
 from disa_jax import models, testing  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
 from disa_jax.rollout import SamplingParams  # noqa: E402
+from disa_jax.models.decode_attention import IMPLS as DECODE_IMPLS  # noqa: E402
 from disa_jax.rollout.jax_sampler import CACHE_LAYOUTS, JaxSampler  # noqa: E402
 
 
@@ -63,12 +65,15 @@ def _peak_bytes() -> int | None:
 
 
 def generation(c: ModelConfig, prompts: int, *, layout: str, prompt_len: int, group: int,
-               new_tokens: int, reps: int, dtype: Any = jnp.bfloat16) -> dict[str, Any]:
+               new_tokens: int, reps: int, decode_attention: str = "xla",
+               dtype: Any = jnp.bfloat16) -> dict[str, Any]:
   """Tokens/s of `JaxSampler.generate` (see the module docstring)."""
   model = models.Transformer(c, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)
-  sampler = JaxSampler(model, max_batch_size=max(256, prompts * group), cache_layout=layout)
+  sampler = JaxSampler(model, max_batch_size=max(256, prompts * group), cache_layout=layout,
+                       decode_attention=decode_attention)
   out: dict[str, Any] = dict(kind="generate", layout=layout, prompts=prompts, group=group,
-                             rows=prompts * group, prompt_len=prompt_len, new_tokens=new_tokens)
+                             rows=prompts * group, prompt_len=prompt_len, new_tokens=new_tokens,
+                             decode_attention=decode_attention if layout == "ragged" else "-")
   if layout == "ragged":
     memory, cache = sampler.compiled_memory(prompts, group, prompt_len, new_tokens)
     out.update(kv_cache_bytes=cache, program_argument_bytes=memory.argument_size_in_bytes,
@@ -101,6 +106,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   help="presets (or 'tiny'), comma-separated")
   ap.add_argument("--prompts", default="8,32", help="prompts per call, comma-separated")
   ap.add_argument("--layouts", default="ragged,dense", help=f"of {CACHE_LAYOUTS}, in this order")
+  ap.add_argument("--decode-attention", default="xla",
+                  help=f"the ragged layout's decode attention, of {DECODE_IMPLS}, in this order")
   ap.add_argument("--group", type=int, default=8, help="G samples per prompt")
   ap.add_argument("--prompt-len", type=int, default=256)
   ap.add_argument("--new-tokens", type=int, default=1024)
@@ -114,6 +121,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   bad = [x for x in args.layouts if x not in CACHE_LAYOUTS]
   if bad:
     raise SystemExit(f"--layouts: {bad} not in {CACHE_LAYOUTS}")
+  args.decode_attention = [x for x in args.decode_attention.split(",") if x]
+  bad = [x for x in args.decode_attention if x not in DECODE_IMPLS]
+  if bad or not args.decode_attention:
+    raise SystemExit(f"--decode-attention: {bad or 'empty'} not in {DECODE_IMPLS}")
   try:
     args.prompts = [int(p) for p in args.prompts.split(",") if p]
   except ValueError:
@@ -130,27 +141,32 @@ def main(argv: Sequence[str] | None = None) -> None:
   results = []
   for name in args.models:
     for p in args.prompts:
-      for layout in args.layouts:
+      variants = [(x, a) for x in args.layouts
+                  for a in (args.decode_attention if x == "ragged" else ["-"])]
+      for layout, attn in variants:
         try:
           r = generation(_config(name), p, layout=layout, prompt_len=args.prompt_len,
-                         group=args.group, new_tokens=args.new_tokens, reps=args.reps)
+                         group=args.group, new_tokens=args.new_tokens, reps=args.reps,
+                         decode_attention="xla" if attn == "-" else attn)
         except Exception as e:  # pylint: disable=broad-except  (an OOM is a result of its row)
-          r = dict(kind="generate", layout=layout, prompts=p, rows=p * args.group,
-                   error=f"{type(e).__name__}: {str(e)[:1500]}", peak_bytes=_peak_bytes())
+          r = dict(kind="generate", layout=layout, decode_attention=attn, prompts=p,
+                   rows=p * args.group, error=f"{type(e).__name__}: {str(e)[:1500]}",
+                   peak_bytes=_peak_bytes())
         r = dict(model=name, **r)
         results.append(r)
         print(json.dumps(r), flush=True)
         if args.out:
           with open(args.out, "a") as f:
             f.write(json.dumps(r) + "\n")
-  print("\nmodel          layout  rows  new tokens  seconds   tokens/s  ms/step  peak GiB")
+  print("\nmodel          layout  attn    rows  new tokens  seconds   tokens/s  ms/step  peak GiB")
   for r in results:
     peak = f"{r['peak_bytes'] / 2**30:8.1f}" if r.get("peak_bytes") else "       -"
     if "error" in r:
-      print(f"{r['model']:14s} {r['layout']:6s} {r['rows']:5d}  ERROR "
+      print(f"{r['model']:14s} {r['layout']:6s} {r['decode_attention']:6s} {r['rows']:5d}  ERROR "
             f"{r['error'].splitlines()[0][:70]} {peak}")
     else:
-      print(f"{r['model']:14s} {r['layout']:6s} {r['rows']:5d} {r['new_tokens']:11d} "
+      print(f"{r['model']:14s} {r['layout']:6s} {r['decode_attention']:6s} {r['rows']:5d} "
+            f"{r['new_tokens']:11d} "
             f"{r['seconds']:8.2f} {r['tokens_per_s']:10.0f} {r['ms_per_step']:8.2f} {peak}")
 
 

@@ -6,7 +6,7 @@
 #   push     benchmarks/bench_weight_push.py: the flat push against the flat push through pinned
 #            host memory, alternating, --reps 3, the whole model (both processes on the one GPU)
 #   sample   benchmarks/bench_gpu_rollout.py: the ragged sampler at 256 rows (32 prompts x G = 8)
-#            and at 64 rows, 1k new tokens
+#            and at 64 rows, 1k new tokens, the XLA decode attention then the Pallas kernel
 #   train    benchmarks/bench_gpu_train.py: one 16k packed row, remat on, the config's attention
 #   dense    the dense reference sampler (today's path before the ragged cache) at 64 rows
 #   long     the ragged sampler at 64 rows x 8k new tokens
@@ -60,10 +60,12 @@ fi
 
 step push 100 $PY benchmarks/bench_weight_push.py --model "$MODEL" --layers 0 --reps 3 \
   --paths flat,flat_pinned --copy-threads 8 --out "$DIR/weight_push_$GPU.jsonl"
-step sample_256 90 $PY benchmarks/bench_gpu_rollout.py --models "$MODEL" --prompts 32 \
-  --layouts ragged --prompt-len "$PROMPT_LEN" --new-tokens "$NEW" --reps 1 --out "$DIR/rollout_$GPU.jsonl"
-step sample_64 60 $PY benchmarks/bench_gpu_rollout.py --models "$MODEL" --prompts 8 \
-  --layouts ragged --prompt-len "$PROMPT_LEN" --new-tokens "$NEW" --reps 1 --out "$DIR/rollout_$GPU.jsonl"
+step sample_256 150 $PY benchmarks/bench_gpu_rollout.py --models "$MODEL" --prompts 32 \
+  --layouts ragged --decode-attention xla,pallas --prompt-len "$PROMPT_LEN" --new-tokens "$NEW" \
+  --reps 1 --out "$DIR/rollout_$GPU.jsonl"
+step sample_64 100 $PY benchmarks/bench_gpu_rollout.py --models "$MODEL" --prompts 8 \
+  --layouts ragged --decode-attention xla,pallas --prompt-len "$PROMPT_LEN" --new-tokens "$NEW" \
+  --reps 1 --out "$DIR/rollout_$GPU.jsonl"
 if [ "$TRAIN_MODEL" != skip ]; then
   step train 130 $PY benchmarks/bench_gpu_train.py --models "$TRAIN_MODEL" --row-lens 16384 \
     --remat on --steps 2 --warmup 1 --no-matmul --out "$DIR/train_$GPU.jsonl"
