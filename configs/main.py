@@ -114,9 +114,11 @@ def _run(objective: ml_collections.ConfigDict, replay: ml_collections.ConfigDict
   r.anchor = anchor
   r.match_rows_of = match_rows_of  # G + k on-policy rows per prompt of this run ('' = G)
   r.sigma = sigma  # 'exact+noise': RMS of the seeded per-prompt offsets (disa_jax.anchor.noise)
-  r.minibatches = minibatches  # optimizer updates per rollout batch; 0 = train.rollout's
-  r.staleness = staleness  # rollout.max_staleness of this run (asynchronous rollouts); 0 = the job's
-  r.lr = lr  # this run's peak train.optim.lr; 0 = the job's
+  # This run's train section where it differs from the job's (0 = the job's), each key one dotted
+  # path of RunSpec.overrides (job_config.RUN_TRAIN_KEYS; a dict config may give `overrides`):
+  r.minibatches = minibatches  # train.rollout.num_minibatches: optimizer updates per rollout batch
+  r.staleness = staleness  # train.rollout.max_staleness (asynchronous rollouts)
+  r.lr = lr  # train.optim.lr: this run's peak learning rate
   r.seeds = seeds  # this run's Stage 3 seeds; () = the job's (a grid decides only some cells)
   # the Stage 1/2 replicate whose anchor and replay pool it reads: 0 = the job's; d > 0 = Stage 1
   # drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d)
@@ -394,6 +396,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.compilation_cache = True
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
+  # The paper's DISA and its oracle (the exact log Z): the runs the claims and the anchor gap
+  # compare the fix with, when they are in methods ('' = none).
+  c.disa = "disa"
+  c.oracle = "disa_exact"
   # Runs the fix is compared with (Welch over seeds): its controls, when the preset trains them.
   c.controls = ()
   # Further comparisons the report decides, each 'A<B': "A's KL to the target is below B's" by

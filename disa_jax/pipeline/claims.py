@@ -6,13 +6,14 @@ the tables show beside it). The claims (`build_claims`):
 
 1. the Stage 1 error |log Z_IS - log Z| at the largest N is below that at the smallest, each N drawn
    from its own samples (disjoint columns of the pool), paired over prompts (a one-sample t-test);
-2. the fix and DISA end as close to pi~ as the oracle ``disa_exact`` (equivalence: the 90%
-   interval of the difference of their KL inside +-delta, delta = max(delta_abs, delta_rel x the
-   oracle's KL), `dynamics.EndStateConfig`);
+2. the fix and DISA end as close to pi~ as the oracle, DISA on the exact log Z (equivalence: the
+   90% interval of the difference of their KL inside +-delta, delta = max(delta_abs, delta_rel x
+   the oracle's KL), `dynamics.EndStateConfig`); which runs are DISA and the oracle is the
+   report's to say (`Plan`: from the runs' specs, `pipeline.plan`);
 3. their KL is below each reward maximiser's, and at matched accuracy (interpolated to the level)
    the reward maximiser's entropy over correct answers is lower;
 4. the fix's KL is below each control's; each configured pair ('A<B': A's KL below B's; 'A<>B':
-   they differ, either way), and each ``*_replay`` run against its base.
+   they differ, either way), and each replay run against its base (`Plan.replay`).
 
 A run that collapsed (entropy over correct answers below `COLLAPSE_ENTROPY_FRACTION` of the
 target's) or diverged (KL not finite or above `DIVERGENCE_FACTOR` x the reference policy's, where
@@ -35,15 +36,17 @@ import numpy as np
 
 from disa_jax import estimators as E
 from disa_jax.pipeline import seed_stats
-from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndStateConfig
+from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndState, EndStateConfig
 
 ALPHA = 0.05
 COLLAPSE_ENTROPY_FRACTION = 0.25  # a run below this share of the target's entropy over correct
 # a run above this multiple of the reference policy's KL diverged (the staleness study's diverged
 # runs end at 4-19x; a run that barely trained sits near 1x either way)
 DIVERGENCE_FACTOR = 2.0
-ORACLE = "disa_exact"
-SeedRows = Sequence[tuple[int, Mapping[str, Any]]]
+Row = Mapping[str, float]  # a model's evaluation row: metric -> value (`report.eval_row`)
+SeedRows = Sequence[tuple[int, Row]]
+# per seed, per accuracy level ('0.9'): the measures interpolated there (`matched_accuracy`)
+MatchedRuns = Sequence[tuple[int, Mapping[str, Mapping[str, Any] | None]]]
 
 
 def parse_comparison(pair: str, where: str = "compare") -> tuple[str, str, bool]:
@@ -62,17 +65,19 @@ class Evidence:
 
   Attributes:
     seed_rows: method -> [(Stage 3 seed, its evaluation row, `report.eval_row`)].
-    dyn: the report's dynamics (``method_state`` per method: `dynamics.method_end_state` as a
-      dict; ``matched_runs``: method -> [(seed, `dynamics.matched_accuracy`)]).
+    method_states: method -> its end state pooled over its seeds (`dynamics.method_end_state`;
+      a method without exact measurements has none).
+    matched_runs: method -> [(seed, `dynamics.matched_accuracy`)].
     reference_kl: the reference policy's primary KL (None: only a non-finite KL diverged).
     end_state: the margin's settings (`EndStateConfig`).
   """
   seed_rows: Mapping[str, SeedRows]
-  dyn: Mapping[str, Any]
+  method_states: Mapping[str, EndState] = dataclasses.field(default_factory=dict)
+  matched_runs: Mapping[str, MatchedRuns] = dataclasses.field(default_factory=dict)
   reference_kl: float | None = None
   end_state: EndStateConfig = EndStateConfig()
 
-  def failure(self, row: Mapping[str, Any]) -> str | None:
+  def failure(self, row: Row) -> str | None:
     """'diverged' / 'collapsed' / None for one run's evaluation row."""
     kl = row[PRIMARY]
     if not np.isfinite(kl) or (self.reference_kl is not None
@@ -92,10 +97,10 @@ class Evidence:
     """('end state' | 'transient' | 'undecided' | '-', not every method at its end state)."""
     if not runs:
       return "-", False
-    states = [self.dyn.get("method_state", {}).get(m) for m in runs]
-    if all(s is not None and s["reached"] for s in states):
+    states = [self.method_states.get(m) for m in runs]
+    if all(s is not None and s.reached for s in states):
       return "end state", False
-    if any(s is not None and s["reason"] == "moving" for s in states):
+    if any(s is not None and s.reason == "moving" for s in states):
       return "transient", True
     return "undecided", True
 
@@ -163,7 +168,7 @@ def kl_pair(ev: Evidence, a: str, b: str, two_sided: bool = False, text: str | N
   return out + [claim(ev, text, nums, (a, b), test=test)]
 
 
-def as_close_as_oracle(ev: Evidence, m: str, oracle: str = ORACLE) -> dict[str, Any]:
+def as_close_as_oracle(ev: Evidence, m: str, oracle: str) -> dict[str, Any]:
   """"``m`` ends as close to pi~ as the oracle": the 90% interval of mean KL(m) - mean KL(oracle)
   inside +-delta(oracle's KL), by two one-sided Welch tests over the runs that did not fail."""
   (km, fm), (ko, fo) = ev.split(m), ev.split(oracle)
@@ -190,7 +195,7 @@ def as_close_as_oracle(ev: Evidence, m: str, oracle: str = ORACLE) -> dict[str, 
 def _matched_values(ev: Evidence, m: str, lvl: str) -> tuple[list[int], list[int], list[dict]]:
   """(seeds matched by interpolation, seeds already past ``lvl`` at their first measurement,
   the matched values of the former)."""
-  got = [(s, x[lvl]) for s, x in ev.dyn.get("matched_runs", {}).get(m, []) if x[lvl] is not None]
+  got = [(s, x[lvl]) for s, x in ev.matched_runs.get(m, []) if x[lvl] is not None]
   past = [s for s, v in got if v["already_past"]]
   return [s for s, v in got if not v["already_past"]], past, [v for _, v in got if not v["already_past"]]
 
@@ -199,7 +204,7 @@ def matched_entropy(ev: Evidence, m: str, c: str) -> dict[str, Any] | None:
   """"At matched accuracy ``c``'s entropy over correct answers is below ``m``'s": Welch over the
   seeds interpolated to the highest level both reach with >= 2 such seeds (None: no level both
   reach at all)."""
-  runs = ev.dyn.get("matched_runs", {})
+  runs = ev.matched_runs
   levels = sorted({lvl for _, x in runs.get(m, []) for lvl, v in x.items() if v is not None} &
                   {lvl for _, x in runs.get(c, []) for lvl, v in x.items() if v is not None},
                   key=float)
@@ -296,10 +301,12 @@ def finalise(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[st
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """The claims a report makes (from `MainConfig`): ``fix`` ('' = none), the reward maximisers
-  ``contrasts``, the fix's ``controls``, the declared ``compare`` pairs and the ``replay`` pairs
-  (run, its base)."""
+  """The claims a report makes (from the job's `pipeline.plan.JobPlan`): ``fix`` ('' = none),
+  ``disa`` and its ``oracle`` ('' = none), the reward maximisers ``contrasts``, the fix's
+  ``controls``, the declared ``compare`` pairs and the ``replay`` pairs (run, its base)."""
   fix: str
+  disa: str
+  oracle: str
   contrasts: tuple[str, ...]
   controls: tuple[str, ...]
   compare: tuple[str, ...]
@@ -313,9 +320,9 @@ def build_claims(ev: Evidence, plan: Plan, stage1_abs_err: Mapping[str, Sequence
   and a control of the fix is tested once), so that no test enters the family twice."""
   have = lambda m: bool(m) and bool(ev.seed_rows.get(m))
   out = [stage1_claim(ev, stage1_abs_err)] if stage1_abs_err else []
-  mains = [m for m in (plan.fix, "disa") if have(m)]
-  if have(ORACLE):
-    out += [as_close_as_oracle(ev, m) for m in mains if m != ORACLE]
+  mains = [m for m in (plan.fix, plan.disa) if have(m)]
+  if have(plan.oracle):
+    out += [as_close_as_oracle(ev, m, plan.oracle) for m in mains if m != plan.oracle]
   pairs: list[tuple[str, str, bool, str | None]] = []
   for c in (x for x in plan.contrasts if have(x)):
     for m in mains:

@@ -30,6 +30,7 @@ read as a check, not a proof.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -37,6 +38,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from disa_jax.pipeline import dynamics, seed_stats
+from disa_jax.pipeline.claims import MatchedRuns, Row
+from disa_jax.pipeline.plan import JobPlan
 
 WINDOW = dynamics.EndStateConfig.window  # the end-state window's default share of the steps
 LEVEL = "0.9"  # the accuracy level of ``steps_to_0.9``
@@ -75,12 +78,32 @@ def window_means(rows: Sequence[Mapping[str, Any]], total_steps: int,
           "loss": float(np.mean(l))}
 
 
-def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict]:
-  """Per method, `summary` of each figure over its seeds.
+@dataclasses.dataclass(frozen=True)
+class SeedFigures:
+  """One seed's end-state figures (`collect`; the module docstring says what each is).
 
-  Args:
-    per_seed: method -> one dict per seed with 'kl', 'kl_mc', 'kl_correct', 'steps_to_0.9'
-      (None: not reached), 'grad_sq', 'grad_sq_median' and 'loss'.
+  Attributes:
+    seed: its Stage 3 seed.
+    kl, kl_mc, kl_correct: the final evaluation's primary KL, Monte Carlo KL and conditional KL
+      over correct answers.
+    steps_to_level: the step where P(correct) reached `LEVEL` (None: it did not).
+    grad_sq, grad_sq_median, loss: the end-state window's (`window_means`).
+  """
+  seed: int
+  kl: float
+  kl_mc: float
+  kl_correct: float
+  steps_to_level: float | None
+  grad_sq: float
+  grad_sq_median: float
+  loss: float
+
+
+_FIGURES = ("kl", "kl_mc", "kl_correct", "grad_sq", "grad_sq_median", "loss")
+
+
+def run_figures(per_seed: Mapping[str, Sequence[SeedFigures]]) -> dict[str, dict]:
+  """Per method, `summary` of each figure over its seeds.
 
   Returns:
     method -> {'seeds', 'kl', 'kl_mc', 'kl_correct', 'grad_sq', 'grad_sq_median', 'loss': `summary`,
@@ -89,84 +112,71 @@ def run_figures(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str
   """
   out = {}
   for m, seeds in per_seed.items():
-    steps = [s["steps_to_0.9"] for s in seeds if s["steps_to_0.9"] is not None]
-    out[m] = {"seeds": len(seeds), "reached": len(steps), "steps_to_0.9": summary(steps)}
-    out[m] |= {k: summary([s[k] for s in seeds])
-               for k in ("kl", "kl_mc", "kl_correct", "grad_sq", "grad_sq_median", "loss")}
-    out[m]["loss_first_seed"] = seeds[0]["loss"]
+    steps = [s.steps_to_level for s in seeds if s.steps_to_level is not None]
+    out[m] = {"seeds": len(seeds), "reached": len(steps), f"steps_to_{LEVEL}": summary(steps)}
+    out[m] |= {k: summary([getattr(s, k) for s in seeds]) for k in _FIGURES}
+    out[m]["loss_first_seed"] = seeds[0].loss
   return out
 
 
-def collect(job, stage3: Mapping, evals: Mapping[str, Mapping[str, Any]],
-            matched_runs: Mapping[str, Sequence]) -> dict[str, list[dict[str, Any]]]:
-  """The seed-level figures of every Stage 3 method of ``job`` (a `SumJob`).
+def collect(plan: JobPlan, stage3: Mapping, evals: Mapping[str, Row],
+            matched_runs: Mapping[str, MatchedRuns]) -> dict[str, list[SeedFigures]]:
+  """The seed-level figures of every Stage 3 method of the job (``plan``).
 
   Args:
     stage3: (method, seed) -> `Stage3Run`.
     evals: evaluation row name -> its row (`report.eval_row`).
     matched_runs: method -> [(seed, `dynamics.matched_accuracy`)], the report's dynamics.
   """
-  out: dict[str, list[dict[str, Any]]] = {}
-  for m in job.cfg.methods:
+  out: dict[str, list[SeedFigures]] = {}
+  for m, r in plan.runs.items():
     matched = dict(matched_runs.get(m, []))
     rows = []
-    for seed in job.cfg.run_seeds(m):
-      run, ev = stage3.get((m, seed)), evals.get(job.run_name(m, seed))
+    for seed, row in zip(r.seeds, r.rows):
+      run, ev = stage3.get((m, seed)), evals.get(row)
       if run is None or ev is None or not Path(run.metrics_path).exists():
         continue
       hit = (matched.get(seed) or {}).get(LEVEL)
-      total = job.stage3_cfgs[(m, seed)].train.total_steps
-      rows.append({"seed": seed, "kl": ev[dynamics.PRIMARY], "kl_mc": ev["kl_to_target"],
-                   "kl_correct": ev["kl_correct"],
-                   "steps_to_0.9": None if hit is None else hit["step"],
-                   **window_means(run.metrics(), total, job.cfg.end_state.window)})
+      rows.append(SeedFigures(
+          seed=seed, kl=ev[dynamics.PRIMARY], kl_mc=ev["kl_to_target"], kl_correct=ev["kl_correct"],
+          steps_to_level=None if hit is None else hit["step"],
+          **window_means(run.metrics(), r.total_steps, plan.end_state.window)))
     if rows:
       out[m] = rows
   return out
 
 
-def regime_of(job, method: str) -> str:
-  """'<scale>, <k> update(s) per batch[, staleness <s>][, lr <lr>]' of ``method``'s runs (the
-  run's own lr only)."""
-  spec, train = job.cfg.runs[method], job.cfg.train
-  scale = getattr(spec.objective, "scale", None) or "-"
-  k = spec.minibatches or train.rollout.num_minibatches
-  s = spec.staleness or train.rollout.max_staleness
-  return (f"{scale}, {k} update{'s' if k > 1 else ''} per batch" + (f", staleness {s}" if s else "")
-          + (f", lr {spec.lr:g}" if spec.lr else ""))
-
-
-def sigma_of(job, method: str, fitted_sigma_g: float | None,
+def sigma_of(plan: JobPlan, method: str, fitted_sigma_g: float | None,
              data_seed_sigma_g: Mapping[int, float] | None = None) -> float | None:
   """The RMS error of ``method``'s log Z against the exact one: 0 (exact), sigma (exact + noise),
   the fitted anchor's sigma_g (when the job's labels are on the sum scale): the job's
   (``fitted_sigma_g``) or, for a run on another Stage 1/2 data seed d, ``data_seed_sigma_g[d]``;
   None otherwise."""
-  spec = job.cfg.runs[method]
-  if not spec.objective.needs_anchor:
+  run = plan.runs[method]
+  if not run.needs_anchor:
     return None
-  if spec.anchor == "exact":
+  if run.anchor == "exact":
     return 0.0
-  if spec.anchor == "exact+noise":
-    return float(spec.sigma)
-  if job.cfg.stage1.label_scale != "sum":
+  if run.anchor == "exact+noise":
+    return float(run.sigma)
+  if not plan.exact_on_label_scale:
     return None
-  return (data_seed_sigma_g or {}).get(spec.data_seed) if spec.data_seed else fitted_sigma_g
+  return (data_seed_sigma_g or {}).get(run.data_seed) if run.data_seed else fitted_sigma_g
 
 
-def sigma_curve(job, figures: Mapping[str, Mapping[str, Any]], fitted_sigma_g: float | None,
-                data_seed_sigma_g: Mapping[int, float] | None = None
+def sigma_curve(plan: JobPlan, figures: Mapping[str, Mapping[str, Any]],
+                fitted_sigma_g: float | None, data_seed_sigma_g: Mapping[int, float] | None = None
                 ) -> dict[str, list[dict[str, Any]]]:
-  """Per regime with an exact-log-Z run, its runs of known sigma sorted by sigma: KL (mean over the
-  run's seeds), the loss gap |L - L_exact| of the end-state windows and Prop. 4's envelope
-  sigma^2 + 2 sigma sqrt(L_exact). The losses are the first seed's of each run (every run has it,
-  the one-seed cells only it): the gap pairs runs of one seed, and a seed of the exact run that
-  diverged does not stand for the others."""
+  """Per regime (`Regime.label`) with an exact-log-Z run, its runs of known sigma sorted by sigma:
+  KL (mean over the run's seeds), the loss gap |L - L_exact| of the end-state windows and Prop. 4's
+  envelope sigma^2 + 2 sigma sqrt(L_exact). The losses are the first seed's of each run (every run
+  has it, the one-seed cells only it): the gap pairs runs of one seed, and a seed of the exact run
+  that diverged does not stand for the others."""
   by_regime: dict[str, list[tuple[float, str]]] = {}
   for m in figures:
-    sigma = sigma_of(job, m, fitted_sigma_g, data_seed_sigma_g)
+    sigma = sigma_of(plan, m, fitted_sigma_g, data_seed_sigma_g)
     if sigma is not None:
-      by_regime.setdefault(regime_of(job, m), []).append((sigma, m))
+      by_regime.setdefault(plan.runs[m].regime.label, []).append((sigma, m))
   out = {}
   for regime, pts in by_regime.items():
     exact = [m for s, m in pts if s == 0.0]

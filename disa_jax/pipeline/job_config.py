@@ -5,8 +5,9 @@ models). `disa_jax.pipeline.sum_job.SumJob` derives every stage's config from it
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
-from typing import Any
+from typing import Any, Mapping
 
 from disa_jax import config as config_lib
 from disa_jax.pipeline.claims import parse_comparison
@@ -16,6 +17,7 @@ from disa_jax.pipeline.heldout import HeldoutConfig
 from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
 from disa_jax.rl.config import ReplayConfig, TrainConfig
 from disa_jax.rl.objectives import Objective
+from disa_jax.rl.replay import replay_count
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.sft.baseline import LoRASFTConfig
 from disa_jax.tasks.sum import SumTask
@@ -37,6 +39,42 @@ _JOB_PATHS = {
 }
 
 
+# A run's config keys that override one field of its train section each (`RunSpec.from_config`):
+# key -> (the field's dotted path, its type); 0 (the default) keeps the job's value.
+RUN_TRAIN_KEYS = {
+    "minibatches": ("train.rollout.num_minibatches", int),  # optimizer updates per rollout batch
+    "staleness": ("train.rollout.max_staleness", int),  # asynchronous rollouts (rl.async_rollout)
+    "lr": ("train.optim.lr", float),  # the peak learning rate
+}
+_SET_BY_RUN = ("objective", "replay", "seed")  # train fields every run sets from its own spec
+
+
+def _train_field(path: str) -> type:
+  """The type of the scalar field of `TrainConfig` at ``path`` ('train.rollout.num_minibatches');
+  raises naming the path when there is none (or a run sets it itself)."""
+  head, *parts = path.split(".")
+  cls, hint = TrainConfig, None
+  if head != "train" or not parts or parts[0] in _SET_BY_RUN:
+    own = ", ".join(f"train.{f}" for f in _SET_BY_RUN)
+    raise ValueError(f"overrides: {path!r} is not a field of the train section a run may override "
+                     f"('train.<section>.<field>'; not {own}, which the run's own fields set)")
+  for i, part in enumerate(parts):
+    hint = typing.get_type_hints(cls).get(part) if dataclasses.is_dataclass(cls) else None
+    if hint is None or (i < len(parts) - 1 and not dataclasses.is_dataclass(hint)):
+      raise ValueError(f"overrides: the train section has no field {path!r}")
+    cls = hint
+  if hint not in (int, float, str, bool):
+    raise ValueError(f"overrides: {path!r} is a section, not a field (int, float, str or bool)")
+  return hint
+
+
+def _is_float_field(path: str) -> bool:
+  try:
+    return _train_field(path) is float
+  except ValueError:  # (RunSpec's own check names the path)
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """One Stage 3 run of the main job: an objective, its Stage 1 replay (`ReplayConfig`: the run's
@@ -46,10 +84,10 @@ class RunSpec:
 
   ``anchor``: 'fitted' (Stage 2), 'exact' (the exact log Z) or 'exact+noise' (the exact log Z plus
   per-prompt offsets of RMS exactly ``sigma``, seeded by the job's seed: `disa_jax.anchor.noise`).
-  ``minibatches``: optimizer updates per rollout batch of this run (``train.rollout.
-  num_minibatches``); 0 keeps the job's. ``staleness``: this run's ``train.rollout.max_staleness``
-  (asynchronous rollouts, `disa_jax.rl.async_rollout`); 0 keeps the job's. ``lr``: this run's
-  peak ``train.optim.lr``; 0 keeps the job's. ``seeds``: this run's Stage 3 seeds, () = the job's
+  ``overrides``: fields of the job's train section this run trains with, by dotted path
+  (``{'train.rollout.num_minibatches': 4}``; `MainConfig.run_train`); in the config, the keys of
+  `RUN_TRAIN_KEYS` (``minibatches``, ``staleness``, ``lr``: 0 keeps the job's) declare them.
+  ``seeds``: this run's Stage 3 seeds, () = the job's
   (`MainConfig.run_seeds`): a grid runs several seeds only where a comparison is decided.
   ``data_seed``: the Stage 1/2 replicate the run reads its fitted anchor and replay pool from: 0 =
   the job's (``stage1/``, ``anchor/``); d > 0 = Stage 1 drawn again with sampling seed + d and
@@ -60,9 +98,7 @@ class RunSpec:
   anchor: str = "fitted"
   match_rows_of: str = ""
   sigma: float = 0.0
-  minibatches: int = 0
-  staleness: int = 0
-  lr: float = 0.0
+  overrides: dict[str, int | float | str | bool] = dataclasses.field(default_factory=dict)
   seeds: tuple[int, ...] = ()
   data_seed: int = 0
 
@@ -78,18 +114,54 @@ class RunSpec:
     if (self.anchor == "exact+noise") != (self.sigma != 0):
       raise ValueError(f"sigma must be > 0 with anchor='exact+noise' and 0 otherwise, got "
                        f"sigma={self.sigma!r} with anchor={self.anchor!r}")
-    if self.sigma < 0 or not (isinstance(self.minibatches, int) and self.minibatches >= 0):
-      raise ValueError(f"sigma must be >= 0 and minibatches an int >= 0 (0 = the job's), got "
-                       f"sigma={self.sigma!r}, minibatches={self.minibatches!r}")
-    if not (isinstance(self.staleness, int) and self.staleness >= 0):
-      raise ValueError(f"staleness must be an int >= 0 (0 = the job's), got {self.staleness!r}")
-    if not self.lr >= 0:
-      raise ValueError(f"lr must be >= 0 (0 = the job's train.optim.lr), got {self.lr!r}")
+    if self.sigma < 0:
+      raise ValueError(f"sigma must be >= 0, got sigma={self.sigma!r}")
+    for path, value in self.overrides.items():
+      want = _train_field(path)
+      if type(value) is not want or (want is float and not math.isfinite(value)):
+        raise ValueError(f"overrides[{path!r}] must be {want.__name__}"
+                         f"{' (finite)' if want is float else ''}, got {value!r}")
     if len(set(self.seeds)) != len(self.seeds):
       raise ValueError(f"seeds must be distinct (() = the job's), got {self.seeds!r}")
     if not (isinstance(self.data_seed, int) and self.data_seed >= 0):
       raise ValueError(f"data_seed must be an int >= 0 (0 = the job's Stage 1/2), got "
                        f"{self.data_seed!r}")
+
+  @classmethod
+  def from_config(cls, value: Any, where: str = "runs") -> "RunSpec":
+    """From a run's config section: its `RUN_TRAIN_KEYS` (each an int / float >= 0; 0 keeps the
+    job's) become ``overrides`` entries, the other keys are the fields (`config.from_mapping`);
+    an int given for a float field of ``overrides`` is read as a float, as any config field."""
+    raw = dict(value.to_dict() if hasattr(value, "to_dict") else value)
+    overrides = {path: float(v) if isinstance(v, int) and not isinstance(v, bool)
+                 and _is_float_field(path) else v
+                 for path, v in dict(raw.pop("overrides", None) or {}).items()}
+    for key, (path, kind) in RUN_TRAIN_KEYS.items():
+      v = raw.pop(key, 0)
+      if (isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int)
+          or not math.isfinite(v) or v < 0):
+        raise ValueError(f"{where}.{key} must be {'a number' if kind is float else 'an int'} >= 0 "
+                         f"(0 = the job's {path}), got {v!r}")
+      if v and path in overrides:
+        raise ValueError(f"{where}: {key}={v!r} and overrides[{path!r}] set one field twice")
+      if v:
+        overrides[path] = kind(v)
+    return config_lib.from_mapping(cls, raw | {"overrides": overrides}, where)
+
+
+def replace_paths(obj: Any, changes: Mapping[str, Any]) -> Any:
+  """``dataclasses.replace`` of ``obj``'s nested fields by dotted path (``{'seed': 1,
+  'rollout.group_size': 12}``): each section replaced once, with all its changes (so validated
+  once, as a whole)."""
+  direct, nested = {}, {}
+  for path, value in changes.items():
+    head, _, rest = path.partition(".")
+    if rest:
+      nested.setdefault(head, {})[rest] = value
+    else:
+      direct[head] = value
+  direct |= {head: replace_paths(getattr(obj, head), sub) for head, sub in nested.items()}
+  return dataclasses.replace(obj, **direct)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,13 +221,17 @@ class TrackConfig:
 class MainConfig:
   """`configs/main.py`, typed: converted once (`from_config`) and validated once.
 
+  Roles are data: ``fix`` (the shipped variant whose claims the report checks), ``disa`` (the
+  paper's DISA) and ``oracle`` (DISA on the exact log Z) name runs of ``runs`` ('' = none); a role
+  whose run is not in ``methods`` is not played (`plan.JobPlan`).
+
   ``stage1`` / ``stage2`` / ``eval`` are the workflows' own configs, ``train`` Stage 3's
   `TrainConfig` (its ``objective`` is replaced by each run's) and ``sft`` run_sft's
   `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
   them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
   ``seed_batch``: the most Stage 3 seeds of one run trained together, as one batch dimension in one
   process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or
-  'anchor' (the models, Stages 1-2 and the anchor study, then `report.write_anchor_report`).
+  'anchor' (the models, Stages 1-2 and the anchor study, then `stage12.write_anchor_report`).
   ``compilation_cache``: the job's processes share a persistent compilation cache in
   ``<workdir>/jax_cache`` (`disa_jax.runtime.persistent_compilation_cache`; a cache directory in
   the environment wins), so each Stage 3 run after the first of its shapes loads its programs.
@@ -172,6 +248,8 @@ class MainConfig:
   compilation_cache: bool = True
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
+  disa: str = ""
+  oracle: str = ""
   controls: tuple[str, ...] = ()
   compare: tuple[str, ...] = ()
   track: TrackConfig = TrackConfig()
@@ -203,6 +281,10 @@ class MainConfig:
                        f"{self.methods!r}")
     if self.fix and self.fix not in self.runs:
       raise ValueError(f"fix must name one of runs {sorted(self.runs)} (or be ''), got {self.fix!r}")
+    for role in ("disa", "oracle"):
+      if getattr(self, role) and getattr(self, role) not in self.runs:
+        raise ValueError(f"{role} must name one of runs {sorted(self.runs)} (or be ''), got "
+                         f"{getattr(self, role)!r}")
     bad = [c for c in self.controls if c not in self.runs or c == self.fix]
     if bad or (self.controls and not self.fix):
       raise ValueError(f"controls must name runs {sorted(self.runs)} other than the fix "
@@ -248,6 +330,25 @@ class MainConfig:
   def run_seeds(self, method: str) -> tuple[int, ...]:
     """The Stage 3 seeds of run ``method``: its own `RunSpec.seeds`, else the job's."""
     return self.runs[method].seeds or self.seeds
+
+  def run_train(self, method: str, seed: int, progress_bar: bool | None = None) -> TrainConfig:
+    """The ``train`` section as run ``method`` trains at Stage 3 seed ``seed``: the run's objective
+    (at the job's beta, which the anchors' labels use too), replay, seed, the job's tracking, the
+    rows of the run it matches (``match_rows_of``) and its `RunSpec.overrides`; ``progress_bar``
+    None keeps the section's."""
+    spec, t = self.runs[method], self.train
+    obj = spec.objective
+    if any(f.name == "beta" for f in dataclasses.fields(obj)):
+      obj = dataclasses.replace(obj, beta=self.beta)
+    changes: dict[str, Any] = {"objective": obj, "seed": seed, "replay": spec.replay,
+                               "validation.every": self.track.every}
+    if progress_bar is not None:
+      changes["progress_bar"] = progress_bar
+    if spec.match_rows_of:  # G + k on-policy rows: the rows per prompt of the run it matches
+      g, matched = t.rollout.group_size, self.runs[spec.match_rows_of]
+      changes["rollout.group_size"] = g + replay_count(matched.replay.fraction, g)
+    changes |= {path.removeprefix("train."): v for path, v in spec.overrides.items()}
+    return replace_paths(t, changes)
 
   @classmethod
   def from_config(cls, config: Any) -> "MainConfig":

@@ -58,8 +58,9 @@ class JobReport:
     skipped_methods: rows not trained -> why.
     regime: whether every method reached its end state (``all_at_end_state``, ``per_method``).
     stage1: the Stage 1 labels against the exact log Z (``n_study_mae_vs_exact``, ...; those
-      figures only where the labels estimate it: `exact_on_label_scale`).
-    stage2: the anchor's fit, and its sigma_g against the exact log Z (`exact_on_label_scale`).
+      figures only where the labels estimate it: `JobPlan.exact_on_label_scale`).
+    stage2: the anchor's fit, and its sigma_g against the exact log Z
+      (`JobPlan.exact_on_label_scale`).
     anchor_study: the sigma_g study of sharper anchors (None when off).
     nstudy: the App. C.3 study (None when off).
     anchor_gap: DISA against its oracle and Prop. 4 (None without both runs).

@@ -1,15 +1,30 @@
-"""report.md's sections, each drawn from the report's own sections (`pipeline.report`): the methods
-table, the regime grid, the conditional KLs, matched accuracy, the claims, the anchor gap, Stages
-1-2 and their replicates, the N-study and the time per stage."""
+"""report.md (`report_md`), drawn from report.json's own sections (`pipeline.report`): the methods
+table, the regime grid, the conditional KLs, matched accuracy, the endpoints, the claims, the
+anchor gap, Stages 1-2 and their replicates, the N-study and the time per stage."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from disa_jax.pipeline import tables
+from disa_jax.pipeline import endpoints, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.pipeline.sum_models import TinyLMSpec
 
-if TYPE_CHECKING:  # (sum_job imports the report: the job's type for annotations only)
-  from disa_jax.pipeline.sum_job import SumJob
+
+def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
+  """report.md's lines from the report's sections (``arch``: the tiny models', named in the
+  header)."""
+  cfg = report["config"]
+  return [f"# DISA main job: sum task, {cfg['task']}, beta = {cfg['beta']}", "",
+          f"Preset {cfg['preset']!r}, {cfg['stage3_steps']} Stage 3 steps per run. Engine: "
+          f"{cfg['engine']}. Models: tiny Qwen3 ({arch.num_layers} layers, d = "
+          f"{arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
+          *methods_md(report), *grid_md(report), *conditional_kl_md(report.get("conditional_kl")),
+          *matched_md(report["matched_accuracy"]),
+          *(endpoints.markdown(report["endpoints"]) if "endpoints" in report else []),
+          *claims_md(report), *anchor_gap_md(report["anchor_gap"]),
+          *stage12_md(report["stage1"], report["stage2"], report["anchor_study"]),
+          *replicas_md(report["stage12_replicas"]), *nstudy_md(report["nstudy"]),
+          *times_md(report["times_s"]), "", "Plots: " + ", ".join(report["plots"])]
 
 
 def replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
@@ -46,52 +61,32 @@ def grid_md(report: dict) -> list[str]:
   return md
 
 
-def cell(e: dict, key: str, fmt: str) -> str:
-  if key + "_std" in e:
-    return f"{e[key]:{fmt}} ± {e[key + '_std']:{fmt}}"
-  return f"{e[key]:{fmt}}"
-
-
-def methods_md(job: SumJob, evals: dict[str, dict[str, Any]], regime: dict[str, Any],
-                skipped: Mapping[str, str]) -> list[str]:
-  """The end-state table: sampled metrics, the exact target and the KL decomposition."""
-  k = next(iter(evals.values()))["k"] if evals else 8
+def methods_md(report: Mapping[str, Any]) -> list[str]:
+  """The end-state table (`tables.methods_table`, every row): sampled metrics, the exact target
+  and the KL decomposition."""
   md = ["## Methods at the end of training", "",
         "Evaluation at temperature 1. KL(pi ‖ pi~), the primary KL every verdict uses: its exact "
         "decomposition KL(P_c ‖ P~_c) + P_c KL(pi|c ‖ pi~|c) + P_w KL(pi|w ‖ pi~|w) (only the last "
         "term is sampled); beside it the plain Monte Carlo KL with the exact log Z.", ""]
-  if len(job.cfg.seeds) > 1:
-    md += [f"Stage 3 seeds {list(job.cfg.seeds)}: cells are mean ± std over seeds (a single run's "
+  seeds = report["stage3_seeds"]
+  if len(seeds) > 1:
+    md += [f"Stage 3 seeds {list(seeds)}: cells are mean ± std over seeds (a single run's "
            "KL: ± its Monte Carlo standard error). A run with seeds of its own (`RunSpec.seeds`) "
            "says how many in its label.", ""]
-  md += [f"| method | state | Mean@{k} | distinct correct in {k} | P(correct) | entropy over correct "
-         "(target) | KL(pi ‖ pi~), decomposed | KL, Monte Carlo | KL binary | P_c KL_c | P_w KL_w |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
-  kl = lambda e, key: (cell(e, key, ".3f") if f"{key}_std" in e
-                       else f"{e[key]:.3f} ± {e[key + '_se']:.3f}")
-  for name, e in evals.items():
-    label = f"{name} ({e['seeds']} seeds)" if "seeds" in e else name
-    state = regime["per_method"].get(job.run_of_row.get(name, (name, None))[0], "-")
-    md.append(f"| {label} | {state} | {cell(e, 'accuracy_mean_at_k', '.3f')} | "
-              f"{cell(e, 'distinct_correct_mean', '.2f')} | {cell(e, 'p_correct_exact', '.3f')} | "
-              f"{cell(e, 'entropy_correct', '.2f')} ({e['target_entropy_correct']:.2f}) | "
-              f"{kl(e, 'kl_decomposed')} | {kl(e, 'kl_to_target')} | "
-              f"{cell(e, 'kl_binary', '.3f')} | {cell(e, 'p_correct_kl_correct', '.3f')} | "
-              f"{cell(e, 'p_wrong_kl_wrong', '.3f')} |")
-  md += [f"| {name} | not trained: {why} | | | | | | | | | |" for name, why in skipped.items()]
-  return md + [""]
+  return md + tables.methods_table(report, every_row=True) + [""]
 
 
-def matched_md(dyn: dict) -> list[str]:
-  """Entropy over correct and KL over correct at each accuracy level, interpolated."""
-  if not dyn["matched"]:
+def matched_md(matched: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+  """Entropy over correct and KL over correct at each accuracy level, interpolated (report.json's
+  ``matched_accuracy``)."""
+  if not matched:
     return []
   md = ["## At matched accuracy (interpolated to P(correct) = level)", "",
         "Mean ± std over the seeds interpolated between the measurements around the level; a seed "
         "already past the level at its first measurement has no match there ('already past').", "",
         "| method | level | seeds matched | already past | step | entropy over correct | "
         "KL(pi\\|c ‖ pi~\\|c) | KL(pi ‖ pi~), decomposed |", "|---|---|---|---|---|---|---|---|"]
-  for m, levels in dyn["matched"].items():
+  for m, levels in matched.items():
     for lvl, row in levels.items():
       got = f"{len(row['seeds_reached'])} of {row['seeds']} | {len(row['seeds_already_past'])}"
       if not row["seeds_reached"]:
@@ -224,5 +219,5 @@ def conditional_kl_md(section: Mapping[str, Mapping[str, float]] | None) -> list
   return md + [""]
 
 
-def times_md(job: SumJob) -> list[str]:
-  return ["## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in job.times.items())]
+def times_md(times: Mapping[str, float]) -> list[str]:
+  return ["## Time per stage (s)", "", ", ".join(f"{k} {v:.1f}" for k, v in times.items())]

@@ -17,7 +17,8 @@ prompt file), then runs the commands a researcher runs on real checkpoints, with
 4. eval/<row>/      `run_evaluation` of every model on the prompts, with the exact target;
    conditional_kl.json  with ``conditional_kl``, each model's preference among correct answers
                     (`pipeline.conditional_kls`, cached per checkpoint).
-   report.{json,md} and PNG plots (`pipeline.report`); `run` returns it as a `JobReport`.
+   report.{json,md} and PNG plots (`pipeline.report`, from the job's `JobPlan` and the stages'
+                    outputs in memory); `run` returns it as a `JobReport`.
 """
 from __future__ import annotations
 
@@ -54,12 +55,11 @@ from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, mod
 from disa_jax.pipeline.heldout import split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.job_report import JobReport
-from disa_jax.pipeline.report import (AnchorReport, ReportInputs, write_anchor_report,
-                                      write_report)
+from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.report import ReportInputs, write_report
+from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
 from disa_jax.pipeline.sum_models import WarmupSpec, save_model, train_sum_model
-from disa_jax.rl.config import TrainConfig
 from disa_jax.rl import seed_batch
-from disa_jax.rl.replay import replay_count
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
@@ -124,6 +124,7 @@ class SumJob:
   def __init__(self, cfg: MainConfig, workdir: str | Path, *, progress: bool = True):
     self.cfg, self.progress = cfg, progress
     self.dir = Path(workdir).resolve()
+    self.plan = job_plan(cfg, self.dir)  # the runs as data: names, roles, regimes (the report's)
     self.task = SumTask(cfg.task.n_min, cfg.task.n_max)
     self.tok = task_tokenizer()
     self.arch = cfg.arch
@@ -133,7 +134,8 @@ class SumJob:
     self.stage1_cfg, self.stage2_cfg = self.replicas[0]
     self.stage3_cfgs = {(m, s): self._stage3_config(m, s) for m in cfg.methods
                         for s in cfg.run_seeds(m)}
-    self.run_of_row = {self.run_name(m, s): (m, s) for m, s in self.stage3_cfgs}
+    self.run_of_row = {row: (m, s) for m, r in self.plan.runs.items()
+                       for s, row in zip(r.seeds, r.rows)}
     self.sft_cfg = self._sft_config()
     self.eval_template = self._eval_config("reference", self.ref_path)
     self.times: dict[str, float] = {}
@@ -146,7 +148,7 @@ class SumJob:
   ref_path = property(lambda self: str(self.dir / "models" / "reference"))
   train_prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts_train.jsonl")
                                 if self.cfg.heldout.enabled else self.prompts_path)
-  heldout_prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts_heldout.jsonl"))
+  heldout_prompts_path = property(lambda self: str(self.plan.heldout_prompts_path))
   proposal_path = property(lambda self: str(self.dir / "models" / "proposal"))
   prompts_path = property(lambda self: str(self.dir / "data" / "sum_prompts.jsonl"))
   exact_anchor_path = property(lambda self: str(self.dir / "anchor_exact"))
@@ -180,12 +182,12 @@ class SumJob:
     return stage1, stage2
 
   def run_name(self, method: str, seed: int) -> str:
-    """The Stage 3 run directory / evaluation row of (method, seed)."""
-    return method if seed == self.cfg.seeds[0] else f"{method}_seed{seed}"
+    """The Stage 3 run directory / evaluation row of (method, seed) (`RunPlan.rows`)."""
+    return self.plan.runs[method].row(seed)
 
   def _stage3_config(self, method: str, seed: int) -> Stage3Config:
-    """Run ``method`` at Stage 3 seed ``seed``: the job's `TrainConfig` with the run's objective
-    (at the job's beta, which the anchors' labels use too), replay and `RunSpec` overrides."""
+    """Run ``method`` at Stage 3 seed ``seed``: the job's `TrainConfig` as the run trains it
+    (`MainConfig.run_train`), in its directory (`RunPlan.dirs`)."""
     spec, track = self.cfg.runs[method], self.cfg.track
     if spec.anchor != "fitted" and self.stage1_cfg.label_scale != "sum":
       raise ValueError(f"runs.{method}.anchor={spec.anchor!r} needs stage1.label_scale='sum' (the "
@@ -193,13 +195,14 @@ class SumJob:
                        f"{self.stage1_cfg.label_scale!r}")
     try:
       return Stage3Config(
-          workdir=str(self.dir / "stage3" / self.run_name(method, seed)),
+          workdir=str(self.plan.runs[method].dir(seed)),
           model=BackboneConfig(policy_path=self.ref_path, dtype="float32", remat=False),
           data=DataConfig(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
                           anchor_path=self._anchor_path(spec),
                           replay_path=str(self.replicas[spec.data_seed][0].dataset_path())
                           if spec.replay.enabled else ""),
-          engine=self.cfg.engine, mesh=self.mesh, train=self._run_train(spec, seed),
+          engine=self.cfg.engine, mesh=self.mesh,
+          train=self.cfg.run_train(method, seed, progress_bar=self.progress),
           exact_target=ExactTargetConfig(
               reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
               kl_samples=track.kl_samples,
@@ -208,27 +211,6 @@ class SumJob:
           export_dtype="float32")  # tiny float32 models, measured exactly after export
     except (TypeError, ValueError) as e:
       raise ValueError(config_lib.qualify(str(e), f"runs.{method}")) from None
-
-  def _run_train(self, spec: RunSpec, seed: int) -> TrainConfig:
-    """The job's ``train`` section as run ``spec`` at ``seed`` trains (`_stage3_config`)."""
-    t = self.cfg.train
-    obj = spec.objective
-    if any(f.name == "beta" for f in dataclasses.fields(obj)):
-      obj = dataclasses.replace(obj, beta=self.cfg.beta)
-    rollout = {}
-    if spec.match_rows_of:  # G + k on-policy rows: the rows per prompt of the run it matches
-      g = t.rollout.group_size
-      rollout["group_size"] = g + replay_count(self.cfg.runs[spec.match_rows_of].replay.fraction, g)
-    if spec.minibatches:
-      rollout["num_minibatches"] = spec.minibatches
-    if spec.staleness:
-      rollout["max_staleness"] = spec.staleness
-    optim = dict(lr=spec.lr) if spec.lr else {}
-    return dataclasses.replace(
-        t, objective=obj, seed=seed, progress_bar=self.progress, replay=spec.replay,
-        validation=dataclasses.replace(t.validation, every=self.cfg.track.every),
-        rollout=dataclasses.replace(t.rollout, **rollout),
-        optim=dataclasses.replace(t.optim, **optim))
 
   def _sft_config(self) -> SftConfig:
     return SftConfig(reference_path=self.ref_path, stage1_path=str(self.stage1_cfg.dataset_path()),
@@ -425,11 +407,15 @@ class SumJob:
                   source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
                       self.noise_anchor_path(sigma))
 
-  def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> None:
-    """sigma_g of each Stage 2 label / weighting variant against the exact log Z."""
+  def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> dict[str, Any] | None:
+    """sigma_g of each Stage 2 label / weighting variant against the exact log Z, written to
+    anchor_study.json; the saved study when the file exists (a resumed job), None when it is off
+    (``anchor_study.repeats`` = 0) and was never run."""
     path = self.dir / "anchor_study.json"
-    if path.exists() or not self.cfg.anchor_study.repeats:
-      return
+    if path.exists():
+      return json.loads(path.read_text())
+    if not self.cfg.anchor_study.repeats:
+      return None
     ids, emb = anchor.embeddings()  # Stage 2's cache, in the pool's order
     if ids != tuple(pool.prompt_ids):
       raise ValueError(f"the Stage 2 embedding cache of {anchor.output_dir} is not in the order of "
@@ -440,6 +426,7 @@ class SumJob:
                         seed=seeds.job_seed(self.cfg.seed, "anchor_study"))
     res["verdict"] = sigma_verdict(res)
     artifacts.write_json(path, res)
+    return res
 
   def stage3_units(self, todo: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
     """The (method, seed) runs of ``todo`` as units of work: each method's seeds in chunks of at
@@ -542,9 +529,10 @@ class SumJob:
     exact = self._timed("exact_log_z", self.exact)
     anchor = self._timed("stage2", self.stage2)
     pool = stage1.data()
-    self._timed("anchor_study", self.anchor_study, pool, anchor)
+    study = self._timed("anchor_study", self.anchor_study, pool, anchor)
     if self.cfg.stages == "anchor":
-      return write_anchor_report(self, pool, anchor, exact)
+      return write_anchor_report(self.plan, pool, anchor, exact, anchor_study=study,
+                                 times=self.times)
     replicas = self.replica_stages()
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
@@ -559,6 +547,7 @@ class SumJob:
     preference = (self._timed("conditional_kl", self.conditional_kls, rows)
                   if self.cfg.conditional_kl else None)
     evals = self.evaluate(rows)
-    return write_report(self, ReportInputs(exact=exact, pool=pool, anchor=anchor, stage3=stage3,
-                                           evals=evals, nstudy=nstudy, skipped=skipped,
-                                           conditional_kl=preference, replicas=replicas))
+    return write_report(self.plan, ReportInputs(
+        exact=exact, pool=pool, anchor=anchor, stage3=stage3, evals=evals, nstudy=nstudy,
+        skipped=skipped, conditional_kl=preference, replicas=replicas, anchor_study=study,
+        times=self.times))

@@ -39,27 +39,54 @@ def _kl_cols(report: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...
   return ("KL(pi ‖ pi~)",), ("kl_to_target",)
 
 
-def _pm(row: Mapping[str, Any], key: str, fmt: str) -> str:
+def _pm(row: Mapping[str, Any], key: str, fmt: str, mc: str = " (MC)") -> str:
+  """'value ± std' over seeds; a single run's 'value ± se<mc>' (its Monte Carlo error) where the
+  row has one; else the value."""
   if f"{key}_std" in row:
     return f"{row[key]:{fmt}} ± {row[f'{key}_std']:{fmt}}"
   if f"{key}_se" in row:
-    return f"{row[key]:{fmt}} ± {row[f'{key}_se']:{fmt}} (MC)"
+    return f"{row[key]:{fmt}} ± {row[f'{key}_se']:{fmt}}{mc}"
   return f"{row[key]:{fmt}}"
 
 
-def methods_table(report: Mapping[str, Any]) -> list[str]:
-  """The Stage 3 methods' end-of-training rows (reference / proposal / SFT rows left out)."""
-  states = report["regime"]["per_method"]
-  heads, keys = _kl_cols(report)
-  md = ["| method | seeds | end state | P(correct) | entropy over correct (target) | "
-        + " | ".join(heads) + " |", "|---|---|---|---|---|" + "---|" * len(heads)]
-  for name, row in report["methods"].items():
-    if name not in states:
+def methods_table(report: Mapping[str, Any], *, every_row: bool = False) -> list[str]:
+  """The methods at the end of training, from report.json's ``methods`` and ``regime``.
+
+  Args:
+    report: report.json's contents.
+    every_row: report.md's table: every row (the reference, proposal and SFT rows too, and the rows
+      not trained: ``skipped_methods``), the sampled metrics and the terms of the KL
+      decomposition, a method's seeds in its label. Else the docs' table: the Stage 3 methods,
+      their seeds, end state, P(correct), entropy over correct and KL.
+  """
+  states, rows = report["regime"]["per_method"], report["methods"]
+  kl_heads, kl_keys = _kl_cols(report)
+  if every_row:
+    k = next(iter(rows.values()))["k"] if rows else 8
+    heads = ["method", "state", f"Mean@{k}", f"distinct correct in {k}", "P(correct)",
+             "entropy over correct (target)", *kl_heads, "KL binary", "P_c KL_c", "P_w KL_w"]
+  else:
+    heads = ["method", "seeds", "end state", "P(correct)", "entropy over correct (target)",
+             *kl_heads]
+  md = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+  for name, row in rows.items():
+    if not every_row and name not in states:  # (the reference / proposal / SFT rows)
       continue
-    md.append(f"| `{name}` | {row.get('seeds', 1)} | {states[name]} | "
-              f"{_pm(row, 'p_correct_exact', '.3f')} | {_pm(row, 'entropy_correct', '.2f')} "
-              f"({row['target_entropy_correct']:.2f}) | "
-              + " | ".join(_pm(row, k, ".3f") for k in keys) + " |")
+    entropy = f"{_pm(row, 'entropy_correct', '.2f')} ({row['target_entropy_correct']:.2f})"
+    kls = [_pm(row, key, ".3f", mc="" if every_row else " (MC)") for key in kl_keys]
+    if every_row:
+      label = f"{name} ({row['seeds']} seeds)" if "seeds" in row else name
+      cells = [label, states.get(name, "-"), _pm(row, "accuracy_mean_at_k", ".3f"),
+               _pm(row, "distinct_correct_mean", ".2f"), _pm(row, "p_correct_exact", ".3f"),
+               entropy, *kls, *(_pm(row, key, ".3f") for key in
+                                ("kl_binary", "p_correct_kl_correct", "p_wrong_kl_wrong"))]
+    else:
+      cells = [f"`{name}`", str(row.get("seeds", 1)), states[name],
+               _pm(row, "p_correct_exact", ".3f"), entropy, *kls]
+    md.append("| " + " | ".join(cells) + " |")
+  if every_row:
+    md += [f"| {name} | not trained: {why} | | | | | | | | | |"
+           for name, why in report["skipped_methods"].items()]
   return md
 
 

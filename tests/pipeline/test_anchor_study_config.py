@@ -53,8 +53,8 @@ def test_run_spec_and_scale_errors_name_the_field(tmp_path):
     RunSpec(Disa(), anchor="exact+noise")
   with pytest.raises(ValueError, match="sigma=0.5 with anchor='exact'"):
     RunSpec(Disa(), anchor="exact", sigma=0.5)
-  with pytest.raises(ValueError, match="minibatches=-1"):
-    RunSpec(Disa(), minibatches=-1)
+  with pytest.raises(ValueError, match=r"runs.x.minibatches must be an int >= 0 .*got -1"):
+    RunSpec.from_config({"objective": Disa(), "minibatches": -1}, "runs.x")
   with pytest.raises(ValueError, match="anchor='exact\\+noise' is set but objective 'vargrad'"):
     RunSpec(VarGrad(), anchor="exact+noise", sigma=1.0)
   c = main_config.get_config("anchor_study_rl")
@@ -117,6 +117,6 @@ def test_staleness_study_preset_sets_each_runs_staleness(tmp_path):
   assert {n for n in job.cfg.methods if n.endswith("_halflr")} == {
       "k2_disa_halflr", "k2_disa_exact_halflr", "k2_flowrl_halflr"}
   with pytest.raises(ValueError, match="staleness must be an int >= 0 .* got -1"):
-    RunSpec(Disa(), staleness=-1)
-  with pytest.raises(ValueError, match=r"lr must be >= 0 .* got -0.1"):
-    RunSpec(Disa(), lr=-0.1)
+    RunSpec.from_config({"objective": Disa(), "staleness": -1})
+  with pytest.raises(ValueError, match=r"lr must be a number >= 0 .* got -0.1"):
+    RunSpec.from_config({"objective": Disa(), "lr": -0.1})

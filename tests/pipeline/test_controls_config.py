@@ -127,7 +127,7 @@ def test_replay_pairs_come_from_the_run_specs_not_their_names():
   """Issue 9's replay comparisons: a run replacing slots by Stage 1 samples against the same run
   without replay, found by its `RunSpec` (the pairs the '_replay' names gave on every preset, and
   the same pair under other names); 'add' mode (the fix) and other objectives are no pair."""
-  from disa_jax.pipeline.report import replay_pairs
+  from disa_jax.pipeline.plan import replay_pairs
   cfg = MainConfig.from_config(main_config.get_config("replay_study"))
   assert replay_pairs(cfg.runs, cfg.methods) == (("disa_replay", "disa"), ("flowrl_replay", "flowrl"))
   runs = {"mixed": cfg.runs["disa_replay"], "plain": cfg.runs["disa"],

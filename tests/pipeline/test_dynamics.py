@@ -191,7 +191,7 @@ def test_plots_are_written(tmp_path):
 
 
 def test_lr_decay_step_follows_the_schedule():
-  from disa_jax.rl.train_step import lr_schedule
+  from disa_jax.optim import lr_schedule
   sched = lr_schedule(1.0, decay_frac=0.15, decay_factor=0.1, total_updates=3500 * 2)
   first = D.lr_decay_step(3500, 2, 0.15)
   assert first == 2975 and float(sched(first * 2)) == pytest.approx(0.1)

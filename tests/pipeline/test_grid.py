@@ -2,7 +2,6 @@
 made-up runs whose answers are known."""
 import json
 import math
-import types
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from configs import main as main_config
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline import tables
 from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.plan import job_plan
 
 
 def test_summary_is_the_mean_sample_std_and_the_student_t_interval():
@@ -35,10 +35,10 @@ def test_the_window_keeps_the_last_fifth_of_training_rows_only():
 
 
 def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
-  seeds = [{"kl": 0.2, "kl_mc": 0.25, "kl_correct": 0.1, "steps_to_0.9": 64, "grad_sq": 4.0,
-            "grad_sq_median": 3.0, "loss": 1.0},
-           {"kl": 0.4, "kl_mc": 0.5, "kl_correct": 0.3, "steps_to_0.9": None, "grad_sq": 6.0,
-            "grad_sq_median": 5.0, "loss": 2.0}]
+  seeds = [G.SeedFigures(seed=0, kl=0.2, kl_mc=0.25, kl_correct=0.1, steps_to_level=64,
+                         grad_sq=4.0, grad_sq_median=3.0, loss=1.0),
+           G.SeedFigures(seed=1, kl=0.4, kl_mc=0.5, kl_correct=0.3, steps_to_level=None,
+                         grad_sq=6.0, grad_sq_median=5.0, loss=2.0)]
   f = G.run_figures({"a": seeds})["a"]
   assert f["seeds"] == 2 and f["reached"] == 1 and f["steps_to_0.9"]["mean"] == 64
   assert f["kl"]["mean"] == pytest.approx(0.3) and f["grad_sq"]["std"] == pytest.approx(math.sqrt(2))
@@ -46,9 +46,8 @@ def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
   assert f["loss_first_seed"] == 1.0
 
 
-def _grid_job():
-  cfg = MainConfig.from_config(main_config.get_config("anchor_study_rl"))
-  return types.SimpleNamespace(cfg=cfg)
+def _plan(preset="anchor_study_rl"):
+  return job_plan(MainConfig.from_config(main_config.get_config(preset)), "/tmp/unused")
 
 
 def _fig(kl, loss, seeds=3):
@@ -59,34 +58,33 @@ def _fig(kl, loss, seeds=3):
 
 
 def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
-  job = _grid_job()
+  plan = _plan()
   figures = {"sum_u1_exact": _fig(0.2, 4.0), "sum_u1_noise1": _fig(0.3, 6.5, 1),
              "sum_u1_fitted": _fig(0.25, 4.5), "sum_u1_vargrad": _fig(0.22, 1.0),
              "sum_u4_noise2": _fig(1.0, 9.0, 1)}  # no exact run at 4 updates: no curve there
-  curve = G.sigma_curve(job, figures, fitted_sigma_g=0.4)
+  curve = G.sigma_curve(plan, figures, fitted_sigma_g=0.4)
   assert list(curve) == ["sum, 1 update per batch"]
   pts = curve["sum, 1 update per batch"]
   assert [p["run"] for p in pts] == ["sum_u1_exact", "sum_u1_fitted", "sum_u1_noise1"]
   assert [p["sigma"] for p in pts] == [0.0, 0.4, 1.0]  # VarGrad has no anchor: not on the curve
   assert pts[2]["loss_gap"] == pytest.approx(2.5)  # first seeds' losses, not the seed means
   assert pts[2]["envelope"] == pytest.approx(1.0 + 2.0 * 1.0 * 2.0)  # sigma^2 + 2 sigma sqrt(4)
-  assert G.regime_of(job, "sum_u4_noise2") == "sum, 4 updates per batch"
+  assert plan.runs["sum_u4_noise2"].regime.label == "sum, 4 updates per batch"
 
 
 def test_the_fitted_anchor_has_no_sigma_on_the_mean_scale():
-  cfg = MainConfig.from_config(main_config.get_config("anchor_study_rl_mean"))
-  job = types.SimpleNamespace(cfg=cfg)
-  assert G.sigma_of(job, "mean_u4_fitted", 0.4) is None  # the exact log Z is the sum scale's
-  assert G.sigma_of(job, "mean_u4_vargrad", 0.4) is None
+  plan = _plan("anchor_study_rl_mean")
+  assert G.sigma_of(plan, "mean_u4_fitted", 0.4) is None  # the exact log Z is the sum scale's
+  assert G.sigma_of(plan, "mean_u4_vargrad", 0.4) is None
 
 
 def test_the_regime_and_sigma_tables_render_the_grid_section():
-  job = _grid_job()
+  plan = _plan()
   figures = {"sum_u1_exact": _fig(0.2, 4.0), "sum_u1_noise1": _fig(0.3, 6.5, 1)}
   figures["sum_u1_exact"]["kl"]["ci95"] = [0.1, 0.3]
   report = {"regime": {"per_method": {"sum_u1_exact": "end state (flat)"}},
-            "grid": {"regimes": {m: G.regime_of(job, m) for m in figures}, "figures": figures,
-                     "sigma_curve": G.sigma_curve(job, figures, None)}}
+            "grid": {"regimes": {m: plan.runs[m].regime.label for m in figures},
+                     "figures": figures, "sigma_curve": G.sigma_curve(plan, figures, None)}}
   rows = tables.regime_table(report)
   assert rows[2] == ("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
                      "0.200 ± 0.100 [0.100, 0.300] | 0.100 | 100 (3/3) | 50 | 20 |")
@@ -114,7 +112,7 @@ def test_the_tables_header_says_when_runs_have_seeds_of_their_own():
 
 
 def test_a_run_on_another_stage12_data_seed_is_placed_at_its_own_anchors_sigma():
-  job = types.SimpleNamespace(cfg=MainConfig.from_config(main_config.get_config("claims")))
-  assert G.sigma_of(job, "disa", 0.87, {1: 0.48}) == 0.87
-  assert G.sigma_of(job, "disa_data1", 0.87, {1: 0.48}) == 0.48  # not the job's anchor's
-  assert G.sigma_of(job, "disa_data1", 0.87) is None  # its anchor's sigma_g unknown: off the curve
+  plan = _plan("claims")
+  assert G.sigma_of(plan, "disa", 0.87, {1: 0.48}) == 0.87
+  assert G.sigma_of(plan, "disa_data1", 0.87, {1: 0.48}) == 0.48  # not the job's anchor's
+  assert G.sigma_of(plan, "disa_data1", 0.87) is None  # its anchor's sigma_g unknown: off the curve

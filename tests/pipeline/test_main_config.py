@@ -122,7 +122,8 @@ def test_a_run_override_the_train_section_refuses_names_the_run(tmp_path):
 def test_the_report_reads_the_typed_train_section(tmp_path):
   c = main_config.get_config()
   c.train.total_steps = 50
-  regime = report._regime(_job(c, tmp_path), {"method_state": {}})  # pylint: disable=protected-access
+  regime = report._regime(_job(c, tmp_path).plan,  # pylint: disable=protected-access
+                          report.Dynamics(series={}, ends={}, states={}, matched_runs={}))
   assert regime["steps"] == 50 and not regime["all_at_end_state"]
   assert set(regime["per_method"].values()) == {"undecided (no exact measurements)"}
 

@@ -7,10 +7,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from configs import main as main_config
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report as R
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline import seed_stats
+from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.stage12 import stage2_section
 
 TARGET_H = 1.84
 
@@ -21,7 +25,10 @@ def _row(kl, se=0.01, entropy=1.7):
 
 
 def _state(reason):
-  return {"reached": reason == "flat", "reason": reason, "label": reason}
+  """A method's pooled end state (`dynamics.EndState`) with ``reason``."""
+  return R.D.EndState(reached=reason == "flat", reason=reason, points=10, min_points=10, kl=None,
+                      kl_correct=None, window_steps=(600, 800), lr_decay_step=None, step=800,
+                      last={})
 
 
 def _ev(values, states=None, matched=None, reference_kl=6.0, entropy=None):
@@ -30,8 +37,8 @@ def _ev(values, states=None, matched=None, reference_kl=6.0, entropy=None):
               for s, v in enumerate(vs)] for m, vs in values.items()}
   states = states or {m: "flat" for m in values}
   return C.Evidence(seed_rows=rows, reference_kl=reference_kl,
-                    dyn={"method_state": {m: _state(r) for m, r in states.items()},
-                         "matched_runs": matched or {}})
+                    method_states={m: _state(r) for m, r in states.items()},
+                    matched_runs=matched or {})
 
 
 def _one(claims, start):
@@ -121,13 +128,13 @@ def test_a_two_sided_pair_holds_either_way_and_says_which_is_lower():
 
 def test_as_close_as_the_oracle_is_an_equivalence_test_that_can_fail():
   ev = _ev({"fix": [0.300, 0.302, 0.298, 0.301, 0.299], "disa_exact": [0.301, 0.299, 0.300, 0.302, 0.298]})
-  c = C.finalise([C.as_close_as_oracle(ev, "fix")])[0]
+  c = C.finalise([C.as_close_as_oracle(ev, "fix", "disa_exact")])[0]
   assert c["holds"] and c["numbers"]["margin"] == pytest.approx(0.03) and c["test"]["name"] == "tost"
   far = _ev({"fix": [0.45, 0.5, 0.4, 0.48, 0.42], "disa_exact": [0.3, 0.31, 0.29, 0.3, 0.3]})
-  c = C.finalise([C.as_close_as_oracle(far, "fix")])[0]
+  c = C.finalise([C.as_close_as_oracle(far, "fix", "disa_exact")])[0]
   assert not c["holds"] and c["verdict"] == "does not hold"  # KL 0.45 is not "the target's"
   noisy = _ev({"fix": [0.2, 0.4, 0.3], "disa_exact": [0.25, 0.35, 0.3]})  # too few, too noisy
-  assert not C.finalise([C.as_close_as_oracle(noisy, "fix")])[0]["holds"]
+  assert not C.finalise([C.as_close_as_oracle(noisy, "fix", "disa_exact")])[0]["holds"]
 
 
 def _matched(p, entropy, past=False):
@@ -173,7 +180,8 @@ def test_build_claims_makes_each_claim_once_and_corrects_them_together():
   ev = _ev({"fix": [0.2, 0.22, 0.21], "disa": [0.3, 0.31, 0.29], "disa_exact": [0.2, 0.21, 0.2],
             "grpo": [1.8, 1.7, 1.9], "ctl": [0.5, 0.55, 0.45]},
            entropy={"grpo": [0.05] * 3})
-  plan = C.Plan(fix="fix", contrasts=("grpo",), controls=("ctl", "grpo"), compare=("disa<>ctl",),
+  plan = C.Plan(fix="fix", disa="disa", oracle="disa_exact", contrasts=("grpo",),
+                controls=("ctl", "grpo"), compare=("disa<>ctl",),
                 replay=())  # grpo: a reward maximiser and a control, tested once
   out = R.C.build_claims(ev, plan, None)
   texts = [c["claim"].split(" (")[0] for c in out]
@@ -200,43 +208,44 @@ def test_the_prop4_verdict_needs_an_envelope_below_the_loss():
                                     "sigma_g_train": 0.5, "loss_disa": 3.3,
                                     "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | loose))
   assert "no verdict (the envelope 4.0600 is not below L_TB" in md and "decomposed" in md
-  ins = R.instrument(SimpleNamespace(cfg=SimpleNamespace(end_state=R.D.EndStateConfig())))
+  ins = R.instrument(R.D.EndStateConfig())
   assert ins["primary_metric"] == "kl_decomposed" and ins["correction"] == "holm"
 
 
-def _job(methods, label_scale="sum"):
-  seeds = (0, 1, 2)
-  on_policy = SimpleNamespace(replay=SimpleNamespace(enabled=False))  # (no replay pairs)
-  cfg = SimpleNamespace(seeds=seeds, run_seeds=lambda m: seeds, methods=methods, controls=(),
-                        compare=(), end_state=R.D.EndStateConfig(),
-                        stage1=SimpleNamespace(label_scale=label_scale),
-                        runs={m: on_policy for m in methods})
-  return SimpleNamespace(cfg=cfg, run_name=lambda m, s: m if s == 0 else f"{m}_seed{s}")
+def _plan(methods, label_scale="sum", compare=()):
+  """The plan of a job training ``methods`` (on-policy DISA runs of those names) on 3 seeds."""
+  c = main_config.get_config()
+  for m in methods:
+    c.runs[m] = main_config._run(main_config._tb("disa"))  # pylint: disable=protected-access
+  c.methods, c.seeds, c.fix, c.compare = tuple(methods), (0, 1, 2), "", compare
+  c.stage1.label_scale = label_scale
+  return job_plan(MainConfig.from_config(c), "/tmp/unused")
 
 
 def test_the_report_reads_the_runs_and_makes_the_stage1_claim_only_on_the_labels_scale():
-  job = _job(("k0", "k2"))
-  runs = {job.run_name(m, s): _row(v) for m, vs in (("k0", [0.2, 0.21, 0.19]), ("k2", [0.5, 0.6, 0.58]))
+  plan = _plan(("k0", "k2"), compare=("k0<k2",))
+  runs = {plan.runs[m].row(s): _row(v)
+          for m, vs in (("k0", [0.2, 0.21, 0.19]), ("k2", [0.5, 0.6, 0.58]))
           for s, v in enumerate(vs)} | {"reference": _row(0.25)}  # k2's seeds 1, 2: diverged
-  job.cfg.compare = ("k0<k2",)
-  dyn = {"method_state": {}, "matched_runs": {}}
+  dyn = R.Dynamics(series={}, ends={}, states={}, matched_runs={})
   s1 = {"n_disjoint_abs_error": {"2": [0.5, 0.6, 0.4], "16": [0.1, 0.2, 0.15]}}
-  out = R._claims(job, s1, runs, dyn, None, [])
+  out = R._claims(plan, s1, runs, dyn, None, [])
   assert out[0]["claim"].startswith("the Stage 1 error shrinks with N")
   welch = _one(out, "k0's KL")
   assert welch["numbers"]["failed"]["k2"] == {"1": "diverged", "2": "diverged"}
   assert welch["verdict"] == "undecided"  # one k2 run left: no test
-  job.cfg.stage1.label_scale = "mean"  # (labels of the length-normalised residual)
-  assert not any(c["claim"].startswith("the Stage 1") for c in R._claims(job, s1, runs, dyn, None, []))
+  mean = _plan(("k0", "k2"), "mean", ("k0<k2",))  # (labels of the length-normalised residual)
+  out = R._claims(mean, s1, runs, dyn, None, [])
+  assert not any(c["claim"].startswith("the Stage 1") for c in out)
 
 
 def test_on_the_mean_scale_the_stage12_sections_print_no_error_against_the_exact_log_z():
-  job = _job(("disa",), label_scale="mean")
+  plan = _plan(("disa",), label_scale="mean")
   anchor = SimpleNamespace(embeddings=lambda: (("a", "b"), np.zeros((2, 4))), val_prompt_ids=("b",),
                            fit=SimpleNamespace(best_epoch=3, val_mse=0.2, val_r2=0.5),
                            history={"val_mse": [0.3, 0.2]})
   exact = SimpleNamespace(log_z_of=lambda ids: pytest.fail("the exact log Z read on the mean scale"))
-  s2 = R._stage2_section(job, anchor, None, exact)
+  s2 = stage2_section(plan, anchor, None, exact)
   assert s2 == {"best_epoch": 3, "val_mse_vs_labels": 0.2, "val_r2_vs_labels": 0.5, "n_val": 1,
                 "val_mse_curve": [0.3, 0.2]}
   s1 = {"n": 4, "label_scale": "mean", "ess_median": 2.0, "cv2_median": 0.5,

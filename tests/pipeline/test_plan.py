@@ -1,0 +1,189 @@
+"""`pipeline.plan`: the job as its analysis reads it. Run identity is data (names, seeds, rows,
+directories and regimes resolved from the config), the claims' roles are declared in the config,
+never parsed from run names, and a run's train overrides are one mapping of dotted paths that the
+config's per-run keys declare."""
+import dataclasses
+import json
+
+import pytest
+
+from configs import main as main_config
+from disa_jax.pipeline import claims as C
+from disa_jax.pipeline import tables
+from disa_jax.pipeline.job_config import MainConfig, RunSpec, replace_paths
+from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.sum_job import SumJob
+from disa_jax.rl.objectives import Disa
+
+# preset -> (DISA, its oracle): the declared runs (`MainConfig.disa`, ``oracle``) when they are in
+# the preset's methods; the roles every preset's report played before issue 46 (it looked them up
+# by the names 'disa' / 'disa_exact'), so that every report regenerates identical.
+ROLES = {"": ("disa", "disa_exact"), "claims": ("disa", "disa_exact"),
+         "claims_quick": ("disa", "disa_exact"), "replay_study": ("disa", ""),
+         "anchor_study_rl": ("", ""), "anchor_study_rl_mean": ("", ""),
+         "anchor_study_rl_quick": ("", ""), "nonuniform_target": ("disa", "disa_exact"),
+         "staleness_study": ("", ""), "anchor_testbed": ("disa", "disa_exact"),
+         "anchor_testbed_rl": ("disa", "disa_exact"),
+         "anchor_testbed_rl_quick": ("disa", "disa_exact")}
+
+
+def _plan(c, workdir="/tmp/unused"):
+  return job_plan(MainConfig.from_config(c), workdir)
+
+
+@pytest.mark.parametrize("preset", main_config.PRESETS)
+def test_the_roles_of_every_preset(preset):
+  assert set(ROLES) == set(main_config.PRESETS)
+  plan = _plan(main_config.get_config(preset))
+  assert (plan.disa, plan.oracle) == ROLES[preset]
+
+
+def test_the_roles_are_declared_not_parsed_from_names():
+  c = main_config.get_config("claims_quick")
+  c.runs.tb_fitted, c.runs.tb_exact = c.runs.disa, c.runs.disa_exact
+  c.methods = ("disa_pos_replay", "tb_fitted", "tb_exact", "grpo")
+  assert (_plan(c).disa, _plan(c).oracle) == ("", "")  # the declared runs are not trained
+  c.disa, c.oracle = "tb_fitted", "tb_exact"
+  plan = _plan(c)
+  assert (plan.disa, plan.oracle, plan.fix) == ("tb_fitted", "tb_exact", "disa_pos_replay")
+  c.oracle = "no_such_run"
+  with pytest.raises(ValueError, match="oracle must name one of runs .* got 'no_such_run'"):
+    _plan(c)
+  c = main_config.get_config("claims")
+  c.methods = ("disa_data1", "disa_matched", "disa_exact_pos_replay", "grpo")
+  c.fix, c.controls, c.compare = "", (), ()
+  plan = _plan(c)  # another Stage 1/2 draw, matched rows, replay: none of them is a role
+  assert (plan.disa, plan.oracle) == ("", "")
+  assert [r for r in plan.runs if plan.runs[r].maximises_reward] == ["grpo"]
+
+
+def test_the_claims_take_their_roles_from_the_plan():
+  rows = lambda vals: [(s, {"kl_decomposed": v, "kl_decomposed_se": 0.01, "entropy_correct": 1.7,
+                            "target_entropy_correct": 1.84}) for s, v in enumerate(vals)]
+  ev = C.Evidence(seed_rows={"tb": rows([0.3, 0.31, 0.29]), "oracle": rows([0.3, 0.3, 0.31])})
+  plan = C.Plan(fix="", disa="tb", oracle="oracle", contrasts=(), controls=(), compare=(),
+                replay=())
+  out = C.build_claims(ev, plan, None)
+  assert [c["claim"].split(" (")[0] for c in out] == [
+      "tb ends as close to the target as the oracle oracle"]
+  assert C.build_claims(ev, dataclasses.replace(plan, oracle=""), None) == []
+
+
+def test_each_run_is_data_its_rows_directories_and_regime(tmp_path):
+  plan = _plan(main_config.get_config("claims"), tmp_path)
+  disa = plan.runs["disa"]
+  assert disa.seeds == (0, 1, 2, 3, 4) and disa.rows == ("disa",) + tuple(
+      f"disa_seed{s}" for s in range(1, 5))
+  assert disa.dir(2) == tmp_path / "stage3" / "disa_seed2" and disa.row(0) == "disa"
+  assert (disa.objective, disa.anchor, disa.data_seed, disa.replay) == ("disa", "fitted", 0, False)
+  assert plan.runs["disa_pos_replay_data1"].data_seed == 1 and plan.runs["disa_pos_replay"].replay
+  assert plan.runs["disa_matched"].match_rows_of == "disa_pos_replay"
+  assert disa.regime.label == "sum, 2 updates per batch" and disa.total_steps == 800
+  assert disa.lr_decay_step is None  # (the small task's lr is constant)
+  job = SumJob(MainConfig.from_config(main_config.get_config("claims")), tmp_path, progress=False)
+  assert {k: c.workdir for k, c in job.stage3_cfgs.items()} == {
+      (m, s): str(r.dir(s)) for m, r in plan.runs.items() for s in r.seeds}
+  assert job.plan == plan and job.run_name("grpo", 2) == "grpo_seed2"
+
+
+def test_the_regime_is_read_from_the_resolved_train_section():
+  plan = _plan(main_config.get_config("staleness_study"))
+  labels = {m: r.regime.label for m, r in plan.runs.items()}
+  assert labels["k0_disa"] == "sum, 2 updates per batch"
+  assert labels["k2_disa"] == "sum, 2 updates per batch, staleness 2"
+  assert labels["k2_disa_halflr"] == "sum, 2 updates per batch, staleness 2, lr 0.00025"
+  assert labels["k0_grpo"] == "-, 2 updates per batch"  # (no residual scale)
+  grid = _plan(main_config.get_config("anchor_study_rl_mean"))
+  assert grid.runs["mean_u4_fitted"].regime.label == "mean, 4 updates per batch"
+  default = _plan(main_config.get_config())
+  assert default.runs["disa"].lr_decay_step == 340  # the last 15% of 400 steps x 2 updates
+
+
+def test_a_runs_train_keys_are_one_mapping_of_dotted_paths():
+  c = main_config.get_config("staleness_study")
+  cfg = MainConfig.from_config(c)
+  assert cfg.runs["k2_disa_halflr"].overrides == {"train.rollout.max_staleness": 2,
+                                                  "train.optim.lr": main_config.HALF_LR}
+  assert cfg.runs["k0_disa"].overrides == {}  # 0 keeps the job's
+  # the same run declared by its mapping (a dict config, e.g. a printed one) trains the same
+  raw = c.to_dict()
+  spec = raw["runs"]["k2_disa_halflr"]
+  for key in ("staleness", "lr", "minibatches"):
+    del spec[key]
+  spec["overrides"] = {"train.rollout.max_staleness": 2, "train.optim.lr": main_config.HALF_LR}
+  raw["runs"]["k2_disa"]["overrides"] = {"train.optim.lr": 1}  # (an int for a float: 1.0)
+  again = MainConfig.from_config(raw)
+  assert again.runs["k2_disa_halflr"] == cfg.runs["k2_disa_halflr"]
+  assert again.run_train("k2_disa_halflr", 1) == cfg.run_train("k2_disa_halflr", 1)
+  assert again.runs["k2_disa"].overrides == {"train.rollout.max_staleness": 2, "train.optim.lr": 1.0}
+  assert type(again.run_train("k2_disa", 0).optim.lr) is float
+  raw["runs"]["k2_disa"]["overrides"] = {"train.rollout.max_staleness": 1}
+  with pytest.raises(ValueError, match=r"runs.k2_disa: staleness=2 and "
+                                       r"overrides\['train.rollout.max_staleness'\] set one field"):
+    MainConfig.from_config(raw)
+  train = cfg.run_train("k2_disa_halflr", 1)
+  assert (train.rollout.max_staleness, train.optim.lr, train.seed) == (2, main_config.HALF_LR, 1)
+  assert train.rollout.num_minibatches == cfg.train.rollout.num_minibatches
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"train.rollout.num_minibatchs": 4}, "the train section has no field "
+                                          "'train.rollout.num_minibatchs'"),
+    ({"train.rollout": 4}, "'train.rollout' is a section, not a field"),
+    ({"train.seed": 4}, "not train.objective, train.replay, train.seed"),
+    ({"stage1.beta": 4.0}, "is not a field of the train section a run may override"),
+    ({"train.rollout.num_minibatches": 2.5}, r"overrides\['train.rollout.num_minibatches'\] must "
+                                             "be int, got 2.5"),
+    ({"train.optim.lr": float("nan")}, r"overrides\['train.optim.lr'\] must be float \(finite\), "
+                                       "got nan"),
+    ({"train.optim.lr": 1}, r"overrides\['train.optim.lr'\] must be float \(finite\), got 1$")])
+def test_an_override_of_no_train_field_is_refused_naming_it(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    RunSpec(Disa(), overrides=overrides)
+
+
+def test_replace_paths_replaces_each_section_once():
+  cfg = MainConfig.from_config(main_config.get_config())
+  t = cfg.train
+  got = replace_paths(t, {"seed": 3, "rollout.group_size": 12, "rollout.max_staleness": 1,
+                          "optim.lr": 1e-4})
+  assert got == dataclasses.replace(
+      t, seed=3, rollout=dataclasses.replace(t.rollout, group_size=12, max_staleness=1),
+      optim=dataclasses.replace(t.optim, lr=1e-4))
+
+
+def test_the_anchor_study_is_passed_in_memory_and_read_only_when_resumed(tmp_path):
+  c = main_config.get_config()
+  c.anchor_study.repeats = 0
+  job = SumJob(MainConfig.from_config(c), tmp_path, progress=False)
+  assert job.anchor_study(None, None) is None  # off, never run
+  saved = {"ns": [2, 4], "rows": [], "verdict": {"text": "-"}}
+  (tmp_path / "anchor_study.json").write_text(json.dumps(saved))
+  assert job.anchor_study(None, None) == saved  # a resumed job: the file its first run wrote
+
+
+def _row(kl, **over):
+  return {"k": 8, "accuracy_mean_at_k": 0.9, "distinct_correct_mean": 3.25, "p_correct_exact": 0.95,
+          "entropy_correct": 1.5, "target_entropy_correct": 1.84, "kl_decomposed": kl,
+          "kl_decomposed_se": 0.004, "kl_to_target": kl + 0.01, "kl_to_target_se": 0.008,
+          "kl_binary": 0.01, "p_correct_kl_correct": 0.1, "p_wrong_kl_wrong": 0.02} | over
+
+
+def test_report_md_and_the_docs_draw_the_methods_table_with_one_renderer():
+  report = {"instrument": {"primary_metric": "kl_decomposed"},
+            "regime": {"per_method": {"disa": "end state (flat)"}},
+            "methods": {"reference": _row(0.5), "disa": _row(0.2, kl_decomposed_std=0.01,
+                                                             kl_to_target_std=0.02, seeds=2)},
+            "skipped_methods": {"lora_sft": "no Stage 1 sample has reward 1"}}
+  full, docs = tables.methods_table(report, every_row=True), tables.methods_table(report)
+  assert full[0] == ("| method | state | Mean@8 | distinct correct in 8 | P(correct) | entropy "
+                     "over correct (target) | KL(pi ‖ pi~), decomposed | KL, Monte Carlo | KL "
+                     "binary | P_c KL_c | P_w KL_w |")
+  assert full[2:] == [
+      "| reference | - | 0.900 | 3.25 | 0.950 | 1.50 (1.84) | 0.500 ± 0.004 | 0.510 ± 0.008 | "
+      "0.010 | 0.100 | 0.020 |",
+      "| disa (2 seeds) | end state (flat) | 0.900 | 3.25 | 0.950 | 1.50 (1.84) | 0.200 ± 0.010 | "
+      "0.210 ± 0.020 | 0.010 | 0.100 | 0.020 |",
+      "| lora_sft | not trained: no Stage 1 sample has reward 1 | | | | | | | | | |"]
+  assert docs[2:] == ["| `disa` | 2 | end state (flat) | 0.950 | 1.50 (1.84) | 0.200 ± 0.010 | "
+                      "0.210 ± 0.020 |"]  # the Stage 3 methods alone
