@@ -5,12 +5,12 @@ peak-memory counter starts clean and an out-of-memory stays in its own row. The 
 preset with random weights (no download) under the settings of
 ``configs/stage3_paper.py:disa,qwen3-4b-base,math`` (bf16 compute, f32 parameters, the config's
 ``attention_chunk``, the layer scan that ``layer_loop='auto'`` picks on a GPU), on a 1-device mesh,
-and runs the trainer's update: `train_step.make_train_step` with the DISA objective and the
+and runs the trainer's update: `update.make_train_step` with the DISA objective and the
 clipped AdamW of that config, on one micro-batch of one packed row, as its first update (pi_ref and
-pi_old: the initial policy, scored by `train_step.make_scoring_fn`; untimed). The row holds
+pi_old: the initial policy, scored by `update.make_scoring_fn`; untimed). The row holds
 ``row_len / (prompt + response)`` sequences (G = 8 of them share a prompt), with
 ``max_response_len``-wide per-sequence arrays and ``seqs_per_row`` slots, as the trainer packs
-them (`TrainSequences.micro_batches`).
+them (`ScoredBatch.micro_batches`).
 
 Timed: ``--steps`` updates after ``--warmup`` (the first includes compilation), each to
 completion; the median is reported.
@@ -59,8 +59,8 @@ from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
 from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
-from disa_jax.rl import train_step as ts  # noqa: E402
-from disa_jax.rl.batch import TrainSequences  # noqa: E402
+from disa_jax.rl import update as rl_update  # noqa: E402
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
 from disa_jax.scoring.logprobs import gather_responses  # noqa: E402
 
@@ -110,7 +110,8 @@ class Shape:
 def make_sequences(c: ModelConfig, row_len: int, prompt_len: int, response_len: int, width: int,
                    seed: int = 0):
   """``row_len / (prompt_len + response_len)`` random sequences, G = 8 per prompt, as the
-  update's `TrainSequences` (responses ``width`` wide, the trainer's max_response_len)."""
+  update's `ScoredBatch` (responses ``width`` wide, the trainer's max_response_len; each sequence
+  a group of one, sampled on-policy with the made-up log-probs as the engine's)."""
   seq = prompt_len + response_len
   if row_len % seq or response_len > width:
     raise SystemExit(f"--prompt-len {prompt_len} + --response-len {response_len} must divide the "
@@ -120,11 +121,17 @@ def make_sequences(c: ModelConfig, row_len: int, prompt_len: int, response_len: 
   prompts = [rng.integers(3, c.vocab_size, prompt_len).astype(np.int32)
              for _ in range(-(-n // GROUP))]
   logp = np.where(np.arange(width) < response_len, -1.0, 0.0).astype(np.float32)
-  return TrainSequences(
-      prompts=[prompts[i // GROUP] for i in range(n)],
-      responses=[rng.integers(3, c.vocab_size, response_len).astype(np.int32) for _ in range(n)],
-      old_logp=np.tile(logp, (n, 1)), ref_logp=np.tile(logp, (n, 1)) - 0.1,
-      signal=rng.normal(size=n).astype(np.float32), log_z=rng.normal(size=n).astype(np.float32))
+  responses = [rng.integers(3, c.vocab_size, response_len).astype(np.int32) for _ in range(n)]
+  rollout = RolloutBatch(
+      prompt_ids=[str(i) for i in range(n)],
+      prompt_tokens=[tuple(int(t) for t in prompts[i // GROUP]) for i in range(n)], group_size=1,
+      response_width=width, response_ids=responses, reward=np.zeros(n, np.float32),
+      grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
+      sampled_logp=[logp[:response_len]] * n, engine_logp=[None] * n, finish_reason=["stop"] * n,
+      stored_ref_logp=np.full(n, np.nan))
+  return ScoredBatch(rollout, signal=rng.normal(size=n).astype(np.float32),
+                     old_logp=np.tile(logp, (n, 1)), ref_logp=np.tile(logp, (n, 1)) - 0.1,
+                     log_z=rng.normal(size=n).astype(np.float32))
 
 
 def device_peak_bytes() -> int | None:
@@ -139,12 +146,12 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   train, mc = plan_memory.paper_train_config(SETTINGS_OF)
   rc = train.rollout
   seqs = make_sequences(c, row_len, prompt_len, response_len, rc.max_response_len)
-  layout = PackingLayout(row_len=row_len, rows=1, seqs_per_row=max(rc.seqs_per_row,
-                                                                   len(seqs.prompts)))
-  micro = seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)
+  n = seqs.rollout.num_rows
+  layout = PackingLayout(row_len=row_len, rows=1, seqs_per_row=max(rc.seqs_per_row, n))
+  micro = seqs.micro_batches(np.arange(n), layout, pad_id=0)
   if len(micro) != 1:
     raise RuntimeError(f"expected one micro-batch of one row, the packing gave {len(micro)}")
-  seq_lens = [prompt_len + response_len] * len(seqs.prompts)
+  seq_lens = [prompt_len + response_len] * n
   if int((micro[0].rows.segment_ids > 0).sum()) != sum(seq_lens):
     raise RuntimeError("the packed row does not hold exactly the sequences' tokens")
   t0 = time.perf_counter()
@@ -155,15 +162,15 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
                                            attention_impl=attention_impl))
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
-  optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
-  graphdef, _, state, shardings = ts.init_train_state(model, optimizer, mesh=mesh)
+  optimizer = rl_update.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
+  graphdef, _, state, shardings = rl_update.init_train_state(model, optimizer, mesh=mesh)
   del model  # its arrays are the state's, donated by each update
-  update = ts.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
-                              state_shardings=shardings)
-  placed = [ts.place_micro_batch(mb, mesh) for mb in micro]
+  update = rl_update.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
+                                     state_shardings=shardings)
+  placed = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
   # The trainer's first update: pi_ref and pi_old are the initial policy (scored as the trainer
   # does), so the importance weights are 1 and the gradient is not zero.
-  score = ts.make_scoring_fn(graphdef)
+  score = rl_update.make_scoring_fn(graphdef)
   placed = [mb.replace(old_logp=lp, ref_logp=lp) for mb in placed
             for lp in [gather_responses(score(state.params, mb.rows), mb.response_index,
                                         mb.response_mask)]]

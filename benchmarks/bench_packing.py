@@ -20,8 +20,9 @@ update of all the sequences (forward + backward over every micro-batch, AdamW). 
 padded (one sequence per row of 576 tokens, 8 rows per micro-batch: one compiled shape, as the batch
 padding had on batches whose longest sequence hits the limit; micro-padding compiles one program
 per length bucket, so its first steps are dominated by compilation) alternate within each block,
-on a fresh length mix per block; medians and min-max of the per-block ratios. Compilations: the train step's compiled programs after warm-up over
-``--mix-steps`` updates, each on a new length mix (target 0 new programs).
+on a fresh length mix per block; medians and min-max of the per-block ratios. Compilations: the
+train step's compiled programs after warm-up over ``--mix-steps`` updates, each on a new length
+mix (target 0 new programs).
 
 Usage: python benchmarks/bench_packing.py [--blocks 5] [--mix-steps 20]
 """
@@ -38,8 +39,8 @@ import optax
 from disa_jax import runtime, testing
 from disa_jax.data import packing
 from disa_jax.rl import objectives
-from disa_jax.rl import train_step as ts
-from disa_jax.rl.batch import TrainSequences
+from disa_jax.rl import update as rl_update
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch
 
 PROMPTS, GROUP = 128, 8
 
@@ -71,17 +72,26 @@ def efficiencies(p_len, r_len):
           "plan_s": plan_s}
 
 
-def sequences(rng, n, vocab):
-  """``n`` made-up sequences of the distribution / 32, with log-probs, signals and log Z."""
+def sequences(rng, n, vocab) -> ScoredBatch:
+  """``n`` made-up sequences of the distribution / 32, with log-probs, signals and log Z, as the
+  update's `ScoredBatch` (each sequence a group of one, sampled on-policy with its made-up
+  ``old_logp`` as the engine's log-probs)."""
   p_len, r_len = lengths(rng, n, scale=32)
   width = 16384 // 32  # W = the response limit, as in Stage 3 (a fixed [S, W] response layout)
   mask = np.arange(width)[None] < r_len[:, None]
   logp = lambda: (-rng.uniform(3.0, 6.0, (n, width)) * mask).astype(np.float32)
-  return TrainSequences(prompts=[rng.integers(3, vocab, p).astype(np.int32) for p in p_len],
-                        responses=[rng.integers(3, vocab, r).astype(np.int32) for r in r_len],
-                        old_logp=logp(), ref_logp=logp(),
-                        signal=rng.integers(0, 2, n).astype(np.float32),
-                        log_z=rng.normal(-4.0, 1.0, n).astype(np.float32))
+  prompts = [rng.integers(3, vocab, p).astype(np.int32) for p in p_len]
+  responses = [rng.integers(3, vocab, r).astype(np.int32) for r in r_len]
+  old_logp, ref_logp = logp(), logp()
+  rollout = RolloutBatch(
+      prompt_ids=[str(i) for i in range(n)], prompt_tokens=[tuple(p.tolist()) for p in prompts],
+      group_size=1, response_width=width, response_ids=responses,
+      reward=np.zeros(n, np.float32), grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
+      sampled_logp=[old_logp[i, :r] for i, r in enumerate(r_len)], engine_logp=[None] * n,
+      finish_reason=["stop"] * n, stored_ref_logp=np.full(n, np.nan))
+  return ScoredBatch(rollout, signal=rng.integers(0, 2, n).astype(np.float32),
+                     old_logp=old_logp, ref_logp=ref_logp,
+                     log_z=rng.normal(-4.0, 1.0, n).astype(np.float32))
 
 
 def timed_steps(args):
@@ -95,13 +105,13 @@ def timed_steps(args):
   objective = objectives.Disa(beta=15.0, scale="sum", omega="one")
   steps, states = {}, {}
   for name in layouts:
-    graphdef, _, states[name], _ = ts.init_train_state(model, opt)
-    steps[name] = ts.make_train_step(graphdef, objective, opt, donate=False)
+    graphdef, _, states[name], _ = rl_update.init_train_state(model, opt)
+    steps[name] = rl_update.make_train_step(graphdef, objective, opt, donate=False)
   rng = np.random.default_rng(0)
   times = {name: [] for name in layouts}
   for block in range(args.blocks + 1):  # block 0 warms up (compiles)
     seqs = sequences(rng, 16 * GROUP, vocab)
-    idx = np.arange(len(seqs.prompts))
+    idx = np.arange(seqs.rollout.num_rows)
     for name in (list(layouts) if block % 2 == 0 else list(layouts)[::-1]):
       micro = seqs.micro_batches(idx, layouts[name], pad_id=0)
       t0 = time.perf_counter()
@@ -112,7 +122,7 @@ def timed_steps(args):
   warm = steps["packed"].compiled_programs()
   for _ in range(args.mix_steps):
     seqs = sequences(rng, 16 * GROUP, vocab)
-    micro = seqs.micro_batches(np.arange(len(seqs.prompts)), layouts["packed"], pad_id=0)
+    micro = seqs.micro_batches(np.arange(seqs.rollout.num_rows), layouts["packed"], pad_id=0)
     states["packed"], metrics = steps["packed"](states["packed"], micro)
   jax.block_until_ready(metrics["loss"])
   return times, warm, steps["packed"].compiled_programs() - warm

@@ -4,9 +4,9 @@ For each model preset and micro-batch shape, the programs the Stage 3 trainer ji
 abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compiled, never run:
 
 - ``micro``: forward + backward of one packed micro-batch and the gradient accumulation
-  (`train_step.make_train_step`'s micro step, through ``step.lower``);
+  (`update.make_train_step`'s micro step, through ``step.lower``);
 - ``optim``: the optimizer step (global-norm clip + AdamW) on the accumulated gradients;
-- ``score``: the no-gradient pi_old scoring pass (`train_step.make_scoring_fn`) over the same rows.
+- ``score``: the no-gradient pi_old scoring pass (`update.make_scoring_fn`) over the same rows.
 
 Settings come from the paper's Stage 3 config (``configs/stage3_paper.py:disa,<preset>,math``):
 bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat with
@@ -58,7 +58,6 @@ from typing import Any, Sequence  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
@@ -68,7 +67,7 @@ from disa_jax.data.packing import PackedRows, PackingLayout  # noqa: E402
 from disa_jax.models import attention_dispatch  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
 from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
-from disa_jax.rl import train_step as ts  # noqa: E402
+from disa_jax.rl import update as rl_update  # noqa: E402
 from disa_jax.rl.batch import TrainBatch  # noqa: E402
 from disa_jax.rl.config import TrainConfig  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
@@ -161,7 +160,7 @@ class Setup:
   train: TrainConfig
   mesh: Mesh
   graphdef: Any
-  state: ts.TrainState
+  state: rl_update.TrainState
   step: Any
   score: Any
   ref_bytes: int
@@ -205,9 +204,9 @@ def abstract_params(model: nnx.Module, mesh: Mesh) -> tuple[Any, Any]:
 
 
 def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
-  """The optimizer state's shapes with the shardings `train_step.init_train_state` gives them
-  (`train_step.opt_state_shardings`: moments as their parameters, counts replicated)."""
-  shardings = ts.opt_state_shardings(optimizer, params, mesh)
+  """The optimizer state's shapes with the shardings `update.init_train_state` gives them
+  (`update.opt_state_shardings`: moments as their parameters, counts replicated)."""
+  shardings = rl_update.opt_state_shardings(optimizer, params, mesh)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       jax.eval_shape(optimizer.init, params), shardings)
 
@@ -248,23 +247,24 @@ def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh:
                            attention_chunk=attention_chunk, attention_impl=impl,
                            max_segments=train.rollout.seqs_per_row)))
   graphdef, params = abstract_params(model, mesh)
-  optimizer = ts.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
+  optimizer = rl_update.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
   rep = NamedSharding(mesh, PartitionSpec())
-  state = ts.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), params,
-                        abstract_opt_state(optimizer, params, mesh), None, None)
+  state = rl_update.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), params,
+                               abstract_opt_state(optimizer, params, mesh), None, None)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  step = ts.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
-                            state_shardings=shardings)
-  return Setup(name, config, train, mesh, graphdef, state, step, ts.make_scoring_fn(graphdef),
-               ref_bytes=device_bytes(params, mc.dtype), attention_chunk=attention_chunk,
-               attention_impl=impl, remat_policy=mc.remat_policy if mc.remat else None)
+  step = rl_update.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
+                                   state_shardings=shardings)
+  return Setup(name, config, train, mesh, graphdef, state, step,
+               rl_update.make_scoring_fn(graphdef), ref_bytes=device_bytes(params, mc.dtype),
+               attention_chunk=attention_chunk, attention_impl=impl,
+               remat_policy=mc.remat_policy if mc.remat else None)
 
 
 def abstract_micro_batch(layout: PackingLayout, width: int, mesh: Mesh) -> TrainBatch:
   """A `TrainBatch` of `ShapeDtypeStruct`s: ``[R, L]`` packed rows over the batch axes, ``[S, W]``
-  / ``[S]`` per-sequence arrays replicated (`train_step.batch_shardings`)."""
+  / ``[S]`` per-sequence arrays replicated (`update.batch_shardings`)."""
   r, l, s = layout.rows, layout.row_len, layout.slots
-  sh = ts.batch_shardings(mesh)
+  sh = rl_update.batch_shardings(mesh)
   row = lambda: jax.ShapeDtypeStruct((r, l), jnp.int32, sharding=sh.rows)
   rep = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sh.signal)
   return TrainBatch(rows=PackedRows(*(row() for _ in range(6))),

@@ -12,14 +12,14 @@ right-padded to a multiple of 16, all rows in one micro-batch: the bench's ``pac
 with ``share_prompts``: each prompt once per row, followed by its responses).
 
 Phases, each a separate jitted function on the same parameters:
-- ``forward``: `train_step.policy_forward` on the first micro-batch (no gradient);
+- ``forward``: `update.policy_forward` on the first micro-batch (no gradient);
 - ``fwd+bwd``: value and gradient of a GRPO-like token loss through it;
 - ``optimizer``: the trainer's optimizer (clip by global norm + AdamW) on given gradients;
-- ``train_step``: the trainer's update (`disa_jax.rl.train_step.make_train_step`, GRPO, one
+- ``train_step``: the trainer's update (`disa_jax.rl.update.make_train_step`, GRPO, one
   on-policy mini-batch of all micro-batches, a 1-device mesh, as in the TRL bench; no HLO counts:
   it is several jitted programs);
 - ``host_pack``: building and placing the micro-batches on the host
-  (`TrainSequences.micro_batches`);
+  (`ScoredBatch.micro_batches`);
 - ``generate``: `JaxSampler.generate` in this process (8 prompts x 8 samples of at most 8 new
   tokens at temperature 1 on the peer shape; host packing and unpacking included; no HLO counts).
 
@@ -51,8 +51,8 @@ from flax import nnx
 from disa_jax import models, parallel, runtime
 from disa_jax.data import packing
 from disa_jax.rl import objectives
-from disa_jax.rl import train_step as ts
-from disa_jax.rl.batch import TrainSequences
+from disa_jax.rl import update as rl_update
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch
 
 SHAPES = {
     "peer": dict(vocab_size=113, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
@@ -73,9 +73,9 @@ def make_model(shape: str, *, remat: bool, unroll: int) -> models.Transformer:
                             options=models.ModelOptions(remat=remat, scan_unroll=unroll))
 
 
-def make_sequences(shape: str, vocab: int) -> TrainSequences:
-  """The shape's GRPO batch as the update's per-sequence inputs (prompt-major groups of G
-  sequences sharing one prompt).
+def make_sequences(shape: str, vocab: int) -> ScoredBatch:
+  """The shape's GRPO batch as the update's per-sequence inputs, a `ScoredBatch` (prompt-major
+  groups of G sequences sharing one prompt, sampled on-policy, with zero log-probs).
 
   peer: 8 prompts x G=8, prompts of 18-19 tokens, responses of 1-8 tokens (W = 8);
   d512: 2 prompts x G=4, prompts and responses of 256 tokens (W = 256).
@@ -91,58 +91,65 @@ def make_sequences(shape: str, vocab: int) -> TrainSequences:
     rlen = np.full(p * g, w)
   prompts = [rng.integers(3, vocab, int(n)).astype(np.int32) for n in plen]
   n = p * g
-  return TrainSequences(
-      prompts=[prompts[i // g] for i in range(n)],
-      responses=[rng.integers(3, vocab, int(r)).astype(np.int32) for r in rlen],
-      old_logp=np.zeros((n, w), np.float32), ref_logp=np.zeros((n, w), np.float32),
-      signal=rng.normal(size=n).astype(np.float32), log_z=np.zeros(n, np.float32))
+  responses = [rng.integers(3, vocab, int(r)).astype(np.int32) for r in rlen]
+  rollout = RolloutBatch(
+      prompt_ids=[str(i) for i in range(p)], prompt_tokens=[tuple(x.tolist()) for x in prompts],
+      group_size=g, response_width=w, response_ids=responses, reward=np.zeros(n, np.float32),
+      grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
+      sampled_logp=[np.zeros(len(r), np.float32) for r in responses], engine_logp=[None] * n,
+      finish_reason=["stop"] * n, stored_ref_logp=np.full(n, np.nan))
+  return ScoredBatch(rollout, signal=rng.normal(size=n).astype(np.float32),
+                     old_logp=np.zeros((n, w), np.float32), ref_logp=np.zeros((n, w), np.float32),
+                     log_z=np.zeros(n, np.float32))
 
 
-def make_layout(args, seqs: TrainSequences) -> packing.PackingLayout:
+def make_layout(args, seqs: ScoredBatch) -> packing.PackingLayout:
   """``--layout``: 'padded' (one sequence per row, padded to a multiple of 16, all rows in one
   micro-batch, as the TRL bench runs it), 'packed' (``--rows`` x ``--row-len``, FFD) or 'shared'
   (packed, each prompt once per row with its responses: ``share_prompts``)."""
-  n = len(seqs.prompts)
+  b = seqs.rollout
+  n = b.num_rows
   if args.layout == "padded":
-    longest = max(len(p) + len(r) for p, r in zip(seqs.prompts, seqs.responses))
+    longest = max(len(p) + len(r) for p, r in zip(b.prompts, b.response_ids))
     return packing.PackingLayout(packing=False, row_len=-(-longest // 16) * 16, rows=n)
   return packing.PackingLayout(row_len=args.row_len, rows=args.rows,
                                seqs_per_row=args.seqs_per_row,
                                **({"share_prompts": True} if args.layout == "shared" else {}))
 
 
-def build_phases(model: models.Transformer, seqs: TrainSequences, layout: packing.PackingLayout
+def build_phases(model: models.Transformer, seqs: ScoredBatch, layout: packing.PackingLayout
                  ) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
   """name -> zero-argument callable running one jitted phase (outputs not donated), and name ->
   its lowering. The model phases run on the layout's first micro-batch; ``train_step`` on all."""
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
-  optimizer = ts.make_optimizer(1e-4, weight_decay=0.0, grad_clip=1.0)
-  graphdef, _, state, shardings = ts.init_train_state(model, optimizer, mesh=mesh)
+  optimizer = rl_update.make_optimizer(1e-4, weight_decay=0.0, grad_clip=1.0)
+  graphdef, _, state, shardings = rl_update.init_train_state(model, optimizer, mesh=mesh)
   params = state.params
-  micro = seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)
-  placed = [ts.place_micro_batch(mb, mesh) for mb in micro]
+  idx = np.arange(seqs.rollout.num_rows)
+  micro = seqs.micro_batches(idx, layout, pad_id=0)
+  placed = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
   mb0 = placed[0]
 
   def loss(p):
-    logp, _ = ts.policy_forward(nnx.merge(graphdef, p), mb0)  # [S, W]
+    logp, _ = rl_update.policy_forward(nnx.merge(graphdef, p), mb0)  # [S, W]
     m = mb0.response_mask
     return -jnp.sum(jnp.exp(logp - jax.lax.stop_gradient(logp)) * mb0.signal[:, None] * m) / m.sum()
 
-  forward = jax.jit(lambda p: ts.policy_forward(nnx.merge(graphdef, p), mb0)[0])
+  forward = jax.jit(lambda p: rl_update.policy_forward(nnx.merge(graphdef, p), mb0)[0])
   fwd_bwd = jax.jit(jax.value_and_grad(loss))
   grads = jax.tree.map(lambda x: jnp.full_like(x, 1e-3), params)
 
   @jax.jit
   def opt(p, o, g):
     updates, o = optimizer.update(g, o, p)
-    return ts.optax.apply_updates(p, updates), o
+    return rl_update.optax.apply_updates(p, updates), o
 
-  update = ts.make_train_step(graphdef, objectives.Grpo(), optimizer, mesh=mesh,
-                              state_shardings=shardings, donate=False, on_policy_old_logp=True)
+  update = rl_update.make_train_step(graphdef, objectives.Grpo(), optimizer, mesh=mesh,
+                                     state_shardings=shardings, donate=False, on_policy_old_logp=True)
   update(state, placed)  # builds the accumulator's initialiser
-  host = lambda: [ts.place_micro_batch(mb, mesh) for mb in
-                  seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)]
+  host = lambda: [rl_update.place_micro_batch(mb, mesh) for mb in
+                  seqs.micro_batches(idx, layout, pad_id=0)]
   return {
       "forward": lambda: forward(params),
       "fwd+bwd": lambda: fwd_bwd(params),
@@ -356,9 +363,10 @@ def main() -> None:
   model = make_model(args.shape, remat=args.remat, unroll=args.unroll)
   seqs = make_sequences(args.shape, model.config.vocab_size)
   layout = make_layout(args, seqs)
-  micro = seqs.micro_batches(np.arange(len(seqs.prompts)), layout, pad_id=0)
-  real = sum(len(p) + len(r) for p, r in zip(seqs.prompts, seqs.responses))
-  print(f"jax {jax.__version__}; shape {args.shape} {SHAPES[args.shape]}; {len(seqs.prompts)} "
+  b = seqs.rollout
+  micro = seqs.micro_batches(np.arange(b.num_rows), layout, pad_id=0)
+  real = sum(len(p) + len(r) for p, r in zip(b.prompts, b.response_ids))
+  print(f"jax {jax.__version__}; shape {args.shape} {SHAPES[args.shape]}; {b.num_rows} "
         f"sequences ({real} tokens); layout {layout}: {len(micro)} micro-batch(es) of "
         f"{micro[0].rows.input_ids.shape} rows, {micro[0].num_slots} slots; "
         f"unroll={args.unroll} remat={args.remat}")

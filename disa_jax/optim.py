@@ -12,7 +12,7 @@ hands the gradients to the caller's ``apply_fn`` (the optimizer). Two weightings
 callers' losses exactly:
 
 - a mean loss per micro-batch, ``w_k = c_k = n_k`` (its sequences or tokens): the gradient of the
-  mean over the whole mini-batch (Stage 3, `disa_jax.rl.train_step`);
+  mean over the whole mini-batch (Stage 3, `disa_jax.rl.update`);
 - a summed loss, ``w_k = 1``, ``c_k`` = its tokens: the token mean over the batch (LoRA-SFT,
   `disa_jax.sft.supervised.make_sft_step`).
 

@@ -13,8 +13,9 @@ is not ready yet; the engine waits only when k batches are ahead.
 
 Collectives stay on the main thread, in step order on every process: the all-gather of a batch
 (`RolloutCollector.finish`, when the trainer takes it) and the host copy of the weights
-(`disa_jax.rollout.multihost.host_weights`, called by `WeightSync.after_update`). The rollout thread runs only this host's engine, so multi-host runs
-(one generation process per host) keep working.
+(`disa_jax.rollout.multihost.host_weights`, called by `PolicyUpdater.queue_push`). The rollout
+thread runs only this host's engine, so multi-host runs (one generation process per host) keep
+working.
 
 Checkpoints and resume: a checkpoint after S steps holds the weights of version S, but the batches
 of steps S .. S + k - 1 were sampled by older weights (max(s - k, 0) < S). They are written beside
@@ -32,7 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
-from disa_jax.rl.batch import RolloutBatch, require
+from disa_jax.rl.batch import RolloutBatch
 from disa_jax.rl.collect import LocalRollout, RolloutCollector
 from disa_jax.rollout.types import Engine
 
@@ -151,7 +152,6 @@ def save_batches(path: str | os.PathLike, batches: Mapping[int, RolloutBatch]) -
   no pickle), atomically."""
   arrays, meta = {}, {}
   for s, b in batches.items():
-    require(b, RolloutBatch, f"save_batches (batch of step {s})")
     p = f"{s}/"
     meta[str(s)] = {"prompt_ids": b.prompt_ids, "group_size": b.group_size,
                     "response_width": b.response_width, "finish_reason": b.finish_reason,

@@ -1,18 +1,16 @@
-"""The typed batches of a Stage 3 step: one frozen type per stage, then `TrainBatch` (the update).
+"""The typed batches of a Stage 3 step: `RolloutBatch` -> `ScoredBatch` -> `TrainBatch`.
 
-A step reads: rollout -> score -> objective -> update. Each stage takes the previous stage's type
-and returns a new one (nothing is filled in place), so a step run out of order fails at the type:
+A step reads: rollout -> score -> update. Each stage takes the previous stage's type and returns a
+new one (nothing is filled in place):
 
 1. the collector (`disa_jax.rl.collect`) samples and grades: `RolloutBatch` (prompt-major
    sequences: the G sequences of prompt p are ``p*G : (p+1)*G``);
-2. the scorer (`disa_jax.rl.scorer`) takes a `RolloutBatch` and returns a `ScoredBatch`, with the
-   log-probs the objective needs: ``ref_logp`` (pi_ref), ``old_logp`` (pi_old), per response
-   token, and ``log_z`` (the anchor's per-sequence value);
-3. the objective stage (`disa_jax.rl.objective_step`) takes a `ScoredBatch` and returns a
-   `SignalBatch`, with ``signal``, the objective's per-sequence scalar (r~ for TB, the advantage for
-   GRPO/GSPO), and a batch log Z where the objective estimates one;
-4. `SignalBatch.train_sequences` hands them to the update, which packs each mini-batch into
-   `TrainBatch` micro-batches (`TrainSequences.micro_batches`).
+2. the scorer (`disa_jax.rl.scorer`) takes a `RolloutBatch` and returns a `ScoredBatch`: the
+   rollout with what its objective reads, the log-probs ``ref_logp`` (pi_ref) and ``old_logp``
+   (pi_old) per response token, the objective's per-sequence ``signal`` (r~ for TB, the advantage
+   for GRPO/GSPO) and the ``log_z`` the loss reads (the anchor's, or the batch's own estimate);
+3. the update (`disa_jax.rl.update`) packs each mini-batch of a `ScoredBatch` into `TrainBatch`
+   micro-batches (`ScoredBatch.micro_batches`).
 
 A `TrainBatch` has two sides. The model side is `disa_jax.data.packing.PackedRows`: R rows of L
 tokens, several sequences per row (one per row without packing; with shared prompts each prompt
@@ -69,79 +67,6 @@ class TrainBatch:
   @property
   def num_slots(self) -> int:
     return int(self.response_mask.shape[0])
-
-
-@dataclasses.dataclass
-class TrainSequences:
-  """The update's per-sequence inputs on the host: N sequences, responses W tokens wide at most.
-
-  Attributes:
-    prompts: ``[N]`` prompt token ids.
-    responses: ``[N]`` response token ids.
-    old_logp, ref_logp: ``[N, W]`` float32, entry j = response token j (zeros beyond its length).
-    signal: ``[N]`` float32.
-    log_z: ``[N]`` float32.
-    behaviour_logp: ``[N, W]`` float32 log mu, the engine's sampled-distribution log-probs (zeros
-      on replayed rows); None: not recorded (the micro-batches carry None).
-    on_policy: ``[N]`` bool, the engine sampled the row (False: replayed); None with
-      ``behaviour_logp``.
-  """
-  prompts: Sequence[Sequence[int]]
-  responses: Sequence[Sequence[int]]
-  old_logp: np.ndarray
-  ref_logp: np.ndarray
-  signal: np.ndarray
-  log_z: np.ndarray
-  behaviour_logp: np.ndarray | None = None
-  on_policy: np.ndarray | None = None
-
-  @property
-  def width(self) -> int:
-    return int(self.old_logp.shape[1])
-
-  def micro_batches(self, idx: np.ndarray, layout: packing.PackingLayout, *, pad_id: int
-                    ) -> list[TrainBatch]:
-    """Packs sequences ``idx`` (a mini-batch) into `TrainBatch` micro-batches of ``layout``.
-
-    Every sequence lands in exactly one slot; the slots of each micro-batch carry its log-probs,
-    signal and log Z, and empty slots carry zeros and an all-zero mask.
-    """
-    idx = np.asarray(idx)
-    out = []
-    for pb in packing.pack([self.prompts[i] for i in idx], [self.responses[i] for i in idx],
-                           layout, pad_id=pad_id):
-      index, mask = pb.response_index(self.width)
-      filled = pb.seq_index >= 0
-      src = idx[pb.seq_index[filled]]
-
-      def take(a: np.ndarray) -> np.ndarray:
-        full = np.zeros((len(filled),) + a.shape[1:], np.float32)
-        full[filled] = a[src]
-        return full
-
-      on = mask > 0
-      out.append(TrainBatch(rows=pb.rows, response_index=index, response_mask=mask,
-                            old_logp=np.where(on, take(self.old_logp), 0.0),
-                            ref_logp=np.where(on, take(self.ref_logp), 0.0),
-                            signal=take(self.signal), log_z=take(self.log_z),
-                            prompt_slot=pb.prompt_slot if layout.share_prompts else None,
-                            behaviour_logp=(None if self.behaviour_logp is None else
-                                            np.where(on, take(self.behaviour_logp), 0.0)),
-                            on_policy=(None if self.on_policy is None else
-                                       take(np.asarray(self.on_policy, np.float32)))))
-    return out
-
-
-def require(batch: object, expected: type, stage: str) -> None:
-  """Refuses a batch of the wrong stage: ``stage`` takes an ``expected`` (see the module docstring).
-
-  Raises:
-    TypeError: naming the stage, the type it takes and the type it got.
-  """
-  if not isinstance(batch, expected):
-    raise TypeError(f"{stage} takes a {expected.__name__}, got {type(batch).__name__}: the step "
-                    "runs rollout -> score -> objective -> update, each stage on the previous "
-                    "stage's batch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,97 +146,70 @@ class RolloutBatch:
 
 @dataclasses.dataclass(frozen=True)
 class ScoredBatch:
-  """A `RolloutBatch` with the passes its objective reads (the scorer's output).
+  """A `RolloutBatch` with what its objective reads (the scorer's output): what the update trains
+  on (`micro_batches`).
 
   A field stays None exactly when the objective does not read it (`BatchScorer.score`).
 
   Attributes:
     rollout: the step's graded samples, ``[B = P * G]`` sequences.
+    signal: ``[B]`` float32 the objective's per-sequence scalar (`Objective.batch_signal`).
     ref_logp: ``[B, W]`` float32 log pi_ref per response token (zeros beyond each response);
-      None unless ``objective.needs_reference``.
+      None unless ``needs.reference``.
     old_logp: ``[B, W]`` float32 log pi_old per response token; None unless the objective needs
-      pi_old on the host (not taken from the update's own forward).
-    log_z: ``[B]`` float32 the anchor's log Z of each row's prompt; None unless
-      ``objective.needs_anchor``.
+      pi_old on the host (``needs.old_logp_on_host``: not taken from the update's own forward).
+    log_z: ``[B]`` float32 the log Z the loss reads: the anchor's of each row's prompt
+      (``needs.anchor``) or the batch's own estimate (``needs.batch_log_z``); None for the others.
   """
   rollout: RolloutBatch
+  signal: np.ndarray
   ref_logp: np.ndarray | None = None
   old_logp: np.ndarray | None = None
   log_z: np.ndarray | None = None
 
   def __post_init__(self):
-    require(self.rollout, RolloutBatch, "ScoredBatch.rollout")
-
-  # The rollout's facts an objective reads (`VarGrad.batch_log_z`).
-  @property
-  def group_size(self) -> int:
-    return self.rollout.group_size
-
-  @property
-  def response_width(self) -> int:
-    return self.rollout.response_width
-
-  @property
-  def response_ids(self) -> list[np.ndarray]:
-    return self.rollout.response_ids
-
-
-@dataclasses.dataclass(frozen=True)
-class SignalBatch:
-  """A `ScoredBatch` with the objective's per-row signal (the objective stage's output): what the
-  update trains on (`train_sequences`).
-
-  Attributes:
-    scored: the scored batch, ``[B = P * G]`` sequences.
-    signal: ``[B]`` float32 the objective's per-sequence scalar (`Objective.batch_signal`).
-    log_z: ``[B]`` float32 the log Z the loss reads: the anchor's (``scored.log_z``) or the batch
-      estimate of an objective with ``needs_batch_log_z``; None for the others.
-  """
-  scored: ScoredBatch
-  signal: np.ndarray
-  log_z: np.ndarray | None = None
-
-  def __post_init__(self):
-    require(self.scored, ScoredBatch, "SignalBatch.scored")
-    rows = self.scored.rollout.num_rows
+    rows = self.rollout.num_rows
     if np.shape(self.signal) != (rows,):
-      raise ValueError(f"SignalBatch.signal has shape {np.shape(self.signal)}, expected "
+      raise ValueError(f"ScoredBatch.signal has shape {np.shape(self.signal)}, expected "
                        f"({rows},): one value per row of the batch")
 
-  @property
-  def rollout(self) -> RolloutBatch:
-    return self.scored.rollout
+  def micro_batches(self, idx: np.ndarray, layout: packing.PackingLayout, *, pad_id: int
+                    ) -> list[TrainBatch]:
+    """Packs sequences ``idx`` (a mini-batch) into `TrainBatch` micro-batches of ``layout``.
 
-  # The scored facts an objective reads (`VarGrad.batch_log_z`).
-  @property
-  def old_logp(self) -> np.ndarray | None:
-    return self.scored.old_logp
+    Every sequence lands in exactly one slot; the slots of each micro-batch carry its log-probs
+    (None fields as zeros: the objective does not read them), signal, log Z, the engine's
+    log-probs of the sampled tokens and the on-policy flags; empty slots carry zeros and an
+    all-zero mask.
+    """
+    b = self.rollout
+    zeros_t = np.zeros((b.num_rows, b.response_width), np.float32)  # [B, W]
+    old_logp = zeros_t if self.old_logp is None else self.old_logp
+    ref_logp = zeros_t if self.ref_logp is None else self.ref_logp
+    signal = np.asarray(self.signal, np.float32).reshape(-1)
+    log_z = (np.zeros(b.num_rows, np.float32) if self.log_z is None
+             else np.asarray(self.log_z, np.float32))
+    behaviour_logp, on_policy = b.behaviour_logp(), np.asarray(~b.is_replay, np.float32)
+    prompts, responses = b.prompts, b.response_ids
+    idx = np.asarray(idx)
+    out = []
+    for pb in packing.pack([prompts[i] for i in idx], [responses[i] for i in idx], layout,
+                           pad_id=pad_id):
+      index, mask = pb.response_index(b.response_width)
+      filled = pb.seq_index >= 0
+      src = idx[pb.seq_index[filled]]
 
-  @property
-  def ref_logp(self) -> np.ndarray | None:
-    return self.scored.ref_logp
+      def take(a: np.ndarray) -> np.ndarray:
+        full = np.zeros((len(filled),) + a.shape[1:], np.float32)
+        full[filled] = a[src]
+        return full
 
-  @property
-  def group_size(self) -> int:
-    return self.scored.group_size
-
-  @property
-  def response_width(self) -> int:
-    return self.scored.response_width
-
-  @property
-  def response_ids(self) -> list[np.ndarray]:
-    return self.scored.response_ids
-
-  def train_sequences(self) -> TrainSequences:
-    """The update's inputs (None fields as zeros: the objective does not read them)."""
-    b, scored = self.rollout, self.scored
-    zeros_t = np.zeros((b.num_rows, b.response_width), np.float32)
-    return TrainSequences(
-        prompts=b.prompts, responses=b.response_ids,
-        old_logp=zeros_t if scored.old_logp is None else scored.old_logp,
-        ref_logp=zeros_t if scored.ref_logp is None else scored.ref_logp,
-        signal=np.asarray(self.signal, np.float32).reshape(-1),
-        log_z=(np.zeros(b.num_rows, np.float32) if self.log_z is None
-               else np.asarray(self.log_z, np.float32)),
-        behaviour_logp=b.behaviour_logp(), on_policy=~b.is_replay)
+      on = mask > 0
+      out.append(TrainBatch(rows=pb.rows, response_index=index, response_mask=mask,
+                            old_logp=np.where(on, take(old_logp), 0.0),
+                            ref_logp=np.where(on, take(ref_logp), 0.0),
+                            signal=take(signal), log_z=take(log_z),
+                            prompt_slot=pb.prompt_slot if layout.share_prompts else None,
+                            behaviour_logp=np.where(on, take(behaviour_logp), 0.0),
+                            on_policy=take(on_policy)))
+    return out

@@ -5,13 +5,12 @@ Each part of a step takes the run's `TrainConfig` and the input groups it reads,
 
 - `RolloutCollector` (the ``rollout``, ``replay``, ``validation`` sections, ``seed``; the
   `RolloutTask`; this host's engine);
-- `BatchScorer` (the objective, ``rollout``, ``replay.max_ref_logp_drift``; the `StepModels`'
-  reference and mesh; the validated anchor);
-- `ObjectiveStep` (the objective);
+- `BatchScorer` (the objective and what it needs, ``rollout``, ``replay.max_ref_logp_drift``; the
+  `StepModels`' reference and mesh; the validated anchor);
 - `PolicyUpdater` (the objective, ``optim``, ``rollout``, ``seed`` and the run's update count;
-  the `StepModels`' policy and mesh);
-- `WeightSync` (the `EngineLink`; with ``rollout.max_staleness`` > 0, the `RolloutPipeline` it
-  pushes through).
+  the `StepModels`' policy and mesh; the `EngineLink` its weights are pushed through);
+- with ``rollout.max_staleness`` > 0, the `RolloutPipeline` (the collector and this host's
+  engine), which the updater's pushes are queued on.
 
 `validate_anchor` is the one place the anchor is checked against the objective (present exactly
 when the objective needs one; fitted with its beta, reward transform, scale, width and, where the
@@ -32,22 +31,19 @@ from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.inputs import AnchorInput, EngineLink, RolloutTask, StepModels
-from disa_jax.rl.objective_step import ObjectiveStep
-from disa_jax.rl.objectives import Objective
 from disa_jax.rl.scorer import BatchScorer
-from disa_jax.rl.sync import WeightSync
 from disa_jax.rl.trainer import StepParts, Trainer
 from disa_jax.rl.update import PolicyUpdater
 
 _LOG = logging.getLogger("disa_jax.rl")
 
 
-def validate_anchor(objective: Objective, anchor: Any, *, hidden_size: int | None,
+def validate_anchor(cfg: TrainConfig, anchor: Any, *, hidden_size: int | None,
                     identity: Mapping[str, str] | None = None, source: str = "") -> None:
   """The one check of the anchor against the objective (see the module docstring).
 
   Args:
-    objective: the run's objective.
+    cfg: the run's config (its objective, and whether it needs an anchor: ``cfg.needs``).
     anchor: the frozen `disa_jax.anchor.Anchor` (or table anchor), or None.
     hidden_size: the reference model's hidden width (an anchor on prompt embeddings must match).
     identity: ``reference=`` / ``rendering=`` the anchor must have been fitted under (checked for
@@ -58,7 +54,8 @@ def validate_anchor(objective: Objective, anchor: Any, *, hidden_size: int | Non
     ValueError: naming the objective and the missing or extra anchor, or the first mismatching
       fact of `Anchor.check_compatible`.
   """
-  if not objective.needs_anchor:
+  objective = cfg.objective
+  if not cfg.needs.anchor:
     if anchor is not None:
       raise ValueError(f"an anchor was given but objective {objective.name!r} does not use one")
     return
@@ -97,13 +94,11 @@ def build_parts(cfg: TrainConfig, step_models: StepModels, task: RolloutTask, li
     raise ValueError(f"process {jax.process_index()} leads its host's generation but engine=None")
   _place_models(cfg, step_models)
   collector = RolloutCollector(cfg, task, link.engine, leaders)
-  updater = PolicyUpdater(cfg, step_models, task.pad_id)
+  updater = PolicyUpdater(cfg, step_models, task.pad_id, link)
   scorer = BatchScorer(cfg, step_models, updater.graphdef, anchor, task.pad_id)
   k = cfg.rollout.max_staleness
   pipeline = RolloutPipeline(collector, link.engine, k) if k else None
-  sync = WeightSync(updater, link.engine, link.push_dtype, pipeline, link.push_bucket_bytes)
-  return StepParts(collector=collector, scorer=scorer, objective=ObjectiveStep(cfg.objective),
-                   updater=updater, sync=sync, pipeline=pipeline)
+  return StepParts(collector=collector, scorer=scorer, updater=updater, pipeline=pipeline)
 
 
 def build_trainer(cfg: TrainConfig, workdir: str, step_models: StepModels, task: RolloutTask,
@@ -125,7 +120,7 @@ def build_trainer(cfg: TrainConfig, workdir: str, step_models: StepModels, task:
       returns more validation metrics (e.g. the exact measures of `disa_jax.eval.exact`).
   """
   reference = step_models.reference
-  validate_anchor(cfg.objective, anchor.anchor,
+  validate_anchor(cfg, anchor.anchor,
                   hidden_size=reference.config.hidden_size if reference is not None else None,
                   identity=anchor.identity, source=anchor.source)
   if step_models.mesh is None:

@@ -5,8 +5,8 @@
 - `RolloutTask`: the training and validation prompts, how responses are decoded and graded, the
   tokenizer's stop and pad ids, and the Stage 1 replay pool;
 - `EngineLink`: this host's rollout engine and how the policy's weights are pushed to it;
-- `AnchorInput`: the frozen anchor (objectives with ``needs_anchor``) and the identity it must
-  have been fitted under.
+- `AnchorInput`: the frozen anchor (objectives whose `Needs` has ``anchor``) and the identity it
+  must have been fitted under.
 
 Each part of a step takes the run's `TrainConfig` and the groups it reads, never the loose values.
 """
@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
+from disa_jax import config as config_lib
 from disa_jax import models
 from disa_jax.rewards.graded import RewardFn
 from disa_jax.rl.prompts import PromptItem
@@ -77,6 +78,10 @@ class EngineLink:
   engine: Engine | None
   push_dtype: Any = None
   push_bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES
+
+  def __post_init__(self):
+    config_lib.check_count(self.push_bucket_bytes, "EngineLink push_bucket_bytes",
+                           "0 = one bucket")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Score: the second part of a Stage 3 step. Adds the log-probs and log Z the objective reads.
+"""Score: the second part of a Stage 3 step. Adds what the objective reads, and its signal.
 
 `BatchScorer.score(batch, policy_params)` takes the collector's `RolloutBatch` and returns a new
 `ScoredBatch` with what its objective reads under the run's rollout settings (`Objective.needs`,
@@ -13,7 +13,10 @@ resolved once into a `Needs`):
   (``rollout.max_staleness`` > 0) an objective with ``behaviour_as_old_logp`` (TB) reads the
   engine's log-probs of the behaviour policy mu instead (replayed rows recomputed);
 - ``log_z``: the frozen anchor's value of each row's prompt (``needs.anchor``), queried on
-  the reference model's mean-pooled prompt states, the embedding the anchor was fitted on.
+  the reference model's mean-pooled prompt states, the embedding the anchor was fitted on;
+- ``signal``: the objective's per-row scalar (`Objective.batch_signal`: r~ for TB, the group
+  advantage for GRPO/GSPO), and for an objective that estimates log Z from the batch's own
+  samples (``needs.batch_log_z``: VarGrad) that estimate as ``log_z``, taken after the signal.
 
 Scoring runs on the update's micro-batch layout (`RolloutConfig.layout`: packed rows of
 ``rollout.row_len`` tokens, ``rollout.micro_batch_rows`` rows per pass) on the training mesh; every
@@ -25,6 +28,7 @@ validated once, by `disa_jax.rl.build.validate_anchor`.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -34,8 +38,8 @@ from flax import nnx
 from disa_jax.data.packing import PackedRows, sequence_lengths
 from disa_jax import parallel
 from disa_jax.parallel import distributed
-from disa_jax.rl import train_step as ts
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch, require
+from disa_jax.rl import update
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.inputs import StepModels
 from disa_jax.scoring import packed_prompt_embeddings
@@ -43,18 +47,19 @@ from disa_jax.scoring.batched import embed_packed, score_packed
 
 
 class BatchScorer:
-  """Scores a `RolloutBatch` with the passes its objective needs (see the module docstring).
+  """Scores a `RolloutBatch` with the passes its objective needs, and adds the objective's signal
+  (see the module docstring).
 
   Args:
-    cfg: the run's config: its objective (what it reads decides the passes), ``rollout`` (micro-
-      batch layout, ``old_logp_source``, ``max_staleness``) and ``replay.max_ref_logp_drift`` (the
-      largest median |stored - recomputed| log pi_ref of the replayed rows); pi_old comes from
-      the update's own forward when ``cfg.old_logp_in_update``.
+    cfg: the run's config: its objective (what it reads decides the passes; its signal and batch
+      log Z), ``rollout`` (micro-batch layout, ``old_logp_source``, ``max_staleness``) and
+      ``replay.max_ref_logp_drift`` (the largest median |stored - recomputed| log pi_ref of the
+      replayed rows); pi_old comes from the update's own forward when ``cfg.old_logp_in_update``.
     step_models: the frozen pi_ref (kept when the objective needs it or an anchor), the training
       mesh and ``pad_to`` (without packing, rows are padded to a multiple of it).
     policy_graphdef: the policy's graph (its parameters are passed to `score`).
-    anchor: the frozen `disa_jax.anchor.Anchor`, already validated (objectives with
-      ``needs_anchor``; None otherwise).
+    anchor: the frozen `disa_jax.anchor.Anchor`, already validated (objectives whose ``needs``
+      has ``anchor``; None otherwise).
     pad_id: padding token id.
   """
 
@@ -68,15 +73,15 @@ class BatchScorer:
     self.objective, self.rollout, self.anchor = objective, cfg.rollout, anchor
     self.max_ref_logp_drift = cfg.replay.max_ref_logp_drift
     self.pad_id, self.pad_to = pad_id, step_models.pad_to
-    self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(ts.BATCH_AXES))
+    self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(update.BATCH_AXES))
     self._shards = parallel.batch_shards(mesh)
-    self._score_policy = ts.make_scoring_fn(policy_graphdef)
+    self._score_policy = update.make_scoring_fn(policy_graphdef)
     self._replay_checked = False
     if reference is not None:
       self.ref_params = nnx.state(reference, nnx.Param)
       self.anchor_dim = reference.config.hidden_size
       ref_graphdef = nnx.graphdef(reference)
-      self._score_ref = ts.make_scoring_fn(ref_graphdef)
+      self._score_ref = update.make_scoring_fn(ref_graphdef)
       self._embed = jax.jit(lambda p, rows, slots: packed_prompt_embeddings(
           nnx.merge(ref_graphdef, p), rows, slots), static_argnums=2)
 
@@ -105,12 +110,7 @@ class BatchScorer:
 
   def score(self, batch: RolloutBatch, policy_params: nnx.State) -> ScoredBatch:
     """The `ScoredBatch` of ``batch``: ``ref_logp``, ``old_logp`` and ``log_z`` as the objective
-    needs (None where it does not).
-
-    Raises:
-      TypeError: ``batch`` is not a `RolloutBatch` (e.g. an already scored batch).
-    """
-    require(batch, RolloutBatch, "BatchScorer.score")
+    needs (None where it does not), and its ``signal`` ``[P, G] -> [B]``."""
     needs = self.needs
     ref_logp = old_logp = log_z = None
     if needs.reference:
@@ -121,7 +121,14 @@ class BatchScorer:
     if needs.anchor:
       log_z = np.repeat(self.anchor_log_z(batch.prompt_ids, batch.prompt_tokens),
                         batch.group_size)  # [P] -> [P * G]
-    return ScoredBatch(rollout=batch, ref_logp=ref_logp, old_logp=old_logp, log_z=log_z)
+    grouped = batch.grouped_reward
+    signal = self.objective.batch_signal(
+        grouped, batch.is_replay.reshape(grouped.shape)).reshape(-1)  # [P, G] -> [B]
+    scored = ScoredBatch(rollout=batch, signal=signal, ref_logp=ref_logp, old_logp=old_logp,
+                         log_z=log_z)
+    if needs.batch_log_z:  # VarGrad: log Z from this batch's own samples
+      scored = dataclasses.replace(scored, log_z=self.objective.batch_log_z(scored))  # [B]
+    return scored
 
   def _old_logp(self, batch: RolloutBatch, policy_params: nnx.State) -> np.ndarray:
     """``[B, W]`` log pi_old (or the behaviour's log mu, see the module docstring)."""
@@ -155,7 +162,6 @@ class BatchScorer:
 
 def replay_stats(scored: ScoredBatch) -> dict[str, float]:
   """Metrics of the replayed rows (share, prompt coverage, accuracy, log pi_ref drift)."""
-  require(scored, ScoredBatch, "replay_stats")
   batch = scored.rollout
   rep = batch.is_replay
   g = batch.group_size

@@ -234,16 +234,16 @@ def route_trainer(trainer: Any, batcher: SeedBatcher) -> None:
   scorer's passes and its update's micro and optimizer steps (the micro step only for an objective
   without trainable state: see the module docstring)."""
   # pylint: disable=protected-access
-  step = trainer.updater._step
+  updater, scorer = trainer.parts.updater, trainer.parts.scorer
+  step = updater._step
   if not trainer.cfg.objective.has_state:
     step._micro_j = batcher.route(step._micro_j, "update.micro")
   step._finish_j = batcher.route(step._finish_j, "update.finish")
-  scorer = trainer.scorer
   scorer._score_policy = batcher.route(scorer._score_policy, "score.policy")
   if hasattr(scorer, "_score_ref"):  # (an objective with the reference or an anchor)
     scorer._score_ref = batcher.route(scorer._score_ref, "score.reference")
     scorer._embed = batcher.route(scorer._embed, "score.embed", static_argnums=(2,))
-  route_sampler(trainer.engine, batcher)
+  route_sampler(updater.link.engine, batcher)
 
 
 def _same_run(trainer: Any) -> dict[str, Any]:
@@ -252,7 +252,7 @@ def _same_run(trainer: Any) -> dict[str, Any]:
   parameter shapes."""
   cfg = config_lib.to_dict(trainer.cfg)
   return flatten("", {"train": {k: v for k, v in cfg.items() if k not in ("seed", "progress_bar")},
-                      "param_shapes": trainer.updater.param_shapes()})
+                      "param_shapes": trainer.parts.updater.param_shapes()})
 
 
 class _Router:

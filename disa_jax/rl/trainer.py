@@ -1,18 +1,18 @@
-"""The Stage 3 loop (Alg. 1, lines 10-13): rollout -> score -> objective -> update -> sync.
+"""The Stage 3 loop (Alg. 1, lines 10-13): rollout -> score -> update -> weight push.
 
 One RL step reads, part by part (each a small object of its own module, built from its own config
 section by `disa_jax.rl.build` and handed to `Trainer` as `StepParts`; callers build a trainer
 with `disa_jax.rl.build.build_trainer`):
 
 1. rollout (`RolloutCollector`, `disa_jax.rl.collect`): the step's prompts, G samples each from the
-   rollout engine, graded, into a frozen `RolloutBatch`;
+   rollout engine, graded, into a frozen `RolloutBatch` (with ``rollout.max_staleness`` > 0,
+   sampled ahead by the `RolloutPipeline`, `disa_jax.rl.async_rollout`);
 2. score (`BatchScorer`, `disa_jax.rl.scorer`): the reference / old log-probs and the anchor's log Z
-   the objective declares it needs, into a `ScoredBatch`;
-3. objective (`ObjectiveStep`, `disa_jax.rl.objective_step`): its per-row signal (r~ or the group
-   advantage), into a `SignalBatch`;
-4. update (`PolicyUpdater`, `disa_jax.rl.update`): ``num_minibatches`` optimizer updates, each
+   the objective declares it needs, and its per-row signal (r~ or the group advantage), into a
+   `ScoredBatch`;
+3. update (`PolicyUpdater`, `disa_jax.rl.update`): ``num_minibatches`` optimizer updates, each
    over packed micro-batches (`disa_jax.data.packing`; the scorer's passes use the same rows);
-5. sync (`WeightSync`, `disa_jax.rl.sync`): the new policy weights to the engine.
+   then the new policy weights to the engine (at once, or queued on the pipeline).
 
 Then every ``validation.every`` steps (and before step 1 with ``validation.at_start``) a
 validation pass, every ``checkpoint.every`` steps a checkpoint; a new best validation score
@@ -47,7 +47,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from disa_jax import config as config_lib
-from disa_jax import models, optim, preemption
+from disa_jax import optim, preemption
 from disa_jax.checkpoint import CheckpointManager, selection
 from disa_jax.checkpoint.identity import flatten
 from disa_jax.checkpoint.selection import Selection
@@ -57,11 +57,9 @@ from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, scan_jsonl
-from disa_jax.rl.objective_step import ObjectiveStep
 from disa_jax.rl.objectives import Objective
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.scorer import BatchScorer, replay_stats
-from disa_jax.rl.sync import WeightSync
 from disa_jax.rl.update import PolicyUpdater
 
 # Config sections a resumed run must share with the checkpoint (what a step computes and what
@@ -115,27 +113,19 @@ class StepParts:
   Attributes:
     collector: rollout: samples and grades a `RolloutBatch`.
     scorer: score: `RolloutBatch` -> `ScoredBatch`.
-    objective: objective: `ScoredBatch` -> `SignalBatch`.
-    updater: update: the trained state and its optimizer updates.
-    sync: sync: the new weights to the engine.
+    updater: update: the trained state, its optimizer updates and the push of its weights to the
+      engine.
     pipeline: the asynchronous rollouts (``rollout.max_staleness`` > 0); None: synchronous.
   """
   collector: RolloutCollector
   scorer: BatchScorer
-  objective: ObjectiveStep
   updater: PolicyUpdater
-  sync: WeightSync
   pipeline: RolloutPipeline | None = None
 
   def __post_init__(self):
-    for name, kind in (("collector", RolloutCollector), ("scorer", BatchScorer),
-                       ("objective", ObjectiveStep), ("updater", PolicyUpdater),
-                       ("sync", WeightSync)):
-      if not isinstance(getattr(self, name), kind):
-        raise TypeError(f"StepParts.{name} must be a {kind.__name__}, got "
-                        f"{type(getattr(self, name)).__name__}")
-    if self.sync.pipeline is not self.pipeline:
-      raise ValueError("StepParts.sync must push through StepParts.pipeline (the same object)")
+    if self.pipeline is not None and self.pipeline.engine is not self.updater.link.engine:
+      raise ValueError("StepParts: the rollout pipeline drives another engine than the one the "
+                       "updater pushes to")
 
 
 class Trainer:
@@ -159,8 +149,6 @@ class Trainer:
                validation_prompts: Sequence[PromptItem] = (),
                identity: Mapping[str, Any] | None = None,
                measures: Callable[[int], Mapping[str, float]] | None = None):
-    if not isinstance(parts, StepParts):
-      raise TypeError(f"Trainer parts must be a StepParts, got {type(parts).__name__}")
     self.cfg, self.workdir, self.parts = cfg, workdir, parts
     self.identity, self.measures = dict(identity or {}), measures
     self.validation_prompts = list(validation_prompts)
@@ -189,41 +177,11 @@ class Trainer:
     if hook is not None:
       hook(self)
 
-  # The parts, by name.
-  @property
-  def collector(self) -> RolloutCollector:
-    return self.parts.collector
-
-  @property
-  def scorer(self) -> BatchScorer:
-    return self.parts.scorer
-
-  @property
-  def updater(self) -> PolicyUpdater:
-    return self.parts.updater
-
-  @property
-  def pipeline(self) -> RolloutPipeline | None:
-    return self.parts.pipeline
-
-  @property
-  def policy(self) -> models.Transformer:
-    """The trained `Transformer` (its weights are the state's after each sync)."""
-    return self.parts.updater.policy
-
-  @property
-  def engine(self):
-    return self.parts.sync.engine
-
-  @property
-  def state(self):
-    return self.updater.state
-
   # -- checkpoints -------------------------------------------------------------------------------
 
   def _meta(self, step: int) -> dict[str, Any]:
     return {"rl_step": step, "data_position": step, "config": config_lib.to_dict(self.cfg),
-            "identity": self.identity, "param_shapes": self.updater.param_shapes(),
+            "identity": self.identity, "param_shapes": self.parts.updater.param_shapes(),
             "selection": self.selection.to_json()}
 
   def _in_flight_path(self, step: int) -> str:
@@ -232,14 +190,15 @@ class Trainer:
   def save(self, step: int) -> None:
     """Checkpoints the state after ``step`` steps, keeping the best validated step as well; with
     asynchronous rollouts, the batches already sampled by older weights beside it."""
-    if self.pipeline is not None:
-      batches = self.pipeline.in_flight(step)
+    pipeline = self.parts.pipeline
+    if pipeline is not None:
+      batches = pipeline.in_flight(step)
       if batches and distributed.is_main_process():
         async_rollout.save_batches(self._in_flight_path(step), batches)
-    self.ckpt.save(step, self.updater.checkpoint_state(), self._meta(step), force=True,
+    self.ckpt.save(step, self.parts.updater.checkpoint_state(), self._meta(step), force=True,
                    keep_also=self.selection.best_step)
     self._saved_step = step
-    if self.pipeline is not None and distributed.is_main_process():
+    if pipeline is not None and distributed.is_main_process():
       kept = {str(s) for s in self.ckpt.all_steps()} | {str(step)}
       for f in Path(self.workdir, "in_flight").glob("*.npz"):
         if f.stem not in kept:
@@ -314,35 +273,39 @@ class Trainer:
     self._check_resumable(step, meta)
     if meta.get("selection"):
       self.selection = Selection.from_json(meta["selection"])
-    _, restored, _ = self.ckpt.restore(self.updater.checkpoint_state(), step)
-    self.updater.load_checkpoint_state(restored)
+    updater = self.parts.updater
+    _, restored, _ = self.ckpt.restore(updater.checkpoint_state(), step)
+    updater.load_checkpoint_state(restored)
     self.start_step = self._saved_step = step
-    if self.pipeline is not None and step > 0:
+    if self.parts.pipeline is not None and step > 0:
       path = self._in_flight_path(step)
       if not os.path.exists(path):
         raise ValueError(f"cannot resume {self.workdir}: checkpoint {step} was written with "
                          f"rollout.max_staleness={self.cfg.rollout.max_staleness} but its in-flight "
                          f"rollouts {path} are missing")
       self._restored_in_flight = async_rollout.load_batches(path)
-    self.parts.sync.push_now()
+    updater.push()
 
   # -- one RL step -------------------------------------------------------------------------------
 
   def step(self, step: int) -> dict[str, float]:
-    """RL step ``step`` (0-based): rollout -> score -> objective -> update -> sync."""
+    """RL step ``step`` (0-based): rollout -> score -> update -> weight push."""
     parts = self.parts
+    updater, pipeline = parts.updater, parts.pipeline
     t0 = time.perf_counter()
-    batch = (parts.pipeline.take(step) if parts.pipeline is not None
+    batch = (pipeline.take(step) if pipeline is not None
              else parts.collector.collect(step, version=step))
-    scored = parts.scorer.score(batch, self.state.params)
-    signalled = parts.objective.apply(scored)
+    scored = parts.scorer.score(batch, updater.state.params)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
       metrics.update(replay_stats(scored))
-    metrics.update(parts.updater.update(step, signalled.train_sequences()))
+    metrics.update(updater.update(step, scored))
     t2 = time.perf_counter()
-    parts.sync.after_update(step + 1)
+    if pipeline is None:
+      updater.push()
+    else:  # queued before the pipeline's sampling of step step + 1 + k
+      updater.queue_push(pipeline, step + 1)
     t3 = time.perf_counter()
     metrics["rollout/staleness"] = float(step - batch.policy_version)
     metrics.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
@@ -352,10 +315,10 @@ class Trainer:
 
   def validate(self, done: int, metrics: dict[str, float]) -> bool:
     """Validates the current weights after ``done`` steps into ``metrics``; True at a new best."""
-    if self.pipeline is not None:  # the engine is free and holds the weights after ``done`` steps
-      self.pipeline.wait_idle()
+    if self.parts.pipeline is not None:  # the engine is free, holding the weights after ``done``
+      self.parts.pipeline.wait_idle()
     if self.validation_prompts:
-      metrics.update(self.collector.validate(self.validation_prompts, done))
+      metrics.update(self.parts.collector.validate(self.validation_prompts, done))
     if self.measures is not None:
       metrics.update(self.measures(done))
     if not self.validation_prompts:
@@ -381,9 +344,9 @@ class Trainer:
     bar = tqdm(total=cfg.total_steps, initial=self.start_step,
                disable=not cfg.progress_bar or not distributed.is_main_process(),
                desc=f"stage3/{cfg.objective.name}", unit="step")
-    history = []
-    if self.pipeline is not None:
-      self.pipeline.start(self.start_step, self._restored_in_flight)
+    history, pipeline = [], self.parts.pipeline
+    if pipeline is not None:
+      pipeline.start(self.start_step, self._restored_in_flight)
     try:
       with preemption.watch():
         for step in range(self.start_step, cfg.total_steps):
@@ -406,8 +369,8 @@ class Trainer:
           bar.update(1)
           bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.3g}")
     except BaseException:
-      if self.pipeline is not None:  # no rollout thread left waiting on the engine
-        self.pipeline.close()
+      if pipeline is not None:  # no rollout thread left waiting on the engine
+        pipeline.close()
       raise
     finally:
       bar.close()
@@ -417,8 +380,8 @@ class Trainer:
     return history
 
   def close(self) -> None:
-    if self.pipeline is not None:
-      self.pipeline.close()
+    if self.parts.pipeline is not None:
+      self.parts.pipeline.close()
     self.ckpt.close()
     if self.logger is not None:
       self.logger.close()

@@ -128,7 +128,7 @@ class DataConfig:
     reward: registered reward name ('math' | 'code' | 'sum_task' | a plugin's).
     reward_plugins: modules imported first that register further rewards.
     rendering: 'chat_template' | 'plain' (`disa_jax.data.prompting`); the anchor must match.
-    anchor_path: the frozen Stage 2 anchor (objectives with ``needs_anchor``).
+    anchor_path: the frozen Stage 2 anchor (objectives whose `Needs` has ``anchor``).
     replay_path: the Stage 1 dataset replayed when ``train.replay.fraction > 0``.
     validation_paths: held-out prompt files for periodic validation (``train.validation``).
   """
@@ -186,10 +186,10 @@ class Stage3Config:
     if self.engine.kind not in MODEL_ENGINES:
       raise ValueError(f"engine.kind={self.engine.kind!r} cannot serve the Stage 3 policy (its "
                        f"weights change every step): use one of {MODEL_ENGINES}")
-    obj, replay = self.train.objective, self.train.replay
-    if obj.needs_anchor and not self.data.anchor_path:
+    obj, replay, needs = self.train.objective, self.train.replay, self.train.needs
+    if needs.anchor and not self.data.anchor_path:
       raise ValueError(f"data.anchor_path is required for objective {obj.name!r}, got ''")
-    if not obj.needs_anchor and self.data.anchor_path:
+    if not needs.anchor and self.data.anchor_path:
       raise ValueError(f"data.anchor_path={self.data.anchor_path!r} is set but objective "
                        f"{obj.name!r} uses no anchor")
     if replay.enabled != bool(self.data.replay_path):
@@ -222,7 +222,7 @@ def load_anchor(cfg: Stage3Config, hidden_size: int):
   """The frozen anchor, refused if it was fitted on another reference, rendering or label facts
   (`disa_jax.rl.build.validate_anchor`; preflight's check before a launch)."""
   anchor = anchor_lib.load_anchor(cfg.data.anchor_path)
-  validate_anchor(cfg.train.objective, anchor, hidden_size=hidden_size,
+  validate_anchor(cfg.train, anchor, hidden_size=hidden_size,
                   identity=anchor_identity(cfg), source=anchor_source(cfg))
   return anchor
 
@@ -496,7 +496,7 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
   mesh = cfg.mesh.make()
   policy, reference = _load_models(cfg, mesh)
   # Checked once, by build_trainer (`validate_anchor`).
-  anchor = anchor_lib.load_anchor(dc.anchor_path) if tc.objective.needs_anchor else None
+  anchor = anchor_lib.load_anchor(dc.anchor_path) if tc.needs.anchor else None
   pool = (ReplayPool.from_stage1(dc.replay_path, max_response_len=tc.rollout.max_response_len,
                                  correct_only=tc.replay.correct_only, dedupe=tc.replay.dedupe,
                                  first_samples=tc.replay.first_samples)

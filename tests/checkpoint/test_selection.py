@@ -52,7 +52,7 @@ def scripted_run(tmp_path_factory):
       cfg, validation=dataclasses.replace(cfg.validation, every=1, at_start=True),
       checkpoint=dataclasses.replace(cfg.checkpoint, every=2, keep=1))
   trainer, _ = tt._trainer(cfg, workdir)  # pylint: disable=protected-access
-  trainer.collector.validate = lambda items, done: {"eval/mean@4": SCORES[done]}
+  trainer.parts.collector.validate = lambda items, done: {"eval/mean@4": SCORES[done]}
   trainer.run()
   trainer.close()
   model_dir = str(workdir.parent / "model")
@@ -98,7 +98,7 @@ def test_evaluation_exports_the_best_checkpoint_and_says_so(scripted_run, tmp_pa
   assert info["checkpoint"]["reason"] == choice.reason
   # The exported weights are checkpoint 1's, not the final policy's.
   exported = models.to_hf_state_dict(models.from_pretrained(path))
-  final = models.to_hf_state_dict(trainer.policy)
+  final = models.to_hf_state_dict(trainer.parts.updater.policy)
   assert any(not np.array_equal(exported[k], np.asarray(final[k])) for k in final)
   # The suite summary says which step was evaluated and why.
   summary = evaluation._write_summary(cfg, path, choice, {}, [], tmp_path / "ev")  # pylint: disable=protected-access

@@ -56,7 +56,7 @@ def main(steps: int, workdir: str) -> None:
                             T.AnchorInput(T._anchor(policy.config.hidden_size)))  # pylint: disable=protected-access
     trainer.run()
     trainer.close()
-    params = distributed.replicate_to_hosts(nnx.to_pure_dict(trainer.state.params))
+    params = distributed.replicate_to_hosts(nnx.to_pure_dict(trainer.parts.updater.state.params))
     if distributed.is_main_process():
       np.savez(os.path.join(workdir, f"params_{steps}.npz"), **mh_worker.flat_params(params))
     comp = engine.generate([PROBE_PROMPT], rollout.SamplingParams(

@@ -35,17 +35,18 @@ def make_batch(step: int, vocab: int):
   micro-batches of MICRO_BATCH packed rows of WIDTH tokens."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from disa_jax.data.packing import PackingLayout  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl.batch import TrainSequences  # pylint: disable=g-import-not-at-top
+  from tests.rl.helpers import scored_sequences  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1000 + step)
   resp_len = rng.integers(1, WIDTH - PROMPT_LEN + 1, ROWS)
   width = WIDTH - PROMPT_LEN
   mask = np.arange(width)[None] < resp_len[:, None]
   logp = lambda: (-rng.uniform(3.5, 5.5, (ROWS, width)) * mask).astype(np.float32)
-  seqs = TrainSequences(prompts=[rng.integers(3, vocab, PROMPT_LEN) for _ in range(ROWS)],
-                        responses=[rng.integers(3, vocab, n) for n in resp_len],
-                        old_logp=logp(), ref_logp=logp(),
-                        signal=rng.integers(0, 2, ROWS).astype(np.float32),
-                        log_z=rng.normal(-4.0, 1.0, ROWS).astype(np.float32))
+  prompts = [rng.integers(3, vocab, PROMPT_LEN) for _ in range(ROWS)]
+  responses = [rng.integers(3, vocab, n) for n in resp_len]
+  old_logp, ref_logp = logp(), logp()
+  seqs = scored_sequences(prompts, responses, old_logp, ref_logp,
+                          signal=rng.integers(0, 2, ROWS).astype(np.float32),
+                          log_z=rng.normal(-4.0, 1.0, ROWS).astype(np.float32))
   return seqs.micro_batches(np.arange(ROWS), PackingLayout(row_len=WIDTH, rows=MICRO_BATCH),
                             pad_id=0)
 
@@ -57,10 +58,10 @@ def objective():
 
 
 def make_optimizer():
-  from disa_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl import update as rl_update  # pylint: disable=g-import-not-at-top
   # eps=1e-3: elements whose gradient is at float noise (|g| << eps) move by lr*g/eps, not by
   # lr*sign(g); otherwise a cross-process reduction order flips such an element by a whole step.
-  return ts.make_optimizer(LEARNING_RATE, weight_decay=0.0, grad_clip=0.0, eps=1e-3)
+  return rl_update.make_optimizer(LEARNING_RATE, weight_decay=0.0, grad_clip=0.0, eps=1e-3)
 
 
 def flat_params(pure: dict, prefix: str = "") -> dict:
@@ -87,7 +88,7 @@ def main(phase: str, workdir: str) -> None:
   from disa_jax.rollout import multihost  # pylint: disable=g-import-not-at-top
   from disa_jax.checkpoint import CheckpointManager  # pylint: disable=g-import-not-at-top
   from disa_jax.parallel import make_mesh  # pylint: disable=g-import-not-at-top
-  from disa_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
+  from disa_jax.rl import update as rl_update  # pylint: disable=g-import-not-at-top
 
   pid = jax.process_index()
   assert spec.source == "env" and jax.process_count() == spec.num_processes, spec
@@ -101,9 +102,9 @@ def main(phase: str, workdir: str) -> None:
     mesh = make_mesh(fsdp=-1)  # all devices of all processes
     model = models.from_pretrained(model_path, mesh=mesh)
     opt = make_optimizer()
-    graphdef, _, state, shardings = ts.init_train_state(model, opt, mesh=mesh)
-    update = ts.make_train_step(graphdef, objective(), opt, mesh=mesh,
-                                state_shardings=shardings, donate=False)
+    graphdef, _, state, shardings = rl_update.init_train_state(model, opt, mesh=mesh)
+    update = rl_update.make_train_step(graphdef, objective(), opt, mesh=mesh,
+                                       state_shardings=shardings, donate=False)
     ckpt = CheckpointManager(os.path.join(workdir, "ckpt"), async_save=False)
 
     def ckpt_state(s):
@@ -114,13 +115,13 @@ def main(phase: str, workdir: str) -> None:
       assert meta["process_count"] == jax.process_count(), meta
       params = state.params
       nnx.replace_by_pure_dict(params, restored["params"])
-      state = ts.TrainState(restored["step"], params, restored["opt_state"], None, None)
+      state = rl_update.TrainState(restored["step"], params, restored["opt_state"], None, None)
       assert int(restored_step) == 1
     step = int(jax.device_get(state.step))
     micro = make_batch(step, model.config.vocab_size)
-    sharding = NamedSharding(mesh, PartitionSpec(ts.BATCH_AXES))
+    sharding = NamedSharding(mesh, PartitionSpec(rl_update.BATCH_AXES))
     rows = distributed.process_rows(sharding, micro[0].rows.input_ids.shape, axis=0)
-    state, metrics = update(state, [ts.place_micro_batch(mb, mesh) for mb in micro])
+    state, metrics = update(state, [rl_update.place_micro_batch(mb, mesh) for mb in micro])
     ckpt.save(step + 1, ckpt_state(state), {"process_count": jax.process_count()}, force=True)
     ckpt.close()
 

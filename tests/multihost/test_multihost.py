@@ -22,8 +22,7 @@ import pytest
 from flax import nnx
 
 from disa_jax import models, testing
-from disa_jax.parallel import distributed
-from disa_jax.rl import train_step as ts
+from disa_jax.rl import update as rl_update
 from disa_jax.scoring import token_logprobs
 from disa_jax.testing import save_tiny_checkpoint
 
@@ -74,8 +73,8 @@ def _reference_updates(model_path: str):
   """Two single-process DISA updates (no mesh); returns the params after each and the metrics."""
   model = models.from_pretrained(model_path)
   opt = mh_worker.make_optimizer()
-  graphdef, _, state, _ = ts.init_train_state(model, opt)
-  update = ts.make_train_step(graphdef, mh_worker.objective(), opt, donate=False)
+  graphdef, _, state, _ = rl_update.init_train_state(model, opt)
+  update = rl_update.make_train_step(graphdef, mh_worker.objective(), opt, donate=False)
   out = []
   for step in range(2):
     micro = mh_worker.make_batch(step, model.config.vocab_size)

@@ -54,7 +54,7 @@ def test_two_process_trainer_equals_single_process_and_resumes(tmp_path, monkeyp
   run_phase("3", workdir, timeout_s=240.0, script="mh_trainer_worker.py")
 
   ref = _single_process_run(model_path, str(tmp_path / "single"))
-  want = mh_worker.flat_params(jax.device_get(nnx.to_pure_dict(ref.state.params)))
+  want = mh_worker.flat_params(jax.device_get(nnx.to_pure_dict(ref.parts.updater.state.params)))
   got = dict(np.load(os.path.join(workdir, "params_3.npz")))
   assert sorted(got) == sorted(want)
   for k in want:
@@ -75,7 +75,7 @@ def test_two_process_trainer_equals_single_process_and_resumes(tmp_path, monkeyp
 
   # Both simulated hosts' generation processes hold the final policy; the second launch resumed.
   graphdef, params = nnx.split(models.from_pretrained(model_path), nnx.Param)
-  nnx.replace_by_pure_dict(params, jax.device_get(nnx.to_pure_dict(ref.state.params)))
+  nnx.replace_by_pure_dict(params, jax.device_get(nnx.to_pure_dict(ref.parts.updater.state.params)))
   for pid in range(NUM_PROCESSES):
     npz = np.load(os.path.join(workdir, f"engine_3_{pid}.npz"))
     assert int(npz["start_step"]) == 2

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from disa_jax.data.packing import PackingLayout
-from disa_jax.rl.batch import TrainSequences
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch
 
 
 def naive_token_logprobs(model, input_ids, attention_mask):
@@ -17,11 +17,26 @@ def naive_token_logprobs(model, input_ids, attention_mask):
   return jnp.pad(tok, ((0, 0), (1, 0)))  # [B, T], zero at t = 0
 
 
+def scored_sequences(prompts, responses, old_logp, ref_logp, signal, log_z) -> ScoredBatch:
+  """Made-up (prompt, response) sequences as the scorer's `ScoredBatch`: each sequence a group of
+  one (its own prompt), sampled on-policy with ``old_logp`` as the engine's log-probs (``[N, W]``
+  per response token; ``[N]`` signal and log Z)."""
+  n, width = np.shape(old_logp)
+  rollout = RolloutBatch(
+      prompt_ids=[f"s{i}" for i in range(n)],
+      prompt_tokens=[tuple(int(t) for t in p) for p in prompts], group_size=1,
+      response_width=width, response_ids=[np.asarray(r, np.int32) for r in responses],
+      reward=np.zeros(n, np.float32), grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
+      sampled_logp=[old_logp[i, :len(r)] for i, r in enumerate(responses)],
+      engine_logp=[None] * n, finish_reason=["stop"] * n, stored_ref_logp=np.full(n, np.nan))
+  return ScoredBatch(rollout, signal=signal, ref_logp=ref_logp, old_logp=old_logp, log_z=log_z)
+
+
 def synthetic_sequences(seed, n, max_prompt, max_response, vocab, group_size=4, invalid_rows=0,
                         lengths=None):
-  """``n`` prompt-major (prompt, response) sequences as `TrainSequences` with made-up log-probs,
-  signals and log Z; the last ``invalid_rows`` have empty responses. ``lengths``: optional
-  ``[(prompt_len, response_len)]`` instead of random ones."""
+  """``n`` prompt-major (prompt, response) sequences as a `ScoredBatch` with made-up log-probs,
+  signals and log Z (`scored_sequences`); the last ``invalid_rows`` have empty responses.
+  ``lengths``: optional ``[(prompt_len, response_len)]`` instead of random ones."""
   rng = np.random.default_rng(seed)
   if lengths is None:
     lengths = list(zip(rng.integers(1, max_prompt + 1, n).tolist(),
@@ -37,8 +52,7 @@ def synthetic_sequences(seed, n, max_prompt, max_response, vocab, group_size=4, 
   adv = ((grouped - grouped.mean(-1, keepdims=True)) /
          (grouped.std(-1, keepdims=True) + 1e-6)).reshape(-1)  # [P, G] -> [B]
   log_z = np.repeat(rng.normal(-4.0, 1.0, n // group_size), group_size).astype(np.float32)
-  return TrainSequences(prompts=prompts, responses=responses, old_logp=old, ref_logp=ref,
-                        signal=adv.astype(np.float32), log_z=log_z)
+  return scored_sequences(prompts, responses, old, ref, adv.astype(np.float32), log_z)
 
 
 def padded_layout(rows, row_len=0, pad_to=4):
@@ -51,16 +65,17 @@ def packed_layout(rows, row_len, seqs_per_row=8, share_prompts=False):
                        share_prompts=share_prompts)
 
 
-def micro_batches(seqs, layout, idx=None):
-  """All of ``seqs`` (or ``idx``) as micro-batches of ``layout`` (pad id 0)."""
-  idx = np.arange(len(seqs.prompts)) if idx is None else idx
-  return seqs.micro_batches(idx, layout, pad_id=0)
+def micro_batches(scored, layout, idx=None):
+  """All of ``scored`` (or ``idx``) as micro-batches of ``layout`` (pad id 0)."""
+  idx = np.arange(scored.rollout.num_rows) if idx is None else idx
+  return scored.micro_batches(idx, layout, pad_id=0)
 
 
-def alone_response_logp(model, seqs):
+def alone_response_logp(model, scored):
   """``[N, W]`` log-probs of each response token, each sequence scored alone (no padding)."""
-  out = np.zeros(seqs.old_logp.shape, np.float32)
-  for i, (p, r) in enumerate(zip(seqs.prompts, seqs.responses)):
+  b = scored.rollout
+  out = np.zeros((b.num_rows, b.response_width), np.float32)
+  for i, (p, r) in enumerate(zip(b.prompts, b.response_ids)):
     ids = jnp.asarray(np.concatenate([p, r])[None])
     lp = np.asarray(naive_token_logprobs(model, ids, jnp.ones_like(ids)))[0]
     out[i, :len(r)] = lp[len(p):]
@@ -68,7 +83,8 @@ def alone_response_logp(model, seqs):
 
 
 def grouped_sequences(seed, groups, max_response, vocab):
-  """Prompt-major `TrainSequences` whose groups share their prompt tokens (shared-prompt packing).
+  """Prompt-major sequences (a `ScoredBatch`) whose groups share their prompt tokens (shared-prompt
+  packing).
 
   Args:
     seed: the RNG seed.
@@ -89,8 +105,8 @@ def grouped_sequences(seed, groups, max_response, vocab):
   mask = np.arange(max_response)[None] < np.asarray([len(r) for r in responses])[:, None]
   old = (-rng.uniform(3.5, 5.5, (n, max_response)) * mask).astype(np.float32)
   ref = (-rng.uniform(3.5, 5.5, (n, max_response)) * mask).astype(np.float32)
-  return TrainSequences(prompts=prompts, responses=responses, old_logp=old, ref_logp=ref,
-                        signal=np.asarray(adv, np.float32), log_z=np.asarray(log_z, np.float32))
+  return scored_sequences(prompts, responses, old, ref, np.asarray(adv, np.float32),
+                          np.asarray(log_z, np.float32))
 
 
 def shared_layout(rows, row_len, seqs_per_row=8):

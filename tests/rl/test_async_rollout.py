@@ -122,14 +122,14 @@ def _stale_trainer(method, k, workdir, steps=4, offset=0.0, **objective):
   engine = VersionedEngine(tt.testing.make_tiny_model(seed=0, **tt.TINY), offset)
   trainer, _ = tt._trainer(cfg, workdir, engine=engine)  # pylint: disable=protected-access
   scored = []
-  score = trainer.scorer.score
+  score = trainer.parts.scorer.score
 
   def recording_score(batch, params):
     out = score(batch, params)
     scored.append(out)
     return out
 
-  trainer.scorer.score = recording_score
+  trainer.parts.scorer.score = recording_score
   return trainer, engine, scored
 
 
@@ -242,7 +242,7 @@ def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations)
   golden = json.loads((FIXTURES / "sync_loop_ae9f951.json").read_text())
   for method, rows in golden.items():
     trainer, _ = tt._trainer(tt._cfg(method, steps=3), tmp_path / method)  # pylint: disable=protected-access
-    assert trainer.pipeline is None
+    assert trainer.parts.pipeline is None
     now = tt._strip_time(trainer.run())  # pylint: disable=protected-access
     trainer.close()
     new = {"rollout/staleness"} | {k for r in now for k in r if k.startswith("mismatch/")}

@@ -105,8 +105,9 @@ def test_replay_sft_trains_in_the_trainer_on_the_replayed_rows(tmp_path):
   cfg = dataclasses.replace(TR._replay_cfg("disa", mode="add"), objective=ReplaySft(),
                             rollout=dataclasses.replace(T._cfg().rollout, micro_batch_rows=3))
   trainer, _ = TR._trainer(cfg, tmp_path / "run", path)
-  batch = trainer.collector.collect(0)
-  trainer.scorer.score(batch, trainer.state.params)  # the replayed rows scored without error
+  batch = trainer.parts.collector.collect(0)
+  # The replayed rows are scored without error.
+  trainer.parts.scorer.score(batch, trainer.parts.updater.state.params)
   signal = cfg.objective.batch_signal(batch.grouped_reward,
                                       batch.is_replay.reshape(batch.grouped_reward.shape))
   np.testing.assert_array_equal(signal.reshape(-1), (batch.reward > 0.5) & batch.is_replay)

@@ -12,9 +12,8 @@ from flax import nnx
 from disa_jax import config as config_lib
 from disa_jax import parallel, testing
 from disa_jax.rl import losses, objectives
-from disa_jax.rl.inputs import StepModels
-from disa_jax.rl.update import PolicyUpdater
-from disa_jax.rl import train_step as ts
+from disa_jax.rl.inputs import EngineLink, StepModels
+from disa_jax.rl import update as rl_update
 from disa_jax.rl.config import TrainConfig
 from tests.rl.helpers import micro_batches, packed_layout, synthetic_sequences
 
@@ -35,8 +34,8 @@ def test_the_documented_objective_is_one_class_that_trains():
     assert obj.needs_anchor and obj.needs_reference and obj.allows_replay  # inherited
     model = testing.make_tiny_model(seed=0, **TINY)
     opt = optax.sgd(0.1)
-    graphdef, _, state, _ = ts.init_train_state(model, opt)
-    step = ts.make_train_step(graphdef, obj, opt, donate=False)
+    graphdef, _, state, _ = rl_update.init_train_state(model, opt)
+    step = rl_update.make_train_step(graphdef, obj, opt, donate=False)
     micro = micro_batches(synthetic_sequences(0, 8, 4, 8, vocab=128), packed_layout(4, 12))
     new, metrics = step(state, micro)
     assert np.isfinite(float(metrics["loss"])) and float(metrics["tb_residual_abs_mean"]) > 0
@@ -68,8 +67,8 @@ def test_the_documented_objective_with_state_trains_its_parameter():
     obj = cfg.objective
     assert type(obj).__name__ == "DisaOffset" and obj.has_state and obj.offset_lr == 0.1
     policy = testing.make_tiny_model(seed=0, **TINY)
-    updater = PolicyUpdater(cfg, StepModels(policy, None, parallel.make_mesh(
-        devices=jax.devices()[:1]), pad_to=4), pad_id=0)
+    updater = rl_update.PolicyUpdater(cfg, StepModels(policy, None, parallel.make_mesh(
+        devices=jax.devices()[:1]), pad_to=4), pad_id=0, link=EngineLink(None))
     before = float(updater.state.obj_params["value"].get_value())
     assert before == 0.0
     metrics = updater.update(0, synthetic_sequences(0, 8, 4, 8, vocab=128))

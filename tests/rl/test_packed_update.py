@@ -13,7 +13,7 @@ from flax import nnx
 from disa_jax import parallel, testing
 from disa_jax.data import packing
 from disa_jax.rl import objectives
-from disa_jax.rl import train_step as ts
+from disa_jax.rl import update as rl_update
 from disa_jax.rl.logz_head import LogZHead
 from disa_jax.scoring import gather_responses, packed_token_logprobs
 from tests.rl.helpers import (alone_response_logp, grouped_sequences, micro_batches, packed_layout,
@@ -59,15 +59,16 @@ def _alone_loss(method, seqs):
   model, head = _models(method)
   graphdef, params = nnx.split(model, nnx.Param)
   head_graphdef, head_params = nnx.split(head, nnx.Param) if head is not None else (None, None)
+  prompts, responses = seqs.rollout.prompts, seqs.rollout.response_ids
   mask = (np.arange(MAX_RESPONSE)[None] <
-          np.asarray([len(r) for r in seqs.responses])[:, None]).astype(np.float32)
+          np.asarray([len(r) for r in responses])[:, None]).astype(np.float32)
   batch = types.SimpleNamespace(response_mask=mask, old_logp=seqs.old_logp,
                                 ref_logp=seqs.ref_logp, signal=seqs.signal, log_z=seqs.log_z)
 
   def loss(params, head_params):
     m = nnx.merge(graphdef, params)
     logps, embs = [], []
-    for p, r in zip(seqs.prompts, seqs.responses):
+    for p, r in zip(prompts, responses):
       ids = jnp.asarray(np.concatenate([p, r])[None])
       logits, hidden = m(ids, return_hidden=True)
       lp = jax.nn.log_softmax(logits[0, :-1].astype(jnp.float32), -1)
@@ -90,14 +91,14 @@ def _packed_update(method, seqs, layout, mesh=None):
   if mesh is not None:
     parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
   sgd = optax.sgd(1.0)
-  graphdef, head_graphdef, state, shardings = ts.init_train_state(
+  graphdef, head_graphdef, state, shardings = rl_update.init_train_state(
       model, sgd, head, sgd if head is not None else None, mesh=mesh)
-  step = ts.make_train_step(graphdef, OBJECTIVES[method], sgd, obj_graphdef=head_graphdef,
-                            obj_optimizer=sgd if head is not None else None, mesh=mesh,
-                            state_shardings=shardings, donate=False)
+  step = rl_update.make_train_step(graphdef, OBJECTIVES[method], sgd, obj_graphdef=head_graphdef,
+                                   obj_optimizer=sgd if head is not None else None, mesh=mesh,
+                                   state_shardings=shardings, donate=False)
   micro = micro_batches(seqs, layout)
   if mesh is not None:
-    micro = [ts.place_micro_batch(mb, mesh) for mb in micro]
+    micro = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
   new, metrics = step(state, micro)
   moved = lambda a, b: jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), a, b)
   return float(metrics["loss"]), moved(state.params, new.params), moved(state.obj_params,
@@ -135,7 +136,7 @@ def _layout_logp(model, seqs, layout):
   out = np.zeros(seqs.old_logp.shape, np.float32)
   score = jax.jit(lambda rows, index, mask: gather_responses(packed_token_logprobs(model, rows),
                                                              index, mask))
-  for b in packing.pack(seqs.prompts, seqs.responses, layout, pad_id=0):
+  for b in packing.pack(seqs.rollout.prompts, seqs.rollout.response_ids, layout, pad_id=0):
     index, mask = b.response_index(MAX_RESPONSE)
     lp = np.asarray(score(jax.tree.map(jnp.asarray, b.rows), index, mask))  # [S, W]
     filled = b.seq_index >= 0
@@ -209,8 +210,8 @@ def test_packed_update_sharded_flowrl(kind):
 def test_no_recompilation_across_length_mixes():
   model, _ = _models("grpo")
   sgd = optax.sgd(0.1)
-  graphdef, _, state, _ = ts.init_train_state(model, sgd)
-  step = ts.make_train_step(graphdef, OBJECTIVES["grpo"], sgd)
+  graphdef, _, state, _ = rl_update.init_train_state(model, sgd)
+  step = rl_update.make_train_step(graphdef, OBJECTIVES["grpo"], sgd)
   rng = np.random.default_rng(0)
   counts, n_micro = [], []
   for i in range(4):  # a different mix each time: short-heavy, long-heavy, mixed

@@ -122,13 +122,13 @@ def test_config_rules():
 def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
   path = _write_stage1(tmp_path / "s1.jsonl")
   trainer, engine = _trainer(_replay_cfg(method), tmp_path / "run", path)
-  pool = trainer.collector.replay
+  pool = trainer.parts.collector.replay
   g, k = 4, 2
   for step in range(2):
     engine.calls.clear()
-    items = trainer.collector.stream.batch(step)
-    batch = trainer.collector.collect(step)
-    stats = replay_stats(trainer.scorer.score(batch, trainer.state.params))
+    items = trainer.parts.collector.stream.batch(step)
+    batch = trainer.parts.collector.collect(step)
+    stats = replay_stats(trainer.parts.scorer.score(batch, trainer.parts.updater.state.params))
     drawn = pool.draw([it.prompt_id for it in items], k,
                       seed=seeds.replay_seed(trainer.cfg.seed, step))
     covered = [it.prompt_id in pool for it in items]
@@ -159,9 +159,9 @@ def test_added_rows_keep_the_on_policy_group_whole(tmp_path):
                             rollout=dataclasses.replace(T._cfg().rollout, micro_batch_rows=3))
   assert cfg.rows_per_prompt == 4 + 2
   trainer, engine = _trainer(cfg, tmp_path / "run", path)
-  items = trainer.collector.stream.batch(0)
-  batch = trainer.collector.collect(0)
-  covered = [it.prompt_id in trainer.collector.replay for it in items]
+  items = trainer.parts.collector.stream.batch(0)
+  batch = trainer.parts.collector.collect(0)
+  covered = [it.prompt_id in trainer.parts.collector.replay for it in items]
   assert batch.num_rows == len(items) * 6
   rep = batch.is_replay.reshape(len(items), 6)
   for i, c in enumerate(covered):

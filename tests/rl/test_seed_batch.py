@@ -196,10 +196,11 @@ def test_seeds_of_different_runs_are_refused_naming_the_field():
   sync_save = dataclasses.replace(TrainConfig().checkpoint, async_save=False)
   fake = lambda workdir, **over: types.SimpleNamespace(
       workdir=workdir, cfg=dataclasses.replace(TrainConfig(), checkpoint=sync_save, **over),
-      updater=types.SimpleNamespace(param_shapes=lambda: {"w": [2, 2]}))
+      parts=types.SimpleNamespace(
+          updater=types.SimpleNamespace(param_shapes=lambda: {"w": [2, 2]})))
   routed = []
   router.batcher.route = lambda fn, role, static_argnums=(): routed.append(role) or fn
-  with pytest.raises(AttributeError):  # the first trainer is routed (a fake has no parts)
+  with pytest.raises(AttributeError):  # the first trainer is routed (a fake updater has no step)
     router(fake("/a", seed=0))
   with pytest.raises(ValueError, match=r"seeds trained together must be one run but for their "
                      r"seed: /b has train\.optim\.lr=0\.5, /a has 1e-06"):

@@ -1,8 +1,8 @@
-"""A Stage 3 step made of injected parts (issue 28, item 3).
+"""A Stage 3 step made of injected parts (issue 28, item 3; issue 46).
 
 `Trainer` takes its parts (`StepParts`), built by `disa_jax.rl.build`; each stage of a step returns
-a new frozen batch type, so a stage handed the wrong stage's batch fails at the type; the anchor
-is validated in one place (`build.validate_anchor`); seeds come from `disa_jax.rl.seeds`.
+a new frozen batch type (`RolloutBatch` -> `ScoredBatch` -> `TrainBatch`); the anchor is validated
+in one place (`build.validate_anchor`); seeds come from `disa_jax.rl.seeds`.
 """
 import dataclasses
 import inspect
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from disa_jax import parallel, testing
+from disa_jax.data.packing import PackingLayout
 from disa_jax.rl import build, objectives, seeds
-from disa_jax.rl.inputs import StepModels
+from disa_jax.rl.async_rollout import RolloutPipeline
+from disa_jax.rl.inputs import EngineLink, StepModels
 from disa_jax.rl.scorer import BatchScorer
 from disa_jax.rl.update import PolicyUpdater
-from disa_jax.rl.async_rollout import save_batches
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch, SignalBatch
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch
 from disa_jax.rl.collect import RolloutCollector
-from disa_jax.rl.objective_step import ObjectiveStep
 from disa_jax.rl.trainer import StepParts, Trainer
 from tests.rl import test_trainer as tt
 
@@ -40,45 +40,70 @@ def test_trainer_takes_its_parts_in_at_most_8_arguments():
   params = inspect.signature(Trainer.__init__).parameters
   assert len(params) <= 8, list(params)
   assert "parts" in params and "policy" not in params and "engine" not in params
-  with pytest.raises(TypeError, match="Trainer parts must be a StepParts, got dict"):
-    Trainer(tt._cfg(), "/nonexistent", {})  # pylint: disable=protected-access
 
 
-def test_each_stage_takes_only_the_previous_stages_batch(tmp_path):
+def test_each_stage_returns_a_new_frozen_batch(tmp_path):
+  """rollout -> score (log-probs, log Z and the objective's signal) -> update's micro-batches."""
   trainer, _ = tt._trainer(tt._cfg(), tmp_path)  # pylint: disable=protected-access
-  assert isinstance(trainer.parts, StepParts)
-  rollout = _rollout_batch()
-  scored = ScoredBatch(rollout=rollout, ref_logp=np.zeros((4, 3), np.float32),
-                       log_z=np.zeros(4, np.float32))
-  # The scorer refuses an already scored (or any non-rollout) batch before any pass runs.
-  with pytest.raises(TypeError, match="BatchScorer.score takes a RolloutBatch, got ScoredBatch"):
-    trainer.scorer.score(scored, trainer.state.params)
-  # The objective refuses an unscored batch; the update's inputs exist only on a SignalBatch.
-  with pytest.raises(TypeError, match="ObjectiveStep.apply takes a ScoredBatch, got RolloutBatch"):
-    trainer.parts.objective.apply(rollout)
-  assert not hasattr(rollout, "train_sequences") and not hasattr(scored, "train_sequences")
-  with pytest.raises(TypeError, match="SignalBatch.scored takes a ScoredBatch, got RolloutBatch"):
-    SignalBatch(scored=rollout, signal=np.zeros(4, np.float32))
-  # Nothing is filled in place: every batch is frozen.
+  parts = trainer.parts
+  assert isinstance(parts, StepParts)
+  rollout = parts.collector.collect(0)
+  scored = parts.scorer.score(rollout, parts.updater.state.params)
+  assert isinstance(scored, ScoredBatch) and scored.rollout is rollout
+  grouped = rollout.grouped_reward
+  np.testing.assert_array_equal(scored.signal, trainer.cfg.objective.batch_signal(
+      grouped, rollout.is_replay.reshape(grouped.shape)).reshape(-1))  # [P, G] -> [B]
+  np.testing.assert_array_equal(scored.log_z, np.repeat(parts.scorer.anchor_log_z(
+      rollout.prompt_ids, rollout.prompt_tokens), rollout.group_size))  # DISA: the anchor's
+  assert scored.ref_logp.shape == (rollout.num_rows, rollout.response_width)
+  # The update's inputs exist only on a ScoredBatch; nothing is filled in place.
+  assert not hasattr(rollout, "micro_batches")
   for batch, field in ((rollout, "reward"), (scored, "old_logp")):
     with pytest.raises(dataclasses.FrozenInstanceError):
       setattr(batch, field, None)
-  signalled = trainer.parts.objective.apply(scored)
-  assert isinstance(signalled, SignalBatch) and signalled.signal.shape == (4,)
-  seqs = signalled.train_sequences()
-  np.testing.assert_array_equal(seqs.log_z, scored.log_z)
-  # In-flight batches are saved unscored only.
-  with pytest.raises(TypeError, match=r"save_batches \(batch of step 3\) takes a RolloutBatch"):
-    save_batches(tmp_path / "f.npz", {3: scored})
   trainer.close()
 
 
-def test_signal_batch_names_a_wrong_signal_shape():
-  scored = ScoredBatch(rollout=_rollout_batch())
-  with pytest.raises(ValueError, match=r"SignalBatch.signal has shape \(2, 2\), expected \(4,\)"):
-    SignalBatch(scored=scored, signal=np.zeros((2, 2), np.float32))
-  with pytest.raises(TypeError, match="ObjectiveStep.objective must be an Objective, got str"):
-    ObjectiveStep("disa")
+def test_scored_batch_packs_its_sequences_into_micro_batches():
+  """Each slot carries its sequence's log-probs (None as zeros), signal, log Z, the engine's
+  log-probs and the on-policy flag; empty slots carry zeros."""
+  rollout = _rollout_batch()
+  old = np.arange(12, dtype=np.float32).reshape(4, 3) * -0.1  # [B, W]
+  scored = ScoredBatch(rollout, signal=np.array([.5, -.5, 0., 0.], np.float32), old_logp=old,
+                       log_z=np.array([1., 2., 3., 4.], np.float32))
+  micro = scored.micro_batches(np.arange(4), PackingLayout(row_len=8, rows=2, seqs_per_row=4),
+                               pad_id=0)
+  slots = [(mb, s) for mb in micro for s in range(mb.num_slots) if mb.response_mask[s].any()]
+  assert len(slots) == 4
+  by_log_z = {float(mb.log_z[s]): (mb, s) for mb, s in slots}
+  assert sorted(by_log_z) == [1., 2., 3., 4.]
+  for i, z in enumerate((1., 2., 3., 4.)):
+    mb, s = by_log_z[z]
+    n = len(rollout.response_ids[i])
+    np.testing.assert_array_equal(mb.response_mask[s], np.arange(3) < n)
+    np.testing.assert_array_equal(mb.old_logp[s], np.where(np.arange(3) < n, old[i], 0.0))
+    np.testing.assert_array_equal(mb.ref_logp[s], 0.0)  # not read by the objective: zeros
+    np.testing.assert_array_equal(mb.behaviour_logp[s][:n], rollout.sampled_logp[i])
+    assert mb.signal[s] == scored.signal[i] and mb.on_policy[s] == 1.0
+  for mb in micro:
+    empty = ~mb.response_mask.any(-1)
+    assert not (mb.log_z[empty].any() or mb.signal[empty].any() or mb.on_policy[empty].any())
+
+
+def test_scored_batch_names_a_wrong_signal_shape():
+  with pytest.raises(ValueError, match=r"ScoredBatch.signal has shape \(2, 2\), expected \(4,\)"):
+    ScoredBatch(rollout=_rollout_batch(), signal=np.zeros((2, 2), np.float32))
+
+
+def test_the_pipeline_drives_the_engine_the_updater_pushes_to(tmp_path):
+  trainer, _ = tt._trainer(tt._cfg(), tmp_path)  # pylint: disable=protected-access
+  pipeline = RolloutPipeline(trainer.parts.collector, object(), 1)
+  try:
+    with pytest.raises(ValueError, match="rollout pipeline drives another engine"):
+      dataclasses.replace(trainer.parts, pipeline=pipeline)
+  finally:
+    pipeline.close()
+    trainer.close()
 
 
 def test_the_anchor_is_checked_once_in_one_place(tmp_path, monkeypatch):
@@ -105,13 +130,13 @@ def test_the_anchor_is_checked_once_in_one_place(tmp_path, monkeypatch):
     tt._trainer(tt._cfg(), tmp_path / "none", anchor=None)  # pylint: disable=protected-access
   assert missing.traceback[-1].name == "validate_anchor"
   with pytest.raises(ValueError, match="an anchor was given but objective 'grpo' does not use one"):
-    build.validate_anchor(tt._cfg("grpo").objective, object(), hidden_size=32)  # pylint: disable=protected-access
+    build.validate_anchor(tt._cfg("grpo"), object(), hidden_size=32)  # pylint: disable=protected-access
   # The parts take the validated anchor as given: the scorer checks no anchor of its own.
   cfg = tt._cfg()  # pylint: disable=protected-access
   mesh = parallel.make_mesh(devices=jax.devices()[:1])
   policy = testing.make_tiny_model(seed=0, **tt.TINY)
   step_models = StepModels(policy, policy, mesh, pad_to=16)
-  updater = PolicyUpdater(cfg, step_models, pad_id=0)
+  updater = PolicyUpdater(cfg, step_models, pad_id=0, link=EngineLink(None))
   scorer = BatchScorer(cfg, step_models, updater.graphdef, anchor=None, pad_id=0)
   assert scorer.anchor is None
 
@@ -119,7 +144,7 @@ def test_the_anchor_is_checked_once_in_one_place(tmp_path, monkeypatch):
 def test_validate_anchor_prefixes_its_source():
   anchor = tt._anchor(tt.TINY["hidden_size"], beta=15.0)  # pylint: disable=protected-access
   with pytest.raises(ValueError, match=r"^data.anchor_path='/a': .*beta"):
-    build.validate_anchor(tt._cfg().objective, anchor, hidden_size=tt.TINY["hidden_size"],  # pylint: disable=protected-access
+    build.validate_anchor(tt._cfg(), anchor, hidden_size=tt.TINY["hidden_size"],  # pylint: disable=protected-access
                           source="data.anchor_path='/a'")
 
 

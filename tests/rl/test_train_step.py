@@ -1,4 +1,5 @@
-"""disa_jax.rl.train_step: exact accumulation, all methods, sharded == single device."""
+"""The jitted update (`disa_jax.rl.update.make_train_step`): exact accumulation, all methods,
+sharded == single device."""
 import dataclasses
 from typing import ClassVar
 
@@ -9,9 +10,9 @@ import optax
 import pytest
 from flax import nnx
 
-from disa_jax import parallel, testing
+from disa_jax import optim, parallel, testing
 from disa_jax.rl import objectives
-from disa_jax.rl import train_step as ts
+from disa_jax.rl import update as rl_update
 from disa_jax.rl.logz_head import LogZHead
 from tests.rl.helpers import (alone_response_logp, micro_batches, packed_layout, padded_layout,
                               synthetic_sequences)
@@ -38,15 +39,15 @@ def _setup(method, mesh=None, adamw=False):
   # Plain SGD makes parameter differences proportional to gradient differences; AdamW's
   # normalisation amplifies rounding in near-zero gradients to O(lr) and is checked separately.
   if adamw:
-    opt = ts.make_optimizer(1e-3, weight_decay=0.01, grad_clip=1.0)
+    opt = rl_update.make_optimizer(1e-3, weight_decay=0.01, grad_clip=1.0)
   else:
     opt = optax.sgd(0.5)
   head = head_opt = None
   if method == "flowrl":
     head = LogZHead(model.config.hidden_size, rngs=nnx.Rngs(1))
-    head_opt = ts.make_optimizer(1e-2, grad_clip=1.0)
-  graphdef, head_graphdef, state, shardings = ts.init_train_state(model, opt, head, head_opt,
-                                                                  mesh=mesh)
+    head_opt = rl_update.make_optimizer(1e-2, grad_clip=1.0)
+  graphdef, head_graphdef, state, shardings = rl_update.init_train_state(model, opt, head, head_opt,
+                                                                         mesh=mesh)
   return graphdef, head_graphdef, state, shardings, OBJECTIVES[method], opt, head_opt
 
 
@@ -58,13 +59,13 @@ def _seqs(seed, invalid_rows=0):
 def _run(method, layout, steps=2, mesh=None, invalid_rows=0, adamw=False):
   """``steps`` updates, each on ROWS synthetic sequences laid out by ``layout``."""
   graphdef, head_graphdef, state, shardings, settings, opt, head_opt = _setup(method, mesh, adamw)
-  step = ts.make_train_step(graphdef, settings, opt, obj_graphdef=head_graphdef,
-                            obj_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
+  step = rl_update.make_train_step(graphdef, settings, opt, obj_graphdef=head_graphdef,
+                                   obj_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
   all_metrics = []
   for i in range(steps):
     micro = micro_batches(_seqs(i, invalid_rows), layout)
     if mesh is not None:
-      micro = [ts.place_micro_batch(mb, mesh) for mb in micro]
+      micro = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
     state, metrics = step(state, micro)
     all_metrics.append(jax.tree.map(float, metrics))
   return state, all_metrics
@@ -168,7 +169,7 @@ def test_adamw_moments_are_sharded_like_their_parameters(n_devices):
 def test_an_update_needs_a_micro_batch():
   graphdef, _, state, _, settings, opt, _ = _setup("disa")
   with pytest.raises(ValueError, match="at least one micro-batch"):
-    ts.make_train_step(graphdef, settings, opt, donate=False)(state, [])
+    rl_update.make_train_step(graphdef, settings, opt, donate=False)(state, [])
 
 
 @pytest.mark.parametrize("method", ["disa", "grpo"])
@@ -182,8 +183,8 @@ def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
   unscored = dataclasses.replace(seqs, old_logp=np.full_like(seqs.old_logp, np.nan))  # unread
   outs = []
   for on_policy, b in ((False, scored), (True, unscored)):
-    step = ts.make_train_step(graphdef, settings, opt, donate=False,
-                              on_policy_old_logp=on_policy)
+    step = rl_update.make_train_step(graphdef, settings, opt, donate=False,
+                                     on_policy_old_logp=on_policy)
     outs.append(step(state, micro_batches(b, packed_layout(4, MAX_PROMPT + MAX_RESPONSE))))
   (s_a, m_a), (s_b, m_b) = outs
   for x, y in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params)):
@@ -196,8 +197,8 @@ def test_grpo_without_reference_ignores_ref_logp():
   settings = objectives.Grpo(kl_coef=0.0)
   assert not settings.needs_reference and objectives.Grpo(kl_coef=0.1).needs_reference
   seqs = _seqs(0)
-  seqs.ref_logp = np.full_like(seqs.ref_logp, np.nan)
-  step = ts.make_train_step(graphdef, settings, opt, donate=False)
+  seqs = dataclasses.replace(seqs, ref_logp=np.full_like(seqs.ref_logp, np.nan))
+  step = rl_update.make_train_step(graphdef, settings, opt, donate=False)
   _, metrics = step(state, micro_batches(seqs, packed_layout(4, MAX_PROMPT + MAX_RESPONSE)))
   assert np.isfinite(float(metrics["loss"])) and "kl_ref" not in metrics
 
@@ -205,7 +206,7 @@ def test_grpo_without_reference_ignores_ref_logp():
 def test_head_objective_needs_the_head():
   graphdef, _, _, _, _, opt, _ = _setup("grpo")
   with pytest.raises(ValueError, match="'flowrl' has state"):
-    ts.make_train_step(graphdef, OBJECTIVES["flowrl"], opt)
+    rl_update.make_train_step(graphdef, OBJECTIVES["flowrl"], opt)
 
 
 def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
@@ -217,11 +218,11 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
   sgd = optax.sgd(0.1)
   head_sgd = optax.sgd(0.1)
   def run(seed, joint_clip=0.0):
-    step = ts.make_train_step(graphdef, obj, sgd, obj_graphdef=head_graphdef,
-                              obj_optimizer=head_sgd, donate=False, key_seed=seed,
-                              joint_clip=joint_clip)
-    s0 = ts.TrainState(state.step, state.params, sgd.init(state.params), state.obj_params,
-                       head_sgd.init(state.obj_params))
+    step = rl_update.make_train_step(graphdef, obj, sgd, obj_graphdef=head_graphdef,
+                                     obj_optimizer=head_sgd, donate=False, key_seed=seed,
+                                     joint_clip=joint_clip)
+    s0 = rl_update.TrainState(state.step, state.params, sgd.init(state.params), state.obj_params,
+                              head_sgd.init(state.obj_params))
     return step(s0, batch)
   (a, ma), (b, _), (c, _) = run(1), run(1), run(2)
   leaves = lambda s: jax.tree.leaves(s.obj_params)
@@ -238,16 +239,16 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
 
 
 def test_lr_schedule_warmup_constant_and_final_decay():
-  s = ts.lr_schedule(1.0, warmup_steps=4, decay_frac=0.25, decay_factor=0.1, total_updates=20)
+  s = optim.lr_schedule(1.0, warmup_steps=4, decay_frac=0.25, decay_factor=0.1, total_updates=20)
   vals = [float(s(jnp.int32(c))) for c in range(20)]
   assert vals[:5] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
   assert vals[5:15] == pytest.approx([1.0] * 10) and vals[15:] == pytest.approx([0.1] * 5)
-  assert ts.lr_schedule(0.3) == 0.3  # neither asked for: a constant
+  assert optim.lr_schedule(0.3) == 0.3  # neither asked for: a constant
   with pytest.raises(ValueError, match="decay_frac=0.1 needs the run's total_updates"):
-    ts.lr_schedule(1.0, decay_frac=0.1)
+    optim.lr_schedule(1.0, decay_frac=0.1)
   # the optimizer applies it: Adam moves a parameter by ~lr(count) under a constant gradient
-  opt = ts.make_optimizer(1.0, weight_decay=0.0, grad_clip=0.0, decay_frac=0.5, decay_factor=0.1,
-                          total_updates=4)
+  opt = rl_update.make_optimizer(1.0, weight_decay=0.0, grad_clip=0.0, decay_frac=0.5,
+                                 decay_factor=0.1, total_updates=4)
   p, state, moves = jnp.zeros(()), None, []
   state = opt.init(p)
   for _ in range(4):

@@ -115,7 +115,7 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path, monkeypatch):
   assert os.listdir(tmp_path / "full" / "tb")
   assert sorted(os.listdir(tmp_path / "full" / "checkpoints")) == ["2", "3"]
   # Every sync sends exactly the policy's HF keys (no log Z head, nothing else).
-  expected = sorted(models.expected_hf_keys(trainer.policy.config))
+  expected = sorted(models.expected_hf_keys(trainer.parts.updater.policy.config))
   assert engine.synced_keys and all(k == expected for k in engine.synced_keys)
   # The anchor's log Z enters the residual: its mean is logged.
   assert all(np.isfinite(r["log_z_mean"]) for r in full)
@@ -177,7 +177,7 @@ def test_baselines_run(tmp_path, method):
   assert len(rows) == 1 and np.isfinite(rows[0]["loss"])
   if method == "flowrl":
     assert rows[0]["objective_grad_norm"] > 0
-    assert all(k == sorted(models.expected_hf_keys(trainer.policy.config))
+    assert all(k == sorted(models.expected_hf_keys(trainer.parts.updater.policy.config))
                for k in engine.synced_keys)
   else:
     assert "clip_frac" in rows[0] and "ratio_mean" in rows[0] or "seq_ratio_mean" in rows[0]
@@ -263,7 +263,7 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
   for r in rows[::20] + [rows[-1]]:
     print(f"step {r['step']:3d} reward {r['reward']:.3f} tb_res mean {r['tb_residual_mean']:+.3f} "
           f"std {r['tb_residual_std']:.3f} log_z {r['log_z_mean']:.3f} loss {r['loss']:.3f}")
-  p_final = float(p_even(trainer.policy).mean())
+  p_final = float(p_even(trainer.parts.updater.policy).mean())
   print(f"policy P(first token even): start {p_ref.mean():.3f} -> end {p_final:.3f} "
         f"(target {p_target.mean():.3f}); sampled reward first 10 steps {reward[:10].mean():.3f}, "
         f"last 20 steps {reward[-20:].mean():.3f}")

@@ -159,7 +159,8 @@ def test_trainer_step_estimates_log_z_at_the_current_policy(tmp_path):
   """One update per rollout batch: the residuals of each group sum to 0 at the update (the logged
   mean residual is 0), with the pi_old pass on the host and the batch log Z in the residual."""
   trainer = _vargrad_trainer(tmp_path, reference_seed=1)  # pi_ref != pi_theta: log Z^ != 0
-  assert trainer.scorer.needs.old_logp == "recompute"  # pi_old scored on the host for the estimate
+  # pi_old scored on the host for the estimate:
+  assert trainer.parts.scorer.needs.old_logp == "recompute"
   trainer.run()
   trainer.close()
   rows = read_jsonl(str(tmp_path / "metrics.jsonl"))

@@ -11,7 +11,7 @@ from flax import nnx
 
 from disa_jax import codec, models, parallel, testing
 from disa_jax.parallel import distributed
-from disa_jax.rl.sync import WeightSync
+from disa_jax.rl.inputs import EngineLink
 from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rollout import SamplingParams, flat_weights, multihost
 from disa_jax.rollout.flat_weights import ALIGN, FlatLayout, FlatWeights
@@ -161,28 +161,28 @@ def test_only_host_leaders_copy_and_push(tiny_model, monkeypatch):
   assert isinstance(multihost.host_weights(tiny_model), FlatWeights)
 
 
-def test_weight_sync_pushes_in_its_bucket_size(tiny_model):
-  """`WeightSync`'s ``bucket_bytes`` reaches the export of both its paths (at once through
-  `PolicyUpdater.sync`, queued through the pipeline); a bad value is refused, naming it."""
-
-  class Updater:  # what `WeightSync` uses of a `PolicyUpdater`, on the tiny policy
-    current_policy = staticmethod(lambda: tiny_model)
-    sync = lambda self, *args: PolicyUpdater.sync(self, *args)
+def test_the_updaters_push_goes_in_its_bucket_size(tiny_model):
+  """The `EngineLink`'s ``push_bucket_bytes`` reaches the export of both of `PolicyUpdater`'s
+  pushes (at once, `push`; queued through the pipeline, `queue_push`); a bad value is refused,
+  naming it."""
 
   class Engine:
     update_weights = lambda self, flat: pushed.append(flat)
 
+  class Updater:  # what the pushes use of a `PolicyUpdater`, on the tiny policy
+    current_policy = staticmethod(lambda: tiny_model)
+    link = EngineLink(Engine(), "float32", SMALL_BUCKETS)
+
   class Pipeline:
-    engine = Engine()
     advance = lambda self, done, flat: pushed.append(flat)
 
   pushed = []
-  WeightSync(Updater(), Pipeline.engine, "float32", bucket_bytes=SMALL_BUCKETS).push_now()
-  WeightSync(Updater(), Pipeline.engine, "float32", Pipeline(),
-             bucket_bytes=SMALL_BUCKETS).after_update(1)
+  PolicyUpdater.push(Updater())
+  PolicyUpdater.queue_push(Updater(), Pipeline(), 1)
   want = FlatLayout(tiny_model.config, "float32", SMALL_BUCKETS)
   assert len(want.bucket_sizes) > 2
   assert [p.layout for p in pushed] == [want, want]
   for bad in (-1, 1.5, True):
-    with pytest.raises(ValueError, match=f"WeightSync bucket_bytes must be an int >= 0 .*got {bad}"):
-      WeightSync(Updater(), None, bucket_bytes=bad)
+    with pytest.raises(ValueError,
+                       match=f"EngineLink push_bucket_bytes must be an int >= 0 .*got {bad}"):
+      EngineLink(None, push_bucket_bytes=bad)

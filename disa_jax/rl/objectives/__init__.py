@@ -21,7 +21,7 @@ ratio terms assume on-policy rollouts.
 An objective may own trainable state (``has_state``: FlowRL's log Z head): `init_state` builds
 its parameters (an `nnx.Module`) and their optimizer (`ObjectiveState`), `state_forward` maps them
 and the policy's forward to the extra input of `loss` (``state_out``). The update carries that
-state as an opaque slot beside the policy's (`disa_jax.rl.train_step.TrainState` ``obj_params`` /
+state as an opaque slot beside the policy's (`disa_jax.rl.update.TrainState` ``obj_params`` /
 ``obj_opt_state``) and never looks inside it.
 
 Adding an objective is one class in the module of its family (`trajectory_balance`,

@@ -116,8 +116,8 @@ class Objective(abc.ABC):
   # The objective owns trainable parameters (`init_state`, `state_forward`; FlowRL's log Z head).
   has_state: ClassVar[bool] = False
   # The batch carries a log Z estimated from the step's own samples (`VarGrad.batch_log_z`, set
-  # by `disa_jax.rl.objective_step.ObjectiveStep` after the scorer and `row_signal`); such an
-  # objective reads ``batch.old_logp``.
+  # by `disa_jax.rl.scorer.BatchScorer.score` after the signal); such an objective reads
+  # ``batch.old_logp``.
   needs_batch_log_z: ClassVar[bool] = False
   allows_replay: ClassVar[bool] = False
   # Whether the loss's minimiser is the reward-tilted target pi~ (distribution matching) rather

@@ -217,18 +217,20 @@ class VarGrad(TrajectoryBalance):
     """``[B]`` float32 log Z^ of each row (`disa_jax.rl.losses.batch_log_z` at pi_old).
 
     Args:
-      batch: a `disa_jax.rl.batch.SignalBatch` (``old_logp``, ``ref_logp``, ``signal``).
+      batch: a `disa_jax.rl.batch.ScoredBatch` (``old_logp``, ``ref_logp``, ``signal``; its
+        rollout's group size and responses).
     """
     for field in ("old_logp", "ref_logp", "signal"):
       if getattr(batch, field) is None:
         raise ValueError(f"VarGrad.batch_log_z needs batch.{field}, got None")
-    if self.leave_one_out and batch.group_size < 2:
-      raise ValueError(f"leave_one_out needs group_size >= 2, got {batch.group_size}")
-    lengths = np.asarray([len(r) for r in batch.response_ids])
-    mask = (np.arange(batch.response_width)[None, :] < lengths[:, None]).astype(np.float32)
+    rollout = batch.rollout
+    if self.leave_one_out and rollout.group_size < 2:
+      raise ValueError(f"leave_one_out needs group_size >= 2, got {rollout.group_size}")
+    lengths = np.asarray([len(r) for r in rollout.response_ids])
+    mask = (np.arange(rollout.response_width)[None, :] < lengths[:, None]).astype(np.float32)
     return np.asarray(losses.batch_log_z(
         batch.old_logp, batch.ref_logp, np.asarray(batch.signal, np.float32).reshape(-1), mask,
-        group_size=batch.group_size, beta=self.beta, length_normalize=self.scale == "mean",
+        group_size=rollout.group_size, beta=self.beta, length_normalize=self.scale == "mean",
         leave_one_out=self.leave_one_out), np.float32)
 
   def loss(self, logp, batch, state_out=None):
