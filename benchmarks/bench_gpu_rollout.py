@@ -68,9 +68,9 @@ def generation(c: ModelConfig, prompts: int, *, layout: str, prompt_len: int, gr
                new_tokens: int, reps: int, decode_attention: str = "xla",
                dtype: Any = jnp.bfloat16) -> dict[str, Any]:
   """Tokens/s of `JaxSampler.generate` (see the module docstring)."""
-  model = models.Transformer(c, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)
-  sampler = JaxSampler(model, max_batch_size=max(256, prompts * group), cache_layout=layout,
-                       decode_attention=decode_attention)
+  model = models.Transformer(c, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype,
+                             options=models.ModelOptions(decode_attention=decode_attention))
+  sampler = JaxSampler(model, max_batch_size=max(256, prompts * group), cache_layout=layout)
   out: dict[str, Any] = dict(kind="generate", layout=layout, prompts=prompts, group=group,
                              rows=prompts * group, prompt_len=prompt_len, new_tokens=new_tokens,
                              decode_attention=decode_attention if layout == "ragged" else "-")

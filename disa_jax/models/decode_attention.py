@@ -14,7 +14,7 @@ block with `from_bits`, a free bitcast): XLA:CPU runs a bfloat16 scatter in floa
 copy of the whole operand (twice the cache, per write), while it scatters integers in place, as
 every backend does.
 
-This XLA path is the reference every backend runs (``impl='xla'``). ``impl='pallas'``
+This XLA path is the reference every backend runs (`ModelOptions.decode_attention` 'xla'); 'pallas'
 (`decode_attention_pallas`) runs the same computation as one Pallas kernel per layer, a program
 per (slot, key/value head) looping over its own live blocks on the device: it also skips the
 blocks of the shorter rows, and a layer costs one launch instead of a loop of small kernels.
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from disa_jax.models.attention import MASK_VALUE
 from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
 
-IMPLS = ("xla", "pallas")  # the decode attention implementations (`RaggedKV.impl`)
+IMPLS = ("xla", "pallas")  # the decode attention implementations (`ModelOptions.decode_attention`)
 _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
@@ -57,7 +57,7 @@ def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "write", "start"],
-                   meta_fields=["block", "dtype", "impl"])
+                   meta_fields=["block", "dtype"])
 @dataclasses.dataclass(frozen=True)
 class RaggedKV:
   """The sampler's KV cache during one decode step (see the module docstring).
@@ -68,8 +68,6 @@ class RaggedKV:
     start: `[B]` int32, each slot's first live entry.
     block: positions per attention block (static; divides S).
     dtype: the values' dtype name (static).
-    impl: 'xla' (`ragged_attention`, the reference) or 'pallas' (`decode_attention_pallas`: the
-      layer index must then be a Python int, i.e. the layers run unrolled).
   """
   k: jax.Array
   v: jax.Array
@@ -77,25 +75,22 @@ class RaggedKV:
   start: jax.Array
   block: int
   dtype: str
-  impl: str = "xla"
 
-  def __post_init__(self):
-    if self.impl not in IMPLS:
-      raise ValueError(f"RaggedKV.impl must be one of {IMPLS}, got {self.impl!r}")
-
-  def update_and_attend(self, q: jax.Array, k: jax.Array, v: jax.Array, layer: Any
-                        ) -> tuple[jax.Array, "RaggedKV"]:
+  def update_and_attend(self, q: jax.Array, k: jax.Array, v: jax.Array, layer: Any,
+                        impl: str = "xla") -> tuple[jax.Array, "RaggedKV"]:
     """Writes one layer's new entries and attends over the live ones.
 
     Args:
       q: `[B, 1, N, H]` queries of the new tokens.
       k, v: `[B, 1, K, H]` their keys and values.
-      layer: the layer index (int, or a traced int32 scalar under a scan).
+      layer: the layer index (int, or a traced int32 scalar under a scan; an int for 'pallas').
+      impl: one of `IMPLS`: 'xla' (`ragged_attention`, the reference) or 'pallas'
+        (`decode_attention_pallas.pallas_ragged_attention`).
 
     Returns:
       (`[B, 1, N, H]` attention output in q's dtype, the cache with the new entries).
     """
-    attend = pallas_ragged_attention if self.impl == "pallas" else ragged_attention
+    attend = pallas_ragged_attention if impl == "pallas" else ragged_attention
     out, kc, vc = attend(q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write, self.start,
                          self.block, self.dtype)
     return out, dataclasses.replace(self, k=kc, v=vc)

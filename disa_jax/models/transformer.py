@@ -134,6 +134,9 @@ class ModelOptions:
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
+    decode_attention: the sampler's ragged decode attention (`decode_ragged`): 'xla' (the
+      reference loop over blocks, `decode_attention`) or 'pallas' (one kernel per layer,
+      `decode_attention_pallas`; the decode then runs its layers unrolled).
   """
   remat: bool = False
   remat_policy: str = "full"
@@ -143,6 +146,7 @@ class ModelOptions:
   attention_impl: str = "auto"
   max_segment_len: int = 0
   max_segments: int = 0
+  decode_attention: str = "xla"
 
   def __post_init__(self):
     if self.layer_loop not in _LAYER_LOOPS:
@@ -153,6 +157,9 @@ class ModelOptions:
     config_lib.check_remat_policy(self.remat_policy, "Transformer remat_policy")
     config_lib.check_count(self.max_segment_len, "Transformer max_segment_len", "0 = no bound")
     config_lib.check_count(self.max_segments, "Transformer max_segments", "0 = no bound")
+    if self.decode_attention not in D.IMPLS:
+      raise ValueError(f"Transformer decode_attention must be one of {D.IMPLS}, got "
+                       f"{self.decode_attention!r}")
 
 
 class Transformer(nnx.Module):
@@ -246,7 +253,7 @@ class Transformer(nnx.Module):
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
       if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
-        attn, new_kv = kv.update_and_attend(q, k, v, layer)
+        attn, new_kv = kv.update_and_attend(q, k, v, layer, self.options.decode_attention)
       else:
         chunk = self.options.attention_chunk
         attn = (A.gqa_attention(q, k, v, mask, query_chunk=chunk)  # cache: a mask
@@ -508,6 +515,7 @@ class Transformer(nnx.Module):
 
     # The Pallas decode kernel selects a layer's cache by a static block index: unrolled layers.
     x, cache = D.run_layers(layer, x, self.layers.stacked(), cache,
-                            unrolled=self._layers_unrolled() or cache.impl == "pallas")
+                            unrolled=self._layers_unrolled()
+                            or self.options.decode_attention == "pallas")
     hidden = L.rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     return self.logits_from_hidden(hidden), cache

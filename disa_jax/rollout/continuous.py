@@ -122,14 +122,14 @@ def _admit(model, c: _Loop, r: _Request, unit: int, group: int, dtype: str) -> _
       out_stop=c.out_stop.at[rows].set(stop))
 
 
-def _decode(model, c: _Loop, r: _Request, block: int, dtype: str, impl: str) -> _Loop:
+def _decode(model, c: _Loop, r: _Request, block: int, dtype: str) -> _Loop:
   """One decode step of every slot; dead slots compute on a one-entry range and are dropped."""
   prompt_len = r.prompt_ids.shape[1]
   live = c.live
   first = jnp.min(jnp.where(live, c.slot_start, prompt_len))  # dead slots stay in live blocks
   write = jnp.where(live, prompt_len + c.slot_gen - 1, first)
   start = jnp.where(live, c.slot_start, first)
-  cache = RaggedKV(c.k, c.v, write, start, block, dtype, impl)
+  cache = RaggedKV(c.k, c.v, write, start, block, dtype)
   logits, cache = model.decode_ragged(c.slot_tok[:, None], (write - start)[:, None], cache)
   tok, lp, raw = sample_step(logits[:, 0], r.keys[c.slot_row], c.slot_gen, *r.sampling)
   row = jnp.where(live, c.slot_row, c.out_len.shape[0])  # dead slots: out of range, dropped
@@ -150,7 +150,7 @@ def generate(graphdef: Any, state: Any, cache: dict[str, jax.Array], prompt_ids:
              prompt_mask: jax.Array, row_prompt: jax.Array, num_rows: jax.Array, keys: jax.Array,
              max_new: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
              stop_mask: jax.Array, *, num_new: int, unit: int, group: int, block: int,
-             cache_dtype: str, decode_attention: str = "xla"):
+             cache_dtype: str):
   """Samples every row of a request on B slots (see the module docstring); jit it with the cache
   donated.
 
@@ -171,7 +171,6 @@ def generate(graphdef: Any, state: Any, cache: dict[str, jax.Array], prompt_ids:
     group: static g, rows of one prompt that share a prefill (divides U).
     block: static attention block (divides Tp + num_new).
     cache_dtype: static, the dtype of the cache's values (it holds their bits).
-    decode_attention: static, `decode_attention.RaggedKV.impl` ('xla' or 'pallas').
 
   Returns:
     tokens `[R, N]` int32, logprobs `[R, N]`, raw logprobs `[R, N]`, lengths `[R]`, stopped
@@ -195,8 +194,8 @@ def generate(graphdef: Any, state: Any, cache: dict[str, jax.Array], prompt_ids:
 
   def body(c: _Loop) -> _Loop:
     c = jax.lax.while_loop(can_admit, lambda c: _admit(model, c, r, unit, group, cache_dtype), c)
-    decode = lambda c: _decode(model, c, r, block, cache_dtype, decode_attention)  # noqa: E731
-    return jax.lax.cond(jnp.any(c.live), decode, lambda c: c, c)
+    return jax.lax.cond(jnp.any(c.live), lambda c: _decode(model, c, r, block, cache_dtype),
+                        lambda c: c, c)
 
   c = jax.lax.while_loop(lambda c: (c.admitted < num_rows) | jnp.any(c.live), body, c)
   return (c.out_tok, c.out_lp, c.out_raw, c.out_len, c.out_stop, c.steps + 1,

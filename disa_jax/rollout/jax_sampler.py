@@ -26,6 +26,7 @@ own layouts).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Mapping, Sequence
@@ -36,7 +37,6 @@ import numpy as np
 from flax import nnx
 
 from disa_jax import models
-from disa_jax.models.decode_attention import IMPLS as decode_impls
 from disa_jax.rollout import continuous, flat_weights
 from disa_jax.rollout.sampling import bucket as _bucket
 from disa_jax.rollout.sampling import prompt_positions, row_keys, sample_step
@@ -149,15 +149,14 @@ class JaxSampler:
       reference; see the module docstring).
     decode_block: ragged attention block, in positions (a power of two; capped by the padded
       prompt and output lengths, so it divides the cache length).
-    decode_attention: the ragged path's decode attention (`decode_attention.RaggedKV.impl`):
-      'xla' (the reference, every backend) or 'pallas' (one kernel per layer, the layers
-      unrolled; GPU, or the Pallas interpreter on a CPU).
+
+  The ragged path's decode attention is the model's (`ModelOptions.decode_attention`: 'xla', the
+  reference, or 'pallas', one kernel per layer; `from_pretrained` passes it to the model).
   """
 
   def __init__(self, model: models.Transformer, *, max_batch_size: int = 256,
                min_batch_bucket: int = 8, min_prompt_bucket: int = 16, min_new_bucket: int = 16,
-               cache_dtype: Any = None, cache_layout: str = "ragged", decode_block: int = 256,
-               decode_attention: str = "xla"):
+               cache_dtype: Any = None, cache_layout: str = "ragged", decode_block: int = 256):
     if max_batch_size < 1:
       raise ValueError(f"JaxSampler.max_batch_size must be >= 1, got {max_batch_size}")
     if cache_layout not in CACHE_LAYOUTS:
@@ -166,9 +165,6 @@ class JaxSampler:
     if not (isinstance(decode_block, int) and decode_block >= 1
             and decode_block & (decode_block - 1) == 0):
       raise ValueError(f"JaxSampler.decode_block must be a power of two, got {decode_block!r}")
-    if decode_attention not in decode_impls:
-      raise ValueError(f"JaxSampler.decode_attention must be one of {decode_impls}, got "
-                       f"{decode_attention!r}")
     self.model = model
     self.vocab_size = model.config.vocab_size
     self.max_batch_size = max_batch_size
@@ -178,7 +174,6 @@ class JaxSampler:
     self.cache_dtype = jnp.dtype(cache_dtype or model.dtype)
     self.cache_layout = cache_layout
     self.decode_block = decode_block
-    self.decode_attention = decode_attention
     self._graphdef, self._state = nnx.split(model)
     self._fns: dict[tuple, Any] = {}
     self._closed = False
@@ -187,8 +182,14 @@ class JaxSampler:
   @classmethod
   def from_pretrained(cls, model_path: str, *, dtype: str = "float32",
                       **kwargs: Any) -> "JaxSampler":
-    """Loads a local HF checkpoint with `disa_jax.models.from_pretrained`."""
-    return cls(models.from_pretrained(model_path, dtype=jnp.dtype(dtype)), **kwargs)
+    """Loads a local HF checkpoint with `disa_jax.models.from_pretrained`: the ``kwargs`` that are
+    `ModelOptions` fields (``decode_attention``, ``layer_loop``, ...) go to the model, the others
+    to the sampler (so one ``engine.jax_kwargs`` section configures both)."""
+    names = {f.name for f in dataclasses.fields(models.ModelOptions)}
+    model_kwargs = {k: v for k, v in kwargs.items() if k in names}
+    sampler_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+    return cls(models.from_pretrained(model_path, dtype=jnp.dtype(dtype), **model_kwargs),
+               **sampler_kwargs)
 
   def _fn(self, key: tuple):
     """The jitted program of ``key``: ('dense', num_new, group) or ('ragged', num_new, unit,
@@ -201,8 +202,7 @@ class JaxSampler:
       else:
         self._fns[key] = jax.jit(functools.partial(
             continuous.generate, self._graphdef, num_new=key[1], unit=key[2], group=key[3],
-            block=key[4], cache_dtype=self.cache_dtype.name,
-            decode_attention=self.decode_attention), donate_argnums=(1,))
+            block=key[4], cache_dtype=self.cache_dtype.name), donate_argnums=(1,))
     return self._fns[key]
 
   def generate(self, prompt_token_ids: Sequence[Sequence[int]],

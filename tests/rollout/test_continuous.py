@@ -141,12 +141,26 @@ def test_the_pallas_decode_needs_a_static_layer():
     SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=3, return_raw_logprobs=True),
 ], ids=["greedy", "sampled"])
 def test_the_pallas_decode_samples_what_the_xla_decode_samples(tiny_model, params):
-  """The sampler with ``decode_attention='pallas'`` (the kernel in the interpreter, the layers
-  unrolled) against the XLA reference: the same tokens, log-probs equal to float32 rounding."""
+  """The same weights with ``ModelOptions(decode_attention='pallas')`` (the kernel in the
+  interpreter, the layers unrolled) against the XLA reference: the same tokens, log-probs equal
+  to float32 rounding."""
+  pallas = models.Transformer(tiny_model.config, rngs=nnx.Rngs(1),
+                              options=models.ModelOptions(decode_attention="pallas"))
+  nnx.update(pallas, nnx.state(tiny_model))
   kw = dict(max_batch_size=8, min_batch_bucket=8, decode_block=16)
-  got = JaxSampler(tiny_model, decode_attention="pallas", **kw).generate(PROMPTS, params)
+  got = JaxSampler(pallas, **kw).generate(PROMPTS, params)
   want = JaxSampler(tiny_model, **kw).generate(PROMPTS, params)
   reference.assert_same_completions(got, want, atol=1e-5)
+
+
+def test_the_engine_options_reach_the_models_decode_attention(tiny_ckpt):
+  """``engine.jax_kwargs`` holds sampler and model options: `JaxSampler.from_pretrained` passes
+  the `ModelOptions` fields to the model, the rest to the sampler; a bad value is named."""
+  path = tiny_ckpt
+  sampler = JaxSampler.from_pretrained(path, decode_attention="pallas", decode_block=16)
+  assert sampler.model.options.decode_attention == "pallas" and sampler.decode_block == 16
+  with pytest.raises(ValueError, match="decode_attention must be one of .*'flash'"):
+    JaxSampler.from_pretrained(path, decode_attention="flash")
 
 
 def test_one_cache_updated_in_place(tiny_model):
@@ -194,4 +208,4 @@ def test_bad_sampler_options_are_named(tiny_model):
   with pytest.raises(ValueError, match="decode_block"):
     JaxSampler(tiny_model, decode_block=24)
   with pytest.raises(ValueError, match="decode_attention must be one of .*'flash'"):
-    JaxSampler(tiny_model, decode_attention="flash")
+    models.ModelOptions(decode_attention="flash")
