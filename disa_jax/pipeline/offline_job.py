@@ -28,6 +28,7 @@ from disa_jax import config as config_lib
 from disa_jax import estimators as E
 from disa_jax.anchor import Anchor, AnchorFitConfig, fit_anchor
 from disa_jax.estimators.synthetic import TabularProblem, make_tabular_problem
+from disa_jax.pipeline import seeds
 
 FORMATS = ("jsonl", "parquet")
 
@@ -205,10 +206,12 @@ def _n_study_errors(problem: TabularProblem, cfg: OfflineConfig) -> dict[str, fl
   Returns:
     M (as a string) -> mean absolute error of log Z_IS from M samples, over prompts and repeats.
   """
-  pool = problem.sample(jax.random.key(cfg.seed + 2), max(cfg.stage1.n_study))  # [P, max M] arrays
+  pool = problem.sample(jax.random.key(seeds.job_seed(cfg.seed, "offline_pool")),
+                        max(cfg.stage1.n_study))  # [P, max M] arrays
   pool_lw = E.log_importance_weights(pool["logp_ref"], pool["logp_proposal"],
                                      cfg.stage1.reward_transform.apply(pool["reward"]), problem.beta)
-  study = E.n_study(jax.random.key(cfg.seed + 1), pool_lw, ms=cfg.stage1.n_study,
+  study = E.n_study(jax.random.key(seeds.job_seed(cfg.seed, "offline_n_study")), pool_lw,
+                    ms=cfg.stage1.n_study,
                     repeats=cfg.stage1.n_study_repeats, log_z_ref=problem.log_z)
   return {str(m): float(np.nanmean(study.log_abs_error[i])) for i, m in enumerate(study.ms)}
 

@@ -33,6 +33,11 @@ JOB_STREAMS = {
     "noise_anchor": (0, "the per-prompt offsets of the 'exact+noise' anchors"),
     "sft": (0, "the LoRA-SFT baseline"),
     "n_study": (11, "the report's N-study subsamples and its disjoint draws per N"),
+    # the offline job's (`pipeline.offline_job`, launch/offline.py: its own base seed)
+    "offline_pool": (2, "the offline job's N-study pool of proposal samples"),
+    "offline_n_study": (1, "the offline job's N-study subsamples"),
+    # a tiny model's warm-up (`pipeline.sum_models`: the base is the model's own `WarmupSpec.seed`)
+    "warmup_data": (1, "the warm-up's batches of made-up answers"),
 }
 # stream -> (tag, what it seeds); the value is a hash of (base, tag, run, Stage 3 seed).
 RUN_STREAMS = {

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from disa_jax.data import packing
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
+from disa_jax.pipeline import seeds
 from disa_jax.sft import SupervisedSchedule, make_sft_step
 from disa_jax.tasks.sum import SumTask, make_tokenizer
 
@@ -142,7 +143,7 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
                                               total_steps=spec.steps, schedule="constant"),
                            graphdef, loss="batch_mean")
   opt_state = tx.init(params)
-  rng = np.random.default_rng(spec.seed + 1)
+  rng = np.random.default_rng(seeds.job_seed(spec.seed, "warmup_data"))
   prompts = {n: tok.encode(task.prompt(n), add_special_tokens=False) for n in task.ns}
   layout = _warmup_layout(tok, task, [len(p) for p in prompts.values()], spec.batch_size)
   losses, t0 = [], time.time()
