@@ -136,6 +136,7 @@ def test_the_pallas_decode_needs_a_static_layer():
                                                   jnp.zeros(1, jnp.int32), 8, "float32"))(0)
 
 
+@pytest.mark.slow  # the sampler's program with the kernel in the interpreter: ~9 s per case
 @pytest.mark.parametrize("params", [
     SamplingParams(n=4, temperature=0.0, max_tokens=12, return_raw_logprobs=True),
     SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=3, return_raw_logprobs=True),
