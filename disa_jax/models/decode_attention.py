@@ -9,10 +9,10 @@ program: updated in place, never copied), and attends over the live entries only
 ``[min(start) // block, ceil(max(write + 1) / block))`` with an online softmax (float32 scores, as
 `attention.gqa_attention`), so the work follows the longest live row, not the cache length S.
 
-The cache holds its values' bits as unsigned ints of the same width (`as_bits`; read back block by
-block with `from_bits`, a free bitcast): XLA:CPU runs a bfloat16 scatter in float32 on a converted
-copy of the whole operand (twice the cache, per write), while it scatters integers in place, as
-every backend does.
+The cache holds its values' bits as unsigned ints of the same width (`kv_bits`; read back block
+by block, a free bitcast): XLA:CPU runs a bfloat16 scatter in float32 on a converted copy of the
+whole operand (twice the cache, per write), while it scatters integers in place, as every backend
+does.
 
 This XLA path is the reference every backend runs (`ModelOptions.decode_attention` 'xla'); 'pallas'
 (`decode_attention_pallas`) runs the same computation as one Pallas kernel per layer, a program
@@ -36,24 +36,9 @@ import jax.numpy as jnp
 
 from disa_jax.models.attention import MASK_VALUE
 from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
+from disa_jax.models.kv_bits import as_bits, from_bits
 
 IMPLS = ("xla", "pallas")  # the decode attention implementations (`ModelOptions.decode_attention`)
-_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
-
-
-def bits_dtype(dtype: Any) -> Any:
-  """The unsigned int type of ``dtype``'s width (the cache's storage type)."""
-  return _BITS[jnp.dtype(dtype).itemsize]
-
-
-def as_bits(x: jax.Array) -> jax.Array:
-  """x's bits as unsigned ints of its width."""
-  return jax.lax.bitcast_convert_type(x, bits_dtype(x.dtype))
-
-
-def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
-  """The ``dtype`` values whose bits ``bits`` holds."""
-  return jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype))
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "write", "start"],

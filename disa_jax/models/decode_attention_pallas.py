@@ -36,13 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from disa_jax.models.attention import MASK_VALUE
-
-_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
-
-
-def _from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
-  return lax.bitcast_convert_type(bits, jnp.dtype(dtype))
-
+from disa_jax.models.kv_bits import as_bits, from_bits
 
 def ragged_write(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: int,
                  write: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
@@ -59,9 +53,7 @@ def ragged_write(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Ar
     The two caches with the new entries.
   """
   rows = jnp.arange(k.shape[0])
-  bits = _BITS[jnp.dtype(dtype).itemsize]
-  k_bits = lax.bitcast_convert_type(k.astype(dtype), bits)
-  v_bits = lax.bitcast_convert_type(v.astype(dtype), bits)
+  k_bits, v_bits = as_bits(k.astype(dtype)), as_bits(v.astype(dtype))
   return (k_cache.at[layer, rows, :, write, :].set(k_bits),
           v_cache.at[layer, rows, :, write, :].set(v_bits))
 
@@ -78,8 +70,8 @@ def _kernel(start_ref, end_ref, q_ref, k_ref, v_ref, o_ref, *, block: int, dtype
   def body(i, carry):
     m, l, acc = carry  # [G], [G], [G, H]
     sl = pl.ds(i * block, block)
-    kb = _from_bits(k_ref[sl, :], dtype).astype(q_ref.dtype).astype(jnp.float32)  # [block, H]
-    vb = _from_bits(v_ref[sl, :], dtype).astype(q_ref.dtype)
+    kb = from_bits(k_ref[sl, :], dtype).astype(q_ref.dtype).astype(jnp.float32)  # [block, H]
+    vb = from_bits(v_ref[sl, :], dtype).astype(q_ref.dtype)
     scores = jnp.sum(q[:, None, :] * kb[None, :, :], axis=-1) * scale  # [G, block]
     pos = i * block + lax.broadcasted_iota(jnp.int32, (g, block), 1)
     valid = (pos >= lo) & (pos < hi)

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from disa_jax.models.config import ModelConfig
-from disa_jax.models.decode_attention import RaggedKV, as_bits, bits_dtype
+from disa_jax.models.decode_attention import RaggedKV
+from disa_jax.models.kv_bits import as_bits, bits_dtype
 from disa_jax.rollout.sampling import prompt_positions, sample_step
 
 

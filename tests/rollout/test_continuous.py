@@ -13,7 +13,8 @@ from flax import nnx
 
 from disa_jax import models
 from disa_jax.models import attention as A
-from disa_jax.models.decode_attention import as_bits, from_bits, ragged_attention
+from disa_jax.models.decode_attention import ragged_attention
+from disa_jax.models.kv_bits import as_bits, from_bits
 from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
 from disa_jax.rollout import SamplingParams, continuous
 from disa_jax.rollout.jax_sampler import JaxSampler
