@@ -34,9 +34,10 @@ Presets and their budgets (2 CPU cores):
   below) and each comparison by `disa_jax.pipeline.claims` (Fisher's test of failures, Welch's test
   over the other seeds, Holm's correction). Wall time on 2 cores, measured before issue 44 (tracked
   every 32 with 16 samples): 93 min 22 s (models 135 s, each run 206-352 s two at a time; a test
-  run shared the machine for 12 minutes); issue 44's tracking (twice as often, twice the samples)
-  adds measurements not yet timed. Results: docs/real_checkpoints.md (from
-  docs/reports/claims.json, written before issue 44).
+  run shared the machine for 12 minutes). Under issue 44's tracking (every 16, 32 samples) the 41
+  runs took 9,999 s of run time, 131-480 s each two at a time, on a machine partly shared with
+  another job (the committed report's times_s). Results: docs/real_checkpoints.md (from
+  docs/reports/claims.json, regenerated under issue 44's instrument).
 - ``claims_quick``: one seed of the claims preset's four claim runs (the same run configs). Not
   timed on its own: from the claims run's times, models 135 s + Stage 1/2 20 s + two pairs of runs
   (224 + 247 s) + evaluation ~25 s, about 11 minutes.

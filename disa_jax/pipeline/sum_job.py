@@ -117,6 +117,26 @@ def prompt_records(task: SumTask) -> list[PromptRecord]:
 
 
 
+
+def job_times(times: Mapping[str, float], rows: Mapping[str, Any],
+              data_seeds: Mapping[int, Any]) -> dict[str, float]:
+  """The seconds of this job's own stages, from a workdir's times.json.
+
+  times.json keeps the time of every stage the workdir ever ran (a resumed stage keeps the time of
+  the run that did the work), so a workdir reused by another preset also holds its runs' times. The
+  report keeps the job's: ``stage3_<row>`` and ``eval_<row>`` for the rows it evaluates, and
+  ``stage1_data<d>`` / ``stage2_data<d>`` for its Stage 1/2 replicates ``data_seeds``.
+  """
+  def mine(name: str) -> bool:
+    for prefix in ("stage3_", "eval_"):
+      if name.startswith(prefix):
+        return name[len(prefix):] in rows
+    for prefix in ("stage1_data", "stage2_data"):
+      if name.startswith(prefix) and name[len(prefix):].isdigit():
+        return int(name[len(prefix):]) in data_seeds
+    return True
+  return {k: v for k, v in times.items() if mine(k)}
+
 class SumJob:
   """Runs the stages of the module docstring in ``workdir`` (every stage config built and
   validated here, before any work)."""
@@ -550,4 +570,4 @@ class SumJob:
     return write_report(self.plan, ReportInputs(
         exact=exact, pool=pool, anchor=anchor, stage3=stage3, evals=evals, nstudy=nstudy,
         skipped=skipped, conditional_kl=preference, replicas=replicas, anchor_study=study,
-        times=self.times))
+        times=job_times(self.times, rows, self.replicas)))

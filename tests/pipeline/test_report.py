@@ -83,3 +83,16 @@ def test_job_report_errors_name_the_field(tmp_path):
   with pytest.raises(artifacts.ArtifactError,
                      match=r"report.json: field 'claims\[0\].holds' must be bool"):
     JobReport.load(tmp_path)
+
+
+def test_the_report_keeps_only_its_own_jobs_times():
+  # A workdir another preset ran first keeps that preset's runs in times.json (claims reusing
+  # claims_quick's 5-seed runs: seeds 3-4 of disa_exact are not the claims preset's).
+  from disa_jax.pipeline.sum_job import job_times
+  times = {"models": 1.0, "stage1": 2.0, "stage1_data1": 3.0, "stage2_data2": 4.0,
+           "stage3_disa": 5.0, "stage3_disa_exact_seed3": 6.0, "eval_reference": 7.0,
+           "eval_disa_exact_seed3": 8.0, "lora_sft": 9.0}
+  rows = {"reference": "r", "proposal": "p", "disa": "d"}
+  assert job_times(times, rows, {0: None, 1: None}) == {
+      "models": 1.0, "stage1": 2.0, "stage1_data1": 3.0, "stage3_disa": 5.0,
+      "eval_reference": 7.0, "lora_sft": 9.0}
