@@ -318,7 +318,14 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
   """The benchmarks to evaluate now: those without results, or (``overwrite``) with results of
   another identity (`disa_jax.checkpoint.identity`; refused otherwise, naming every field)."""
   config = config_lib.to_dict(cfg)
-  model = identity.inputs(model_path=model_path)
+  # pi_ref and the held-out prompts of the exact measures are inputs too: compared by content, so
+  # an evaluation copied elsewhere with its models resumes (`identity`'s docstring).
+  model = identity.inputs(model_path=model_path,
+                          exact_reference_path=cfg.exact_target.reference_path,
+                          exact_heldout_path=cfg.exact_target.heldout_path)
+  # An identity file written before these inputs were fingerprinted resumes where it names them at
+  # the same place (its exact_target section is still compared as it was written).
+  earlier = lambda missing: {k: model[k] for k in missing if k.startswith("exact_") and k in model}
   todo = {}
   for name, path in cfg.benchmarks.items():
     if not path:
@@ -329,7 +336,7 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
              **{f"engine.{f}": config["engine"][f] for f in ENGINE_FIELDS}}
 
     state = identity.claim_output(out_dir / f"{name}.identity.json", ident, overwrite=cfg.overwrite,
-                                  has_output=files[0].exists(),
+                                  has_output=files[0].exists(), recorded=earlier,
                                   discard=lambda files=files: identity.remove_paths(files))
     if state != "resumed" or not files[0].exists():
       todo[name] = path

@@ -210,3 +210,36 @@ def test_a_checkpoint_that_named_its_input_paths_resumes(tmp_path):
   resumed.close()
   with pytest.raises(ValueError, match=r"data.reward='math', this run has 'code'"):
     _trainer(tmp_path, {**now, "data.reward": "code"})
+
+
+def test_an_evaluation_copied_with_its_models_resumes_and_another_reference_is_refused(tmp_path):
+  """The exact measures' pi_ref is an input of each benchmark's identity, compared by content: a
+  sum-job workdir copied elsewhere (claims on a copy of claims_quick's) resumes its evaluations."""
+  from disa_jax.eval.exact import ExactTargetConfig
+  from disa_jax.workflows import evaluation
+
+  def claim(root):
+    cfg = evaluation.EvalConfig(
+        output_dir=str(root / "eval"), model_path=str(root / "policy"),
+        benchmarks={"task": str(root / "task.jsonl")},
+        exact_target=ExactTargetConfig(reference_path=str(root / "reference")))
+    return evaluation._claim_benchmarks(cfg, cfg.model_path, root / "eval")
+
+  home, moved = tmp_path / "home", tmp_path / "moved"
+  _model(home / "policy", b"policy")
+  _model(home / "reference", b"reference")
+  (home / "task.jsonl").write_text('{"prompt": "p"}\n')
+  assert set(claim(home)) == {"task"}
+  (home / "eval" / "task.json").write_text("{}")  # its result
+  assert claim(home) == {}
+  stored = json.loads((home / "eval" / "task.identity.json").read_text())
+  # an identity file written before pi_ref was fingerprinted resumes at the same place
+  (home / "eval" / "task.identity.json").write_text(json.dumps(
+      {k: v for k, v in stored.items() if not k.startswith(("exact_reference", "exact_heldout"))}))
+  assert claim(home) == {}
+  _move(home, moved)
+  assert claim(moved) == {}
+  (moved / "reference" / "model.safetensors").write_bytes(b"another")
+  with pytest.raises(IdentityMismatchError) as e:
+    claim(moved)
+  assert set(e.value.diffs) == {"exact_reference_path.sha256"}
