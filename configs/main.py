@@ -23,7 +23,13 @@ Presets and their budgets (2 CPU cores):
   not reach the end state, and cannot within 10 minutes: at the claims preset's settings (small
   task, 800 steps) the four claim runs take 206-247 s each two at a time (~8 minutes for the four,
   plus the models' 2) before any other method, and even there 12 of the 41 runs were still moving
-  at step 800 by the old slope test. ``claims_quick`` is those four runs, one seed.
+  at step 800 by the old slope test. ``claims_quick`` is those four runs, one seed. A pilot
+  towards a default that decides (issue 44; docs/reports/default_pilot_n7.json, from
+  ``--config=configs/main.py:claims_quick --config.task.n_max=7 --config.train.total_steps=400
+  --config.track.every=8 --config.train.rollout.num_minibatches=1``: one seed, 8 prompts,
+  on-policy): the TB runs' KL fell from ~4.1 to 0.07-0.11 by step 400, with the change across
+  steps 300-400 inside [-0.07, +0.05] (90%) against delta 0.02, GRPO's rose to 1.19 ([+0.02,
+  +0.13] against 0.12); no run decided. 16 min 29 s on a machine shared with another job.
 - ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
