@@ -620,7 +620,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     # 4-11); the next 29 runs took 102 min while other jobs' tests ran (load 7-11; runs 324-499 s
     # each), the 3 VarGrad runs 8 min on a quiet machine (174-272 s each), so ~1.4 h quiet and
     # ~2.4 h loaded for the whole preset (42 runs).
-    # Results: docs/objectives.md ("Where training ends with stale rollouts").
+    # Regenerated under issue 44's tracking (every 20 steps, 32 samples): 86 min 51 s for the 42
+    # runs on 2 cores, mostly quiet. Results: docs/objectives.md ("Where training ends with stale
+    # rollouts").
     grid = staleness_grid()
     c.runs.update(grid)
     c.methods = tuple(grid.keys())
