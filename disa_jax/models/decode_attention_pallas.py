@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from disa_jax.models.attention import MASK_VALUE
 from disa_jax.models.kv_bits import as_bits, from_bits
 
+
 def ragged_write(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: int,
                  write: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
   """Writes each slot's new key and value at ``write`` of layer ``layer`` (in place).

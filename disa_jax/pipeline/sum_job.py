@@ -115,9 +115,6 @@ def prompt_records(task: SumTask) -> list[PromptRecord]:
                        "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
 
-
-
-
 def job_times(times: Mapping[str, float], rows: Mapping[str, Any],
               data_seeds: Mapping[int, Any]) -> dict[str, float]:
   """The seconds of this job's own stages, from a workdir's times.json.
@@ -136,6 +133,7 @@ def job_times(times: Mapping[str, float], rows: Mapping[str, Any],
         return int(name[len(prefix):]) in data_seeds
     return True
   return {k: v for k, v in times.items() if mine(k)}
+
 
 class SumJob:
   """Runs the stages of the module docstring in ``workdir`` (every stage config built and
