@@ -327,17 +327,25 @@ def claim_stage3_output(cfg: Stage3Config) -> str:
   ident = {**identity.inputs(policy_path=mc.policy_path, reference_path=mc.reference,
                              train_path=dc.train_path, anchor_path=dc.anchor_path,
                              replay_path=dc.replay_path,
-                             **{f"validation_paths.{i}": p for i, p in enumerate(dc.validation_paths)}),
+                             **{f"validation_paths.{i}": p for i, p in enumerate(dc.validation_paths)},
+                             # the exact measures' pi_ref and held-out prompts, by content
+                             exact_reference_path=cfg.exact_target.reference_path,
+                             exact_heldout_path=cfg.exact_target.heldout_path),
            "model": config_lib.to_dict(mc), "data": config_lib.to_dict(dc),
            "exact_target": config_lib.to_dict(cfg.exact_target),
            **train_identity(config_lib.to_dict(cfg.train))}
+
+  def recorded(missing: list[str]) -> dict[str, Any]:
+    # training settings from the latest checkpoint; the exact measures' inputs, fingerprinted since,
+    # where an older identity file names them at the same place (its exact_target section)
+    return {**recorded_train_identity(workdir, cfg.train.objective),
+            **{k: ident[k] for k in missing if k.startswith("exact_")}}
 
   return identity.claim_output(workdir / "identity.json", ident, overwrite=cfg.overwrite,
                                has_output=(workdir / "checkpoints").exists(),
                                discard=lambda: identity.remove_paths(workdir / n
                                                                      for n in RUN_OUTPUTS),
-                               recorded=lambda _: recorded_train_identity(workdir,
-                                                                          cfg.train.objective))
+                               recorded=recorded)
 
 
 SERIES_FIELDS = ("p_correct", "entropy_correct", "target_entropy_correct", "kl_mc", "kl_mc_se",

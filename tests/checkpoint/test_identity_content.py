@@ -243,3 +243,38 @@ def test_an_evaluation_copied_with_its_models_resumes_and_another_reference_is_r
   with pytest.raises(IdentityMismatchError) as e:
     claim(moved)
   assert set(e.value.diffs) == {"exact_reference_path.sha256"}
+
+
+def test_a_stage3_run_takes_its_held_out_prompts_by_content(tmp_path):
+  """The exact measures' held-out prompts (and pi_ref) are inputs of a Stage 3 run's identity: a run
+  copied with them resumes, other prompts in the same file are refused, and an identity file written
+  before they were fingerprinted resumes where it names them at the same place."""
+  from disa_jax.eval.exact import ExactTargetConfig
+
+  def claim(root):
+    c = stage3_paper.get_config("grpo,qwen3-4b-base,math")
+    c.workdir, c.model.policy_path = str(root / "run"), str(root / "ref")
+    c.data.train_path, c.data.validation_paths = str(root / "train.jsonl"), ()
+    cfg = Stage3Config.from_config(c)
+    cfg = dataclasses.replace(cfg, exact_target=ExactTargetConfig(
+        reference_path=str(root / "ref"), heldout_path=str(root / "held.jsonl")))
+    return claim_stage3_output(cfg)
+
+  home, moved = tmp_path / "home", tmp_path / "moved"
+  _model(home / "ref", b"reference")
+  (home / "train.jsonl").write_text('{"prompt": "1+2"}\n')
+  (home / "held.jsonl").write_text('{"prompt": "3+4"}\n')
+  assert claim(home) == "new"
+  (home / "run" / "checkpoints").mkdir()  # its outputs
+  assert claim(home) == "resumed"
+  path = home / "run" / "identity.json"
+  stored = json.loads(path.read_text())
+  path.write_text(json.dumps({k: v for k, v in stored.items() if not k.startswith("exact_")
+                              or k == "exact_target"}))
+  assert claim(home) == "resumed" and json.loads(path.read_text()) == stored
+  _move(home, moved)
+  assert claim(moved) == "resumed"
+  (moved / "held.jsonl").write_text('{"prompt": "5+6"}\n')
+  with pytest.raises(IdentityMismatchError) as e:
+    claim(moved)
+  assert set(e.value.diffs) == {"exact_heldout_path.sha256"}
