@@ -29,7 +29,15 @@ Presets and their budgets (2 CPU cores):
   --config.track.every=8 --config.train.rollout.num_minibatches=1``: one seed, 8 prompts,
   on-policy): the TB runs' KL fell from ~4.1 to 0.07-0.11 by step 400, with the change across
   steps 300-400 inside [-0.07, +0.05] (90%) against delta 0.02, GRPO's rose to 1.19 ([+0.02,
-  +0.13] against 0.12); no run decided. 16 min 29 s on a machine shared with another job.
+  +0.13] against 0.12); no run decided. 16 min 29 s on a machine shared with another job. The same
+  with ``--config.seeds="(0,1,2,3,4)"`` (docs/reports/default_pilot_n7_s5_400.json; 11 min 30 s
+  on a quiet 2-core machine for the 20 runs, models, Stages 1-2 and evaluations): pooled over 5
+  seeds GRPO is at its end state (collapsed, KL 1.29); the fix, DISA and the oracle (KL 0.05-0.06)
+  still falling (changes -0.027 to -0.039 against delta 0.02). With
+  ``--config.train.total_steps=600 --config.track.every=12`` as well
+  (docs/reports/default_pilot_n7_s5_600.json; 14 min 29 s, quiet): the oracle and GRPO at their end
+  state, the fix and DISA undecided (KL 0.043 and 0.040; their changes' 90% intervals
+  [-0.0212, +0.0165] and [-0.0218, +0.0011] miss the margin of +-0.02 by 0.001-0.002 nats).
 - ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
@@ -508,7 +516,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   t.objective = stage3_base.objective("disa")  # replaced by each run's objective
   t.total_steps = DEFAULT_STEPS  # RL steps per run: the documented budget (module docstring)
   t.progress_bar = True
-  # lr 3e-4 reaches the end state ~3x sooner than 1e-4; 1e-3 ends at a worse KL (issue 15's sweep).
+  # lr 3e-4: issue 15's sweep (no committed report) found it ~3x faster to its end state than 1e-4.
   t.optim.lr = 3e-4
   t.optim.weight_decay = 0.0
   t.optim.decay_frac = 0.15  # the last 15% at lr / 10 removes the wrong mass a constant lr leaves
