@@ -405,6 +405,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # one run keeps about one core busy: 2 on this 2-core CPU. 1 on an accelerator (each process would
   # claim the device's memory).
   c.stage3_workers = 2
+  # The most Stage 3 seeds of one run trained together in one process, the seeds as one vmapped
+  # batch dimension (disa_jax.rl.seed_batch); 1 = each seed a run (process) of its own.
+  c.seed_batch = 1
   c.stages = "all"  # 'all', or 'anchor': the models, Stages 1-2, the anchor study, anchor_report.md
   # One persistent XLA compilation cache for the job's processes (<workdir>/jax_cache): each Stage 3
   # run after the first of its shapes loads its compiled programs (disa_jax.runtime).

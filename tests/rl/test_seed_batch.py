@@ -211,6 +211,7 @@ def test_seeds_of_different_runs_are_refused_naming_the_field():
 
 def test_the_job_trains_each_methods_seeds_in_units_of_seed_batch(tmp_path):
   c = main_config.get_config("claims")
+  assert c.seed_batch == 1  # a field of the config, so --config.seed_batch=S sets it
   c.seed_batch = 2
   c.methods, c.compare, c.controls = ("disa", "grpo"), (), ()
   job = SumJob(MainConfig.from_config(c), tmp_path, progress=False)
