@@ -37,7 +37,13 @@ Presets and their budgets (2 CPU cores):
   ``--config.train.total_steps=600 --config.track.every=12`` as well
   (docs/reports/default_pilot_n7_s5_600.json; 14 min 29 s, quiet): the oracle and GRPO at their end
   state, the fix and DISA undecided (KL 0.043 and 0.040; their changes' 90% intervals
-  [-0.0212, +0.0165] and [-0.0218, +0.0011] miss the margin of +-0.02 by 0.001-0.002 nats).
+  [-0.0212, +0.0165] and [-0.0218, +0.0011] miss the margin of +-0.02 by 0.001-0.002 nats). With
+  ``--config.train.total_steps=800 --config.track.every=16`` (docs/reports/default_pilot_n7_s5_800.json;
+  18 min 08 s, a test run shared the first minutes): GRPO alone at its end state; the fix still
+  falling (KL 0.026, change [-0.039, -0.007]), DISA and the oracle undecided ([-0.037, +0.030],
+  [-0.032, +0.019]). Near KL ~0.03 the decomposed KL's wrong-answer term dominates its noise: a
+  measurement's Monte Carlo SE is 0 when no wrong answer is drawn and up to 0.064 when one is, the
+  size of the margin, so more steps do not decide these runs.
 - ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
