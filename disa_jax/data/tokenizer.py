@@ -9,14 +9,28 @@ built from a `tokenizers.Tokenizer` writes, e.g. the main job's and the tests' t
 through that class directly, the same object AutoTokenizer would build, in about a third of the
 time. Every other folder (model-specific classes such as Qwen2Tokenizer, or no config) goes
 through `AutoTokenizer`.
+
+transformers resolves its top-level names lazily, and not thread-safely: a name first imported by
+several threads at once raises ImportError in all but one (the seeds of `disa_jax.rl.seed_batch`
+load their tokenizers in threads of one fresh process). `transformers_class` imports under a lock.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import threading
 from typing import Any
 
 PLAIN_FAST_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+_IMPORT_LOCK = threading.Lock()
+
+
+def transformers_class(name: str) -> Any:
+  """``transformers.<name>``, imported on first use (transformers is heavy) under a lock (its lazy
+  module is not thread-safe: the module docstring)."""
+  with _IMPORT_LOCK:
+    return getattr(importlib.import_module("transformers"), name)
 
 
 def tokenizer_class_name(path: str | os.PathLike) -> str | None:
@@ -40,7 +54,5 @@ def load_tokenizer(path: str | os.PathLike, **kwargs: Any):
   path = os.fspath(path)
   has_json = os.path.isfile(os.path.join(path, "tokenizer.json"))
   if has_json and tokenizer_class_name(path) in PLAIN_FAST_CLASSES:
-    from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top  (lazy: transformers is heavy)
-    return PreTrainedTokenizerFast.from_pretrained(path, **kwargs)
-  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top  (heavy import)
-  return AutoTokenizer.from_pretrained(path, **kwargs)
+    return transformers_class("PreTrainedTokenizerFast").from_pretrained(path, **kwargs)
+  return transformers_class("AutoTokenizer").from_pretrained(path, **kwargs)

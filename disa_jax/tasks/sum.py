@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from disa_jax import rewards
+from disa_jax.data import tokenizer as tokenizer_lib
 from disa_jax.rewards.graded import Response
 
 PROMPT_TEMPLATE = "Give two non-negative integers that sum to {n}:"
@@ -45,7 +46,7 @@ def make_tokenizer():
   """
   # Heavy imports (transformers: ~1 s), needed only to build the tokenizer.
   from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-  from transformers import PreTrainedTokenizerFast
+  PreTrainedTokenizerFast = tokenizer_lib.transformers_class("PreTrainedTokenizerFast")  # (thread-safe)
   chars = [chr(c) for c in range(32, 127)] + ["\n"]
   vocab = {t: i for i, t in enumerate([PAD, BOS, EOS, UNK, *WORDS, *chars])}
   tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))

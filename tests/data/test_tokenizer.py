@@ -47,3 +47,22 @@ def test_a_model_specific_class_goes_through_autotokenizer(tmp_path):
   tok = load_tokenizer(tmp_path)
   assert type(tok).__name__.startswith("Qwen2Tokenizer"), type(tok)
   assert type(tok) is type(AutoTokenizer.from_pretrained(tmp_path))
+
+
+def test_threads_of_a_fresh_process_load_their_tokenizers_at_once(tmp_path):
+  """transformers' lazy names are not thread-safe: five threads importing PreTrainedTokenizerFast
+  at once in a fresh process fail in all but one (as the seeds of a seed batch did)."""
+  testing.make_tokenizer().save_pretrained(tmp_path)
+  code = ("import threading; from disa_jax.data.tokenizer import load_tokenizer\n"
+          "errors = []\n"
+          "def load():\n"
+          "  try:\n"
+          f"    load_tokenizer({str(tmp_path)!r})\n"
+          "  except Exception as e:\n"
+          "    errors.append(repr(e))\n"
+          "threads = [threading.Thread(target=load) for _ in range(5)]\n"
+          "[t.start() for t in threads]; [t.join() for t in threads]\n"
+          "print(errors)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == "[]", out.stdout
