@@ -125,9 +125,14 @@ def test_each_seed_of_a_batch_is_that_seed_trained_alone(tiny, alone, tmp_path):
     for a, b in zip(mine, theirs):
       for k, v in b.items():
         np.testing.assert_allclose(a[k], v, rtol=2e-4, atol=2e-5, err_msg=f"seed {s} {k}")
+    # Adam divides by sqrt(v): where a gradient is ~0, the batched program's other rounding moves
+    # that weight by a visible share of one step (lr = 1e-2; 8e-6 seen on one CPU type), so the
+    # weights are compared to 1e-3 of a step; another seed's run differs by whole steps.
     ref = _weights(alone / f"seed{s}")
     for name, w in _weights(tmp_path / f"seed{s}").items():
-      np.testing.assert_allclose(w, ref[name], rtol=1e-4, atol=1e-6, err_msg=f"seed {s} {name}")
+      np.testing.assert_allclose(w, ref[name], rtol=1e-4, atol=1e-5, err_msg=f"seed {s} {name}")
+    other = _weights(alone / f"seed{1 - s}")
+    assert max(np.abs(w - other[n]).max() for n, w in ref.items()) > 1e-3  # (the check can fail)
 
 
 def _in_threads(batcher, fns):
