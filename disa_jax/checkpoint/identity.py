@@ -120,6 +120,15 @@ def inputs(**named: str) -> dict[str, str]:
   return out
 
 
+def added_inputs(identity: Mapping[str, Any], missing: Iterable[str], prefix: str
+                 ) -> dict[str, Any]:
+  """For `claim_output`'s ``recorded``: the fields of ``identity`` named ``prefix...`` that an older
+  identity file lacks (``missing``): inputs fingerprinted since it was written, taken as they are
+  now. The older file's config section still names them by path, so they resume only where that
+  path is the same."""
+  return {k: identity[k] for k in missing if k.startswith(prefix) and k in identity}
+
+
 def _normalised(identity: Mapping[str, Any]) -> dict[str, Any]:
   """What JSON gives back (tuples as lists, ...), so stored and fresh identities compare equal."""
   return json.loads(json.dumps(dict(identity), sort_keys=True))

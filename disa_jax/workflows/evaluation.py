@@ -325,7 +325,7 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
                           exact_heldout_path=cfg.exact_target.heldout_path)
   # An identity file written before these inputs were fingerprinted resumes where it names them at
   # the same place (its exact_target section is still compared as it was written).
-  earlier = lambda missing: {k: model[k] for k in missing if k.startswith("exact_") and k in model}
+  earlier = lambda missing: identity.added_inputs(model, missing, "exact_")
   todo = {}
   for name, path in cfg.benchmarks.items():
     if not path:

@@ -339,7 +339,7 @@ def claim_stage3_output(cfg: Stage3Config) -> str:
     # training settings from the latest checkpoint; the exact measures' inputs, fingerprinted since,
     # where an older identity file names them at the same place (its exact_target section)
     return {**recorded_train_identity(workdir, cfg.train.objective),
-            **{k: ident[k] for k in missing if k.startswith("exact_")}}
+            **identity.added_inputs(ident, missing, "exact_")}
 
   return identity.claim_output(workdir / "identity.json", ident, overwrite=cfg.overwrite,
                                has_output=(workdir / "checkpoints").exists(),
