@@ -200,6 +200,9 @@ def exact_target() -> ml_collections.ConfigDict:
   # answers (tens of tokens), where dense [heads, T, T] scores are small.
   e.attention_chunk = 0
   e.attention_impl = "auto"  # As Stage 3's model.attention_impl (configs/stage3_base.py).
+  # The wrong-answer term P_w KL(pi|w || pi~|w) from this many samples per prompt of the policy
+  # conditioned on a wrong answer (disa_jax.eval.wrong_answers; >= 2); 0 = from the kl_samples.
+  e.wrong_samples = 0
   return e
 
 

@@ -291,6 +291,8 @@ def test_a_run_failing_in_a_stage3_worker_is_raised_with_its_name(tmp_path):
     ("runs.disa_replay.replay.fraction", 1.0, r"replay.fraction must be in \[0, 1\)"),
     ("fix", "disa_ppo", "fix must name one of runs"),
     ("track.kl_samples", 1, "track needs every >= 0 and kl_samples >= 2"),
+    ("track.wrong_samples", 1, r"track.wrong_samples must be 0 \(off\) or >= 2, got 1"),
+    ("eval.exact_target.wrong_samples", 1, r"exact_target.wrong_samples must be 0 \(off\)"),
     ("sft.learning_rate", -1.0, "sft: LoRASFTConfig.learning_rate must be > 0"),
     ("runs.grpo.anchor", "exact", "objective 'grpo' uses no anchor"),
     ("stages", "stage2", "stages must be one of"),

@@ -16,8 +16,11 @@ of the chain-rule decomposition
     KL(pi || pi~) = KL(P_c || P~_c) + P_c KL(pi|c || pi~|c) + P_w KL(pi|w || pi~|w)
 
 (binary KL of being correct, plus the conditional KLs over correct and over wrong answers, P_w =
-1 - P_c) is estimated without bias by Monte Carlo over all samples (`wrong_term`), drawn from the
-policy at temperature 1 (their raw log-probs from the engine, log pi_ref by teacher forcing). The plain Monte Carlo KL over all
+1 - P_c) is estimated without bias by Monte Carlo: over all samples (`wrong_term`), drawn from the
+policy at temperature 1 (their raw log-probs from the engine, log pi_ref by teacher forcing), or,
+with ``wrong_samples`` K > 0, from K samples per prompt of the policy conditioned on a wrong answer
+(`disa_jax.eval.wrong_answers`: every sample informs the term, which plain samples leave to the
+rare wrong one). The plain Monte Carlo KL over all
 samples is reported beside it; both carry standard errors.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models
+from disa_jax.eval import wrong_answers
 from disa_jax.rewards.graded import Response, RewardFn
 from disa_jax.rollout.types import Completion, SamplingParams
 from disa_jax.scoring.batched import SequenceScorer
@@ -56,6 +60,10 @@ class ExactTargetConfig:
     attention_impl: their attention over packed rows (`disa_jax.config.ATTENTION_IMPLS`).
     heldout_path: Stage 3 only: a prompt file measured beside the run's own prompts at every
       measurement, logged 'exact_heldout/*' ('' = none; the sum job's held-out prompts).
+    wrong_samples: the wrong-answer term P_w KL(pi|w || pi~|w) from this many samples per prompt of
+      the policy conditioned on a wrong answer (`disa_jax.eval.wrong_answers`, decoded with the
+      policy's scorer, seeded by (seed, step) apart from the engine's); 0 = from the
+      ``kl_samples`` plain samples (`wrong_term`; the reports measured before it existed).
   """
   reference_path: str = ""
   beta: float = 15.0
@@ -65,6 +73,7 @@ class ExactTargetConfig:
   attention_chunk: int = 0
   attention_impl: str = "auto"
   heldout_path: str = ""
+  wrong_samples: int = 0
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
@@ -73,6 +82,10 @@ class ExactTargetConfig:
       raise ValueError(f"exact_target.beta must be > 0, got {self.beta!r}")
     if self.kl_samples < 2:
       raise ValueError(f"exact_target.kl_samples must be >= 2, got {self.kl_samples!r}")
+    if not (isinstance(self.wrong_samples, int) and (self.wrong_samples == 0
+                                                     or self.wrong_samples >= 2)):
+      raise ValueError(f"exact_target.wrong_samples must be 0 (off) or an int >= 2, got "
+                       f"{self.wrong_samples!r}")
     if self.heldout_path and not self.reference_path:
       raise ValueError(f"exact_target.heldout_path={self.heldout_path!r} needs "
                        "exact_target.reference_path (the measures are off without it)")
@@ -80,6 +93,15 @@ class ExactTargetConfig:
   @property
   def enabled(self) -> bool:
     return bool(self.reference_path)
+
+  def identity(self) -> dict[str, Any]:
+    """This section as the identity files of Stage 3 runs and evaluations record it:
+    ``wrong_samples`` (added since) only where it is set, so that outputs recorded before it existed
+    resume."""
+    section = config_lib.to_dict(self)
+    if not self.wrong_samples:
+      section.pop("wrong_samples")
+    return section
 
   def load_model(self, path: str) -> Any:
     """The model of the local HF directory ``path`` (float32, unsharded) with this attention."""
@@ -230,11 +252,14 @@ class ExactMeasures:
     means: every measure of `MEASURES`, averaged over the prompts (``*_se``: the standard errors of
       the Monte Carlo means).
     samples_per_prompt: k, the policy samples per prompt of the Monte Carlo terms.
+    wrong_samples_per_prompt: K, the samples of pi|w per prompt of the wrong-answer term (0: that
+      term from the k plain samples; `ExactTargetConfig.wrong_samples`).
     per_prompt: ``[P]`` each prompt's measures (`correct_set_terms` and `monte_carlo_terms`).
   """
   per_prompt: tuple[Mapping[str, float], ...]
   samples_per_prompt: int
   means: Mapping[str, float] = codec.field(inline=True, keys=MEASURES)
+  wrong_samples_per_prompt: int = codec.field(default=0, omit=0)
 
   def __post_init__(self):
     missing = [k for k in MEASURES if k not in self.means]
@@ -321,6 +346,9 @@ def monte_carlo_terms(lp_policy: np.ndarray, lp_ref: np.ndarray, reward: np.ndar
           "wrong_samples": int(wrong.sum()), "tb_sq": float(np.mean(terms ** 2))}
 
 
+WRONG_STREAM = 1  # the conditional wrong samples' generator: (seed, step, WRONG_STREAM)
+
+
 def measurement_seed(seed: int, step: int) -> int:
   """The sampling seed of the measurement at ``step``: a hash of (seed, step), distinct per step and
   unrelated to the training rollouts' seeds (a plain seed + step could coincide with one)."""
@@ -382,7 +410,10 @@ class ExactTracker:
       `ExactMeasures`: the means over prompts of every measure of `MEASURES` (with ``*_se`` for the
       Monte Carlo terms), k, and the ``[P]`` per-prompt measures.
     """
-    lp_pol = policy_scorer.sequence_logprobs(self._flat_p, self._flat_c)
+    tok_lp = (policy_scorer.token_logprobs(self._flat_p, self._flat_c)
+              if self.cfg.wrong_samples else None)  # (the conditional sampler's P(correct | x))
+    lp_pol = (np.asarray([float(np.sum(x, dtype=np.float64)) for x in tok_lp])
+              if tok_lp is not None else policy_scorer.sequence_logprobs(self._flat_p, self._flat_c))
     b = self._bounds
     exact = [correct_set_terms(lp_pol[i:j], self._lp_ref[i:j], self.cfg.beta)
              for i, j in zip(b[:-1], b[1:])]
@@ -390,13 +421,45 @@ class ExactTracker:
         n=self.cfg.kl_samples, temperature=1.0, max_tokens=self.max_tokens,
         stop_token_ids=(int(self.tokenizer.eos_token_id),), seed=measurement_seed(self.cfg.seed, step),
         return_raw_logprobs=True))
+    wrong = (self._conditional_wrong(exact, tok_lp, policy_scorer, step)
+             if self.cfg.wrong_samples else None)
     return _combine(exact, comps, self.prompts, self.metas, self.ref_scorer, self.tokenizer,
-                    self.reward_fn, self.cfg.beta)
+                    self.reward_fn, self.cfg.beta, wrong=wrong, wrong_k=self.cfg.wrong_samples)
+
+  def _conditional_wrong(self, exact: Sequence[CorrectSetTerms], tok_lp: Sequence[np.ndarray],
+                         policy_scorer: Any, step: int) -> list[tuple[float, float, float]]:
+    """``[P]`` (P_w KL(pi|w || pi~|w), its SE, KL(pi|w || pi~|w)) from ``wrong_samples`` draws of
+    pi|w per prompt (`disa_jax.eval.wrong_answers`); a draw the task's grader accepts is an error
+    (the correct set would miss it)."""
+    b, k = self._bounds, self.cfg.wrong_samples
+    prefixes = [wrong_answers.CorrectPrefixes(self._flat_c[i:j], tok_lp[i:j])
+                for i, j in zip(b[:-1], b[1:])]
+    drawn, lp_pol = wrong_answers.sample_wrong(
+        policy_scorer, self.prompts, prefixes, k, max_tokens=self.max_tokens,
+        stop_ids=(int(self.tokenizer.eos_token_id),), pad_id=policy_scorer.pad_id,
+        rng=np.random.default_rng([int(self.cfg.seed), int(step), WRONG_STREAM]))
+    flat = [o for os in drawn for o in os]
+    flat_p = [p for p in self.prompts for _ in range(k)]
+    texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in flat]
+    reward = self.reward_fn(
+        [Response(t, tuple(o), "stop" if o[-1] == self.tokenizer.eos_token_id else "length")
+         for t, o in zip(texts, flat)], [m for m in self.metas for _ in range(k)]).reward
+    if (reward >= 0.5).any():
+      r = int(np.flatnonzero(reward >= 0.5)[0])
+      raise ValueError(f"a response drawn as wrong, {texts[r]!r} (tokens {flat[r]}) of prompt "
+                       f"{r // k} (meta {self.metas[r // k]!r}), is graded correct: the task's "
+                       "correct set misses an answer its grader accepts")
+    lp_ref = self.ref_scorer.sequence_logprobs(flat_p, flat).reshape(len(self.prompts), k)
+    return [wrong_answers.conditional_wrong_term(lp_pol[i], lp_ref[i], e.p_correct,
+                                                 e.p_correct_ref) for i, e in enumerate(exact)]
 
 
 def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completion]], prompts,
-             metas, ref_scorer, tokenizer, reward_fn: RewardFn, beta: float) -> ExactMeasures:
-  """Adds the Monte Carlo terms to the exact ones and averages over prompts."""
+             metas, ref_scorer, tokenizer, reward_fn: RewardFn, beta: float,
+             wrong: Sequence[tuple[float, float, float]] | None = None, wrong_k: int = 0
+             ) -> ExactMeasures:
+  """Adds the Monte Carlo terms to the exact ones and averages over prompts (the wrong-answer term
+  from ``wrong``, `ExactTracker._conditional_wrong`'s, where given)."""
   k = len(comps[0])
   flat = [c for cs in comps for c in cs]
   reward = reward_fn([Response(tokenizer.decode(c.token_ids, skip_special_tokens=True),
@@ -409,6 +472,8 @@ def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completi
   per = []
   for i, e in enumerate(exact):
     mc = monte_carlo_terms(lp_pol[i], lp_ref[i], reward[i], e, beta)
+    if wrong is not None:
+      mc.update(p_wrong_kl_wrong=wrong[i][0], p_wrong_kl_wrong_se=wrong[i][1], kl_wrong=wrong[i][2])
     per.append({**codec.encode(e), **mc, "kl_decomposed": e.kl_binary + e.p_correct * e.kl_correct
                 + mc["p_wrong_kl_wrong"]})
   means: dict[str, float] = {}
@@ -422,7 +487,8 @@ def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completi
     se = np.asarray([p[f"{key}_se"] for p in per], np.float64)
     means[f"{key}_se"] = float(np.sqrt(np.sum(se ** 2)) / len(per))
   means["kl_decomposed_se"] = means["p_wrong_kl_wrong_se"]
-  wrong = [p["kl_wrong"] for p in per if p["wrong_samples"]]
-  means["kl_wrong"] = float(np.mean(wrong)) if wrong else float("nan")
+  cond = [p["kl_wrong"] for p in per if np.isfinite(p["kl_wrong"])]
+  means["kl_wrong"] = float(np.mean(cond)) if cond else float("nan")
   means["p_correct_kl_correct"] = float(np.mean([p["p_correct"] * p["kl_correct"] for p in per]))
-  return ExactMeasures(means=means, samples_per_prompt=k, per_prompt=tuple(per))
+  return ExactMeasures(means=means, samples_per_prompt=k, per_prompt=tuple(per),
+                       wrong_samples_per_prompt=wrong_k)

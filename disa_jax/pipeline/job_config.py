@@ -205,16 +205,21 @@ class NStudyRunSpec:
 @dataclasses.dataclass(frozen=True)
 class TrackConfig:
   """Exact measures during Stage 3: every ``every`` steps (0 = off), ``kl_samples`` policy samples
-  per prompt for the Monte Carlo KL (`Stage3Config.exact_target`); with ``heldout`` the held-out
-  prompts too (``exact_heldout/*``; needs ``heldout.fraction`` > 0)."""
+  per prompt for the Monte Carlo KL, ``wrong_samples`` samples of the policy conditioned on a wrong
+  answer per prompt for the decomposition's wrong-answer term (0 = from the plain samples;
+  `Stage3Config.exact_target`); with ``heldout`` the held-out prompts too (``exact_heldout/*``;
+  needs ``heldout.fraction`` > 0)."""
   every: int = 100
   kl_samples: int = 16
   heldout: bool = False
+  wrong_samples: int = 0
 
   def __post_init__(self):
     if self.every < 0 or self.kl_samples < 2:
       raise ValueError(f"track needs every >= 0 and kl_samples >= 2, got {self.every}, "
                        f"{self.kl_samples}")
+    if self.wrong_samples != 0 and self.wrong_samples < 2:
+      raise ValueError(f"track.wrong_samples must be 0 (off) or >= 2, got {self.wrong_samples!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -223,7 +223,7 @@ class SumJob:
           train=self.cfg.run_train(method, seed, progress_bar=self.progress),
           exact_target=ExactTargetConfig(
               reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
-              kl_samples=track.kl_samples,
+              kl_samples=track.kl_samples, wrong_samples=track.wrong_samples,
               seed=seeds.run_seed(self.cfg.seed, "track", method, seed),
               heldout_path=self.heldout_prompts_path if track.heldout and track.every else ""),
           export_dtype="float32")  # tiny float32 models, measured exactly after export

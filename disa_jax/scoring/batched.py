@@ -130,6 +130,16 @@ class SequenceScorer:
 
     self._score = score
 
+    @jax.jit
+    def next_logprobs(state, ids, mask, index):
+      model = nnx.merge(self._graphdef, state)
+      positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+      hidden = model.hidden_states(ids, attention_mask=mask, positions=positions)
+      last = jnp.take_along_axis(hidden, index[:, None, None], axis=1)[:, 0]  # [B, D]
+      return jax.nn.log_softmax(model.logits_from_hidden(last).astype(jnp.float32), axis=-1)
+
+    self._next = next_logprobs
+
   def update(self, model: nnx.Module) -> None:
     """Scores with new weights from now on (same architecture: no recompilation)."""
     self._state = nnx.state(model)
@@ -148,6 +158,30 @@ class SequenceScorer:
     layout = self.layout(packing_lib.sequence_lengths(prompts, responses))
     return score_packed(lambda rows: self._score(self._state, rows), prompts, responses, layout,
                         pad_id=self.pad_id)
+
+  def next_token_logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                          index: np.ndarray) -> np.ndarray:
+    """``[B, V]`` float32 log-softmax of the next token after position ``index[b]`` of each row.
+
+    Args:
+      input_ids, attention_mask: ``[B, T]`` rows (left padding; positions count the real tokens).
+      index: ``[B]`` the last real token of each row whose successor is scored.
+
+    ``batch_size`` rows per pass (the last pass filled with copies of the first row), so a sampler
+    decoding in a buffer of fixed ``T`` compiles once.
+    """
+    ids, mask = np.asarray(input_ids, np.int32), np.asarray(attention_mask, np.int32)
+    index = np.asarray(index, np.int32)
+    per = self.batch_size
+    out = []
+    for lo in range(0, ids.shape[0], per):
+      sl = slice(lo, lo + per)
+      n = ids[sl].shape[0]
+      fill = lambda a: np.concatenate([a, np.repeat(a[:1], per - n, axis=0)])
+      got = self._next(self._state, jnp.asarray(fill(ids[sl])), jnp.asarray(fill(mask[sl])),
+                       jnp.asarray(fill(index[sl])))
+      out.append(np.asarray(got)[:n])
+    return np.concatenate(out)
 
   def sequence_logprobs(self, prompts: Sequence[Sequence[int]],
                         responses: Sequence[Sequence[int]]) -> np.ndarray:

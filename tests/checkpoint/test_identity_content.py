@@ -218,11 +218,12 @@ def test_an_evaluation_copied_with_its_models_resumes_and_another_reference_is_r
   from disa_jax.eval.exact import ExactTargetConfig
   from disa_jax.workflows import evaluation
 
-  def claim(root):
+  def claim(root, wrong_samples=0):
     cfg = evaluation.EvalConfig(
         output_dir=str(root / "eval"), model_path=str(root / "policy"),
         benchmarks={"task": str(root / "task.jsonl")},
-        exact_target=ExactTargetConfig(reference_path=str(root / "reference")))
+        exact_target=ExactTargetConfig(reference_path=str(root / "reference"),
+                                       wrong_samples=wrong_samples))
     return evaluation._claim_benchmarks(cfg, cfg.model_path, root / "eval")
 
   home, moved = tmp_path / "home", tmp_path / "moved"
@@ -233,6 +234,11 @@ def test_an_evaluation_copied_with_its_models_resumes_and_another_reference_is_r
   (home / "eval" / "task.json").write_text("{}")  # its result
   assert claim(home) == {}
   stored = json.loads((home / "eval" / "task.identity.json").read_text())
+  # exact_target.wrong_samples, added since, is recorded only where set (as files before it read)
+  assert "wrong_samples" not in stored["exact_target"]
+  with pytest.raises(IdentityMismatchError) as e:
+    claim(home, wrong_samples=8)  # other measures: refused
+  assert set(e.value.diffs) == {"exact_target"}
   # an identity file written before pi_ref was fingerprinted resumes at the same place
   (home / "eval" / "task.identity.json").write_text(json.dumps(
       {k: v for k, v in stored.items() if not k.startswith(("exact_reference", "exact_heldout"))}))
@@ -269,6 +275,7 @@ def test_a_stage3_run_takes_its_held_out_prompts_by_content(tmp_path):
   assert claim(home) == "resumed"
   path = home / "run" / "identity.json"
   stored = json.loads(path.read_text())
+  assert "wrong_samples" not in stored["exact_target"]  # (added since: recorded only where set)
   path.write_text(json.dumps({k: v for k, v in stored.items() if not k.startswith("exact_")
                               or k == "exact_target"}))
   assert claim(home) == "resumed" and json.loads(path.read_text()) == stored

@@ -1,0 +1,125 @@
+"""The primary KL's noise: the wrong-answer term from the plain samples against its own conditional
+samples (`ExactTargetConfig.wrong_samples`, `disa_jax.eval.wrong_answers`), on trained policies.
+
+For each run of a finished main-job workdir (``<workdir>/stage3/<run>/final``, the job's pi_ref,
+prompts and tracking settings), the exact tracker measures the same policy ``--reps`` times, each
+time with fresh samples (steps 1..reps), once per setting of ``--wrong-samples`` (0 = the plain
+estimator over the ``--kl-samples`` samples), the settings alternating within each rep. Per run and
+setting: the mean of ``kl_decomposed`` with its standard error over reps, the SD over reps (the
+noise of one measurement), the root-mean-square of the measurements' own standard errors (does the
+reported SE match that SD?), the share of measurements with a reported SE of 0, and the seconds per
+measurement (median, min-max); the ratio of each SD and time to the first setting's; the load
+average before and after.
+
+    python benchmarks/bench_wrong_term.py --workdir /tmp/pilot \\
+        --runs disa_pos_replay,disa,disa_exact_seed1,grpo [--reps 40] [--wrong-samples 0,32] \\
+        [--kl-samples 32] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from disa_jax import tasks
+from disa_jax.data import loaders
+from disa_jax.data.prompting import encode_prompt
+from disa_jax.data.tokenizer import load_tokenizer
+from disa_jax.eval.exact import ExactTargetConfig
+from disa_jax.rollout.engines import make_engine
+
+
+def _machine() -> str:
+  """The CPU model and core count (`/proc/cpuinfo`)."""
+  info = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
+  model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")),
+               "?")
+  return f"{model}, {os.cpu_count()} cores"
+
+
+def _load() -> str:
+  return Path("/proc/loadavg").read_text().split()[0] if os.path.exists("/proc/loadavg") else "?"
+
+
+def _run(workdir: Path, run: str, args) -> dict:
+  """Every setting's measurements of one run's exported policy."""
+  config = json.loads((workdir / "stage3" / run / "config.json").read_text())
+  ref_path, policy_path = config["exact_target"]["reference_path"], str(workdir / "stage3" / run /
+                                                                         "final")
+  tok = load_tokenizer(ref_path)
+  records = loaders.load_prompts(config["data"]["train_path"], "auto")
+  rollout = config["train"]["rollout"]
+  cfgs = {k: ExactTargetConfig(reference_path=ref_path, beta=config["exact_target"]["beta"],
+                               kl_samples=args.kl_samples, wrong_samples=k, seed=args.seed)
+          for k in args.wrong_samples}
+  first = cfgs[args.wrong_samples[0]]
+  ref_scorer = first.scorer(first.load_model(ref_path), tok.pad_token_id)
+  policy_scorer = first.scorer(first.load_model(policy_path), tok.pad_token_id)
+  prompts = [encode_prompt(tok, r, config["data"]["rendering"], max_len=rollout["max_prompt_len"])
+             for r in records]
+  trackers = {k: tasks.get_task(records[0].ability).measures(
+      c, tok, prompts, [r.reward_meta() for r in records], lambda: ref_scorer,
+      max_tokens=rollout["max_response_len"]) for k, c in cfgs.items()}
+  engine = make_engine("jax", policy_path, options={"max_batch_size": 64, "dtype": "float32"},
+                       process=None)
+  got = {k: {"kl": [], "se": [], "s": []} for k in cfgs}
+  try:
+    for k, tracker in trackers.items():  # compile every setting's programs before timing
+      tracker.measure(engine, policy_scorer, step=10 ** 6)
+    for rep in range(args.reps):
+      for k, tracker in trackers.items():
+        t0 = time.perf_counter()
+        m = tracker.measure(engine, policy_scorer, step=rep + 1)
+        got[k]["s"].append(time.perf_counter() - t0)
+        got[k]["kl"].append(m["kl_decomposed"])
+        got[k]["se"].append(m["kl_decomposed_se"])
+  finally:
+    engine.close()
+  return got
+
+
+def _summary(got: dict, base: int) -> dict:
+  out = {}
+  for k, g in got.items():
+    kl, se, s = (np.asarray(g[x], np.float64) for x in ("kl", "se", "s"))
+    out[k] = {"mean": float(kl.mean()), "mean_se": float(kl.std(ddof=1) / np.sqrt(kl.size)),
+              "sd": float(kl.std(ddof=1)), "rms_reported_se": float(np.sqrt(np.mean(se ** 2))),
+              "share_se_zero": float(np.mean(se == 0)), "s_median": float(np.median(s)),
+              "s_min": float(s.min()), "s_max": float(s.max())}
+  for k in out:
+    out[k]["sd_ratio"] = out[k]["sd"] / out[base]["sd"]
+    out[k]["time_ratio"] = out[k]["s_median"] / out[base]["s_median"]
+  return out
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--workdir", required=True)
+  p.add_argument("--runs", required=True, help="comma-separated stage3 run directories")
+  p.add_argument("--reps", type=int, default=40)
+  p.add_argument("--wrong-samples", default="0,32")
+  p.add_argument("--kl-samples", type=int, default=32)
+  p.add_argument("--seed", type=int, default=1000)
+  p.add_argument("--json", default="")
+  args = p.parse_args()
+  args.wrong_samples = [int(x) for x in args.wrong_samples.split(",")]
+  report = {"machine": _machine(), "load_before": _load(), "runs": {}, "args": vars(args)}
+  for run in args.runs.split(","):
+    report["runs"][run] = _summary(_run(Path(args.workdir), run, args), args.wrong_samples[0])
+    for k, r in report["runs"][run].items():
+      print(f"{run:24s} wrong_samples={k:<3d} kl_decomposed {r['mean']:.4f} +- {r['mean_se']:.4f} "
+            f"| SD/measure {r['sd']:.4f} (x{r['sd_ratio']:.3f}) | rms reported SE "
+            f"{r['rms_reported_se']:.4f}, SE = 0 in {r['share_se_zero']:.0%} | "
+            f"{r['s_median']:.2f} s [{r['s_min']:.2f}, {r['s_max']:.2f}] (x{r['time_ratio']:.2f})")
+  report["load_after"] = _load()
+  print(f"load average: before {report['load_before']}, after {report['load_after']}")
+  if args.json:
+    Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,158 @@
+"""Sampling the policy restricted to the wrong answers, for the exact decomposition's one sampled term.
+
+The decomposition of `disa_jax.eval.exact` leaves one term to Monte Carlo: P_w KL(pi|w || pi~|w),
+where pi|w is the policy conditioned on a wrong answer. Estimated from plain policy samples
+(`disa_jax.eval.exact.wrong_term`) it rests on the few samples that happen to be wrong: near the end
+state P_w is ~0.003, a measurement of 8 prompts x 32 samples draws 0-2 wrong answers, and each adds
+~4 nats / 256 to the mean, so the term's noise (SD ~0.014 nats) is that of a rare event, not of the
+KL. When the correct set is enumerated, pi|w itself can be sampled exactly: decode token by token,
+giving each next token v after the prefix h its *wrong* mass
+
+    q(v | h) = pi(v | h) (1 - P(correct | h v)) / (1 - P(correct | h)),
+    P(correct | x) = sum over the correct answers c extending x of pi(c_{|x|:} | x),
+
+the second factor computed from the correct answers' own per-token log-probs (a token off every
+correct answer's path keeps pi(v | h): all its continuations are wrong). Every sample is a wrong
+answer, drawn with probability pi(o) / P_w, so
+
+    P_w KL(pi|w || pi~|w) = P_w E_{pi|w}[log pi(o) - log pi_ref(o) - log P_w + log P_ref(w)]
+
+is estimated from K wrong samples per prompt with standard error P_w sd / sqrt(K) (`conditional_wrong_term`):
+no measurement rests on whether a wrong answer happened to be drawn.
+
+`sample_wrong` decodes with the policy's own scorer (`SequenceScorer.next_token_logprobs`, one full
+forward per token of the rows still decoding, in a buffer of fixed width: the exact tracker's tasks have answers of
+a few tokens) and returns log pi(o) from the same passes; the probabilities are float32 log-softmaxes combined in float64, so the distribution is
+exact up to float32 rounding of P(correct | x) (a prefix whose wrong mass rounds to zero is not
+extended; if every token of an on-path prefix rounds to zero, the tokens off every correct answer's
+path are sampled, which are wrong by construction).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class CorrectPrefixes:
+  """P(correct | x) under the policy for every prefix x of a prompt's correct answers.
+
+  Args:
+    answers: ``[C]`` correct responses (token ids, stop token included).
+    token_logprobs: ``[C]`` arrays of their per-token log-probs under the policy.
+  """
+
+  def __init__(self, answers: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray]):
+    if len(answers) != len(token_logprobs):
+      raise ValueError(f"CorrectPrefixes needs one log-prob array per answer, got {len(answers)} "
+                       f"answers and {len(token_logprobs)} arrays")
+    self._mass: dict[tuple[int, ...], float] = {}  # prefix -> P(correct | prefix)
+    self._children: dict[tuple[int, ...], set[int]] = {}  # prefix -> next tokens on a path
+    for a, lp in zip(answers, token_logprobs):
+      a, lp = tuple(int(t) for t in a), np.asarray(lp, np.float64)
+      if lp.shape != (len(a),):
+        raise ValueError(f"correct answer {a} has {len(a)} tokens but log-probs of shape {lp.shape}")
+      suffix = np.concatenate([np.cumsum(lp[::-1])[::-1], [0.0]])  # [len + 1] log pi(a_j: | a_<j)
+      for j in range(len(a) + 1):
+        self._mass[a[:j]] = self._mass.get(a[:j], 0.0) + float(np.exp(suffix[j]))
+        if j < len(a):
+          self._children.setdefault(a[:j], set()).add(a[j])
+
+  def p_correct(self, prefix: Sequence[int]) -> float:
+    """P(correct | prefix), at most 1 (0 for a prefix off every correct answer's path)."""
+    return min(self._mass.get(tuple(prefix), 0.0), 1.0)
+
+  def on_path(self, prefix: Sequence[int]) -> bool:
+    """Whether ``prefix`` continues into some correct answer (its next tokens' mass changes)."""
+    return tuple(prefix) in self._children
+
+  def wrong_logits(self, prefix: Sequence[int], logp: np.ndarray) -> np.ndarray:
+    """``[V]`` log of the unnormalised wrong mass log pi(v | h) + log(1 - P(correct | h v)).
+
+    Where every token's wrong mass rounds to zero (`sample_wrong`'s fallback), the tokens on a
+    correct answer's path get -inf and the others keep log pi(v | h).
+    """
+    out = np.asarray(logp, np.float64).copy()
+    kids = sorted(self._children.get(tuple(prefix), ()))
+    for v in kids:
+      rest = 1.0 - self.p_correct(tuple(prefix) + (v,))
+      out[v] = out[v] + np.log(rest) if rest > 0 else -np.inf
+    if not np.isfinite(out).any():
+      out = np.asarray(logp, np.float64).copy()
+      out[kids] = -np.inf
+    return out
+
+
+def sample_wrong(scorer: Any, prompts: Sequence[Sequence[int]], prefixes: Sequence[CorrectPrefixes],
+                 k: int, *, max_tokens: int, stop_ids: Sequence[int], pad_id: int,
+                 rng: np.random.Generator) -> tuple[list[list[list[int]]], np.ndarray]:
+  """``[P][k]`` responses drawn from the policy conditioned on a wrong answer (module docstring),
+  and ``[P, k]`` their log-probs under the policy itself, log pi(o), from the same forward passes.
+
+  Args:
+    scorer: the policy's `SequenceScorer` (`next_token_logprobs`).
+    prompts: ``[P]`` prompt token ids.
+    prefixes: ``[P]`` each prompt's `CorrectPrefixes` under the same policy.
+    k: samples per prompt.
+    max_tokens: the response limit (a response cut there is one outcome, as in the policy's
+      sampling).
+    stop_ids: tokens that end a response (kept in it).
+    pad_id: the padding token of the decoding buffer.
+    rng: the draws' generator.
+  """
+  if len(prompts) != len(prefixes) or k < 1:
+    raise ValueError(f"sample_wrong needs one CorrectPrefixes per prompt and k >= 1, got "
+                     f"{len(prompts)} prompts, {len(prefixes)} prefix sets, k={k}")
+  width = max(len(p) for p in prompts)
+  rows = [i for i in range(len(prompts)) for _ in range(k)]
+  ids = np.full((len(rows), width + max_tokens), pad_id, np.int32)
+  mask = np.zeros_like(ids)
+  for r, i in enumerate(rows):
+    ids[r, width - len(prompts[i]):width], mask[r, width - len(prompts[i]):width] = prompts[i], 1
+  responses: list[list[int]] = [[] for _ in rows]
+  logprob = np.zeros(len(rows))  # log pi(o) of each response (not of pi|w)
+  live = np.ones(len(rows), bool)
+  stops = {int(t) for t in stop_ids}
+  for t in range(max_tokens):
+    todo = np.flatnonzero(live)
+    if todo.size == 0:
+      break
+    logp = scorer.next_token_logprobs(ids[todo], mask[todo], np.full(todo.size, width + t - 1)
+                                      ).astype(np.float64)
+    logits = logp.copy()
+    for j, row in enumerate(todo):  # only rows on a correct answer's path change
+      if prefixes[rows[row]].on_path(responses[row]):
+        logits[j] = prefixes[rows[row]].wrong_logits(responses[row], logits[j])
+    picked = np.argmax(logits + rng.gumbel(size=logits.shape), axis=-1)  # one draw per row
+    for j, (row, v) in enumerate(zip(todo, picked.tolist())):
+      responses[row].append(v)
+      logprob[row] += logp[j, v]
+      ids[row, width + t], mask[row, width + t] = v, 1
+      live[row] = v not in stops
+  return ([[responses[i * k + j] for j in range(k)] for i in range(len(prompts))],
+          logprob.reshape(len(prompts), k))
+
+
+def conditional_wrong_term(lp_policy: np.ndarray, lp_ref: np.ndarray, p_correct: float,
+                           p_correct_ref: float) -> tuple[float, float, float]:
+  """P_w KL(pi|w || pi~|w) from K samples of pi|w (`sample_wrong`), its SE, and KL(pi|w || pi~|w).
+
+  Args:
+    lp_policy, lp_ref: ``[K]`` trajectory log-probs of the K wrong samples under the policy and
+      pi_ref.
+    p_correct, p_correct_ref: the exact P_c under the policy and under pi_ref.
+
+  Returns:
+    (estimate, standard error over the K samples (NaN for K = 1), the conditional KL estimate).
+  """
+  pw, pw_ref = 1.0 - p_correct, 1.0 - p_correct_ref
+  if not pw > 0:
+    return 0.0, 0.0, float("nan")
+  if not pw_ref > 0:
+    raise ValueError(f"the policy gives wrong answers mass {pw!r} but P_ref(wrong) = {pw_ref!r}: "
+                     "pi~ gives them none")
+  ell = (np.asarray(lp_policy, np.float64) - np.log(pw)) - (np.asarray(lp_ref, np.float64)
+                                                             - np.log(pw_ref))
+  kl = float(ell.mean())
+  se = float(ell.std(ddof=1) / np.sqrt(ell.size)) if ell.size > 1 else float("nan")
+  return pw * kl, pw * se, kl

@@ -1,0 +1,45 @@
+"""benchmarks/bench_wrong_term.py on a tiny sum-task policy: each setting of the wrong-answer term
+measures the same policy on fresh samples, and the summary's ratios are against the first."""
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+
+from flax import nnx
+
+from disa_jax import models
+from disa_jax.data import loaders
+from disa_jax.pipeline import sum_models
+from disa_jax.pipeline.sum_job import prompt_records
+from disa_jax.tasks.sum import SumTask, task_tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_wrong_term",
+                                               ROOT / "benchmarks" / "bench_wrong_term.py")
+bw = sys.modules["bench_wrong_term"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bw)
+SPEC = sum_models.TinyLMSpec(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                             num_kv_heads=1, head_dim=16)
+
+
+def test_each_setting_measures_the_policy_on_fresh_samples(tmp_path):
+  tok = task_tokenizer()
+  ref = sum_models.save_model(models.Transformer(sum_models.model_config(tok, SPEC),
+                                                 rngs=nnx.Rngs(0)), tmp_path / "ref")
+  run = tmp_path / "stage3" / "m"
+  sum_models.save_model(models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(1)),
+                        run / "final")
+  loaders.save_prompts(prompt_records(SumTask(0, 2)), str(tmp_path / "p.jsonl"))
+  (run / "config.json").write_text(json.dumps({
+      "exact_target": {"reference_path": ref, "beta": 2.0},
+      "data": {"train_path": str(tmp_path / "p.jsonl"), "rendering": "plain"},
+      "train": {"rollout": {"max_prompt_len": 32, "max_response_len": 8}}}))
+  args = argparse.Namespace(reps=3, wrong_samples=[0, 4], kl_samples=4, seed=7)
+  got = bw._run(tmp_path, "m", args)
+  assert set(got) == {0, 4} and all(len(g[x]) == 3 for g in got.values() for x in g)
+  assert len(set(got[4]["kl"])) == 3  # fresh samples at every rep
+  out = bw._summary(got, 0)
+  assert out[0]["sd_ratio"] == 1.0 and out[0]["time_ratio"] == 1.0
+  assert out[4]["sd_ratio"] == out[4]["sd"] / out[0]["sd"]
+  assert out[4]["share_se_zero"] == 0.0  # every conditional draw is a wrong answer
