@@ -41,9 +41,25 @@ Presets and their budgets (2 CPU cores):
   ``--config.train.total_steps=800 --config.track.every=16`` (docs/reports/default_pilot_n7_s5_800.json;
   18 min 08 s, a test run shared the first minutes): GRPO alone at its end state; the fix still
   falling (KL 0.026, change [-0.039, -0.007]), DISA and the oracle undecided ([-0.037, +0.030],
-  [-0.032, +0.019]). Near KL ~0.03 the decomposed KL's wrong-answer term dominates its noise: a
-  measurement's Monte Carlo SE is 0 when no wrong answer is drawn and up to 0.064 when one is, the
-  size of the margin, so more steps do not decide these runs.
+  [-0.032, +0.019]). Near KL ~0.03 the plain estimate of the decomposed KL's wrong-answer term
+  dominated its noise (a measurement's Monte Carlo SE 0 when no wrong answer was drawn, up to 0.064
+  when one was). The 600-step pilot again with that term from its own conditional samples
+  (``--config.track.wrong_samples=32 --config.eval.exact_target.wrong_samples=64``;
+  docs/reports/default_pilot_n7_s5_600_w32.json; trained bit for bit as the 600-step pilot, only
+  the measurements differ; 23 min 37 s with targeted tests sharing the 2 cores): a measurement's SE
+  0.0006-0.003, and the same verdicts: the oracle and GRPO at their end state, the fix and DISA
+  undecided (pooled changes' 90% intervals [-0.021, +0.032] and [-0.030, +0.032] against +-0.02).
+  What remains is the policies' own motion: one seed of each (the fix's seed 1, DISA's seed 4) has
+  a transient spike in its last 50 steps (P(correct) 0.996 -> 0.991-0.993, KL 0.05 -> 0.13-0.20,
+  measured with SE 0.003; changes across the window +0.054 and +0.059), and the other four seeds'
+  changes are -0.017 to +0.004 (the fix) and -0.016 to -0.012 (DISA, still falling), so 5 seeds at
+  a constant lr of 5e-4 do not show these two methods flat within +-0.02. Nor do 800 steps
+  (``--config.train.total_steps=800 --config.track.every=16 --config.track.wrong_samples=16
+  --config.eval.exact_target.wrong_samples=64``; docs/reports/default_pilot_n7_s5_800_w16.json,
+  trained bit for bit as the 800-step pilot; 44 min 56 s with the test suite sharing the 2 cores):
+  GRPO alone at its end state; the fix still falling (per-seed changes -0.065 to -0.006, pooled
+  interval [-0.047, -0.005]), DISA and the oracle undecided (per-seed changes -0.090 to +0.025 and
+  -0.024 to +0.024).
 - ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
@@ -96,6 +112,10 @@ PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anc
            "anchor_study_rl_quick",
            "nonuniform_target", "staleness_study", "anchor_testbed", "anchor_testbed_rl",
            "anchor_testbed_rl_quick")
+# The presets whose committed reports measured the wrong-answer term from the plain samples.
+COMMITTED_BEFORE_WRONG_SAMPLES = ("claims", "claims_quick", "replay_study", "anchor_study_rl",
+                                  "anchor_study_rl_mean", "anchor_study_rl_quick",
+                                  "nonuniform_target", "staleness_study")
 DEFAULT_STEPS = 400
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
@@ -393,6 +413,14 @@ def staleness_grid() -> ml_collections.ConfigDict:
   return g
 
 
+def _as_committed(c: ml_collections.ConfigDict) -> None:
+  """The presets whose reports were committed before the wrong-answer term had its own samples
+  (docs/reports/: claims, the grids, nonuniform_target, staleness, replay) measure it from the
+  plain samples, so that their documented commands regenerate those reports."""
+  c.track.wrong_samples = 0
+  c.eval.exact_target.wrong_samples = 0
+
+
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
   """The default job, or a preset (see PRESET_DOC)."""
   if preset not in PRESETS:
@@ -448,6 +476,14 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
   c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
   c.track.heldout = False  # also measure the held-out prompts (exact_heldout/*; heldout.fraction)
+  # The primary KL's one sampled term, P_w KL(pi|w || pi~|w), from this many samples per prompt of
+  # the policy conditioned on a wrong answer (disa_jax.eval.wrong_answers). On trained policies of
+  # the n = 0..7 pilot (P_w ~ 0.003) one measurement's SD is ~0.001 nats at 16 (0.0006-0.0009 at
+  # 32) against 0.012-0.018 from the plain samples, which draw no wrong answer in 33-65% of the
+  # measurements (SE 0 there); +0.2 s per measurement at 16, +0.37 s at 32 (2 cores;
+  # benchmarks/results/wrong_term_cpu.json). 0 = from the kl_samples plain samples, as the reports
+  # committed before it (`_as_committed`).
+  c.track.wrong_samples = 16
   # The end-state rule (disa_jax.pipeline.dynamics, issue 44): a run is at its end state when the
   # 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL over
   # correct answers across the window lies inside +-delta, delta = max(delta_abs, delta_rel x the
@@ -570,6 +606,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   e.max_prompt_len = 64
   e.exact_target = ml_collections.ConfigDict()
   e.exact_target.kl_samples = 64  # samples per prompt for the Monte Carlo KL terms
+  e.exact_target.wrong_samples = 64  # samples of pi|w per prompt (track.wrong_samples; 0 = off)
 
   if preset == "claims":
     # The runs the claims turn on, the fix's controls (the report compares the fix with each), and
@@ -661,4 +698,6 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.methods = ("disa", "disa_replay", "flowrl", "flowrl_replay", "grpo", "gspo")
     c.seeds = (0, 1, 2)
     c.sft_enabled = False
+  if preset in COMMITTED_BEFORE_WRONG_SAMPLES:
+    _as_committed(c)
   return c

@@ -35,7 +35,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # way: dropping exactly that field gave every committed hash back before the new ones were written.
 # So was the engine's push_bucket_bytes (issue 41), and Stage 2's exclude_prompts_path (issue 45),
 # before the anchor_testbed preset's entries were added; and the exact tracker's heldout_path
-# (issue 45), before the anchor_testbed_rl presets' entries were added.
+# (issue 45), before the anchor_testbed_rl presets' entries were added. The exact tracker's
+# wrong_samples (issue 44: 32 / 64 in the default and testbed presets, 0 in those with committed
+# reports) likewise: dropping exactly that field gave every committed hash back first.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
