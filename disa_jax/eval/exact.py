@@ -410,10 +410,9 @@ class ExactTracker:
       `ExactMeasures`: the means over prompts of every measure of `MEASURES` (with ``*_se`` for the
       Monte Carlo terms), k, and the ``[P]`` per-prompt measures.
     """
-    tok_lp = (policy_scorer.token_logprobs(self._flat_p, self._flat_c)
-              if self.cfg.wrong_samples else None)  # (the conditional sampler's P(correct | x))
-    lp_pol = (np.asarray([float(np.sum(x, dtype=np.float64)) for x in tok_lp])
-              if tok_lp is not None else policy_scorer.sequence_logprobs(self._flat_p, self._flat_c))
+    # per token: the conditional sampler's P(correct | prefix) needs them
+    tok_lp = policy_scorer.token_logprobs(self._flat_p, self._flat_c)
+    lp_pol = np.asarray([float(np.sum(x, dtype=np.float64)) for x in tok_lp])
     b = self._bounds
     exact = [correct_set_terms(lp_pol[i:j], self._lp_ref[i:j], self.cfg.beta)
              for i, j in zip(b[:-1], b[1:])]

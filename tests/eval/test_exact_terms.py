@@ -83,8 +83,8 @@ def test_the_tracker_samples_each_measurement_with_its_steps_seed():
       raise _Stop
 
   class Scorer:
-    def sequence_logprobs(self, prompts, responses):
-      return np.zeros(len(responses))
+    def token_logprobs(self, prompts, responses):
+      return [np.zeros(len(r), np.float32) for r in responses]
 
   tracker = X.ExactTracker.__new__(X.ExactTracker)  # only what measure reads before sampling
   tracker.cfg = X.ExactTargetConfig(kl_samples=4, seed=8)

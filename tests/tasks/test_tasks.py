@@ -38,6 +38,10 @@ class _Scorer:
     self.calls += 1
     return np.asarray([-float(len(r)) for r in responses], np.float64)
 
+  def token_logprobs(self, prompts, responses):
+    self.calls += 1
+    return [np.full(len(r), -1.0, np.float32) for r in responses]
+
 
 def test_the_built_in_tasks_are_registered_by_ability():
   assert {"code", "math", "sum_task"} <= set(tasks.task_names())
