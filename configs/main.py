@@ -478,9 +478,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.track.heldout = False  # also measure the held-out prompts (exact_heldout/*; heldout.fraction)
   # The primary KL's one sampled term, P_w KL(pi|w || pi~|w), from this many samples per prompt of
   # the policy conditioned on a wrong answer (disa_jax.eval.wrong_answers). On trained policies of
-  # the n = 0..7 pilot (P_w ~ 0.003) one measurement's SD is ~0.001 nats at 16 (0.0006-0.0009 at
-  # 32) against 0.012-0.018 from the plain samples, which draw no wrong answer in 33-65% of the
-  # measurements (SE 0 there); +0.2 s per measurement at 16, +0.37 s at 32 (2 cores;
+  # the n = 0..7 pilot (P_w ~ 0.003) one measurement's SD is 0.0008-0.0010 nats at 16 (0.0005-0.0009 at
+  # 32) against 0.012-0.018 from the plain samples, which draw no wrong answer in 38-65% of the
+  # measurements (SE 0 there); +0.16-0.19 s per measurement at 16, +0.29-0.34 s at 32 (2 cores;
   # benchmarks/results/wrong_term_cpu.json). 0 = from the kl_samples plain samples, as the reports
   # committed before it (`_as_committed`).
   c.track.wrong_samples = 16
