@@ -478,11 +478,11 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.track.heldout = False  # also measure the held-out prompts (exact_heldout/*; heldout.fraction)
   # The primary KL's one sampled term, P_w KL(pi|w || pi~|w), from this many samples per prompt of
   # the policy conditioned on a wrong answer (disa_jax.eval.wrong_answers). On trained policies of
-  # the n = 0..7 pilot (P_w ~ 0.003) one measurement's SD is 0.0008-0.0010 nats at 16 (0.0005-0.0009 at
-  # 32) against 0.012-0.018 from the plain samples, which draw no wrong answer in 38-65% of the
-  # measurements (SE 0 there); +0.16-0.19 s per measurement at 16, +0.29-0.34 s at 32 (2 cores;
-  # benchmarks/results/wrong_term_cpu.json). 0 = from the kl_samples plain samples, as the reports
-  # committed before it (`_as_committed`).
+  # the n = 0..7 pilot (P_w ~ 0.003) one measurement's SD is 0.0008-0.0010 nats at 16
+  # (0.0005-0.0009 at 32) against 0.012-0.018 from the plain samples, which draw no wrong answer in
+  # 38-65% of the measurements (SE 0 there); +0.16-0.19 s per measurement at 16, +0.29-0.34 s at
+  # 32 (2 cores; benchmarks/results/wrong_term_cpu.json). 0 = from the kl_samples plain samples, as
+  # the reports committed before it (`_as_committed`).
   c.track.wrong_samples = 16
   # The end-state rule (disa_jax.pipeline.dynamics, issue 44): a run is at its end state when the
   # 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL over

@@ -1,4 +1,4 @@
-"""Sampling the policy restricted to the wrong answers, for the exact decomposition's one sampled term.
+"""Sampling the policy restricted to the wrong answers (the exact decomposition's sampled term).
 
 The decomposition of `disa_jax.eval.exact` leaves one term to Monte Carlo: P_w KL(pi|w || pi~|w),
 where pi|w is the policy conditioned on a wrong answer. Estimated from plain policy samples
