@@ -439,18 +439,27 @@ class ExactTracker:
         rng=np.random.default_rng([int(self.cfg.seed), int(step), WRONG_STREAM]))
     flat = [o for os in drawn for o in os]
     flat_p = [p for p in self.prompts for _ in range(k)]
-    texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in flat]
-    reward = self.reward_fn(
-        [Response(t, tuple(o), "stop" if o[-1] == self.tokenizer.eos_token_id else "length")
-         for t, o in zip(texts, flat)], [m for m in self.metas for _ in range(k)]).reward
+    eos = self.tokenizer.eos_token_id
+    reward = _grade(self.reward_fn, self.tokenizer, flat,
+                    ["stop" if o[-1] == eos else "length" for o in flat], self.metas, k)
     if (reward >= 0.5).any():
       r = int(np.flatnonzero(reward >= 0.5)[0])
-      raise ValueError(f"a response drawn as wrong, {texts[r]!r} (tokens {flat[r]}) of prompt "
-                       f"{r // k} (meta {self.metas[r // k]!r}), is graded correct: the task's "
-                       "correct set misses an answer its grader accepts")
+      raise ValueError(f"a response drawn as wrong, "
+                       f"{self.tokenizer.decode(flat[r], skip_special_tokens=True)!r} (tokens "
+                       f"{flat[r]}) of prompt {r // k} (meta {self.metas[r // k]!r}), is graded "
+                       "correct: the task's correct set misses an answer its grader accepts")
     lp_ref = self.ref_scorer.sequence_logprobs(flat_p, flat).reshape(len(self.prompts), k)
     return [wrong_answers.conditional_wrong_term(lp_pol[i], lp_ref[i], e.p_correct,
                                                  e.p_correct_ref) for i, e in enumerate(exact)]
+
+
+def _grade(reward_fn: RewardFn, tokenizer, responses: Sequence[Sequence[int]],
+           finish_reasons: Sequence[str], metas: Sequence[Mapping[str, Any]], k: int) -> np.ndarray:
+  """``[P * k]`` rewards of ``k`` responses per prompt (token ids, decoded for the grader)."""
+  return reward_fn([Response(tokenizer.decode(o, skip_special_tokens=True),
+                             tuple(int(t) for t in o), f)
+                    for o, f in zip(responses, finish_reasons)],
+                   [m for m in metas for _ in range(k)]).reward
 
 
 def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completion]], prompts,
@@ -461,9 +470,8 @@ def _combine(exact: Sequence[CorrectSetTerms], comps: Sequence[Sequence[Completi
   from ``wrong``, `ExactTracker._conditional_wrong`'s, where given)."""
   k = len(comps[0])
   flat = [c for cs in comps for c in cs]
-  reward = reward_fn([Response(tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                               tuple(int(t) for t in c.token_ids), c.finish_reason) for c in flat],
-                     [m for m in metas for _ in range(k)]).reward.reshape(len(prompts), k)
+  reward = _grade(reward_fn, tokenizer, [c.token_ids for c in flat],
+                  [c.finish_reason for c in flat], metas, k).reshape(len(prompts), k)
   lp_ref = ref_scorer.sequence_logprobs([list(p) for p in prompts for _ in range(k)],
                                         [c.token_ids.tolist() for c in flat]).reshape(len(prompts), k)
   lp_pol = np.asarray([[float(np.sum(c.raw_logprobs, dtype=np.float64)) for c in cs]
