@@ -78,7 +78,7 @@ def encode(obj: Any, omit: tuple[str, ...] = ()) -> Any:
     out: dict[str, Any] = {}
     for f in _stored(type(obj)):
       spec, value = _spec(f), getattr(obj, f.name)
-      if _key(f) in omit or spec.omit is not _NOT_SET and _same(value, spec.omit):
+      if _key(f) in omit or omitted(f, value):
         continue
       if spec.rows is not None:
         _put_row(out, spec, _key(f), value)
@@ -98,8 +98,12 @@ def encode(obj: Any, omit: tuple[str, ...] = ()) -> Any:
   return obj
 
 
-def _same(value: Any, omitted: Any) -> bool:
-  return value is omitted or (type(value) is type(omitted) and value == omitted)
+def omitted(f: dataclasses.Field, value: Any) -> bool:
+  """Whether field ``f`` holding ``value`` is left out of its JSON (its ``omit`` value: a field
+  added since, recorded only where set, so that files written before it existed still match)."""
+  spec = _spec(f)
+  return spec.omit is not _NOT_SET and (value is spec.omit or (type(value) is type(spec.omit)
+                                                                and value == spec.omit))
 
 
 def _put(out: dict[str, Any], key: str, value: Any) -> None:

@@ -12,7 +12,9 @@ nothing downstream re-checks them.
 A field whose type defines ``from_config(value, where)`` (a classmethod) is built by it: this is
 how a polymorphic section such as the Stage 3 objective (`disa_jax.rl.objectives`) picks its class
 from a ``name`` entry. `to_dict` is the inverse (JSON-ready), using ``to_config()`` where a value
-defines it.
+defines it and leaving out a field declared with `disa_jax.codec.field`'s ``omit`` while it holds
+that value (a field added since, recorded only where set, so that the identity files of outputs
+written before it existed still match).
 
 `check_attention_chunk` is the one check of the ``attention_chunk`` field that the workflow
 sections building a `Transformer` for long sequences carry (Stage 3 ``model``, the Stage 1 / 2
@@ -27,6 +29,8 @@ import math
 import types
 import typing
 from typing import Any, Mapping, TypeVar
+
+from disa_jax import codec
 
 T = TypeVar("T")
 
@@ -170,11 +174,13 @@ def qualify(msg: str, where: str) -> str:
 
 
 def to_dict(obj: Any) -> Any:
-  """A JSON-ready form of a dataclass tree (tuples become lists; ``to_config()`` where defined)."""
+  """A JSON-ready form of a dataclass tree (tuples become lists; ``to_config()`` where defined;
+  a field left out while it holds its `codec.field` ``omit`` value)."""
   if hasattr(obj, "to_config"):
     return to_dict(obj.to_config())
   if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-    return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+            if f.init and not codec.omitted(f, getattr(obj, f.name))}
   if isinstance(obj, (tuple, list)):
     return [to_dict(x) for x in obj]
   if isinstance(obj, Mapping):

@@ -162,3 +162,16 @@ def test_load_names_a_missing_or_unreadable_file(tmp_path):
   (tmp_path / "x.json").write_text("{")
   with pytest.raises(ArtifactError, match="x.json is not readable JSON"):
     codec.load(Selection, tmp_path / "x.json", "the thing")
+
+
+def test_a_field_added_since_is_left_out_of_configs_and_artifacts_alike_while_it_holds_omit():
+  """One rule for both writers: `codec.encode` (artifacts) and `config.to_dict` (configs and the
+  identity files built from them) leave out a field while it holds its ``omit`` value, so an
+  identity recorded before the field existed still matches; any other value is recorded."""
+  from disa_jax import config as config_lib
+  from disa_jax.eval.exact import ExactTargetConfig
+  assert "wrong_samples" not in config_lib.to_dict(ExactTargetConfig())
+  assert config_lib.to_dict(ExactTargetConfig(wrong_samples=8))["wrong_samples"] == 8
+  assert config_lib.from_mapping(ExactTargetConfig, config_lib.to_dict(ExactTargetConfig())
+                                 ) == ExactTargetConfig()
+  assert "wrong_samples_per_prompt" not in codec.encode(_measures())

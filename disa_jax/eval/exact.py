@@ -73,7 +73,7 @@ class ExactTargetConfig:
   attention_chunk: int = 0
   attention_impl: str = "auto"
   heldout_path: str = ""
-  wrong_samples: int = 0
+  wrong_samples: int = codec.field(default=0, omit=0)  # recorded only where set (config.to_dict)
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
@@ -93,15 +93,6 @@ class ExactTargetConfig:
   @property
   def enabled(self) -> bool:
     return bool(self.reference_path)
-
-  def identity(self) -> dict[str, Any]:
-    """This section as the identity files of Stage 3 runs and evaluations record it:
-    ``wrong_samples`` (added since) only where it is set, so that outputs recorded before it existed
-    resume."""
-    section = config_lib.to_dict(self)
-    if not self.wrong_samples:
-      section.pop("wrong_samples")
-    return section
 
   def load_model(self, path: str) -> Any:
     """The model of the local HF directory ``path`` (float32, unsharded) with this attention."""

@@ -333,7 +333,7 @@ def _claim_benchmarks(cfg: EvalConfig, model_path: str, out_dir: Path) -> dict[s
     files = [out_dir / f"{name}{ext}" for ext in (".json", ".md", "_responses.jsonl")]
     ident = {**model, **identity.inputs(benchmark_path=path),
              **{f: config[f] for f in IDENTITY_FIELDS},
-             "exact_target": cfg.exact_target.identity(),
+             "exact_target": config["exact_target"],
              **{f"engine.{f}": config["engine"][f] for f in ENGINE_FIELDS}}
 
     state = identity.claim_output(out_dir / f"{name}.identity.json", ident, overwrite=cfg.overwrite,

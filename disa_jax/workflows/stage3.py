@@ -332,7 +332,7 @@ def claim_stage3_output(cfg: Stage3Config) -> str:
                              exact_reference_path=cfg.exact_target.reference_path,
                              exact_heldout_path=cfg.exact_target.heldout_path),
            "model": config_lib.to_dict(mc), "data": config_lib.to_dict(dc),
-           "exact_target": cfg.exact_target.identity(),
+           "exact_target": config_lib.to_dict(cfg.exact_target),
            **train_identity(config_lib.to_dict(cfg.train))}
 
   def recorded(missing: list[str]) -> dict[str, Any]:
