@@ -25,6 +25,8 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from disa_jax import codec
+from disa_jax import config as config_lib
 from disa_jax.data import packing
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
 from disa_jax.pipeline import seeds
@@ -57,7 +59,7 @@ class WarmupSpec:
   # < 0: every prompt's training answers are correct_frac correct. Else the share falls
   # geometrically from correct_frac at n_min to this at n_max (`correct_frac_at`), so that
   # P_ref(correct | n), and with it log Z(n), differs across prompts (issue 45).
-  correct_frac_last: float = -1.0
+  correct_frac_last: float = codec.field(default=-1.0, omit=-1.0)  # recorded only where set
 
   def __post_init__(self):
     if not 0.0 <= self.correct_frac <= 1.0:
@@ -85,10 +87,7 @@ class WarmupSpec:
   def record(self) -> dict[str, Any]:
     """The spec as saved with its model (``correct_frac_last`` only where set, so that a model
     saved before the field existed matches the same spec)."""
-    out = dataclasses.asdict(self)
-    if self.correct_frac_last < 0:
-      del out["correct_frac_last"]
-    return out
+    return config_lib.to_dict(self)
 
 
 def model_config(tokenizer, spec: TinyLMSpec) -> ModelConfig:

@@ -37,7 +37,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # before the anchor_testbed preset's entries were added; and the exact tracker's heldout_path
 # (issue 45), before the anchor_testbed_rl presets' entries were added. The exact tracker's
 # wrong_samples (issue 44: 32 / 64 in the default and testbed presets, 0 in those with committed
-# reports) likewise: dropping exactly that field gave every committed hash back first.
+# reports) likewise: dropping exactly that field gave every committed hash back first; since
+# `config.to_dict` leaves it out while it is 0 (its codec ``omit``), the presets that pin 0 hash
+# exactly as in the fixture before the field existed (checked against that version first).
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
