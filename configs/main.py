@@ -476,6 +476,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.track.every = 100  # every this many RL steps (the KL curves, end state, matched accuracy)
   c.track.kl_samples = 16  # policy samples per prompt for the Monte Carlo KL (~1 s per measure)
   c.track.heldout = False  # also measure the held-out prompts (exact_heldout/*; heldout.fraction)
+  # > 0: every this many steps until the end-state window (the last end_state.window of the
+  # measured steps), every track.every in it: the rule reads the dense measurements, the curves
+  # before it cost fewer (0 = every track.every throughout).
+  c.track.every_before_window = 0
   # The primary KL's one sampled term, P_w KL(pi|w || pi~|w), from this many samples per prompt of
   # the policy conditioned on a wrong answer (disa_jax.eval.wrong_answers). On trained policies of
   # the n = 0..7 pilot (P_w ~ 0.003) one measurement's SD is 0.0008-0.0010 nats at 16

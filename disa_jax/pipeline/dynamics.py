@@ -75,6 +75,10 @@ class EndStateConfig:
       if not ok:
         raise ValueError(f"end_state.{name} must be {want}, got {getattr(self, name)!r}")
 
+  def window_start(self, first: float, last: float) -> float:
+    """The first step of the window over measurements at steps ``first``..``last``."""
+    return last - self.window * (last - first)
+
   def delta(self, value: np.ndarray | float) -> np.ndarray:
     """The equivalence margin of a curve at ``value`` (elementwise)."""
     return np.maximum(self.delta_abs, self.delta_rel * np.abs(np.asarray(value, np.float64)))
@@ -176,7 +180,7 @@ def window_mask(steps: np.ndarray, cfg: EndStateConfig = EndStateConfig()) -> np
   """``[M]`` the measurements in the end-state window: the last ``cfg.window`` of the measured
   steps (``[M]``, ascending)."""
   steps = np.asarray(steps)
-  return steps >= steps[-1] - cfg.window * (steps[-1] - steps[0])
+  return steps >= cfg.window_start(steps[0], steps[-1])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -208,11 +208,13 @@ class TrackConfig:
   per prompt for the Monte Carlo KL, ``wrong_samples`` samples of the policy conditioned on a wrong
   answer per prompt for the decomposition's wrong-answer term (0 = from the plain samples;
   `Stage3Config.exact_target`); with ``heldout`` the held-out prompts too (``exact_heldout/*``;
-  needs ``heldout.fraction`` > 0)."""
+  needs ``heldout.fraction`` > 0); with ``every_before_window`` every that many steps until the
+  end-state window and every ``every`` in it (`cadence`)."""
   every: int = 100
   kl_samples: int = 16
   heldout: bool = False
   wrong_samples: int = 0
+  every_before_window: int = 0
 
   def __post_init__(self):
     if self.every < 0 or self.kl_samples < 2:
@@ -220,6 +222,22 @@ class TrackConfig:
                        f"{self.kl_samples}")
     if self.wrong_samples != 0 and self.wrong_samples < 2:
       raise ValueError(f"track.wrong_samples must be 0 (off) or >= 2, got {self.wrong_samples!r}")
+    if self.every_before_window < 0 or (self.every_before_window and not self.every):
+      raise ValueError(f"track.every_before_window must be 0 (off), or > 0 with track.every > 0, "
+                       f"got {self.every_before_window!r} (track.every={self.every})")
+
+  def cadence(self, total_steps: int, end_state: EndStateConfig) -> dict[str, int]:
+    """Stage 3's ``validation`` fields for a run of ``total_steps``: ``every``, and with
+    ``every_before_window`` that sparser cadence until the last multiple of ``every`` at or before
+    the start of the end-state window over the measured steps (`EndStateConfig.window_start`), so
+    the window holds the dense measurements only (none, where that leaves no sparse step)."""
+    out = {"every": self.every}
+    early = self.every_before_window
+    if not early:
+      return out
+    last = total_steps - total_steps % self.every
+    dense_from = int(end_state.window_start(early, last) // self.every) * self.every
+    return out | ({"early_every": early, "dense_from": dense_from} if dense_from > early else {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,13 +363,14 @@ class MainConfig:
     obj = spec.objective
     if any(f.name == "beta" for f in dataclasses.fields(obj)):
       obj = dataclasses.replace(obj, beta=self.beta)
-    changes: dict[str, Any] = {"objective": obj, "seed": seed, "replay": spec.replay,
-                               "validation.every": self.track.every}
+    changes: dict[str, Any] = {"objective": obj, "seed": seed, "replay": spec.replay}
     if progress_bar is not None:
       changes["progress_bar"] = progress_bar
     if spec.match_rows_of:  # G + k on-policy rows: the rows per prompt of the run it matches
       g, matched = t.rollout.group_size, self.runs[spec.match_rows_of]
       changes["rollout.group_size"] = g + replay_count(matched.replay.fraction, g)
+    steps = spec.overrides.get("train.total_steps", t.total_steps)
+    changes |= {f"validation.{k}": v for k, v in self.track.cadence(steps, self.end_state).items()}
     changes |= {path.removeprefix("train."): v for path, v in spec.overrides.items()}
     return replace_paths(t, changes)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from disa_jax import codec
 from disa_jax.data.packing import PackingLayout, micro_batch_layout, round_up
 from disa_jax.rl.objectives import Disa, Needs, Objective
 
@@ -253,7 +254,12 @@ class ValidationConfig:
   """Periodic validation during training (paper protocol: temperature 0.6, top-p 0.95).
 
   Attributes:
-    every: validate every this many RL steps (0 = never).
+    every: validate every this many RL steps (0 = never); from step ``dense_from`` on where
+      ``early_every`` is set.
+    early_every: before RL step ``dense_from``, validate every this many steps instead (0 = at
+      ``every`` throughout): a sparse start and a dense end, where the end-state rule reads the
+      curves (`disa_jax.pipeline.job_config.TrackConfig.every_before_window`).
+    dense_from: the first RL step of the ``every`` cadence (with ``early_every`` only).
     at_start: also validate the initial policy, before step 1 (logged as step 0; with validation
       prompts it is a candidate of the checkpoint selection, saved as checkpoint 0).
     n: samples per prompt (Mean@n, pass@n). The checkpoint selection metric is Mean@n: the
@@ -267,10 +273,25 @@ class ValidationConfig:
   temperature: float = 0.6
   top_p: float = 0.95
   max_tokens: int = 32768
+  # added since: recorded only where set, so that runs written before them resume
+  early_every: int = codec.field(default=0, omit=0)
+  dense_from: int = codec.field(default=0, omit=0)
+
+  def due(self, step: int) -> bool:
+    """Whether RL step ``step`` (1-based: the steps done) is validated."""
+    every = self.early_every if self.early_every and step < self.dense_from else self.every
+    return bool(every) and step % every == 0
 
   def __post_init__(self):
     if self.every < 0:
       _fail("validation", "every", self.every, "must be >= 0")
+    if self.early_every < 0 or self.dense_from < 0:
+      _fail("validation", "early_every / dense_from", (self.early_every, self.dense_from),
+            "must be >= 0")
+    if self.early_every and not (self.every and self.dense_from):
+      _fail("validation", "early_every", self.early_every,
+            f"needs every > 0 and dense_from > 0 (the steps it covers), got every={self.every}, "
+            f"dense_from={self.dense_from}")
     if self.n < 1:
       _fail("validation", "n", self.n, "must be >= 1")
     if not 0 < self.top_p <= 1:

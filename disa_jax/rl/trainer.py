@@ -14,8 +14,9 @@ with `disa_jax.rl.build.build_trainer`):
    over packed micro-batches (`disa_jax.data.packing`; the scorer's passes use the same rows);
    then the new policy weights to the engine (at once, or queued on the pipeline).
 
-Then every ``validation.every`` steps (and before step 1 with ``validation.at_start``) a
-validation pass, every ``checkpoint.every`` steps a checkpoint; a new best validation score
+Then every ``validation.every`` steps (sparser before ``validation.dense_from`` with
+``validation.early_every``: `ValidationConfig.due`; and before step 1 with ``validation.at_start``)
+a validation pass, every ``checkpoint.every`` steps a checkpoint; a new best validation score
 (Mean@n) is saved at once and kept beside the last ``checkpoint.keep`` checkpoints
 (`disa_jax.checkpoint.selection`). SIGTERM / SIGUSR1 stop the loop at the next step boundary with
 a checkpoint of the steps done (`disa_jax.preemption`); the rerun resumes exactly. Metrics go to
@@ -360,7 +361,7 @@ class Trainer:
             break
           metrics = self.step(step)
           done = step + 1
-          best = bool(vc.every and done % vc.every == 0 and self.validate(done, metrics))
+          best = bool(vc.due(done) and self.validate(done, metrics))
           if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
             self.logger.write(done, metrics)
           if done % cfg.checkpoint.every == 0 or done == cfg.total_steps or best:

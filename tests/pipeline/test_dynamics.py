@@ -196,3 +196,40 @@ def test_lr_decay_step_follows_the_schedule():
   first = D.lr_decay_step(3500, 2, 0.15)
   assert first == 2975 and float(sched(first * 2)) == pytest.approx(0.1)
   assert float(sched(first * 2 - 1)) == 1.0 and D.lr_decay_step(3500, 2, 0.0) is None
+
+
+@pytest.mark.parametrize("total,every,early", [(480, 8, 48), (400, 8, 40), (1000, 20, 100),
+                                               (333, 7, 50), (96, 8, 16)])
+def test_a_sparse_start_leaves_only_dense_measurements_in_the_window(total, every, early):
+  """`TrackConfig.cadence`: with ``every_before_window`` the measured steps (`ValidationConfig.due`)
+  put the sparse ones before the end-state window, and the window holds exactly the measurements
+  the dense cadence would put there."""
+  from disa_jax.pipeline.job_config import TrackConfig
+  from disa_jax.rl.config import ValidationConfig
+  track = TrackConfig(every=every, every_before_window=early)
+  cadence = track.cadence(total, CFG)
+  steps = np.asarray([s for s in range(1, total + 1) if ValidationConfig(**cadence).due(s)])
+  inside = steps[D.window_mask(steps, CFG)]
+  assert steps[0] == early and cadence["dense_from"] > early
+  assert np.all(np.diff(inside) == every) and inside[-1] == total - total % every
+  assert np.all(steps[steps < cadence["dense_from"]] % early == 0)
+  assert steps.size < len(range(every, total + 1, every))  # fewer measurements in all
+  # the window starts at or after the first dense measurement
+  assert inside[0] >= cadence["dense_from"] and inside[0] - every < CFG.window_start(early,
+                                                                                      inside[-1])
+
+
+def test_without_a_sparse_start_the_cadence_is_every_and_bad_settings_are_refused():
+  from disa_jax.pipeline.job_config import TrackConfig
+  from disa_jax.rl.config import ValidationConfig
+  assert TrackConfig(every=8).cadence(480, CFG) == {"every": 8}
+  # a sparse cadence that leaves no sparse step before the window (its first step, 476, is past
+  # the last dense step before it, 472): dense throughout
+  assert TrackConfig(every=8, every_before_window=476).cadence(480, CFG) == {"every": 8}
+  with pytest.raises(ValueError, match=r"track.every_before_window must be 0 \(off\), or > 0 "
+                                       r"with track.every > 0, got 8 \(track.every=0\)"):
+    TrackConfig(every=0, every_before_window=8)
+  with pytest.raises(ValueError, match=r"validation.early_every needs every > 0 and dense_from > 0"):
+    ValidationConfig(every=8, early_every=48)
+  assert [s for s in range(1, 13) if ValidationConfig(every=2).due(s)] == [2, 4, 6, 8, 10, 12]
+  assert [s for s in range(1, 13) if ValidationConfig(every=0).due(s)] == []

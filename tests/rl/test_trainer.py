@@ -279,3 +279,16 @@ def test_resume_refuses_a_changed_config(tmp_path):
   changed = _cfg(steps=2, beta=3.0)
   with pytest.raises(ValueError, match=r"objective.beta=2.0, this run has 3.0"):
     _trainer(changed, tmp_path, anchor=_anchor(TINY["hidden_size"], beta=3.0))
+
+
+def test_validation_runs_at_the_sparse_then_dense_cadence(tmp_path):
+  """``validation.early_every`` before ``dense_from``, ``every`` from it (`ValidationConfig.due`):
+  the trainer validates at exactly those steps."""
+  cfg = _cfg(steps=6)
+  cfg = dataclasses.replace(cfg, validation=dataclasses.replace(
+      cfg.validation, every=1, early_every=3, dense_from=5))
+  trainer, _ = _trainer(cfg, tmp_path)
+  trainer.run()
+  trainer.close()
+  rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in rows if "eval/mean@4" in r] == [3, 5, 6]
