@@ -14,52 +14,25 @@ tiny task; the paper's settings for real checkpoints are in those files.
 
 Presets and their budgets (2 CPU cores):
 
-- default: every method (the fix ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``,
-  GRPO, FlowRL, GSPO) and LoRA-SFT, ``DEFAULT_STEPS`` Stage 3 steps each. A documented budget, not
-  the end state: the report labels every verdict drawn from a run that has not reached its end
-  state TRANSIENT. Measured on a quiet 2-core machine: 11 min 41 s (models 121 s, Stage 1 19 s,
-  N-study 25 s, anchor study 48 s, each Stage 3 run 122-138 s two at a time, LoRA-SFT 17 s,
-  evaluations 54 s); b8e67b9's default on the same machine, also quiet: 12 min 40 s. It does
-  not reach the end state, and cannot within 10 minutes: at the claims preset's settings (small
-  task, 800 steps) the four claim runs take 206-247 s each two at a time (~8 minutes for the four,
-  plus the models' 2) before any other method, and even there 12 of the 41 runs were still moving
-  at step 800 by the old slope test. ``claims_quick`` is those four runs, one seed. A pilot
-  towards a default that decides (issue 44; docs/reports/default_pilot_n7.json, from
-  ``--config=configs/main.py:claims_quick --config.task.n_max=7 --config.train.total_steps=400
-  --config.track.every=8 --config.train.rollout.num_minibatches=1``: one seed, 8 prompts,
-  on-policy): the TB runs' KL fell from ~4.1 to 0.07-0.11 by step 400, with the change across
-  steps 300-400 inside [-0.07, +0.05] (90%) against delta 0.02, GRPO's rose to 1.19 ([+0.02,
-  +0.13] against 0.12); no run decided. 16 min 29 s on a machine shared with another job. The same
-  with ``--config.seeds="(0,1,2,3,4)"`` (docs/reports/default_pilot_n7_s5_400.json; 11 min 30 s
-  on a quiet 2-core machine for the 20 runs, models, Stages 1-2 and evaluations): pooled over 5
-  seeds GRPO is at its end state (collapsed, KL 1.29); the fix, DISA and the oracle (KL 0.05-0.06)
-  still falling (changes -0.027 to -0.039 against delta 0.02). With
-  ``--config.train.total_steps=600 --config.track.every=12`` as well
-  (docs/reports/default_pilot_n7_s5_600.json; 14 min 29 s, quiet): the oracle and GRPO at their end
-  state, the fix and DISA undecided (KL 0.043 and 0.040; their changes' 90% intervals
-  [-0.0212, +0.0165] and [-0.0218, +0.0011] miss the margin of +-0.02 by 0.001-0.002 nats). With
-  ``--config.train.total_steps=800 --config.track.every=16`` (docs/reports/default_pilot_n7_s5_800.json;
-  18 min 08 s, a test run shared the first minutes): GRPO alone at its end state; the fix still
-  falling (KL 0.026, change [-0.039, -0.007]), DISA and the oracle undecided ([-0.037, +0.030],
-  [-0.032, +0.019]). Near KL ~0.03 the plain estimate of the decomposed KL's wrong-answer term
-  dominated its noise (a measurement's Monte Carlo SE 0 when no wrong answer was drawn, up to 0.064
-  when one was). The 600-step pilot again with that term from its own conditional samples
-  (``--config.track.wrong_samples=32 --config.eval.exact_target.wrong_samples=64``;
-  docs/reports/default_pilot_n7_s5_600_w32.json; trained bit for bit as the 600-step pilot, only
-  the measurements differ; 23 min 37 s with targeted tests sharing the 2 cores): a measurement's SE
-  0.0006-0.003, and the same verdicts: the oracle and GRPO at their end state, the fix and DISA
-  undecided (pooled changes' 90% intervals [-0.021, +0.032] and [-0.030, +0.032] against +-0.02).
-  What remains is the policies' own motion: one seed of each (the fix's seed 1, DISA's seed 4) has
-  a transient spike in its last 50 steps (P(correct) 0.996 -> 0.991-0.993, KL 0.05 -> 0.13-0.20,
-  measured with SE 0.003; changes across the window +0.054 and +0.059), and the other four seeds'
-  changes are -0.017 to +0.004 (the fix) and -0.016 to -0.012 (DISA, still falling), so 5 seeds at
-  a constant lr of 5e-4 do not show these two methods flat within +-0.02. Nor do 800 steps
-  (``--config.train.total_steps=800 --config.track.every=16 --config.track.wrong_samples=16
-  --config.eval.exact_target.wrong_samples=64``; docs/reports/default_pilot_n7_s5_800_w16.json,
-  trained bit for bit as the 800-step pilot; 44 min 56 s with the test suite sharing the 2 cores):
-  GRPO alone at its end state; the fix still falling (per-seed changes -0.065 to -0.006, pooled
-  interval [-0.047, -0.005]), DISA and the oracle undecided (per-seed changes -0.090 to +0.025 and
-  -0.024 to +0.024).
+- default (`_decisive_default`, issue 44): the four runs the claims turn on (the fix
+  ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``, GRPO), 5 Stage 3 seeds each, on
+  n = 0..7 with a tiny Qwen3 of width 64, at lr 5e-4 (constant), on-policy, G = 16, 880 steps,
+  tracked every 32 steps and every 16 in the end-state window (14 measurements there), LoRA-SFT
+  and the evaluations; FlowRL, GSPO and VarGrad are in the other presets. The report decides each
+  method's end state and each claim (docs/reports/default.json: see README, "The default job").
+  How it was chosen (issue 44's pilots, ``--config=configs/main.py:claims_quick
+  --config.task.n_max=7 --config.train.rollout.num_minibatches=1 --config.seeds="(0,1,2,3,4)"``
+  and the fields named; reports in docs/reports/default_pilot_*.json): at width 128, G = 8, the
+  fix's and DISA's seeds still moved at 600 and 800 steps (per-seed changes across the window
+  down to -0.09, and a transient spike of one seed each: P(correct) 0.996 -> 0.991, KL 0.05 ->
+  0.13-0.20); G = 16 made the curves smooth (400 steps, _g16: DISA and GRPO at their end state, the
+  fix and the oracle still falling by 0.013-0.014 across the window; 480 steps, _480_g16: all but
+  the oracle, which missed the margin by 0.001) but 480 steps took 1,023 s with the models reused
+  (pilots with ``--config.train.rollout.group_size=16 --config.track.every=8``); width 64 halves a step (0.065 s against 0.142 s two runs
+  at a time) and its models train in 44 s against 84 s, which buys 880 steps in the budget. With
+  the JAX engine in each run's process (`engine.separate_process` False; a generation process
+  of its own is the other presets' and vLLM's placement) two runs at a time took 26.0 s per run
+  of 150 steps against 32.3 s (benchmarks/results/engine_placement_cpu.json).
 - ``claims``: the four runs the paper's claims turn on (the fix, DISA, the oracle, GRPO), the
   fix's controls (issue 26: the fix on the exact log Z, compute-matched on-policy DISA, the fix
   replaying only the N = 8 label samples, SFT on the same replay rows, GRPO with clip-higher and
@@ -116,7 +89,16 @@ PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anc
 COMMITTED_BEFORE_WRONG_SAMPLES = ("claims", "claims_quick", "replay_study", "anchor_study_rl",
                                   "anchor_study_rl_mean", "anchor_study_rl_quick",
                                   "nonuniform_target", "staleness_study")
-DEFAULT_STEPS = 400
+BASE_STEPS = 400  # Stage 3 steps per run of the presets that keep the base train section
+# The default job (issue 44): the four claim runs at their end state, 5 Stage 3 seeds each, on
+# 2 cores in about 15 minutes (`_decisive_default`, module docstring).
+DEFAULT_N_MAX = 7  # n = 0..7: 8 prompts
+DEFAULT_WIDTH = 64  # the tiny Qwen3's hidden size (intermediate 2x, 4 heads of 16)
+DEFAULT_STEPS = 880
+DEFAULT_GROUP = 16  # G: 16 x 8 prompts = 128 samples per step
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+DEFAULT_TRACK = 16  # in the end-state window: 14 measurements (steps 672..880)
+DEFAULT_TRACK_BEFORE = 32  # before it: steps 32..640 (P(correct) passes 0.9 near step 40-80)
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
 CLAIMS_DECISIVE = ("disa_pos_replay", "disa", "disa_matched", "grpo_remedies")
@@ -313,6 +295,29 @@ def _small_task(c: ml_collections.ConfigDict, steps: int) -> None:
 
 
 TESTBED_N_MAX = 159  # the anchor testbed's prompts: n = 0..159 (" 100+59" + EOS: 8 tokens)
+
+
+def _decisive_default(c: ml_collections.ConfigDict) -> None:
+  """The default job: the four runs the claims turn on (the fix, DISA, the oracle, GRPO) with
+  `DEFAULT_SEEDS`, on n = 0..`DEFAULT_N_MAX` at lr `SMALL_LR` (constant), on-policy, G =
+  `DEFAULT_GROUP`, `DEFAULT_STEPS` steps tracked every `DEFAULT_TRACK_BEFORE` and every
+  `DEFAULT_TRACK` in the end-state window; Stages 1-2, LoRA-SFT and the evaluations as every
+  preset; no N-study or anchor study (8 prompts: the anchor testbed is where the anchor is
+  studied). The JAX engine in each run's process: x0.80 the seconds per run of a generation
+  process each, two runs on two cores (benchmarks/results/engine_placement_cpu.json)."""
+  _small_task(c, DEFAULT_STEPS)  # lr SMALL_LR constant, SMALL_TRACK_SAMPLES, no N-/anchor study
+  c.sft_enabled = True
+  c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
+  c.seeds = DEFAULT_SEEDS
+  c.task.n_max = DEFAULT_N_MAX
+  c.arch.hidden_size = DEFAULT_WIDTH
+  c.arch.intermediate_size = 2 * DEFAULT_WIDTH
+  c.arch.head_dim = DEFAULT_WIDTH // c.arch.num_heads
+  c.train.rollout.group_size = DEFAULT_GROUP
+  c.train.rollout.num_minibatches = 1
+  c.track.every = DEFAULT_TRACK
+  c.track.every_before_window = DEFAULT_TRACK_BEFORE
+  c.engine.separate_process = False
 
 
 def _anchor_testbed(c: ml_collections.ConfigDict) -> None:
@@ -565,7 +570,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
 
   t = c.train = stage3_base.get_config().train  # run_stage3's train section (the Trainer's)
   t.objective = stage3_base.objective("disa")  # replaced by each run's objective
-  t.total_steps = DEFAULT_STEPS  # RL steps per run: the documented budget (module docstring)
+  t.total_steps = BASE_STEPS  # RL steps per run (the default job: DEFAULT_STEPS)
   t.progress_bar = True
   # lr 3e-4: issue 15's sweep (no committed report) found it ~3x faster to its end state than 1e-4.
   t.optim.lr = 3e-4
@@ -702,6 +707,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.methods = ("disa", "disa_replay", "flowrl", "flowrl_replay", "grpo", "gspo")
     c.seeds = (0, 1, 2)
     c.sft_enabled = False
+  if not preset:
+    _decisive_default(c)
   if preset in COMMITTED_BEFORE_WRONG_SAMPLES:
     _as_committed(c)
   return c

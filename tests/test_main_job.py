@@ -25,6 +25,14 @@ def _job(c, workdir):
 
 def _cfg(**over):
   c = main_config.get_config()
+  # the base settings the default job's own (`_decisive_default`) replace: one seed, 2 mini-batches
+  # at a decaying lr, the N-study, and the engine in its generation process (shared memory)
+  c.seeds = (0,)
+  c.train.optim.lr, c.train.optim.decay_frac = 3e-4, 0.15
+  c.train.rollout.num_minibatches = 2
+  c.track.every_before_window = 0
+  c.nstudy.enabled = True
+  c.engine.separate_process = True
   c.task.n_max = 6
   c.reference_model.steps = 40  # enough for some reward-1 Stage 1 samples (the LoRA-SFT data)
   c.proposal_model.steps = 15

@@ -80,6 +80,7 @@ def test_heldout_split_disjoint_and_reproducible():
 
 def test_heldout_option_splits_the_stage3_prompts(tmp_path):
   c = main_config.get_config()
+  c.task.n_max = 40  # 41 prompts: 8 held out
   c.heldout.fraction = 0.2
   job = _job(c, tmp_path)
   cfg = job.stage3_cfgs[("disa", 0)]

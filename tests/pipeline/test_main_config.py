@@ -39,7 +39,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # wrong_samples (issue 44: 32 / 64 in the default and testbed presets, 0 in those with committed
 # reports) likewise: dropping exactly that field gave every committed hash back first; since
 # `config.to_dict` leaves it out while it is 0 (its codec ``omit``), the presets that pin 0 hash
-# exactly as in the fixture before the field existed (checked against that version first).
+# exactly as in the fixture before the field existed (checked against that version first). The
+# default preset became the decisive job of issue 44 (`_decisive_default`): its entries were
+# rewritten after every other preset's were checked unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
@@ -116,9 +118,9 @@ def test_a_bad_section_field_stops_the_one_conversion_naming_it(field, value, ma
 
 def test_a_run_override_the_train_section_refuses_names_the_run(tmp_path):
   c = main_config.get_config()
-  c.runs.disa.minibatches = 3  # 8 prompts x 8 rows do not split into 3 mini-batches
+  c.runs.disa.minibatches = 3  # 8 prompts x 16 rows do not split into 3 mini-batches
   cfg = MainConfig.from_config(c)
-  with pytest.raises(ValueError, match=r"runs.disa: rollout.num_minibatches must divide the 64 "
+  with pytest.raises(ValueError, match=r"runs.disa: rollout.num_minibatches must divide the 128 "
                                        r"rows of a step .* got 3"):
     SumJob(cfg, tmp_path, progress=False)
 

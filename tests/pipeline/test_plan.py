@@ -95,8 +95,9 @@ def test_the_regime_is_read_from_the_resolved_train_section():
   assert labels["k0_grpo"] == "-, 2 updates per batch"  # (no residual scale)
   grid = _plan(main_config.get_config("anchor_study_rl_mean"))
   assert grid.runs["mean_u4_fitted"].regime.label == "mean, 4 updates per batch"
-  default = _plan(main_config.get_config())
-  assert default.runs["disa"].lr_decay_step == 340  # the last 15% of 400 steps x 2 updates
+  base = _plan(main_config.get_config("replay_study"))  # the base train section's schedule
+  assert base.runs["disa"].lr_decay_step == 340  # the last 15% of 400 steps x 2 updates
+  assert _plan(main_config.get_config()).runs["disa"].lr_decay_step is None  # constant lr
 
 
 def test_a_runs_train_keys_are_one_mapping_of_dotted_paths():
