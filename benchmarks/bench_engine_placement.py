@@ -28,22 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+from disa_jax import runtime
+
 ROOT = Path(__file__).resolve().parents[1]
 PLACEMENTS = {"inproc": "False", "process": "True"}
 # what a block reuses from the prepared workdir (its Stage 3 and evaluations are its own)
 PREPARED = ("models", "data", "stage1", "stage2", "anchor", "anchor_exact", "exact.json",
             "jax_cache")
-
-
-def _machine() -> str:
-  info = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
-  model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")),
-               "?")
-  return f"{model}, {os.cpu_count()} cores"
-
-
-def _load() -> float:
-  return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def _job(workdir: Path, args, placement: str) -> None:
@@ -72,7 +63,7 @@ def run_block(args, placement: str, rep: int) -> dict:
       shutil.copytree(src, work / name)
     elif src.exists():
       shutil.copy2(src, work / name)
-  before, start = _load(), time.perf_counter()
+  before, start = runtime.load_average(), time.perf_counter()
   _job(work, args, placement)
   wall = time.perf_counter() - start
   times = json.loads((work / "times.json").read_text())
@@ -81,7 +72,8 @@ def run_block(args, placement: str, rep: int) -> dict:
   shutil.rmtree(work / "stage3")
   return {"placement": placement, "rep": rep, "wall_s": wall, "run_s": runs,
           "median_run_s": statistics.median(runs.values()),
-          "median_step_s": statistics.median(steps), "load_before": before, "load_after": _load()}
+          "median_step_s": statistics.median(steps), "load_before": before,
+          "load_after": runtime.load_average()}
 
 
 def _span(xs: list[float]) -> dict[str, float]:
@@ -142,12 +134,13 @@ def main() -> None:
   summary = summarise(blocks, placements)
   for name, s in summary.items():
     print(f"{name:8s} run {s['run_s']['median']:.1f} s ({s['run_s']['min']:.1f}-"
-          f"{s['run_s']['max']:.1f}) x{s['run_s_ratio']:.2f}; step {s['step_s']['median'] * 1e3:.1f}"
-          f" ms ({s['step_s']['min'] * 1e3:.1f}-{s['step_s']['max'] * 1e3:.1f}) "
+          f"{s['run_s']['max']:.1f}) x{s['run_s_ratio']:.2f}; step "
+          f"{s['step_s']['median'] * 1e3:.1f} ms ({s['step_s']['min'] * 1e3:.1f}-{s['step_s']['max'] * 1e3:.1f}) "
           f"x{s['step_s_ratio']:.2f}")
   if args.json:
     Path(args.json).write_text(json.dumps(
-        {"machine": _machine(), "args": vars(args), "summary": summary, "blocks": blocks},
+        {"machine": runtime.host_description(), "args": vars(args), "summary": summary,
+         "blocks": blocks},
         indent=1) + "\n")
 
 

@@ -25,24 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from disa_jax import tasks
+from disa_jax import runtime, tasks
 from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.rollout.engines import make_engine
-
-
-def _machine() -> str:
-  """The CPU model and core count (`/proc/cpuinfo`)."""
-  info = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
-  model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")),
-               "?")
-  return f"{model}, {os.cpu_count()} cores"
-
-
-def _load() -> str:
-  return Path("/proc/loadavg").read_text().split()[0] if os.path.exists("/proc/loadavg") else "?"
 
 
 def _run(workdir: Path, run: str, args) -> dict:
@@ -107,7 +95,8 @@ def main() -> None:
   p.add_argument("--json", default="")
   args = p.parse_args()
   args.wrong_samples = [int(x) for x in args.wrong_samples.split(",")]
-  report = {"machine": _machine(), "load_before": _load(), "runs": {}, "args": vars(args)}
+  report = {"machine": runtime.host_description(), "load_before": runtime.load_average(),
+            "runs": {}, "args": vars(args)}
   for run in args.runs.split(","):
     report["runs"][run] = _summary(_run(Path(args.workdir), run, args), args.wrong_samples[0])
     for k, r in report["runs"][run].items():
@@ -115,7 +104,7 @@ def main() -> None:
             f"| SD/measure {r['sd']:.4f} (x{r['sd_ratio']:.3f}) | rms reported SE "
             f"{r['rms_reported_se']:.4f}, SE = 0 in {r['share_se_zero']:.0%} | "
             f"{r['s_median']:.2f} s [{r['s_min']:.2f}, {r['s_max']:.2f}] (x{r['time_ratio']:.2f})")
-  report["load_after"] = _load()
+  report["load_after"] = runtime.load_average()
   print(f"load average: before {report['load_before']}, after {report['load_after']}")
   if args.json:
     Path(args.json).write_text(json.dumps(report, indent=1))

@@ -106,3 +106,19 @@ def persistent_compilation_cache(directory: str | os.PathLike) -> str:
     if getattr(jax.config, name) != value:
       jax.config.update(name, value)
   return os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+def host_description() -> str:
+  """The CPU model and core count (``/proc/cpuinfo``), as the benchmarks record their machine."""
+  info = ""
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      info = f.read()
+  model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                if line.startswith("model name")), "?")
+  return f"{model}, {os.cpu_count()} cores"
+
+
+def load_average() -> float:
+  """The 1-minute load average (what the benchmarks quote beside each timing)."""
+  return os.getloadavg()[0]

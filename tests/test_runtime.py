@@ -117,3 +117,18 @@ def test_the_persistent_compilation_cache_reaches_this_process_and_its_children(
   finally:
     for name, value in saved.items():
       jax.config.update(name, value)
+
+
+def test_the_host_description_names_the_cpu_model_and_cores(monkeypatch, tmp_path):
+  """What the benchmarks record as their machine: the first 'model name' of /proc/cpuinfo."""
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\nprocessor\t: 1\n"
+                  "model name\t: Test CPU 9000\n")
+  real_open, real_exists = open, runtime.os.path.exists
+  monkeypatch.setattr(runtime.os.path, "exists",
+                      lambda p: True if p == "/proc/cpuinfo" else real_exists(p))
+  monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(
+      info if p == "/proc/cpuinfo" else p, *a, **k))
+  monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+  assert runtime.host_description() == "Test CPU 9000, 2 cores"
+  assert runtime.load_average() >= 0.0
