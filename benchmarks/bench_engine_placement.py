@@ -135,7 +135,8 @@ def main() -> None:
   for name, s in summary.items():
     print(f"{name:8s} run {s['run_s']['median']:.1f} s ({s['run_s']['min']:.1f}-"
           f"{s['run_s']['max']:.1f}) x{s['run_s_ratio']:.2f}; step "
-          f"{s['step_s']['median'] * 1e3:.1f} ms ({s['step_s']['min'] * 1e3:.1f}-{s['step_s']['max'] * 1e3:.1f}) "
+          f"{s['step_s']['median'] * 1e3:.1f} ms ({s['step_s']['min'] * 1e3:.1f}-"
+          f"{s['step_s']['max'] * 1e3:.1f}) "
           f"x{s['step_s_ratio']:.2f}")
   if args.json:
     Path(args.json).write_text(json.dumps(

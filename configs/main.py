@@ -28,8 +28,9 @@ Presets and their budgets (2 CPU cores):
   0.13-0.20); G = 16 made the curves smooth (400 steps, _g16: DISA and GRPO at their end state, the
   fix and the oracle still falling by 0.013-0.014 across the window; 480 steps, _480_g16: all but
   the oracle, which missed the margin by 0.001) but 480 steps took 1,023 s with the models reused
-  (pilots with ``--config.train.rollout.group_size=16 --config.track.every=8``); width 64 halves a step (0.065 s against 0.142 s two runs
-  at a time) and its models train in 44 s against 84 s, which buys 880 steps in the budget. With
+  (pilots with ``--config.train.rollout.group_size=16 --config.track.every=8``); width 64 halves
+  a step (0.065 s against 0.142 s two runs at a time) and its models train in 44 s against 84 s,
+  which buys 880 steps in the budget. With
   the JAX engine in each run's process (`engine.separate_process` False; a generation process
   of its own is the other presets' and vLLM's placement) two runs at a time took 26.0 s per run
   of 150 steps against 32.3 s (benchmarks/results/engine_placement_cpu.json).

@@ -229,7 +229,8 @@ def test_without_a_sparse_start_the_cadence_is_every_and_bad_settings_are_refuse
   with pytest.raises(ValueError, match=r"track.every_before_window must be 0 \(off\), or > 0 "
                                        r"with track.every > 0, got 8 \(track.every=0\)"):
     TrackConfig(every=0, every_before_window=8)
-  with pytest.raises(ValueError, match=r"validation.early_every needs every > 0 and dense_from > 0"):
+  with pytest.raises(ValueError,
+                     match=r"validation.early_every needs every > 0 and dense_from > 0"):
     ValidationConfig(every=8, early_every=48)
   assert [s for s in range(1, 13) if ValidationConfig(every=2).due(s)] == [2, 4, 6, 8, 10, 12]
   assert [s for s in range(1, 13) if ValidationConfig(every=0).due(s)] == []
