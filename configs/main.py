@@ -156,6 +156,9 @@ def _warmup(correct_frac: float, skew: float, steps: int, seed: int) -> ml_colle
   w.correct_frac = correct_frac  # share of correct answers in its training data
   w.skew = skew  # preference among correct answers: P(a) ~ skew^a (1 = uniform)
   w.steps = steps  # warm-up steps (the proposal's start from pi_ref's weights)
+  w.pretrain_steps = 0  # steps on correct answers only before them (the task's skill first)
+  w.wrong_answers = "uniform"  # wrong answers: 'uniform' pairs or 'near' misses (a, n - a + d)
+  w.correct_frac_of = "n"  # with correct_frac_last: the share falls over 'n' or n's 'last_digit'
   w.batch_size = 64  # warm-up batch
   w.learning_rate = 3e-3  # AdamW, constant after 20 warm-up steps
   w.seed = seed  # initialisation and data seed

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from disa_jax.pipeline.sum_models import WarmupSpec, _answers
+from disa_jax.pipeline.sum_models import NEAR_MISS, WarmupSpec, _answers
 from disa_jax.tasks.sum import SumTask
 
 
@@ -30,3 +30,47 @@ def test_drawn_answers_follow_the_share_of_their_prompt():
 def test_a_bad_last_share_is_refused(last):
   with pytest.raises(ValueError, match="correct_frac_last"):
     WarmupSpec(correct_frac=0.9, correct_frac_last=last)
+
+
+def test_pretraining_draws_only_correct_answers_and_is_recorded_only_where_set():
+  task = SumTask(n_min=0, n_max=40)
+  spec = WarmupSpec(correct_frac=0.9, correct_frac_last=0.01, pretrain_steps=10)
+  rng = np.random.default_rng(0)
+  assert all(sum(_answers(rng, task, 40, spec, correct_only=True)) == 40 for _ in range(500))
+  assert np.mean([sum(_answers(rng, task, 40, spec)) == 40 for _ in range(500)]) < 0.05
+  assert "pretrain_steps" not in WarmupSpec(correct_frac=0.6).record()  # old markers match
+  assert spec.record()["pretrain_steps"] == 10
+  with pytest.raises(ValueError, match="pretrain_steps must be >= 0, got -1"):
+    WarmupSpec(correct_frac=0.9, pretrain_steps=-1)
+
+
+def test_near_misses_are_wrong_by_at_most_near_miss_and_never_negative():
+  task = SumTask(n_min=0, n_max=40)
+  spec = WarmupSpec(correct_frac=0.5, wrong_answers="near")
+  rng = np.random.default_rng(1)
+  for n in (0, 1, 40):
+    pairs = [_answers(rng, task, n, spec) for _ in range(2000)]
+    slips = np.array([a + b - n for a, b in pairs])
+    assert all(a >= 0 and b >= 0 and a <= n for a, b in pairs), n
+    assert np.abs(slips).max() <= NEAR_MISS and np.mean(slips == 0) == pytest.approx(0.5, abs=0.04)
+    if n == 0:  # b = 0 + d >= 0: only upward slips
+      assert set(slips[slips != 0]) == set(range(1, NEAR_MISS + 1))
+    if n == 40:
+      assert set(slips[slips != 0]) == set(range(-NEAR_MISS, NEAR_MISS + 1)) - {0}
+  assert WarmupSpec(correct_frac=0.5, wrong_answers="near").record()["wrong_answers"] == "near"
+  assert "wrong_answers" not in WarmupSpec(correct_frac=0.5).record()
+  with pytest.raises(ValueError, match="wrong_answers must be one of .* got 'far'"):
+    WarmupSpec(correct_frac=0.5, wrong_answers="far")
+
+
+def test_the_share_can_follow_the_last_digit_of_n():
+  spec = WarmupSpec(correct_frac=0.9, correct_frac_last=0.01, correct_frac_of="last_digit")
+  for n in (0, 10, 150):
+    assert spec.correct_frac_at(n, 0, 159) == pytest.approx(0.9)
+  for n in (9, 59, 159):
+    assert spec.correct_frac_at(n, 0, 159) == pytest.approx(0.01)
+  assert spec.correct_frac_at(4, 0, 159) == pytest.approx(0.9 ** (5 / 9) * 0.01 ** (4 / 9))
+  assert spec.record()["correct_frac_of"] == "last_digit"
+  assert "correct_frac_of" not in WarmupSpec(correct_frac=0.9).record()
+  with pytest.raises(ValueError, match="correct_frac_of must be one of .* got 'first_digit'"):
+    WarmupSpec(correct_frac=0.9, correct_frac_of="first_digit")
