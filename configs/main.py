@@ -65,16 +65,17 @@ Presets and their budgets (2 CPU cores):
   DISA, the oracle and FlowRL at k = 2 with half the lr (the control of TB's delay) and VarGrad at
   k = 2 (a batch-mean log Z: the control of the explanation).
 - ``anchor_testbed``: issue 45's task, where the anchor has work to do: n = 0..159 (160 prompts),
-  pi_ref's share of correct answers falling geometrically with n from 0.9 to 0.01 (log Z spans
-  several nats), 32 prompts held out of Stages 2 and 3 (``heldout.anchor``). Stages 1-2 only
+  pi_ref pretrained to add, then often writing the right sum wrongly (without its leading space),
+  its share of correct answers falling geometrically with n's last digit from 0.9 to 0.01 (log Z
+  spans 8 nats), 32 prompts held out of Stages 2 and 3 (``heldout.anchor``). Stages 1-2 only
   (``stages='anchor'``): ``anchor_report.md`` gives the spread of the exact log Z, Stage 1's ESS and
   CV^2, and the anchor's R^2 and sigma_g on the held-out prompts beside a constant predictor's.
 - ``anchor_testbed_rl``: issue 45's pre-registered Stage 3 experiment on that task
   (docs/preregistration.md): the `TESTBED_CELLS` runs (the exact log Z, the exact log Z + noise of
   RMS 0.25 and 1, the fitted anchor, FlowRL as the paper runs it and tuned, VarGrad), on-policy on
   the sum scale, 5 Stage 3 seeds, each tracked on the training and the held-out prompts; the
-  report's endpoint section (`disa_jax.pipeline.endpoints`) decides `TESTBED_COMPARE`. Not run:
-  its budget is open (the pilot on that page). ``anchor_testbed_rl_quick``: the same, one seed.
+  report's endpoint section (`disa_jax.pipeline.endpoints`) decides `TESTBED_COMPARE`; 600 steps
+  (the oracle pilot's budget on that page). ``anchor_testbed_rl_quick``: the same, one seed.
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -328,14 +329,22 @@ def _anchor_testbed(c: ml_collections.ConfigDict) -> None:
   """Issue 45's task (see PRESET_DOC): log Z that differs across prompts, a held-out set the anchor
   never sees, Stages 1-2 only."""
   c.task.n_max = TESTBED_N_MAX
-  c.reference_model.correct_frac = 0.9  # at n = 0 ...
-  c.reference_model.correct_frac_last = 0.01  # ... falling geometrically to this at n = 159
-  c.reference_model.steps = 2400  # 160 prompts: twice the default task's warm-up
+  c.reference_model.correct_frac = 0.9  # at n's last digit 0 ...
+  c.reference_model.correct_frac_last = 0.01  # ... falling geometrically to this at last digit 9
+  c.reference_model.correct_frac_of = "last_digit"  # (a share smooth over n = 0..159 went unlearnt)
+  # The skill first (3,000 steps on correct answers: a + b = n at every n), then 1,500 steps where
+  # a wrong answer is the right sum without its leading space: pi_ref knows the answer and often
+  # writes it wrongly, so Stage 3 has a choice to learn, not arithmetic (docs/preregistration.md,
+  # "Status"; with uniform wrong pairs pi_ref could not add at large n and the oracle gained 0.04
+  # of P(correct) in 2,400 steps).
+  c.reference_model.pretrain_steps = 3000
+  c.reference_model.steps = 1500
+  c.reference_model.wrong_answers = "format"
   # p_T: a milder preference (0.97^a, not 0.85^a) so that it still covers pi_ref's correct answers
   # at n ~ 159 (with 0.85 the labels fell ~1.6 nats short there: Stage 1 missed most of pi_ref's
-  # correct mass), and three times the warm-up (160 prompts).
+  # correct mass), and 1.5 times the warm-up (160 prompts, from a pi_ref that can add).
   c.proposal_model.skew = 0.97
-  c.proposal_model.steps = 1200
+  c.proposal_model.steps = 600
   c.heldout.fraction = 0.2  # 32 of the 160 prompts
   c.heldout.anchor = True  # ... out of Stage 2's fit as well as Stage 3
   c.stages = "anchor"
@@ -356,8 +365,8 @@ TESTBED_CELLS = ("disa_exact", "disa_noise025", "disa_noise1", "disa", "flowrl_p
 TESTBED_COMPARE = ("disa:disa_exact", "disa:flowrl_paper", "disa:flowrl", "disa:vargrad",
                    "disa_exact:disa_noise025", "disa_exact:disa_noise1")
 TESTBED_SEEDS = (0, 1, 2, 3, 4)
-TESTBED_STEPS = 2400  # Stage 3 steps per run: the pilot's (docs/preregistration.md, "Status")
-TESTBED_TRACK = 120  # 20 measurements per run, training and held-out prompts
+TESTBED_STEPS = 600  # Stage 3 steps per run: the oracle pilot's, which ended at P(correct) 0.947
+TESTBED_TRACK = 40  # 15 measurements per run, training and held-out prompts
 
 
 def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> None:
@@ -375,6 +384,7 @@ def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> 
   c.train.total_steps = TESTBED_STEPS
   c.track.every = TESTBED_TRACK
   c.track.heldout = True
+  c.engine.separate_process = False  # the JAX engine in each run's process (x0.80 per run)
 
 
 STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)

@@ -46,7 +46,7 @@ class TinyLMSpec:
   head_dim: int = 32
 
 
-WRONG_ANSWERS = ("uniform", "near")
+WRONG_ANSWERS = ("uniform", "near", "format")
 CORRECT_FRAC_OF = ("n", "last_digit")
 NEAR_MISS = 3  # largest |b - (n - a)| of a 'near' wrong answer
 
@@ -70,10 +70,11 @@ class WarmupSpec:
   # without them, a model whose data has 1% correct answers at large n never learns to add there
   # (issue 45's testbed). 0: none (recorded only where set).
   pretrain_steps: int = codec.field(default=0, omit=0)
-  # The wrong answers: 'uniform' pairs (a, b) over the task's number range, or 'near' misses
-  # (a, n - a + d), 0 < |d| <= NEAR_MISS, a drawn as a correct answer's: an arithmetic slip, so
-  # that a wrong answer needs the same skill as a right one and being right is one choice shared
-  # by every prompt (issue 45's testbed). Recorded only where not 'uniform'.
+  # The wrong answers: 'uniform' pairs (a, b) over the task's number range; 'near' misses
+  # (a, n - a + d), 0 < |d| <= NEAR_MISS, a drawn as a correct answer's (an arithmetic slip); or
+  # the right sum in the wrong 'format' (without its leading space). With the last two a wrong
+  # answer needs the same skill as a right one, and being right is one choice shared by every
+  # prompt (issue 45's testbed). Recorded only where not 'uniform'.
   wrong_answers: str = codec.field(default="uniform", omit="uniform")
   # What the geometric fall of the correct share follows: 'n' (t = (n - n_min) / (n_max - n_min))
   # or n's 'last_digit' (t = (n mod 10) / 9), a feature a tiny model reads off one prompt token: it
@@ -126,20 +127,24 @@ def model_config(tokenizer, spec: TinyLMSpec) -> ModelConfig:
                      pad_token_id=tokenizer.pad_token_id)
 
 
-def _answers(rng: np.random.Generator, task: SumTask, n: int, spec: WarmupSpec,
-             correct_only: bool = False) -> tuple[int, int]:
+def _answer_text(rng: np.random.Generator, task: SumTask, n: int, spec: WarmupSpec,
+                 correct_only: bool = False) -> str:
+  """One made-up answer to prompt n: correct with the spec's share at n (always with
+  ``correct_only``), else wrong as ``spec.wrong_answers`` says."""
   correct = correct_only or rng.random() < spec.correct_frac_at(n, task.n_min, task.n_max)
-  if correct or spec.wrong_answers == "near":
+  if correct or spec.wrong_answers != "uniform":
     w = spec.skew ** np.arange(n + 1, dtype=np.float64)
     a = int(rng.choice(n + 1, p=w / w.sum()))
     if correct:
-      return a, n - a
+      return task.answer_text(a, n - a)
+    if spec.wrong_answers == "format":  # the right sum without the leading space it must have
+      return task.answer_text(a, n - a).lstrip(" ")
     slips = [d for d in range(-NEAR_MISS, NEAR_MISS + 1) if d and n - a + d >= 0]
-    return a, n - a + int(rng.choice(slips))
+    return task.answer_text(a, n - a + int(rng.choice(slips)))
   while True:  # a wrong pair in the same number range
     a, b = int(rng.integers(0, task.n_max + 1)), int(rng.integers(0, task.n_max + 1))
     if a + b != n:
-      return a, b
+      return task.answer_text(a, b)
 
 
 WARMUP_ROW_LEN = 64
@@ -182,8 +187,8 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
   losses, t0 = [], time.time()
   for i in tqdm(range(total), desc=desc, disable=not progress):
     ns = rng.integers(task.n_min, task.n_max + 1, size=spec.batch_size)
-    pairs = [_answers(rng, task, int(n), spec, correct_only=i < spec.pretrain_steps) for n in ns]
-    resp = [tok.encode(task.answer_text(a, b), add_special_tokens=False) + [tok.eos_token_id] for a, b in pairs]
+    texts = [_answer_text(rng, task, int(n), spec, correct_only=i < spec.pretrain_steps) for n in ns]
+    resp = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
     (b,) = packing.pack([prompts[int(n)] for n in ns], resp, layout, pad_id=tok.pad_token_id)
     rows = {k: jnp.asarray(getattr(b.rows, k)) for k in ("input_ids", "segment_ids", "positions",
                                                           "response_mask")}

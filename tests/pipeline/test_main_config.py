@@ -41,7 +41,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # `config.to_dict` leaves it out while it is 0 (its codec ``omit``), the presets that pin 0 hash
 # exactly as in the fixture before the field existed (checked against that version first). The
 # default preset became the decisive job of issue 44 (`_decisive_default`): its entries were
-# rewritten after every other preset's were checked unchanged.
+# rewritten after every other preset's were checked unchanged. The anchor_testbed_rl presets' entries
+# were rewritten for their 600-step budget tracked every 40 in the run's process (issue 45's
+# rebuilt testbed) after every other preset's were checked unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
