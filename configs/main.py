@@ -158,7 +158,7 @@ def _warmup(correct_frac: float, skew: float, steps: int, seed: int) -> ml_colle
   w.skew = skew  # preference among correct answers: P(a) ~ skew^a (1 = uniform)
   w.steps = steps  # warm-up steps (the proposal's start from pi_ref's weights)
   w.pretrain_steps = 0  # steps on correct answers only before them (the task's skill first)
-  w.wrong_answers = "uniform"  # wrong answers: 'uniform' pairs or 'near' misses (a, n - a + d)
+  w.wrong_answers = "uniform"  # wrong answers: 'uniform' pairs, 'near' misses or 'format' errors
   w.correct_frac_of = "n"  # with correct_frac_last: the share falls over 'n' or n's 'last_digit'
   w.batch_size = 64  # warm-up batch
   w.learning_rate = 3e-3  # AdamW, constant after 20 warm-up steps

@@ -7,7 +7,9 @@ model.safetensors, tokenizer) so that every later stage loads them through the r
 - pi_ref (weak, broad): ``ref_correct_frac`` of its training answers are correct, with a uniform
   over the n + 1 correct splits (a, n - a) at ``skew = 1``; the rest are wrong pairs. Another skew
   makes the target pi~|correct = pi_ref|correct non-uniform (configs/main.py's ``nonuniform_target``:
-  1.25, large first summands preferred, against the proposal's small ones).
+  1.25, large first summands preferred, against the proposal's small ones). The anchor testbed's
+  pi_ref learns to add first (``pretrain_steps``), and its wrong answers are the right sum written
+  wrongly (``wrong_answers='format'``), at a share that follows n's last digit.
 - p_T (stronger, different preference): pi_ref fine-tuned further on ``proposal_correct_frac``
   correct answers with a skewed preference among them: a is drawn with probability proportional to
   ``proposal_skew ** a`` (small first summands preferred). Starting from pi_ref keeps the warm-up
@@ -78,7 +80,8 @@ class WarmupSpec:
   wrong_answers: str = codec.field(default="uniform", omit="uniform")
   # What the geometric fall of the correct share follows: 'n' (t = (n - n_min) / (n_max - n_min))
   # or n's 'last_digit' (t = (n mod 10) / 9), a feature a tiny model reads off one prompt token: it
-  # did not learn a share that falls smoothly over n = 0..159 (issue 45's testbed, docs/objectives.md).
+  # did not learn a share that falls smoothly over n = 0..159 (issue 45's testbed,
+  # docs/objectives.md).
   correct_frac_of: str = codec.field(default="n", omit="n")
 
   def __post_init__(self):
@@ -177,8 +180,9 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
   model = init_from if init_from is not None else Transformer(model_config(tok, arch), rngs=nnx.Rngs(spec.seed))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   total = spec.pretrain_steps + spec.steps
-  tx, step = make_sft_step(SupervisedSchedule(learning_rate=spec.learning_rate, warmup_steps=min(20, total),
-                                              total_steps=total, schedule="constant"),
+  tx, step = make_sft_step(SupervisedSchedule(learning_rate=spec.learning_rate,
+                                              warmup_steps=min(20, total), total_steps=total,
+                                              schedule="constant"),
                            graphdef, loss="batch_mean")
   opt_state = tx.init(params)
   rng = np.random.default_rng(seeds.job_seed(spec.seed, "warmup_data"))
@@ -187,7 +191,8 @@ def train_sum_model(task: SumTask, arch: TinyLMSpec, spec: WarmupSpec, *, init_f
   losses, t0 = [], time.time()
   for i in tqdm(range(total), desc=desc, disable=not progress):
     ns = rng.integers(task.n_min, task.n_max + 1, size=spec.batch_size)
-    texts = [_answer_text(rng, task, int(n), spec, correct_only=i < spec.pretrain_steps) for n in ns]
+    pretraining = i < spec.pretrain_steps
+    texts = [_answer_text(rng, task, int(n), spec, correct_only=pretraining) for n in ns]
     resp = [tok.encode(t, add_special_tokens=False) + [tok.eos_token_id] for t in texts]
     (b,) = packing.pack([prompts[int(n)] for n in ns], resp, layout, pad_id=tok.pad_token_id)
     rows = {k: jnp.asarray(getattr(b.rows, k)) for k in ("input_ids", "segment_ids", "positions",

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from disa_jax.pipeline.sum_models import NEAR_MISS, TinyLMSpec, WarmupSpec, _answer_text, train_sum_model
+from disa_jax.pipeline.sum_models import (NEAR_MISS, TinyLMSpec, WarmupSpec, _answer_text,
+                                          train_sum_model)
 from disa_jax.tasks.sum import SumTask, make_tokenizer
 
 TOK = make_tokenizer()
