@@ -76,6 +76,9 @@ Presets and their budgets (2 CPU cores):
   the sum scale, 5 Stage 3 seeds, each tracked on the training and the held-out prompts; the
   report's endpoint section (`disa_jax.pipeline.endpoints`) decides `TESTBED_COMPARE`; 600 steps
   (the oracle pilot's budget on that page). ``anchor_testbed_rl_quick``: the same, one seed.
+- ``anchor_testbed_offpolicy_pilot``: the off-policy part's step-size pilot on that task
+  (`testbed_offpolicy_pilot`): the oracle with 4 updates per rollout batch and omega = min(w, 10)
+  at each lr of `TESTBED_OFFPOLICY_LRS`, seed 0 (docs/preregistration.md, "The off-policy part").
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -86,7 +89,7 @@ from configs import stage3_base
 PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
            "anchor_study_rl_quick",
            "nonuniform_target", "staleness_study", "anchor_testbed", "anchor_testbed_rl",
-           "anchor_testbed_rl_quick")
+           "anchor_testbed_rl_quick", "anchor_testbed_offpolicy_pilot")
 # The presets whose committed reports measured the wrong-answer term from the plain samples.
 COMMITTED_BEFORE_WRONG_SAMPLES = ("claims", "claims_quick", "replay_study", "anchor_study_rl",
                                   "anchor_study_rl_mean", "anchor_study_rl_quick",
@@ -385,6 +388,26 @@ def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> 
   c.track.every = TESTBED_TRACK
   c.track.heldout = True
   c.engine.separate_process = False  # the JAX engine in each run's process (x0.80 per run)
+
+
+# The off-policy part's step size (issue 45; docs/preregistration.md, "The off-policy part"): the
+# largest of these at which the oracle, with 4 updates per rollout batch and omega = min(w, 10), is
+# stable. One run each, seed 0, in the preset anchor_testbed_offpolicy_pilot.
+TESTBED_OFFPOLICY_LRS = (3e-4, 1e-4, 3e-5)
+TESTBED_OFFPOLICY_UPDATES = 4
+
+
+def testbed_offpolicy_pilot() -> ml_collections.ConfigDict:
+  """The off-policy step-size pilot: runs 'u4_exact_lr<lr>' (lr 3e-4 -> 'lr3em4'), the exact log Z
+  with `TESTBED_OFFPOLICY_UPDATES` updates per rollout batch (veRL-style mini-batches: updates 2-4
+  are off-policy) and omega = min(w, 10) (FlowRL's code; the paper states omega = 1 on-policy
+  only), at each of `TESTBED_OFFPOLICY_LRS`."""
+  g = ml_collections.ConfigDict()
+  for lr in TESTBED_OFFPOLICY_LRS:
+    name = f"u{TESTBED_OFFPOLICY_UPDATES}_exact_lr{lr:.0e}".replace("e-0", "em")
+    g[name] = _run(_tb("disa", omega="clipped_ratio"), anchor="exact",
+                   minibatches=TESTBED_OFFPOLICY_UPDATES, lr=lr, seeds=(0,))
+  return g
 
 
 STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue 29)
@@ -692,6 +715,12 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     _anchor_testbed(c)
   if preset in ("anchor_testbed_rl", "anchor_testbed_rl_quick"):
     _anchor_testbed_rl(c, TESTBED_SEEDS if preset == "anchor_testbed_rl" else (0,))
+  if preset == "anchor_testbed_offpolicy_pilot":
+    _anchor_testbed_rl(c, (0,))
+    grid = testbed_offpolicy_pilot()
+    c.runs.update(grid)
+    c.methods = tuple(grid.keys())
+    c.endpoints.compare = ()  # a pilot: the step-size rule reads its tracked curves
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,

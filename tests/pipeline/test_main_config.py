@@ -43,7 +43,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # default preset became the decisive job of issue 44 (`_decisive_default`): its entries were
 # rewritten after every other preset's were checked unchanged. The anchor_testbed_rl presets' entries
 # were rewritten for their 600-step budget tracked every 40 in the run's process (issue 45's
-# rebuilt testbed) after every other preset's were checked unchanged.
+# rebuilt testbed) after every other preset's were checked unchanged, and the
+# anchor_testbed_offpolicy_pilot preset's entries were added.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
@@ -151,8 +152,10 @@ def test_every_run_and_stage3_seed_measures_and_is_evaluated_with_its_own_seeds(
 
 
 # (the anchor testbed's Stage 3 presets decide by pre-registered endpoints, not end states: their
-# 20 measurements per run cost ~10 s each on 160 prompts' correct sets)
-@pytest.mark.parametrize("preset", [p for p in main_config.PRESETS if p not in ("", "replay_study")
+# measurements cost ~8 s each on 160 prompts' correct sets; its off-policy pilot picks a step size
+# by the rule of docs/preregistration.md, "The off-policy part")
+@pytest.mark.parametrize("preset", [p for p in main_config.PRESETS
+                                    if p not in ("", "replay_study", "anchor_testbed_offpolicy_pilot")
                                     and main_config.get_config(p).stages == "all"
                                     and not main_config.get_config(p).endpoints.compare])
 def test_every_preset_that_decides_end_states_has_enough_measurements_in_the_window(preset):
@@ -188,3 +191,13 @@ def test_a_pool_without_a_correct_sample_skips_the_sft_baseline_with_its_reason(
   assert job.lora_sft(pool) is None
   saved = json.loads((tmp_path / "sft_skipped.json").read_text())
   assert saved == {"reason": sum_job.SFT_SKIPPED} == {"reason": "no Stage 1 sample has reward 1"}
+
+
+def test_the_off_policy_pilot_runs_the_oracle_at_each_step_size_with_four_clipped_updates():
+  cfg = MainConfig.from_config(main_config.get_config("anchor_testbed_offpolicy_pilot"))
+  lrs = sorted(cfg.run_train(m, 0).optim.lr for m in cfg.methods)
+  assert lrs == sorted(main_config.TESTBED_OFFPOLICY_LRS) and set(cfg.seeds) == {0}
+  for m in cfg.methods:
+    spec, train = cfg.runs[m], cfg.run_train(m, 0)
+    assert spec.anchor == "exact" and train.rollout.num_minibatches == 4, m
+    assert train.objective.omega == "clipped_ratio" and train.objective.scale == "sum", m

@@ -24,7 +24,8 @@ ROLES = {"": ("disa", "disa_exact"), "claims": ("disa", "disa_exact"),
          "anchor_study_rl_quick": ("", ""), "nonuniform_target": ("disa", "disa_exact"),
          "staleness_study": ("", ""), "anchor_testbed": ("disa", "disa_exact"),
          "anchor_testbed_rl": ("disa", "disa_exact"),
-         "anchor_testbed_rl_quick": ("disa", "disa_exact")}
+         "anchor_testbed_rl_quick": ("disa", "disa_exact"),
+         "anchor_testbed_offpolicy_pilot": ("", "")}
 
 
 def _plan(c, workdir="/tmp/unused"):
