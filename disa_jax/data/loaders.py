@@ -103,12 +103,11 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .json, .parquet; json/jsonl "
                      "may be .gz)")
   if name.endswith(".parquet"):
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
+    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     try:
       with paths.as_path(path).open("rb") as f:
-        return pq.read_table(f).to_pylist()
-    except pa.ArrowException as e:
+        return parquet.read_rows(f)
+    except parquet.ArrowError as e:
       raise ValueError(f"{path}: not a readable parquet file: {e}") from e
   try:
     with contextlib.ExitStack() as stack:
@@ -491,10 +490,9 @@ def save_prompts(records: Sequence[PromptRecord], path: str) -> None:
   """
   rows = [r.to_verl_row() for r in records]
   if path.endswith(".parquet"):
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
+    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     with paths.as_path(path).open("wb") as f:
-      pq.write_table(pa.Table.from_pylist(rows), f)
+      parquet.write_rows(rows, f)
   elif path.endswith(".jsonl"):
     with paths.as_path(path).open("w", encoding="utf-8") as f:
       for row in rows:

@@ -68,9 +68,8 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   if path.endswith(".parquet"):
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
-    pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
+    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
+    parquet.write_rows(rows, tmp)
   elif path.endswith(".jsonl"):
     with open(tmp, "w", encoding="utf-8") as f:
       f.write("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))

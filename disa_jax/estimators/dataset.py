@@ -253,17 +253,15 @@ class Stage1Writer:
   def _write_part(self, records: list[dict[str, Any]]) -> None:
     """One new parquet part: written and fsync'ed under a temporary name, then hard-linked to the
     first free part name (`paths.link_new` fails rather than replace an existing part)."""
-    import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import)
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
+    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
     k = 1 + max((int(m.group(1)) for p in self.path.iterdir() if (m := _PART_RE.match(p.name))),
                 default=-1)
     tmp = self.path / f"part-{k:06d}.parquet.tmp"
-    table = pa.Table.from_pylist(rows)
     try:
       with naming(tmp, "a Stage 1 dataset part"):
         with tmp.open("wb") as f:
-          pq.write_table(table, f)
+          parquet.write_rows(rows, f)
         paths.sync(tmp)
     except OutputWriteError:
       tmp.unlink(missing_ok=True)  # (a killed run's is removed by the next writer)
@@ -289,11 +287,11 @@ def _iter_raw(path: paths.AnyPath, fmt: str) -> Iterable[tuple[int, Any, str]]:
         except json.JSONDecodeError as e:
           yield i, e, path.name
   else:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
+    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     i = 0
     for part in sorted(path.glob("part-*.parquet")):
       with part.open("rb") as f:
-        rows = pq.read_table(f).to_pylist()
+        rows = parquet.read_rows(f)
       for row in rows:
         if isinstance(row.get("reward_transform"), str):
           try:
