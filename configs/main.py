@@ -481,6 +481,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # one run keeps about one core busy: 2 on this 2-core CPU. 1 on an accelerator (each process would
   # claim the device's memory).
   c.stage3_workers = 2
+  # Processes the evaluation rows are split over, each with its own in-process engine: 2 on this
+  # 2-core CPU (one row keeps about one core busy), 1 on an accelerator.
+  c.eval_workers = 2
   # The most Stage 3 seeds of one run trained together in one process, the seeds as one vmapped
   # batch dimension (disa_jax.rl.seed_batch); 1 = each seed a run (process) of its own. Slower on
   # this 2-core CPU: 5 seeds of 800 steps (n = 0..7) took 743 s (the oracle) and 519 s (GRPO) per

@@ -3,6 +3,7 @@ and one of its methods gives the same Stage 1 labels and evaluation row through 
 of docs/real_checkpoints.md."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -288,6 +289,34 @@ def test_a_run_failing_in_a_stage3_worker_is_raised_with_its_name(tmp_path):
   assert "stage3_grpo" not in job.times
 
 
+@pytest.mark.slow
+def test_rows_evaluated_over_two_workers_equal_rows_evaluated_in_one_process(job_run, tmp_path):
+  """The shared job evaluated its rows over eval_workers = 2 spawned processes; three of them
+  evaluated again one after another in this process (eval_workers = 1, one engine whose weights are
+  swapped, in another order) write the same results."""
+  job, report, wd = job_run
+  assert job.cfg.eval_workers == 2 and {"eval_reference", "eval_disa"} <= set(job.times)
+  for d in ("models", "data"):
+    shutil.copytree(wd / d, tmp_path / d)
+  again = _job(_cfg(eval_workers=1), tmp_path)
+  rows = {"disa": str(wd / "stage3" / "disa" / "final"), "reference": again.ref_path,
+          "grpo": str(wd / "stage3" / "grpo" / "final")}
+  got = again.evaluate(rows)
+  assert {row: r.method for row, r in got.items()} == {row: row for row in rows}
+  text = lambda d, row: (d / "eval" / row / "task.json").read_text().replace(str(d), "<workdir>")
+  for row in rows:
+    assert json.loads(text(tmp_path, row)) == json.loads(text(wd, row)), row
+  assert set(again.times) == {"eval_disa", "eval_reference", "eval_grpo"}
+
+
+def test_an_evaluation_failing_in_a_worker_is_raised_with_its_row(tmp_path):
+  """Two rows over two workers, without the models they load: the job stops naming the row."""
+  job = _job(_cfg(eval_workers=2), tmp_path)
+  with pytest.raises(RuntimeError, match=r"the evaluation of row '(a|b)' \(.*/nowhere/(a|b)\)"):
+    job.evaluate({"a": str(tmp_path / "nowhere" / "a"), "b": str(tmp_path / "nowhere" / "b")})
+  assert not any(k.startswith("eval_") for k in job.times)
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("engine.kind", "sglang", "engine.kind must be one of"),
     ("beta", -1.0, "beta must be > 0"),
@@ -296,6 +325,7 @@ def test_a_run_failing_in_a_stage3_worker_is_raised_with_its_name(tmp_path):
     ("train.optim.lr", 0.0, "optim.lr must be > 0"),
     ("seeds", (0, 0), "seeds must be distinct"),
     ("stage3_workers", 0, "stage3_workers must be an int >= 1, got 0"),
+    ("eval_workers", 0, "eval_workers must be an int >= 1, got 0"),
     ("runs.disa_replay.replay.fraction", 1.0, r"replay.fraction must be in \[0, 1\)"),
     ("fix", "disa_ppo", "fix must name one of runs"),
     ("track.kl_samples", 1, "track needs every >= 0 and kl_samples >= 2"),

@@ -252,9 +252,11 @@ class MainConfig:
   `TrainConfig` (its ``objective`` is replaced by each run's) and ``sft`` run_sft's
   `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
   them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
-  ``seed_batch``: the most Stage 3 seeds of one run trained together, as one batch dimension in one
-  process (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or
-  'anchor' (the models, Stages 1-2 and the anchor study, then `stage12.write_anchor_report`).
+  ``eval_workers``: processes the evaluation rows are split over (each with its own engine; a
+  row's results do not depend on the process or the rows before it). ``seed_batch``: the most
+  Stage 3 seeds of one run trained together, as one batch dimension in one process
+  (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or 'anchor' (the
+  models, Stages 1-2 and the anchor study, then `stage12.write_anchor_report`).
   ``compilation_cache``: the job's processes share a persistent compilation cache in
   ``<workdir>/jax_cache`` (`disa_jax.runtime.persistent_compilation_cache`; a cache directory in
   the environment wins), so each Stage 3 run after the first of its shapes loads its programs.
@@ -266,6 +268,7 @@ class MainConfig:
   methods: tuple[str, ...] = ("disa", "flowrl", "grpo", "gspo")
   seeds: tuple[int, ...] = (0,)
   stage3_workers: int = 1
+  eval_workers: int = 1
   seed_batch: int = 1
   stages: str = "all"
   compilation_cache: bool = True
@@ -343,7 +346,7 @@ class MainConfig:
     if self.track.heldout and not self.heldout.enabled:
       raise ValueError("track.heldout=True measures the held-out prompts: it needs "
                        f"heldout.fraction > 0, got {self.heldout.fraction!r}")
-    for name in ("stage3_workers", "seed_batch"):
+    for name in ("stage3_workers", "eval_workers", "seed_batch"):
       if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
         raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
     if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):

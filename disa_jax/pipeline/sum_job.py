@@ -108,6 +108,37 @@ def _timed_stage3(cfgs: list[Stage3Config]) -> float:
   return round(time.time() - t0, 2)
 
 
+def _evaluated(cfg: EvalConfig) -> bool:
+  """Whether the evaluation ``cfg`` has written its first benchmark (the rows a worker skips)."""
+  return (Path(cfg.output_dir) / "task.json").exists()
+
+
+def _evaluate_rows(cfgs: list[EvalConfig], ref_path: str,
+                   results: dict[str, EvalResult] | None = None) -> dict[str, float]:
+  """`run_evaluation` of each config in this process, one engine (built from ``ref_path`` for the
+  first row with work left, its weights swapped between rows); each result stored in ``results``
+  under its label. Returns the seconds of each row evaluated here (not of one read back)."""
+  seconds, engine = {}, None
+  try:
+    for cfg in cfgs:
+      done, t0 = _evaluated(cfg), time.time()
+      try:
+        if engine is None and not done:
+          engine = cfg.engine.make(ref_path)
+        result = run_evaluation(cfg, engine=engine)
+      except Exception as e:  # pylint: disable=broad-except  (a worker's error names its row)
+        raise RuntimeError(f"the evaluation of row {cfg.label!r} ({cfg.model_path}) failed: "
+                           f"{type(e).__name__}: {e}") from e
+      if results is not None:
+        results[cfg.label] = result
+      if not done:
+        seconds[cfg.label] = round(time.time() - t0, 2)
+  finally:
+    if engine is not None:
+      engine.close()
+  return seconds
+
+
 def prompt_records(task: SumTask) -> list[PromptRecord]:
   """The task's prompts as `PromptRecord`s: ability and data source 'sum_task', ground truth n
   (a string, as veRL stores math answers); `disa_jax.data.loaders.save_prompts` writes them."""
@@ -520,17 +551,24 @@ class SumJob:
   # -- 4. evaluation and report ------------------------------------------------------------------
 
   def evaluate(self, rows: dict[str, str]) -> dict[str, EvalResult]:
-    """`run_evaluation` of every row (one in-process engine, weights swapped between rows)."""
-    out, engine = {}, None
-    try:
-      for row, path in rows.items():
-        cfg = self._eval_config(row, path)
-        if engine is None and not (Path(cfg.output_dir) / "task.json").exists():
-          engine = cfg.engine.make(self.ref_path)
-        out[row] = self._timed(f"eval_{row}", lambda: run_evaluation(cfg, engine=engine))
-    finally:
-      if engine is not None:
-        engine.close()
+    """`run_evaluation` of every row. With ``eval_workers`` > 1 the rows not yet evaluated are
+    dealt round-robin to that many spawned processes first (`_evaluate_rows` in each: JAX never
+    forks), their seconds recorded as each row's; then every row here, in order (an evaluated one
+    is read back from its directory)."""
+    cfgs = {row: self._eval_config(row, path) for row, path in rows.items()}
+    todo = [row for row, cfg in cfgs.items() if not _evaluated(cfg)]
+    workers = min(self.cfg.eval_workers, len(todo))
+    if workers > 1:
+      shares = [[cfgs[row] for row in todo[i::workers]] for i in range(workers)]
+      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=preemption.stop_with_parent,
+                                       initargs=(os.getpid(),)) as ex:
+        for seconds in ex.map(_evaluate_rows, shares, [self.ref_path] * workers):
+          for row, s in seconds.items():
+            self._record(f"eval_{row}", s)
+    out: dict[str, EvalResult] = {}
+    for row, s in _evaluate_rows(list(cfgs.values()), self.ref_path, out).items():
+      self._record(f"eval_{row}", s)
     return out
 
   def run(self) -> JobReport | AnchorReport:
