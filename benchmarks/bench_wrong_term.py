@@ -9,11 +9,15 @@ setting: the mean of ``kl_decomposed`` with its standard error over reps, the SD
 noise of one measurement), the root-mean-square of the measurements' own standard errors (does the
 reported SE match that SD?), the share of measurements with a reported SE of 0, and the seconds per
 measurement (median, min-max); the ratio of each SD and time to the first setting's; the load
-average before and after.
+average before and after. A setting is a number of conditional samples and whether the scorers
+share each prompt's tokens across its sequences (``--share-prompts 0,1``: every pair of the two
+lists, `ExactTargetConfig.share_prompts`); with several share settings, the largest difference of
+``kl_decomposed`` between a setting and the first one of the same wrong_samples at the same step
+(their samples are drawn from the same seeds).
 
     python benchmarks/bench_wrong_term.py --workdir /tmp/pilot \\
         --runs disa_pos_replay,disa,disa_exact_seed1,grpo [--reps 40] [--wrong-samples 0,32] \\
-        [--kl-samples 32] [--json out.json]
+        [--share-prompts 0] [--kl-samples 32] [--json out.json]
 """
 from __future__ import annotations
 
@@ -41,27 +45,29 @@ def _run(workdir: Path, run: str, args) -> dict:
   tok = load_tokenizer(ref_path)
   records = loaders.load_prompts(config["data"]["train_path"], "auto")
   rollout = config["train"]["rollout"]
-  cfgs = {k: ExactTargetConfig(reference_path=ref_path, beta=config["exact_target"]["beta"],
-                               kl_samples=args.kl_samples, wrong_samples=k, seed=args.seed)
-          for k in args.wrong_samples}
-  first = cfgs[args.wrong_samples[0]]
-  ref_scorer = first.scorer(first.load_model(ref_path), tok.pad_token_id)
-  policy_scorer = first.scorer(first.load_model(policy_path), tok.pad_token_id)
+  cfgs = {setting(k, s): ExactTargetConfig(
+      reference_path=ref_path, beta=config["exact_target"]["beta"], kl_samples=args.kl_samples,
+      wrong_samples=k, seed=args.seed, share_prompts=bool(s))
+          for k in args.wrong_samples for s in args.share_prompts}
+  first = next(iter(cfgs.values()))
+  ref_model, policy_model = first.load_model(ref_path), first.load_model(policy_path)
+  scorers = {k: (c.scorer(ref_model, tok.pad_token_id), c.scorer(policy_model, tok.pad_token_id))
+             for k, c in cfgs.items()}
   prompts = [encode_prompt(tok, r, config["data"]["rendering"], max_len=rollout["max_prompt_len"])
              for r in records]
   trackers = {k: tasks.get_task(records[0].ability).measures(
-      c, tok, prompts, [r.reward_meta() for r in records], lambda: ref_scorer,
+      c, tok, prompts, [r.reward_meta() for r in records], lambda k=k: scorers[k][0],
       max_tokens=rollout["max_response_len"]) for k, c in cfgs.items()}
   engine = make_engine("jax", policy_path, options={"max_batch_size": 64, "dtype": "float32"},
                        process=None)
   got = {k: {"kl": [], "se": [], "s": []} for k in cfgs}
   try:
     for k, tracker in trackers.items():  # compile every setting's programs before timing
-      tracker.measure(engine, policy_scorer, step=10 ** 6)
+      tracker.measure(engine, scorers[k][1], step=10 ** 6)
     for rep in range(args.reps):
       for k, tracker in trackers.items():
         t0 = time.perf_counter()
-        m = tracker.measure(engine, policy_scorer, step=rep + 1)
+        m = tracker.measure(engine, scorers[k][1], step=rep + 1)
         got[k]["s"].append(time.perf_counter() - t0)
         got[k]["kl"].append(m["kl_decomposed"])
         got[k]["se"].append(m["kl_decomposed_se"])
@@ -70,7 +76,13 @@ def _run(workdir: Path, run: str, args) -> dict:
   return got
 
 
-def _summary(got: dict, base: int) -> dict:
+def setting(wrong_samples: int, share_prompts: int) -> str:
+  """A setting's name in the results: 'w<wrong_samples>' with 's1' appended where the scorers
+  share prompts."""
+  return f"w{wrong_samples}" + ("_s1" if share_prompts else "")
+
+
+def _summary(got: dict, base: str) -> dict:
   out = {}
   for k, g in got.items():
     kl, se, s = (np.asarray(g[x], np.float64) for x in ("kl", "se", "s"))
@@ -81,6 +93,10 @@ def _summary(got: dict, base: int) -> dict:
   for k in out:
     out[k]["sd_ratio"] = out[k]["sd"] / out[base]["sd"]
     out[k]["time_ratio"] = out[k]["s_median"] / out[base]["s_median"]
+    same = k.removesuffix("_s1")  # the setting without shared prompts, the same draws' seeds
+    if k != same and same in got:
+      out[k]["max_abs_diff_vs_" + same] = float(np.max(np.abs(
+          np.asarray(got[k]["kl"]) - np.asarray(got[same]["kl"]))))
   return out
 
 
@@ -90,20 +106,25 @@ def main() -> None:
   p.add_argument("--runs", required=True, help="comma-separated stage3 run directories")
   p.add_argument("--reps", type=int, default=40)
   p.add_argument("--wrong-samples", default="0,32")
+  p.add_argument("--share-prompts", default="0", help="0, 1 or 0,1 (ExactTargetConfig)")
   p.add_argument("--kl-samples", type=int, default=32)
   p.add_argument("--seed", type=int, default=1000)
   p.add_argument("--json", default="")
   args = p.parse_args()
   args.wrong_samples = [int(x) for x in args.wrong_samples.split(",")]
+  args.share_prompts = [int(x) for x in args.share_prompts.split(",")]
   report = {"machine": runtime.host_description(), "load_before": runtime.load_average(),
             "runs": {}, "args": vars(args)}
   for run in args.runs.split(","):
-    report["runs"][run] = _summary(_run(Path(args.workdir), run, args), args.wrong_samples[0])
+    report["runs"][run] = _summary(_run(Path(args.workdir), run, args),
+                                   setting(args.wrong_samples[0], args.share_prompts[0]))
     for k, r in report["runs"][run].items():
-      print(f"{run:24s} wrong_samples={k:<3d} kl_decomposed {r['mean']:.4f} +- {r['mean_se']:.4f} "
+      diff = "".join(f" | {n} {v:.2e}" for n, v in r.items() if n.startswith("max_abs_diff"))
+      print(f"{run:24s} {k:8s} kl_decomposed {r['mean']:.4f} +- {r['mean_se']:.4f} "
             f"| SD/measure {r['sd']:.4f} (x{r['sd_ratio']:.3f}) | rms reported SE "
             f"{r['rms_reported_se']:.4f}, SE = 0 in {r['share_se_zero']:.0%} | "
-            f"{r['s_median']:.2f} s [{r['s_min']:.2f}, {r['s_max']:.2f}] (x{r['time_ratio']:.2f})")
+            f"{r['s_median']:.2f} s [{r['s_min']:.2f}, {r['s_max']:.2f}] (x{r['time_ratio']:.2f})"
+            f"{diff}")
   report["load_after"] = runtime.load_average()
   print(f"load average: before {report['load_before']}, after {report['load_after']}")
   if args.json:

@@ -64,6 +64,9 @@ class ExactTargetConfig:
       the policy conditioned on a wrong answer (`disa_jax.eval.wrong_answers`, decoded with the
       policy's scorer, seeded by (seed, step) apart from the engine's); 0 = from the
       ``kl_samples`` plain samples (`wrong_term`; the reports measured before it existed).
+    share_prompts: the scorers put a prompt's tokens once per packed row for all its sequences
+      (`SequenceScorer`): a correct set of n + 1 answers to one prompt costs its answers' tokens
+      and one copy of the prompt, not n + 1 copies; the same measures up to float32 rounding.
   """
   reference_path: str = ""
   beta: float = 15.0
@@ -74,6 +77,7 @@ class ExactTargetConfig:
   attention_impl: str = "auto"
   heldout_path: str = ""
   wrong_samples: int = codec.field(default=0, omit=0)  # recorded only where set (config.to_dict)
+  share_prompts: bool = codec.field(default=False, omit=False)  # (likewise)
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
@@ -101,7 +105,8 @@ class ExactTargetConfig:
 
   def scorer(self, model: Any, pad_id: int) -> Any:
     """The `SequenceScorer` of these measures (64 rows per pass; packed rows grow with the data)."""
-    return SequenceScorer(model, pad_id=pad_id, batch_size=64, pad_to=16, packing=self.packing)
+    return SequenceScorer(model, pad_id=pad_id, batch_size=64, pad_to=16, packing=self.packing,
+                          share_prompts=self.share_prompts)
 
 
 def exact_log_z(log_p_correct_ref: np.ndarray, beta: float) -> np.ndarray:

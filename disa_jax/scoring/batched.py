@@ -31,14 +31,17 @@ def grown_row_len(current: int, longest: int) -> int:
 
 
 def scoring_layout(lengths: np.ndarray, *, packing: bool, rows: int, row_len: int, pad_to: int,
-                   seqs_per_row: int, grown: int = 0) -> packing_lib.PackingLayout:
+                   seqs_per_row: int, grown: int = 0, share_prompts: bool = False
+                   ) -> packing_lib.PackingLayout:
   """The layout of a scoring call on sequences of ``lengths``: fixed rows of ``row_len`` tokens
-  (``row_len=0``: `grown_row_len` from ``grown``, the row length used so far), or without packing
-  one sequence per row padded to the pass's longest rounded up to ``pad_to``."""
+  (``row_len=0``: `grown_row_len` from ``grown``, the row length used so far), each prompt once per
+  row with ``share_prompts``, or without packing one sequence per row padded to the pass's longest
+  rounded up to ``pad_to``."""
   if packing:
     row_len = row_len or grown_row_len(grown, max(lengths, default=1))
   return packing_lib.micro_batch_layout(rows, packing=packing, row_len=row_len if packing else 0,
-                                        seqs_per_row=seqs_per_row, pad_to=pad_to)
+                                        seqs_per_row=seqs_per_row, pad_to=pad_to,
+                                        share_prompts=share_prompts and packing)
 
 
 def _to_device(rows: packing_lib.PackedRows) -> packing_lib.PackedRows:
@@ -109,11 +112,14 @@ class SequenceScorer:
     pad_to: without packing, the sequence-length bucket.
     seqs_per_row: with packing, most sequences per row.
     chunk_size: vocabulary-chunk rows of the scorer (None: chosen from the logits' size).
+    share_prompts: with packing, the sequences of one prompt put that prompt's tokens in a row once
+      (`disa_jax.data.packing`, shared prompts): the same log-probs up to float32 rounding, fewer
+      tokens computed where a prompt has many responses (the exact tracker's correct sets).
   """
 
   def __init__(self, model: nnx.Module, *, pad_id: int, batch_size: int = 64, row_len: int = 0,
                packing: bool = True, pad_to: int = 16, seqs_per_row: int = SEQS_PER_ROW,
-               chunk_size: int | None = None):
+               chunk_size: int | None = None, share_prompts: bool = False):
     for name, v in (("batch_size", batch_size), ("pad_to", pad_to), ("seqs_per_row", seqs_per_row)):
       if v < 1:
         raise ValueError(f"SequenceScorer {name} must be >= 1, got {v}")
@@ -121,6 +127,7 @@ class SequenceScorer:
       raise ValueError(f"SequenceScorer row_len must be >= 0 (0 = grow), got {row_len}")
     self.pad_id, self.batch_size, self.pad_to = pad_id, batch_size, pad_to
     self.packing, self.row_len, self.seqs_per_row = packing, row_len, seqs_per_row
+    self.share_prompts = share_prompts
     self._grown = 0  # the grown row length (row_len=0)
     self._graphdef, self._state = nnx.split(model)
 
@@ -148,7 +155,8 @@ class SequenceScorer:
     """The layout of a call on sequences of ``lengths`` (`scoring_layout`)."""
     layout = scoring_layout(lengths, packing=self.packing, rows=self.batch_size,
                             row_len=self.row_len, pad_to=self.pad_to,
-                            seqs_per_row=self.seqs_per_row, grown=self._grown)
+                            seqs_per_row=self.seqs_per_row, grown=self._grown,
+                            share_prompts=self.share_prompts)
     self._grown = max(self._grown, layout.row_len) if self.packing else 0
     return layout
 

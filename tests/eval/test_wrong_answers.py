@@ -4,6 +4,7 @@ Tiers: P(correct | prefix) by hand; the sampler's next-token log-probs against t
 draws against the enumerated pi|w of a tiny model (chi-square over many draws); the conditional
 estimator unbiased on an enumerable distribution, with far less noise than the plain one."""
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from flax import nnx
 from scipy import stats
 
 from disa_jax import codec, models
+from disa_jax import config as config_lib
 from disa_jax.eval import exact as X
 from disa_jax.eval import wrong_answers as W
 from disa_jax.pipeline import sum_models
@@ -216,6 +218,27 @@ def test_the_tracker_takes_the_wrong_answer_term_from_the_conditional_samples(su
   plain = X.ExactMeasures(per_prompt=(), samples_per_prompt=4, means=out.means)
   assert "wrong_samples_per_prompt" not in plain.to_json()
   assert codec.decode(X.ExactMeasures, plain.to_json(), "m.json") == plain
+
+
+def test_shared_prompt_scorers_give_the_same_measures(sum_tracker):
+  """ExactTargetConfig.share_prompts: the correct sets and samples scored with one copy of each
+  prompt per row; the same measures from the same seeds, up to float32 rounding."""
+  tracker, engine, scorer = sum_tracker
+  tok = task_tokenizer()
+  ref = models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(0))
+  policy = models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(1))
+  cfg = dataclasses.replace(tracker.cfg, share_prompts=True)
+  assert cfg.scorer(policy, tok.pad_token_id).share_prompts and not scorer.share_prompts
+  shared = get_task("sum_task").measures(cfg, tok, tracker.prompts, tracker.metas,
+                                         lambda: cfg.scorer(ref, tok.pad_token_id), max_tokens=8)
+  a = tracker.measure(engine, scorer, step=3).to_json(per_prompt=False)
+  b = shared.measure(engine, cfg.scorer(policy, tok.pad_token_id), step=3).to_json(per_prompt=False)
+  assert set(a) == set(b)
+  for k in a:
+    assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), k
+  # recorded only where set: a config without it writes what it wrote before the field existed
+  assert "share_prompts" not in config_lib.to_dict(tracker.cfg)
+  assert config_lib.to_dict(cfg)["share_prompts"] is True
 
 
 def test_a_draw_the_grader_accepts_is_an_error_naming_it(sum_tracker):

@@ -2,6 +2,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from disa_jax.data import packing
 from disa_jax.scoring import token_logprobs
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.testing import make_tiny_model
@@ -26,3 +27,26 @@ def test_scorer_matches_unpadded_scoring_and_updates():
   ids = jnp.asarray([prompts[0] + responses[0]])
   ref = np.asarray(token_logprobs(other, ids, jnp.ones_like(ids)))[0, 3:]
   np.testing.assert_allclose(scorer.token_logprobs(prompts[:1], responses[:1])[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_prompts_give_the_log_probs_of_one_copy_per_sequence_in_fewer_rows():
+  """share_prompts: each prompt's sequences read one copy of its tokens per row (the exact
+  tracker's correct sets: many answers to one prompt); the log-probs are the unshared ones."""
+  model = make_tiny_model("qwen3", seed=0)
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(3, 60, size=int(rng.integers(4, 9)))) for _ in range(6)]
+  flat_p = [p for p in prompts for _ in range(9)]
+  flat_r = [list(rng.integers(3, 60, size=int(rng.integers(1, 6)))) for _ in flat_p]
+  plain = SequenceScorer(model, pad_id=0, batch_size=4, row_len=32)
+  shared = SequenceScorer(model, pad_id=0, batch_size=4, row_len=32, share_prompts=True)
+  assert shared.layout(np.asarray([8])).share_prompts and not plain.layout(np.asarray([8])).share_prompts
+  for a, b in zip(plain.token_logprobs(flat_p, flat_r), shared.token_logprobs(flat_p, flat_r)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+  lengths = packing.sequence_lengths(flat_p, flat_r)
+  real = lambda s: sum(b.rows.segment_ids.astype(bool).sum() for b in packing.pack(
+      flat_p, flat_r, s.layout(lengths), pad_id=0))
+  assert real(plain) == sum(len(p) + len(r) for p, r in zip(flat_p, flat_r))
+  assert real(shared) < real(plain) - 2 * sum(len(p) for p in prompts)  # >= 3 copies saved each
+  # without packing there is no row to share: the option is off
+  assert not SequenceScorer(model, pad_id=0, packing=False, share_prompts=True).layout(
+      np.asarray([8])).share_prompts
