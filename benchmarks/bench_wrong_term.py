@@ -9,15 +9,16 @@ setting: the mean of ``kl_decomposed`` with its standard error over reps, the SD
 noise of one measurement), the root-mean-square of the measurements' own standard errors (does the
 reported SE match that SD?), the share of measurements with a reported SE of 0, and the seconds per
 measurement (median, min-max); the ratio of each SD and time to the first setting's; the load
-average before and after. A setting is a number of conditional samples and whether the scorers
-share each prompt's tokens across its sequences (``--share-prompts 0,1``: every pair of the two
-lists, `ExactTargetConfig.share_prompts`); with several share settings, the largest difference of
-``kl_decomposed`` between a setting and the first one of the same wrong_samples at the same step
-(their samples are drawn from the same seeds).
+average before and after. A setting is a number of conditional samples, whether the scorers
+share each prompt's tokens across its sequences (``--share-prompts 0,1``,
+`ExactTargetConfig.share_prompts`) and how the conditional samples are decoded
+(``--wrong-decode full,cached``, `ExactTargetConfig.wrong_decode`): every combination of the three
+lists. For each setting, the largest difference of ``kl_decomposed`` from the first setting of the
+same wrong_samples at the same step (their samples are drawn from the same seeds).
 
     python benchmarks/bench_wrong_term.py --workdir /tmp/pilot \\
         --runs disa_pos_replay,disa,disa_exact_seed1,grpo [--reps 40] [--wrong-samples 0,32] \\
-        [--share-prompts 0] [--kl-samples 32] [--json out.json]
+        [--share-prompts 0] [--wrong-decode full] [--kl-samples 32] [--json out.json]
 """
 from __future__ import annotations
 
@@ -45,10 +46,10 @@ def _run(workdir: Path, run: str, args) -> dict:
   tok = load_tokenizer(ref_path)
   records = loaders.load_prompts(config["data"]["train_path"], "auto")
   rollout = config["train"]["rollout"]
-  cfgs = {setting(k, s): ExactTargetConfig(
+  cfgs = {setting(k, s, d): ExactTargetConfig(
       reference_path=ref_path, beta=config["exact_target"]["beta"], kl_samples=args.kl_samples,
-      wrong_samples=k, seed=args.seed, share_prompts=bool(s))
-          for k in args.wrong_samples for s in args.share_prompts}
+      wrong_samples=k, seed=args.seed, share_prompts=bool(s), wrong_decode=d)
+          for k in args.wrong_samples for s in args.share_prompts for d in args.wrong_decode}
   first = next(iter(cfgs.values()))
   ref_model, policy_model = first.load_model(ref_path), first.load_model(policy_path)
   scorers = {k: (c.scorer(ref_model, tok.pad_token_id), c.scorer(policy_model, tok.pad_token_id))
@@ -76,10 +77,11 @@ def _run(workdir: Path, run: str, args) -> dict:
   return got
 
 
-def setting(wrong_samples: int, share_prompts: int) -> str:
-  """A setting's name in the results: 'w<wrong_samples>' with 's1' appended where the scorers
-  share prompts."""
-  return f"w{wrong_samples}" + ("_s1" if share_prompts else "")
+def setting(wrong_samples: int, share_prompts: int, wrong_decode: str) -> str:
+  """A setting's name in the results: 'w<wrong_samples>', with '_s1' appended where the scorers
+  share prompts and '_cached' where the wrong samples decode through a KV cache."""
+  return (f"w{wrong_samples}" + ("_s1" if share_prompts else "")
+          + ("" if wrong_decode == "full" else f"_{wrong_decode}"))
 
 
 def _summary(got: dict, base: str) -> dict:
@@ -93,8 +95,9 @@ def _summary(got: dict, base: str) -> dict:
   for k in out:
     out[k]["sd_ratio"] = out[k]["sd"] / out[base]["sd"]
     out[k]["time_ratio"] = out[k]["s_median"] / out[base]["s_median"]
-    same = k.removesuffix("_s1")  # the setting without shared prompts, the same draws' seeds
-    if k != same and same in got:
+    # the first setting of the same wrong_samples: its draws come from the same seeds
+    same = next(j for j in got if j.split("_")[0] == k.split("_")[0])
+    if k != same:
       out[k]["max_abs_diff_vs_" + same] = float(np.max(np.abs(
           np.asarray(got[k]["kl"]) - np.asarray(got[same]["kl"]))))
   return out
@@ -107,17 +110,20 @@ def main() -> None:
   p.add_argument("--reps", type=int, default=40)
   p.add_argument("--wrong-samples", default="0,32")
   p.add_argument("--share-prompts", default="0", help="0, 1 or 0,1 (ExactTargetConfig)")
+  p.add_argument("--wrong-decode", default="full", help="full, cached or full,cached")
   p.add_argument("--kl-samples", type=int, default=32)
   p.add_argument("--seed", type=int, default=1000)
   p.add_argument("--json", default="")
   args = p.parse_args()
   args.wrong_samples = [int(x) for x in args.wrong_samples.split(",")]
   args.share_prompts = [int(x) for x in args.share_prompts.split(",")]
+  args.wrong_decode = args.wrong_decode.split(",")
   report = {"machine": runtime.host_description(), "load_before": runtime.load_average(),
             "runs": {}, "args": vars(args)}
   for run in args.runs.split(","):
     report["runs"][run] = _summary(_run(Path(args.workdir), run, args),
-                                   setting(args.wrong_samples[0], args.share_prompts[0]))
+                                   setting(args.wrong_samples[0], args.share_prompts[0],
+                                           args.wrong_decode[0]))
     for k, r in report["runs"][run].items():
       diff = "".join(f" | {n} {v:.2e}" for n, v in r.items() if n.startswith("max_abs_diff"))
       print(f"{run:24s} {k:8s} kl_decomposed {r['mean']:.4f} +- {r['mean_se']:.4f} "

@@ -67,6 +67,10 @@ class ExactTargetConfig:
     share_prompts: the scorers put a prompt's tokens once per packed row for all its sequences
       (`SequenceScorer`): a correct set of n + 1 answers to one prompt costs its answers' tokens
       and one copy of the prompt, not n + 1 copies; the same measures up to float32 rounding.
+    wrong_decode: how the conditional wrong samples are decoded (`wrong_answers.sample_wrong`):
+      'full' (the reference) runs the whole buffer for every token, 'cached' the prompts once
+      and then one token per row through a KV cache (the same distributions up to float32
+      rounding).
   """
   reference_path: str = ""
   beta: float = 15.0
@@ -78,6 +82,7 @@ class ExactTargetConfig:
   heldout_path: str = ""
   wrong_samples: int = codec.field(default=0, omit=0)  # recorded only where set (config.to_dict)
   share_prompts: bool = codec.field(default=False, omit=False)  # (likewise)
+  wrong_decode: str = codec.field(default="full", omit="full")  # (likewise)
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
@@ -90,6 +95,9 @@ class ExactTargetConfig:
                                                      or self.wrong_samples >= 2)):
       raise ValueError(f"exact_target.wrong_samples must be 0 (off) or an int >= 2, got "
                        f"{self.wrong_samples!r}")
+    if self.wrong_decode not in wrong_answers.DECODES:
+      raise ValueError(f"exact_target.wrong_decode must be one of {wrong_answers.DECODES}, got "
+                       f"{self.wrong_decode!r}")
     if self.heldout_path and not self.reference_path:
       raise ValueError(f"exact_target.heldout_path={self.heldout_path!r} needs "
                        "exact_target.reference_path (the measures are off without it)")
@@ -432,7 +440,8 @@ class ExactTracker:
     drawn, lp_pol = wrong_answers.sample_wrong(
         policy_scorer, self.prompts, prefixes, k, max_tokens=self.max_tokens,
         stop_ids=(int(self.tokenizer.eos_token_id),), pad_id=policy_scorer.pad_id,
-        rng=np.random.default_rng([int(self.cfg.seed), int(step), WRONG_STREAM]))
+        rng=np.random.default_rng([int(self.cfg.seed), int(step), WRONG_STREAM]),
+        decode=self.cfg.wrong_decode)
     flat = [o for os in drawn for o in os]
     flat_p = [p for p in self.prompts for _ in range(k)]
     eos = self.tokenizer.eos_token_id

@@ -83,9 +83,13 @@ class CorrectPrefixes:
     return out
 
 
+DECODES = ("full", "cached")  # how `sample_wrong` gets each next-token distribution
+
+
 def sample_wrong(scorer: Any, prompts: Sequence[Sequence[int]], prefixes: Sequence[CorrectPrefixes],
                  k: int, *, max_tokens: int, stop_ids: Sequence[int], pad_id: int,
-                 rng: np.random.Generator) -> tuple[list[list[list[int]]], np.ndarray]:
+                 rng: np.random.Generator, decode: str = "full"
+                 ) -> tuple[list[list[list[int]]], np.ndarray]:
   """``[P][k]`` responses drawn from the policy conditioned on a wrong answer (module docstring),
   and ``[P, k]`` their log-probs under the policy itself, log pi(o), from the same forward passes.
 
@@ -99,7 +103,13 @@ def sample_wrong(scorer: Any, prompts: Sequence[Sequence[int]], prefixes: Sequen
     stop_ids: tokens that end a response (kept in it).
     pad_id: the padding token of the decoding buffer.
     rng: the draws' generator.
+    decode: 'full' (the reference): every token a forward over the whole buffer
+      (`SequenceScorer.next_token_logprobs`); 'cached': the prompts once, then one token per row
+      through a KV cache (`SequenceScorer.decoder`): the same distributions up to float32
+      rounding, so the same draws but where a Gumbel maximum is that close.
   """
+  if decode not in DECODES:
+    raise ValueError(f"sample_wrong decode must be one of {DECODES}, got {decode!r}")
   if len(prompts) != len(prefixes) or k < 1:
     raise ValueError(f"sample_wrong needs one CorrectPrefixes per prompt and k >= 1, got "
                      f"{len(prompts)} prompts, {len(prefixes)} prefix sets, k={k}")
@@ -113,12 +123,17 @@ def sample_wrong(scorer: Any, prompts: Sequence[Sequence[int]], prefixes: Sequen
   logprob = np.zeros(len(rows))  # log pi(o) of each response (not of pi|w)
   live = np.ones(len(rows), bool)
   stops = {int(t) for t in stop_ids}
+  decoder = scorer.decoder(ids[:, :width], mask[:, :width], max_tokens) if decode == "cached" \
+      else None
   for t in range(max_tokens):
     todo = np.flatnonzero(live)
     if todo.size == 0:
       break
-    logp = scorer.next_token_logprobs(ids[todo], mask[todo], np.full(todo.size, width + t - 1)
-                                      ).astype(np.float64)
+    if decoder is None:
+      logp = scorer.next_token_logprobs(ids[todo], mask[todo], np.full(todo.size, width + t - 1)
+                                        ).astype(np.float64)
+    else:  # (a finished row is fed its pad and its distribution is not read)
+      logp = (decoder.step(ids[:, width + t - 1]) if t else decoder.logprobs)[todo]
     logits = logp.copy()
     for j, row in enumerate(todo):  # only rows on a correct answer's path change
       if prefixes[rows[row]].on_path(responses[row]):

@@ -10,6 +10,7 @@ import typing
 from typing import Any, Mapping
 
 from disa_jax import config as config_lib
+from disa_jax.eval import wrong_answers
 from disa_jax.pipeline.claims import parse_comparison
 from disa_jax.pipeline.dynamics import EndStateConfig
 from disa_jax.pipeline.endpoints import EndpointsConfig
@@ -209,12 +210,17 @@ class TrackConfig:
   answer per prompt for the decomposition's wrong-answer term (0 = from the plain samples;
   `Stage3Config.exact_target`); with ``heldout`` the held-out prompts too (``exact_heldout/*``;
   needs ``heldout.fraction`` > 0); with ``every_before_window`` every that many steps until the
-  end-state window and every ``every`` in it (`cadence`)."""
+  end-state window and every ``every`` in it (`cadence`). ``share_prompts`` and ``wrong_decode``:
+  the tracker's implementation (`ExactTargetConfig`'s fields of those names: the same measures up
+  to float32 rounding, 0.41x the seconds per measurement together on the anchor testbed,
+  benchmarks/results/exact_tracker_speed_cpu.json)."""
   every: int = 100
   kl_samples: int = 16
   heldout: bool = False
   wrong_samples: int = 0
   every_before_window: int = 0
+  share_prompts: bool = False
+  wrong_decode: str = "full"
 
   def __post_init__(self):
     if self.every < 0 or self.kl_samples < 2:
@@ -222,6 +228,9 @@ class TrackConfig:
                        f"{self.kl_samples}")
     if self.wrong_samples != 0 and self.wrong_samples < 2:
       raise ValueError(f"track.wrong_samples must be 0 (off) or >= 2, got {self.wrong_samples!r}")
+    if self.wrong_decode not in wrong_answers.DECODES:
+      raise ValueError(f"track.wrong_decode must be one of {wrong_answers.DECODES}, got "
+                       f"{self.wrong_decode!r}")
     if self.every_before_window < 0 or (self.every_before_window and not self.every):
       raise ValueError(f"track.every_before_window must be 0 (off), or > 0 with track.every > 0, "
                        f"got {self.every_before_window!r} (track.every={self.every})")

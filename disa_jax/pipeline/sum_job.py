@@ -255,6 +255,7 @@ class SumJob:
           exact_target=ExactTargetConfig(
               reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
               kl_samples=track.kl_samples, wrong_samples=track.wrong_samples,
+              share_prompts=track.share_prompts, wrong_decode=track.wrong_decode,
               seed=seeds.run_seed(self.cfg.seed, "track", method, seed),
               heldout_path=self.heldout_prompts_path if track.heldout and track.every else ""),
           export_dtype="float32")  # tiny float32 models, measured exactly after export

@@ -9,6 +9,7 @@ to ``pad_to`` (one compiled program per length bucket; kept for comparison).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -147,6 +148,25 @@ class SequenceScorer:
 
     self._next = next_logprobs
 
+    @functools.partial(jax.jit, static_argnums=3)
+    def prefill(state, ids, mask, new_tokens):
+      model = nnx.merge(self._graphdef, state)
+      b, w = ids.shape
+      cache = model.init_cache(b, w + new_tokens)
+      positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+      kv_mask = jnp.concatenate([mask.astype(bool), jnp.ones((b, new_tokens), bool)], axis=1)
+      logits, cache = model.forward_with_cache(ids, positions, cache, 0, kv_mask, last_only=True)
+      return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), cache, kv_mask
+
+    @jax.jit
+    def decode(state, tokens, positions, cache, kv_mask, slot):
+      model = nnx.merge(self._graphdef, state)
+      logits, cache = model.forward_with_cache(tokens[:, None], positions[:, None], cache, slot,
+                                               kv_mask)
+      return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), cache
+
+    self._prefill, self._decode = prefill, decode
+
   def update(self, model: nnx.Module) -> None:
     """Scores with new weights from now on (same architecture: no recompilation)."""
     self._state = nnx.state(model)
@@ -191,7 +211,72 @@ class SequenceScorer:
       out.append(np.asarray(got)[:n])
     return np.concatenate(out)
 
+  def decoder(self, input_ids: np.ndarray, attention_mask: np.ndarray, new_tokens: int
+              ) -> "CachedDecoder":
+    """A `CachedDecoder` of these left-padded ``[B, W]`` rows for up to ``new_tokens`` tokens."""
+    return CachedDecoder(self, input_ids, attention_mask, new_tokens)
+
   def sequence_logprobs(self, prompts: Sequence[Sequence[int]],
                         responses: Sequence[Sequence[int]]) -> np.ndarray:
     """``[n]`` float64 trajectory log-probs sum_t log p(o_t | q, o_<t) of each response."""
     return np.asarray([float(np.sum(x, dtype=np.float64)) for x in self.token_logprobs(prompts, responses)])
+
+
+class CachedDecoder:
+  """Next-token log-probs of fixed rows decoded one token at a time through a KV cache: the rows'
+  prompts run once (prefill), then each `step` runs one token per row, where
+  `SequenceScorer.next_token_logprobs` runs the whole buffer again for every token. The same
+  distributions up to float32 rounding (tests/scoring/test_batched.py).
+
+  Rows go through in chunks of ``4 * batch_size`` (the last filled with copies of its first row),
+  so every chunk has one shape: one compiled prefill and one decode program per prompt width.
+
+  Args:
+    scorer: the model's `SequenceScorer`.
+    input_ids, attention_mask: ``[B, W]`` left-padded prompts (positions count the real tokens).
+    new_tokens: the most tokens `step` appends to each row.
+  """
+
+  def __init__(self, scorer: SequenceScorer, input_ids: np.ndarray, attention_mask: np.ndarray,
+               new_tokens: int):
+    ids, mask = np.asarray(input_ids, np.int32), np.asarray(attention_mask, np.int32)
+    if ids.shape != mask.shape or ids.ndim != 2 or new_tokens < 1:
+      raise ValueError(f"CachedDecoder needs [B, W] ids and mask of one shape and new_tokens >= 1, "
+                       f"got {ids.shape}, {mask.shape}, new_tokens={new_tokens}")
+    self._scorer, self._width, self._new = scorer, ids.shape[1], int(new_tokens)
+    self._rows, self._per = ids.shape[0], 4 * scorer.batch_size
+    self._positions = mask.sum(axis=1).astype(np.int32)  # the next token's RoPE position
+    self._t = 0
+    self._chunks = []  # per chunk: (cache, kv_mask)
+    first = []
+    for lo in range(0, self._rows, self._per):
+      logp, cache, kv_mask = scorer._prefill(scorer._state, jnp.asarray(self._fill(ids, lo)),
+                                             jnp.asarray(self._fill(mask, lo)), self._new)
+      self._chunks.append((cache, kv_mask))
+      first.append(np.asarray(logp))
+    self.logprobs = self._gather(first)  # [B, V]: the distribution of each row's next token
+
+  def _fill(self, a: np.ndarray, lo: int) -> np.ndarray:
+    part = a[lo:lo + self._per]
+    return np.concatenate([part, np.repeat(part[:1], self._per - part.shape[0], axis=0)])
+
+  def _gather(self, parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts)[:self._rows].astype(np.float64)
+
+  def step(self, tokens: np.ndarray) -> np.ndarray:
+    """Appends ``[B]`` tokens (one per row; a finished row's is ignored later) and returns the
+    ``[B, V]`` float64 log-softmax of the token after them (also in ``logprobs``)."""
+    if self._t >= self._new:
+      raise ValueError(f"CachedDecoder holds {self._new} new tokens; step {self._t + 1} is one more")
+    tokens = np.asarray(tokens, np.int32).reshape(self._rows)
+    s, slot, out = self._scorer, self._width + self._t, []
+    for c, lo in enumerate(range(0, self._rows, self._per)):
+      cache, kv_mask = self._chunks[c]
+      logp, cache = s._decode(s._state, jnp.asarray(self._fill(tokens, lo)),
+                              jnp.asarray(self._fill(self._positions, lo)), cache, kv_mask, slot)
+      self._chunks[c] = (cache, kv_mask)
+      out.append(np.asarray(logp))
+    self._positions = self._positions + 1
+    self._t += 1
+    self.logprobs = self._gather(out)
+    return self.logprobs

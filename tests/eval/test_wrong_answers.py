@@ -249,3 +249,20 @@ def test_a_draw_the_grader_accepts_is_an_error_naming_it(sum_tracker):
                                        "correct: the task's correct set misses an answer its "
                                        "grader accepts"):
     lenient.measure(engine, scorer, step=3)
+
+
+def test_the_cached_decode_draws_the_same_wrong_samples(sum_tracker):
+  """ExactTargetConfig.wrong_decode='cached': the conditional samples decoded through a KV cache;
+  the same draws from the same seed (their distributions agree to float32 rounding) and the same
+  measures."""
+  tracker, engine, scorer = sum_tracker
+  cached = copy.copy(tracker)
+  cached.cfg = dataclasses.replace(tracker.cfg, wrong_decode="cached")
+  a = tracker.measure(engine, scorer, step=5).to_json(per_prompt=False)
+  b = cached.measure(engine, scorer, step=5).to_json(per_prompt=False)
+  for k in a:
+    assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), k
+  assert "wrong_decode" not in config_lib.to_dict(tracker.cfg)
+  with pytest.raises(ValueError, match=r"exact_target.wrong_decode must be one of \('full', "
+                                       r"'cached'\), got 'kv'"):
+    X.ExactTargetConfig(wrong_decode="kv")

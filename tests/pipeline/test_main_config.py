@@ -44,7 +44,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # rewritten after every other preset's were checked unchanged. The anchor_testbed_rl presets' entries
 # were rewritten for their 600-step budget tracked every 40 in the run's process (issue 45's
 # rebuilt testbed) after every other preset's were checked unchanged, and the
-# anchor_testbed_offpolicy_pilot preset's entries were added.
+# anchor_testbed_offpolicy_pilot preset's entries were added. The exact tracker's share_prompts and
+# wrong_decode (recorded only where set) left every preset's hash unchanged; then the three
+# testbed Stage 3 presets, which set them, had their hashes rewritten.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
@@ -201,3 +203,20 @@ def test_the_off_policy_pilot_runs_the_oracle_at_each_step_size_with_four_clippe
     spec, train = cfg.runs[m], cfg.run_train(m, 0)
     assert spec.anchor == "exact" and train.rollout.num_minibatches == 4, m
     assert train.objective.omega == "clipped_ratio" and train.objective.scale == "sum", m
+
+
+def test_the_testbed_presets_track_with_the_cheaper_tracker_and_others_with_the_reference(tmp_path):
+  """track.share_prompts / track.wrong_decode reach every Stage 3 run's exact target and the
+  evaluation's own section its evaluations; the presets run before them keep the reference."""
+  for preset, want in (("anchor_testbed_rl", (True, "cached")), ("", (False, "full")),
+                       ("claims", (False, "full"))):
+    job = _job(main_config.get_config(preset), tmp_path / (preset or "default"))
+    for cfg in job.stage3_cfgs.values():
+      assert (cfg.exact_target.share_prompts, cfg.exact_target.wrong_decode) == want, preset
+    et = job.eval_template.exact_target
+    assert (et.share_prompts, et.wrong_decode) == want, preset
+  c = main_config.get_config()
+  c.track.wrong_decode = "kv"
+  with pytest.raises(ValueError, match=r"track.wrong_decode must be one of \('full', 'cached'\), "
+                                       "got 'kv'"):
+    MainConfig.from_config(c)

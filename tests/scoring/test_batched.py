@@ -50,3 +50,30 @@ def test_shared_prompts_give_the_log_probs_of_one_copy_per_sequence_in_fewer_row
   # without packing there is no row to share: the option is off
   assert not SequenceScorer(model, pad_id=0, packing=False, share_prompts=True).layout(
       np.asarray([8])).share_prompts
+
+
+def test_the_cached_decoder_gives_the_next_token_log_probs_of_the_whole_buffer():
+  """CachedDecoder: the prompts once, then one token per row through the KV cache; at every step
+  each row's next-token distribution is next_token_logprobs' over the whole left-padded buffer
+  (rows of several prompt lengths, over two chunks of rows)."""
+  model = make_tiny_model("qwen3", seed=0)
+  scorer = SequenceScorer(model, pad_id=0, batch_size=2)  # chunks of 8 rows: 11 rows, 2 chunks
+  rng = np.random.default_rng(1)
+  width, new = 6, 4
+  lens = rng.integers(1, width + 1, size=11)
+  ids = np.zeros((11, width + new), np.int32)
+  mask = np.zeros_like(ids)
+  for r, n in enumerate(lens):
+    ids[r, width - n:width] = rng.integers(3, 60, size=n)
+    mask[r, width - n:width] = 1
+  decoder = scorer.decoder(ids[:, :width], mask[:, :width], new)
+  for t in range(new):
+    if t:
+      ids[:, width + t - 1] = rng.integers(3, 60, size=11)
+      mask[:, width + t - 1] = 1
+      decoder.step(ids[:, width + t - 1])
+    full = scorer.next_token_logprobs(ids, mask, np.full(11, width + t - 1))
+    np.testing.assert_allclose(decoder.logprobs, full, rtol=1e-5, atol=1e-5)
+  decoder.step(ids[:, 0])  # the 4th token appended: the cache's last slot
+  with pytest.raises(ValueError, match="holds 4 new tokens; step 5 is one more"):
+    decoder.step(ids[:, 0])
