@@ -37,7 +37,7 @@ import os
 from typing import Any, Iterable, Mapping, Sequence
 
 from disa_jax import paths
-from disa_jax.data import templates
+from disa_jax.data import parquet, templates
 from disa_jax.data.records import PromptRecord
 from disa_jax.rewards import math_answer
 
@@ -103,11 +103,10 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .json, .parquet; json/jsonl "
                      "may be .gz)")
   if name.endswith(".parquet"):
-    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     try:
       with paths.as_path(path).open("rb") as f:
         return parquet.read_rows(f)
-    except parquet.ArrowError as e:
+    except parquet.ParquetError as e:
       raise ValueError(f"{path}: not a readable parquet file: {e}") from e
   try:
     with contextlib.ExitStack() as stack:
@@ -490,7 +489,6 @@ def save_prompts(records: Sequence[PromptRecord], path: str) -> None:
   """
   rows = [r.to_verl_row() for r in records]
   if path.endswith(".parquet"):
-    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     with paths.as_path(path).open("wb") as f:
       parquet.write_rows(rows, f)
   elif path.endswith(".jsonl"):

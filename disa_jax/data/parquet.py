@@ -13,18 +13,28 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO, Sequence
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-ArrowError = pa.ArrowException  # what an unreadable file raises
+class ParquetError(ValueError):
+  """An unreadable parquet file (Arrow's error, its message kept)."""
 
 
 def read_rows(f: BinaryIO) -> list[dict[str, Any]]:
-  """The rows of the parquet file open in ``f`` (binary, read to its end), as dicts."""
-  return pq.ParquetFile(pa.BufferReader(f.read())).read(use_threads=False).to_pylist()
+  """The rows of the parquet file open in ``f`` (binary, read to its end), as dicts.
+
+  Raises:
+    ParquetError: the bytes are not a readable parquet file.
+  """
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import, only where used)
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
+  try:
+    return pq.ParquetFile(pa.BufferReader(f.read())).read(use_threads=False).to_pylist()
+  except pa.ArrowException as e:
+    raise ParquetError(str(e)) from e
 
 
 def write_rows(rows: Sequence[dict[str, Any]], f: BinaryIO | str) -> None:
   """Writes ``rows`` (dicts with one schema) as one parquet table to ``f`` (a binary file or a
   path)."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top  (heavy import, only where used)
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (heavy import)
   pq.write_table(pa.Table.from_pylist(list(rows)), f)

@@ -21,7 +21,7 @@ import os
 from typing import Any, Sequence
 
 from disa_jax import codec
-from disa_jax.data import loaders
+from disa_jax.data import loaders, parquet
 from disa_jax.data.records import PromptRecord
 
 
@@ -68,7 +68,6 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   if path.endswith(".parquet"):
-    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     parquet.write_rows(rows, tmp)
   elif path.endswith(".jsonl"):
     with open(tmp, "w", encoding="utf-8") as f:

@@ -50,6 +50,7 @@ import numpy as np
 from disa_jax import paths
 from disa_jax.checkpoint.files import OutputWriteError, naming
 from disa_jax.checkpoint.lock import OutputLock
+from disa_jax.data import parquet
 from disa_jax.estimators.importance import log_importance_weights, stage1_statistics
 from disa_jax.estimators.reward_transforms import RewardTransform
 
@@ -253,7 +254,6 @@ class Stage1Writer:
   def _write_part(self, records: list[dict[str, Any]]) -> None:
     """One new parquet part: written and fsync'ed under a temporary name, then hard-linked to the
     first free part name (`paths.link_new` fails rather than replace an existing part)."""
-    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     rows = [dict(r, reward_transform=json.dumps(r["reward_transform"])) for r in records]
     k = 1 + max((int(m.group(1)) for p in self.path.iterdir() if (m := _PART_RE.match(p.name))),
                 default=-1)
@@ -287,7 +287,6 @@ def _iter_raw(path: paths.AnyPath, fmt: str) -> Iterable[tuple[int, Any, str]]:
         except json.JSONDecodeError as e:
           yield i, e, path.name
   else:
-    from disa_jax.data import parquet  # pylint: disable=g-import-not-at-top  (heavy import)
     i = 0
     for part in sorted(path.glob("part-*.parquet")):
       with part.open("rb") as f:
