@@ -45,6 +45,13 @@ def scoring_layout(lengths: np.ndarray, *, packing: bool, rows: int, row_len: in
                                         share_prompts=share_prompts and packing)
 
 
+def _pass_rows(a: np.ndarray, lo: int, per: int) -> np.ndarray:
+  """Rows ``lo .. lo + per`` of ``a``, the last pass filled with copies of its first row (every
+  pass one shape: one compiled program)."""
+  part = a[lo:lo + per]
+  return np.concatenate([part, np.repeat(part[:1], per - part.shape[0], axis=0)])
+
+
 def _to_device(rows: packing_lib.PackedRows) -> packing_lib.PackedRows:
   return jax.tree.map(jnp.asarray, rows)
 
@@ -203,11 +210,9 @@ class SequenceScorer:
     per = self.batch_size
     out = []
     for lo in range(0, ids.shape[0], per):
-      sl = slice(lo, lo + per)
-      n = ids[sl].shape[0]
-      fill = lambda a: np.concatenate([a, np.repeat(a[:1], per - n, axis=0)])
-      got = self._next(self._state, jnp.asarray(fill(ids[sl])), jnp.asarray(fill(mask[sl])),
-                       jnp.asarray(fill(index[sl])))
+      n = ids[lo:lo + per].shape[0]
+      got = self._next(self._state, *(jnp.asarray(_pass_rows(a, lo, per))
+                                      for a in (ids, mask, index)))
       out.append(np.asarray(got)[:n])
     return np.concatenate(out)
 
@@ -257,8 +262,7 @@ class CachedDecoder:
     self.logprobs = self._gather(first)  # [B, V]: the distribution of each row's next token
 
   def _fill(self, a: np.ndarray, lo: int) -> np.ndarray:
-    part = a[lo:lo + self._per]
-    return np.concatenate([part, np.repeat(part[:1], self._per - part.shape[0], axis=0)])
+    return _pass_rows(a, lo, self._per)
 
   def _gather(self, parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts)[:self._rows].astype(np.float64)
