@@ -165,7 +165,7 @@ class SequenceScorer:
       logits, cache = model.forward_with_cache(ids, positions, cache, 0, kv_mask, last_only=True)
       return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), cache, kv_mask
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=3)  # the cache updated in place: no second copy
     def decode(state, tokens, positions, cache, kv_mask, slot):
       model = nnx.merge(self._graphdef, state)
       logits, cache = model.forward_with_cache(tokens[:, None], positions[:, None], cache, slot,

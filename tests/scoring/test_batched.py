@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -74,6 +75,8 @@ def test_the_cached_decoder_gives_the_next_token_log_probs_of_the_whole_buffer()
       decoder.step(ids[:, width + t - 1])
     full = scorer.next_token_logprobs(ids, mask, np.full(11, width + t - 1))
     np.testing.assert_allclose(decoder.logprobs, full, rtol=1e-5, atol=1e-5)
+  before = jax.tree.leaves(decoder._chunks[0][0])
   decoder.step(ids[:, 0])  # the 4th token appended: the cache's last slot
+  assert all(leaf.is_deleted() for leaf in before)  # donated: each step updates the one cache
   with pytest.raises(ValueError, match="holds 4 new tokens; step 5 is one more"):
     decoder.step(ids[:, 0])
