@@ -172,26 +172,22 @@ def _versions(report: dict) -> dict[str, str]:
   return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
 
 
-def _newest(name: str) -> str:
-  """The newest release of ``name`` this interpreter can install (`pip index versions`)."""
-  out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", name],
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return re.search(rf"^{name} \(([^)]+)\)", out.stdout, flags=re.M).group(1)
-
-
 @pytest.mark.slow  # a pip resolution of the GPU stack against PyPI: minutes
 def test_gpu_extras_resolve_to_one_cuda_major(tmp_path):
   """`.[gpu,parity]` installs JAX and vLLM's torch on one CUDA major, and `parity` changes neither
-  the vLLM version (the newest one, as `.[gpu]` alone resolves it) nor vLLM's pinned torch (issue
-  43 #3)."""
+  the vLLM version nor vLLM's pinned torch (issue 43 #3).
+
+  The peer is `.[gpu]` alone, resolved in the same run: PyPI's newest vLLM is not always
+  installable (vllm 0.34.0 pins flashinfer-python==0.7.3, which PyPI does not carry, so pip
+  resolves 0.33.0 for `.[gpu]` too), and the claim is only that `parity` moves nothing."""
   testing.require(_pypi_reachable(), "PyPI is not reachable (pip cannot resolve the extras)")
   report = _resolve("gpu,parity", tmp_path)
   majors = cuda_majors(report)
   assert any(n.startswith("jax-cuda") for n in majors) and "nvidia-cudnn-cu13" in majors, majors
   assert len(set(majors.values())) == 1, majors
   versions = _versions(report)
-  assert versions["vllm"] == _newest("vllm"), versions["vllm"]
+  alone = _versions(_resolve("gpu", tmp_path))
+  assert versions["vllm"] == alone["vllm"], (versions["vllm"], alone["vllm"])
   vllm = next(i for i in report["install"] if i["metadata"]["name"].lower() == "vllm")
   pinned = [r for r in vllm["metadata"]["requires_dist"] if re.match(r"torch\s*==", r)]
   assert pinned == [f"torch=={versions['torch']}"], (pinned, versions["torch"])
