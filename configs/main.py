@@ -400,6 +400,9 @@ def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> 
 # stable. One run each, seed 0, in the preset anchor_testbed_offpolicy_pilot.
 TESTBED_OFFPOLICY_LRS = (3e-4, 1e-4, 3e-5)
 TESTBED_OFFPOLICY_UPDATES = 4
+# "Stable": P(correct) on the training prompts >= 0.9 at the last measurement and never below
+# pi_ref's exact P(correct) over the 160 prompts, 0.153 (anchor_testbed_pilot_format_rl.json: 0.1528).
+TESTBED_STABLE_FLOOR = 0.153
 
 
 def testbed_offpolicy_pilot() -> ml_collections.ConfigDict:
@@ -560,6 +563,11 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # steps to P(correct) >= 0.9 (Welch over seeds, Holm over the family). () = no such section.
   c.endpoints = ml_collections.ConfigDict()
   c.endpoints.compare = ()
+  # A step-size pilot (docs/preregistration.md, "The off-policy part"): of these runs, the largest
+  # lr whose training P(correct) is >= stable_level at the end and never below stable_floor.
+  c.endpoints.step_size = ()
+  c.endpoints.stable_level = 0.9
+  c.endpoints.stable_floor = 0.0
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max
@@ -738,6 +746,8 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.runs.update(grid)
     c.methods = tuple(grid.keys())
     c.endpoints.compare = ()  # a pilot: the step-size rule reads its tracked curves
+    c.endpoints.step_size = c.methods
+    c.endpoints.stable_floor = TESTBED_STABLE_FLOOR
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,

@@ -38,8 +38,30 @@ ALPHA = 0.05
 @dataclasses.dataclass(frozen=True)
 class EndpointsConfig:
   """``compare``: the declared comparisons, each 'A:B' (run names of ``methods``; A - B is
-  tested, two-sided); () = no endpoint section."""
+  tested, two-sided); () = no endpoint section.
+
+  ``step_size``: a step-size pilot's runs (names of ``methods``, each with its own lr), () = none.
+  Its rule (docs/preregistration.md, "The off-policy part"): a run is *stable* when, on the
+  training prompts, its P(correct) is >= ``stable_level`` at the last measurement and never below
+  ``stable_floor`` at any; the pilot picks the largest lr whose every seed is stable."""
   compare: tuple[str, ...] = ()
+  step_size: tuple[str, ...] = ()
+  stable_level: float = P_LEVEL
+  stable_floor: float = 0.0
+
+  def __post_init__(self):
+    if not 0.0 <= self.stable_floor < self.stable_level <= 1.0:
+      raise ValueError(f"endpoints needs 0 <= stable_floor < stable_level <= 1, got stable_floor="
+                       f"{self.stable_floor!r}, stable_level={self.stable_level!r}")
+
+  def pilot_runs(self, methods: Sequence[str]) -> tuple[str, ...]:
+    """``step_size``, each run checked against ``methods``."""
+    for i, name in enumerate(self.step_size):
+      if name not in methods:
+        raise ValueError(f"endpoints.step_size[{i}]={name!r} is not in methods {tuple(methods)}")
+    if len(set(self.step_size)) != len(self.step_size):
+      raise ValueError(f"endpoints.step_size names a run twice: {self.step_size!r}")
+    return tuple(self.step_size)
 
   def pairs(self, methods: Sequence[str]) -> list[tuple[str, str]]:
     """The comparisons as (A, B), each run checked against ``methods``."""
@@ -103,6 +125,75 @@ def collect(stage3: Mapping[tuple[str, int], Any], run_seeds: Mapping[str, Seque
         if series["step"].size >= 2:
           out.setdefault(ps, {}).setdefault(name, []).append(run_endpoints(series) | {"seed": seed})
   return out
+
+
+def stability(series: ExactSeries, level: float, floor: float) -> dict[str, Any]:
+  """The step-size rule on one run's training-prompt measurements (`EndpointsConfig`): stable
+  when P(correct) is >= ``level`` at the last measurement and >= ``floor`` at every one."""
+  p = np.asarray(series["p_correct"], np.float64)
+  if p.size == 0:
+    raise ValueError("stability needs >= 1 measurement of P(correct), got none")
+  low = int(np.argmin(p))
+  return {"stable": bool(p[-1] >= level and p[low] >= floor), "p_last": float(p[-1]),
+          "p_min": float(p[low]), "p_min_step": int(series["step"][low]),
+          "last_step": int(series["step"][-1]), "measurements": int(p.size)}
+
+
+def step_size_section(stage3: Mapping[tuple[str, int], Any],
+                      runs: Mapping[str, tuple[float, Sequence[int]]], level: float,
+                      floor: float) -> dict[str, Any]:
+  """The report's ``step_size`` section: the pilot's rule on each run and the lr it picks.
+
+  Args:
+    stage3: (run, seed) -> `Stage3Run` (a missing run or one without measurements: not decided).
+    runs: the pilot's runs, name -> (its peak lr, its seeds).
+    level, floor: the rule's `EndpointsConfig.stable_level` / ``stable_floor``.
+
+  Returns:
+    {'runs': one row per (run, seed) with its lr and `stability` (or 'missing'), 'chosen': the
+    largest lr whose every seed is stable (None: none is, or a run is missing), 'chosen_run',
+    'level', 'floor', 'verdict'}.
+  """
+  rows, stable_lrs, missing = [], {}, []
+  for name, (lr, seeds) in runs.items():
+    ok = True
+    for seed in seeds:
+      run = stage3.get((name, seed))
+      series = None if run is None or not run.metrics_path.exists() else run.exact_series("exact")
+      if series is None or series["step"].size == 0:
+        rows.append({"run": name, "seed": seed, "lr": lr, "missing": True})
+        missing.append(f"{name} (seed {seed})")
+        ok = False
+        continue
+      row = stability(series, level, floor)
+      rows.append({"run": name, "seed": seed, "lr": lr, "missing": False, **row})
+      ok = ok and row["stable"]
+    if ok:
+      stable_lrs[name] = lr
+  best = max(stable_lrs, key=stable_lrs.get) if stable_lrs and not missing else None
+  if missing:
+    verdict = "undecided: not measured: " + ", ".join(missing)
+  elif best is None:
+    verdict = f"no lr is stable (P(correct) >= {level:g} at the end, never below {floor:g})"
+  else:
+    verdict = f"lr {stable_lrs[best]:g} ({best}): the largest stable"
+  return {"runs": rows, "chosen": None if best is None else stable_lrs[best], "chosen_run": best,
+          "level": level, "floor": floor, "verdict": verdict}
+
+
+def step_size_markdown(sec: Mapping[str, Any]) -> list[str]:
+  """The step-size pilot's table of report.md."""
+  out = ["## Step-size pilot (docs/preregistration.md)", "",
+         f"Stable: training P(correct) >= {sec['level']:g} at the last measurement and never below "
+         f"{sec['floor']:g}. **{sec['verdict']}**.", "",
+         "| run | seed | lr | P(correct) last | min (step) | stable |", "|---|--:|--:|--:|--:|---|"]
+  for r in sec["runs"]:
+    if r["missing"]:
+      out.append(f"| `{r['run']}` | {r['seed']} | {r['lr']:g} | - | - | not measured |")
+    else:
+      out.append(f"| `{r['run']}` | {r['seed']} | {r['lr']:g} | {r['p_last']:.3f} | "
+                 f"{r['p_min']:.3f} ({r['p_min_step']}) | {'yes' if r['stable'] else 'no'} |")
+  return out + [""]
 
 
 def _cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

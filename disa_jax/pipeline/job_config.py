@@ -352,6 +352,9 @@ class MainConfig:
     if self.endpoints.pairs(self.methods) and not self.track.every:
       raise ValueError(f"endpoints.compare={self.endpoints.compare!r} reads the exact measures: "
                        "it needs track.every > 0, got 0")
+    if self.endpoints.pilot_runs(self.methods) and not self.track.every:
+      raise ValueError(f"endpoints.step_size={self.endpoints.step_size!r} reads the exact "
+                       "measures: it needs track.every > 0, got 0")
     if self.track.heldout and not self.heldout.enabled:
       raise ValueError("track.heldout=True measures the held-out prompts: it needs "
                        f"heldout.fraction > 0, got {self.heldout.fraction!r}")

@@ -127,6 +127,8 @@ class JobPlan:
     controls, compare: `MainConfig`'s.
     replay_pairs: issue 9's (run, its base without replay) pairs (`replay_pairs`).
     endpoints: the declared endpoint comparisons (A, B) (`EndpointsConfig.pairs`).
+    step_size: the step-size pilot's runs (`EndpointsConfig.pilot_runs`; () = none), and its
+      rule's ``stable_level`` / ``stable_floor``.
     end_state: the end-state rule's settings.
     label_scale: the Stage 1 labels' scale ('sum': they estimate the exact log Z).
     stage2_samples: the samples per prompt behind the anchor's labels (0 = the whole pool).
@@ -150,6 +152,9 @@ class JobPlan:
   compare: tuple[str, ...]
   replay_pairs: tuple[tuple[str, str], ...]
   endpoints: tuple[tuple[str, str], ...]
+  step_size: tuple[str, ...]
+  stable_level: float
+  stable_floor: float
   end_state: EndStateConfig
   label_scale: str
   stage2_samples: int
@@ -227,6 +232,8 @@ def job_plan(cfg: MainConfig, workdir: str | Path) -> JobPlan:
       arch=cfg.arch, seeds=cfg.seeds, runs=runs, fix=cfg.fix,
       disa=cfg.disa if cfg.disa in runs else "", oracle=cfg.oracle if cfg.oracle in runs else "",
       controls=cfg.controls, compare=cfg.compare, replay_pairs=replay_pairs(cfg.runs, cfg.methods),
-      endpoints=tuple(cfg.endpoints.pairs(cfg.methods)), end_state=cfg.end_state,
+      endpoints=tuple(cfg.endpoints.pairs(cfg.methods)),
+      step_size=cfg.endpoints.pilot_runs(cfg.methods), stable_level=cfg.endpoints.stable_level,
+      stable_floor=cfg.endpoints.stable_floor, end_state=cfg.end_state,
       label_scale=cfg.stage1.label_scale, stage2_samples=cfg.stage2.samples, n_study=cfg.n_study,
       n_study_repeats=cfg.n_study_repeats, heldout=cfg.heldout)

@@ -352,6 +352,9 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
   nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   ends = (EP.section(EP.collect(stage3, {m: r.seeds for m, r in plan.runs.items()}),
                      plan.endpoints) if plan.endpoints else None)
+  pilot = (EP.step_size_section(stage3, {m: (plan.runs[m].regime.lr, plan.runs[m].seeds)
+                                         for m in plan.step_size},
+                                plan.stable_level, plan.stable_floor) if plan.step_size else None)
   report = {"instrument": instrument(plan.end_state),
             "config": {"beta": plan.beta, "task": plan.task, "engine": plan.engine,
                        "stage3_steps": plan.steps, "preset": plan.preset},
@@ -368,6 +371,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             "stage3_seeds": list(plan.seeds),
             "run_seeds": {m: list(r.seeds) for m, r in plan.runs.items()},
             "stage12_replicas": replicas, **({} if ends is None else {"endpoints": ends}),
+            **({} if pilot is None else {"step_size": pilot}),
             "skipped_methods": skipped, "claims": claims,
             "times_s": inputs.times, "plots": plots}
   (plan.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))

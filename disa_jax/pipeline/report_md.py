@@ -21,6 +21,7 @@ def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
           *methods_md(report), *grid_md(report), *conditional_kl_md(report.get("conditional_kl")),
           *matched_md(report["matched_accuracy"]),
           *(endpoints.markdown(report["endpoints"]) if "endpoints" in report else []),
+          *(endpoints.step_size_markdown(report["step_size"]) if "step_size" in report else []),
           *claims_md(report), *anchor_gap_md(report["anchor_gap"]),
           *stage12_md(report["stage1"], report["stage2"], report["anchor_study"]),
           *replicas_md(report["stage12_replicas"]), *nstudy_md(report["nstudy"]),

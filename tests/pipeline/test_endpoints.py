@@ -130,3 +130,48 @@ def test_collect_reads_the_training_and_the_held_out_measures_of_each_run(tmp_pa
   only_train = [{k: v for k, v in r.items() if not k.startswith("exact_heldout/")} for r in rows]
   path.write_text("".join(json.dumps(r) + "\n" for r in only_train))
   assert set(EP.collect({("disa", 0): _Run(path)}, {"disa": (0,)})) == {"train"}
+
+
+def _metrics(path: Path, p_correct) -> _Run:
+  rows = [{"step": 40 * (i + 1), **{f"exact/{f}": 0.0 for f in SERIES_FIELDS},
+           "exact/p_correct": p} for i, p in enumerate(p_correct)]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return _Run(path)
+
+
+def test_stability_needs_the_level_at_the_end_and_the_floor_throughout():
+  good = EP.stability(_series([40, 80, 120], [1] * 3, [0.2, 0.6, 0.91]), 0.9, 0.153)
+  assert good["stable"] and good["p_last"] == 0.91 and good["p_min"] == 0.2
+  dipped = EP.stability(_series([40, 80, 120], [1] * 3, [0.2, 0.1, 0.95]), 0.9, 0.153)
+  assert not dipped["stable"] and (dipped["p_min"], dipped["p_min_step"]) == (0.1, 80)
+  short = EP.stability(_series([40, 80], [1] * 2, [0.5, 0.899]), 0.9, 0.153)
+  assert not short["stable"]
+  assert EP.stability(_series([40], [1], [0.9]), 0.9, 0.153)["stable"]  # the level itself counts
+
+
+def test_the_pilot_picks_the_largest_stable_lr_and_waits_for_missing_runs(tmp_path):
+  stage3 = {("lr3em4", 0): _metrics(tmp_path / "a.jsonl", [0.3, 0.95, 0.12, 0.92]),  # a collapse
+            ("lr1em4", 0): _metrics(tmp_path / "b.jsonl", [0.2, 0.7, 0.93]),
+            ("lr3em5", 0): _metrics(tmp_path / "c.jsonl", [0.16, 0.4, 0.91])}
+  runs = {"lr3em4": (3e-4, (0,)), "lr1em4": (1e-4, (0,)), "lr3em5": (3e-5, (0,))}
+  sec = EP.step_size_section(stage3, runs, 0.9, 0.153)
+  assert sec["chosen"] == 1e-4 and sec["chosen_run"] == "lr1em4"
+  assert [r["stable"] for r in sec["runs"]] == [False, True, True]
+  assert sec["verdict"] == "lr 0.0001 (lr1em4): the largest stable"
+  md = "\n".join(EP.step_size_markdown(sec))
+  assert "| `lr3em4` | 0 | 0.0003 | 0.920 | 0.120 (120) | no |" in md
+  none = EP.step_size_section(stage3, {"lr3em4": runs["lr3em4"]}, 0.9, 0.153)
+  assert none["chosen"] is None and none["verdict"].startswith("no lr is stable")
+  missing = EP.step_size_section(stage3, runs | {"lr1em3": (1e-3, (0,))}, 0.9, 0.153)
+  assert missing["chosen"] is None  # a larger lr not yet measured could be the stable one
+  assert missing["verdict"] == "undecided: not measured: lr1em3 (seed 0)"
+
+
+def test_the_pilot_rule_is_checked():
+  with pytest.raises(ValueError, match=r"endpoints.step_size\[1\]='nope' is not in methods"):
+    EP.EndpointsConfig(step_size=("disa", "nope")).pilot_runs(("disa",))
+  with pytest.raises(ValueError, match=r"stable_floor < stable_level.*stable_floor=0.95"):
+    EP.EndpointsConfig(stable_floor=0.95)
+  cfg = MainConfig.from_config(main_config.get_config("anchor_testbed_offpolicy_pilot"))
+  assert cfg.endpoints.pilot_runs(cfg.methods) == cfg.methods and len(cfg.methods) == 3
+  assert (cfg.endpoints.stable_level, cfg.endpoints.stable_floor) == (0.9, 0.153)
