@@ -79,6 +79,11 @@ Presets and their budgets (2 CPU cores):
 - ``anchor_testbed_offpolicy_pilot``: the off-policy part's step-size pilot on that task
   (`testbed_offpolicy_pilot`): the oracle with 4 updates per rollout batch and omega = min(w, 10)
   at each lr of `TESTBED_OFFPOLICY_LRS`, seed 0 (docs/preregistration.md, "The off-policy part").
+- ``anchor_testbed_offpolicy`` / ``anchor_testbed_offpolicy_mean``: the off-policy experiment on
+  that task (`testbed_offpolicy`; declared in docs/preregistration.md after the pilot): 4 updates
+  per rollout batch, omega = min(w, 10), the pilot's lr, 5 seeds, on the sum scale (the exact log
+  Z, the fitted anchor, FlowRL as the paper runs it and tuned, VarGrad) and on the mean scale (its
+  own Stage 1 labels and anchor on 1/|o|; no exact log Z there); `TESTBED_OFFPOLICY_COMPARE`.
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
@@ -89,7 +94,8 @@ from configs import stage3_base
 PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
            "anchor_study_rl_quick",
            "nonuniform_target", "staleness_study", "anchor_testbed", "anchor_testbed_rl",
-           "anchor_testbed_rl_quick", "anchor_testbed_offpolicy_pilot")
+           "anchor_testbed_rl_quick", "anchor_testbed_offpolicy_pilot", "anchor_testbed_offpolicy",
+           "anchor_testbed_offpolicy_mean")
 # The presets whose committed reports measured the wrong-answer term from the plain samples.
 COMMITTED_BEFORE_WRONG_SAMPLES = ("claims", "claims_quick", "replay_study", "anchor_study_rl",
                                   "anchor_study_rl_mean", "anchor_study_rl_quick",
@@ -415,6 +421,35 @@ def testbed_offpolicy_pilot() -> ml_collections.ConfigDict:
     name = f"u{TESTBED_OFFPOLICY_UPDATES}_exact_lr{lr:.0e}".replace("e-0", "em")
     g[name] = _run(_tb("disa", omega="clipped_ratio"), anchor="exact",
                    minibatches=TESTBED_OFFPOLICY_UPDATES, lr=lr, seeds=(0,))
+  return g
+
+
+# The off-policy experiment (declared in docs/preregistration.md after the pilot, before any of its
+# runs): the pilot's lr, 4 updates per batch, omega = min(w, 10), `TESTBED_SEEDS`, 600 steps.
+TESTBED_OFFPOLICY_LR = 3e-4  # the largest stable lr of the pilot (its report's step_size section)
+# cell -> (objective, its overrides, anchor) as on-policy; the exact log Z is on the sum scale only
+TESTBED_OFFPOLICY_CELLS = {"disa_exact": ("disa", {}, "exact"), "disa": ("disa", {}, "fitted"),
+                           "flowrl_paper": ("flowrl", {"head_optimizer": "joint"}, "fitted"),
+                           "flowrl": ("flowrl", {"head_lr": 1e-2}, "fitted"),
+                           "vargrad": ("vargrad", {}, "fitted")}
+TESTBED_OFFPOLICY_COMPARE = {
+    "sum": ("u4_disa:u4_disa_exact", "u4_disa:u4_flowrl_paper", "u4_disa:u4_flowrl",
+            "u4_disa:u4_vargrad", "u4_disa_exact:u4_flowrl_paper", "u4_disa_exact:u4_vargrad"),
+    "mean": ("u4_disa:u4_flowrl_paper", "u4_disa:u4_flowrl", "u4_disa:u4_vargrad")}
+
+
+def testbed_offpolicy(scale: str) -> ml_collections.ConfigDict:
+  """The off-policy experiment's cells at one residual scale: runs 'u4_<cell>' of
+  `TESTBED_OFFPOLICY_CELLS` ('sum': all five; 'mean': without the exact log Z, which is the
+  trajectory sum's partition function), each at `TESTBED_OFFPOLICY_LR` with
+  `TESTBED_OFFPOLICY_UPDATES` updates per rollout batch and omega = min(w, 10)."""
+  g = ml_collections.ConfigDict()
+  for cell, (name, overrides, anchor) in TESTBED_OFFPOLICY_CELLS.items():
+    if scale == "mean" and anchor == "exact":
+      continue
+    g[f"u{TESTBED_OFFPOLICY_UPDATES}_{cell}"] = _run(
+        _tb(name, omega="clipped_ratio", scale=scale, **overrides), anchor=anchor,
+        minibatches=TESTBED_OFFPOLICY_UPDATES, lr=TESTBED_OFFPOLICY_LR)
   return g
 
 
@@ -748,6 +783,14 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.endpoints.compare = ()  # a pilot: the step-size rule reads its tracked curves
     c.endpoints.step_size = c.methods
     c.endpoints.stable_floor = TESTBED_STABLE_FLOOR
+  if preset in ("anchor_testbed_offpolicy", "anchor_testbed_offpolicy_mean"):
+    scale = "sum" if preset == "anchor_testbed_offpolicy" else "mean"
+    _anchor_testbed_rl(c, TESTBED_SEEDS)
+    grid = testbed_offpolicy(scale)
+    c.runs.update(grid)
+    c.methods = tuple(grid.keys())
+    c.endpoints.compare = TESTBED_OFFPOLICY_COMPARE[scale]
+    c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
     # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,
