@@ -46,7 +46,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # rebuilt testbed) after every other preset's were checked unchanged, and the
 # anchor_testbed_offpolicy_pilot preset's entries were added. The exact tracker's share_prompts and
 # wrong_decode (recorded only where set) left every preset's hash unchanged; then the three
-# testbed Stage 3 presets, which set them, had their hashes rewritten.
+# testbed Stage 3 presets, which set them, had their hashes rewritten. The off-policy presets'
+# (anchor_testbed_offpolicy, _mean) entries were added with every other entry unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 

@@ -25,7 +25,8 @@ ROLES = {"": ("disa", "disa_exact"), "claims": ("disa", "disa_exact"),
          "staleness_study": ("", ""), "anchor_testbed": ("disa", "disa_exact"),
          "anchor_testbed_rl": ("disa", "disa_exact"),
          "anchor_testbed_rl_quick": ("disa", "disa_exact"),
-         "anchor_testbed_offpolicy_pilot": ("", "")}
+         "anchor_testbed_offpolicy_pilot": ("", ""), "anchor_testbed_offpolicy": ("", ""),
+         "anchor_testbed_offpolicy_mean": ("", "")}
 
 
 def _plan(c, workdir="/tmp/unused"):
