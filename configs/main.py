@@ -427,11 +427,8 @@ def testbed_offpolicy_pilot() -> ml_collections.ConfigDict:
 # The off-policy experiment (declared in docs/preregistration.md after the pilot, before any of its
 # runs): the pilot's lr, 4 updates per batch, omega = min(w, 10), `TESTBED_SEEDS`, 600 steps.
 TESTBED_OFFPOLICY_LR = 3e-4  # the largest stable lr of the pilot (its report's step_size section)
-# cell -> (objective, its overrides, anchor) as on-policy; the exact log Z is on the sum scale only
-TESTBED_OFFPOLICY_CELLS = {"disa_exact": ("disa", {}, "exact"), "disa": ("disa", {}, "fitted"),
-                           "flowrl_paper": ("flowrl", {"head_optimizer": "joint"}, "fitted"),
-                           "flowrl": ("flowrl", {"head_lr": 1e-2}, "fitted"),
-                           "vargrad": ("vargrad", {}, "fitted")}
+# The on-policy cells it runs off-policy (`runs()`'s entries; not the noisy anchors)
+TESTBED_OFFPOLICY_CELLS = ("disa_exact", "disa", "flowrl_paper", "flowrl", "vargrad")
 TESTBED_OFFPOLICY_COMPARE = {
     "sum": ("u4_disa:u4_disa_exact", "u4_disa:u4_flowrl_paper", "u4_disa:u4_flowrl",
             "u4_disa:u4_vargrad", "u4_disa_exact:u4_flowrl_paper", "u4_disa_exact:u4_vargrad"),
@@ -439,17 +436,18 @@ TESTBED_OFFPOLICY_COMPARE = {
 
 
 def testbed_offpolicy(scale: str) -> ml_collections.ConfigDict:
-  """The off-policy experiment's cells at one residual scale: runs 'u4_<cell>' of
-  `TESTBED_OFFPOLICY_CELLS` ('sum': all five; 'mean': without the exact log Z, which is the
-  trajectory sum's partition function), each at `TESTBED_OFFPOLICY_LR` with
+  """The off-policy experiment's cells at one residual scale: runs 'u4_<cell>', each the on-policy
+  run ``cell`` of `runs()` (`TESTBED_OFFPOLICY_CELLS`; 'mean' leaves out the exact log Z, which is
+  the trajectory sum's partition function) at `TESTBED_OFFPOLICY_LR` with
   `TESTBED_OFFPOLICY_UPDATES` updates per rollout batch and omega = min(w, 10)."""
-  g = ml_collections.ConfigDict()
-  for cell, (name, overrides, anchor) in TESTBED_OFFPOLICY_CELLS.items():
-    if scale == "mean" and anchor == "exact":
+  table, g = runs(), ml_collections.ConfigDict()
+  for cell in TESTBED_OFFPOLICY_CELLS:
+    r = table[cell]
+    if scale == "mean" and r.anchor == "exact":
       continue
-    g[f"u{TESTBED_OFFPOLICY_UPDATES}_{cell}"] = _run(
-        _tb(name, omega="clipped_ratio", scale=scale, **overrides), anchor=anchor,
-        minibatches=TESTBED_OFFPOLICY_UPDATES, lr=TESTBED_OFFPOLICY_LR)
+    r.objective.update(omega="clipped_ratio", scale=scale)
+    r.minibatches, r.lr = TESTBED_OFFPOLICY_UPDATES, TESTBED_OFFPOLICY_LR
+    g[f"u{TESTBED_OFFPOLICY_UPDATES}_{cell}"] = r
   return g
 
 

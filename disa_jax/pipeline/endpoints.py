@@ -140,20 +140,21 @@ def stability(series: ExactSeries, level: float, floor: float) -> dict[str, Any]
 
 
 def step_size_section(stage3: Mapping[tuple[str, int], Any],
-                      runs: Mapping[str, tuple[float, Sequence[int]]], level: float,
-                      floor: float) -> dict[str, Any]:
+                      runs: Mapping[str, tuple[float, Sequence[int]]],
+                      rule: EndpointsConfig) -> dict[str, Any]:
   """The report's ``step_size`` section: the pilot's rule on each run and the lr it picks.
 
   Args:
     stage3: (run, seed) -> `Stage3Run` (a missing run or one without measurements: not decided).
     runs: the pilot's runs, name -> (its peak lr, its seeds).
-    level, floor: the rule's `EndpointsConfig.stable_level` / ``stable_floor``.
+    rule: its ``stable_level`` and ``stable_floor``.
 
   Returns:
     {'runs': one row per (run, seed) with its lr and `stability` (or 'missing'), 'chosen': the
     largest lr whose every seed is stable (None: none is, or a run is missing), 'chosen_run',
     'level', 'floor', 'verdict'}.
   """
+  level, floor = rule.stable_level, rule.stable_floor
   rows, stable_lrs, missing = [], {}, []
   for name, (lr, seeds) in runs.items():
     ok = True

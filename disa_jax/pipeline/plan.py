@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 from disa_jax import config as config_lib
 from disa_jax.pipeline.dynamics import EndStateConfig, lr_decay_step
+from disa_jax.pipeline.endpoints import EndpointsConfig
 from disa_jax.pipeline.heldout import HeldoutConfig
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.sum_models import TinyLMSpec
@@ -127,8 +128,8 @@ class JobPlan:
     controls, compare: `MainConfig`'s.
     replay_pairs: issue 9's (run, its base without replay) pairs (`replay_pairs`).
     endpoints: the declared endpoint comparisons (A, B) (`EndpointsConfig.pairs`).
-    step_size: the step-size pilot's runs (`EndpointsConfig.pilot_runs`; () = none), and its
-      rule's ``stable_level`` / ``stable_floor``.
+    endpoint_rules: the job's endpoints section (its step-size pilot's runs and rule, which
+      `MainConfig` checked against the runs).
     end_state: the end-state rule's settings.
     label_scale: the Stage 1 labels' scale ('sum': they estimate the exact log Z).
     stage2_samples: the samples per prompt behind the anchor's labels (0 = the whole pool).
@@ -152,9 +153,7 @@ class JobPlan:
   compare: tuple[str, ...]
   replay_pairs: tuple[tuple[str, str], ...]
   endpoints: tuple[tuple[str, str], ...]
-  step_size: tuple[str, ...]
-  stable_level: float
-  stable_floor: float
+  endpoint_rules: EndpointsConfig
   end_state: EndStateConfig
   label_scale: str
   stage2_samples: int
@@ -233,7 +232,6 @@ def job_plan(cfg: MainConfig, workdir: str | Path) -> JobPlan:
       disa=cfg.disa if cfg.disa in runs else "", oracle=cfg.oracle if cfg.oracle in runs else "",
       controls=cfg.controls, compare=cfg.compare, replay_pairs=replay_pairs(cfg.runs, cfg.methods),
       endpoints=tuple(cfg.endpoints.pairs(cfg.methods)),
-      step_size=cfg.endpoints.pilot_runs(cfg.methods), stable_level=cfg.endpoints.stable_level,
-      stable_floor=cfg.endpoints.stable_floor, end_state=cfg.end_state,
+      endpoint_rules=cfg.endpoints, end_state=cfg.end_state,
       label_scale=cfg.stage1.label_scale, stage2_samples=cfg.stage2.samples, n_study=cfg.n_study,
       n_study_repeats=cfg.n_study_repeats, heldout=cfg.heldout)

@@ -352,9 +352,9 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
   nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   ends = (EP.section(EP.collect(stage3, {m: r.seeds for m, r in plan.runs.items()}),
                      plan.endpoints) if plan.endpoints else None)
+  rule = plan.endpoint_rules
   pilot = (EP.step_size_section(stage3, {m: (plan.runs[m].regime.lr, plan.runs[m].seeds)
-                                         for m in plan.step_size},
-                                plan.stable_level, plan.stable_floor) if plan.step_size else None)
+                                         for m in rule.step_size}, rule) if rule.step_size else None)
   report = {"instrument": instrument(plan.end_state),
             "config": {"beta": plan.beta, "task": plan.task, "engine": plan.engine,
                        "stage3_steps": plan.steps, "preset": plan.preset},

@@ -154,15 +154,16 @@ def test_the_pilot_picks_the_largest_stable_lr_and_waits_for_missing_runs(tmp_pa
             ("lr1em4", 0): _metrics(tmp_path / "b.jsonl", [0.2, 0.7, 0.93]),
             ("lr3em5", 0): _metrics(tmp_path / "c.jsonl", [0.16, 0.4, 0.91])}
   runs = {"lr3em4": (3e-4, (0,)), "lr1em4": (1e-4, (0,)), "lr3em5": (3e-5, (0,))}
-  sec = EP.step_size_section(stage3, runs, 0.9, 0.153)
+  rule = EP.EndpointsConfig(stable_level=0.9, stable_floor=0.153)
+  sec = EP.step_size_section(stage3, runs, rule)
   assert sec["chosen"] == 1e-4 and sec["chosen_run"] == "lr1em4"
   assert [r["stable"] for r in sec["runs"]] == [False, True, True]
   assert sec["verdict"] == "lr 0.0001 (lr1em4): the largest stable"
   md = "\n".join(EP.step_size_markdown(sec))
   assert "| `lr3em4` | 0 | 0.0003 | 0.920 | 0.120 (120) | no |" in md
-  none = EP.step_size_section(stage3, {"lr3em4": runs["lr3em4"]}, 0.9, 0.153)
+  none = EP.step_size_section(stage3, {"lr3em4": runs["lr3em4"]}, rule)
   assert none["chosen"] is None and none["verdict"].startswith("no lr is stable")
-  missing = EP.step_size_section(stage3, runs | {"lr1em3": (1e-3, (0,))}, 0.9, 0.153)
+  missing = EP.step_size_section(stage3, runs | {"lr1em3": (1e-3, (0,))}, rule)
   assert missing["chosen"] is None  # a larger lr not yet measured could be the stable one
   assert missing["verdict"] == "undecided: not measured: lr1em3 (seed 0)"
 
