@@ -100,7 +100,7 @@ def test_heldout_option_splits_the_stage3_prompts(tmp_path):
 
 def test_staleness_study_preset_sets_each_runs_staleness(tmp_path):
   job = _job(main_config.get_config("staleness_study"), tmp_path)
-  assert job.cfg.seeds == (0, 1, 2) and len(job.cfg.methods) == 14
+  assert job.cfg.seeds == (0, 1, 2, 3, 4) and len(job.cfg.methods) == 14
   for name in job.cfg.methods:
     k, method = name.split("_", 1)
     cfg = job.stage3_cfgs[(name, 0)]

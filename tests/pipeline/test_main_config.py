@@ -48,6 +48,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # wrong_decode (recorded only where set) left every preset's hash unchanged; then the three
 # testbed Stage 3 presets, which set them, had their hashes rewritten. The off-policy presets'
 # (anchor_testbed_offpolicy, _mean) entries were added with every other entry unchanged.
+# The staleness study's seeds 3 and 4 (issue 45: five seeds) were added the same way: its seeds
+# 0-2 and every other preset's entries unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
