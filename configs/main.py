@@ -791,8 +791,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.endpoints.compare = TESTBED_OFFPOLICY_COMPARE[scale]
     c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
   if preset == "staleness_study":
-    # Issue 29: where each method ends at k = 0 and 2, three seeds. Runs converge sooner on the
-    # smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20 (13 measures in the last 25%,
+    # Issue 29: where each method ends at k = 0 and 2 (three seeds until issue 45, five since).
+    # Runs converge sooner on the smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20
+    # (13 measures in the last 25%,
     # a constant lr). Wall time on 2 cores (39 runs): seed 0's first 10 runs took 35 min (load
     # 4-11); the next 29 runs took 102 min while other jobs' tests ran (load 7-11; runs 324-499 s
     # each), the 3 VarGrad runs 8 min on a quiet machine (174-272 s each), so ~1.4 h quiet and
