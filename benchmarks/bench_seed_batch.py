@@ -15,7 +15,7 @@ scratch (its own compilations: nothing is cached between blocks):
   generation process);
 - ``batch_S``: S seeds by `seed_batch.train_together` (one process, the samplers in it, every routed
   device call one vmapped program over the seeds); ``batch_1`` is one seed with its sampler in the
-  trainer's process (`sum_job.together`), nothing routed;
+  trainer's process (`job_workers.together`), nothing routed;
 - a ``base:`` prefix runs the block on the `disa_jax` of git revision ``--baseline-rev`` (extracted
   with `git archive`; it needs today's `SumJob` / `train_together` API): the "before" column;
 - a ``+cache`` suffix gives the block's processes (and their generation processes) one persistent
@@ -62,7 +62,7 @@ runtime.tune_host_allocator()  # as the main job's processes do, before JAX's CP
 
 from bench_stage3_vs_trl import extract_tree  # noqa: E402
 from configs import main as main_config  # noqa: E402
-from disa_jax.pipeline import sum_job  # noqa: E402
+from disa_jax.pipeline import job_workers  # noqa: E402
 from disa_jax.pipeline.job_config import MainConfig  # noqa: E402
 from disa_jax.pipeline.sum_job import SumJob  # noqa: E402
 from disa_jax.rl import seed_batch  # noqa: E402
@@ -97,7 +97,7 @@ def seed_configs(workdir: str, method: str, size: int, steps: int, out: Path,
     c = j.stage3_cfgs[(method, s)]
     c = dataclasses.replace(c, workdir=str(out / f"seed{s}"),
                             train=dataclasses.replace(c.train, total_steps=steps))
-    cfgs.append(sum_job.together(c) if in_process else c)
+    cfgs.append(job_workers.together(c) if in_process else c)
   return cfgs
 
 

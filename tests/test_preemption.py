@@ -8,7 +8,7 @@ import time
 from concurrent import futures
 
 from disa_jax import preemption
-from disa_jax.pipeline import sum_job
+from disa_jax.pipeline import job_workers
 
 # The parent starts one spawned pool worker with the initializer, then dies at once (os._exit, as
 # a SIGKILL would: no cleanup). The worker "trains" until the preemption flag is set, then writes
@@ -62,7 +62,8 @@ def test_request_sets_the_flag_as_the_signal_would():
 
 
 def test_the_main_jobs_stage3_pool_stops_with_the_job(monkeypatch, tmp_path):
-  """`SumJob.stage3_all` builds its pool with the stop-with-parent initializer."""
+  """`SumJob.stage3_all` builds its pool (`job_workers.spawn_pool`) with the stop-with-parent
+  initializer."""
   seen = {}
 
   class Pool(futures.ThreadPoolExecutor):
@@ -70,7 +71,7 @@ def test_the_main_jobs_stage3_pool_stops_with_the_job(monkeypatch, tmp_path):
       seen.update(kwargs)
       super().__init__(workers)
 
-  monkeypatch.setattr(sum_job.futures, "ProcessPoolExecutor", Pool)
+  monkeypatch.setattr(job_workers.futures, "ProcessPoolExecutor", Pool)
   from tests.test_main_job import _cfg, _job
   job = _job(_cfg(methods=("grpo",), seeds=(3, 4), stage3_workers=2), tmp_path)
   try:

@@ -19,17 +19,15 @@ prompt file), then runs the commands a researcher runs on real checkpoints, with
                     (`pipeline.conditional_kls`, cached per checkpoint).
    report.{json,md} and PNG plots (`pipeline.report`, from the job's `JobPlan` and the stages'
                     outputs in memory); `run` returns it as a `JobReport`.
+
+Stage 3's units and the evaluation rows run in `pipeline.job_workers` (here or on spawned workers).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import multiprocessing
-import os
 import time
 import warnings
-from concurrent import futures
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -37,7 +35,7 @@ import numpy as np
 
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
-from disa_jax import models, preemption, runtime
+from disa_jax import models, runtime
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
@@ -50,7 +48,7 @@ from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
-from disa_jax.pipeline import seeds
+from disa_jax.pipeline import job_workers, seeds
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.heldout import split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
@@ -59,16 +57,14 @@ from disa_jax.pipeline.plan import job_plan
 from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
 from disa_jax.pipeline.sum_models import WarmupSpec, save_model, train_sum_model
-from disa_jax.rl import seed_batch
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
-from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
+from disa_jax.workflows.evaluation import EvalConfig, EvalResult
 from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
 from disa_jax.workflows.sft import SftConfig, SftRun, run_sft
 from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
 from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
-from disa_jax.workflows.stage3 import (BackboneConfig, DataConfig, Stage3Config, Stage3Run,
-                                      run_stage3)
+from disa_jax.workflows.stage3 import BackboneConfig, DataConfig, Stage3Config, Stage3Run
 
 SFT_SKIPPED = "no Stage 1 sample has reward 1"  # why a job has no LoRA-SFT row
 
@@ -79,64 +75,6 @@ def _derived(where: str, cfg: Any, **changes: Any) -> Any:
     return dataclasses.replace(cfg, **changes)
   except (TypeError, ValueError) as e:
     raise ValueError(config_lib.qualify(str(e), where)) from None
-
-
-def together(cfg: Stage3Config) -> Stage3Config:
-  """A seed's Stage 3 config as `seed_batch.train_together` runs it: its sampler in this process
-  (its programs batched with the other seeds'), its checkpoints written synchronously (orbax's
-  asynchronous writes from several threads at once collide)."""
-  train = cfg.train
-  return dataclasses.replace(
-      cfg, engine=dataclasses.replace(cfg.engine, separate_process=False),
-      train=dataclasses.replace(train, checkpoint=dataclasses.replace(train.checkpoint,
-                                                                      async_save=False)))
-
-
-def _timed_stage3(cfgs: list[Stage3Config]) -> float:
-  """`run_stage3` of one run (in this process, or in a worker of `SumJob.stage3_all`), or of
-  several seeds of one run trained together (`seed_batch.train_together`: one thread per seed,
-  the samplers in this process); returns its seconds."""
-  t0 = time.time()
-  if len(cfgs) == 1:
-    runs = [run_stage3(cfgs[0])]
-  else:
-    runs = seed_batch.train_together([functools.partial(run_stage3, together(c)) for c in cfgs])
-  for cfg, run in zip(cfgs, runs):
-    if run.preempted is not None:  # saved at that step; the job's rerun resumes the run
-      raise RuntimeError(f"Stage 3 run {cfg.workdir} was stopped by a preemption signal at step "
-                         f"{run.preempted} (checkpoint saved); rerun the job to resume")
-  return round(time.time() - t0, 2)
-
-
-def _evaluated(cfg: EvalConfig) -> bool:
-  """Whether the evaluation ``cfg`` has written its first benchmark (the rows a worker skips)."""
-  return (Path(cfg.output_dir) / "task.json").exists()
-
-
-def _evaluate_rows(cfgs: list[EvalConfig], ref_path: str,
-                   results: dict[str, EvalResult] | None = None) -> dict[str, float]:
-  """`run_evaluation` of each config in this process, one engine (built from ``ref_path`` for the
-  first row with work left, its weights swapped between rows); each result stored in ``results``
-  under its label. Returns the seconds of each row evaluated here (not of one read back)."""
-  seconds, engine = {}, None
-  try:
-    for cfg in cfgs:
-      done, t0 = _evaluated(cfg), time.time()
-      try:
-        if engine is None and not done:
-          engine = cfg.engine.make(ref_path)
-        result = run_evaluation(cfg, engine=engine)
-      except Exception as e:  # pylint: disable=broad-except  (a worker's error names its row)
-        raise RuntimeError(f"the evaluation of row {cfg.label!r} ({cfg.model_path}) failed: "
-                           f"{type(e).__name__}: {e}") from e
-      if results is not None:
-        results[cfg.label] = result
-      if not done:
-        seconds[cfg.label] = round(time.time() - t0, 2)
-  finally:
-    if engine is not None:
-      engine.close()
-  return seconds
 
 
 def prompt_records(task: SumTask) -> list[PromptRecord]:
@@ -479,14 +417,9 @@ class SumJob:
     return res
 
   def stage3_units(self, todo: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
-    """The (method, seed) runs of ``todo`` as units of work: each method's seeds in chunks of at
-    most ``seed_batch`` trained together (`seed_batch.train_together`), the largest units first
-    (the longest jobs start first on the workers), each method's in seed order."""
-    units = []
-    for m in dict.fromkeys(k[0] for k in todo):
-      mine = [k for k in todo if k[0] == m]
-      units += [mine[i:i + self.cfg.seed_batch] for i in range(0, len(mine), self.cfg.seed_batch)]
-    return sorted(units, key=len, reverse=True)
+    """The (method, seed) runs of ``todo`` as units of work (`job_workers.stage3_units`): each
+    method's seeds in chunks of at most ``seed_batch`` trained together, the largest first."""
+    return job_workers.stage3_units(todo, lambda k: k[0], self.cfg.seed_batch)
 
   def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
     """Every (method, seed) run not yet exported (or without its summary), a unit of
@@ -494,9 +427,8 @@ class SumJob:
     seed).
 
     With one worker the units go one after another in this process. With more, each unit is a
-    spawned process of its own (``run_stage3`` on its config, or its seeds trained together; JAX
-    never forks), the progress bars off; a failed unit raises here naming its runs, after the
-    others finish. On a CPU host, two workers on two cores nearly halve Stage 3's wall time (a
+    spawned process of its own (`job_workers.run_stage3_units`), the progress bars off; a failed
+    unit raises here naming its runs, after the others finish. On a CPU host, two workers on two cores nearly halve Stage 3's wall time (a
     run's trainer and its engine worker alternate, so one run keeps about one core busy). Each run
     of a unit records the unit's seconds (its seeds ran together).
     """
@@ -509,32 +441,10 @@ class SumJob:
     quiet = workers > 1 or any(len(u) > 1 for u in units)  # (one bar per process and run)
     bar = lambda c: dataclasses.replace(c, train=dataclasses.replace(
         c.train, progress_bar=c.train.progress_bar and not quiet))
-    cfgs = [[bar(self.stage3_cfgs[k]) for k in unit] for unit in units]
-    record = lambda unit, seconds: [self._record(f"stage3_{self.run_name(*k)}", seconds)
-                                    for k in unit]
-    if workers <= 1:
-      for unit, c in zip(units, cfgs):
-        try:
-          record(unit, _timed_stage3(c))
-        except Exception as e:  # pylint: disable=broad-except
-          if len(unit) == 1:
-            raise
-          raise RuntimeError(f"Stage 3 runs failed: { {self.run_name(*k): e for k in unit} }"
-                             ) from e
-    else:  # (its workers are not daemons: each run starts its own engine worker)
-      failed = {}
-      # A worker whose job process is gone stops its run at the next step, with a checkpoint.
-      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=preemption.stop_with_parent,
-                                       initargs=(os.getpid(),)) as ex:
-        pending = [(unit, ex.submit(_timed_stage3, c)) for unit, c in zip(units, cfgs)]
-        for unit, fut in pending:
-          try:
-            record(unit, fut.result())
-          except Exception as e:  # pylint: disable=broad-except
-            failed.update({self.run_name(*k): e for k in unit})
-      if failed:
-        raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
+    job_workers.run_stage3_units(
+        [[bar(self.stage3_cfgs[k]) for k in unit] for unit in units],
+        [[self.run_name(*k) for k in unit] for unit in units], workers,
+        lambda names, seconds: [self._record(f"stage3_{n}", seconds) for n in names])
     return {k: Stage3Run.load(wd[k]) for k in keys}
 
   def lora_sft(self, pool: Stage1Data) -> SftRun | None:
@@ -553,23 +463,15 @@ class SumJob:
 
   def evaluate(self, rows: dict[str, str]) -> dict[str, EvalResult]:
     """`run_evaluation` of every row. With ``eval_workers`` > 1 the rows not yet evaluated are
-    dealt round-robin to that many spawned processes first (`_evaluate_rows` in each: JAX never
-    forks), their seconds recorded as each row's; then every row here, in order (an evaluated one
+    dealt round-robin to that many spawned processes first (`job_workers.evaluate_rows` in each: JAX
+    never forks), their seconds recorded as each row's; then every row here, in order (an evaluated one
     is read back from its directory)."""
-    cfgs = {row: self._eval_config(row, path) for row, path in rows.items()}
-    todo = [row for row, cfg in cfgs.items() if not _evaluated(cfg)]
-    workers = min(self.cfg.eval_workers, len(todo))
-    if workers > 1:
-      shares = [[cfgs[row] for row in todo[i::workers]] for i in range(workers)]
-      with futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=preemption.stop_with_parent,
-                                       initargs=(os.getpid(),)) as ex:
-        for seconds in ex.map(_evaluate_rows, shares, [self.ref_path] * workers):
-          for row, s in seconds.items():
-            self._record(f"eval_{row}", s)
+    cfgs = [self._eval_config(row, path) for row, path in rows.items()]
+    record = lambda row, seconds: self._record(f"eval_{row}", seconds)
+    job_workers.evaluate_in_workers(cfgs, self.ref_path, self.cfg.eval_workers, record)
     out: dict[str, EvalResult] = {}
-    for row, s in _evaluate_rows(list(cfgs.values()), self.ref_path, out).items():
-      self._record(f"eval_{row}", s)
+    for row, s in job_workers.evaluate_rows(cfgs, self.ref_path, out).items():
+      record(row, s)
     return out
 
   def run(self) -> JobReport | AnchorReport:
