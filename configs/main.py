@@ -582,16 +582,19 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # (benchmarks/results/exact_tracker_speed_cpu.json). Off in the presets run before them.
   c.track.share_prompts = False
   c.track.wrong_decode = "full"
-  # The end-state rule (disa_jax.pipeline.dynamics, issue 44): a run is at its end state when the
-  # 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL over
-  # correct answers across the window lies inside +-delta, delta = max(delta_abs, delta_rel x the
-  # value). The default preset's 4 measurements of 400 steps leave every run undecided (a budget).
+  # The end-state rule (disa_jax.pipeline.dynamics, issues 44 and 62): a run is at its end state
+  # when the 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL
+  # over correct answers across the window lies inside +-delta, delta = max(delta_rel x the line's
+  # mean level over the window, delta_abs), the interval allowing for serial correlation. Error
+  # rates by simulation: docs/reports/end_state_rule.md (python -m disa_jax.pipeline.end_state_sim).
+  # The default preset's 4 measurements of 400 steps leave every run undecided (a budget).
   c.end_state = ml_collections.ConfigDict()
   c.end_state.window = 0.25  # the last 25% of the measured steps
   c.end_state.min_points = 10  # fewer measurements in the window: undecided
-  c.end_state.delta_abs = 0.02  # nats of change across the window ...
-  c.end_state.delta_rel = 0.1  # ... or 10% of the value, whichever is larger
+  c.end_state.delta_rel = 0.3  # of the curve's level: a 30% fall across the window is outside
+  c.end_state.delta_abs = 0.001  # nats: the floor, what the measurements resolve
   c.end_state.level = 0.9  # two one-sided tests at 5% each
+  c.end_state.serial = "ar1"  # 'ar1': lag-1 autocorrelation allowed for; 'none': independent
   # Pre-registered endpoints (disa_jax.pipeline.endpoints; docs/preregistration.md): each 'A:B'
   # compares runs A and B on the area under the KL curve, the conditional KL at the end and the
   # steps to P(correct) >= 0.9 (Welch over seeds, Holm over the family). () = no such section.

@@ -11,14 +11,19 @@ Stage 3 logs the exact measures of the policy every ``validation.every`` steps (
   correct answers ``kl_correct`` (exact over the enumerated correct set: standard error 0). Each
   measurement's variance is its Monte Carlo variance plus a common excess tau^2 (the policy's own
   wandering between measurements), tau^2 estimated so that the weighted residuals match their
-  degrees of freedom (Paule-Mandel; with no Monte Carlo error this is ordinary least squares). A
-  curve is *flat* when the ``level`` (90%) interval of the line's change across the window lies
-  inside +-delta, delta = max(delta_abs, delta_rel x |the line's value at the last step|); it is
-  *moving* when that interval lies entirely outside +-delta; otherwise the measurements cannot tell
-  (*unresolved*). A run is at its end state when both curves are flat and the window's learning
-  rate was constant; with fewer than ``min_points`` measurements in the window it is undecided.
-  P(correct) plays no part: a policy can keep moving (and its diversity collapse) after it is
-  almost always right.
+  degrees of freedom (Paule-Mandel; with no Monte Carlo error this is ordinary least squares).
+  The wandering is slow, so consecutive measurements are correlated: the change's standard error
+  and degrees of freedom use the effective sample size of the residuals' lag-1 autocorrelation
+  (``serial`` 'ar1', `wls_change`). A curve is *flat* when the ``level`` (90%) interval of the
+  line's change across the window lies inside +-delta, delta = max(delta_rel x |the line's mean
+  level over the window|, delta_abs): a margin relative to the curve (0.3: a curve still falling
+  by 30% of its value is outside it), floored at what the measurements resolve (delta_abs, 0.001
+  nats); it is *moving* when that interval lies entirely outside +-delta; otherwise the
+  measurements cannot tell (*unresolved*). The rule's error rates on simulated curves are in
+  docs/reports/end_state_rule.md (`pipeline.end_state_sim`). A run is at its end state when both
+  curves are flat and the window's learning rate was constant; with fewer than ``min_points``
+  measurements in the window it is undecided. P(correct) plays no part: a policy can keep moving
+  (and its diversity collapse) after it is almost always right.
 - `method_end_state`: the same rule for a method, pooled over its Stage 3 seeds (the mean of the
   seeds' changes, with a standard error from their own errors or from their spread, whichever is
   larger).
@@ -46,6 +51,10 @@ LEVELS = (0.5, 0.7, 0.9)
 PRIMARY, PRIMARY_SE = "kl_decomposed", "kl_decomposed_se"  # the KL every verdict uses
 CONDITIONAL = "kl_correct"  # exact over the correct set: no Monte Carlo error
 _BISECTIONS = 60
+RHO_MAX = 0.9  # the largest lag-1 autocorrelation the standard error allows for
+
+
+SERIAL = ("ar1", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,22 +64,32 @@ class EndStateConfig:
   Attributes:
     window: the share of the measured steps (the last ones) the curves must be flat over.
     min_points: fewer measurements in the window leave the run undecided.
-    delta_abs, delta_rel: the equivalence margin of a curve whose line ends at value v is
-      max(delta_abs, delta_rel x |v|) nats of change across the window.
+    delta_rel: the equivalence margin relative to the curve: this share of the line's mean level
+      over the window (its value halfway across it).
+    delta_abs: the margin's floor in nats: what the measurements resolve. At the default job's
+      cadence (14 measurements in the window, 32 samples per prompt: a Monte Carlo SE of
+      0.0003-0.0009 nats per measurement) the smallest change across the window a 90% interval
+      detects with 80% power is (1.64 + 0.84) x 0.86 x SE = 0.0006-0.0019 nats; below 0.001 nats
+      a relative margin would ask for more than the measurement gives.
     level: the confidence level of the change's interval (0.9: two one-sided tests at 5%).
+    serial: 'ar1': the change's standard error and degrees of freedom allow for serial
+      correlation between consecutive measurements (lag-1 autocorrelation of the residuals,
+      effective sample size n (1 - r) / (1 + r)); 'none': measurements taken as independent.
   """
   window: float = 0.25
   min_points: int = 10
-  delta_abs: float = 0.02
-  delta_rel: float = 0.1
+  delta_rel: float = 0.3
+  delta_abs: float = 0.001
   level: float = 0.9
+  serial: str = "ar1"
 
   def __post_init__(self):
     checks = (("window", 0 < self.window <= 1, "in (0, 1]"),
               ("min_points", isinstance(self.min_points, int) and self.min_points >= 3,
                "an int >= 3 (a line and its error)"),
               ("delta_abs", self.delta_abs > 0, "> 0"), ("delta_rel", self.delta_rel >= 0, ">= 0"),
-              ("level", 0 < self.level < 1, "in (0, 1)"))
+              ("level", 0 < self.level < 1, "in (0, 1)"),
+              ("serial", self.serial in SERIAL, f"one of {SERIAL}"))
     for name, ok, want in checks:
       if not ok:
         raise ValueError(f"end_state.{name} must be {want}, got {getattr(self, name)!r}")
@@ -79,9 +98,10 @@ class EndStateConfig:
     """The first step of the window over measurements at steps ``first``..``last``."""
     return last - self.window * (last - first)
 
-  def delta(self, value: np.ndarray | float) -> np.ndarray:
-    """The equivalence margin of a curve at ``value`` (elementwise)."""
-    return np.maximum(self.delta_abs, self.delta_rel * np.abs(np.asarray(value, np.float64)))
+  def delta(self, level: np.ndarray | float) -> np.ndarray:
+    """The equivalence margin of a curve whose line's mean level over the window is ``level``
+    (elementwise): max(delta_rel x |level|, delta_abs)."""
+    return np.maximum(self.delta_rel * np.abs(np.asarray(level, np.float64)), self.delta_abs)
 
 
 def exact_series(metrics_path: str | Path) -> ExactSeries:
@@ -116,23 +136,40 @@ def _wls(u: np.ndarray, y: np.ndarray, var: np.ndarray):
   return slope, suu, (w * resid ** 2).sum(-1), ym + slope * (u[-1] - um)
 
 
-def wls_change(steps: np.ndarray, values: np.ndarray, se: np.ndarray | None = None
-               ) -> dict[str, np.ndarray]:
+def _lag1(u: np.ndarray, y: np.ndarray, var: np.ndarray, slope: np.ndarray, value: np.ndarray
+          ) -> np.ndarray:
+  """The lag-1 autocorrelation of the standardised residuals of the line (``[...]``), corrected
+  for its small-sample bias (Kendall: E r ~ rho - (1 + 3 rho) / n) and clipped to
+  [0, `RHO_MAX`]: a negative estimate is taken as 0, never as a gain in precision."""
+  n = u.size
+  r = (y - value[..., None] - slope[..., None] * (u - u[-1])) / np.sqrt(var)
+  num, den = (r[..., :-1] * r[..., 1:]).sum(-1), (r ** 2).sum(-1)
+  raw = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+  return np.clip((n * raw + 1.0) / (n - 3.0), 0.0, RHO_MAX) if n > 3 else np.zeros_like(raw)
+
+
+def wls_change(steps: np.ndarray, values: np.ndarray, se: np.ndarray | None = None, *,
+               serial: str = "ar1") -> dict[str, np.ndarray]:
   """The change of the weighted least-squares line across ``steps`` (vectorised over curves).
 
   Each measurement's variance is se_i^2 + tau^2; tau^2 >= 0 is the smallest value for which the
   weighted residual sum of squares is at most n - 2 (Paule-Mandel, by bisection). With every
   ``se`` 0 this is ordinary least squares (tau^2 = RSS / (n - 2)); when the Monte Carlo errors
-  explain the scatter, tau^2 = 0 and the change's error comes from them alone.
+  explain the scatter, tau^2 = 0 and the change's error comes from them alone. With ``serial``
+  'ar1' consecutive measurements may be correlated (the policy wanders slowly between them): r,
+  the residuals' lag-1 autocorrelation (`_lag1`), gives an effective sample size
+  n_eff = n (1 - r) / (1 + r), the degrees of freedom n_eff - 2 (rounded down, at least 1) and the standard
+  error inflated by sqrt((n - 2) / (n_eff - 2)) (Santer et al. 2000, J. Geophys. Res. 105(D6)).
 
   Args:
     steps: ``[n]`` distinct measurement steps (n >= 3).
     values: ``[..., n]`` the curves.
     se: ``[..., n]`` (or broadcastable) standard errors of the measurements (None: all 0).
+    serial: 'ar1' | 'none' (`EndStateConfig.serial`).
 
   Returns:
-    ``change``, ``change_se``, ``tau`` and ``value`` (the line at the last step), each ``[...]``,
-    and ``df`` = n - 2.
+    ``change``, ``change_se``, ``df``, ``tau``, ``rho`` (the autocorrelation used; 0 with 'none'),
+    and ``value`` (the line at the last step), each ``[...]``.
   """
   x = np.asarray(steps, np.float64)
   y = np.asarray(values, np.float64)
@@ -143,6 +180,8 @@ def wls_change(steps: np.ndarray, values: np.ndarray, se: np.ndarray | None = No
   if not (np.all(np.isfinite(y)) and np.all(np.isfinite(s2)) and np.all(s2 >= 0)):
     raise ValueError(f"a trend got non-finite values or standard errors: values {y.tolist()}, "
                      f"se^2 {np.asarray(s2).tolist()} at steps {x.tolist()}")
+  if serial not in SERIAL:
+    raise ValueError(f"wls_change: serial must be one of {SERIAL}, got {serial!r}")
   u = (x - x[0]) / (x[-1] - x[0])  # the window as [0, 1]: the slope is the change across it
   dof = x.size - 2
   hi = np.asarray(_wls(u, y, np.ones_like(y))[2] / dof)  # OLS RSS / dof: Q(hi) <= dof
@@ -156,20 +195,26 @@ def wls_change(steps: np.ndarray, values: np.ndarray, se: np.ndarray | None = No
     above = q_of(mid) > dof
     lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
   t2 = np.where(solve, hi, 0.0)
-  slope, suu, _, value = _wls(u, y, var_of(t2))
-  return {"change": slope, "change_se": np.sqrt(1.0 / suu), "tau": np.sqrt(t2), "value": value,
-          "df": np.asarray(dof)}
+  var = var_of(t2)
+  slope, suu, _, value = _wls(u, y, var)
+  rho = _lag1(u, y, var, slope, value) if serial == "ar1" else np.zeros_like(slope)
+  df = np.maximum(np.floor(x.size * (1.0 - rho) / (1.0 + rho) - 2.0 + 1e-9), 1.0)
+  return {"change": slope, "change_se": np.sqrt(dof / df / suu), "df": df,
+          "tau": np.sqrt(t2), "rho": rho, "value": value}
 
 
-def equivalence(change: np.ndarray, se: np.ndarray, df: float, value: np.ndarray,
+def equivalence(change: np.ndarray, se: np.ndarray, df: np.ndarray | float, level: np.ndarray,
                 cfg: EndStateConfig) -> dict[str, np.ndarray]:
   """The equivalence verdict of changes ``change`` +- ``se`` (``df`` degrees of freedom) of curves
-  ending at ``value`` (elementwise): the ``cfg.level`` interval [low, high], the margin delta and
-  'flat' (the interval inside (-delta, delta)), 'moving' (entirely outside it) or 'unresolved'
-  (neither)."""
-  change, se, value = (np.asarray(v, np.float64) for v in (change, se, value))
-  half = seed_stats.t_quantile(0.5 + cfg.level / 2.0, float(df)) * se
-  low, high, delta = change - half, change + half, cfg.delta(value)
+  whose line's mean level over the window is ``level`` (elementwise): the ``cfg.level`` interval
+  [low, high], the margin delta (`EndStateConfig.delta`) and 'flat' (the interval inside (-delta, delta)), 'moving' (entirely outside it) or
+  'unresolved' (neither)."""
+  change, se, level = (np.asarray(v, np.float64) for v in (change, se, level))
+  df = np.broadcast_to(np.asarray(df, np.float64), change.shape)
+  q = 0.5 + cfg.level / 2.0
+  quantiles = {d: seed_stats.t_quantile(q, d) for d in np.unique(df).tolist()}
+  half = np.vectorize(quantiles.__getitem__, otypes=[np.float64])(df) * se
+  low, high, delta = change - half, change + half, cfg.delta(level)
   flat = (low > -delta) & (high < delta)
   moving = (low >= delta) | (high <= -delta)
   return {"low": low, "high": high, "delta": delta,
@@ -189,15 +234,18 @@ class Trend:
 
   Attributes:
     change: the line's change across the window (nats).
-    change_se: its standard error.
+    change_se: its standard error (allowing for serial correlation, `wls_change`).
     df: the degrees of freedom of its interval.
     low, high: the ``level`` interval of the change.
-    delta: the margin the interval must lie inside.
-    value: the line's value at the last step (delta's reference).
+    delta: the margin the interval must lie inside (`EndStateConfig.delta` at the line's mean
+      level over the window, value - change / 2).
+    value: the line's value at the last step.
     tau: the excess scatter between measurements beyond their Monte Carlo errors (0 when those
       explain it; None for a pooled trend).
     points: measurements in the window (per seed for a pooled trend: the fewest).
     verdict: 'flat' | 'moving' | 'unresolved' (`equivalence`).
+    rho: the lag-1 autocorrelation the error allows for (None: a pooled trend, or a report from
+      before it).
   """
   change: float
   change_se: float
@@ -209,6 +257,7 @@ class Trend:
   tau: float | None
   points: int
   verdict: str
+  rho: float | None = None
 
   @property
   def flat(self) -> bool:
@@ -217,9 +266,9 @@ class Trend:
   @classmethod
   def decide(cls, change: float, se: float, df: float, value: float, cfg: EndStateConfig,
              **rest: Any) -> "Trend":
-    """The verdict of a change ``change`` +- ``se`` (``df`` degrees of freedom) at ``value``
-    (`equivalence`)."""
-    eq = equivalence(change, se, df, value, cfg)
+    """The verdict of a change ``change`` +- ``se`` (``df`` degrees of freedom) of a line ending
+    at ``value`` (`equivalence`)."""
+    eq = equivalence(change, se, df, value - change / 2.0, cfg)
     return cls(change=float(change), change_se=float(se), df=float(df), low=float(eq["low"]),
                high=float(eq["high"]), delta=float(eq["delta"]), value=float(value),
                verdict=str(eq["verdict"]), **rest)
@@ -228,9 +277,10 @@ class Trend:
 def trend(steps: np.ndarray, values: np.ndarray, se: np.ndarray | None = None,
           cfg: EndStateConfig = EndStateConfig()) -> Trend:
   """`Trend` of ``values`` ``[n]`` (standard errors ``se``, None: 0) against ``steps`` ``[n]``."""
-  fit = wls_change(steps, values, se)
+  fit = wls_change(steps, values, se, serial=cfg.serial)
   return Trend.decide(fit["change"], fit["change_se"], fit["df"], fit["value"], cfg,
-                      tau=float(fit["tau"]), points=int(np.asarray(steps).size))
+                      tau=float(fit["tau"]), rho=float(fit["rho"]),
+                      points=int(np.asarray(steps).size))
 
 
 @dataclasses.dataclass(frozen=True)

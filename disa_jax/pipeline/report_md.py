@@ -179,7 +179,10 @@ def claims_md(report: dict) -> list[str]:
   rule = (f"a method is at its end state when the {e['level']:.0%} interval of the change of the "
           f"primary KL and of the conditional KL over correct answers across the last "
           f"{e['window']:.0%} of measured steps (>= {e['min_points']} measurements, pooled over its "
-          f"seeds) lies inside +-max({e['delta_abs']:g}, {e['delta_rel']:g} x the value)")
+          f"seeds) lies inside +-max({e['delta_abs']:g}, {e['delta_rel']:g} x the value)"
+          + ("" if "serial" not in e else
+             f" (the value: the line's mean level over the window; serial correlation "
+             f"'{e['serial']}')"))
   head = ("Every method reached its end state" if regime["all_at_end_state"] else
           f"Preset {regime['preset']!r}: not every method reached its end state (verdicts marked "
           "TRANSIENT or 'end state undecided' compare runs not shown to be at it)")

@@ -35,7 +35,8 @@ def _rates(truth, noise, se=None, steps=WIN, seed=0):
   rng = np.random.default_rng(seed)
   y = np.asarray(truth, float)[None] + rng.normal(0.0, 1.0, (DRAWS, steps.size)) * noise
   fit = D.wls_change(steps, y, None if se is None else np.full_like(y, se))
-  v = D.equivalence(fit["change"], fit["change_se"], fit["df"], fit["value"], CFG)["verdict"]
+  v = D.equivalence(fit["change"], fit["change_se"], fit["df"], fit["value"] - fit["change"] / 2,
+                    CFG)["verdict"]
   return {k: float(np.mean(v == k)) for k in ("flat", "moving", "unresolved")}
 
 
@@ -79,8 +80,8 @@ def test_a_flat_curve_at_the_presets_noise_is_shown_flat_in_most_draws():
 
 @pytest.mark.parametrize("noise_in_deltas", [0.3, 1.0, 3.0])
 def test_a_curve_moving_by_two_margins_is_almost_never_called_flat(noise_in_deltas):
-  delta = 0.03  # at KL 0.3
-  truth = np.linspace(0.3 + 2 * delta, 0.3, WIN.size)
+  delta = float(CFG.delta(0.3))  # at a mean level of 0.3 nats
+  truth = np.linspace(0.3 + delta, 0.3 - delta, WIN.size)
   for se in (None, noise_in_deltas * delta):  # scatter unexplained / explained by the MC errors
     assert _rates(truth, noise_in_deltas * delta, se=se)["flat"] <= 0.10
 
@@ -105,9 +106,10 @@ def test_both_curves_must_be_flat_and_the_lr_decay_is_flagged():
   flat = 0.3 + rng.normal(0, 0.002, steps.size)
   e = D.end_state(_series(steps, flat, se=0.002, kl_correct=0.08 + rng.normal(0, 0.001, steps.size)))
   assert e.reached and e.reason == "flat" and e.points == 13 and e.window_steps == (608, 800)
-  assert e.kl.flat and e.kl_correct.flat and abs(e.kl.high) < e.kl.delta == pytest.approx(0.03, 0.02)
+  assert e.kl.flat and e.kl_correct.flat and abs(e.kl.high) < e.kl.delta == pytest.approx(0.09, 0.02)
   assert e.label.startswith("end state")
-  climbing = D.end_state(_series(steps, flat, se=0.002, kl_correct=np.linspace(0.05, 0.5, steps.size)))
+  rising = np.clip((steps - 608) / 192, 0, 1) * 0.45 + 0.05  # 0.05 -> 0.5 across the window
+  climbing = D.end_state(_series(steps, flat, se=0.002, kl_correct=rising))
   assert climbing.reason == "moving" and climbing.kl.flat and not climbing.kl_correct.flat
   decayed = D.end_state(_series(steps, flat, se=0.002, kl_correct=np.full(steps.size, 0.08)),
                         lr_decay_step=680)
@@ -138,9 +140,9 @@ def test_a_method_pools_its_seeds_and_their_spread_counts():
   pooled = D.pool_trends([trend(c) for c in (0.004, -0.003, 0.006, 0.0, -0.002)])
   assert pooled.flat and pooled.change == pytest.approx(0.001)
   assert pooled.change_se == pytest.approx(np.sqrt(5 * 0.005 ** 2) / 5)  # their own errors
-  apart = D.pool_trends([trend(c) for c in (0.06, -0.06, 0.06, -0.06)])  # mean 0, seeds moving
+  apart = D.pool_trends([trend(c) for c in (0.1, -0.1, 0.1, -0.1)])  # mean 0, seeds moving
   assert apart.change == 0.0 and apart.df == 3 and not apart.flat
-  assert apart.change_se == pytest.approx(np.std([0.06, -0.06] * 2, ddof=1) / 2)
+  assert apart.change_se == pytest.approx(np.std([0.1, -0.1] * 2, ddof=1) / 2)
 
 
 def test_method_end_state_is_undecided_when_a_seed_has_too_few_measurements():
