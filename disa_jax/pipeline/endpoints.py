@@ -9,15 +9,20 @@ metrics.jsonl) and the held-out ones (``exact_heldout/*``, `TrackConfig.heldout`
   divided by the steps it spans: the run's mean KL to the target over training, in nats;
 - ``kl_correct_end``: the conditional KL over the correct answers (``kl_correct``) at the last
   measurement;
-- ``steps_to_p90``: the step where P(correct) first reaches 0.9, linear in the step between the
-  measurements on either side (`dynamics.matched_accuracy`'s interpolation). A run that never
-  reaches it is censored at its last step; a comparison with a censored run on either side is
-  "undecided" (Welch on censored values would measure the budget).
+- ``steps_to_p90``: the step where P(correct) first reaches 0.9, as interval-censored data
+  (`censored.time_to_level`): between the last measurement below the level and the first at or
+  above it; left-censored, in (0, first measured step], for a run already there at its first
+  measurement; right-censored for one that never gets there. The table shows the step
+  interpolated between the measurements on either side (`dynamics.matched_accuracy`), with the
+  censored runs counted apart.
 
-Each declared comparison ``A:B`` is Welch's two-sided test of mean(A) - mean(B) over seeds, per
-endpoint and prompt set; Holm's correction runs over every test of the family (all comparisons x
-endpoints x prompt sets that were tested), and both p-values are reported. A cell's row gives the
-mean and its 95% interval over seeds.
+Each declared comparison ``A:B`` is, for ``kl_auc`` and ``kl_correct_end``, Welch's two-sided test
+of mean(A) - mean(B) over seeds; for ``steps_to_p90``, Gehan's permutation test for
+interval-censored data (`censored.gehan_test`; never a t-test over censored values), its effect
+the share of cross pairs where A's run certainly got there first minus the share where B's did.
+Holm's correction runs over every test of the family (all comparisons x endpoints x prompt sets
+that were tested), and both p-values are reported. A cell's row gives the mean and its 95%
+interval over seeds.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax.pipeline import dynamics, seed_stats
+from disa_jax.pipeline import censored, dynamics, seed_stats
 from disa_jax.workflows.stage3 import ExactSeries
 
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
@@ -87,8 +92,11 @@ def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]
     level: the P(correct) level of ``steps_to_p90``.
 
   Returns:
-    {'kl_auc', 'kl_correct_end', 'steps_to_p90', 'censored' (never reached the level),
-    'measurements', 'first_step', 'last_step'}.
+    {'kl_auc', 'kl_correct_end', 'steps_to_p90' (interpolated; the last step if never reached,
+    the first if already there), 'censored' (never reached the level), 'left_censored' (already
+    there at a first measurement after step 0), 'p90_low', 'p90_high', 'p90_kind' (the
+    `censored.Interval`; high None when never reached), 'measurements', 'first_step',
+    'last_step'}.
   """
   step = np.asarray(series["step"], np.float64)
   if step.size < 2 or np.any(np.diff(step) <= 0):
@@ -97,10 +105,13 @@ def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]
   kl = np.asarray(series["kl_decomposed"], np.float64)
   auc = float(np.sum((kl[1:] + kl[:-1]) / 2.0 * np.diff(step)) / (step[-1] - step[0]))
   crossing = dynamics.matched_accuracy(series, (level,))[f"{level:g}"]  # the interpolated step
-  reach, censored = (float(step[-1]), True) if crossing is None else (crossing["step"], False)
+  reach = float(step[-1]) if crossing is None else crossing["step"]
+  when = censored.time_to_level(step, series["p_correct"], level)
   return {"kl_auc": auc, "kl_correct_end": float(series["kl_correct"][-1]),
-          "steps_to_p90": reach, "censored": censored, "measurements": int(step.size),
-          "first_step": int(step[0]), "last_step": int(step[-1])}
+          "steps_to_p90": reach, "censored": when.kind == "right",
+          "left_censored": when.kind == "left", "p90_low": when.low,
+          "p90_high": None if when.kind == "right" else when.high, "p90_kind": when.kind,
+          "measurements": int(step.size), "first_step": int(step[0]), "last_step": int(step[-1])}
 
 
 def collect(stage3: Mapping[tuple[str, int], Any], run_seeds: Mapping[str, Sequence[int]]
@@ -200,7 +211,8 @@ def step_size_markdown(sec: Mapping[str, Any]) -> list[str]:
 def _cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   """Per endpoint: mean and 95% interval over the seeds' values (n >= 2), or the lone value."""
   out: dict[str, Any] = {"seeds": len(rows),
-                         "censored": int(sum(bool(r["censored"]) for r in rows))}
+                         "censored": int(sum(bool(r["censored"]) for r in rows)),
+                         "left_censored": int(sum(bool(r.get("left_censored")) for r in rows))}
   for e in ENDPOINTS:
     x = [float(r[e]) for r in rows]
     if len(x) >= 2 and len(set(x)) > 1:
@@ -236,7 +248,9 @@ def section(per_run: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
   adjusted = seed_stats.holm([t["p"] for t in tested]) if tested else []
   for t, q in zip(tested, adjusted):
     t["p_holm"] = float(q)
-    t["verdict"] = (("A lower" if t["diff"] < 0 else "A higher") if q < ALPHA else
+    lower, higher = (("A earlier", "A later") if t.get("method") == "gehan" else
+                     ("A lower", "A higher"))
+    t["verdict"] = ((lower if t["diff"] < 0 else higher) if q < ALPHA else
                     f"undecided (Holm p = {q:.3g} >= {ALPHA:g})")
   return {"cells": cells, "tests": tests, "family": len(tested), "alpha": ALPHA,
           "endpoints": list(ENDPOINTS), "p_level": P_LEVEL}
@@ -244,16 +258,19 @@ def section(per_run: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
 
 def _test(ra: Sequence[Mapping[str, Any]], rb: Sequence[Mapping[str, Any]], a: str, b: str,
           endpoint: str, prompt_set: str) -> dict[str, Any]:
-  """One declared test: Welch over seeds, or why it was not run."""
+  """One declared test: Welch over seeds (Gehan's for ``steps_to_p90``), or why it was not run."""
   row: dict[str, Any] = {"a": a, "b": b, "endpoint": endpoint, "set": prompt_set, "p": None,
                          "p_holm": None, "diff": None, "ci_low": None, "ci_high": None,
-                         "n_a": len(ra), "n_b": len(rb)}
+                         "n_a": len(ra), "n_b": len(rb),
+                         "method": "gehan" if endpoint == "steps_to_p90" else "welch"}
   why = None
   if len(ra) < 2 or len(rb) < 2:
-    why = f"{len(ra)} / {len(rb)} seeds (Welch needs >= 2 a side)"
-  elif endpoint == "steps_to_p90" and any(r["censored"] for r in (*ra, *rb)):
-    k = sum(bool(r["censored"]) for r in (*ra, *rb))
-    why = f"{k} of {len(ra) + len(rb)} runs never reached P(correct) {P_LEVEL:g}"
+    why = f"{len(ra)} / {len(rb)} seeds (a test needs >= 2 a side)"
+  elif endpoint == "steps_to_p90":
+    g = censored.gehan_test([_interval(r) for r in ra], [_interval(r) for r in rb])
+    # diff < 0: A got there first (earlier), as for a difference of steps
+    row.update(p=g.p, diff=-g.effect, kinds=[g.kinds_a, g.kinds_b], splits=g.splits)
+    return row
   if why is None:
     try:
       c = seed_stats.welch([r[endpoint] for r in ra], [r[endpoint] for r in rb])
@@ -266,24 +283,43 @@ def _test(ra: Sequence[Mapping[str, Any]], rb: Sequence[Mapping[str, Any]], a: s
   return row
 
 
+def _interval(r: Mapping[str, Any]) -> censored.Interval:
+  """A run's `run_endpoints` steps to the level as a `censored.Interval`."""
+  high = r["p90_high"]
+  return censored.Interval(low=r["p90_low"], high=float("inf") if high is None else high,
+                           kind=r["p90_kind"])
+
+
 def markdown(sec: Mapping[str, Any]) -> list[str]:
-  """The endpoint tables of report.md."""
+  """The endpoint tables of report.md (a section from before issue 62, with Welch on every
+  endpoint, in its own words)."""
+  gehan = any(t.get("method") == "gehan" for t in sec["tests"])
+  tests = ("Welch on kl_auc and kl_correct_end, Gehan's permutation test for interval-censored "
+           "data on steps_to_p90 (diff: minus its effect, the share of cross pairs where A's run "
+           "certainly got there first minus B's), two-sided" if gehan else "Welch, two-sided")
   out = ["## Pre-registered endpoints (docs/preregistration.md)", "",
          f"Means over seeds with 95% intervals; `steps_to_p90` is the step where P(correct) first "
-         f"reaches {sec['p_level']:g} (censored runs counted apart). Tests: Welch, two-sided, Holm "
-         f"over the {sec['family']} tests run.", ""]
+         f"reaches {sec['p_level']:g} (censored runs counted apart). Tests: {tests}, Holm over the "
+         f"{sec['family']} tests run.", ""]
+  left = any("left_censored" in c for cells in sec["cells"].values() for c in cells.values())
   for ps, cells in sec["cells"].items():
     out += [f"### {ps} prompts", "", "| run | seeds | " + " | ".join(sec["endpoints"])
-            + " | censored |", "|---|--:|" + "--:|" * len(sec["endpoints"]) + "--:|"]
+            + (" | never reached / already past |" if left else " | censored |"),
+            "|---|--:|" + "--:|" * len(sec["endpoints"]) + "--:|"]
     for name, c in cells.items():
       vals = [_fmt(c[e]) for e in sec["endpoints"]]
-      out.append(f"| `{name}` | {c['seeds']} | " + " | ".join(vals) + f" | {c['censored']} |")
+      cens = f"{c['censored']} / {c['left_censored']}" if left else f"{c['censored']}"
+      out.append(f"| `{name}` | {c['seeds']} | " + " | ".join(vals) + f" | {cens} |")
     out.append("")
   out += ["| A - B | set | endpoint | diff [95% CI] | p | Holm p | verdict |",
           "|---|---|---|--:|--:|--:|---|"]
   for t in sec["tests"]:
-    diff = ("-" if t["diff"] is None else
-            f"{t['diff']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
+    if t["diff"] is None:
+      diff = "-"
+    elif t.get("method") == "gehan":
+      diff = f"{t['diff']:+.3f} (Gehan)"
+    else:
+      diff = f"{t['diff']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]"
     p = "-" if t["p"] is None else f"{t['p']:.3g}"
     q = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
     out.append(f"| `{t['a']}` - `{t['b']}` | {t['set']} | {t['endpoint']} | {diff} | {p} | {q} "

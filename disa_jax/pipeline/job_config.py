@@ -210,7 +210,10 @@ class TrackConfig:
   answer per prompt for the decomposition's wrong-answer term (0 = from the plain samples;
   `Stage3Config.exact_target`); with ``heldout`` the held-out prompts too (``exact_heldout/*``;
   needs ``heldout.fraction`` > 0); with ``every_before_window`` every that many steps until the
-  end-state window and every ``every`` in it (`cadence`). ``share_prompts`` and ``wrong_decode``:
+  end-state window and every ``every`` in it (`cadence`); with ``start_every`` (issue 62) at step 0
+  (the initial policy) and every that many steps over the first ``start_share`` of the run, then
+  every ``every``, so that a steps-to-level endpoint is rarely left-censored (the two sparser
+  cadences cannot be combined: `ValidationConfig` has two phases). ``share_prompts`` and ``wrong_decode``:
   the tracker's implementation (`ExactTargetConfig`'s fields of those names: the same measures up
   to float32 rounding, 0.41x the seconds per measurement together on the anchor testbed,
   benchmarks/results/exact_tracker_speed_cpu.json)."""
@@ -221,6 +224,8 @@ class TrackConfig:
   every_before_window: int = 0
   share_prompts: bool = False
   wrong_decode: str = "full"
+  start_every: int = 0
+  start_share: float = 0.1
 
   def __post_init__(self):
     if self.every < 0 or self.kl_samples < 2:
@@ -234,13 +239,26 @@ class TrackConfig:
     if self.every_before_window < 0 or (self.every_before_window and not self.every):
       raise ValueError(f"track.every_before_window must be 0 (off), or > 0 with track.every > 0, "
                        f"got {self.every_before_window!r} (track.every={self.every})")
+    if self.start_every < 0 or (self.start_every and not self.every):
+      raise ValueError(f"track.start_every must be 0 (off), or > 0 with track.every > 0, got "
+                       f"{self.start_every!r} (track.every={self.every})")
+    if self.start_every and self.every_before_window:
+      raise ValueError(f"track.start_every={self.start_every} and track.every_before_window="
+                       f"{self.every_before_window} cannot both be set (validation has two "
+                       "cadences: a dense start or a sparse middle)")
+    if not 0 < self.start_share <= 1:
+      raise ValueError(f"track.start_share must be in (0, 1], got {self.start_share!r}")
 
-  def cadence(self, total_steps: int, end_state: EndStateConfig) -> dict[str, int]:
+  def cadence(self, total_steps: int, end_state: EndStateConfig) -> dict[str, int | bool]:
     """Stage 3's ``validation`` fields for a run of ``total_steps``: ``every``, and with
     ``every_before_window`` that sparser cadence until the last multiple of ``every`` at or before
     the start of the end-state window over the measured steps (`EndStateConfig.window_start`), so
-    the window holds the dense measurements only (none, where that leaves no sparse step)."""
-    out = {"every": self.every}
+    the window holds the dense measurements only (none, where that leaves no sparse step); with
+    ``start_every``, step 0 and every ``start_every`` steps up to ``start_share`` of the run."""
+    out: dict[str, int | bool] = {"every": self.every}
+    if self.start_every:
+      until = max(int(round(self.start_share * total_steps)), 1)
+      return out | {"at_start": True, "early_every": self.start_every, "dense_from": until + 1}
     early = self.every_before_window
     if not early:
       return out

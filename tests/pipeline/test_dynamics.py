@@ -236,3 +236,21 @@ def test_without_a_sparse_start_the_cadence_is_every_and_bad_settings_are_refuse
     ValidationConfig(every=8, early_every=48)
   assert [s for s in range(1, 13) if ValidationConfig(every=2).due(s)] == [2, 4, 6, 8, 10, 12]
   assert [s for s in range(1, 13) if ValidationConfig(every=0).due(s)] == []
+
+
+def test_a_dense_start_measures_step_0_and_every_start_every_steps_over_the_first_tenth():
+  """`TrackConfig.start_every` (issue 62): the testbed's cadence, 600 steps tracked every 40."""
+  from disa_jax.pipeline.job_config import TrackConfig
+  from disa_jax.rl.config import ValidationConfig
+  cadence = TrackConfig(every=40, start_every=10).cadence(600, CFG)
+  vc = ValidationConfig(**cadence)
+  steps = [s for s in range(1, 601) if vc.due(s)]
+  assert vc.at_start and steps[:7] == [10, 20, 30, 40, 50, 60, 80] and steps[-1] == 600
+  assert len(steps) + 1 == 21  # step 0 and 20 more: 15 before, +6
+  window = np.asarray([0] + steps)
+  assert window[D.window_mask(window, CFG)].tolist() == [480, 520, 560, 600]  # as before
+  with pytest.raises(ValueError, match=r"start_every=10 and track.every_before_window=80 cannot "
+                                       r"both be set"):
+    TrackConfig(every=40, start_every=10, every_before_window=80)
+  with pytest.raises(ValueError, match=r"track.start_share must be in \(0, 1\], got 0"):
+    TrackConfig(every=40, start_every=10, start_share=0)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs import main as main_config
+from disa_jax.pipeline import censored as CZ
 from disa_jax.pipeline import endpoints as EP
 from disa_jax.pipeline import seed_stats
 from disa_jax.pipeline.job_config import MainConfig
@@ -39,16 +40,28 @@ def test_steps_to_p90_interpolates_the_first_crossing_and_censors_runs_that_neve
   assert crossing["steps_to_p90"] == pytest.approx(15.0) and not crossing["censored"]
   never = EP.run_endpoints(_series([0, 10, 20], [1] * 3, [0.5, 0.8, 0.89]))
   assert never["steps_to_p90"] == 20.0 and never["censored"]
+  assert (crossing["p90_low"], crossing["p90_high"], crossing["p90_kind"]) == (10, 20, "interval")
+  assert (never["p90_low"], never["p90_high"], never["p90_kind"]) == (20, None, "right")
   past = EP.run_endpoints(_series([16, 32], [1] * 2, [0.95, 0.97]))
-  assert past["steps_to_p90"] == 16.0 and not past["censored"]
+  assert past["steps_to_p90"] == 16.0 and not past["censored"] and past["left_censored"]
+  assert (past["p90_low"], past["p90_high"], past["p90_kind"]) == (0, 16, "left")
+  at_start = EP.run_endpoints(_series([0, 16], [1] * 2, [0.95, 0.97]))
+  assert at_start["p90_kind"] == "exact" and not at_start["left_censored"]
   with pytest.raises(ValueError, match=r"increasing steps, got steps \[10, 10\]"):
     EP.run_endpoints(_series([10, 10], [1, 1], [0.5, 0.5]))
 
 
 def _runs(rng, kl_mean, n=5, reach=100.0, censored=()):
-  return [{"kl_auc": kl_mean + 0.05 * rng.normal(), "kl_correct_end": 0.3 + 0.05 * rng.normal(),
-           "steps_to_p90": reach + 5 * rng.normal(), "censored": i in censored, "seed": i}
-          for i in range(n)]
+  out = []
+  for i in range(n):
+    t = reach + 5 * rng.normal()
+    when = (CZ.Interval(200.0, np.inf, "right") if i in censored else
+            CZ.Interval(10 * np.floor(t / 10), 10 * np.floor(t / 10) + 10, "interval"))
+    out.append({"kl_auc": kl_mean + 0.05 * rng.normal(), "kl_correct_end": 0.3 + 0.05 * rng.normal(),
+                "steps_to_p90": t, "censored": i in censored, "left_censored": False,
+                "p90_low": when.low, "p90_high": None if i in censored else when.high,
+                "p90_kind": when.kind, "seed": i})
+  return out
 
 
 def test_the_section_tests_each_declared_pair_and_corrects_over_the_family():
@@ -57,7 +70,7 @@ def test_the_section_tests_each_declared_pair_and_corrects_over_the_family():
                    "d": _runs(rng, 1.0, n=1)}}
   sec = EP.section(per, [("a", "b"), ("a", "c"), ("a", "d")])
   tests = {(t["b"], t["endpoint"]): t for t in sec["tests"]}
-  assert len(sec["tests"]) == 9 and sec["family"] == 5  # a:d not testable, a:c's steps censored
+  assert len(sec["tests"]) == 9 and sec["family"] == 6  # a:d not testable
   kl = tests[("b", "kl_auc")]
   want = seed_stats.welch([r["kl_auc"] for r in per["train"]["a"]],
                           [r["kl_auc"] for r in per["train"]["b"]])
@@ -66,9 +79,9 @@ def test_the_section_tests_each_declared_pair_and_corrects_over_the_family():
   raw = [t["p"] for t in sec["tests"] if t["p"] is not None]
   np.testing.assert_allclose([t["p_holm"] for t in sec["tests"] if t["p"] is not None],
                              seed_stats.holm(raw))
-  assert tests[("c", "steps_to_p90")]["verdict"] == (
-      "undecided (1 of 10 runs never reached P(correct) 0.9)")
-  assert tests[("d", "kl_auc")]["verdict"] == "undecided (5 / 1 seeds (Welch needs >= 2 a side))"
+  steps = tests[("c", "steps_to_p90")]  # a censored run: Gehan's test, not Welch's
+  assert steps["method"] == "gehan" and steps["kinds"][1]["right"] == 1 and steps["p"] > 0.05
+  assert tests[("d", "kl_auc")]["verdict"] == "undecided (5 / 1 seeds (a test needs >= 2 a side))"
   same = tests[("c", "kl_correct_end")]
   assert same["verdict"].startswith("undecided (Holm p = ")  # both at 0.3: no difference shown
   cell = sec["cells"]["train"]["c"]
@@ -76,7 +89,24 @@ def test_the_section_tests_each_declared_pair_and_corrects_over_the_family():
   assert cell["kl_auc"]["ci_low"] < cell["kl_auc"]["mean"] < cell["kl_auc"]["ci_high"]
   assert sec["cells"]["train"]["d"]["kl_auc"]["ci_low"] is None
   md = "\n".join(EP.markdown(sec))
-  assert "| `a` - `b` | train | kl_auc |" in md and "Holm over the 5 tests run" in md
+  assert "| `a` - `b` | train | kl_auc |" in md and "Holm over the 6 tests run" in md
+  assert "Gehan's permutation test" in md and "| never reached / already past |" in md
+
+
+def test_left_censored_runs_are_compared_by_gehans_test_not_welchs():
+  """Every comparator run already past P(correct) 0.9 at its first measurement (step 40, the
+  off-policy reports' pattern): the old Welch test saw five equal values."""
+  steps = [40, 80, 120, 160]
+  disa = [EP.run_endpoints(_series(steps, [1] * 4, p)) for p in
+          ([0.5, 0.95, 0.97, 0.98], [0.6, 0.92, 0.97, 0.98], [0.5, 0.8, 0.91, 0.98],
+           [0.7, 0.93, 0.97, 0.98], [0.5, 0.85, 0.95, 0.98])]
+  fast = [EP.run_endpoints(_series(steps, [1] * 4, [0.93 + 0.01 * i, 0.97, 0.98, 0.99]))
+          for i in range(5)]
+  sec = EP.section({"train": {"disa": disa, "vargrad": fast}}, [("disa", "vargrad")])
+  t = next(t for t in sec["tests"] if t["endpoint"] == "steps_to_p90")
+  assert t["method"] == "gehan" and t["p"] == pytest.approx(2 / 252) and t["diff"] == 1.0
+  assert t["kinds"][1]["left"] == 5 and t["verdict"] == "A later"  # Holm over 3: 0.024
+  assert sec["cells"]["train"]["vargrad"]["left_censored"] == 5
 
 
 def test_declared_pairs_are_checked_against_the_methods():

@@ -50,6 +50,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # (anchor_testbed_offpolicy, _mean) entries were added with every other entry unchanged.
 # The staleness study's seeds 3 and 4 (issue 45: five seeds) were added the same way: its seeds
 # 0-2 and every other preset's entries unchanged.
+# Issue 62's dense start of the testbed's Stage 3 presets (validation.at_start, early_every,
+# dense_from): with exactly those fields reverted every entry hashed as committed; then the five
+# testbed Stage 3 presets' entries were rewritten, every other preset's unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
