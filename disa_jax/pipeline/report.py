@@ -9,8 +9,8 @@ KL (``kl_to_target``, ``kl_mc``) is shown beside it. The claims are built in `pi
 by an equivalence test, their KL below the reward maximisers' and the controls', the configured
 pairs; failures counted by Fisher's exact test, KL compared by Welch's test over the runs that did
 not fail, Holm's correction over the report's tests; "undecided" where nothing could be tested).
-Prop. 4 is reported as numbers (sigma_g, L_TB, L_DISA, the envelope), with a verdict only where its
-two sides are estimated on disjoint prompts and the envelope is tighter than L_TB itself.
+Prop. 4 is reported as numbers (sigma_g, L_TB, L_DISA, the envelope and the gap's share of it),
+never as a verdict: it is a check that cannot fail (`prop4_numbers`).
 
 Each claim is flagged with the end state of the methods it compares: a method is at its end state
 when the primary KL and the conditional KL over correct answers are flat within an equivalence
@@ -226,11 +226,9 @@ def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],
                 results: Mapping[str, EvalResult], anchor: AnchorArtifact, exact: ExactTarget
                 ) -> dict[str, Any] | None:
   """DISA with the fitted anchor against its oracle (the exact log Z; `JobPlan.disa`,
-  `JobPlan.oracle`; the primary KL), and Prop. 4 as a measurement
-  (`anchor.diagnostics.prop4_check`): the loss gap from the anchor's training prompts, the
-  envelope from its held-out prompts. A verdict only where the envelope is below L_TB itself: an
-  envelope at or above the loss bounds the gap by more than the loss, a check that can hardly
-  fail (``verdict`` None, ``verdict_why`` says so)."""
+  `JobPlan.oracle`; the primary KL), and Prop. 4 as numbers (`anchor.diagnostics.prop4_check`,
+  `prop4_numbers`): the loss gap from the anchor's training prompts, the envelope from its
+  held-out prompts."""
   disa, oracle = plan.disa, plan.oracle
   if not (disa and oracle) or not {disa, oracle} <= set(evals):
     return None
@@ -245,23 +243,29 @@ def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],
   eta = np.asarray([g[p] - log_z[p] for p in pids])
   r_mean, r_sq = task.exact.per_prompt_values("kl_mc"), task.exact.per_prompt_values("tb_sq")
   is_held = np.asarray([p in held for p in pids])
-  check = prop4_verdict(dataclasses.asdict(prop4_check(eta[~is_held], r_mean[~is_held],
+  check = prop4_numbers(dataclasses.asdict(prop4_check(eta[~is_held], r_mean[~is_held],
                                                         r_sq[~is_held], eta[is_held])))
   kl = lambda m: evals[m][D.PRIMARY]
   return {"kl_disa": kl(disa), "kl_disa_exact": kl(oracle),
           "kl_gap": kl(disa) - kl(oracle), "kl_metric": D.PRIMARY, **check}
 
 
-def prop4_verdict(check: dict[str, Any]) -> dict[str, Any]:
-  """`prop4_check`'s numbers (as a dict) with its verdict kept only where the held-out envelope
-  is below L_TB (else None), and ``verdict_why`` saying why there is none."""
-  why = None
-  if check["verdict"] is None:
-    why = "no held-out prompts, so no independent check"
-  elif not check["envelope"] < check["loss_tb"]:
-    why = (f"the envelope {check['envelope']:.4f} is not below L_TB = {check['loss_tb']:.4f}: the "
-           "bound is looser than the loss itself")
-  return check | {"verdict": None if why else check["verdict"], "verdict_why": why}
+PROP4_NO_VERDICT = (
+    "no verdict: a check that cannot fail. L_DISA here is L_TB + mean(2 eta E[R] + eta^2) from the "
+    "same residual moments, so |L_DISA - L_TB| <= sigma_g^2 + 2 sigma_g sqrt(L_TB) is "
+    "Cauchy-Schwarz, true by construction; with sigma_g from the held-out prompts it could fail "
+    "only if they fit much better than the training prompts (a test of the anchor's fit, not of "
+    "Prop. 4). Before issue 62 it 'held' at a gap of 0.15 against an envelope of 3.19 "
+    "(anchor_testbed_rl). The gap's share of the envelope is the number to read")
+
+
+def prop4_numbers(check: dict[str, Any]) -> dict[str, Any]:
+  """`prop4_check`'s numbers (as a dict) with the gap's share of the held-out envelope
+  (``gap_over_envelope``; NaN without held-out prompts) and no verdict (``verdict`` None,
+  ``verdict_why`` = `PROP4_NO_VERDICT`)."""
+  env = check["envelope"]
+  share = check["loss_gap"] / env if np.isfinite(env) and env > 0 else float("nan")
+  return check | {"verdict": None, "verdict_why": PROP4_NO_VERDICT, "gap_over_envelope": share}
 
 
 def _regime(plan: JobPlan, dyn: Dynamics) -> dict[str, Any]:

@@ -159,9 +159,13 @@ def nstudy_md(ns: dict | None) -> list[str]:
 def anchor_gap_md(gap: dict | None) -> list[str]:
   if gap is None:
     return []
+  share = ("" if "gap_over_envelope" not in gap else
+           f" (the gap is {gap['gap_over_envelope']:.3g} of it)")
   check = (f"|L_DISA - L_TB| (training prompts) = {gap['loss_gap']:.4f} against the envelope with "
-           f"the held-out sigma_g, {gap['envelope']:.4f}: " + (
-               gap["verdict"] if gap["verdict"] is not None else f"no verdict ({gap['verdict_why']})"))
+           f"the held-out sigma_g, {gap['envelope']:.4f}{share}: " + (
+               gap["verdict"] if gap["verdict"] is not None else f"{gap['verdict_why']}"
+               if gap["verdict_why"].startswith("no verdict") else
+               f"no verdict ({gap['verdict_why']})"))
   return ["## The anchor's error: DISA against the oracle (Prop. 4)", "",
           f"- KL(pi ‖ pi~), decomposed: DISA (fitted anchor) {gap['kl_disa']:.3f}, disa_exact (exact log Z) "
           f"{gap['kl_disa_exact']:.3f}: gap {gap['kl_gap']:+.3f} nats",

@@ -196,18 +196,25 @@ def test_build_claims_makes_each_claim_once_and_corrects_them_together():
     C.claim(ev, "x", {}, ())
 
 
-def test_the_prop4_verdict_needs_an_envelope_below_the_loss():
-  check = {"loss_tb": 3.04, "envelope": 4.06, "loss_gap": 0.26, "verdict": "holds"}
-  loose = R.prop4_verdict(check)  # the issue's numbers: the bound exceeds L_TB itself
-  assert loose["verdict"] is None and "not below L_TB = 3.0400" in loose["verdict_why"]
-  tight = R.prop4_verdict(check | {"envelope": 0.5, "loss_gap": 0.7, "verdict": "violated"})
-  assert tight["verdict"] == "violated" and tight["verdict_why"] is None
-  held_none = R.prop4_verdict(check | {"envelope": float("nan"), "verdict": None})
-  assert held_none["verdict"] is None and "no held-out prompts" in held_none["verdict_why"]
+def test_prop4_is_numbers_never_a_verdict_that_cannot_fail():
+  """Issue 62, item 8: the envelope 'held' at a gap of 0.15 against 3.19 (anchor_testbed_rl); it
+  is Cauchy-Schwarz on the same moments, so no verdict, and the gap's share of the envelope."""
+  check = {"loss_tb": 11.72, "envelope": 3.19, "loss_gap": 0.15, "verdict": "holds"}
+  out = R.prop4_numbers(check)
+  assert out["verdict"] is None and "cannot fail" in out["verdict_why"]
+  assert out["gap_over_envelope"] == pytest.approx(0.15 / 3.19)
+  assert np.isnan(R.prop4_numbers(check | {"envelope": float("nan"), "verdict": None})[
+      "gap_over_envelope"])
   md = "\n".join(MD.anchor_gap_md({"kl_disa": 0.3, "kl_disa_exact": 0.2, "kl_gap": 0.1,
                                     "sigma_g_train": 0.5, "loss_disa": 3.3,
-                                    "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | loose))
-  assert "no verdict (the envelope 4.0600 is not below L_TB" in md and "decomposed" in md
+                                    "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | out))
+  assert "(the gap is 0.047 of it): no verdict: a check that cannot fail" in md
+  old = {"loss_tb": 3.04, "envelope": 4.06, "loss_gap": 0.26, "verdict": None,
+         "verdict_why": "the envelope 4.0600 is not below L_TB = 3.0400"}  # a committed report's
+  old_md = "\n".join(MD.anchor_gap_md({"kl_disa": 0.3, "kl_disa_exact": 0.2, "kl_gap": 0.1,
+                                        "sigma_g_train": 0.5, "loss_disa": 3.3,
+                                        "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | old))
+  assert "4.0600: no verdict (the envelope 4.0600 is not below L_TB" in old_md
   ins = R.instrument(R.D.EndStateConfig())
   assert ins["primary_metric"] == "kl_decomposed" and ins["correction"] == "holm"
 
