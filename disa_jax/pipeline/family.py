@@ -1,0 +1,209 @@
+"""One Holm family across several reports (issue 62, item 4).
+
+A report corrects over its own tests (`endpoints.section`: Holm over the report's family). A
+paragraph that draws on several reports needs one family over every test it draws on, declared
+before reading the corrected verdicts. The declaration is a table in docs/preregistration.md
+between ``<!-- family: NAME -->`` and ``<!-- end family -->``::
+
+  | report | comparison | endpoint | set |
+  |---|---|---|---|
+  | anchor_testbed_rl | disa:disa_exact | * | * |
+
+one row per (report under the reports directory, without ``.json``; a declared comparison 'A:B' of
+its ``endpoints`` section; an endpoint; a prompt set), ``*`` for every endpoint / set the report
+tested. `family_tests` matches every row to the report's tests (a row that matches none, or a test
+matched twice, is an error naming the row); `decide` runs Holm over the family's raw p-values and
+gives each test its verdict under the one family beside the report's own.
+
+A ``steps_to_p90`` test that a report from before issue 62 decided by Welch over interpolated
+steps is flagged when a run of either side was already past the level at its first measurement
+(left-censored: the report's ``matched_accuracy_runs``, training prompts; the held-out prompts'
+runs are not in the report, so a held-out test is flagged when the same comparison's training runs
+are): its raw p is no valid test, it stays in the family (which only makes the others' correction
+stricter) and it reads "not shown (left-censored: ...)".
+
+Regenerate the README decision paragraph's family table with::
+
+  python -m disa_jax.pipeline.family --family readme_decision --out docs/reports/family_readme_decision
+
+(reads docs/preregistration.md and docs/reports/; writes ``<out>.json`` and ``<out>.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from disa_jax.pipeline import seed_stats
+
+ALPHA = 0.05
+COLUMNS = ("report", "comparison", "endpoint", "set")
+LEVEL = "0.9"  # the level of ``steps_to_p90`` in ``matched_accuracy_runs``
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+  """One row of a declared family (``*``: every endpoint / set the report tested)."""
+  report: str
+  comparison: str
+  endpoint: str
+  set: str
+  line: int
+
+
+def parse_family(text: str, name: str, where: str = "docs/preregistration.md") -> list[Declared]:
+  """The rows of family ``name`` declared in ``text`` (`Declared`, in order)."""
+  start = re.search(rf"^<!-- family: {re.escape(name)} -->\s*$", text, re.M)
+  if start is None:
+    raise ValueError(f"{where}: no family {name!r} (a '<!-- family: {name} -->' line)")
+  end = text.find("<!-- end family -->", start.end())
+  if end < 0:
+    raise ValueError(f"{where}: family {name!r} has no '<!-- end family -->' line")
+  first_line = text.count("\n", 0, start.end()) + 2
+  rows, header = [], None
+  for i, line in enumerate(text[start.end():end].strip("\n").splitlines()):
+    cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+    if not line.strip() or set("".join(cells)) <= set("-: "):
+      continue
+    if header is None:
+      header = tuple(c.lower() for c in cells)
+      if header != COLUMNS:
+        raise ValueError(f"{where}:{first_line + i}: family {name!r} needs the columns {COLUMNS}, "
+                         f"got {header}")
+      continue
+    if len(cells) != 4 or not all(cells) or ":" not in cells[1]:
+      raise ValueError(f"{where}:{first_line + i}: a row needs a report, a comparison 'A:B', an "
+                       f"endpoint and a set ('*' for all), got {line.strip()!r}")
+    rows.append(Declared(*cells, line=first_line + i))
+  if not rows:
+    raise ValueError(f"{where}: family {name!r} declares no test")
+  return rows
+
+
+def _left_censored(report: Mapping[str, Any], a: str, b: str) -> dict[str, int]:
+  """Per side, the runs already past P(correct) 0.9 at their first training measurement."""
+  runs = report.get("matched_accuracy_runs", {})
+  count = lambda m: sum(1 for v in runs.get(m, {}).values()
+                        if v.get(LEVEL) is not None and v[LEVEL]["already_past"])
+  return {a: count(a), b: count(b)}
+
+
+def family_tests(rows: Sequence[Declared], reports: Mapping[str, Mapping[str, Any]]
+                 ) -> list[dict[str, Any]]:
+  """Every test the rows declare, from the reports (report name -> report.json), in row order:
+  the report's own row (raw and Holm p, verdict) with ``report`` and, for a ``steps_to_p90`` test
+  decided by Welch, ``left_censored`` (per side; see the module docstring)."""
+  out: list[dict[str, Any]] = []
+  seen: dict[tuple, int] = {}
+  for row in rows:
+    rep = reports.get(row.report)
+    if rep is None:
+      raise ValueError(f"family row {row.line}: no report {row.report!r} (have {sorted(reports)})")
+    a, _, b = row.comparison.partition(":")
+    tests = rep.get("endpoints", {}).get("tests", [])
+    hit = [t for t in tests if (t["a"], t["b"]) == (a, b) and t["p"] is not None
+           and row.endpoint in ("*", t["endpoint"]) and row.set in ("*", t["set"])]
+    if not hit:
+      raise ValueError(f"family row {row.line}: report {row.report!r} has no tested "
+                       f"{row.comparison} / {row.endpoint} / {row.set}")
+    for t in hit:
+      key = (row.report, a, b, t["endpoint"], t["set"])
+      if key in seen:
+        raise ValueError(f"family row {row.line}: {key} is already in the family (row "
+                         f"{seen[key]})")
+      seen[key] = row.line
+      entry = {"report": row.report, **t}
+      if t["endpoint"] == "steps_to_p90" and t.get("method", "welch") == "welch":
+        entry["left_censored"] = _left_censored(rep, a, b)
+      out.append(entry)
+  return out
+
+
+def _verdict(t: Mapping[str, Any], q: float, alpha: float) -> str:
+  past = t.get("left_censored") or {}
+  if any(past.values()):
+    sides = ", ".join(f"{m} {k}" for m, k in past.items())
+    return f"not shown (left-censored runs at the first measurement: {sides}; Welch invalid)"
+  if q >= alpha:
+    return f"not shown (Holm p = {q:.3g} >= {alpha:g})"
+  lower, higher = (("A earlier", "A later") if t.get("method") == "gehan" else
+                   ("A lower", "A higher"))
+  return lower if t["diff"] < 0 else higher
+
+
+def decide(tests: Sequence[Mapping[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
+  """Holm over the family's raw p-values; each test with ``p_family`` (its adjusted p),
+  ``verdict_family``, ``flipped`` (the family's verdict differs from the report's own in whether a
+  difference is shown) and ``flip_cause`` ('holm': the family's correction; 'censoring': a
+  left-censored Welch test the family's correction alone would have kept; None)."""
+  adjusted = seed_stats.holm([t["p"] for t in tests])
+  out = []
+  for t, q in zip(tests, adjusted):
+    v = _verdict(t, float(q), alpha)
+    shown_alone = t["p_holm"] is not None and t["p_holm"] < alpha
+    flipped = shown_alone != (not v.startswith("not shown"))
+    cause = None if not flipped else ("holm" if q >= alpha or not shown_alone else "censoring")
+    out.append(dict(t) | {"p_family": float(q), "verdict_family": v, "flipped": flipped,
+                          "flip_cause": cause})
+  return out
+
+
+def markdown(name: str, decided: Sequence[Mapping[str, Any]]) -> list[str]:
+  """The family's table: every test, its report's verdict and the family's."""
+  cause = lambda c: sum(t["flip_cause"] == c for t in decided)
+  out = [f"Family `{name}` (docs/preregistration.md): Holm over {len(decided)} tests from "
+         f"{len({t['report'] for t in decided})} reports; "
+         f"{sum(t['flipped'] for t in decided)} verdicts differ from their report's own "
+         f"(per-report Holm): {cause('holm')} by the one family's correction, "
+         f"{cause('censoring')} more by left-censoring (Welch over runs already past the level).",
+         "",
+         "| report | A - B | endpoint | set | diff | p | Holm p (report) | report's verdict | "
+         "Holm p (family) | family's verdict |", "|---|---|---|---|--:|--:|--:|---|--:|---|"]
+  for t in decided:
+    mark = " **(changed)**" if t["flipped"] else ""
+    out.append(f"| {t['report']} | `{t['a']}` - `{t['b']}` | {t['endpoint']} | {t['set']} | "
+               f"{t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['verdict']} | "
+               f"{t['p_family']:.3g} | {t['verdict_family']}{mark} |")
+  return out
+
+
+def run(prereg: Path, name: str, reports_dir: Path) -> dict[str, Any]:
+  """The family ``name`` declared in ``prereg``, decided over the reports in ``reports_dir``."""
+  rows = parse_family(prereg.read_text(), name, str(prereg))
+  reports = {}
+  for r in dict.fromkeys(row.report for row in rows):
+    path = reports_dir / f"{r}.json"
+    if not path.is_file():
+      raise ValueError(f"family {name!r}: no report {path}")
+    reports[r] = json.loads(path.read_text())
+  decided = decide(family_tests(rows, reports))
+  return {"family": name, "declared_in": prereg.name, "alpha": ALPHA, "tests": decided,
+          "size": len(decided), "flipped": sum(t["flipped"] for t in decided),
+          "flipped_by_holm": sum(t["flip_cause"] == "holm" for t in decided)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--family", required=True)
+  parser.add_argument("--prereg", type=Path, default=Path("docs/preregistration.md"))
+  parser.add_argument("--reports", type=Path, default=Path("docs/reports"))
+  parser.add_argument("--out", type=Path, help="path stem: writes <out>.json and <out>.md")
+  args = parser.parse_args(argv)
+  try:
+    result = run(args.prereg, args.family, args.reports)
+  except ValueError as e:
+    parser.exit(2, f"error: {e}\n")
+  md = "\n".join(markdown(args.family, result["tests"])) + "\n"
+  if args.out is not None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(md)
+  print(md, end="")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
