@@ -97,18 +97,16 @@ class GehanTest:
     p: the two-sided permutation p-value.
     splits: the splits it was computed over.
     exact: every split (True) or seeded random ones.
-    n_a, n_b: runs per side.
-    kinds_a, kinds_b: per side, how many runs of each censoring kind.
+    sizes: runs per side (A, B).
+    kinds: per side, how many runs of each censoring kind.
   """
   u: float
   effect: float
   p: float
   splits: int
   exact: bool
-  n_a: int
-  n_b: int
-  kinds_a: dict[str, int]
-  kinds_b: dict[str, int]
+  sizes: tuple[int, int]
+  kinds: tuple[dict[str, int], dict[str, int]]
 
 
 def gehan_test(a: Sequence[Interval], b: Sequence[Interval], *, max_exact: int = 200_000,
@@ -141,5 +139,5 @@ def gehan_test(a: Sequence[Interval], b: Sequence[Interval], *, max_exact: int =
     exact, count = False, draws + 1
   p = float(np.mean(np.abs(sums) >= abs(u) - 1e-9))
   kinds = lambda side: {k: sum(x.kind == k for x in side) for k in KINDS}
-  return GehanTest(u=u, effect=u / (na * nb), p=p, splits=count, exact=exact, n_a=na, n_b=nb,
-                   kinds_a=kinds(a), kinds_b=kinds(b))
+  return GehanTest(u=u, effect=u / (na * nb), p=p, splits=count, exact=exact, sizes=(na, nb),
+                   kinds=(kinds(a), kinds(b)))

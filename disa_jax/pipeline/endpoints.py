@@ -269,7 +269,7 @@ def _test(ra: Sequence[Mapping[str, Any]], rb: Sequence[Mapping[str, Any]], a: s
   elif endpoint == "steps_to_p90":
     g = censored.gehan_test([_interval(r) for r in ra], [_interval(r) for r in rb])
     # diff < 0: A got there first (earlier), as for a difference of steps
-    row.update(p=g.p, diff=-g.effect, kinds=[g.kinds_a, g.kinds_b], splits=g.splits)
+    row.update(p=g.p, diff=-g.effect, kinds=list(g.kinds), splits=g.splits)
     return row
   if why is None:
     try:
