@@ -137,9 +137,9 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
   gap = report.anchor_gap
   assert gap["loss_gap"] <= gap["envelope_same_sample"] + 1e-9 and gap["sigma_g_train"] > 0
-  # val_fraction 0.3: held-out prompts exist; a verdict only where the envelope is below L_TB
-  assert gap["verdict"] in ("holds", "violated", None)
-  assert (gap["verdict"] is None) == (not gap["envelope"] < gap["loss_tb"])
+  # val_fraction 0.3: held-out prompts exist; Prop. 4 as numbers, never a verdict (issue 62)
+  assert gap["verdict"] is None and "cannot fail" in gap["verdict_why"]
+  assert gap["gap_over_envelope"] == pytest.approx(gap["loss_gap"] / gap["envelope"])
   study = report.anchor_study
   md = (tmp_path / "report.md").read_text()
   assert report.dir == tmp_path and report.markdown() == md

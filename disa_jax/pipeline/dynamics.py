@@ -158,8 +158,9 @@ def wls_change(steps: np.ndarray, values: np.ndarray, se: np.ndarray | None = No
   explain the scatter, tau^2 = 0 and the change's error comes from them alone. With ``serial``
   'ar1' consecutive measurements may be correlated (the policy wanders slowly between them): r,
   the residuals' lag-1 autocorrelation (`_lag1`), gives an effective sample size
-  n_eff = n (1 - r) / (1 + r), the degrees of freedom n_eff - 2 (rounded down, at least 1) and the standard
-  error inflated by sqrt((n - 2) / (n_eff - 2)) (Santer et al. 2000, J. Geophys. Res. 105(D6)).
+  n_eff = n (1 - r) / (1 + r), the degrees of freedom n_eff - 2 (rounded down, at least 1) and
+  the standard error inflated by sqrt((n - 2) / (n_eff - 2)) (Santer et al. 2000, J. Geophys.
+  Res. 105(D6)).
 
   Args:
     steps: ``[n]`` distinct measurement steps (n >= 3).
@@ -207,8 +208,8 @@ def equivalence(change: np.ndarray, se: np.ndarray, df: np.ndarray | float, leve
                 cfg: EndStateConfig) -> dict[str, np.ndarray]:
   """The equivalence verdict of changes ``change`` +- ``se`` (``df`` degrees of freedom) of curves
   whose line's mean level over the window is ``level`` (elementwise): the ``cfg.level`` interval
-  [low, high], the margin delta (`EndStateConfig.delta`) and 'flat' (the interval inside (-delta, delta)), 'moving' (entirely outside it) or
-  'unresolved' (neither)."""
+  [low, high], the margin delta (`EndStateConfig.delta`) and 'flat' (the interval inside
+  (-delta, delta)), 'moving' (entirely outside it) or 'unresolved' (neither)."""
   change, se, level = (np.asarray(v, np.float64) for v in (change, se, level))
   df = np.broadcast_to(np.asarray(df, np.float64), change.shape)
   q = 0.5 + cfg.level / 2.0

@@ -1,5 +1,5 @@
-"""The end-state rule's error rates by simulation (issue 62, item 2): how often `dynamics.end_state`'s
-rule calls a simulated curve flat, moving or unresolved.
+"""The end-state rule's error rates by simulation (issue 62, item 2): how often the rule of
+`dynamics.end_state` calls a simulated curve flat, moving or unresolved.
 
 Each scenario is a curve over the end-state window of the default job (`WINDOW`: measurements
 every 16 steps at steps 672..880, the window of configs/main.py's default preset) plus noise of
@@ -136,7 +136,8 @@ def markdown(rep: dict[str, Any]) -> list[str]:
   r = rep["rule"]
   out = [f"End-state rule by simulation ({rep['draws']} draws per scenario, seed {rep['seed']}; "
          f"window steps {rep['steps'][0]}..{rep['steps'][-1]}, {len(rep['steps'])} measurements; "
-         f"margin max({r['delta_rel']:g} x level, {r['delta_abs']:g}), {r['level']:.0%} interval, serial correlation '{r['serial']}'). "
+         f"margin max({r['delta_rel']:g} x level, {r['delta_abs']:g}), {r['level']:.0%} "
+         f"interval, serial correlation '{r['serial']}'). "
          "Old rule: max(0.02, 0.1 x level), independent measurements.", "",
          "| level (nats) | fall | shape | noise SD | rho | flat | moving | unresolved | "
          "old rule: flat |", "|--:|--:|---|--:|--:|--:|--:|--:|--:|"]

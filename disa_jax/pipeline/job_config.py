@@ -213,8 +213,8 @@ class TrackConfig:
   end-state window and every ``every`` in it (`cadence`); with ``start_every`` (issue 62) at step 0
   (the initial policy) and every that many steps over the first ``start_share`` of the run, then
   every ``every``, so that a steps-to-level endpoint is rarely left-censored (the two sparser
-  cadences cannot be combined: `ValidationConfig` has two phases). ``share_prompts`` and ``wrong_decode``:
-  the tracker's implementation (`ExactTargetConfig`'s fields of those names: the same measures up
+  cadences cannot be combined: `ValidationConfig` has two phases). ``share_prompts`` and
+  ``wrong_decode``: the tracker's implementation (`ExactTargetConfig`'s fields of those names: the same measures up
   to float32 rounding, 0.41x the seconds per measurement together on the anchor testbed,
   benchmarks/results/exact_tracker_speed_cpu.json)."""
   every: int = 100

@@ -57,7 +57,8 @@ def _runs(rng, kl_mean, n=5, reach=100.0, censored=()):
     t = reach + 5 * rng.normal()
     when = (CZ.Interval(200.0, np.inf, "right") if i in censored else
             CZ.Interval(10 * np.floor(t / 10), 10 * np.floor(t / 10) + 10, "interval"))
-    out.append({"kl_auc": kl_mean + 0.05 * rng.normal(), "kl_correct_end": 0.3 + 0.05 * rng.normal(),
+    out.append({"kl_auc": kl_mean + 0.05 * rng.normal(),
+                "kl_correct_end": 0.3 + 0.05 * rng.normal(),
                 "steps_to_p90": t, "censored": i in censored, "left_censored": False,
                 "p90_low": when.low, "p90_high": None if i in censored else when.high,
                 "p90_kind": when.kind, "seed": i})
