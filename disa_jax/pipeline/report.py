@@ -295,6 +295,9 @@ def instrument(end_state: D.EndStateConfig) -> dict[str, Any]:
           "end_state": dataclasses.asdict(end_state),
           "collapse_entropy_fraction": C.COLLAPSE_ENTROPY_FRACTION,
           "divergence_factor": C.DIVERGENCE_FACTOR,
+          "endpoint_tests": {"kl_auc": "welch", "kl_correct_end": "welch",
+                             "steps_to_p90": "gehan (interval-censored, permutation)"},
+          "prop4": "numbers only (a check that cannot fail)",
           "seeds": "independent per run and Stage 3 seed (pipeline.seeds)"}
 
 

@@ -217,6 +217,7 @@ def test_prop4_is_numbers_never_a_verdict_that_cannot_fail():
   assert "4.0600: no verdict (the envelope 4.0600 is not below L_TB" in old_md
   ins = R.instrument(R.D.EndStateConfig())
   assert ins["primary_metric"] == "kl_decomposed" and ins["correction"] == "holm"
+  assert ins["endpoint_tests"]["steps_to_p90"].startswith("gehan") and ins["end_state"]["serial"]
 
 
 def _plan(methods, label_scale="sum", compare=()):
