@@ -378,7 +378,10 @@ TESTBED_STEPS = 600  # Stage 3 steps per run: the oracle pilot's, which ended at
 TESTBED_TRACK = 40  # 15 measurements per run, training and held-out prompts
 # Issue 62: and at step 0 and every 10 steps over the first 10% (steps 0..60: +6 measurements), so
 # that steps to P(correct) 0.9 is interval-censored, not left-censored at step 40 (the off-policy
-# reports: 7 of 15 sum-scale and 11 of 15 mean-scale comparator runs were past it there).
+# reports: 7 of 15 sum-scale and 11 of 15 mean-scale comparator runs were past it there). Cost,
+# estimated from the tracker's 5.35 s per measurement of the 128 training prompts
+# (benchmarks/results/exact_tracker_speed_cpu.json) and the 32 held-out ones: ~40 s per run, against
+# runs of 288-373 s (not yet measured).
 TESTBED_START_EVERY = 10
 
 
