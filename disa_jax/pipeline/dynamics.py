@@ -52,9 +52,7 @@ PRIMARY, PRIMARY_SE = "kl_decomposed", "kl_decomposed_se"  # the KL every verdic
 CONDITIONAL = "kl_correct"  # exact over the correct set: no Monte Carlo error
 _BISECTIONS = 60
 RHO_MAX = 0.9  # the largest lag-1 autocorrelation the standard error allows for
-
-
-SERIAL = ("ar1", "none")
+SERIAL = ("ar1", "none")  # `EndStateConfig.serial`
 
 
 @dataclasses.dataclass(frozen=True)
