@@ -219,12 +219,12 @@ def _worker_main(spec: _WorkerSpec) -> None:
   known_names = {spec.ctl_name, spec.req_name, spec.res_name}
   req = shm.ShmRing.attach(spec.req_name)
   res = shm.ShmRing.attach(spec.res_name)
-  ctl.pid, ctl.heartbeat = os.getpid(), time.time()
+  ctl.pid, ctl.heartbeat = os.getpid(), time.monotonic()
   ctl.state = _CTL.ATTACHED
 
   def watchdog():
     while True:
-      ctl.heartbeat = time.time()
+      ctl.heartbeat = time.monotonic()  # system-wide on Linux: the trainer reads the same clock
       if os.getppid() != spec.parent_pid or not shm._pid_alive(spec.parent_pid):  # pylint: disable=protected-access
         for name in list(known_names):
           shm.unlink_segment(name)
@@ -416,7 +416,7 @@ class RemoteEngine:
     if not self._proc.is_alive():
       raise GenerationProcessError(f"{self.kind} generation process (pid {self._proc.pid}) died "
                                    f"with exit code {self._proc.exitcode}")
-    age = time.time() - self._ctl.heartbeat
+    age = time.monotonic() - self._ctl.heartbeat  # a wall-clock step changes nothing
     if age > self.heartbeat_timeout_s:
       raise GenerationProcessHung(f"{self.kind} generation process (pid {self._proc.pid}) is hung: no "
                          f"heartbeat for {age:.1f} s (heartbeat_timeout_s="
