@@ -59,6 +59,7 @@ def test_a_killed_process_is_named_by_the_survivor_within_seconds(tmp_path, lost
     took = time.monotonic() - t0
   finally:
     _stop_all(procs)
+  print(f"process {lost} SIGKILLed: process {1 - lost} exited after {took:.1f} s")  # (docs/cluster.md)
   lines = [l for l in err.splitlines() if l.startswith("error: ")]
   assert survivor.returncode == peer_watch.EXIT_CODE, err[-3000:]
   assert took <= 20.0, f"the survivor took {took:.1f} s"
@@ -78,8 +79,9 @@ def test_a_hung_process_is_named_after_the_heartbeat_timeout(tmp_path):
   finally:
     os.kill(procs[1].pid, signal.SIGCONT)
     _stop_all(procs)
+  print(f"process 1 stopped (SIGSTOP), timeout 4 s: process 0 exited after {took:.1f} s")
   assert procs[0].returncode == peer_watch.EXIT_CODE, err[-3000:]
-  assert 3.5 <= took <= 15.0, took
+  assert 2.5 <= took <= 15.0, took  # silence counts from the last byte heard (<= 1 s before)
   assert err.rstrip().splitlines()[-1].startswith(
       f"error: process 1 of 2 (host {os.uname().nodename}, pid {pids[1]}) is lost: nothing heard "
       "from it for 4."), err[-3000:]
