@@ -75,6 +75,10 @@ MISTAKES = [
     ("multihost-bad-variable", "multihost", ["launch.train", S3],
      {"DISA_COORDINATOR": "localhost:1", "DISA_NUM_PROCESSES": "two", "DISA_PROCESS_ID": "0"},
      ["DISA_NUM_PROCESSES='two' is not an integer"]),
+    ("multihost-bad-heartbeat", "multihost", ["launch.train", S3],
+     {"DISA_COORDINATOR": "localhost:1", "DISA_NUM_PROCESSES": "2", "DISA_PROCESS_ID": "0",
+      "DISA_HEARTBEAT_TIMEOUT_S": "soon"},
+     ["DISA_HEARTBEAT_TIMEOUT_S='soon' must be a number of seconds > 2"]),
 ]
 # NaN / +-inf in a float of every stage's config, typed or in an open section (`engine.vllm_kwargs`
 # took them until `config.refuse_nonfinite`): one line naming the dotted field and the value.
