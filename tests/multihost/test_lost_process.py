@@ -87,6 +87,18 @@ def test_a_hung_process_is_named_after_the_heartbeat_timeout(tmp_path):
       "from it for 4."), err[-3000:]
 
 
+def test_a_process_stopped_by_an_error_is_named_by_the_others(tmp_path):
+  procs, pids = _start(tmp_path, DISA_TEST_FAIL_PROCESS="1")
+  try:
+    _, err = procs[0].communicate(timeout=60)
+  finally:
+    _stop_all(procs)
+  assert procs[0].returncode == peer_watch.EXIT_CODE, err[-3000:]
+  assert err.rstrip().splitlines()[-1].startswith(
+      f"error: process 1 of 2 (host {os.uname().nodename}, pid {pids[1]}) is lost: its program "
+      "stopped with an error"), err[-3000:]
+
+
 def test_processes_that_end_normally_are_not_stopped(tmp_path):
   procs, _ = _start(tmp_path)
   try:
