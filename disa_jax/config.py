@@ -4,9 +4,11 @@ Every entry point reads an `ml_collections` config file and converts its ConfigD
 `from_mapping`, into a tree of frozen dataclasses: the Stage 1 / 2 / 3 / evaluation / SFT workflow
 configs, the main job's config and the Stage 3 `TrainConfig`. The conversion refuses unknown and
 missing fields, converts lists to tuples, coerces ints to floats where a float is declared, refuses
-NaN and +-inf in every float field (no field gives infinity a meaning, and a range check written as
-a comparison lets NaN through: ``lr=inf`` and ``weight_decay=nan`` were accepted), and names the
-dotted field in every error; each dataclass then validates its own values in ``__post_init__``, so
+NaN and +-inf in every float of every stage's config (`refuse_nonfinite`: typed fields, and the
+values of open sections such as ``engine.vllm_kwargs`` / ``jax_kwargs`` and a run's
+``overrides``; no field gives infinity a meaning, and a range check written as a comparison lets NaN
+through: ``lr=inf`` and ``weight_decay=nan`` were accepted), and names the dotted field in every
+error; each dataclass then validates its own values in ``__post_init__``, so
 nothing downstream re-checks them.
 
 A field whose type defines ``from_config(value, where)`` (a classmethod) is built by it: this is
@@ -88,9 +90,24 @@ def _optional_inner(hint: Any) -> Any | None:
   return None
 
 
+def refuse_nonfinite(value: Any, key: str) -> None:
+  """Refuses NaN and +-inf anywhere in a plain value (a float, or one inside lists, tuples and
+  mappings: the open sections such as ``engine.vllm_kwargs``), naming the dotted field."""
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ValueError(f"{key} must be a finite number, got {value!r}")
+  if isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      refuse_nonfinite(v, f"{key}[{i}]")
+  elif isinstance(value, Mapping):
+    for k, v in value.items():
+      refuse_nonfinite(v, f"{key}.{k}")
+
+
 def _convert(hint: Any, value: Any, key: str) -> Any:
   """Converts one field value to its declared type (see module docstring)."""
   value = _to_plain(value)
+  if not dataclasses.is_dataclass(value):
+    refuse_nonfinite(value, key)  # every float, typed or in an open section (one check for all)
   inner = _optional_inner(hint)
   if inner is not None:
     return None if value is None else _convert(inner, value, key)
@@ -119,8 +136,6 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
       value = float(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
       raise ValueError(f"{key} must be {hint.__name__}, got {value!r}")
-    if hint is float and not math.isfinite(value):
-      raise ValueError(f"{key} must be a finite number, got {value!r}")
   return value
 
 

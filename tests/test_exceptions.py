@@ -15,6 +15,7 @@ from disa_jax.checkpoint.lock import OutputLockedError
 from disa_jax.checkpoint.manager import CheckpointSaveError
 from disa_jax.data.prepare import SourceUnavailableError
 from disa_jax.estimators.dataset import Stage1FormatError
+from disa_jax.workflows.pinned_prompts import ChangedPromptsError
 
 # Modules that need an optional dependency or start work when imported are not scanned.
 _SKIP = ("disa_jax.rewards._humaneval_runner", "disa_jax.rewards._sandbox_boot")
@@ -25,6 +26,7 @@ EXAMPLES = [
     IdentityMismatchError(Path("/tmp/x/identity.json"), {"beta": (15.0, 10.0)}),
     Stage1FormatError("/tmp/s1.jsonl", [(3, "no samples")]),
     SourceUnavailableError("BytedTsinghua-SIA/DAPO-Math-17k", "the hub does not answer"),
+    ChangedPromptsError("the prompt file 'p.parquet' changed since Stage 1 graded its samples"),
 ]
 
 

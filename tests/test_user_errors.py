@@ -75,7 +75,29 @@ MISTAKES = [
     ("multihost-bad-variable", "multihost", ["launch.train", S3],
      {"DISA_COORDINATOR": "localhost:1", "DISA_NUM_PROCESSES": "two", "DISA_PROCESS_ID": "0"},
      ["DISA_NUM_PROCESSES='two' is not an integer"]),
+    ("multihost-bad-heartbeat", "multihost", ["launch.train", S3],
+     {"DISA_COORDINATOR": "localhost:1", "DISA_NUM_PROCESSES": "2", "DISA_PROCESS_ID": "0",
+      "DISA_HEARTBEAT_TIMEOUT_S": "soon"},
+     ["DISA_HEARTBEAT_TIMEOUT_S='soon' must be a number of seconds > 2"]),
 ]
+# NaN / +-inf in a float of every stage's config, typed or in an open section (`engine.vllm_kwargs`
+# took them until `config.refuse_nonfinite`): one line naming the dotted field and the value.
+NONFINITE = [
+    ("stage1", [S1], "beta", "inf"),
+    ("stage1", [S1], "engine.vllm_kwargs.gpu_memory_utilization", "inf"),
+    ("stage2", ["--config=configs/stage2_paper.py:qwen3-4b-base,math"], "fit.val_fraction", "nan"),
+    ("train", [S3, "--workdir=w"], "train.objective.beta", "nan"),
+    ("train", [S3, "--workdir=w"], "engine.vllm_kwargs.gpu_memory_utilization", "-inf"),
+    ("sft", ["--config=configs/sft_paper.py:qwen3-4b-base"], "sft.grad_clip", "inf"),
+    ("evaluate", ["--config=configs/eval_paper.py:math"], "temperature", "nan"),
+    ("nstudy", ["--config=configs/nstudy_paper.py:qwen3-4b-base,math"], "stage1.beta", "inf"),
+    ("main", ["--workdir=w"], "beta", "nan"),
+    ("main", ["--workdir=w"], "engine.vllm_kwargs.gpu_memory_utilization", "inf"),
+    ("offline", ["--workdir=w"], "problem.proposal_mix", "-inf"),
+]
+MISTAKES += [(f"{script}-{field}-{value}", script, [*argv, f"--config.{field}={value}"], {},
+              [f"config.{field} must be a finite number, got {float(value)!r}"])
+             for script, argv, field, value in NONFINITE]
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from disa_jax.parallel import peer_watch
+
 DEFAULT_PORT = 12356
 
 
@@ -132,15 +134,21 @@ _SPEC: LaunchSpec | None = None
 
 
 def initialize(spec: LaunchSpec | None = None, *, cpu_collectives: str = "gloo",
-               initialization_timeout_s: int = 300) -> LaunchSpec:
+               initialization_timeout_s: int = 300,
+               heartbeat_timeout_s: float | None = None) -> LaunchSpec:
   """Joins the multi-process run described by ``spec`` (default: `detect_launch()`).
 
   Call before anything touches a JAX backend. Idempotent: a second call returns the first spec.
+  Every process then watches every other (`disa_jax.parallel.peer_watch`): a process lost is
+  named in one line and stops the others within ``heartbeat_timeout_s`` (at once when it was
+  killed); JAX's own heartbeat timeout is set a few seconds above it.
 
   Args:
     spec: the launch; None reads the environment.
     cpu_collectives: CPU collective implementation for CPU-only runs (tests): 'gloo' or 'mpi'.
     initialization_timeout_s: how long to wait for every process to connect.
+    heartbeat_timeout_s: how long a silent process counts as alive (None:
+      ``DISA_HEARTBEAT_TIMEOUT_S``, default `peer_watch.DEFAULT_TIMEOUT_S`).
 
   Returns:
     The spec used.
@@ -150,14 +158,18 @@ def initialize(spec: LaunchSpec | None = None, *, cpu_collectives: str = "gloo",
     return _SPEC
   spec = detect_launch() if spec is None else spec
   if spec.is_distributed:
+    timeout = (peer_watch.timeout_from_env() if heartbeat_timeout_s is None
+               else float(heartbeat_timeout_s))
     jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    timeouts = dict(initialization_timeout=initialization_timeout_s,
+                    heartbeat_timeout_seconds=peer_watch.jax_heartbeat_s(timeout))
     if spec.source == "tpu":
-      jax.distributed.initialize(initialization_timeout=initialization_timeout_s)
+      jax.distributed.initialize(**timeouts)
     else:
       jax.distributed.initialize(spec.coordinator_address, spec.num_processes, spec.process_id,
                                  local_device_ids=list(spec.local_device_ids)
-                                 if spec.local_device_ids is not None else None,
-                                 initialization_timeout=initialization_timeout_s)
+                                 if spec.local_device_ids is not None else None, **timeouts)
+    peer_watch.start(jax.process_index(), jax.process_count(), timeout_s=timeout)
   _SPEC = spec
   return spec
 

@@ -61,8 +61,14 @@ class RolloutPipeline:
                                                        thread_name_prefix="disa-rollout")
     self._pending: dict[int, concurrent.futures.Future] = {}
     self._ready: dict[int, RolloutBatch] = {}
+    # The weight pushes queued so far, and (push number, error) of those that failed: a failed push
+    # is the cause of a later sampling's failure (a dead generation process fails the push first;
+    # the sampling after it only finds the engine closed).
+    self._pushes, self._push_errors = 0, []
+    self._pushes_before: dict[int, int] = {}
 
   def _submit_sample(self, step: int) -> None:
+    self._pushes_before[step] = self._pushes
     self._pending[step] = self._pool.submit(self.collector.sample, step,
                                             sampled_version(step, self.k))
 
@@ -84,9 +90,31 @@ class RolloutPipeline:
       if step not in self._pending:
         raise RuntimeError(f"rollout batch of step {step} was never submitted (pipeline at "
                            f"{sorted(self._pending)})")
-      local: LocalRollout = self._pending.pop(step).result()
+      local: LocalRollout = self._result(self._pending.pop(step), self._pushes_before.pop(step))
       self._ready[step] = self.collector.finish(local)  # collective, in step order
     return self._ready[step]
+
+  def _result(self, future: concurrent.futures.Future, pushes_before: int) -> LocalRollout:
+    """``future``'s result; if it failed after a failed push (one of the first ``pushes_before``),
+    that push's error, raised from the sampling's."""
+    try:
+      return future.result()
+    except BaseException as e:
+      push = self._failed_push(pushes_before)
+      if push is None:
+        raise
+      raise push from e
+
+  def _failed_push(self, pushes_before: int | None = None) -> BaseException | None:
+    """The error of the first failed push (of the first ``pushes_before``; None: of all)."""
+    return next((e for i, e in self._push_errors if pushes_before is None or i < pushes_before),
+                None)
+
+  def _push(self, weights: Mapping[str, np.ndarray]) -> None:
+    number, self._pushes = self._pushes, self._pushes + 1
+    future = self._pool.submit(self.engine.update_weights, weights)
+    future.add_done_callback(lambda f: f.cancelled() or f.exception() is None
+                             or self._push_errors.append((number, f.exception())))
 
   def take(self, step: int) -> RolloutBatch:
     """The batch of ``step``, waiting for its sampling if needed (collective)."""
@@ -100,13 +128,16 @@ class RolloutPipeline:
     if self.engine is not None:
       if weights is None:
         raise ValueError("the host leader's rollout pipeline got no weights to push")
-      self._pool.submit(self.engine.update_weights, weights)
+      self._push(weights)
     self._submit_sample(done + self.k)
 
   def wait_idle(self) -> None:
     """Returns once every queued engine call has run (the engine then holds the last pushed
     weights and is free for the caller's own calls, e.g. validation)."""
     self._pool.submit(lambda: None).result()
+    push = self._failed_push()
+    if push is not None:
+      raise push
     for f in list(self._pending.values()):
       if f.done() and f.exception() is not None:
         raise f.exception()

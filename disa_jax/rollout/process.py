@@ -37,6 +37,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import secrets
+import signal
 import threading
 import time
 import traceback
@@ -219,12 +220,12 @@ def _worker_main(spec: _WorkerSpec) -> None:
   known_names = {spec.ctl_name, spec.req_name, spec.res_name}
   req = shm.ShmRing.attach(spec.req_name)
   res = shm.ShmRing.attach(spec.res_name)
-  ctl.pid, ctl.heartbeat = os.getpid(), time.time()
+  ctl.pid, ctl.heartbeat = os.getpid(), time.monotonic()
   ctl.state = _CTL.ATTACHED
 
   def watchdog():
     while True:
-      ctl.heartbeat = time.time()
+      ctl.heartbeat = time.monotonic()  # system-wide on Linux: the trainer reads the same clock
       if os.getppid() != spec.parent_pid or not shm._pid_alive(spec.parent_pid):  # pylint: disable=protected-access
         for name in list(known_names):
           shm.unlink_segment(name)
@@ -312,6 +313,7 @@ class RemoteEngine:
     self.heartbeat_timeout_s = process.heartbeat_timeout_s
     self._lock = threading.Lock()
     self._closed = False
+    self._closed_why: str | None = None  # the failure that closed it (`_closed_error`)
     self._next_id = 0
     self._weights: shm.ShmBlock | None = None
     self._weights_count = 0
@@ -412,21 +414,41 @@ class RemoteEngine:
         raise TimeoutError(f"{self.kind} generation process did not start within {timeout} s")
       time.sleep(0.01)
 
+  def _death(self) -> str:
+    """How the worker ended: ``died with exit code -9 (SIGKILL)``."""
+    code = self._proc.exitcode
+    try:
+      name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 else ""
+    except ValueError:
+      name = ""
+    return f"{self.kind} generation process (pid {self._proc.pid}) died with exit code {code}{name}"
+
   def _check_alive(self) -> None:
     if not self._proc.is_alive():
-      raise GenerationProcessError(f"{self.kind} generation process (pid {self._proc.pid}) died "
-                                   f"with exit code {self._proc.exitcode}")
-    age = time.time() - self._ctl.heartbeat
+      raise GenerationProcessError(self._death())
+    age = time.monotonic() - self._ctl.heartbeat  # a wall-clock step changes nothing
     if age > self.heartbeat_timeout_s:
       raise GenerationProcessHung(f"{self.kind} generation process (pid {self._proc.pid}) is hung: no "
                          f"heartbeat for {age:.1f} s (heartbeat_timeout_s="
                          f"{self.heartbeat_timeout_s})")
 
-  def _abort(self) -> None:
-    """Kills the worker and releases everything; used on any failure."""
+  def _abort(self, why: BaseException | None = None) -> None:
+    """Kills the worker and releases everything; used on any failure (``why``: kept for the
+    error of every later call)."""
     self._closed = True
+    if why is not None and self._closed_why is None:
+      self._closed_why = str(why).splitlines()[0] if str(why) else type(why).__name__
     RemoteEngine._cleanup(self._proc, self._names)
     self._release_local()
+
+  def _closed_error(self) -> GenerationProcessError:
+    """The error of a call after `close` or a failure: it names the failure (a later call of an
+    asynchronous run must not hide why the process ended)."""
+    why = self._closed_why
+    if why is None and not self._proc.is_alive() and self._proc.exitcode not in (None, 0):
+      why = self._death()
+    return GenerationProcessError(f"{self.kind} generation process is closed"
+                                  + (f": {why}" if why else ""))
 
   def _release_local(self) -> None:
     if self._weights is not None:
@@ -460,7 +482,7 @@ class RemoteEngine:
   def _call(self, cmd: str, meta: dict, arrays: dict, timeout: float | None = None
             ) -> list[tuple[dict, dict[str, np.ndarray]]]:
     if self._closed:
-      raise GenerationProcessError(f"{self.kind} generation process is closed")
+      raise self._closed_error()
     timeout = self.timeout_s if timeout is None else timeout
     rid = self._next_id
     self._next_id += 1
@@ -490,9 +512,9 @@ class RemoteEngine:
         parts.append((m, a))
         if m["last"]:
           break
-    except (GenerationProcessError, TimeoutError):
+    except (GenerationProcessError, TimeoutError) as e:
       if cmd != "close":
-        self._abort()
+        self._abort(e)
       raise
     if parts is None:
       raise GenerationProcessError(f"{cmd!r} failed in the {self.kind} generation process:\n"
@@ -531,7 +553,7 @@ class RemoteEngine:
     nbytes = shm.message_nbytes({}, arrays)
     with self._lock:
       if self._closed:
-        raise GenerationProcessError(f"{self.kind} generation process is closed")
+        raise self._closed_error()
       if self._weights is None or self._weights.size < nbytes:
         if self._weights is not None:
           self._weights.close(unlink=True)

@@ -428,7 +428,8 @@ class ControlBlock:
   """The generation process's control block: state, pid, heartbeat and a startup error text.
 
   A small shared segment: four float64 fields at the start (``state``, ``pid``, ``heartbeat`` as
-  `time.time()`, ``error_len``), the UTF-8 error text from byte ``TEXT_OFFSET`` on. The trainer
+  `time.monotonic()`: CLOCK_MONOTONIC, one clock for every process of a host, which no wall-clock
+  step moves, ``error_len``), the UTF-8 error text from byte ``TEXT_OFFSET`` on. The trainer
   creates it; the worker attaches, reports its pid, beats, and moves ``state`` through the
   ``STARTING -> ATTACHED -> READY | FAILED -> EXITED`` states below.
   """

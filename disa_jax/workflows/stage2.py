@@ -52,6 +52,7 @@ from disa_jax.checkpoint.lock import owned_output
 from disa_jax.data import loaders
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.workflows.pinned_prompts import check_stage1_prompts
 from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
 
 
@@ -303,6 +304,7 @@ def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
 
 def _run_stage2(cfg: Stage2Config) -> AnchorArtifact:
   """`run_stage2` once the output is locked and its identity checked."""
+  check_stage1_prompts(cfg.stage1_path)  # the labels were graded against that prompt file
   out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   summary_path = out_dir / "stage2_summary.json"

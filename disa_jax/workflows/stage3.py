@@ -65,6 +65,7 @@ from disa_jax.rollout.engines import EngineConfig, generation_env
 from disa_jax.rollout.types import MODEL_ENGINES
 from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
+from disa_jax.workflows.pinned_prompts import check_stage1_prompts
 from disa_jax.workflows.stage1 import import_reward_plugins
 
 DTYPES = ("float32", "bfloat16")
@@ -495,6 +496,9 @@ def _run_stage3(cfg: Stage3Config) -> Stage3Run:
       (workdir / "config.json").write_text(json.dumps(config_lib.to_dict(cfg), indent=1))
   import_reward_plugins(cfg.data.reward_plugins)
   tc, dc = cfg.train, cfg.data
+  if tc.replay.enabled:  # the replayed rewards were graded against Stage 1's prompt file
+    check_stage1_prompts(dc.replay_path, field="data.train_path", prompts_path=dc.train_path,
+                         prompts_format=dc.prompts_format)
   tokenizer = load_tokenizer(cfg.model.policy_path)
   items = lambda p: load_prompt_items(p, dc.prompts_format, tokenizer, dc.rendering,
                                       tc.rollout.max_prompt_len)

@@ -258,6 +258,48 @@ def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations)
     assert all(r["rollout/staleness"] == 0 for r in now)
 
 
+class _DeadEngine:
+  """An engine whose process died during a push: the push fails naming the death, every call
+  after it only finds the engine closed."""
+
+  def update_weights(self, weights):
+    raise async_rollout.concurrent.futures.BrokenExecutor("generation process (pid 7) died with "
+                                                          "exit code -9 (SIGKILL)")
+
+  def generate(self, *args):
+    raise RuntimeError("generation process is closed")
+
+
+class _Collector:
+
+  def __init__(self, engine):
+    self.engine = engine
+
+  def sample(self, step, version):
+    return self.engine.generate(step, version)
+
+  def finish(self, local):
+    return local
+
+
+def test_a_failed_push_is_the_error_of_the_sampling_after_it():
+  engine = _DeadEngine()
+  pipe = async_rollout.RolloutPipeline(_Collector(engine), engine, max_staleness=1)
+  pipe.start(0, {})  # steps 0 and 1, sampled before any push, fail as they are
+  try:
+    for step in (0, 1):
+      with pytest.raises(RuntimeError, match="closed"):
+        pipe.take(step)
+    pipe.advance(1, {"w": np.zeros(1)})  # the push fails (the process died), then sampling step 2
+    with pytest.raises(async_rollout.concurrent.futures.BrokenExecutor,
+                       match=r"died with exit code -9 \(SIGKILL\)"):
+      pipe.take(2)
+    with pytest.raises(async_rollout.concurrent.futures.BrokenExecutor, match="exit code -9"):
+      pipe.wait_idle()
+  finally:
+    pipe.close()
+
+
 @pytest.mark.slow
 def test_kill_9_mid_async_run_then_rerun_continues_exactly(tmp_path):
   """The trainer (engine in its own process, k = 1) killed with SIGKILL mid-run; the rerun's

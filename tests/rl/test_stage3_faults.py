@@ -137,3 +137,23 @@ def test_soak_200_steps_memory_and_shared_memory_stay_flat(tmp_path, model_dir):
   # the rings (16 + 4 x 32 MiB by default) were mapped by both processes while the engine ran
   assert first["soak/shm_mapped_trainer_mb"] >= 144 and first["soak/shm_mapped_engine_mb"] >= 144
   assert not shm.list_segments(proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "asynchronous"])
+def test_the_last_line_names_how_the_generation_process_died(tmp_path, model_dir, staleness):
+  """kill -9 of the generation process mid-run: the trainer's last line names its exit code and
+  signal, in the synchronous loop and with rollouts one batch ahead (where a push, not the
+  sampling after it, may be the call that finds it dead)."""
+  work = tmp_path / "run"
+  proc = _start(work, 40, model_dir, _env(), "--staleness", str(staleness))
+  engine_pid = int(proc.stdout.readline().split()[1])
+  deadline = time.monotonic() + 600
+  while not (work / "metrics.jsonl").exists() or len(read_jsonl(str(work / "metrics.jsonl"))) < 2:
+    assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+    time.sleep(0.01)
+  os.kill(engine_pid, signal.SIGKILL)
+  out, _ = proc.communicate(timeout=120)
+  last = [line for line in out.splitlines() if line.strip()][-1]
+  assert proc.returncode != 0 and "GenerationProcessError" in last, out[-3000:]
+  assert f"(pid {engine_pid}) died with exit code -9 (SIGKILL)" in last, last

@@ -119,6 +119,15 @@ def test_remote_flat_push_equals_direct_load(remote, tiny_model, hf_state, monke
   assert shm.list_segments(os.getpid()) == []
 
 
+def test_a_wall_clock_step_does_not_stop_a_healthy_generation_process(remote, monkeypatch):
+  """An NTP step of the wall clock (here 120 s forward, as the trainer sees it, 4x the fixture's
+  heartbeat_timeout_s) leaves the heartbeat alone: it runs on the monotonic clock."""
+  wall = time.time
+  monkeypatch.setattr(time, "time", lambda: wall() + 120.0)
+  for _ in range(3):  # each call waits for the worker, reading its heartbeat
+    assert [len(g) for g in remote.generate(PROMPTS, PARAMS)] == [PARAMS.n] * len(PROMPTS)
+
+
 def test_worker_errors_are_reported_and_engine_survives(remote, hf_state):
   with pytest.raises(GenerationProcessError, match="outside"):
     remote.generate([[1, 100_000]], PARAMS)
