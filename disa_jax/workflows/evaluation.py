@@ -48,9 +48,9 @@ from disa_jax.eval import diversity, metrics, runner
 from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
-from disa_jax.workflows.stage1 import import_reward_plugins
 
 
 
