@@ -17,6 +17,8 @@ a field declared with `disa_jax.codec.field`'s ``omit`` is left out while it hol
 field added since, recorded only where set, so that the identity files of outputs written before
 it existed still match).
 
+A command's config derives from `Section`, whose ``from_config`` is its entry point.
+
 `check_attention_chunk` is the one check of the ``attention_chunk`` field that the workflow
 sections building a `Transformer` for long sequences carry (Stage 3 ``model``, the Stage 1 / 2
 scorer, the SFT section, ``exact_target``); `Transformer` applies it to its argument too, and
@@ -32,7 +34,7 @@ from disa_jax import codec
 T = TypeVar("T")
 
 __all__ = ["ATTENTION_IMPLS", "REMAT_POLICIES", "check_attention_chunk", "check_attention_impl",
-           "check_remat_policy", "from_mapping", "qualify", "to_dict"]
+           "check_remat_policy", "from_mapping", "qualify", "Section", "to_dict"]
 
 qualify = codec.qualify
 
@@ -90,6 +92,16 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | Any, where: str = "conf
       or range, or a float field set to NaN or +-inf; the message names the dotted field.
   """
   return codec.read_config(cls, data, where)
+
+
+class Section:
+  """A command's config (a frozen dataclass deriving from this): `from_config` reads it."""
+
+  @classmethod
+  def from_config(cls: type[T], config: Any, where: str = "config") -> T:
+    """From a ConfigDict / dict (`from_mapping`: unknown fields and bad values raise, naming the
+    field); ``where``: the section's name when it is part of another (the N-study's ``stage1``)."""
+    return from_mapping(cls, config, where)
 
 
 def to_dict(obj: Any) -> Any:

@@ -104,7 +104,7 @@ class ScorerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage1Config:
+class Stage1Config(config_lib.Section):
   """Typed view of `configs/stage1_paper.py` (the fields are documented there)."""
 
   prompts_path: str
@@ -150,11 +150,6 @@ class Stage1Config:
       raise ValueError(f"limit must be >= 0, prompts_per_batch and max_prompt_len >= 1; got "
                        f"{self.limit}, {self.prompts_per_batch}, {self.max_prompt_len}")
 
-  @classmethod
-  def from_config(cls, config: Any, where: str = "config") -> "Stage1Config":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field); ``where``
-    names the section when the Stage 1 config is part of another (the N-study's ``stage1``)."""
-    return config_lib.from_mapping(cls, config, where)
 
   def dataset_path(self) -> paths.AnyPath:
     """Where the Stage 1 dataset lives (a .jsonl file or a parquet part directory)."""
@@ -288,7 +283,7 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
       "prompts": int(mask.shape[0]),
       "samples": int(mask.sum()),
       "beta": data.beta, "label_scale": data.label_scale,
-      "reward_transform": data.reward_transform.to_dict(),
+      "reward_transform": codec.encode(data.reward_transform),
       "proposal_logprobs": data.proposal_logprobs,
       "ess": _quantiles(data.stats.ess),
       "ess_fraction": _quantiles(data.stats.ess / np.maximum(n_valid, 1)),

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from disa_jax.config import from_mapping, to_dict
+from disa_jax.config import to_dict
 from disa_jax.rl import losses
 
 HEAD_OPTIMIZERS = ("separate", "joint")
@@ -230,12 +230,6 @@ class Objective(abc.ABC):
                        "its ratio terms assume on-policy rollouts (replay is for objectives with "
                        "allows_replay: " + ", ".join(n for n, c in sorted(REGISTRY.items())
                                                      if c.allows_replay) + ")")
-
-  @classmethod
-  def from_config(cls, value: Any, where: str = "objective") -> "Objective":
-    """The objective named by ``value['name']`` with the other entries as its fields."""
-    return from_mapping(Objective, value, where)
-
 
 def default_config(name: str) -> dict[str, Any]:
   """Every field of objective ``name`` with its default (a config file's starting point)."""
