@@ -14,10 +14,20 @@ object), not stored, left out when it holds a given value, merged into its paren
 or stored row-wise with other fields (``rows``: ``[{"prompt_id": .., "correct": ..}, ..]``). A
 class may add derived keys after its fields (``json_extra(self) -> dict``; ignored when read) and
 refuse unknown keys (``JSON_STRICT = True``). `save` / `load` write and read one file.
+
+A class may be the base of a tagged union: ``JSON_TAG`` names the attribute (and the key, written
+first) that holds each subclass's tag, ``JSON_VARIANTS`` maps tags to subclasses; a field typed as
+the base is decoded as the subclass its tag names (the Stage 3 objectives, `disa_jax.rl.objectives`).
+
+The same walk reads configs: `decode` with ``path`` None reads a config section (a dict or an
+`ml_collections.ConfigDict`, `disa_jax.config.from_mapping`): every section refuses unknown keys,
+a float field refuses NaN and +-inf, a type with ``from_config(value, where)`` builds its field,
+and errors are ``ValueError``s naming the dotted field (``config.train.optim.lr must be ...``).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -75,7 +85,8 @@ def _stored(cls: type) -> list[dataclasses.Field]:
 def encode(obj: Any, omit: tuple[str, ...] = ()) -> Any:
   """The JSON-ready form of ``obj`` (a dataclass: its stored fields but the keys in ``omit``)."""
   if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-    out: dict[str, Any] = {}
+    tag = getattr(obj, "JSON_TAG", None)
+    out: dict[str, Any] = {tag: getattr(obj, tag)} if tag else {}
     for f in _stored(type(obj)):
       spec, value = _spec(f), getattr(obj, f.name)
       if _key(f) in omit or omitted(f, value):
@@ -124,13 +135,20 @@ def _put_row(out: dict[str, Any], spec: Spec, key: str, column: Any) -> None:
     row[key] = v
 
 
-def decode(cls: type[T], obj: Any, path: str | Path, where: str = "", /, **given: Any) -> T:
+def decode(cls: type[T], obj: Any, path: str | Path | None, where: str = "", /,
+           **given: Any) -> T:
   """The ``cls`` stored in ``obj`` (read from ``path``; ``where``: its dotted field there, '' for
-  the whole file); ``given`` fields are not read but taken as they are."""
+  the whole file; ``path`` None: a config section, see the module docstring); ``given`` fields are
+  not read but taken as they are."""
+  obj = _plain(obj)
   if not isinstance(obj, Mapping):
-    raise ArtifactError(f"{path}: field {where!r} must be an object, got {_got(obj)}"
-                        if where else f"{path} holds a JSON {type(obj).__name__}, not an object")
+    raise (ValueError(f"{where} must be a mapping of fields, got {type(obj).__name__}: {obj!r}")
+           if path is None else
+           ArtifactError(f"{path}: field {where!r} must be an object, got {_got(obj)}" if where
+                         else f"{path} holds a JSON {type(obj).__name__}, not an object"))
   hints, kwargs = typing.get_type_hints(cls), dict(given)
+  if path is None:  # (a config's unknown keys first: before any value is read)
+    _check_known(cls, obj, path, where)
   for f in _stored(cls):
     spec, name = _spec(f), _join(where, _key(f))
     if f.name in given or not f.init:
@@ -155,13 +173,45 @@ def decode(cls: type[T], obj: Any, path: str | Path, where: str = "", /, **given
       kwargs[f.name] = spec.omit
     elif spec.required or (f.default is dataclasses.MISSING
                            and f.default_factory is dataclasses.MISSING):
+      if path is None:
+        raise ValueError(f"{name} is required")
       _get(obj, _key(f), path, where)  # raises, naming the missing (or mistyped) part
-  _check_known(cls, obj, path, where)
+  if path is not None:
+    _check_known(cls, obj, path, where)
   try:
     return cls(**kwargs)
   except (TypeError, ValueError) as e:
+    if path is None:
+      raise ValueError(qualify(str(e), where)) from None
     raise ArtifactError(f"{path}: field {where!r} is malformed ({e})" if where
                         else f"{path}: {e}") from None
+
+
+def read_config(cls: type[T], data: Any, where: str = "config") -> T:
+  """The config section ``data`` (a mapping or ConfigDict; ``where``: its dotted name) as a
+  ``cls``: a dataclass, or a tagged union's base (the subclass its tag names)."""
+  if "JSON_VARIANTS" in vars(cls):
+    return _variant(cls, _plain(data), None, where)
+  return decode(cls, data, None, where)
+
+
+def qualify(msg: str, where: str) -> str:
+  """Prefixes a validation message with the dotted path ``where`` of the config section that
+  raised it (`decode` of a config, and a config derived from a converted one with
+  ``dataclasses.replace``)."""
+  if msg.startswith(where):
+    return msg
+  parent, _, last = where.rpartition(".")
+  if parent and msg.startswith(last + "."):  # 'a.b.replay' + 'replay.fraction ...'
+    return f"{parent}.{msg}"
+  return f"{where}: {msg}"
+
+
+def _plain(value: Any) -> Any:
+  """An `ml_collections.ConfigDict` as a dict; any other value as it is."""
+  if hasattr(value, "to_dict") and not dataclasses.is_dataclass(value):
+    return value.to_dict()
+  return value
 
 
 def _required(hint: Any) -> Any:
@@ -171,12 +221,14 @@ def _required(hint: Any) -> Any:
       else hint
 
 
-def _check_known(cls: type, obj: Mapping[str, Any], path: str | Path, where: str) -> None:
-  if getattr(cls, "JSON_STRICT", False):
-    unknown = sorted(set(obj) - {_key(f).split(".")[0] for f in _stored(cls)})
-    if unknown:
-      raise ArtifactError(f"{path}: unknown fields {unknown} in "
-                          f"{repr(where) if where else cls.__name__}")
+def _check_known(cls: type, obj: Mapping[str, Any], path: str | Path | None, where: str) -> None:
+  known = {_key(f).split(".")[0] for f in _stored(cls)}
+  unknown = sorted(set(obj) - known)
+  if unknown and path is None:
+    raise ValueError(f"{where}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+  if unknown and getattr(cls, "JSON_STRICT", False):
+    raise ArtifactError(f"{path}: unknown fields {unknown} in "
+                        f"{repr(where) if where else cls.__name__}")
 
 
 def _has(obj: Any, key: str) -> bool:
@@ -208,19 +260,52 @@ def _column(hint: Any, obj: Mapping[str, Any], path: str | Path, where: str, spe
   return _value(hint, values, path, _join(where, f"{spec.rows}[].{key}"), spec)
 
 
-def _got(value: Any) -> str:
+def _got(value: Any, path: str | Path | None = "") -> str:
+  """A bad value as an error names it: its repr in a config, its type and (cut) repr in a file."""
   text = repr(value)
+  if path is None:
+    return text
   return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
-def _value(hint: Any, value: Any, path: str | Path, name: str, spec: Spec = Spec()) -> Any:
-  """``value`` checked against (and converted to) the type ``hint`` of field ``name``."""
+def _fail(path: str | Path | None, name: str, msg: str) -> Exception:
+  """The error of field ``name`` (``msg``: what is wrong): in a config or in the file ``path``."""
+  return ValueError(f"{name} {msg}") if path is None else ArtifactError(
+      f"{path}: field {name!r} {msg}")
+
+
+def refuse_nonfinite(value: Any, key: str) -> None:
+  """Refuses NaN and +-inf anywhere in a plain config value (a float, or one inside lists, tuples
+  and mappings: the open sections such as ``engine.vllm_kwargs``), naming the dotted field."""
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ValueError(f"{key} must be a finite number, got {value!r}")
+  if isinstance(value, (list, tuple)):
+    for i, v in enumerate(value):
+      refuse_nonfinite(v, f"{key}[{i}]")
+  elif isinstance(value, Mapping):
+    for k, v in value.items():
+      refuse_nonfinite(v, f"{key}.{k}")
+
+
+def _value(hint: Any, value: Any, path: str | Path | None, name: str, spec: Spec = Spec()) -> Any:
+  """``value`` checked against (and converted to) the type ``hint`` of field ``name``; in a config
+  (``path`` None) every float in it, typed or in an open section, must be finite."""
+  value = _plain(value)
+  if path is None and not dataclasses.is_dataclass(value):
+    refuse_nonfinite(value, name)
   origin, args = typing.get_origin(hint), typing.get_args(hint)
   if origin in (typing.Union, types.UnionType):
     if value is None and type(None) in args:
       return None
     inner = [a for a in args if a is not type(None)]
     return _value(inner[0] if len(inner) == 1 else Any, value, path, name, spec)
+  if hint is not Any and isinstance(hint, type) and isinstance(value, hint) and (
+      dataclasses.is_dataclass(hint) or hasattr(hint, "from_config")):
+    return value
+  if hint is not Any and isinstance(hint, type) and "JSON_VARIANTS" in vars(hint):  # (the base)
+    return _variant(hint, value, path, name)
+  if path is None and hasattr(hint, "from_config"):
+    return hint.from_config(value, name)
   if dataclasses.is_dataclass(hint):
     return decode(hint, value, path, name)
   if hint is np.ndarray:
@@ -233,8 +318,7 @@ def _value(hint: Any, value: Any, path: str | Path, name: str, spec: Spec = Spec
     _check(value, list, path, name)
     if base is tuple and args and args[-1] is not Ellipsis:
       if len(value) != len(args):
-        raise ArtifactError(f"{path}: field {name!r} must hold {len(args)} values, "
-                            f"got {_got(value)}")
+        raise _fail(path, name, f"must hold {len(args)} values, got {_got(value, path)}")
       return tuple(_value(a, v, path, f"{name}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     item = args[0] if args else Any
     items = [_value(item, v, path, f"{name}[{i}]") for i, v in enumerate(value)]
@@ -243,9 +327,9 @@ def _value(hint: Any, value: Any, path: str | Path, name: str, spec: Spec = Spec
                                                   and issubclass(base, Mapping)):
     _check(value, dict, path, name)
     item = args[1] if len(args) == 2 else Any
-    if dataclasses.is_dataclass(item):
-      return {k: decode(item, v, path, f"{name}.{k}") for k, v in value.items()}
-    return value
+    if dataclasses.is_dataclass(item) or (path is None and hasattr(item, "from_config")):
+      return {k: _value(item, v, path, f"{name}.{k}") for k, v in value.items()}
+    return {k: _plain(v) for k, v in value.items()} if path is None else value
   if hint is Path:
     return paths.as_path(_check(value, str, path, name))
   if hint in (int, float, str, bool):
@@ -254,11 +338,32 @@ def _value(hint: Any, value: Any, path: str | Path, name: str, spec: Spec = Spec
   return value
 
 
-def _check(value: Any, kind: type, path: str | Path, name: str) -> Any:
-  """``value`` if it is a ``kind`` (an int is a float; a bool is not an int), else the error."""
-  kinds = (int, float) if kind is float else (kind,)
+def _variant(hint: Any, value: Any, path: str | Path | None, name: str) -> Any:
+  """The subclass of the tagged union ``hint`` that ``value``'s tag names, decoded."""
+  tag, variants = hint.JSON_TAG, hint.JSON_VARIANTS
+  if isinstance(value, hint):
+    return value
+  if not isinstance(value, Mapping) or tag not in value:
+    raise _fail(path, name, f"must be a mapping with a {tag!r} in {tuple(sorted(variants))}, "
+                f"got {_got(value, path)}")
+  if value[tag] not in variants:
+    raise _fail(path, f"{name}.{tag}", f"must be one of {tuple(sorted(variants))}, got "
+                f"{_got(value[tag], path)}")
+  return decode(variants[value[tag]], {k: v for k, v in value.items() if k != tag}, path, name)
+
+
+# What a value of a kind must be, as a config's errors say it (a file's: the kind's name).
+_CONFIG_KINDS = {list: ("a list or tuple", (list, tuple)), dict: ("a mapping", Mapping)}
+
+
+def _check(value: Any, kind: type, path: str | Path | None, name: str) -> Any:
+  """``value`` if it is a ``kind`` (an int is a float; a bool is not an int; in a config, a tuple
+  is a list and any mapping a dict), else the error."""
+  what, kinds = kind.__name__, (int, float) if kind is float else (kind,)
+  if path is None and kind in _CONFIG_KINDS:
+    what, kinds = _CONFIG_KINDS[kind]
   if not isinstance(value, kinds) or (isinstance(value, bool) and kind is not bool):
-    raise ArtifactError(f"{path}: field {name!r} must be {kind.__name__}, got {_got(value)}")
+    raise _fail(path, name, f"must be {what}, got {_got(value, path)}")
   return value
 
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from disa_jax import codec
+from disa_jax import codec, config
 from disa_jax.anchor.frozen import AnchorMeta, EmbeddingSpec
 from disa_jax.artifacts import ArtifactError, fields_equal
 from disa_jax.checkpoint.selection import Choice, Selection
@@ -16,6 +16,7 @@ from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget
 from disa_jax.eval.runner import BenchmarkResult
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs
 from disa_jax.pipeline.job_report import Claim
+from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout.types import SamplingParams
 from disa_jax.workflows.evaluation import BenchmarkEval
 from disa_jax.workflows.stage1 import Stage1Diagnostics, Stage1Result
@@ -175,3 +176,39 @@ def test_a_field_added_since_is_left_out_of_configs_and_artifacts_alike_while_it
   assert config_lib.from_mapping(ExactTargetConfig, config_lib.to_dict(ExactTargetConfig())
                                  ) == ExactTargetConfig()
   assert "wrong_samples_per_prompt" not in codec.encode(_measures())
+
+
+# Issue 64, item 3: configs are read by the same walk (`config.from_mapping` = `codec.read_config`).
+# The messages below are those of the separate converter config.py held before (82d599f).
+@pytest.mark.parametrize("data, message", [
+    ({"nope": 1}, "config: unknown field(s) ['nope']; known fields: ['checkpoint', 'log_every', "
+     "'objective', 'optim', 'progress_bar', 'replay', 'rollout', 'seed', 'shuffle', "
+     "'tensorboard', 'total_steps', 'validation', 'wandb']"),
+    ({"total_steps": True}, "config.total_steps must be int, got True"),
+    ({"optim": {"lr": float("nan")}}, "config.optim.lr must be a finite number, got nan"),
+    ({"optim": 3}, "config.optim must be a mapping of fields, got int: 3"),
+    ({"objective": "disa"}, "config.objective must be a mapping with a 'name' in ('disa', "
+     "'flowrl', 'grpo', 'gspo', 'replay_sft', 'vargrad'), got 'disa'"),
+    ({"objective": {"name": "ppo"}}, "config.objective.name must be one of ('disa', 'flowrl', "
+     "'grpo', 'gspo', 'replay_sft', 'vargrad'), got 'ppo'"),
+    ({"objective": {"name": "disa", "beta": -1.0}}, "config.objective: beta must be > 0, got -1.0"),
+    ({"total_steps": -2}, "config: train.total_steps must be >= 1, got -2"),
+    ({"rollout": {"group_size": "8"}}, "config.rollout.group_size must be int, got '8'"),
+])
+def test_a_config_is_read_by_the_codec_with_the_config_messages(data, message):
+  with pytest.raises(ValueError) as e:
+    config.from_mapping(TrainConfig, data)
+  assert str(e.value) == message and not isinstance(e.value, ArtifactError)
+
+
+def test_a_tagged_union_writes_its_tag_first_and_reads_back_its_subclass():
+  """The Stage 3 objective (``JSON_TAG`` / ``JSON_VARIANTS``): one walk for a config file and a
+  JSON artifact (before, only config.py's ``to_config`` / ``from_config`` knew the tag)."""
+  cfg = config.from_mapping(TrainConfig, {"objective": {"name": "grpo", "eps_high": 0.28},
+                                          "rollout": {"group_size": 4}})
+  enc = codec.encode(cfg)
+  assert list(enc["objective"])[:2] == ["name", "eps_low"] and enc == config.to_dict(cfg)
+  back = codec.decode(TrainConfig, json.loads(json.dumps(enc)), "t.json")
+  assert back == cfg and type(back.objective) is type(cfg.objective)
+  with pytest.raises(ArtifactError, match=r"^t\.json: field 'objective\.name' must be one of "):
+    codec.decode(TrainConfig, {**enc, "objective": {"name": "ppo"}}, "t.json")

@@ -134,6 +134,6 @@ def test_group_relative_objectives_refuse_groups_of_one(objective):
 
 def test_objectives_whose_rows_stand_alone_accept_groups_of_one():
   raw = dict(name="disa", reward_transform=dict(kind="raw"))  # r~ = r: no group statistic
-  assert not objectives.Objective.from_config(raw).group_relative
+  assert not config_lib.from_mapping(objectives.Objective, raw).group_relative
   assert _train(raw, 1).rollout.group_size == 1
   assert not objectives.ReplaySft().group_relative

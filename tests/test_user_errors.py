@@ -81,7 +81,7 @@ MISTAKES = [
      ["DISA_HEARTBEAT_TIMEOUT_S='soon' must be a number of seconds > 2"]),
 ]
 # NaN / +-inf in a float of every stage's config, typed or in an open section (`engine.vllm_kwargs`
-# took them until `config.refuse_nonfinite`): one line naming the dotted field and the value.
+# took them until `codec.refuse_nonfinite`): one line naming the dotted field and the value.
 NONFINITE = [
     ("stage1", [S1], "beta", "inf"),
     ("stage1", [S1], "engine.vllm_kwargs.gpu_memory_utilization", "inf"),

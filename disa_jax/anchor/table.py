@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax import paths
+from disa_jax import codec, paths
 from disa_jax.anchor.frozen import Anchor, AnchorMeta, EmbeddingSpec
 from disa_jax.estimators.reward_transforms import RewardTransform
 
@@ -69,7 +69,7 @@ class TableAnchor:
     d = paths.as_path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     data = {"log_z": self.log_z, "source": self.source, "beta": self.meta.beta,
-            "reward_transform": self.meta.reward_transform.to_dict(),
+            "reward_transform": codec.encode(self.meta.reward_transform),
             "label_scale": self.meta.label_scale}
     tmp = d / (TABLE_FILE + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -80,7 +80,8 @@ class TableAnchor:
   def load(cls, directory: str | os.PathLike) -> "TableAnchor":
     d = json.loads((paths.as_path(directory) / TABLE_FILE).read_text())
     return cls(d["log_z"], beta=d["beta"], label_scale=d["label_scale"], source=d["source"],
-               reward_transform=RewardTransform.from_dict(d["reward_transform"]))
+               reward_transform=codec.decode(RewardTransform, d["reward_transform"],
+                                              "reward_transform"))
 
 
 def load_anchor(directory: str | os.PathLike):

@@ -16,7 +16,7 @@ files (a directory of ``part-NNNNNN.parquet``):
     log_z_is, log_z_gm, ess, cv2, max_weight_share   float (labels and diagnostics; NaN allowed)
     n_valid           int
     beta              float > 0
-    reward_transform  dict (RewardTransform.to_dict())
+    reward_transform  dict (codec.encode(RewardTransform))
     label_scale       'sum' | 'mean'     scale of the log-prob terms in the label
     proposal_logprobs 'processed' | 'raw' which proposal density was used
 
@@ -47,7 +47,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from disa_jax import paths
+from disa_jax import codec, paths
 from disa_jax.checkpoint.files import OutputWriteError, naming
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import parquet
@@ -123,7 +123,7 @@ def build_records(prompt_ids: Sequence[str],
     rec = {"prompt_id": str(pid), "prompt": prompt, "samples": [_clean_sample(s) for s in ss]}
     rec.update({k: float(stats[k][i]) for k in STAT_FIELDS})
     rec.update({"n_valid": int(stats["n_valid"][i]), "beta": float(beta),
-                "reward_transform": reward_transform.to_dict(), "label_scale": label_scale,
+                "reward_transform": codec.encode(reward_transform), "label_scale": label_scale,
                 "proposal_logprobs": proposal_logprobs})
     out.append(rec)
   return out
@@ -416,7 +416,7 @@ def _check_record(r: Any) -> str | None:
   if r["proposal_logprobs"] not in PROPOSAL_LOGPROBS:
     return f"proposal_logprobs must be one of {PROPOSAL_LOGPROBS}, got {r['proposal_logprobs']!r}"
   try:
-    RewardTransform.from_dict(r["reward_transform"])
+    codec.decode(RewardTransform, r["reward_transform"], "reward_transform")
   except (TypeError, ValueError) as e:
     return f"reward_transform invalid: {e}"
   for f in STAT_FIELDS:  # optional (NaN when absent or null); a stored value must be a number
@@ -494,6 +494,7 @@ def load_stage1(path: str | os.PathLike, fmt: str = "auto") -> Stage1Data:
                     logp_ref=arr["logp_ref"], logp_proposal=arr["logp_proposal"], reward=arr["reward"],
                     num_tokens=arr["num_tokens"], mask=arr["mask"], grade_error=grade_error,
                     stats=stats, beta=float(ref["beta"]),
-                    reward_transform=RewardTransform.from_dict(ref["reward_transform"]),
+                    reward_transform=codec.decode(RewardTransform, ref["reward_transform"],
+                                                  "reward_transform"),
                     label_scale=ref["label_scale"], proposal_logprobs=ref["proposal_logprobs"],
                     records=good)

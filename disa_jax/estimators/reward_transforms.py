@@ -25,7 +25,6 @@ anchor fitted under a different one (``RewardTransform.check_matches``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax.numpy as jnp
 
@@ -71,19 +70,12 @@ class RewardTransform:
 
   JSON_STRICT = True  # (`codec`: unknown keys are refused)
 
-  def to_dict(self) -> dict[str, Any]:
-    return codec.encode(self)
-
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> "RewardTransform":
-    return codec.decode(cls, d, "reward_transform")
-
   def check_matches(self, other: "RewardTransform", what: str = "anchor") -> None:
     """Raises if ``other`` differs from this transform (e.g. the anchor's vs the run's)."""
     if self != other:
       raise ValueError(
-          f"reward transform mismatch: this run uses {self.to_dict()} but the {what} was built with "
-          f"{other.to_dict()}; refit the {what} or change reward_transform")
+          f"reward transform mismatch: this run uses {codec.encode(self)} but the {what} was built with "
+          f"{codec.encode(other)}; refit the {what} or change reward_transform")
 
 
 def transform_rewards(reward: jnp.ndarray,

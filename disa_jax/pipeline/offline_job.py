@@ -95,7 +95,7 @@ class OfflineStage2Config:
 
 
 @dataclasses.dataclass(frozen=True)
-class OfflineConfig:
+class OfflineConfig(config_lib.Section):
   """Typed, validated view of `configs/offline_synthetic.py` (the fields are documented there)."""
 
   seed: int
@@ -103,10 +103,6 @@ class OfflineConfig:
   stage1: OfflineStage1Config
   stage2: OfflineStage2Config
 
-  @classmethod
-  def from_config(cls, config: Any) -> "OfflineConfig":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return config_lib.from_mapping(cls, config)
 
   @property
   def fit(self) -> AnchorFitConfig:

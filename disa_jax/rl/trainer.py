@@ -23,88 +23,39 @@ a checkpoint of the steps done (`disa_jax.preemption`); the rerun resumes exactl
 ``<workdir>/metrics.jsonl`` and TensorBoard (process 0 only); a tqdm bar shows the ETA.
 
 A run resumes from the latest checkpoint in ``<workdir>/checkpoints`` automatically, after checking
-that the checkpoint was written by the same run (the config sections of `RESUME_SECTIONS`, model
-identity, parameter shapes), with an error that names the first field that differs. ``total_steps``
-may grow (the loop runs on to the new end) unless the learning rate decays (``optim.decay_frac``):
-the decay phase starts at a share of the run's updates, so the schedule would belong to neither run
-(the Stage 3 command refuses any change of it, `disa_jax.workflows.stage3`). When metrics.jsonl
-holds damaged rows at or before the latest checkpoint, the run resumes from the latest checkpoint
-before them instead, deleting the newer ones, so that the lost rows are computed again
-(`disa_jax.rl.metrics`); without such a checkpoint it resumes from the latest and warns that those
-rows stay lost. Multi-host runs execute this same loop on every process (see `disa_jax.rl.collect`
-and `disa_jax.parallel.distributed`).
+that the checkpoint was written by the same run; what a checkpoint records, which one a rerun
+resumes from and the checks are the run's identity and resume (`disa_jax.rl.run_state`,
+`RunCheckpoints`). Multi-host runs execute this same loop on every process (see
+`disa_jax.rl.collect` and `disa_jax.parallel.distributed`).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
-import warnings
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 from tqdm.auto import tqdm
 
 from disa_jax import config as config_lib
-from disa_jax import optim, preemption
-from disa_jax.checkpoint import CheckpointManager, selection
-from disa_jax.checkpoint.identity import flatten
+from disa_jax import preemption
 from disa_jax.checkpoint.selection import Selection
 from disa_jax.parallel import distributed
-from disa_jax.rl import async_rollout
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, scan_jsonl
-from disa_jax.rl.objectives import Objective
+from disa_jax.rl.metrics import MetricsLogger
 from disa_jax.rl.prompts import PromptItem
+from disa_jax.rl.run_state import RunCheckpoints
+# The run's identity helpers, where the Stage 3 command imports them from (`rl.run_state`'s).
+from disa_jax.rl.run_state import (IDENTITY_FIELDS, recorded_train_identity,  # noqa: F401
+                                   train_identity)
 from disa_jax.rl.scorer import BatchScorer, replay_stats
 from disa_jax.rl.update import PolicyUpdater
-
-# Config sections a resumed run must share with the checkpoint (what a step computes and what
-# validation selects on; total_steps may grow under a constant learning rate: `_check_schedule`).
-RESUME_SECTIONS = ("objective", "optim", "rollout", "replay", "validation", "seed", "shuffle")
-
 
 # Per thread, a callable given each `Trainer` the thread builds, once built (unset: none):
 # `disa_jax.rl.seed_batch` routes a seed's device calls through its thread's batch of seeds.
 BUILD_HOOK = threading.local()
-
-
-# What a Stage 3 run's identity holds of its train config (`disa_jax.workflows.stage3`): what a
-# step computes, and total_steps (the learning-rate schedule, the end of the run).
-IDENTITY_FIELDS = RESUME_SECTIONS + ("total_steps",)
-
-
-def train_identity(train: Mapping[str, Any]) -> dict[str, Any]:
-  """``{'train.<section>.<field>': value}`` of a train config's `IDENTITY_FIELDS` (``train``: as
-  `config_lib.to_dict` spells a `TrainConfig`)."""
-  return flatten("train", {k: train[k] for k in IDENTITY_FIELDS})
-
-
-def recorded_train_identity(workdir: str | os.PathLike, objective: Objective) -> dict[str, Any]:
-  """`train_identity` of the train config in the latest readable checkpoint of ``workdir`` ({}
-  when there is none): what an identity file written before those fields existed lacks."""
-  for step in reversed(selection.finished_steps(workdir)):
-    try:
-      meta = selection.read_meta(workdir, step)
-    except (OSError, ValueError):  # a damaged checkpoint: the one before it
-      continue
-    return train_identity(saved_train_config(meta.get("config") or {}, objective))
-  return {}
-
-
-def saved_train_config(saved: Mapping[str, Any], objective: Objective) -> dict[str, Any]:
-  """A checkpoint's train config (its meta's ``config``) as `config_lib.to_dict` spells it, a field
-  it does not record (written before the field existed) taking its default (the objective's: those
-  of ``objective``'s class when the checkpoint's section lacks them)."""
-  defaults = {f.name: config_lib.to_dict(f.default) for f in dataclasses.fields(TrainConfig)
-              if f.init}
-  defaults["objective"] = config_lib.to_dict(type(objective)())
-  return {name: ({**default, **(saved.get(name) or {})} if isinstance(default, dict)
-                 else saved.get(name, default)) for name, default in defaults.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,23 +104,14 @@ class Trainer:
     self.cfg, self.workdir, self.parts = cfg, workdir, parts
     self.identity, self.measures = dict(identity or {}), measures
     self.validation_prompts = list(validation_prompts)
-    self.ckpt = CheckpointManager(f"{workdir}/checkpoints", max_to_keep=cfg.checkpoint.keep,
-                                  async_save=cfg.checkpoint.async_save)
-    self._restored_in_flight: dict[int, Any] = {}
-    self.start_step = 0
-    self.selection = Selection(metric=f"eval/mean@{cfg.validation.n}")
+    self.checkpoints = RunCheckpoints(cfg, workdir, updater=parts.updater,
+                                      pipeline=parts.pipeline, identity=self.identity)
+    self.ckpt = self.checkpoints.manager
     self.preempted_at: int | None = None  # the step a preemption signal stopped the run at
-    self._saved_step: int | None = None
-    latest = self.ckpt.latest_step()
-    start = self._resume_point(latest)
-    if start is not None:
-      self._resume(start)
-    if start != latest:  # checked and restored first: only then are the newer ones deleted
-      dropped = self.ckpt.discard_after(start)
-      warnings.warn(f"{workdir}/{METRICS_FILE}: damaged rows of steps up to {latest}; resuming "
-                    f"from checkpoint {start} to compute steps {start + 1}-{latest} again "
-                    f"(checkpoints {dropped} deleted: they are written again)", RuntimeWarning)
-    self.logger = (MetricsLogger(workdir, resume_step=start, tensorboard=cfg.tensorboard,
+    resumed = self.checkpoints.resume()
+    self.start_step, self._restored_in_flight = resumed.step or 0, dict(resumed.in_flight)
+    self.selection = resumed.selection or Selection(metric=f"eval/mean@{cfg.validation.n}")
+    self.logger = (MetricsLogger(workdir, resume_step=resumed.step, tensorboard=cfg.tensorboard,
                                  wandb=cfg.wandb,
                                  run_config={"train": config_lib.to_dict(cfg),
                                              "identity": dict(self.identity)})
@@ -178,114 +120,11 @@ class Trainer:
     if hook is not None:
       hook(self)
 
-  # -- checkpoints -------------------------------------------------------------------------------
-
-  def _meta(self, step: int) -> dict[str, Any]:
-    return {"rl_step": step, "data_position": step, "config": config_lib.to_dict(self.cfg),
-            "identity": self.identity, "param_shapes": self.parts.updater.param_shapes(),
-            "selection": self.selection.to_json()}
-
-  def _in_flight_path(self, step: int) -> str:
-    return f"{self.workdir}/in_flight/{step}.npz"
+  # -- checkpoints (`disa_jax.rl.run_state`) -----------------------------------------------------
 
   def save(self, step: int) -> None:
-    """Checkpoints the state after ``step`` steps, keeping the best validated step as well; with
-    asynchronous rollouts, the batches already sampled by older weights beside it."""
-    pipeline = self.parts.pipeline
-    if pipeline is not None:
-      batches = pipeline.in_flight(step)
-      if batches and distributed.is_main_process():
-        async_rollout.save_batches(self._in_flight_path(step), batches)
-    self.ckpt.save(step, self.parts.updater.checkpoint_state(), self._meta(step), force=True,
-                   keep_also=self.selection.best_step)
-    self._saved_step = step
-    if pipeline is not None and distributed.is_main_process():
-      kept = {str(s) for s in self.ckpt.all_steps()} | {str(step)}
-      for f in Path(self.workdir, "in_flight").glob("*.npz"):
-        if f.stem not in kept:
-          f.unlink()
-
-  def _resume_point(self, latest: int | None) -> int | None:
-    """The checkpoint to resume from: ``latest``, or the latest before the first damaged row of
-    metrics.jsonl when that row is not after ``latest`` (see the module docstring). Process 0
-    reads the file; every process resumes from its choice."""
-    if latest is None:
-      return None
-    path = os.path.join(self.workdir, METRICS_FILE)
-    lost = scan_jsonl(path).first_lost_step() if distributed.is_main_process() else None
-    lost = int(distributed.process_allgather(np.asarray([-1 if lost is None else lost],
-                                                        np.int32))[0, 0])  # process 0's
-    if lost < 0 or lost > latest:  # nothing damaged, or only rows the resume recomputes anyway
-      return latest
-    earlier = [s for s in self.ckpt.intact_steps() if s < lost]
-    if not earlier:
-      warnings.warn(f"{path}: a damaged row holds a step from {lost} on, but no checkpoint before "
-                    f"step {lost} is left (train.checkpoint.keep); resuming from step {latest}, "
-                    "so the damaged rows stay lost (copied aside) and the rows after them are kept",
-                    RuntimeWarning)
-      return latest
-    return earlier[-1]
-
-  def _check_resumable(self, step: int, saved: Mapping[str, Any]) -> None:
-    """Names the first config field, identity entry or parameter shape that differs.
-
-    A field the checkpoint does not record (written before the field existed) counts as its
-    default; an identity entry it records that this run does not (the input paths, compared by
-    content in the stage's identity file since) is not compared.
-    """
-    now = self._meta(step)
-    recorded = saved_train_config(saved["config"], self.cfg.objective)
-    where = f"cannot resume {self.workdir}: checkpoint {step} was written with"
-    for section in RESUME_SECTIONS:
-      old, new = recorded[section], now["config"][section]
-      if isinstance(new, dict):
-        for key in sorted(set(old) | set(new), key=lambda k: (k != "name", k)):  # name first
-          if old.get(key) != new.get(key):
-            raise ValueError(f"{where} {section}.{key}={old.get(key)!r}, this run has "
-                             f"{new.get(key)!r}")
-      elif old != new:
-        raise ValueError(f"{where} {section}={old!r}, this run has {new!r}")
-    self._check_schedule(where, recorded["total_steps"])
-    for key in sorted(now["identity"]):
-      if saved.get("identity", {}).get(key) != now["identity"].get(key):
-        raise ValueError(f"{where} {key}={saved.get('identity', {}).get(key)!r}, this run has "
-                         f"{now['identity'].get(key)!r}")
-    old_shapes = saved.get("param_shapes", {})
-    for name, shape in now["param_shapes"].items():
-      if old_shapes.get(name) != shape:
-        raise ValueError(f"{where} parameter {name} of shape {old_shapes.get(name)}, this run's "
-                         f"model has {shape}")
-    if saved["data_position"] != step:
-      raise ValueError(f"checkpoint {step}: data_position {saved['data_position']} != step")
-
-  def _check_schedule(self, where: str, saved_steps: int) -> None:
-    """Refuses another ``total_steps`` when the learning rate's decay phase depends on it."""
-    oc, updates = self.cfg.optim, self.cfg.rollout.num_minibatches
-    old = optim.decay_boundary(oc.decay_frac, saved_steps * updates)
-    new = optim.decay_boundary(oc.decay_frac, self.cfg.total_steps * updates)
-    if old != new:
-      raise ValueError(f"{where} total_steps={saved_steps}, this run has {self.cfg.total_steps}: "
-                       f"with optim.decay_frac={oc.decay_frac} the learning rate's decay phase "
-                       f"starts at optimizer update {old} there and {new} here, so the resumed "
-                       "run would follow neither schedule; use its total_steps or a new workdir")
-
-  def _resume(self, step: int) -> None:
-    meta = self.ckpt.read_meta(step)
-    self._check_resumable(step, meta)
-    if meta.get("selection"):
-      self.selection = Selection.from_json(meta["selection"])
-    updater = self.parts.updater
-    _, restored, _ = self.ckpt.restore(updater.checkpoint_state(), step)
-    updater.load_checkpoint_state(restored)
-    self.start_step = self._saved_step = step
-    if self.parts.pipeline is not None and step > 0:
-      path = self._in_flight_path(step)
-      if not os.path.exists(path):
-        raise ValueError(f"cannot resume {self.workdir}: checkpoint {step} was written with "
-                         f"rollout.max_staleness={self.cfg.rollout.max_staleness} but its in-flight "
-                         f"rollouts {path} are missing")
-      self._restored_in_flight = async_rollout.load_batches(path)
-    updater.push()
+    """Checkpoints the state after ``step`` steps (`RunCheckpoints.save`)."""
+    self.checkpoints.save(step, self.selection)
 
   # -- one RL step -------------------------------------------------------------------------------
 
@@ -355,7 +194,7 @@ class Trainer:
               and 0 not in dict(self.selection.scores)):  # not again after a resume from 0
             self._validate_at_start()
           if preemption.agreed(distributed.any_process):
-            if self._saved_step != step and step > 0:
+            if self.checkpoints.saved_step != step and step > 0:
               self.save(step)
             self.preempted_at = step
             break

@@ -2,7 +2,7 @@
 
 A task is keyed by one name, the same string in three places: the reward registry
 (`disa_jax.rewards.register_reward`, the one registry of tasks), the ``ability`` field of prompt
-records (`disa_jax.data.records.PromptRecord.ability`) and `get_task`, which reads that registry's
+records (`disa_jax.data.records.PromptRecord.ability`) and `registry.get_task`, which reads that registry's
 entry. Its parts:
 
 - the reward: `Task.reward_fn` resolves the registered reward of the task's name;
@@ -11,6 +11,8 @@ entry. Its parts:
   (the sum task, registered with its reward); None otherwise (math, code);
 - `Task.measures`: the per-task measurement hook of Stage 3 and evaluation; the exact measures
   (`disa_jax.eval.exact.ExactTracker`) of a task with an exact target, None for the others.
+
+`disa_jax.tasks.registry` looks tasks up by name and imports the plugins that register more.
 """
 from __future__ import annotations
 
@@ -81,18 +83,3 @@ class Task:
     return ExactTracker(cfg, tokenizer, prompts, metas, self.correct_set, self.reward_fn(),
                         ref_scorer(), max_tokens=max_tokens)
 
-
-def get_task(ability: str) -> Task:
-  """The task of ``ability`` (a prompt record's ``ability``, a registered reward's name).
-
-  Raises:
-    KeyError: for an unknown ability (the message names it and the known ones).
-  """
-  if ability not in rewards.reward_names():
-    raise KeyError(f"no task is registered for ability {ability!r}; known tasks: {task_names()}")
-  return Task(ability, correct_set=rewards.correct_set_of(ability))
-
-
-def task_names() -> list[str]:
-  """The registered tasks' names (the reward registry's), sorted."""
-  return rewards.reward_names()

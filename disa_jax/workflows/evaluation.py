@@ -48,14 +48,14 @@ from disa_jax.eval import diversity, metrics, runner
 from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
-from disa_jax.workflows.stage1 import import_reward_plugins
 
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(config_lib.Section):
   """Typed view of `configs/eval_paper.py` (the fields are documented there)."""
 
   output_dir: str
@@ -106,10 +106,6 @@ class EvalConfig:
       raise ValueError(f"math_k and code_k must be >= 1, diversity_k >= 2, limit >= 0; got "
                        f"{self.math_k}, {self.code_k}, {self.diversity_k}, {self.limit}")
 
-  @classmethod
-  def from_config(cls, config: Any) -> "EvalConfig":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return config_lib.from_mapping(cls, config)
 
   @property
   def method(self) -> str:

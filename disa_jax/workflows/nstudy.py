@@ -57,7 +57,7 @@ OUTPUTS = ("subset.json", "subset.jsonl", "stage1", "nstudy.json", "nstudy.png")
 
 
 @dataclasses.dataclass(frozen=True)
-class NStudyConfig:
+class NStudyConfig(config_lib.Section):
   """Typed view of `configs/nstudy_paper.py` (the fields are documented there).
 
   ``stage1`` is the Stage 1 config of the whole prompt set (its ``prompts_path`` is the corpus the
@@ -91,10 +91,6 @@ class NStudyConfig:
       raise ValueError(f"ks must be >= 3 increasing values >= 1 (the elbow needs a curve), got "
                        f"{self.ks}")
 
-  @classmethod
-  def from_config(cls, config: Any) -> "NStudyConfig":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return config_lib.from_mapping(cls, config)
 
   def pool_config(self) -> Stage1Config:
     """The Stage 1 run of the subset: ``pool_size`` samples per prompt, in ``<output_dir>/stage1``."""

@@ -29,7 +29,7 @@ from disa_jax.workflows.stage1 import encode_stage1_prompts
 
 
 @dataclasses.dataclass(frozen=True)
-class SftConfig:
+class SftConfig(config_lib.Section):
   """Typed view of `configs/sft_paper.py` (the fields are documented there)."""
 
   reference_path: str
@@ -44,10 +44,6 @@ class SftConfig:
       if not getattr(self, name):
         raise ValueError(f"{name} is required (a local path), got ''")
 
-  @classmethod
-  def from_config(cls, config: Any) -> "SftConfig":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field)."""
-    return config_lib.from_mapping(cls, config)
 
 
 @dataclasses.dataclass(frozen=True)

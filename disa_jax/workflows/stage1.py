@@ -26,7 +26,6 @@ none is left). The dataset has one writer at a time (a second run gets `OutputLo
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import time
@@ -39,8 +38,6 @@ import numpy as np
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax import models, paths, preemption, rewards
-# Registers the built-in tasks' rewards by name ('sum_task'; `disa_jax.rewards` holds math, code).
-from disa_jax import tasks  # pylint: disable=unused-import
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.files import naming
 from disa_jax.data import loaders
@@ -54,6 +51,8 @@ from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
 from disa_jax.scoring.batched import SEQS_PER_ROW, SequenceScorer
+# (Importing `disa_jax.tasks` registers the built-in tasks' rewards: 'sum_task'.)
+from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import prompting
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -105,7 +104,7 @@ class ScorerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage1Config:
+class Stage1Config(config_lib.Section):
   """Typed view of `configs/stage1_paper.py` (the fields are documented there)."""
 
   prompts_path: str
@@ -151,11 +150,6 @@ class Stage1Config:
       raise ValueError(f"limit must be >= 0, prompts_per_batch and max_prompt_len >= 1; got "
                        f"{self.limit}, {self.prompts_per_batch}, {self.max_prompt_len}")
 
-  @classmethod
-  def from_config(cls, config: Any, where: str = "config") -> "Stage1Config":
-    """From a ConfigDict / dict (unknown fields and bad values raise, naming the field); ``where``
-    names the section when the Stage 1 config is part of another (the N-study's ``stage1``)."""
-    return config_lib.from_mapping(cls, config, where)
 
   def dataset_path(self) -> paths.AnyPath:
     """Where the Stage 1 dataset lives (a .jsonl file or a parquet part directory)."""
@@ -166,15 +160,6 @@ class Stage1Config:
 # ------------------------------------------------------------------------------------------------
 # Shared helpers (also used by Stage 2 and evaluation).
 # ------------------------------------------------------------------------------------------------
-
-
-def import_reward_plugins(modules: Sequence[str]) -> None:
-  """Imports modules that call `disa_jax.rewards.register_reward` (task rewards by name)."""
-  for m in modules:
-    try:
-      importlib.import_module(m)
-    except ImportError as e:
-      raise ValueError(f"reward_plugins: cannot import {m!r}: {e}") from e
 
 
 def load_reference(path: str, scorer: ScorerConfig):
@@ -298,7 +283,7 @@ def stage1_summary(data: Any, run: dict[str, float] | None = None) -> dict[str, 
       "prompts": int(mask.shape[0]),
       "samples": int(mask.sum()),
       "beta": data.beta, "label_scale": data.label_scale,
-      "reward_transform": data.reward_transform.to_dict(),
+      "reward_transform": codec.encode(data.reward_transform),
       "proposal_logprobs": data.proposal_logprobs,
       "ess": _quantiles(data.stats.ess),
       "ess_fraction": _quantiles(data.stats.ess / np.maximum(n_valid, 1)),

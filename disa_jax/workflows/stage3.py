@@ -63,10 +63,10 @@ from disa_jax.rl.trainer import recorded_train_identity, train_identity
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig, generation_env
 from disa_jax.rollout.types import MODEL_ENGINES
+from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
 from disa_jax.workflows.pinned_prompts import check_stage1_prompts
-from disa_jax.workflows.stage1 import import_reward_plugins
 
 DTYPES = ("float32", "bfloat16")
 

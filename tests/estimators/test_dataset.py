@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from disa_jax import codec
 from disa_jax.checkpoint.lock import OutputLockedError
 from disa_jax.estimators import (RewardTransform, Stage1FormatError, Stage1Writer, build_records, load_stage1,
                                  log_z_is)
@@ -69,7 +70,7 @@ def test_label_is_eq6_by_hand():
   rec = build_records(["q"], ["q"], [s], beta=2.0, reward_transform=RT)[0]
   lw = [-1 + 2 + 2.0, -3 + 1]
   assert rec["log_z_is"] == pytest.approx(math.log((math.exp(lw[0]) + math.exp(lw[1])) / 2), rel=1e-6)
-  assert rec["n_valid"] == 2 and rec["reward_transform"] == RT.to_dict()
+  assert rec["n_valid"] == 2 and rec["reward_transform"] == codec.encode(RT)
 
 
 def test_killed_run_partial_line_is_repaired(tmp_path):

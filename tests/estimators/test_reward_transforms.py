@@ -2,6 +2,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from disa_jax import codec
 from disa_jax.estimators import RewardTransform, transform_rewards
 
 
@@ -31,8 +32,8 @@ def test_errors_and_roundtrip():
   with pytest.raises(ValueError, match="scale"):
     RewardTransform("affine", scale=-1.0)
   t = RewardTransform("affine", scale=3.0, shift=1.0)
-  assert RewardTransform.from_dict(t.to_dict()) == t
+  assert codec.decode(RewardTransform, codec.encode(t), "reward_transform") == t
   with pytest.raises(ValueError, match="unknown fields"):
-    RewardTransform.from_dict({"kind": "raw", "bogus": 1})
+    codec.decode(RewardTransform, {"kind": "raw", "bogus": 1}, "reward_transform")
   with pytest.raises(ValueError, match="mismatch"):
     t.check_matches(RewardTransform())

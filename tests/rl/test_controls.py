@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from disa_jax import config as config_lib
 from disa_jax.rl import config as rl_config
 from disa_jax.rl import losses
 from disa_jax.rl.objectives import Grpo, Objective, ReplaySft
@@ -64,7 +65,7 @@ def test_grpo_with_kl_cov_adds_the_penalty_to_the_clipped_surrogate():
 
 
 def test_the_grpo_option_reaches_the_loss_and_bad_values_are_refused():
-  g = Objective.from_config({"name": "grpo", "eps_high": 0.28, "kl_cov_ratio": 0.2})
+  g = config_lib.from_mapping(Objective, {"name": "grpo", "eps_high": 0.28, "kl_cov_ratio": 0.2})
   assert isinstance(g, Grpo) and g.kl_cov_ratio == 0.2 and g.kl_cov_coef == 1.0
   logp, old, adv, mask = _inputs(seed=2)
   batch = type("B", (), dict(old_logp=old, signal=adv, response_mask=mask, ref_logp=None))

@@ -8,6 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
+from disa_jax import codec
 from disa_jax.rl import losses
 from disa_jax.rl.logz_head import LogZHead, masked_mean_embedding
 
@@ -311,9 +312,9 @@ def test_reward_transform_ddof_field_roundtrip_and_old_records():
   t = RewardTransform("group_zscore", ddof=1)
   r = jnp.array([[1.0, 0.0, 1.0, 1.0]])
   np.testing.assert_allclose(t.apply(r), losses.group_zscore_advantages(r, ddof=1), rtol=1e-6)
-  assert RewardTransform.from_dict(t.to_dict()) == t
+  assert codec.decode(RewardTransform, codec.encode(t), "reward_transform") == t
   old = {"kind": "group_zscore", "scale": 1.0, "shift": 0.0, "eps": 1e-6}  # written before ddof
-  assert RewardTransform.from_dict(old).ddof == 0
+  assert codec.decode(RewardTransform, old, "reward_transform").ddof == 0
   with pytest.raises(ValueError, match="mismatch"):
     t.check_matches(RewardTransform("group_zscore"))
   with pytest.raises(ValueError, match=r"RewardTransform.ddof must be one of .* got 3"):

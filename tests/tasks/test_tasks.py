@@ -17,7 +17,7 @@ from disa_jax.data.records import PromptRecord
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTargetConfig, ExactTracker
 from disa_jax.rollout.types import Completion
 from disa_jax.tasks import sum as sum_task
-from disa_jax.tasks.base import Task, get_task
+from disa_jax.tasks import Task, get_task
 from disa_jax.workflows import stage3
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from configs import eval_paper, stage1_paper, stage2_paper, stage3_paper
-from disa_jax import testing
+from disa_jax import codec, testing
 from disa_jax.estimators import RewardTransform, build_records
 from disa_jax.estimators.dataset import STAT_FIELDS, Stage1Data, Stage1Stats
 from disa_jax.rollout import flat_weights
@@ -45,7 +45,7 @@ def test_paper_configs_resolve_with_the_papers_settings():
     obj = s3.train.objective
     assert s1.beta == obj.beta and s2.stage1_path.startswith(s1.output_dir)
     assert s1.label_scale == obj.scale
-    assert s1.reward_transform == RewardTransform(**obj.reward_transform.to_dict())
+    assert s1.reward_transform == RewardTransform(**codec.encode(obj.reward_transform))
   assert (s2.fit.hidden_sizes, s2.fit.learning_rate, s2.fit.batch_size, s2.fit.epochs) == ((64,), 1e-3, 1024, 80)
   ev = eval_paper.get_config("all")
   ev.model_path, ev.output_dir = "m", "o"

@@ -28,7 +28,8 @@ Adding an objective is one class in the module of its family (`trajectory_balanc
 `policy_gradient`, `supervised`; the protocol and registry are `base`): subclass `Objective` (or
 `TrajectoryBalance`), declare its needs, implement `row_signal` and `loss` (and, with state,
 `init_state` and `state_forward`), and decorate it with `@register`. Configs select it with ``objective.name`` and set its fields by name
-(`Objective.from_config`); see `docs/objectives.md`.
+(`disa_jax.config.from_mapping`: the objective is a `disa_jax.codec` tagged union); see
+`docs/objectives.md`.
 """
 from disa_jax.rl.objectives.base import (HEAD_OPTIMIZERS, REGISTRY, Array, Needs, Objective,
                                          ObjectiveState, default_config, names, register)

@@ -11,8 +11,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from disa_jax.config import from_mapping
-from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.config import to_dict
 from disa_jax.rl import losses
 
 HEAD_OPTIMIZERS = ("separate", "joint")
@@ -131,6 +130,10 @@ class Objective(abc.ABC):
   # Prop. 3(i)); False recomputes pi_old, the policy before the step's updates, and corrects
   # mu -> pi_old itself where it declares so (`PolicyGradient.is_correction`).
   behaviour_as_old_logp: ClassVar[bool] = False
+  # A config's objective section is the registered objective its ``name`` entry picks, the other
+  # entries its fields (`disa_jax.codec`'s tagged union; ``name`` written first).
+  JSON_TAG: ClassVar[str] = "name"
+  JSON_VARIANTS: ClassVar[Mapping[str, type]] = REGISTRY
 
   def needs(self, rollout: Any) -> Needs:
     """What this objective reads under the ``rollout`` section (`disa_jax.rl.config.
@@ -228,32 +231,8 @@ class Objective(abc.ABC):
                        "allows_replay: " + ", ".join(n for n, c in sorted(REGISTRY.items())
                                                      if c.allows_replay) + ")")
 
-  def to_config(self) -> dict[str, Any]:
-    out = {"name": self.name}
-    for f in dataclasses.fields(self):
-      v = getattr(self, f.name)
-      out[f.name] = v.to_dict() if isinstance(v, RewardTransform) else v
-    return out
-
-  @classmethod
-  def from_config(cls, value: Any, where: str = "objective") -> "Objective":
-    """Builds the objective named by ``value['name']`` with the other entries as its fields."""
-    value = value.to_dict() if hasattr(value, "to_dict") else value
-    if isinstance(value, Objective):
-      return value
-    if not isinstance(value, Mapping) or "name" not in value:
-      raise ValueError(f"{where} must be a mapping with a 'name' in {names()}, got {value!r}")
-    name = value["name"]
-    if name not in REGISTRY:
-      raise ValueError(f"{where}.name must be one of {names()}, got {name!r}")
-    obj = from_mapping(REGISTRY[name], {k: v for k, v in value.items() if k != "name"}, where)
-    if cls is not Objective and not isinstance(obj, cls):
-      raise ValueError(f"{where}.name={name!r} is not a {cls.__name__}")
-    return obj
-
-
 def default_config(name: str) -> dict[str, Any]:
   """Every field of objective ``name`` with its default (a config file's starting point)."""
   if name not in REGISTRY:
     raise ValueError(f"objective name must be one of {names()}, got {name!r}")
-  return REGISTRY[name]().to_config()
+  return to_dict(REGISTRY[name]())
