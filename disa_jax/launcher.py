@@ -14,7 +14,8 @@
 - A user mistake is ONE line on stderr, ``error: ...``, and exit code 2, in every entry point: a
   flag that does not parse (absl's own errors included), an unknown or ill-typed config field, a
   bad value, a missing or unwritable path, an output holding another run's results
-  (`IdentityMismatchError`) or locked by another writer (`OutputLockedError`). ``--verbose``
+  (`IdentityMismatchError`) or locked by another writer (`OutputLockedError`), a resume without a
+  usable checkpoint (`CheckpointUnreadableError`). A warning is one ``warning: ...`` line. ``--verbose``
   re-raises it with its traceback. Other errors of the run itself keep their traceback.
 - Only process 0 of a multi-process run prints the config, the notes and the result
   (`is_main_process`, which needs no JAX backend).
@@ -28,6 +29,7 @@ import logging
 import os
 import runpy
 import sys
+import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -39,6 +41,7 @@ from disa_jax import config as config_lib
 from disa_jax.checkpoint.files import OutputWriteError
 from disa_jax.checkpoint.identity import IdentityMismatchError
 from disa_jax.checkpoint.lock import OutputLockedError
+from disa_jax.checkpoint.verify import CheckpointUnreadableError
 from disa_jax.parallel import distributed
 from disa_jax.workflows.preflight import check_outputs, preflight
 
@@ -51,7 +54,9 @@ USAGE_EXIT = 2
 USER_ERRORS = (ValueError, KeyError, AttributeError, TypeError, OSError, flags.Error)
 # User mistakes a run finds itself (after the checks), and an output it cannot write (a full or
 # read-only disk, the error naming the file): one line too.
-RUN_USER_ERRORS = (IdentityMismatchError, OutputLockedError, OutputWriteError)
+# A resume that finds no usable checkpoint is one line too (`CheckpointUnreadableError`).
+RUN_USER_ERRORS = (IdentityMismatchError, OutputLockedError, OutputWriteError,
+                   CheckpointUnreadableError)
 VERBOSE = ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1")
 
 
@@ -100,6 +105,12 @@ def one_line(error: BaseException, argv: Sequence[str] = ()) -> str:
   if isinstance(error, (KeyError, TypeError)):
     return f"{type(error).__name__}: {text}"
   return text
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+  """A warning as one ``warning: ...`` line (without ``--verbose``: not its source line)."""
+  del category, filename, lineno, line
+  return f"warning: {' '.join(str(message).split())}\n"
 
 
 def _fail(error: BaseException, argv: Sequence[str]) -> None:
@@ -179,6 +190,8 @@ def run_app(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None,
   argv = [resolve_config_arg(a) for a in (sys.argv if argv is None else argv)]
   # JAX logs at INFO which backends it could not open (e.g. libtpu on a GPU or CPU machine).
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  if not any(a in VERBOSE for a in argv):
+    warnings.formatwarning = _one_line_warning
   with user_errors(argv, started):
     app.run(main, argv=argv, flags_parser=_parse_flags)
 
