@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from disa_jax import paths
 from disa_jax.checkpoint import verify
@@ -237,15 +238,25 @@ class CheckpointManager:
     Raises:
       CheckpointUnreadableError: steps exist, but none of them can be read.
     """
-    chosen = next((s for s in reversed(self.intact_steps()) if self._why_not_verified(s) is None),
-                  None)
+    intact = self.intact_steps()
+    if jax.process_count() == 1:
+      chosen = next((s for s in reversed(intact) if self._why_not_verified(s) is None), None)
+    else:  # process 0 reads the bytes (one read of the shared files); every process takes its step
+      mine = (next((s for s in reversed(intact) if self._why_not_verified(s) is None), -1)
+              if jax.process_index() == 0 else -1)
+      chosen = int(multihost_utils.broadcast_one_to_all(np.int32(mine)))
+      chosen = None if chosen < 0 else chosen
+      self._verified.update({chosen} - {None})
+      for s in intact:
+        if chosen is None or s > chosen:
+          self._damage[s] = self._damage.get(s) or "its files differ from their checksums"
     damaged = [(s, why) for s, why in sorted(self._damage.items())
                if why is not None and (chosen is None or s > chosen)]
     detail = "; ".join(f"step {s}: {why}" for s, why in damaged)
     if damaged and chosen is None:
       raise CheckpointUnreadableError(f"no usable checkpoint in {self.directory}: every step is "
                                       f"damaged ({detail}); move the directory aside to start over")
-    if damaged:
+    if damaged and jax.process_index() == 0:
       several = len(damaged) > 1
       warnings.warn(f"checkpoint step{'s' * several} {', '.join(str(s) for s, _ in damaged)} in "
                     f"{self.directory} {'are' if several else 'is'} damaged and skipped ({detail}); "
