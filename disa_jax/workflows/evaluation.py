@@ -67,7 +67,7 @@ class EvalConfig:
   benchmarks: dict = dataclasses.field(default_factory=dict)
   label: str = ""
   limit: int = 0
-  save_every: int = 64
+  save_every: int = codec.field(default=64, omit=64)  # (recorded only where set: not a result's)
   math_k: int = 8
   code_k: int = 16
   temperature: float = 0.6
