@@ -239,12 +239,12 @@ class CheckpointManager:
       CheckpointUnreadableError: steps exist, but none of them can be read.
     """
     intact = self.intact_steps()
+    newest = lambda: next((s for s in reversed(intact) if self._why_not_verified(s) is None), None)
     if jax.process_count() == 1:
-      chosen = next((s for s in reversed(intact) if self._why_not_verified(s) is None), None)
+      chosen = newest()
     else:  # process 0 reads the bytes (one read of the shared files); every process takes its step
-      mine = (next((s for s in reversed(intact) if self._why_not_verified(s) is None), -1)
-              if jax.process_index() == 0 else -1)
-      chosen = int(multihost_utils.broadcast_one_to_all(np.int32(mine)))
+      mine = newest() if jax.process_index() == 0 else None
+      chosen = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if mine is None else mine)))
       chosen = None if chosen < 0 else chosen
       self._verified.update({chosen} - {None})
       for s in intact:
