@@ -438,6 +438,9 @@ def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> EvalResult:
         results[name] = BenchmarkEval.load(out_dir, name)
         continue
       if engine is None:
+        if preemption.agreed():  # (before an engine starts: nothing of this benchmark is done)
+          raise preemption.Stopped(f"evaluate: preempted ({preemption.requested()}) before "
+                                   f"benchmark {name!r}; rerun the command to resume")
         engine = cfg.engine.make(model_path)
       elif not own and name == next(iter(todo)):
         engine.update_weights(models.to_hf_state_dict(models.from_pretrained(model_path)))
