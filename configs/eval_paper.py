@@ -56,6 +56,10 @@ def get_config(arg: str = "math") -> ml_collections.ConfigDict:
   c.benchmarks = ml_collections.ConfigDict(
       {name: BENCHMARK_FILES[name] for name in SUITES[arg]})  # name -> file; '' skips it.
   c.limit = 0  # Problems per benchmark; 0 = all.
+  # Problems sampled and graded between saves of their rows to <name>_responses.jsonl: a SIGTERM
+  # stops the evaluation after the slice in progress and the rerun resumes from there (the samples
+  # do not depend on it).
+  c.save_every = 64
   c.math_k = 8  # Samples per math problem: Mean@8 (paper).
   c.code_k = 16  # Samples per code problem: pass@1 and pass@16 (paper).
   c.temperature = 0.6  # Sampling temperature (paper: 0.6).

@@ -14,7 +14,8 @@
 - A user mistake is ONE line on stderr, ``error: ...``, and exit code 2, in every entry point: a
   flag that does not parse (absl's own errors included), an unknown or ill-typed config field, a
   bad value, a missing or unwritable path, an output holding another run's results
-  (`IdentityMismatchError`) or locked by another writer (`OutputLockedError`). ``--verbose``
+  (`IdentityMismatchError`) or locked by another writer (`OutputLockedError`), a resume without a
+  usable checkpoint (`CheckpointUnreadableError`). A warning is one ``warning: ...`` line. ``--verbose``
   re-raises it with its traceback. Other errors of the run itself keep their traceback.
 - Only process 0 of a multi-process run prints the config, the notes and the result
   (`is_main_process`, which needs no JAX backend).
@@ -27,7 +28,9 @@ import json
 import logging
 import os
 import runpy
+import signal
 import sys
+import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -36,9 +39,11 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from disa_jax import config as config_lib
+from disa_jax import preemption
 from disa_jax.checkpoint.files import OutputWriteError
 from disa_jax.checkpoint.identity import IdentityMismatchError
 from disa_jax.checkpoint.lock import OutputLockedError
+from disa_jax.checkpoint.verify import CheckpointUnreadableError
 from disa_jax.parallel import distributed
 from disa_jax.workflows.preflight import check_outputs, preflight
 
@@ -51,7 +56,9 @@ USAGE_EXIT = 2
 USER_ERRORS = (ValueError, KeyError, AttributeError, TypeError, OSError, flags.Error)
 # User mistakes a run finds itself (after the checks), and an output it cannot write (a full or
 # read-only disk, the error naming the file): one line too.
-RUN_USER_ERRORS = (IdentityMismatchError, OutputLockedError, OutputWriteError)
+# A resume that finds no usable checkpoint is one line too (`CheckpointUnreadableError`).
+RUN_USER_ERRORS = (IdentityMismatchError, OutputLockedError, OutputWriteError,
+                   CheckpointUnreadableError)
 VERBOSE = ("--verbose", "--verbose=true", "--verbose=True", "--verbose=1")
 
 
@@ -102,6 +109,15 @@ def one_line(error: BaseException, argv: Sequence[str] = ()) -> str:
   return text
 
 
+_FORMAT_WARNING = warnings.formatwarning
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+  """A warning as one ``warning: ...`` line (without ``--verbose``: not its source line)."""
+  del category, filename, lineno, line
+  return f"warning: {' '.join(str(message).split())}\n"
+
+
 def _fail(error: BaseException, argv: Sequence[str]) -> None:
   print(f"error: {one_line(error, argv)}  (--verbose for the traceback)", file=sys.stderr,
         flush=True)
@@ -122,6 +138,7 @@ def is_main_process() -> bool:
 
 def define_run_flags() -> None:
   """--dry_run and --verbose, for a command with flags of its own (`run_app`)."""
+  preemption.exit_until_started()
   flags.DEFINE_bool("dry_run", False, "Validate the config, mesh, lengths, paths and outputs (no "
                     "weights load), print it, then exit.")
   flags.DEFINE_bool("verbose", False, "User mistakes with their traceback.")
@@ -131,6 +148,7 @@ def define_flags(config_help: str, default_config: str | None = None) -> Any:
   """Defines --config (a config file; ``default_config`` relative to the repository root),
   --dry_run and --verbose; returns the --config holder."""
   default = None if default_config is None else os.path.join(ROOT, default_config)
+  preemption.exit_until_started()  # a SIGTERM while the flags parse: exit 0, one line
   with user_errors(sys.argv):  # a default config is parsed, with the overrides, right here
     holder = config_flags.DEFINE_config_file("config", default, config_help)
   define_run_flags()
@@ -167,7 +185,7 @@ def user_errors(argv: Sequence[str], started: Callable[[], bool] = lambda: False
 
 
 def run_app(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None,
-            started: Callable[[], bool] = lambda: False) -> None:
+            started: Callable[[], bool] = lambda: False, begins_at_entry: bool = True) -> None:
   """`absl.app.run(main)` with its flag errors and the user mistakes of `user_errors` as one
   ``error:`` line and exit code 2.
 
@@ -175,12 +193,21 @@ def run_app(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None,
     main: the command (parsed argv -> exit code or None).
     argv: the command line (default ``sys.argv``); ``--config=`` paths resolved from the repository.
     started: whether the run itself has begun (its other errors keep their traceback then).
+    begins_at_entry: the run begins as ``main`` is entered (`preemption.started`); False: ``main``
+      calls `preemption.started` itself.
   """
+  def entry(args):
+    if begins_at_entry:
+      preemption.started()
+    return main(args)
+
   argv = [resolve_config_arg(a) for a in (sys.argv if argv is None else argv)]
   # JAX logs at INFO which backends it could not open (e.g. libtpu on a GPU or CPU machine).
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  if not any(a in VERBOSE for a in argv):
+    warnings.formatwarning = _one_line_warning
   with user_errors(argv, started):
-    app.run(main, argv=argv, flags_parser=_parse_flags)
+    app.run(entry, argv=argv, flags_parser=_parse_flags)
 
 
 def run(config: Any, convert: Callable[[Any], Any], execute: Callable[[Any], Any],
@@ -216,11 +243,16 @@ def run(config: Any, convert: Callable[[Any], Any], execute: Callable[[Any], Any
         print(json.dumps(config_lib.to_dict(cfg), indent=1, default=str))
       return
     running.append(True)
-    result = execute(cfg)
+    preemption.started()
+    try:
+      result = execute(cfg)
+    except preemption.Stopped as e:  # saved at a resume point: the rerun resumes
+      print(e, file=sys.stderr, flush=True)
+      return
     if result is not None and main_process:
       print(json.dumps(result, indent=1, default=str))
 
-  run_app(main, argv, started=lambda: bool(running))
+  run_app(main, argv, started=lambda: bool(running), begins_at_entry=False)
 
 
 def invoke(script: str, argv: Sequence[str]) -> int:
@@ -230,6 +262,7 @@ def invoke(script: str, argv: Sequence[str]) -> int:
   the flags the script defines are removed afterwards, so the next call defines them afresh.
   """
   before, old_argv = set(flags.FLAGS), sys.argv
+  handlers = {s: signal.getsignal(s) for s in preemption.SIGNALS}
   sys.argv = [script, *argv]  # ml_collections reads the --config.* overrides from sys.argv
   try:
     runpy.run_path(script, run_name="__main__")
@@ -238,6 +271,9 @@ def invoke(script: str, argv: Sequence[str]) -> int:
     return e.code if isinstance(e.code, int) else int(e.code is not None)
   finally:
     sys.argv = old_argv
+    warnings.formatwarning = _FORMAT_WARNING
+    for sig, handler in handlers.items():
+      signal.signal(sig, handler)
     for name in set(flags.FLAGS) - before:
       delattr(flags.FLAGS, name)
     flags.FLAGS.unparse_flags()

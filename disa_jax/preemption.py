@@ -9,6 +9,16 @@ durable; Stage 3 / SFT: a checkpoint at the step just finished), return a summar
 ``preempted`` set and the command exits 0. Rerunning the same command resumes exactly (the same
 results as an uninterrupted run: tests/workflows/test_preemption.py).
 
+A stage without a result to return early (Stage 2, evaluation) raises `Stopped` at its resume
+point instead, saying what it kept; the command prints that one line and exits 0
+(`disa_jax.launcher`). Stage 2 stops once its embedding pass is cached (a rerun fits from the
+cache); evaluation between chunks of prompts (each chunk's graded rows are appended to
+``<name>_responses.jsonl``; a rerun continues from the first prompt without a row).
+
+Before a run begins, while a command parses its flags and checks its config, there is nothing to
+save: `exit_until_started` makes both signals exit 0 at once with one line (no traceback), until
+`started()` (the launcher calls it as the run begins: the stage's own `watch()` then applies).
+
 Bound: the signal is acted on at the end of the step in progress, so a stage exits within one step
 (Stage 3: one RL step, ``time/step_s`` in metrics.jsonl; Stage 1: one prompt batch; SFT: one update)
 plus one checkpoint write. ``--signal``'s lead time must exceed that (launch/slurm/*.sbatch ask for
@@ -42,6 +52,34 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _received: list[int] = []  # the signals received while a `watch()` is active, in order
 _depth = [0]  # nesting of active `watch()` contexts (a workflow inside a workflow)
 _depth_lock = threading.Lock()  # (nested contexts may be entered from several threads)
+
+
+class Stopped(Exception):
+  """A stage stopped at a resume point on a preemption signal; the message says what it kept and
+  that rerunning the command resumes. The command prints it and exits 0."""
+
+
+def _exit_at_once(signum: int, frame) -> None:  # pylint: disable=unused-argument
+  print(f"preemption: received {signal.Signals(signum).name} before the run began; nothing to "
+        "save, exiting 0", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(0)  # (nothing is written yet; no exception to be caught half-way through an import)
+
+
+def exit_until_started() -> None:
+  """Until `started`: SIGTERM / SIGUSR1 exit 0 at once with one line (a command parsing its flags
+  and checking its config has nothing to save). A no-op outside the main thread."""
+  if threading.current_thread() is threading.main_thread():
+    for s in SIGNALS:
+      signal.signal(s, _exit_at_once)
+
+
+def started() -> None:
+  """The run begins: the signals' default action again (a stage's `watch()` takes them over)."""
+  if threading.current_thread() is threading.main_thread():
+    for s in SIGNALS:
+      if signal.getsignal(s) is _exit_at_once:
+        signal.signal(s, signal.SIG_DFL)
 
 
 def _handle(signum: int, frame) -> None:  # pylint: disable=unused-argument

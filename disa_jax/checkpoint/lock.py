@@ -21,16 +21,17 @@ from disa_jax import paths
 
 
 class OutputLockedError(RuntimeError):
-  """Another writer holds the output; ``path`` is the lock file, ``holder_pid`` its pid (or None)."""
+  """Another writer holds the output; ``path`` is the lock file, ``holder_pid`` its pid (or None),
+  ``holder_note`` what the holder said of itself (e.g. the main job's preset; '' if nothing)."""
 
-  def __init__(self, path: Path, holder_pid: int | None, what: str):
-    self.path, self.holder_pid, self._what = path, holder_pid, what
-    super().__init__(f"{what} is being written by another process (pid {holder_pid}; lock file "
-                     f"{path}). Wait for it to finish or stop it; two writers would mix their "
-                     f"outputs.")
+  def __init__(self, path: Path, holder_pid: int | None, what: str, holder_note: str = ""):
+    self.path, self.holder_pid, self._what, self.holder_note = path, holder_pid, what, holder_note
+    holder = f"pid {holder_pid}" + (f", {holder_note}" if holder_note else "")
+    super().__init__(f"{what} is being written by another process ({holder}; lock file {path}). "
+                     f"Wait for it to finish or stop it; two writers would mix their outputs.")
 
   def __reduce__(self):  # (pickled back from a worker process with its arguments)
-    return type(self), (self.path, self.holder_pid, self._what)
+    return type(self), (self.path, self.holder_pid, self._what, self.holder_note)
 
 
 class OutputLock:
@@ -39,9 +40,11 @@ class OutputLock:
   Args:
     path: the lock file (created; its parent must exist), or a URL (`paths.lock_file`).
     what: the output it guards, for the error message (default: the lock file's parent).
+    note: one line about this holder, written after its pid, that a refused writer's error names
+      (the main job's preset).
   """
 
-  def __init__(self, path: str | os.PathLike, what: str | None = None):
+  def __init__(self, path: str | os.PathLike, what: str | None = None, note: str = ""):
     self.path = paths.lock_file(path)
     self._fd: int | None = None
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -51,9 +54,10 @@ class OutputLock:
       os.close(fd)
       if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         raise
-      raise OutputLockedError(self.path, _read_pid(self.path), what or str(self.path.parent)) from None
+      pid, held_note = _read_holder(self.path)
+      raise OutputLockedError(self.path, pid, what or str(self.path.parent), held_note) from None
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    os.write(fd, f"{os.getpid()}\n{' '.join(note.split())}\n".encode())
     self._fd = fd
 
   @property
@@ -95,8 +99,10 @@ def owned_output(path: str | os.PathLike, what: str, claim: Callable[[], Any], *
     yield
 
 
-def _read_pid(path: Path) -> int | None:
+def _read_holder(path: Path) -> tuple[int | None, str]:
+  """The holder's pid (None before it wrote it) and note."""
   try:
-    return int(path.read_text().strip())
-  except (OSError, ValueError):  # the holder has not written its pid yet
-    return None
+    lines = path.read_text().splitlines()
+    return int(lines[0]), (lines[1] if len(lines) > 1 else "")
+  except (OSError, ValueError, IndexError):  # the holder has not written its pid yet
+    return None, ""

@@ -21,9 +21,18 @@ Retention: the last ``max_to_keep`` finished checkpoints are kept, plus the step
 reports). Older ones are deleted once a newer save has finished, never before, so a failed save
 never leaves fewer than ``max_to_keep`` finished checkpoints.
 
-A finished step whose files were damaged afterwards (a torn ``meta`` JSON, a missing ``state``
-item: a copy cut short, a disk fault) is skipped with a warning naming the step and its directory;
-`latest_step` is the newest intact one, so a resume continues from it.
+Verified, not assumed: when a save finishes (orbax's post-finalization callback, in its background
+thread for an asynchronous save) the size and CRC-32 of every file of the step are recorded in
+``<step>/checksums.json`` (`disa_jax.checkpoint.verify`). A finished step whose files were damaged
+afterwards (an array file truncated, deleted or with a flipped byte, a torn ``meta`` JSON, a missing
+``state`` item: a copy cut short, a disk fault) is not used: `intact_steps` checks every step's
+structure and file sizes (a stat per file), and `latest_step` reads the newest candidates' bytes
+against their CRCs until one matches. It warns in one line naming the damaged steps and the step
+it returns; when steps exist but none is usable it raises `CheckpointUnreadableError` naming the
+directory (a command prints it as one ``error:`` line) rather than let a resumed run start over. A
+step without checksums (saved before they existed, or by a process killed between orbax's rename
+and the manifest) is checked for structure only; a restore that then fails raises
+`CheckpointUnreadableError` naming the step instead of TensorStore's dump.
 
 The directory may be a URL (``gs://``: orbax writes it through `etils.epath`; the removals and
 checks here go through `disa_jax.paths`).
@@ -44,8 +53,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from disa_jax import paths
+from disa_jax.checkpoint import verify
+from disa_jax.checkpoint.verify import CheckpointUnreadableError
 
 PyTree = Any
 
@@ -131,11 +143,28 @@ class CheckpointManager:
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,
         create=True,
+        # (orbax calls it in its save thread, on the temporary directory before the rename)
+        async_options=(ocp.AsyncOptions(post_finalization_callback=self._record_checksums)
+                       if async_save else None),
     )
     self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                        item_names=("state", "meta"))
     self._pending_step: int | None = None  # the step of the save in flight (or the last one)
     self._damage: dict[int, str | None] = {}  # step -> why it cannot be read (None: intact)
+    self._verified: set[int] = set()  # steps whose every byte matched their checksums
+
+  def _step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def _record_checksums(self) -> None:
+    """Once the save of ``self._pending_step`` is written: its checksums, by process 0. Orbax
+    calls this for an asynchronous save before renaming the temporary directory into place, so the
+    step appears with its checksums; a synchronous save calls it after."""
+    if jax.process_index() != 0 or self._pending_step is None:
+      return
+    root = paths.as_path(self.directory)
+    tmp = list(root.glob(f"{self._pending_step}.orbax-checkpoint-tmp*"))
+    verify.write_manifest(str(tmp[0]) if len(tmp) == 1 else self._step_dir(self._pending_step))
 
   def _save_error(self, e: BaseException) -> CheckpointSaveError:
     """The `CheckpointSaveError` for a failure `e` of the save of `self._pending_step`."""
@@ -153,7 +182,11 @@ class CheckpointManager:
         step=self._pending_step, latest_step=latest, disk_full=full)
 
   def _why_unreadable(self, step: int) -> str | None:
-    """Why the finished checkpoint ``step`` cannot be restored, or None when it is intact."""
+    """Why the finished checkpoint ``step`` cannot be restored (its structure, its files' sizes
+    against its checksums, its meta), or None when it looks intact."""
+    why = verify.check(self._step_dir(step), deep=False)
+    if why is not None:
+      return why
     state = paths.as_path(self.directory) / str(step) / "state" / "_METADATA"
     if not state.is_file():
       return f"its state item is incomplete ({state} is missing)"
@@ -163,8 +196,19 @@ class CheckpointManager:
       return f"its meta cannot be read ({type(e).__name__}: {e})"
     return None
 
+  def _why_not_verified(self, step: int) -> str | None:
+    """Why ``step`` (intact by `_why_unreadable`) does not match its checksums byte for byte."""
+    if step not in self._verified:
+      why = verify.check(self._step_dir(step), deep=True)
+      if why is not None:
+        self._damage[step] = why
+        return why
+      self._verified.add(step)
+    return None
+
   def intact_steps(self) -> list[int]:
-    """The finished checkpoints that can be read, oldest first; warns once per damaged step.
+    """The finished checkpoints whose structure and file sizes are intact, oldest first (the
+    damaged ones are remembered: `latest_step` names them).
 
     Waits for a save in flight first (a step being written is not damaged).
     """
@@ -172,10 +216,7 @@ class CheckpointManager:
     out = []
     for step in sorted(self._mngr.all_steps()):
       if step not in self._damage:
-        self._damage[step] = why = self._why_unreadable(step)
-        if why is not None:
-          warnings.warn(f"checkpoint step {step} in {os.path.join(self.directory, str(step))} is "
-                        f"unreadable and skipped: {why}", RuntimeWarning)
+        self._damage[step] = self._why_unreadable(step)
       if self._damage[step] is None:
         out.append(step)
     return out
@@ -191,9 +232,36 @@ class CheckpointManager:
       self._mngr.reload()
 
   def latest_step(self) -> int | None:
-    """The newest intact finished checkpoint's step (damaged ones are skipped), or None."""
-    steps = self.intact_steps()
-    return steps[-1] if steps else None
+    """The newest finished checkpoint whose files match their checksums, or None when there is
+    none. Damaged newer steps are skipped with one warning line naming them and the step returned.
+
+    Raises:
+      CheckpointUnreadableError: steps exist, but none of them can be read.
+    """
+    intact = self.intact_steps()
+    newest = lambda: next((s for s in reversed(intact) if self._why_not_verified(s) is None), None)
+    if jax.process_count() == 1:
+      chosen = newest()
+    else:  # process 0 reads the bytes (one read of the shared files); every process takes its step
+      mine = newest() if jax.process_index() == 0 else None
+      chosen = int(multihost_utils.broadcast_one_to_all(np.int32(-1 if mine is None else mine)))
+      chosen = None if chosen < 0 else chosen
+      self._verified.update({chosen} - {None})
+      for s in intact:
+        if chosen is None or s > chosen:
+          self._damage[s] = self._damage.get(s) or "its files differ from their checksums"
+    damaged = [(s, why) for s, why in sorted(self._damage.items())
+               if why is not None and (chosen is None or s > chosen)]
+    detail = "; ".join(f"step {s}: {why}" for s, why in damaged)
+    if damaged and chosen is None:
+      raise CheckpointUnreadableError(f"no usable checkpoint in {self.directory}: every step is "
+                                      f"damaged ({detail}); move the directory aside to start over")
+    if damaged and jax.process_index() == 0:
+      several = len(damaged) > 1
+      warnings.warn(f"checkpoint step{'s' * several} {', '.join(str(s) for s, _ in damaged)} in "
+                    f"{self.directory} {'are' if several else 'is'} damaged and skipped ({detail}); "
+                    f"resuming from step {chosen}", RuntimeWarning)
+    return chosen
 
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
@@ -230,6 +298,7 @@ class CheckpointManager:
     if step < 0:
       raise ValueError(f"checkpoint step must be >= 0, got {step!r}")
     self._drop_damaged(step)
+    self._verified.discard(step)  # (a step written again is checked again)
     if not (force or self._mngr.should_save(step)):
       return False
     if keep_also is not None:
@@ -245,6 +314,8 @@ class CheckpointManager:
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
     if not self._async:
+      if started:
+        self._record_checksums()
       self._prune()
     return started
 
@@ -267,16 +338,27 @@ class CheckpointManager:
 
     Returns:
       (step, state, meta).
+
+    Raises:
+      CheckpointUnreadableError: the step's files differ from their checksums, or do not read.
     """
     if step is None:
       step = self.latest_step()
       if step is None:
         raise FileNotFoundError(f"no finished checkpoint under {self.directory}")
-    out = self._mngr.restore(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(target)),
-                                meta=ocp.args.JsonRestore()))
-    return step, out["state"], dict(out["meta"])
+    why = self._why_not_verified(step)
+    if why is None:
+      try:
+        out = self._mngr.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(target)),
+                                    meta=ocp.args.JsonRestore()))
+        return step, out["state"], dict(out["meta"])
+      except Exception as e:  # pylint: disable=broad-except  (TensorStore's many-line errors)
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+    raise CheckpointUnreadableError(
+        f"checkpoint step {step} in {self._step_dir(step)} cannot be restored ({why}); if its files "
+        f"are damaged, move it aside to resume from an earlier step")
 
   def read_meta(self, step: int | None = None) -> dict[str, Any]:
     """The JSON metadata of the checkpoint at ``step`` (default: the latest), without its arrays.

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from disa_jax import codec
+from disa_jax.checkpoint import verify
+from disa_jax.checkpoint.verify import CheckpointUnreadableError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +109,22 @@ def choose_step(run_dir: str | Path, which: str = "best") -> Choice:
   'best' reads the validation record of the latest checkpoint; a run that never validated (no
   validation prompts, or validation off) has no best, and 'best' then takes the latest checkpoint,
   saying so in the reason.
+
+  Raises:
+    CheckpointUnreadableError: the chosen step's files differ from the checksums recorded when it
+      was saved (`disa_jax.checkpoint.verify`); the error names the step and the file.
   """
+  choice = _choose_step(run_dir, which)
+  step_dir = Path(run_dir) / "checkpoints" / str(choice.step)
+  why = verify.check(str(step_dir), deep=True)
+  if why is not None:
+    raise CheckpointUnreadableError(f"checkpoint step {choice.step} in {step_dir} ({choice.reason}) "
+                                    f"is damaged: {why}; choose another step")
+  return choice
+
+
+def _choose_step(run_dir: str | Path, which: str) -> Choice:
+  """`choose_step` before the chosen step's files are checked."""
   check_which(which, "checkpoint choice")
   steps = finished_steps(run_dir)
   if not steps:

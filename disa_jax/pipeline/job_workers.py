@@ -119,6 +119,8 @@ def evaluate_rows(cfgs: Sequence[EvalConfig], ref_path: str,
         if engine is None and not done:
           engine = cfg.engine.make(ref_path)
         result = run_evaluation(cfg, engine=engine)
+      except preemption.Stopped:  # its rows so far are saved: the job's rerun resumes it
+        raise
       except Exception as e:  # pylint: disable=broad-except  (a worker's error names its row)
         raise RuntimeError(f"the evaluation of row {cfg.label!r} ({cfg.model_path}) failed: "
                            f"{type(e).__name__}: {e}") from e

@@ -35,8 +35,10 @@ import numpy as np
 
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
-from disa_jax import models, runtime
+from disa_jax import models, paths, runtime
 from disa_jax.anchor import TableAnchor, noisy_log_z
+from disa_jax.anchor.table import TABLE_FILE
+from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
 from disa_jax.data.loaders import save_prompts
 from disa_jax.data.prompting import encode_prompt
@@ -56,7 +58,7 @@ from disa_jax.pipeline.job_report import JobReport
 from disa_jax.pipeline.plan import job_plan
 from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
-from disa_jax.pipeline.sum_models import WarmupSpec, save_model, train_sum_model
+from disa_jax.pipeline.sum_models import MARKER, WarmupSpec, save_warmed_model, train_sum_model
 from disa_jax.scoring.batched import SequenceScorer
 from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult
@@ -67,6 +69,14 @@ from disa_jax.workflows.stage2 import AnchorArtifact, Stage2Config, run_stage2
 from disa_jax.workflows.stage3 import BackboneConfig, DataConfig, Stage3Config, Stage3Run
 
 SFT_SKIPPED = "no Stage 1 sample has reward 1"  # why a job has no LoRA-SFT row
+
+
+def _save_prompts(records: list[PromptRecord], path: str) -> None:
+  """`save_prompts` through a temporary file renamed into place: whole or not at all."""
+  p = Path(path)
+  tmp = p.with_name(f"{p.stem}.tmp{p.suffix}")
+  save_prompts(records, str(tmp))
+  paths.replace(tmp, p)
 
 
 def _derived(where: str, cfg: Any, **changes: Any) -> Any:
@@ -235,21 +245,22 @@ class SumJob:
   # -- 0. the task's own pieces ------------------------------------------------------------------
 
   def build_models(self) -> None:
-    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt files."""
+    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt files. A model
+    is saved whole or not at all (`save_warmed_model`): a job killed mid-save leaves no model that
+    a rerun would trust."""
     for path, spec, init in ((self.ref_path, self.cfg.reference_model, None),
                              (self.proposal_path, self.cfg.proposal_model, self.ref_path)):
-      marker = Path(path) / "warmup.json"
+      marker = Path(path) / MARKER
       if marker.exists():
         self._check_saved_model(marker, spec)
         continue
       model, summary = train_sum_model(
           self.task, self.arch, spec, init_from=from_pretrained(init) if init else None,
           progress=self.progress, desc=f"warm-up {Path(path).name}")
-      save_model(model, path)
-      self.tok.save_pretrained(path)
-      artifacts.write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
-                           | {"spec": spec.record(), "init_from": init,
-                              "task": [self.task.n_min, self.task.n_max]})
+      save_warmed_model(model, path, self.tok,
+                        {k: v for k, v in summary.items() if k != "losses"}
+                        | {"spec": spec.record(), "init_from": init,
+                           "task": [self.task.n_min, self.task.n_max]})
     self.write_prompts()
 
   def _check_saved_model(self, marker: Path, spec: WarmupSpec) -> None:
@@ -265,15 +276,16 @@ class SumJob:
                        "((saved, wanted)); use another workdir or delete it")
 
   def write_prompts(self) -> None:
-    """The prompt file, and with ``heldout`` its Stage 3 and held-out parts (kept when written)."""
+    """The prompt file, and with ``heldout`` its Stage 3 and held-out parts (kept when written;
+    each written whole: a temporary file renamed into place)."""
     if not Path(self.prompts_path).exists():
       Path(self.prompts_path).parent.mkdir(parents=True, exist_ok=True)
-      save_prompts(prompt_records(self.task), self.prompts_path)
+      _save_prompts(prompt_records(self.task), self.prompts_path)
     if self.cfg.heldout.enabled and not Path(self.heldout_prompts_path).exists():
       train, held = split_values(self.task.ns, self.cfg.heldout.fraction, self.cfg.heldout.seed)
       recs = dict(zip(self.task.ns, prompt_records(self.task)))
-      save_prompts([recs[n] for n in train], self.train_prompts_path)
-      save_prompts([recs[n] for n in held], self.heldout_prompts_path)
+      _save_prompts([recs[n] for n in train], self.train_prompts_path)
+      _save_prompts([recs[n] for n in held], self.heldout_prompts_path)
 
   def exact(self) -> ExactTarget:
     """The exact log Z(q) of every prompt (`disa_jax.eval.exact`), cached in exact.json."""
@@ -374,8 +386,8 @@ class SumJob:
   def stage2(self) -> AnchorArtifact:
     """Stage 2, and the exact log Z as a table anchor (the oracle) when a run uses it."""
     anchor = run_stage2(self.stage2_cfg)
-    if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not Path(
-        self.exact_anchor_path).exists():
+    if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not (
+        Path(self.exact_anchor_path) / TABLE_FILE).exists():  # (its file is written last)
       TableAnchor(self.exact().log_z_by_id(), beta=self.cfg.beta,
                   reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
@@ -386,7 +398,7 @@ class SumJob:
     """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
     for sigma in sorted({self.cfg.runs[m].sigma for m in self.cfg.methods
                          if self.cfg.runs[m].anchor == "exact+noise"}):
-      if Path(self.noise_anchor_path(sigma)).exists():
+      if (Path(self.noise_anchor_path(sigma)) / TABLE_FILE).exists():
         continue
       table = noisy_log_z(self.exact().log_z_by_id(), sigma,
                           seeds.job_seed(self.cfg.seed, "noise_anchor"))
@@ -476,10 +488,20 @@ class SumJob:
 
   def run(self) -> JobReport | AnchorReport:
     """Every stage of the module docstring (each skipped when its output exists), then the report.
+    The job owns its workdir meanwhile (``job.lock``, naming its pid and preset).
 
     Returns:
       The report (`JobReport`: report.json and report.md in the job's directory).
+
+    Raises:
+      OutputLockedError: another job holds the workdir.
     """
+    with OutputLock(self.dir / "job.lock", f"the main job's workdir {self.dir}",
+                    note=f"preset {self.cfg.preset!r}"):
+      return self._run()
+
+  def _run(self) -> JobReport | AnchorReport:
+    """`run` once the workdir is locked."""
     if self.cfg.compilation_cache:  # every process of the job compiles each program once
       runtime.persistent_compilation_cache(self.dir / "jax_cache")
     self._timed("models", self.build_models)

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from disa_jax import codec
+from disa_jax import artifacts, codec, paths
 from disa_jax import config as config_lib
 from disa_jax.data import packing
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
@@ -210,3 +210,20 @@ def save_model(model: Transformer, path: str | Path) -> str:
   save_pretrained(model, str(path))
   make_tokenizer().save_pretrained(str(path))
   return str(path)
+
+
+MARKER = "warmup.json"  # a warmed-up model's record, written last: marks a whole model
+
+
+def save_warmed_model(model: Transformer, path: str | Path, tokenizer: Any,
+                      record: dict[str, Any]) -> None:
+  """`save_model`, then ``tokenizer`` and ``record`` (`MARKER`), whole or not at all: written into
+  ``<path>.partial`` and renamed into place, so a process killed mid-save leaves no model that a
+  rerun would take for a saved one (whatever is at ``path`` without a marker is replaced)."""
+  partial = Path(f"{path}.partial")
+  paths.remove(partial)  # (left by a process killed while saving)
+  save_model(model, partial)
+  tokenizer.save_pretrained(str(partial))
+  artifacts.write_json(partial / MARKER, record)
+  paths.remove(path)
+  partial.rename(path)

@@ -13,7 +13,9 @@ reward-tilted target: P(correct), the entropy over correct answers, and KL(pi ||
 decomposition. Output directory:
 
     <name>.json, <name>.md        metrics (and per-problem correctness, diversity) of one benchmark
-    <name>_responses.jsonl        every response with its correctness (reused by a rerun)
+    <name>_responses.jsonl        every response with its correctness, appended ``save_every``
+                                  problems at a time (a preempted or killed evaluation resumes
+                                  from its last whole row; the samples do not depend on where)
     summary.md, summary.json      the suite tables: Mean@k over the math benchmarks, pass@1 and
                                   pass@k over the code benchmarks, each with an Average column
 
@@ -38,11 +40,11 @@ import numpy as np
 
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
-from disa_jax import models, paths, tasks
+from disa_jax import models, paths, preemption, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
 from disa_jax.data import loaders
-from disa_jax.data.prompting import check_rendering
+from disa_jax.data.prompting import check_rendering, encode_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval import diversity, metrics, runner
 from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig
@@ -65,6 +67,7 @@ class EvalConfig(config_lib.Section):
   benchmarks: dict = dataclasses.field(default_factory=dict)
   label: str = ""
   limit: int = 0
+  save_every: int = codec.field(default=64, omit=64)  # (recorded only where set: not a result's)
   math_k: int = 8
   code_k: int = 16
   temperature: float = 0.6
@@ -102,6 +105,8 @@ class EvalConfig(config_lib.Section):
         raise ValueError(f"benchmarks.{name} must be a path string ('' skips it), got {path!r}")
     if not any(self.benchmarks.values()):
       raise ValueError("benchmarks: every path is empty; set at least one benchmarks.<name>=PATH")
+    if self.save_every < 1:
+      raise ValueError(f"save_every must be >= 1 (problems per save), got {self.save_every!r}")
     if self.math_k < 1 or self.code_k < 1 or self.diversity_k < 2 or self.limit < 0:
       raise ValueError(f"math_k and code_k must be >= 1, diversity_k >= 2, limit >= 0; got "
                        f"{self.math_k}, {self.code_k}, {self.diversity_k}, {self.limit}")
@@ -259,6 +264,56 @@ class _Scorers:
     return self._pair
 
 
+def _saved_rows(path: Path, records, k: int) -> list[runner.GradedRow]:
+  """The graded rows an interrupted evaluation of this benchmark saved: the longest prefix of
+  ``path``'s lines that are whole rows of ``records`` in order (a torn last line, written when the
+  run was killed, and anything after it is cut off the file: those problems are sampled again)."""
+  if not path.exists():
+    return []
+  rows, lines = [], path.read_text(encoding="utf-8").splitlines(keepends=True)
+  for line, rec in zip(lines, records):
+    try:
+      d = json.loads(line)
+      row = runner.GradedRow(d["prompt_id"], tuple(d["responses"]),
+                             tuple(bool(c) for c in d["correct"]), int(d["grade_errors"]))
+    except (ValueError, KeyError, TypeError):
+      break
+    if not line.endswith("\n") or row.prompt_id != rec.prompt_id or len(row.correct) != k:
+      break
+    rows.append(row)
+  if len(rows) < len(lines):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(lines[:len(rows)]), encoding="utf-8")
+    paths.replace(tmp, path)
+  return rows
+
+
+def _sample_benchmark(cfg: EvalConfig, name: str, records, token_ids, params, engine, tokenizer,
+                      out_dir: Path) -> list[runner.GradedRow]:
+  """Every record's graded row: those saved by an interrupted run, then the rest ``save_every``
+  problems at a time, each slice's rows appended to ``<name>_responses.jsonl`` as it is graded.
+
+  Raises:
+    preemption.Stopped: a SIGTERM / SIGUSR1 arrived; the slices graded so far are saved.
+  """
+  path = out_dir / f"{name}_responses.jsonl"
+  rows = _saved_rows(path, records, params.n)
+  for lo in range(len(rows), len(records), cfg.save_every):
+    if preemption.agreed():
+      raise preemption.Stopped(
+          f"evaluate: preempted ({preemption.requested()}) in benchmark {name!r} after {lo} of "
+          f"{len(records)} problems (their rows are in {path}); rerun the command to resume")
+    hi = min(lo + cfg.save_every, len(records))
+    new = runner.sample_and_grade(engine, tokenizer, records[lo:hi], token_ids[lo:hi],
+                                  dataclasses.replace(params, prompt_index_offset=lo), name=name,
+                                  reward_fn_name=records[0].ability)
+    paths.append(path, "".join(json.dumps({"prompt_id": r.prompt_id, "responses": r.responses,
+                                           "correct": [int(c) for c in r.correct],
+                                           "grade_errors": r.grade_errors}) + "\n" for r in new))
+    rows += new
+  return rows
+
+
 def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine, tokenizer,
                   scorers: _Scorers, out_dir: Path) -> BenchmarkEval:
   """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
@@ -266,19 +321,17 @@ def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine
                                  limit=cfg.limit or None)
   if not records:
     raise ValueError(f"benchmarks.{name}={path!r}: the file holds no prompts")
-  code = records[0].ability == "code"
+  ability = runner.benchmark_ability(records, f"benchmarks.{name}={path!r}")
+  code = ability == "code"
   k = cfg.code_k if code else cfg.math_k
   params = runner.eval_sampling_params(k, cfg.max_tokens, None, seed=cfg.seed,
                                        temperature=cfg.temperature, top_p=cfg.top_p)
   params = dataclasses.replace(params, stop_token_ids=cfg.stop_token_ids or stop_ids.stop_token_ids(
       tokenizer, model_path, chat_template=cfg.rendering == "chat_template"))
-  res = runner.evaluate_benchmark(engine, tokenizer, records, params, name=name,
-                                  rendering=cfg.rendering, max_prompt_len=cfg.max_prompt_len,
-                                  pass_ks=(1, k) if code else None)
-  with (out_dir / f"{name}_responses.jsonl").open("w", encoding="utf-8") as f:
-    for pid, resp, corr in zip(res.prompt_ids, res.responses, res.correct):
-      f.write(json.dumps({"prompt_id": pid, "responses": resp,
-                          "correct": corr.astype(int).tolist()}) + "\n")
+  token_ids = [encode_prompt(tokenizer, r, cfg.rendering, max_len=cfg.max_prompt_len)
+               for r in records]
+  rows = _sample_benchmark(cfg, name, records, token_ids, params, engine, tokenizer, out_dir)
+  res = runner.result_from_rows(name, ability, rows, token_ids, pass_ks=(1, k) if code else None)
   exact = None
   if cfg.exact_target.enabled:
     tracker = tasks.get_task(records[0].ability).measures(
@@ -350,13 +403,15 @@ def run_evaluation(cfg: EvalConfig, *, engine: Any = None) -> EvalResult:
       loaded into it and it is left open. Default: ``cfg.engine`` builds one, closed at the end.
 
   Raises:
+    preemption.Stopped: a SIGTERM / SIGUSR1 arrived: the evaluation stopped after the slice of
+      ``save_every`` problems in progress, their rows saved; a rerun resumes from there.
     OutputLockedError: another evaluation holds ``output_dir``.
     IdentityMismatchError: a benchmark's results come from another model or settings and
       ``overwrite`` is off.
   """
   out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  with OutputLock(out_dir / ".lock", f"the evaluation {out_dir}"):
+  with preemption.watch(), OutputLock(out_dir / ".lock", f"the evaluation {out_dir}"):
     return _run_evaluation(cfg, engine, out_dir)
 
 
@@ -379,6 +434,9 @@ def _run_evaluation(cfg: EvalConfig, engine: Any, out_dir: Path) -> EvalResult:
         results[name] = BenchmarkEval.load(out_dir, name)
         continue
       if engine is None:
+        if preemption.agreed():  # (before an engine starts: nothing of this benchmark is done)
+          raise preemption.Stopped(f"evaluate: preempted ({preemption.requested()}) before "
+                                   f"benchmark {name!r}; rerun the command to resume")
         engine = cfg.engine.make(model_path)
       elif not own and name == next(iter(todo)):
         engine.update_weights(models.to_hf_state_dict(models.from_pretrained(model_path)))

@@ -41,7 +41,7 @@ import numpy as np
 
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
-from disa_jax import estimators, paths
+from disa_jax import estimators, paths, preemption
 from disa_jax.anchor import Anchor, diagnostics, fit_anchor
 from disa_jax.anchor.embeddings import embed_prompts
 from disa_jax.anchor.fit import AnchorFitConfig
@@ -292,13 +292,15 @@ def run_stage2(cfg: Stage2Config) -> AnchorArtifact:
   ``stage2_summary.json``).
 
   Raises:
+    preemption.Stopped: a SIGTERM / SIGUSR1 arrived before the fit; the embedding pass is cached
+      (the signal is acted on once the pass is done) and a rerun fits from it.
     OutputLockedError: another Stage 2 run holds ``output_dir``.
     IdentityMismatchError: ``output_dir`` holds a fit of other inputs and ``overwrite`` is off.
   """
   out_dir = paths.as_path(cfg.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  with owned_output(out_dir / ".lock", f"the Stage 2 output {out_dir}",
-                    lambda: claim_stage2_output(cfg)):
+  with preemption.watch(), owned_output(out_dir / ".lock", f"the Stage 2 output {out_dir}",
+                                        lambda: claim_stage2_output(cfg)):
     return _run_stage2(cfg)
 
 
@@ -327,6 +329,10 @@ def _run_stage2(cfg: Stage2Config) -> AnchorArtifact:
   labels, weights = anchor_targets(data, cfg.labels, cfg.weighting, samples=cfg.samples)  # [P]
   idx, dropped = _fitted_prompts(cfg, data, labels)
   emb_all, spec = _embeddings(cfg, data, out_dir)
+  if preemption.agreed():  # the embedding pass is cached: the rerun fits from it
+    raise preemption.Stopped(f"stage2: preempted ({preemption.requested()}) after the embedding "
+                             f"pass, cached in {out_dir / 'embeddings.npy'}; rerun the command to "
+                             "fit the anchor")
   emb, y = emb_all[idx], labels[idx]  # [P_kept, D], [P_kept]
   res = fit_anchor(emb, y, embedding=spec, beta=data.beta, reward_transform=data.reward_transform,
                    label_scale=data.label_scale, config=cfg.fit,

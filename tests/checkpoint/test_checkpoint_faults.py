@@ -1,11 +1,13 @@
-"""Checkpoint faults at the `CheckpointManager` level: a full disk during a save, and kill -9 while
-an asynchronous save is being written. Either way the previous checkpoint stays intact and is the
-one a restore uses, and the run can save again.
+"""Checkpoint faults at the `CheckpointManager` level: a full disk during a save, kill -9 while an
+asynchronous save is being written, and a finished step damaged afterwards (each file kind
+truncated, deleted, a byte flipped). Either way the previous checkpoint is the one a restore uses,
+and the run can save again. (Through the command: tests/checkpoint/test_damaged_resume.py.)
 
 The full disk is a real one: a 1 MiB tmpfs mounted for the test (needs root and mount(8)).
 """
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from disa_jax.checkpoint import CheckpointManager, CheckpointSaveError
+from disa_jax.checkpoint import CheckpointManager, CheckpointSaveError, CheckpointUnreadableError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "checkpoint" / "async_kill_worker.py"
@@ -142,26 +144,66 @@ def test_save_interval_and_force(tmp_path):
   assert CheckpointManager(tmp_path / "c").all_steps() == [2, 4, 5]
 
 
-@pytest.mark.parametrize("damage", ["torn_meta", "missing_state"])
-def test_a_damaged_step_is_skipped_with_a_warning_and_the_last_intact_step_is_used(tmp_path, damage):
-  """Finding 8: a truncated meta JSON (or a step whose state item is gone) names the step and its
-  directory in a warning; the resume uses the newest intact step and writes the damaged one again."""
-  directory = tmp_path / "ckpt"
-  with CheckpointManager(directory, async_save=False) as mngr:
+def _files_of_each_kind(step_dir):
+  """One file of each kind a step holds: array data, the array metadata, OCDBT's manifest, the JSON
+  meta, the checksums."""
+  data = max((step_dir / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
+  return {"array_data": data, "array_metadata": step_dir / "state" / "_METADATA",
+          "ocdbt_manifest": step_dir / "state" / "ocdbt.process_0" / "manifest.ocdbt",
+          "meta": step_dir / "meta" / "metadata", "checksums": step_dir / "checksums.json"}
+
+
+def _damage(path, how):
+  data = path.read_bytes()
+  if how == "truncate":
+    path.write_bytes(data[:len(data) // 2])
+  elif how == "delete":
+    path.unlink()
+  else:  # one byte flipped in the middle: same size
+    i = len(data) // 2
+    path.write_bytes(data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1:])
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_each_kind_of_damage_to_each_kind_of_file_skips_the_step_in_one_warning(tmp_path, async_save):
+  """Issue 65: a step is used only if its files match the checksums recorded at save; a damaged
+  newest step is skipped with one warning naming it and the step resumed from, the restore gives
+  the previous step's arrays, and the resumed run writes the step again. (A lost checksums.json
+  leaves the step usable: its arrays still read.)"""
+  base = tmp_path / "base"
+  with CheckpointManager(base, async_save=async_save) as mngr:
     for step in (1, 2, 3):
       mngr.save(step, {k: v + step for k, v in SMALL.items()}, {"step": step})
-  if damage == "torn_meta":
-    meta = directory / "3" / "meta" / "metadata"
-    meta.write_text(meta.read_text()[:5])
-  else:
-    (directory / "3" / "state" / "_METADATA").unlink()
-  mngr = CheckpointManager(directory, async_save=False)
-  with pytest.warns(RuntimeWarning, match=rf"checkpoint step 3 in {directory / '3'} is unreadable"):
-    assert mngr.latest_step() == 2
-  assert mngr.intact_steps() == [1, 2] and mngr.all_steps() == [1, 2, 3]
-  step, state, meta = mngr.restore(_target(SMALL))
-  assert step == 2 and meta == {"step": 2}
-  np.testing.assert_array_equal(state["w"], SMALL["w"] + 2)
-  assert mngr.save(3, SMALL, {"step": 3})  # the resumed run writes step 3 again
-  mngr.close()
-  assert CheckpointManager(directory).latest_step() == 3
+  for kind in _files_of_each_kind(base / "3"):
+    for how in ("truncate", "delete", "flip"):
+      directory = tmp_path / f"{kind}_{how}"
+      shutil.copytree(base, directory)
+      _damage(_files_of_each_kind(directory / "3")[kind], how)
+      mngr = CheckpointManager(directory, async_save=False)
+      if kind == "checksums" and how == "delete":
+        assert mngr.latest_step() == 3
+        mngr.close()
+        continue
+      with pytest.warns(RuntimeWarning) as caught:
+        assert mngr.latest_step() == 2, (kind, how)
+      [w] = caught
+      assert re.fullmatch(rf"checkpoint step 3 in {directory} is damaged and skipped \(step 3: "
+                          r"[^\n]+\); resuming from step 2", str(w.message)), str(w.message)
+      step, state, meta = mngr.restore(_target(SMALL))
+      assert step == 2 and meta == {"step": 2}
+      np.testing.assert_array_equal(state["w"], SMALL["w"] + 2)
+      assert mngr.save(3, SMALL, {"step": 3})  # the resumed run writes step 3 again
+      mngr.close()
+      assert CheckpointManager(directory).latest_step() == 3
+
+
+def test_no_usable_step_is_an_error_naming_the_directory(tmp_path):
+  directory = tmp_path / "ckpt"
+  with CheckpointManager(directory, async_save=False) as mngr:
+    for step in (1, 2):
+      mngr.save(step, SMALL, {"step": step})
+  for step in (1, 2):
+    _damage(_files_of_each_kind(directory / str(step))["array_data"], "flip")
+  with pytest.raises(CheckpointUnreadableError, match=rf"no usable checkpoint in {directory}: "
+                     r"every step is damaged \(step 1: .*CRC-32.*; step 2: "):
+    CheckpointManager(directory).latest_step()

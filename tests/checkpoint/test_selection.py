@@ -3,12 +3,13 @@ last `keep`, and export / evaluation taking the best by default, saying which st
 import dataclasses
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from disa_jax import codec, models
-from disa_jax.checkpoint import CheckpointManager
+from disa_jax.checkpoint import CheckpointManager, CheckpointUnreadableError
 from disa_jax.checkpoint.selection import Selection, choose_step
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.workflows import evaluation
@@ -85,6 +86,18 @@ def test_choose_step(scripted_run):
   with pytest.raises(ValueError, match="must be 'best', 'latest' or a checkpoint step number, "
                                        "got 'newest'"):
     choose_step(workdir, "newest")
+
+
+def test_a_damaged_chosen_step_is_named_not_exported(scripted_run, tmp_path):
+  """Issue 65: the step an export or evaluation would read is checked against its checksums."""
+  run = tmp_path / "run"
+  shutil.copytree(scripted_run[0], run)
+  data = max((run / "checkpoints" / "1" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+  data.write_bytes(data.read_bytes()[:-1])
+  with pytest.raises(CheckpointUnreadableError, match=rf"checkpoint step 1 in {run}/checkpoints/1 "
+                     r"\(the best of 5 .*\) is damaged: state/.* holds \d+ bytes"):
+    choose_step(run)
+  assert choose_step(run, "latest").step == 4
 
 
 def test_evaluation_exports_the_best_checkpoint_and_says_so(scripted_run, tmp_path):

@@ -8,6 +8,11 @@ uninterrupted run's, bit for bit. Stage 1 (quicker, in this process): SIGUSR1 ar
 first prompt batch is written; `run_stage1` returns ``preempted`` after that batch, and the rerun
 labels the rest, keeping that batch (exact resume of Stage 1 after a kill:
 tests/workflows/test_kill_resume.py). (SFT: tests/sft/test_baseline.py.)
+
+Stage 2 and evaluation through their commands (issue 65): SIGTERM mid-run, exit 0 with one
+``preempted`` line after saving (Stage 2: its embedding pass; evaluation: the graded rows of the
+problems done), and the rerun's anchor / benchmark results equal an uninterrupted run's. A SIGTERM
+while a command parses its flags exits 0 with one line, no traceback.
 """
 import json
 import os
@@ -24,7 +29,8 @@ from disa_jax.estimators import dataset
 from disa_jax.rl.metrics import read_jsonl
 from disa_jax.workflows.stage1 import Stage1Config, run_stage1
 from tests.workflows import test_kill_resume as kr
-from tests.workflows.conftest import worker_env, write_dapo_parquet
+from tests.workflows.conftest import worker_env, write_dapo_parquet, write_prompt_files
+from tests.workflows.test_workflow_units import write_stage1_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
@@ -149,3 +155,117 @@ def test_stage1_sigusr1_stops_after_the_batch_in_flight_and_resumes(checkpoints,
   assert second.run["prompts_done"] == kr.N_PROMPTS - 2
   records = kr._records(cfg)  # pylint: disable=protected-access
   assert len(records) == kr.N_PROMPTS and all(records[p] == r for p, r in written.items())
+
+
+def _config_file(path, module, arg, values):
+  """A user's config file: ``configs/<module>.py:<arg>`` with the dotted fields of ``values`` set."""
+  path.write_text(f"""from configs import {module}
+
+
+def get_config():
+  c = {module}.get_config({arg!r})
+  for key, value in {values!r}.items():
+    *head, last = key.split(".")
+    section = c
+    for name in head:
+      section = section[name]
+    section[last] = value
+  return c
+""")
+  return str(path)
+
+
+def _command(script, config):
+  return [sys.executable, os.path.join(ROOT, "launch", script), f"--config={config}"]
+
+
+def _sigterm_once(cmd, ready, what):
+  """Runs ``cmd``, SIGTERMs it once ``ready()``; its (stdout, stderr) after it exited 0."""
+  proc = subprocess.Popen(cmd, env=worker_env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, start_new_session=True)
+  _wait_for(ready, proc, what)
+  out, err, secs = _signal_group(proc, signal.SIGTERM)
+  assert proc.returncode == 0 and "Traceback" not in err, (proc.returncode, err[-4000:])
+  assert secs < BOUND_S, secs
+  return out, err
+
+
+def _stage2_values(checkpoints, stage1_path, out):
+  return {"stage1_path": stage1_path, "reference_path": checkpoints["reference"],
+          "anchor_path": str(out / "anchor"), "output_dir": str(out / "s2"), "fit.epochs": 3,
+          "fit.batch_size": 4, "fit.val_fraction": 0.34, "embedding.dtype": "float32",
+          "embedding.batch_size": 2, "embedding.pad_to": 16, "embedding.mesh.num_devices": 1}
+
+
+@pytest.mark.slow  # three tiny Stage 2 commands (~15 s each on 2 cores)
+def test_stage2_sigterm_saves_the_embedding_pass_exits_0_and_the_rerun_fits_the_same_anchor(
+    checkpoints, tmp_path):
+  samples = [[{"token_ids": [7, 8], "text": "ab", "logp_ref": -2.0 - j - i, "logp_proposal": -2.5,
+               "reward": float(j % 2), "num_tokens": 2} for j in range(3)] for i in range(6)]
+  stage1_path, _ = write_stage1_run(tmp_path, checkpoints["reference"], samples)
+  ref_cfg = _config_file(tmp_path / "ref_cfg.py", "stage2_paper", "qwen3-4b-base,math",
+                         _stage2_values(checkpoints, stage1_path, tmp_path / "ref"))
+  ref = _summary(_run(_command("stage2.py", ref_cfg), worker_env()).stdout)
+
+  out = tmp_path / "run"
+  cfg = _config_file(tmp_path / "cfg.py", "stage2_paper", "qwen3-4b-base,math",
+                     _stage2_values(checkpoints, stage1_path, out))
+  # the identity file is written once the handler is installed, before the embedding pass
+  _, err = _sigterm_once(_command("stage2.py", cfg),
+                         lambda: (out / "s2" / "stage2_identity.json").exists(), "Stage 2's claim")
+  assert [l for l in err.splitlines() if l.startswith("stage2: preempted (SIGTERM)")], err[-3000:]
+  assert (out / "s2" / "embeddings.npy").exists() and not (out / "anchor").exists()
+  again = _summary(_run(_command("stage2.py", cfg), worker_env()).stdout)
+  for key in ("fit", "label_stats", "sigma_g_train", "sigma_g_val", "val_prompt_ids"):
+    assert again[key] == ref[key], key
+  np.testing.assert_array_equal(np.load(out / "s2" / "embeddings.npy"),
+                                np.load(tmp_path / "ref" / "s2" / "embeddings.npy"))
+
+
+def _eval_values(checkpoints, benchmark, out):
+  return {"model_path": checkpoints["proposal"], "output_dir": str(out), "label": "tiny",
+          "benchmarks": {"math500": benchmark}, "math_k": 2, "max_tokens": 24, "save_every": 1,
+          "engine.kind": "jax", "engine.dtype": "float32", "engine.separate_process": False}
+
+
+@pytest.mark.slow  # three tiny evaluation commands (~15 s each on 2 cores)
+def test_evaluation_sigterm_keeps_the_graded_rows_exits_0_and_the_rerun_resumes_exactly(
+    checkpoints, tmp_path):
+  benchmark = write_prompt_files(tmp_path)["math500"]
+  rows = [json.loads(l) for l in open(os.path.join(os.path.dirname(benchmark), "math500.jsonl"))]
+  with open(benchmark, "w") as f:  # six problems: the two of the fixture, three times
+    f.write("".join(json.dumps(dict(r, unique_id=f"{r.get('unique_id', i)}-{c}")) + "\n"
+                    for c in range(3) for i, r in enumerate(rows)))
+  ref_cfg = _config_file(tmp_path / "ref_cfg.py", "eval_paper", "math",
+                         _eval_values(checkpoints, benchmark, tmp_path / "ref"))
+  _run(_command("evaluate.py", ref_cfg), worker_env())
+
+  out = tmp_path / "run"
+  cfg = _config_file(tmp_path / "cfg.py", "eval_paper", "math",
+                     _eval_values(checkpoints, benchmark, out))
+  responses = out / "math500_responses.jsonl"
+  _, err = _sigterm_once(_command("evaluate.py", cfg),
+                         lambda: responses.exists() and responses.read_text().count("\n") >= 1,
+                         "the first graded row")
+  assert [l for l in err.splitlines() if l.startswith("evaluate: preempted (SIGTERM) in benchmark "
+                                                       "'math500'")], err[-3000:]
+  kept = responses.read_text().splitlines()
+  assert 1 <= len(kept) < 6 and not (out / "math500.json").exists(), len(kept)
+  _run(_command("evaluate.py", cfg), worker_env())
+  assert responses.read_text().splitlines()[:len(kept)] == kept  # the saved rows were kept
+  assert responses.read_text() == (tmp_path / "ref" / "math500_responses.jsonl").read_text()
+  got, want = (json.loads((d / "math500.json").read_text()) for d in (out, tmp_path / "ref"))
+  assert got["metrics"] == want["metrics"] and got["per_prompt"] == want["per_prompt"]
+
+
+@pytest.mark.slow  # the command's imports (~10 s on 2 cores)
+def test_sigterm_while_the_flags_parse_exits_0_in_one_line(tmp_path):
+  """Every command parses its flags through `launcher.define_flags`; Stage 2's is tried."""
+  config = tmp_path / "cfg.py"  # a config file that is being read when the SIGTERM arrives
+  config.write_text("import os, signal, time\n\n\ndef get_config():\n"
+                    "  os.kill(os.getpid(), signal.SIGTERM)\n  time.sleep(30)\n"
+                    "  raise AssertionError('the SIGTERM was not acted on')\n")
+  out = subprocess.run(_command("stage2.py", config), env=worker_env(), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0 and out.stderr.strip().splitlines() == [
+      "preemption: received SIGTERM before the run began; nothing to save, exiting 0"], out
