@@ -170,6 +170,7 @@ class GpuPlan:
   useful_flops: float  # per device: 6 N tokens + causal attention within segments, / devices
   attention_call_flops: float  # per device: the fused attention's (cuDNN) FLOPs, not in dot_flops
   programs: dict[str, Any]  # "micro" / "optim" / "score" -> ProgramReport
+  widths: tuple[int, ...] = ()  # the model's own dimensions (`model_widths`)
 
   @property
   def peak(self) -> int:
@@ -189,9 +190,10 @@ class GpuPlan:
     micro step or the scoring pass; cuDNN segment slots other than the packing's sequences per
     row; the peak over the card's memory."""
     bad = []
-    for name in set(self.programs) & {"micro", "score"}:
-      for b in gpu_compile.square_buffers(self.programs[name], self.row_len):
-        bad.append(f"{name}: buffer {b.shape} ({b.op}) has >= T^2 = {self.row_len}^2 elements")
+    for name in sorted(set(self.programs) & {"micro", "score"}):
+      for b in gpu_compile.square_buffers(self.programs[name], self.row_len, self.widths):
+        bad.append(f"{name}: buffer {b.shape} ({b.source or b.op}) has >= T^2 = "
+                   f"{self.row_len}^2 elements")
     micro = self.programs["micro"]
     slots = micro.facts.cudnn_segment_slots
     if slots and slots != (max(2, self.seqs_per_row),):
@@ -207,6 +209,15 @@ class GpuPlan:
     d.update(peak_bytes=self.peak, flops_ratio=self.flops_ratio, checks=self.checks(),
              programs={k: r.to_json() for k, r in self.programs.items()})
     return d
+
+
+def model_widths(c: ModelConfig) -> tuple[int, ...]:
+  """The model's dimensions that an activation or parameter has besides tokens (a buffer with one
+  of these is not quadratic in T however its sizes compare)."""
+  h = c.head_dim
+  return tuple(sorted({c.hidden_size, c.intermediate_size, 2 * c.intermediate_size, c.vocab_size,
+                       c.num_heads * h, c.num_kv_heads * h, (c.num_heads + 2 * c.num_kv_heads) * h,
+                       c.num_heads, c.num_kv_heads, h}))
 
 
 def _attention_call_flops(p: Programs, report: gpu_compile.ProgramReport,
@@ -249,4 +260,4 @@ def compile_gpu_plan(p: Programs, *, rows: int, row_len: int, seq_len: int,
                  adam_bytes=device_bytes(p.state.opt_state), ref_bytes=p.ref_bytes,
                  useful_flops=useful_flops(p.config, seqs) / p.mesh.size,
                  attention_call_flops=_attention_call_flops(p, programs["micro"], seqs),
-                 programs=programs)
+                 programs=programs, widths=model_widths(p.config))
