@@ -95,10 +95,11 @@ def programs_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, me
   mc = dataclasses.replace(mc, attention_chunk=attention_chunk)
   options = dataclasses.replace(stage3.model_options(mc, train.rollout, trained=True),
                                 layer_loop="scan")
-  platform = mesh.devices.flat[0].platform
-  impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=platform,
+  device = mesh.devices.flat[0]
+  impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=device.platform,
                                          dtype=jnp.dtype(mc.dtype), head_dim=config.head_dim,
-                                         branches=False)
+                                         branches=False,
+                                         capability=getattr(device, "compute_capability", None))
   model = nnx.eval_shape(lambda: Transformer(
       config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
       options=options))
