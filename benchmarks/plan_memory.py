@@ -323,6 +323,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   help="with --card: the length of the sequences filling each row (useful FLOPs)")
   ap.add_argument("--programs", default="micro,optim,score",
                   help="with --card: which programs to compile (micro is always needed)")
+  ap.add_argument("--markdown", nargs="+", default=None, metavar="JSON",
+                  help="print the table of these --card --json files (docs/cluster.md) and exit")
   ap.add_argument("--check", action="store_true",
                   help="with --card: exit 1 when a plan fails its checks (GpuPlan.checks)")
   ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
@@ -430,6 +432,42 @@ def stage3_notes(name: str) -> list[str]:
           f"{mc.remat_policy!r} (the policy and the reference are built with them)"]
 
 
+GPU_TABLE_HEADER = ("card", "topology", "model", "rows x T", "attention", "remat", "compile s",
+                    "micro args+temp", "peak", "card", "FLOPs / useful", "micro floor ms",
+                    "collectives (micro)", "checks")
+
+
+def gpu_table_row(out: dict[str, Any], r: dict[str, Any]) -> tuple[str, ...]:
+  """One plan of a ``--card --json`` file as a table row (GiB per device)."""
+  head = (out["card"], out["topology"], f"{r['model']}" + (f" ({r['layers']} layers)" if
+                                                          r.get("layers") else ""),
+          f"{r['rows']} x {r['row_len']}", r["attention_impl"], r["remat_policy"] or "off")
+  if "error" in r:
+    return head + ("-",) * 7 + (r["error"][:80],)
+  m = r["programs"]["micro"]
+  compute = (m["dot_flops"] + r["attention_call_flops"]) / out["bf16_flops_per_s"]
+  memory = (m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"]) / out["hbm_bytes_per_s"]
+  colls = ", ".join(f"{k} {v['count']} ({v['bytes'] / GIB:.1f} GiB)"
+                    for k, v in sorted(m["facts"]["collectives"].items())) or "-"
+  return head + (
+      " / ".join(f"{p['compile_s']:.0f}" for p in r["programs"].values()),
+      f"{gib(m['argument_bytes'])} + {gib(m['temp_bytes'])}", gib(r["peak_bytes"]),
+      gib(out["memory_bytes"]), f"{r['flops_ratio']:.2f}", f"{max(compute, memory) * 1e3:.0f}",
+      colls, "; ".join(r["checks"]) or "pass")
+
+
+def format_gpu_tables(paths: Sequence[str]) -> str:
+  """A Markdown table of the plans in ``--card --json`` files (what docs/cluster.md quotes)."""
+  rows = [GPU_TABLE_HEADER]
+  for path in paths:
+    with open(path) as f:
+      out = json.load(f)
+    rows += [gpu_table_row(out, r) for r in out["plans"]]
+  line = lambda r: "| " + " | ".join(r) + " |"
+  return "\n".join([line(rows[0]), "|" + "---|" * len(GPU_TABLE_HEADER)] +
+                   [line(r) for r in rows[1:]])
+
+
 def gpu_plan_text(g: GpuPlan, card: gpu_compile.Card) -> str:
   """A plan's printed block: its programs' summary lines, FLOPs, step-time floors and checks."""
   micro, optim = g.programs["micro"], g.programs.get("optim")
@@ -500,6 +538,9 @@ def main_gpu(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
   args = parse_args(argv)
+  if args.markdown:
+    print(format_gpu_tables(args.markdown))
+    return
   if args.card:
     if not gpu_compile.plugin_on_path():  # the CUDA plugin must be found when JAX starts
       raise SystemExit(subprocess.call([sys.executable, os.path.abspath(__file__)] + list(
