@@ -1,5 +1,17 @@
 """Device memory of a Stage 3 micro-batch step, from XLA's compiled memory analysis (no execution).
 
+Two compilers, one tool. With ``--card {h100_sxm,h200,a100_sxm_80} [--topology 1x1x1|1x1x8|1x2x8]``
+the programs are compiled by XLA:GPU for that card, deviceless (`disa_jax.parallel.gpu_compile`;
+the CUDA plugin of `launch/install.sh`, in ``.gpu_aot/``: the tool re-runs itself with it on
+PYTHONPATH), and each plan reports per program: compile seconds, per-device argument / output /
+alias / temp bytes against the card, matmul FLOPs per loop trip against the useful FLOPs, the
+largest buffers, custom calls, collectives, data-dependent loops, a step-time floor, and the
+checks of `stage3_programs.GpuPlan` (``--check``: exit 1 when one fails; ``--json``: one file;
+``--markdown FILE...``: the table docs/cluster.md quotes). e.g.
+  python benchmarks/plan_memory.py --card h200 --models qwen3-4b-base --rows 1 --row-lens 16384 \
+      --attention-impl auto,xla --remat-policy full,save_qkv_attn_mlp [--layers 2] --json FILE
+Without ``--card``: XLA:CPU on fake devices, a proxy (below).
+
 For each model preset and micro-batch shape, the programs the Stage 3 trainer jits are lowered on
 abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compiled, never run:
 
