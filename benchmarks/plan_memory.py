@@ -77,10 +77,9 @@ from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import get_preset  # noqa: E402
 from disa_jax.parallel import gpu_compile  # noqa: E402
-from disa_jax.workflows.stage3_programs import (GpuPlan, Programs,  # noqa: E402
-                                                abstract_micro_batch,
+from disa_jax.workflows.stage3_programs import (Programs, abstract_micro_batch,  # noqa: E402
                                                 compile_gpu_plan, device_bytes,
-                                                programs_for)
+                                                format_gpu_tables, gpu_plan_text, programs_for)
 from disa_jax.workflows.stage3 import Stage3Config  # noqa: E402
 
 GIB = 1 << 30
@@ -442,58 +441,6 @@ def stage3_notes(name: str) -> list[str]:
           f"micro-batch; model.attention_chunk={mc.attention_chunk or '0 (dense)'}, "
           f"model.attention_impl={mc.attention_impl!r}, model.remat_policy="
           f"{mc.remat_policy!r} (the policy and the reference are built with them)"]
-
-
-GPU_TABLE_HEADER = ("card", "topology", "model", "rows x T", "attention", "remat", "compile s",
-                    "micro args+temp", "peak", "card", "FLOPs / useful", "micro floor ms",
-                    "collectives (micro)", "checks")
-
-
-def gpu_table_row(out: dict[str, Any], r: dict[str, Any]) -> tuple[str, ...]:
-  """One plan of a ``--card --json`` file as a table row (GiB per device)."""
-  head = (out["card"], out["topology"], f"{r['model']}" + (f" ({r['layers']} layers)" if
-                                                          r.get("layers") else ""),
-          f"{r['rows']} x {r['row_len']}", r["attention_impl"], r["remat_policy"] or "off")
-  if "error" in r:
-    return head + ("-",) * 7 + (r["error"][:80],)
-  m = r["programs"]["micro"]
-  compute = (m["dot_flops"] + r["attention_call_flops"]) / out["bf16_flops_per_s"]
-  memory = (m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"]) / out["hbm_bytes_per_s"]
-  colls = ", ".join(f"{k} {v['count']} ({v['bytes'] / GIB:.1f} GiB)"
-                    for k, v in sorted(m["facts"]["collectives"].items())) or "-"
-  return head + (
-      " / ".join(f"{p['compile_s']:.0f}" for p in r["programs"].values()),
-      f"{gib(m['argument_bytes'])} + {gib(m['temp_bytes'])}", gib(r["peak_bytes"]),
-      gib(out["memory_bytes"]), f"{r['flops_ratio']:.2f}", f"{max(compute, memory) * 1e3:.0f}",
-      colls, "; ".join(r["checks"]) or "pass")
-
-
-def format_gpu_tables(paths: Sequence[str]) -> str:
-  """A Markdown table of the plans in ``--card --json`` files (what docs/cluster.md quotes)."""
-  rows = [GPU_TABLE_HEADER]
-  for path in paths:
-    with open(path) as f:
-      out = json.load(f)
-    rows += [gpu_table_row(out, r) for r in out["plans"]]
-  line = lambda r: "| " + " | ".join(r) + " |"
-  return "\n".join([line(rows[0]), "|" + "---|" * len(GPU_TABLE_HEADER)] +
-                   [line(r) for r in rows[1:]])
-
-
-def gpu_plan_text(g: GpuPlan, card: gpu_compile.Card) -> str:
-  """A plan's printed block: its programs' summary lines, FLOPs, step-time floors and checks."""
-  micro, optim = g.programs["micro"], g.programs.get("optim")
-  floor = micro.step_floor_s(card, g.attention_call_flops)
-  optim_floor = f"{optim.step_floor_s(card)['bound_s'] * 1e3:.0f} ms" if optim else "-"
-  lines = [f"{g.model} ({g.layers} layers) rows={g.rows} x {g.row_len} ({g.seq_len}-token "
-           f"sequences) fsdp={g.fsdp} attention={g.attention_impl} remat="
-           f"{g.remat_policy or 'off'}: peak {gpu_compile.gib(g.peak)} GiB/device with AdamW and "
-           f"reference; compiled/useful FLOPs {g.flops_ratio:.2f}; micro-step floor "
-           f"{floor['bound_s'] * 1e3:.0f} ms (compute {floor['compute_s'] * 1e3:.0f}, memory "
-           f"{floor['memory_s'] * 1e3:.0f}), optimizer step floor {optim_floor}"]
-  lines += ["  " + gpu_compile.summary_line(r) for r in g.programs.values()]
-  lines += ["  CHECK FAILED: " + c for c in g.checks()]
-  return "\n".join(lines)
 
 
 def run_gpu(args: argparse.Namespace) -> list[dict[str, Any]]:

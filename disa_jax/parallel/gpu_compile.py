@@ -31,6 +31,8 @@ from typing import Any, Mapping, Sequence
 import jax
 from jax.experimental import topologies
 
+from jax._src.lib import _jax  # private: XLA's cost analysis of a compiled module
+
 try:  # private JAX module: its trace-time questions to the local GPU (`target_answers`)
   from jax._src.cudnn import fused_attention_stablehlo as _cudnn
 except ImportError:  # pragma: no cover - a JAX without it
@@ -199,7 +201,6 @@ class ProgramReport:
 
 def xla_cost_flops(compiled: Any) -> float:
   """XLA's cost analysis of the optimized module (a private JAX API; a loop body counted once)."""
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
   module = compiled.runtime_executable().hlo_modules()[0]
   return float(_jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)["flops"])
 

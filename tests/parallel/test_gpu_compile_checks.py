@@ -73,8 +73,8 @@ def test_cards_and_topologies():
 
 
 def _report(*shapes):
-  buffers = tuple(hlo_facts.Buffer(s, 0, math.prod(gpu_compile._dims(s)), "op", "")  # pylint: disable=protected-access
-                  for s in shapes)
+  dims = gpu_compile._dims  # pylint: disable=protected-access
+  buffers = tuple(hlo_facts.Buffer(s, 0, math.prod(dims(s)), "op", "") for s in shapes)
   facts = hlo_facts.ModuleFacts(0, buffers, {}, {}, {}, (), ())
   return gpu_compile.ProgramReport("micro", "h100_sxm", "1x1x1", 0.0, 0, 0, 0, 0, 1, 0.0, 0, facts)
 
