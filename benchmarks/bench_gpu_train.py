@@ -55,36 +55,27 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import plan_memory  # noqa: E402  (benchmarks/: the paper config's Stage 3 settings)
+from disa_jax import config as config_lib  # noqa: E402
 from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
-from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
+from disa_jax.models.transformer import Transformer  # noqa: E402
 from disa_jax.rl import update as rl_update  # noqa: E402
 from disa_jax.rl.batch import RolloutBatch, ScoredBatch  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
 from disa_jax.scoring.logprobs import gather_responses  # noqa: E402
+from disa_jax.workflows import stage3  # noqa: E402
+from disa_jax.workflows.stage3_programs import (attention_flops, matmul_params,  # noqa: E402
+                                                useful_flops)
 
 SETTINGS_OF = "qwen3-4b-base"  # the paper backbone whose Stage 3 config gives the settings
 GROUP = 8  # sequences per prompt (the paper's G)
 GIB = 1 << 30
-
-
-def matmul_params(c: ModelConfig) -> int:
-  """N: parameters that enter a matmul per token (layers' attention and MLP kernels + the head)."""
-  attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)  # q, o; k, v
-  mlp = 3 * c.hidden_size * c.intermediate_size  # gate, up, down
-  return c.num_layers * (attn + mlp) + c.hidden_size * c.vocab_size
-
-
-def attention_flops(c: ModelConfig, seq_lens: Sequence[int]) -> int:
-  """Forward + backward FLOPs of causal attention inside each packed sequence."""
-  pairs = sum(s * (s + 1) // 2 for s in seq_lens)
-  return 12 * c.num_layers * c.num_heads * c.head_dim * pairs
-
-
-def update_flops(c: ModelConfig, seq_lens: Sequence[int]) -> int:
-  """Model FLOPs of one update on these sequences (the formula of the module docstring)."""
-  return 6 * matmul_params(c) * int(sum(seq_lens)) + attention_flops(c, seq_lens)
+# The remat policy for Qwen3-4B at 16k-token rows on one H200, from the XLA:GPU compile table of
+# docs/cluster.md (plan_memory.py --card h200): with cuDNN attention it keeps q, k, v, the
+# attention output and the MLP projections: 1.13x the useful FLOPs (full remat: 1.28x) at 120 of
+# 141 GiB (full: 89).
+REMAT_POLICY = "save_qkv_attn_mlp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +132,8 @@ def device_peak_bytes() -> int | None:
 
 
 def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, response_len: int,
-            steps: int, warmup: int, attention_impl: str = "auto") -> dict[str, Any]:
+            steps: int, warmup: int, attention_impl: str = "auto",
+            remat_policy: str = "full") -> dict[str, Any]:
   """Builds the policy and the trainer's update for one packed row and times ``steps`` updates."""
   train, mc = plan_memory.paper_train_config(SETTINGS_OF)
   rc = train.rollout
@@ -155,11 +147,13 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   if int((micro[0].rows.segment_ids > 0).sum()) != sum(seq_lens):
     raise RuntimeError("the packed row does not hold exactly the sequences' tokens")
   t0 = time.perf_counter()
+  # The trainer's model options (max_segments: this layout's sequences per row), not a copy.
+  options = stage3.model_options(
+      dataclasses.replace(mc, remat=remat, attention_impl=attention_impl,
+                          remat_policy=remat_policy),
+      dataclasses.replace(rc, seqs_per_row=layout.seqs_per_row), trained=True)
   model = Transformer(c, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype),
-                      param_dtype=jnp.dtype(mc.param_dtype),
-                      options=ModelOptions(remat=remat, scan_unroll=mc.scan_unroll,
-                                           layer_loop="auto", attention_chunk=mc.attention_chunk,
-                                           attention_impl=attention_impl))
+                      param_dtype=jnp.dtype(mc.param_dtype), options=options)
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
   optimizer = rl_update.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
@@ -190,7 +184,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   if not (np.isfinite(loss) and np.isfinite(grad_norm) and grad_norm > 0):
     raise RuntimeError(f"the update's loss is {loss}, its gradient norm {grad_norm}")
   seconds = statistics.median(times[warmup:])
-  flops = update_flops(c, seq_lens)
+  flops = useful_flops(c, seq_lens)
   return dict(model_params=int(sum(x.size for x in jax.tree.leaves(state.params))),
               matmul_params=matmul_params(c), tokens=sum(seq_lens), sequences=len(seq_lens),
               seq_len=prompt_len + response_len, flops=flops,
@@ -200,6 +194,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
               peak_bytes=device_peak_bytes(), loss=loss, grad_norm=grad_norm,
               compiled_programs=update.compiled_programs(),
               attention_chunk=mc.attention_chunk, attention_impl=attention_impl,
+              remat_policy=remat_policy if remat else None,
               dtype=mc.dtype, param_dtype=mc.param_dtype,
               optimizer_step_temp_bytes=finish.temp_size_in_bytes,
               optimizer_step_argument_bytes=finish.argument_size_in_bytes)
@@ -246,7 +241,7 @@ def child(args: argparse.Namespace) -> None:
       out.update(measure(get_preset(shape.model), shape.row_len, shape.remat,
                          prompt_len=args.prompt_len, response_len=args.response_len,
                          steps=args.steps, warmup=args.warmup,
-                         attention_impl=args.attention_impl))
+                         attention_impl=args.attention_impl, remat_policy=args.remat_policy))
     except Exception as e:  # pylint: disable=broad-except  (an OOM is a result of its row)
       out.update(error=f"{type(e).__name__}: {str(e)[:1500]}", peak_bytes=device_peak_bytes())
   print("RESULT " + json.dumps(out), flush=True)
@@ -257,7 +252,8 @@ def run_child(one: str, args: argparse.Namespace) -> dict[str, Any]:
   cmd = [sys.executable, os.path.abspath(__file__), "--one", one,
          "--steps", str(args.steps), "--warmup", str(args.warmup),
          "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len),
-         "--matmul-size", str(args.matmul_size), "--attention-impl", args.attention_impl]
+         "--matmul-size", str(args.matmul_size), "--attention-impl", args.attention_impl,
+         "--remat-policy", args.remat_policy]
   env = dict(os.environ)
   env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
   t0 = time.perf_counter()
@@ -364,6 +360,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--matmul-size", type=int, default=8192)
   ap.add_argument("--attention-impl", default="auto",
                   help="the model's attention_impl (disa_jax/models/attention_dispatch.py)")
+  ap.add_argument("--remat-policy", default=REMAT_POLICY, choices=config_lib.REMAT_POLICIES,
+                  help="what a rematerialised layer keeps (with --remat on)")
   ap.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
   ap.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet bf16 dense peak")
   ap.add_argument("--child-timeout", type=float, default=600.0)

@@ -130,7 +130,8 @@ class ModelOptions:
       CPU, 'cudnn' on a GPU, 'splash' on a TPU). The KV-cache path is always the dense one.
     max_segment_len: the longest segment (packed sequence) a row can hold; 0 = the row length. The
       'xla' attention skips keys further back (a band); a row that breaks the bound gets NaN.
-    max_segments: the most segments a packed row can hold ('cudnn'; 0 = the row length).
+    max_segments: the most segments a packed row can hold; 'cudnn' needs it (>= 1: its segment
+      slots; 0 is refused there), the other implementations ignore it.
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
@@ -272,9 +273,19 @@ class Transformer(nnx.Module):
       x = self._constrain(x, ("batch", "seq", "act_embed"))
     return x, new_kv
 
+  def _device(self) -> Any:
+    """A device the model's programs compile for: its mesh's when a mesh is attached (e.g. the
+    abstract GPUs of `parallel.gpu_compile`, compiled on a CPU), else JAX's first device."""
+    if self.sharding is not None:
+      return self.sharding.mesh.devices.flat[0]
+    return jax.devices()[0]
+
+  def _backend(self) -> str:
+    return self._device().platform
+
   def _layers_unrolled(self) -> bool:
     if self.options.layer_loop == "auto":
-      return jax.default_backend() == "cpu"
+      return self._backend() == "cpu"
     return self.options.layer_loop == "unrolled"
 
   def _run(self, input_ids: jax.Array, positions: jax.Array,
@@ -365,8 +376,9 @@ class Transformer(nnx.Module):
     """Self-attention over packed rows by `attention_impl` (`attention_dispatch`)."""
     o = self.options
     impl = attention_dispatch.resolve_impl(
-        o.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
-        branches=layout.branch_ids is not None)
+        o.attention_impl, backend=self._backend(), dtype=q.dtype, head_dim=q.shape[-1],
+        branches=layout.branch_ids is not None,
+        capability=getattr(self._device(), "compute_capability", None))
     return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=o.attention_chunk,
                                      window=o.max_segment_len, max_segments=o.max_segments,
                                      sharding=self.sharding)
