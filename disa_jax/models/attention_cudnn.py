@@ -8,8 +8,10 @@ then computes each segment's causal triangle only, in bfloat16 / float16.
 
 From the segment ids, `packed_segments` builds ``[B, M]`` segment lengths and ``[B, M + 1]``
 start offsets (-1 where a row has fewer segments), M = ``max_segments`` a static bound (the
-packing's sequences per row; 0 = T, always enough but each empty slot is still a cuDNN
-sequence). cuDNN's segments are contiguous runs of one id: a row with more runs than M, or an id
+packing's sequences per row, `workflows.stage3.model_options`). It must be given: cuDNN sizes its
+softmax statistics and backward workspace by B x M, so one slot per token (M = T) took 32 GiB per
+layer call at 16k-token rows where the 16 real sequences need 32 MiB (issue 66: an 8 TiB
+allocation on an H200); 0 is refused. cuDNN's segments are contiguous runs of one id: a row with more runs than M, or an id
 that comes back after another one, gets NaN (it would be computed wrongly), as do rows of the
 banded XLA path that break their bound. Padding tokens belong to no segment; their rows are
 zeroed.
@@ -113,7 +115,7 @@ def repeat_kv(k: jax.Array, v: jax.Array, groups: int) -> tuple[jax.Array, jax.A
 
 
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: A.SegmentLayout, *,
-                    max_segments: int = 0) -> jax.Array:
+                    max_segments: int) -> jax.Array:
   """Grouped-query self-attention over packed rows by cuDNN (module docstring).
 
   Args:
@@ -121,7 +123,7 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: A.SegmentL
     k: `[B, T, K, H]` keys.
     v: `[B, T, K, H]` values.
     layout: the rows' `SegmentLayout` (no branch ids).
-    max_segments: the most segments per row (0 = T).
+    max_segments: the most segments per row (>= 1; the packing's sequences per row).
 
   Returns:
     `[B, T, N, H]` in q's dtype; zero on padding rows, NaN on rows that break ``max_segments``.
@@ -130,7 +132,11 @@ def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: A.SegmentL
   why = unsupported(q.dtype, h, layout.branch_ids is not None)
   if why:
     raise ValueError(f"attention_impl='cudnn' cannot run this call: {why}")
-  m = max(2, min(max_segments or t, t))  # 1 segment slot would not select the packed layout
+  if max_segments < 1:
+    raise ValueError(f"attention_impl='cudnn' needs Transformer max_segments >= 1 (the sequences a "
+                     f"packed row holds, rollout.seqs_per_row), got {max_segments}: 0 would give "
+                     f"every one of the {t} tokens a cuDNN segment slot")
+  m = max(2, min(max_segments, t))  # 1 segment slot would not select the packed layout
   lengths, offsets, fits = packed_segments(layout, m)
   if k.shape[2] != n and not kv_offsets_use_kv_heads():
     k, v = repeat_kv(k, v, n // k.shape[2])

@@ -122,7 +122,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, layout: A.SegmentLayout, *,
     impl: a resolved implementation (`resolve_impl`; not 'auto').
     chunk: ``attention_chunk`` ('dense' and 'xla': checkpointed query blocks of this many rows).
     window: ``max_segment_len`` ('xla': the band; rows with a longer segment get NaN).
-    max_segments: the most segments per row ('cudnn'; 0 = T).
+    max_segments: the most segments per row ('cudnn': required, >= 1; see `attention_cudnn`).
     sharding: the model's mesh context, if any.
 
   Returns:

@@ -130,7 +130,8 @@ class ModelOptions:
       CPU, 'cudnn' on a GPU, 'splash' on a TPU). The KV-cache path is always the dense one.
     max_segment_len: the longest segment (packed sequence) a row can hold; 0 = the row length. The
       'xla' attention skips keys further back (a band); a row that breaks the bound gets NaN.
-    max_segments: the most segments a packed row can hold ('cudnn'; 0 = the row length).
+    max_segments: the most segments a packed row can hold; 'cudnn' needs it (>= 1: its segment
+      slots; 0 is refused there), the other implementations ignore it.
     layer_loop: how the layers run: 'scan' (`jax.lax.scan`), 'unrolled' (a Python loop: no
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
@@ -274,9 +275,17 @@ class Transformer(nnx.Module):
       x = self._constrain(x, ("batch", "seq", "act_embed"))
     return x, new_kv
 
+  def _backend(self) -> str:
+    """The platform the model's programs compile for: that of its mesh's devices when a mesh is
+    attached (e.g. abstract GPUs of `parallel.gpu_compile`, compiled on a CPU), else JAX's
+    default backend."""
+    if self.sharding is not None:
+      return self.sharding.mesh.devices.flat[0].platform
+    return jax.default_backend()
+
   def _layers_unrolled(self) -> bool:
     if self.options.layer_loop == "auto":
-      return jax.default_backend() == "cpu"
+      return self._backend() == "cpu"
     return self.options.layer_loop == "unrolled"
 
   def _run(self, input_ids: jax.Array, positions: jax.Array,
@@ -367,7 +376,7 @@ class Transformer(nnx.Module):
     """Self-attention over packed rows by `attention_impl` (`attention_dispatch`)."""
     o = self.options
     impl = attention_dispatch.resolve_impl(
-        o.attention_impl, backend=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1],
+        o.attention_impl, backend=self._backend(), dtype=q.dtype, head_dim=q.shape[-1],
         branches=layout.branch_ids is not None)
     return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=o.attention_chunk,
                                      window=o.max_segment_len, max_segments=o.max_segments,

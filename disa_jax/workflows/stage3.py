@@ -54,7 +54,7 @@ from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.parallel import distributed
 from disa_jax.parallel.mesh import MeshConfig
-from disa_jax.rl.config import TrainConfig
+from disa_jax.rl.config import RolloutConfig, TrainConfig
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.replay import ReplayPool
 from disa_jax.rl.build import build_trainer, validate_anchor
@@ -227,22 +227,36 @@ def load_anchor(cfg: Stage3Config, hidden_size: int):
   return anchor
 
 
+def model_options(mc: BackboneConfig, rc: RolloutConfig, *, trained: bool) -> models.ModelOptions:
+  """The `ModelOptions` of a Stage 3 model: the one place the trainer, the benchmarks and the
+  compile tool (`benchmarks/plan_memory.py`) take them from.
+
+  Args:
+    mc: the run's ``model`` section (attention, remat).
+    rc: its ``rollout`` section (`RolloutConfig`): the packing's sequences per row bound the
+      segments of a row (``max_segments``; 1 without packing) and its longest sequence the band.
+    trained: the policy (remat as configured) or the frozen reference (no backward pass, no
+      remat).
+  """
+  remat = dict(remat=mc.remat, remat_policy=mc.remat_policy, scan_unroll=mc.scan_unroll)
+  return models.ModelOptions(
+      attention_chunk=mc.attention_chunk, attention_impl=mc.attention_impl,
+      max_segments=rc.seqs_per_row if rc.packing else 1, max_segment_len=rc.max_segment_len,
+      **(remat if trained else {}))
+
+
 def _load_models(cfg: Stage3Config, mesh):
-  mc = cfg.model
+  mc, rc = cfg.model, cfg.train.rollout
   # from_pretrained ties storage and compute dtype: the policy is loaded in param_dtype (the AdamW
   # master copy) and then computes in dtype; the frozen reference is stored in dtype.
-  rc = cfg.train.rollout
-  attention = dict(attention_chunk=mc.attention_chunk, attention_impl=mc.attention_impl,
-                   max_segments=rc.seqs_per_row if rc.packing else 1,
-                   max_segment_len=rc.max_segment_len)
   policy = models.from_pretrained(mc.policy_path, dtype=jnp.dtype(mc.param_dtype), mesh=mesh,
-                                  remat=mc.remat, remat_policy=mc.remat_policy,
-                                  scan_unroll=mc.scan_unroll, **attention)
+                                  **dataclasses.asdict(model_options(mc, rc, trained=True)))
   policy.dtype = jnp.dtype(mc.dtype)
   reference = None
   if cfg.train.needs.reference_model:
-    reference = models.from_pretrained(mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh,
-                                       **attention)
+    reference = models.from_pretrained(
+        mc.reference, dtype=jnp.dtype(mc.dtype), mesh=mesh,
+        **dataclasses.asdict(model_options(mc, rc, trained=False)))
   return policy, reference
 
 

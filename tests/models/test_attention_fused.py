@@ -108,7 +108,9 @@ def test_cudnn_wrapper_passes_the_packed_layout(monkeypatch):
   out = np.asarray(run(2)(q, k, v, lay))
   assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
   with pytest.raises(ValueError, match="cannot run this call: dtype float32"):
-    attention_cudnn.cudnn_attention(*qkv()[:3], lay)
+    attention_cudnn.cudnn_attention(*qkv()[:3], lay, max_segments=4)
+  with pytest.raises(ValueError, match="needs Transformer max_segments >= 1 .* got 0"):
+    run(0)(q, k, v, lay)  # 0 was one slot per token (issue 66's 8 TiB request)
 
 
 def test_implementation_choice():
