@@ -45,13 +45,12 @@ from disa_jax.models.kv_bits import as_bits, from_bits
 IMPLS = ("auto", "xla", "xla_live", "pallas")
 
 
-def resolve(impl: str) -> str:
-  """'auto': 'xla_live' on a CPU backend (its loop runs on the host anyway, and skips the blocks
-  past every slot's end), 'xla' elsewhere (no host round trip per block); others unchanged.
-  A program compiled on a CPU host for a GPU (`jax.experimental.topologies`) names its
-  implementation: 'auto' would resolve to the CPU's."""
+def resolve(impl: str, backend: str) -> str:
+  """'auto': 'xla_live' when the program is for a CPU (``backend``; its loop runs on the host
+  anyway, and skips the blocks past every slot's end), 'xla' elsewhere (no host round trip per
+  block); others unchanged."""
   if impl == "auto":
-    return "xla_live" if jax.default_backend() == "cpu" else "xla"
+    return "xla_live" if backend == "cpu" else "xla"
   return impl
 
 
@@ -83,14 +82,13 @@ class RaggedKV:
       q: `[B, 1, N, H]` queries of the new tokens.
       k, v: `[B, 1, K, H]` their keys and values.
       layer: the layer index (int, or a traced int32 scalar under a scan).
-      impl: one of `IMPLS`: 'xla' (`ragged_attention` over every block of the cache, the
-        reference), 'xla_live' (over the live blocks only), 'pallas'
-        (`decode_attention_pallas.pallas_ragged_attention`), or 'auto' (`resolve`).
+      impl: one of `IMPLS` but 'auto' (`resolve`): 'xla' (`ragged_attention` over every block
+        of the cache, the reference), 'xla_live' (over the live blocks only) or 'pallas'
+        (`decode_attention_pallas.pallas_ragged_attention`).
 
     Returns:
       (`[B, 1, N, H]` attention output in q's dtype, the cache with the new entries).
     """
-    impl = resolve(impl)
     args = (q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write, self.start, self.block,
             self.dtype)
     if impl == "pallas":

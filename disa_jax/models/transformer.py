@@ -138,8 +138,8 @@ class ModelOptions:
     decode_attention: the sampler's ragged decode attention (`decode_ragged`): 'xla' (the
       reference loop over every block of the cache, `decode_attention`: no host round trip on a
       GPU), 'xla_live' (over the live blocks only: data-dependent loop bounds), 'pallas' (one
-      kernel, `decode_attention_pallas`, for every layer), or 'auto' ('xla_live' when the default
-      JAX backend is CPU, else 'xla').
+      kernel, `decode_attention_pallas`, for every layer), or 'auto' ('xla_live' when the model
+      compiles for a CPU, else 'xla').
   """
   remat: bool = False
   remat_policy: str = "full"
@@ -256,7 +256,8 @@ class Transformer(nnx.Module):
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
       if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
-        attn, new_kv = kv.update_and_attend(q, k, v, layer, self.options.decode_attention)
+        impl = D.resolve(self.options.decode_attention, self._backend())
+        attn, new_kv = kv.update_and_attend(q, k, v, layer, impl)
       else:
         chunk = self.options.attention_chunk
         attn = (A.gqa_attention(q, k, v, mask, query_chunk=chunk)  # cache: a mask

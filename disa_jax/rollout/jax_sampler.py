@@ -254,7 +254,7 @@ class JaxSampler:
       flat += _completions(out, len(chunk), params.return_raw_logprobs)
     return flat
 
-  def _ragged_plan(self, num_rows: int, n: int, longest_prompt: int, max_tokens: int
+  def ragged_plan(self, num_rows: int, n: int, longest_prompt: int, max_tokens: int
                    ) -> tuple[tuple, int, int, int]:
     """(program key, slots, padded rows, padded prompt length) of a ragged call."""
     num_new = _bucket(max_tokens, self.min_new_bucket)
@@ -268,7 +268,7 @@ class JaxSampler:
 
   def _generate_ragged(self, prompts, rows, params, num_new, scalars) -> list[Completion]:
     """All rows in one call on the ragged cache's slots (`continuous.generate`)."""
-    key, slots, size, prompt_len = self._ragged_plan(len(rows), params.n,
+    key, slots, size, prompt_len = self.ragged_plan(len(rows), params.n,
                                                      max(len(p) for p in prompts),
                                                      params.max_tokens)
     ids, mask = _left_pad(prompts, _bucket(len(prompts), self.min_batch_bucket), prompt_len)
@@ -299,7 +299,7 @@ class JaxSampler:
     bad = [p for p in programs if p not in PROGRAMS]
     if bad:
       raise ValueError(f"JaxSampler.lower_programs programs {bad}: expected some of {PROGRAMS}")
-    key, slots, size, padded = self._ragged_plan(prompts * n, n, prompt_len, max_tokens)
+    key, slots, size, padded = self.ragged_plan(prompts * n, n, prompt_len, max_tokens)
     _, num_new, unit, group, block = key
     dtype = self.cache_dtype.name
     shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -332,7 +332,7 @@ class JaxSampler:
       (`jax.stages.Compiled.memory_analysis()`, the KV cache's bytes).
     """
     lowered = self.lower_programs(prompts, n, prompt_len, max_tokens, programs=("generate",))
-    _, slots, _, padded = self._ragged_plan(prompts * n, n, prompt_len, max_tokens)
+    _, slots, _, padded = self.ragged_plan(prompts * n, n, prompt_len, max_tokens)
     num_new = _bucket(max_tokens, self.min_new_bucket)
     return lowered["generate"].compile().memory_analysis(), continuous.cache_bytes(
         self.model.config, slots, padded + num_new, self.cache_dtype)
