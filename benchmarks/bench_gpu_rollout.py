@@ -54,7 +54,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
   return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
 
 
-def _config(name: str) -> ModelConfig:
+def model_config(name: str) -> ModelConfig:
   """A preset, or 'tiny' (`testing.tiny_config`, for a CPU dry run)."""
   return testing.tiny_config("qwen3", head_dim=32) if name == "tiny" else get_preset(name)
 
@@ -116,7 +116,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   args = ap.parse_args(argv)
   args.models = [m for m in args.models.split(",") if m]
   for m in args.models:
-    _config(m)
+    model_config(m)
   args.layouts = [x for x in args.layouts.split(",") if x]
   bad = [x for x in args.layouts if x not in CACHE_LAYOUTS]
   if bad:
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   for a in (args.decode_attention if x == "ragged" else ["-"])]
       for layout, attn in variants:
         try:
-          r = generation(_config(name), p, layout=layout, prompt_len=args.prompt_len,
+          r = generation(model_config(name), p, layout=layout, prompt_len=args.prompt_len,
                          group=args.group, new_tokens=args.new_tokens, reps=args.reps,
                          decode_attention="xla" if attn == "-" else attn)
         except Exception as e:  # pylint: disable=broad-except  (an OOM is a result of its row)

@@ -64,6 +64,8 @@ from disa_jax.parallel import gpu_compile  # noqa: E402
 from disa_jax.rollout import continuous, flat_weights  # noqa: E402
 from disa_jax.rollout.jax_sampler import JaxSampler  # noqa: E402
 
+from bench_gpu_rollout import model_config  # noqa: E402  (this directory: a preset or 'tiny')
+
 TRITON_CALL = "__gpu$xla.gpu.triton"
 _RERUN = "DISA_GPU_COMPILE_RERUN"
 FIT_FRACTION = 0.9  # of the card's memory, for weights + KV cache when choosing --fit-slots
@@ -201,10 +203,19 @@ def fit_slots(config: models.ModelConfig, req: Request, card: gpu_compile.Card) 
   return slots
 
 
+def passing(records: Sequence[dict[str, Any]], impls: Sequence[str]) -> list[str]:
+  """The decode attentions whose every decode step and prefill fit the card and whose decode
+  steps have no data-dependent loop (what `benchmarks/gpu_figures.sh` then measures)."""
+  prefill_ok = all(r["fits"] for r in records if r.get("program") == "prefill")
+  return [impl for impl in impls if prefill_ok and all(
+      r["fits"] and not r["data_dependent_loops"] for r in records
+      if r.get("program") == "decode" and r["decode_attention"] == impl)]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--card", default="h200", help=f"one of {sorted(gpu_compile.BF16_PEAK)}")
-  ap.add_argument("--model", default="qwen3-4b-base")
+  ap.add_argument("--model", default="qwen3-4b-base", help="a preset, or 'tiny' (a dry run)")
   ap.add_argument("--layers", type=int, default=0, help="0 = the preset's")
   ap.add_argument("--rows", type=int, default=256)
   ap.add_argument("--group", type=int, default=8)
@@ -216,6 +227,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   ap.add_argument("--no-kernel", action="store_true")
   ap.add_argument("--no-fit-slots", action="store_true")
   ap.add_argument("--json", default=None, help="write the records here")
+  ap.add_argument("--print-passing", action="store_true",
+                  help="last line: the decode attentions that pass (`passing`), comma-separated")
   args = ap.parse_args(argv)
   args.new_tokens = [int(x) for x in args.new_tokens.split(",") if x]
   args.decode_attention = [x for x in args.decode_attention.split(",") if x]
@@ -225,13 +238,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   if args.rows % args.group:
     ap.error(f"--rows {args.rows} must be a multiple of --group {args.group}")
   gpu_compile.load_card(args.card)
+  model_config(args.model)
   return args
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
   card = gpu_compile.load_card(args.card)
   sharding = _sharding(card)
-  config = models.get_preset(args.model)
+  config = model_config(args.model)
   if args.layers:
     config = dataclasses.replace(config, num_layers=args.layers)
   t0 = time.perf_counter()
@@ -267,7 +281,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = dict(gpu_compile.compile_env(), **{_RERUN: "1"})
     raise SystemExit(subprocess.call([sys.executable, os.path.abspath(__file__)] + list(
         sys.argv[1:] if argv is None else argv), env=env))
-  print(f"total {run(args)['seconds']:.0f} s")
+  out = run(args)
+  print(f"total {out['seconds']:.0f} s")
+  if args.print_passing:
+    print(",".join(passing(out["records"], args.decode_attention)))
 
 
 if __name__ == "__main__":
