@@ -58,33 +58,18 @@ import plan_memory  # noqa: E402  (benchmarks/: the paper config's Stage 3 setti
 from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
-from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
+from disa_jax.models.transformer import Transformer  # noqa: E402
 from disa_jax.rl import update as rl_update  # noqa: E402
 from disa_jax.rl.batch import RolloutBatch, ScoredBatch  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
 from disa_jax.scoring.logprobs import gather_responses  # noqa: E402
+from disa_jax.workflows import stage3  # noqa: E402
+from disa_jax.workflows.stage3_programs import (attention_flops, matmul_params,  # noqa: E402
+                                                useful_flops)
 
 SETTINGS_OF = "qwen3-4b-base"  # the paper backbone whose Stage 3 config gives the settings
 GROUP = 8  # sequences per prompt (the paper's G)
 GIB = 1 << 30
-
-
-def matmul_params(c: ModelConfig) -> int:
-  """N: parameters that enter a matmul per token (layers' attention and MLP kernels + the head)."""
-  attn = c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)  # q, o; k, v
-  mlp = 3 * c.hidden_size * c.intermediate_size  # gate, up, down
-  return c.num_layers * (attn + mlp) + c.hidden_size * c.vocab_size
-
-
-def attention_flops(c: ModelConfig, seq_lens: Sequence[int]) -> int:
-  """Forward + backward FLOPs of causal attention inside each packed sequence."""
-  pairs = sum(s * (s + 1) // 2 for s in seq_lens)
-  return 12 * c.num_layers * c.num_heads * c.head_dim * pairs
-
-
-def update_flops(c: ModelConfig, seq_lens: Sequence[int]) -> int:
-  """Model FLOPs of one update on these sequences (the formula of the module docstring)."""
-  return 6 * matmul_params(c) * int(sum(seq_lens)) + attention_flops(c, seq_lens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,11 +140,12 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   if int((micro[0].rows.segment_ids > 0).sum()) != sum(seq_lens):
     raise RuntimeError("the packed row does not hold exactly the sequences' tokens")
   t0 = time.perf_counter()
+  # The trainer's model options (max_segments: this layout's sequences per row), not a copy.
+  options = stage3.model_options(
+      dataclasses.replace(mc, remat=remat, attention_impl=attention_impl),
+      dataclasses.replace(rc, seqs_per_row=layout.seqs_per_row), trained=True)
   model = Transformer(c, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype),
-                      param_dtype=jnp.dtype(mc.param_dtype),
-                      options=ModelOptions(remat=remat, scan_unroll=mc.scan_unroll,
-                                           layer_loop="auto", attention_chunk=mc.attention_chunk,
-                                           attention_impl=attention_impl))
+                      param_dtype=jnp.dtype(mc.param_dtype), options=options)
   mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   parallel.shard_model(model, mesh, parallel.TRAIN_RULES)
   optimizer = rl_update.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
@@ -190,7 +176,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   if not (np.isfinite(loss) and np.isfinite(grad_norm) and grad_norm > 0):
     raise RuntimeError(f"the update's loss is {loss}, its gradient norm {grad_norm}")
   seconds = statistics.median(times[warmup:])
-  flops = update_flops(c, seq_lens)
+  flops = useful_flops(c, seq_lens)
   return dict(model_params=int(sum(x.size for x in jax.tree.leaves(state.params))),
               matmul_params=matmul_params(c), tokens=sum(seq_lens), sequences=len(seq_lens),
               seq_len=prompt_len + response_len, flops=flops,

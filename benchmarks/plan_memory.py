@@ -53,24 +53,23 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Sequence  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
+from configs import stage3_paper  # noqa: E402
 from disa_jax import config as config_lib  # noqa: E402
 from disa_jax import parallel  # noqa: E402
-from disa_jax.data.packing import PackedRows, PackingLayout  # noqa: E402
-from disa_jax.models import attention_dispatch  # noqa: E402
-from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
-from disa_jax.models.transformer import ModelOptions, Transformer  # noqa: E402
-from disa_jax.rl import update as rl_update  # noqa: E402
-from disa_jax.rl.batch import TrainBatch  # noqa: E402
-from disa_jax.rl.config import TrainConfig  # noqa: E402
-from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
+from disa_jax.data.packing import PackingLayout  # noqa: E402
+from disa_jax.models.config import get_preset  # noqa: E402
+from disa_jax.parallel import gpu_compile  # noqa: E402
+from disa_jax.workflows.stage3_programs import (GpuPlan, Programs,  # noqa: E402
+                                                abstract_micro_batch,
+                                                compile_gpu_plan, device_bytes,
+                                                programs_for)
+from disa_jax.workflows.stage3 import Stage3Config  # noqa: E402
 
 GIB = 1 << 30
 DEFAULT_MODELS = ("qwen3-4b-base", "qwen2.5-7b")
@@ -90,6 +89,43 @@ programs on fake devices; a GPU run differs, and some of what it needs is not co
 - the CUDA context (~0.5-1 GiB per process), a colocated vLLM process (gpu_memory_utilization of
   the GPU), the anchor's prompt-embedding pass and host-side buffers are not counted.
 Keep a margin of 10-20% below the device's capacity."""
+
+
+def paper_train_config(preset: str) -> tuple[TrainConfig, Any]:
+  """``configs/stage3_paper.py:disa,<preset>,math`` as (`TrainConfig`, its model section)."""
+  cfg = Stage3Config.from_config(stage3_paper.get_config(f"disa,{preset},math"))
+  if cfg.train.objective.has_state:
+    raise ValueError(f"objective {cfg.train.objective.name!r} has trainable state; the planner "
+                     "compiles the policy only")
+  return cfg.train, cfg.model
+
+
+
+
+def make_programs(name: str, *, fsdp: int, attention_chunk: int | None = None,
+                  devices: Sequence[Any] | None = None, settings_of: str | None = None,
+                  remat: bool | None = None, remat_policy: str | None = None,
+                  attention_impl: str | None = None, num_layers: int | None = None) -> Programs:
+  """The abstract trained state and the trainer's jitted functions for preset ``name`` on an
+  ``fsdp``-wide mesh over ``devices`` (default `jax.devices()`).
+
+  The Stage 3 settings are those of the paper config of backbone ``settings_of`` (default:
+  ``name``, a paper backbone); ``attention_chunk`` (0 = none), ``remat``, ``remat_policy`` and
+  ``attention_impl`` override its model section, ``num_layers`` the preset's depth.
+  """
+  train, mc = paper_train_config(settings_of or name)
+  overrides = dict(remat=remat, remat_policy=remat_policy, attention_impl=attention_impl,
+                   attention_chunk=attention_chunk)
+  mc = dataclasses.replace(mc, **{k: v for k, v in overrides.items() if v is not None})
+  config = get_preset(name)
+  if num_layers is not None:
+    config = dataclasses.replace(config, num_layers=num_layers)
+  devices = list(jax.devices() if devices is None else devices)
+  if fsdp > len(devices):
+    raise ValueError(f"--fsdp={fsdp} needs {fsdp} devices, this process has {len(devices)} (set "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={fsdp}, or a topology)")
+  mesh = parallel.make_mesh(1, fsdp, 1, devices=devices[:fsdp])
+  return programs_for(name, config, train, mc, mesh, mc.attention_chunk)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,129 +188,7 @@ class Plan:
     return self.peak + self.ref_bytes
 
 
-@dataclasses.dataclass
-class Setup:
-  """What the programs of one model share: its abstract state, graph and jitted functions."""
-  name: str
-  config: ModelConfig
-  train: TrainConfig
-  mesh: Mesh
-  graphdef: Any
-  state: rl_update.TrainState
-  step: Any
-  score: Any
-  ref_bytes: int
-  attention_chunk: int
-  attention_impl: str = "xla"
-  remat_policy: str | None = "full"
-  optim: ProgramMemory | None = None
-
-
-def paper_train_config(preset: str) -> tuple[TrainConfig, Any]:
-  """``configs/stage3_paper.py:disa,<preset>,math`` as (`TrainConfig`, its model section)."""
-  from configs import stage3_paper  # pylint: disable=g-import-not-at-top
-  from disa_jax.workflows.stage3 import Stage3Config  # pylint: disable=g-import-not-at-top
-  cfg = Stage3Config.from_config(stage3_paper.get_config(f"disa,{preset},math"))
-  if cfg.train.objective.has_state:
-    raise ValueError(f"objective {cfg.train.objective.name!r} has trainable state; the planner "
-                     "compiles the policy only")
-  return cfg.train, cfg.model
-
-
-def device_bytes(tree: Any, dtype: Any = None) -> int:
-  """Bytes one device holds of an abstract tree (leaves with shardings), optionally as ``dtype``."""
-  total = 0
-  for x in jax.tree.leaves(tree):
-    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += math.prod(shape) * jnp.dtype(dtype or x.dtype).itemsize
-  return total
-
-
-def abstract_params(model: nnx.Module, mesh: Mesh) -> tuple[Any, Any]:
-  """(graphdef, params as `ShapeDtypeStruct`s with their `TRAIN_RULES` shardings) of an abstract
-  model; attaches the activation sharding context as `parallel.shard_model` does."""
-  shardings = parallel.model_shardings(model, mesh, parallel.TRAIN_RULES)
-  model.sharding = parallel.ShardingContext(mesh, parallel.TRAIN_RULES)
-  graphdef, params = nnx.split(model, nnx.Param)
-  params = jax.tree.map(
-      lambda s, v: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
-                                                  sharding=s)),
-      shardings, params)
-  return graphdef, params
-
-
-def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
-  """The optimizer state's shapes with the shardings `update.init_train_state` gives them
-  (`update.opt_state_shardings`: moments as their parameters, counts replicated)."""
-  shardings = rl_update.opt_state_shardings(optimizer, params, mesh)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      jax.eval_shape(optimizer.init, params), shardings)
-
-
-def make_setup(name: str, *, fsdp: int, attention_chunk: int | None = None,
-               devices: Sequence[jax.Device] | None = None, settings_of: str | None = None,
-               remat: bool | None = None, remat_policy: str | None = None,
-               attention_impl: str | None = None) -> Setup:
-  """The abstract trained state and the trainer's jitted functions for preset ``name``; the
-  attention query block is the paper config's ``model.attention_chunk`` unless given (0 = none).
-  The Stage 3 settings are those of the paper config of backbone ``settings_of`` (default:
-  ``name``, a paper backbone); ``remat``, ``remat_policy``, ``attention_impl`` override its own."""
-  train, mc = paper_train_config(settings_of or name)
-  overrides = dict(remat=remat, remat_policy=remat_policy, attention_impl=attention_impl)
-  mc = dataclasses.replace(mc, **{k: v for k, v in overrides.items() if v is not None})
-  if attention_chunk is None:
-    attention_chunk = mc.attention_chunk
-  config = get_preset(name)
-  devices = list(jax.devices() if devices is None else devices)
-  if fsdp > len(devices):
-    raise ValueError(f"--fsdp={fsdp} needs {fsdp} devices, this process has {len(devices)} (set "
-                     f"XLA_FLAGS=--xla_force_host_platform_device_count={fsdp})")
-  mesh = parallel.make_mesh(1, fsdp, 1, devices=devices[:fsdp])
-  return setup_for(name, config, train, mc, mesh, attention_chunk)
-
-
-def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh: Mesh,
-              attention_chunk: int) -> Setup:
-  """`make_setup` for an explicit config (tests use a tiny one); ``mc.attention_impl`` resolved
-  for this backend (the program compiles here)."""
-  impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=jax.default_backend(),
-                                         dtype=jnp.dtype(mc.dtype), head_dim=config.head_dim,
-                                         branches=False)
-  model = nnx.eval_shape(lambda: Transformer(
-      config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
-      options=ModelOptions(remat=mc.remat, remat_policy=mc.remat_policy,
-                           scan_unroll=mc.scan_unroll, layer_loop="scan",
-                           attention_chunk=attention_chunk, attention_impl=impl,
-                           max_segments=train.rollout.seqs_per_row)))
-  graphdef, params = abstract_params(model, mesh)
-  optimizer = rl_update.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
-  rep = NamedSharding(mesh, PartitionSpec())
-  state = rl_update.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), params,
-                               abstract_opt_state(optimizer, params, mesh), None, None)
-  shardings = jax.tree.map(lambda x: x.sharding, state)
-  step = rl_update.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
-                                   state_shardings=shardings)
-  return Setup(name, config, train, mesh, graphdef, state, step,
-               rl_update.make_scoring_fn(graphdef), ref_bytes=device_bytes(params, mc.dtype),
-               attention_chunk=attention_chunk, attention_impl=impl,
-               remat_policy=mc.remat_policy if mc.remat else None)
-
-
-def abstract_micro_batch(layout: PackingLayout, width: int, mesh: Mesh) -> TrainBatch:
-  """A `TrainBatch` of `ShapeDtypeStruct`s: ``[R, L]`` packed rows over the batch axes, ``[S, W]``
-  / ``[S]`` per-sequence arrays replicated (`update.batch_shardings`)."""
-  r, l, s = layout.rows, layout.row_len, layout.slots
-  sh = rl_update.batch_shardings(mesh)
-  row = lambda: jax.ShapeDtypeStruct((r, l), jnp.int32, sharding=sh.rows)
-  rep = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sh.signal)
-  return TrainBatch(rows=PackedRows(*(row() for _ in range(6))),
-                    response_index=rep((s, width), jnp.int32),
-                    response_mask=rep((s, width), jnp.float32),
-                    old_logp=rep((s, width), jnp.float32), ref_logp=rep((s, width), jnp.float32),
-                    signal=rep((s,), jnp.float32), log_z=rep((s,), jnp.float32))
-
-
-def plan(setup: Setup, *, rows: int, row_len: int, with_score: bool = True) -> Plan:
+def plan(setup: Programs, *, rows: int, row_len: int, with_score: bool = True) -> Plan:
   """Compiles the micro step (and the scoring pass; the optimizer step once per setup)."""
   rc, attention_chunk = setup.train.rollout, setup.attention_chunk
   batch_shards = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
@@ -336,7 +250,7 @@ def format_table(plans: Sequence[Plan], capacity: int) -> str:
   return "\n".join([line(rows[0]), sep] + [line(r) for r in rows[1:]])
 
 
-def largest_fit(setup: Setup, plans: Sequence[Plan], *, row_len: int, capacity: int,
+def largest_fit(setup: Programs, plans: Sequence[Plan], *, row_len: int, capacity: int,
                 log: Any = print) -> Plan | None:
   """The most rows (a multiple of the batch shards) at ``row_len`` whose peak with the reference
   fits ``capacity``: a line through the two largest measured sizes predicts it, compiling checks
@@ -396,7 +310,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--attention-chunk", type=int, default=None,
                   help="query chunk of the attention (0 = none: the implementation's own "
                   "blocks); default: the paper config's model.attention_chunk")
-  ap.add_argument("--fsdp", type=int, default=8, help="FSDP axis size (fake CPU devices)")
+  ap.add_argument("--fsdp", type=int, default=None,
+                  help="FSDP axis size (default: 8 fake CPU devices; with --card, the topology's)")
+  ap.add_argument("--card", default=None, choices=sorted(gpu_compile.BF16_PEAK),
+                  help="compile for this GPU with XLA:GPU, deviceless (parallel.gpu_compile; the "
+                  "CUDA plugin of launch/install.sh), instead of the XLA:CPU proxy")
+  ap.add_argument("--topology", default="1x1x1", choices=gpu_compile.TOPOLOGIES,
+                  help="with --card: partitions x hosts x GPUs per host")
+  ap.add_argument("--layers", type=int, default=None,
+                  help="with --card: override the preset's layer count (e.g. 2 for a CI check)")
+  ap.add_argument("--seq-len", type=int, default=2048,
+                  help="with --card: the length of the sequences filling each row (useful FLOPs)")
+  ap.add_argument("--programs", default="micro,optim,score",
+                  help="with --card: which programs to compile (micro is always needed)")
+  ap.add_argument("--check", action="store_true",
+                  help="with --card: exit 1 when a plan fails its checks (GpuPlan.checks)")
   ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
   ap.add_argument("--settings-of", default=None,
                   help="paper backbone whose Stage 3 config gives the settings (default: each "
@@ -406,9 +334,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--remat-policy", default=None,
                   help="remat policies to compare, comma-separated (disa_jax.config.REMAT_POLICIES;"
                   " default: the config's model.remat_policy)")
-  ap.add_argument("--attention-impl", default=None, choices=("auto", "xla", "dense"),
-                  help="attention implementation compiled here (default: the config's "
-                  "model.attention_impl, which is 'xla' on a CPU; 'dense' = the [T, T]-mask path)")
+  ap.add_argument("--attention-impl", default=None,
+                  help="attention implementation(s), comma-separated (default: the config's "
+                  "model.attention_impl: 'auto', which is 'xla' on a CPU, 'cudnn' with --card; "
+                  "'dense' = the [T, T]-mask path); the CPU proxy compiles auto / xla / dense")
   ap.add_argument("--dense-check", action=argparse.BooleanOptionalAction, default=True,
                   help="also compile the 'dense' attention without chunks at the largest row "
                   "length, rows = fsdp")
@@ -426,6 +355,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for m in args.models:
     get_preset(m)  # an unknown name raises, listing the presets
   args.rows, args.row_lens = int_list("--rows", args.rows), int_list("--row-lens", args.row_lens)
+  args.attention_impls = [None] if args.attention_impl is None else [
+      i.strip() for i in args.attention_impl.split(",") if i.strip()]
+  cpu_impls = (None, "auto", "xla", "dense")
+  for impl in args.attention_impls:
+    if impl not in (config_lib.ATTENTION_IMPLS + (None,) if args.card else cpu_impls):
+      raise SystemExit(f"--attention-impl={impl!r}: expected one of "
+                       f"{config_lib.ATTENTION_IMPLS if args.card else cpu_impls[1:]}")
+  if args.card is None:
+    if len(args.attention_impls) > 1:
+      raise SystemExit("--attention-impl: one implementation without --card")
+    args.fsdp = 8 if args.fsdp is None else args.fsdp
+    args.attention_impl = args.attention_impls[0]
   if args.attention_chunk is not None and args.attention_chunk < 0:
     raise SystemExit(f"--attention-chunk={args.attention_chunk}: must be >= 0 (0 = no chunking)")
   args.remat_policies = [None] if args.remat_policy is None else (
@@ -435,7 +376,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if args.remat is False and args.remat_policy is not None:
     raise SystemExit(f"--no-remat with --remat-policy={args.remat_policy}: a policy says what a "
                      "recomputed layer keeps, and --no-remat recomputes none (drop one of the two)")
-  if args.fsdp < 1:
+  if args.fsdp is not None and args.fsdp < 1:
     raise SystemExit(f"--fsdp={args.fsdp}: must be >= 1")
   return args
 
@@ -445,7 +386,7 @@ def run_model(name: str, args: argparse.Namespace, capacity: int, remat_policy: 
   """The table rows of one model and remat policy, then (optionally) its largest fit and the
   dense comparison."""
   t0 = time.perf_counter()
-  setup = make_setup(name, fsdp=args.fsdp, attention_chunk=args.attention_chunk,
+  setup = make_programs(name, fsdp=args.fsdp, attention_chunk=args.attention_chunk,
                      settings_of=args.settings_of, remat=args.remat, remat_policy=remat_policy,
                      attention_impl=args.attention_impl)
   name = f"{name} ({setup.remat_policy or 'no remat'})" if len(args.remat_policies) > 1 else name
@@ -466,7 +407,7 @@ def run_model(name: str, args: argparse.Namespace, capacity: int, remat_policy: 
                      f"device; peak+ref {gib(best.peak_with_ref)} GiB)" if best else
                      f"none (rows={args.fsdp} already needs more)"))
   if args.dense_check and (setup.attention_chunk or setup.attention_impl != "dense"):
-    dense = plan(make_setup(setup.name, fsdp=args.fsdp, attention_chunk=0,
+    dense = plan(make_programs(setup.name, fsdp=args.fsdp, attention_chunk=0,
                             settings_of=args.settings_of, remat=args.remat,
                             remat_policy=remat_policy, attention_impl="dense"),
                  rows=args.fsdp, row_len=longest)
@@ -489,8 +430,81 @@ def stage3_notes(name: str) -> list[str]:
           f"{mc.remat_policy!r} (the policy and the reference are built with them)"]
 
 
+def gpu_plan_text(g: GpuPlan, card: gpu_compile.Card) -> str:
+  """A plan's printed block: its programs' summary lines, FLOPs, step-time floors and checks."""
+  micro, optim = g.programs["micro"], g.programs.get("optim")
+  floor = micro.step_floor_s(card, g.attention_call_flops)
+  optim_floor = f"{optim.step_floor_s(card)['bound_s'] * 1e3:.0f} ms" if optim else "-"
+  lines = [f"{g.model} ({g.layers} layers) rows={g.rows} x {g.row_len} ({g.seq_len}-token "
+           f"sequences) fsdp={g.fsdp} attention={g.attention_impl} remat="
+           f"{g.remat_policy or 'off'}: peak {gpu_compile.gib(g.peak)} GiB/device with AdamW and "
+           f"reference; compiled/useful FLOPs {g.flops_ratio:.2f}; micro-step floor "
+           f"{floor['bound_s'] * 1e3:.0f} ms (compute {floor['compute_s'] * 1e3:.0f}, memory "
+           f"{floor['memory_s'] * 1e3:.0f}), optimizer step floor {optim_floor}"]
+  lines += ["  " + gpu_compile.summary_line(r) for r in g.programs.values()]
+  lines += ["  CHECK FAILED: " + c for c in g.checks()]
+  return "\n".join(lines)
+
+
+def run_gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
+  """Every model x attention x remat policy x row length x rows, compiled for ``--card``; a
+  plan that does not compile is recorded with its error."""
+  card = gpu_compile.load_card(args.card)
+  devices = gpu_compile.topology_devices(card, args.topology)
+  fsdp = args.fsdp or len(devices)
+  records = []
+  for name in args.models:
+    for impl in args.attention_impls:
+      for policy in args.remat_policies:
+        programs = make_programs(name, fsdp=fsdp, devices=devices,
+                                 attention_chunk=args.attention_chunk,
+                                 settings_of=args.settings_of, remat=args.remat,
+                                 remat_policy=policy, attention_impl=impl, num_layers=args.layers)
+        for row_len in args.row_lens:
+          for rows in args.rows:
+            what = dict(model=name, attention_impl=programs.attention_impl, rows=rows,
+                        row_len=row_len, remat_policy=programs.remat_policy)
+            try:
+              g = compile_gpu_plan(programs, rows=rows, row_len=row_len, seq_len=args.seq_len,
+                                   card=card, topology=args.topology,
+                                   programs=args.programs.split(","))
+            except Exception as e:  # pylint: disable=broad-except  (recorded: the table says why)
+              records.append(dict(what, error=f"{type(e).__name__}: {str(e)[:500]}"))
+              print(f"{what}: does not compile: {records[-1]['error']}", flush=True)
+              continue
+            print(gpu_plan_text(g, card), flush=True)
+            records.append(g.to_json())
+  return records
+
+
+def main_gpu(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+  t0 = time.perf_counter()
+  card = gpu_compile.load_card(args.card)
+  print(f"JAX {jax.__version__}, XLA:GPU for {card.device_name} ({args.card}), topology "
+        f"{args.topology}, compiled on {jax.default_backend()}", flush=True)
+  records = run_gpu(args)
+  out = dict(command="python benchmarks/plan_memory.py " + " ".join(
+                 sys.argv[1:] if argv is None else argv),
+             jax=jax.__version__, card=args.card, device=card.device_name,
+             memory_bytes=card.memory_bytes, hbm_bytes_per_s=card.hbm_bytes_per_s,
+             bf16_flops_per_s=card.bf16_flops_per_s, topology=args.topology,
+             seconds=round(time.perf_counter() - t0, 1), plans=records)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(out, f, indent=1)
+  print(f"total runtime {out['seconds']:.0f} s")
+  failed = [r for r in records if r.get("error") or r.get("checks")]
+  if args.check and failed:
+    raise SystemExit(f"{len(failed)} of {len(records)} plans fail their checks")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   args = parse_args(argv)
+  if args.card:
+    if not gpu_compile.plugin_on_path():  # the CUDA plugin must be found when JAX starts
+      raise SystemExit(subprocess.call([sys.executable, os.path.abspath(__file__)] + list(
+          sys.argv[1:] if argv is None else argv), env=gpu_compile.compile_env()))
+    return main_gpu(args, argv)
   t0 = time.perf_counter()
   capacity = int(args.capacity_gib * GIB)
   print(f"JAX {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices; "

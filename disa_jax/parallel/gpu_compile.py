@@ -18,15 +18,23 @@ imported. It is kept out of the project's virtual environment (installed there, 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
 import pathlib
 import re
+import sys
 import time
 from typing import Any, Mapping
 
 import jax
+from jax.experimental import topologies
+
+try:  # private JAX module: its trace-time questions to the local GPU (`target_answers`)
+  from jax._src.cudnn import fused_attention_stablehlo as _cudnn
+except ImportError:  # pragma: no cover - a JAX without it
+  _cudnn = None
 
 from disa_jax.parallel import hlo_facts
 
@@ -37,6 +45,8 @@ TOPOLOGIES = ("1x1x1", "1x1x8", "1x2x8")
 # Dense bfloat16 tensor-core peak (NVIDIA data sheets: H100 / H200 SXM 989.4 TFLOP/s without
 # sparsity, A100 312 TFLOP/s); the card descriptions give memory size and bandwidth, not this.
 BF16_PEAK = {"h100_sxm": 989.4e12, "h200": 989.4e12, "a100_sxm_80": 312e12}
+# The cuDNN a GPU run would load: jax-cuda13-plugin 0.10.2 requires nvidia-cudnn-cu13 >= 9.12.
+CUDNN_VERSION = 91200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +58,7 @@ class Card:
   memory_bytes: int
   hbm_bytes_per_s: float
   bf16_flops_per_s: float
+  compute_capability: tuple[int, int]
 
 
 def _field(text: str, name: str) -> str:
@@ -65,9 +76,12 @@ def load_card(name: str) -> Card:
     raise ValueError(f"card={name!r}: expected one of {sorted(BF16_PEAK)}")
   text = path.read_text()
   device = re.search(r'^\s*name:\s*"([^"]+)"', text, re.M)
+  cc = re.search(r"cuda_compute_capability\s*\{([^}]*)\}", text)
+  version = tuple(int((re.search(rf"{k}:\s*(\d+)", cc.group(1)) or [0, 0])[1]) if cc else 0
+                  for k in ("major", "minor"))
   return Card(name, text, device.group(1) if device else name,
               int(_field(text, "device_memory_size")), float(_field(text, "memory_bandwidth")),
-              BF16_PEAK[name])
+              BF16_PEAK[name], version)  # type: ignore[arg-type]
 
 
 def plugin_dir() -> pathlib.Path:
@@ -79,6 +93,12 @@ def plugin_dir() -> pathlib.Path:
 def plugin_installed(path: pathlib.Path | None = None) -> bool:
   path = plugin_dir() if path is None else path
   return (path / "jax_plugins").is_dir() and any(path.glob("jax_cuda*_plugin"))
+
+
+def plugin_on_path() -> bool:
+  """Whether this process found the plugin directory on its path (set before JAX starts)."""
+  target = plugin_dir().resolve()
+  return any(pathlib.Path(p or ".").resolve() == target for p in sys.path)
 
 
 def compile_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -104,7 +124,6 @@ def parse_topology(topology: str) -> tuple[int, int, int]:
 def topology_devices(card: Card, topology: str) -> list[Any]:
   """Abstract CUDA devices of ``card`` in ``topology`` (needs the plugin, see the module
   docstring); `parallel.make_mesh(..., devices=...)` lays a mesh over them."""
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   parse_topology(topology)
   try:
     desc = topologies.get_topology_desc(platform="cuda", target_config=card.target_config,
@@ -114,6 +133,28 @@ def topology_devices(card: Card, topology: str) -> list[Any]:
                        f"is the CUDA plugin on PYTHONPATH ({plugin_dir()}, launch/install.sh) "
                        "and JAX_PLATFORMS=cpu set before JAX is imported?") from e
   return list(desc.devices)
+
+
+@contextlib.contextmanager
+def target_answers(card: Card):
+  """While tracing for ``card``: JAX's cuDNN attention module asks the local GPU for its cuDNN
+  version and compute capability when it builds the call (there is none here, so it would refuse
+  the packed layout); it gets the target's answers (`CUDNN_VERSION`, ``card``'s capability)."""
+  if _cudnn is None:
+    yield
+    return
+  names = ("check_cudnn_version", "check_compute_capability", "is_cuda_compute_capability_equal")
+  saved = {n: getattr(_cudnn, n) for n in names}
+  parse = lambda c: tuple(int(x) for x in c.split("."))
+  replaced = (lambda: CUDNN_VERSION, lambda c: card.compute_capability >= parse(c),
+              lambda c: card.compute_capability == parse(c))
+  for n, fn in zip(names, replaced):
+    setattr(_cudnn, n, fn)
+  try:
+    yield
+  finally:
+    for n, fn in saved.items():
+      setattr(_cudnn, n, fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +213,7 @@ def compile_report(name: str, lowered: jax.stages.Lowered, card: Card, topology:
   compiled = lowered.compile()
   seconds = time.perf_counter() - t0
   m = compiled.memory_analysis()
-  facts = hlo_facts.read_module(compiled.as_text())
+  facts = hlo_facts.read_module(compiled.as_text(), top=16)
   return ProgramReport(name, card.name, topology, round(seconds, 2),
                        int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
                        int(m.alias_size_in_bytes), int(m.temp_size_in_bytes), card.memory_bytes,
@@ -180,9 +221,16 @@ def compile_report(name: str, lowered: jax.stages.Lowered, card: Card, topology:
 
 
 def square_buffers(report: ProgramReport, row_len: int) -> list[hlo_facts.Buffer]:
-  """The buffers with at least ``row_len``^2 elements (an attention score matrix per row, or the
-  cuDNN statistics of one segment slot per token)."""
-  return [b for b in report.facts.largest if b.elements >= row_len * row_len]
+  """The buffers quadratic in the row length T: at least T^2 elements and two dimensions that are
+  multiples of T (a [B, T, T] mask or score matrix, cuDNN statistics [B x M, N, T] with one
+  segment slot per token); parameters and [T, vocab] logits have one such dimension at most."""
+  t = row_len
+  return [b for b in report.facts.largest if b.elements >= t * t
+          and sum(d >= t and d % t == 0 for d in _dims(b.shape)) >= 2]
+
+
+def _dims(shape: str) -> tuple[int, ...]:
+  return tuple(int(d) for d in shape[shape.index("[") + 1:-1].split(",") if d)
 
 
 def gib(n: float) -> str:

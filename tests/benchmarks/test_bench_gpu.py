@@ -43,7 +43,7 @@ def test_attention_flops_by_hand():
   c = testing.tiny_config("qwen3")  # 2 layers, 4 heads of 16
   # Sequences of 3 and 5 tokens: 6 + 15 causal pairs; 12 FLOPs per pair, layer, head and dim.
   assert bt.attention_flops(c, [3, 5]) == 12 * 2 * 4 * 16 * 21
-  assert bt.update_flops(c, [3, 5]) == 6 * bt.matmul_params(c) * 8 + 12 * 2 * 4 * 16 * 21
+  assert bt.useful_flops(c, [3, 5]) == 6 * bt.matmul_params(c) * 8 + 12 * 2 * 4 * 16 * 21
 
 
 def test_bad_inputs_name_the_value(tmp_path):
@@ -74,7 +74,7 @@ def test_measure_runs_the_trainers_update():
   c = testing.tiny_config("qwen3")
   r = bt.measure(c, 64, True, prompt_len=8, response_len=24, steps=1, warmup=1)
   assert (r["tokens"], r["sequences"], r["seq_len"]) == (64, 2, 32)
-  assert r["flops"] == bt.update_flops(c, [32, 32]) and r["tflops"] > 0
+  assert r["flops"] == bt.useful_flops(c, [32, 32]) and r["tflops"] > 0
   assert r["peak_bytes"] is None  # the CPU keeps no device statistics
   assert r["grad_norm"] > 0  # pi_old is the policy: importance weights 1, not clipped to 0
   assert len(r["step_s_all"]) == 2 and r["step_s"] == r["step_s_all"][1]

@@ -34,7 +34,7 @@ def settings():
 def _setup(settings, fsdp):
   train, mc = settings
   mesh = parallel.make_mesh(1, fsdp, 1, devices=jax.devices()[:fsdp])
-  return pm.setup_for("small", testing.tiny_config("qwen3", **SMALL), train, mc, mesh, CHUNK)
+  return pm.programs_for("small", testing.tiny_config("qwen3", **SMALL), train, mc, mesh, CHUNK)
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +108,8 @@ def test_attention_chunk_comes_from_the_paper_config(n_devices):
   """No flag: the Stage 3 paper config's model.attention_chunk (1024); the flag overrides it."""
   assert pm.parse_args([]).attention_chunk is None
   assert pm.paper_train_config("qwen3-4b-base")[1].attention_chunk == 1024
-  assert pm.make_setup("qwen3-4b-base", fsdp=n_devices).attention_chunk == 1024  # abstract: no compile
-  assert pm.make_setup("qwen3-4b-base", fsdp=n_devices, attention_chunk=0).attention_chunk == 0
+  assert pm.make_programs("qwen3-4b-base", fsdp=n_devices).attention_chunk == 1024  # abstract: no compile
+  assert pm.make_programs("qwen3-4b-base", fsdp=n_devices, attention_chunk=0).attention_chunk == 0
   assert "model.attention_chunk=1024" in pm.stage3_notes("qwen3-4b-base")[0]
 
 
@@ -124,7 +124,7 @@ def test_plan_record_is_the_plans_json_line(sharded):
 def test_settings_of_another_backbone():
   """A preset that is no paper backbone needs --settings-of; --remat overrides the config's."""
   with pytest.raises(ValueError, match="config BACKBONE must be one of"):
-    pm.make_setup("qwen3-0.6b", fsdp=1)
+    pm.make_programs("qwen3-0.6b", fsdp=1)
   args = pm.parse_args(["--models", "qwen3-0.6b", "--settings-of", "qwen3-4b-base", "--no-remat"])
   assert (args.settings_of, args.remat) == ("qwen3-4b-base", False)
 
@@ -138,7 +138,7 @@ def test_remat_policies_are_planned(settings, sharded):
   _, (base, _) = sharded
   assert (base.attention_impl, base.remat_policy) == ("xla", "full")
   mesh = parallel.make_mesh(1, 8, 1, devices=jax.devices()[:8])
-  saving = pm.setup_for("small", testing.tiny_config("qwen3", **SMALL), train,
+  saving = pm.programs_for("small", testing.tiny_config("qwen3", **SMALL), train,
                         dataclasses.replace(mc, remat_policy="save_qkv_attn_mlp"), mesh, CHUNK)
   more = pm.plan(saving, rows=8, row_len=ROW_LEN, with_score=False)
   assert more.remat_policy == "save_qkv_attn_mlp" and more.micro.temp > base.micro.temp
