@@ -5,8 +5,10 @@
 prompts of ``--prompt-len`` random tokens, G = ``--group`` samples each, exactly ``--new-tokens``
 new tokens per sample (temperature 1, no stop token), for each ``--layouts`` entry
 ('ragged': continuous batching on the head-major ragged cache, `disa_jax.rollout.continuous`,
-once per ``--decode-attention`` entry: 'xla', the reference loop over blocks, or 'pallas', one
-kernel per layer, `disa_jax.models.decode_attention_pallas`; 'dense': today's reference path). Tokens/s = P * G * new_tokens / the wall time of `generate`
+once per ``--decode-attention`` entry: 'xla', the reference loop over every block, 'xla_live',
+the loop over the live blocks, or 'pallas', one kernel for every layer,
+`disa_jax.models.decode_attention_pallas`; 'dense': today's reference path). Tokens/s = P * G *
+new_tokens / the wall time of `generate`
 (host packing and unpacking included), median of ``--reps`` calls after one untimed call
 (compilation); ms per decode step = that time / new_tokens. Each ragged row also carries the
 compiled program's memory (`JaxSampler.compiled_memory`: arguments, temporaries, the KV cache)

@@ -152,7 +152,8 @@ class JaxSampler:
       prompt and output lengths, so it divides the cache length).
 
   The ragged path's decode attention is the model's (`ModelOptions.decode_attention`: 'xla', the
-  reference, or 'pallas', one kernel per layer; `from_pretrained` passes it to the model).
+  reference loop over every cache block, 'xla_live' over the live ones, 'pallas', one kernel for
+  every layer, or 'auto'; `from_pretrained` passes it to the model).
   """
 
   def __init__(self, model: models.Transformer, *, max_batch_size: int = 256,
