@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from disa_jax import scoring, testing
-from disa_jax.models import attention
+from disa_jax.models import attention, attention_xla
 
 B, T, N, K, H = 2, 19, 4, 2, 8
 
@@ -128,13 +128,17 @@ def test_the_model_runs_causal_blocks_on_packed_rows_and_dense_attention_with_a_
 
   one_block = run()
   monkeypatch.setattr(attention, "CAUSAL_BLOCK", 4)
+  schedules = []
+  pairs = attention_xla.pair_schedule
+  monkeypatch.setattr(attention_xla, "pair_schedule",
+                      lambda *a, **k: schedules.append(pairs(*a, **k)) or schedules[-1])
+  blocked = run()
+  # 19 tokens in 5 blocks of 4 (the last padded): the 15 causal (query, key) block pairs
+  assert {(size, len(p)) for size, p in schedules} == {(4, 15)} and schedules
+  _assert_close(jax.tree.leaves(blocked), jax.tree.leaves(one_block), 1e-5)
   calls = []
   dense = attention._attend
   monkeypatch.setattr(attention, "_attend", lambda *a: calls.append(a[0].shape) or dense(*a))
-  blocked = run()
-  assert [shape[1] for shape in calls] == [4, 4, 4, 4, 3] * model.config.num_layers
-  _assert_close(jax.tree.leaves(blocked), jax.tree.leaves(one_block), 1e-5)
-  calls.clear()
   cache = model.init_cache(2, 24)
   kv_mask = jnp.ones((2, 24), bool).at[:, 19:].set(False)
   model.forward_with_cache(ids, jnp.broadcast_to(jnp.arange(19), (2, 19)), cache, 0, kv_mask)
