@@ -55,6 +55,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import plan_memory  # noqa: E402  (benchmarks/: the paper config's Stage 3 settings)
+from disa_jax import config as config_lib  # noqa: E402
 from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
@@ -70,6 +71,11 @@ from disa_jax.workflows.stage3_programs import (attention_flops, matmul_params, 
 SETTINGS_OF = "qwen3-4b-base"  # the paper backbone whose Stage 3 config gives the settings
 GROUP = 8  # sequences per prompt (the paper's G)
 GIB = 1 << 30
+# The remat policy for Qwen3-4B at 16k-token rows on one H200, from the XLA:GPU compile table of
+# docs/cluster.md (plan_memory.py --card h200): with cuDNN attention it keeps q, k, v, the
+# attention output and the MLP projections: 1.13x the useful FLOPs (full remat: 1.28x) at 120 of
+# 141 GiB (full: 89).
+REMAT_POLICY = "save_qkv_attn_mlp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +132,8 @@ def device_peak_bytes() -> int | None:
 
 
 def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, response_len: int,
-            steps: int, warmup: int, attention_impl: str = "auto") -> dict[str, Any]:
+            steps: int, warmup: int, attention_impl: str = "auto",
+            remat_policy: str = "full") -> dict[str, Any]:
   """Builds the policy and the trainer's update for one packed row and times ``steps`` updates."""
   train, mc = plan_memory.paper_train_config(SETTINGS_OF)
   rc = train.rollout
@@ -142,7 +149,8 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   t0 = time.perf_counter()
   # The trainer's model options (max_segments: this layout's sequences per row), not a copy.
   options = stage3.model_options(
-      dataclasses.replace(mc, remat=remat, attention_impl=attention_impl),
+      dataclasses.replace(mc, remat=remat, attention_impl=attention_impl,
+                          remat_policy=remat_policy),
       dataclasses.replace(rc, seqs_per_row=layout.seqs_per_row), trained=True)
   model = Transformer(c, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype),
                       param_dtype=jnp.dtype(mc.param_dtype), options=options)
@@ -186,6 +194,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
               peak_bytes=device_peak_bytes(), loss=loss, grad_norm=grad_norm,
               compiled_programs=update.compiled_programs(),
               attention_chunk=mc.attention_chunk, attention_impl=attention_impl,
+              remat_policy=remat_policy if remat else None,
               dtype=mc.dtype, param_dtype=mc.param_dtype,
               optimizer_step_temp_bytes=finish.temp_size_in_bytes,
               optimizer_step_argument_bytes=finish.argument_size_in_bytes)
@@ -232,7 +241,7 @@ def child(args: argparse.Namespace) -> None:
       out.update(measure(get_preset(shape.model), shape.row_len, shape.remat,
                          prompt_len=args.prompt_len, response_len=args.response_len,
                          steps=args.steps, warmup=args.warmup,
-                         attention_impl=args.attention_impl))
+                         attention_impl=args.attention_impl, remat_policy=args.remat_policy))
     except Exception as e:  # pylint: disable=broad-except  (an OOM is a result of its row)
       out.update(error=f"{type(e).__name__}: {str(e)[:1500]}", peak_bytes=device_peak_bytes())
   print("RESULT " + json.dumps(out), flush=True)
@@ -243,7 +252,8 @@ def run_child(one: str, args: argparse.Namespace) -> dict[str, Any]:
   cmd = [sys.executable, os.path.abspath(__file__), "--one", one,
          "--steps", str(args.steps), "--warmup", str(args.warmup),
          "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len),
-         "--matmul-size", str(args.matmul_size), "--attention-impl", args.attention_impl]
+         "--matmul-size", str(args.matmul_size), "--attention-impl", args.attention_impl,
+         "--remat-policy", args.remat_policy]
   env = dict(os.environ)
   env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
   t0 = time.perf_counter()
@@ -350,6 +360,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   ap.add_argument("--matmul-size", type=int, default=8192)
   ap.add_argument("--attention-impl", default="auto",
                   help="the model's attention_impl (disa_jax/models/attention_dispatch.py)")
+  ap.add_argument("--remat-policy", default=REMAT_POLICY, choices=config_lib.REMAT_POLICIES,
+                  help="what a rematerialised layer keeps (with --remat on)")
   ap.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
   ap.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet bf16 dense peak")
   ap.add_argument("--child-timeout", type=float, default=600.0)

@@ -1,5 +1,17 @@
 """Device memory of a Stage 3 micro-batch step, from XLA's compiled memory analysis (no execution).
 
+Two compilers, one tool. With ``--card {h100_sxm,h200,a100_sxm_80} [--topology 1x1x1|1x1x8|1x2x8]``
+the programs are compiled by XLA:GPU for that card, deviceless (`disa_jax.parallel.gpu_compile`;
+the CUDA plugin of `launch/install.sh`, in ``.gpu_aot/``: the tool re-runs itself with it on
+PYTHONPATH), and each plan reports per program: compile seconds, per-device argument / output /
+alias / temp bytes against the card, matmul FLOPs per loop trip against the useful FLOPs, the
+largest buffers, custom calls, collectives, data-dependent loops, a step-time floor, and the
+checks of `stage3_programs.GpuPlan` (``--check``: exit 1 when one fails; ``--json``: one file;
+``--markdown FILE...``: the table docs/cluster.md quotes). e.g.
+  python benchmarks/plan_memory.py --card h200 --models qwen3-4b-base --rows 1 --row-lens 16384 \
+      --attention-impl auto,xla --remat-policy full,save_qkv_attn_mlp [--layers 2] --json FILE
+Without ``--card``: XLA:CPU on fake devices, a proxy (below).
+
 For each model preset and micro-batch shape, the programs the Stage 3 trainer jits are lowered on
 abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compiled, never run:
 
@@ -65,10 +77,9 @@ from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import get_preset  # noqa: E402
 from disa_jax.parallel import gpu_compile  # noqa: E402
-from disa_jax.workflows.stage3_programs import (GpuPlan, Programs,  # noqa: E402
-                                                abstract_micro_batch,
+from disa_jax.workflows.stage3_programs import (Programs, abstract_micro_batch,  # noqa: E402
                                                 compile_gpu_plan, device_bytes,
-                                                programs_for)
+                                                format_gpu_tables, gpu_plan_text, programs_for)
 from disa_jax.workflows.stage3 import Stage3Config  # noqa: E402
 
 GIB = 1 << 30
@@ -323,6 +334,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   help="with --card: the length of the sequences filling each row (useful FLOPs)")
   ap.add_argument("--programs", default="micro,optim,score",
                   help="with --card: which programs to compile (micro is always needed)")
+  ap.add_argument("--markdown", nargs="+", default=None, metavar="JSON",
+                  help="print the table of these --card --json files (docs/cluster.md) and exit")
   ap.add_argument("--check", action="store_true",
                   help="with --card: exit 1 when a plan fails its checks (GpuPlan.checks)")
   ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory, GiB")
@@ -430,22 +443,6 @@ def stage3_notes(name: str) -> list[str]:
           f"{mc.remat_policy!r} (the policy and the reference are built with them)"]
 
 
-def gpu_plan_text(g: GpuPlan, card: gpu_compile.Card) -> str:
-  """A plan's printed block: its programs' summary lines, FLOPs, step-time floors and checks."""
-  micro, optim = g.programs["micro"], g.programs.get("optim")
-  floor = micro.step_floor_s(card, g.attention_call_flops)
-  optim_floor = f"{optim.step_floor_s(card)['bound_s'] * 1e3:.0f} ms" if optim else "-"
-  lines = [f"{g.model} ({g.layers} layers) rows={g.rows} x {g.row_len} ({g.seq_len}-token "
-           f"sequences) fsdp={g.fsdp} attention={g.attention_impl} remat="
-           f"{g.remat_policy or 'off'}: peak {gpu_compile.gib(g.peak)} GiB/device with AdamW and "
-           f"reference; compiled/useful FLOPs {g.flops_ratio:.2f}; micro-step floor "
-           f"{floor['bound_s'] * 1e3:.0f} ms (compute {floor['compute_s'] * 1e3:.0f}, memory "
-           f"{floor['memory_s'] * 1e3:.0f}), optimizer step floor {optim_floor}"]
-  lines += ["  " + gpu_compile.summary_line(r) for r in g.programs.values()]
-  lines += ["  CHECK FAILED: " + c for c in g.checks()]
-  return "\n".join(lines)
-
-
 def run_gpu(args: argparse.Namespace) -> list[dict[str, Any]]:
   """Every model x attention x remat policy x row length x rows, compiled for ``--card``; a
   plan that does not compile is recorded with its error."""
@@ -500,6 +497,9 @@ def main_gpu(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
   args = parse_args(argv)
+  if args.markdown:
+    print(format_gpu_tables(args.markdown))
+    return
   if args.card:
     if not gpu_compile.plugin_on_path():  # the CUDA plugin must be found when JAX starts
       raise SystemExit(subprocess.call([sys.executable, os.path.abspath(__file__)] + list(

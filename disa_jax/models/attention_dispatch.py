@@ -9,12 +9,13 @@
   key ranges; ``attention_chunk`` checkpoints its blocks); runs everywhere and every layout;
 - 'pallas': the Pallas flash-attention kernels (`attention_pallas`: segment-aware block skipping
   at run time); GPU (Triton), or the Pallas interpreter on a CPU (tests; slow); not TPU;
-- 'cudnn': cuDNN flash attention on the packed layout (`attention_cudnn`); GPU, bfloat16 / float16;
+- 'cudnn': cuDNN flash attention on the packed layout (`attention_cudnn`); GPU (Hopper or later),
+  bfloat16 / float16;
 - 'splash': JAX's splash attention (`attention_splash`); TPU;
 - 'auto': 'xla' on a CPU, 'cudnn' on a GPU, 'splash' on a TPU.
 
 A fused implementation that cannot express a call (shared-prompt branch ids for cuDNN / splash;
-cuDNN's dtypes and head sizes) runs it on 'xla' instead (`resolve_impl`; a warning is logged
+cuDNN's dtypes, head sizes and GPUs before Hopper, e.g. the paper's A100s) runs it on 'xla' instead (`resolve_impl`; a warning is logged
 once per reason when the implementation was asked for by name, not by 'auto'); asking for 'cudnn' or
 'splash' on another backend is an error. With a mesh (`Transformer.sharding`), the kernels run
 per device under `jax.shard_map` over the batch (and head) axes the activations are sharded
@@ -44,7 +45,8 @@ _AUTO = {"cpu": "xla", "gpu": "cudnn", "tpu": "splash"}
 _BACKENDS = {"cudnn": ("gpu",), "splash": ("tpu",), "pallas": ("gpu", "cpu")}
 
 
-def resolve_impl(impl: str, *, backend: str, dtype: Any, head_dim: int, branches: bool) -> str:
+def resolve_impl(impl: str, *, backend: str, dtype: Any, head_dim: int, branches: bool,
+                 capability: str | None = None) -> str:
   """The implementation that runs a call (see the module docstring).
 
   Args:
@@ -53,6 +55,7 @@ def resolve_impl(impl: str, *, backend: str, dtype: Any, head_dim: int, branches
     dtype: the queries' dtype.
     head_dim: H.
     branches: the call has shared-prompt branch ids.
+    capability: the GPU's compute capability ('8.0', '9.0'; None = not known).
 
   Raises:
     ValueError: an unknown name, or 'cudnn' / 'splash' / 'pallas' asked for on another backend.
@@ -66,7 +69,7 @@ def resolve_impl(impl: str, *, backend: str, dtype: Any, head_dim: int, branches
                      f"{backend!r} (use 'xla' or 'auto')")
   why = ""
   if impl == "cudnn":
-    why = attention_cudnn.unsupported(dtype, head_dim, branches)
+    why = attention_cudnn.unsupported(dtype, head_dim, branches, capability)
   elif impl == "splash" and branches:
     why = "shared-prompt branch masks are not a splash mask"
   if not why:

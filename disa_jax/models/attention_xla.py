@@ -168,7 +168,8 @@ def _padded(x: jax.Array, t: int) -> jax.Array:
 
 
 def _head_major_padded(q, k, v, layout, t_pad):
-  qh, kt, vt = A._head_major(*(_padded(x, t_pad) for x in (q, k, v)))  # pylint: disable=protected-access
+  head_major = A._head_major  # pylint: disable=protected-access
+  qh, kt, vt = head_major(*(_padded(x, t_pad) for x in (q, k, v)))
   lay = A.SegmentLayout(_padded(layout.segment_ids, t_pad),
                         None if layout.branch_ids is None else _padded(layout.branch_ids, t_pad),
                         _padded(layout.first, t_pad), _padded(layout.last, t_pad))

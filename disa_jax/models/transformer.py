@@ -276,13 +276,15 @@ class Transformer(nnx.Module):
       x = self._constrain(x, ("batch", "seq", "act_embed"))
     return x, new_kv
 
-  def _backend(self) -> str:
-    """The platform the model's programs compile for: that of its mesh's devices when a mesh is
-    attached (e.g. abstract GPUs of `parallel.gpu_compile`, compiled on a CPU), else JAX's
-    default backend."""
+  def _device(self) -> Any:
+    """A device the model's programs compile for: its mesh's when a mesh is attached (e.g. the
+    abstract GPUs of `parallel.gpu_compile`, compiled on a CPU), else JAX's first device."""
     if self.sharding is not None:
-      return self.sharding.mesh.devices.flat[0].platform
-    return jax.default_backend()
+      return self.sharding.mesh.devices.flat[0]
+    return jax.devices()[0]
+
+  def _backend(self) -> str:
+    return self._device().platform
 
   def _layers_unrolled(self) -> bool:
     if self.options.layer_loop == "auto":
@@ -378,7 +380,8 @@ class Transformer(nnx.Module):
     o = self.options
     impl = attention_dispatch.resolve_impl(
         o.attention_impl, backend=self._backend(), dtype=q.dtype, head_dim=q.shape[-1],
-        branches=layout.branch_ids is not None)
+        branches=layout.branch_ids is not None,
+        capability=getattr(self._device(), "compute_capability", None))
     return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=o.attention_chunk,
                                      window=o.max_segment_len, max_segments=o.max_segments,
                                      sharding=self.sharding)

@@ -26,10 +26,12 @@ import pathlib
 import re
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 from jax.experimental import topologies
+
+from jax._src.lib import _jax  # private: XLA's cost analysis of a compiled module
 
 try:  # private JAX module: its trace-time questions to the local GPU (`target_answers`)
   from jax._src.cudnn import fused_attention_stablehlo as _cudnn
@@ -199,7 +201,6 @@ class ProgramReport:
 
 def xla_cost_flops(compiled: Any) -> float:
   """XLA's cost analysis of the optimized module (a private JAX API; a loop body counted once)."""
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
   module = compiled.runtime_executable().hlo_modules()[0]
   cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   return float(cost.get("flops", 0.0))  # absent from a module without arithmetic (slices)
@@ -220,13 +221,16 @@ def compile_report(name: str, lowered: jax.stages.Lowered, card: Card, topology:
                        xla_cost_flops(compiled), facts.dot_flops, facts)
 
 
-def square_buffers(report: ProgramReport, row_len: int) -> list[hlo_facts.Buffer]:
+def square_buffers(report: ProgramReport, row_len: int, widths: Sequence[int] = ()
+                   ) -> list[hlo_facts.Buffer]:
   """The buffers quadratic in the row length T: at least T^2 elements and two dimensions that are
-  multiples of T (a [B, T, T] mask or score matrix, cuDNN statistics [B x M, N, T] with one
-  segment slot per token); parameters and [T, vocab] logits have one such dimension at most."""
-  t = row_len
+  multiples of T other than the model's own ``widths`` (a [B, T, T] mask or score matrix, cuDNN
+  statistics [B x M, N, T] with one segment slot per token); parameters, [T, vocab] logits and a
+  [T, width] activation whose width happens to equal T are not (nor, then, a [T, T] buffer at a
+  row length equal to a model width: check at a T that is none)."""
+  t, skip = row_len, set(widths)
   return [b for b in report.facts.largest if b.elements >= t * t
-          and sum(d >= t and d % t == 0 for d in _dims(b.shape)) >= 2]
+          and sum(d >= t and d % t == 0 and d not in skip for d in _dims(b.shape)) >= 2]
 
 
 def _dims(shape: str) -> tuple[int, ...]:

@@ -73,6 +73,7 @@ class Buffer:
   bytes: int
   elements: int
   op: str
+  source: str  # the JAX operation it comes from (the metadata's op_name), or ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +238,9 @@ def read_module(text: str, *, top: int = 8) -> ModuleFacts:
         for a in ins.shapes:
           key = str(a)
           if key not in buffers or len(ins.name) < len(buffers[key].op):
-            buffers[key] = Buffer(key, a.bytes, a.elements, ins.name)
+            source = re.search(r'op_name="([^"]*)"', ins.attrs)
+            buffers[key] = Buffer(key, a.bytes, a.elements, ins.name,
+                                  source.group(1) if source else "")
   largest = tuple(sorted(buffers.values(), key=lambda b: -b.bytes)[:top])
   return ModuleFacts(int(flops), largest, dict(customs), dict(fusions),
                      {k: dict(v) for k, v in colls.items()}, tuple(loops), tuple(sorted(slots)))

@@ -17,6 +17,7 @@ inside each packed sequence (N: the matmul parameters).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any, Sequence
 
@@ -27,6 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax import parallel
 from disa_jax.parallel import gpu_compile
+from disa_jax.parallel.gpu_compile import gib
 from disa_jax.data.packing import PackedRows, PackingLayout
 from disa_jax.models import attention_dispatch
 from disa_jax.models.config import ModelConfig
@@ -89,16 +91,18 @@ def abstract_opt_state(optimizer: Any, params: Any, mesh: Mesh) -> Any:
 def programs_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh: Mesh,
                  attention_chunk: int) -> Programs:
   """The abstract trained state and the trainer's jitted functions of model ``config`` under a
-  Stage 3 run's ``train`` / ``mc`` settings on ``mesh``. The model options are the trainer's (`stage3.model_options`), the layers a scan (what ``layer_loop='auto'`` runs on a GPU
-  or TPU; on CPU meshes too, so that a CPU plan stands for them), the attention resolved for the
-  mesh's platform."""
+  Stage 3 run's ``train`` / ``mc`` settings on ``mesh``. The model options are the trainer's
+  (`stage3.model_options`), the layers a scan (what ``layer_loop='auto'`` runs on a GPU or TPU; on
+  CPU meshes too, so that a CPU plan stands for them), the attention resolved for the mesh's
+  device (platform and compute capability)."""
   mc = dataclasses.replace(mc, attention_chunk=attention_chunk)
   options = dataclasses.replace(stage3.model_options(mc, train.rollout, trained=True),
                                 layer_loop="scan")
-  platform = mesh.devices.flat[0].platform
-  impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=platform,
+  device = mesh.devices.flat[0]
+  impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=device.platform,
                                          dtype=jnp.dtype(mc.dtype), head_dim=config.head_dim,
-                                         branches=False)
+                                         branches=False,
+                                         capability=getattr(device, "compute_capability", None))
   model = nnx.eval_shape(lambda: Transformer(
       config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
       options=options))
@@ -170,6 +174,7 @@ class GpuPlan:
   useful_flops: float  # per device: 6 N tokens + causal attention within segments, / devices
   attention_call_flops: float  # per device: the fused attention's (cuDNN) FLOPs, not in dot_flops
   programs: dict[str, Any]  # "micro" / "optim" / "score" -> ProgramReport
+  widths: tuple[int, ...] = ()  # the model's own dimensions (`model_widths`)
 
   @property
   def peak(self) -> int:
@@ -189,9 +194,10 @@ class GpuPlan:
     micro step or the scoring pass; cuDNN segment slots other than the packing's sequences per
     row; the peak over the card's memory."""
     bad = []
-    for name in set(self.programs) & {"micro", "score"}:
-      for b in gpu_compile.square_buffers(self.programs[name], self.row_len):
-        bad.append(f"{name}: buffer {b.shape} ({b.op}) has >= T^2 = {self.row_len}^2 elements")
+    for name in sorted(set(self.programs) & {"micro", "score"}):
+      for b in gpu_compile.square_buffers(self.programs[name], self.row_len, self.widths):
+        bad.append(f"{name}: buffer {b.shape} ({b.source or b.op}) has >= T^2 = "
+                   f"{self.row_len}^2 elements")
     micro = self.programs["micro"]
     slots = micro.facts.cudnn_segment_slots
     if slots and slots != (max(2, self.seqs_per_row),):
@@ -207,6 +213,15 @@ class GpuPlan:
     d.update(peak_bytes=self.peak, flops_ratio=self.flops_ratio, checks=self.checks(),
              programs={k: r.to_json() for k, r in self.programs.items()})
     return d
+
+
+def model_widths(c: ModelConfig) -> tuple[int, ...]:
+  """The model's dimensions that an activation or parameter has besides tokens (a buffer with one
+  of these is not quadratic in T however its sizes compare)."""
+  h = c.head_dim
+  return tuple(sorted({c.hidden_size, c.intermediate_size, 2 * c.intermediate_size, c.vocab_size,
+                       c.num_heads * h, c.num_kv_heads * h, (c.num_heads + 2 * c.num_kv_heads) * h,
+                       c.num_heads, c.num_kv_heads, h}))
 
 
 def _attention_call_flops(p: Programs, report: gpu_compile.ProgramReport,
@@ -249,4 +264,56 @@ def compile_gpu_plan(p: Programs, *, rows: int, row_len: int, seq_len: int,
                  adam_bytes=device_bytes(p.state.opt_state), ref_bytes=p.ref_bytes,
                  useful_flops=useful_flops(p.config, seqs) / p.mesh.size,
                  attention_call_flops=_attention_call_flops(p, programs["micro"], seqs),
-                 programs=programs)
+                 programs=programs, widths=model_widths(p.config))
+
+
+GPU_TABLE_HEADER = ("card", "topology", "model", "rows x T", "attention", "remat", "compile s",
+                    "micro args+temp", "peak", "card", "FLOPs / useful", "micro floor ms",
+                    "collectives (micro)", "checks")
+
+
+def _gpu_table_row(out: dict[str, Any], r: dict[str, Any]) -> tuple[str, ...]:
+  """One plan of a ``--card --json`` file as a table row (GiB per device)."""
+  head = (out["card"], out["topology"], f"{r['model']}" + (f" ({r['layers']} layers)" if
+                                                          r.get("layers") else ""),
+          f"{r['rows']} x {r['row_len']}", r["attention_impl"], r["remat_policy"] or "off")
+  if "error" in r:
+    return head + ("-",) * 7 + (r["error"][:80],)
+  m = r["programs"]["micro"]
+  compute = (m["dot_flops"] + r["attention_call_flops"]) / out["bf16_flops_per_s"]
+  memory = (m["argument_bytes"] + m["output_bytes"] + m["temp_bytes"]) / out["hbm_bytes_per_s"]
+  colls = ", ".join(f"{k} {v['count']} ({v['bytes'] / 2**30:.1f} GiB)"
+                    for k, v in sorted(m["facts"]["collectives"].items())) or "-"
+  return head + (
+      " / ".join(f"{p['compile_s']:.0f}" for p in r["programs"].values()),
+      f"{gib(m['argument_bytes'])} + {gib(m['temp_bytes'])}", gib(r["peak_bytes"]),
+      gib(out["memory_bytes"]), f"{r['flops_ratio']:.2f}", f"{max(compute, memory) * 1e3:.0f}",
+      colls, "; ".join(r["checks"]) or "pass")
+
+
+def format_gpu_tables(paths: Sequence[str]) -> str:
+  """A Markdown table of the plans in ``--card --json`` files (what docs/cluster.md quotes)."""
+  rows = [GPU_TABLE_HEADER]
+  for path in paths:
+    with open(path) as f:
+      out = json.load(f)
+    rows += [_gpu_table_row(out, r) for r in out["plans"]]
+  line = lambda r: "| " + " | ".join(r) + " |"
+  return "\n".join([line(rows[0]), "|" + "---|" * len(GPU_TABLE_HEADER)] +
+                   [line(r) for r in rows[1:]])
+
+
+def gpu_plan_text(g: GpuPlan, card: gpu_compile.Card) -> str:
+  """A plan's printed block: its programs' summary lines, FLOPs, step-time floors and checks."""
+  micro, optim = g.programs["micro"], g.programs.get("optim")
+  floor = micro.step_floor_s(card, g.attention_call_flops)
+  optim_floor = f"{optim.step_floor_s(card)['bound_s'] * 1e3:.0f} ms" if optim else "-"
+  lines = [f"{g.model} ({g.layers} layers) rows={g.rows} x {g.row_len} ({g.seq_len}-token "
+           f"sequences) fsdp={g.fsdp} attention={g.attention_impl} remat="
+           f"{g.remat_policy or 'off'}: peak {gib(g.peak)} GiB/device with AdamW and "
+           f"reference; compiled/useful FLOPs {g.flops_ratio:.2f}; micro-step floor "
+           f"{floor['bound_s'] * 1e3:.0f} ms (compute {floor['compute_s'] * 1e3:.0f}, memory "
+           f"{floor['memory_s'] * 1e3:.0f}), optimizer step floor {optim_floor}"]
+  lines += ["  " + gpu_compile.summary_line(r) for r in g.programs.values()]
+  lines += ["  CHECK FAILED: " + c for c in g.checks()]
+  return "\n".join(lines)

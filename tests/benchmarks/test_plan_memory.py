@@ -155,3 +155,23 @@ def test_remat_policy_flags():
     pm.parse_args(["--remat-policy", "full,most"])
   with pytest.raises(SystemExit, match="--no-remat with --remat-policy=full,save_attn"):
     pm.parse_args(["--no-remat", "--remat-policy", "full,save_attn"])
+
+
+def test_gpu_flags_and_the_committed_tables():
+  """--card takes every attention implementation (the CPU proxy: auto / xla / dense, one); the
+  committed XLA:GPU tables print as docs/cluster.md quotes them, every 4B/16k cuDNN plan with its
+  16 segment slots and no T^2 buffer."""
+  args = pm.parse_args(["--card", "h200", "--attention-impl", "auto,cudnn,dense"])
+  assert (args.attention_impls, args.fsdp, args.topology) == (["auto", "cudnn", "dense"], None,
+                                                              "1x1x1")
+  with pytest.raises(SystemExit, match="--attention-impl='cudnn': expected one of"):
+    pm.parse_args(["--attention-impl", "cudnn"])
+  with pytest.raises(SystemExit, match="one implementation without --card"):
+    pm.parse_args(["--attention-impl", "xla,dense"])
+  results = sorted((ROOT / "benchmarks" / "results").glob("gpu_compile_train_*.json"))
+  table = pm.format_gpu_tables([str(p) for p in results]).splitlines()
+  assert len(table) == 2 + sum(len(json.loads(p.read_text())["plans"]) for p in results)
+  cudnn = [json.loads(p.read_text()) for p in results]
+  cudnn = [r for out in cudnn for r in out["plans"] if r.get("attention_impl") == "cudnn"]
+  assert cudnn and all(r["programs"]["micro"]["facts"]["cudnn_segment_slots"] == [16]
+                       and not any("T^2" in c for c in r["checks"]) for r in cudnn)

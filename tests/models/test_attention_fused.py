@@ -120,6 +120,9 @@ def test_implementation_choice():
   assert [pick("auto", b) for b in ("cpu", "gpu", "tpu")] == ["xla", "cudnn", "splash"]
   assert pick("auto", "gpu", dtype=jnp.float32) == "xla"  # cuDNN flash: bf16 / fp16 only
   assert pick("auto", "gpu", h=256) == "xla"
+  gpu = lambda cap: attention_dispatch.resolve_impl("auto", backend="gpu", dtype=jnp.bfloat16,
+                                                   head_dim=128, branches=False, capability=cap)
+  assert (gpu("8.0"), gpu("9.0")) == ("xla", "cudnn")  # packed cuDNN: Hopper on (not the A100)
   assert pick("cudnn", "gpu", branches=True) == "xla"  # shared prompts: not a cuDNN mask
   assert pick("auto", "tpu", branches=True) == "xla"
   assert [pick(i, "cpu") for i in ("dense", "xla", "pallas")] == ["dense", "xla", "pallas"]
