@@ -156,9 +156,12 @@ def sampler_records(config: models.ModelConfig, model_name: str, req: Request,
   records = []
   common = dict(model=model_name, layers=config.num_layers, rows=req.rows, slots=req.slots,
                 prompt_len=req.prompt_len, new_tokens=req.new_tokens)
-  cache_bytes = continuous.cache_bytes(config, req.slots, req.cache_len, jnp.bfloat16)
   for i, impl in enumerate(impls):
     sampler = abstract_sampler(config, impl, req.slots)
+    # The request's shapes as the sampler pads them (its buckets): the cache the programs hold.
+    key, _, _, padded = sampler.ragged_plan(req.rows, req.group, req.prompt_len, req.new_tokens)
+    shaped = dataclasses.replace(req, prompt_len=padded, new_tokens=key[1])
+    cache_bytes = continuous.cache_bytes(config, req.slots, shaped.cache_len, jnp.bfloat16)
     weight_bytes = sum(math.prod(x.shape) * x.dtype.itemsize
                        for x in jax.tree.leaves(nnx.state(sampler.model)))
     programs = ("prefill", "decode") if i == 0 and prefill else ("decode",)
@@ -169,12 +172,11 @@ def sampler_records(config: models.ModelConfig, model_name: str, req: Request,
                     decode_attention=impl if name == "decode" else "-",
                     kv_cache_bytes=cache_bytes, weight_bytes=weight_bytes, **common)
       if name == "decode":
-        rec.update(decode_floor(rec, card=card, impl=impl, req=req, weight_bytes=weight_bytes,
-                                cache_bytes=cache_bytes))
+        rec.update(decode_floor(rec, card=card, impl=impl, req=shaped,
+                                weight_bytes=weight_bytes, cache_bytes=cache_bytes))
       records.append(rec)
     if impl == "pallas" and kernel:
-      block = sampler.ragged_plan(req.rows, req.group, req.prompt_len, req.new_tokens)[0][4]
-      records.append(dict(kernel_record(config, req, block, card, sharding), **common))
+      records.append(dict(kernel_record(config, shaped, key[4], card, sharding), **common))
   return records
 
 
