@@ -5,8 +5,10 @@
 prompts of ``--prompt-len`` random tokens, G = ``--group`` samples each, exactly ``--new-tokens``
 new tokens per sample (temperature 1, no stop token), for each ``--layouts`` entry
 ('ragged': continuous batching on the head-major ragged cache, `disa_jax.rollout.continuous`,
-once per ``--decode-attention`` entry: 'xla', the reference loop over blocks, or 'pallas', one
-kernel per layer, `disa_jax.models.decode_attention_pallas`; 'dense': today's reference path). Tokens/s = P * G * new_tokens / the wall time of `generate`
+once per ``--decode-attention`` entry: 'xla', the reference loop over every block, 'xla_live',
+the loop over the live blocks, or 'pallas', one kernel for every layer,
+`disa_jax.models.decode_attention_pallas`; 'dense': today's reference path). Tokens/s = P * G *
+new_tokens / the wall time of `generate`
 (host packing and unpacking included), median of ``--reps`` calls after one untimed call
 (compilation); ms per decode step = that time / new_tokens. Each ragged row also carries the
 compiled program's memory (`JaxSampler.compiled_memory`: arguments, temporaries, the KV cache)
@@ -54,7 +56,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
   return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
 
 
-def _config(name: str) -> ModelConfig:
+def model_config(name: str) -> ModelConfig:
   """A preset, or 'tiny' (`testing.tiny_config`, for a CPU dry run)."""
   return testing.tiny_config("qwen3", head_dim=32) if name == "tiny" else get_preset(name)
 
@@ -116,7 +118,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   args = ap.parse_args(argv)
   args.models = [m for m in args.models.split(",") if m]
   for m in args.models:
-    _config(m)
+    model_config(m)
   args.layouts = [x for x in args.layouts.split(",") if x]
   bad = [x for x in args.layouts if x not in CACHE_LAYOUTS]
   if bad:
@@ -145,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   for a in (args.decode_attention if x == "ragged" else ["-"])]
       for layout, attn in variants:
         try:
-          r = generation(_config(name), p, layout=layout, prompt_len=args.prompt_len,
+          r = generation(model_config(name), p, layout=layout, prompt_len=args.prompt_len,
                          group=args.group, new_tokens=args.new_tokens, reps=args.reps,
                          decode_attention="xla" if attn == "-" else attn)
         except Exception as e:  # pylint: disable=broad-except  (an OOM is a result of its row)

@@ -5,19 +5,22 @@ key/value heads before the S positions, the layout the scores' einsum reads, so 
 the cache). Slot b's live entries are ``[start[b], write[b]]``; a decode step writes each slot's new
 key and value at ``write[b]`` (a scatter into the cache, which is a loop carry of the caller's
 program: updated in place, never copied), and attends over the live entries only
-(`ragged_attention`): the positions run in blocks of ``block``, an XLA while loop visits the blocks
-``[min(start) // block, ceil(max(write + 1) / block))`` with an online softmax (float32 scores, as
-`attention.gqa_attention`), so the work follows the longest live row, not the cache length S.
+(`ragged_attention`): the positions run in blocks of ``block`` with an online softmax (float32
+scores, as `attention.gqa_attention`). The loop over blocks has a static trip count, every block
+of the cache, its dead positions masked ('xla': a GPU runs it without reading its predicate back
+to the host), or bounds from the live range, ``[min(start) // block, ceil(max(write + 1) /
+block))`` ('xla_live': the work follows the longest live row, not S; a GPU then syncs with the
+host every iteration, ~160 times per 4B decode step).
 
 The cache holds its values' bits as unsigned ints of the same width (`kv_bits`; read back block
 by block, a free bitcast): XLA:CPU runs a bfloat16 scatter in float32 on a converted copy of the
 whole operand (twice the cache, per write), while it scatters integers in place, as every backend
 does.
 
-This XLA path is the reference every backend runs (`ModelOptions.decode_attention` 'xla'); 'pallas'
-(`decode_attention_pallas`) runs the same computation as one Pallas kernel per layer, a program
-per (slot, key/value head) looping over its own live blocks on the device: it also skips the
-blocks of the shorter rows, and a layer costs one launch instead of a loop of small kernels.
+The XLA loop is the reference every backend runs (`ModelOptions.decode_attention` 'xla' /
+'xla_live'); 'pallas' (`decode_attention_pallas`) runs the same computation as one Pallas kernel,
+a program per (slot, key/value head) looping over its own live blocks on the device: it also skips
+the blocks of the shorter rows, and a layer costs one launch instead of a loop of small kernels.
 
 `run_layers` drives a model's layer function over the whole stacked cache: a Python loop over the
 layers, or a `jax.lax.scan` whose carry (not its stacked outputs) is the cache, so the cache is
@@ -38,7 +41,17 @@ from disa_jax.models.attention import MASK_VALUE
 from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
 from disa_jax.models.kv_bits import as_bits, from_bits
 
-IMPLS = ("xla", "pallas")  # the decode attention implementations (`ModelOptions.decode_attention`)
+# The decode attention implementations (`ModelOptions.decode_attention`; 'auto' = `resolve`).
+IMPLS = ("auto", "xla", "xla_live", "pallas")
+
+
+def resolve(impl: str, backend: str) -> str:
+  """'auto': 'xla_live' when the program is for a CPU (``backend``; its loop runs on the host
+  anyway, and skips the blocks past every slot's end), 'xla' elsewhere (no host round trip per
+  block); others unchanged."""
+  if impl == "auto":
+    return "xla_live" if backend == "cpu" else "xla"
+  return impl
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "write", "start"],
@@ -68,24 +81,35 @@ class RaggedKV:
     Args:
       q: `[B, 1, N, H]` queries of the new tokens.
       k, v: `[B, 1, K, H]` their keys and values.
-      layer: the layer index (int, or a traced int32 scalar under a scan; an int for 'pallas').
-      impl: one of `IMPLS`: 'xla' (`ragged_attention`, the reference) or 'pallas'
+      layer: the layer index (int, or a traced int32 scalar under a scan).
+      impl: one of `IMPLS` but 'auto' (`resolve`): 'xla' (`ragged_attention` over every block
+        of the cache, the reference), 'xla_live' (over the live blocks only) or 'pallas'
         (`decode_attention_pallas.pallas_ragged_attention`).
 
     Returns:
       (`[B, 1, N, H]` attention output in q's dtype, the cache with the new entries).
     """
-    attend = pallas_ragged_attention if impl == "pallas" else ragged_attention
-    out, kc, vc = attend(q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write, self.start,
-                         self.block, self.dtype)
+    args = (q, k[:, 0], v[:, 0], self.k, self.v, layer, self.write, self.start, self.block,
+            self.dtype)
+    if impl == "pallas":
+      out, kc, vc = pallas_ragged_attention(*args)
+    else:
+      out, kc, vc = ragged_attention(*args, live_bounds=impl == "xla_live")
     return out, dataclasses.replace(self, k=kc, v=vc)
 
 
 def ragged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array,
                      v_cache: jax.Array, layer: Any, write: jax.Array, start: jax.Array,
-                     block: int, dtype: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+                     block: int, dtype: Any, *, live_bounds: bool = False
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Writes each slot's new key and value at ``write``, then attends with one query per slot over
   its live entries ``[start, write]``, block by block.
+
+  The loop visits every block of the cache (a static trip count: on a GPU the loop runs without
+  reading anything back to the host; the blocks outside a slot's live range add exactly 0), or
+  with ``live_bounds`` the blocks ``[min(start) // block, ceil(max(write + 1) / block))`` only
+  (bounds from device data: a GPU reads the loop predicate back to the host every iteration).
+  Both give the same output when the cache holds finite values outside the live ranges.
 
   The caches are the block loop's carry and every iteration writes the new entries (the same
   values: a `[B, K, H]` scatter): the loop then updates the caches, so XLA neither copies them
@@ -102,6 +126,7 @@ def ragged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Arra
     start: `[B]` int32, each slot's first live entry (<= write).
     block: positions per block; must divide S.
     dtype: the cache values' dtype.
+    live_bounds: loop over the live blocks only (data-dependent bounds) instead of all S / block.
 
   Returns:
     (`[B, 1, N, H]` in q's dtype, k_cache, v_cache with the new entries).
@@ -115,8 +140,10 @@ def ragged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Arra
   scale = 1.0 / math.sqrt(h)
   rows = jnp.arange(b)
   end = write + 1
-  first = jnp.min(start) // block
-  last = (jnp.max(end) + block - 1) // block
+  if live_bounds:
+    first, last = jnp.min(start) // block, (jnp.max(end) + block - 1) // block
+  else:
+    first, last = 0, s // block
   k_bits, v_bits = as_bits(k.astype(dtype)), as_bits(v.astype(dtype))
 
   def body(i, carry):

@@ -136,8 +136,10 @@ class ModelOptions:
       per-layer residual stacks, compile time grows with depth), or 'auto' ('unrolled' when the
       default JAX backend is CPU, where it is the faster one, else 'scan').
     decode_attention: the sampler's ragged decode attention (`decode_ragged`): 'xla' (the
-      reference loop over blocks, `decode_attention`) or 'pallas' (one kernel per layer,
-      `decode_attention_pallas`; the decode then runs its layers unrolled).
+      reference loop over every block of the cache, `decode_attention`: no host round trip on a
+      GPU), 'xla_live' (over the live blocks only: data-dependent loop bounds), 'pallas' (one
+      kernel, `decode_attention_pallas`, for every layer), or 'auto' ('xla_live' when the model
+      compiles for a CPU, else 'xla').
   """
   remat: bool = False
   remat_policy: str = "full"
@@ -147,7 +149,7 @@ class ModelOptions:
   attention_impl: str = "auto"
   max_segment_len: int = 0
   max_segments: int = 0
-  decode_attention: str = "xla"
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     if self.layer_loop not in _LAYER_LOOPS:
@@ -254,7 +256,8 @@ class Transformer(nnx.Module):
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
       if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
-        attn, new_kv = kv.update_and_attend(q, k, v, layer, self.options.decode_attention)
+        impl = D.resolve(self.options.decode_attention, self._backend())
+        attn, new_kv = kv.update_and_attend(q, k, v, layer, impl)
       else:
         chunk = self.options.attention_chunk
         attn = (A.gqa_attention(q, k, v, mask, query_chunk=chunk)  # cache: a mask
@@ -525,9 +528,7 @@ class Transformer(nnx.Module):
     def layer(x, p, kv, i):
       return self._layer(p, x, cos, sin, None, kv, None, i)
 
-    # The Pallas decode kernel selects a layer's cache by a static block index: unrolled layers.
     x, cache = D.run_layers(layer, x, self.layers.stacked(), cache,
-                            unrolled=self._layers_unrolled()
-                            or self.options.decode_attention == "pallas")
+                            unrolled=self._layers_unrolled())
     hidden = L.rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     return self.logits_from_hidden(hidden), cache

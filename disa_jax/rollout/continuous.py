@@ -147,6 +147,44 @@ def _decode(model, c: _Loop, r: _Request, block: int, dtype: str) -> _Loop:
       out_stop=c.out_stop.at[row].set(stop, mode="drop"))
 
 
+def init_loop(cache: dict[str, jax.Array], rows: int, num_new: int) -> _Loop:
+  """The decode loop's first carry: every slot free, nothing admitted, empty outputs."""
+  slots = cache["k"].shape[1]
+  zeros = jnp.zeros((slots,), jnp.int32)
+  return _Loop(k=cache["k"], v=cache["v"], slot_row=zeros, slot_start=zeros,
+               slot_gen=zeros + 1, slot_tok=zeros, live=jnp.zeros((slots,), bool),
+               admitted=jnp.int32(0), steps=jnp.int32(0),
+               out_tok=jnp.zeros((rows, num_new), jnp.int32),
+               out_lp=jnp.zeros((rows, num_new), jnp.float32),
+               out_raw=jnp.zeros((rows, num_new), jnp.float32),
+               out_len=jnp.zeros((rows,), jnp.int32), out_stop=jnp.zeros((rows,), bool))
+
+
+def abstract_request(*, prompts: int, prompt_len: int, rows: int, vocab: int,
+                     sharding: Any = None) -> _Request:
+  """A `_Request` of `jax.ShapeDtypeStruct`s (placed by ``sharding``, e.g. on the abstract
+  devices of `disa_jax.parallel.gpu_compile`), to lower the steps below without data."""
+  sds = lambda dtype, *shape: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  i32, f32 = jnp.int32, jnp.float32
+  return _Request(sds(i32, prompts, prompt_len), sds(i32, prompts, prompt_len), sds(i32, rows),
+                  sds(i32), sds(jnp.uint32, rows, 2), sds(i32), (sds(f32), sds(i32), sds(f32)),
+                  sds(bool, vocab))
+
+
+def prefill_step(graphdef: Any, state: Any, c: _Loop, r: _Request, *, unit: int, group: int,
+                 cache_dtype: str) -> _Loop:
+  """One admission of the decode loop (`generate`'s: ``unit`` rows prefilled into free slots),
+  as its own program (compile reports; jit it with ``c`` donated)."""
+  return _admit(nnx.merge(graphdef, state), c, r, unit, group, cache_dtype)
+
+
+def decode_step(graphdef: Any, state: Any, c: _Loop, r: _Request, *, block: int,
+                cache_dtype: str) -> _Loop:
+  """One decode step of every slot (`generate`'s loop body after admission), as its own program
+  (compile reports; jit it with ``c`` donated)."""
+  return _decode(nnx.merge(graphdef, state), c, r, block, cache_dtype)
+
+
 def generate(graphdef: Any, state: Any, cache: dict[str, jax.Array], prompt_ids: jax.Array,
              prompt_mask: jax.Array, row_prompt: jax.Array, num_rows: jax.Array, keys: jax.Array,
              max_new: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
@@ -178,17 +216,9 @@ def generate(graphdef: Any, state: Any, cache: dict[str, jax.Array], prompt_ids:
     `[R]`, 1 + the decode steps run (int32 scalar), and the cache (the donated buffers).
   """
   model = nnx.merge(graphdef, state)
-  slots = cache["k"].shape[1]
-  rows = keys.shape[0]
   r = _Request(prompt_ids, prompt_mask, row_prompt, num_rows, keys, max_new,
                (temperature, top_k, top_p), stop_mask)
-  zeros = jnp.zeros((slots,), jnp.int32)
-  c = _Loop(k=cache["k"], v=cache["v"], slot_row=zeros, slot_start=zeros, slot_gen=zeros + 1,
-            slot_tok=zeros, live=jnp.zeros((slots,), bool), admitted=jnp.int32(0),
-            steps=jnp.int32(0), out_tok=jnp.zeros((rows, num_new), jnp.int32),
-            out_lp=jnp.zeros((rows, num_new), jnp.float32),
-            out_raw=jnp.zeros((rows, num_new), jnp.float32),
-            out_len=jnp.zeros((rows,), jnp.int32), out_stop=jnp.zeros((rows,), bool))
+  c = init_loop(cache, keys.shape[0], num_new)
 
   def can_admit(c: _Loop):
     return (c.admitted < num_rows) & (jnp.sum(~c.live) >= unit)

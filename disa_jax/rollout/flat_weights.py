@@ -392,6 +392,25 @@ def load(current: Mapping[str, jax.Array], flat: FlatWeights) -> dict[str, jax.A
   return out
 
 
+def lower_programs(layout: FlatLayout, *, param_dtype: Any, sharding: Any = None
+                   ) -> dict[str, list[jax.stages.Lowered]]:
+  """The push's jitted programs, one per bucket, lowered on abstract inputs placed by
+  ``sharding`` (e.g. on the abstract devices of `disa_jax.parallel.gpu_compile`): 'export' (the
+  trainer's cast + concatenate of ``param_dtype`` parameters, `export`) and 'split' (the engine's
+  split into ``param_dtype`` parameters, `load`)."""
+  sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  out: dict[str, list[jax.stages.Lowered]] = {"export": [], "split": []}
+  for bucket, size in enumerate(layout.bucket_sizes):
+    entries = layout.bucket_entries(bucket)
+    out["export"].append(_export_fn(layout, bucket, sharding).lower(
+        [sds(e.shape, param_dtype) for e in entries]))
+    dtypes = (jnp.dtype(param_dtype).name,) * len(entries)
+    shardings = None if sharding is None else (sharding,) * len(entries)
+    out["split"].append(_split_fn(layout, bucket, dtypes, shardings).lower(
+        sds((size,), layout.dtype)))
+  return out
+
+
 def load_into(model: models.Transformer, flat: FlatWeights) -> None:
   """Loads ``flat`` into ``model``'s parameters in place (`load`) and waits for the copies."""
   state = nnx.state(model, nnx.Param)

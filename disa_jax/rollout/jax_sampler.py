@@ -43,6 +43,7 @@ from disa_jax.rollout.sampling import prompt_positions, row_keys, sample_step
 from disa_jax.rollout.types import Completion, SamplingParams, validate_prompts
 
 CACHE_LAYOUTS = ("ragged", "dense")
+PROGRAMS = ("generate", "prefill", "decode")  # `JaxSampler.lower_programs`
 
 
 def _generate_dense(graphdef, state, input_ids, prompt_mask, active, keys, max_new, temperature,
@@ -151,7 +152,8 @@ class JaxSampler:
       prompt and output lengths, so it divides the cache length).
 
   The ragged path's decode attention is the model's (`ModelOptions.decode_attention`: 'xla', the
-  reference, or 'pallas', one kernel per layer; `from_pretrained` passes it to the model).
+  reference loop over every cache block, 'xla_live' over the live ones, 'pallas', one kernel for
+  every layer, or 'auto'; `from_pretrained` passes it to the model).
   """
 
   def __init__(self, model: models.Transformer, *, max_batch_size: int = 256,
@@ -253,7 +255,7 @@ class JaxSampler:
       flat += _completions(out, len(chunk), params.return_raw_logprobs)
     return flat
 
-  def _ragged_plan(self, num_rows: int, n: int, longest_prompt: int, max_tokens: int
+  def ragged_plan(self, num_rows: int, n: int, longest_prompt: int, max_tokens: int
                    ) -> tuple[tuple, int, int, int]:
     """(program key, slots, padded rows, padded prompt length) of a ragged call."""
     num_new = _bucket(max_tokens, self.min_new_bucket)
@@ -267,7 +269,7 @@ class JaxSampler:
 
   def _generate_ragged(self, prompts, rows, params, num_new, scalars) -> list[Completion]:
     """All rows in one call on the ragged cache's slots (`continuous.generate`)."""
-    key, slots, size, prompt_len = self._ragged_plan(len(rows), params.n,
+    key, slots, size, prompt_len = self.ragged_plan(len(rows), params.n,
                                                      max(len(p) for p in prompts),
                                                      params.max_tokens)
     ids, mask = _left_pad(prompts, _bucket(len(prompts), self.min_batch_bucket), prompt_len)
@@ -281,27 +283,60 @@ class JaxSampler:
     self.last_num_steps = int(out[5])
     return _completions(out, len(rows), params.return_raw_logprobs)
 
+  def lower_programs(self, prompts: int, n: int, prompt_len: int, max_tokens: int, *,
+                     sharding: Any = None, programs: Sequence[str] = PROGRAMS
+                     ) -> dict[str, jax.stages.Lowered]:
+    """The ragged path's programs for a request of ``prompts`` prompts of ``prompt_len`` tokens x
+    ``n`` samples x ``max_tokens``, lowered on abstract inputs (nothing allocated; the model may
+    be abstract too: `nnx.eval_shape`), placed by ``sharding`` (e.g. on the abstract devices of
+    `disa_jax.parallel.gpu_compile`; None: the default device).
+
+    Returns:
+      ``programs`` of `PROGRAMS`, lowered: 'generate' (the whole call, `continuous.generate`),
+      'prefill' (one admission of its loop, `continuous.prefill_step`) and 'decode' (one decode
+      step of every slot, `continuous.decode_step`): the jitted functions the call runs, or its
+      loop's body parts, with the cache (or the loop carry holding it) donated.
+    """
+    bad = [p for p in programs if p not in PROGRAMS]
+    if bad:
+      raise ValueError(f"JaxSampler.lower_programs programs {bad}: expected some of {PROGRAMS}")
+    key, slots, size, padded = self.ragged_plan(prompts * n, n, prompt_len, max_tokens)
+    _, num_new, unit, group, block = key
+    dtype = self.cache_dtype.name
+    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    cache = jax.tree.map(shape, jax.eval_shape(lambda: continuous.empty_cache(
+        self.model.config, slots, padded + num_new, self.cache_dtype)))
+    state = jax.tree.map(shape, self._state)
+    r = continuous.abstract_request(prompts=_bucket(prompts, self.min_batch_bucket),
+                                    prompt_len=padded, rows=size, vocab=self.vocab_size,
+                                    sharding=sharding)
+    loop = jax.tree.map(shape, jax.eval_shape(
+        functools.partial(continuous.init_loop, rows=size, num_new=num_new), cache))
+    lowered = {}
+    for name in programs:
+      if name == "generate":
+        lowered[name] = self._fn(key).lower(state, cache, r.prompt_ids, r.prompt_mask,
+                                            r.row_prompt, r.num_rows, r.keys, r.max_new,
+                                            *r.sampling, r.stop_mask)
+      else:
+        step = (functools.partial(continuous.prefill_step, unit=unit, group=group)
+                if name == "prefill" else functools.partial(continuous.decode_step, block=block))
+        lowered[name] = jax.jit(functools.partial(step, self._graphdef, cache_dtype=dtype),
+                                donate_argnums=(1,)).lower(state, loop, r)
+    return lowered
+
   def compiled_memory(self, prompts: int, n: int, prompt_len: int, max_tokens: int) -> Any:
-    """The ragged program of a request of ``prompts`` prompts of ``prompt_len`` tokens x ``n``
-    samples x ``max_tokens``, compiled for abstract inputs (nothing allocated, the model may be
-    abstract too: `nnx.eval_shape`).
+    """The ragged program of a request (`lower_programs`' 'generate'), compiled for the default
+    backend.
 
     Returns:
       (`jax.stages.Compiled.memory_analysis()`, the KV cache's bytes).
     """
-    key, slots, size, padded = self._ragged_plan(prompts * n, n, prompt_len, max_tokens)
-    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-    cache = jax.eval_shape(lambda: continuous.empty_cache(self.model.config, slots,
-                                                          padded + key[1], self.cache_dtype))
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
-    num_prompts = _bucket(prompts, self.min_batch_bucket)
-    args = (jax.tree.map(shape, self._state), cache, i32(num_prompts, padded),
-            i32(num_prompts, padded), i32(size), i32(), jax.ShapeDtypeStruct(
-                (size, 2), jnp.uint32), i32(), jax.ShapeDtypeStruct((), jnp.float32), i32(),
-            jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((self.vocab_size,), bool))
-    compiled = self._fn(key).lower(*args).compile()
-    return compiled.memory_analysis(), continuous.cache_bytes(
-        self.model.config, slots, padded + key[1], self.cache_dtype)
+    lowered = self.lower_programs(prompts, n, prompt_len, max_tokens, programs=("generate",))
+    _, slots, _, padded = self.ragged_plan(prompts * n, n, prompt_len, max_tokens)
+    num_new = _bucket(max_tokens, self.min_new_bucket)
+    return lowered["generate"].compile().memory_analysis(), continuous.cache_bytes(
+        self.model.config, slots, padded + num_new, self.cache_dtype)
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
     """Loads HF-named, HF-layout weights (every key used, every shape checked), or a flat push

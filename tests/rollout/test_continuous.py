@@ -3,6 +3,7 @@ the dense reference path, decode attention over the live entries only (the XLA r
 Pallas kernel, in the interpreter here), one in-place cache, and the memory of 256 rows of a 4B
 model."""
 
+import functools
 import math
 
 import jax
@@ -65,14 +66,15 @@ def test_finished_rows_free_their_slots_for_waiting_rows(samplers):
   assert ragged.last_num_steps - 1 < chunked, (ragged.last_num_steps - 1, chunked, lengths)
 
 
-ATTEND = {"xla": ragged_attention, "pallas": pallas_ragged_attention}
+ATTEND = {"xla_live": functools.partial(ragged_attention, live_bounds=True),
+          "pallas": pallas_ragged_attention}
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("impl", ["xla_live", "pallas"])
 def test_decode_attention_reads_live_blocks_only(impl):
   """Against a dense masked softmax: every slot sees exactly its live range; the blocks outside
   [min start, max end) hold NaN and are never read (the output stays finite). 'pallas' is the
-  kernel in the Pallas interpreter."""
+  kernel in the Pallas interpreter, its layer a traced value in one case."""
   rng = np.random.default_rng(0)
   layers, b, kv, g, s, h, block = 2, 4, 2, 3, 64, 8, 8
   k = rng.normal(size=(layers, b, kv, s, h)).astype(np.float32)
@@ -83,10 +85,11 @@ def test_decode_attention_reads_live_blocks_only(impl):
   for x in (k, v):
     x[:, :, :, :8] = np.nan  # block 0: before every start's block
     x[:, :, :, 40:] = np.nan  # blocks 5-7: after every write
-  for layer in (0, 1):
+  for layer in (0, jnp.int32(1)):
     out, kc, vc = ATTEND[impl](jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new),
                                as_bits(jnp.asarray(k)), as_bits(jnp.asarray(v)), layer,
                                jnp.asarray(write), jnp.asarray(start), block, "float32")
+    layer = int(layer)
     kc, vc = from_bits(kc, jnp.float32), from_bits(vc, jnp.float32)
     want_k, want_v = k.copy(), v.copy()
     want_k[layer, np.arange(b), :, write], want_v[layer, np.arange(b), :, write] = k_new, v_new
@@ -102,7 +105,7 @@ def test_decode_attention_reads_live_blocks_only(impl):
 def test_the_pallas_kernel_reads_each_slots_own_blocks_only():
   """Every block outside a slot's own live blocks holds NaN in that slot: the kernel (a program
   per slot and head) never reads them, and matches a dense softmax over the live range; the XLA
-  reference, whose loop spans every slot's blocks, reads them (NaN)."""
+  reference, whose loop spans every slot's live blocks, reads them (NaN)."""
   rng = np.random.default_rng(1)
   b, kv, g, s, h, block = 3, 2, 2, 64, 8, 8
   k = rng.normal(size=(1, b, kv, s, h)).astype(np.float32)
@@ -124,17 +127,42 @@ def test_the_pallas_kernel_reads_each_slots_own_blocks_only():
   want = A.gqa_attention(jnp.asarray(q), jnp.asarray(kt), jnp.asarray(vt),
                          jnp.asarray(live[:, None, :]))
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-6)
-  ref = ragged_attention(*args, 0, jnp.asarray(write), jnp.asarray(start), block, "float32")[0]
+  ref = ragged_attention(*args, 0, jnp.asarray(write), jnp.asarray(start), block, "float32",
+                         live_bounds=True)[0]
   assert np.isnan(np.asarray(ref)).any()
 
 
-def test_the_pallas_decode_needs_a_static_layer():
-  x = jnp.zeros((1, 1, 2, 8))
-  cache = jnp.zeros((1, 1, 1, 8, 8), jnp.uint32)
-  with pytest.raises(ValueError, match="Python int layer"):
-    jax.jit(lambda layer: pallas_ragged_attention(x, x[:, 0, :1], x[:, 0, :1], cache, cache,
-                                                  layer, jnp.zeros(1, jnp.int32),
-                                                  jnp.zeros(1, jnp.int32), 8, "float32"))(0)
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_every_block_loop_gives_what_the_live_loop_gives(impl):
+  """'xla' loops over every block of the cache (a static trip count) and 'pallas' takes its
+  layer as a traced operand under a scan over the layers: with finite garbage outside the live
+  ranges, both give what the live-bounds loop gives, for every layer: 'xla' bit for bit, 'pallas'
+  to float32 rounding (its sums run in another order); the caches bit for bit."""
+  rng = np.random.default_rng(2)
+  layers, b, kv, g, s, h, block = 3, 4, 2, 2, 64, 8, 8
+  k, v = (as_bits(jnp.asarray(rng.normal(size=(layers, b, kv, s, h)) * 1e3, jnp.float32))
+          for _ in range(2))
+  q = jnp.asarray(rng.normal(size=(layers, b, 1, kv * g, h)), jnp.float32)
+  new = [jnp.asarray(rng.normal(size=(layers, b, kv, h)), jnp.float32) for _ in range(2)]
+  start, write = jnp.asarray([9, 17, 20, 12]), jnp.asarray([29, 39, 20, 32])
+  attend = functools.partial(ATTEND.get(impl, ragged_attention), write=write, start=start,
+                             block=block, dtype="float32")
+
+  def scanned(step, caches):
+    def body(c, xs):
+      q_l, k_l, v_l, layer = xs
+      out, kc, vc = step(q_l, k_l, v_l, c[0], c[1], layer)
+      return (kc, vc), out
+    return jax.lax.scan(body, caches, (q, *new, jnp.arange(layers)))
+
+  live = functools.partial(ragged_attention, live_bounds=True, write=write, start=start,
+                           block=block, dtype="float32")
+  got = jax.jit(functools.partial(scanned, lambda *a: attend(*a[:5], layer=a[5])))((k, v))
+  want = jax.jit(functools.partial(scanned, lambda *a: live(*a[:5], layer=a[5])))((k, v))
+  for x, y in zip(jax.tree.leaves(got[0]), jax.tree.leaves(want[0])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]),
+                             rtol=0 if impl == "xla" else 1e-5)
 
 
 @pytest.mark.slow  # the sampler's program with the kernel in the interpreter: ~9 s per case
