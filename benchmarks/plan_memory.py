@@ -6,7 +6,8 @@ abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compil
 - ``micro``: forward + backward of one packed micro-batch and the gradient accumulation
   (`update.make_train_step`'s micro step, through ``step.lower``);
 - ``optim``: the optimizer step (global-norm clip + AdamW) on the accumulated gradients;
-- ``score``: the no-gradient pi_old scoring pass (`update.make_scoring_fn`) over the same rows.
+- ``score``: the no-gradient pi_old scoring pass (`scoring.batched.make_scoring_fn`) over the same
+  rows.
 
 Settings come from the paper's Stage 3 config (``configs/stage3_paper.py:disa,<preset>,math``):
 bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat with
@@ -71,6 +72,7 @@ from disa_jax.rl import update as rl_update  # noqa: E402
 from disa_jax.rl.batch import TrainBatch  # noqa: E402
 from disa_jax.rl.config import TrainConfig  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
+from disa_jax.scoring.batched import make_scoring_fn  # noqa: E402
 
 GIB = 1 << 30
 DEFAULT_MODELS = ("qwen3-4b-base", "qwen2.5-7b")
@@ -252,10 +254,10 @@ def setup_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, mesh:
   state = rl_update.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), params,
                                abstract_opt_state(optimizer, params, mesh), None, None)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  step = rl_update.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
-                                   state_shardings=shardings)
+  step = rl_update.make_train_step(graphdef=graphdef, objective=train.objective,
+                                   optimizer=optimizer, mesh=mesh, state_shardings=shardings)
   return Setup(name, config, train, mesh, graphdef, state, step,
-               rl_update.make_scoring_fn(graphdef), ref_bytes=device_bytes(params, mc.dtype),
+               make_scoring_fn(graphdef), ref_bytes=device_bytes(params, mc.dtype),
                attention_chunk=attention_chunk, attention_impl=impl,
                remat_policy=mc.remat_policy if mc.remat else None)
 

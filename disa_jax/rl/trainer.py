@@ -57,7 +57,7 @@ from disa_jax.rl import async_rollout
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, scan_jsonl
+from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, StepWindow, scan_jsonl
 from disa_jax.rl.objectives import Objective
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.scorer import BatchScorer, replay_stats
@@ -296,12 +296,13 @@ class Trainer:
     t0 = time.perf_counter()
     batch = (pipeline.take(step) if pipeline is not None
              else parts.collector.collect(step, version=step))
-    scored = parts.scorer.score(batch, updater.state.params)
+    packed = updater.pack(step, batch)  # the step's one packed layout: scored, then trained on
+    scored = parts.scorer.score(packed, updater.state.params)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
       metrics.update(replay_stats(scored))
-    metrics.update(updater.update(step, scored))
+    metrics.update(updater.update(scored))
     t2 = time.perf_counter()
     if pipeline is None:
       updater.push()
@@ -346,6 +347,7 @@ class Trainer:
                disable=not cfg.progress_bar or not distributed.is_main_process(),
                desc=f"stage3/{cfg.objective.name}", unit="step")
     history, pipeline = [], self.parts.pipeline
+    window = StepWindow.resumed(os.path.join(self.workdir, METRICS_FILE), self.start_step, vc.due)
     if pipeline is not None:
       pipeline.start(self.start_step, self._restored_in_flight)
     try:
@@ -361,6 +363,9 @@ class Trainer:
             break
           metrics = self.step(step)
           done = step + 1
+          window.add(metrics)
+          if vc.due(done):  # a measurement: what the steps since the previous one did
+            metrics.update(window.close())
           best = bool(vc.due(done) and self.validate(done, metrics))
           if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
             self.logger.write(done, metrics)
