@@ -51,7 +51,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/train_s", "time/sync_s")
+# (``time/pack_s``, the step's one packing, is its own phase since issue 64; older trees lack it)
+PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/pack_s", "time/train_s",
+          "time/sync_s")
 MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 PROMPT = "Give two non-negative integers that sum to {n}:"
 _PAIR = re.compile(r"(\d+)\s*\+\s*(\d+)|(\d+)\s+(\d+)")
@@ -257,14 +259,14 @@ def _print_summary(args, trl_steps, trl_gen, ours, rewards) -> None:
   for v, d in ours.items():
     print(f"    {v:11s} " + ", ".join(
         f"{k[5:-2]} {statistics.median(d[k]):.4f} ({min(d[k]):.4f}-{max(d[k]):.4f})"
-        for k in PHASES))
+        for k in PHASES if d[k]))
   names = list(ours)
   if len(names) > 1:
     print("  phase ratios (median of first variant / median of each):")
     for v in names[1:]:
       print(f"    {names[0]} / {v}: " + ", ".join(
           f"{k[5:-2]} {statistics.median(ours[names[0]][k]) / statistics.median(ours[v][k]):.2f}x"
-          for k in PHASES))
+          for k in PHASES if ours[names[0]][k] and ours[v][k]))
   print(f"  train reward, mean of last 5 steps per block: trl {rewards.pop('trl')}, " + ", ".join(
       f"{v} {r}" for v, r in rewards.items()))
 
@@ -312,7 +314,7 @@ def main():
       shutil.rmtree(wd, ignore_errors=True)
       hist = run_ours_child(v, trees[parse_variant(v)[0]], str(warm), wd, args.steps, b, args.layout)
       for k in PHASES:
-        ours[v][k].extend(h[k] for h in hist[3:])
+        ours[v][k].extend(h[k] for h in hist[3:] if k in h)
       ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])
       rewards[v].append(round(float(np.mean([h["reward"] for h in hist[-5:]])), 4))
       line += f" | {v} {stats_line([h['time/step_s'] for h in hist[3:]])}"

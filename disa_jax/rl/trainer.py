@@ -296,7 +296,9 @@ class Trainer:
     t0 = time.perf_counter()
     batch = (pipeline.take(step) if pipeline is not None
              else parts.collector.collect(step, version=step))
+    t_pack = time.perf_counter()
     packed = updater.pack(step, batch)  # the step's one packed layout: scored, then trained on
+    pack_s = time.perf_counter() - t_pack
     scored = parts.scorer.score(packed, updater.state.params)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
@@ -310,8 +312,9 @@ class Trainer:
       updater.queue_push(pipeline, step + 1)
     t3 = time.perf_counter()
     metrics["rollout/staleness"] = float(step - batch.policy_version)
-    metrics.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
-                    "time/step_s": t3 - t0,
+    # rollout = sampling, grading and scoring; the step's packing is its own phase
+    metrics.update({"time/rollout_s": t1 - t0 - pack_s, "time/pack_s": pack_s,
+                    "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
                     "tokens_per_s": batch.num_tokens / max(t3 - t0, 1e-9)})
     return metrics
 
