@@ -7,10 +7,10 @@ preset with random weights (no download) under the settings of
 ``attention_chunk``, the layer scan that ``layer_loop='auto'`` picks on a GPU), on a 1-device mesh,
 and runs the trainer's update: `update.make_train_step` with the DISA objective and the
 clipped AdamW of that config, on one micro-batch of one packed row, as its first update (pi_ref and
-pi_old: the initial policy, scored by `update.make_scoring_fn`; untimed). The row holds
+pi_old: the initial policy, scored by `scoring.batched.make_scoring_fn`; untimed). The row holds
 ``row_len / (prompt + response)`` sequences (G = 8 of them share a prompt), with
 ``max_response_len``-wide per-sequence arrays and ``seqs_per_row`` slots, as the trainer packs
-them (`ScoredBatch.micro_batches`).
+them (`SequenceScores.micro_batches`).
 
 Timed: ``--steps`` updates after ``--warmup`` (the first includes compilation), each to
 completion; the median is reported.
@@ -61,7 +61,8 @@ from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import ModelConfig, get_preset  # noqa: E402
 from disa_jax.models.transformer import Transformer  # noqa: E402
 from disa_jax.rl import update as rl_update  # noqa: E402
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch  # noqa: E402
+from disa_jax.rl.batch import RolloutBatch, SequenceScores  # noqa: E402
+from disa_jax.scoring.batched import make_scoring_fn  # noqa: E402
 from disa_jax.rl.update import optimizer_kwargs  # noqa: E402
 from disa_jax.scoring.logprobs import gather_responses  # noqa: E402
 from disa_jax.workflows import stage3  # noqa: E402
@@ -101,7 +102,7 @@ class Shape:
 def make_sequences(c: ModelConfig, row_len: int, prompt_len: int, response_len: int, width: int,
                    seed: int = 0):
   """``row_len / (prompt_len + response_len)`` random sequences, G = 8 per prompt, as the
-  update's `ScoredBatch` (responses ``width`` wide, the trainer's max_response_len; each sequence
+  update's per-sequence `SequenceScores` (responses ``width`` wide, the trainer's max_response_len; each sequence
   a group of one, sampled on-policy with the made-up log-probs as the engine's)."""
   seq = prompt_len + response_len
   if row_len % seq or response_len > width:
@@ -120,7 +121,7 @@ def make_sequences(c: ModelConfig, row_len: int, prompt_len: int, response_len: 
       grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
       sampled_logp=[logp[:response_len]] * n, engine_logp=[None] * n, finish_reason=["stop"] * n,
       stored_ref_logp=np.full(n, np.nan))
-  return ScoredBatch(rollout, signal=rng.normal(size=n).astype(np.float32),
+  return SequenceScores(rollout, signal=rng.normal(size=n).astype(np.float32),
                      old_logp=np.tile(logp, (n, 1)), ref_logp=np.tile(logp, (n, 1)) - 0.1,
                      log_z=rng.normal(size=n).astype(np.float32))
 
@@ -159,12 +160,12 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   optimizer = rl_update.make_optimizer(train.optim.lr, **optimizer_kwargs(train))
   graphdef, _, state, shardings = rl_update.init_train_state(model, optimizer, mesh=mesh)
   del model  # its arrays are the state's, donated by each update
-  update = rl_update.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
-                                     state_shardings=shardings)
+  update = rl_update.make_train_step(graphdef=graphdef, objective=train.objective,
+                                     optimizer=optimizer, mesh=mesh, state_shardings=shardings)
   placed = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
   # The trainer's first update: pi_ref and pi_old are the initial policy (scored as the trainer
   # does), so the importance weights are 1 and the gradient is not zero.
-  score = rl_update.make_scoring_fn(graphdef)
+  score = make_scoring_fn(graphdef)
   placed = [mb.replace(old_logp=lp, ref_logp=lp) for mb in placed
             for lp in [gather_responses(score(state.params, mb.rows), mb.response_index,
                                         mb.response_mask)]]

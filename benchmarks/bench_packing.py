@@ -40,7 +40,7 @@ from disa_jax import runtime, testing
 from disa_jax.data import packing
 from disa_jax.rl import objectives
 from disa_jax.rl import update as rl_update
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch
+from disa_jax.rl.batch import RolloutBatch, SequenceScores
 
 PROMPTS, GROUP = 128, 8
 
@@ -72,9 +72,9 @@ def efficiencies(p_len, r_len):
           "plan_s": plan_s}
 
 
-def sequences(rng, n, vocab) -> ScoredBatch:
+def sequences(rng, n, vocab) -> SequenceScores:
   """``n`` made-up sequences of the distribution / 32, with log-probs, signals and log Z, as the
-  update's `ScoredBatch` (each sequence a group of one, sampled on-policy with its made-up
+  update's per-sequence `SequenceScores` (each sequence a group of one, sampled on-policy with its made-up
   ``old_logp`` as the engine's log-probs)."""
   p_len, r_len = lengths(rng, n, scale=32)
   width = 16384 // 32  # W = the response limit, as in Stage 3 (a fixed [S, W] response layout)
@@ -89,7 +89,7 @@ def sequences(rng, n, vocab) -> ScoredBatch:
       reward=np.zeros(n, np.float32), grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
       sampled_logp=[old_logp[i, :r] for i, r in enumerate(r_len)], engine_logp=[None] * n,
       finish_reason=["stop"] * n, stored_ref_logp=np.full(n, np.nan))
-  return ScoredBatch(rollout, signal=rng.integers(0, 2, n).astype(np.float32),
+  return SequenceScores(rollout, signal=rng.integers(0, 2, n).astype(np.float32),
                      old_logp=old_logp, ref_logp=ref_logp,
                      log_z=rng.normal(-4.0, 1.0, n).astype(np.float32))
 
@@ -106,7 +106,8 @@ def timed_steps(args):
   steps, states = {}, {}
   for name in layouts:
     graphdef, _, states[name], _ = rl_update.init_train_state(model, opt)
-    steps[name] = rl_update.make_train_step(graphdef, objective, opt, donate=False)
+    steps[name] = rl_update.make_train_step(graphdef=graphdef, objective=objective, optimizer=opt,
+                                            options=rl_update.StepOptions(donate=False))
   rng = np.random.default_rng(0)
   times = {name: [] for name in layouts}
   for block in range(args.blocks + 1):  # block 0 warms up (compiles)

@@ -12,9 +12,12 @@ Our step runs in a child process per block, one per variant (``--variants``):
 - ``base``: the `disa_jax` of git revision ``--baseline-rev`` (extracted with `git archive`; it
   must have today's Trainer API, e.g. 9d450af, the last commit before issue 14's changes), the
   "before" column;
+- ``git:<rev>``: the `disa_jax` of any other git revision (several may be compared in one
+  sitting, e.g. ``--variants git:54fbaa7,git:82d599f,new``);
 - a ``+malloc`` suffix sets the same allocator settings through ``GLIBC_TUNABLES`` (for a base
   tree without `disa_jax.runtime`), ``+nomalloc`` turns `disa_jax.runtime`'s off
-  (``DISA_HOST_MALLOC=0``). XLA:CPU allocates each execution's temporaries as one block; above
+  (``DISA_HOST_MALLOC=0``), ``+dense`` samples on the JAX sampler's dense cache layout
+  (``cache_layout='dense'``, the path before continuous batching) instead of its default. XLA:CPU allocates each execution's temporaries as one block; above
   64 MiB (the update's is 64.5 MiB on this model) glibc maps it fresh from the kernel on every call
   and every page faults again (16.5k minor faults per update); kept, the block is reused;
 - an ``@k<K>`` suffix runs the variant with asynchronous rollouts (``rollout.max_staleness = K``,
@@ -22,7 +25,9 @@ Our step runs in a child process per block, one per variant (``--variants``):
 
 Blocks alternate (TRL, then each variant), each ``--steps`` RL steps; per-step wall times are
 pooled per side (the first 3 steps of each of our blocks are compilation and are reported apart),
-and medians with min-max, ratios TRL time / ours, and our per-phase medians (min-max) are printed.
+and medians with min-max, ratios TRL time / ours, and our per-phase medians (min-max) are printed;
+the load average is read before each block (the machine may be shared). ``--json-out`` writes the
+per-step times, the loads and the command line.
 
     python benchmarks/bench_stage3_vs_trl.py --trl-python /tmp/trl_venv/bin/python [--steps 30 --blocks 2]
         [--variants base,new+nomalloc,new --baseline-rev 9d450af] [--layout shared|padded|packed]
@@ -46,7 +51,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/train_s", "time/sync_s")
+# (``time/pack_s``, the step's one packing, is its own phase since issue 64; older trees lack it)
+PHASES = ("time/step_s", "time/rollout_s", "time/generate_s", "time/pack_s", "time/train_s",
+          "time/sync_s")
 MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
 PROMPT = "Give two non-negative integers that sum to {n}:"
 _PAIR = re.compile(r"(\d+)\s*\+\s*(\d+)|(\d+)\s+(\d+)")
@@ -93,7 +100,7 @@ LAYOUTS = {
 
 
 def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str = "shared",
-             staleness: int = 0) -> list[dict]:
+             staleness: int = 0, engine_options: dict | None = None) -> list[dict]:
   """Our GRPO loop (`disa_jax.rl.trainer.Trainer`) on the peer's model, task and settings."""
   from transformers import AutoTokenizer
 
@@ -116,10 +123,11 @@ def run_ours(model_dir: str, workdir: Path, steps: int, seed: int, layout: str =
                    **({"max_staleness": staleness} if staleness else {})),
       checkpoint=dict(every=10 ** 6, keep=1, async_save=True), validation=dict(every=0),
       seed=seed, total_steps=steps, progress_bar=False, tensorboard=False), "bench")
-  return run_trainer(cfg, model_dir, workdir, items, reward_fn)
+  return run_trainer(cfg, model_dir, workdir, items, reward_fn, engine_options)
 
 
-def run_trainer(cfg, model_dir: str, workdir, items, reward_fn) -> list[dict]:
+def run_trainer(cfg, model_dir: str, workdir, items, reward_fn,
+                engine_options: dict | None = None) -> list[dict]:
   """A Stage 3 run of ``cfg`` (a `TrainConfig`) on the HF directory ``model_dir`` (policy and
   pi_ref), its JAX sampler in its own generation process, one device; the per-step metrics."""
   import jax
@@ -128,16 +136,27 @@ def run_trainer(cfg, model_dir: str, workdir, items, reward_fn) -> list[dict]:
   from disa_jax import models
   from disa_jax.parallel import make_mesh
   from disa_jax.rl.build import build_trainer
-  from disa_jax.rl.inputs import EngineLink, RolloutTask, StepModels
   from disa_jax.rollout import make_engine
   tok = AutoTokenizer.from_pretrained(model_dir)
-  with make_engine("jax", model_dir) as engine:
-    trainer = build_trainer(
-        cfg, str(workdir),
-        StepModels(models.from_pretrained(model_dir), models.from_pretrained(model_dir),
-                   make_mesh(1, 1, 1, devices=jax.devices()[:1]), pad_to=16),
-        RolloutTask(items, reward_fn, lambda ids: tok.decode(ids, skip_special_tokens=True),
-                    (tok.eos_token_id,), tok.pad_token_id), EngineLink(engine))
+  decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+  mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  kwargs = {"options": engine_options} if engine_options else {}
+  with make_engine("jax", model_dir, **kwargs) as engine:
+    try:
+      from disa_jax.rl.inputs import EngineLink, RolloutTask, StepModels
+    except ImportError:  # a tree from before the step's typed inputs (e.g. 54fbaa7)
+      trainer = build_trainer(
+          cfg, str(workdir), policy=models.from_pretrained(model_dir),
+          reference=models.from_pretrained(model_dir), engine=engine, prompts=items,
+          reward_fn=reward_fn, decode=decode, stop_token_ids=(tok.eos_token_id,),
+          pad_id=tok.pad_token_id, mesh=mesh, pad_to=16)
+    else:
+      trainer = build_trainer(
+          cfg, str(workdir),
+          StepModels(models.from_pretrained(model_dir), models.from_pretrained(model_dir), mesh,
+                     pad_to=16),
+          RolloutTask(items, reward_fn, decode, (tok.eos_token_id,), tok.pad_token_id),
+          EngineLink(engine))
     try:
       return trainer.run()
     finally:
@@ -158,13 +177,13 @@ def extract_tree(rev: str, dest: Path) -> Path:
 
 
 def parse_variant(variant: str) -> tuple[str, str, int]:
-  """'new+nomalloc@k1' -> ('new', '+nomalloc', 1): the tree, the allocator option, the staleness."""
+  """'new+nomalloc@k1' -> ('new', '+nomalloc', 1): the tree, the option, the staleness."""
   head, _, k = variant.partition("@k")
   tree, _, opt = head.partition("+")
-  if tree not in ("base", "new") or opt not in ("", "malloc", "nomalloc") or not (
-      k == "" or k.isdigit()):
-    raise ValueError(f"--variants: unknown variant {variant!r} (base|new, optionally +malloc or "
-                     "+nomalloc, then optionally @k<K>)")
+  known = tree in ("base", "new") or (tree.startswith("git:") and len(tree) > 4)
+  if not known or opt not in ("", "malloc", "nomalloc", "dense") or not (k == "" or k.isdigit()):
+    raise ValueError(f"--variants: unknown variant {variant!r} (base|new|git:<rev>, optionally "
+                     "+malloc, +nomalloc or +dense, then optionally @k<K>)")
   return tree, f"+{opt}" if opt else "", int(k or 0)
 
 
@@ -178,9 +197,11 @@ def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, step
     env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
   if opt == "+nomalloc":
     env["DISA_HOST_MALLOC"] = "0"  # `disa_jax.runtime` leaves glibc's defaults
+  engine_options = {"cache_layout": "dense"} if opt == "+dense" else None
   args = [sys.executable, __file__, "--child", json.dumps(
       {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
-       "layout": layout, "staleness": staleness, "out": str(out)})]
+       "layout": layout, "staleness": staleness, "engine_options": engine_options,
+       "out": str(out)})]
   proc = subprocess.run(args, env=env, capture_output=True, text=True)
   if proc.returncode != 0:
     raise RuntimeError(f"our run ({variant}) failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -196,7 +217,8 @@ def _child(spec: str) -> None:
     pass
   Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
   hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"],
-                  layout=s["layout"], staleness=s["staleness"])
+                  layout=s["layout"], staleness=s["staleness"],
+                  engine_options=s.get("engine_options"))
   Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
 
 
@@ -208,13 +230,16 @@ def _parse_args():
   ap.add_argument("--blocks", type=int, default=2)
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--variants", default="new",
-                  help="comma list of base | new, each optionally +malloc (GLIBC_TUNABLES) or "
-                       "+nomalloc (DISA_HOST_MALLOC=0), then optionally @k<K> (max_staleness K)")
+                  help="comma list of base | new | git:<rev>, each optionally +malloc "
+                       "(GLIBC_TUNABLES), +nomalloc (DISA_HOST_MALLOC=0) or +dense (the "
+                       "sampler's dense cache layout), then optionally @k<K> (max_staleness K)")
   ap.add_argument("--baseline-rev", default=None, help="git revision of the 'base' variant")
   ap.add_argument("--layout", choices=sorted(LAYOUTS), default="shared",
                   help="our update's micro-batch layout (a base tree must know its fields)")
   ap.add_argument("--warm-model", default=None,
                   help="reuse this warmed-up peer model dir (skips the peer's build and warm-up)")
+  ap.add_argument("--json-out", default=None,
+                  help="write the per-step times, the load before each block and the command")
   ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
   return ap.parse_args()
 
@@ -234,14 +259,14 @@ def _print_summary(args, trl_steps, trl_gen, ours, rewards) -> None:
   for v, d in ours.items():
     print(f"    {v:11s} " + ", ".join(
         f"{k[5:-2]} {statistics.median(d[k]):.4f} ({min(d[k]):.4f}-{max(d[k]):.4f})"
-        for k in PHASES))
+        for k in PHASES if d[k]))
   names = list(ours)
   if len(names) > 1:
     print("  phase ratios (median of first variant / median of each):")
     for v in names[1:]:
       print(f"    {names[0]} / {v}: " + ", ".join(
           f"{k[5:-2]} {statistics.median(ours[names[0]][k]) / statistics.median(ours[v][k]):.2f}x"
-          for k in PHASES))
+          for k in PHASES if ours[names[0]][k] and ours[v][k]))
   print(f"  train reward, mean of last 5 steps per block: trl {rewards.pop('trl')}, " + ", ".join(
       f"{v} {r}" for v, r in rewards.items()))
 
@@ -267,27 +292,38 @@ def main():
   trees = {"new": ROOT}
   if any(v.startswith("base") for v in variants):
     trees["base"] = extract_tree(args.baseline_rev, work / "base_tree")
+  for v in variants:
+    tree = parse_variant(v)[0]
+    if tree.startswith("git:") and tree not in trees:
+      trees[tree] = extract_tree(tree[4:], work / f"tree_{tree[4:]}")
+  loads = []
   trl_steps, trl_gen, rewards = [], [], {"trl": [], **{v: [] for v in variants}}
   ours = {v: {k: [] for k in PHASES + ("compile",)} for v in variants}
   warm = Path(args.warm_model) if args.warm_model else work / "peer0" / "warm"
   for b in range(args.blocks):
+    loads.append(os.getloadavg()[0])
     s = run_trl(args.trl_python, args.peer, work / f"peer{b}", args.steps,
                 None if b == 0 and not args.warm_model else str(warm))
     run = s["runs"][0]
     trl_steps += run["step_seconds_per_step"]
     trl_gen.append(run["generate_seconds_per_step"]["median"])
     rewards["trl"].append(run["train_reward_last5_mean"])
-    line = f"block {b}: trl {stats_line(run['step_seconds_per_step'])}"
+    line = f"block {b} (load {loads[-1]:.1f}): trl {stats_line(run['step_seconds_per_step'])}"
     for v in variants:
       wd = work / f"ours_{v}_{b}"
       shutil.rmtree(wd, ignore_errors=True)
       hist = run_ours_child(v, trees[parse_variant(v)[0]], str(warm), wd, args.steps, b, args.layout)
       for k in PHASES:
-        ours[v][k].extend(h[k] for h in hist[3:])
+        ours[v][k].extend(h[k] for h in hist[3:] if k in h)
       ours[v]["compile"].extend(h["time/step_s"] for h in hist[:3])
       rewards[v].append(round(float(np.mean([h["reward"] for h in hist[-5:]])), 4))
       line += f" | {v} {stats_line([h['time/step_s'] for h in hist[3:]])}"
     print(line, flush=True)
+  if args.json_out:
+    Path(args.json_out).write_text(json.dumps(
+        {"command": " ".join(sys.argv), "load_before_block": loads, "trl_step_s": trl_steps,
+         "trl_generate_s_median_per_block": trl_gen, "ours": ours, "rewards": rewards},
+        indent=1))
   _print_summary(args, trl_steps, trl_gen, ours, rewards)
 
 

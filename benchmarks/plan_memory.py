@@ -18,7 +18,8 @@ abstract inputs (`jax.ShapeDtypeStruct` with the trainer's shardings) and compil
 - ``micro``: forward + backward of one packed micro-batch and the gradient accumulation
   (`update.make_train_step`'s micro step, through ``step.lower``);
 - ``optim``: the optimizer step (global-norm clip + AdamW) on the accumulated gradients;
-- ``score``: the no-gradient pi_old scoring pass (`update.make_scoring_fn`) over the same rows.
+- ``score``: the no-gradient pi_old scoring pass (`scoring.batched.make_scoring_fn`) over the
+  same rows.
 
 Settings come from the paper's Stage 3 config (``configs/stage3_paper.py:disa,<preset>,math``):
 bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat with

@@ -19,7 +19,7 @@ Phases, each a separate jitted function on the same parameters:
   on-policy mini-batch of all micro-batches, a 1-device mesh, as in the TRL bench; no HLO counts:
   it is several jitted programs);
 - ``host_pack``: building and placing the micro-batches on the host
-  (`ScoredBatch.micro_batches`);
+  (`SequenceScores.micro_batches`);
 - ``generate``: `JaxSampler.generate` in this process (8 prompts x 8 samples of at most 8 new
   tokens at temperature 1 on the peer shape; host packing and unpacking included; no HLO counts).
 
@@ -52,7 +52,7 @@ from disa_jax import models, parallel, runtime
 from disa_jax.data import packing
 from disa_jax.rl import objectives
 from disa_jax.rl import update as rl_update
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch
+from disa_jax.rl.batch import RolloutBatch, SequenceScores
 
 SHAPES = {
     "peer": dict(vocab_size=113, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
@@ -73,8 +73,8 @@ def make_model(shape: str, *, remat: bool, unroll: int) -> models.Transformer:
                             options=models.ModelOptions(remat=remat, scan_unroll=unroll))
 
 
-def make_sequences(shape: str, vocab: int) -> ScoredBatch:
-  """The shape's GRPO batch as the update's per-sequence inputs, a `ScoredBatch` (prompt-major
+def make_sequences(shape: str, vocab: int) -> SequenceScores:
+  """The shape's GRPO batch as the update's per-sequence inputs, a `SequenceScores` (prompt-major
   groups of G sequences sharing one prompt, sampled on-policy, with zero log-probs).
 
   peer: 8 prompts x G=8, prompts of 18-19 tokens, responses of 1-8 tokens (W = 8);
@@ -98,12 +98,12 @@ def make_sequences(shape: str, vocab: int) -> ScoredBatch:
       grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
       sampled_logp=[np.zeros(len(r), np.float32) for r in responses], engine_logp=[None] * n,
       finish_reason=["stop"] * n, stored_ref_logp=np.full(n, np.nan))
-  return ScoredBatch(rollout, signal=rng.normal(size=n).astype(np.float32),
+  return SequenceScores(rollout, signal=rng.normal(size=n).astype(np.float32),
                      old_logp=np.zeros((n, w), np.float32), ref_logp=np.zeros((n, w), np.float32),
                      log_z=np.zeros(n, np.float32))
 
 
-def make_layout(args, seqs: ScoredBatch) -> packing.PackingLayout:
+def make_layout(args, seqs: SequenceScores) -> packing.PackingLayout:
   """``--layout``: 'padded' (one sequence per row, padded to a multiple of 16, all rows in one
   micro-batch, as the TRL bench runs it), 'packed' (``--rows`` x ``--row-len``, FFD) or 'shared'
   (packed, each prompt once per row with its responses: ``share_prompts``)."""
@@ -117,7 +117,7 @@ def make_layout(args, seqs: ScoredBatch) -> packing.PackingLayout:
                                **({"share_prompts": True} if args.layout == "shared" else {}))
 
 
-def build_phases(model: models.Transformer, seqs: ScoredBatch, layout: packing.PackingLayout
+def build_phases(model: models.Transformer, seqs: SequenceScores, layout: packing.PackingLayout
                  ) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
   """name -> zero-argument callable running one jitted phase (outputs not donated), and name ->
   its lowering. The model phases run on the layout's first micro-batch; ``train_step`` on all."""
@@ -145,8 +145,10 @@ def build_phases(model: models.Transformer, seqs: ScoredBatch, layout: packing.P
     updates, o = optimizer.update(g, o, p)
     return rl_update.optax.apply_updates(p, updates), o
 
-  update = rl_update.make_train_step(graphdef, objectives.Grpo(), optimizer, mesh=mesh,
-                                     state_shardings=shardings, donate=False, on_policy_old_logp=True)
+  update = rl_update.make_train_step(
+      graphdef=graphdef, objective=objectives.Grpo(), optimizer=optimizer, mesh=mesh,
+      state_shardings=shardings,
+      options=rl_update.StepOptions(donate=False, on_policy_old_logp=True))
   update(state, placed)  # builds the accumulator's initialiser
   host = lambda: [rl_update.place_micro_batch(mb, mesh) for mb in
                   seqs.micro_batches(idx, layout, pad_id=0)]

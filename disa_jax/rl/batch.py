@@ -1,16 +1,24 @@
-"""The typed batches of a Stage 3 step: `RolloutBatch` -> `ScoredBatch` -> `TrainBatch`.
+"""The typed batches of a Stage 3 step: `RolloutBatch` -> `PackedRollout` -> `ScoredBatch` ->
+`TrainBatch`.
 
-A step reads: rollout -> score -> update. Each stage takes the previous stage's type and returns a
-new one (nothing is filled in place):
+A step reads: rollout -> pack -> score -> update. Each stage takes the previous stage's type and
+returns a new one (nothing is filled in place), and the batch is packed once:
 
 1. the collector (`disa_jax.rl.collect`) samples and grades: `RolloutBatch` (prompt-major
    sequences: the G sequences of prompt p are ``p*G : (p+1)*G``);
-2. the scorer (`disa_jax.rl.scorer`) takes a `RolloutBatch` and returns a `ScoredBatch`: the
-   rollout with what its objective reads, the log-probs ``ref_logp`` (pi_ref) and ``old_logp``
-   (pi_old) per response token, the objective's per-sequence ``signal`` (r~ for TB, the advantage
-   for GRPO/GSPO) and the ``log_z`` the loss reads (the anchor's, or the batch's own estimate);
-3. the update (`disa_jax.rl.update`) packs each mini-batch of a `ScoredBatch` into `TrainBatch`
-   micro-batches (`ScoredBatch.micro_batches`).
+2. right after collection the updater packs it into the step's one training layout
+   (`PolicyUpdater.pack`, `pack_rollout`): a `PackedRollout`, the sequences shuffled with the
+   step's seed, split into mini-batches, each packed into fixed-shape micro-batches;
+3. the scorer (`disa_jax.rl.scorer`) runs its passes on those micro-batches and writes what the
+   objective reads into their slots: a `ScoredBatch` with the log-probs ``ref_slots`` (pi_ref) and
+   ``old_slots`` (pi_old) per slot and response token, the objective's per-sequence ``signal``
+   (r~ for TB, the advantage for GRPO/GSPO) and the ``log_z`` the loss reads (the anchor's, or the
+   batch's own estimate);
+4. the update (`disa_jax.rl.update`) trains on each mini-batch's `TrainBatch` micro-batches
+   (`ScoredBatch.train_batches`): slices of the same layout, nothing packed again.
+
+Per-sequence scores from elsewhere (stored or made-up: benchmarks, tests) are `SequenceScores`,
+written into a layout's slots the same way (`ScoredBatch.from_rows`).
 
 A `TrainBatch` has two sides. The model side is `disa_jax.data.packing.PackedRows`: R rows of L
 tokens, several sequences per row (one per row without packing; with shared prompts each prompt
@@ -31,6 +39,8 @@ import numpy as np
 from disa_jax.data import packing
 from disa_jax.data.packing import PackedRows
 
+# The mesh axes a micro-batch's packed rows are sharded over (per-sequence arrays are replicated).
+BATCH_AXES = ("data", "fsdp")
 
 @flax.struct.dataclass
 class TrainBatch:
@@ -129,42 +139,116 @@ class RolloutBatch:
     """``[B]`` -> ``[P, G]`` raw rewards."""
     return self.reward.reshape(len(self.prompt_ids), self.group_size)
 
-  def behaviour_logp(self) -> np.ndarray:
-    """``[B, W]`` log mu of each response token as sampled (zeros on replayed rows)."""
-    return self.response_logp_rows([np.zeros(0, np.float32) if r else lp
-                                    for lp, r in zip(self.sampled_logp, self.is_replay)])
+  def behaviour_logp(self) -> list[np.ndarray]:
+    """``[B]`` log mu of each response's tokens as sampled (empty on replayed rows)."""
+    return [np.zeros(0, np.float32) if r else lp for lp, r in zip(self.sampled_logp, self.is_replay)]
 
-  def response_logp_rows(self, logp: Sequence[np.ndarray | None]) -> np.ndarray:
-    """Per-token log-probs of each response, ``[B, W]`` (zeros beyond each response)."""
-    out = np.zeros((self.num_rows, self.response_width), np.float32)
-    for i, lp in enumerate(logp):
-      if lp is None:
-        raise ValueError(f"sequence {i} has no recorded log-probs")
-      out[i, :len(lp)] = lp
+
+@dataclasses.dataclass(frozen=True)
+class PackedRollout:
+  """A step's one packed training layout: the `RolloutBatch` packed right after collection, its
+  mini-batches' micro-batches (`disa_jax.data.packing.PackedBatch`), which the scorer fills
+  (`ScoredBatch`) and the update trains on, one mini-batch at a time.
+
+  Every sequence is in exactly one slot of one micro-batch; per-slot arrays (``[S, W]`` per
+  response token, ``[S]`` per sequence) follow the micro-batches in order (`micro`).
+
+  Attributes:
+    rollout: the step's graded samples.
+    minibatches: ``[M][k_m]`` the micro-batches of each mini-batch.
+    share_prompts: the layout shares prompts (`TrainBatch.prompt_slot` is set).
+  """
+  rollout: RolloutBatch
+  minibatches: tuple[tuple[packing.PackedBatch, ...], ...]
+  share_prompts: bool = False
+
+  @property
+  def micro(self) -> list[packing.PackedBatch]:
+    """Every micro-batch of the step, mini-batch by mini-batch."""
+    return [pb for mb in self.minibatches for pb in mb]
+
+  def minibatch_slice(self, m: int) -> slice:
+    """Where mini-batch ``m``'s micro-batches are in `micro`."""
+    start = sum(len(mb) for mb in self.minibatches[:m])
+    return slice(start, start + len(self.minibatches[m]))
+
+  def slot_tokens(self, per_sequence: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """``[S, W]`` float32 per micro-batch: each slot's sequence's per-token values (zeros beyond
+    its response and on empty slots), from ``[B]`` per-sequence arrays."""
+    out = []
+    width = self.rollout.response_width
+    for pb in self.micro:
+      slots = np.zeros((len(pb.seq_index), width), np.float32)
+      for s in np.flatnonzero(pb.seq_index >= 0):
+        lp = per_sequence[pb.seq_index[s]]
+        if lp is None:
+          raise ValueError(f"sequence {int(pb.seq_index[s])} has no recorded log-probs")
+        slots[s, :len(lp)] = lp
+      out.append(slots)
     return out
+
+  def slot_values(self, values: np.ndarray) -> list[np.ndarray]:
+    """``[S]`` float32 per micro-batch from ``[B]`` per-sequence values (zeros on empty slots)."""
+    values = np.asarray(values, np.float32)
+    out = []
+    for pb in self.micro:
+      filled = pb.seq_index >= 0
+      slots = np.zeros((len(filled),) + values.shape[1:], np.float32)
+      slots[filled] = values[pb.seq_index[filled]]
+      out.append(slots)
+    return out
+
+  def sequence_values(self, slots: Sequence[np.ndarray]) -> np.ndarray:
+    """The inverse of `slot_values` / `slot_tokens`: ``[B, ...]`` per-sequence values from
+    per-micro-batch slot arrays (for the host's readers: a batch log Z, replay checks)."""
+    out = np.zeros((self.rollout.num_rows,) + slots[0].shape[1:], slots[0].dtype)
+    for pb, v in zip(self.micro, slots):
+      filled = pb.seq_index >= 0
+      out[pb.seq_index[filled]] = v[filled]
+    return out
+
+
+def pack_rollout(batch: RolloutBatch, layout: packing.PackingLayout,
+                 minibatches: Sequence[np.ndarray], *, pad_id: int) -> PackedRollout:
+  """The step's packed training layout: each mini-batch's sequences (``minibatches``: the
+  indices of each, e.g. a shuffled split) packed into micro-batches of ``layout``."""
+  prompts, responses = batch.prompts, batch.response_ids
+
+  def packed(idx: np.ndarray) -> tuple[packing.PackedBatch, ...]:
+    out = []
+    for pb in packing.pack([prompts[i] for i in idx], [responses[i] for i in idx], layout,
+                           pad_id=pad_id):
+      seq_index = np.full_like(pb.seq_index, -1)
+      filled = pb.seq_index >= 0
+      seq_index[filled] = idx[pb.seq_index[filled]]  # the subset's index -> the batch's
+      out.append(dataclasses.replace(pb, seq_index=seq_index))
+    return tuple(out)
+
+  return PackedRollout(batch, tuple(packed(np.asarray(idx)) for idx in minibatches),
+                       share_prompts=layout.share_prompts)
 
 
 @dataclasses.dataclass(frozen=True)
 class ScoredBatch:
-  """A `RolloutBatch` with what its objective reads (the scorer's output): what the update trains
-  on (`micro_batches`).
+  """A `PackedRollout` with what its objective reads (the scorer's output), written into the
+  slots of its micro-batches: what the update trains on (`train_batches`).
 
   A field stays None exactly when the objective does not read it (`BatchScorer.score`).
 
   Attributes:
-    rollout: the step's graded samples, ``[B = P * G]`` sequences.
+    packed: the step's packed training layout (its rollout: ``[B = P * G]`` sequences).
     signal: ``[B]`` float32 the objective's per-sequence scalar (`Objective.batch_signal`).
-    ref_logp: ``[B, W]`` float32 log pi_ref per response token (zeros beyond each response);
-      None unless ``needs.reference``.
-    old_logp: ``[B, W]`` float32 log pi_old per response token; None unless the objective needs
-      pi_old on the host (``needs.old_logp_on_host``: not taken from the update's own forward).
+    ref_slots: ``[S, W]`` float32 log pi_ref per response token of each slot, one array per
+      micro-batch (`PackedRollout.micro`); None unless ``needs.reference``.
+    old_slots: the same of log pi_old; None unless the objective needs pi_old on the host
+      (``needs.old_logp_on_host``: not taken from the update's own forward).
     log_z: ``[B]`` float32 the log Z the loss reads: the anchor's of each row's prompt
       (``needs.anchor``) or the batch's own estimate (``needs.batch_log_z``); None for the others.
   """
-  rollout: RolloutBatch
+  packed: PackedRollout
   signal: np.ndarray
-  ref_logp: np.ndarray | None = None
-  old_logp: np.ndarray | None = None
+  ref_slots: list[np.ndarray] | None = None
+  old_slots: list[np.ndarray] | None = None
   log_z: np.ndarray | None = None
 
   def __post_init__(self):
@@ -173,43 +257,89 @@ class ScoredBatch:
       raise ValueError(f"ScoredBatch.signal has shape {np.shape(self.signal)}, expected "
                        f"({rows},): one value per row of the batch")
 
-  def micro_batches(self, idx: np.ndarray, layout: packing.PackingLayout, *, pad_id: int
-                    ) -> list[TrainBatch]:
-    """Packs sequences ``idx`` (a mini-batch) into `TrainBatch` micro-batches of ``layout``.
+  @classmethod
+  def from_rows(cls, packed: PackedRollout, *, signal: np.ndarray,
+                ref_logp: np.ndarray | None = None, old_logp: np.ndarray | None = None,
+                log_z: np.ndarray | None = None) -> "ScoredBatch":
+    """From per-sequence ``[B, W]`` log-probs (stored or made-up scores: benchmarks, tests); the
+    entries beyond each response are not read."""
+    responses = packed.rollout.response_ids
 
-    Every sequence lands in exactly one slot; the slots of each micro-batch carry its log-probs
+    def slots(rows):
+      return None if rows is None else packed.slot_tokens(
+          [row[:len(r)] for row, r in zip(rows, responses)])
+
+    return cls(packed, signal=signal, ref_slots=slots(ref_logp), old_slots=slots(old_logp),
+               log_z=log_z)
+
+  @property
+  def rollout(self) -> RolloutBatch:
+    return self.packed.rollout
+
+  @property
+  def ref_logp(self) -> np.ndarray | None:
+    """``[B, W]`` log pi_ref per sequence (a copy out of the slots, for the host's readers)."""
+    return None if self.ref_slots is None else self.packed.sequence_values(self.ref_slots)
+
+  @property
+  def old_logp(self) -> np.ndarray | None:
+    """``[B, W]`` log pi_old per sequence (a copy out of the slots, for the host's readers)."""
+    return None if self.old_slots is None else self.packed.sequence_values(self.old_slots)
+
+  def train_batches(self, m: int) -> list[TrainBatch]:
+    """Mini-batch ``m``'s `TrainBatch` micro-batches: the packed rows with their slots' log-probs
     (None fields as zeros: the objective does not read them), signal, log Z, the engine's
     log-probs of the sampled tokens and the on-policy flags; empty slots carry zeros and an
-    all-zero mask.
-    """
-    b = self.rollout
-    zeros_t = np.zeros((b.num_rows, b.response_width), np.float32)  # [B, W]
-    old_logp = zeros_t if self.old_logp is None else self.old_logp
-    ref_logp = zeros_t if self.ref_logp is None else self.ref_logp
-    signal = np.asarray(self.signal, np.float32).reshape(-1)
-    log_z = (np.zeros(b.num_rows, np.float32) if self.log_z is None
-             else np.asarray(self.log_z, np.float32))
-    behaviour_logp, on_policy = b.behaviour_logp(), np.asarray(~b.is_replay, np.float32)
-    prompts, responses = b.prompts, b.response_ids
-    idx = np.asarray(idx)
+    all-zero mask."""
+    packed, b = self.packed, self.rollout
+    part = packed.minibatch_slice(m)
+    micro = packed.micro[part]
+    sub = PackedRollout(b, (tuple(micro),), packed.share_prompts)
+    zeros = np.zeros(b.num_rows, np.float32)
+    signal = sub.slot_values(np.asarray(self.signal, np.float32).reshape(-1))
+    log_z = sub.slot_values(zeros if self.log_z is None else self.log_z)
+    on_policy = sub.slot_values(~b.is_replay)
+    behaviour = sub.slot_tokens(b.behaviour_logp())
     out = []
-    for pb in packing.pack([prompts[i] for i in idx], [responses[i] for i in idx], layout,
-                           pad_id=pad_id):
+    for k, pb in enumerate(micro):
       index, mask = pb.response_index(b.response_width)
-      filled = pb.seq_index >= 0
-      src = idx[pb.seq_index[filled]]
 
-      def take(a: np.ndarray) -> np.ndarray:
-        full = np.zeros((len(filled),) + a.shape[1:], np.float32)
-        full[filled] = a[src]
-        return full
+      def field(slots):
+        return np.zeros_like(mask) if slots is None else slots[part][k]
 
-      on = mask > 0
       out.append(TrainBatch(rows=pb.rows, response_index=index, response_mask=mask,
-                            old_logp=np.where(on, take(old_logp), 0.0),
-                            ref_logp=np.where(on, take(ref_logp), 0.0),
-                            signal=take(signal), log_z=take(log_z),
-                            prompt_slot=pb.prompt_slot if layout.share_prompts else None,
-                            behaviour_logp=np.where(on, take(behaviour_logp), 0.0),
-                            on_policy=take(on_policy)))
+                            old_logp=field(self.old_slots), ref_logp=field(self.ref_slots),
+                            signal=signal[k], log_z=log_z[k],
+                            prompt_slot=pb.prompt_slot if packed.share_prompts else None,
+                            behaviour_logp=behaviour[k], on_policy=on_policy[k]))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceScores:
+  """Per-sequence scores of a `RolloutBatch` from elsewhere than the scorer (made-up or stored:
+  benchmarks, tests), written into a packed layout's slots on demand.
+
+  Attributes:
+    rollout: the sequences.
+    signal: ``[B]`` float32 per-sequence signal.
+    ref_logp, old_logp: ``[B, W]`` float32 log-probs per response token (zeros beyond each
+      response), or None.
+    log_z: ``[B]`` float32 log Z, or None.
+  """
+  rollout: RolloutBatch
+  signal: np.ndarray
+  ref_logp: np.ndarray | None = None
+  old_logp: np.ndarray | None = None
+  log_z: np.ndarray | None = None
+
+  def scored(self, packed: PackedRollout) -> ScoredBatch:
+    """These scores in the slots of ``packed`` (a `PackedRollout` of ``rollout``)."""
+    return ScoredBatch.from_rows(packed, signal=self.signal, ref_logp=self.ref_logp,
+                                 old_logp=self.old_logp, log_z=self.log_z)
+
+  def micro_batches(self, idx: np.ndarray, layout: packing.PackingLayout, *, pad_id: int
+                    ) -> list[TrainBatch]:
+    """Sequences ``idx`` (one mini-batch) packed into `TrainBatch` micro-batches of ``layout``."""
+    packed = pack_rollout(self.rollout, layout, [np.asarray(idx)], pad_id=pad_id)
+    return self.scored(packed).train_batches(0)

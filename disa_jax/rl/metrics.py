@@ -294,3 +294,41 @@ class MetricsLogger:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+# What the step did, averaged over the steps since the previous measurement (issue 62 item 6): the
+# mean TB residual E[delta] (the baseline the log Z provides), the pre-clip gradient norm and the
+# share of clipped updates. Written into each measurement's row as ``window/<key>``.
+WINDOW_KEYS = ("tb_residual_mean", "grad_norm", "grad_clipped_share")
+
+
+class StepWindow:
+  """The means of `WINDOW_KEYS` over the steps since the previous measurement (`add` each step's
+  metrics; `close` at a measurement returns ``{'window/<key>': mean}`` and starts a new window).
+  A key a step lacks (an objective without a TB residual) is left out. Every step has the same
+  number of optimizer updates, so the mean of the steps' ``grad_clipped_share`` is the share of
+  the window's updates that were clipped.
+  """
+
+  def __init__(self, rows: tuple[Mapping[str, Any], ...] = ()):
+    self._rows = [dict(r) for r in rows]
+
+  @classmethod
+  def resumed(cls, path: str, step: int, due) -> "StepWindow":
+    """The window of a run resumed after ``step`` steps: the rows of ``path`` (its metrics file)
+    after the last measurement (``due(s)``) up to ``step``, so a resumed run writes the window
+    an uninterrupted one would."""
+    last = max((s for s in range(1, step + 1) if due(s)), default=0)
+    return cls(tuple(r for r in read_jsonl(path) if last < r["step"] <= step))
+
+  def add(self, metrics: Mapping[str, Any]) -> None:
+    self._rows.append({k: float(metrics[k]) for k in WINDOW_KEYS if k in metrics})
+
+  def close(self) -> dict[str, float]:
+    rows, self._rows = self._rows, []
+    out = {}
+    for k in WINDOW_KEYS:
+      vals = [r[k] for r in rows if k in r]
+      if vals:
+        out[f"window/{k}"] = float(np.mean(vals))
+    return out

@@ -1,11 +1,12 @@
 """Score: the second part of a Stage 3 step. Adds what the objective reads, and its signal.
 
-`BatchScorer.score(batch, policy_params)` takes the collector's `RolloutBatch` and returns a new
-`ScoredBatch` with what its objective reads under the run's rollout settings (`Objective.needs`,
-resolved once into a `Needs`):
+`BatchScorer.score(packed, policy_params)` takes the step's packed training layout (the collector's
+`RolloutBatch` packed once, `disa_jax.rl.batch.PackedRollout`) and returns a new `ScoredBatch` with
+what its objective reads under the run's rollout settings (`Objective.needs`, resolved once into a
+`Needs`), written into the slots of the layout's micro-batches:
 
-- ``ref_logp``: teacher-forced log pi_ref of every token (``needs.reference``);
-- ``old_logp``: log pi_old, the policy before this step's updates (``needs.old_logp``):
+- ``ref_slots``: teacher-forced log pi_ref of every response token (``needs.reference``);
+- ``old_slots``: log pi_old, the policy before this step's updates (``needs.old_logp``):
   recomputed by the policy, or the raw log-probs the engine recorded while sampling
   (``rollout.old_logp_source='engine'``; replayed rows are always recomputed). With a single
   on-policy update per batch, pi_old is taken from the update's own forward instead
@@ -18,10 +19,11 @@ resolved once into a `Needs`):
   advantage for GRPO/GSPO), and for an objective that estimates log Z from the batch's own
   samples (``needs.batch_log_z``: VarGrad) that estimate as ``log_z``, taken after the signal.
 
-Scoring runs on the update's micro-batch layout (`RolloutConfig.layout`: packed rows of
+Scoring runs on the update's own micro-batches (the rows the update will train on: packed rows of
 ``rollout.row_len`` tokens, ``rollout.micro_batch_rows`` rows per pass) on the training mesh; every
-process feeds its own rows and receives the full result. Log-probs come back per response token
-(``[B, W]``).
+process feeds its own rows and receives the full result. Log-probs come back per slot and response
+token (``[S, W]`` per micro-batch), where the update reads them: nothing is unpacked or packed
+again.
 
 The scorer is built from the run's config and its `StepModels`; the anchor it is given was
 validated once, by `disa_jax.rl.build.validate_anchor`.
@@ -35,15 +37,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from disa_jax.data.packing import PackedRows, sequence_lengths
 from disa_jax import parallel
+from disa_jax.data.packing import PackedRows
 from disa_jax.parallel import distributed
-from disa_jax.rl import update
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch
+from disa_jax.rl.batch import BATCH_AXES, PackedRollout, ScoredBatch
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.inputs import StepModels
 from disa_jax.scoring import packed_prompt_embeddings
-from disa_jax.scoring.batched import embed_packed, score_packed
+from disa_jax.scoring.batched import embed_packed, make_scoring_fn
 
 
 class BatchScorer:
@@ -73,29 +74,33 @@ class BatchScorer:
     self.objective, self.rollout, self.anchor = objective, cfg.rollout, anchor
     self.max_ref_logp_drift = cfg.replay.max_ref_logp_drift
     self.pad_id, self.pad_to = pad_id, step_models.pad_to
-    self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(update.BATCH_AXES))
+    self._rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(BATCH_AXES))
     self._shards = parallel.batch_shards(mesh)
-    self._score_policy = update.make_scoring_fn(policy_graphdef)
+    self._score_policy = make_scoring_fn(policy_graphdef)
     self._replay_checked = False
     if reference is not None:
       self.ref_params = nnx.state(reference, nnx.Param)
       self.anchor_dim = reference.config.hidden_size
       ref_graphdef = nnx.graphdef(reference)
-      self._score_ref = update.make_scoring_fn(ref_graphdef)
+      self._score_ref = make_scoring_fn(ref_graphdef)
       self._embed = jax.jit(lambda p, rows, slots: packed_prompt_embeddings(
           nnx.merge(ref_graphdef, p), rows, slots), static_argnums=2)
 
   def _put(self, rows: PackedRows) -> PackedRows:
     return distributed.shard_global_batch(rows, self._rows)
 
-  def _batched(self, fn, params, batch: RolloutBatch) -> np.ndarray:
-    """``[B, W]`` per-response-token log-probs of ``batch`` on packed micro-batches."""
-    prompts = batch.prompts
-    layout = self.rollout.layout(sequence_lengths(prompts, batch.response_ids), self.pad_to,
-                                     self._shards)
-    return batch.response_logp_rows(score_packed(
-        lambda rows: fn(params, rows), prompts, batch.response_ids, layout, pad_id=self.pad_id,
-        put=self._put, fetch=distributed.replicate_to_hosts))
+  def _slots(self, fn, params, packed: PackedRollout) -> list[np.ndarray]:
+    """``[S, W]`` per-response-token log-probs of every micro-batch of ``packed``, written into
+    its slots (zeros beyond each response and on empty slots)."""
+    width, micro = packed.rollout.response_width, packed.micro
+    # Every pass dispatched before the first fetch (one host transfer for all).
+    values = distributed.replicate_to_hosts([fn(params, self._put(pb.rows)) for pb in micro])
+    out = []
+    for pb, v in zip(micro, values):  # [R, L] -> [S, W]
+      index, mask = pb.response_index(width)
+      out.append(np.where(mask > 0, np.asarray(v, np.float32).reshape(-1)[index],
+                          np.float32(0.0)))
+    return out
 
   def anchor_log_z(self, prompt_ids: list[str], prompt_tokens: list[tuple[int, ...]]) -> np.ndarray:
     """``[P]`` the anchor's log Z of each prompt (from the reference's prompt embeddings, for an
@@ -108,48 +113,52 @@ class BatchScorer:
                        fetch=distributed.replicate_to_hosts)
     return self.anchor.query(prompt_ids, emb)  # [P]
 
-  def score(self, batch: RolloutBatch, policy_params: nnx.State) -> ScoredBatch:
-    """The `ScoredBatch` of ``batch``: ``ref_logp``, ``old_logp`` and ``log_z`` as the objective
-    needs (None where it does not), and its ``signal`` ``[P, G] -> [B]``."""
-    needs = self.needs
-    ref_logp = old_logp = log_z = None
+  def score(self, packed: PackedRollout, policy_params: nnx.State) -> ScoredBatch:
+    """The `ScoredBatch` of the step's packed rollout: ``ref_slots``, ``old_slots`` and
+    ``log_z`` as the objective needs (None where it does not), and its ``signal``
+    ``[P, G] -> [B]``."""
+    needs, batch = self.needs, packed.rollout
+    ref_slots = old_slots = log_z = None
     if needs.reference:
-      ref_logp = self._batched(self._score_ref, self.ref_params, batch)
-      self._check_replay_drift(batch, ref_logp)
+      ref_slots = self._slots(self._score_ref, self.ref_params, packed)
+      self._check_replay_drift(packed, ref_slots)
     if needs.old_logp_on_host:
-      old_logp = self._old_logp(batch, policy_params)
+      old_slots = self._old_slots(packed, policy_params)
     if needs.anchor:
       log_z = np.repeat(self.anchor_log_z(batch.prompt_ids, batch.prompt_tokens),
                         batch.group_size)  # [P] -> [P * G]
     grouped = batch.grouped_reward
     signal = self.objective.batch_signal(
         grouped, batch.is_replay.reshape(grouped.shape)).reshape(-1)  # [P, G] -> [B]
-    scored = ScoredBatch(rollout=batch, signal=signal, ref_logp=ref_logp, old_logp=old_logp,
+    scored = ScoredBatch(packed, signal=signal, ref_slots=ref_slots, old_slots=old_slots,
                          log_z=log_z)
     if needs.batch_log_z:  # VarGrad: log Z from this batch's own samples
       scored = dataclasses.replace(scored, log_z=self.objective.batch_log_z(scored))  # [B]
     return scored
 
-  def _old_logp(self, batch: RolloutBatch, policy_params: nnx.State) -> np.ndarray:
-    """``[B, W]`` log pi_old (or the behaviour's log mu, see the module docstring)."""
+  def _old_slots(self, packed: PackedRollout, policy_params: nnx.State) -> list[np.ndarray]:
+    """``[S, W]`` log pi_old per micro-batch (or the behaviour's log mu, see the module
+    docstring)."""
+    batch = packed.rollout
     if self.needs.old_logp == "behaviour":
-      behaviour = batch.behaviour_logp()  # [B, W], zeros on replayed rows
-      if batch.is_replay.any():
-        recomputed = self._batched(self._score_policy, policy_params, batch)
-        behaviour[batch.is_replay] = recomputed[batch.is_replay]
-      return behaviour
+      behaviour = packed.slot_tokens(batch.behaviour_logp())  # zeros on replayed rows
+      if not batch.is_replay.any():
+        return behaviour
+      recomputed = self._slots(self._score_policy, policy_params, packed)
+      replayed = packed.slot_values(batch.is_replay)
+      return [np.where(r[:, None] > 0, c, b) for b, c, r in zip(behaviour, recomputed, replayed)]
     if self.needs.old_logp == "recompute" or batch.is_replay.any():
       # Replayed rows have no rollout-time log-probs of the policy: recompute for all rows.
-      return self._batched(self._score_policy, policy_params, batch)
-    return batch.response_logp_rows(batch.engine_logp)
+      return self._slots(self._score_policy, policy_params, packed)
+    return packed.slot_tokens(batch.engine_logp)
 
-  def _check_replay_drift(self, batch: RolloutBatch, ref_logp: np.ndarray) -> None:
-    """Refuses a Stage 1 file scored under another reference (first replay step only);
-    ``ref_logp`` is ``[B, W]``."""
+  def _check_replay_drift(self, packed: PackedRollout, ref_slots: list[np.ndarray]) -> None:
+    """Refuses a Stage 1 file scored under another reference (first replay step only)."""
+    batch = packed.rollout
     rep = batch.is_replay
     if self._replay_checked or not rep.any():
       return
-    recomputed = ref_logp.sum(-1)[rep]  # [B, W] -> [R] (zeros beyond each response)
+    recomputed = ref_sequence_logp(packed, ref_slots)[rep]
     drift = float(np.median(np.abs(recomputed - batch.stored_ref_logp[rep])))
     limit = self.max_ref_logp_drift
     if drift > limit:
@@ -158,6 +167,11 @@ class BatchScorer:
           f"replay.max_ref_logp_drift={limit}: the Stage 1 file was scored under another "
           "reference model or prompt rendering")
     self._replay_checked = True
+
+
+def ref_sequence_logp(packed: PackedRollout, ref_slots: list[np.ndarray]) -> np.ndarray:
+  """``[B]`` log pi_ref of each sequence (its slot's tokens summed; zeros beyond the response)."""
+  return packed.sequence_values([r.sum(-1) for r in ref_slots])
 
 
 def replay_stats(scored: ScoredBatch) -> dict[str, float]:
@@ -169,8 +183,8 @@ def replay_stats(scored: ScoredBatch) -> dict[str, float]:
          "replay/prompt_coverage": float(rep.reshape(-1, g).any(-1).mean())}
   if rep.any():
     out["replay/accuracy"] = float((batch.reward[rep] > 0.5).mean())
-    if scored.ref_logp is not None:
-      recomputed = scored.ref_logp.sum(-1)[rep]
+    if scored.ref_slots is not None:
+      recomputed = ref_sequence_logp(scored.packed, scored.ref_slots)[rep]
       out["replay/ref_logp_drift"] = float(np.median(np.abs(recomputed -
                                                             batch.stored_ref_logp[rep])))
   return out

@@ -44,7 +44,7 @@ from disa_jax.parallel import distributed
 from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.collect import RolloutCollector, rollout_stats
 from disa_jax.rl.config import TrainConfig
-from disa_jax.rl.metrics import MetricsLogger
+from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, StepWindow
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.run_state import RunCheckpoints
 # The run's identity helpers, where the Stage 3 command imports them from (`rl.run_state`'s).
@@ -135,12 +135,15 @@ class Trainer:
     t0 = time.perf_counter()
     batch = (pipeline.take(step) if pipeline is not None
              else parts.collector.collect(step, version=step))
-    scored = parts.scorer.score(batch, updater.state.params)
+    t_pack = time.perf_counter()
+    packed = updater.pack(step, batch)  # the step's one packed layout: scored, then trained on
+    pack_s = time.perf_counter() - t_pack
+    scored = parts.scorer.score(packed, updater.state.params)
     t1 = time.perf_counter()
     metrics = rollout_stats(batch)
     if self.cfg.replay.enabled:
       metrics.update(replay_stats(scored))
-    metrics.update(updater.update(step, scored))
+    metrics.update(updater.update(scored))
     t2 = time.perf_counter()
     if pipeline is None:
       updater.push()
@@ -148,8 +151,9 @@ class Trainer:
       updater.queue_push(pipeline, step + 1)
     t3 = time.perf_counter()
     metrics["rollout/staleness"] = float(step - batch.policy_version)
-    metrics.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
-                    "time/step_s": t3 - t0,
+    # rollout = sampling, grading and scoring; the step's packing is its own phase
+    metrics.update({"time/rollout_s": t1 - t0 - pack_s, "time/pack_s": pack_s,
+                    "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
                     "tokens_per_s": batch.num_tokens / max(t3 - t0, 1e-9)})
     return metrics
 
@@ -185,6 +189,7 @@ class Trainer:
                disable=not cfg.progress_bar or not distributed.is_main_process(),
                desc=f"stage3/{cfg.objective.name}", unit="step")
     history, pipeline = [], self.parts.pipeline
+    window = StepWindow.resumed(os.path.join(self.workdir, METRICS_FILE), self.start_step, vc.due)
     if pipeline is not None:
       pipeline.start(self.start_step, self._restored_in_flight)
     try:
@@ -200,6 +205,9 @@ class Trainer:
             break
           metrics = self.step(step)
           done = step + 1
+          window.add(metrics)
+          if vc.due(done):  # a measurement: what the steps since the previous one did
+            metrics.update(window.close())
           best = bool(vc.due(done) and self.validate(done, metrics))
           if self.logger is not None and (done % cfg.log_every == 0 or done == cfg.total_steps):
             self.logger.write(done, metrics)

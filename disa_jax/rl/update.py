@@ -2,10 +2,12 @@
 
 `PolicyUpdater` owns the trained state (the policy's parameters, its AdamW state and, for an
 objective with state, its parameters and optimizer, `objectives.ObjectiveState`, carried as an
-opaque slot) and the jitted update built by `make_train_step`. `update(step, scored)` runs
-``rollout.num_minibatches`` optimizer updates over the step's `ScoredBatch`, shuffled with the
-step's seed and split into equal mini-batches of sequences, each packed into fixed-shape
-micro-batches (`RolloutConfig.layout`, `ScoredBatch.micro_batches`). Then the new policy weights (a
+opaque slot) and the jitted update built by `make_train_step`. `pack(step, batch)` lays the
+step's rollouts out once, right after collection (`disa_jax.rl.batch.PackedRollout`): shuffled
+with the step's seed, split into ``rollout.num_minibatches`` equal mini-batches of sequences, each
+packed into fixed-shape micro-batches (`RolloutConfig.layout`). The scorer writes its log-probs
+into that layout's slots, and `update(scored)` runs one optimizer update per mini-batch on its
+slice of the same micro-batches (`ScoredBatch.train_batches`). Then the new policy weights (a
 flat push, never the objective's state) go to this host's engine (`EngineLink`): at once with
 synchronous rollouts (`push`, a collective: `disa_jax.rollout.multihost.push_weights`), or, with
 asynchronous ones (``rollout.max_staleness`` = k > 0), as an owned host copy
@@ -37,7 +39,8 @@ of its loss (the objective's ``state_forward``, `Objective`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,20 +51,20 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from disa_jax import models
 from disa_jax import parallel
-from disa_jax.data.packing import PackedRows, sequence_lengths
+from disa_jax.data import packing as packing_lib
+from disa_jax.data.packing import sequence_lengths
 from disa_jax.optim import AccumulatingStep, make_optimizer
 from disa_jax.parallel import distributed
 from disa_jax.rl import seeds
 from disa_jax.rl.async_rollout import RolloutPipeline
-from disa_jax.rl.batch import ScoredBatch, TrainBatch
+from disa_jax.rl.batch import (BATCH_AXES, PackedRollout, RolloutBatch, ScoredBatch, TrainBatch,
+                               pack_rollout)
 from disa_jax.rl.config import OptimConfig, TrainConfig
 from disa_jax.rl.inputs import EngineLink, StepModels
 from disa_jax.rl.losses import mismatch_metrics
 from disa_jax.rl.objectives import Objective
 from disa_jax.rollout import multihost
-from disa_jax.scoring.logprobs import gather_responses, logprobs_from_hidden, packed_token_logprobs
-
-BATCH_AXES = ("data", "fsdp")
+from disa_jax.scoring.logprobs import gather_responses, logprobs_from_hidden
 
 
 # -- the jitted update -----------------------------------------------------------------------------
@@ -91,13 +94,52 @@ def policy_forward(model: nnx.Module, mb: TrainBatch) -> tuple[jax.Array, jax.Ar
   return gather_responses(token_lp, mb.response_index, mb.response_mask), hidden
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepOptions:
+  """How the jitted update treats its batch and gradients (`make_train_step`; `PolicyUpdater`
+  fills it from the run's config, `StepOptions.of`).
+
+  Attributes:
+    on_policy_old_logp: the batch was sampled from the current parameters and this is its only
+      update (one mini-batch): pi_old is the policy itself, so ``old_logp`` is taken as the
+      detached log-probs of this forward pass and ``batch.old_logp`` is ignored (saves the
+      separate scoring pass; what TRL does with one iteration per batch).
+    grad_clip: the global-norm clip the policy's optimizer applies (`make_optimizer`'s
+      ``grad_clip``; <= 0: none): an update counts as clipped (``grad_clipped_share``) when its
+      gradient's norm exceeds it. Ignored with ``joint_clip``.
+    joint_clip: > 0: one global-norm clip at this value over the policy's and the objective's
+      gradients together, before both optimizers (which then must not clip themselves;
+      `ObjectiveState.clip_with_policy`).
+    key_seed: seeds the key given to the objective's ``state_forward``, folded with the update
+      count and the micro-batch index, so a resumed run draws the same keys
+      (`ObjectiveState.key_seed`).
+    mismatch_threshold: the nats of ``mismatch/frac_over`` (`losses.mismatch_metrics`).
+    donate: donate the input state buffers.
+  """
+  on_policy_old_logp: bool = False
+  grad_clip: float = 0.0
+  joint_clip: float = 0.0
+  key_seed: int = 0
+  mismatch_threshold: float = 0.1
+  donate: bool = True
+
+  @classmethod
+  def of(cls, cfg: TrainConfig, *, joint: bool, key_seed: int) -> "StepOptions":
+    """The options of a run's update: ``joint``: the objective's state is clipped with the
+    policy (`ObjectiveState.clip_with_policy`) at ``optim.grad_clip``."""
+    clip = cfg.optim.grad_clip
+    return cls(on_policy_old_logp=cfg.old_logp_in_update, grad_clip=0.0 if joint else clip,
+               joint_clip=clip if joint else 0.0, key_seed=key_seed,
+               mismatch_threshold=cfg.rollout.mismatch_threshold)
+
+
 def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
-                   obj_graphdef: nnx.GraphDef | None, on_policy_old_logp: bool,
-                   mismatch_threshold: float, key_seed: int):
+                   obj_graphdef: nnx.GraphDef | None, options: StepOptions):
   """The `optim.AccumulatingStep` loss of one micro-batch: ``((params, obj_params), None, mb,
   step, k) -> (loss, (n, n, metrics))`` with n the objective's `normalizer`, and the
   train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the engine's
-  log-probs. The objective's state gets the key of (``key_seed``, step, k)."""
+  log-probs. The objective's state gets the key of (``options.key_seed``, step, k)."""
+  on_policy_old_logp, key_seed = options.on_policy_old_logp, options.key_seed
 
   def micro_loss(params, const, mb: TrainBatch, step, k):
     del const
@@ -106,7 +148,7 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
     logp, hidden = policy_forward(model, mb)
     mismatch = ({} if mb.behaviour_logp is None else
                 mismatch_metrics(logp, mb.behaviour_logp, mb.response_mask, mb.on_policy,
-                                 threshold=mismatch_threshold))
+                                 threshold=options.mismatch_threshold))
     if on_policy_old_logp:
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     state_out = None
@@ -120,20 +162,26 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
   return micro_loss
 
 
-def _apply_fn(optimizer, obj_optimizer, joint_clip: float):
+def _apply_fn(optimizer, obj_optimizer, options: StepOptions):
   """The `optim.AccumulatingStep` optimizer step: ``(state, (grads, objective grads), metrics,
-  sum n) -> (state, metrics)``, after the optional joint clip; adds ``grad_norm``,
+  sum n) -> (state, metrics)``, after the optional joint clip; adds ``grad_norm`` (the policy's,
+  before any clip), ``grad_clipped_share`` (1 when this update's gradient is clipped: its norm,
+  joint with the objective's under a joint clip, above the clip; 0 otherwise or without a clip),
   ``num_sequences`` and with objective state ``objective_grad_norm``."""
+  joint_clip = options.joint_clip
 
   def apply(state: TrainState, grads, metrics, n_total):
     grads, obj_grads = grads
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads), num_sequences=n_total)
+    norm = optax.global_norm(grads)
+    metrics = dict(metrics, grad_norm=norm, num_sequences=n_total)
     if state.obj_params is not None:
       metrics["objective_grad_norm"] = optax.global_norm(obj_grads)
+    clip = options.grad_clip
     if joint_clip > 0:  # one clip over policy + objective gradients
-      norm = optax.global_norm((grads, obj_grads))
+      norm, clip = optax.global_norm((grads, obj_grads)), joint_clip
       scale = jnp.minimum(1.0, joint_clip / jnp.maximum(norm, 1e-12))
       grads, obj_grads = jax.tree.map(lambda x: x * scale, (grads, obj_grads))
+    metrics["grad_clipped_share"] = jnp.asarray(clip > 0, jnp.float32) * (norm > clip)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     obj_params, obj_opt_state = state.obj_params, state.obj_opt_state
@@ -175,20 +223,15 @@ def _jit_shardings(mesh: Mesh | None, state_shardings: Any
   return kw_micro, kw_finish, dict(out_shardings=acc_sh)
 
 
-def make_train_step(graphdef: nnx.GraphDef,
+def make_train_step(*,
+                    graphdef: nnx.GraphDef,
                     objective: Objective,
                     optimizer: optax.GradientTransformation,
-                    *,
+                    options: StepOptions = StepOptions(),
                     obj_graphdef: nnx.GraphDef | None = None,
                     obj_optimizer: optax.GradientTransformation | None = None,
                     mesh: Mesh | None = None,
-                    state_shardings: Any = None,
-                    donate: bool = True,
-                    on_policy_old_logp: bool = False,
-                    joint_clip: float = 0.0,
-                    key_seed: int = 0,
-                    mismatch_threshold: float = 0.1
-                    ) -> AccumulatingStep:
+                    state_shardings: Any = None) -> AccumulatingStep:
   """Builds the update ``(state, [micro-batch, ...]) -> (state, metrics)`` (see the module
   docstring).
 
@@ -196,39 +239,28 @@ def make_train_step(graphdef: nnx.GraphDef,
     graphdef: the policy's graph (from ``nnx.split(model, nnx.Param, ...)``).
     objective: what to optimise (`disa_jax.rl.objectives`).
     optimizer: the policy's optax transformation (see `make_optimizer`).
+    options: how the update treats its batch and gradients (`StepOptions`).
     obj_graphdef, obj_optimizer: the graph and optimizer of the objective's state (objectives with
       ``has_state``, `objectives.ObjectiveState`).
     mesh: when given, every micro-batch is placed by `batch_shardings` and the state keeps
       ``state_shardings``.
     state_shardings: shardings of `TrainState` (e.g. ``jax.tree.map(lambda x: x.sharding, state)``).
-    donate: donate the input state buffers.
-    on_policy_old_logp: the batch was sampled from the current parameters and this is its only
-      update (one mini-batch): pi_old is the policy itself, so ``old_logp`` is taken as the
-      detached log-probs of this forward pass and ``batch.old_logp`` is ignored (saves the
-      separate scoring pass; what TRL does with one iteration per batch).
-    joint_clip: > 0: one global-norm clip at this value over the policy's and the objective's
-      gradients together, before both optimizers (which then must not clip themselves;
-      `ObjectiveState.clip_with_policy`).
-    key_seed: seeds the key given to the objective's ``state_forward``, folded with the update
-      count and the micro-batch index, so a resumed run draws the same keys
-      (`ObjectiveState.key_seed`).
-    mismatch_threshold: the nats of ``mismatch/frac_over`` (`losses.mismatch_metrics`).
 
   Returns:
     The update. Metrics: the loss's metrics combined over micro-batches (normalizer-weighted
     means, max of ``*_max``, min of ``*_min``), plus ``loss``, ``grad_norm`` (before clipping),
-    ``num_sequences`` (the summed normalizer), with objective state ``objective_grad_norm``,
-    and with the engine's log-probs in the batch ``mismatch/*``.
+    ``grad_clipped_share``, ``num_sequences`` (the summed normalizer), with objective state
+    ``objective_grad_norm``, and with the engine's log-probs in the batch ``mismatch/*``.
   """
   if objective.has_state and (obj_graphdef is None or obj_optimizer is None):
     raise ValueError(f"objective {objective.name!r} has state: it needs obj_graphdef and "
                      "obj_optimizer, got None")
-  loss_fn = _micro_loss_fn(graphdef, objective, obj_graphdef, on_policy_old_logp,
-                           mismatch_threshold, key_seed)
+  loss_fn = _micro_loss_fn(graphdef, objective, obj_graphdef, options)
   kw_micro, kw_finish, kw_init = _jit_shardings(mesh, state_shardings)
-  return AccumulatingStep(loss_fn, _apply_fn(optimizer, obj_optimizer, joint_clip),
+  return AccumulatingStep(loss_fn, _apply_fn(optimizer, obj_optimizer, options),
                           lambda state: ((state.params, state.obj_params), state.step),
-                          donate=donate, micro_kw=kw_micro, finish_kw=kw_finish, init_kw=kw_init)
+                          donate=options.donate, micro_kw=kw_micro, finish_kw=kw_finish,
+                          init_kw=kw_init)
 
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
@@ -291,20 +323,6 @@ def init_train_state(model: nnx.Module,
   return graphdef, obj_graphdef, state, shardings
 
 
-def make_scoring_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, PackedRows], jax.Array]:
-  """Jitted ``(params, packed rows [R, L]) -> [R, L]`` token log-probs (`packed_token_logprobs`).
-
-  Used for the reference log-probs (frozen reference params) and for recomputing old log-probs
-  with the policy before the updates. No gradient is taken.
-  """
-
-  @jax.jit
-  def score(params, rows):
-    return jax.lax.stop_gradient(packed_token_logprobs(nnx.merge(graphdef, params), rows))
-
-  return score
-
-
 # -- a step's update and weight push ---------------------------------------------------------------
 
 
@@ -353,7 +371,7 @@ class PolicyUpdater:
   """
 
   def __init__(self, cfg: TrainConfig, step_models: StepModels, pad_id: int, link: EngineLink):
-    total_updates, old_in_update = cfg.total_updates, cfg.old_logp_in_update
+    total_updates = cfg.total_updates
     if total_updates < 1:
       raise ValueError(f"PolicyUpdater total_updates must be >= 1, got {total_updates}")
     policy, mesh = step_models.policy, step_models.mesh
@@ -377,41 +395,45 @@ class PolicyUpdater:
         (obj_state.module, obj_state.optimizer, obj_state.key_seed, obj_state.name))
     self.graphdef, obj_graphdef, self.state, shardings = init_train_state(
         policy, optimizer, obj_module, obj_opt, mesh=mesh)
-    self._step = make_train_step(self.graphdef, obj, optimizer, obj_graphdef=obj_graphdef,
-                                 obj_optimizer=obj_opt, mesh=mesh, state_shardings=shardings,
-                                 on_policy_old_logp=old_in_update,
-                                 joint_clip=oc.grad_clip if joint else 0.0, key_seed=key_seed,
-                                 mismatch_threshold=rollout.mismatch_threshold)
+    self._step = make_train_step(graphdef=self.graphdef, objective=obj, optimizer=optimizer,
+                                 options=StepOptions.of(cfg, joint=joint, key_seed=key_seed),
+                                 obj_graphdef=obj_graphdef, obj_optimizer=obj_opt, mesh=mesh,
+                                 state_shardings=shardings)
 
-  def update(self, step: int, scored: ScoredBatch) -> dict[str, float]:
-    """``num_minibatches`` updates over the ``[B]`` sequences of ``scored``, shuffled with the
-    step's seed.
+  def pack(self, step: int, batch: RolloutBatch) -> PackedRollout:
+    """The step's packed training layout, packed once right after collection: the ``[B]``
+    sequences shuffled with the step's seed, split into ``num_minibatches`` equal mini-batches,
+    each packed into fixed-shape micro-batches (`RolloutConfig.layout`). The scorer fills its
+    slots; `update` trains on it."""
+    rc, n = self.rollout, batch.num_rows
+    layout = rc.layout(sequence_lengths(batch.prompts, batch.response_ids), self.pad_to,
+                       parallel.batch_shards(self.mesh))
+    order = seeds.minibatch_rng(self.seed, step).permutation(n)
+    size = n // rc.num_minibatches
+    return pack_rollout(batch, layout, [order[m * size:(m + 1) * size]
+                                        for m in range(rc.num_minibatches)], pad_id=self.pad_id)
+
+  def update(self, scored: ScoredBatch) -> dict[str, float]:
+    """One optimizer update per mini-batch of ``scored`` (`pack`).
 
     Returns:
       The mini-batches' metrics combined, plus ``packing/micro_batches`` (per update) and
       ``packing/efficiency`` (non-padding tokens / computed tokens; a shared prompt counts once
       per unit, `disa_jax.data.packing.PackedBatch.num_real_tokens`).
     """
-    rc, batch = self.rollout, scored.rollout
-    n = batch.num_rows
-    layout = rc.layout(sequence_lengths(batch.prompts, batch.response_ids), self.pad_to,
-                       parallel.batch_shards(self.mesh))
-    order = seeds.minibatch_rng(self.seed, step).permutation(n)
-    size = n // rc.num_minibatches
-    collected, micro_counts, real, computed = [], [], 0, 0
-    for m in range(rc.num_minibatches):
-      micro = scored.micro_batches(order[m * size:(m + 1) * size], layout, pad_id=self.pad_id)
-      micro_counts.append(len(micro))
-      real += sum(int(mb.rows.segment_ids.astype(bool).sum()) for mb in micro)
-      computed += sum(mb.rows.input_ids.size for mb in micro)
+    packed = scored.packed
+    collected = []
+    for m in range(len(packed.minibatches)):
+      micro = scored.train_batches(m)
       self.state, metrics = self._step(self.state,
                                        [place_micro_batch(mb, self.mesh) for mb in micro])
       collected.append(metrics)
     # One host transfer for all mini-batches' metrics.
     out = _combine([{k: float(v) for k, v in m.items()}
                     for m in distributed.replicate_to_hosts(collected)])
-    out.update({"packing/micro_batches": float(np.mean(micro_counts)),
-                "packing/efficiency": real / max(computed, 1)})
+    micro = packed.micro
+    out.update({"packing/micro_batches": len(micro) / len(packed.minibatches),
+                "packing/efficiency": packing_lib.efficiency(micro)})
     return out
 
   def current_policy(self) -> models.Transformer:

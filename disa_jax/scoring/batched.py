@@ -82,6 +82,21 @@ def score_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
   return out
 
 
+def make_scoring_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, packing_lib.PackedRows], jax.Array]:
+  """Jitted ``(params, packed rows [R, L]) -> [R, L]`` token log-probs (`packed_token_logprobs`).
+
+  Stage 3 scores its rollouts with it: the reference log-probs (frozen reference params) and the
+  old log-probs recomputed with the policy before the updates (`disa_jax.rl.scorer`). No gradient
+  is taken.
+  """
+
+  @jax.jit
+  def score(params, rows):
+    return jax.lax.stop_gradient(packed_token_logprobs(nnx.merge(graphdef, params), rows))
+
+  return score
+
+
 def embed_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
                  prompts: Sequence[Sequence[int]], layout: packing_lib.PackingLayout, dim: int, *,
                  pad_id: int, put: Callable[[packing_lib.PackedRows], Any] = _to_device,

@@ -2,7 +2,7 @@
 
 `programs_for` builds what `rl.update.PolicyUpdater` builds for a run (the policy with the run's
 `stage3.model_options`, the clipped AdamW of its config, `update.make_train_step` with the state's
-shardings, `update.make_scoring_fn` for pi_old / pi_ref), but from `jax.eval_shape`: the
+shardings, `scoring.batched.make_scoring_fn` for pi_old / pi_ref), but from `jax.eval_shape`: the
 parameters, optimizer state and micro-batches are `jax.ShapeDtypeStruct`s placed on a mesh, which
 may be fake CPU devices or the abstract GPUs of a deviceless topology (`parallel.gpu_compile`).
 Nothing is allocated; `Programs.step.lower(state, batch)` and `Programs.score.lower(params, rows)`
@@ -36,6 +36,7 @@ from disa_jax.models.transformer import Transformer
 from disa_jax.rl import update as rl_update
 from disa_jax.rl.batch import TrainBatch
 from disa_jax.rl.config import TrainConfig
+from disa_jax.scoring.batched import make_scoring_fn
 from disa_jax.workflows import stage3
 
 
@@ -49,7 +50,7 @@ class Programs:
   graphdef: Any
   state: rl_update.TrainState
   step: Any  # update.make_train_step: ``.lower(state, batch)`` -> {"micro", "finish"}
-  score: Any  # update.make_scoring_fn (pi_old / pi_ref log-probs, no gradient)
+  score: Any  # scoring.batched.make_scoring_fn (pi_old / pi_ref log-probs, no gradient)
   ref_bytes: int  # the frozen bf16 reference per device
   attention_chunk: int
   attention_impl: str = "xla"  # as resolved for the mesh's platform
@@ -112,10 +113,12 @@ def programs_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, me
   state = rl_update.TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), params,
                                abstract_opt_state(optimizer, params, mesh), None, None)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  step = rl_update.make_train_step(graphdef, train.objective, optimizer, mesh=mesh,
-                                   state_shardings=shardings)
+  step = rl_update.make_train_step(
+      graphdef=graphdef, objective=train.objective, optimizer=optimizer,
+      options=rl_update.StepOptions.of(train, joint=False, key_seed=0), mesh=mesh,
+      state_shardings=shardings)
   return Programs(name, config, train, mesh, graphdef, state, step,
-                  rl_update.make_scoring_fn(graphdef), ref_bytes=device_bytes(params, mc.dtype),
+                  make_scoring_fn(graphdef), ref_bytes=device_bytes(params, mc.dtype),
                   attention_chunk=attention_chunk, attention_impl=impl,
                   remat_policy=mc.remat_policy if mc.remat else None,
                   max_segments=options.max_segments)

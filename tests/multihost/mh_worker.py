@@ -103,8 +103,9 @@ def main(phase: str, workdir: str) -> None:
     model = models.from_pretrained(model_path, mesh=mesh)
     opt = make_optimizer()
     graphdef, _, state, shardings = rl_update.init_train_state(model, opt, mesh=mesh)
-    update = rl_update.make_train_step(graphdef, objective(), opt, mesh=mesh,
-                                       state_shardings=shardings, donate=False)
+    update = rl_update.make_train_step(
+        graphdef=graphdef, objective=objective(), optimizer=opt, mesh=mesh,
+        state_shardings=shardings, options=rl_update.StepOptions(donate=False))
     ckpt = CheckpointManager(os.path.join(workdir, "ckpt"), async_save=False)
 
     def ckpt_state(s):

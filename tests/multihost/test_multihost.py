@@ -74,7 +74,8 @@ def _reference_updates(model_path: str):
   model = models.from_pretrained(model_path)
   opt = mh_worker.make_optimizer()
   graphdef, _, state, _ = rl_update.init_train_state(model, opt)
-  update = rl_update.make_train_step(graphdef, mh_worker.objective(), opt, donate=False)
+  update = rl_update.make_train_step(graphdef=graphdef, objective=mh_worker.objective(),
+                                     optimizer=opt, options=rl_update.StepOptions(donate=False))
   out = []
   for step in range(2):
     micro = mh_worker.make_batch(step, model.config.vocab_size)

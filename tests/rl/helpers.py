@@ -4,7 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from disa_jax.data.packing import PackingLayout
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch
+from disa_jax.rl.batch import RolloutBatch, SequenceScores
+
+
+# Made-up scored sequences, per sequence (`SequenceScores`).
+Sequences = SequenceScores
 
 
 def naive_token_logprobs(model, input_ids, attention_mask):
@@ -17,8 +21,8 @@ def naive_token_logprobs(model, input_ids, attention_mask):
   return jnp.pad(tok, ((0, 0), (1, 0)))  # [B, T], zero at t = 0
 
 
-def scored_sequences(prompts, responses, old_logp, ref_logp, signal, log_z) -> ScoredBatch:
-  """Made-up (prompt, response) sequences as the scorer's `ScoredBatch`: each sequence a group of
+def scored_sequences(prompts, responses, old_logp, ref_logp, signal, log_z) -> Sequences:
+  """Made-up (prompt, response) sequences as `Sequences`: each sequence a group of
   one (its own prompt), sampled on-policy with ``old_logp`` as the engine's log-probs (``[N, W]``
   per response token; ``[N]`` signal and log Z)."""
   n, width = np.shape(old_logp)
@@ -29,12 +33,12 @@ def scored_sequences(prompts, responses, old_logp, ref_logp, signal, log_z) -> S
       reward=np.zeros(n, np.float32), grade_error=np.zeros(n, bool), is_replay=np.zeros(n, bool),
       sampled_logp=[old_logp[i, :len(r)] for i, r in enumerate(responses)],
       engine_logp=[None] * n, finish_reason=["stop"] * n, stored_ref_logp=np.full(n, np.nan))
-  return ScoredBatch(rollout, signal=signal, ref_logp=ref_logp, old_logp=old_logp, log_z=log_z)
+  return Sequences(rollout, signal=signal, ref_logp=ref_logp, old_logp=old_logp, log_z=log_z)
 
 
 def synthetic_sequences(seed, n, max_prompt, max_response, vocab, group_size=4, invalid_rows=0,
                         lengths=None):
-  """``n`` prompt-major (prompt, response) sequences as a `ScoredBatch` with made-up log-probs,
+  """``n`` prompt-major (prompt, response) sequences as `Sequences` with made-up log-probs,
   signals and log Z (`scored_sequences`); the last ``invalid_rows`` have empty responses.
   ``lengths``: optional ``[(prompt_len, response_len)]`` instead of random ones."""
   rng = np.random.default_rng(seed)
@@ -65,10 +69,10 @@ def packed_layout(rows, row_len, seqs_per_row=8, share_prompts=False):
                        share_prompts=share_prompts)
 
 
-def micro_batches(scored, layout, idx=None):
-  """All of ``scored`` (or ``idx``) as micro-batches of ``layout`` (pad id 0)."""
-  idx = np.arange(scored.rollout.num_rows) if idx is None else idx
-  return scored.micro_batches(idx, layout, pad_id=0)
+def micro_batches(seqs, layout, idx=None):
+  """All of ``seqs`` (or ``idx``) as one mini-batch's micro-batches of ``layout`` (pad id 0)."""
+  idx = np.arange(seqs.rollout.num_rows) if idx is None else idx
+  return seqs.micro_batches(idx, layout, pad_id=0)
 
 
 def alone_response_logp(model, scored):
@@ -83,7 +87,7 @@ def alone_response_logp(model, scored):
 
 
 def grouped_sequences(seed, groups, max_response, vocab):
-  """Prompt-major sequences (a `ScoredBatch`) whose groups share their prompt tokens (shared-prompt
+  """Prompt-major sequences (`Sequences`) whose groups share their prompt tokens (shared-prompt
   packing).
 
   Args:

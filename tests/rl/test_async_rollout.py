@@ -147,7 +147,8 @@ def test_each_batch_is_sampled_by_the_weights_k_updates_old_and_tb_reads_its_log
   assert [r["rollout/staleness"] for r in history] == [min(s, k) for s in range(5)]
   # TB (omega = clipped_ratio) weighs stale rows by pi_theta / mu: old_logp is the engine's.
   for b in scored:
-    np.testing.assert_array_equal(b.old_logp, b.rollout.behaviour_logp())
+    np.testing.assert_array_equal(b.old_logp, b.packed.sequence_values(
+        b.packed.slot_tokens(b.rollout.behaviour_logp())))
 
 
 def test_grpo_with_tis_recomputes_pi_old_and_corrects_the_stale_rows(tmp_path):
@@ -157,7 +158,8 @@ def test_grpo_with_tis_recomputes_pi_old_and_corrects_the_stale_rows(tmp_path):
   trainer.close()
   stale = scored[1]
   assert stale.rollout.policy_version == 0
-  gap = np.abs(stale.old_logp - stale.rollout.behaviour_logp()).max()
+  behaviour = stale.packed.sequence_values(stale.packed.slot_tokens(stale.rollout.behaviour_logp()))
+  gap = np.abs(stale.old_logp - behaviour).max()
   assert gap > 1e-3  # pi_old (weights 1) is not the behaviour (weights 0)
   assert all(0 < r["is_weight_mean"] <= 2.0 for r in history)
 

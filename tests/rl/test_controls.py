@@ -108,7 +108,8 @@ def test_replay_sft_trains_in_the_trainer_on_the_replayed_rows(tmp_path):
   trainer, _ = TR._trainer(cfg, tmp_path / "run", path)
   batch = trainer.parts.collector.collect(0)
   # The replayed rows are scored without error.
-  trainer.parts.scorer.score(batch, trainer.parts.updater.state.params)
+  trainer.parts.scorer.score(trainer.parts.updater.pack(0, batch),
+                             trainer.parts.updater.state.params)
   signal = cfg.objective.batch_signal(batch.grouped_reward,
                                       batch.is_replay.reshape(batch.grouped_reward.shape))
   np.testing.assert_array_equal(signal.reshape(-1), (batch.reward > 0.5) & batch.is_replay)

@@ -35,7 +35,8 @@ def test_the_documented_objective_is_one_class_that_trains():
     model = testing.make_tiny_model(seed=0, **TINY)
     opt = optax.sgd(0.1)
     graphdef, _, state, _ = rl_update.init_train_state(model, opt)
-    step = rl_update.make_train_step(graphdef, obj, opt, donate=False)
+    step = rl_update.make_train_step(graphdef=graphdef, objective=obj, optimizer=opt,
+                                     options=rl_update.StepOptions(donate=False))
     micro = micro_batches(synthetic_sequences(0, 8, 4, 8, vocab=128), packed_layout(4, 12))
     new, metrics = step(state, micro)
     assert np.isfinite(float(metrics["loss"])) and float(metrics["tb_residual_abs_mean"]) > 0
@@ -71,7 +72,8 @@ def test_the_documented_objective_with_state_trains_its_parameter():
         devices=jax.devices()[:1]), pad_to=4), pad_id=0, link=EngineLink(None))
     before = float(updater.state.obj_params["value"].get_value())
     assert before == 0.0
-    metrics = updater.update(0, synthetic_sequences(0, 8, 4, 8, vocab=128))
+    seqs = synthetic_sequences(0, 8, 4, 8, vocab=128)
+    metrics = updater.update(seqs.scored(updater.pack(0, seqs.rollout)))
     assert np.isfinite(metrics["loss"]) and metrics["objective_grad_norm"] > 0
     after = float(updater.state.obj_params["value"].get_value())
     assert after != before  # the objective's own parameter was trained

@@ -93,9 +93,11 @@ def _packed_update(method, seqs, layout, mesh=None):
   sgd = optax.sgd(1.0)
   graphdef, head_graphdef, state, shardings = rl_update.init_train_state(
       model, sgd, head, sgd if head is not None else None, mesh=mesh)
-  step = rl_update.make_train_step(graphdef, OBJECTIVES[method], sgd, obj_graphdef=head_graphdef,
+  step = rl_update.make_train_step(graphdef=graphdef, objective=OBJECTIVES[method], optimizer=sgd,
+                                   obj_graphdef=head_graphdef,
                                    obj_optimizer=sgd if head is not None else None, mesh=mesh,
-                                   state_shardings=shardings, donate=False)
+                                   state_shardings=shardings,
+                                   options=rl_update.StepOptions(donate=False))
   micro = micro_batches(seqs, layout)
   if mesh is not None:
     micro = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
@@ -211,7 +213,7 @@ def test_no_recompilation_across_length_mixes():
   model, _ = _models("grpo")
   sgd = optax.sgd(0.1)
   graphdef, _, state, _ = rl_update.init_train_state(model, sgd)
-  step = rl_update.make_train_step(graphdef, OBJECTIVES["grpo"], sgd)
+  step = rl_update.make_train_step(graphdef=graphdef, objective=OBJECTIVES["grpo"], optimizer=sgd)
   rng = np.random.default_rng(0)
   counts, n_micro = [], []
   for i in range(4):  # a different mix each time: short-heavy, long-heavy, mixed

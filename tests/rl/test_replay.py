@@ -128,7 +128,9 @@ def test_rollout_mixes_stage1_rows_into_each_group(tmp_path, method):
     engine.calls.clear()
     items = trainer.parts.collector.stream.batch(step)
     batch = trainer.parts.collector.collect(step)
-    stats = replay_stats(trainer.parts.scorer.score(batch, trainer.parts.updater.state.params))
+    updater = trainer.parts.updater
+    stats = replay_stats(trainer.parts.scorer.score(updater.pack(step, batch),
+                                                    updater.state.params))
     drawn = pool.draw([it.prompt_id for it in items], k,
                       seed=seeds.replay_seed(trainer.cfg.seed, step))
     covered = [it.prompt_id in pool for it in items]

@@ -18,7 +18,7 @@ from disa_jax.rl.async_rollout import RolloutPipeline
 from disa_jax.rl.inputs import EngineLink, StepModels
 from disa_jax.rl.scorer import BatchScorer
 from disa_jax.rl.update import PolicyUpdater
-from disa_jax.rl.batch import RolloutBatch, ScoredBatch
+from disa_jax.rl.batch import RolloutBatch, ScoredBatch, pack_rollout
 from disa_jax.rl.collect import RolloutCollector
 from disa_jax.rl.trainer import StepParts, Trainer
 from tests.rl import test_trainer as tt
@@ -48,8 +48,9 @@ def test_each_stage_returns_a_new_frozen_batch(tmp_path):
   parts = trainer.parts
   assert isinstance(parts, StepParts)
   rollout = parts.collector.collect(0)
-  scored = parts.scorer.score(rollout, parts.updater.state.params)
-  assert isinstance(scored, ScoredBatch) and scored.rollout is rollout
+  packed = parts.updater.pack(0, rollout)
+  scored = parts.scorer.score(packed, parts.updater.state.params)
+  assert isinstance(scored, ScoredBatch) and scored.rollout is rollout and scored.packed is packed
   grouped = rollout.grouped_reward
   np.testing.assert_array_equal(scored.signal, trainer.cfg.objective.batch_signal(
       grouped, rollout.is_replay.reshape(grouped.shape)).reshape(-1))  # [P, G] -> [B]
@@ -58,7 +59,7 @@ def test_each_stage_returns_a_new_frozen_batch(tmp_path):
   assert scored.ref_logp.shape == (rollout.num_rows, rollout.response_width)
   # The update's inputs exist only on a ScoredBatch; nothing is filled in place.
   assert not hasattr(rollout, "micro_batches")
-  for batch, field in ((rollout, "reward"), (scored, "old_logp")):
+  for batch, field in ((rollout, "reward"), (packed, "minibatches"), (scored, "old_slots")):
     with pytest.raises(dataclasses.FrozenInstanceError):
       setattr(batch, field, None)
   trainer.close()
@@ -69,10 +70,14 @@ def test_scored_batch_packs_its_sequences_into_micro_batches():
   log-probs and the on-policy flag; empty slots carry zeros."""
   rollout = _rollout_batch()
   old = np.arange(12, dtype=np.float32).reshape(4, 3) * -0.1  # [B, W]
-  scored = ScoredBatch(rollout, signal=np.array([.5, -.5, 0., 0.], np.float32), old_logp=old,
-                       log_z=np.array([1., 2., 3., 4.], np.float32))
-  micro = scored.micro_batches(np.arange(4), PackingLayout(row_len=8, rows=2, seqs_per_row=4),
-                               pad_id=0)
+  packed = pack_rollout(rollout, PackingLayout(row_len=8, rows=2, seqs_per_row=4),
+                        [np.arange(4)], pad_id=0)
+  scored = ScoredBatch.from_rows(packed, signal=np.array([.5, -.5, 0., 0.], np.float32),
+                                 old_logp=old, log_z=np.array([1., 2., 3., 4.], np.float32))
+  lengths = np.asarray([len(r) for r in rollout.response_ids])
+  np.testing.assert_array_equal(  # the slots read back per sequence, zeros beyond each response
+      scored.old_logp, np.where(np.arange(3) < lengths[:, None], old, 0.0))
+  micro = scored.train_batches(0)
   slots = [(mb, s) for mb in micro for s in range(mb.num_slots) if mb.response_mask[s].any()]
   assert len(slots) == 4
   by_log_z = {float(mb.log_z[s]): (mb, s) for mb, s in slots}
@@ -92,7 +97,9 @@ def test_scored_batch_packs_its_sequences_into_micro_batches():
 
 def test_scored_batch_names_a_wrong_signal_shape():
   with pytest.raises(ValueError, match=r"ScoredBatch.signal has shape \(2, 2\), expected \(4,\)"):
-    ScoredBatch(rollout=_rollout_batch(), signal=np.zeros((2, 2), np.float32))
+    rollout = _rollout_batch()
+    ScoredBatch(pack_rollout(rollout, PackingLayout(row_len=8, rows=2), [np.arange(4)], pad_id=0),
+                signal=np.zeros((2, 2), np.float32))
 
 
 def test_the_pipeline_drives_the_engine_the_updater_pushes_to(tmp_path):

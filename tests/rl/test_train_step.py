@@ -10,9 +10,11 @@ import optax
 import pytest
 from flax import nnx
 
+from disa_jax import config as config_lib
 from disa_jax import optim, parallel, testing
-from disa_jax.rl import objectives
+from disa_jax.rl import losses, objectives
 from disa_jax.rl import update as rl_update
+from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.logz_head import LogZHead
 from tests.rl.helpers import (alone_response_logp, micro_batches, packed_layout, padded_layout,
                               synthetic_sequences)
@@ -25,6 +27,7 @@ OBJECTIVES = {"disa": objectives.Disa(beta=2.0, scale="mean", omega="clipped_rat
 
 ROWS, MAX_PROMPT, MAX_RESPONSE = 16, 4, 8
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
+NO_DONATE = rl_update.StepOptions(donate=False)
 
 
 
@@ -59,8 +62,9 @@ def _seqs(seed, invalid_rows=0):
 def _run(method, layout, steps=2, mesh=None, invalid_rows=0, adamw=False):
   """``steps`` updates, each on ROWS synthetic sequences laid out by ``layout``."""
   graphdef, head_graphdef, state, shardings, settings, opt, head_opt = _setup(method, mesh, adamw)
-  step = rl_update.make_train_step(graphdef, settings, opt, obj_graphdef=head_graphdef,
-                                   obj_optimizer=head_opt, mesh=mesh, state_shardings=shardings)
+  step = rl_update.make_train_step(graphdef=graphdef, objective=settings, optimizer=opt,
+                                   obj_graphdef=head_graphdef, obj_optimizer=head_opt, mesh=mesh,
+                                   state_shardings=shardings)
   all_metrics = []
   for i in range(steps):
     micro = micro_batches(_seqs(i, invalid_rows), layout)
@@ -169,7 +173,8 @@ def test_adamw_moments_are_sharded_like_their_parameters(n_devices):
 def test_an_update_needs_a_micro_batch():
   graphdef, _, state, _, settings, opt, _ = _setup("disa")
   with pytest.raises(ValueError, match="at least one micro-batch"):
-    rl_update.make_train_step(graphdef, settings, opt, donate=False)(state, [])
+    rl_update.make_train_step(graphdef=graphdef, objective=settings, optimizer=opt,
+                              options=NO_DONATE)(state, [])
 
 
 @pytest.mark.parametrize("method", ["disa", "grpo"])
@@ -183,8 +188,9 @@ def test_on_policy_old_logp_equals_scoring_pi_old_first(method):
   unscored = dataclasses.replace(seqs, old_logp=np.full_like(seqs.old_logp, np.nan))  # unread
   outs = []
   for on_policy, b in ((False, scored), (True, unscored)):
-    step = rl_update.make_train_step(graphdef, settings, opt, donate=False,
-                                     on_policy_old_logp=on_policy)
+    step = rl_update.make_train_step(
+        graphdef=graphdef, objective=settings, optimizer=opt,
+        options=rl_update.StepOptions(donate=False, on_policy_old_logp=on_policy))
     outs.append(step(state, micro_batches(b, packed_layout(4, MAX_PROMPT + MAX_RESPONSE))))
   (s_a, m_a), (s_b, m_b) = outs
   for x, y in zip(jax.tree.leaves(s_a.params), jax.tree.leaves(s_b.params)):
@@ -198,7 +204,8 @@ def test_grpo_without_reference_ignores_ref_logp():
   assert not settings.needs_reference and objectives.Grpo(kl_coef=0.1).needs_reference
   seqs = _seqs(0)
   seqs = dataclasses.replace(seqs, ref_logp=np.full_like(seqs.ref_logp, np.nan))
-  step = rl_update.make_train_step(graphdef, settings, opt, donate=False)
+  step = rl_update.make_train_step(graphdef=graphdef, objective=settings, optimizer=opt,
+                                   options=NO_DONATE)
   _, metrics = step(state, micro_batches(seqs, packed_layout(4, MAX_PROMPT + MAX_RESPONSE)))
   assert np.isfinite(float(metrics["loss"])) and "kl_ref" not in metrics
 
@@ -206,7 +213,7 @@ def test_grpo_without_reference_ignores_ref_logp():
 def test_head_objective_needs_the_head():
   graphdef, _, _, _, _, opt, _ = _setup("grpo")
   with pytest.raises(ValueError, match="'flowrl' has state"):
-    rl_update.make_train_step(graphdef, OBJECTIVES["flowrl"], opt)
+    rl_update.make_train_step(graphdef=graphdef, objective=OBJECTIVES["flowrl"], optimizer=opt)
 
 
 def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
@@ -218,9 +225,10 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
   sgd = optax.sgd(0.1)
   head_sgd = optax.sgd(0.1)
   def run(seed, joint_clip=0.0):
-    step = rl_update.make_train_step(graphdef, obj, sgd, obj_graphdef=head_graphdef,
-                                     obj_optimizer=head_sgd, donate=False, key_seed=seed,
-                                     joint_clip=joint_clip)
+    step = rl_update.make_train_step(
+        graphdef=graphdef, objective=obj, optimizer=sgd, obj_graphdef=head_graphdef,
+        obj_optimizer=head_sgd,
+        options=rl_update.StepOptions(donate=False, key_seed=seed, joint_clip=joint_clip))
     s0 = rl_update.TrainState(state.step, state.params, sgd.init(state.params), state.obj_params,
                               head_sgd.init(state.obj_params))
     return step(s0, batch)
@@ -290,3 +298,47 @@ def test_flowrl_owns_its_head_state(mode):
       def init_state(self, hidden_size, seed, make_optimizer, policy_lr):
         return None
   assert "half_done" not in objectives.REGISTRY
+
+
+def test_step_logs_the_pre_clip_norm_the_clipped_share_and_the_mean_residual():
+  """Issue 62 item 6: ``grad_norm`` is the global norm of the mini-batch's gradient before the
+  clip (computed here independently, one forward/backward of the loss), ``grad_clipped_share`` is 1
+  under a tiny clip and 0 under a huge one, and ``tb_residual_mean`` (E[delta]) is the mean over
+  valid rows of the loss's own TB residual."""
+  model = testing.make_tiny_model(seed=0, **TINY)
+  obj = OBJECTIVES["disa"]
+  (mb,) = micro_batches(_seqs(0, invalid_rows=2), padded_layout(ROWS))
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def loss(p):
+    logp, _ = rl_update.policy_forward(nnx.merge(graphdef, p), mb)
+    value, _ = obj.loss(logp, mb)
+    return value, logp
+
+  (_, logp), grads = jax.value_and_grad(loss, has_aux=True)(params)
+  residual = losses.tb_residual(mb.log_z, logp, mb.ref_logp, mb.signal, mb.response_mask,
+                                beta=obj.beta, length_normalize=obj.scale == "mean")
+  valid = np.asarray(mb.response_mask).any(-1)
+  assert 0 < valid.sum() < len(valid)  # the empty rows must be left out of the mean
+  for clip, share in ((1e-6, 1.0), (1e6, 0.0)):
+    opt = rl_update.make_optimizer(1e-3, grad_clip=clip)
+    graphdef, _, state, _ = rl_update.init_train_state(model, opt)
+    step = rl_update.make_train_step(
+        graphdef=graphdef, objective=obj, optimizer=opt,
+        options=rl_update.StepOptions(donate=False, grad_clip=clip))
+    _, metrics = step(state, [mb])
+    np.testing.assert_allclose(float(metrics["grad_norm"]), float(optax.global_norm(grads)),
+                               rtol=1e-5)
+    assert float(metrics["grad_clipped_share"]) == share, clip
+    np.testing.assert_allclose(float(metrics["tb_residual_mean"]),
+                               float(np.asarray(residual)[valid].mean()), rtol=1e-5, atol=1e-6)
+
+
+def test_the_trainer_counts_the_clips_at_its_optimizers_clip():
+  """`StepOptions.of`: the clipped share is read against the clip the run's optimizer applies
+  (the policy's, or the joint one of an objective clipped with the policy)."""
+  cfg = config_lib.from_mapping(TrainConfig, {"objective": {"name": "disa"},
+                                              "optim": {"grad_clip": 0.5}}, "train")
+  assert rl_update.StepOptions.of(cfg, joint=False, key_seed=0).grad_clip == 0.5
+  joint = rl_update.StepOptions.of(cfg, joint=True, key_seed=3)
+  assert (joint.grad_clip, joint.joint_clip, joint.key_seed) == (0.0, 0.5, 3)

@@ -15,7 +15,7 @@ from disa_jax.rewards.graded import Graded
 from disa_jax.rl.build import build_trainer
 from disa_jax.rl.inputs import AnchorInput, EngineLink, RolloutTask, StepModels
 from disa_jax.rl.config import TrainConfig, WandbConfig
-from disa_jax.rl.metrics import read_jsonl
+from disa_jax.rl.metrics import WINDOW_KEYS, MetricsLogger, StepWindow, read_jsonl
 from disa_jax.rl.prompts import PromptItem, PromptStream
 from disa_jax.rollout.jax_sampler import JaxSampler
 
@@ -119,6 +119,10 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path, monkeypatch):
   assert engine.synced_keys and all(k == expected for k in engine.synced_keys)
   # The anchor's log Z enters the residual: its mean is logged.
   assert all(np.isfinite(r["log_z_mean"]) for r in full)
+  # The measurement at step 2 (validation.every=2) carries what steps 1-2 did (issue 62 item 6).
+  assert not any(k.startswith("window/") for k in full[0]) and full[1]["grad_clipped_share"] == 1
+  for key in WINDOW_KEYS:
+    assert full[1][f"window/{key}"] == np.mean([full[0][key], full[1][key]]), key
 
   # Interrupted run: 2 steps, then a fresh trainer on the same workdir resumes for step 3; this
   # run also logs to wandb (offline), which must hold the same rows once each, in one run.
@@ -142,6 +146,29 @@ def test_disa_run_metrics_checkpoints_and_resume(tmp_path, monkeypatch):
   assert _strip_time([{"step": s, **row} for s, row in sorted(history.items())]) == _strip_time(
       resumed)
   assert runs[0]["config"]["train"]["objective"]["name"] == "disa"
+
+
+def test_a_resumed_run_writes_the_window_an_uninterrupted_one_would(tmp_path):
+  """`StepWindow.resumed` takes the rows since the last measurement from the metrics file."""
+  rows = [{"tb_residual_mean": s - 0.5, "grad_norm": 10.0 * s, "grad_clipped_share": s % 2}
+          for s in range(1, 6)]
+  logger = MetricsLogger(str(tmp_path), tensorboard=False)
+  for s, r in enumerate(rows[:3], 1):
+    logger.write(s, r)
+  logger.close()
+  every_two = lambda s: s % 2 == 0
+  window = StepWindow.resumed(str(tmp_path / "metrics.jsonl"), 3, every_two)  # holds step 3
+  window.add(rows[3])
+  uninterrupted = StepWindow()
+  for r in rows[:2]:
+    uninterrupted.add(r)
+  uninterrupted.close()
+  for r in rows[2:4]:
+    uninterrupted.add(r)
+  want = {"window/tb_residual_mean": 3.0, "window/grad_norm": 35.0,
+          "window/grad_clipped_share": 0.5}
+  assert window.close() == uninterrupted.close() == want
+  assert window.close() == {}  # a new window
 
 
 @pytest.mark.slow
