@@ -535,6 +535,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # One persistent XLA compilation cache for the job's processes (<workdir>/jax_cache): each Stage 3
   # run after the first of its shapes loads its compiled programs (disa_jax.runtime).
   c.compilation_cache = True
+  # pi_ref and p_T are copied from the pinned models (disa_jax/pipeline/pinned_models/, one entry per
+  # architecture, task range and warm-up specs) so that every machine runs the same models; True
+  # trains them on this machine instead (the job says whether the hash changed).
+  c.rebuild_models = False
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # The paper's DISA and its oracle (the exact log Z): the runs the claims and the anchor gap

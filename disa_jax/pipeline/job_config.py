@@ -269,6 +269,8 @@ class MainConfig:
   ``compilation_cache``: the job's processes share a persistent compilation cache in
   ``<workdir>/jax_cache`` (`disa_jax.runtime.persistent_compilation_cache`; a cache directory in
   the environment wins), so each Stage 3 run after the first of its shapes loads its programs.
+  ``rebuild_models``: train pi_ref and p_T on this machine instead of copying the pinned ones
+  (`pipeline.pinned`; where none are pinned they are trained either way).
   """
   preset: str = "default"
   seed: int = 0
@@ -281,6 +283,7 @@ class MainConfig:
   seed_batch: int = 1
   stages: str = "all"
   compilation_cache: bool = True
+  rebuild_models: bool = False
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   disa: str = ""

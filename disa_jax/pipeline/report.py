@@ -323,6 +323,7 @@ class ReportInputs:
   replicas: Replicas = dataclasses.field(default_factory=dict)
   anchor_study: Mapping[str, Any] | None = None
   times: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # `pipeline.provenance`
 
 
 def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
@@ -373,7 +374,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             "stage12_replicas": replicas, **({} if ends is None else {"endpoints": ends}),
             **({} if pilot is None else {"step_size": pilot}),
             "skipped_methods": skipped, "claims": claims,
-            "times_s": inputs.times, "plots": plots}
+            "times_s": inputs.times, "plots": plots, "provenance": dict(inputs.provenance)}
   (plan.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   (plan.dir / "report.md").write_text("\n".join(MD.report_md(report, plan.arch)) + "\n")
   return JobReport.load(plan.dir)

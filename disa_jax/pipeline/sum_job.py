@@ -4,8 +4,9 @@ A thin driver over the real workflows. It builds what only the sum task has (its
 prompt file), then runs the commands a researcher runs on real checkpoints, with the configs of
 `configs/main.py`; each stage is skipped when its output exists, so a rerun resumes:
 
-0. models/          pi_ref (weak, broad) and p_T (stronger, other preference), trained here and saved
-                    as HF checkpoints; data/sum_prompts.jsonl, the prompts as veRL rows.
+0. models/          pi_ref (weak, broad) and p_T (stronger, other preference) as HF checkpoints: the
+                    pinned ones (`pipeline.pinned`), or trained here (``rebuild_models``, or no pin);
+                    data/sum_prompts.jsonl, the prompts as veRL rows.
 1. stage1/          `run_stage1`: N-study pool of proposal samples per prompt, graded by the
                     registered 'sum_task' reward, scored under pi_ref, labelled (eq. 8).
    exact.json       the exact log Z(q) (`disa_jax.eval.exact`), for the report and the oracle anchor.
@@ -48,12 +49,13 @@ from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
-from disa_jax.pipeline import job_workers, seeds
+from disa_jax.pipeline import job_workers, pinned, seeds
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.heldout import split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.job_report import JobReport
 from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.provenance import provenance
 from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
 from disa_jax.pipeline.sum_models import WarmupSpec, save_model, train_sum_model
@@ -234,8 +236,17 @@ class SumJob:
 
   # -- 0. the task's own pieces ------------------------------------------------------------------
 
-  def build_models(self) -> None:
-    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt files."""
+  def build_models(self) -> pinned.ModelSource:
+    """pi_ref and p_T in ``models/``: the pinned ones (`pipeline.pinned`), or trained here with
+    ``rebuild_models`` or where none are pinned; writes the prompt files."""
+    source = pinned.provide(Path(self.ref_path).parent, pinned.identity(self.cfg),
+                            rebuild=self.cfg.rebuild_models,
+                            train=self._train_models)
+    self.write_prompts()
+    return source
+
+  def _train_models(self) -> None:
+    """Trains and saves pi_ref and p_T (each skipped when saved)."""
     for path, spec, init in ((self.ref_path, self.cfg.reference_model, None),
                              (self.proposal_path, self.cfg.proposal_model, self.ref_path)):
       marker = Path(path) / "warmup.json"
@@ -250,7 +261,6 @@ class SumJob:
       artifacts.write_json(marker, {k: v for k, v in summary.items() if k != "losses"}
                            | {"spec": spec.record(), "init_from": init,
                               "task": [self.task.n_min, self.task.n_max]})
-    self.write_prompts()
 
   def _check_saved_model(self, marker: Path, spec: WarmupSpec) -> None:
     """A saved warm-up model is reused only if it was trained as this job would train it (its
@@ -482,7 +492,7 @@ class SumJob:
     """
     if self.cfg.compilation_cache:  # every process of the job compiles each program once
       runtime.persistent_compilation_cache(self.dir / "jax_cache")
-    self._timed("models", self.build_models)
+    prov = provenance(self._timed("models", self.build_models))
     stage1 = self._timed("stage1", self.stage1)
     nstudy = self._timed("nstudy", self.nstudy) if self.cfg.nstudy.enabled else None
     exact = self._timed("exact_log_z", self.exact)
@@ -491,7 +501,7 @@ class SumJob:
     study = self._timed("anchor_study", self.anchor_study, pool, anchor)
     if self.cfg.stages == "anchor":
       return write_anchor_report(self.plan, pool, anchor, exact, anchor_study=study,
-                                 times=self.times)
+                                 times=self.times, provenance=prov)
     replicas = self.replica_stages()
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
@@ -509,4 +519,4 @@ class SumJob:
     return write_report(self.plan, ReportInputs(
         exact=exact, pool=pool, anchor=anchor, stage3=stage3, evals=evals, nstudy=nstudy,
         skipped=skipped, conditional_kl=preference, replicas=replicas, anchor_study=study,
-        times=job_times(self.times, rows, self.replicas)))
+        times=job_times(self.times, rows, self.replicas), provenance=prov))
