@@ -550,6 +550,12 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # architecture, task range and warm-up specs) so that every machine runs the same models; True
   # trains them on this machine instead (the job says whether the hash changed).
   c.rebuild_models = False
+  # Independent Stage 1-2 replicas (issue 62): > 1 runs every run that reads the Stage 1/2 draw (the
+  # fitted anchor, replay, 'exact+noise' offsets) on that many draws (own Stage 1 sampling seed,
+  # Stage 2 fit seed and noise draw; runs '<name>_rep<d>'), the Stage 3 seeds nested in each; the
+  # report's anchor_replicas section gives each such cell's replica means (the unit of a claim
+  # about the anchor's error).
+  c.anchor_replicas = 1
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # The paper's DISA and its oracle (the exact log Z): the runs the claims and the anchor gap

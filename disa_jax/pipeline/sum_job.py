@@ -143,14 +143,16 @@ class SumJob:
   exact_anchor_path = property(lambda self: str(self.dir / "anchor_exact"))
   mesh = property(lambda self: MeshConfig(fsdp=1, num_devices=1))
 
-  def noise_anchor_path(self, sigma: float) -> str:
-    return str(self.dir / f"anchor_exact_noise{sigma:g}")
+  def noise_anchor_path(self, sigma: float, d: int = 0) -> str:
+    """The 'exact+noise' anchor of RMS ``sigma`` drawn for data seed ``d`` (an anchor replica)."""
+    return str(self.dir / (f"anchor_exact_noise{sigma:g}" + (f"_data{d}" if d else "")))
 
   def _anchor_path(self, spec: RunSpec) -> str:
     if not spec.objective.needs_anchor:
       return ""
     return {"fitted": self.replicas[spec.data_seed][1].anchor_path,
-            "exact": self.exact_anchor_path}.get(spec.anchor) or self.noise_anchor_path(spec.sigma)
+            "exact": self.exact_anchor_path}.get(spec.anchor) or self.noise_anchor_path(
+                spec.sigma, spec.data_seed)
 
   def _stage12_configs(self, d: int) -> tuple[Stage1Config, Stage2Config]:
     """Stage 1 and Stage 2 of data seed ``d`` (`RunSpec.data_seed`): the job's sampling and fit
@@ -393,17 +395,18 @@ class SumJob:
     return anchor
 
   def _noise_anchors(self) -> None:
-    """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
-    for sigma in sorted({self.cfg.runs[m].sigma for m in self.cfg.methods
-                         if self.cfg.runs[m].anchor == "exact+noise"}):
-      if Path(self.noise_anchor_path(sigma)).exists():
+    """The 'exact+noise' anchors of the runs (one table per sigma and data seed d, seeded by the
+    job's seed + d)."""
+    for sigma, d in sorted({(self.cfg.runs[m].sigma, self.cfg.runs[m].data_seed)
+                            for m in self.cfg.methods if self.cfg.runs[m].anchor == "exact+noise"}):
+      if Path(self.noise_anchor_path(sigma, d)).exists():
         continue
-      table = noisy_log_z(self.exact().log_z_by_id(), sigma,
-                          seeds.job_seed(self.cfg.seed, "noise_anchor"))
+      seed = seeds.job_seed(self.cfg.seed, "noise_anchor", d)
+      table = noisy_log_z(self.exact().log_z_by_id(), sigma, seed)
       TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale,
-                  source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
-                      self.noise_anchor_path(sigma))
+                  source=f"exact+noise(sigma={sigma:g},seed={seed})").save(
+                      self.noise_anchor_path(sigma, d))
 
   def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> dict[str, Any] | None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z, written to
