@@ -13,9 +13,19 @@ from disa_jax.pipeline.job_config import MainConfig
 from disa_jax.pipeline.provenance import provenance
 from disa_jax.pipeline.sum_job import SumJob
 
-# The presets whose models are pinned (several presets share an entry: tests/pipeline/test_pinned.py
-# checks each names one that exists).
-PINNED_PRESETS = ("",)
+
+
+def _pinned_table() -> dict[str, str]:
+  """{preset: entry} from the table of disa_jax/pipeline/pinned_models/README.md."""
+  out = {}
+  for line in (pinned.STORE / "README.md").read_text().splitlines():
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if line.startswith("| ") and len(cells) == 2 and len(cells[0]) == 16:
+      out |= {p: cells[0] for p in cells[1].split(", ")}
+  return out
+
+
+PINNED_PRESETS = tuple(_pinned_table())
 
 
 def _job(c, workdir) -> SumJob:
@@ -28,10 +38,17 @@ def _no_training(monkeypatch):
   monkeypatch.setattr(sum_job, "train_sum_model", refuse)
 
 
+def test_the_store_table_names_every_entry():
+  assert "default" in PINNED_PRESETS and "staleness_study" in PINNED_PRESETS
+  entries = {p.name for p in pinned.STORE.iterdir() if p.is_dir()}
+  assert set(_pinned_table().values()) == entries
+
+
 @pytest.mark.parametrize("preset", PINNED_PRESETS)
 def test_each_pinned_preset_has_an_intact_store_entry(preset):
-  cfg = MainConfig.from_config(main_config.get_config(preset))
+  cfg = MainConfig.from_config(main_config.get_config("" if preset == "default" else preset))
   entry = pinned.STORE / pinned.key_of(pinned.identity(cfg))
+  assert entry.name == _pinned_table()[preset]
   record = pinned.verify(entry)  # every file against its sha256
   assert record["identity"] == pinned.identity(cfg)
   assert record["bytes"] < 8 * 2 ** 20  # tiny models: a few MB at most
