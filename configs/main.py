@@ -325,9 +325,9 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   c.sft_enabled = True
   # FlowRL as the paper runs it (issue 62): the one baseline from which DISA differs only in its log
   # Z's source (a head trained jointly with the policy against the frozen Stage 2 anchor), with the
-  # same Stage 3 seeds; the pair is declared before any run of it, either direction.
+  # same Stage 3 seeds. (No `compare` pair declared here: a declared pair would refuse every
+  # `--config.methods=...` without both runs; the decision's family is docs/preregistration.md's.)
   c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "flowrl_paper")
-  c.compare = ("disa<>flowrl_paper",)
   c.seeds = DEFAULT_SEEDS
   c.task.n_max = DEFAULT_N_MAX
   c.arch.hidden_size = DEFAULT_WIDTH
