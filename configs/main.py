@@ -15,11 +15,13 @@ tiny task; the paper's settings for real checkpoints are in those files.
 Presets and their budgets (2 CPU cores):
 
 - default (`_decisive_default`, issue 44): the four runs the claims turn on (the fix
-  ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``, GRPO), 5 Stage 3 seeds each, on
-  n = 0..7 with a tiny Qwen3 of width 64, at lr 5e-4 (constant), on-policy, G = 16, 880 steps,
-  tracked every 32 steps and every 16 in the end-state window (14 measurements there), LoRA-SFT
-  and the evaluations; FlowRL, GSPO and VarGrad are in the other presets. The report decides each
-  method's end state and each claim (docs/reports/default.json: see README, "The default job").
+  ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``, GRPO) and FlowRL as the paper
+  runs it (``flowrl_paper``, issue 62: DISA against it is the paper's controlled comparison), 5
+  Stage 3 seeds each, on n = 0..7 with a tiny Qwen3 of width 64 (the pinned models), at lr 5e-4
+  (constant), on-policy, G = 16, 880 steps, tracked every 32 steps and every 16 in the end-state
+  window (14 measurements there), LoRA-SFT and the evaluations; tuned FlowRL, GSPO and VarGrad are
+  in the other presets. The report decides each method's end state and each claim
+  (docs/reports/default.json: see README, "The default job").
   How it was chosen (issue 44's pilots, ``--config=configs/main.py:claims_quick
   --config.task.n_max=7 --config.train.rollout.num_minibatches=1 --config.seeds="(0,1,2,3,4)"``
   and the fields named; reports in docs/reports/default_pilot_*.json): at width 128, G = 8, the
@@ -321,7 +323,11 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   process each, two runs on two cores (benchmarks/results/engine_placement_cpu.json)."""
   _small_task(c, DEFAULT_STEPS)  # lr SMALL_LR constant, SMALL_TRACK_SAMPLES, no N-/anchor study
   c.sft_enabled = True
-  c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo")
+  # FlowRL as the paper runs it (issue 62): the one baseline from which DISA differs only in its log
+  # Z's source (a head trained jointly with the policy against the frozen Stage 2 anchor), with the
+  # same Stage 3 seeds. (No `compare` pair declared here: a declared pair would refuse every
+  # `--config.methods=...` without both runs; the decision's family is docs/preregistration.md's.)
+  c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "flowrl_paper")
   c.seeds = DEFAULT_SEEDS
   c.task.n_max = DEFAULT_N_MAX
   c.arch.hidden_size = DEFAULT_WIDTH
@@ -332,6 +338,11 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   c.track.every = DEFAULT_TRACK
   c.track.every_before_window = DEFAULT_TRACK_BEFORE
   c.engine.separate_process = False
+  # The tracker's cheaper implementation (the same measures up to float32 rounding; the testbed's
+  # presets since issue 45): pays for part of the fifth run's seconds (issue 62).
+  for section in (c.track, c.eval.exact_target):
+    section.share_prompts = True
+    section.wrong_decode = "cached"
 
 
 def _anchor_testbed(c: ml_collections.ConfigDict) -> None:
@@ -543,6 +554,16 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # One persistent XLA compilation cache for the job's processes (<workdir>/jax_cache): each Stage 3
   # run after the first of its shapes loads its compiled programs (disa_jax.runtime).
   c.compilation_cache = True
+  # pi_ref and p_T are copied from the pinned models (disa_jax/pipeline/pinned_models/, one entry per
+  # architecture, task range and warm-up specs) so that every machine runs the same models; True
+  # trains them on this machine instead (the job says whether the hash changed).
+  c.rebuild_models = False
+  # Independent Stage 1-2 replicas (issue 62): > 1 runs every run that reads the Stage 1/2 draw (the
+  # fitted anchor, replay, 'exact+noise' offsets) on that many draws (own Stage 1 sampling seed,
+  # Stage 2 fit seed and noise draw; runs '<name>_rep<d>'), the Stage 3 seeds nested in each; the
+  # report's anchor_replicas section gives each such cell's replica means (the unit of a claim
+  # about the anchor's error).
+  c.anchor_replicas = 1
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # The paper's DISA and its oracle (the exact log Z): the runs the claims and the anchor gap

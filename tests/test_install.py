@@ -4,6 +4,7 @@
 requested extras or older than pyproject.toml; these tests check that decision on this checkout and
 on edited copies of its pyproject.toml, and that a second install call does not reach pip.
 """
+import importlib.metadata
 import os
 import pathlib
 import shutil
@@ -94,3 +95,41 @@ def test_test_sh_runs_the_readme_test_command_and_ci_calls_it(tmp_path):
   assert "bash launch/test.sh" in (ROOT / ".ci" / "run").read_text()
   top = readme.split("## ", 2)[1]  # the quick start, first section of the README
   assert "bash launch/main.sh" in top and "bash launch/test.sh" in top
+
+
+def _install_commands(tmp_path, **env):
+  """The commands launch/install.sh runs in a copy whose .venv/bin/python echoes its arguments
+  (and fails as check_env.py, so that the install goes ahead)."""
+  copy = tmp_path / "repo"
+  (copy / "launch").mkdir(parents=True)
+  shutil.copy(ROOT / "launch" / "install.sh", copy / "launch" / "install.sh")
+  (copy / ".venv" / "bin").mkdir(parents=True)
+  (copy / ".venv" / "bin" / "python").write_text(
+      '#!/bin/sh\necho "python $*"\n[ "$1" = launch/check_env.py ] && [ ! -e "$0.seen" ] '
+      '&& { touch "$0.seen"; exit 1; }\nexit 0\n')  # (the first check finds the venv stale)
+  (copy / ".venv" / "bin" / "python").chmod(0o755)
+  out = subprocess.run(["bash", str(copy / "launch" / "install.sh")], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, **env))
+  assert out.returncode == 0, out.stderr
+  return [l for l in out.stdout.splitlines() if l.startswith("python ")]
+
+
+def test_install_pins_the_environment_by_default_and_unpinned_on_request(tmp_path):
+  pip = [c for c in _install_commands(tmp_path / "a") if "pip install -q" in c and " -e " in c]
+  assert len(pip) == 1 and " -c constraints.txt -e .[" in pip[0], pip
+  cmds = _install_commands(tmp_path / "b", DISA_UNPINNED="1")
+  pip = [c for c in cmds if "pip install -q" in c and " -e " in c]
+  assert len(pip) == 1 and "constraints.txt" not in pip[0], pip
+  assert all(c.endswith("--unpinned") for c in cmds if "check_env.py" in c), cmds
+
+
+def test_check_env_flags_a_version_that_differs_from_its_pin(tmp_path):
+  assert check_env.pin_problems() == []  # this venv is the one constraints.txt was frozen from
+  numpy = next(l for l in (ROOT / "constraints.txt").read_text().splitlines()
+               if l.startswith("numpy=="))
+  pins = tmp_path / "constraints.txt"
+  pins.write_text(f"# a comment\n{numpy}\nnumpy-not-installed-xyz==1.0\njax==0.0.1\n")
+  assert check_env.pin_problems(str(pins)) == [
+      f"jax: {importlib.metadata.version('jax')} installed, constraints.txt pins ==0.0.1"]
+  for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy"):
+    assert f"\n{name}==" in (ROOT / "constraints.txt").read_text(), name

@@ -12,6 +12,7 @@ import pytest
 
 from configs import main as main_config
 from disa_jax import config as config_lib
+from disa_jax.checkpoint.identity import fingerprint
 from disa_jax.pipeline import seed_stats
 from disa_jax.pipeline.job_config import MainConfig
 from disa_jax.pipeline.sum_job import SumJob
@@ -115,6 +116,10 @@ def test_main_job_end_to_end_and_resume(job_run):
     assert row["kl_decomposed"] == pytest.approx(
         row["kl_binary"] + row["p_correct_kl_correct"] + row["p_wrong_kl_wrong"], abs=1e-9)
     assert row["kl_binary"] >= -1e-12 and row["p_correct_kl_correct"] >= -1e-12
+  prov = json.loads((tmp_path / "report.json").read_text())["provenance"]  # (issue 62)
+  assert prov["models"]["source"] == "trained"  # no pin of these tiny specs: made here
+  assert prov["models"]["fingerprint"]["reference"] == fingerprint(job.ref_path)
+  assert prov["packages"]["jax"] and prov["python"] and prov["cpu"]
   exact = json.loads((tmp_path / "exact.json").read_text())
   ref = report.methods["reference"]
   # pi_ref evaluated exactly: its P(correct) is the exact P_ref(c), and pi_ref|c = pi~|c (binary reward)

@@ -128,6 +128,13 @@ class RunSpec:
       raise ValueError(f"data_seed must be an int >= 0 (0 = the job's Stage 1/2), got "
                        f"{self.data_seed!r}")
 
+  @property
+  def reads_stage12(self) -> bool:
+    """Whether the run's result depends on the job's Stage 1/2 draw: its fitted anchor, its replay
+    pool, or (an 'exact+noise' anchor) the draw of the noise, seeded with the data seed too."""
+    return ((self.objective.needs_anchor and self.anchor in ("fitted", "exact+noise"))
+            or self.replay.enabled)
+
   @classmethod
   def from_config(cls, value: Any, where: str = "runs") -> "RunSpec":
     """From a run's config section: its `RUN_TRAIN_KEYS` (each an int / float >= 0; 0 keeps the
@@ -148,6 +155,19 @@ class RunSpec:
       if v:
         overrides[path] = kind(v)
     return config_lib.from_mapping(cls, raw | {"overrides": overrides}, where)
+
+
+REPLICA_TAG = "_rep"
+
+
+def replica_run(cell: str, d: int) -> str:
+  """The name of cell ``cell``'s run on anchor replica ``d`` > 0 (`MainConfig.anchor_replicas`)."""
+  return f"{cell}{REPLICA_TAG}{d}"
+
+
+def _is_replica(name: str) -> bool:
+  head, tag, d = name.rpartition(REPLICA_TAG)
+  return bool(head and tag and d.isdigit())
 
 
 def replace_paths(obj: Any, changes: Mapping[str, Any]) -> Any:
@@ -287,6 +307,15 @@ class MainConfig:
   ``compilation_cache``: the job's processes share a persistent compilation cache in
   ``<workdir>/jax_cache`` (`disa_jax.runtime.persistent_compilation_cache`; a cache directory in
   the environment wins), so each Stage 3 run after the first of its shapes loads its programs.
+  ``rebuild_models``: train pi_ref and p_T on this machine instead of copying the pinned ones
+  (`pipeline.pinned`; where none are pinned they are trained either way).
+  ``anchor_replicas``: R independent Stage 1-2 replicas (issue 62: the anchor's error as a random
+  factor). With R > 1 every run of ``methods`` that reads the Stage 1/2 draw (`RunSpec.reads_stage12`)
+  is a cell run on each replica d = 0..R-1: the run itself on d = 0 and `replica_run` names on
+  d > 0, each the same spec with ``data_seed`` d (its own Stage 1 sampling seed, Stage 2 fit seed and
+  noise draw) and the same Stage 3 seeds, nested within it (added to ``runs`` and ``methods`` here).
+  The analysis unit of such a cell is the replica's mean over its Stage 3 seeds
+  (`plan.replica_units`).
   """
   preset: str = "default"
   seed: int = 0
@@ -299,6 +328,8 @@ class MainConfig:
   seed_batch: int = 1
   stages: str = "all"
   compilation_cache: bool = True
+  rebuild_models: bool = False
+  anchor_replicas: int = 1
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   disa: str = ""
@@ -328,6 +359,7 @@ class MainConfig:
   def __post_init__(self):
     if not self.beta > 0:
       raise ValueError(f"beta must be > 0, got {self.beta!r}")
+    self._add_replicas()
     unknown = [m for m in self.methods if m not in self.runs]
     if not self.methods or unknown:
       raise ValueError(f"methods must be a non-empty subset of runs {sorted(self.runs)}, got "
@@ -382,6 +414,32 @@ class MainConfig:
     if self.n_study_repeats < 1 or not all(m >= 1 for m in self.n_study):
       raise ValueError(f"n_study values and n_study_repeats must be >= 1, got {self.n_study}, "
                        f"{self.n_study_repeats}")
+
+  def replicated(self) -> dict[str, tuple[str, ...]]:
+    """{cell: its run per replica d = 0..R-1} for each replicated cell ({} with R = 1)."""
+    if self.anchor_replicas == 1:
+      return {}
+    return {m: (m, *(replica_run(m, d) for d in range(1, self.anchor_replicas)))
+            for m in self.methods if m in self.runs and self.runs[m].data_seed == 0
+            and self.runs[m].reads_stage12 and not _is_replica(m)}
+
+  def _add_replicas(self) -> None:
+    """With ``anchor_replicas`` > 1, the replica runs of every replicated cell in ``runs`` and in
+    ``methods`` after their cell (idempotent: a converted config converts again unchanged)."""
+    if not (isinstance(self.anchor_replicas, int) and self.anchor_replicas >= 1):
+      raise ValueError(f"anchor_replicas must be an int >= 1, got {self.anchor_replicas!r}")
+    cells = self.replicated()
+    if not cells:
+      return
+    runs, methods = dict(self.runs), []
+    for m in self.methods:
+      methods += [m] if m not in cells else [r for r in cells[m] if r not in methods]
+      for d, name in enumerate(cells.get(m, ())[1:], start=1):
+        if name in self.runs and self.runs[name] != dataclasses.replace(self.runs[m], data_seed=d):
+          raise ValueError(f"runs.{name} is anchor replica {d} of {m!r}'s name but another run")
+        runs[name] = dataclasses.replace(self.runs[m], data_seed=d)
+    object.__setattr__(self, "runs", runs)  # (frozen: set once, before any reader)
+    object.__setattr__(self, "methods", tuple(dict.fromkeys(methods)))
 
   def run_seeds(self, method: str) -> tuple[int, ...]:
     """The Stage 3 seeds of run ``method``: its own `RunSpec.seeds`, else the job's."""

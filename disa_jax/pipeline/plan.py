@@ -14,6 +14,8 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from disa_jax import config as config_lib
 from disa_jax.pipeline.dynamics import EndStateConfig, lr_decay_step
 from disa_jax.pipeline.endpoints import EndpointsConfig
@@ -76,6 +78,7 @@ class RunPlan:
     regime: how it trains (`Regime`).
     total_steps: its RL steps.
     lr_decay_step: the first RL step at the decayed learning rate (None: a constant rate).
+    cell: the cell whose anchor replica it is (`MainConfig.anchor_replicas`; its own name else).
   """
   name: str
   objective: str
@@ -92,6 +95,7 @@ class RunPlan:
   regime: Regime
   total_steps: int
   lr_decay_step: int | None
+  cell: str = ""
 
   def row(self, seed: int) -> str:
     """The directory / evaluation row name of Stage 3 seed ``seed``."""
@@ -135,6 +139,8 @@ class JobPlan:
     stage2_samples: the samples per prompt behind the anchor's labels (0 = the whole pool).
     n_study, n_study_repeats: the report's N-study.
     heldout: the held-out prompts' settings.
+    replicas: per replicated cell, its run on each anchor replica d = 0..R-1
+      (`MainConfig.replicated`; {} without replicas).
   """
   dir: Path
   preset: str
@@ -160,6 +166,7 @@ class JobPlan:
   n_study: tuple[int, ...]
   n_study_repeats: int
   heldout: HeldoutConfig
+  replicas: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
   @property
   def methods(self) -> tuple[str, ...]:
@@ -199,6 +206,30 @@ def replay_pairs(runs: Mapping[str, RunSpec], methods: Sequence[str]
   return tuple(out)
 
 
+def replica_units(plan: JobPlan, values: Mapping[str, float]) -> dict[str, list[float]]:
+  """The analysis units of claims about the anchor's error (issue 62), per cell of ``plan``: for a
+  replicated cell, each anchor replica's mean over its Stage 3 seeds (R values: the replica, not
+  the seed, is the independent draw of Stage 1 and the anchor); for any other run, its seeds'
+  values. ``values``: by evaluation row (`RunPlan.rows`); a row without a value raises naming it.
+
+  Returns:
+    {cell or run name: its units}, in ``methods`` order.
+  """
+  def get(row: str) -> float:
+    if row not in values:
+      raise KeyError(f"replica_units: no value for row {row!r}")
+    return float(values[row])
+  in_replica = {r for runs in plan.replicas.values() for r in runs}
+  out = {}
+  for name, run in plan.runs.items():
+    if name in plan.replicas:
+      out[name] = [float(np.mean([get(row) for row in plan.runs[r].rows]))
+                   for r in plan.replicas[name]]
+    elif name not in in_replica:
+      out[name] = [get(row) for row in run.rows]
+  return out
+
+
 def _run_plan(cfg: MainConfig, method: str, workdir: Path) -> RunPlan:
   spec, seeds = cfg.runs[method], cfg.run_seeds(method)
   train = cfg.run_train(method, seeds[0])  # (the seeds' sections differ in their seed alone)
@@ -211,7 +242,8 @@ def _run_plan(cfg: MainConfig, method: str, workdir: Path) -> RunPlan:
       regime=Regime.of(train, own_lr="train.optim.lr" in spec.overrides),
       total_steps=train.total_steps,
       lr_decay_step=lr_decay_step(train.total_steps, train.rollout.num_minibatches,
-                                  train.optim.decay_frac))
+                                  train.optim.decay_frac),
+      cell=next((c for c, runs in cfg.replicated().items() if method in runs), method))
 
 
 def job_plan(cfg: MainConfig, workdir: str | Path) -> JobPlan:
@@ -234,4 +266,4 @@ def job_plan(cfg: MainConfig, workdir: str | Path) -> JobPlan:
       endpoints=tuple(cfg.endpoints.pairs(cfg.methods)),
       endpoint_rules=cfg.endpoints, end_state=cfg.end_state,
       label_scale=cfg.stage1.label_scale, stage2_samples=cfg.stage2.samples, n_study=cfg.n_study,
-      n_study_repeats=cfg.n_study_repeats, heldout=cfg.heldout)
+      n_study_repeats=cfg.n_study_repeats, heldout=cfg.heldout, replicas=cfg.replicated())

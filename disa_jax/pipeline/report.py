@@ -46,7 +46,7 @@ from disa_jax.pipeline.job_report import JobReport
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
-from disa_jax.pipeline.plan import JobPlan
+from disa_jax.pipeline.plan import JobPlan, replica_units
 from disa_jax.pipeline.stage12 import (Replicas, replicas_section, stage1_section,
                                        stage2_section)
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
@@ -288,6 +288,13 @@ def _grid_section(plan: JobPlan, stage3: Stage3Runs, runs: Mapping[str, C.Row], 
           "sigma_curve": G.sigma_curve(plan, figures, s2.get("sigma_g_all"), others)}
 
 
+def _replica_units(plan: JobPlan, runs: Mapping[str, C.Row]) -> dict[str, dict[str, list[float]]]:
+  """Per final measure, each cell's analysis units (`plan.replica_units`: an anchor replica's mean
+  over its Stage 3 seeds for a replicated cell, a seed's value for another run)."""
+  return {k: replica_units(plan, {row: r[k] for row, r in runs.items()})
+          for k in ("kl_decomposed", "kl_to_target", "kl_correct", "p_correct_exact")}
+
+
 def instrument(end_state: D.EndStateConfig) -> dict[str, Any]:
   """How this report decides (report.json's ``instrument``; `pipeline.tables` renders a report
   without it, from before issue 44, in the old format)."""
@@ -330,6 +337,7 @@ class ReportInputs:
   replicas: Replicas = dataclasses.field(default_factory=dict)
   anchor_study: Mapping[str, Any] | None = None
   times: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # `pipeline.provenance`
 
 
 def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
@@ -378,9 +386,10 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             "stage3_seeds": list(plan.seeds),
             "run_seeds": {m: list(r.seeds) for m, r in plan.runs.items()},
             "stage12_replicas": replicas, **({} if ends is None else {"endpoints": ends}),
+            **({"anchor_replicas": _replica_units(plan, runs)} if plan.replicas else {}),
             **({} if pilot is None else {"step_size": pilot}),
             "skipped_methods": skipped, "claims": claims,
-            "times_s": inputs.times, "plots": plots}
+            "times_s": inputs.times, "plots": plots, "provenance": dict(inputs.provenance)}
   (plan.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   (plan.dir / "report.md").write_text("\n".join(MD.report_md(report, plan.arch)) + "\n")
   return JobReport.load(plan.dir)

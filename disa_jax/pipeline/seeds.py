@@ -3,7 +3,9 @@
 Two kinds of stream:
 
 - `JOB_STREAMS`: drawn once per job (one Stage 1 pool, one anchor, one N-study), the base seed
-  plus a fixed offset (plus the Stage 1/2 data seed d where a replicate is drawn again).
+  plus a fixed offset (plus the Stage 1/2 data seed d where a replicate is drawn again: a run's
+  ``data_seed``, and each anchor replica d = 0..R-1 of `MainConfig.anchor_replicas`, which draws its
+  own Stage 1 pool, Stage 2 fit and 'exact+noise' offsets, its Stage 3 seeds nested within it).
 - `RUN_STREAMS`: drawn once per evaluated model. Each is a hash of (base seed, the stream's tag,
   the run's identity, its Stage 3 seed), so that no two runs and no two Stage 3 seeds of one run
   share a measurement's or an evaluation's samples: the seed-level values a Welch test compares
@@ -30,7 +32,7 @@ JOB_STREAMS = {
     "stage2_fit": (0, "Stage 2's fit of data seed d (+ d)"),
     "nstudy": (0, "the App. C.3 command's subset and subsamples"),
     "anchor_study": (0, "the sigma_g study's subsamples and folds"),
-    "noise_anchor": (0, "the per-prompt offsets of the 'exact+noise' anchors"),
+    "noise_anchor": (0, "the per-prompt offsets of the 'exact+noise' anchors of data seed d (+ d)"),
     "sft": (0, "the LoRA-SFT baseline"),
     "n_study": (11, "the report's N-study subsamples and its disjoint draws per N"),
     # the offline job's (`pipeline.offline_job`, launch/offline.py: its own base seed)

@@ -135,16 +135,17 @@ class AnchorReport:
 
 def write_anchor_report(plan: JobPlan, pool: Stage1Data, anchor: AnchorArtifact,
                         exact: ExactTarget, *, anchor_study: Mapping[str, Any] | None,
-                        times: Mapping[str, float]) -> AnchorReport:
+                        times: Mapping[str, float], provenance: Mapping[str, Any]
+                        ) -> AnchorReport:
   """``anchor_report.json`` / ``.md`` in the job's directory: the Stage 1 and Stage 2 sections of
   `report.write_report`, computed the same way, the anchor study (`SumJob.anchor_study`; None
-  when off) and the times so far."""
+  when off), the times so far and the ``provenance`` (`pipeline.provenance`)."""
   s1 = stage1_section(plan, pool, exact)
   s2 = {k: v for k, v in stage2_section(plan, anchor, pool, exact).items()
         if k != "val_mse_curve"}
   out = {"config": {"beta": plan.beta, "task": plan.task, "preset": plan.preset,
                     "heldout": dataclasses.asdict(plan.heldout)},
-         "stage1": s1, "stage2": s2, "times_s": times}
+         "stage1": s1, "stage2": s2, "times_s": times, "provenance": dict(provenance)}
   (plan.dir / "anchor_report.json").write_text(json.dumps(out, indent=1, default=float))
   md = [f"# DISA main job, Stages 1-2: sum task, {plan.task}, beta = {plan.beta}", "",
         f"Preset {plan.preset!r} (stages = 'anchor').", "",

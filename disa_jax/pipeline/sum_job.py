@@ -4,8 +4,9 @@ A thin driver over the real workflows. It builds what only the sum task has (its
 prompt file), then runs the commands a researcher runs on real checkpoints, with the configs of
 `configs/main.py`; each stage is skipped when its output exists, so a rerun resumes:
 
-0. models/          pi_ref (weak, broad) and p_T (stronger, other preference), trained here and saved
-                    as HF checkpoints; data/sum_prompts.jsonl, the prompts as veRL rows.
+0. models/          pi_ref (weak, broad) and p_T (stronger, other preference) as HF checkpoints: the
+                    pinned ones (`pipeline.pinned`), or trained here (``rebuild_models``, or no pin);
+                    data/sum_prompts.jsonl, the prompts as veRL rows.
 1. stage1/          `run_stage1`: N-study pool of proposal samples per prompt, graded by the
                     registered 'sum_task' reward, scored under pi_ref, labelled (eq. 8).
    exact.json       the exact log Z(q) (`disa_jax.eval.exact`), for the report and the oracle anchor.
@@ -50,12 +51,13 @@ from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
 from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
-from disa_jax.pipeline import job_workers, seeds
+from disa_jax.pipeline import job_workers, pinned, seeds
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.heldout import split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.job_report import JobReport
 from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.provenance import provenance
 from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
 from disa_jax.pipeline.sum_models import MARKER, WarmupSpec, save_warmed_model, train_sum_model
@@ -151,14 +153,16 @@ class SumJob:
   exact_anchor_path = property(lambda self: str(self.dir / "anchor_exact"))
   mesh = property(lambda self: MeshConfig(fsdp=1, num_devices=1))
 
-  def noise_anchor_path(self, sigma: float) -> str:
-    return str(self.dir / f"anchor_exact_noise{sigma:g}")
+  def noise_anchor_path(self, sigma: float, d: int = 0) -> str:
+    """The 'exact+noise' anchor of RMS ``sigma`` drawn for data seed ``d`` (an anchor replica)."""
+    return str(self.dir / (f"anchor_exact_noise{sigma:g}" + (f"_data{d}" if d else "")))
 
   def _anchor_path(self, spec: RunSpec) -> str:
     if not spec.objective.needs_anchor:
       return ""
     return {"fitted": self.replicas[spec.data_seed][1].anchor_path,
-            "exact": self.exact_anchor_path}.get(spec.anchor) or self.noise_anchor_path(spec.sigma)
+            "exact": self.exact_anchor_path}.get(spec.anchor) or self.noise_anchor_path(
+                spec.sigma, spec.data_seed)
 
   def _stage12_configs(self, d: int) -> tuple[Stage1Config, Stage2Config]:
     """Stage 1 and Stage 2 of data seed ``d`` (`RunSpec.data_seed`): the job's sampling and fit
@@ -244,10 +248,18 @@ class SumJob:
 
   # -- 0. the task's own pieces ------------------------------------------------------------------
 
-  def build_models(self) -> None:
-    """Trains and saves pi_ref and p_T (skipped when saved), and writes the prompt files. A model
-    is saved whole or not at all (`save_warmed_model`): a job killed mid-save leaves no model that
-    a rerun would trust."""
+  def build_models(self) -> pinned.ModelSource:
+    """pi_ref and p_T in ``models/``: the pinned ones (`pipeline.pinned`), or trained here with
+    ``rebuild_models`` or where none are pinned; writes the prompt files."""
+    source = pinned.provide(Path(self.ref_path).parent, pinned.identity(self.cfg),
+                            rebuild=self.cfg.rebuild_models,
+                            train=self._train_models)
+    self.write_prompts()
+    return source
+
+  def _train_models(self) -> None:
+    """Trains and saves pi_ref and p_T (each skipped when saved). A model is saved whole or not
+    at all (`save_warmed_model`): a job killed mid-save leaves no model that a rerun would trust."""
     for path, spec, init in ((self.ref_path, self.cfg.reference_model, None),
                              (self.proposal_path, self.cfg.proposal_model, self.ref_path)):
       marker = Path(path) / MARKER
@@ -261,7 +273,6 @@ class SumJob:
                         {k: v for k, v in summary.items() if k != "losses"}
                         | {"spec": spec.record(), "init_from": init,
                            "task": [self.task.n_min, self.task.n_max]})
-    self.write_prompts()
 
   def _check_saved_model(self, marker: Path, spec: WarmupSpec) -> None:
     """A saved warm-up model is reused only if it was trained as this job would train it (its
@@ -395,17 +406,18 @@ class SumJob:
     return anchor
 
   def _noise_anchors(self) -> None:
-    """The 'exact+noise' anchors of the runs (one table per sigma, seeded by the job's seed)."""
-    for sigma in sorted({self.cfg.runs[m].sigma for m in self.cfg.methods
-                         if self.cfg.runs[m].anchor == "exact+noise"}):
-      if (Path(self.noise_anchor_path(sigma)) / TABLE_FILE).exists():
+    """The 'exact+noise' anchors of the runs (one table per sigma and data seed d, seeded by the
+    job's seed + d)."""
+    for sigma, d in sorted({(self.cfg.runs[m].sigma, self.cfg.runs[m].data_seed)
+                            for m in self.cfg.methods if self.cfg.runs[m].anchor == "exact+noise"}):
+      if (Path(self.noise_anchor_path(sigma, d)) / TABLE_FILE).exists():
         continue
-      table = noisy_log_z(self.exact().log_z_by_id(), sigma,
-                          seeds.job_seed(self.cfg.seed, "noise_anchor"))
+      seed = seeds.job_seed(self.cfg.seed, "noise_anchor", d)
+      table = noisy_log_z(self.exact().log_z_by_id(), sigma, seed)
       TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
                   label_scale=self.stage1_cfg.label_scale,
-                  source=f"exact+noise(sigma={sigma:g},seed={self.cfg.seed})").save(
-                      self.noise_anchor_path(sigma))
+                  source=f"exact+noise(sigma={sigma:g},seed={seed})").save(
+                      self.noise_anchor_path(sigma, d))
 
   def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> dict[str, Any] | None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z, written to
@@ -504,7 +516,7 @@ class SumJob:
     """`run` once the workdir is locked."""
     if self.cfg.compilation_cache:  # every process of the job compiles each program once
       runtime.persistent_compilation_cache(self.dir / "jax_cache")
-    self._timed("models", self.build_models)
+    prov = provenance(self._timed("models", self.build_models))
     stage1 = self._timed("stage1", self.stage1)
     nstudy = self._timed("nstudy", self.nstudy) if self.cfg.nstudy.enabled else None
     exact = self._timed("exact_log_z", self.exact)
@@ -513,7 +525,7 @@ class SumJob:
     study = self._timed("anchor_study", self.anchor_study, pool, anchor)
     if self.cfg.stages == "anchor":
       return write_anchor_report(self.plan, pool, anchor, exact, anchor_study=study,
-                                 times=self.times)
+                                 times=self.times, provenance=prov)
     replicas = self.replica_stages()
     stage3 = self.stage3_all()
     rows = {"reference": self.ref_path, "proposal": self.proposal_path} | {
@@ -531,4 +543,4 @@ class SumJob:
     return write_report(self.plan, ReportInputs(
         exact=exact, pool=pool, anchor=anchor, stage3=stage3, evals=evals, nstudy=nstudy,
         skipped=skipped, conditional_kl=preference, replicas=replicas, anchor_study=study,
-        times=job_times(self.times, rows, self.replicas)))
+        times=job_times(self.times, rows, self.replicas), provenance=prov))

@@ -52,7 +52,11 @@ from disa_jax.workflows.stage2 import Stage2Config
 # 0-2 and every other preset's entries unchanged.
 # Issue 62's dense start of the testbed's Stage 3 presets (validation.at_start, early_every,
 # dense_from): with exactly those fields reverted every entry hashed as committed; then the five
-# testbed Stage 3 presets' entries were rewritten, every other preset's unchanged.
+# testbed Stage 3 presets' entries were rewritten, every other preset's unchanged. Issue 62 added
+# FlowRL as the paper runs it (flowrl_paper, 5 seeds) to the default preset and moved its tracker
+# and evaluation to the cheaper implementation (share_prompts, wrong_decode 'cached'): with the
+# tracker's fields reverted only the flowrl_paper entries were new; then the default preset's
+# entries were rewritten, every other preset's checked unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
@@ -213,15 +217,16 @@ def test_the_off_policy_pilot_runs_the_oracle_at_each_step_size_with_four_clippe
 
 def test_the_testbed_presets_track_with_the_cheaper_tracker_and_others_with_the_reference(tmp_path):
   """track.share_prompts / track.wrong_decode reach every Stage 3 run's exact target and the
-  evaluation's own section its evaluations; the presets run before them keep the reference."""
-  for preset, want in (("anchor_testbed_rl", (True, "cached")), ("", (False, "full")),
+  evaluation's own section its evaluations; the presets run before them keep the reference (the
+  default job took the cheaper one with issue 62)."""
+  for preset, want in (("anchor_testbed_rl", (True, "cached")), ("", (True, "cached")),
                        ("claims", (False, "full"))):
     job = _job(main_config.get_config(preset), tmp_path / (preset or "default"))
     for cfg in job.stage3_cfgs.values():
       assert (cfg.exact_target.share_prompts, cfg.exact_target.wrong_decode) == want, preset
     et = job.eval_template.exact_target
     assert (et.share_prompts, et.wrong_decode) == want, preset
-  c = main_config.get_config()
+  c = main_config.get_config("claims")
   c.track.wrong_decode = "kv"
   with pytest.raises(ValueError, match=r"track.wrong_decode must be one of \('full', 'cached'\), "
                                        "got 'kv'"):

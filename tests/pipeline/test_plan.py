@@ -9,9 +9,9 @@ import pytest
 
 from configs import main as main_config
 from disa_jax.pipeline import claims as C
-from disa_jax.pipeline import tables
+from disa_jax.pipeline import report, tables
 from disa_jax.pipeline.job_config import MainConfig, RunSpec, replace_paths
-from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.plan import job_plan, replica_units
 from disa_jax.pipeline.sum_job import SumJob
 from disa_jax.rl.objectives import Disa
 
@@ -190,3 +190,50 @@ def test_report_md_and_the_docs_draw_the_methods_table_with_one_renderer():
       "| lora_sft | not trained: no Stage 1 sample has reward 1 | | | | | | | | | |"]
   assert docs[2:] == ["| `disa` | 2 | end state (flat) | 0.950 | 1.50 (1.84) | 0.200 ± 0.010 | "
                       "0.210 ± 0.020 |"]  # the Stage 3 methods alone
+
+
+def test_anchor_replicas_draw_their_own_stage12_with_the_stage3_seeds_nested(tmp_path):
+  """Issue 62: with anchor_replicas R every run reading the Stage 1/2 draw (the fitted anchor, the
+  'exact+noise' offsets) is a cell run on R replicas, each its own Stage 1 sampling seed, Stage 2
+  fit seed and noise draw, the same Stage 3 seeds within each; the other runs are not replicated."""
+  c = main_config.get_config("anchor_testbed_rl")
+  c.anchor_replicas = 3
+  cfg = MainConfig.from_config(c)
+  plan = job_plan(cfg, tmp_path)
+  cells = ("disa", "disa_noise025", "disa_noise1")
+  assert plan.replicas == {m: (m, f"{m}_rep1", f"{m}_rep2") for m in cells}
+  assert [plan.runs[r].data_seed for r in plan.replicas["disa"]] == [0, 1, 2]
+  assert {plan.runs[r].cell for r in plan.replicas["disa"]} == {"disa"}
+  assert plan.runs["disa_exact"].cell == "disa_exact" and "disa_exact_rep1" not in plan.runs
+  for r in plan.replicas["disa_noise1"]:
+    assert plan.runs[r].seeds == cfg.seeds == main_config.TESTBED_SEEDS  # nested in each replica
+  assert dataclasses.replace(cfg) == cfg and MainConfig.from_config(c).methods == cfg.methods
+  job = SumJob(cfg, tmp_path, progress=False)
+  s1 = {d: s.sampling.seed for d, (s, _) in job.replicas.items()}
+  fits = {d: s.fit.seed for d, (_, s) in job.replicas.items()}
+  assert sorted(s1) == [0, 1, 2] and len(set(s1.values())) == len(set(fits.values())) == 3
+  anchors = {r: job.stage3_cfgs[(r, 0)].data.anchor_path for c in cells for r in plan.replicas[c]}
+  assert len(set(anchors.values())) == 9  # a fitted anchor and two noise draws per replica
+  tracks = {job.stage3_cfgs[(r, 1)].exact_target.seed for r in plan.replicas["disa"]}
+  assert len(tracks) == 3  # independent measurement streams for the same Stage 3 seed
+  c.anchor_replicas = 0
+  with pytest.raises(ValueError, match="anchor_replicas must be an int >= 1, got 0"):
+    MainConfig.from_config(c)
+
+
+def test_the_anchor_claims_unit_is_the_replica_mean():
+  c = main_config.get_config("anchor_testbed_rl")
+  c.anchor_replicas, c.seeds = 3, (0, 1)
+  plan = _plan(c)
+  values = {row: float(i) for i, row in enumerate(r for run in plan.runs.values() for r in run.rows)}
+  units = replica_units(plan, values)
+  rows = {r: plan.runs[r].rows for r in plan.runs}
+  assert units["disa"] == [sum(values[x] for x in rows[r]) / 2 for r in plan.replicas["disa"]]
+  assert units["disa_exact"] == [values[x] for x in rows["disa_exact"]]  # its seeds
+  assert "disa_rep1" not in units and list(units)[0] == "disa_exact"
+  rows = {row: {k: v for k in ("kl_decomposed", "kl_to_target", "kl_correct", "p_correct_exact")}
+          for row, v in values.items()}
+  assert report._replica_units(plan, rows)["kl_decomposed"] == units  # (report.json's section)
+  del values[plan.runs["disa_rep2"].rows[1]]
+  with pytest.raises(KeyError, match="no value for row 'disa_rep2_seed1'"):
+    replica_units(plan, values)

