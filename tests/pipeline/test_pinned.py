@@ -68,6 +68,28 @@ def test_a_fresh_workdir_copies_the_pinned_models_and_records_their_hashes(tmp_p
   assert job.build_models() == src  # a resumed job keeps them, checked against its record
 
 
+def test_a_copy_killed_midway_is_finished_by_the_rerun_and_a_foreign_model_refused(
+    tmp_path, monkeypatch):
+  """A job killed while it copied the pin leaves pi_ref copied and p_T half copied (a ``.partial``
+  folder, no record): the rerun keeps the finished copy, replaces the half one and records the
+  pin; a model there that is not the pin's is refused, not trusted."""
+  _no_training(monkeypatch)
+  cfg = MainConfig.from_config(main_config.get_config())
+  entry = pinned.STORE / pinned.key_of(pinned.identity(cfg))
+  models = tmp_path / "job" / "models"
+  shutil.copytree(entry / "reference", models / "reference")
+  (models / "proposal.partial").mkdir()
+  (models / "proposal.partial" / "model.safetensors").write_bytes(b"half")
+  src = _job(main_config.get_config(), tmp_path / "job").build_models()
+  assert src.source == "pinned" and not (models / "proposal.partial").exists()
+  assert src.fingerprint == json.loads((entry / "pin.json").read_text())["fingerprint"]
+  other = tmp_path / "other" / "models"
+  shutil.copytree(entry / "reference", other / "reference")
+  (other / "reference" / "model.safetensors").write_bytes(b"not the pin")
+  with pytest.raises(pinned.PinnedModelError, match="holds models without"):
+    _job(main_config.get_config(), tmp_path / "other").build_models()
+
+
 def _tampered_store(tmp_path, monkeypatch) -> str:
   """A copy of the default job's store entry with one byte of pi_ref's weights changed."""
   cfg = MainConfig.from_config(main_config.get_config())
