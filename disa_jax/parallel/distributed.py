@@ -100,8 +100,11 @@ def _int_env(env: Mapping[str, str], name: str) -> int:
 
 
 def detect_launch(env: Mapping[str, str] | None = None) -> LaunchSpec:
-  """Reads the launcher's environment (see the module docstring for the precedence)."""
+  """Reads the launcher's environment (see the module docstring for the precedence); a malformed
+  ``DISA_HEARTBEAT_TIMEOUT_S`` is refused here, with the launch's other variables, before any
+  config is read."""
   env = os.environ if env is None else env
+  peer_watch.timeout_from_env(env)
   if "DISA_COORDINATOR" in env:
     ids = env.get("DISA_LOCAL_DEVICE_IDS")
     return LaunchSpec(
