@@ -78,6 +78,7 @@ from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import get_preset  # noqa: E402
 from disa_jax.parallel import gpu_compile  # noqa: E402
+from disa_jax.rl.config import TrainConfig  # noqa: E402
 from disa_jax.workflows.stage3_programs import (Programs, abstract_micro_batch,  # noqa: E402
                                                 compile_gpu_plan, device_bytes,
                                                 format_gpu_tables, gpu_plan_text, programs_for)

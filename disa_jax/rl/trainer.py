@@ -31,6 +31,7 @@ resumes from and the checks are the run's identity and resume (`disa_jax.rl.run_
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
