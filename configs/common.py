@@ -203,6 +203,12 @@ def exact_target() -> ml_collections.ConfigDict:
   # The wrong-answer term P_w KL(pi|w || pi~|w) from this many samples per prompt of the policy
   # conditioned on a wrong answer (disa_jax.eval.wrong_answers; >= 2); 0 = from the kl_samples.
   e.wrong_samples = 0
+  # Scoring passes put a prompt's tokens once per packed row for all its sequences (the same
+  # measures to float rounding, fewer tokens); the main job's default preset tracks with True.
+  e.share_prompts = False
+  # How the conditional wrong samples are decoded: 'full' (one pass per token) or 'cached' (a KV
+  # cache; disa_jax.eval.wrong_answers.DECODES).
+  e.wrong_decode = "full"
   return e
 
 
