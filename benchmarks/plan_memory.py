@@ -78,6 +78,7 @@ from disa_jax import parallel  # noqa: E402
 from disa_jax.data.packing import PackingLayout  # noqa: E402
 from disa_jax.models.config import get_preset  # noqa: E402
 from disa_jax.parallel import gpu_compile  # noqa: E402
+from disa_jax.parallel.gpu_compile import gib  # noqa: E402
 from disa_jax.rl.config import TrainConfig  # noqa: E402
 from disa_jax.workflows.stage3_programs import (Programs, abstract_micro_batch,  # noqa: E402
                                                 compile_gpu_plan, device_bytes,
@@ -228,10 +229,6 @@ def plan_record(p: Plan, remat: bool | None) -> dict[str, Any]:
               micro=p.micro.peak + p.adam_bytes, optim=p.optim.peak,
               score=None if p.score is None else p.score.peak + p.adam_bytes, peak=p.peak,
               peak_with_ref=p.peak_with_ref)
-
-
-def gib(n: int) -> str:
-  return f"{n / GIB:.2f}"
 
 
 TABLE_HEADER = ("model", "row_len", "rows", "tokens", "tok/dev", "attn", "remat", "args", "temp",

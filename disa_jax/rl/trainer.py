@@ -48,9 +48,6 @@ from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import METRICS_FILE, MetricsLogger, StepWindow
 from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.run_state import RunCheckpoints
-# The run's identity helpers, where the Stage 3 command imports them from (`rl.run_state`'s).
-from disa_jax.rl.run_state import (IDENTITY_FIELDS, recorded_train_identity,  # noqa: F401
-                                   train_identity)
 from disa_jax.rl.scorer import BatchScorer, replay_stats
 from disa_jax.rl.update import PolicyUpdater
 

@@ -23,7 +23,7 @@ whose checkpoint comes from another config or model stops at once, naming the fi
 replay / validation files; compared by content, so a workdir copied with its inputs to other paths
 resumes), the model and data settings and the training fields that change what a step computes,
 ``train.total_steps`` included (it places the learning rate's decay phase;
-`disa_jax.rl.trainer.IDENTITY_FIELDS`): a rerun with other values stops naming every differing
+`disa_jax.rl.run_state.IDENTITY_FIELDS`): a rerun with other values stops naming every differing
 field, or with ``overwrite=True`` deletes the checkpoints, metrics and export and starts afresh
 (`disa_jax.checkpoint.identity`; an identity.json older than the training fields is completed from
 the latest checkpoint's config). Process 0 holds ``<workdir>/.lock`` for the run (a second run gets
@@ -59,7 +59,7 @@ from disa_jax.rl.prompts import PromptItem
 from disa_jax.rl.replay import ReplayPool
 from disa_jax.rl.build import build_trainer, validate_anchor
 from disa_jax.rl.inputs import AnchorInput, EngineLink, RolloutTask, StepModels
-from disa_jax.rl.trainer import recorded_train_identity, train_identity
+from disa_jax.rl.run_state import recorded_train_identity, train_identity
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig, generation_env
 from disa_jax.rollout.types import MODEL_ENGINES
