@@ -46,10 +46,11 @@ from disa_jax.rl.losses.common import (Array, Metrics, OMEGA_MODES, IS_CORRECTIO
 from disa_jax.rl.losses.policy_gradient import (kl_penalty, behaviour_is_weights, mismatch_metrics,
                                                 grpo_loss, kl_cov_penalty, sft_loss, gspo_loss)
 from disa_jax.rl.losses.trajectory_balance import (tb_residual, tb_loss, disa_loss, flowrl_loss,
-                                                   batch_log_z, vargrad_loss)
+                                                   batch_log_z, batch_centred_log_z,
+                                                   vargrad_loss)
 
 __all__ = ["AGG_KINDS", "Array", "IS_CORRECTIONS", "KL_KINDS", "Metrics", "OMEGA_MODES",
-           "aggregate", "batch_log_z", "behaviour_is_weights", "disa_loss",
+           "aggregate", "batch_centred_log_z", "batch_log_z", "behaviour_is_weights", "disa_loss",
            "expand_prompt_values", "flowrl_loss", "group_zscore_advantages", "grpo_loss",
            "gspo_loss", "kl_cov_penalty", "kl_penalty", "loss_normalizer", "masked_row_mean",
            "mismatch_metrics", "response_lengths", "rollout_weights", "sequence_mean",

@@ -197,6 +197,42 @@ def batch_log_z(logp: Array,
   return jax.lax.stop_gradient(jnp.where(v_g > 0, est, 0.0).reshape(-1))
 
 
+def batch_centred_log_z(log_z: Array,
+                        logp: Array,
+                        ref_logp: Array,
+                        reward: Array,
+                        mask: Array,
+                        *,
+                        beta: float,
+                        length_normalize: bool) -> Array:
+  """A frozen log Z with the batch's mean residual removed: a constant baseline on top of it.
+
+  With R_i the TB residual of eq. (5) at the given log Z and policy (`tb_residual`), the row's value
+
+      log Z_c(q_i) = sg[ log Z(q_i) - (1/B_v) sum_{j valid} R_j ]
+
+  makes the batch's residuals sum to 0 while keeping log Z's differences across prompts (issue 63:
+  on-policy, the exact log Z puts E[R] = KL(pi || pi~) on every row, the worst constant baseline).
+  Centring each prompt's group instead would be VarGrad exactly (its residual is t-bar - t_i for any
+  per-prompt log Z: `batch_log_z`), so the centring here is over the whole batch.
+
+  Args:
+    log_z: ``[P]`` or ``[B]`` the frozen log Z (the anchor, or the exact value).
+    logp: ``[B, T]`` token log-probs of the policy the baseline is taken at (pi_old: the rollout
+      policy, pi_theta at the first update of a batch).
+    ref_logp, reward, mask, beta, length_normalize: see `tb_residual`.
+
+  Returns:
+    ``[B]`` float32 centred log Z per row (0 on invalid rows).
+  """
+  valid = valid_rows(mask)
+  res = tb_residual(log_z, logp, ref_logp, reward, mask, beta=beta,
+                    length_normalize=length_normalize)  # [B], 0 on invalid rows
+  mean = masked_row_mean(res, valid)
+  lz = expand_prompt_values(_f32(log_z), mask.shape[0])
+  return jax.lax.stop_gradient(jnp.where(valid, lz - mean, 0.0))
+
+
 def vargrad_loss(batch_log_z_rows: Array, logp: Array, ref_logp: Array, reward: Array,
                  mask: Array, **kwargs) -> tuple[Array, Metrics]:
   """VarGrad: the TB loss of eq. (5) with the batch estimate of `batch_log_z` as log Z.

@@ -6,6 +6,7 @@ Stage 3 step must provide for it:
 | objective | loss | needs_reference | needs_anchor | has_state | allows_replay |
 |---|---|---|---|---|---|
 | `Disa` | eq. (10): TB residual with the frozen anchor g_psi(q) | yes | yes | no | yes |
+| `DisaCentred` | eq. (10) with the batch's mean residual removed from the frozen log Z (a constant baseline) | yes | yes | no | yes |
 | `FlowRL` | eq. (6): TB residual with a co-trained log Z head | yes | no | yes | yes |
 | `VarGrad` | eq. (5) with the stop-gradient batch mean of each group as log Z (log-variance loss) | yes | no | no | yes |
 | `Grpo` | eqs. (1)-(3): token-clipped surrogate, group z-score advantages | if kl_coef > 0 | no | no | no |
@@ -35,8 +36,9 @@ from disa_jax.rl.objectives.base import (HEAD_OPTIMIZERS, REGISTRY, Array, Needs
                                          ObjectiveState, default_config, names, register)
 from disa_jax.rl.objectives.policy_gradient import Grpo, Gspo, PolicyGradient
 from disa_jax.rl.objectives.supervised import ReplaySft
-from disa_jax.rl.objectives.trajectory_balance import Disa, FlowRL, TrajectoryBalance, VarGrad
+from disa_jax.rl.objectives.trajectory_balance import (Disa, DisaCentred, FlowRL,
+                                                         TrajectoryBalance, VarGrad)
 
-__all__ = ["Array", "Disa", "FlowRL", "Grpo", "Gspo", "HEAD_OPTIMIZERS", "Needs", "Objective",
+__all__ = ["Array", "Disa", "DisaCentred", "FlowRL", "Grpo", "Gspo", "HEAD_OPTIMIZERS", "Needs", "Objective",
            "ObjectiveState", "PolicyGradient", "REGISTRY", "ReplaySft", "TrajectoryBalance",
            "VarGrad", "default_config", "names", "register"]

@@ -1,5 +1,5 @@
-"""Trajectory-balance objectives (`disa_jax.rl.objectives`): DISA with its frozen anchor, FlowRL with
-its co-trained log Z head, VarGrad with the batch estimate."""
+"""Trajectory-balance objectives (`disa_jax.rl.objectives`): DISA with its frozen anchor (and its
+batch-centred control), FlowRL with its co-trained log Z head, VarGrad with the batch estimate."""
 from __future__ import annotations
 
 import dataclasses
@@ -100,6 +100,48 @@ class Disa(TrajectoryBalance):
     (``identity``: ``reference=``, ``rendering=``) another reference model or prompt rendering."""
     anchor.check_compatible(beta=self.beta, reward_transform=self.reward_transform,
                             label_scale=self.scale, embedding_dim=embedding_dim, **identity)
+
+
+def _response_mask(rollout: Any) -> np.ndarray:
+  """``[B, W]`` 1 on each row's response tokens (a `RolloutBatch`'s padded layout)."""
+  lengths = np.asarray([len(r) for r in rollout.response_ids])
+  return (np.arange(rollout.response_width)[None, :] < lengths[:, None]).astype(np.float32)
+
+
+def _check_scored(batch: Any, fields: tuple[str, ...], who: str) -> None:
+  for field in fields:
+    if getattr(batch, field) is None:
+      raise ValueError(f"{who} needs batch.{field}, got None")
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class DisaCentred(Disa):
+  """DISA's frozen log Z with the batch's mean residual removed (issue 63's control).
+
+  The residual of eq. (10) at log Z_c(q) = log Z(q) - sg[mean over the batch of R_j at pi_old]
+  (`disa_jax.rl.losses.batch_centred_log_z`): the frozen log Z (the fitted anchor, or the exact
+  value with ``anchor='exact'``) plus a constant baseline, so that the gradient differs from DISA's
+  only by that constant times E[grad log pi]. On-policy at the sum scale every TB cell has the same
+  expected gradient (Prop. 3(ii)); what a frozen log Z changes is the baseline, and this cell
+  removes its common part while keeping its differences across prompts (VarGrad removes each
+  prompt's own mean). The baseline is taken on the host at the rollout policy, as VarGrad's.
+  """
+  name: ClassVar[str] = "disa_centred"
+  needs_batch_log_z: ClassVar[bool] = True
+  behaviour_as_old_logp: ClassVar[bool] = False
+
+  @property
+  def needs_old_logp(self) -> bool:
+    return True
+
+  def batch_log_z(self, batch: Any) -> np.ndarray:
+    """``[B]`` float32 centred log Z of each row, from the anchor's ``batch.log_z`` at pi_old."""
+    _check_scored(batch, ("log_z", "old_logp", "ref_logp", "signal"), "DisaCentred.batch_log_z")
+    return np.asarray(losses.batch_centred_log_z(
+        np.asarray(batch.log_z, np.float32), batch.old_logp, batch.ref_logp,
+        np.asarray(batch.signal, np.float32).reshape(-1), _response_mask(batch.rollout),
+        beta=self.beta, length_normalize=self.scale == "mean"), np.float32)
 
 
 @register
@@ -220,14 +262,11 @@ class VarGrad(TrajectoryBalance):
       batch: a `disa_jax.rl.batch.ScoredBatch` (``old_logp``, ``ref_logp``, ``signal``; its
         rollout's group size and responses).
     """
-    for field in ("old_logp", "ref_logp", "signal"):
-      if getattr(batch, field) is None:
-        raise ValueError(f"VarGrad.batch_log_z needs batch.{field}, got None")
+    _check_scored(batch, ("old_logp", "ref_logp", "signal"), "VarGrad.batch_log_z")
     rollout = batch.rollout
     if self.leave_one_out and rollout.group_size < 2:
       raise ValueError(f"leave_one_out needs group_size >= 2, got {rollout.group_size}")
-    lengths = np.asarray([len(r) for r in rollout.response_ids])
-    mask = (np.arange(rollout.response_width)[None, :] < lengths[:, None]).astype(np.float32)
+    mask = _response_mask(rollout)
     return np.asarray(losses.batch_log_z(
         batch.old_logp, batch.ref_logp, np.asarray(batch.signal, np.float32).reshape(-1), mask,
         group_size=rollout.group_size, beta=self.beta, length_normalize=self.scale == "mean",
