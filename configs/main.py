@@ -86,18 +86,22 @@ Presets and their budgets (2 CPU cores):
   per rollout batch, omega = min(w, 10), the pilot's lr, 5 seeds, on the sum scale (the exact log
   Z, the fitted anchor, FlowRL as the paper runs it and tuned, VarGrad) and on the mean scale (its
   own Stage 1 labels and anchor on 1/|o|; no exact log Z there); `TESTBED_OFFPOLICY_COMPARE`.
+- ``coupling_pilot``, ``coupling_onpolicy`` (``_quick``: seed 0), ``coupling_offpolicy``
+  (``_quick``: seed 0, one replica): issue 63's experiment on the anchor testbed, baseline against
+  coupling (`configs/coupling.py`; docs/preregistration.md, "Baseline against coupling").
 - Any preset: ``--config.heldout.fraction=0.2`` trains Stage 3 on 80% of the n values.
 """
 import ml_collections
 
 from configs import common
+from configs import coupling
 from configs import stage3_base
 
 PRESETS = ("", "claims", "claims_quick", "replay_study", "anchor_study_rl", "anchor_study_rl_mean",
            "anchor_study_rl_quick",
            "nonuniform_target", "staleness_study", "anchor_testbed", "anchor_testbed_rl",
            "anchor_testbed_rl_quick", "anchor_testbed_offpolicy_pilot", "anchor_testbed_offpolicy",
-           "anchor_testbed_offpolicy_mean")
+           "anchor_testbed_offpolicy_mean", *coupling.PRESETS)
 # The presets whose committed reports measured the wrong-answer term from the plain samples.
 COMMITTED_BEFORE_WRONG_SAMPLES = ("claims", "claims_quick", "replay_study", "anchor_study_rl",
                                   "anchor_study_rl_mean", "anchor_study_rl_quick",
@@ -826,6 +830,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.methods = tuple(grid.keys())
     c.endpoints.compare = TESTBED_OFFPOLICY_COMPARE[scale]
     c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
+  if preset in coupling.PRESETS:  # issue 63's experiment on the testbed (configs/coupling.py)
+    _anchor_testbed_rl(c, (0,))
+    coupling.apply(c, preset)
   if preset == "staleness_study":
     # Issue 29: where each method ends at k = 0 and 2 (three seeds until issue 45, five since).
     # Runs converge sooner on the smaller task (n = 0..15), lr 5e-4, 1,000 steps, tracked every 20

@@ -143,7 +143,7 @@ class RunSpec:
     raw = dict(value.to_dict() if hasattr(value, "to_dict") else value)
     overrides = {path: float(v) if isinstance(v, int) and not isinstance(v, bool)
                  and _is_float_field(path) else v
-                 for path, v in dict(raw.pop("overrides", None) or {}).items()}
+                 for path, v in _dotted(dict(raw.pop("overrides", None) or {})).items()}
     for key, (path, kind) in RUN_TRAIN_KEYS.items():
       v = raw.pop(key, 0)
       if (isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int)
@@ -155,6 +155,16 @@ class RunSpec:
       if v:
         overrides[path] = kind(v)
     return config_lib.from_mapping(cls, raw | {"overrides": overrides}, where)
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """``overrides`` as dotted paths: {'train': {'optim': {'grad_clip': 0.0}}} (what a ConfigDict can
+  hold: it refuses dotted keys) -> {'train.optim.grad_clip': 0.0}; dotted keys pass through."""
+  out: dict[str, Any] = {}
+  for key, v in tree.items():
+    path = f"{prefix}{key}"
+    out.update(_dotted(v, path + ".") if isinstance(v, dict) else {path: v})
+  return out
 
 
 REPLICA_TAG = "_rep"
