@@ -19,8 +19,6 @@ import copy
 
 import ml_collections
 
-PRESETS = ("coupling_pilot", "coupling_onpolicy", "coupling_onpolicy_quick", "coupling_offpolicy",
-           "coupling_offpolicy_quick")
 
 # On-policy cells: run names of `configs/main.py:runs` ('disa_exact_centred' is built here).
 ONPOLICY_CELLS = ("disa_exact", "disa", "disa_exact_centred", "vargrad", "flowrl_paper")
@@ -35,6 +33,10 @@ ONPOLICY_SEEDS = (0, 1, 2, 3, 4)
 # The on-policy step sizes the pilot chose, (cell, clip) -> lr: filled in from the pilot's report
 # (docs/reports/coupling_pilot.json, step_size section) before any main run; empty until then.
 ONPOLICY_LRS: dict[tuple[str, str], float] = {}
+# The presets (the on-policy ones exist once the pilot has chosen their step sizes).
+PRESETS = ("coupling_pilot",
+           *(("coupling_onpolicy", "coupling_onpolicy_quick") if ONPOLICY_LRS else ()),
+           "coupling_offpolicy", "coupling_offpolicy_quick")
 
 # Off-policy cells (mean scale): the fitted anchor, FlowRL as the paper runs it, VarGrad. The
 # exact log Z has no mean-scale cell: it is the trajectory sum's partition function, and with
@@ -46,6 +48,11 @@ OFFPOLICY_LR = 3e-4  # the off-policy pilot's (TESTBED_OFFPOLICY_LR)
 OFFPOLICY_SEEDS = tuple(range(10))  # FlowRL and VarGrad: 10 seeds each
 ANCHOR_REPLICAS = 5  # the fitted anchor: 5 Stage 1-2 replicas x ...
 REPLICA_SEEDS = (0, 1)  # ... 2 Stage 3 seeds each (10 runs; the unit is a replica's mean)
+ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90", "kl_end")
+# Equivalence margins (nats), fixed before the runs: 10% of VarGrad's training-prompt means in the
+# committed mean-scale report (anchor_testbed_offpolicy_mean.json: kl_auc 1.118, kl_correct_end
+# 0.494).
+MARGINS = {"kl_auc": 0.11, "kl_correct_end": 0.05}
 
 
 def lr_tag(lr: float) -> str:
@@ -137,6 +144,7 @@ def apply(c: ml_collections.ConfigDict, preset: str) -> None:
     seeds = ONPOLICY_SEEDS if preset == "coupling_onpolicy" else (0,)
     grid = onpolicy_grid(c.runs, seeds, ONPOLICY_LRS)
     c.endpoints.compare = onpolicy_compare(tuple(grid.keys()))
+    c.endpoints.endpoints = ENDPOINTS
   else:
     quick = preset == "coupling_offpolicy_quick"
     grid = offpolicy_grid(c.runs, (0,) if quick else OFFPOLICY_SEEDS,
@@ -144,6 +152,9 @@ def apply(c: ml_collections.ConfigDict, preset: str) -> None:
     c.anchor_replicas = 1 if quick else ANCHOR_REPLICAS
     c.stage1.label_scale = "mean"  # the fitted anchor's labels on the runs' residual scale
     c.endpoints.compare = offpolicy_compare()
+    c.endpoints.equivalence = offpolicy_compare()
+    c.endpoints.endpoints = ENDPOINTS
+    c.endpoints.margins = ml_collections.ConfigDict(MARGINS)
   c.runs.update(grid)
   c.methods = tuple(grid.keys())
   c.seeds = (0,)

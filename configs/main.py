@@ -642,6 +642,12 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.endpoints.step_size = ()
   c.endpoints.stable_level = 0.9
   c.endpoints.stable_floor = 0.0
+  # The endpoints tested (issue 63 adds 'kl_end': the mean KL over the end-state window), and
+  # equivalence tests: 'A:B' pairs, TOST on the training prompts against margins (endpoint ->
+  # nats), a Holm family of their own.
+  c.endpoints.endpoints = ("kl_auc", "kl_correct_end", "steps_to_p90")
+  c.endpoints.equivalence = ()
+  c.endpoints.margins = ml_collections.ConfigDict()
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max

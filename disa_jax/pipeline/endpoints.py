@@ -23,18 +23,33 @@ the share of cross pairs where A's run certainly got there first minus the share
 Holm's correction runs over every test of the family (all comparisons x endpoints x prompt sets
 that were tested), and both p-values are reported. A cell's row gives the mean and its 95%
 interval over seeds.
+
+Issue 63 adds, where a preset declares them (`EndpointsConfig`): the endpoint ``kl_end`` (the mean
+``kl_decomposed`` over the end-state window, the last `END_WINDOW` of the measured steps); the
+anchor replica as the unit of a cell run on several Stage 1-2 replicas (a replica's mean over its
+seeds; its steps-to-level interval the mean of its seeds' bounds); equivalence tests (TOST,
+`seed_stats.WelchResult.tost_p`, against declared margins on the training prompts, a Holm family
+of their own); and a step-size pilot decided per group of runs ('<group>_lr<tag>').
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from disa_jax.pipeline import censored, dynamics, seed_stats
+from disa_jax.rl.metrics import read_jsonl
 from disa_jax.workflows.stage3 import ExactSeries
 
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
+KNOWN_ENDPOINTS = (*ENDPOINTS, "kl_end")
+# The step's own logs summarised per cell (issue 62 item 6; logged, not tested): E[delta] (the mean
+# TB residual: the baseline the log Z provides), the pre-clip gradient norm, the clipped share.
+STEP_LOGS = ("tb_residual_mean", "grad_norm", "grad_clipped_share")
+END_WINDOW = 0.25  # kl_end: the last quarter of the measured steps (the end-state rule's window)
+LR_TAG = re.compile(r"(.*?)_?lr[0-9]+(?:em?[0-9]+)?")  # pilot runs '<group>_lr<tag>': per group
 PROMPT_SETS = {"train": "exact", "heldout": "exact_heldout"}  # set -> metrics prefix
 P_LEVEL = 0.9
 ALPHA = 0.05
@@ -53,11 +68,29 @@ class EndpointsConfig:
   step_size: tuple[str, ...] = ()
   stable_level: float = P_LEVEL
   stable_floor: float = 0.0
+  # The endpoints tested (of KNOWN_ENDPOINTS), and the equivalence tests: 'A:B' pairs, each TOST on
+  # the training prompts for every endpoint of ``margins`` (endpoint -> margin > 0, in its units).
+  endpoints: tuple[str, ...] = ENDPOINTS
+  equivalence: tuple[str, ...] = ()
+  margins: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not 0.0 <= self.stable_floor < self.stable_level <= 1.0:
       raise ValueError(f"endpoints needs 0 <= stable_floor < stable_level <= 1, got stable_floor="
                        f"{self.stable_floor!r}, stable_level={self.stable_level!r}")
+    for e in self.endpoints:
+      if e not in KNOWN_ENDPOINTS:
+        raise ValueError(f"endpoints.endpoints: {e!r} is not one of {KNOWN_ENDPOINTS}")
+    for e, m in self.margins.items():
+      if e not in self.endpoints or e == "steps_to_p90" or not m > 0:
+        raise ValueError(f"endpoints.margins[{e!r}]={m!r}: needs an uncensored endpoint of "
+                         f"endpoints.endpoints {self.endpoints} and a margin > 0")
+    if self.equivalence and not self.margins:
+      raise ValueError(f"endpoints.equivalence={self.equivalence!r} needs endpoints.margins")
+
+  def equivalence_pairs(self, methods: Sequence[str]) -> list[tuple[str, str]]:
+    """The equivalence comparisons as (A, B), each run checked against ``methods``."""
+    return _split_pairs(self.equivalence, methods, "equivalence")
 
   def pilot_runs(self, methods: Sequence[str]) -> tuple[str, ...]:
     """``step_size``, each run checked against ``methods``."""
@@ -70,18 +103,23 @@ class EndpointsConfig:
 
   def pairs(self, methods: Sequence[str]) -> list[tuple[str, str]]:
     """The comparisons as (A, B), each run checked against ``methods``."""
-    out = []
-    for i, pair in enumerate(self.compare):
-      a, sep, b = pair.partition(":")
-      if not sep or not a or not b or a == b:
-        raise ValueError(f"endpoints.compare[{i}] must be 'A:B' with two different runs, got "
-                         f"{pair!r}")
-      for name in (a, b):
-        if name not in methods:
-          raise ValueError(f"endpoints.compare[{i}]={pair!r}: {name!r} is not in methods "
-                           f"{tuple(methods)}")
-      out.append((a, b))
-    return out
+    return _split_pairs(self.compare, methods, "compare")
+
+
+def _split_pairs(pairs: Sequence[str], methods: Sequence[str], field: str
+                 ) -> list[tuple[str, str]]:
+  out = []
+  for i, pair in enumerate(pairs):
+    a, sep, b = pair.partition(":")
+    if not sep or not a or not b or a == b:
+      raise ValueError(f"endpoints.{field}[{i}] must be 'A:B' with two different runs, got "
+                       f"{pair!r}")
+    for name in (a, b):
+      if name not in methods:
+        raise ValueError(f"endpoints.{field}[{i}]={pair!r}: {name!r} is not in methods "
+                         f"{tuple(methods)}")
+    out.append((a, b))
+  return out
 
 
 def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]:
@@ -92,7 +130,7 @@ def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]
     level: the P(correct) level of ``steps_to_p90``.
 
   Returns:
-    {'kl_auc', 'kl_correct_end', 'steps_to_p90' (interpolated; the last step if never reached,
+    {'kl_auc', 'kl_correct_end', 'kl_end', 'steps_to_p90' (interpolated; the last step if never reached,
     the first if already there), 'censored' (never reached the level), 'left_censored' (already
     there at a first measurement after step 0), 'p90_low', 'p90_high', 'p90_kind' (the
     `censored.Interval`; high None when never reached), 'measurements', 'first_step',
@@ -107,7 +145,9 @@ def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> dict[str, Any]
   crossing = dynamics.matched_accuracy(series, (level,))[f"{level:g}"]  # the interpolated step
   reach = float(step[-1]) if crossing is None else crossing["step"]
   when = censored.time_to_level(step, series["p_correct"], level)
+  window = step >= step[-1] - END_WINDOW * (step[-1] - step[0])
   return {"kl_auc": auc, "kl_correct_end": float(series["kl_correct"][-1]),
+          "kl_end": float(kl[window].mean()),
           "steps_to_p90": reach, "censored": when.kind == "right",
           "left_censored": when.kind == "left", "p90_low": when.low,
           "p90_high": None if when.kind == "right" else when.high, "p90_kind": when.kind,
@@ -150,6 +190,29 @@ def stability(series: ExactSeries, level: float, floor: float) -> dict[str, Any]
           "last_step": int(series["step"][-1]), "measurements": int(p.size)}
 
 
+def step_logs(stage3: Mapping[tuple[str, int], Any], run_seeds: Mapping[str, Sequence[int]]
+              ) -> dict[str, dict[str, Any]]:
+  """Run -> per `STEP_LOGS` key, the mean over its seeds (95% interval) of each seed's mean over
+  the training steps that logged it (a run without any such row is left out)."""
+  out: dict[str, dict[str, Any]] = {}
+  for name, seeds in run_seeds.items():
+    per_seed = []
+    for seed in seeds:
+      run = stage3.get((name, seed))
+      if run is None or not run.metrics_path.exists():
+        continue
+      rows = read_jsonl(str(run.metrics_path))
+      means = {k: float(np.mean([r[k] for r in rows if k in r])) for k in STEP_LOGS
+               if any(k in r for r in rows)}
+      if means:
+        per_seed.append(means)
+    keys = [k for k in STEP_LOGS if per_seed and all(k in m for m in per_seed)]
+    if keys:
+      out[name] = {"seeds": len(per_seed)} | {
+          k: _cell([{k: m[k], "censored": False} for m in per_seed], (k,))[k] for k in keys}
+  return out
+
+
 def step_size_section(stage3: Mapping[tuple[str, int], Any],
                       runs: Mapping[str, tuple[float, Sequence[int]]],
                       rule: EndpointsConfig) -> dict[str, Any]:
@@ -182,23 +245,51 @@ def step_size_section(stage3: Mapping[tuple[str, int], Any],
       ok = ok and row["stable"]
     if ok:
       stable_lrs[name] = lr
-  best = max(stable_lrs, key=stable_lrs.get) if stable_lrs and not missing else None
-  if missing:
-    verdict = "undecided: not measured: " + ", ".join(missing)
+  groups: dict[str, list[str]] = {}
+  for name in runs:
+    groups.setdefault(pilot_group(name), []).append(name)
+  picks = {g: _pick(names, stable_lrs, missing, level, floor) for g, names in groups.items()}
+  one = next(iter(picks.values())) if len(picks) == 1 else {
+      "chosen": None, "chosen_run": None,
+      "verdict": f"{sum(p['chosen'] is not None for p in picks.values())} of {len(picks)} groups "
+                 f"have a stable lr"}
+  return {"runs": rows, "chosen": one["chosen"], "chosen_run": one["chosen_run"], "level": level,
+          "floor": floor, "verdict": one["verdict"], **({"groups": picks} if len(picks) > 1 else {})}
+
+
+def pilot_group(name: str) -> str:
+  """The group of pilot run ``name``: 'disa_c1_lr3em4' -> 'disa_c1', 'lr3em4' -> '' (a name
+  without an lr tag is its own group)."""
+  m = LR_TAG.fullmatch(name)
+  return m.group(1) if m else name
+
+
+def _pick(names: Sequence[str], stable_lrs: Mapping[str, float], missing: Sequence[str],
+          level: float, floor: float) -> dict[str, Any]:
+  """The largest stable lr of one group's runs ``names``, or why there is none."""
+  lost = [m for m in missing if m.split(" (seed")[0] in names]
+  ok = {n: stable_lrs[n] for n in names if n in stable_lrs}
+  best = max(ok, key=ok.get) if ok and not lost else None
+  if lost:
+    verdict = "undecided: not measured: " + ", ".join(lost)
   elif best is None:
     verdict = f"no lr is stable (P(correct) >= {level:g} at the end, never below {floor:g})"
   else:
-    verdict = f"lr {stable_lrs[best]:g} ({best}): the largest stable"
-  return {"runs": rows, "chosen": None if best is None else stable_lrs[best], "chosen_run": best,
-          "level": level, "floor": floor, "verdict": verdict}
+    verdict = f"lr {ok[best]:g} ({best}): the largest stable"
+  return {"chosen": None if best is None else ok[best], "chosen_run": best, "verdict": verdict}
 
 
 def step_size_markdown(sec: Mapping[str, Any]) -> list[str]:
-  """The step-size pilot's table of report.md."""
+  """The step-size pilot's table of report.md (with a pilot of several groups, each group's
+  choice first)."""
   out = ["## Step-size pilot (docs/preregistration.md)", "",
          f"Stable: training P(correct) >= {sec['level']:g} at the last measurement and never below "
-         f"{sec['floor']:g}. **{sec['verdict']}**.", "",
-         "| run | seed | lr | P(correct) last | min (step) | stable |", "|---|--:|--:|--:|--:|---|"]
+         f"{sec['floor']:g}. **{sec['verdict']}**.", ""]
+  if "groups" in sec:
+    out += ["| group | chosen lr | verdict |", "|---|--:|---|"]
+    out += [f"| `{g}` | {'-' if p['chosen'] is None else format(p['chosen'], 'g')} | "
+            f"{p['verdict']} |" for g, p in sec["groups"].items()] + [""]
+  out += ["| run | seed | lr | P(correct) last | min (step) | stable |", "|---|--:|--:|--:|--:|---|"]
   for r in sec["runs"]:
     if r["missing"]:
       out.append(f"| `{r['run']}` | {r['seed']} | {r['lr']:g} | - | - | not measured |")
@@ -208,12 +299,13 @@ def step_size_markdown(sec: Mapping[str, Any]) -> list[str]:
   return out + [""]
 
 
-def _cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _cell(rows: Sequence[Mapping[str, Any]], endpoints: Sequence[str] = ENDPOINTS
+          ) -> dict[str, Any]:
   """Per endpoint: mean and 95% interval over the seeds' values (n >= 2), or the lone value."""
   out: dict[str, Any] = {"seeds": len(rows),
                          "censored": int(sum(bool(r["censored"]) for r in rows)),
                          "left_censored": int(sum(bool(r.get("left_censored")) for r in rows))}
-  for e in ENDPOINTS:
+  for e in endpoints:
     x = [float(r[e]) for r in rows]
     if len(x) >= 2 and len(set(x)) > 1:
       s = seed_stats.one_sample(x)
@@ -225,25 +317,61 @@ def _cell(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   return out
 
 
+def replica_unit(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """One anchor replica's unit from its seeds' `run_endpoints`: each endpoint's mean; the steps to
+  the level as the interval of the mean (the mean of the lower bounds, of the upper bounds)."""
+  if not rows:
+    raise ValueError("replica_unit needs >= 1 run of the replica, got none")
+  out: dict[str, Any] = {e: float(np.mean([r[e] for r in rows])) for e in KNOWN_ENDPOINTS
+                         if all(e in r for r in rows)}
+  kinds = {r["p90_kind"] for r in rows}
+  high = [float("inf") if r["p90_high"] is None else float(r["p90_high"]) for r in rows]
+  low = float(np.mean([r["p90_low"] for r in rows]))
+  kind = ("exact" if kinds == {"exact"} else "right" if "right" in kinds else
+          "left" if low == 0 else "interval")
+  return out | {"censored": kind == "right", "left_censored": kind == "left", "p90_low": low,
+                "p90_high": None if kind == "right" else float(np.mean(high)), "p90_kind": kind,
+                "seeds": [r.get("seed") for r in rows]}
+
+
+def units(runs: Mapping[str, Sequence[Mapping[str, Any]]], name: str,
+          replicas: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+  """A cell's analysis units on one prompt set: its seeds, or (a cell run on several anchor
+  replicas, `MainConfig.anchor_replicas`) each replica's `replica_unit`."""
+  if name not in replicas:
+    return list(runs.get(name, ()))
+  return [replica_unit(runs[r]) for r in replicas[name] if runs.get(r)]
+
+
 def section(per_run: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
-            pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+            pairs: Sequence[tuple[str, str]], *,
+            rule: EndpointsConfig | None = None,
+            replicas: Mapping[str, Sequence[str]] | None = None,
+            equivalence: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
   """The report's ``endpoints`` section.
 
   Args:
     per_run: prompt set ('train' | 'heldout') -> run name -> its seeds' `run_endpoints`.
     pairs: the declared comparisons (A, B).
+    rule: the preset's endpoints section (its ``endpoints`` and ``margins``; None: the default).
+    replicas: cell -> its run on each anchor replica (a cell named here is tested over replica
+      units, `units`; {} / None: every cell over seeds).
+    equivalence: the declared equivalence comparisons (A, B) (TOST on the training prompts).
 
   Returns:
     {'cells': set -> run -> `_cell`, 'tests': one row per (A, B, endpoint, set) with the
     difference, its 95% interval, the raw and Holm p-values and the verdict, 'family': the
-    number of tests Holm corrects over}.
+    number of tests Holm corrects over}, and with replicas or equivalence tests their sections.
   """
-  cells = {ps: {name: _cell(rows) for name, rows in runs.items()} for ps, runs in per_run.items()}
+  rule, replicas = rule or EndpointsConfig(), dict(replicas or {})
+  ends = tuple(rule.endpoints)
+  cells = {ps: {name: _cell(rows, ends) for name, rows in runs.items()}
+           for ps, runs in per_run.items()}
   tests: list[dict[str, Any]] = []
   for ps, runs in per_run.items():
     for a, b in pairs:
-      for e in ENDPOINTS:
-        tests.append(_test(runs.get(a, ()), runs.get(b, ()), a, b, e, ps))
+      for e in ends:
+        tests.append(_test(units(runs, a, replicas), units(runs, b, replicas), a, b, e, ps))
   tested = [t for t in tests if t["p"] is not None]
   adjusted = seed_stats.holm([t["p"] for t in tested]) if tested else []
   for t, q in zip(tested, adjusted):
@@ -252,8 +380,42 @@ def section(per_run: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
                      ("A lower", "A higher"))
     t["verdict"] = ((lower if t["diff"] < 0 else higher) if q < ALPHA else
                     f"undecided (Holm p = {q:.3g} >= {ALPHA:g})")
-  return {"cells": cells, "tests": tests, "family": len(tested), "alpha": ALPHA,
-          "endpoints": list(ENDPOINTS), "p_level": P_LEVEL}
+  out = {"cells": cells, "tests": tests, "family": len(tested), "alpha": ALPHA,
+         "endpoints": list(ends), "p_level": P_LEVEL}
+  if replicas:
+    out["replica_cells"] = {ps: {c: _cell(units(runs, c, replicas), ends) for c in replicas}
+                            for ps, runs in per_run.items()}
+  if equivalence:
+    out["equivalence"] = equivalence_tests(per_run.get("train", {}), equivalence, rule.margins,
+                                           replicas)
+  return out
+
+
+def equivalence_tests(runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                      pairs: Sequence[tuple[str, str]], margins: Mapping[str, float],
+                      replicas: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+  """TOST of |mean(A) - mean(B)| < margin per pair and margin's endpoint on the training prompts'
+  units, Holm over the tests run (a family of its own)."""
+  tests = []
+  for a, b in pairs:
+    ua, ub = units(runs, a, replicas), units(runs, b, replicas)
+    for e, m in margins.items():
+      row: dict[str, Any] = {"a": a, "b": b, "endpoint": e, "margin": float(m), "p": None,
+                             "p_holm": None, "diff": None, "ci90_low": None, "ci90_high": None,
+                             "n_a": len(ua), "n_b": len(ub)}
+      try:
+        w = seed_stats.welch([u[e] for u in ua], [u[e] for u in ub], level=0.9)
+      except ValueError as err:  # < 2 units a side, or constant on both
+        row["verdict"] = f"not tested ({err})"
+      else:
+        row.update(p=float(w.tost_p(m)), diff=w.diff, ci90_low=w.ci_low, ci90_high=w.ci_high)
+      tests.append(row)
+  tested = [t for t in tests if t["p"] is not None]
+  for t, q in zip(tested, seed_stats.holm([t["p"] for t in tested]) if tested else []):
+    t["p_holm"] = float(q)
+    t["verdict"] = (f"shown equivalent within +-{t['margin']:g}" if q < ALPHA else
+                    f"equivalence not shown (Holm p = {q:.3g})")
+  return {"tests": tests, "family": len(tested), "alpha": ALPHA, "set": "train"}
 
 
 def _test(ra: Sequence[Mapping[str, Any]], rb: Sequence[Mapping[str, Any]], a: str, b: str,
@@ -324,6 +486,49 @@ def markdown(sec: Mapping[str, Any]) -> list[str]:
     q = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
     out.append(f"| `{t['a']}` - `{t['b']}` | {t['set']} | {t['endpoint']} | {diff} | {p} | {q} "
                f"| {t['verdict']} |")
+  return (out + [""] + _replica_markdown(sec) + _equivalence_markdown(sec.get("equivalence"))
+          + _step_logs_markdown(sec.get("step_logs")))
+
+
+def _step_logs_markdown(logs: Mapping[str, Any] | None) -> list[str]:
+  """Per run, its training steps' mean E[delta], pre-clip gradient norm and clipped share."""
+  if not logs:
+    return []
+  out = ["### The step's own logs (means over training; mean over seeds [95% CI])", "",
+         "| run | seeds | " + " | ".join(STEP_LOGS) + " |", "|---|--:|" + "--:|" * len(STEP_LOGS)]
+  for name, c in logs.items():
+    out.append(f"| `{name}` | {c['seeds']} | "
+               + " | ".join(_fmt(c[k]) if k in c else "-" for k in STEP_LOGS) + " |")
+  return out + [""]
+
+
+def _replica_markdown(sec: Mapping[str, Any]) -> list[str]:
+  """The cells run on several anchor replicas, over their replica units (what the tests read)."""
+  if "replica_cells" not in sec:
+    return []
+  out = ["### Cells over anchor replicas (the tests' units: a replica's mean over its seeds)", "",
+         "| cell | set | replicas | " + " | ".join(sec["endpoints"]) + " |",
+         "|---|---|--:|" + "--:|" * len(sec["endpoints"])]
+  for ps, cells in sec["replica_cells"].items():
+    for name, c in cells.items():
+      out.append(f"| `{name}` | {ps} | {c['seeds']} | "
+                 + " | ".join(_fmt(c[e]) for e in sec["endpoints"]) + " |")
+  return out + [""]
+
+
+def _equivalence_markdown(eq: Mapping[str, Any] | None) -> list[str]:
+  if not eq:
+    return []
+  out = [f"### Equivalence (TOST on the {eq['set']} prompts, Holm over its {eq['family']} tests)",
+         "", "| A - B | endpoint | margin | diff [90% CI] | p | Holm p | verdict |",
+         "|---|---|--:|--:|--:|--:|---|"]
+  for t in eq["tests"]:
+    diff = ("-" if t["diff"] is None else
+            f"{t['diff']:+.3f} [{t['ci90_low']:+.3f}, {t['ci90_high']:+.3f}]")
+    p = "-" if t["p"] is None else f"{t['p']:.3g}"
+    q = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
+    out.append(f"| `{t['a']}` - `{t['b']}` | {t['endpoint']} | {t['margin']:g} | {diff} | {p} | "
+               f"{q} | {t['verdict']} |")
   return out + [""]
 
 

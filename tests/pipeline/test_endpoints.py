@@ -207,3 +207,102 @@ def test_the_pilot_rule_is_checked():
   cfg = MainConfig.from_config(main_config.get_config("anchor_testbed_offpolicy_pilot"))
   assert cfg.endpoints.pilot_runs(cfg.methods) == cfg.methods and len(cfg.methods) == 3
   assert (cfg.endpoints.stable_level, cfg.endpoints.stable_floor) == (0.9, 0.153)
+
+
+def test_kl_end_is_the_mean_kl_over_the_last_quarter_of_the_measured_steps():
+  r = EP.run_endpoints(_series([0, 20, 40, 60, 80], [5.0, 4.0, 3.0, 2.0, 1.0], [0.1] * 5))
+  assert r["kl_end"] == pytest.approx(1.5)  # steps 60 and 80 (>= 80 - 0.25 x 80)
+
+
+def _unit_rows(values, kind="interval", low=40.0, high=80.0):
+  return [{"kl_auc": v, "kl_correct_end": v / 2, "steps_to_p90": 60.0, "kl_end": v,
+           "censored": kind == "right", "left_censored": kind == "left", "p90_low": low,
+           "p90_high": None if kind == "right" else high, "p90_kind": kind, "seed": i}
+          for i, v in enumerate(values)]
+
+
+def test_a_replicated_cell_is_tested_over_replica_means_not_over_seeds():
+  """Ten seeds nested in two replicas count as two units: the replica effect (1.0 vs 2.0) leaves
+  the difference to a comparator undecided, while the same ten values taken as seeds decide it."""
+  train = {"cell": _unit_rows([1.0, 1.01, 0.99, 1.0, 1.0]),
+           "cell_rep1": _unit_rows([2.0, 2.01, 1.99, 2.0, 2.0]),
+           "other": _unit_rows([0.5, 0.52, 0.48, 0.51, 0.49])}
+  reps = {"cell": ("cell", "cell_rep1")}
+  assert [u["kl_auc"] for u in EP.units(train, "cell", reps)] == pytest.approx([1.0, 2.0])
+  over_reps = EP.section({"train": train}, [("cell", "other")], replicas=reps)
+  t = next(x for x in over_reps["tests"] if x["endpoint"] == "kl_auc")
+  assert t["n_a"] == 2 and t["verdict"].startswith("undecided")
+  pooled = {"cell": train["cell"] + train["cell_rep1"], "other": train["other"]}
+  t2 = next(x for x in EP.section({"train": pooled}, [("cell", "other")])["tests"]
+            if x["endpoint"] == "kl_auc")
+  assert t2["n_a"] == 10 and t2["verdict"] == "A higher"
+  assert over_reps["replica_cells"]["train"]["cell"]["seeds"] == 2
+  md = "\n".join(EP.markdown(over_reps))
+  assert "Cells over anchor replicas" in md and "| `cell` | train | 2 |" in md
+
+
+def test_a_replica_unit_steps_interval_is_the_mean_of_its_seeds_bounds():
+  u = EP.replica_unit(_unit_rows([1.0], low=40, high=80) + _unit_rows([1.0], low=0, high=10,
+                                                                       kind="left"))
+  assert (u["p90_low"], u["p90_high"], u["p90_kind"]) == (20.0, 45.0, "interval")
+  r = EP.replica_unit(_unit_rows([1.0]) + _unit_rows([1.0], kind="right", low=600))
+  assert r["p90_kind"] == "right" and r["p90_high"] is None and r["censored"]
+  with pytest.raises(ValueError, match="replica_unit needs >= 1 run"):
+    EP.replica_unit([])
+
+
+def test_equivalence_is_shown_only_inside_the_declared_margin():
+  a = _unit_rows([1.00, 1.02, 0.98, 1.01, 0.99, 1.0, 1.0, 1.01, 0.99, 1.0])
+  b = _unit_rows([1.01, 1.03, 0.99, 1.0, 1.0, 1.01, 0.99, 1.02, 1.0, 1.01])
+  eq = EP.equivalence_tests({"a": a, "b": b}, [("a", "b")], {"kl_auc": 0.11}, {})
+  assert eq["family"] == 1 and eq["tests"][0]["verdict"] == "shown equivalent within +-0.11"
+  tight = EP.equivalence_tests({"a": a, "b": b}, [("a", "b")], {"kl_auc": 0.001}, {})
+  assert tight["tests"][0]["verdict"].startswith("equivalence not shown")
+  far = EP.equivalence_tests({"a": a, "b": _unit_rows([1.5] * 5 + [1.6] * 5)}, [("a", "b")],
+                             {"kl_auc": 0.11}, {})
+  assert far["tests"][0]["verdict"].startswith("equivalence not shown")
+  one = EP.equivalence_tests({"a": a[:1], "b": b}, [("a", "b")], {"kl_auc": 0.11}, {})
+  assert one["family"] == 0 and one["tests"][0]["verdict"].startswith("not tested")
+  sec = EP.section({"train": {"a": a, "b": b}}, [("a", "b")], equivalence=[("a", "b")],
+                   rule=EP.EndpointsConfig(margins={"kl_auc": 0.11}))
+  assert "### Equivalence (TOST on the train prompts" in "\n".join(EP.markdown(sec))
+
+
+def test_the_endpoints_rule_refuses_bad_margins_and_endpoints():
+  with pytest.raises(ValueError, match=r"endpoints.endpoints: 'kl_max' is not one of"):
+    EP.EndpointsConfig(endpoints=("kl_auc", "kl_max"))
+  with pytest.raises(ValueError, match=r"margins\['steps_to_p90'\]=5"):
+    EP.EndpointsConfig(margins={"steps_to_p90": 5})
+  with pytest.raises(ValueError, match=r"margins\['kl_auc'\]=0"):
+    EP.EndpointsConfig(margins={"kl_auc": 0})
+  with pytest.raises(ValueError, match=r"equivalence=\('a:b',\) needs endpoints.margins"):
+    EP.EndpointsConfig(equivalence=("a:b",))
+  with pytest.raises(ValueError, match=r"endpoints.equivalence\[0\]='a:c': 'c' is not in"):
+    EP.EndpointsConfig(equivalence=("a:c",), margins={"kl_auc": 0.1}).equivalence_pairs(("a",))
+
+
+def test_a_pilot_of_several_groups_picks_one_lr_per_group(tmp_path):
+  stage3 = {("x_c1_lr3em4", 0): _metrics(tmp_path / "a.jsonl", [0.3, 0.95]),
+            ("x_c1_lr1em4", 0): _metrics(tmp_path / "b.jsonl", [0.2, 0.93]),
+            ("x_c0_lr3em4", 0): _metrics(tmp_path / "c.jsonl", [0.3, 0.1, 0.95]),  # a collapse
+            ("x_c0_lr1em4", 0): _metrics(tmp_path / "d.jsonl", [0.2, 0.5])}  # not there
+  runs = {name: (3e-4 if name.endswith("3em4") else 1e-4, (0,)) for name, _ in stage3}
+  sec = EP.step_size_section(stage3, runs, EP.EndpointsConfig(stable_floor=0.153))
+  assert sec["groups"]["x_c1"]["chosen"] == 3e-4 and sec["groups"]["x_c0"]["chosen"] is None
+  assert sec["chosen"] is None and sec["verdict"] == "1 of 2 groups have a stable lr"
+  md = "\n".join(EP.step_size_markdown(sec))
+  assert "| `x_c1` | 0.0003 | lr 0.0003 (x_c1_lr3em4): the largest stable |" in md
+
+
+def test_step_logs_average_each_seed_over_training_then_over_seeds(tmp_path):
+  def run(name, values):
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"step": i + 1, "tb_residual_mean": v, "grad_norm": 10 * v,
+                                        "grad_clipped_share": 1.0}) + "\n"
+                            for i, v in enumerate(values)))
+    return _Run(path)
+  stage3 = {("a", 0): run("a0", [1.0, 3.0]), ("a", 1): run("a1", [4.0, 6.0])}
+  logs = EP.step_logs(stage3, {"a": (0, 1), "b": (0,)})
+  assert list(logs) == ["a"] and logs["a"]["seeds"] == 2
+  assert logs["a"]["tb_residual_mean"]["mean"] == pytest.approx(3.5)  # (2 + 5) / 2
+  assert logs["a"]["grad_clipped_share"]["mean"] == 1.0

@@ -57,6 +57,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # and evaluation to the cheaper implementation (share_prompts, wrong_decode 'cached'): with the
 # tracker's fields reverted only the flowrl_paper entries were new; then the default preset's
 # entries were rewritten, every other preset's checked unchanged.
+# Issue 63 added the coupling presets' entries (coupling_pilot, coupling_offpolicy(_quick)); every
+# other entry checked unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 
@@ -165,9 +167,10 @@ def test_every_run_and_stage3_seed_measures_and_is_evaluated_with_its_own_seeds(
 
 # (the anchor testbed's Stage 3 presets decide by pre-registered endpoints, not end states: their
 # measurements cost ~8 s each on 160 prompts' correct sets; its off-policy pilot picks a step size
-# by the rule of docs/preregistration.md, "The off-policy part")
+# by the rule of docs/preregistration.md, "The off-policy part", issue 63's pilot likewise)
 @pytest.mark.parametrize("preset", [p for p in main_config.PRESETS
-                                    if p not in ("", "replay_study", "anchor_testbed_offpolicy_pilot")
+                                    if p not in ("", "replay_study", "anchor_testbed_offpolicy_pilot",
+                                                 "coupling_pilot")
                                     and main_config.get_config(p).stages == "all"
                                     and not main_config.get_config(p).endpoints.compare])
 def test_every_preset_that_decides_end_states_has_enough_measurements_in_the_window(preset):
