@@ -18,8 +18,9 @@ Presets and their budgets (2 CPU cores):
   ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``, GRPO) and FlowRL as the paper
   runs it (``flowrl_paper``, issue 62: DISA against it is the paper's controlled comparison), 5
   Stage 3 seeds each, on n = 0..7 with a tiny Qwen3 of width 64 (the pinned models), at lr 5e-4
-  (constant), on-policy, G = 16, 880 steps, tracked every 32 steps and every 16 in the end-state
-  window (14 measurements there), LoRA-SFT and the evaluations; tuned FlowRL, GSPO and VarGrad are
+  (constant), on-policy, G = 16, 880 steps, tracked at step 0 and every 10 steps to step 88, then
+  every 32 steps and every 16 in the end-state window (14 measurements there), LoRA-SFT and the
+  evaluations; tuned FlowRL, GSPO and VarGrad are
   in the other presets. The report decides each method's end state and each claim
   (docs/reports/default.json: see README, "The default job").
   How it was chosen (issue 44's pilots, ``--config=configs/main.py:claims_quick
@@ -115,7 +116,8 @@ DEFAULT_STEPS = 880
 DEFAULT_GROUP = 16  # G: 16 x 8 prompts = 128 samples per step
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 DEFAULT_TRACK = 16  # in the end-state window: 14 measurements (steps 672..880)
-DEFAULT_TRACK_BEFORE = 32  # before it: steps 32..640 (P(correct) passes 0.9 near step 40-80)
+DEFAULT_TRACK_BEFORE = 32  # before it: steps 96..640 (P(correct) passes 0.9 near step 40-80)
+DEFAULT_START_EVERY = 10  # and at step 0, every 10 steps to step 88 (the first 10%; issue 62)
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
 CLAIMS_DECISIVE = ("disa_pos_replay", "disa", "disa_matched", "grpo_remedies")
@@ -341,6 +343,9 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   c.train.rollout.num_minibatches = 1
   c.track.every = DEFAULT_TRACK
   c.track.every_before_window = DEFAULT_TRACK_BEFORE
+  # Issue 62: also at step 0 and every 10 steps over the first 10% (steps 0..88: P(correct) passes
+  # 0.9 near steps 40-80), so that steps to a level is interval-censored, not left-censored at 32.
+  c.track.start_every = DEFAULT_START_EVERY
   c.engine.separate_process = False
   # The tracker's cheaper implementation (the same measures up to float32 rounding; the testbed's
   # presets since issue 45): pays for part of the fifth run's seconds (issue 62).

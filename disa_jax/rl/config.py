@@ -260,6 +260,8 @@ class ValidationConfig:
       ``every`` throughout): a sparse start and a dense end, where the end-state rule reads the
       curves (`disa_jax.pipeline.job_config.TrackConfig.every_before_window`).
     dense_from: the first RL step of the ``every`` cadence (with ``early_every`` only).
+    start_every, start_until: a third phase before both (issue 62: a dense start, then a sparse
+      middle, then a dense end): every ``start_every`` steps up to step ``start_until``.
     at_start: also validate the initial policy, before step 1 (logged as step 0; with validation
       prompts it is a candidate of the checkpoint selection, saved as checkpoint 0).
     n: samples per prompt (Mean@n, pass@n). The checkpoint selection metric is Mean@n: the
@@ -276,10 +278,17 @@ class ValidationConfig:
   # added since: recorded only where set, so that runs written before them resume
   early_every: int = codec.field(default=0, omit=0)
   dense_from: int = codec.field(default=0, omit=0)
+  start_every: int = codec.field(default=0, omit=0)
+  start_until: int = codec.field(default=0, omit=0)
 
   def due(self, step: int) -> bool:
     """Whether RL step ``step`` (1-based: the steps done) is validated."""
-    every = self.early_every if self.early_every and step < self.dense_from else self.every
+    if self.start_every and step <= self.start_until:
+      every = self.start_every
+    elif self.early_every and step < self.dense_from:
+      every = self.early_every
+    else:
+      every = self.every
     return bool(every) and step % every == 0
 
   def __post_init__(self):
@@ -292,6 +301,11 @@ class ValidationConfig:
       _fail("validation", "early_every", self.early_every,
             f"needs every > 0 and dense_from > 0 (the steps it covers), got every={self.every}, "
             f"dense_from={self.dense_from}")
+    if self.start_every < 0 or self.start_until < 0 or (self.start_every and not (
+        self.every and self.start_until)):
+      _fail("validation", "start_every / start_until", (self.start_every, self.start_until),
+            f"must be >= 0, with start_every > 0 needing every > 0 and start_until > 0, got "
+            f"every={self.every}")
     if self.n < 1:
       _fail("validation", "n", self.n, "must be >= 1")
     if not 0 < self.top_p <= 1:

@@ -249,8 +249,23 @@ def test_a_dense_start_measures_step_0_and_every_start_every_steps_over_the_firs
   assert len(steps) + 1 == 21  # step 0 and 20 more: 15 before, +6
   window = np.asarray([0] + steps)
   assert window[D.window_mask(window, CFG)].tolist() == [480, 520, 560, 600]  # as before
-  with pytest.raises(ValueError, match=r"start_every=10 and track.every_before_window=80 cannot "
-                                       r"both be set"):
-    TrackConfig(every=40, start_every=10, every_before_window=80)
   with pytest.raises(ValueError, match=r"track.start_share must be in \(0, 1\], got 0"):
     TrackConfig(every=40, start_every=10, start_share=0)
+
+
+def test_a_dense_start_a_sparse_middle_and_a_dense_window_in_one_schedule():
+  """`TrackConfig.cadence` with ``start_every`` and ``every_before_window`` (issue 62, the default
+  job): step 0 and every 10 steps to step 88, then every 32, then every 16 in the end-state
+  window, which holds exactly the dense measurements."""
+  from disa_jax.pipeline.job_config import TrackConfig
+  from disa_jax.rl.config import ValidationConfig
+  cadence = TrackConfig(every=16, every_before_window=32, start_every=10).cadence(880, CFG)
+  vc = ValidationConfig(**cadence)
+  steps = np.asarray([0] + [s for s in range(1, 881) if vc.due(s)])
+  assert vc.at_start and steps[:10].tolist() == [0, 10, 20, 30, 40, 50, 60, 70, 80, 96]
+  assert np.all(steps[(steps > 88) & (steps < cadence["dense_from"])] % 32 == 0)
+  inside = steps[D.window_mask(steps, CFG)]
+  assert inside[0] >= cadence["dense_from"] and np.all(np.diff(inside) == 16)
+  assert inside[-1] == 880 and inside.size >= CFG.min_points
+  with pytest.raises(ValueError, match=r"validation.start_every / start_until"):
+    ValidationConfig(every=16, start_every=10)
