@@ -29,11 +29,15 @@ def test_the_onpolicy_block_needs_the_pilots_step_sizes():
   with pytest.raises(ValueError, match="ONPOLICY_LRS is empty: run the preset coupling_pilot"):
     coupling.onpolicy_grid(table, (0,), {})
   grid = coupling.onpolicy_grid(table, (0, 1), {("disa_exact", "c0"): 3e-4, ("vargrad", "c0"): 1e-3,
-                                                ("disa_exact_centred", "c0"): 1e-4})
-  assert sorted(grid.keys()) == ["disa_exact_c0", "disa_exact_centred_c0", "vargrad_c0"]
+                                                ("disa_exact_centred", "c0"): 1e-4,
+                                                ("disa", "c0"): 3e-4})
+  assert sorted(grid.keys()) == ["disa_c0", "disa_exact_c0", "disa_exact_centred_c0", "vargrad_c0"]
   assert coupling.onpolicy_compare(tuple(grid.keys())) == (
       "disa_exact_c0:vargrad_c0", "disa_exact_centred_c0:vargrad_c0",
-      "disa_exact_c0:disa_exact_centred_c0")
+      "disa_exact_c0:disa_exact_centred_c0", "disa_c0:vargrad_c0", "disa_c0:disa_exact_c0")
+  # the fitted anchor: one seed per replica (the preset runs it on ANCHOR_REPLICAS replicas)
+  assert grid["disa_c0"].seeds == (0,) and grid["vargrad_c0"].seeds == (0, 1)
+  assert grid["disa_c0"].overrides.train.optim.grad_clip == 0.0 and grid["disa_c0"].lr == 3e-4
 
 
 def test_the_offpolicy_block_replicates_the_anchor_and_declares_its_equivalence_tests():
