@@ -197,14 +197,8 @@ def batch_log_z(logp: Array,
   return jax.lax.stop_gradient(jnp.where(v_g > 0, est, 0.0).reshape(-1))
 
 
-def batch_centred_log_z(log_z: Array,
-                        logp: Array,
-                        ref_logp: Array,
-                        reward: Array,
-                        mask: Array,
-                        *,
-                        beta: float,
-                        length_normalize: bool) -> Array:
+def batch_centred_log_z(log_z: Array, logp: Array, ref_logp: Array, reward: Array, mask: Array, *,
+                        beta: float, length_normalize: bool) -> Array:
   """A frozen log Z with the batch's mean residual removed: a constant baseline on top of it.
 
   With R_i the TB residual of eq. (5) at the given log Z and policy (`tb_residual`), the row's value
