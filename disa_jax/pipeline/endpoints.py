@@ -248,7 +248,8 @@ def step_size_section(stage3: Mapping[tuple[str, int], Any],
   groups: dict[str, list[str]] = {}
   for name in runs:
     groups.setdefault(pilot_group(name), []).append(name)
-  picks = {g: _pick(names, stable_lrs, missing, level, floor) for g, names in groups.items()}
+  lrs = {name: lr for name, (lr, _) in runs.items()}
+  picks = {g: _pick(names, lrs, stable_lrs, missing, level, floor) for g, names in groups.items()}
   one = next(iter(picks.values())) if len(picks) == 1 else {
       "chosen": None, "chosen_run": None,
       "verdict": f"{sum(p['chosen'] is not None for p in picks.values())} of {len(picks)} groups "
@@ -264,11 +265,14 @@ def pilot_group(name: str) -> str:
   return m.group(1) if m else name
 
 
-def _pick(names: Sequence[str], stable_lrs: Mapping[str, float], missing: Sequence[str],
-          level: float, floor: float) -> dict[str, Any]:
-  """The largest stable lr of one group's runs ``names``, or why there is none."""
-  lost = [m for m in missing if m.split(" (seed")[0] in names]
+def _pick(names: Sequence[str], lrs: Mapping[str, float], stable_lrs: Mapping[str, float],
+          missing: Sequence[str], level: float, floor: float) -> dict[str, Any]:
+  """The largest stable lr of one group's runs ``names``, or why there is none. A run not measured
+  matters only at an lr above the largest stable one (the pilot may run a group from its largest
+  lr down and stop at the first stable one)."""
   ok = {n: stable_lrs[n] for n in names if n in stable_lrs}
+  top = max(ok.values()) if ok else -1.0
+  lost = [m for m in missing if m.split(" (seed")[0] in names and lrs[m.split(" (seed")[0]] > top]
   best = max(ok, key=ok.get) if ok and not lost else None
   if lost:
     verdict = "undecided: not measured: " + ", ".join(lost)

@@ -292,6 +292,14 @@ def test_a_pilot_of_several_groups_picks_one_lr_per_group(tmp_path):
   assert sec["chosen"] is None and sec["verdict"] == "1 of 2 groups have a stable lr"
   md = "\n".join(EP.step_size_markdown(sec))
   assert "| `x_c1` | 0.0003 | lr 0.0003 (x_c1_lr3em4): the largest stable |" in md
+  # run from the largest lr down: a stable largest lr decides its group without the smaller ones
+  top = {k: v for k, v in stage3.items() if k[0] != "x_c1_lr1em4"}
+  assert EP.step_size_section(top, runs, EP.EndpointsConfig(stable_floor=0.153))["groups"][
+      "x_c1"]["chosen"] == 3e-4
+  # ... but a missing larger lr leaves it undecided
+  low = {k: v for k, v in stage3.items() if k[0] != "x_c1_lr3em4"}
+  assert EP.step_size_section(low, runs, EP.EndpointsConfig(stable_floor=0.153))["groups"][
+      "x_c1"]["verdict"] == "undecided: not measured: x_c1_lr3em4 (seed 0)"
 
 
 def test_step_logs_average_each_seed_over_training_then_over_seeds(tmp_path):
