@@ -52,6 +52,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _received: list[int] = []  # the signals received while a `watch()` is active, in order
 _depth = [0]  # nesting of active `watch()` contexts (a workflow inside a workflow)
 _depth_lock = threading.Lock()  # (nested contexts may be entered from several threads)
+# Set once a pool worker's parent is gone (`stop_with_parent`): no stage may start or go on.
+_orphaned = threading.Event()
 
 
 class Stopped(Exception):
@@ -110,6 +112,7 @@ def watch() -> Iterator[None]:
   if threading.current_thread() is not threading.main_thread():
     raise RuntimeError("preemption.watch() must be entered from the main thread (signal handlers "
                        "can only be installed there)")
+  _exit_if_orphaned()  # a pool worker whose parent is gone takes no further stage
   old = {s: signal.signal(s, _handle) for s in SIGNALS}
   _depth[0] = 1
   try:
@@ -119,6 +122,14 @@ def watch() -> Iterator[None]:
     for s, h in old.items():
       signal.signal(s, h)
     _received.clear()
+    _exit_if_orphaned()  # (its stage saved; nobody is left to collect a result)
+
+
+def _exit_if_orphaned() -> None:
+  if _orphaned.is_set():
+    print("preemption: the parent process is gone; this worker exits", file=sys.stderr,
+          flush=True)
+    os._exit(0)
 
 
 def request(signum: int = signal.SIGTERM) -> None:
@@ -130,6 +141,7 @@ def _stop_when_orphaned(parent_pid: int, poll_s: float) -> None:
   while os.getppid() == parent_pid:
     time.sleep(poll_s)
   print(f"preemption: parent process {parent_pid} is gone", file=sys.stderr, flush=True)
+  _orphaned.set()  # before the request: a stage ending now must not let the worker take another
   request(signal.SIGTERM)
   while _depth[0] > 0:  # the stage in progress saves at its step boundary and leaves `watch()`
     time.sleep(poll_s)

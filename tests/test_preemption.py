@@ -1,6 +1,7 @@
 """`disa_jax.preemption`'s stop-with-parent: a pool worker whose parent died stops its stage as on
 SIGTERM, then exits, instead of training on as an orphan (a killed main job once left its two Stage 3 workers
-training for 55 minutes)."""
+training for 55 minutes), and then takes no queued stage (a killed job's orphaned workers once saved
+their runs and started the next ones)."""
 import subprocess
 import sys
 import textwrap
@@ -32,6 +33,7 @@ PARENT = textwrap.dedent("""
                                        initializer=preemption.stop_with_parent,
                                        initargs=(os.getpid(), 0.1))
       ex.submit(stage, sys.argv[1])
+      ex.submit(stage, sys.argv[1] + ".next")  # queued: an orphan must never start it
       time.sleep(float(sys.argv[2]))  # the worker is inside its stage by now
       print("parent exits", flush=True)
       os._exit(0)
@@ -51,6 +53,8 @@ def test_a_worker_stops_its_stage_once_its_parent_is_gone(tmp_path):
   signal_name, step = out.read_text().split()
   assert signal_name == "SIGTERM" and int(step) > 0  # stopped mid-stage, not before it began
   assert time.time() - t0 < 60  # (run() returned: the worker exited and closed its pipes)
+  time.sleep(3)  # (a second stage would have started and, stopped at once, written by now)
+  assert not (tmp_path / "out.txt.next").exists(), "the orphaned worker took the next stage"
 
 
 def test_request_sets_the_flag_as_the_signal_would():
