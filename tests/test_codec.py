@@ -10,7 +10,7 @@ from disa_jax import codec, config
 from disa_jax.anchor.frozen import AnchorMeta, EmbeddingSpec
 from disa_jax.artifacts import ArtifactError, fields_equal
 from disa_jax.checkpoint.selection import Choice, Selection
-from disa_jax.data.split import SplitManifest
+from disa_jax.workflows.split_validation import SplitManifest
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget
 from disa_jax.eval.runner import BenchmarkResult

@@ -40,10 +40,9 @@ from disa_jax import models, paths, runtime
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.anchor.table import TABLE_FILE
 from disa_jax.checkpoint.lock import OutputLock
-from disa_jax.data import loaders
-from disa_jax.data.loaders import save_prompts
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
+from disa_jax.data.rows import save_prompts
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.conditional import conditional_kl
@@ -91,7 +90,7 @@ def _derived(where: str, cfg: Any, **changes: Any) -> Any:
 
 def prompt_records(task: SumTask) -> list[PromptRecord]:
   """The task's prompts as `PromptRecord`s: ability and data source 'sum_task', ground truth n
-  (a string, as veRL stores math answers); `disa_jax.data.loaders.save_prompts` writes them."""
+  (a string, as veRL stores math answers); `disa_jax.data.rows.save_prompts` writes them."""
   return [PromptRecord(task.prompt_id(n), [{"role": "user", "content": task.prompt(n)}], str(n),
                        "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
@@ -312,7 +311,7 @@ class SumJob:
     scorer = SequenceScorer(models.from_pretrained(model_path), pad_id=self.tok.pad_token_id,
                             batch_size=64, pad_to=16)
     out = {}
-    for rec in loaders.load_prompts(self.prompts_path):
+    for rec in load_prompts(self.prompts_path):
       prompt = encode_prompt(self.tok, rec, "plain", max_len=self.stage1_cfg.max_prompt_len)
       answers = correct_set(self.tok, rec.reward_meta())
       out[rec.prompt_id] = np.asarray(scorer.sequence_logprobs([list(prompt)] * len(answers),
@@ -330,8 +329,8 @@ class SumJob:
     """
     path = self.dir / ConditionalKLs.FILE
     self.write_prompts()  # (the ids as loaded: prefixed with the data source)
-    ids = tuple(r.prompt_id for r in loaders.load_prompts(self.prompts_path))
-    held = tuple(sorted({r.prompt_id for r in loaders.load_prompts(self.heldout_prompts_path)}
+    ids = tuple(r.prompt_id for r in load_prompts(self.prompts_path))
+    held = tuple(sorted({r.prompt_id for r in load_prompts(self.heldout_prompts_path)}
                         if self.cfg.heldout.enabled else ()))
     ref_id, prop_id = model_identity(self.ref_path), model_identity(self.proposal_path)
     kept = self._cached_conditional_kls(path, ids, ref_id, prop_id, rows)

@@ -40,7 +40,6 @@ from disa_jax import config as config_lib
 from disa_jax import models, paths, preemption, rewards
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.files import naming
-from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt, render_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators import Stage1Writer, collect, load_stage1
@@ -51,7 +50,8 @@ from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
 from disa_jax.scoring.batched import SEQS_PER_ROW, SequenceScorer
-# (Importing `disa_jax.tasks` registers the built-in tasks' rewards: 'sum_task'.)
+# (Importing `disa_jax.tasks` registers the built-in tasks and their rewards: math, code, sum_task.)
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import prompting
 
@@ -230,7 +230,7 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
                      f"scored the labels under ({s1['reference_path']!r}, in {s1_file}), by path "
                      "and by content")
   tok = load_tokenizer(reference_path)
-  by_id = {r.prompt_id: r for r in loaders.load_prompts(s1["prompts_path"], s1["prompts_format"])}
+  by_id = {r.prompt_id: r for r in load_prompts(s1["prompts_path"], s1["prompts_format"])}
   ids = []
   for pid, stored in zip(data.prompt_ids, data.prompts):
     if pid not in by_id:
@@ -406,7 +406,7 @@ def _run_stage1(cfg: Stage1Config) -> Stage1Result:
   claim_stage1_output(cfg)
   import_reward_plugins(cfg.reward_plugins)
   reward_fn = rewards.get_reward_fn(cfg.reward)
-  records = loaders.load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
+  records = load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
   if not records:
     raise ValueError(f"prompts_path={cfg.prompts_path!r}: no prompts to label")
   ref_tok = load_tokenizer(cfg.reference_path)

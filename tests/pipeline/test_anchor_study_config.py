@@ -4,11 +4,11 @@ the held-out split of the n values is disjoint and reproducible."""
 import pytest
 
 from configs import main as main_config
-from disa_jax.data import loaders
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.sum_job import SumJob
 from disa_jax.rl.objectives import Disa, FlowRL, VarGrad
+from disa_jax.tasks.prompts import load_prompts
 
 
 def _job(c, tmp_path):
@@ -88,7 +88,7 @@ def test_heldout_option_splits_the_stage3_prompts(tmp_path):
   assert job.eval_template.benchmarks == {"task": job.prompts_path,
                                           "heldout": job.heldout_prompts_path}
   job.write_prompts()
-  files = {k: [r.prompt_id for r in loaders.load_prompts(p)] for k, p in (
+  files = {k: [r.prompt_id for r in load_prompts(p)] for k, p in (
       ("all", job.prompts_path), ("train", job.train_prompts_path),
       ("heldout", job.heldout_prompts_path))}
   assert len(files["heldout"]) == 8 and not set(files["train"]) & set(files["heldout"])
