@@ -61,6 +61,7 @@ from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
 from disa_jax.pipeline.sum_models import MARKER, WarmupSpec, save_warmed_model, train_sum_model
 from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult
 from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
