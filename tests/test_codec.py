@@ -23,7 +23,7 @@ from disa_jax.workflows.stage1 import Stage1Diagnostics, Stage1Result
 from disa_jax.workflows.stage2 import FitSummary
 from disa_jax.workflows.stage3 import Stage3Run
 
-RT = RewardTransform("affine", 2.0, 0.5)
+RT = RewardTransform(kind="affine", scale=2.0, shift=0.5)
 Q = {"q00": 1.0, "q50": 2.0, "q100": float("nan")}
 
 

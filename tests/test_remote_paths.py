@@ -47,7 +47,7 @@ def _records(ids, seed=0):
                "logp_ref": float(-rng.uniform(1, 5)), "logp_proposal": -2.0,
                "reward": float(j % 2), "num_tokens": 3} for j in range(3)] for _ in ids]
   return build_records(ids, [f"prompt {i}" for i in ids], samples, beta=2.0,
-                       reward_transform=RewardTransform("raw"))
+                       reward_transform=RewardTransform(kind="raw"))
 
 
 def test_a_prompt_file_is_read_from_a_url_as_from_disk(tmp_path, mem):
@@ -105,7 +105,7 @@ def test_a_stage1_dataset_is_written_and_resumed_at_a_url(tmp_path, mem, fmt):
 def test_an_anchor_is_saved_and_loaded_at_a_url(tmp_path, mem):
   meta = AnchorMeta(embedding=EmbeddingSpec("model_mean_pool", 8, "/models/ref",
                                             rendering="plain", model_sha256="ab" * 32),
-                    beta=2.0, reward_transform=RewardTransform("group_zscore"),
+                    beta=2.0, reward_transform=RewardTransform(kind="group_zscore"),
                     label_scale="mean", hidden_sizes=(8,))
   anchor = Anchor(AnchorMLP(8, (8,), "relu", rngs=nnx.Rngs(4)), meta)
   url = f"{mem}/anchors/run"

@@ -400,7 +400,7 @@ class SumJob:
     if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not (
         Path(self.exact_anchor_path) / TABLE_FILE).exists():  # (its file is written last)
       TableAnchor(self.exact().log_z_by_id(), beta=self.cfg.beta,
-                  reward_transform=RewardTransform("raw"),
+                  reward_transform=RewardTransform(kind="raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
     self._noise_anchors()
     return anchor
@@ -414,7 +414,7 @@ class SumJob:
         continue
       seed = seeds.job_seed(self.cfg.seed, "noise_anchor", d)
       table = noisy_log_z(self.exact().log_z_by_id(), sigma, seed)
-      TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
+      TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform(kind="raw"),
                   label_scale=self.stage1_cfg.label_scale,
                   source=f"exact+noise(sigma={sigma:g},seed={seed})").save(
                       self.noise_anchor_path(sigma, d))

@@ -56,7 +56,7 @@ from disa_jax.workflows.export import EXPORT_DTYPES
 
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig(config_lib.Section):
   """Typed view of `configs/eval_paper.py` (the fields are documented there)."""
 

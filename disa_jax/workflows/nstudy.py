@@ -57,7 +57,7 @@ STAGE1_FIELDS = STAGE1_IDENTITY_FIELDS + ("limit",)
 OUTPUTS = ("subset.json", "subset.jsonl", "stage1", "nstudy.json", "nstudy.png")  # overwrite=True
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NStudyConfig(config_lib.Section):
   """Typed view of `configs/nstudy_paper.py` (the fields are documented there).
 

@@ -62,7 +62,7 @@ IDENTITY_FIELDS = ("prompts_format", "dataset_format", "rendering", "max_prompt_
                    "beta", "reward_transform", "label_scale", "proposal_logprobs", "sampling")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ScorerConfig:
   """How the reference model scores log pi_ref (Stage 1) and embeds prompts (Stage 2) in JAX.
 
@@ -103,7 +103,7 @@ class ScorerConfig:
       raise ValueError(f"scorer.row_len must be >= 0 (0 = grow with the data), got {self.row_len}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage1Config(config_lib.Section):
   """Typed view of `configs/stage1_paper.py` (the fields are documented there)."""
 
@@ -119,7 +119,7 @@ class Stage1Config(config_lib.Section):
   reward: str = "math"
   reward_plugins: tuple[str, ...] = ()
   beta: float = 15.0
-  reward_transform: RewardTransform = RewardTransform("group_zscore")
+  reward_transform: RewardTransform = RewardTransform(kind="group_zscore")
   label_scale: str = "mean"
   proposal_logprobs: str = "processed"
   sampling: SamplingParams = SamplingParams(n=8, temperature=0.6, top_p=0.95, max_tokens=32768)

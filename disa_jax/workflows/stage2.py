@@ -56,7 +56,7 @@ from disa_jax.workflows.pinned_prompts import check_stage1_prompts
 from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage2Config:
   """Typed view of `configs/stage2_paper.py` (the fields are documented there)."""
 

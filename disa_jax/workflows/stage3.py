@@ -71,7 +71,7 @@ from disa_jax.workflows.pinned_prompts import check_stage1_prompts
 DTYPES = ("float32", "bfloat16")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BackboneConfig:
   """The models of a Stage 3 run.
 
@@ -119,7 +119,7 @@ class BackboneConfig:
     return self.reference_path or self.policy_path
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
   """What a Stage 3 run trains on.
 
@@ -146,7 +146,7 @@ class DataConfig:
     check_rendering(self.rendering, "data.rendering")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage3Config:
   """A Stage 3 command (`configs/stage3_base.py` documents every field).
 

@@ -50,13 +50,13 @@ def test_nonuniform_target_preset(tmp_path):
 
 def test_run_spec_and_scale_errors_name_the_field(tmp_path):
   with pytest.raises(ValueError, match="sigma must be > 0 with anchor='exact\\+noise'.*sigma=0"):
-    RunSpec(Disa(), anchor="exact+noise")
+    RunSpec(objective=Disa(), anchor="exact+noise")
   with pytest.raises(ValueError, match="sigma=0.5 with anchor='exact'"):
-    RunSpec(Disa(), anchor="exact", sigma=0.5)
+    RunSpec(objective=Disa(), anchor="exact", sigma=0.5)
   with pytest.raises(ValueError, match=r"runs.x.minibatches must be an int >= 0 .*got -1"):
     RunSpec.from_config({"objective": Disa(), "minibatches": -1}, "runs.x")
   with pytest.raises(ValueError, match="anchor='exact\\+noise' is set but objective 'vargrad'"):
-    RunSpec(VarGrad(), anchor="exact+noise", sigma=1.0)
+    RunSpec(objective=VarGrad(), anchor="exact+noise", sigma=1.0)
   c = main_config.get_config("anchor_study_rl")
   c.stage1.label_scale = "mean"
   with pytest.raises(ValueError, match="runs.sum_u1_exact.anchor='exact' needs "

@@ -49,7 +49,7 @@ def tiny(tmp_path_factory):
   save_prompts(prompt_records(task), str(d / "prompts.jsonl"))
   ids = [r.prompt_id for r in load_prompts(str(d / "prompts.jsonl"))]  # (as Stage 3 reads them)
   TableAnchor({p: 2.0 + i for i, p in enumerate(ids)}, beta=BETA,
-              reward_transform=RewardTransform("raw"), label_scale="sum").save(str(d / "anchor"))
+              reward_transform=RewardTransform(kind="raw"), label_scale="sum").save(str(d / "anchor"))
   return d
 
 

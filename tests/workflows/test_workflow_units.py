@@ -126,7 +126,7 @@ def test_proposal_prompt_engine_swaps_prompts():
 
 
 def test_stage1_summary_counts_prompts_without_reward_and_quantiles():
-  rt = RewardTransform("group_zscore")
+  rt = RewardTransform(kind="group_zscore")
   rewards = [[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 1]]
   samples = [[{"token_ids": [1, 2], "text": "x", "logp_ref": -3.0 - j, "logp_proposal": -2.0,
                "reward": float(r), "num_tokens": 2} for j, r in enumerate(row)] for row in rewards]
@@ -162,7 +162,7 @@ def write_stage1_run(tmp_path, reference, samples, *, label_scale="mean"):
   out = tmp_path / "s1"
   out.mkdir()
   recs = build_records(ids, [f"prompt number {i}" for i in range(len(samples))], samples,
-                       beta=15.0, reward_transform=RewardTransform("group_zscore"),
+                       beta=15.0, reward_transform=RewardTransform(kind="group_zscore"),
                        label_scale=label_scale)
   Stage1Writer(out / "stage1.jsonl").write(recs)
   (out / "stage1_config.json").write_text(json.dumps({
