@@ -29,17 +29,22 @@ _TASKS: dict[str, Task] = {}  # the tasks registered with `register_task`, by na
 _FORMATS: dict[str, PromptFormat] = {}  # every prompt format, in registration order
 
 
+def _check_format(fmt: PromptFormat, taken: set[str]) -> None:
+  """Refuses a format whose name, or one of whose benchmark names, is taken."""
+  if fmt.name in _FORMATS:
+    raise ValueError(f"prompt format {fmt.name!r} is already registered")
+  clash = sorted(set(fmt.benchmarks) & taken)
+  if clash:
+    raise ValueError(f"prompt format {fmt.name!r}: benchmark(s) {clash} already have a format")
+
+
 def register_format(fmt: PromptFormat) -> None:
   """Registers a prompt-file format (a task's, or veRL's, the format of every task).
 
   Raises:
     ValueError: when its name, or one of its benchmark names, is taken.
   """
-  if fmt.name in _FORMATS:
-    raise ValueError(f"prompt format {fmt.name!r} is already registered")
-  taken = sorted(set(fmt.benchmarks) & set(benchmark_formats()))
-  if taken:
-    raise ValueError(f"prompt format {fmt.name!r}: benchmark(s) {taken} already have a format")
+  _check_format(fmt, set(benchmark_formats()))
   _FORMATS[fmt.name] = fmt
 
 
@@ -47,11 +52,13 @@ def register_task(task: Task, *, reward: Callable[..., Any]) -> None:
   """Registers ``task`` with its reward ``reward(responses, metas) -> Graded | [n] rewards``.
 
   Raises:
-    ValueError: when the name or one of its formats is taken, or for a non-callable reward.
+    ValueError: when the name, one of its formats or benchmarks is taken (nothing is registered
+      then), or for a non-callable reward.
   """
+  taken = set(benchmark_formats())
   for fmt in task.formats:
-    if fmt.name in _FORMATS:
-      raise ValueError(f"task {task.name!r}: prompt format {fmt.name!r} is already registered")
+    _check_format(fmt, taken)
+    taken |= set(fmt.benchmarks)
   rewards.register_reward(task.name, reward, correct_set=task.correct_set)
   _TASKS[task.name] = task
   for fmt in task.formats:

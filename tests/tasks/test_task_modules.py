@@ -161,5 +161,11 @@ def test_a_plugin_task_brings_its_own_prompt_format_and_ground_truth(tmp_path):
   with pytest.raises(ValueError, match="prompt format 't64_caps_rows' is already registered"):
     register_task(Task("t64_caps_again", formats=(fmt,)), reward=lambda rs, ms: [0.0] * len(rs))
   assert "t64_caps_again" not in registry.task_names()
+  clash = PromptFormat(name="t64_caps_other", record=_caps_record, detect_rank=6,
+                       detect=lambda keys, base: False, benchmarks=("aime24",))
+  with pytest.raises(ValueError, match=r"prompt format 't64_caps_other': benchmark\(s\) \['aime24'\] "
+                                       "already have a format"):
+    register_task(Task("t64_caps_clash", formats=(clash,)), reward=lambda rs, ms: [0.0] * len(rs))
+  assert "t64_caps_clash" not in registry.task_names()  # nothing registered
   with pytest.raises(KeyError, match="unknown prompt format 'nope'"):
     registry.prompt_format("nope")
