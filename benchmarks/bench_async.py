@@ -40,7 +40,7 @@ PHASES = ("time/step_s", "time/generate_s", "time/train_s", "time/sync_s")
 
 def build_model(path: Path, warmup_steps: int) -> None:
   """The main job's reference architecture, warmed up on the sum task, saved as an HF dir."""
-  model, _ = train_sum_model(SumTask(0, 40), TinyLMSpec(), WarmupSpec(0.6, 1.0, warmup_steps),
+  model, _ = train_sum_model(SumTask(0, 40), TinyLMSpec(), WarmupSpec(correct_frac=0.6, skew=1.0, steps=warmup_steps),
                              progress=False)
   save_model(model, path)
 

@@ -33,7 +33,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 SHARED = (REPO / ".." / "shared" / "data" / "benchmarks").resolve()
 
-from disa_jax.data import load_prompts  # noqa: E402
+from disa_jax.tasks.prompts import load_prompts  # noqa: E402
 from disa_jax.rewards import code  # noqa: E402
 from disa_jax.rewards import math_verify_grader as mvg  # noqa: E402
 

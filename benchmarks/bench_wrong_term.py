@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from disa_jax import runtime, tasks
-from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.rollout.engines import make_engine
+from disa_jax.tasks.prompts import load_prompts
 
 
 def _run(workdir: Path, run: str, args) -> dict:
@@ -44,7 +44,7 @@ def _run(workdir: Path, run: str, args) -> dict:
   ref_path, policy_path = config["exact_target"]["reference_path"], str(workdir / "stage3" / run /
                                                                          "final")
   tok = load_tokenizer(ref_path)
-  records = loaders.load_prompts(config["data"]["train_path"], "auto")
+  records = load_prompts(config["data"]["train_path"], "auto")
   rollout = config["train"]["rollout"]
   cfgs = {setting(k, s, d): ExactTargetConfig(
       reference_path=ref_path, beta=config["exact_target"]["beta"], kl_samples=args.kl_samples,

@@ -16,7 +16,7 @@ import ml_collections
 
 from configs import common
 
-BENCHMARK_FILES = {  # name -> default local file (formats: disa_jax.data.loaders)
+BENCHMARK_FILES = {  # name -> default local file (formats: disa_jax.tasks.prompts)
     "aime24": "data/benchmarks/aime24.jsonl",
     "aime25": "data/benchmarks/aime25.jsonl",
     "amc23": "data/benchmarks/amc23.jsonl",

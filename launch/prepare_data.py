@@ -12,7 +12,7 @@ the command stops at once: pass a downloaded copy as --source, or HF_HUB_OFFLINE
 cache). --output defaults to the path the configs read. Writes ``<output>.provenance.json``
 beside it and prints it. A malformed row stops the command, naming the row and the field. ``--dry_run`` checks
 the set, the source and the output and prints the plan, reading and writing nothing. See
-`disa_jax.data.prepare`; then split the training sets with launch/split_validation.py.
+`disa_jax.workflows.prepare_data`; then split the training sets with launch/split_validation.py.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if _ROOT not in sys.path:
 from absl import flags  # noqa: E402
 
 from disa_jax import launcher  # noqa: E402
-from disa_jax.data.prepare import SETS, plan, prepare  # noqa: E402
+from disa_jax.workflows.prepare_data import SETS, plan, prepare  # noqa: E402
 from disa_jax.workflows.preflight import require_writable  # noqa: E402
 
 _SET = flags.DEFINE_enum("set", None, sorted(SETS), "The set to prepare.")

@@ -8,7 +8,7 @@ The split is by content hash (seeded): reruns and reordered copies of the input 
 validation prompts. Writes both files and ``<validation>.manifest.json``; prints the manifest. The
 paper configs read these paths (`configs/common.py`). ``--dry_run`` checks the input, the outputs
 (suffix, writable, not the input) and the size, prints the plan and writes nothing. See
-`disa_jax.data.split`.
+`disa_jax.workflows.split_validation`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ if _ROOT not in sys.path:
 from absl import flags  # noqa: E402
 
 from disa_jax import codec, launcher  # noqa: E402
-from disa_jax.data.split import manifest_path, split_validation  # noqa: E402
+from disa_jax.workflows.split_validation import manifest_path, split_validation  # noqa: E402
 from disa_jax.workflows.preflight import require_writable  # noqa: E402
 
 _INPUT = flags.DEFINE_string("input", None, "Training prompt file (veRL parquet/jsonl, ...).")

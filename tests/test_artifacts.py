@@ -183,7 +183,7 @@ def _anchor_artifact(out_dir):
       embedding=EmbeddingSpec(source="model_mean_pool", dim=2, model_path="ref",
                               prompt_format="stage1_prompt", rendering="plain"),
       beta=15.0, label_scale="sum", labels="plain", weighting="uniform",
-      reward_transform=RewardTransform("raw"), label_stats={"mean": 1.0, "std": 0.5},
+      reward_transform=RewardTransform(kind="raw"), label_stats={"mean": 1.0, "std": 0.5},
       fit=FitSummary(best_epoch=1, train_mse=0.1, val_mse=0.2, val_r2=0.5, n_train=2, n_val=1),
       val_prompt_ids=("c",), sigma_g_train=0.3, sigma_g_val=0.4,
       history={"train_mse": [0.2, 0.1], "val_mse": [0.3, 0.2], "val_r2": [0.1, 0.5]},
@@ -220,7 +220,7 @@ def test_anchor_artifact_missing_or_corrupt_file_names_it(tmp_path):
 def _stage1_result(out_dir):
   q = {"q00": 1.0, "q25": 1.5, "q50": 2.0, "q75": 2.5, "q100": 3.0}
   diag = Stage1Diagnostics(
-      prompts=2, samples=8, beta=15.0, label_scale="sum", reward_transform=RewardTransform("raw"),
+      prompts=2, samples=8, beta=15.0, label_scale="sum", reward_transform=RewardTransform(kind="raw"),
       proposal_logprobs="raw", ess=q, ess_fraction=q, cv2=q, max_weight_share=q, log_z_is=q,
       nonfinite_labels=0, nonfinite_prompt_ids=(), share_no_reward=0.5, mean_reward=0.25,
       mean_response_tokens=3.0, grade_errors=0)

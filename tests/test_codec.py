@@ -10,7 +10,7 @@ from disa_jax import codec, config
 from disa_jax.anchor.frozen import AnchorMeta, EmbeddingSpec
 from disa_jax.artifacts import ArtifactError, fields_equal
 from disa_jax.checkpoint.selection import Choice, Selection
-from disa_jax.data.split import SplitManifest
+from disa_jax.workflows.split_validation import SplitManifest
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget
 from disa_jax.eval.runner import BenchmarkResult
@@ -23,7 +23,7 @@ from disa_jax.workflows.stage1 import Stage1Diagnostics, Stage1Result
 from disa_jax.workflows.stage2 import FitSummary
 from disa_jax.workflows.stage3 import Stage3Run
 
-RT = RewardTransform("affine", 2.0, 0.5)
+RT = RewardTransform(kind="affine", scale=2.0, shift=0.5)
 Q = {"q00": 1.0, "q50": 2.0, "q100": float("nan")}
 
 

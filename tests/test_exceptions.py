@@ -13,7 +13,7 @@ import disa_jax
 from disa_jax.checkpoint.identity import IdentityMismatchError
 from disa_jax.checkpoint.lock import OutputLockedError
 from disa_jax.checkpoint.manager import CheckpointSaveError
-from disa_jax.data.prepare import SourceUnavailableError
+from disa_jax.workflows.prepare_data import SourceUnavailableError
 from disa_jax.estimators.dataset import Stage1FormatError
 from disa_jax.workflows.pinned_prompts import ChangedPromptsError
 

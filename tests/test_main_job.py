@@ -354,13 +354,13 @@ def test_the_anchor_stages_fit_without_the_held_out_prompts_and_report_them(tmp_
   anchor_report.json, no Stage 3; the held-out prompts are embedded and predicted but not fitted,
   and the report's generalisation rows are the anchor's own predictions against the exact log Z."""
   from disa_jax.anchor.diagnostics import generalisation
-  from disa_jax.data import loaders
+  from disa_jax.tasks.prompts import load_prompts
   c = _cfg(stages="anchor", **{"heldout.fraction": 0.3, "heldout.anchor": True,
                                "reference_model.correct_frac_last": 0.05})
   job = _job(c, tmp_path)
   report = job.run()
   assert not (tmp_path / "stage3").exists() and not (tmp_path / "report.json").exists()
-  held = sorted(r.prompt_id for r in loaders.load_prompts(job.heldout_prompts_path))
+  held = sorted(r.prompt_id for r in load_prompts(job.heldout_prompts_path))
   assert len(held) == 2  # round(0.3 x 7)
   anchor = job.stage2()
   assert anchor.prompts == 7 and anchor.prompts_fitted == 5

@@ -18,9 +18,10 @@ from disa_jax.anchor import Anchor, AnchorMLP, load_anchor
 from disa_jax.anchor.frozen import AnchorMeta, EmbeddingSpec
 from disa_jax.checkpoint.identity import IdentityMismatchError, fingerprint
 from disa_jax.checkpoint.lock import OutputLockedError
-from disa_jax.data import loaders
 from disa_jax.data.records import PromptRecord
+from disa_jax.data.rows import read_rows, save_prompts
 from disa_jax.estimators import RewardTransform, Stage1Writer, build_records, load_stage1
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.workflows import preflight
 from disa_jax.workflows.stage1 import Stage1Config, claim_stage1_output
 from disa_jax.workflows.stage2 import Stage2Config
@@ -46,23 +47,23 @@ def _records(ids, seed=0):
                "logp_ref": float(-rng.uniform(1, 5)), "logp_proposal": -2.0,
                "reward": float(j % 2), "num_tokens": 3} for j in range(3)] for _ in ids]
   return build_records(ids, [f"prompt {i}" for i in ids], samples, beta=2.0,
-                       reward_transform=RewardTransform("raw"))
+                       reward_transform=RewardTransform(kind="raw"))
 
 
 def test_a_prompt_file_is_read_from_a_url_as_from_disk(tmp_path, mem):
   records = [PromptRecord(f"q{i}", f"what is {i} + {i}?", str(2 * i), "toy") for i in range(3)]
   for name in ("p.jsonl", "p.parquet"):
     local = str(tmp_path / name)
-    loaders.save_prompts(records, local)
-    loaders.save_prompts(records, f"{mem}/{name}")  # written there as on disk: the same bytes
+    save_prompts(records, local)
+    save_prompts(records, f"{mem}/{name}")  # written there as on disk: the same bytes
     assert paths.as_path(f"{mem}/{name}").read_bytes() == open(local, "rb").read()
-    assert loaders.load_prompts(f"{mem}/{name}") == loaders.load_prompts(local)
+    assert load_prompts(f"{mem}/{name}") == load_prompts(local)
   gz = os.path.join(os.path.dirname(__file__), "fixtures", "benchmarks",
                     "humanevalplus_sample.jsonl.gz")
   url = _upload(gz, f"{mem}/bench/HumanEvalPlus.jsonl.gz")
-  assert loaders.read_rows(url) == loaders.read_rows(gz)
+  assert read_rows(url) == read_rows(gz)
   with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-    loaders.load_prompts(f"{mem}/missing.jsonl")
+    load_prompts(f"{mem}/missing.jsonl")
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
@@ -104,7 +105,7 @@ def test_a_stage1_dataset_is_written_and_resumed_at_a_url(tmp_path, mem, fmt):
 def test_an_anchor_is_saved_and_loaded_at_a_url(tmp_path, mem):
   meta = AnchorMeta(embedding=EmbeddingSpec("model_mean_pool", 8, "/models/ref",
                                             rendering="plain", model_sha256="ab" * 32),
-                    beta=2.0, reward_transform=RewardTransform("group_zscore"),
+                    beta=2.0, reward_transform=RewardTransform(kind="group_zscore"),
                     label_scale="mean", hidden_sizes=(8,))
   anchor = Anchor(AnchorMLP(8, (8,), "relu", rngs=nnx.Rngs(4)), meta)
   url = f"{mem}/anchors/run"

@@ -26,7 +26,7 @@ from disa_jax.anchor.mlp import AnchorMLP
 from disa_jax.estimators.reward_transforms import RewardTransform
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AnchorFitConfig:
   """Stage 2 hyper-parameters (paper Table 6 defaults)."""
 

@@ -1,10 +1,7 @@
-"""Prompt templates of the paper's setup (math: boxed final answer; code: a fenced Python program).
+"""Chat prompts: the message list veRL stores, and its rendering under a tokenizer's chat template.
 
-The paper does not print its templates. The math instruction is the standard Qwen2.5-Math one
-("Please reason step by step, and put your final answer within \\boxed{}.", appended to the problem;
-`MATH_INSTRUCTION_DEEPSCALER` is the DeepScaleR/rllm variant); the code instruction follows the
-DeepCoder / LiveCodeBench convention (a complete Python program reading stdin and writing stdout, in
-a ```python fenced block, or the given starter code completed for function-call problems).
+Each task's own template (the text of the user message) lives with the task
+(`disa_jax.tasks.math.math_prompt`, `disa_jax.tasks.code.code_prompt`, ...).
 
 `chat_messages(text, system=None)` gives the chat-message list veRL stores in its `prompt` column;
 `render_chat(tokenizer, messages)` turns it into the model's text with the tokenizer's chat
@@ -17,77 +14,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 __all__ = [
-  "MATH_INSTRUCTION",
-  "MATH_INSTRUCTION_DEEPSCALER",
-  "CODE_STDIO_INSTRUCTION",
-  "CODE_FUNCTION_INSTRUCTION",
-  "math_prompt",
-  "code_prompt",
-  "humaneval_prompt",
   "chat_messages",
   "render_chat",
   "MissingChatTemplateError",
 ]
-
-MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-MATH_INSTRUCTION_DEEPSCALER = (
-  "Let's think step by step and output the final answer within \\boxed{}.")
-
-CODE_STDIO_INSTRUCTION = (
-  "Write a complete Python 3 program that solves the problem above. It must read the input from "
-  "standard input and write the answer to standard output. Put the whole program in a single "
-  "```python code block.")
-
-CODE_FUNCTION_INSTRUCTION = (
-  "Complete the following Python code so that it solves the problem above. Return the complete "
-  "code, including the given signature, in a single ```python code block.")
-
-
-def math_prompt(problem: str, instruction: str = MATH_INSTRUCTION) -> str:
-  """The math prompt: the problem followed by the boxed-answer instruction.
-
-  Args:
-    problem: the problem statement.
-    instruction: the instruction appended after a blank line.
-
-  Returns:
-    The user-message text.
-  """
-  if not isinstance(problem, str) or not problem.strip():
-    raise ValueError(f"problem must be a non-empty str, got {problem!r}")
-  return f"{problem.strip()}\n\n{instruction}"
-
-
-def code_prompt(problem: str, starter_code: str | None = None) -> str:
-  """The code prompt: stdin/stdout program, or completion of `starter_code` when given.
-
-  Args:
-    problem: the problem statement.
-    starter_code: a function/class signature to complete (LiveCodeBench functional problems).
-
-  Returns:
-    The user-message text.
-  """
-  if not isinstance(problem, str) or not problem.strip():
-    raise ValueError(f"problem must be a non-empty str, got {problem!r}")
-  if starter_code:
-    return (f"{problem.strip()}\n\n{CODE_FUNCTION_INSTRUCTION}\n\n```python\n"
-            f"{starter_code.rstrip()}\n```")
-  return f"{problem.strip()}\n\n{CODE_STDIO_INSTRUCTION}"
-
-
-def humaneval_prompt(prompt: str) -> str:
-  """The prompt for a HumanEval(+) task: complete the given function.
-
-  Args:
-    prompt: the task's `prompt` field (imports, signature, docstring).
-
-  Returns:
-    The user-message text.
-  """
-  return ("Complete the following Python function. Return the complete function, including its "
-          f"signature and any imports, in a single ```python code block.\n\n```python\n"
-          f"{prompt.rstrip()}\n```")
 
 
 def chat_messages(text: str, system: str | None = None) -> list[dict[str, str]]:

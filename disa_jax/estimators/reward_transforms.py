@@ -34,7 +34,7 @@ KINDS = ("raw", "affine", "group_zscore")
 DDOFS = (0, 1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardTransform:
   """A reward transform, recorded with the Stage 1 labels and the Stage 3 run.
 

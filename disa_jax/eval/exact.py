@@ -43,7 +43,7 @@ from disa_jax.scoring.batched import SequenceScorer
 CorrectSetFn = Callable[[Any, Mapping[str, Any]], list[list[int]]]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ExactTargetConfig:
   """The exact evaluation of `run_evaluation` (off unless ``reference_path`` is set).
 

@@ -62,7 +62,7 @@ def rows_for_mesh(rows: int, shards: int) -> int:
   return -(-rows // shards) * shards
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
   """The device mesh of a stage, shared by every command's config.
 

@@ -55,7 +55,7 @@ RHO_MAX = 0.9  # the largest lag-1 autocorrelation the standard error allows for
 SERIAL = ("ar1", "none")  # `EndStateConfig.serial`
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EndStateConfig:
   """The end-state rule's settings (`MainConfig.end_state`; configs/main.py documents them).
 

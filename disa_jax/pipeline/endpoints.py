@@ -55,7 +55,7 @@ P_LEVEL = 0.9
 ALPHA = 0.05
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EndpointsConfig:
   """``compare``: the declared comparisons, each 'A:B' (run names of ``methods``; A - B is
   tested, two-sided); () = no endpoint section.

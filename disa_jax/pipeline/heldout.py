@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class HeldoutConfig:
   """``fraction`` of the n values held out of Stage 3 (0 = none), drawn with ``seed``; with
   ``anchor`` also out of Stage 2's fit (`Stage2Config.exclude_prompts_path`), so that the anchor's

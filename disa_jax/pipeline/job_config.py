@@ -76,7 +76,7 @@ def _is_float_field(path: str) -> bool:
     return False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunSpec:
   """One Stage 3 run of the main job: an objective, its Stage 1 replay (`ReplayConfig`: the run's
   ``train.replay`` section, reading the job's Stage 1 file), its anchor, and ``match_rows_of``: the
@@ -195,7 +195,7 @@ def replace_paths(obj: Any, changes: Mapping[str, Any]) -> Any:
   return dataclasses.replace(obj, **direct)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskConfig:
   """The sum task: prompts n = n_min..n_max, responses of at most ``max_tokens`` tokens."""
   n_min: int = 0
@@ -209,7 +209,7 @@ class TaskConfig:
                        f"{self.max_tokens!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AnchorStudyConfig:
   """The sigma_g study of sharper anchors: ``repeats`` per N (0 = off), ``folds`` of the split."""
   repeats: int = 8
@@ -221,7 +221,7 @@ class AnchorStudyConfig:
                        f"{self.folds}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NStudyRunSpec:
   """The App. C.3 command (`disa_jax.workflows.nstudy`) on the sum task: a stratified subset of
   ``subset_size`` prompts (k at the elbow of ``ks``), a fresh Stage 1 pool of ``pool_size`` samples
@@ -233,7 +233,7 @@ class NStudyRunSpec:
   ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrackConfig:
   """Exact measures during Stage 3: every ``every`` steps (0 = off), ``kl_samples`` policy samples
   per prompt for the Monte Carlo KL, ``wrong_samples`` samples of the policy conditioned on a wrong
@@ -297,7 +297,7 @@ class TrackConfig:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MainConfig:
   """`configs/main.py`, typed: converted once (`from_config`) and validated once.
 

@@ -33,7 +33,7 @@ from disa_jax.pipeline import seeds
 FORMATS = ("jsonl", "parquet")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TabularProblemConfig:
   """The ``problem`` section: the arguments of `make_tabular_problem` (P, K, D, ...)."""
 
@@ -52,7 +52,7 @@ class TabularProblemConfig:
       raise ValueError(f"problem.prompts must be >= 10, got {self.prompts!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OfflineStage1Config:
   """The ``stage1`` section: proposal samples, labels, durable chunks and the N-study."""
 
@@ -74,7 +74,7 @@ class OfflineStage1Config:
       raise ValueError(f"stage1.n_study values must be >= 1, got {self.n_study!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OfflineStage2Config:
   """The ``stage2`` section: the anchor regressor's hyper-parameters (seeded by the top-level seed)."""
 
@@ -94,7 +94,7 @@ class OfflineStage2Config:
                            val_fraction=self.val_fraction, seed=seed)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OfflineConfig(config_lib.Section):
   """Typed, validated view of `configs/offline_synthetic.py` (the fields are documented there)."""
 

@@ -20,13 +20,13 @@ import numpy as np
 from disa_jax import estimators as E
 from disa_jax.anchor.diagnostics import generalisation, sigma_g
 from disa_jax.anchor.labels import anchor_targets
-from disa_jax.data import loaders
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline import seeds
 from disa_jax.pipeline.plan import JobPlan
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.workflows.stage2 import AnchorArtifact
 
 Replicas = Mapping[int, tuple[Stage1Data, AnchorArtifact]]  # data seed d > 0 -> its pool, anchor
@@ -94,7 +94,7 @@ def _generalisation(plan: JobPlan, anchor: AnchorArtifact, ids: Sequence[str], p
   """The anchor against the exact log Z on the held-out prompts (never fitted: `HeldoutConfig`'s
   ``anchor``) and on the prompts it was fitted on, each beside the constant predictor of the
   fit's mean label."""
-  held = {r.prompt_id for r in loaders.load_prompts(str(plan.heldout_prompts_path))}
+  held = {r.prompt_id for r in load_prompts(str(plan.heldout_prompts_path))}
   is_held = np.array([p in held for p in ids], bool)
   const = float(anchor.label_stats["mean"])
   return {"heldout": generalisation(pred[is_held], log_z[is_held], const),

@@ -40,10 +40,9 @@ from disa_jax import models, paths, runtime
 from disa_jax.anchor import TableAnchor, noisy_log_z
 from disa_jax.anchor.table import TABLE_FILE
 from disa_jax.checkpoint.lock import OutputLock
-from disa_jax.data import loaders
-from disa_jax.data.loaders import save_prompts
 from disa_jax.data.prompting import encode_prompt
 from disa_jax.data.records import PromptRecord
+from disa_jax.data.rows import save_prompts
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.conditional import conditional_kl
@@ -62,6 +61,7 @@ from disa_jax.pipeline.report import ReportInputs, write_report
 from disa_jax.pipeline.stage12 import AnchorReport, write_anchor_report
 from disa_jax.pipeline.sum_models import MARKER, WarmupSpec, save_warmed_model, train_sum_model
 from disa_jax.scoring.batched import SequenceScorer
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.sum import SumTask, correct_set, task_tokenizer
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult
 from disa_jax.workflows.nstudy import NStudyConfig, NStudyResult, run_nstudy
@@ -91,7 +91,7 @@ def _derived(where: str, cfg: Any, **changes: Any) -> Any:
 
 def prompt_records(task: SumTask) -> list[PromptRecord]:
   """The task's prompts as `PromptRecord`s: ability and data source 'sum_task', ground truth n
-  (a string, as veRL stores math answers); `disa_jax.data.loaders.save_prompts` writes them."""
+  (a string, as veRL stores math answers); `disa_jax.data.rows.save_prompts` writes them."""
   return [PromptRecord(task.prompt_id(n), [{"role": "user", "content": task.prompt(n)}], str(n),
                        "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
@@ -312,7 +312,7 @@ class SumJob:
     scorer = SequenceScorer(models.from_pretrained(model_path), pad_id=self.tok.pad_token_id,
                             batch_size=64, pad_to=16)
     out = {}
-    for rec in loaders.load_prompts(self.prompts_path):
+    for rec in load_prompts(self.prompts_path):
       prompt = encode_prompt(self.tok, rec, "plain", max_len=self.stage1_cfg.max_prompt_len)
       answers = correct_set(self.tok, rec.reward_meta())
       out[rec.prompt_id] = np.asarray(scorer.sequence_logprobs([list(prompt)] * len(answers),
@@ -330,8 +330,8 @@ class SumJob:
     """
     path = self.dir / ConditionalKLs.FILE
     self.write_prompts()  # (the ids as loaded: prefixed with the data source)
-    ids = tuple(r.prompt_id for r in loaders.load_prompts(self.prompts_path))
-    held = tuple(sorted({r.prompt_id for r in loaders.load_prompts(self.heldout_prompts_path)}
+    ids = tuple(r.prompt_id for r in load_prompts(self.prompts_path))
+    held = tuple(sorted({r.prompt_id for r in load_prompts(self.heldout_prompts_path)}
                         if self.cfg.heldout.enabled else ()))
     ref_id, prop_id = model_identity(self.ref_path), model_identity(self.proposal_path)
     kept = self._cached_conditional_kls(path, ids, ref_id, prop_id, rows)
@@ -400,7 +400,7 @@ class SumJob:
     if any(self.cfg.runs[m].anchor == "exact" for m in self.cfg.methods) and not (
         Path(self.exact_anchor_path) / TABLE_FILE).exists():  # (its file is written last)
       TableAnchor(self.exact().log_z_by_id(), beta=self.cfg.beta,
-                  reward_transform=RewardTransform("raw"),
+                  reward_transform=RewardTransform(kind="raw"),
                   label_scale=self.stage1_cfg.label_scale).save(self.exact_anchor_path)
     self._noise_anchors()
     return anchor
@@ -414,7 +414,7 @@ class SumJob:
         continue
       seed = seeds.job_seed(self.cfg.seed, "noise_anchor", d)
       table = noisy_log_z(self.exact().log_z_by_id(), sigma, seed)
-      TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform("raw"),
+      TableAnchor(table, beta=self.cfg.beta, reward_transform=RewardTransform(kind="raw"),
                   label_scale=self.stage1_cfg.label_scale,
                   source=f"exact+noise(sigma={sigma:g},seed={seed})").save(
                       self.noise_anchor_path(sigma, d))

@@ -36,7 +36,7 @@ from disa_jax.sft import SupervisedSchedule, make_sft_step
 from disa_jax.tasks.sum import SumTask, make_tokenizer
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TinyLMSpec:
   """Architecture of the main job's models (the TRL peer's tiny Qwen3 by default)."""
 
@@ -53,7 +53,7 @@ CORRECT_FRAC_OF = ("n", "last_digit")
 NEAR_MISS = 3  # largest |b - (n - a)| of a 'near' wrong answer
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WarmupSpec:
   """Supervised warm-up of one model on made-up answers."""
 

@@ -8,9 +8,9 @@
   `run_humaneval(problem, completion, timeout_s) -> bool`, `extract_code(response)`; the sandbox
   itself is `disa_jax.rewards.sandbox`.
 - Registry: `get_reward_fn(name)` is the one `RewardFn` type, ``(responses, metas) -> Graded``
-  (rewards plus grading errors; `disa_jax.rewards.graded`), for 'math', 'code' and anything
-  added with `register_reward(name, fn, correct_set=...)` ('sum_task': registered by
-  `disa_jax.tasks` on import). It is the one registry of tasks: `correct_set_of(name)` is a task's
+  (rewards plus grading errors; `disa_jax.rewards.graded`), for every reward added with
+  `register_reward(name, fn, correct_set=...)`: 'math', 'code' and 'sum_task' are registered by
+  their task modules when `disa_jax.tasks` is imported. It is the one registry of tasks: `correct_set_of(name)` is a task's
   enumerable correct set (None for math and code), which `disa_jax.tasks.get_task` reads.
 """
 

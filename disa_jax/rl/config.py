@@ -23,7 +23,7 @@ def _fail(section: str, field: str, value: Any, need: str) -> None:
   raise ValueError(f"{section}.{field} {need}, got {value!r}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
   """AdamW with global-norm clipping.
 
@@ -63,7 +63,7 @@ class OptimConfig:
       _fail("optim", "decay_factor", self.decay_factor, "must be in (0, 1]")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
   """Training rollouts and how the batch is split into updates.
 
@@ -179,7 +179,7 @@ class RolloutConfig:
     return longest
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplayConfig:
   """Stage 1 replay in Stage 3 (objectives with ``allows_replay``; see `disa_jax.rl.replay`).
 
@@ -249,7 +249,7 @@ class ReplayConfig:
     return self.fraction
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ValidationConfig:
   """Periodic validation during training (paper protocol: temperature 0.6, top-p 0.95).
 
@@ -314,7 +314,7 @@ class ValidationConfig:
       _fail("validation", "max_tokens", self.max_tokens, "must be >= 1")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
   """Checkpointing: every `every` steps (and at the end), keep the last `keep` plus the best by
   validation (saved when it is validated, `disa_jax.checkpoint.selection`), async writes."""
@@ -332,7 +332,7 @@ class CheckpointConfig:
 WANDB_MODES = ("online", "offline")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WandbConfig:
   """Weights & Biases as a metrics sink beside JSONL and TensorBoard (`disa_jax.rl.metrics`).
 
@@ -361,7 +361,7 @@ class WandbConfig:
         _fail("wandb", f"tags[{i}]", tag, "must be a non-empty string")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
   """Everything the Stage 3 `Trainer` reads.
 

@@ -124,7 +124,7 @@ def make_engine(kind: str, model_path: str, *, options: Mapping[str, Any] | None
   return RemoteEngine(kind, model_path, options=options, process=process)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
   """The rollout engine of a command (Stage 1's proposal, Stage 3's policy, evaluation).
 

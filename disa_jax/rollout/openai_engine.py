@@ -39,7 +39,7 @@ _CHECK_TEMPERATURE = 2.0
 _CHECK_TOLERANCE = 1e-3
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ServedEndpoint:
   """A model served behind an OpenAI-compatible completions endpoint (engine kind 'openai').
 

@@ -66,7 +66,7 @@ class GenerationProcessHung(TimeoutError):
   """The generation process stopped sending heartbeats."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ProcessOptions:
   """How the generation process is run and watched (see `RemoteEngine`).
 

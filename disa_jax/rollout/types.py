@@ -22,7 +22,7 @@ import numpy as np
 FINISH_REASONS = ("stop", "length")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingParams:
   """How to sample completions.
 

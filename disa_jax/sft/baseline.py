@@ -43,7 +43,7 @@ SUMMARY_FILE = "sft_summary.json"
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LoRASFTConfig:
   """Settings of the LoRA-SFT baseline (defaults: App. D.4, Table 7).
 

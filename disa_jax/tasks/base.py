@@ -1,4 +1,5 @@
-"""The `Task`: what a prompt's ``ability`` names, its reward and, when it has one, its exact target.
+"""The `Task`: what a prompt's ``ability`` names, its reward, its prompt formats and, when it has
+one, its exact target; and the `PromptFormat` a task's prompt files are read with.
 
 A task is keyed by one name, the same string in three places: the reward registry
 (`disa_jax.rewards.register_reward`, the one registry of tasks), the ``ability`` field of prompt
@@ -10,9 +11,15 @@ entry. Its parts:
   response as token ids (stop token included)``, for a task whose correct set can be enumerated
   (the sum task, registered with its reward); None otherwise (math, code);
 - `Task.measures`: the per-task measurement hook of Stage 3 and evaluation; the exact measures
-  (`disa_jax.eval.exact.ExactTracker`) of a task with an exact target, None for the others.
+  (`disa_jax.eval.exact.ExactTracker`) of a task with an exact target, None for the others;
+- its prompts: `Task.formats`, the published file formats of its prompts (`PromptFormat`: rows ->
+  `PromptRecord`s with the task's template applied), and `Task.ground_truth`, how a veRL row's
+  ``reward_model.ground_truth`` of the task is checked (None: one answer or a list of answers,
+  `disa_jax.data.rows.answers`).
 
-`disa_jax.tasks.registry` looks tasks up by name and imports the plugins that register more.
+Each task lives in one module of `disa_jax.tasks` (`math`, `code`, `sum`) that registers it with
+`disa_jax.tasks.registry.register_task`; the registry looks tasks up by name and imports the
+plugins that register more.
 """
 from __future__ import annotations
 
@@ -20,21 +27,52 @@ import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from disa_jax import rewards
+from disa_jax.data.records import PromptRecord
 from disa_jax.eval.exact import CorrectSetFn, ExactTargetConfig, ExactTracker
 from disa_jax.rewards.graded import RewardFn
 from disa_jax.scoring.batched import SequenceScorer
 
+# (row, its index, data source, where (file and row, for errors)) -> the row's record
+RowRecord = Callable[[Mapping[str, Any], int, str, str], PromptRecord]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptFormat:
+  """A published prompt-file format: how its rows become `PromptRecord`s.
+
+  Attributes:
+    name: the format's name (``prompts_format`` in configs, ``fmt`` of `load_prompts`).
+    record: ``(row, index, data_source, where) -> the row's record``; a malformed row is refused
+      naming ``where`` (the file and the row), the field and its value.
+    detect: ``(keys of the first row's non-null fields, file base name in lower case) -> whether
+      the rows are in this format`` (format 'auto').
+    detect_rank: the order in which 'auto' tries the formats (lowest first).
+    benchmarks: the benchmark names read in this format (a benchmark name is a valid ``fmt``).
+  """
+  name: str
+  record: RowRecord
+  detect: Callable[[frozenset[str], str], bool]
+  detect_rank: int
+  benchmarks: tuple[str, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """A task: its name (reward-registry key and prompt ability) and its optional exact target.
+  """A task: its name (reward-registry key and prompt ability), its prompt formats and its
+  optional exact target.
 
   Attributes:
     name: the reward-registry key and the ``ability`` of the task's prompt records.
     correct_set: ``(tokenizer, reward_meta) -> [C] correct responses (token ids, stop token
       included)`` when the task's correct set can be enumerated; None when it cannot.
+    formats: the prompt-file formats of the task's published prompt sets.
+    ground_truth: ``(value, where) -> ground truth`` of a veRL row of the task (None: one answer or
+      a list of acceptable answers).
   """
   name: str
   correct_set: CorrectSetFn | None = None
+  formats: tuple[PromptFormat, ...] = ()
+  ground_truth: Callable[[Any, str], Any] | None = None
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name:

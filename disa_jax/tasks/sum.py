@@ -14,10 +14,11 @@ so log Z is exact once the n + 1 correct completions are scored under pi_ref
 task's tokenizer (`make_tokenizer`) is character-level for digits, so each string has exactly one
 tokenisation, which the reward checks.
 
-The whole task lives here: its tokenizer, prompts, verifier, the 'sum_task' reward (registered in
-`disa_jax.rewards` when this module is imported, as `disa_jax.tasks` does, together with its
-enumerable correct set `correct_set`, the exact target of `disa_jax.eval.exact`). The main job writes its
-prompts (`disa_jax.pipeline.sum_job`).
+The whole task lives here: its tokenizer, prompt template, verifier, the 'sum_task' reward
+(registered with `disa_jax.tasks.registry.register_task` when this module is imported, as
+`disa_jax.tasks` does, together with its enumerable correct set `correct_set`, the exact target of
+`disa_jax.eval.exact`). The main job writes its prompts as veRL rows (`disa_jax.pipeline.sum_job`),
+read back by the veRL format (`disa_jax.tasks.verl`; the ground truth n as text).
 """
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax import rewards
 from disa_jax.data import tokenizer as tokenizer_lib
 from disa_jax.rewards.graded import Response
+from disa_jax.tasks import registry
+from disa_jax.tasks.base import Task
 
 PROMPT_TEMPLATE = "Give two non-negative integers that sum to {n}:"
 WORDS = ("Give", "two", "non", "negative", "integers", "that", "sum", "to")
@@ -179,5 +181,6 @@ def correct_set(tokenizer, meta: Mapping[str, Any]) -> list[list[int]]:
   return SumTask(0, 0).correct_completions(tokenizer, _n_of(meta, 0))
 
 
-rewards.register_reward("sum_task", sum_task_reward_fn, correct_set=correct_set)
+TASK = Task("sum_task", correct_set=correct_set)
+registry.register_task(TASK, reward=sum_task_reward_fn)
 

@@ -43,20 +43,20 @@ from disa_jax import config as config_lib
 from disa_jax import models, paths, preemption, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.lock import OutputLock
-from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval import diversity, metrics, runner
 from disa_jax.eval.exact import ExactMeasures, ExactTargetConfig
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
+from disa_jax.tasks.prompts import benchmark_formats, load_prompts
 from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
 
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig(config_lib.Section):
   """Typed view of `configs/eval_paper.py` (the fields are documented there)."""
 
@@ -317,7 +317,7 @@ def _sample_benchmark(cfg: EvalConfig, name: str, records, token_ids, params, en
 def _evaluate_one(cfg: EvalConfig, name: str, path: str, model_path: str, engine, tokenizer,
                   scorers: _Scorers, out_dir: Path) -> BenchmarkEval:
   """Samples, grades and (optionally) scores exactly one benchmark; writes its files."""
-  records = loaders.load_prompts(path, name if name in loaders.BENCHMARK_FORMATS else "auto",
+  records = load_prompts(path, name if name in benchmark_formats() else "auto",
                                  limit=cfg.limit or None)
   if not records:
     raise ValueError(f"benchmarks.{name}={path!r}: the file holds no prompts")

@@ -39,11 +39,12 @@ import numpy as np
 from disa_jax import artifacts, codec
 from disa_jax import config as config_lib
 from disa_jax.anchor.embeddings import embed_prompts
-from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
+from disa_jax.data.rows import save_prompts
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators import nstudy as nstudy_lib
 from disa_jax.estimators.dataset import load_stage1
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.workflows.preflight import PreflightError, preflight
 from disa_jax.checkpoint import identity
 from disa_jax.workflows.stage1 import IDENTITY_FIELDS as STAGE1_IDENTITY_FIELDS
@@ -56,7 +57,7 @@ STAGE1_FIELDS = STAGE1_IDENTITY_FIELDS + ("limit",)
 OUTPUTS = ("subset.json", "subset.jsonl", "stage1", "nstudy.json", "nstudy.png")  # overwrite=True
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NStudyConfig(config_lib.Section):
   """Typed view of `configs/nstudy_paper.py` (the fields are documented there).
 
@@ -144,7 +145,7 @@ def choose_subset(cfg: NStudyConfig) -> dict[str, Any]:
   if info_path.exists() and subset_path.exists():  # written last: the subset is complete
     return json.loads(info_path.read_text())
   s1 = cfg.stage1
-  records = loaders.load_prompts(s1.prompts_path, s1.prompts_format, limit=s1.limit or None)
+  records = load_prompts(s1.prompts_path, s1.prompts_format, limit=s1.limit or None)
   if len(records) < max(cfg.ks):
     raise ValueError(f"stage1.prompts_path={s1.prompts_path!r} has {len(records)} prompts, fewer "
                      f"than the largest k in ks={cfg.ks}")
@@ -159,7 +160,7 @@ def choose_subset(cfg: NStudyConfig) -> dict[str, Any]:
   k = nstudy_lib.elbow_k(cfg.ks, sse)
   _, labels, _ = nstudy_lib.kmeans(jax.random.fold_in(key, 1), emb, k=k, iters=cfg.kmeans_iters)
   chosen = nstudy_lib.stratified_subset(jax.random.fold_in(key, 2), labels, cfg.subset_size)
-  loaders.save_prompts([records[i] for i in chosen], str(subset_path))
+  save_prompts([records[i] for i in chosen], str(subset_path))
   labels = np.asarray(labels)
   info = {"prompts": len(records), "k": int(k), "ks": list(cfg.ks), "sse": [float(s) for s in sse],
           "cluster_sizes": np.bincount(labels, minlength=k).tolist(),

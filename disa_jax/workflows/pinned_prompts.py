@@ -26,7 +26,7 @@ from typing import Any
 
 from disa_jax import paths
 from disa_jax.checkpoint import identity
-from disa_jax.data import loaders
+from disa_jax.tasks.prompts import load_prompts
 
 _REDO = ("rerun Stage 1 on the new file (and Stage 2 on its output), or restore the file Stage 1 "
          "read")
@@ -65,8 +65,8 @@ def _stage1_format(stage1_path: str) -> str:
 
 def _differing_prompts(run_path: str, run_format: str, s1_path: str, s1_format: str) -> list[str]:
   """The prompt ids in both files whose text or answer differ."""
-  s1 = {r.prompt_id: (r.prompt, r.ground_truth) for r in loaders.load_prompts(s1_path, s1_format)}
-  return [r.prompt_id for r in loaders.load_prompts(run_path, run_format)
+  s1 = {r.prompt_id: (r.prompt, r.ground_truth) for r in load_prompts(s1_path, s1_format)}
+  return [r.prompt_id for r in load_prompts(run_path, run_format)
           if r.prompt_id in s1 and s1[r.prompt_id] != (r.prompt, r.ground_truth)]
 
 

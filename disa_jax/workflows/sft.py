@@ -28,7 +28,7 @@ from disa_jax.sft.baseline import SUMMARY_FILE, LoRASFTConfig, run_lora_sft
 from disa_jax.workflows.stage1 import encode_stage1_prompts
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SftConfig(config_lib.Section):
   """Typed view of `configs/sft_paper.py` (the fields are documented there)."""
 

@@ -40,7 +40,6 @@ from disa_jax import config as config_lib
 from disa_jax import models, paths, preemption, rewards
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.files import naming
-from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt, render_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators import Stage1Writer, collect, load_stage1
@@ -51,7 +50,8 @@ from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig
 from disa_jax.rollout.types import SamplingParams
 from disa_jax.scoring.batched import SEQS_PER_ROW, SequenceScorer
-# (Importing `disa_jax.tasks` registers the built-in tasks' rewards: 'sum_task'.)
+# (Importing `disa_jax.tasks` registers the built-in tasks and their rewards: math, code, sum_task.)
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import prompting
 
@@ -62,7 +62,7 @@ IDENTITY_FIELDS = ("prompts_format", "dataset_format", "rendering", "max_prompt_
                    "beta", "reward_transform", "label_scale", "proposal_logprobs", "sampling")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ScorerConfig:
   """How the reference model scores log pi_ref (Stage 1) and embeds prompts (Stage 2) in JAX.
 
@@ -103,7 +103,7 @@ class ScorerConfig:
       raise ValueError(f"scorer.row_len must be >= 0 (0 = grow with the data), got {self.row_len}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage1Config(config_lib.Section):
   """Typed view of `configs/stage1_paper.py` (the fields are documented there)."""
 
@@ -119,7 +119,7 @@ class Stage1Config(config_lib.Section):
   reward: str = "math"
   reward_plugins: tuple[str, ...] = ()
   beta: float = 15.0
-  reward_transform: RewardTransform = RewardTransform("group_zscore")
+  reward_transform: RewardTransform = RewardTransform(kind="group_zscore")
   label_scale: str = "mean"
   proposal_logprobs: str = "processed"
   sampling: SamplingParams = SamplingParams(n=8, temperature=0.6, top_p=0.95, max_tokens=32768)
@@ -230,7 +230,7 @@ def encode_stage1_prompts(stage1_path: str, reference_path: str,
                      f"scored the labels under ({s1['reference_path']!r}, in {s1_file}), by path "
                      "and by content")
   tok = load_tokenizer(reference_path)
-  by_id = {r.prompt_id: r for r in loaders.load_prompts(s1["prompts_path"], s1["prompts_format"])}
+  by_id = {r.prompt_id: r for r in load_prompts(s1["prompts_path"], s1["prompts_format"])}
   ids = []
   for pid, stored in zip(data.prompt_ids, data.prompts):
     if pid not in by_id:
@@ -406,7 +406,7 @@ def _run_stage1(cfg: Stage1Config) -> Stage1Result:
   claim_stage1_output(cfg)
   import_reward_plugins(cfg.reward_plugins)
   reward_fn = rewards.get_reward_fn(cfg.reward)
-  records = loaders.load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
+  records = load_prompts(cfg.prompts_path, cfg.prompts_format, limit=cfg.limit or None)
   if not records:
     raise ValueError(f"prompts_path={cfg.prompts_path!r}: no prompts to label")
   ref_tok = load_tokenizer(cfg.reference_path)

@@ -49,14 +49,14 @@ from disa_jax.anchor.frozen import EmbeddingSpec, META_FILE
 from disa_jax.anchor.labels import LABEL_KINDS, anchor_targets, check_variant
 from disa_jax.checkpoint import identity
 from disa_jax.checkpoint.lock import owned_output
-from disa_jax.data import loaders
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.estimators.reward_transforms import RewardTransform
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.workflows.pinned_prompts import check_stage1_prompts
 from disa_jax.workflows.stage1 import ScorerConfig, encode_stage1_prompts, load_reference
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage2Config:
   """Typed view of `configs/stage2_paper.py` (the fields are documented there)."""
 
@@ -264,7 +264,7 @@ def excluded_prompt_ids(cfg: Stage2Config) -> frozenset[str]:
   """The prompt ids of ``cfg.exclude_prompts_path`` (none when unset)."""
   if not cfg.exclude_prompts_path:
     return frozenset()
-  return frozenset(r.prompt_id for r in loaders.load_prompts(cfg.exclude_prompts_path))
+  return frozenset(r.prompt_id for r in load_prompts(cfg.exclude_prompts_path))
 
 
 def _fitted_prompts(cfg: Stage2Config, data: Any, labels: np.ndarray

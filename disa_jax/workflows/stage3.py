@@ -48,7 +48,6 @@ from disa_jax import models, preemption, rewards, tasks
 from disa_jax.checkpoint import identity, selection
 from disa_jax.checkpoint.files import naming
 from disa_jax.checkpoint.lock import owned_output
-from disa_jax.data import loaders
 from disa_jax.data.prompting import check_rendering, encode_prompt
 from disa_jax.data.tokenizer import load_tokenizer
 from disa_jax.eval.exact import ExactTargetConfig
@@ -63,6 +62,7 @@ from disa_jax.rl.run_state import recorded_train_identity, train_identity
 from disa_jax.rollout import stop_ids
 from disa_jax.rollout.engines import EngineConfig, generation_env
 from disa_jax.rollout.types import MODEL_ENGINES
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.registry import import_reward_plugins
 from disa_jax.workflows import export
 from disa_jax.workflows.export import EXPORT_DTYPES
@@ -71,7 +71,7 @@ from disa_jax.workflows.pinned_prompts import check_stage1_prompts
 DTYPES = ("float32", "bfloat16")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BackboneConfig:
   """The models of a Stage 3 run.
 
@@ -119,7 +119,7 @@ class BackboneConfig:
     return self.reference_path or self.policy_path
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
   """What a Stage 3 run trains on.
 
@@ -146,7 +146,7 @@ class DataConfig:
     check_rendering(self.rendering, "data.rendering")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Stage3Config:
   """A Stage 3 command (`configs/stage3_base.py` documents every field).
 
@@ -206,7 +206,7 @@ class Stage3Config:
 def load_prompt_items(path: str, fmt: str, tokenizer: Any, rendering: str, max_len: int):
   """The prompts of ``path`` as `PromptItem`s (ids by `encode_prompt`, reward meta attached)."""
   return [PromptItem(r.prompt_id, encode_prompt(tokenizer, r, rendering, max_len=max_len),
-                     r.reward_meta()) for r in loaders.load_prompts(path, fmt)]
+                     r.reward_meta()) for r in load_prompts(path, fmt)]
 
 
 def anchor_identity(cfg: Stage3Config) -> dict[str, str]:
@@ -308,7 +308,7 @@ def _tracker(cfg: Stage3Config, tokenizer: Any, paths: Sequence[str],
              reference: Callable[[], Any]) -> Any:
   """The task's exact tracker of the prompts in ``paths`` (`exact_measures`)."""
   dc = cfg.data
-  records = [r for p in paths for r in loaders.load_prompts(p, dc.prompts_format)]
+  records = [r for p in paths for r in load_prompts(p, dc.prompts_format)]
   abilities = {r.ability for r in records}
   if len(abilities) != 1:
     raise ValueError(f"exact_target needs prompts of one ability, got {sorted(abilities)} in "

@@ -12,7 +12,7 @@ from flax import nnx
 from disa_jax.anchor import Anchor, AnchorFitConfig, EmbeddingSpec, fit_anchor
 from disa_jax.estimators import RewardTransform
 
-RT = RewardTransform("group_zscore")
+RT = RewardTransform(kind="group_zscore")
 
 
 def _data(p=3000, d=8, seed=0):

@@ -26,7 +26,7 @@ def _problem(seed=0):
   data = E.Stage1Data(prompt_ids=[f"q{i}" for i in range(P)], prompts=[""] * P,
                       logp_ref=log_w.astype(np.float32), logp_proposal=np.zeros((P, POOL), np.float32),
                       reward=np.zeros((P, POOL), np.float32), num_tokens=np.ones((P, POOL), np.int32),
-                      mask=np.ones((P, POOL), bool), stats={}, beta=1.0, reward_transform=E.RewardTransform("raw"),
+                      mask=np.ones((P, POOL), bool), stats={}, beta=1.0, reward_transform=E.RewardTransform(kind="raw"),
                       label_scale="sum", proposal_logprobs="raw", records=[])
   return emb, data, log_z
 

@@ -8,7 +8,7 @@ import pytest
 from disa_jax.anchor.fit import AnchorFitConfig, fit_anchor, fit_anchor_many, residual_loss
 from disa_jax.estimators import RewardTransform
 
-RT = RewardTransform("raw")
+RT = RewardTransform(kind="raw")
 
 
 def _data(p=30, d=5, seed=0):

@@ -19,7 +19,7 @@ def _stage1(p=7, n=6, seed=0):
                      "logp_proposal": float(rng.normal(-2, 1)), "reward": float(rng.integers(0, 2)),
                      "num_tokens": 2} for _ in range(k)])
   recs = E.build_records([f"q{i}" for i in range(p)], [f"prompt {i}" for i in range(p)], samples, beta=BETA,
-                         reward_transform=E.RewardTransform("raw"))
+                         reward_transform=E.RewardTransform(kind="raw"))
   return recs
 
 

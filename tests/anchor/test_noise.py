@@ -39,7 +39,7 @@ def test_deterministic_per_seed_and_prompt():
 def test_table_anchor_round_trip(tmp_path):
   exact = {p: float(i) for i, p in enumerate(IDS)}
   table = TableAnchor(noisy_log_z(exact, 0.5, seed=1), beta=15.0,
-                      reward_transform=RewardTransform("raw"), label_scale="sum",
+                      reward_transform=RewardTransform(kind="raw"), label_scale="sum",
                       source="exact+noise")
   table.save(tmp_path)
   loaded = TableAnchor.load(tmp_path)

@@ -9,7 +9,7 @@ import sys
 from flax import nnx
 
 from disa_jax import models
-from disa_jax.data import loaders
+from disa_jax.data.rows import save_prompts
 from disa_jax.pipeline import sum_models
 from disa_jax.pipeline.sum_job import prompt_records
 from disa_jax.tasks.sum import SumTask, task_tokenizer
@@ -30,7 +30,7 @@ def test_each_setting_measures_the_policy_on_fresh_samples(tmp_path):
   run = tmp_path / "stage3" / "m"
   sum_models.save_model(models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(1)),
                         run / "final")
-  loaders.save_prompts(prompt_records(SumTask(0, 2)), str(tmp_path / "p.jsonl"))
+  save_prompts(prompt_records(SumTask(0, 2)), str(tmp_path / "p.jsonl"))
   (run / "config.json").write_text(json.dumps({
       "exact_target": {"reference_path": ref, "beta": 2.0},
       "data": {"train_path": str(tmp_path / "p.jsonl"), "rendering": "plain"},

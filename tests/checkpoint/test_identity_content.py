@@ -26,7 +26,7 @@ from tests.rl import test_trainer as tt
 from tests.workflows.conftest import make_checkpoint
 from tests.workflows.test_workflow_units import _s1, write_stage1_run
 
-RT = RewardTransform("group_zscore")
+RT = RewardTransform(kind="group_zscore")
 
 
 def _move(src: Path, dst: Path) -> None:

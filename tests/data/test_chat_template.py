@@ -14,9 +14,10 @@ from disa_jax.data import templates
 from disa_jax.eval import runner
 from disa_jax.rollout.types import Completion
 from disa_jax.data import prompting
+from disa_jax.tasks.math import math_prompt
 
 RECORD = data.PromptRecord(
-    "toy/0", templates.chat_messages(templates.math_prompt("What is 1+1?"), system="Be brief."),
+    "toy/0", templates.chat_messages(math_prompt("What is 1+1?"), system="Be brief."),
     "2", "toy", {"ability": "math"})
 
 
@@ -53,7 +54,7 @@ def test_render_chat_names_the_tokenizer_and_the_fix(base_tok):
 def test_use_chat_template_false_renders_the_user_text(base_tok):
   tok, _ = base_tok
   text = prompting.render_prompt(tok, RECORD, "plain")
-  assert text == RECORD.prompt_text() == templates.math_prompt("What is 1+1?")
+  assert text == RECORD.prompt_text() == math_prompt("What is 1+1?")
   assert "Be brief." not in text and "<|im_start|>" not in text
   ids = prompting.encode_prompt(tok, RECORD, "plain", max_len=512)
   assert tok.decode(list(ids)) == text  # the plain text reaches the model unchanged

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from disa_jax.data import loaders, parquet
+from disa_jax.data import parquet
+from disa_jax.data.rows import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,7 +40,7 @@ def test_reading_and_writing_start_no_thread(tmp_path):
 def test_rows_round_trip_through_a_path_and_an_unreadable_file_is_named(tmp_path):
   rows = [{"a": 1, "b": {"c": "x"}}, {"a": 2, "b": {"c": None}}]
   parquet.write_rows(rows, str(tmp_path / "p.parquet"))
-  assert loaders.read_rows(str(tmp_path / "p.parquet")) == rows
+  assert read_rows(str(tmp_path / "p.parquet")) == rows
   (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
   with pytest.raises(ValueError, match=r"bad\.parquet: not a readable parquet file"):
-    loaders.read_rows(str(tmp_path / "bad.parquet"))
+    read_rows(str(tmp_path / "bad.parquet"))

@@ -77,7 +77,7 @@ def test_resume_of_a_partly_written_batch_equals_the_uninterrupted_run(ckpt, tmp
   prompts = [Stage1Prompt(f"p{i}", f"prompt {i}", tuple(range(5 + i, 9 + i))) for i in range(5)]
   kw = dict(engine=engine, ref_scorer=scorer, reward_fn=_reward, decode=lambda ids: str(ids),
             sampling=SamplingParams(n=3, temperature=1.0, max_tokens=5, seed=11), beta=2.0,
-            reward_transform=E.RewardTransform("group_zscore"), prompts_per_batch=2,
+            reward_transform=E.RewardTransform(kind="group_zscore"), prompts_per_batch=2,
             progress=False)
   collect_stage1(prompts=prompts, writer=E.Stage1Writer(tmp_path / "full.jsonl"), **kw)
   lines = (tmp_path / "full.jsonl").read_text().splitlines(keepends=True)

@@ -17,7 +17,7 @@ from disa_jax.estimators import (RewardTransform, Stage1FormatError, Stage1Write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-RT = RewardTransform("raw")
+RT = RewardTransform(kind="raw")
 
 
 def _samples(seed, n):

@@ -11,6 +11,8 @@ from disa_jax.data import templates
 from disa_jax.eval import runner
 from disa_jax.rewards import registry
 from disa_jax.rollout.types import Completion
+from disa_jax.tasks.code import code_prompt
+from disa_jax.tasks.math import math_prompt
 
 
 class ScriptedEngine:
@@ -34,9 +36,9 @@ class ScriptedEngine:
 
 
 def _math_records():
-  return [PromptRecord("p0", templates.chat_messages(templates.math_prompt("What is 1+1?")), "2",
+  return [PromptRecord("p0", templates.chat_messages(math_prompt("What is 1+1?")), "2",
                        "toy", {"ability": "math"}),
-          PromptRecord("p1", templates.chat_messages(templates.math_prompt("What is 2+3?")), "5",
+          PromptRecord("p1", templates.chat_messages(math_prompt("What is 2+3?")), "5",
                        "toy", {"ability": "math"})]
 
 
@@ -65,7 +67,7 @@ def test_math_benchmark_metrics():
 
 def test_code_benchmark_and_suite(tmp_path):
   tok = testing.make_tokenizer()
-  recs = [PromptRecord("c0", templates.chat_messages(templates.code_prompt("Double n.")),
+  recs = [PromptRecord("c0", templates.chat_messages(code_prompt("Double n.")),
                        [{"input": "3", "output": "6"}, {"input": "5", "output": "10"}], "toy",
                        {"ability": "code"})]
   good = "```python\nprint(int(input()) * 2)\n```"

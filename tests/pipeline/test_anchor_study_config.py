@@ -4,11 +4,11 @@ the held-out split of the n values is disjoint and reproducible."""
 import pytest
 
 from configs import main as main_config
-from disa_jax.data import loaders
 from disa_jax.pipeline.heldout import HeldoutConfig, split_values
 from disa_jax.pipeline.job_config import MainConfig, RunSpec
 from disa_jax.pipeline.sum_job import SumJob
 from disa_jax.rl.objectives import Disa, FlowRL, VarGrad
+from disa_jax.tasks.prompts import load_prompts
 
 
 def _job(c, tmp_path):
@@ -50,13 +50,13 @@ def test_nonuniform_target_preset(tmp_path):
 
 def test_run_spec_and_scale_errors_name_the_field(tmp_path):
   with pytest.raises(ValueError, match="sigma must be > 0 with anchor='exact\\+noise'.*sigma=0"):
-    RunSpec(Disa(), anchor="exact+noise")
+    RunSpec(objective=Disa(), anchor="exact+noise")
   with pytest.raises(ValueError, match="sigma=0.5 with anchor='exact'"):
-    RunSpec(Disa(), anchor="exact", sigma=0.5)
+    RunSpec(objective=Disa(), anchor="exact", sigma=0.5)
   with pytest.raises(ValueError, match=r"runs.x.minibatches must be an int >= 0 .*got -1"):
     RunSpec.from_config({"objective": Disa(), "minibatches": -1}, "runs.x")
   with pytest.raises(ValueError, match="anchor='exact\\+noise' is set but objective 'vargrad'"):
-    RunSpec(VarGrad(), anchor="exact+noise", sigma=1.0)
+    RunSpec(objective=VarGrad(), anchor="exact+noise", sigma=1.0)
   c = main_config.get_config("anchor_study_rl")
   c.stage1.label_scale = "mean"
   with pytest.raises(ValueError, match="runs.sum_u1_exact.anchor='exact' needs "
@@ -88,7 +88,7 @@ def test_heldout_option_splits_the_stage3_prompts(tmp_path):
   assert job.eval_template.benchmarks == {"task": job.prompts_path,
                                           "heldout": job.heldout_prompts_path}
   job.write_prompts()
-  files = {k: [r.prompt_id for r in loaders.load_prompts(p)] for k, p in (
+  files = {k: [r.prompt_id for r in load_prompts(p)] for k, p in (
       ("all", job.prompts_path), ("train", job.train_prompts_path),
       ("heldout", job.heldout_prompts_path))}
   assert len(files["heldout"]) == 8 and not set(files["train"]) & set(files["heldout"])

@@ -143,7 +143,7 @@ def test_a_runs_train_keys_are_one_mapping_of_dotted_paths():
     ({"train.optim.lr": 1}, r"overrides\['train.optim.lr'\] must be float \(finite\), got 1$")])
 def test_an_override_of_no_train_field_is_refused_naming_it(overrides, match):
   with pytest.raises(ValueError, match=match):
-    RunSpec(Disa(), overrides=overrides)
+    RunSpec(objective=Disa(), overrides=overrides)
 
 
 def test_replace_paths_replaces_each_section_once():

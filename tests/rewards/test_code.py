@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from disa_jax import rewards
 from disa_jax.rewards import _humaneval_runner as runner
 from disa_jax.rewards import code
+from disa_jax.tasks import code as code_task
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 
@@ -84,7 +84,7 @@ def test_run_functional_leetcode_style():
   assert code.run_functional(top_level, [{"input": "1\n2", "output": "[3, -1]"}], "add") == [True]
   with pytest.raises(ValueError, match="func_name"):
     code.run_functional(prog, cases, "not valid")
-  fn = rewards.get_reward_fn("code")
+  fn = code_task.TASK.reward_fn()  # the registered reward (rewards.get_reward_fn("code"))
   tests = [dict(c, testtype="functional") for c in cases[:2]]
   out = fn(["```python\n" + prog + "```"] * 2,
            [{"tests": tests, "func_name": "twoSum"}, {"tests": tests, "func_name": "threeSum"}])
@@ -210,7 +210,7 @@ def test_expected_outputs_cached_on_disk(he, tmp_path, monkeypatch):
 
 
 def test_code_registry(he):
-  fn = rewards.get_reward_fn("code")
+  fn = code_task.TASK.reward_fn()  # the registered reward (rewards.get_reward_fn("code"))
   responses = ["```python\na, b = map(int, input().split())\nprint(a * b)\n```",
                "```python\nprint(0)\n```",
                ("```python\n" + he["HumanEval/55"]["prompt"] +

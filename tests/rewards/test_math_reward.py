@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from disa_jax import preemption, rewards
-from disa_jax.data import load_prompts
 from disa_jax.rewards import math_pool
 from disa_jax.rewards import math_verify_grader as mvg
+from disa_jax.tasks.prompts import load_prompts
 
 FIX = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "benchmarks"
 

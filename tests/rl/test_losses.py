@@ -309,16 +309,16 @@ def test_group_zscore_ddof_single_sample_and_equal_groups():
 
 def test_reward_transform_ddof_field_roundtrip_and_old_records():
   from disa_jax.estimators import RewardTransform
-  t = RewardTransform("group_zscore", ddof=1)
+  t = RewardTransform(kind="group_zscore", ddof=1)
   r = jnp.array([[1.0, 0.0, 1.0, 1.0]])
   np.testing.assert_allclose(t.apply(r), losses.group_zscore_advantages(r, ddof=1), rtol=1e-6)
   assert codec.decode(RewardTransform, codec.encode(t), "reward_transform") == t
   old = {"kind": "group_zscore", "scale": 1.0, "shift": 0.0, "eps": 1e-6}  # written before ddof
   assert codec.decode(RewardTransform, old, "reward_transform").ddof == 0
   with pytest.raises(ValueError, match="mismatch"):
-    t.check_matches(RewardTransform("group_zscore"))
+    t.check_matches(RewardTransform(kind="group_zscore"))
   with pytest.raises(ValueError, match=r"RewardTransform.ddof must be one of .* got 3"):
-    RewardTransform("group_zscore", ddof=3)
+    RewardTransform(kind="group_zscore", ddof=3)
 
 
 def test_grpo_token_mean_vs_seq_mean_and_loss_normalizer():

@@ -37,7 +37,7 @@ def _write_stage1(path, *, shift=0.0, n=3, long_sample=False, neg_inf=False):
                  "reward": float(j % 2), "num_tokens": len(r)})
     samples.append(ss)
   recs = E.build_records(list(COVERED), list(COVERED), samples, beta=2.0,
-                         reward_transform=E.RewardTransform("raw"))
+                         reward_transform=E.RewardTransform(kind="raw"))
   E.Stage1Writer(path, fmt="jsonl").write(recs)
   return str(path)
 

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 
 from configs import main as main_config
 from disa_jax.anchor import TableAnchor
-from disa_jax.data.loaders import load_prompts, save_prompts
+from disa_jax.data.rows import save_prompts
 from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.models import Transformer
 from disa_jax.pipeline.job_config import MainConfig
@@ -28,6 +28,7 @@ from disa_jax.pipeline.sum_job import SumJob, prompt_records
 from disa_jax.pipeline.sum_models import TinyLMSpec, model_config, save_model
 from disa_jax.rl import seed_batch
 from disa_jax.rl.config import TrainConfig
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.sum import SumTask, task_tokenizer
 from disa_jax.workflows.stage3 import Stage3Config, run_stage3
 
@@ -48,7 +49,7 @@ def tiny(tmp_path_factory):
   save_prompts(prompt_records(task), str(d / "prompts.jsonl"))
   ids = [r.prompt_id for r in load_prompts(str(d / "prompts.jsonl"))]  # (as Stage 3 reads them)
   TableAnchor({p: 2.0 + i for i, p in enumerate(ids)}, beta=BETA,
-              reward_transform=RewardTransform("raw"), label_scale="sum").save(str(d / "anchor"))
+              reward_transform=RewardTransform(kind="raw"), label_scale="sum").save(str(d / "anchor"))
   return d
 
 

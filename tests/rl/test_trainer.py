@@ -55,7 +55,7 @@ def _decode(ids):
 
 def _anchor(dim, label_scale="mean", beta=2.0):
   meta = AnchorMeta(embedding=EmbeddingSpec(source="model_mean_pool", dim=dim), beta=beta,
-                    reward_transform=RewardTransform("group_zscore"), label_scale=label_scale)
+                    reward_transform=RewardTransform(kind="group_zscore"), label_scale=label_scale)
   return Anchor(AnchorMLP(dim, (8,), "relu", rngs=nnx.Rngs(3)), meta)
 
 
@@ -264,7 +264,7 @@ def test_disa_with_fitted_exact_anchor_moves_toward_tilted_target(tmp_path):
   p_target = p_ref * np.exp(beta) / np.exp(log_z)
   emb = np.asarray(scoring.prompt_embeddings(reference, ids, pm))
   fit = fit_anchor(emb, log_z, embedding=EmbeddingSpec("model_mean_pool", emb.shape[1]),
-                   beta=beta, reward_transform=RewardTransform("raw"), label_scale="sum",
+                   beta=beta, reward_transform=RewardTransform(kind="raw"), label_scale="sum",
                    config=AnchorFitConfig(hidden_sizes=(32,), epochs=400, batch_size=8,
                                           learning_rate=1e-2, val_fraction=0.0))
   anchor_err = float(np.abs(np.asarray(fit.anchor(emb)) - log_z).max())

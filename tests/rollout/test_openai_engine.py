@@ -53,7 +53,7 @@ def server():
 
 
 def test_requests_token_ids_with_the_per_sample_seed_and_stop_ids(server):
-  engine = EngineConfig(kind="openai", openai=ServedEndpoint(server.url, "m")).make("unused")
+  engine = EngineConfig(kind="openai", openai=ServedEndpoint(base_url=server.url, model="m")).make("unused")
   params = SamplingParams(n=2, temperature=0.6, top_p=0.95, max_tokens=5, seed=9,
                           stop_token_ids=(2, 3), return_raw_logprobs=True, prompt_index_offset=4)
   server.stops = (2, 3)
@@ -77,13 +77,13 @@ def test_requests_token_ids_with_the_per_sample_seed_and_stop_ids(server):
 def test_a_server_reporting_raw_logprobs_is_refused(server):
   server.raw_mode = True
   with pytest.raises(ServedEngineError, match="--logprobs-mode processed_logprobs"):
-    OpenAIEngine(ServedEndpoint(server.url, "m"))
-  OpenAIEngine(ServedEndpoint(server.url, "m"), check_logprobs=False).close()
+    OpenAIEngine(ServedEndpoint(base_url=server.url, model="m"))
+  OpenAIEngine(ServedEndpoint(base_url=server.url, model="m"), check_logprobs=False).close()
 
 
 def test_a_stop_on_a_token_that_is_not_a_stop_id_is_named(server):
   server.stops = (2,)
-  engine = OpenAIEngine(ServedEndpoint(server.url, "m"))
+  engine = OpenAIEngine(ServedEndpoint(base_url=server.url, model="m"))
   with pytest.raises(ServedEngineError, match=r"not one of stop_token_ids \(5,\)"):
     engine.generate([[1, 5]], SamplingParams(max_tokens=4, stop_token_ids=(5,)))
   engine.close()
@@ -94,4 +94,4 @@ def test_a_dead_server_gives_a_named_error():
   with pytest.raises(ServedEngineError,
                      match=rf"served model 'm' at http://127.0.0.1:{port}/v1 failed a sampling "
                            rf"request \(after 0 retries\): APIConnectionError"):
-    OpenAIEngine(ServedEndpoint(f"http://127.0.0.1:{port}/v1", "m", max_retries=0))
+    OpenAIEngine(ServedEndpoint(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=0))

@@ -96,7 +96,7 @@ def served(tmp_path_factory):
 
 def test_openai_engine_logprobs_and_stop_ids(served, tmp_path):
   model = models.from_pretrained(served.model_path)
-  with OpenAIEngine(ServedEndpoint(served.url, SERVED_NAME)) as engine:
+  with OpenAIEngine(ServedEndpoint(base_url=served.url, model=SERVED_NAME)) as engine:
     prompts = stop_case.PROMPTS
     params = SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9, max_tokens=10, seed=5,
                             return_raw_logprobs=True, stop_token_ids=(2,))

@@ -39,7 +39,7 @@ def _write_stage1(path):
                     "logp_proposal": float(-rng.uniform(5, 9)), "reward": r, "num_tokens": len(ids)})
     samples.append(group)
   recs = build_records([f"q{p}" for p in range(3)], prompts, samples, beta=2.0,
-                       reward_transform=RewardTransform("raw"))
+                       reward_transform=RewardTransform(kind="raw"))
   Stage1Writer(path).write(recs)
   return path
 

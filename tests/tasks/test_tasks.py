@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from disa_jax import rewards, tasks
-from disa_jax.data.loaders import save_prompts
 from disa_jax.data.records import PromptRecord
+from disa_jax.data.rows import save_prompts
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTargetConfig, ExactTracker
 from disa_jax.rollout.types import Completion
 from disa_jax.tasks import sum as sum_task

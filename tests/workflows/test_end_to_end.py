@@ -19,9 +19,10 @@ from transformers import AutoTokenizer
 from configs import eval_paper, stage1_paper, stage2_paper, stage3_paper
 from disa_jax import models, rewards, scoring
 from disa_jax.anchor import Anchor
-from disa_jax.data import loaders, templates
+from disa_jax.data import templates
 from disa_jax.estimators import load_stage1
 from disa_jax.anchor.labels import anchor_targets
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.workflows.stage3 import Stage3Config
 from disa_jax.workflows.evaluation import EvalConfig, EvalResult, run_evaluation
 from disa_jax.workflows.stage1 import Stage1Config, Stage1Result, run_stage1
@@ -87,7 +88,7 @@ def eval_config(ckpt, files, out_dir, engine):
 
 def check_stage1(cfg: Stage1Config, files, summary, n_prompts):
   data = load_stage1(cfg.dataset_path())
-  records = loaders.load_prompts(files["train"])[:n_prompts]
+  records = load_prompts(files["train"])[:n_prompts]
   assert data.prompt_ids == [r.prompt_id for r in records]
   assert data.mask.shape == (n_prompts, N) and data.mask.all()
   assert np.isfinite(data.labels).all()
@@ -140,7 +141,7 @@ def check_stage2(cfg: Stage2Config, files, summary: AnchorArtifact, stage1_data)
   tok = AutoTokenizer.from_pretrained(cfg.reference_path)
   ref = models.from_pretrained(cfg.reference_path)
   emb = np.load(os.path.join(cfg.output_dir, "embeddings.npy"))
-  rec = loaders.load_prompts(files["train"])[1]
+  rec = load_prompts(files["train"])[1]
   ids = jnp.asarray([tok.encode(templates.render_chat(tok, rec.prompt), add_special_tokens=False)])
   want = np.asarray(scoring.prompt_embeddings(ref, ids, jnp.ones_like(ids)))[0]
   np.testing.assert_allclose(emb[stage1_data.prompt_ids.index(rec.prompt_id)], want, atol=1e-5)
@@ -170,7 +171,7 @@ def check_eval(out_dir, summary):
   for name in ("math500", "humanevalplus"):
     assert (out_dir / f"{name}.md").read_text().count("| tiny |") == 1
   rows = [json.loads(l) for l in (out_dir / "math500_responses.jsonl").read_text().splitlines()]
-  gts = {r.prompt_id: r.ground_truth for r in loaders.load_prompts(str(m["path"]), "math500")}
+  gts = {r.prompt_id: r.ground_truth for r in load_prompts(str(m["path"]), "math500")}
   for row in rows:  # the stored correctness is the math verifier's
     got = rewards.get_reward_fn("math")(row["responses"], [{"ground_truth": gts[row["prompt_id"]]}] * 2)
     assert (got.reward > 0.5).astype(int).tolist() == row["correct"]

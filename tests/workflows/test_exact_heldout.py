@@ -7,14 +7,15 @@ import pytest
 from flax import nnx
 
 from disa_jax import models, tasks
-from disa_jax.data import loaders
 from disa_jax.data.prompting import encode_prompt
+from disa_jax.data.rows import save_prompts
 from disa_jax.eval.exact import ExactTargetConfig
 from disa_jax.pipeline import sum_models
 from disa_jax.pipeline.sum_job import prompt_records
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.objectives import Grpo
 from disa_jax.rollout.jax_sampler import JaxSampler
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.tasks.sum import SumTask, task_tokenizer
 from disa_jax.workflows import stage3
 from disa_jax.workflows.stage3 import DataConfig, ExactSeries, Stage3Config
@@ -31,8 +32,8 @@ def setup(tmp_path_factory):
   policy = models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(1))
   ref_path = sum_models.save_model(ref, root / "ref")
   recs = prompt_records(SumTask(0, 5))
-  loaders.save_prompts(recs[:4], str(root / "train.jsonl"))
-  loaders.save_prompts(recs[4:], str(root / "held.jsonl"))
+  save_prompts(recs[:4], str(root / "train.jsonl"))
+  save_prompts(recs[4:], str(root / "held.jsonl"))
   et = ExactTargetConfig(reference_path=ref_path, kl_samples=4, seed=3)
   return root, tok, policy, et
 
@@ -59,7 +60,7 @@ def test_the_held_out_prompts_are_measured_beside_the_run_prompts(setup):
   held = {k[len("exact_heldout/"):]: v for k, v in both.items() if k.startswith("exact_heldout/")}
   assert train == alone and set(held) == {k[len("exact/"):] for k in alone}
   # the held-out measures are those of a tracker of the held-out prompts alone
-  records = loaders.load_prompts(str(root / "held.jsonl"))
+  records = load_prompts(str(root / "held.jsonl"))
   tracker = tasks.get_task(records[0].ability).measures(
       et, tok, [encode_prompt(tok, r, "plain", max_len=32) for r in records],
       [r.reward_meta() for r in records],

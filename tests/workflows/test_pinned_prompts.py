@@ -14,7 +14,7 @@ import pytest
 
 from disa_jax import launcher
 from disa_jax.checkpoint.identity import fingerprint
-from disa_jax.data import loaders
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax.workflows.pinned_prompts import ChangedPromptsError, check_stage1_prompts
 from disa_jax.workflows.stage1 import claim_stage1_output
 from tests.test_dry_run_commands import make_inputs, typed_config
@@ -77,7 +77,7 @@ def test_the_same_answers_in_a_copy_or_a_subset_pass_and_a_subset_with_other_ans
   check_stage1_prompts(dataset, field="data.train_path", prompts_path=copy)
   subset = str(tmp_path / "subset.parquet")
   write_dapo_parquet(subset, 4)  # the first 4 rows: ids and answers as in Stage 1's 6
-  assert len(loaders.load_prompts(subset)) == 4
+  assert len(load_prompts(subset)) == 4
   check_stage1_prompts(dataset, field="data.train_path", prompts_path=subset)
   _replace_an_answer(subset)
   with pytest.raises(ChangedPromptsError, match=r"data.train_path='.*subset.parquet': 1 prompt\(s\) "

@@ -5,10 +5,12 @@ import pytest
 
 from configs import eval_paper, stage1_paper, stage2_paper, stage3_paper
 from disa_jax import codec, testing
+from disa_jax.data.rows import save_prompts
 from disa_jax.estimators import RewardTransform, build_records
 from disa_jax.estimators.dataset import STAT_FIELDS, Stage1Data, Stage1Stats
 from disa_jax.rollout import flat_weights
 from disa_jax.rollout.types import Completion, SamplingParams
+from disa_jax.tasks.prompts import load_prompts
 from disa_jax import config as config_lib
 from disa_jax.workflows import prompting
 from disa_jax.workflows.evaluation import EvalConfig
@@ -124,7 +126,7 @@ def test_proposal_prompt_engine_swaps_prompts():
 
 
 def test_stage1_summary_counts_prompts_without_reward_and_quantiles():
-  rt = RewardTransform("group_zscore")
+  rt = RewardTransform(kind="group_zscore")
   rewards = [[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 1]]
   samples = [[{"token_ids": [1, 2], "text": "x", "logp_ref": -3.0 - j, "logp_proposal": -2.0,
                "reward": float(r), "num_tokens": 2} for j, r in enumerate(row)] for row in rewards]
@@ -151,17 +153,16 @@ def test_stage1_summary_counts_prompts_without_reward_and_quantiles():
 def write_stage1_run(tmp_path, reference, samples, *, label_scale="mean"):
   """A hand-made Stage 1 output directory: its dataset, prompt file and stage1_config.json."""
   import json
-  from disa_jax.data import loaders
   from disa_jax.data.records import PromptRecord
   from disa_jax.estimators import Stage1Writer
   prompts = tmp_path / "prompts.jsonl"
-  loaders.save_prompts([PromptRecord(f"q{i}", f"prompt number {i}", "a", "toy")
-                        for i in range(len(samples))], str(prompts))
-  ids = [r.prompt_id for r in loaders.load_prompts(str(prompts))]
+  save_prompts([PromptRecord(f"q{i}", f"prompt number {i}", "a", "toy")
+                for i in range(len(samples))], str(prompts))
+  ids = [r.prompt_id for r in load_prompts(str(prompts))]
   out = tmp_path / "s1"
   out.mkdir()
   recs = build_records(ids, [f"prompt number {i}" for i in range(len(samples))], samples,
-                       beta=15.0, reward_transform=RewardTransform("group_zscore"),
+                       beta=15.0, reward_transform=RewardTransform(kind="group_zscore"),
                        label_scale=label_scale)
   Stage1Writer(out / "stage1.jsonl").write(recs)
   (out / "stage1_config.json").write_text(json.dumps({
@@ -196,15 +197,14 @@ def test_stage2_leaves_excluded_prompts_out_of_the_fit_but_predicts_them(checkpo
   is the same whatever their labels), yet are embedded and predicted; an id not in Stage 1 is
   refused naming it; the exclusion is part of the output's identity."""
   from disa_jax.checkpoint.identity import IdentityMismatchError
-  from disa_jax.data import loaders
   from disa_jax.data.records import PromptRecord
   from disa_jax.workflows.stage2 import run_stage2
   samples = [[{"token_ids": [7, 8], "text": "ab", "logp_ref": -2.0 - j - i, "logp_proposal": -2.5,
                "reward": float(j % 2), "num_tokens": 2} for j in range(3)] for i in range(6)]
   path, ids = write_stage1_run(tmp_path, checkpoints["reference"], samples)
   held = tmp_path / "held.jsonl"
-  loaders.save_prompts([PromptRecord(ids[i], f"prompt number {i}", "a", "toy") for i in (1, 4)],
-                       str(held))
+  save_prompts([PromptRecord(ids[i], f"prompt number {i}", "a", "toy") for i in (1, 4)],
+               str(held))
   c = stage2_paper.get_config("qwen3-4b-base,math")
   c.stage1_path, c.reference_path = path, checkpoints["reference"]
   c.fit.epochs, c.fit.batch_size, c.fit.val_fraction = 3, 4, 0.0
@@ -232,7 +232,7 @@ def test_stage2_leaves_excluded_prompts_out_of_the_fit_but_predicts_them(checkpo
   c.exclude_prompts_path = ""
   with pytest.raises(IdentityMismatchError, match="excluded_prompt_ids"):
     run_stage2(Stage2Config.from_config(c))
-  loaders.save_prompts([PromptRecord("nope", "x", "a", "toy")], str(tmp_path / "bad.jsonl"))
+  save_prompts([PromptRecord("nope", "x", "a", "toy")], str(tmp_path / "bad.jsonl"))
   c.exclude_prompts_path = str(tmp_path / "bad.jsonl")
   c.anchor_path, c.output_dir = str(tmp_path / "anchor_c"), str(tmp_path / "s2_c")
   with pytest.raises(ValueError, match=r"exclude_prompts_path=.*not in the Stage 1 dataset.*nope"):

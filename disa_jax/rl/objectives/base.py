@@ -98,7 +98,7 @@ class ObjectiveState:
   name: str = "objective"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Objective(abc.ABC):
   """Base class of the Stage 3 objectives (see the module docstring).
 

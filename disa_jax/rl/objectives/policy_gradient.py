@@ -10,7 +10,7 @@ from disa_jax.rl import losses
 from disa_jax.rl.objectives.base import Array, Objective, register
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PolicyGradient(Objective):
   """Clipped policy-gradient objectives on group z-score advantages (eq. 3).
 
@@ -74,7 +74,7 @@ class PolicyGradient(Objective):
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Grpo(PolicyGradient):
   """GRPO, eqs. (1)-(3): the token-level clipped surrogate with group advantages.
 
@@ -141,7 +141,7 @@ class Grpo(PolicyGradient):
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Gspo(PolicyGradient):
   """GSPO: the sequence-level clipped surrogate with the geometric-mean ratio.
 

@@ -12,7 +12,7 @@ from disa_jax.rl.objectives.base import Objective, register
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplaySft(Objective):
   """Supervised learning on the replayed Stage 1 samples: the negative log-likelihood of each
   replayed row that the verifier accepted, on-policy rows weighted 0 (`disa_jax.rl.losses.sft_loss`).

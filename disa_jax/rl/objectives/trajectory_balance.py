@@ -16,7 +16,7 @@ from disa_jax.rl.logz_head import POOLINGS, LogZHead, packed_mean_embedding
 from disa_jax.rl.objectives.base import HEAD_OPTIMIZERS, Objective, ObjectiveState, register
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrajectoryBalance(Objective):
   """The squared TB residual of eqs. (6) / (10) over rollout weights omega.
 
@@ -36,7 +36,7 @@ class TrajectoryBalance(Objective):
   """
   beta: float = 15.0
   scale: str = "sum"
-  reward_transform: RewardTransform = RewardTransform("group_zscore")
+  reward_transform: RewardTransform = RewardTransform(kind="group_zscore")
   behaviour_as_old_logp: ClassVar[bool] = True
   omega: str = "one"
   omega_max: float = 10.0
@@ -80,7 +80,7 @@ class TrajectoryBalance(Objective):
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Disa(TrajectoryBalance):
   """DISA, eq. (10): the TB residual with the frozen Stage 2 anchor g_psi*(q) as log Z.
 
@@ -145,7 +145,7 @@ class DisaCentred(Disa):
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FlowRL(TrajectoryBalance):
   """FlowRL, eq. (6): the TB residual with a co-trained log Z_phi head on the policy's prompt states.
 
@@ -214,7 +214,7 @@ class FlowRL(TrajectoryBalance):
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class VarGrad(TrajectoryBalance):
   """Trajectory balance with the batch estimate of log Z: the log-variance ("VarGrad") loss.
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from disa_jax import data
-from disa_jax.data import loaders
+from disa_jax.tasks.prompts import formats, load_prompts
 
 VERL = {"data_source": "dapo", "prompt": [{"role": "user", "content": "What is 1+1?"}],
         "ability": "math", "reward_model": {"style": "rule", "ground_truth": "2"},
@@ -138,17 +138,17 @@ def _fmt(base):
 @pytest.mark.parametrize("ext", ["jsonl", "parquet"])
 @pytest.mark.parametrize("base,field,value,regex", VERL_CASES)
 def test_verl_rows(tmp_path, ext, base, field, value, regex):
-  good = data.load_prompts(_write(tmp_path, "good", [BASE[base]], ext))
+  good = load_prompts(_write(tmp_path, "good", [BASE[base]], ext))
   assert len(good) == 1 and good[0].ground_truth not in (None, "None")
   path = _write(tmp_path, "bad", [_edit(BASE[base], field, value)], ext)
   with pytest.raises(ValueError, match=re.escape(f"{path}: row 0: ") + regex):
-    data.load_prompts(path, "verl")
+    load_prompts(path, "verl")
 
 
 @pytest.mark.parametrize("ext", ["jsonl", "parquet"])
 @pytest.mark.parametrize("fmt,field,value,regex", OTHER_CASES)
 def test_benchmark_rows(tmp_path, ext, fmt, field, value, regex):
-  good = data.load_prompts(_write(tmp_path, "good", [BASE[fmt]], ext), fmt)
+  good = load_prompts(_write(tmp_path, "good", [BASE[fmt]], ext), fmt)
   assert len(good) == 1
   # jsonl: a good row first, so the error must name row 1; parquet: one row (a column cannot mix
   # the good and the bad value's types).
@@ -156,25 +156,25 @@ def test_benchmark_rows(tmp_path, ext, fmt, field, value, regex):
     _edit(BASE[fmt], field, value)]
   path = _write(tmp_path, "bad", rows, ext)
   with pytest.raises(ValueError, match=re.escape(f"{path}: row {len(rows) - 1}: ") + regex):
-    data.load_prompts(path, fmt)
+    load_prompts(path, fmt)
 
 
 def test_empty_files(tmp_path):
   for name, content in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n"), ("empty.json", "[]")):
     (tmp_path / name).write_text(content)
     with pytest.raises(ValueError, match=re.escape(f"{tmp_path / name}: the file has no rows")):
-      data.load_prompts(str(tmp_path / name), "math")
+      load_prompts(str(tmp_path / name), "math")
   empty_pq = str(tmp_path / "empty.parquet")
   pq.write_table(pa.table({"problem": pa.array([], pa.string()),
                            "answer": pa.array([], pa.string())}), empty_pq)
   with pytest.raises(ValueError, match=re.escape(f"{empty_pq}: the file has no rows")):
-    data.load_prompts(empty_pq)
+    load_prompts(empty_pq)
   (tmp_path / "zero.parquet").write_bytes(b"")
   with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'zero.parquet'}: not a readable "
                                                  "parquet file")):
-    data.load_prompts(str(tmp_path / "zero.parquet"))
+    load_prompts(str(tmp_path / "zero.parquet"))
   with pytest.raises(ValueError, match=r"limit must be an int >= 1 or None, got 0"):
-    data.load_prompts(empty_pq, limit=0)
+    load_prompts(empty_pq, limit=0)
 
 
 def test_rows_that_are_not_objects_and_bad_json(tmp_path):
@@ -183,30 +183,30 @@ def test_rows_that_are_not_objects_and_bad_json(tmp_path):
   path.write_text(f"{good}\n[1, 2]\n")
   with pytest.raises(ValueError, match=re.escape(f"{path}:2: expected a JSON object per line, got "
                                                  "list [1, 2]")):
-    data.load_prompts(str(path))
+    load_prompts(str(path))
   path.write_text(f"{good}\n\n{{\"problem\": \"x\", \n")  # bad JSON on line 3 (line 2 is blank)
   with pytest.raises(ValueError, match=re.escape(f"{path}:3: invalid JSON")):
-    data.load_prompts(str(path))
+    load_prompts(str(path))
   path.write_text("null\n")
   with pytest.raises(ValueError, match=re.escape(f"{path}:1: expected a JSON object per line, got "
                                                  "NoneType None")):
-    data.load_prompts(str(path))
+    load_prompts(str(path))
   lst = tmp_path / "rows.json"
   lst.write_text(json.dumps([MATH, "just a string"]))
   with pytest.raises(ValueError, match=re.escape(f"{lst}: row 1: expected a JSON object, got str "
                                                  "'just a string'")):
-    data.load_prompts(str(lst))
+    load_prompts(str(lst))
   lst.write_text('[{"problem": "x", "answer": "1"},')
   with pytest.raises(ValueError, match=re.escape(f"{lst}: invalid JSON")):
-    data.load_prompts(str(lst))
+    load_prompts(str(lst))
   gz = tmp_path / "rows.jsonl.gz"
   gz.write_bytes(b"not gzip at all")
   with pytest.raises(ValueError, match=re.escape(f"{gz}: not a gzip file")):
-    data.load_prompts(str(gz))
+    load_prompts(str(gz))
   with gzip.open(gz, "wb") as f:
     f.write(b"\xff\xfe not utf-8\n")
   with pytest.raises(ValueError, match=re.escape(f"{gz}: not UTF-8 text")):
-    data.load_prompts(str(gz))
+    load_prompts(str(gz))
 
 
 def test_nothing_none_reaches_grading_or_prompting(tmp_path):
@@ -221,12 +221,12 @@ def test_nothing_none_reaches_grading_or_prompting(tmp_path):
   }
   for fmt, rs in rows.items():
     for ext in ("jsonl", "parquet"):
-      (rec,) = data.load_prompts(_write(tmp_path, f"{fmt}_ok", rs, ext), fmt)
+      (rec,) = load_prompts(_write(tmp_path, f"{fmt}_ok", rs, ext), fmt)
       seen = json.dumps([rec.prompt, rec.prompt_text(), rec.reward_meta(), rec.prompt_id,
                          rec.data_source])
       assert "None" not in seen and "null" not in seen, (fmt, ext, seen)
       assert rec.prompt_text().strip()
-  (rec,) = data.load_prompts(_write(tmp_path, "verl_src", rows["verl"], "jsonl"), "verl")
+  (rec,) = load_prompts(_write(tmp_path, "verl_src", rows["verl"], "jsonl"), "verl")
   assert rec.data_source == "verl_src" and rec.prompt_id == "verl_src/0"  # file name, not 'None'
 
 
@@ -242,5 +242,5 @@ def test_prompt_record_refuses_none_and_empty():
     data.PromptRecord("a", "None", "1", "s")
   with pytest.raises(ValueError, match=r"PromptRecord\(a\).prompt is an empty chat-message list"):
     data.PromptRecord("a", [], "1", "s")
-  assert loaders.FORMATS == ("verl", "math", "minerva", "olympiadbench", "humanevalplus",
-                             "rllm_code")  # every format is covered above
+  assert formats() == ("verl", "math", "minerva", "olympiadbench", "humanevalplus",
+                       "rllm_code")  # every format is covered above

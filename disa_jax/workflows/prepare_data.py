@@ -3,7 +3,7 @@
 `prepare(name, source, ...)` reads one set from a local file (.jsonl / .json / .parquet), a Hugging
 Face dataset directory (written by ``Dataset.save_to_disk``, or a downloaded hub repository: both
 read with the `datasets` package, the ``data`` extra) or a hub name (where the machine is online),
-checks every row with the loader of its format (`disa_jax.data.loaders`: a bad row stops the
+checks every row with the loader of its format (`disa_jax.tasks.prompts`: a bad row stops the
 command, naming the set, the part, the row and the field), writes the rows as they are (every
 column; a set of several dataset configs concatenated) as parquet or jsonl by the output's
 extension: DAPO-17k-processed in veRL columns, DeepCoder in rllm's (problem, tests, metadata), the
@@ -31,8 +31,9 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from disa_jax.data import loaders
-from disa_jax.data.split import file_sha256, write_rows
+from disa_jax.data.rows import read_rows
+from disa_jax.tasks.prompts import load_prompts, records_from_rows
+from disa_jax.workflows.split_validation import file_sha256, write_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ class SetSpec:
     hub: its Hugging Face hub name (the default source).
     configs: the hub dataset's configs to concatenate (('',): its only one).
     split: the split read.
-    fmt: the loader format of its rows (`disa_jax.data.loaders.FORMATS`).
+    fmt: the loader format of its rows (`disa_jax.tasks.prompts.formats()`).
     output: the file the configs read (configs/common.py, configs/eval_paper.py).
   """
   hub: str
@@ -174,7 +175,7 @@ def read_parts(spec: SetSpec, source: str, *, configs: Sequence[str] | None = No
   """The rows of ``source`` for a set, one `Part` per dataset config (`plan` checked it)."""
   kind = source_kind(source)
   if kind == "file":
-    return [Part(loaders.read_rows(source), source, "", file_sha256(source))]
+    return [Part(read_rows(source), source, "", file_sha256(source))]
   return [_hf_rows(source, kind, c, split or spec.split, revision)
           for c in (spec.configs if configs is None else configs)]
 
@@ -184,7 +185,7 @@ def _check_rows(name: str, spec: SetSpec, parts: Sequence[Part]) -> None:
   for part in parts:
     if not part.rows:
       raise ValueError(f"{name}: {part.where} has no rows")
-    loaders.records_from_rows(part.rows, spec.fmt, where=f"{name}: {part.where}", data_source=name)
+    records_from_rows(part.rows, spec.fmt, where=f"{name}: {part.where}", data_source=name)
 
 
 def plan(name: str, source: str = "", output: str = "", *,
@@ -236,7 +237,7 @@ def prepare(name: str, source: str = "", output: str = "", *, configs: Sequence[
   _check_rows(name, spec, parts)
   write_rows([row for part in parts for row in part.rows], output)
   try:  # read back as the configs read it (prompt ids unique across the parts)
-    records = loaders.load_prompts(output, spec.fmt)
+    records = load_prompts(output, spec.fmt)
   except ValueError:
     os.remove(output)
     raise

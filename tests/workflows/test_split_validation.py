@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from disa_jax.data import loaders
-from disa_jax.data.split import file_sha256, manifest_path, split_validation
+from disa_jax.workflows.split_validation import file_sha256, manifest_path, split_validation
+from disa_jax.tasks.prompts import load_prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,7 +29,7 @@ def _write(rows, path):
 
 
 def _ids(path):
-  return [r.prompt_id for r in loaders.load_prompts(str(path))]
+  return [r.prompt_id for r in load_prompts(str(path))]
 
 
 def test_split_is_reproducible_and_independent_of_row_order(tmp_path):
@@ -72,8 +72,8 @@ def test_duplicates_land_on_one_side(tmp_path):
   m = split_validation(src, str(tmp_path / "t.parquet"), str(tmp_path / "v.parquet"), size=3,
                        seed=0)
   assert m.validation_rows == 6 and m.train_rows == 14  # 3 contents, twice each
-  val = {r.prompt_text() for r in loaders.load_prompts(str(tmp_path / "v.parquet"))}
-  train = {r.prompt_text() for r in loaders.load_prompts(str(tmp_path / "t.parquet"))}
+  val = {r.prompt_text() for r in load_prompts(str(tmp_path / "v.parquet"))}
+  train = {r.prompt_text() for r in load_prompts(str(tmp_path / "t.parquet"))}
   assert len(val) == 3 and not val & train
 
 

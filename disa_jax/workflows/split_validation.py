@@ -21,8 +21,10 @@ import os
 from typing import Any, Sequence
 
 from disa_jax import codec
-from disa_jax.data import loaders, parquet
+from disa_jax.data import parquet
 from disa_jax.data.records import PromptRecord
+from disa_jax.data.rows import read_rows
+from disa_jax.tasks.prompts import load_prompts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +84,7 @@ def split_validation(path: str, train_path: str, validation_path: str, *, size: 
   """Splits ``size`` validation prompts from ``path``; writes both parts and the manifest.
 
   Args:
-    path: the training prompt file (any `disa_jax.data.loaders` format; every row is validated).
+    path: the training prompt file (any `disa_jax.tasks.prompts` format; every row is validated).
     train_path, validation_path: the outputs (.parquet or .jsonl); neither may be ``path``.
     size: validation prompts (>= 1, fewer than the file's rows).
     seed: the split's seed (another seed, another split).
@@ -94,8 +96,8 @@ def split_validation(path: str, train_path: str, validation_path: str, *, size: 
   for name, out in (("train_path", train_path), ("validation_path", validation_path)):
     if os.path.abspath(out) == os.path.abspath(path):
       raise ValueError(f"{name}={out!r} is the input file; choose another path")
-  rows = loaders.read_rows(path)
-  records = loaders.load_prompts(path, fmt)
+  rows = read_rows(path)
+  records = load_prompts(path, fmt)
   if len(records) != len(rows):
     raise ValueError(f"{path}: {len(rows)} rows but {len(records)} prompts were read")
   if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size < len(rows):

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from disa_jax import testing
-from disa_jax.data import loaders, prepare
-from disa_jax.data.split import file_sha256
+from disa_jax.tasks.prompts import load_prompts
+from disa_jax.workflows import prepare_data as prepare
+from disa_jax.workflows.split_validation import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,7 +45,7 @@ def test_training_set_from_a_saved_dataset_dict(tmp_path):
   datasets.DatasetDict({"train": datasets.Dataset.from_list(_dapo_rows(5))}).save_to_disk(str(src))
   out = tmp_path / "data" / "dapo.parquet"
   prov = prepare.prepare("dapo-17k-processed", str(src), str(out))
-  records = loaders.load_prompts(str(out))  # what Stages 1-3 read (format 'auto' -> veRL)
+  records = load_prompts(str(out))  # what Stages 1-3 read (format 'auto' -> veRL)
   assert [r.prompt_id for r in records] == [f"math_dapo/u-{i}" for i in range(5)]
   assert pq.read_table(str(out)).to_pylist() == _dapo_rows(5)  # every column as it was
   assert [r.ground_truth for r in records] == [str(2 * i) for i in range(5)]
@@ -67,7 +68,7 @@ def test_deepcoder_concatenates_its_configs(tmp_path):
   provs = [prepare.prepare("deepcoder", str(parts[t]), str(tmp_path / f"{t}.parquet"),
                            configs=(t,)) for t in parts]
   assert [p["rows_written"] for p in provs] == [3, 2]
-  records = loaders.load_prompts(str(tmp_path / "taco.parquet"))
+  records = load_prompts(str(tmp_path / "taco.parquet"))
   assert records[1].ability == "code" and records[1].ground_truth[0]["output"] == "2\n"
   # one source with several configs: a local hub-style repository read by load_dataset
   repo = tmp_path / "repo"
@@ -79,7 +80,7 @@ def test_deepcoder_concatenates_its_configs(tmp_path):
                                   f"path: {t}/train.parquet\n" for t in parts) + "---\n")
   prov = prepare.prepare("deepcoder", str(repo), str(out), configs=tuple(parts))
   assert prov["configs"] == list(parts) and prov["rows_written"] == 4
-  records = loaders.load_prompts(str(out))
+  records = load_prompts(str(out))
   assert len({r.prompt_id for r in records}) == 4
   assert [r.extra["problem"].split()[0] for r in records] == ["primeintellect"] * 2 + ["taco"] * 2
 
@@ -93,7 +94,7 @@ def test_benchmark_from_a_file_keeps_its_rows(tmp_path):
   prov = prepare.prepare("aime24", str(src), str(out))
   assert [json.loads(l) for l in out.read_text().splitlines()] == rows
   assert prov["identity"] == {"file": file_sha256(str(src))} and prov["split"] is None
-  records = loaders.load_prompts(str(out), "aime24")  # as the evaluation reads it
+  records = load_prompts(str(out), "aime24")  # as the evaluation reads it
   assert [r.ground_truth for r in records] == ["2", "5"]
 
 
