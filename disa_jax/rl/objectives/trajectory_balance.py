@@ -115,7 +115,7 @@ def _check_scored(batch: Any, fields: tuple[str, ...], who: str) -> None:
 
 
 @register
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DisaCentred(Disa):
   """DISA's frozen log Z with the batch's mean residual removed (issue 63's control).
 
