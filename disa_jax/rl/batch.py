@@ -9,8 +9,10 @@ returns a new one (nothing is filled in place), and the batch is packed once:
 2. right after collection the updater packs it into the step's one training layout
    (`PolicyUpdater.pack`, `pack_rollout`): a `PackedRollout`, the sequences shuffled with the
    step's seed, split into mini-batches, each packed into fixed-shape micro-batches;
-3. the scorer (`disa_jax.rl.scorer`) runs its passes on those micro-batches and writes what the
-   objective reads into their slots: a `ScoredBatch` with the log-probs ``ref_slots`` (pi_ref) and
+3. the scorer (`disa_jax.rl.scorer`) runs its passes on the layout's scoring micro-batches
+   (`PackedRollout.scoring_micro`: the whole batch packed in rollout order with the same layout)
+   and writes what the objective reads into the training slots: a `ScoredBatch` with the
+   log-probs ``ref_slots`` (pi_ref) and
    ``old_slots`` (pi_old) per slot and response token, the objective's per-sequence ``signal``
    (r~ for TB, the advantage for GRPO/GSPO) and the ``log_z`` the loss reads (the anchor's, or the
    batch's own estimate);
@@ -31,6 +33,7 @@ sent as zeros (the update never reads it: the objective declares what it reads).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import flax.struct
@@ -157,15 +160,56 @@ class PackedRollout:
     rollout: the step's graded samples.
     minibatches: ``[M][k_m]`` the micro-batches of each mini-batch.
     share_prompts: the layout shares prompts (`TrainBatch.prompt_slot` is set).
+    layout, pad_id: the layout and padding id the micro-batches were packed with (`pack_rollout`;
+      `scoring_micro` packs the scorer's own with them where it needs its own).
   """
   rollout: RolloutBatch
   minibatches: tuple[tuple[packing.PackedBatch, ...], ...]
   share_prompts: bool = False
+  layout: packing.PackingLayout | None = None
+  pad_id: int = 0
 
   @property
   def micro(self) -> list[packing.PackedBatch]:
     """Every micro-batch of the step, mini-batch by mini-batch."""
     return [pb for mb in self.minibatches for pb in mb]
+
+  @functools.cached_property
+  def scoring_micro(self) -> list[packing.PackedBatch]:
+    """The micro-batches the scorer's passes run on: the whole batch packed in rollout order with
+    the same layout (with shared prompts each prompt's group in one unit), packed here on the
+    scorer's first pass (a step without passes packs nothing more); without a `layout`, the
+    training micro-batches (`micro`).
+
+    A sequence's log-probs depend, in their last bits, on where it sits in its row (XLA:CPU's sums
+    over a row's columns; with shared prompts, the sibling responses laid out before it in its
+    unit), and a mini-batch's rows hold other neighbours; the rollout-order rows are what the
+    scorer read before the one packing (cf9f315), so pi_ref / pi_old keep their bits (scored on
+    the training rows, every tiny-trainer run tried moved in the 7th digit)."""
+    if self.layout is None:
+      return self.micro
+    batch = self.rollout
+    return packing.pack(batch.prompts, batch.response_ids, self.layout, pad_id=self.pad_id)
+
+  @functools.cached_property
+  def scoring_index(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Where each training slot's response tokens are in the scoring passes' outputs: per
+    micro-batch of `micro`, ``[S, W]`` flat indices into the ``[R, L]`` outputs of
+    `scoring_micro` flattened and concatenated in order (0 where masked), and the ``[S, W]``
+    float32 response mask (`disa_jax.data.packing.PackedBatch.response_index`)."""
+    width = self.rollout.response_width
+    at = np.zeros((self.rollout.num_rows, width), np.int64)  # [B, W]
+    base = 0
+    for pb in self.scoring_micro:
+      index, _ = pb.response_index(width)
+      filled = pb.seq_index >= 0
+      at[pb.seq_index[filled]] = index[filled] + base
+      base += pb.rows.input_ids.size
+    out = []
+    for pb in self.micro:
+      _, mask = pb.response_index(width)
+      out.append((np.where(mask > 0, at[np.maximum(pb.seq_index, 0)], 0), mask))
+    return out
 
   def minibatch_slice(self, m: int) -> slice:
     """Where mini-batch ``m``'s micro-batches are in `micro`."""
@@ -211,7 +255,8 @@ class PackedRollout:
 def pack_rollout(batch: RolloutBatch, layout: packing.PackingLayout,
                  minibatches: Sequence[np.ndarray], *, pad_id: int) -> PackedRollout:
   """The step's packed training layout: each mini-batch's sequences (``minibatches``: the
-  indices of each, e.g. a shuffled split) packed into micro-batches of ``layout``."""
+  indices of each, e.g. a shuffled split) packed into micro-batches of ``layout`` (the scorer's
+  passes run on the batch packed in rollout order, `PackedRollout.scoring_micro`)."""
   prompts, responses = batch.prompts, batch.response_ids
 
   def packed(idx: np.ndarray) -> tuple[packing.PackedBatch, ...]:
@@ -225,7 +270,7 @@ def pack_rollout(batch: RolloutBatch, layout: packing.PackingLayout,
     return tuple(out)
 
   return PackedRollout(batch, tuple(packed(np.asarray(idx)) for idx in minibatches),
-                       share_prompts=layout.share_prompts)
+                       share_prompts=layout.share_prompts, layout=layout, pad_id=pad_id)
 
 
 @dataclasses.dataclass(frozen=True)

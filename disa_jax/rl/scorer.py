@@ -19,11 +19,13 @@ what its objective reads under the run's rollout settings (`Objective.needs`, re
   advantage for GRPO/GSPO), and for an objective that estimates log Z from the batch's own
   samples (``needs.batch_log_z``: VarGrad) that estimate as ``log_z``, taken after the signal.
 
-Scoring runs on the update's own micro-batches (the rows the update will train on: packed rows of
-``rollout.row_len`` tokens, ``rollout.micro_batch_rows`` rows per pass) on the training mesh; every
-process feeds its own rows and receives the full result. Log-probs come back per slot and response
-token (``[S, W]`` per micro-batch), where the update reads them: nothing is unpacked or packed
-again.
+Scoring runs on the update's layout (packed rows of ``rollout.row_len`` tokens,
+``rollout.micro_batch_rows`` rows per pass), the whole batch in rollout order
+(`disa_jax.rl.batch.PackedRollout.scoring_micro`: a sequence's log-probs depend in their last bits
+on its neighbours in a row), on the training mesh; every process feeds its own rows and receives
+the full result. Log-probs come back per slot and response token of the update's micro-batches
+(``[S, W]`` each, through `PackedRollout.scoring_index`), where the update reads them: nothing is
+unpacked, nor packed again per mini-batch.
 
 The scorer is built from the run's config and its `StepModels`; the anchor it is given was
 validated once, by `disa_jax.rl.build.validate_anchor`.
@@ -90,17 +92,15 @@ class BatchScorer:
     return distributed.shard_global_batch(rows, self._rows)
 
   def _slots(self, fn, params, packed: PackedRollout) -> list[np.ndarray]:
-    """``[S, W]`` per-response-token log-probs of every micro-batch of ``packed``, written into
-    its slots (zeros beyond each response and on empty slots)."""
-    width, micro = packed.rollout.response_width, packed.micro
+    """``[S, W]`` per-response-token log-probs of every training micro-batch of ``packed``,
+    computed on its scoring micro-batches (`PackedRollout.scoring_micro`) and written into the
+    training slots (zeros beyond each response and on empty slots)."""
     # Every pass dispatched before the first fetch (one host transfer for all).
-    values = distributed.replicate_to_hosts([fn(params, self._put(pb.rows)) for pb in micro])
-    out = []
-    for pb, v in zip(micro, values):  # [R, L] -> [S, W]
-      index, mask = pb.response_index(width)
-      out.append(np.where(mask > 0, np.asarray(v, np.float32).reshape(-1)[index],
-                          np.float32(0.0)))
-    return out
+    values = distributed.replicate_to_hosts([fn(params, self._put(pb.rows))
+                                             for pb in packed.scoring_micro])
+    flat = np.concatenate([np.asarray(v, np.float32).reshape(-1) for v in values])
+    return [np.where(mask > 0, flat[index], np.float32(0.0))  # [R, L] per pass -> [S, W]
+            for index, mask in packed.scoring_index]
 
   def anchor_log_z(self, prompt_ids: list[str], prompt_tokens: list[tuple[int, ...]]) -> np.ndarray:
     """``[P]`` the anchor's log Z of each prompt (from the reference's prompt embeddings, for an

@@ -1,7 +1,10 @@
 """Shared helpers for the Stage 3 tests: a reference log-prob function and synthetic sequences."""
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from disa_jax.data.packing import PackingLayout
 from disa_jax.rl.batch import RolloutBatch, SequenceScores
@@ -115,3 +118,39 @@ def grouped_sequences(seed, groups, max_response, vocab):
 
 def shared_layout(rows, row_len, seqs_per_row=8):
   return packed_layout(rows, row_len, seqs_per_row, share_prompts=True)
+
+
+# The CPU's vector extensions XLA:CPU compiles for (/proc/cpuinfo flags): a golden file's last bits
+# are this machine's when they match the ones recorded with it.
+VECTOR_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+                   "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile")
+
+
+def vector_features() -> list[str]:
+  """The host CPU's `VECTOR_FEATURES` (empty where /proc/cpuinfo cannot be read)."""
+  try:
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+  except OSError:
+    return []
+  flags = next((l.split(":", 1)[1].split() for l in lines if l.startswith("flags")), [])
+  return sorted(set(flags) & set(VECTOR_FEATURES))
+
+
+def assert_golden_rows(now: list[dict], golden: list[dict], *, exact: bool, what: str) -> None:
+  """Every recorded metric of ``golden``'s steps in ``now``: bit for bit with ``exact``, else to
+  float32 rounding, since another CPU may round the last bit of an XLA reduction differently. Means
+  such as ``log_z_mean`` (about 0.02) average terms of order one, so their rounding is absolute: a
+  few float32 ulps at 1.0 (1.2e-7 each); two CPUs measured 1.3e-7 and 1.8e-7 apart there, and
+  3.7e-7 relative on ``grad_norm``. Importance ratios (``omega_*``, ``ratio_*``) are exponentials
+  of a difference of two log-probabilities of order ``entropy`` (about 4.9 nats): their rounding
+  is relative and sized by the float32 ulp there (4.8e-7), so they get 16 of those; a third CPU
+  measured 1.4e-6 apart on ``omega_max``."""
+  assert len(now) == len(golden), (what, len(now), len(golden))
+  for step, (r_now, r_old) in enumerate(zip(now, golden)):
+    ratio_rel = 16 * float(np.spacing(np.float32(r_old["entropy"])))
+    for key, value in r_old.items():
+      if exact:
+        assert r_now[key] == value, (what, step, key, r_now[key], value)
+        continue
+      rel = ratio_rel if key.startswith(("omega_", "ratio_")) else 1e-6
+      assert r_now[key] == pytest.approx(value, rel=rel, abs=1e-6), (what, step, key)

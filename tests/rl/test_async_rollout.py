@@ -22,6 +22,7 @@ from disa_jax.rl import seeds
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rl.metrics import read_jsonl
 from tests.rl import test_trainer as tt
+from tests.rl.helpers import assert_golden_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "rl"
@@ -220,29 +221,13 @@ def test_resume_mid_async_run_continues_exactly(tmp_path):
     _stale_trainer("disa", 1, tmp_path / "part", steps=5)
 
 
-@pytest.fixture()
-def default_xla_optimizations():
-  """XLA's default optimizations for this test (the suite compiles without most of them,
-  tests/conftest.py): a golden file is compared with programs built as when it was written."""
-  was = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", False)
-  yield
-  jax.config.update("jax_disable_most_optimizations", was)
-
-
 @pytest.mark.slow
 def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations):
   """k = 0 runs the loop of commit ae9f951, before asynchronous rollouts: the same metrics.
 
   The fixture was written there with, per method, ``t, _ = tt._trainer(tt._cfg(method, steps=3),
   d); tt._strip_time(t.run())``, with XLA's default optimizations. Equal on the machine that wrote
-  it; compared to float32 rounding here, since another CPU may round the last bit of an XLA
-  reduction differently. Means such as ``log_z_mean`` (about 0.02) average terms of order one, so
-  their rounding is absolute: a few float32 ulps at 1.0 (1.2e-7 each); two CPUs measured 1.3e-7 and
-  1.8e-7 apart there, and 3.7e-7 relative on ``grad_norm``. Importance ratios (``omega_*``,
-  ``ratio_*``) are exponentials of a difference of two log-probabilities of order ``entropy``
-  (about 4.9 nats): their rounding is relative and sized by the float32 ulp there (4.8e-7), so they
-  get 16 of those; a third CPU measured 1.4e-6 apart on ``omega_max``.
+  it; compared to float32 rounding here (`helpers.assert_golden_rows`).
   """
   golden = json.loads((FIXTURES / "sync_loop_ae9f951.json").read_text())
   for method, rows in golden.items():
@@ -255,11 +240,7 @@ def test_k0_reproduces_the_synchronous_loop(tmp_path, default_xla_optimizations)
     new = {"rollout/staleness", "grad_clipped_share"} | {
         k for r in now for k in r if k.startswith(("mismatch/", "window/"))}
     assert [sorted(set(r) - new) for r in now] == [sorted(r) for r in rows]
-    for r_now, r_old in zip(now, rows):
-      ratio_rel = 16 * float(np.spacing(np.float32(r_old["entropy"])))
-      for key, value in r_old.items():
-        rel = ratio_rel if key.startswith(("omega_", "ratio_")) else 1e-6
-        assert r_now[key] == pytest.approx(value, rel=rel, abs=1e-6), (method, key)
+    assert_golden_rows(now, rows, exact=False, what=method)
     assert all(r["rollout/staleness"] == 0 for r in now)
 
 

@@ -21,6 +21,7 @@ from disa_jax.rl.update import PolicyUpdater
 from disa_jax.rl.batch import RolloutBatch, ScoredBatch, pack_rollout
 from disa_jax.rl.collect import RolloutCollector
 from disa_jax.rl.trainer import StepParts, Trainer
+from disa_jax.scoring.batched import score_packed
 from tests.rl import test_trainer as tt
 
 
@@ -62,6 +63,34 @@ def test_each_stage_returns_a_new_frozen_batch(tmp_path):
   for batch, field in ((rollout, "reward"), (packed, "minibatches"), (scored, "old_slots")):
     with pytest.raises(dataclasses.FrozenInstanceError):
       setattr(batch, field, None)
+  trainer.close()
+
+
+@pytest.mark.slow
+def test_shared_prompts_scored_on_the_batch_in_rollout_order(tmp_path):
+  """With shared prompts and 2 shuffled mini-batches, pi_ref and pi_old are each sequence's
+  log-probs on the whole batch packed in rollout order (one unit per prompt's group), bit for bit:
+  what the scorer read before the one packing (cf9f315: `score_packed` on the batch). On the
+  mini-batches' own units (another subset of each group, in another order) they differ in the
+  last bits (XLA:CPU), which moved the runs' losses in the 7th digit."""
+  cfg = tt._cfg()  # pylint: disable=protected-access
+  cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_len=32,
+                                                             share_prompts=True))
+  trainer, _ = tt._trainer(cfg, tmp_path)  # pylint: disable=protected-access
+  parts = trainer.parts
+  rollout = parts.collector.collect(0)
+  packed = parts.updater.pack(0, rollout)
+  assert len(packed.minibatches) == 2 and packed.share_prompts
+  params = parts.updater.state.params
+  scored = parts.scorer.score(packed, params)
+  for logp, fn, p in ((scored.ref_logp, parts.scorer._score_ref, parts.scorer.ref_params),
+                      (scored.old_logp, parts.scorer._score_policy, params)):
+    layout = cfg.rollout.layout([], pad_to=16)
+    want = score_packed(lambda rows: fn(p, rows), rollout.prompts, rollout.response_ids, layout,
+                        pad_id=0)
+    for i, w in enumerate(want):
+      np.testing.assert_array_equal(logp[i, :len(w)], w, err_msg=f"sequence {i}")
+      assert not logp[i, len(w):].any()
   trainer.close()
 
 

@@ -1,6 +1,8 @@
 """End-to-end Stage 3 loop on a tiny model with the in-process JAX sampler."""
 import dataclasses
+import json
 import os
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -18,7 +20,9 @@ from disa_jax.rl.config import TrainConfig, WandbConfig
 from disa_jax.rl.metrics import WINDOW_KEYS, MetricsLogger, StepWindow, read_jsonl
 from disa_jax.rl.prompts import PromptItem, PromptStream
 from disa_jax.rollout.jax_sampler import JaxSampler
+from tests.rl.helpers import assert_golden_rows, vector_features
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "rl"
 TINY = dict(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=2)
 EOS = 2
 OBJECTIVES = {"disa": dict(beta=2.0, scale="mean", omega="clipped_ratio"),
@@ -192,6 +196,26 @@ def test_shared_prompt_run_equals_unshared_run(tmp_path):
     for k, v in unshared.items():
       if not k.startswith("packing/"):
         np.testing.assert_allclose(shared[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.slow
+def test_shared_prompt_steps_equal_the_recorded_ones(tmp_path, default_xla_optimizations):
+  """DISA with shared prompts and 2 mini-batches (the main job's layout) reproduces the steps of
+  main before the one packing per step (cf9f315): every metric, bit for bit on a CPU with the
+  recording's vector extensions (`helpers.assert_golden_rows`; float32 rounding on another).
+
+  The fixture (`tests/fixtures/rl/README.md`) was written at cf9f315 by this test's run (3 steps,
+  XLA's default optimizations). Scoring the mini-batches' own rows instead of the batch in rollout
+  order moved the loss in the 7th digit (4.0293976 vs 4.0293978 at step 0)."""
+  golden = json.loads((FIXTURES / "shared_prompt_steps_cf9f315.json").read_text())
+  cfg = _cfg(steps=3)
+  cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, row_len=32,
+                                                             share_prompts=True))
+  trainer, _ = _trainer(cfg, tmp_path)
+  now = _strip_time(trainer.run())
+  trainer.close()
+  assert_golden_rows(now, golden["disa"], what="disa",
+                     exact=golden["cpu_vector_features"] == vector_features())
 
 
 @pytest.mark.slow
