@@ -327,7 +327,8 @@ def _value(hint: Any, value: Any, path: str | Path | None, name: str, spec: Spec
                                                   and issubclass(base, Mapping)):
     _check(value, dict, path, name)
     item = args[1] if len(args) == 2 else Any
-    if dataclasses.is_dataclass(item) or (path is None and hasattr(item, "from_config")):
+    if (dataclasses.is_dataclass(item) or (path is None and hasattr(item, "from_config"))
+        or _holds_records(item)):
       return {k: _value(item, v, path, f"{name}.{k}") for k, v in value.items()}
     return {k: _plain(v) for k, v in value.items()} if path is None else value
   if hint is Path:
@@ -336,6 +337,14 @@ def _value(hint: Any, value: Any, path: str | Path | None, name: str, spec: Spec
     value = _check(value, hint, path, name)
     return float(value) if hint is float else value
   return value
+
+
+def _holds_records(hint: Any) -> bool:
+  """``hint`` is a mapping or tuple type of dataclasses (``Mapping[str, Cell]``, a mapping's
+  values read as such: `pipeline.endpoints.EndpointsSection.cells`)."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  return (isinstance(origin, type) and issubclass(origin, (Mapping, tuple))
+          and any(dataclasses.is_dataclass(a) for a in args))
 
 
 def _variant(hint: Any, value: Any, path: str | Path | None, name: str) -> Any:

@@ -390,6 +390,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             **({} if pilot is None else {"step_size": pilot}),
             "skipped_methods": skipped, "claims": claims,
             "times_s": inputs.times, "plots": plots, "provenance": dict(inputs.provenance)}
+  report = codec.encode(report)
   (plan.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   (plan.dir / "report.md").write_text("\n".join(MD.report_md(report, plan.arch)) + "\n")
   return JobReport.load(plan.dir)

@@ -3,11 +3,14 @@ table, the regime grid, the conditional KLs, matched accuracy, the endpoints, th
 anchor gap, Stages 1-2 and their replicates, the N-study and the time per stage."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
+from disa_jax import codec
 from disa_jax.pipeline import endpoints, tables
 from disa_jax.pipeline.anchor_study import format_sigma_table
 from disa_jax.pipeline.sum_models import TinyLMSpec
+
+T = TypeVar("T")
 
 
 def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
@@ -20,12 +23,19 @@ def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
           f"{arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
           *methods_md(report), *grid_md(report), *conditional_kl_md(report.get("conditional_kl")),
           *matched_md(report["matched_accuracy"]),
-          *(endpoints.markdown(report["endpoints"]) if "endpoints" in report else []),
-          *(endpoints.step_size_markdown(report["step_size"]) if "step_size" in report else []),
+          *(endpoints.markdown(_read(endpoints.EndpointsSection, report, "endpoints"))
+            if "endpoints" in report else []),
+          *(endpoints.step_size_markdown(_read(endpoints.StepSizeSection, report, "step_size"))
+            if "step_size" in report else []),
           *claims_md(report), *anchor_gap_md(report["anchor_gap"]),
           *stage12_md(report["stage1"], report["stage2"], report["anchor_study"]),
           *replicas_md(report["stage12_replicas"]), *nstudy_md(report["nstudy"]),
           *times_md(report["times_s"]), "", "Plots: " + ", ".join(report["plots"])]
+
+
+def _read(cls: type[T], report: Mapping[str, Any], key: str) -> T:
+  """report.json's section ``key`` as its record ``cls``."""
+  return codec.decode(cls, report[key], "report.json", key)
 
 
 def replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
