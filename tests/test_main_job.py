@@ -89,13 +89,13 @@ def _check_claims(claims):
   tested claims, adjusted p < 0.05 with the claimed sign; no test: undecided, never 'does not
   hold'."""
   tested = [c for c in claims if c.test is not None]
-  adjusted = seed_stats.holm([c.test["p"] for c in tested])
+  adjusted = seed_stats.holm([c.test.p for c in tested])
   for c, adj in zip(tested, adjusted):
-    assert c.test["p_holm"] == pytest.approx(adj, rel=1e-12), c
-    assert c.holds == (adj < 0.05 and c.test["direction_ok"]), c
+    assert c.test.p_holm == pytest.approx(adj, rel=1e-12), c
+    assert c.holds == (adj < 0.05 and c.test.direction_ok), c
     assert c.verdict == ("holds" if c.holds else "does not hold"), c
-    if c.test["name"] == "welch" and "differ" not in c.claim:  # "A below B": the sign of A - B
-      assert c.test["direction_ok"] == (c.numbers["diff"] < 0), c
+    if c.test.name == "welch" and "differ" not in c.claim:  # "A below B": the sign of A - B
+      assert c.test.direction_ok == (c.numbers["diff"] < 0), c
   for c in claims:
     assert c.claim.startswith(("the Stage 1 error shrinks with N", "reward maximisation collapses",
                                "Stage 1 replay brings")) or " ends as close to the target as " in c.claim \

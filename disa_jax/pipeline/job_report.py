@@ -10,32 +10,55 @@ from typing import Any, Mapping
 from disa_jax import codec
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClaimTest:
+  """The test a claim is decided by (`pipeline.claims`; a claim's ``test`` in report.json).
+
+  Attributes:
+    name: 'welch' | 'tost' | 'fisher' | 'paired_t'.
+    p: its raw p-value.
+    direction_ok: the difference has the claimed sign.
+    summary: the test in words (difference, interval, seeds).
+    p_holm: its p-value Holm-adjusted over the report's tests (None until `claims.finalise`).
+  """
+  name: str
+  p: float
+  direction_ok: bool
+  summary: str
+  p_holm: float | None = codec.field(default=None, omit=None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Claim:
-  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries).
+  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries, its keys in
+  the order of the fields).
 
   Attributes:
     claim: what is claimed, in words.
-    holds: whether the numbers support it (``verdict == 'holds'``).
-    numbers: the numbers it is decided on (means, the test's statistics, ...).
-    why: why it does not hold or is undecided (None: no reason to give).
+    numbers: the numbers it is decided on (means in nats, the test's statistics, seeds, failed
+      runs, ...: a different set per kind of claim, stored as they are).
     runs: the Stage 3 methods it compares (() for a claim about Stage 1).
-    from_transient: some of ``runs`` were not shown to be at their end state.
-    verdict: 'holds' | 'does not hold' | 'undecided' (a report from before issue 44: 'holds' /
-      'does NOT hold', from ``holds``).
+    test: the test deciding it (None: untested, or an older report).
+    why: why it does not hold or is undecided (None: no reason to give).
     state: 'end state' | 'transient' | 'undecided' | '-' (no runs); '' in an older report.
-    test: {'name', 'p', 'p_holm', 'direction_ok', 'summary'} (None: untested, or an older report).
+    from_transient: some of ``runs`` were not shown to be at their end state.
+    verdict: 'holds' | 'does not hold' | 'undecided' ('' until `claims.finalise`; a report from
+      before issue 44, without it: 'holds' / 'does NOT hold', from ``holds``).
+    holds: whether the numbers support it (``verdict == 'holds'``).
   """
   claim: str
-  holds: bool
   numbers: Mapping[str, Any]
-  why: str | None
   runs: tuple[str, ...]
-  from_transient: bool
-  verdict: str = codec.field(default="", missing=lambda read: "holds" if read["holds"]
-                             else "does NOT hold")
+  test: ClaimTest | None = None
+  why: str | None
   state: str = ""
-  test: Mapping[str, Any] | None = None
+  from_transient: bool
+  verdict: str = ""
+  holds: bool = codec.field(default=False, required=True)
+
+  def __post_init__(self):
+    if not self.verdict and not self.state:  # (a report from before issue 44)
+      object.__setattr__(self, "verdict", "holds" if self.holds else "does NOT hold")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,8 +58,9 @@ def test_job_report_loads_report_json(tmp_path):
   assert rep.dir == tmp_path and rep.json_path == tmp_path / "report.json"
   assert rep.markdown() == "# the report\n" and rep.conditional_kl is None
   assert rep.methods["disa"]["kl_to_target"] == 0.4 and rep.stage3_seeds == (0,)
-  assert rep.claims == (Claim("Stage 1 error shrinks with N", True, {"2": 0.3, "4": 0.1}, None,
-                                (), False, verdict="holds"),)  # (a report from before issue 44)
+  assert rep.claims == (Claim(claim="Stage 1 error shrinks with N", holds=True,
+                              numbers={"2": 0.3, "4": 0.1}, why=None, runs=(),
+                              from_transient=False, verdict="holds"),)  # (from before issue 44)
   current = dict(_report_json()["claims"][0], verdict="undecided", holds=False, state="-",
                  test=None, why="no paired test")
   (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[current])))
