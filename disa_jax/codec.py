@@ -232,6 +232,8 @@ def _check_known(cls: type, obj: Mapping[str, Any], path: str | Path | None, whe
 
 
 def _has(obj: Any, key: str) -> bool:
+  if isinstance(obj, Mapping) and key in obj:  # (a key holding a dot, read as it is)
+    return True
   for part in key.split("."):
     if not isinstance(obj, Mapping) or part not in obj:
       return False
@@ -240,7 +242,10 @@ def _has(obj: Any, key: str) -> bool:
 
 
 def _get(obj: Mapping[str, Any], key: str, path: str | Path, where: str) -> Any:
-  """``obj[key]`` (a dotted key: through nested objects), or the error naming the missing one."""
+  """``obj[key]`` (a dotted key: through nested objects, unless ``obj`` holds it as it is), or the
+  error naming the missing one."""
+  if isinstance(obj, Mapping) and key in obj:
+    return obj[key]
   done = where
   for part in key.split("."):
     if not isinstance(obj, Mapping):

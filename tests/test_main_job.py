@@ -136,7 +136,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert any(c.claim.startswith("the Stage 1 error shrinks with N") for c in report.claims)
   _check_claims(report.claims)
   # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
-  assert set(report.end_state) == methods and set(report.regime["per_method"]) == methods
+  assert set(report.end_state) == methods and set(report.regime.per_method) == methods
   for m, ends in report.end_state.items():
     assert [e["window_steps"][1] for e in ends] == [4], m
   assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
@@ -156,7 +156,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md
   assert "At matched accuracy" in md and "Prop. 4" in md
   # two measurements are too few for an end state: every verdict between methods is labelled
-  assert not report.regime["all_at_end_state"] and "end state undecided" in md
+  assert not report.regime.all_at_end_state and "end state undecided" in md
   versus = [c for c in report.claims if "below grpo's" in c.claim]  # GRPO: the first reward maximiser
   assert len(versus) == 2 and all(c.from_transient and c.verdict == "undecided" for c in versus)
   for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png", "kl_vs_step.png",

@@ -37,14 +37,13 @@ import numpy as np
 from disa_jax import estimators as E
 from disa_jax.pipeline import seed_stats
 from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndState, EndStateConfig
-from disa_jax.pipeline.job_report import Claim, ClaimTest
+from disa_jax.pipeline.report_records import Claim, ClaimTest, Row
 
 ALPHA = 0.05
 COLLAPSE_ENTROPY_FRACTION = 0.25  # a run below this share of the target's entropy over correct
 # a run above this multiple of the reference policy's KL diverged (the staleness study's diverged
 # runs end at 4-19x; a run that barely trained sits near 1x either way)
 DIVERGENCE_FACTOR = 2.0
-Row = Mapping[str, float]  # a model's evaluation row: metric -> value (`report.eval_row`)
 SeedRows = Sequence[tuple[int, Row]]
 # per seed, per accuracy level ('0.9'): the measures interpolated there (`matched_accuracy`)
 MatchedRuns = Sequence[tuple[int, Mapping[str, Mapping[str, Any] | None]]]

@@ -8,58 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from disa_jax import codec
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ClaimTest:
-  """The test a claim is decided by (`pipeline.claims`; a claim's ``test`` in report.json).
-
-  Attributes:
-    name: 'welch' | 'tost' | 'fisher' | 'paired_t'.
-    p: its raw p-value.
-    direction_ok: the difference has the claimed sign.
-    summary: the test in words (difference, interval, seeds).
-    p_holm: its p-value Holm-adjusted over the report's tests (None until `claims.finalise`).
-  """
-  name: str
-  p: float
-  direction_ok: bool
-  summary: str
-  p_holm: float | None = codec.field(default=None, omit=None)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Claim:
-  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries, its keys in
-  the order of the fields).
-
-  Attributes:
-    claim: what is claimed, in words.
-    numbers: the numbers it is decided on (means in nats, the test's statistics, seeds, failed
-      runs, ...: a different set per kind of claim, stored as they are).
-    runs: the Stage 3 methods it compares (() for a claim about Stage 1).
-    test: the test deciding it (None: untested, or an older report).
-    why: why it does not hold or is undecided (None: no reason to give).
-    state: 'end state' | 'transient' | 'undecided' | '-' (no runs); '' in an older report.
-    from_transient: some of ``runs`` were not shown to be at their end state.
-    verdict: 'holds' | 'does not hold' | 'undecided' ('' until `claims.finalise`; a report from
-      before issue 44, without it: 'holds' / 'does NOT hold', from ``holds``).
-    holds: whether the numbers support it (``verdict == 'holds'``).
-  """
-  claim: str
-  numbers: Mapping[str, Any]
-  runs: tuple[str, ...]
-  test: ClaimTest | None = None
-  why: str | None
-  state: str = ""
-  from_transient: bool
-  verdict: str = ""
-  holds: bool = codec.field(default=False, required=True)
-
-  def __post_init__(self):
-    if not self.verdict and not self.state:  # (a report from before issue 44)
-      object.__setattr__(self, "verdict", "holds" if self.holds else "does NOT hold")
-
+from disa_jax.pipeline.report_records import Claim, Grid, Regime, Row
 
 @dataclasses.dataclass(frozen=True)
 class JobReport:
@@ -100,11 +49,11 @@ class JobReport:
     plots: the PNG files in ``dir``.
   """
   dir: Path = codec.field(stored=False)
-  methods: Mapping[str, Mapping[str, Any]]
-  runs: Mapping[str, Mapping[str, Any]]
+  methods: Mapping[str, Row]
+  runs: Mapping[str, Row]
   claims: tuple[Claim, ...]
   skipped_methods: Mapping[str, str]
-  regime: Mapping[str, Any]
+  regime: Regime
   stage1: Mapping[str, Any]
   stage2: Mapping[str, Any]
   anchor_study: Mapping[str, Any] | None
@@ -113,7 +62,7 @@ class JobReport:
   end_state: Mapping[str, list[Mapping[str, Any]]]
   matched_accuracy: Mapping[str, Mapping[str, Any]]
   conditional_kl: Mapping[str, Mapping[str, float]] | None = codec.field(omit=None)
-  grid: Mapping[str, Any] | None = codec.field(omit=None)
+  grid: Grid | None = codec.field(omit=None)
   stage12_replicas: Mapping[str, Mapping[str, float]] = codec.field(missing=lambda read: {})
   stage3_seeds: tuple[int, ...]
   times_s: Mapping[str, float]

@@ -44,7 +44,7 @@ def replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
   return ["## Stage 1/2 data seeds", "",
           "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
           "named `*_data<d>` read that anchor and replay pool.", "",
-          *tables.replicas_table({"stage12_replicas": section}), ""]
+          *tables.replicas_table(tables.Tables(stage12_replicas=section)), ""]
 
 
 def anchor_study_md(res: dict | None) -> list[str]:
@@ -64,11 +64,11 @@ def grid_md(report: dict) -> list[str]:
         "Carlo one; steps to P(correct) = 0.9 (interpolated) over the seeds that got there; "
         "gradient noise = the mean squared gradient norm over the end-state window "
         f"(the last {report['instrument']['end_state']['window']:.0%} of steps; "
-        "`disa_jax.pipeline.grid`).", "", *tables.regime_table(report), ""]
+        "`disa_jax.pipeline.grid`).", "", *tables.regime_table(tables.read(report)), ""]
   if report["grid"]["sigma_curve"]:
     md += ["KL against the log Z error sigma_g (kl_vs_sigma.png), with the loss gap to the exact "
            "log Z run and Prop. 4's envelope sigma^2 + 2 sigma sqrt(L_TB):", "",
-           *tables.sigma_table(report), ""]
+           *tables.sigma_table(tables.read(report)), ""]
   return md
 
 
@@ -84,7 +84,7 @@ def methods_md(report: Mapping[str, Any]) -> list[str]:
     md += [f"Stage 3 seeds {list(seeds)}: cells are mean ± std over seeds (a single run's "
            "KL: ± its Monte Carlo standard error). A run with seeds of its own (`RunSpec.seeds`) "
            "says how many in its label.", ""]
-  return md + tables.methods_table(report, every_row=True) + [""]
+  return md + tables.methods_table(tables.read(report), every_row=True) + [""]
 
 
 def matched_md(matched: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
@@ -208,7 +208,7 @@ def claims_md(report: dict) -> list[str]:
           "failures are counted by Fisher's "
           "exact test and KL compared by Welch's test over the other runs. A claim holds only if "
           f"its p-value, Holm-adjusted over the report's tests, is < {ins['alpha']:g}; a claim "
-          "that could not be tested is undecided.", "", *tables.claims_table(report), "",
+          "that could not be tested is undecided.", "", *tables.claims_table(tables.read(report)), "",
           "Numbers of each claim: `claims` in report.json.", ""]
 
 

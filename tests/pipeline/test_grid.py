@@ -85,20 +85,20 @@ def test_the_regime_and_sigma_tables_render_the_grid_section():
   report = {"regime": {"per_method": {"sum_u1_exact": "end state (flat)"}},
             "grid": {"regimes": {m: plan.runs[m].regime.label for m in figures},
                      "figures": figures, "sigma_curve": G.sigma_curve(plan, figures, None)}}
-  rows = tables.regime_table(report)
+  rows = tables.regime_table(tables.read(report))
   assert rows[2] == ("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
                      "0.200 ± 0.100 [0.100, 0.300] | 0.100 | 100 (3/3) | 50 | 20 |")
   assert rows[3].startswith("| `sum_u1_noise1` | sum, 1 update per batch | 1 | - | 0.300 |")
-  sig = tables.sigma_table(report)
+  sig = tables.sigma_table(tables.read(report))
   assert sig[3] == "| sum, 1 update per batch | `sum_u1_noise1` | 1 | 1 | 0.300 | 2.5 | 5 |"
   for f in figures.values():  # a report of issue 44's instrument: the Monte Carlo KL beside
     f["kl_mc"] = dict(f["kl"], mean=f["kl"]["mean"] + 0.05)
   report["instrument"] = {"primary_metric": "kl_decomposed"}
-  rows = tables.regime_table(report)
+  rows = tables.regime_table(tables.read(report))
   assert "| KL(pi ‖ pi~), decomposed | KL, Monte Carlo |" in rows[0] and rows[1].count("|") == 11
   assert rows[2].startswith("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
                             "0.200 ± 0.100 [0.100, 0.300] | 0.250 ± 0.100 [0.100, 0.300] | 0.100 |")
-  assert "| KL(pi ‖ pi~), decomposed |" in tables.sigma_table(report)[0]
+  assert "| KL(pi ‖ pi~), decomposed |" in tables.sigma_table(tables.read(report))[0]
 
 
 def test_the_tables_header_says_when_runs_have_seeds_of_their_own():

@@ -66,7 +66,7 @@ def test_the_claims_take_their_roles_from_the_plan():
   plan = C.Plan(fix="", disa="tb", oracle="oracle", contrasts=(), controls=(), compare=(),
                 replay=())
   out = C.build_claims(ev, plan, None)
-  assert [c["claim"].split(" (")[0] for c in out] == [
+  assert [c.claim.split(" (")[0] for c in out] == [
       "tb ends as close to the target as the oracle oracle"]
   assert C.build_claims(ev, dataclasses.replace(plan, oracle=""), None) == []
 
@@ -178,7 +178,8 @@ def test_report_md_and_the_docs_draw_the_methods_table_with_one_renderer():
             "methods": {"reference": _row(0.5), "disa": _row(0.2, kl_decomposed_std=0.01,
                                                              kl_to_target_std=0.02, seeds=2)},
             "skipped_methods": {"lora_sft": "no Stage 1 sample has reward 1"}}
-  full, docs = tables.methods_table(report, every_row=True), tables.methods_table(report)
+  full = tables.methods_table(tables.read(report), every_row=True)
+  docs = tables.methods_table(tables.read(report))
   assert full[0] == ("| method | state | Mean@8 | distinct correct in 8 | P(correct) | entropy "
                      "over correct (target) | KL(pi ‖ pi~), decomposed | KL, Monte Carlo | KL "
                      "binary | P_c KL_c | P_w KL_w |")

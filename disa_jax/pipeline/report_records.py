@@ -1,0 +1,156 @@
+"""The records of report.json's sections that more than one module reads (`pipeline.report` writes
+them, `JobReport` and `pipeline.tables` read them back): the claims, the regime, the grid of
+end-state figures, the instrument and the job's config line. Each is a frozen dataclass stored by
+`codec` (its JSON keys in the order of its fields); a field added since a report was written has a
+default, so that older reports load."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from disa_jax import codec
+
+Row = Mapping[str, float]  # an evaluation row: metric -> value (`report.eval_row`; k, seeds: counts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClaimTest:
+  """The test a claim is decided by (`pipeline.claims`; a claim's ``test`` in report.json).
+
+  Attributes:
+    name: 'welch' | 'tost' | 'fisher' | 'paired_t'.
+    p: its raw p-value.
+    direction_ok: the difference has the claimed sign.
+    summary: the test in words (difference, interval, seeds).
+    p_holm: its p-value Holm-adjusted over the report's tests (None until `claims.finalise`).
+  """
+  name: str
+  p: float
+  direction_ok: bool
+  summary: str
+  p_holm: float | None = codec.field(default=None, omit=None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Claim:
+  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries, its keys in
+  the order of the fields).
+
+  Attributes:
+    claim: what is claimed, in words.
+    numbers: the numbers it is decided on (means in nats, the test's statistics, seeds, failed
+      runs, ...: a different set per kind of claim, stored as they are).
+    runs: the Stage 3 methods it compares (() for a claim about Stage 1).
+    test: the test deciding it (None: untested, or an older report).
+    why: why it does not hold or is undecided (None: no reason to give).
+    state: 'end state' | 'transient' | 'undecided' | '-' (no runs); '' in an older report.
+    from_transient: some of ``runs`` were not shown to be at their end state.
+    verdict: 'holds' | 'does not hold' | 'undecided' ('' until `claims.finalise`; a report from
+      before issue 44, without it: 'holds' / 'does NOT hold', from ``holds``).
+    holds: whether the numbers support it (``verdict == 'holds'``).
+  """
+  claim: str
+  numbers: Mapping[str, Any]
+  runs: tuple[str, ...]
+  test: ClaimTest | None = None
+  why: str | None
+  state: str = ""
+  from_transient: bool
+  verdict: str = ""
+  holds: bool = codec.field(default=False, required=True)
+
+  def __post_init__(self):
+    if not self.verdict and not self.state:  # (a report from before issue 44)
+      object.__setattr__(self, "verdict", "holds" if self.holds else "does NOT hold")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Regime:
+  """Whether every method reached its end state (report.json's ``regime``): the ``preset``, its
+  Stage 3 ``steps``, ``all_at_end_state`` and each method's state in words (``per_method``)."""
+  preset: str = ""
+  steps: int = 0
+  all_at_end_state: bool = False
+  per_method: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FigureSummary:
+  """A figure over a run's seeds (`grid.summary`): ``mean``, sample ``std``, the 95% Student-t
+  interval ``ci95`` (None for one value) and the number ``n`` of finite values (NaN mean for 0)."""
+  mean: float
+  std: float
+  ci95: tuple[float, float] | None
+  n: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunFigures:
+  """One method's end-state figures over its seeds (`grid.run_figures`): ``seeds``, how many
+  ``reached`` P(correct) 0.9 and the steps they took (``steps_to_0.9``); the primary and the Monte
+  Carlo KL and the conditional KL over correct answers (nats), the squared gradient norm's mean and
+  median and the loss over the end-state window, and the first seed's window loss."""
+  seeds: int
+  reached: int
+  steps_to_level: FigureSummary = codec.field(key="steps_to_0.9")
+  kl: FigureSummary
+  kl_mc: FigureSummary | None = None
+  kl_correct: FigureSummary
+  grad_sq: FigureSummary
+  grad_sq_median: FigureSummary
+  loss: FigureSummary | None = None
+  loss_first_seed: float | None = None
+
+  def figure(self, name: str) -> FigureSummary:
+    return getattr(self, name)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SigmaPoint:
+  """One run of a regime's KL-against-sigma_g curve (`grid.sigma_curve`): its ``sigma`` (the RMS
+  error of its log Z), KL mean and std over its ``seeds``, the loss gap to the exact-log-Z run and
+  Prop. 4's envelope."""
+  run: str
+  sigma: float
+  kl: float
+  kl_std: float
+  seeds: int
+  loss_gap: float
+  envelope: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Grid:
+  """report.json's ``grid``: per method its regime in words and `RunFigures`, per regime its
+  `SigmaPoint`s (sorted by sigma)."""
+  regimes: Mapping[str, str]
+  figures: Mapping[str, RunFigures]
+  sigma_curve: Mapping[str, tuple[SigmaPoint, ...]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+  """report.json's ``config``: the few config values the report prints."""
+  beta: float
+  task: str
+  engine: str = ""
+  stage3_steps: int
+  preset: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Instrument:
+  """How a report decides (report.json's ``instrument``, `report.instrument`; a report from before
+  issue 44 has none): the primary KL every verdict uses and the one shown ``beside`` it, the
+  claims' ``alpha`` and ``correction``, the end-state rule (`dynamics.EndStateConfig`'s fields),
+  the failure thresholds (`claims`), the endpoints' tests, Prop. 4's status and the seeds."""
+  primary_metric: str
+  beside: str = ""
+  alpha: float = 0.05
+  correction: str = ""
+  end_state: Mapping[str, float] = codec.field(default_factory=dict)
+  collapse_entropy_fraction: float | None = None
+  divergence_factor: float | None = None
+  endpoint_tests: Mapping[str, str] | None = codec.field(default=None, omit=None)
+  prop4: str | None = codec.field(default=None, omit=None)
+  seeds: str = ""
