@@ -140,11 +140,12 @@ def test_main_job_end_to_end_and_resume(job_run):
   for m, ends in report.end_state.items():
     assert [e["window_steps"][1] for e in ends] == [4], m
   assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
-  gap = report.anchor_gap
-  assert gap["loss_gap"] <= gap["envelope_same_sample"] + 1e-9 and gap["sigma_g_train"] > 0
+  gap = report.anchor_gap.prop4
+  assert gap.check.loss_gap <= gap.check.envelope_same_sample + 1e-9
+  assert gap.check.sigma_g_train > 0
   # val_fraction 0.3: held-out prompts exist; Prop. 4 as numbers, never a verdict (issue 62)
-  assert gap["verdict"] is None and "cannot fail" in gap["verdict_why"]
-  assert gap["gap_over_envelope"] == pytest.approx(gap["loss_gap"] / gap["envelope"])
+  assert gap.check.verdict is None and "cannot fail" in gap.verdict_why
+  assert gap.gap_over_envelope == pytest.approx(gap.check.loss_gap / gap.check.envelope)
   study = report.anchor_study
   md = (tmp_path / "report.md").read_text()
   assert report.dir == tmp_path and report.markdown() == md

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from disa_jax import codec
-from disa_jax.pipeline.report_records import Claim, Grid, Regime, Row
+from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, MatchedSummary, Regime,
+                                              Row)
 
 @dataclasses.dataclass(frozen=True)
 class JobReport:
@@ -58,9 +59,9 @@ class JobReport:
   stage2: Mapping[str, Any]
   anchor_study: Mapping[str, Any] | None
   nstudy: Mapping[str, Any] | None
-  anchor_gap: Mapping[str, Any] | None
+  anchor_gap: AnchorGap | None
   end_state: Mapping[str, list[Mapping[str, Any]]]
-  matched_accuracy: Mapping[str, Mapping[str, Any]]
+  matched_accuracy: Mapping[str, Mapping[str, MatchedSummary]]
   conditional_kl: Mapping[str, Mapping[str, float]] | None = codec.field(omit=None)
   grid: Grid | None = codec.field(omit=None)
   stage12_replicas: Mapping[str, Mapping[str, float]] = codec.field(missing=lambda read: {})

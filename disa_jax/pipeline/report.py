@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from disa_jax import codec
-from disa_jax.anchor.diagnostics import prop4_check
+from disa_jax.anchor.diagnostics import Prop4Check, prop4_check
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
@@ -47,6 +47,8 @@ from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.pipeline.plan import JobPlan, replica_units
+from disa_jax.pipeline.report_records import (AnchorGap, Claim, Instrument, MatchedSummary,
+                                              Prop4Numbers, Regime)
 from disa_jax.pipeline.stage12 import (Replicas, replicas_section, stage1_section,
                                        stage2_section)
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
@@ -159,7 +161,7 @@ class Dynamics:
   states: dict[str, D.EndState]
   matched_runs: dict[str, C.MatchedRuns]
 
-  def matched(self) -> dict[str, dict[str, dict[str, Any]]]:
+  def matched(self) -> dict[str, dict[str, MatchedSummary]]:
     """report.json's ``matched_accuracy``: per method and level, `_matched_summary`."""
     return {m: {lvl: _matched_summary(matched, lvl) for lvl in (f"{v:g}" for v in D.LEVELS)}
             for m, matched in self.matched_runs.items()}
@@ -187,16 +189,16 @@ def _dynamics(plan: JobPlan, stage3: Stage3Runs) -> Dynamics:
   return out
 
 
-def _matched_summary(matched: C.MatchedRuns, lvl: str) -> dict[str, Any]:
+def _matched_summary(matched: C.MatchedRuns, lvl: str) -> MatchedSummary:
   """Mean and std over the seeds interpolated to ``lvl`` (not those already past it at their first
   measurement, listed apart)."""
   got = [(s, x[lvl]) for s, x in matched if x[lvl] is not None]
   inside = [v for _, v in got if not v["already_past"]]
-  return {k: D.mean_std([v[k] for v in inside])
-          for k in ("step", "entropy_correct", "kl_correct", "kl")
-          } | {"seeds_reached": [s for s, v in got if not v["already_past"]],
-               "seeds_already_past": [s for s, v in got if v["already_past"]],
-               "seeds": len(matched)}
+  return MatchedSummary(**{k: D.mean_std([v[k] for v in inside])
+                           for k in ("step", "entropy_correct", "kl_correct", "kl")},
+                        seeds_reached=tuple(s for s, v in got if not v["already_past"]),
+                        seeds_already_past=tuple(s for s, v in got if v["already_past"]),
+                        seeds=len(matched))
 
 
 def _state_label(dyn: Dynamics, m: str) -> tuple[bool, str]:
@@ -208,7 +210,7 @@ def _state_label(dyn: Dynamics, m: str) -> tuple[bool, str]:
 
 
 def _claims(plan: JobPlan, s1: Mapping[str, Any], runs: Mapping[str, C.Row], dyn: Dynamics,
-            fix: str | None, contrasts: Sequence[str]) -> list[dict[str, Any]]:
+            fix: str | None, contrasts: Sequence[str]) -> list[Claim]:
   """The paper's claims on this task (`pipeline.claims`); ``contrasts`` are the reward-maximising
   runs they are compared with, ``plan.controls`` the controls the fix is compared with."""
   seed_rows = {m: [(s, runs[row]) for s, row in zip(r.seeds, r.rows) if row in runs]
@@ -224,7 +226,7 @@ def _claims(plan: JobPlan, s1: Mapping[str, Any], runs: Mapping[str, C.Row], dyn
 
 def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],
                 results: Mapping[str, EvalResult], anchor: AnchorArtifact, exact: ExactTarget
-                ) -> dict[str, Any] | None:
+                ) -> AnchorGap | None:
   """DISA with the fitted anchor against its oracle (the exact log Z; `JobPlan.disa`,
   `JobPlan.oracle`; the primary KL), and Prop. 4 as numbers (`anchor.diagnostics.prop4_check`,
   `prop4_numbers`): the loss gap from the anchor's training prompts, the envelope from its
@@ -243,11 +245,11 @@ def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],
   eta = np.asarray([g[p] - log_z[p] for p in pids])
   r_mean, r_sq = task.exact.per_prompt_values("kl_mc"), task.exact.per_prompt_values("tb_sq")
   is_held = np.asarray([p in held for p in pids])
-  check = prop4_numbers(dataclasses.asdict(prop4_check(eta[~is_held], r_mean[~is_held],
-                                                        r_sq[~is_held], eta[is_held])))
+  check = prop4_numbers(prop4_check(eta[~is_held], r_mean[~is_held], r_sq[~is_held],
+                                    eta[is_held]))
   kl = lambda m: evals[m][D.PRIMARY]
-  return {"kl_disa": kl(disa), "kl_disa_exact": kl(oracle),
-          "kl_gap": kl(disa) - kl(oracle), "kl_metric": D.PRIMARY, **check}
+  return AnchorGap(kl_disa=kl(disa), kl_disa_exact=kl(oracle), kl_gap=kl(disa) - kl(oracle),
+                   kl_metric=D.PRIMARY, prop4=check)
 
 
 PROP4_NO_VERDICT = (
@@ -259,21 +261,21 @@ PROP4_NO_VERDICT = (
     "(anchor_testbed_rl). The gap's share of the envelope is the number to read")
 
 
-def prop4_numbers(check: dict[str, Any]) -> dict[str, Any]:
-  """`prop4_check`'s numbers (as a dict) with the gap's share of the held-out envelope
+def prop4_numbers(check: Prop4Check) -> Prop4Numbers:
+  """`prop4_check`'s numbers with the gap's share of the held-out envelope
   (``gap_over_envelope``; NaN without held-out prompts) and no verdict (``verdict`` None,
   ``verdict_why`` = `PROP4_NO_VERDICT`)."""
-  env = check["envelope"]
-  share = check["loss_gap"] / env if np.isfinite(env) and env > 0 else float("nan")
-  return check | {"verdict": None, "verdict_why": PROP4_NO_VERDICT, "gap_over_envelope": share}
+  env = check.envelope
+  share = check.loss_gap / env if np.isfinite(env) and env > 0 else float("nan")
+  return Prop4Numbers(check=dataclasses.replace(check, verdict=None),
+                      verdict_why=PROP4_NO_VERDICT, gap_over_envelope=share)
 
 
-def _regime(plan: JobPlan, dyn: Dynamics) -> dict[str, Any]:
+def _regime(plan: JobPlan, dyn: Dynamics) -> Regime:
   """Whether every method reached its end state, per method, and what the preset promises."""
   per = {m: _state_label(dyn, m)[1] for m in plan.methods}
   done = all(_state_label(dyn, m)[0] for m in plan.methods)
-  return {"preset": plan.preset, "steps": plan.steps, "all_at_end_state": done,
-          "per_method": per}
+  return Regime(preset=plan.preset, steps=plan.steps, all_at_end_state=done, per_method=per)
 
 
 def _grid_section(plan: JobPlan, stage3: Stage3Runs, runs: Mapping[str, C.Row], dyn: Dynamics,
@@ -295,17 +297,17 @@ def _replica_units(plan: JobPlan, runs: Mapping[str, C.Row]) -> dict[str, dict[s
           for k in ("kl_decomposed", "kl_to_target", "kl_correct", "p_correct_exact")}
 
 
-def instrument(end_state: D.EndStateConfig) -> dict[str, Any]:
+def instrument(end_state: D.EndStateConfig) -> Instrument:
   """How this report decides (report.json's ``instrument``; `pipeline.tables` renders a report
   without it, from before issue 44, in the old format)."""
-  return {"primary_metric": D.PRIMARY, "beside": "kl_mc", "alpha": C.ALPHA, "correction": "holm",
-          "end_state": dataclasses.asdict(end_state),
-          "collapse_entropy_fraction": C.COLLAPSE_ENTROPY_FRACTION,
-          "divergence_factor": C.DIVERGENCE_FACTOR,
-          "endpoint_tests": {"kl_auc": "welch", "kl_correct_end": "welch",
-                             "steps_to_p90": "gehan (interval-censored, permutation)"},
-          "prop4": "numbers only (a check that cannot fail)",
-          "seeds": "independent per run and Stage 3 seed (pipeline.seeds)"}
+  return Instrument(primary_metric=D.PRIMARY, beside="kl_mc", alpha=C.ALPHA, correction="holm",
+                    end_state=dataclasses.asdict(end_state),
+                    collapse_entropy_fraction=C.COLLAPSE_ENTROPY_FRACTION,
+                    divergence_factor=C.DIVERGENCE_FACTOR,
+                    endpoint_tests={"kl_auc": "welch", "kl_correct_end": "welch",
+                                    "steps_to_p90": "gehan (interval-censored, permutation)"},
+                    prop4="numbers only (a check that cannot fail)",
+                    seeds="independent per run and Stage 3 seed (pipeline.seeds)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from disa_jax import codec
+from disa_jax.anchor.diagnostics import Prop4Check
 
 Row = Mapping[str, float]  # an evaluation row: metric -> value (`report.eval_row`; k, seeds: counts)
 
@@ -154,3 +155,41 @@ class Instrument:
   endpoint_tests: Mapping[str, str] | None = codec.field(default=None, omit=None)
   prop4: str | None = codec.field(default=None, omit=None)
   seeds: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatchedSummary:
+  """A method at one accuracy level (report.json's ``matched_accuracy[method][level]``,
+  `report._matched_summary`): (mean, std) over the seeds interpolated to the level of the step,
+  the entropy over correct answers, the conditional KL over them and the primary KL (nats); the
+  seeds interpolated there, those already past it at their first measurement, and the number of
+  seeds."""
+  step: tuple[float, float]
+  entropy_correct: tuple[float, float]
+  kl_correct: tuple[float, float]
+  kl: tuple[float, float]
+  seeds_reached: tuple[int, ...]
+  seeds_already_past: tuple[int, ...]
+  seeds: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prop4Numbers:
+  """Prop. 4 as numbers, never a verdict (`report.prop4_numbers`): `Prop4Check`'s numbers (its
+  ``verdict`` None), why there is no verdict (``verdict_why``) and the loss gap's share of the
+  held-out envelope (``gap_over_envelope``; NaN without held-out prompts)."""
+  check: Prop4Check = codec.field(inline=True)
+  verdict_why: str
+  gap_over_envelope: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnchorGap:
+  """DISA with its fitted anchor against its oracle on the exact log Z (report.json's
+  ``anchor_gap``, `report._anchor_gap`): their primary KL (``kl_metric``, nats) and its gap, and
+  Prop. 4 as numbers at DISA's final policy."""
+  kl_disa: float
+  kl_disa_exact: float
+  kl_gap: float
+  kl_metric: str
+  prop4: Prop4Numbers = codec.field(inline=True)

@@ -2,12 +2,15 @@
 counted by Fisher's test and left out of Welch's, the family is Holm-corrected, untested claims are
 undecided, the oracle claim is an equivalence test, matched accuracy is interpolated, and each
 claim carries the end state of the methods it compares."""
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from configs import main as main_config
+from disa_jax import codec
+from disa_jax.anchor.diagnostics import Prop4Check
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report as R
 from disa_jax.pipeline import report_md as MD
@@ -199,15 +202,15 @@ def test_build_claims_makes_each_claim_once_and_corrects_them_together():
 def test_prop4_is_numbers_never_a_verdict_that_cannot_fail():
   """Issue 62, item 8: the envelope 'held' at a gap of 0.15 against 3.19 (anchor_testbed_rl); it
   is Cauchy-Schwarz on the same moments, so no verdict, and the gap's share of the envelope."""
-  check = {"loss_tb": 11.72, "envelope": 3.19, "loss_gap": 0.15, "verdict": "holds"}
+  check = Prop4Check(sigma_g_train=0.5, sigma_g_heldout=0.6, loss_tb=11.72, loss_disa=11.87,
+                     loss_gap=0.15, envelope_same_sample=2.0, envelope=3.19, verdict="holds")
   out = R.prop4_numbers(check)
-  assert out["verdict"] is None and "cannot fail" in out["verdict_why"]
-  assert out["gap_over_envelope"] == pytest.approx(0.15 / 3.19)
-  assert np.isnan(R.prop4_numbers(check | {"envelope": float("nan"), "verdict": None})[
-      "gap_over_envelope"])
-  md = "\n".join(MD.anchor_gap_md({"kl_disa": 0.3, "kl_disa_exact": 0.2, "kl_gap": 0.1,
-                                    "sigma_g_train": 0.5, "loss_disa": 3.3,
-                                    "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | out))
+  assert out.check.verdict is None and "cannot fail" in out.verdict_why
+  assert out.gap_over_envelope == pytest.approx(0.15 / 3.19)
+  assert np.isnan(R.prop4_numbers(dataclasses.replace(check, envelope=float("nan"), verdict=None))
+                  .gap_over_envelope)
+  md = "\n".join(MD.anchor_gap_md({"kl_disa": 0.3, "kl_disa_exact": 0.2, "kl_gap": 0.1}
+                                   | codec.encode(out)))
   assert "(the gap is 0.047 of it): no verdict: a check that cannot fail" in md
   old = {"loss_tb": 3.04, "envelope": 4.06, "loss_gap": 0.26, "verdict": None,
          "verdict_why": "the envelope 4.0600 is not below L_TB = 3.0400"}  # a committed report's
@@ -216,8 +219,8 @@ def test_prop4_is_numbers_never_a_verdict_that_cannot_fail():
                                         "envelope_same_sample": 2.0, "sigma_g_heldout": 0.6} | old))
   assert "4.0600: no verdict (the envelope 4.0600 is not below L_TB" in old_md
   ins = R.instrument(R.D.EndStateConfig())
-  assert ins["primary_metric"] == "kl_decomposed" and ins["correction"] == "holm"
-  assert ins["endpoint_tests"]["steps_to_p90"].startswith("gehan") and ins["end_state"]["serial"]
+  assert ins.primary_metric == "kl_decomposed" and ins.correction == "holm"
+  assert ins.endpoint_tests["steps_to_p90"].startswith("gehan") and ins.end_state["serial"]
 
 
 def _plan(methods, label_scale="sum", compare=()):
