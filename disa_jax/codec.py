@@ -345,11 +345,13 @@ def _value(hint: Any, value: Any, path: str | Path | None, name: str, spec: Spec
 
 
 def _holds_records(hint: Any) -> bool:
-  """``hint`` is a mapping or tuple type of dataclasses (``Mapping[str, Cell]``, a mapping's
-  values read as such: `pipeline.endpoints.EndpointsSection.cells`)."""
+  """``hint`` is a mapping, tuple or ``X | None`` type of dataclasses, at any depth
+  (``Mapping[str, Mapping[str, Cell | None]]``: a mapping's values read as such,
+  `pipeline.endpoints.EndpointsSection.cells`)."""
   origin, args = typing.get_origin(hint), typing.get_args(hint)
-  return (isinstance(origin, type) and issubclass(origin, (Mapping, tuple))
-          and any(dataclasses.is_dataclass(a) for a in args))
+  return ((origin in (typing.Union, types.UnionType)
+           or (isinstance(origin, type) and issubclass(origin, (Mapping, tuple))))
+          and any(dataclasses.is_dataclass(a) or _holds_records(a) for a in args))
 
 
 def _variant(hint: Any, value: Any, path: str | Path | None, name: str) -> Any:
