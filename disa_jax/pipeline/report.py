@@ -47,7 +47,7 @@ from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.pipeline.plan import JobPlan, replica_units
-from disa_jax.pipeline.report_records import (AnchorGap, Claim, Instrument, MatchedSummary,
+from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, Instrument, MatchedSummary,
                                               Prop4Numbers, Regime)
 from disa_jax.pipeline.stage12 import (Replicas, replicas_section, stage1_section,
                                        stage2_section)
@@ -280,14 +280,14 @@ def _regime(plan: JobPlan, dyn: Dynamics) -> Regime:
 
 def _grid_section(plan: JobPlan, stage3: Stage3Runs, runs: Mapping[str, C.Row], dyn: Dynamics,
                   s2: Mapping[str, Any], replicas: Mapping[str, Mapping[str, float]]
-                  ) -> dict[str, Any]:
+                  ) -> Grid:
   """Per method, its end-state figures over seeds and regime; per regime, KL against sigma_g
   (`disa_jax.pipeline.grid`; a run on another Stage 1/2 data seed at its own anchor's sigma_g)."""
   figures = G.run_figures(G.collect(plan, stage3, runs, dyn.matched_runs))
   others = {int(d): r["sigma_g_all"] for d, r in replicas.items()
             if d != "0" and "sigma_g_all" in r}
-  return {"regimes": {m: plan.runs[m].regime.label for m in figures}, "figures": figures,
-          "sigma_curve": G.sigma_curve(plan, figures, s2.get("sigma_g_all"), others)}
+  return Grid(regimes={m: plan.runs[m].regime.label for m in figures}, figures=figures,
+              sigma_curve=G.sigma_curve(plan, figures, s2.get("sigma_g_all"), others))
 
 
 def _replica_units(plan: JobPlan, runs: Mapping[str, C.Row]) -> dict[str, dict[str, list[float]]]:
@@ -362,7 +362,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
   plots = _plots(plan.dir, s1, s2, _training_curves(plan, stage3))
   replicas = replicas_section(plan, inputs.replicas, exact, s1, s2)
   grid = _grid_section(plan, stage3, runs, dyn, s2, replicas)
-  plots += G.plot_sigma_curve(grid["sigma_curve"], plan.dir)
+  plots += G.plot_sigma_curve(grid.sigma_curve, plan.dir)
   if dyn.series:
     plots += D.plot_dynamics(dyn.series, float(np.mean(exact.target_entropy_correct)), plan.dir)
   study = inputs.anchor_study

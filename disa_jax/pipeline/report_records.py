@@ -85,15 +85,19 @@ class FigureSummary:
   n: int
 
 
+LEVEL_KEY = "steps_to_0.9"  # `RunFigures`' steps to P(correct) 0.9, one key of report.json
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunFigures:
   """One method's end-state figures over its seeds (`grid.run_figures`): ``seeds``, how many
-  ``reached`` P(correct) 0.9 and the steps they took (``steps_to_0.9``); the primary and the Monte
-  Carlo KL and the conditional KL over correct answers (nats), the squared gradient norm's mean and
-  median and the loss over the end-state window, and the first seed's window loss."""
+  ``reached`` P(correct) 0.9 and the steps they took (``steps_to_0.9``, in ``at_level``); the
+  primary and the Monte Carlo KL and the conditional KL over correct answers (nats), the squared
+  gradient norm's mean and median and the loss over the end-state window, and the first seed's
+  window loss."""
   seeds: int
   reached: int
-  steps_to_level: FigureSummary = codec.field(key="steps_to_0.9")
+  at_level: Mapping[str, FigureSummary] = codec.field(inline=True, keys=(LEVEL_KEY,))
   kl: FigureSummary
   kl_mc: FigureSummary | None = None
   kl_correct: FigureSummary
@@ -101,6 +105,10 @@ class RunFigures:
   grad_sq_median: FigureSummary
   loss: FigureSummary | None = None
   loss_first_seed: float | None = None
+
+  @property
+  def steps_to_level(self) -> FigureSummary:
+    return self.at_level[LEVEL_KEY]
 
   def figure(self, name: str) -> FigureSummary:
     return getattr(self, name)
