@@ -36,7 +36,7 @@ import numpy as np
 
 from disa_jax import estimators as E
 from disa_jax.pipeline import seed_stats
-from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndState, EndStateConfig
+from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndState, EndStateConfig, Matched
 from disa_jax.pipeline.report_records import Claim, ClaimTest, Row
 
 ALPHA = 0.05
@@ -46,7 +46,7 @@ COLLAPSE_ENTROPY_FRACTION = 0.25  # a run below this share of the target's entro
 DIVERGENCE_FACTOR = 2.0
 SeedRows = Sequence[tuple[int, Row]]
 # per seed, per accuracy level ('0.9'): the measures interpolated there (`matched_accuracy`)
-MatchedRuns = Sequence[tuple[int, Mapping[str, Mapping[str, Any] | None]]]
+MatchedRuns = Sequence[tuple[int, Mapping[str, Matched | None]]]
 
 
 def parse_comparison(pair: str, where: str = "compare") -> tuple[str, str, bool]:
@@ -192,12 +192,12 @@ def as_close_as_oracle(ev: Evidence, m: str, oracle: str) -> Claim:
               f"+-{margin:.3f}, seeds {c.n_a} / {c.n_b}{_left_out(m, oracle, fm, fo)}"))
 
 
-def _matched_values(ev: Evidence, m: str, lvl: str) -> tuple[list[int], list[int], list[dict]]:
+def _matched_values(ev: Evidence, m: str, lvl: str) -> tuple[list[int], list[int], list[Matched]]:
   """(seeds matched by interpolation, seeds already past ``lvl`` at their first measurement,
   the matched values of the former)."""
   got = [(s, x[lvl]) for s, x in ev.matched_runs.get(m, []) if x[lvl] is not None]
-  past = [s for s, v in got if v["already_past"]]
-  return [s for s, v in got if not v["already_past"]], past, [v for _, v in got if not v["already_past"]]
+  past = [s for s, v in got if v.already_past]
+  return [s for s, v in got if not v.already_past], past, [v for _, v in got if not v.already_past]
 
 
 def matched_entropy(ev: Evidence, m: str, c: str) -> Claim | None:
@@ -217,14 +217,14 @@ def matched_entropy(ev: Evidence, m: str, c: str) -> Claim | None:
           f"over correct answers is below {m}'s (Welch over seeds)")
   nums = {"level": float(lvl), f"{m}_seeds": sm, f"{c}_seeds": sc, f"{m}_already_past": pm,
           f"{c}_already_past": pc, "seeds": [len(vc), len(vm)]}
-  nums |= {f"{x}_{k}": [v[k] for v in vals] for x, vals in ((m, vm), (c, vc))
+  nums |= {f"{x}_{k}": [v.value(k) for v in vals] for x, vals in ((m, vm), (c, vc))
            for k in ("step", "entropy_correct", "kl_correct")}
   if not usable:
     return claim(ev, text, nums, (m, c), why=(
         f"fewer than 2 seeds per side reach P(correct) = {lvl} after their first measurement "
         f"({len(sm)} of {m}, {len(sc)} of {c}; already past it at the first: {len(pm)} / "
         f"{len(pc)}): no matched comparison"))
-  w = seed_stats.welch([v["entropy_correct"] for v in vc], [v["entropy_correct"] for v in vm])
+  w = seed_stats.welch([v.entropy_correct for v in vc], [v.entropy_correct for v in vm])
   nums |= {"diff": w.diff, "ci95": [w.ci_low, w.ci_high], "p": w.p}
   return claim(ev, text, nums, (m, c), test=_welch_test("welch", w, w.diff < 0, ""))
 

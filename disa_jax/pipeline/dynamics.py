@@ -414,8 +414,28 @@ def method_end_state(ends: Sequence[EndState], cfg: EndStateConfig = EndStateCon
 _MATCHED = ("step", "entropy_correct", "kl_correct", PRIMARY, "kl_mc")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Matched:
+  """A run's measures where P(correct) first reaches a level (`matched_accuracy`; report.json's
+  ``matched_accuracy_runs``): the ``step`` (interpolated), ``p_correct`` (the level itself, or the
+  first measurement's when ``already_past``), the entropy over correct answers and the conditional,
+  primary and Monte Carlo KLs there (nats); ``already_past``: the first measurement was already at
+  or above the level (a match only in name)."""
+  step: float
+  p_correct: float
+  entropy_correct: float
+  kl_correct: float
+  kl: float
+  kl_mc: float
+  already_past: bool
+
+  def value(self, measure: str) -> float:
+    """The measure named ``measure`` ('step', 'entropy_correct', 'kl_correct', 'kl', ...)."""
+    return getattr(self, measure)
+
+
 def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] = LEVELS
-                     ) -> dict[str, dict[str, Any] | None]:
+                     ) -> dict[str, Matched | None]:
   """Per level, the measures where P(correct) first reaches it (None if it never does).
 
   Between the last measurement below the level and the first at or above it, every measure is
@@ -424,11 +444,10 @@ def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] =
   that measurement's, flagged ``already_past`` (a match only in name).
 
   Returns:
-    level ('0.9') -> {'step', 'p_correct', 'entropy_correct', 'kl_correct', 'kl' (the primary
-    KL), 'kl_mc', 'already_past'} or None.
+    level ('0.9') -> its `Matched` (``kl``: the primary KL) or None.
   """
   p = np.asarray(series["p_correct"], np.float64)
-  out: dict[str, dict[str, Any] | None] = {}
+  out: dict[str, Matched | None] = {}
   for level in levels:
     hit = np.flatnonzero(p >= level)
     if not hit.size:
@@ -439,10 +458,10 @@ def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] =
     at = lambda key: float(series[key][i] if i == 0 else
                            series[key][i - 1] + frac * (series[key][i] - series[key][i - 1]))
     vals = {k: at(k) for k in _MATCHED}
-    out[f"{level:g}"] = {"step": vals["step"], "p_correct": float(p[i]) if i == 0 else level,
-                         "entropy_correct": vals["entropy_correct"],
-                         "kl_correct": vals["kl_correct"], "kl": vals[PRIMARY],
-                         "kl_mc": vals["kl_mc"], "already_past": i == 0}
+    out[f"{level:g}"] = Matched(step=vals["step"], p_correct=float(p[i]) if i == 0 else level,
+                                entropy_correct=vals["entropy_correct"],
+                                kl_correct=vals["kl_correct"], kl=vals[PRIMARY],
+                                kl_mc=vals["kl_mc"], already_past=i == 0)
   return out
 
 

@@ -139,7 +139,7 @@ def run_endpoints(series: ExactSeries, level: float = P_LEVEL) -> RunEndpoints:
   kl = np.asarray(series["kl_decomposed"], np.float64)
   auc = float(np.sum((kl[1:] + kl[:-1]) / 2.0 * np.diff(step)) / (step[-1] - step[0]))
   crossing = dynamics.matched_accuracy(series, (level,))[f"{level:g}"]  # the interpolated step
-  reach = float(step[-1]) if crossing is None else crossing["step"]
+  reach = float(step[-1]) if crossing is None else crossing.step
   when = censored.time_to_level(step, series["p_correct"], level)
   return RunEndpoints(kl_auc=auc, kl_correct_end=float(series["kl_correct"][-1]),
                       steps_to_p90=reach, censored=when.kind == "right",

@@ -132,7 +132,7 @@ def collect(plan: JobPlan, stage3: Mapping, evals: Mapping[str, Row],
       hit = (matched.get(seed) or {}).get(LEVEL)
       rows.append(SeedFigures(
           seed=seed, kl=ev[dynamics.PRIMARY], kl_mc=ev["kl_to_target"], kl_correct=ev["kl_correct"],
-          steps_to_level=None if hit is None else hit["step"],
+          steps_to_level=None if hit is None else hit.step,
           **window_means(run.metrics(), r.total_steps, plan.end_state.window)))
     if rows:
       out[m] = rows

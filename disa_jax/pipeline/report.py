@@ -193,11 +193,11 @@ def _matched_summary(matched: C.MatchedRuns, lvl: str) -> MatchedSummary:
   """Mean and std over the seeds interpolated to ``lvl`` (not those already past it at their first
   measurement, listed apart)."""
   got = [(s, x[lvl]) for s, x in matched if x[lvl] is not None]
-  inside = [v for _, v in got if not v["already_past"]]
-  return MatchedSummary(**{k: D.mean_std([v[k] for v in inside])
+  inside = [v for _, v in got if not v.already_past]
+  return MatchedSummary(**{k: D.mean_std([v.value(k) for v in inside])
                            for k in ("step", "entropy_correct", "kl_correct", "kl")},
-                        seeds_reached=tuple(s for s, v in got if not v["already_past"]),
-                        seeds_already_past=tuple(s for s, v in got if v["already_past"]),
+                        seeds_reached=tuple(s for s, v in got if not v.already_past),
+                        seeds_already_past=tuple(s for s, v in got if v.already_past),
                         seeds=len(matched))
 
 

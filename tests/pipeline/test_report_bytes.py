@@ -1,11 +1,12 @@
 """The report's analysis sections, built from recorded runs, are the same JSON bytes as the
-committed ones (key order included): the claims, the end states and matched accuracy, the
-endpoints and the step-size pilot that `pipeline.report.write_report` puts in report.json.
+committed ones (key order included): the claims, the end states, matched accuracy (each seed's
+and the summaries), the endpoints and the step-size pilot that `pipeline.report.write_report`
+puts in report.json.
 
 The runs (tests/fixtures/pipeline/recorded_runs.json): the exact measures (to 6 digits) and the
 evaluation rows of 3 methods x 3 seeds of a default-preset job; the bytes
 (recorded_sections.json) are what the pipeline wrote from them before its sections were typed
-records (issue 64)."""
+records (issue 64; written by main 4aea750's pipeline with this module's `_sections`)."""
 import json
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def _sections(tmp_path):
       "end_state_methods": {m: codec.encode(e) for m, e in states.items()},
       "matched_accuracy": {m: {lvl: _matched_summary(x, lvl) for lvl in ("0.5", "0.7", "0.9")}
                            for m, x in matched.items()},
+      "matched_accuracy_runs": {m: dict(x) for m, x in matched.items()},
       "endpoints": EP.section(EP.collect(stage3, {m: SEEDS for m in METHODS}), pairs),
       "step_size": EP.step_size_section(stage3, {m: (1e-4 * (i + 1), SEEDS)
                                                  for i, m in enumerate(METHODS)}, rule),

@@ -11,6 +11,7 @@ import pytest
 from configs import main as main_config
 from disa_jax import codec
 from disa_jax.anchor.diagnostics import Prop4Check
+from disa_jax.pipeline.dynamics import Matched
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report as R
 from disa_jax.pipeline import report_md as MD
@@ -141,10 +142,10 @@ def test_as_close_as_the_oracle_is_an_equivalence_test_that_can_fail():
 
 
 def _matched(p, entropy, past=False):
-  lvl = {"step": 500.0, "p_correct": 0.9, "entropy_correct": entropy, "kl_correct": 0.1, "kl": 0.3,
-         "kl_mc": 0.3, "already_past": past}
-  return {"0.5": dict(lvl, already_past=True), "0.7": dict(lvl, already_past=True),
-          "0.9": lvl if p >= 0.9 else None}
+  lvl = Matched(step=500.0, p_correct=0.9, entropy_correct=entropy, kl_correct=0.1, kl=0.3,
+                kl_mc=0.3, already_past=past)
+  return {"0.5": dataclasses.replace(lvl, already_past=True),
+          "0.7": dataclasses.replace(lvl, already_past=True), "0.9": lvl if p >= 0.9 else None}
 
 
 def test_matched_accuracy_uses_the_interpolated_seeds_and_leaves_out_those_already_past():
