@@ -127,7 +127,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert ref["kl_correct"] == pytest.approx(0.0, abs=1e-6)
   assert ref["p_wrong_kl_wrong"] == pytest.approx(0.0, abs=1e-6)  # pi_ref|w = pi~|w too
   assert ref["entropy_correct"] == pytest.approx(ref["target_entropy_correct"], abs=1e-6)
-  assert set(report.stage1["n_study_mae_vs_exact"]) == {"2", "4"}
+  assert set(report.stage1.n_study_mae_vs_exact) == {"2", "4"}
   # the App. C.3 command ran inside the job: a stratified subset with a fresh pool of 8
   ns = report.nstudy
   assert ns["prompts"] == 4 and ns["pool_size"] == 8 and [r["M"] for r in ns["per_m"]] == [2, 4]
@@ -173,8 +173,8 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert json.loads((tmp_path / "stage3" / "disa_data1" / "config.json").read_text())[
       "data"]["anchor_path"] == str(tmp_path / "anchor_data1")
   assert set(report.stage12_replicas) == {"0", "1"} and "## Stage 1/2 data seeds" in md
-  assert report.stage12_replicas["0"]["sigma_g_all"] == pytest.approx(report.stage2["sigma_g_all"])
-  assert report.stage12_replicas["1"]["sigma_g_all"] != report.stage2["sigma_g_all"]
+  assert report.stage12_replicas["0"]["sigma_g_all"] == pytest.approx(report.stage2.sigma_g_all)
+  assert report.stage12_replicas["1"]["sigma_g_all"] != report.stage2.sigma_g_all
   rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_pos_replay" / "metrics.jsonl").read_text().splitlines()]
   # mode "add", fraction 0.5: k = 2 reward-1 rows added to G = 4 on-policy rows, 2 of 6 rows
   assert all(r["replay/fraction"] == pytest.approx(2 / 6) for r in rows)
@@ -374,4 +374,4 @@ def test_the_anchor_stages_fit_without_the_held_out_prompts_and_report_them(tmp_
                         anchor.label_stats["mean"])
   for k, v in want.items():
     assert gen["heldout"][k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
-  assert report.stage2["generalisation"] == gen and "never saw" in report.markdown()
+  assert report.stage2.generalisation == gen and "never saw" in report.markdown()

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from disa_jax import codec
 from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, MatchedSummary, Regime,
-                                              Row)
+                                              Row, Stage1Section, Stage2Section)
 
 @dataclasses.dataclass(frozen=True)
 class JobReport:
@@ -55,8 +55,8 @@ class JobReport:
   claims: tuple[Claim, ...]
   skipped_methods: Mapping[str, str]
   regime: Regime
-  stage1: Mapping[str, Any]
-  stage2: Mapping[str, Any]
+  stage1: Stage1Section
+  stage2: Stage2Section
   anchor_study: Mapping[str, Any] | None
   nstudy: Mapping[str, Any] | None
   anchor_gap: AnchorGap | None

@@ -48,7 +48,7 @@ from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.pipeline.plan import JobPlan, replica_units
 from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, Instrument, MatchedSummary,
-                                              Prop4Numbers, Regime)
+                                              Prop4Numbers, Regime, Stage1Section, Stage2Section)
 from disa_jax.pipeline.stage12 import (Replicas, replicas_section, stage1_section,
                                        stage2_section)
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
@@ -115,7 +115,7 @@ def _training_curves(plan: JobPlan, stage3: Stage3Runs) -> dict[str, list[tuple[
   return curves
 
 
-def _plots(out_dir: Path, s1: Mapping[str, Any], s2: Mapping[str, Any],
+def _plots(out_dir: Path, s1: Stage1Section, s2: Stage2Section,
            curves: Mapping[str, list[tuple[int, float]]]) -> list[str]:
   """training_curves.png and stage1_stage2.png in ``out_dir``; returns their names."""
   import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
@@ -133,12 +133,13 @@ def _plots(out_dir: Path, s1: Mapping[str, Any], s2: Mapping[str, Any],
   fig.tight_layout(); fig.savefig(out_dir / "training_curves.png", dpi=110); plt.close(fig)
   files.append("training_curves.png")
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-  key, title = (("n_study_mae_vs_exact", "mean |log Z_IS - log Z|") if "n_study_mae_vs_exact" in s1
-                else ("n_study_variance", "mean Var(log Z_N) (no exact value on this scale)"))
-  axes[0].plot([int(m) for m in s1[key]], list(s1[key].values()), marker="o")
+  curve, title = ((s1.n_study_mae_vs_exact, "mean |log Z_IS - log Z|")
+                  if s1.n_study_mae_vs_exact is not None else
+                  (s1.n_study_variance, "mean Var(log Z_N) (no exact value on this scale)"))
+  axes[0].plot([int(m) for m in curve], list(curve.values()), marker="o")
   axes[0].set_xscale("log", base=2); axes[0].set_xlabel("N"); axes[0].set_title(title)
-  if s2["val_mse_curve"]:
-    axes[1].plot(s2["val_mse_curve"]); axes[1].set_xlabel("epoch")
+  if s2.val_mse_curve:
+    axes[1].plot(s2.val_mse_curve); axes[1].set_xlabel("epoch")
     axes[1].set_title("Stage 2 val MSE")
   fig.tight_layout(); fig.savefig(out_dir / "stage1_stage2.png", dpi=110); plt.close(fig)
   files.append("stage1_stage2.png")
@@ -209,7 +210,7 @@ def _state_label(dyn: Dynamics, m: str) -> tuple[bool, str]:
   return state.reached, state.label
 
 
-def _claims(plan: JobPlan, s1: Mapping[str, Any], runs: Mapping[str, C.Row], dyn: Dynamics,
+def _claims(plan: JobPlan, s1: Stage1Section, runs: Mapping[str, C.Row], dyn: Dynamics,
             fix: str | None, contrasts: Sequence[str]) -> list[Claim]:
   """The paper's claims on this task (`pipeline.claims`); ``contrasts`` are the reward-maximising
   runs they are compared with, ``plan.controls`` the controls the fix is compared with."""
@@ -220,7 +221,7 @@ def _claims(plan: JobPlan, s1: Mapping[str, Any], runs: Mapping[str, C.Row], dyn
                   end_state=plan.end_state, reference_kl=None if ref is None else ref[D.PRIMARY])
   roles = C.Plan(fix=fix or "", disa=plan.disa, oracle=plan.oracle, contrasts=tuple(contrasts),
                  controls=plan.controls, compare=plan.compare, replay=plan.replay_pairs)
-  return C.build_claims(ev, roles, s1.get("n_disjoint_abs_error")
+  return C.build_claims(ev, roles, s1.n_disjoint_abs_error
                         if plan.exact_on_label_scale else None)
 
 
@@ -279,7 +280,7 @@ def _regime(plan: JobPlan, dyn: Dynamics) -> Regime:
 
 
 def _grid_section(plan: JobPlan, stage3: Stage3Runs, runs: Mapping[str, C.Row], dyn: Dynamics,
-                  s2: Mapping[str, Any], replicas: Mapping[str, Mapping[str, float]]
+                  s2: Stage2Section, replicas: Mapping[str, Mapping[str, float]]
                   ) -> Grid:
   """Per method, its end-state figures over seeds and regime; per regime, KL against sigma_g
   (`disa_jax.pipeline.grid`; a run on another Stage 1/2 data seed at its own anchor's sigma_g)."""
@@ -287,7 +288,7 @@ def _grid_section(plan: JobPlan, stage3: Stage3Runs, runs: Mapping[str, C.Row], 
   others = {int(d): r["sigma_g_all"] for d, r in replicas.items()
             if d != "0" and "sigma_g_all" in r}
   return Grid(regimes={m: plan.runs[m].regime.label for m in figures}, figures=figures,
-              sigma_curve=G.sigma_curve(plan, figures, s2.get("sigma_g_all"), others))
+              sigma_curve=G.sigma_curve(plan, figures, s2.sigma_g_all, others))
 
 
 def _replica_units(plan: JobPlan, runs: Mapping[str, C.Row]) -> dict[str, dict[str, list[float]]]:
@@ -376,7 +377,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             "config": {"beta": plan.beta, "task": plan.task, "engine": plan.engine,
                        "stage3_steps": plan.steps, "preset": plan.preset},
             "regime": regime, "stage1": s1,
-            "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
+            "stage2": s2,
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals,
             "runs": runs, **({} if inputs.conditional_kl is None else
                              {"conditional_kl": inputs.conditional_kl.report_section()}),

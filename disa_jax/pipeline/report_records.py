@@ -201,3 +201,63 @@ class AnchorGap:
   kl_gap: float
   kl_metric: str
   prop4: Prop4Numbers = codec.field(inline=True)
+
+
+def _unset():
+  """A figure recorded only where the labels estimate the exact log Z (the sum scale): None, and
+  not stored, elsewhere."""
+  return codec.field(default=None, omit=None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stage1Section:
+  """Stage 1's pool against the exact log Z (report.json's ``stage1``, `stage12.stage1_section`).
+
+  Attributes:
+    n: the samples per prompt of the labels (the first ``n`` of the pool's ``pool``).
+    label_scale: 'sum' | 'mean'.
+    ess_median, cv2_median: the importance weights' median ESS and CV^2 over prompts.
+    proposal_accuracy: the proposal's P(correct) over the pool.
+    prompts_without_correct_sample, grade_errors: counts.
+    n_study_variance: N -> mean Var(log Z_N) over prompts (nats^2).
+    log_z_exact_mean, log_z_exact_std: the exact log Z across prompts (nats).
+    label_mae_vs_exact, label_signed_error_mean: the labels against the exact log Z (nats; the sum
+      scale only, like the next two).
+    n_study_mae_vs_exact: N -> mean |log Z_N - log Z| over prompts.
+    n_disjoint_abs_error: N -> ``[P]`` errors, each N from its own samples
+      (`claims.stage1_disjoint_errors`; {} when fewer than two N fit).
+  """
+  n: int
+  pool: int
+  label_scale: str
+  ess_median: float
+  cv2_median: float
+  proposal_accuracy: float
+  prompts_without_correct_sample: int
+  grade_errors: int
+  n_study_variance: Mapping[str, float]
+  log_z_exact_mean: float
+  log_z_exact_std: float
+  label_mae_vs_exact: float | None = _unset()
+  label_signed_error_mean: float | None = _unset()
+  n_study_mae_vs_exact: Mapping[str, float] | None = _unset()
+  n_disjoint_abs_error: Mapping[str, tuple[float, ...]] | None = _unset()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stage2Section:
+  """The anchor's fit (report.json's ``stage2``, `stage12.stage2_section`): its best epoch,
+  validation MSE and R^2 against its labels over ``n_val`` prompts, the validation MSE per epoch
+  (``val_mse_curve``: plotted, not stored); on the sum scale its sigma_g against the exact log Z
+  on the held-out and on all prompts, the raw labels' RMS error on the held-out ones (nats), and,
+  with prompts held out of the fit, the anchor on them and on the fitted ones beside the constant
+  predictor (``generalisation``: 'heldout' / 'fitted' -> `anchor.diagnostics.generalisation`)."""
+  best_epoch: int
+  val_mse_vs_labels: float | None
+  val_r2_vs_labels: float | None
+  n_val: int
+  val_mse_curve: tuple[float, ...] = codec.field(default=(), stored=False)
+  sigma_g_heldout: float | None = _unset()
+  sigma_g_all: float | None = _unset()
+  label_rmse_heldout: float | None = _unset()
+  generalisation: Mapping[str, Mapping[str, float]] | None = _unset()

@@ -12,6 +12,7 @@ from configs import main as main_config
 from disa_jax import codec
 from disa_jax.anchor.diagnostics import Prop4Check
 from disa_jax.pipeline.dynamics import Matched
+from disa_jax.pipeline.report_records import Stage1Section, Stage2Section
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report as R
 from disa_jax.pipeline import report_md as MD
@@ -240,7 +241,10 @@ def test_the_report_reads_the_runs_and_makes_the_stage1_claim_only_on_the_labels
           for m, vs in (("k0", [0.2, 0.21, 0.19]), ("k2", [0.5, 0.6, 0.58]))
           for s, v in enumerate(vs)} | {"reference": _row(0.25)}  # k2's seeds 1, 2: diverged
   dyn = R.Dynamics(series={}, ends={}, states={}, matched_runs={})
-  s1 = {"n_disjoint_abs_error": {"2": [0.5, 0.6, 0.4], "16": [0.1, 0.2, 0.15]}}
+  s1 = Stage1Section(n=4, pool=4, label_scale="sum", ess_median=2.0, cv2_median=0.5,
+                     proposal_accuracy=0.8, prompts_without_correct_sample=0, grade_errors=0,
+                     n_study_variance={}, log_z_exact_mean=1.0, log_z_exact_std=0.1,
+                     n_disjoint_abs_error={"2": [0.5, 0.6, 0.4], "16": [0.1, 0.2, 0.15]})
   out = R._claims(plan, s1, runs, dyn, None, [])
   assert out[0].claim.startswith("the Stage 1 error shrinks with N")
   welch = _one(out, "k0's KL")
@@ -258,11 +262,13 @@ def test_on_the_mean_scale_the_stage12_sections_print_no_error_against_the_exact
                            history={"val_mse": [0.3, 0.2]})
   exact = SimpleNamespace(log_z_of=lambda ids: pytest.fail("the exact log Z read on the mean scale"))
   s2 = stage2_section(plan, anchor, None, exact)
-  assert s2 == {"best_epoch": 3, "val_mse_vs_labels": 0.2, "val_r2_vs_labels": 0.5, "n_val": 1,
-                "val_mse_curve": [0.3, 0.2]}
+  assert s2 == Stage2Section(best_epoch=3, val_mse_vs_labels=0.2, val_r2_vs_labels=0.5, n_val=1,
+                             val_mse_curve=(0.3, 0.2))
+  assert codec.encode(s2) == {"best_epoch": 3, "val_mse_vs_labels": 0.2, "val_r2_vs_labels": 0.5,
+                              "n_val": 1}  # (the curve is plotted, not stored)
   s1 = {"n": 4, "label_scale": "mean", "ess_median": 2.0, "cv2_median": 0.5,
         "proposal_accuracy": 0.8, "prompts_without_correct_sample": 0,
         "n_study_variance": {"2": 0.3, "4": 0.1}}
-  md = "\n".join(MD.stage12_md(s1, s2, None))
+  md = "\n".join(MD.stage12_md(s1, codec.encode(s2), None))
   assert "no exact value to compare with" in md and "| 4 | 0.1000 |" in md
   assert "log Z_IS - log Z" not in md and "sigma_g" not in md
