@@ -138,7 +138,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
   assert set(report.end_state) == methods and set(report.regime.per_method) == methods
   for m, ends in report.end_state.items():
-    assert [e["window_steps"][1] for e in ends] == [4], m
+    assert [e.state.window_steps[1] for e in ends] == [4], m
   assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
   gap = report.anchor_gap.prop4
   assert gap.check.loss_gap <= gap.check.envelope_same_sample + 1e-9

@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax.pipeline import seed_stats
 from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries
 
@@ -327,9 +327,17 @@ class EndState:
             "flat_under_lr_decay": "undecided (flat only inside the lr decay phase: the schedule, "
                                    "not convergence, may have flattened it)"}[self.reason]
 
-  def json_extra(self) -> dict[str, Any]:
+  def json_extra(self) -> dict[str, str]:
     """What `codec.encode` writes after the fields (the report's ``end_state`` entries)."""
     return {"label": self.label}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedEndState:
+  """One Stage 3 seed's end state (report.json's ``end_state[method]`` entries: the `EndState`'s
+  keys, its label, then the ``seed``)."""
+  state: EndState = codec.field(inline=True)
+  seed: int
 
 
 def _reason(trends: Sequence[Trend], last_step: int, lr_decay: int | None) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from disa_jax import codec
+from disa_jax.pipeline.dynamics import SeedEndState
 from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, MatchedSummary, Regime,
                                               Row, Stage1Section, Stage2Section)
 
@@ -60,7 +61,7 @@ class JobReport:
   anchor_study: Mapping[str, Any] | None
   nstudy: Mapping[str, Any] | None
   anchor_gap: AnchorGap | None
-  end_state: Mapping[str, list[Mapping[str, Any]]]
+  end_state: Mapping[str, tuple[SeedEndState, ...]]
   matched_accuracy: Mapping[str, Mapping[str, MatchedSummary]]
   conditional_kl: Mapping[str, Mapping[str, float]] | None = codec.field(omit=None)
   grid: Grid | None = codec.field(omit=None)

@@ -381,7 +381,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals,
             "runs": runs, **({} if inputs.conditional_kl is None else
                              {"conditional_kl": inputs.conditional_kl.report_section()}),
-            "end_state": {m: [codec.encode(e) | {"seed": seed} for seed, e in ends]
+            "end_state": {m: [D.SeedEndState(state=e, seed=seed) for seed, e in ends]
                           for m, ends in dyn.ends.items()},
             "end_state_methods": {m: codec.encode(e) for m, e in dyn.states.items()},
             "matched_accuracy": dyn.matched(), "grid": grid,

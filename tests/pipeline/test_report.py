@@ -48,7 +48,7 @@ def _report_json(**over):
                     "log_z_exact_std": 1.5},
          "stage2": {"best_epoch": 3, "val_mse_vs_labels": 0.2, "val_r2_vs_labels": 0.5, "n_val": 2}, "anchor_study": None, "nstudy": None,
          "anchor_gap": None, "methods": {"disa": {"kl_to_target": 0.4}},
-         "runs": {"disa": {"kl_to_target": 0.4}}, "end_state": {"disa": [{"reached": False}]},
+         "runs": {"disa": {"kl_to_target": 0.4}}, "end_state": {},
          "matched_accuracy": {}, "matched_accuracy_runs": {}, "stage3_seeds": [0],
          "run_seeds": {"disa": [0]}, "skipped_methods": {"lora_sft": "no reward-1 sample"},
          "claims": [claim], "times_s": {"stage1": 1.5}, "plots": ["training_curves.png"]}

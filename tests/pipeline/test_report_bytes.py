@@ -60,7 +60,7 @@ def _sections(tmp_path):
   pairs = EP.EndpointsConfig(compare=("disa:grpo", "disa:disa_exact")).pairs(METHODS)
   rule = EP.EndpointsConfig(step_size=METHODS, stable_level=0.9, stable_floor=0.5)
   return {
-      "end_state": {m: [codec.encode(e) | {"seed": s} for s, e in es] for m, es in ends.items()},
+      "end_state": {m: [D.SeedEndState(state=e, seed=s) for s, e in es] for m, es in ends.items()},
       "end_state_methods": {m: codec.encode(e) for m, e in states.items()},
       "matched_accuracy": {m: {lvl: _matched_summary(x, lvl) for lvl in ("0.5", "0.7", "0.9")}
                            for m, x in matched.items()},
