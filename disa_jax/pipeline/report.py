@@ -47,6 +47,7 @@ from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.pipeline.plan import JobPlan, replica_units
+from disa_jax.pipeline.provenance import Provenance
 from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, Instrument, MatchedSummary,
                                               Prop4Numbers, Regime, Stage1Section, Stage2Section)
 from disa_jax.pipeline.stage12 import (Replicas, replicas_section, stage1_section,
@@ -340,7 +341,7 @@ class ReportInputs:
   replicas: Replicas = dataclasses.field(default_factory=dict)
   anchor_study: Mapping[str, Any] | None = None
   times: Mapping[str, float] = dataclasses.field(default_factory=dict)
-  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # `pipeline.provenance`
+  provenance: Provenance | None = None  # (None: written as {})
 
 
 def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
@@ -392,7 +393,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             **({"anchor_replicas": _replica_units(plan, runs)} if plan.replicas else {}),
             **({} if pilot is None else {"step_size": pilot}),
             "skipped_methods": skipped, "claims": claims,
-            "times_s": inputs.times, "plots": plots, "provenance": dict(inputs.provenance)}
+            "times_s": inputs.times, "plots": plots, "provenance": inputs.provenance or {}}
   report = codec.encode(report)
   (plan.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   (plan.dir / "report.md").write_text("\n".join(MD.report_md(report, plan.arch)) + "\n")

@@ -28,6 +28,7 @@ from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline import seeds
 from disa_jax.pipeline.plan import JobPlan
+from disa_jax.pipeline.provenance import Provenance
 from disa_jax.pipeline.report_records import Stage1Section, Stage2Section
 from disa_jax.workflows.stage2 import AnchorArtifact
 
@@ -142,7 +143,7 @@ class AnchorReport:
 
 def write_anchor_report(plan: JobPlan, pool: Stage1Data, anchor: AnchorArtifact,
                         exact: ExactTarget, *, anchor_study: Mapping[str, Any] | None,
-                        times: Mapping[str, float], provenance: Mapping[str, Any]
+                        times: Mapping[str, float], provenance: Provenance
                         ) -> AnchorReport:
   """``anchor_report.json`` / ``.md`` in the job's directory: the Stage 1 and Stage 2 sections of
   `report.write_report`, computed the same way, the anchor study (`SumJob.anchor_study`; None
@@ -152,7 +153,7 @@ def write_anchor_report(plan: JobPlan, pool: Stage1Data, anchor: AnchorArtifact,
   out = codec.encode({"config": {"beta": plan.beta, "task": plan.task, "preset": plan.preset,
                                  "heldout": dataclasses.asdict(plan.heldout)},
                       "stage1": s1, "stage2": s2, "times_s": times,
-                      "provenance": dict(provenance)})
+                      "provenance": provenance})
   (plan.dir / "anchor_report.json").write_text(json.dumps(out, indent=1, default=float))
   md = [f"# DISA main job, Stages 1-2: sum task, {plan.task}, beta = {plan.beta}", "",
         f"Preset {plan.preset!r} (stages = 'anchor').", "",
