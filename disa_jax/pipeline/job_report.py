@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from disa_jax import codec
+from disa_jax.pipeline.anchor_study import SigmaStudy
 from disa_jax.pipeline.dynamics import SeedEndState
 from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, MatchedSummary, Regime,
                                               Row, Stage1Section, Stage2Section)
@@ -58,7 +59,7 @@ class JobReport:
   regime: Regime
   stage1: Stage1Section
   stage2: Stage2Section
-  anchor_study: Mapping[str, Any] | None
+  anchor_study: SigmaStudy | None
   nstudy: Mapping[str, Any] | None
   anchor_gap: AnchorGap | None
   end_state: Mapping[str, tuple[SeedEndState, ...]]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from disa_jax.anchor.diagnostics import Prop4Check, prop4_check
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
+from disa_jax.pipeline.anchor_study import SigmaStudy
 from disa_jax.pipeline import endpoints as EP
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline.job_report import JobReport
@@ -339,7 +340,7 @@ class ReportInputs:
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
   conditional_kl: ConditionalKLs | None = None
   replicas: Replicas = dataclasses.field(default_factory=dict)
-  anchor_study: Mapping[str, Any] | None = None
+  anchor_study: SigmaStudy | None = None
   times: Mapping[str, float] = dataclasses.field(default_factory=dict)
   provenance: Provenance | None = None  # (None: written as {})
 

@@ -7,7 +7,7 @@ from typing import Any, Mapping, TypeVar
 
 from disa_jax import codec
 from disa_jax.pipeline import endpoints, tables
-from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax.pipeline.anchor_study import SigmaStudy, format_sigma_table
 from disa_jax.pipeline.sum_models import TinyLMSpec
 
 T = TypeVar("T")
@@ -47,14 +47,16 @@ def replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
           *tables.replicas_table(tables.Tables(stage12_replicas=section)), ""]
 
 
-def anchor_study_md(res: dict | None) -> list[str]:
-  if res is None:  # the study is off (stage2.study_repeats = 0)
+def anchor_study_md(section: dict | None) -> list[str]:
+  """The sigma_g study of sharper anchors, from report.json's ``anchor_study`` (None: off)."""
+  if section is None:  # the study is off (stage2.study_repeats = 0)
     return []
+  res = codec.decode(SigmaStudy, section, "report.json", "anchor_study")
   return ["## Sharper anchors? sigma_g against the exact log Z (issue 9)", "",
-          f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res['folds']}-fold cross-validation over prompts, "
-          f"{res['repeats']} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
+          f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res.folds}-fold cross-validation over prompts, "
+          f"{res.repeats} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
           "plain least squares unless a variant wins below.", "", format_sigma_table(res), "",
-          res["verdict"]["text"], ""]
+          res.verdict.text, ""]
 
 
 def grid_md(report: dict) -> list[str]:

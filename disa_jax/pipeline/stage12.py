@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import numpy as np
@@ -25,6 +25,7 @@ from disa_jax.data import loaders
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import claims as C
+from disa_jax.pipeline.anchor_study import SigmaStudy
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline import seeds
 from disa_jax.pipeline.plan import JobPlan
@@ -142,7 +143,7 @@ class AnchorReport:
 
 
 def write_anchor_report(plan: JobPlan, pool: Stage1Data, anchor: AnchorArtifact,
-                        exact: ExactTarget, *, anchor_study: Mapping[str, Any] | None,
+                        exact: ExactTarget, *, anchor_study: SigmaStudy | None,
                         times: Mapping[str, float], provenance: Provenance
                         ) -> AnchorReport:
   """``anchor_report.json`` / ``.md`` in the job's directory: the Stage 1 and Stage 2 sections of
@@ -157,6 +158,7 @@ def write_anchor_report(plan: JobPlan, pool: Stage1Data, anchor: AnchorArtifact,
   (plan.dir / "anchor_report.json").write_text(json.dumps(out, indent=1, default=float))
   md = [f"# DISA main job, Stages 1-2: sum task, {plan.task}, beta = {plan.beta}", "",
         f"Preset {plan.preset!r} (stages = 'anchor').", "",
-        *MD.stage12_md(out["stage1"], out["stage2"], anchor_study), *MD.times_md(times)]
+        *MD.stage12_md(out["stage1"], out["stage2"], codec.encode(anchor_study)),
+        *MD.times_md(times)]
   (plan.dir / "anchor_report.md").write_text("\n".join(md) + "\n")
   return AnchorReport(plan.dir, s1, s2)

@@ -8,8 +8,11 @@ import json
 import pytest
 
 from configs import main as main_config
+from disa_jax import codec
+from disa_jax.anchor import AnchorFitConfig
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report, tables
+from disa_jax.pipeline.anchor_study import SigmaStudy, StudyVerdict
 from disa_jax.pipeline.job_config import MainConfig, RunSpec, replace_paths
 from disa_jax.pipeline.plan import job_plan, replica_units
 from disa_jax.pipeline.sum_job import SumJob
@@ -160,8 +163,11 @@ def test_the_anchor_study_is_passed_in_memory_and_read_only_when_resumed(tmp_pat
   c.anchor_study.repeats = 0
   job = SumJob(MainConfig.from_config(c), tmp_path, progress=False)
   assert job.anchor_study(None, None) is None  # off, never run
-  saved = {"ns": [2, 4], "rows": [], "verdict": {"text": "-"}}
-  (tmp_path / "anchor_study.json").write_text(json.dumps(saved))
+  saved = SigmaStudy(ns=(2, 4), folds=3, repeats=2, seed=0, floor=0.1, fit=AnchorFitConfig(),
+                     rows=(), constant_sigma_g_mean=(1.0, 0.9), exact_std=1.5,
+                     pool_label_rmse=0.4, pool_size=8, seconds=1.0,
+                     verdict=StudyVerdict(verdicts={}, text="-", best=()))
+  (tmp_path / "anchor_study.json").write_text(json.dumps(codec.encode(saved)))
   assert job.anchor_study(None, None) == saved  # a resumed job: the file its first run wrote
 
 
