@@ -8,6 +8,7 @@ from typing import Any, Mapping, TypeVar
 from disa_jax import codec
 from disa_jax.pipeline import endpoints, tables
 from disa_jax.pipeline.anchor_study import SigmaStudy, format_sigma_table
+from disa_jax.pipeline.report_records import MatchedSummary
 from disa_jax.pipeline.sum_models import TinyLMSpec
 
 T = TypeVar("T")
@@ -21,8 +22,12 @@ def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
           f"Preset {cfg['preset']!r}, {cfg['stage3_steps']} Stage 3 steps per run. Engine: "
           f"{cfg['engine']}. Models: tiny Qwen3 ({arch.num_layers} layers, d = "
           f"{arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
-          *methods_md(report), *grid_md(report), *conditional_kl_md(report.get("conditional_kl")),
-          *matched_md(report["matched_accuracy"]),
+          *methods_md(tables.read(report)), *grid_md(report),
+          *conditional_kl_md(report.get("conditional_kl")),
+          *matched_md({m: {lvl: codec.decode(MatchedSummary, row, "report.json",
+                                             f"matched_accuracy.{m}.{lvl}")
+                           for lvl, row in levels.items()}
+                       for m, levels in report["matched_accuracy"].items()}),
           *(endpoints.markdown(_read(endpoints.EndpointsSection, report, "endpoints"))
             if "endpoints" in report else []),
           *(endpoints.step_size_markdown(_read(endpoints.StepSizeSection, report, "step_size"))
@@ -74,22 +79,22 @@ def grid_md(report: dict) -> list[str]:
   return md
 
 
-def methods_md(report: Mapping[str, Any]) -> list[str]:
+def methods_md(report: tables.Tables) -> list[str]:
   """The end-state table (`tables.methods_table`, every row): sampled metrics, the exact target
   and the KL decomposition."""
   md = ["## Methods at the end of training", "",
         "Evaluation at temperature 1. KL(pi ‖ pi~), the primary KL every verdict uses: its exact "
         "decomposition KL(P_c ‖ P~_c) + P_c KL(pi|c ‖ pi~|c) + P_w KL(pi|w ‖ pi~|w) (only the last "
         "term is sampled); beside it the plain Monte Carlo KL with the exact log Z.", ""]
-  seeds = report["stage3_seeds"]
+  seeds = report.stage3_seeds
   if len(seeds) > 1:
     md += [f"Stage 3 seeds {list(seeds)}: cells are mean ± std over seeds (a single run's "
            "KL: ± its Monte Carlo standard error). A run with seeds of its own (`RunSpec.seeds`) "
            "says how many in its label.", ""]
-  return md + tables.methods_table(tables.read(report), every_row=True) + [""]
+  return md + tables.methods_table(report, every_row=True) + [""]
 
 
-def matched_md(matched: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+def matched_md(matched: Mapping[str, Mapping[str, MatchedSummary]]) -> list[str]:
   """Entropy over correct and KL over correct at each accuracy level, interpolated (report.json's
   ``matched_accuracy``)."""
   if not matched:
@@ -101,11 +106,11 @@ def matched_md(matched: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[s
         "KL(pi\\|c ‖ pi~\\|c) | KL(pi ‖ pi~), decomposed |", "|---|---|---|---|---|---|---|---|"]
   for m, levels in matched.items():
     for lvl, row in levels.items():
-      got = f"{len(row['seeds_reached'])} of {row['seeds']} | {len(row['seeds_already_past'])}"
-      if not row["seeds_reached"]:
+      got = f"{len(row.seeds_reached)} of {row.seeds} | {len(row.seeds_already_past)}"
+      if not row.seeds_reached:
         md.append(f"| {m} | {lvl} | {got} | - | - | - | - |")
         continue
-      f = lambda key, fmt: f"{row[key][0]:{fmt}} ± {row[key][1]:{fmt}}"
+      f = lambda key, fmt: f"{getattr(row, key)[0]:{fmt}} ± {getattr(row, key)[1]:{fmt}}"
       md.append(f"| {m} | {lvl} | {got} | {f('step', '.0f')} | {f('entropy_correct', '.2f')} | "
                 f"{f('kl_correct', '.3f')} | {f('kl', '.3f')} |")
   return md + [""]
