@@ -3,15 +3,13 @@ table, the regime grid, the conditional KLs, matched accuracy, the endpoints, th
 anchor gap, Stages 1-2 and their replicates, the N-study and the time per stage."""
 from __future__ import annotations
 
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping
 
 from disa_jax import codec
 from disa_jax.pipeline import endpoints, tables
 from disa_jax.pipeline.anchor_study import SigmaStudy, format_sigma_table
 from disa_jax.pipeline.report_records import MatchedSummary
 from disa_jax.pipeline.sum_models import TinyLMSpec
-
-T = TypeVar("T")
 
 
 def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
@@ -28,19 +26,17 @@ def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
                                              f"matched_accuracy.{m}.{lvl}")
                            for lvl, row in levels.items()}
                        for m, levels in report["matched_accuracy"].items()}),
-          *(endpoints.markdown(_read(endpoints.EndpointsSection, report, "endpoints"))
+          *(endpoints.markdown(codec.decode(endpoints.EndpointsSection, report["endpoints"],
+                                            "report.json", "endpoints"))
             if "endpoints" in report else []),
-          *(endpoints.step_size_markdown(_read(endpoints.StepSizeSection, report, "step_size"))
+          *(endpoints.step_size_markdown(codec.decode(endpoints.StepSizeSection,
+                                                      report["step_size"], "report.json",
+                                                      "step_size"))
             if "step_size" in report else []),
           *claims_md(report), *anchor_gap_md(report["anchor_gap"]),
           *stage12_md(report["stage1"], report["stage2"], report["anchor_study"]),
           *replicas_md(report["stage12_replicas"]), *nstudy_md(report["nstudy"]),
           *times_md(report["times_s"]), "", "Plots: " + ", ".join(report["plots"])]
-
-
-def _read(cls: type[T], report: Mapping[str, Any], key: str) -> T:
-  """report.json's section ``key`` as its record ``cls``."""
-  return codec.decode(cls, report[key], "report.json", key)
 
 
 def replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
