@@ -33,6 +33,7 @@ import numpy as np
 
 from disa_jax import codec
 from disa_jax.pipeline import censored, dynamics, seed_stats
+from disa_jax.pipeline.report_records import EndpointTest
 from disa_jax.workflows.stage3 import ExactSeries, Stage3Run
 
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
@@ -333,30 +334,6 @@ def _cell(rows: Sequence[RunEndpoints]) -> EndpointCell:
       out[e] = Summary(mean=x[0] if x else float("nan"), ci_low=None, ci_high=None)
   return EndpointCell(seeds=len(rows), censored=int(sum(bool(r.censored) for r in rows)),
                       left_censored=int(sum(bool(r.left_censored) for r in rows)), **out)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EndpointTest:
-  """One declared test of the ``endpoints`` section: A - B (``a``, ``b``) on ``endpoint`` over
-  prompt set ``set``; the raw and Holm p-values (None: not run), the difference (KL: nats; a
-  Gehan test: minus its effect, in [-1, 1]) and its 95% interval (Welch only), the seeds a side
-  (``n_a``, ``n_b``), the ``method`` ('welch' | 'gehan'; None in a report from before issue 62),
-  a Gehan test's censoring ``kinds`` per side and ``splits``, and the ``verdict`` in words."""
-  a: str
-  b: str
-  endpoint: str
-  set: str
-  p: float | None = None
-  p_holm: float | None = None
-  diff: float | None = None
-  ci_low: float | None = None
-  ci_high: float | None = None
-  n_a: int
-  n_b: int
-  method: str | None = codec.field(default=None, omit=None)
-  kinds: tuple[Mapping[str, int], ...] | None = codec.field(default=None, omit=None)
-  splits: int | None = codec.field(default=None, omit=None)
-  verdict: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from disa_jax import codec
 from disa_jax.pipeline import seed_stats
-from disa_jax.pipeline.endpoints import EndpointTest
+from disa_jax.pipeline.report_records import EndpointTest
 
 ALPHA = 0.05
 COLUMNS = ("report", "comparison", "endpoint", "set")

@@ -66,6 +66,30 @@ class Claim:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class EndpointTest:
+  """One declared test of the ``endpoints`` section (`endpoints.section`; `family` reads them): A - B (``a``, ``b``) on ``endpoint`` over
+  prompt set ``set``; the raw and Holm p-values (None: not run), the difference (KL: nats; a
+  Gehan test: minus its effect, in [-1, 1]) and its 95% interval (Welch only), the seeds a side
+  (``n_a``, ``n_b``), the ``method`` ('welch' | 'gehan'; None in a report from before issue 62),
+  a Gehan test's censoring ``kinds`` per side and ``splits``, and the ``verdict`` in words."""
+  a: str
+  b: str
+  endpoint: str
+  set: str
+  p: float | None = None
+  p_holm: float | None = None
+  diff: float | None = None
+  ci_low: float | None = None
+  ci_high: float | None = None
+  n_a: int
+  n_b: int
+  method: str | None = codec.field(default=None, omit=None)
+  kinds: tuple[Mapping[str, int], ...] | None = codec.field(default=None, omit=None)
+  splits: int | None = codec.field(default=None, omit=None)
+  verdict: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Regime:
   """Whether every method reached its end state (report.json's ``regime``): the ``preset``, its
   Stage 3 ``steps``, ``all_at_end_state`` and each method's state in words (``per_method``)."""
