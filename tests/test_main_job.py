@@ -154,7 +154,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert report.conditional_kl["reference"]["kl_target_correct_mean"] == pytest.approx(0, abs=1e-9)
   assert report.conditional_kl["proposal"]["kl_proposal_correct_mean"] == pytest.approx(0, abs=1e-9)
   assert "## Preference among correct answers" in md
-  assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md
+  assert study.ns == (2, 4) and len(study.rows) >= 6 and "sigma_g" in md
   assert "At matched accuracy" in md and "Prop. 4" in md
   # two measurements are too few for an end state: every verdict between methods is labelled
   assert not report.regime.all_at_end_state and "end state undecided" in md
