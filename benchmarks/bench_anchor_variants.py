@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from disa_jax import codec
 from disa_jax import estimators as E
 from disa_jax.anchor import AnchorFitConfig
 from disa_jax.anchor.embeddings import embed_prompts
@@ -65,16 +66,16 @@ def main():
                         seed=c.seed)
   res = sigma_g_study(emb, pool, exact_log_z, ns=tuple(c.stage1.n_study), folds=args.folds, repeats=args.repeats,
                       fit=fit, seed=args.seed, huber_deltas=tuple(args.huber))
-  print(f"workdir {wd}: P = {len(ns)} prompts, pool {res['pool_size']} samples each, beta {pool.beta}, "
+  print(f"workdir {wd}: P = {len(ns)} prompts, pool {res.pool_size} samples each, beta {pool.beta}, "
         f"label scale {pool.label_scale}; fit: hidden {fit.hidden_sizes}, batch {fit.batch_size}, "
         f"{fit.epochs} epochs, "
         f"{'best epoch on an inner val split of %g' % fit.val_fraction if fit.val_fraction else 'last epoch kept'}, "
         f"lr {fit.learning_rate}\n")
   print(format_sigma_table(res))
-  print("\nVerdict:\n" + sigma_verdict(res)["text"])
-  print(f"\ntime: embeddings {t_emb:.1f} s, study {res['seconds']:.1f} s")
+  print("\nVerdict:\n" + sigma_verdict(res).text)
+  print(f"\ntime: embeddings {t_emb:.1f} s, study {res.seconds:.1f} s")
   if args.json:
-    Path(args.json).write_text(json.dumps(res, indent=1))
+    Path(args.json).write_text(json.dumps(codec.encode(res), indent=1))
 
 
 if __name__ == "__main__":

@@ -232,6 +232,8 @@ def _check_known(cls: type, obj: Mapping[str, Any], path: str | Path | None, whe
 
 
 def _has(obj: Any, key: str) -> bool:
+  if isinstance(obj, Mapping) and key in obj:  # (a key holding a dot, read as it is)
+    return True
   for part in key.split("."):
     if not isinstance(obj, Mapping) or part not in obj:
       return False
@@ -240,7 +242,10 @@ def _has(obj: Any, key: str) -> bool:
 
 
 def _get(obj: Mapping[str, Any], key: str, path: str | Path, where: str) -> Any:
-  """``obj[key]`` (a dotted key: through nested objects), or the error naming the missing one."""
+  """``obj[key]`` (a dotted key: through nested objects, unless ``obj`` holds it as it is), or the
+  error naming the missing one."""
+  if isinstance(obj, Mapping) and key in obj:
+    return obj[key]
   done = where
   for part in key.split("."):
     if not isinstance(obj, Mapping):
@@ -327,7 +332,8 @@ def _value(hint: Any, value: Any, path: str | Path | None, name: str, spec: Spec
                                                   and issubclass(base, Mapping)):
     _check(value, dict, path, name)
     item = args[1] if len(args) == 2 else Any
-    if dataclasses.is_dataclass(item) or (path is None and hasattr(item, "from_config")):
+    if (dataclasses.is_dataclass(item) or (path is None and hasattr(item, "from_config"))
+        or _holds_records(item)):
       return {k: _value(item, v, path, f"{name}.{k}") for k, v in value.items()}
     return {k: _plain(v) for k, v in value.items()} if path is None else value
   if hint is Path:
@@ -336,6 +342,16 @@ def _value(hint: Any, value: Any, path: str | Path | None, name: str, spec: Spec
     value = _check(value, hint, path, name)
     return float(value) if hint is float else value
   return value
+
+
+def _holds_records(hint: Any) -> bool:
+  """``hint`` is a mapping, tuple or ``X | None`` type of dataclasses, at any depth
+  (``Mapping[str, Mapping[str, Cell | None]]``: a mapping's values read as such,
+  `pipeline.endpoints.EndpointsSection.cells`)."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  return ((origin in (typing.Union, types.UnionType)
+           or (isinstance(origin, type) and issubclass(origin, (Mapping, tuple))))
+          and any(dataclasses.is_dataclass(a) or _holds_records(a) for a in args))
 
 
 def _variant(hint: Any, value: Any, path: str | Path | None, name: str) -> Any:

@@ -15,7 +15,7 @@ from disa_jax.estimators.reward_transforms import RewardTransform
 from disa_jax.eval.exact import MEASURES, ExactMeasures, ExactTarget
 from disa_jax.eval.runner import BenchmarkResult
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs
-from disa_jax.pipeline.job_report import Claim
+from disa_jax.pipeline.report_records import Claim, ClaimTest
 from disa_jax.rl.config import TrainConfig
 from disa_jax.rollout.types import SamplingParams
 from disa_jax.workflows.evaluation import BenchmarkEval
@@ -61,7 +61,9 @@ def _roundtrip(obj, **given):
     lambda: ExactTarget(("a", "b"), [1.0, 2.0], [0.1, 0.2], [0.3, 0.4], beta=2.0),
     lambda: AnchorMeta(embedding=EmbeddingSpec("model_mean_pool", 2, "ref"), beta=15.0,
                        reward_transform=RT, label_scale="sum", hidden_sizes=(8, 4)),
-    lambda: Claim("c", False, {"n": 1}, "why", ("disa",), True, "undecided", "-", {"p": 0.1}),
+    lambda: Claim(claim="c", holds=False, numbers={"n": 1}, why="why", runs=("disa",),
+                  from_transient=True, verdict="undecided", state="-",
+                  test=ClaimTest(name="welch", p=0.1, direction_ok=True, summary="s", p_holm=0.2)),
     lambda: SplitManifest("s", "h", 3, 0, 1, "t", 2, "x", "v", 1, "y", ("a",))])
 def test_artifacts_round_trip(make):
   _roundtrip(make())
@@ -188,9 +190,9 @@ def test_a_field_added_since_is_left_out_of_configs_and_artifacts_alike_while_it
     ({"optim": {"lr": float("nan")}}, "config.optim.lr must be a finite number, got nan"),
     ({"optim": 3}, "config.optim must be a mapping of fields, got int: 3"),
     ({"objective": "disa"}, "config.objective must be a mapping with a 'name' in ('disa', "
-     "'flowrl', 'grpo', 'gspo', 'replay_sft', 'vargrad'), got 'disa'"),
-    ({"objective": {"name": "ppo"}}, "config.objective.name must be one of ('disa', 'flowrl', "
-     "'grpo', 'gspo', 'replay_sft', 'vargrad'), got 'ppo'"),
+     "'disa_centred', 'flowrl', 'grpo', 'gspo', 'replay_sft', 'vargrad'), got 'disa'"),
+    ({"objective": {"name": "ppo"}}, "config.objective.name must be one of ('disa', "
+     "'disa_centred', 'flowrl', 'grpo', 'gspo', 'replay_sft', 'vargrad'), got 'ppo'"),
     ({"objective": {"name": "disa", "beta": -1.0}}, "config.objective: beta must be > 0, got -1.0"),
     ({"total_steps": -2}, "config: train.total_steps must be >= 1, got -2"),
     ({"rollout": {"group_size": "8"}}, "config.rollout.group_size must be int, got '8'"),
@@ -212,3 +214,19 @@ def test_a_tagged_union_writes_its_tag_first_and_reads_back_its_subclass():
   assert back == cfg and type(back.objective) is type(cfg.objective)
   with pytest.raises(ArtifactError, match=r"^t\.json: field 'objective\.name' must be one of "):
     codec.decode(TrainConfig, {**enc, "objective": {"name": "ppo"}}, "t.json")
+
+
+def test_a_mapping_of_mappings_of_records_and_a_key_holding_a_dot_are_read_as_records():
+  """`pipeline.report_records.Grid`: per regime a tuple of `SigmaPoint`s, per method a `RunFigures`
+  whose ``steps_to_0.9`` is one key (not a nested object)."""
+  from disa_jax.pipeline.report_records import Grid, RunFigures, SigmaPoint
+  fig = {"mean": 1.0, "std": 0.0, "ci95": None, "n": 1}
+  run = {"seeds": 1, "reached": 1, "steps_to_0.9": dict(fig, mean=40.0), "kl": fig,
+         "kl_correct": fig, "grad_sq": fig, "grad_sq_median": fig}
+  point = {"run": "disa", "sigma": 0.2, "kl": 0.3, "kl_std": 0.0, "seeds": 1, "loss_gap": 0.1,
+           "envelope": 0.5}
+  grid = codec.decode(Grid, {"regimes": {"disa": "sum"}, "figures": {"disa": run},
+                             "sigma_curve": {"sum": [point]}}, "report.json", "grid")
+  assert isinstance(grid.figures["disa"], RunFigures)
+  assert grid.figures["disa"].steps_to_level.mean == 40.0
+  assert grid.sigma_curve["sum"] == (SigmaPoint(**point),)

@@ -19,8 +19,8 @@ def _cfg():
 def test_runs_resumes_and_reports(tmp_path):
   cfg = OfflineConfig.from_config(_cfg())
   rep = run(cfg, tmp_path)
-  assert set(rep["stage1"]["n_study_mae_vs_exact"]) == {"2", "4", "8", "16"}
-  errs = list(rep["stage1"]["n_study_mae_vs_exact"].values())
+  assert set(rep.stage1.n_study_mae_vs_exact) == {"2", "4", "8", "16"}
+  errs = list(rep.stage1.n_study_mae_vs_exact.values())
   assert errs[0] > errs[-1]  # the Stage 1 error shrinks with N
   assert (tmp_path / "report.md").exists() and json.loads((tmp_path / "report.json").read_text())
   before = (tmp_path / "stage1.jsonl").read_bytes()
@@ -28,7 +28,7 @@ def test_runs_resumes_and_reports(tmp_path):
   rep2 = run(cfg, tmp_path)  # resume: nothing recomputed
   assert (tmp_path / "stage1.jsonl").read_bytes() == before
   assert (tmp_path / "anchor" / "anchor_meta.json").stat().st_mtime == mtime
-  assert rep2["stage2"]["sigma_g_heldout_vs_exact"] == pytest.approx(rep["stage2"]["sigma_g_heldout_vs_exact"])
+  assert rep2.stage2.sigma_g_heldout_vs_exact == pytest.approx(rep.stage2.sigma_g_heldout_vs_exact)
 
 
 def test_resume_after_partial_stage1_gives_same_labels(tmp_path):

@@ -89,13 +89,13 @@ def _check_claims(claims):
   tested claims, adjusted p < 0.05 with the claimed sign; no test: undecided, never 'does not
   hold'."""
   tested = [c for c in claims if c.test is not None]
-  adjusted = seed_stats.holm([c.test["p"] for c in tested])
+  adjusted = seed_stats.holm([c.test.p for c in tested])
   for c, adj in zip(tested, adjusted):
-    assert c.test["p_holm"] == pytest.approx(adj, rel=1e-12), c
-    assert c.holds == (adj < 0.05 and c.test["direction_ok"]), c
+    assert c.test.p_holm == pytest.approx(adj, rel=1e-12), c
+    assert c.holds == (adj < 0.05 and c.test.direction_ok), c
     assert c.verdict == ("holds" if c.holds else "does not hold"), c
-    if c.test["name"] == "welch" and "differ" not in c.claim:  # "A below B": the sign of A - B
-      assert c.test["direction_ok"] == (c.numbers["diff"] < 0), c
+    if c.test.name == "welch" and "differ" not in c.claim:  # "A below B": the sign of A - B
+      assert c.test.direction_ok == (c.numbers["diff"] < 0), c
   for c in claims:
     assert c.claim.startswith(("the Stage 1 error shrinks with N", "reward maximisation collapses",
                                "Stage 1 replay brings")) or " ends as close to the target as " in c.claim \
@@ -127,7 +127,7 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert ref["kl_correct"] == pytest.approx(0.0, abs=1e-6)
   assert ref["p_wrong_kl_wrong"] == pytest.approx(0.0, abs=1e-6)  # pi_ref|w = pi~|w too
   assert ref["entropy_correct"] == pytest.approx(ref["target_entropy_correct"], abs=1e-6)
-  assert set(report.stage1["n_study_mae_vs_exact"]) == {"2", "4"}
+  assert set(report.stage1.n_study_mae_vs_exact) == {"2", "4"}
   # the App. C.3 command ran inside the job: a stratified subset with a fresh pool of 8
   ns = report.nstudy
   assert ns["prompts"] == 4 and ns["pool_size"] == 8 and [r["M"] for r in ns["per_m"]] == [2, 4]
@@ -136,15 +136,16 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert any(c.claim.startswith("the Stage 1 error shrinks with N") for c in report.claims)
   _check_claims(report.claims)
   # the dynamics: two exact measurements per run, an end-state verdict and matched-accuracy rows
-  assert set(report.end_state) == methods and set(report.regime["per_method"]) == methods
+  assert set(report.end_state) == methods and set(report.regime.per_method) == methods
   for m, ends in report.end_state.items():
-    assert [e["window_steps"][1] for e in ends] == [4], m
+    assert [e.state.window_steps[1] for e in ends] == [4], m
   assert set(report.matched_accuracy["disa"]) == {"0.5", "0.7", "0.9"}
-  gap = report.anchor_gap
-  assert gap["loss_gap"] <= gap["envelope_same_sample"] + 1e-9 and gap["sigma_g_train"] > 0
+  gap = report.anchor_gap.prop4
+  assert gap.check.loss_gap <= gap.check.envelope_same_sample + 1e-9
+  assert gap.check.sigma_g_train > 0
   # val_fraction 0.3: held-out prompts exist; Prop. 4 as numbers, never a verdict (issue 62)
-  assert gap["verdict"] is None and "cannot fail" in gap["verdict_why"]
-  assert gap["gap_over_envelope"] == pytest.approx(gap["loss_gap"] / gap["envelope"])
+  assert gap.check.verdict is None and "cannot fail" in gap.verdict_why
+  assert gap.gap_over_envelope == pytest.approx(gap.check.loss_gap / gap.check.envelope)
   study = report.anchor_study
   md = (tmp_path / "report.md").read_text()
   assert report.dir == tmp_path and report.markdown() == md
@@ -153,10 +154,10 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert report.conditional_kl["reference"]["kl_target_correct_mean"] == pytest.approx(0, abs=1e-9)
   assert report.conditional_kl["proposal"]["kl_proposal_correct_mean"] == pytest.approx(0, abs=1e-9)
   assert "## Preference among correct answers" in md
-  assert study["ns"] == [2, 4] and len(study["rows"]) >= 6 and "sigma_g" in md
+  assert study.ns == (2, 4) and len(study.rows) >= 6 and "sigma_g" in md
   assert "At matched accuracy" in md and "Prop. 4" in md
   # two measurements are too few for an end state: every verdict between methods is labelled
-  assert not report.regime["all_at_end_state"] and "end state undecided" in md
+  assert not report.regime.all_at_end_state and "end state undecided" in md
   versus = [c for c in report.claims if "below grpo's" in c.claim]  # GRPO: the first reward maximiser
   assert len(versus) == 2 and all(c.from_transient and c.verdict == "undecided" for c in versus)
   for f in ("report.md", "report.json", "training_curves.png", "stage1_stage2.png", "kl_vs_step.png",
@@ -172,8 +173,8 @@ def test_main_job_end_to_end_and_resume(job_run):
   assert json.loads((tmp_path / "stage3" / "disa_data1" / "config.json").read_text())[
       "data"]["anchor_path"] == str(tmp_path / "anchor_data1")
   assert set(report.stage12_replicas) == {"0", "1"} and "## Stage 1/2 data seeds" in md
-  assert report.stage12_replicas["0"]["sigma_g_all"] == pytest.approx(report.stage2["sigma_g_all"])
-  assert report.stage12_replicas["1"]["sigma_g_all"] != report.stage2["sigma_g_all"]
+  assert report.stage12_replicas["0"]["sigma_g_all"] == pytest.approx(report.stage2.sigma_g_all)
+  assert report.stage12_replicas["1"]["sigma_g_all"] != report.stage2.sigma_g_all
   rows = [json.loads(l) for l in (tmp_path / "stage3" / "disa_pos_replay" / "metrics.jsonl").read_text().splitlines()]
   # mode "add", fraction 0.5: k = 2 reward-1 rows added to G = 4 on-policy rows, 2 of 6 rows
   assert all(r["replay/fraction"] == pytest.approx(2 / 6) for r in rows)
@@ -373,4 +374,4 @@ def test_the_anchor_stages_fit_without_the_held_out_prompts_and_report_them(tmp_
                         anchor.label_stats["mean"])
   for k, v in want.items():
     assert gen["heldout"][k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
-  assert report.stage2["generalisation"] == gen and "never saw" in report.markdown()
+  assert report.stage2.generalisation == gen and "never saw" in report.markdown()

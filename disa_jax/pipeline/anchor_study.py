@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import codec
 from disa_jax.anchor.fit import AnchorFitConfig, fit_anchor_many
 from disa_jax.anchor.labels import DEFAULT_FLOOR, LABEL_VARIANTS, WEIGHTINGS, check_variant, targets_from_log_weights
 from disa_jax.estimators.dataset import Stage1Data
@@ -228,8 +229,80 @@ def _plan_fits(log_w: np.ndarray, mask: np.ndarray, exact: np.ndarray, ns: tuple
   return fits
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudyRow:
+  """One (label ``variant``, ``weighting``, ``loss``) of the study (``huber_delta``: 0 = least
+  squares), per N: sigma_g's mean and std over repeats and each repeat's (``sigma_g``,
+  ``[len(ns)][repeats]``), the raw labels' RMSE against the exact log Z (mean, std) and their mean
+  signed error (nats)."""
+  variant: str
+  weighting: str
+  loss: str
+  huber_delta: float
+  sigma_g_mean: tuple[float, ...]
+  sigma_g_std: tuple[float, ...]
+  sigma_g: tuple[tuple[float, ...], ...]
+  label_rmse_mean: tuple[float, ...]
+  label_rmse_std: tuple[float, ...]
+  label_bias_mean: tuple[float, ...]
+
+  @property
+  def key(self) -> tuple[str, str, str]:
+    return self.variant, self.weighting, self.loss
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerdictAtN:
+  """A row against plain least squares at one N (`sigma_verdict`): the mean and std over repeats
+  of the paired difference of sigma_g (positive: the row is better) and the verdict in words."""
+  n: int
+  mean_diff: float
+  std_diff: float
+  verdict: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BestAtN:
+  """The row ('variant/weighting/loss') with the lowest mean sigma_g at one N."""
+  n: int
+  row: str
+  sigma_g_mean: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudyVerdict:
+  """`sigma_verdict`: per row ('variant/weighting/loss') its `VerdictAtN` per N, the verdicts in
+  plain words, and the best row per N."""
+  verdicts: Mapping[str, tuple[VerdictAtN, ...]]
+  text: str
+  best: tuple[BestAtN, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SigmaStudy:
+  """`sigma_g_study`'s result (anchor_study.json; the report's ``anchor_study``): the ``ns``, K
+  ``folds``, ``repeats``, ``seed``, variance ``floor`` and regressor ``fit`` it ran with; one
+  `StudyRow` per variant x weighting x loss; per N the constant predictor's sigma_g (the mean of
+  the training folds' plain labels); the exact log Z's std over prompts, the plain label's RMSE on
+  the whole pool of ``pool_size`` samples (nats), the ``seconds`` it took and, once decided, its
+  `StudyVerdict`."""
+  ns: tuple[int, ...]
+  folds: int
+  repeats: int
+  seed: int
+  floor: float
+  fit: AnchorFitConfig
+  rows: tuple[StudyRow, ...]
+  constant_sigma_g_mean: tuple[float, ...]
+  exact_std: float
+  pool_label_rmse: float
+  pool_size: int
+  seconds: float
+  verdict: StudyVerdict | None = codec.field(default=None, omit=None)
+
+
 def _study_rows(x: np.ndarray, exact: np.ndarray, fits: _StudyFits,
-                config: AnchorFitConfig) -> list[dict[str, Any]]:
+                config: AnchorFitConfig) -> list[StudyRow]:
   """Trains every fit under one regression loss and summarises sigma_g per (variant, weighting).
 
   Args:
@@ -254,11 +327,13 @@ def _study_rows(x: np.ndarray, exact: np.ndarray, fits: _StudyFits,
   for ci, (v, w) in enumerate(fits.combos):
     vi = fits.variants.index(v)
     lr = _rms(fits.label_err[:, :, vi], axis=-1)  # [len(ns), R]
-    rows.append({"variant": v, "weighting": w, "loss": loss_name(h), "huber_delta": h,
-                 "sigma_g_mean": sig[:, :, ci].mean(1).tolist(), "sigma_g_std": sig[:, :, ci].std(1).tolist(),
-                 "sigma_g": sig[:, :, ci].tolist(),
-                 "label_rmse_mean": lr.mean(1).tolist(), "label_rmse_std": lr.std(1).tolist(),
-                 "label_bias_mean": fits.label_err[:, :, vi].mean((1, 2)).tolist()})
+    rows.append(StudyRow(variant=v, weighting=w, loss=loss_name(h), huber_delta=h,
+                         sigma_g_mean=tuple(sig[:, :, ci].mean(1).tolist()),
+                         sigma_g_std=tuple(sig[:, :, ci].std(1).tolist()),
+                         sigma_g=tuple(map(tuple, sig[:, :, ci].tolist())),
+                         label_rmse_mean=tuple(lr.mean(1).tolist()),
+                         label_rmse_std=tuple(lr.std(1).tolist()),
+                         label_bias_mean=tuple(fits.label_err[:, :, vi].mean((1, 2)).tolist())))
   return rows
 
 
@@ -275,7 +350,7 @@ def sigma_g_study(embeddings: np.ndarray,
                   beta: float | None = None,
                   seed: int = 0,
                   floor: float = DEFAULT_FLOOR,
-                  huber_deltas: Sequence[float] = (0.0,)) -> dict[str, Any]:
+                  huber_deltas: Sequence[float] = (0.0,)) -> SigmaStudy:
   """Cross-validated sigma_g of every (label variant, weighting, loss) at each N, against the exact log Z.
 
   Args:
@@ -297,12 +372,7 @@ def sigma_g_study(embeddings: np.ndarray,
       threshold (`AnchorFitConfig.huber_delta`); ``fit.huber_delta`` itself is replaced by each.
 
   Returns:
-    dict with ``ns``, ``folds``, ``repeats``, ``seed``, ``floor``, ``fit`` (the config as a dict),
-    ``rows`` (one per variant x weighting x loss: ``variant``, ``weighting``, ``loss``, and per N lists
-    ``sigma_g_mean``, ``sigma_g_std``, ``sigma_g`` ([len(ns)][repeats] values), ``label_rmse_mean``,
-    ``label_rmse_std``, ``label_bias_mean`` (mean signed label error)), ``constant_sigma_g_mean`` (per N:
-    sigma_g of the constant predictor = mean of the training folds' plain labels), ``exact_std`` (std of
-    the exact log Z over prompts), ``pool_label_rmse`` (plain label on the whole pool) and ``seconds``.
+    `SigmaStudy` (no verdict: `sigma_verdict`).
   """
   t0 = time.time()
   x = np.asarray(embeddings, np.float32)
@@ -317,46 +387,46 @@ def sigma_g_study(embeddings: np.ndarray,
   rows = []
   for h in huber_deltas:
     rows += _study_rows(x, exact, fits, dataclasses.replace(fit, huber_delta=h))
-  return {"ns": list(ns), "folds": folds, "repeats": repeats, "seed": seed, "floor": floor,
-          "fit": dataclasses.asdict(fit), "rows": rows,
-          "constant_sigma_g_mean": _rms(fits.const_pred - exact, axis=-1).mean(1).tolist(),
-          "exact_std": float(exact.std()), "pool_label_rmse": float(_rms(full_labels - exact)),
-          "pool_size": width, "seconds": round(time.time() - t0, 2)}
+  return SigmaStudy(ns=tuple(ns), folds=folds, repeats=repeats, seed=seed, floor=floor, fit=fit,
+                    rows=tuple(rows),
+                    constant_sigma_g_mean=tuple(_rms(fits.const_pred - exact, axis=-1).mean(1).tolist()),
+                    exact_std=float(exact.std()), pool_label_rmse=float(_rms(full_labels - exact)),
+                    pool_size=width, seconds=round(time.time() - t0, 2))
 
 
 def _cell(mean: float, std: float) -> str:
   return f"{mean:.3f} ± {std:.3f}"
 
 
-def format_sigma_table(result: dict[str, Any]) -> str:
+def format_sigma_table(result: SigmaStudy) -> str:
   """Markdown: the sigma_g table (rows variant x weighting x loss, columns N; "mean ± std" over repeats), then
   the raw label RMSE vs the exact log Z (rows: label variant), then the constant-predictor line."""
-  ns = result["ns"]
+  ns = result.ns
   head = "| variant | weighting | loss | " + " | ".join(f"N = {n}" for n in ns) + " |"
   sep = "|---|---|---|" + "---|" * len(ns)
-  lines = [f"sigma_g = RMS(g(q) - log Z(q)) on held-out prompts ({result['folds']}-fold CV, "
-           f"{result['repeats']} repeats, mean ± std):", "", head, sep]
-  for row in result["rows"]:
-    cells = [_cell(m, s) for m, s in zip(row["sigma_g_mean"], row["sigma_g_std"])]
-    lines.append(f"| {row['variant']} | {row['weighting']} | {row['loss']} | " + " | ".join(cells) + " |")
+  lines = [f"sigma_g = RMS(g(q) - log Z(q)) on held-out prompts ({result.folds}-fold CV, "
+           f"{result.repeats} repeats, mean ± std):", "", head, sep]
+  for row in result.rows:
+    cells = [_cell(m, s) for m, s in zip(row.sigma_g_mean, row.sigma_g_std)]
+    lines.append(f"| {row.variant} | {row.weighting} | {row.loss} | " + " | ".join(cells) + " |")
   lines += ["", "Raw label RMSE vs the exact log Z (no regressor; mean signed error in brackets):", "",
             "| label | " + " | ".join(f"N = {n}" for n in ns) + " |", "|---|" + "---|" * len(ns)]
   seen = set()
-  for row in result["rows"]:
-    if row["variant"] in seen:
+  for row in result.rows:
+    if row.variant in seen:
       continue
-    seen.add(row["variant"])
+    seen.add(row.variant)
     cells = [f"{_cell(m, s)} ({b:+.3f})" for m, s, b in
-             zip(row["label_rmse_mean"], row["label_rmse_std"], row["label_bias_mean"])]
-    lines.append(f"| {row['variant']} | " + " | ".join(cells) + " |")
-  const = ", ".join(f"N = {n}: {c:.3f}" for n, c in zip(ns, result["constant_sigma_g_mean"]))
+             zip(row.label_rmse_mean, row.label_rmse_std, row.label_bias_mean)]
+    lines.append(f"| {row.variant} | " + " | ".join(cells) + " |")
+  const = ", ".join(f"N = {n}: {c:.3f}" for n, c in zip(ns, result.constant_sigma_g_mean))
   lines += ["", f"Constant predictor (mean training label) sigma_g: {const}; std of the exact log Z over "
-            f"prompts {result['exact_std']:.3f}; plain label on the whole {result['pool_size']}-sample pool: "
-            f"RMSE {result['pool_label_rmse']:.3f}."]
+            f"prompts {result.exact_std:.3f}; plain label on the whole {result.pool_size}-sample pool: "
+            f"RMSE {result.pool_label_rmse:.3f}."]
   return "\n".join(lines)
 
 
-def sigma_verdict(result: dict[str, Any]) -> dict[str, Any]:
+def sigma_verdict(result: SigmaStudy) -> StudyVerdict:
   """Per variant and N: does it beat plain least squares?
 
   Uses the per-repeat paired difference d_r = sigma_g(plain, uniform, squared) - sigma_g(row) (same subsample
@@ -364,32 +434,31 @@ def sigma_verdict(result: dict[str, Any]) -> dict[str, Any]:
   With one repeat std(d) = 0, so any difference counts; use several repeats.
 
   Returns:
-    dict with ``verdicts`` ({"variant/weighting/loss": [per N: {"n", "mean_diff", "std_diff", "verdict"}]}),
-    ``text`` (plain-words lines) and ``best`` (per N, the row with the lowest mean sigma_g).
+    `StudyVerdict`.
   """
-  rows = {(r["variant"], r["weighting"], r["loss"]): r for r in result["rows"]}
+  rows = {r.key: r for r in result.rows}
   if BASELINE not in rows:
     raise ValueError(f"the study has no baseline row {BASELINE}; rows: {sorted(rows)}")
-  base = np.asarray(rows[BASELINE]["sigma_g"])  # [len(ns), R]
+  base = np.asarray(rows[BASELINE].sigma_g)  # [len(ns), R]
   verdicts, text = {}, []
   for key, row in rows.items():
     if key == BASELINE:
       continue
-    d = base - np.asarray(row["sigma_g"])  # [len(ns), R] positive = the variant is better
+    d = base - np.asarray(row.sigma_g)  # [len(ns), R] positive = the variant is better
     out, words = [], []
-    for i, n in enumerate(result["ns"]):
+    for i, n in enumerate(result.ns):
       m, s = float(d[i].mean()), float(d[i].std())
       v = "better" if m > s else ("worse" if m < -s else "no clear difference")
-      out.append({"n": n, "mean_diff": m, "std_diff": s, "verdict": v})
+      out.append(VerdictAtN(n=n, mean_diff=m, std_diff=s, verdict=v))
       words.append(f"N = {n}: {v} ({-m:+.3f} ± {s:.3f})")
     name = "/".join(key)
-    verdicts[name] = out
+    verdicts[name] = tuple(out)
     text.append(f"- {name} vs plain/uniform/squared (change in sigma_g, paired over repeats): " + "; ".join(words))
   best = []
-  for i, n in enumerate(result["ns"]):
-    k = min(rows, key=lambda kk: rows[kk]["sigma_g_mean"][i])
-    best.append({"n": n, "row": "/".join(k), "sigma_g_mean": rows[k]["sigma_g_mean"][i]})
-  wins = [name for name, out in verdicts.items() if any(o["verdict"] == "better" for o in out)]
+  for i, n in enumerate(result.ns):
+    k = min(rows, key=lambda kk: rows[kk].sigma_g_mean[i])
+    best.append(BestAtN(n=n, row="/".join(k), sigma_g_mean=rows[k].sigma_g_mean[i]))
+  wins = [name for name, out in verdicts.items() if any(o.verdict == "better" for o in out)]
   text.append("- No variant beats plain least squares by more than the repeat spread at any N."
               if not wins else f"- Variants that beat plain least squares at some N: {', '.join(wins)}.")
-  return {"verdicts": verdicts, "text": "\n".join(text), "best": best}
+  return StudyVerdict(verdicts=verdicts, text="\n".join(text), best=tuple(best))

@@ -36,17 +36,17 @@ import numpy as np
 
 from disa_jax import estimators as E
 from disa_jax.pipeline import seed_stats
-from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndState, EndStateConfig
+from disa_jax.pipeline.dynamics import PRIMARY, PRIMARY_SE, EndState, EndStateConfig, Matched
+from disa_jax.pipeline.report_records import Claim, ClaimTest, Row
 
 ALPHA = 0.05
 COLLAPSE_ENTROPY_FRACTION = 0.25  # a run below this share of the target's entropy over correct
 # a run above this multiple of the reference policy's KL diverged (the staleness study's diverged
 # runs end at 4-19x; a run that barely trained sits near 1x either way)
 DIVERGENCE_FACTOR = 2.0
-Row = Mapping[str, float]  # a model's evaluation row: metric -> value (`report.eval_row`)
 SeedRows = Sequence[tuple[int, Row]]
 # per seed, per accuracy level ('0.9'): the measures interpolated there (`matched_accuracy`)
-MatchedRuns = Sequence[tuple[int, Mapping[str, Mapping[str, Any] | None]]]
+MatchedRuns = Sequence[tuple[int, Mapping[str, Matched | None]]]
 
 
 def parse_comparison(pair: str, where: str = "compare") -> tuple[str, str, bool]:
@@ -106,20 +106,20 @@ class Evidence:
 
 
 def claim(ev: Evidence, text: str, numbers: Mapping[str, Any], runs: Sequence[str], *,
-          test: Mapping[str, Any] | None = None, why: str | None = None) -> dict[str, Any]:
-  """One claim before the family's correction (`finalise`): ``test`` = {'name', 'p',
-  'direction_ok', 'summary'} for a tested claim; None with ``why`` for one that could not be."""
+          test: ClaimTest | None = None, why: str | None = None) -> Claim:
+  """One claim before the family's correction (`finalise`): its ``test`` for a tested claim;
+  None with ``why`` for one that could not be."""
   if test is None and not why:
     raise ValueError(f"claim {text!r}: an untested claim needs the reason it is undecided")
   state, transient = ev.state(runs)
-  return {"claim": text, "numbers": dict(numbers), "runs": list(runs), "test": test, "why": why,
-          "state": state, "from_transient": transient}
+  return Claim(claim=text, numbers=dict(numbers), runs=tuple(runs), test=test, why=why,
+               state=state, from_transient=transient)
 
 
-def _welch_test(name: str, c: seed_stats.Comparison, direction_ok: bool, note: str) -> dict:
-  return {"name": name, "p": c.p, "direction_ok": bool(direction_ok),
-          "summary": f"Welch: diff {c.diff:+.3f}, 95% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}], "
-                     f"seeds {c.n_a} / {c.n_b}{note}"}
+def _welch_test(name: str, c: seed_stats.Comparison, direction_ok: bool, note: str) -> ClaimTest:
+  return ClaimTest(name=name, p=c.p, direction_ok=bool(direction_ok),
+                   summary=f"Welch: diff {c.diff:+.3f}, 95% CI [{c.ci_low:+.3f}, "
+                           f"{c.ci_high:+.3f}], seeds {c.n_a} / {c.n_b}{note}")
 
 
 def _left_out(a: str, b: str, fa: Mapping[int, str], fb: Mapping[int, str]) -> str:
@@ -129,7 +129,7 @@ def _left_out(a: str, b: str, fa: Mapping[int, str], fb: Mapping[int, str]) -> s
 
 
 def kl_pair(ev: Evidence, a: str, b: str, two_sided: bool = False, text: str | None = None
-            ) -> list[dict[str, Any]]:
+            ) -> list[Claim]:
   """"``a``'s KL below ``b``'s" (or, ``two_sided``, "they differ"): Fisher's test of their
   failure counts when a run failed, and Welch's test over the runs that did not."""
   (ka, fa), (kb, fb) = ev.split(a), ev.split(b)
@@ -148,9 +148,9 @@ def kl_pair(ev: Evidence, a: str, b: str, two_sided: bool = False, text: str | N
           f"p < {ALPHA:g} (the smallest p they allow is {least:.3g}), so no test")))
     else:
       ok = two_sided or len(fa) / na < len(fb) / nb
-      out.append(claim(ev, t, counts, (a, b), test={
-          "name": "fisher", "p": seed_stats.fisher_exact(len(fa), na, len(fb), nb),
-          "direction_ok": ok, "summary": f"Fisher: failed {len(fa)}/{na} against {len(fb)}/{nb}"}))
+      out.append(claim(ev, t, counts, (a, b), test=ClaimTest(
+          name="fisher", p=seed_stats.fisher_exact(len(fa), na, len(fb), nb), direction_ok=ok,
+          summary=f"Fisher: failed {len(fa)}/{na} against {len(fb)}/{nb}")))
   text = text or (f"{a}'s and {b}'s KL to the target differ" if two_sided else
                   f"{a}'s KL to the target is below {b}'s")
   text += " (Welch over the seeds that neither collapsed nor diverged)"
@@ -168,7 +168,7 @@ def kl_pair(ev: Evidence, a: str, b: str, two_sided: bool = False, text: str | N
   return out + [claim(ev, text, nums, (a, b), test=test)]
 
 
-def as_close_as_oracle(ev: Evidence, m: str, oracle: str) -> dict[str, Any]:
+def as_close_as_oracle(ev: Evidence, m: str, oracle: str) -> Claim:
   """"``m`` ends as close to pi~ as the oracle": the 90% interval of mean KL(m) - mean KL(oracle)
   inside +-delta(oracle's KL), by two one-sided Welch tests over the runs that did not fail."""
   (km, fm), (ko, fo) = ev.split(m), ev.split(oracle)
@@ -186,21 +186,21 @@ def as_close_as_oracle(ev: Evidence, m: str, oracle: str) -> dict[str, Any]:
                        b_se=[r[PRIMARY_SE] for _, r in ko], level=1.0 - 2 * ALPHA)
   nums |= {m: float(np.mean(vm)), oracle: float(np.mean(vo)), "margin": margin, "diff": c.diff,
            "ci90": [c.ci_low, c.ci_high]}
-  return claim(ev, text, nums, (m, oracle), test={
-      "name": "tost", "p": c.tost_p(margin), "direction_ok": True,
-      "summary": f"TOST: diff {c.diff:+.3f}, 90% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}] against "
-                 f"+-{margin:.3f}, seeds {c.n_a} / {c.n_b}{_left_out(m, oracle, fm, fo)}"})
+  return claim(ev, text, nums, (m, oracle), test=ClaimTest(
+      name="tost", p=c.tost_p(margin), direction_ok=True,
+      summary=f"TOST: diff {c.diff:+.3f}, 90% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}] against "
+              f"+-{margin:.3f}, seeds {c.n_a} / {c.n_b}{_left_out(m, oracle, fm, fo)}"))
 
 
-def _matched_values(ev: Evidence, m: str, lvl: str) -> tuple[list[int], list[int], list[dict]]:
+def _matched_values(ev: Evidence, m: str, lvl: str) -> tuple[list[int], list[int], list[Matched]]:
   """(seeds matched by interpolation, seeds already past ``lvl`` at their first measurement,
   the matched values of the former)."""
   got = [(s, x[lvl]) for s, x in ev.matched_runs.get(m, []) if x[lvl] is not None]
-  past = [s for s, v in got if v["already_past"]]
-  return [s for s, v in got if not v["already_past"]], past, [v for _, v in got if not v["already_past"]]
+  past = [s for s, v in got if v.already_past]
+  return [s for s, v in got if not v.already_past], past, [v for _, v in got if not v.already_past]
 
 
-def matched_entropy(ev: Evidence, m: str, c: str) -> dict[str, Any] | None:
+def matched_entropy(ev: Evidence, m: str, c: str) -> Claim | None:
   """"At matched accuracy ``c``'s entropy over correct answers is below ``m``'s": Welch over the
   seeds interpolated to the highest level both reach with >= 2 such seeds (None: no level both
   reach at all)."""
@@ -217,14 +217,14 @@ def matched_entropy(ev: Evidence, m: str, c: str) -> dict[str, Any] | None:
           f"over correct answers is below {m}'s (Welch over seeds)")
   nums = {"level": float(lvl), f"{m}_seeds": sm, f"{c}_seeds": sc, f"{m}_already_past": pm,
           f"{c}_already_past": pc, "seeds": [len(vc), len(vm)]}
-  nums |= {f"{x}_{k}": [v[k] for v in vals] for x, vals in ((m, vm), (c, vc))
+  nums |= {f"{x}_{k}": [v.value(k) for v in vals] for x, vals in ((m, vm), (c, vc))
            for k in ("step", "entropy_correct", "kl_correct")}
   if not usable:
     return claim(ev, text, nums, (m, c), why=(
         f"fewer than 2 seeds per side reach P(correct) = {lvl} after their first measurement "
         f"({len(sm)} of {m}, {len(sc)} of {c}; already past it at the first: {len(pm)} / "
         f"{len(pc)}): no matched comparison"))
-  w = seed_stats.welch([v["entropy_correct"] for v in vc], [v["entropy_correct"] for v in vm])
+  w = seed_stats.welch([v.entropy_correct for v in vc], [v.entropy_correct for v in vm])
   nums |= {"diff": w.diff, "ci95": [w.ci_low, w.ci_high], "p": w.p}
   return claim(ev, text, nums, (m, c), test=_welch_test("welch", w, w.diff < 0, ""))
 
@@ -256,7 +256,7 @@ def stage1_disjoint_errors(log_w: np.ndarray, mask: np.ndarray, log_z: np.ndarra
   return out if len(out) >= 2 else {}
 
 
-def stage1_claim(ev: Evidence, abs_err: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+def stage1_claim(ev: Evidence, abs_err: Mapping[str, Sequence[float]]) -> Claim:
   """"The Stage 1 error shrinks with N": per prompt, |log Z_IS - log Z| at the smallest and the
   largest N of ``abs_err`` (N -> ``[P]`` errors, each N from its own samples), paired over the
   prompts where both are finite."""
@@ -273,30 +273,30 @@ def stage1_claim(ev: Evidence, abs_err: Mapping[str, Sequence[float]]) -> dict[s
     return claim(ev, text, nums, (), why=f"{d.size} prompts with both errors: no paired test")
   t = seed_stats.one_sample(d)
   nums |= {"diff": t.mean, "ci95": [t.ci_low, t.ci_high], "p": t.p}
-  return claim(ev, text, nums, (), test={
-      "name": "paired_t", "p": t.p, "direction_ok": t.mean > 0,
-      "summary": f"paired t over {t.n} prompts: mean error {nums['mae'][lo]:.3f} at N = {lo}, "
-                 f"{nums['mae'][hi]:.3f} at N = {hi}"})
+  return claim(ev, text, nums, (), test=ClaimTest(
+      name="paired_t", p=t.p, direction_ok=t.mean > 0,
+      summary=f"paired t over {t.n} prompts: mean error {nums['mae'][lo]:.3f} at N = {lo}, "
+              f"{nums['mae'][hi]:.3f} at N = {hi}"))
 
 
-def finalise(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
+def finalise(claims: Sequence[Claim], alpha: float = ALPHA) -> list[Claim]:
   """Holm's correction over every tested claim, then each verdict: 'holds' (adjusted p < alpha,
   the claimed sign), 'does not hold' (tested, not shown) or 'undecided' (no test)."""
-  tested = [c for c in claims if c["test"] is not None]
-  adjusted = seed_stats.holm([c["test"]["p"] for c in tested])
-  for c, adj in zip(tested, adjusted):
-    t = c["test"]
-    t["p_holm"] = float(adj)
-    holds = adj < alpha and t["direction_ok"]
-    c["verdict"], c["holds"] = ("holds" if holds else "does not hold"), bool(holds)
-    if not holds:
-      sign = "" if t["direction_ok"] else "; the difference has the other sign"
-      c["why"] = (f"p = {t['p']:.3g}, Holm-adjusted over the report's {len(tested)} tests "
-                  f"{adj:.3g} (needs < {alpha:g}){sign}")
+  tested = [c.test for c in claims if c.test is not None]
+  adjusted = iter(seed_stats.holm([t.p for t in tested]))
+  out = []
   for c in claims:
-    if c["test"] is None:
-      c["verdict"], c["holds"] = "undecided", False
-  return claims
+    if c.test is None:
+      out.append(dataclasses.replace(c, verdict="undecided", holds=False))
+      continue
+    t, adj = c.test, next(adjusted)
+    holds = bool(adj < alpha and t.direction_ok)
+    sign = "" if t.direction_ok else "; the difference has the other sign"
+    why = c.why if holds else (f"p = {t.p:.3g}, Holm-adjusted over the report's {len(tested)} "
+                               f"tests {adj:.3g} (needs < {alpha:g}){sign}")
+    out.append(dataclasses.replace(c, test=dataclasses.replace(t, p_holm=float(adj)), why=why,
+                                   verdict="holds" if holds else "does not hold", holds=holds))
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +314,7 @@ class Plan:
 
 
 def build_claims(ev: Evidence, plan: Plan, stage1_abs_err: Mapping[str, Sequence[float]] | None
-                 ) -> list[dict[str, Any]]:
+                 ) -> list[Claim]:
   """Every claim of the module docstring for the methods ``ev`` has, corrected (`finalise`). A
   pair of runs is compared once (its first declaration: a run that is both a reward maximiser
   and a control of the fix is tested once), so that no test enters the family twice."""

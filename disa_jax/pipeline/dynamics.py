@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax.pipeline import seed_stats
 from disa_jax.workflows.stage3 import SERIES_FIELDS, ExactSeries
 
@@ -327,9 +327,17 @@ class EndState:
             "flat_under_lr_decay": "undecided (flat only inside the lr decay phase: the schedule, "
                                    "not convergence, may have flattened it)"}[self.reason]
 
-  def json_extra(self) -> dict[str, Any]:
+  def json_extra(self) -> dict[str, str]:
     """What `codec.encode` writes after the fields (the report's ``end_state`` entries)."""
     return {"label": self.label}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SeedEndState:
+  """One Stage 3 seed's end state (report.json's ``end_state[method]`` entries: the `EndState`'s
+  keys, its label, then the ``seed``)."""
+  state: EndState = codec.field(inline=True)
+  seed: int
 
 
 def _reason(trends: Sequence[Trend], last_step: int, lr_decay: int | None) -> str:
@@ -414,8 +422,28 @@ def method_end_state(ends: Sequence[EndState], cfg: EndStateConfig = EndStateCon
 _MATCHED = ("step", "entropy_correct", "kl_correct", PRIMARY, "kl_mc")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Matched:
+  """A run's measures where P(correct) first reaches a level (`matched_accuracy`; report.json's
+  ``matched_accuracy_runs``): the ``step`` (interpolated), ``p_correct`` (the level itself, or the
+  first measurement's when ``already_past``), the entropy over correct answers and the conditional,
+  primary and Monte Carlo KLs there (nats); ``already_past``: the first measurement was already at
+  or above the level (a match only in name)."""
+  step: float
+  p_correct: float
+  entropy_correct: float
+  kl_correct: float
+  kl: float
+  kl_mc: float
+  already_past: bool
+
+  def value(self, measure: str) -> float:
+    """The measure named ``measure`` ('step', 'entropy_correct', 'kl_correct', 'kl', ...)."""
+    return getattr(self, measure)
+
+
 def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] = LEVELS
-                     ) -> dict[str, dict[str, Any] | None]:
+                     ) -> dict[str, Matched | None]:
   """Per level, the measures where P(correct) first reaches it (None if it never does).
 
   Between the last measurement below the level and the first at or above it, every measure is
@@ -424,11 +452,10 @@ def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] =
   that measurement's, flagged ``already_past`` (a match only in name).
 
   Returns:
-    level ('0.9') -> {'step', 'p_correct', 'entropy_correct', 'kl_correct', 'kl' (the primary
-    KL), 'kl_mc', 'already_past'} or None.
+    level ('0.9') -> its `Matched` (``kl``: the primary KL) or None.
   """
   p = np.asarray(series["p_correct"], np.float64)
-  out: dict[str, dict[str, Any] | None] = {}
+  out: dict[str, Matched | None] = {}
   for level in levels:
     hit = np.flatnonzero(p >= level)
     if not hit.size:
@@ -439,10 +466,10 @@ def matched_accuracy(series: Mapping[str, np.ndarray], levels: Sequence[float] =
     at = lambda key: float(series[key][i] if i == 0 else
                            series[key][i - 1] + frac * (series[key][i] - series[key][i - 1]))
     vals = {k: at(k) for k in _MATCHED}
-    out[f"{level:g}"] = {"step": vals["step"], "p_correct": float(p[i]) if i == 0 else level,
-                         "entropy_correct": vals["entropy_correct"],
-                         "kl_correct": vals["kl_correct"], "kl": vals[PRIMARY],
-                         "kl_mc": vals["kl_mc"], "already_past": i == 0}
+    out[f"{level:g}"] = Matched(step=vals["step"], p_correct=float(p[i]) if i == 0 else level,
+                                entropy_correct=vals["entropy_correct"],
+                                kl_correct=vals["kl_correct"], kl=vals[PRIMARY],
+                                kl_mc=vals["kl_mc"], already_past=i == 0)
   return out
 
 

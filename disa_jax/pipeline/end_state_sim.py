@@ -28,10 +28,11 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from disa_jax import codec
 from disa_jax.pipeline import dynamics as D
 
 WINDOW = np.arange(672, 881, 16)  # the default job's end-state window (14 measurements)
@@ -119,34 +120,54 @@ def scenarios() -> list[Scenario]:
 OLD_RULE = D.EndStateConfig(delta_abs=0.02, delta_rel=0.1, serial="none")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScenarioRates:
+  """One scenario (its fields inline) and the share of draws called each verdict (`VERDICTS`)
+  under the rule and under `OLD_RULE`."""
+  scenario: Scenario = codec.field(inline=True)
+  rule: Mapping[str, float]
+  old_rule: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuleReport:
+  """The simulation's report (docs/reports/end_state_rule.json, `report`): the rule and the old
+  one, the window's steps, the draws per scenario, the seed and every scenario's rates."""
+  rule: D.EndStateConfig
+  old_rule: D.EndStateConfig
+  steps: tuple[int, ...]
+  draws: int
+  seed: int
+  scenarios: tuple[ScenarioRates, ...]
+
+
 def report(cfg: D.EndStateConfig, *, draws: int = 4000, seed: int = 0,
-           steps: np.ndarray = WINDOW) -> dict[str, Any]:
+           steps: np.ndarray = WINDOW) -> RuleReport:
   """Every scenario's verdict shares under ``cfg`` and under `OLD_RULE` (same draws)."""
-  rows = []
-  for i, sc in enumerate(scenarios()):
-    rows.append({**dataclasses.asdict(sc), "rule": rates(cfg, sc, steps=steps, draws=draws,
-                                                          seed=seed + i),
-                 "old_rule": rates(OLD_RULE, sc, steps=steps, draws=draws, seed=seed + i)})
-  return {"rule": dataclasses.asdict(cfg), "old_rule": dataclasses.asdict(OLD_RULE),
-          "steps": [int(s) for s in steps], "draws": draws, "seed": seed, "scenarios": rows}
+  rows = [ScenarioRates(scenario=sc,
+                        rule=rates(cfg, sc, steps=steps, draws=draws, seed=seed + i),
+                        old_rule=rates(OLD_RULE, sc, steps=steps, draws=draws, seed=seed + i))
+          for i, sc in enumerate(scenarios())]
+  return RuleReport(rule=cfg, old_rule=OLD_RULE, steps=tuple(int(s) for s in steps), draws=draws,
+                    seed=seed, scenarios=tuple(rows))
 
 
-def markdown(rep: dict[str, Any]) -> list[str]:
+def markdown(rep: RuleReport) -> list[str]:
   """The report's table: per scenario, the share called flat / moving / unresolved."""
-  r = rep["rule"]
-  out = [f"End-state rule by simulation ({rep['draws']} draws per scenario, seed {rep['seed']}; "
-         f"window steps {rep['steps'][0]}..{rep['steps'][-1]}, {len(rep['steps'])} measurements; "
-         f"margin max({r['delta_rel']:g} x level, {r['delta_abs']:g}), {r['level']:.0%} "
-         f"interval, serial correlation '{r['serial']}'). "
+  r = rep.rule
+  out = [f"End-state rule by simulation ({rep.draws} draws per scenario, seed {rep.seed}; "
+         f"window steps {rep.steps[0]}..{rep.steps[-1]}, {len(rep.steps)} measurements; "
+         f"margin max({r.delta_rel:g} x level, {r.delta_abs:g}), {r.level:.0%} "
+         f"interval, serial correlation '{r.serial}'). "
          "Old rule: max(0.02, 0.1 x level), independent measurements.", "",
          "| level (nats) | fall | shape | noise SD | rho | flat | moving | unresolved | "
          "old rule: flat |", "|--:|--:|---|--:|--:|--:|--:|--:|--:|"]
-  for s in rep["scenarios"]:
-    v = s["rule"]
-    shape = "-" if s["fall"] == 0 else s["shape"]
-    out.append(f"| {s['level']:g} | {s['fall']:.0%} | {shape} | {s['noise']:.3g} | {s['rho']:g} | "
+  for row in rep.scenarios:
+    s, v = row.scenario, row.rule
+    shape = "-" if s.fall == 0 else s.shape
+    out.append(f"| {s.level:g} | {s.fall:.0%} | {shape} | {s.noise:.3g} | {s.rho:g} | "
                f"{v['flat']:.1%} | {v['moving']:.1%} | {v['unresolved']:.1%} | "
-               f"{s['old_rule']['flat']:.1%} |")
+               f"{row.old_rule['flat']:.1%} |")
   return out
 
 
@@ -161,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"--draws must be >= 100, got {args.draws}")
   rep = report(D.EndStateConfig(), draws=args.draws, seed=args.seed)
   args.out.parent.mkdir(parents=True, exist_ok=True)
-  args.out.with_suffix(".json").write_text(json.dumps(rep, indent=1) + "\n")
+  args.out.with_suffix(".json").write_text(json.dumps(codec.encode(rep), indent=1) + "\n")
   args.out.with_suffix(".md").write_text("\n".join(markdown(rep)) + "\n")
   print("\n".join(markdown(rep)))
   return 0

@@ -37,7 +37,9 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from disa_jax import codec
 from disa_jax.pipeline import seed_stats
+from disa_jax.pipeline.report_records import EndpointTest
 
 ALPHA = 0.05
 COLUMNS = ("report", "comparison", "endpoint", "set")
@@ -83,94 +85,144 @@ def parse_family(text: str, name: str, where: str = "docs/preregistration.md") -
   return rows
 
 
-def _left_censored(report: Mapping[str, Any], a: str, b: str) -> dict[str, int]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LevelMatch:
+  """A seed at one accuracy level (report.json's ``matched_accuracy_runs``; the family reads only
+  whether it was ``already_past`` the level at its first measurement)."""
+  already_past: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FamilyReport:
+  """What the family reads of a report.json (`read_report`): its endpoint tests (() without an
+  ``endpoints`` section) and, per run, seed ('0', ...) and level ('0.9'), its `LevelMatch` (None:
+  the level not reached)."""
+  tests: tuple[EndpointTest, ...] = codec.field(default=(), key="endpoints.tests")
+  matched_accuracy_runs: Mapping[str, Mapping[str, Mapping[str, LevelMatch | None]]] = \
+      codec.field(default_factory=dict)
+
+
+def read_report(obj: Mapping[str, Any], path: str | Path = "report.json") -> FamilyReport:
+  """The family's view of report.json's contents ``obj`` (read from ``path``)."""
+  return codec.decode(FamilyReport, obj, path)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FamilyTest:
+  """One test of the family: its ``report`` and the report's own `EndpointTest` (its keys inline),
+  the runs already past the level per side (``left_censored``: a ``steps_to_p90`` test decided
+  by Welch), and, once `decide`d, its Holm p over the family, the family's verdict, whether that
+  differs from the report's own in whether a difference is shown (``flipped``) and why
+  (``flip_cause``: 'holm' | 'censoring' | None)."""
+  report: str
+  test: EndpointTest = codec.field(inline=True)
+  left_censored: Mapping[str, int] | None = codec.field(default=None, omit=None)
+  p_family: float | None = None
+  verdict_family: str = ""
+  flipped: bool = False
+  flip_cause: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FamilyResult:
+  """A decided family (`run`; ``<out>.json``): its name, where it is declared, ``alpha``, its
+  tests, their number (``size``), how many verdicts differ from their report's own (``flipped``)
+  and how many of those by the family's correction (``flipped_by_holm``)."""
+  family: str
+  declared_in: str
+  alpha: float
+  tests: tuple[FamilyTest, ...]
+  size: int
+  flipped: int
+  flipped_by_holm: int
+
+
+def _left_censored(report: FamilyReport, a: str, b: str) -> dict[str, int]:
   """Per side, the runs already past P(correct) 0.9 at their first training measurement."""
-  runs = report.get("matched_accuracy_runs", {})
+  runs = report.matched_accuracy_runs
   count = lambda m: sum(1 for v in runs.get(m, {}).values()
-                        if v.get(LEVEL) is not None and v[LEVEL]["already_past"])
+                        if v.get(LEVEL) is not None and v[LEVEL].already_past)
   return {a: count(a), b: count(b)}
 
 
-def family_tests(rows: Sequence[Declared], reports: Mapping[str, Mapping[str, Any]]
-                 ) -> list[dict[str, Any]]:
-  """Every test the rows declare, from the reports (report name -> report.json), in row order:
-  the report's own row (raw and Holm p, verdict) with ``report`` and, for a ``steps_to_p90`` test
+def family_tests(rows: Sequence[Declared], reports: Mapping[str, FamilyReport]
+                 ) -> list[FamilyTest]:
+  """Every test the rows declare, from the reports (report name -> `read_report`), in row order:
+  the report's own test (raw and Holm p, verdict) with ``report`` and, for a ``steps_to_p90`` test
   decided by Welch, ``left_censored`` (per side; see the module docstring)."""
-  out: list[dict[str, Any]] = []
+  out: list[FamilyTest] = []
   seen: dict[tuple, int] = {}
   for row in rows:
     rep = reports.get(row.report)
     if rep is None:
       raise ValueError(f"family row {row.line}: no report {row.report!r} (have {sorted(reports)})")
     a, _, b = row.comparison.partition(":")
-    tests = rep.get("endpoints", {}).get("tests", [])
-    hit = [t for t in tests if (t["a"], t["b"]) == (a, b) and t["p"] is not None
-           and row.endpoint in ("*", t["endpoint"]) and row.set in ("*", t["set"])]
+    hit = [t for t in rep.tests if (t.a, t.b) == (a, b) and t.p is not None
+           and row.endpoint in ("*", t.endpoint) and row.set in ("*", t.set)]
     if not hit:
       raise ValueError(f"family row {row.line}: report {row.report!r} has no tested "
                        f"{row.comparison} / {row.endpoint} / {row.set}")
     for t in hit:
-      key = (row.report, a, b, t["endpoint"], t["set"])
+      key = (row.report, a, b, t.endpoint, t.set)
       if key in seen:
         raise ValueError(f"family row {row.line}: {key} is already in the family (row "
                          f"{seen[key]})")
       seen[key] = row.line
-      entry = {"report": row.report, **t}
-      if t["endpoint"] == "steps_to_p90" and t.get("method", "welch") == "welch":
-        entry["left_censored"] = _left_censored(rep, a, b)
-      out.append(entry)
+      welch = t.endpoint == "steps_to_p90" and t.method in (None, "welch")
+      out.append(FamilyTest(report=row.report, test=t,
+                            left_censored=_left_censored(rep, a, b) if welch else None))
   return out
 
 
-def _verdict(t: Mapping[str, Any], q: float, alpha: float) -> str:
-  past = t.get("left_censored") or {}
+def _verdict(t: FamilyTest, q: float, alpha: float) -> str:
+  past = t.left_censored or {}
   if any(past.values()):
     sides = ", ".join(f"{m} {k}" for m, k in past.items())
     return f"not shown (left-censored runs at the first measurement: {sides}; Welch invalid)"
   if q >= alpha:
     return f"not shown (Holm p = {q:.3g} >= {alpha:g})"
-  lower, higher = (("A earlier", "A later") if t.get("method") == "gehan" else
+  lower, higher = (("A earlier", "A later") if t.test.method == "gehan" else
                    ("A lower", "A higher"))
-  return lower if t["diff"] < 0 else higher
+  return lower if t.test.diff < 0 else higher
 
 
-def decide(tests: Sequence[Mapping[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
+def decide(tests: Sequence[FamilyTest], alpha: float = ALPHA) -> list[FamilyTest]:
   """Holm over the family's raw p-values; each test with ``p_family`` (its adjusted p),
   ``verdict_family``, ``flipped`` (the family's verdict differs from the report's own in whether a
   difference is shown) and ``flip_cause`` ('holm': the family's correction; 'censoring': a
   left-censored Welch test the family's correction alone would have kept; None)."""
-  adjusted = seed_stats.holm([t["p"] for t in tests])
+  adjusted = seed_stats.holm([t.test.p for t in tests])
   out = []
   for t, q in zip(tests, adjusted):
     v = _verdict(t, float(q), alpha)
-    shown_alone = t["p_holm"] is not None and t["p_holm"] < alpha
+    shown_alone = t.test.p_holm is not None and t.test.p_holm < alpha
     flipped = shown_alone != (not v.startswith("not shown"))
     cause = None if not flipped else ("holm" if q >= alpha or not shown_alone else "censoring")
-    out.append(dict(t) | {"p_family": float(q), "verdict_family": v, "flipped": flipped,
-                          "flip_cause": cause})
+    out.append(dataclasses.replace(t, p_family=float(q), verdict_family=v, flipped=flipped,
+                                   flip_cause=cause))
   return out
 
 
-def markdown(name: str, decided: Sequence[Mapping[str, Any]]) -> list[str]:
+def markdown(name: str, decided: Sequence[FamilyTest]) -> list[str]:
   """The family's table: every test, its report's verdict and the family's."""
-  cause = lambda c: sum(t["flip_cause"] == c for t in decided)
+  cause = lambda c: sum(t.flip_cause == c for t in decided)
   out = [f"Family `{name}` (docs/preregistration.md): Holm over {len(decided)} tests from "
-         f"{len({t['report'] for t in decided})} reports; "
-         f"{sum(t['flipped'] for t in decided)} verdicts differ from their report's own "
+         f"{len({t.report for t in decided})} reports; "
+         f"{sum(t.flipped for t in decided)} verdicts differ from their report's own "
          f"(per-report Holm): {cause('holm')} by the one family's correction, "
          f"{cause('censoring')} more by left-censoring (Welch over runs already past the level).",
          "",
          "| report | A - B | endpoint | set | diff | p | Holm p (report) | report's verdict | "
          "Holm p (family) | family's verdict |", "|---|---|---|---|--:|--:|--:|---|--:|---|"]
-  for t in decided:
-    mark = " **(changed)**" if t["flipped"] else ""
-    out.append(f"| {t['report']} | `{t['a']}` - `{t['b']}` | {t['endpoint']} | {t['set']} | "
-               f"{t['diff']:+.3f} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['verdict']} | "
-               f"{t['p_family']:.3g} | {t['verdict_family']}{mark} |")
+  for f in decided:
+    t, mark = f.test, " **(changed)**" if f.flipped else ""
+    out.append(f"| {f.report} | `{t.a}` - `{t.b}` | {t.endpoint} | {t.set} | "
+               f"{t.diff:+.3f} | {t.p:.3g} | {t.p_holm:.3g} | {t.verdict} | "
+               f"{f.p_family:.3g} | {f.verdict_family}{mark} |")
   return out
 
 
-def run(prereg: Path, name: str, reports_dir: Path) -> dict[str, Any]:
+def run(prereg: Path, name: str, reports_dir: Path) -> FamilyResult:
   """The family ``name`` declared in ``prereg``, decided over the reports in ``reports_dir``."""
   rows = parse_family(prereg.read_text(), name, str(prereg))
   reports = {}
@@ -178,11 +230,11 @@ def run(prereg: Path, name: str, reports_dir: Path) -> dict[str, Any]:
     path = reports_dir / f"{r}.json"
     if not path.is_file():
       raise ValueError(f"family {name!r}: no report {path}")
-    reports[r] = json.loads(path.read_text())
+    reports[r] = read_report(json.loads(path.read_text()), path)
   decided = decide(family_tests(rows, reports))
-  return {"family": name, "declared_in": prereg.name, "alpha": ALPHA, "tests": decided,
-          "size": len(decided), "flipped": sum(t["flipped"] for t in decided),
-          "flipped_by_holm": sum(t["flip_cause"] == "holm" for t in decided)}
+  return FamilyResult(family=name, declared_in=prereg.name, alpha=ALPHA, tests=tuple(decided),
+                      size=len(decided), flipped=sum(t.flipped for t in decided),
+                      flipped_by_holm=sum(t.flip_cause == "holm" for t in decided))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,10 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args.prereg, args.family, args.reports)
   except ValueError as e:
     parser.exit(2, f"error: {e}\n")
-  md = "\n".join(markdown(args.family, result["tests"])) + "\n"
+  md = "\n".join(markdown(args.family, result.tests)) + "\n"
   if args.out is not None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(codec.encode(result), indent=1) + "\n")
     args.out.with_suffix(".md").write_text(md)
   print(md, end="")
   return 0

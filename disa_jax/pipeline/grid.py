@@ -33,33 +33,31 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from disa_jax.pipeline import dynamics, seed_stats
 from disa_jax.pipeline.claims import MatchedRuns, Row
 from disa_jax.pipeline.plan import JobPlan
+from disa_jax.pipeline.report_records import LEVEL_KEY, FigureSummary, RunFigures, SigmaPoint
 
 WINDOW = dynamics.EndStateConfig.window  # the end-state window's default share of the steps
 LEVEL = "0.9"  # the accuracy level of ``steps_to_0.9``
 
 
-def summary(values: Sequence[float]) -> dict[str, Any]:
-  """Mean, sample std and 95% Student-t interval of seed-level ``values`` (finite ones).
-
-  Returns:
-    {'mean', 'std', 'ci95' ([lo, hi], None for one value), 'n'}; NaN mean and std for none.
-  """
+def summary(values: Sequence[float | None]) -> FigureSummary:
+  """Mean, sample std and 95% Student-t interval of seed-level ``values`` (finite ones; ci95 None
+  for one value, NaN mean and std for none)."""
   v = [x for x in values if x is not None and np.isfinite(x)]
   mean, std = dynamics.mean_std(v)  # (NaN for none, std 0 for one)
   if len(v) < 2:
-    return {"mean": mean, "std": std, "ci95": None, "n": len(v)}
+    return FigureSummary(mean=mean, std=std, ci95=None, n=len(v))
   half = seed_stats.t_quantile(0.975, len(v) - 1) * std / math.sqrt(len(v))
-  return {"mean": mean, "std": std, "ci95": [mean - half, mean + half], "n": len(v)}
+  return FigureSummary(mean=mean, std=std, ci95=(mean - half, mean + half), n=len(v))
 
 
-def window_means(rows: Sequence[Mapping[str, Any]], total_steps: int,
+def window_means(rows: Sequence[Mapping[str, float]], total_steps: int,
                  window: float = WINDOW) -> dict[str, float]:
   """Mean and median squared ``grad_norm`` and mean ``loss`` of the training rows in the last ``window``
   of ``total_steps`` (rows without them, e.g. the exact measures' own rows, are skipped).
@@ -102,20 +100,15 @@ class SeedFigures:
 _FIGURES = ("kl", "kl_mc", "kl_correct", "grad_sq", "grad_sq_median", "loss")
 
 
-def run_figures(per_seed: Mapping[str, Sequence[SeedFigures]]) -> dict[str, dict]:
-  """Per method, `summary` of each figure over its seeds.
-
-  Returns:
-    method -> {'seeds', 'kl', 'kl_mc', 'kl_correct', 'grad_sq', 'grad_sq_median', 'loss': `summary`,
-    'loss_first_seed': the first seed's window loss, 'steps_to_0.9':
-    `summary` over the seeds that reached it, 'reached': how many did}.
-  """
+def run_figures(per_seed: Mapping[str, Sequence[SeedFigures]]) -> dict[str, RunFigures]:
+  """Per method, `summary` of each figure over its seeds (the steps to `LEVEL`: over the seeds
+  that reached it), and the first seed's window loss."""
   out = {}
   for m, seeds in per_seed.items():
     steps = [s.steps_to_level for s in seeds if s.steps_to_level is not None]
-    out[m] = {"seeds": len(seeds), "reached": len(steps), f"steps_to_{LEVEL}": summary(steps)}
-    out[m] |= {k: summary([getattr(s, k) for s in seeds]) for k in _FIGURES}
-    out[m]["loss_first_seed"] = seeds[0].loss
+    out[m] = RunFigures(seeds=len(seeds), reached=len(steps), at_level={LEVEL_KEY: summary(steps)},
+                        **{k: summary([getattr(s, k) for s in seeds]) for k in _FIGURES},
+                        loss_first_seed=seeds[0].loss)
   return out
 
 
@@ -139,7 +132,7 @@ def collect(plan: JobPlan, stage3: Mapping, evals: Mapping[str, Row],
       hit = (matched.get(seed) or {}).get(LEVEL)
       rows.append(SeedFigures(
           seed=seed, kl=ev[dynamics.PRIMARY], kl_mc=ev["kl_to_target"], kl_correct=ev["kl_correct"],
-          steps_to_level=None if hit is None else hit["step"],
+          steps_to_level=None if hit is None else hit.step,
           **window_means(run.metrics(), r.total_steps, plan.end_state.window)))
     if rows:
       out[m] = rows
@@ -164,9 +157,9 @@ def sigma_of(plan: JobPlan, method: str, fitted_sigma_g: float | None,
   return (data_seed_sigma_g or {}).get(run.data_seed) if run.data_seed else fitted_sigma_g
 
 
-def sigma_curve(plan: JobPlan, figures: Mapping[str, Mapping[str, Any]],
+def sigma_curve(plan: JobPlan, figures: Mapping[str, RunFigures],
                 fitted_sigma_g: float | None, data_seed_sigma_g: Mapping[int, float] | None = None
-                ) -> dict[str, list[dict[str, Any]]]:
+                ) -> dict[str, list[SigmaPoint]]:
   """Per regime (`Regime.label`) with an exact-log-Z run, its runs of known sigma sorted by sigma:
   KL (mean over the run's seeds), the loss gap |L - L_exact| of the end-state windows and Prop. 4's
   envelope sigma^2 + 2 sigma sqrt(L_exact). The losses are the first seed's of each run (every run
@@ -182,16 +175,16 @@ def sigma_curve(plan: JobPlan, figures: Mapping[str, Mapping[str, Any]],
     exact = [m for s, m in pts if s == 0.0]
     if not exact:
       continue
-    l_tb = figures[exact[0]]["loss_first_seed"]
-    out[regime] = [{"run": m, "sigma": s, "kl": figures[m]["kl"]["mean"],
-                    "kl_std": figures[m]["kl"]["std"], "seeds": figures[m]["seeds"],
-                    "loss_gap": abs(figures[m]["loss_first_seed"] - l_tb),
-                    "envelope": s * s + 2.0 * s * math.sqrt(max(l_tb, 0.0))}
+    l_tb = figures[exact[0]].loss_first_seed
+    out[regime] = [SigmaPoint(run=m, sigma=s, kl=figures[m].kl.mean, kl_std=figures[m].kl.std,
+                              seeds=figures[m].seeds,
+                              loss_gap=abs(figures[m].loss_first_seed - l_tb),
+                              envelope=s * s + 2.0 * s * math.sqrt(max(l_tb, 0.0)))
                    for s, m in sorted(pts)]
   return out
 
 
-def plot_sigma_curve(curve: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path
+def plot_sigma_curve(curve: Mapping[str, Sequence[SigmaPoint]], out_dir: str | Path
                      ) -> list[str]:
   """kl_vs_sigma.png: end-state KL against sigma per regime, and the loss gap against the envelope
   (log scale); [] when no regime has a curve."""
@@ -202,10 +195,10 @@ def plot_sigma_curve(curve: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: 
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (heavy import)
   fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.6))
   for regime, pts in curve.items():
-    s = [p["sigma"] for p in pts]
-    ax.plot(s, [p["kl"] for p in pts], marker="o", label=regime)  # (the table has the spread)
-    line = bx.plot(s, [max(p["loss_gap"], 1e-3) for p in pts], marker="o", label=f"{regime}: gap")
-    bx.plot(s, [max(p["envelope"], 1e-3) for p in pts], ls="--", color=line[0].get_color(),
+    s = [p.sigma for p in pts]
+    ax.plot(s, [p.kl for p in pts], marker="o", label=regime)  # (the table has the spread)
+    line = bx.plot(s, [max(p.loss_gap, 1e-3) for p in pts], marker="o", label=f"{regime}: gap")
+    bx.plot(s, [max(p.envelope, 1e-3) for p in pts], ls="--", color=line[0].get_color(),
             label=f"{regime}: envelope")
   ax.set_yscale("log")  # (a diverged seed puts a mean two decades above the rest)
   ax.set_xlabel("sigma_g (RMS error of log Z)"); ax.set_ylabel("end-state KL(pi || pi~), mean")

@@ -8,35 +8,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from disa_jax import codec
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-  """One verdict of the report (`pipeline.claims`; report.json's ``claims`` entries).
-
-  Attributes:
-    claim: what is claimed, in words.
-    holds: whether the numbers support it (``verdict == 'holds'``).
-    numbers: the numbers it is decided on (means, the test's statistics, ...).
-    why: why it does not hold or is undecided (None: no reason to give).
-    runs: the Stage 3 methods it compares (() for a claim about Stage 1).
-    from_transient: some of ``runs`` were not shown to be at their end state.
-    verdict: 'holds' | 'does not hold' | 'undecided' (a report from before issue 44: 'holds' /
-      'does NOT hold', from ``holds``).
-    state: 'end state' | 'transient' | 'undecided' | '-' (no runs); '' in an older report.
-    test: {'name', 'p', 'p_holm', 'direction_ok', 'summary'} (None: untested, or an older report).
-  """
-  claim: str
-  holds: bool
-  numbers: Mapping[str, Any]
-  why: str | None
-  runs: tuple[str, ...]
-  from_transient: bool
-  verdict: str = codec.field(default="", missing=lambda read: "holds" if read["holds"]
-                             else "does NOT hold")
-  state: str = ""
-  test: Mapping[str, Any] | None = None
-
+from disa_jax.pipeline.anchor_study import SigmaStudy
+from disa_jax.pipeline.dynamics import SeedEndState
+from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, MatchedSummary, Regime,
+                                              Row, Stage1Section, Stage2Section)
 
 @dataclasses.dataclass(frozen=True)
 class JobReport:
@@ -77,20 +52,20 @@ class JobReport:
     plots: the PNG files in ``dir``.
   """
   dir: Path = codec.field(stored=False)
-  methods: Mapping[str, Mapping[str, Any]]
-  runs: Mapping[str, Mapping[str, Any]]
+  methods: Mapping[str, Row]
+  runs: Mapping[str, Row]
   claims: tuple[Claim, ...]
   skipped_methods: Mapping[str, str]
-  regime: Mapping[str, Any]
-  stage1: Mapping[str, Any]
-  stage2: Mapping[str, Any]
-  anchor_study: Mapping[str, Any] | None
+  regime: Regime
+  stage1: Stage1Section
+  stage2: Stage2Section
+  anchor_study: SigmaStudy | None
   nstudy: Mapping[str, Any] | None
-  anchor_gap: Mapping[str, Any] | None
-  end_state: Mapping[str, list[Mapping[str, Any]]]
-  matched_accuracy: Mapping[str, Mapping[str, Any]]
+  anchor_gap: AnchorGap | None
+  end_state: Mapping[str, tuple[SeedEndState, ...]]
+  matched_accuracy: Mapping[str, Mapping[str, MatchedSummary]]
   conditional_kl: Mapping[str, Mapping[str, float]] | None = codec.field(omit=None)
-  grid: Mapping[str, Any] | None = codec.field(omit=None)
+  grid: Grid | None = codec.field(omit=None)
   stage12_replicas: Mapping[str, Mapping[str, float]] = codec.field(missing=lambda read: {})
   stage3_seeds: tuple[int, ...]
   times_s: Mapping[str, float]

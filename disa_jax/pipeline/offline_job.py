@@ -18,12 +18,13 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
+from disa_jax import codec
 from disa_jax import config as config_lib
 from disa_jax import estimators as E
 from disa_jax.anchor import Anchor, AnchorFitConfig, fit_anchor
@@ -212,8 +213,43 @@ def _n_study_errors(problem: TabularProblem, cfg: OfflineConfig) -> dict[str, fl
   return {str(m): float(np.nanmean(study.log_abs_error[i])) for i, m in enumerate(study.ms)}
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OfflineStage1:
+  """The offline report's Stage 1 labels against the exact log Z (nats): their mean absolute and
+  signed error, the weights' median ESS and CV^2, and per N the mean |log Z_N - log Z|."""
+  label_mae_vs_exact: float
+  label_bias_vs_exact: float
+  ess_median: float
+  cv2_median: float
+  n_study_mae_vs_exact: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OfflineStage2:
+  """The offline report's frozen anchor: its fit against its labels (best epoch, validation MSE
+  and R^2; None where the fit had no validation split) and, on the held-out prompts, its sigma_g
+  and the raw labels' RMS error against the exact log Z (nats)."""
+  best_epoch: int | None
+  val_mse_vs_labels: float | None
+  val_r2_vs_labels: float | None
+  sigma_g_heldout_vs_exact: float
+  label_rmse_heldout_vs_exact: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OfflineReport:
+  """The offline job's report.json (`run`): the problem's size, the samples per prompt, beta, the
+  two stages' figures and the seconds per stage (``stage1_s``, ``stage2_s``)."""
+  prompts: int
+  samples_per_prompt: int
+  beta: float
+  stage1: OfflineStage1
+  stage2: OfflineStage2
+  times_s: Mapping[str, float]
+
+
 def _report(problem: TabularProblem, cfg: OfflineConfig, data: E.Stage1Data, order: np.ndarray,
-            anchor: Anchor, val_idx: np.ndarray, times: dict[str, float]) -> dict[str, Any]:
+            anchor: Anchor, val_idx: np.ndarray, times: dict[str, float]) -> OfflineReport:
   """The report: Stage 1 labels and the Stage 2 anchor against the exact log Z.
 
   Args:
@@ -226,7 +262,7 @@ def _report(problem: TabularProblem, cfg: OfflineConfig, data: E.Stage1Data, ord
     times: seconds per stage.
 
   Returns:
-    The JSON-ready report (``report.json``).
+    The report (``report.json``).
   """
   p = problem.log_z.shape[0]
   labels = data.labels
@@ -234,46 +270,43 @@ def _report(problem: TabularProblem, cfg: OfflineConfig, data: E.Stage1Data, ord
   truth = problem.log_z[order]
   held = val_idx if val_idx.size else np.arange(p)
   fs = anchor.meta.fit_summary
-  return {
-      "prompts": p, "samples_per_prompt": cfg.stage1.samples, "beta": problem.beta,
-      "stage1": {
-          "label_mae_vs_exact": float(np.mean(np.abs(labels - truth))),
-          "label_bias_vs_exact": float(np.mean(labels - truth)),
-          "ess_median": float(np.nanmedian(data.stats.ess)),
-          "cv2_median": float(np.nanmedian(data.stats.cv2)),
-          "n_study_mae_vs_exact": _n_study_errors(problem, cfg),
-      },
-      "stage2": {
-          "best_epoch": fs.get("best_epoch"), "val_mse_vs_labels": fs.get("val_mse"),
-          "val_r2_vs_labels": fs.get("val_r2"),
-          "sigma_g_heldout_vs_exact": float(np.sqrt(np.mean((pred[held] - truth[held]) ** 2))),
-          "label_rmse_heldout_vs_exact": float(np.sqrt(np.mean((labels[held] - truth[held]) ** 2))),
-      },
-      "times_s": times,
-  }
+  return OfflineReport(
+      prompts=p, samples_per_prompt=cfg.stage1.samples, beta=problem.beta,
+      stage1=OfflineStage1(
+          label_mae_vs_exact=float(np.mean(np.abs(labels - truth))),
+          label_bias_vs_exact=float(np.mean(labels - truth)),
+          ess_median=float(np.nanmedian(data.stats.ess)),
+          cv2_median=float(np.nanmedian(data.stats.cv2)),
+          n_study_mae_vs_exact=_n_study_errors(problem, cfg)),
+      stage2=OfflineStage2(
+          best_epoch=fs.get("best_epoch"), val_mse_vs_labels=fs.get("val_mse"),
+          val_r2_vs_labels=fs.get("val_r2"),
+          sigma_g_heldout_vs_exact=float(np.sqrt(np.mean((pred[held] - truth[held]) ** 2))),
+          label_rmse_heldout_vs_exact=float(np.sqrt(np.mean((labels[held] - truth[held]) ** 2)))),
+      times_s=times)
 
 
-def _report_markdown(report: dict[str, Any]) -> str:
+def _report_markdown(report: OfflineReport) -> str:
   """``report.md``: the report in words and tables."""
-  s1, s2, times = report["stage1"], report["stage2"], report["times_s"]
-  md = [f"# DISA offline stages on the tabular synthetic problem ({report['prompts']} prompts, "
-        f"N = {report['samples_per_prompt']}, beta = {report['beta']})",
+  s1, s2, times = report.stage1, report.stage2, report.times_s
+  md = [f"# DISA offline stages on the tabular synthetic problem ({report.prompts} prompts, "
+        f"N = {report.samples_per_prompt}, beta = {report.beta})",
         "", "## Stage 1: log Z_IS against the exact log Z", "",
-        f"- mean |log Z_IS - log Z| = {s1['label_mae_vs_exact']:.4f}; "
-        f"mean signed error = {s1['label_bias_vs_exact']:+.4f}",
-        f"- median ESS = {s1['ess_median']:.2f}, median CV^2 = {s1['cv2_median']:.3f}", "",
+        f"- mean |log Z_IS - log Z| = {s1.label_mae_vs_exact:.4f}; "
+        f"mean signed error = {s1.label_bias_vs_exact:+.4f}",
+        f"- median ESS = {s1.ess_median:.2f}, median CV^2 = {s1.cv2_median:.3f}", "",
         "| N | mean abs error vs exact |", "|---|---|"]
-  md += [f"| {m} | {v:.4f} |" for m, v in s1["n_study_mae_vs_exact"].items()]
+  md += [f"| {m} | {v:.4f} |" for m, v in s1.n_study_mae_vs_exact.items()]
   md += ["", "## Stage 2: the frozen anchor", "",
-         f"- best epoch {s2['best_epoch']}, val MSE vs labels {s2['val_mse_vs_labels']:.4f}, "
-         f"val R^2 {s2['val_r2_vs_labels']:.3f}",
-         f"- sigma_g = RMS(g(q) - log Z(q)) on held-out prompts: {s2['sigma_g_heldout_vs_exact']:.4f} "
-         f"(the raw labels' RMS error there: {s2['label_rmse_heldout_vs_exact']:.4f})", "",
+         f"- best epoch {s2.best_epoch}, val MSE vs labels {s2.val_mse_vs_labels:.4f}, "
+         f"val R^2 {s2.val_r2_vs_labels:.3f}",
+         f"- sigma_g = RMS(g(q) - log Z(q)) on held-out prompts: {s2.sigma_g_heldout_vs_exact:.4f} "
+         f"(the raw labels' RMS error there: {s2.label_rmse_heldout_vs_exact:.4f})", "",
          f"Times: stage 1 {times['stage1_s']:.1f} s, stage 2 {times['stage2_s']:.1f} s."]
   return "\n".join(md) + "\n"
 
 
-def run(cfg: OfflineConfig, workdir: Path) -> dict[str, Any]:
+def run(cfg: OfflineConfig, workdir: Path) -> OfflineReport:
   """Runs (or resumes) Stage 1 and Stage 2 on the tabular problem and writes the reports.
 
   Args:
@@ -293,6 +326,6 @@ def run(cfg: OfflineConfig, workdir: Path) -> dict[str, Any]:
   anchor, val_idx = _stage2(problem.embeddings[order], data.labels, problem.beta, cfg, workdir / "anchor")
   times["stage2_s"] = time.time() - t0
   report = _report(problem, cfg, data, order, anchor, val_idx, times)
-  (workdir / "report.json").write_text(json.dumps(report, indent=1))
+  (workdir / "report.json").write_text(json.dumps(codec.encode(report), indent=1))
   (workdir / "report.md").write_text(_report_markdown(report))
   return report

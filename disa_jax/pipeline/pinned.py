@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from disa_jax import artifacts
+from disa_jax import artifacts, codec
 from disa_jax.checkpoint.identity import fingerprint
 from disa_jax.pipeline.job_config import MainConfig
 
@@ -128,14 +128,10 @@ class ModelSource:
   fingerprint: dict[str, str]
   pinned_fingerprint: dict[str, str]
 
-  def record(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
 
-
-def _check_resumed(models_dir: Path, saved: dict[str, Any], rebuild: bool) -> ModelSource:
-  """The workdir's models as recorded, refused when a file changed or when they were trained here
-  while a pin exists and ``rebuild`` is off."""
-  src = ModelSource(**saved)
+def _check_resumed(models_dir: Path, src: ModelSource, rebuild: bool) -> ModelSource:
+  """The workdir's models as recorded (``src``), refused when a file changed or when they were
+  trained here while a pin exists and ``rebuild`` is off."""
   now = {m: fingerprint(models_dir / m) for m in MODELS}
   for m in MODELS:
     if now[m] != src.fingerprint[m]:
@@ -177,7 +173,8 @@ def provide(models_dir: Path, ident: dict[str, Any], *, rebuild: bool,
   pin, made by ``train()`` (which saves both), logging whether the hash changed."""
   record_path = models_dir / RECORD
   if record_path.exists():
-    return _check_resumed(models_dir, json.loads(record_path.read_text()), rebuild)
+    return _check_resumed(models_dir, codec.load(ModelSource, record_path, "the models' record"),
+                          rebuild)
   key = key_of(ident)
   pin_dir = (store or STORE) / key
   pinned = verify(pin_dir) if pin_dir.is_dir() else None
@@ -197,5 +194,5 @@ def provide(models_dir: Path, ident: dict[str, Any], *, rebuild: bool,
       (log or print)(f"models: {m} made on this machine ({time.time() - t0:.0f} s), fingerprint "
           f"{fp[m][:16]}" + ("" if old is None else f"; the pin {key} holds {old[:16]}: "
                               + ("the same" if old == fp[m] else "the hash changed")))
-  artifacts.write_json(record_path, src.record())
+  codec.save(src, record_path)
   return src

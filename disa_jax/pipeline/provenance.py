@@ -7,9 +7,10 @@ the Python version and the processor (XLA's CPU code differs by processor).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import platform
-from typing import Any
+from typing import Mapping
 
 from disa_jax.pipeline.pinned import ModelSource, cpu_name
 
@@ -28,7 +29,17 @@ def versions() -> dict[str, str]:
   return out
 
 
-def provenance(models: ModelSource) -> dict[str, Any]:
-  """The report's ``provenance`` section."""
-  return {"models": models.record(), "packages": versions(),
-          "python": platform.python_version(), "cpu": cpu_name()}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Provenance:
+  """The report's ``provenance`` section (`provenance`): where the models came from, the version
+  of each of `PACKAGES` installed, the Python version and the processor's name."""
+  models: ModelSource
+  packages: Mapping[str, str]
+  python: str
+  cpu: str
+
+
+def provenance(models: ModelSource) -> Provenance:
+  """The report's ``provenance`` section, on this machine."""
+  return Provenance(models=models, packages=versions(), python=platform.python_version(),
+                    cpu=cpu_name())

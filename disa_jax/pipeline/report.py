@@ -31,22 +31,27 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from disa_jax import codec
-from disa_jax.anchor.diagnostics import prop4_check
+from disa_jax.anchor.diagnostics import Prop4Check, prop4_check
 from disa_jax.estimators.dataset import Stage1Data
 from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
+from disa_jax.pipeline.anchor_study import SigmaStudy
 from disa_jax.pipeline import endpoints as EP
+from disa_jax.pipeline import step_size as SZ
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline.job_report import JobReport
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report_md as MD
 from disa_jax.pipeline.conditional_kls import ConditionalKLs
 from disa_jax.pipeline.plan import JobPlan, replica_units
+from disa_jax.pipeline.provenance import Provenance
+from disa_jax.pipeline.report_records import (AnchorGap, Claim, Grid, Instrument, MatchedSummary,
+                                              Prop4Numbers, Regime, Stage1Section, Stage2Section)
 from disa_jax.pipeline.stage12 import (Replicas, replicas_section, stage1_section,
                                        stage2_section)
 from disa_jax.workflows.evaluation import BenchmarkEval, EvalResult
@@ -113,7 +118,7 @@ def _training_curves(plan: JobPlan, stage3: Stage3Runs) -> dict[str, list[tuple[
   return curves
 
 
-def _plots(out_dir: Path, s1: Mapping[str, Any], s2: Mapping[str, Any],
+def _plots(out_dir: Path, s1: Stage1Section, s2: Stage2Section,
            curves: Mapping[str, list[tuple[int, float]]]) -> list[str]:
   """training_curves.png and stage1_stage2.png in ``out_dir``; returns their names."""
   import matplotlib  # pylint: disable=g-import-not-at-top  (heavy import, plots only)
@@ -131,12 +136,13 @@ def _plots(out_dir: Path, s1: Mapping[str, Any], s2: Mapping[str, Any],
   fig.tight_layout(); fig.savefig(out_dir / "training_curves.png", dpi=110); plt.close(fig)
   files.append("training_curves.png")
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-  key, title = (("n_study_mae_vs_exact", "mean |log Z_IS - log Z|") if "n_study_mae_vs_exact" in s1
-                else ("n_study_variance", "mean Var(log Z_N) (no exact value on this scale)"))
-  axes[0].plot([int(m) for m in s1[key]], list(s1[key].values()), marker="o")
+  curve, title = ((s1.n_study_mae_vs_exact, "mean |log Z_IS - log Z|")
+                  if s1.n_study_mae_vs_exact is not None else
+                  (s1.n_study_variance, "mean Var(log Z_N) (no exact value on this scale)"))
+  axes[0].plot([int(m) for m in curve], list(curve.values()), marker="o")
   axes[0].set_xscale("log", base=2); axes[0].set_xlabel("N"); axes[0].set_title(title)
-  if s2["val_mse_curve"]:
-    axes[1].plot(s2["val_mse_curve"]); axes[1].set_xlabel("epoch")
+  if s2.val_mse_curve:
+    axes[1].plot(s2.val_mse_curve); axes[1].set_xlabel("epoch")
     axes[1].set_title("Stage 2 val MSE")
   fig.tight_layout(); fig.savefig(out_dir / "stage1_stage2.png", dpi=110); plt.close(fig)
   files.append("stage1_stage2.png")
@@ -159,7 +165,7 @@ class Dynamics:
   states: dict[str, D.EndState]
   matched_runs: dict[str, C.MatchedRuns]
 
-  def matched(self) -> dict[str, dict[str, dict[str, Any]]]:
+  def matched(self) -> dict[str, dict[str, MatchedSummary]]:
     """report.json's ``matched_accuracy``: per method and level, `_matched_summary`."""
     return {m: {lvl: _matched_summary(matched, lvl) for lvl in (f"{v:g}" for v in D.LEVELS)}
             for m, matched in self.matched_runs.items()}
@@ -187,16 +193,16 @@ def _dynamics(plan: JobPlan, stage3: Stage3Runs) -> Dynamics:
   return out
 
 
-def _matched_summary(matched: C.MatchedRuns, lvl: str) -> dict[str, Any]:
+def _matched_summary(matched: C.MatchedRuns, lvl: str) -> MatchedSummary:
   """Mean and std over the seeds interpolated to ``lvl`` (not those already past it at their first
   measurement, listed apart)."""
   got = [(s, x[lvl]) for s, x in matched if x[lvl] is not None]
-  inside = [v for _, v in got if not v["already_past"]]
-  return {k: D.mean_std([v[k] for v in inside])
-          for k in ("step", "entropy_correct", "kl_correct", "kl")
-          } | {"seeds_reached": [s for s, v in got if not v["already_past"]],
-               "seeds_already_past": [s for s, v in got if v["already_past"]],
-               "seeds": len(matched)}
+  inside = [v for _, v in got if not v.already_past]
+  return MatchedSummary(**{k: D.mean_std([v.value(k) for v in inside])
+                           for k in ("step", "entropy_correct", "kl_correct", "kl")},
+                        seeds_reached=tuple(s for s, v in got if not v.already_past),
+                        seeds_already_past=tuple(s for s, v in got if v.already_past),
+                        seeds=len(matched))
 
 
 def _state_label(dyn: Dynamics, m: str) -> tuple[bool, str]:
@@ -207,8 +213,8 @@ def _state_label(dyn: Dynamics, m: str) -> tuple[bool, str]:
   return state.reached, state.label
 
 
-def _claims(plan: JobPlan, s1: Mapping[str, Any], runs: Mapping[str, C.Row], dyn: Dynamics,
-            fix: str | None, contrasts: Sequence[str]) -> list[dict[str, Any]]:
+def _claims(plan: JobPlan, s1: Stage1Section, runs: Mapping[str, C.Row], dyn: Dynamics,
+            fix: str | None, contrasts: Sequence[str]) -> list[Claim]:
   """The paper's claims on this task (`pipeline.claims`); ``contrasts`` are the reward-maximising
   runs they are compared with, ``plan.controls`` the controls the fix is compared with."""
   seed_rows = {m: [(s, runs[row]) for s, row in zip(r.seeds, r.rows) if row in runs]
@@ -218,13 +224,13 @@ def _claims(plan: JobPlan, s1: Mapping[str, Any], runs: Mapping[str, C.Row], dyn
                   end_state=plan.end_state, reference_kl=None if ref is None else ref[D.PRIMARY])
   roles = C.Plan(fix=fix or "", disa=plan.disa, oracle=plan.oracle, contrasts=tuple(contrasts),
                  controls=plan.controls, compare=plan.compare, replay=plan.replay_pairs)
-  return C.build_claims(ev, roles, s1.get("n_disjoint_abs_error")
+  return C.build_claims(ev, roles, s1.n_disjoint_abs_error
                         if plan.exact_on_label_scale else None)
 
 
 def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],
                 results: Mapping[str, EvalResult], anchor: AnchorArtifact, exact: ExactTarget
-                ) -> dict[str, Any] | None:
+                ) -> AnchorGap | None:
   """DISA with the fitted anchor against its oracle (the exact log Z; `JobPlan.disa`,
   `JobPlan.oracle`; the primary KL), and Prop. 4 as numbers (`anchor.diagnostics.prop4_check`,
   `prop4_numbers`): the loss gap from the anchor's training prompts, the envelope from its
@@ -243,11 +249,11 @@ def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],
   eta = np.asarray([g[p] - log_z[p] for p in pids])
   r_mean, r_sq = task.exact.per_prompt_values("kl_mc"), task.exact.per_prompt_values("tb_sq")
   is_held = np.asarray([p in held for p in pids])
-  check = prop4_numbers(dataclasses.asdict(prop4_check(eta[~is_held], r_mean[~is_held],
-                                                        r_sq[~is_held], eta[is_held])))
+  check = prop4_numbers(prop4_check(eta[~is_held], r_mean[~is_held], r_sq[~is_held],
+                                    eta[is_held]))
   kl = lambda m: evals[m][D.PRIMARY]
-  return {"kl_disa": kl(disa), "kl_disa_exact": kl(oracle),
-          "kl_gap": kl(disa) - kl(oracle), "kl_metric": D.PRIMARY, **check}
+  return AnchorGap(kl_disa=kl(disa), kl_disa_exact=kl(oracle), kl_gap=kl(disa) - kl(oracle),
+                   kl_metric=D.PRIMARY, prop4=check)
 
 
 PROP4_NO_VERDICT = (
@@ -259,33 +265,33 @@ PROP4_NO_VERDICT = (
     "(anchor_testbed_rl). The gap's share of the envelope is the number to read")
 
 
-def prop4_numbers(check: dict[str, Any]) -> dict[str, Any]:
-  """`prop4_check`'s numbers (as a dict) with the gap's share of the held-out envelope
+def prop4_numbers(check: Prop4Check) -> Prop4Numbers:
+  """`prop4_check`'s numbers with the gap's share of the held-out envelope
   (``gap_over_envelope``; NaN without held-out prompts) and no verdict (``verdict`` None,
   ``verdict_why`` = `PROP4_NO_VERDICT`)."""
-  env = check["envelope"]
-  share = check["loss_gap"] / env if np.isfinite(env) and env > 0 else float("nan")
-  return check | {"verdict": None, "verdict_why": PROP4_NO_VERDICT, "gap_over_envelope": share}
+  env = check.envelope
+  share = check.loss_gap / env if np.isfinite(env) and env > 0 else float("nan")
+  return Prop4Numbers(check=dataclasses.replace(check, verdict=None),
+                      verdict_why=PROP4_NO_VERDICT, gap_over_envelope=share)
 
 
-def _regime(plan: JobPlan, dyn: Dynamics) -> dict[str, Any]:
+def _regime(plan: JobPlan, dyn: Dynamics) -> Regime:
   """Whether every method reached its end state, per method, and what the preset promises."""
   per = {m: _state_label(dyn, m)[1] for m in plan.methods}
   done = all(_state_label(dyn, m)[0] for m in plan.methods)
-  return {"preset": plan.preset, "steps": plan.steps, "all_at_end_state": done,
-          "per_method": per}
+  return Regime(preset=plan.preset, steps=plan.steps, all_at_end_state=done, per_method=per)
 
 
 def _grid_section(plan: JobPlan, stage3: Stage3Runs, runs: Mapping[str, C.Row], dyn: Dynamics,
-                  s2: Mapping[str, Any], replicas: Mapping[str, Mapping[str, float]]
-                  ) -> dict[str, Any]:
+                  s2: Stage2Section, replicas: Mapping[str, Mapping[str, float]]
+                  ) -> Grid:
   """Per method, its end-state figures over seeds and regime; per regime, KL against sigma_g
   (`disa_jax.pipeline.grid`; a run on another Stage 1/2 data seed at its own anchor's sigma_g)."""
   figures = G.run_figures(G.collect(plan, stage3, runs, dyn.matched_runs))
   others = {int(d): r["sigma_g_all"] for d, r in replicas.items()
             if d != "0" and "sigma_g_all" in r}
-  return {"regimes": {m: plan.runs[m].regime.label for m in figures}, "figures": figures,
-          "sigma_curve": G.sigma_curve(plan, figures, s2.get("sigma_g_all"), others)}
+  return Grid(regimes={m: plan.runs[m].regime.label for m in figures}, figures=figures,
+              sigma_curve=G.sigma_curve(plan, figures, s2.sigma_g_all, others))
 
 
 def _replica_units(plan: JobPlan, runs: Mapping[str, C.Row]) -> dict[str, dict[str, list[float]]]:
@@ -295,17 +301,17 @@ def _replica_units(plan: JobPlan, runs: Mapping[str, C.Row]) -> dict[str, dict[s
           for k in ("kl_decomposed", "kl_to_target", "kl_correct", "p_correct_exact")}
 
 
-def instrument(end_state: D.EndStateConfig) -> dict[str, Any]:
+def instrument(end_state: D.EndStateConfig) -> Instrument:
   """How this report decides (report.json's ``instrument``; `pipeline.tables` renders a report
   without it, from before issue 44, in the old format)."""
-  return {"primary_metric": D.PRIMARY, "beside": "kl_mc", "alpha": C.ALPHA, "correction": "holm",
-          "end_state": dataclasses.asdict(end_state),
-          "collapse_entropy_fraction": C.COLLAPSE_ENTROPY_FRACTION,
-          "divergence_factor": C.DIVERGENCE_FACTOR,
-          "endpoint_tests": {"kl_auc": "welch", "kl_correct_end": "welch",
-                             "steps_to_p90": "gehan (interval-censored, permutation)"},
-          "prop4": "numbers only (a check that cannot fail)",
-          "seeds": "independent per run and Stage 3 seed (pipeline.seeds)"}
+  return Instrument(primary_metric=D.PRIMARY, beside="kl_mc", alpha=C.ALPHA, correction="holm",
+                    end_state=dataclasses.asdict(end_state),
+                    collapse_entropy_fraction=C.COLLAPSE_ENTROPY_FRACTION,
+                    divergence_factor=C.DIVERGENCE_FACTOR,
+                    endpoint_tests={"kl_auc": "welch", "kl_correct_end": "welch",
+                                    "steps_to_p90": "gehan (interval-censored, permutation)"},
+                    prop4="numbers only (a check that cannot fail)",
+                    seeds="independent per run and Stage 3 seed (pipeline.seeds)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,9 +341,9 @@ class ReportInputs:
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
   conditional_kl: ConditionalKLs | None = None
   replicas: Replicas = dataclasses.field(default_factory=dict)
-  anchor_study: Mapping[str, Any] | None = None
+  anchor_study: SigmaStudy | None = None
   times: Mapping[str, float] = dataclasses.field(default_factory=dict)
-  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # `pipeline.provenance`
+  provenance: Provenance | None = None  # (None: written as {})
 
 
 def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
@@ -360,7 +366,7 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
   plots = _plots(plan.dir, s1, s2, _training_curves(plan, stage3))
   replicas = replicas_section(plan, inputs.replicas, exact, s1, s2)
   grid = _grid_section(plan, stage3, runs, dyn, s2, replicas)
-  plots += G.plot_sigma_curve(grid["sigma_curve"], plan.dir)
+  plots += G.plot_sigma_curve(grid.sigma_curve, plan.dir)
   if dyn.series:
     plots += D.plot_dynamics(dyn.series, float(np.mean(exact.target_entropy_correct)), plan.dir)
   study = inputs.anchor_study
@@ -371,18 +377,19 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
                      equivalence=rule.equivalence_pairs(plan.methods))
           if plan.endpoints else None)
   if ends is not None:
-    ends["step_logs"] = EP.step_logs(stage3, {m: r.seeds for m, r in plan.runs.items()})
-  pilot = (EP.step_size_section(stage3, {m: (plan.runs[m].regime.lr, plan.runs[m].seeds)
+    ends = dataclasses.replace(ends, step_logs=EP.step_logs(
+        stage3, {m: r.seeds for m, r in plan.runs.items()}))
+  pilot = (SZ.step_size_section(stage3, {m: (plan.runs[m].regime.lr, plan.runs[m].seeds)
                                          for m in rule.step_size}, rule) if rule.step_size else None)
   report = {"instrument": instrument(plan.end_state),
             "config": {"beta": plan.beta, "task": plan.task, "engine": plan.engine,
                        "stage3_steps": plan.steps, "preset": plan.preset},
             "regime": regime, "stage1": s1,
-            "stage2": {k: v for k, v in s2.items() if k != "val_mse_curve"},
+            "stage2": s2,
             "anchor_study": study, "nstudy": nstudy, "anchor_gap": gap, "methods": evals,
             "runs": runs, **({} if inputs.conditional_kl is None else
                              {"conditional_kl": inputs.conditional_kl.report_section()}),
-            "end_state": {m: [codec.encode(e) | {"seed": seed} for seed, e in ends]
+            "end_state": {m: [D.SeedEndState(state=e, seed=seed) for seed, e in ends]
                           for m, ends in dyn.ends.items()},
             "end_state_methods": {m: codec.encode(e) for m, e in dyn.states.items()},
             "matched_accuracy": dyn.matched(), "grid": grid,
@@ -393,7 +400,8 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
             **({"anchor_replicas": _replica_units(plan, runs)} if plan.replicas else {}),
             **({} if pilot is None else {"step_size": pilot}),
             "skipped_methods": skipped, "claims": claims,
-            "times_s": inputs.times, "plots": plots, "provenance": dict(inputs.provenance)}
+            "times_s": inputs.times, "plots": plots, "provenance": inputs.provenance or {}}
+  report = codec.encode(report)
   (plan.dir / "report.json").write_text(json.dumps(report, indent=1, default=float))
   (plan.dir / "report.md").write_text("\n".join(MD.report_md(report, plan.arch)) + "\n")
   return JobReport.load(plan.dir)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from disa_jax.pipeline import endpoints, tables
-from disa_jax.pipeline.anchor_study import format_sigma_table
+from disa_jax import codec
+from disa_jax.pipeline import endpoints, step_size, tables
+from disa_jax.pipeline.anchor_study import SigmaStudy, format_sigma_table
+from disa_jax.pipeline.report_records import MatchedSummary
 from disa_jax.pipeline.sum_models import TinyLMSpec
 
 
@@ -18,10 +20,19 @@ def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
           f"Preset {cfg['preset']!r}, {cfg['stage3_steps']} Stage 3 steps per run. Engine: "
           f"{cfg['engine']}. Models: tiny Qwen3 ({arch.num_layers} layers, d = "
           f"{arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
-          *methods_md(report), *grid_md(report), *conditional_kl_md(report.get("conditional_kl")),
-          *matched_md(report["matched_accuracy"]),
-          *(endpoints.markdown(report["endpoints"]) if "endpoints" in report else []),
-          *(endpoints.step_size_markdown(report["step_size"]) if "step_size" in report else []),
+          *methods_md(tables.read(report)), *grid_md(report),
+          *conditional_kl_md(report.get("conditional_kl")),
+          *matched_md({m: {lvl: codec.decode(MatchedSummary, row, "report.json",
+                                             f"matched_accuracy.{m}.{lvl}")
+                           for lvl, row in levels.items()}
+                       for m, levels in report["matched_accuracy"].items()}),
+          *(endpoints.markdown(codec.decode(endpoints.EndpointsSection, report["endpoints"],
+                                            "report.json", "endpoints"))
+            if "endpoints" in report else []),
+          *(step_size.step_size_markdown(codec.decode(step_size.StepSizeSection,
+                                                      report["step_size"], "report.json",
+                                                      "step_size"))
+            if "step_size" in report else []),
           *claims_md(report), *anchor_gap_md(report["anchor_gap"]),
           *stage12_md(report["stage1"], report["stage2"], report["anchor_study"]),
           *replicas_md(report["stage12_replicas"]), *nstudy_md(report["nstudy"]),
@@ -34,17 +45,19 @@ def replicas_md(section: Mapping[str, Mapping[str, float]]) -> list[str]:
   return ["## Stage 1/2 data seeds", "",
           "Stage 1 drawn again (sampling seed + d) and Stage 2 fitted on it (fit seed + d); the runs "
           "named `*_data<d>` read that anchor and replay pool.", "",
-          *tables.replicas_table({"stage12_replicas": section}), ""]
+          *tables.replicas_table(tables.Tables(stage12_replicas=section)), ""]
 
 
-def anchor_study_md(res: dict | None) -> list[str]:
-  if res is None:  # the study is off (stage2.study_repeats = 0)
+def anchor_study_md(section: dict | None) -> list[str]:
+  """The sigma_g study of sharper anchors, from report.json's ``anchor_study`` (None: off)."""
+  if section is None:  # the study is off (stage2.study_repeats = 0)
     return []
+  res = codec.decode(SigmaStudy, section, "report.json", "anchor_study")
   return ["## Sharper anchors? sigma_g against the exact log Z (issue 9)", "",
-          f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res['folds']}-fold cross-validation over prompts, "
-          f"{res['repeats']} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
+          f"Held-out sigma_g = RMS(g(q) - log Z(q)), {res.folds}-fold cross-validation over prompts, "
+          f"{res.repeats} repeats of the N-sample subsample per N (mean ± std over repeats). Defaults stay "
           "plain least squares unless a variant wins below.", "", format_sigma_table(res), "",
-          res["verdict"]["text"], ""]
+          res.verdict.text, ""]
 
 
 def grid_md(report: dict) -> list[str]:
@@ -54,22 +67,22 @@ def grid_md(report: dict) -> list[str]:
         "Carlo one; steps to P(correct) = 0.9 (interpolated) over the seeds that got there; "
         "gradient noise = the mean squared gradient norm over the end-state window "
         f"(the last {report['instrument']['end_state']['window']:.0%} of steps; "
-        "`disa_jax.pipeline.grid`).", "", *tables.regime_table(report), ""]
+        "`disa_jax.pipeline.grid`).", "", *tables.regime_table(tables.read(report)), ""]
   if report["grid"]["sigma_curve"]:
     md += ["KL against the log Z error sigma_g (kl_vs_sigma.png), with the loss gap to the exact "
            "log Z run and Prop. 4's envelope sigma^2 + 2 sigma sqrt(L_TB):", "",
-           *tables.sigma_table(report), ""]
+           *tables.sigma_table(tables.read(report)), ""]
   return md
 
 
-def methods_md(report: Mapping[str, Any]) -> list[str]:
+def methods_md(report: tables.Tables) -> list[str]:
   """The end-state table (`tables.methods_table`, every row): sampled metrics, the exact target
   and the KL decomposition."""
   md = ["## Methods at the end of training", "",
         "Evaluation at temperature 1. KL(pi ‖ pi~), the primary KL every verdict uses: its exact "
         "decomposition KL(P_c ‖ P~_c) + P_c KL(pi|c ‖ pi~|c) + P_w KL(pi|w ‖ pi~|w) (only the last "
         "term is sampled); beside it the plain Monte Carlo KL with the exact log Z.", ""]
-  seeds = report["stage3_seeds"]
+  seeds = report.stage3_seeds
   if len(seeds) > 1:
     md += [f"Stage 3 seeds {list(seeds)}: cells are mean ± std over seeds (a single run's "
            "KL: ± its Monte Carlo standard error). A run with seeds of its own (`RunSpec.seeds`) "
@@ -77,7 +90,7 @@ def methods_md(report: Mapping[str, Any]) -> list[str]:
   return md + tables.methods_table(report, every_row=True) + [""]
 
 
-def matched_md(matched: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+def matched_md(matched: Mapping[str, Mapping[str, MatchedSummary]]) -> list[str]:
   """Entropy over correct and KL over correct at each accuracy level, interpolated (report.json's
   ``matched_accuracy``)."""
   if not matched:
@@ -89,11 +102,11 @@ def matched_md(matched: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[s
         "KL(pi\\|c ‖ pi~\\|c) | KL(pi ‖ pi~), decomposed |", "|---|---|---|---|---|---|---|---|"]
   for m, levels in matched.items():
     for lvl, row in levels.items():
-      got = f"{len(row['seeds_reached'])} of {row['seeds']} | {len(row['seeds_already_past'])}"
-      if not row["seeds_reached"]:
+      got = f"{len(row.seeds_reached)} of {row.seeds} | {len(row.seeds_already_past)}"
+      if not row.seeds_reached:
         md.append(f"| {m} | {lvl} | {got} | - | - | - | - |")
         continue
-      f = lambda key, fmt: f"{row[key][0]:{fmt}} ± {row[key][1]:{fmt}}"
+      f = lambda key, fmt: f"{getattr(row, key)[0]:{fmt}} ± {getattr(row, key)[1]:{fmt}}"
       md.append(f"| {m} | {lvl} | {got} | {f('step', '.0f')} | {f('entropy_correct', '.2f')} | "
                 f"{f('kl_correct', '.3f')} | {f('kl', '.3f')} |")
   return md + [""]
@@ -198,7 +211,7 @@ def claims_md(report: dict) -> list[str]:
           "failures are counted by Fisher's "
           "exact test and KL compared by Welch's test over the other runs. A claim holds only if "
           f"its p-value, Holm-adjusted over the report's tests, is < {ins['alpha']:g}; a claim "
-          "that could not be tested is undecided.", "", *tables.claims_table(report), "",
+          "that could not be tested is undecided.", "", *tables.claims_table(tables.read(report)), "",
           "Numbers of each claim: `claims` in report.json.", ""]
 
 

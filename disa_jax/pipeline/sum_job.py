@@ -49,7 +49,7 @@ from disa_jax.eval.conditional import conditional_kl
 from disa_jax.eval.exact import ExactTarget, ExactTargetConfig
 from disa_jax.models import from_pretrained
 from disa_jax.parallel.mesh import MeshConfig
-from disa_jax.pipeline.anchor_study import sigma_g_study, sigma_verdict
+from disa_jax.pipeline.anchor_study import SigmaStudy, sigma_g_study, sigma_verdict
 from disa_jax.pipeline import job_workers, pinned, seeds
 from disa_jax.pipeline.conditional_kls import ConditionalKL, ConditionalKLs, model_identity
 from disa_jax.pipeline.heldout import split_values
@@ -96,7 +96,7 @@ def prompt_records(task: SumTask) -> list[PromptRecord]:
                        "sum_task", {"ability": "sum_task", "n": n}) for n in task.ns]
 
 
-def job_times(times: Mapping[str, float], rows: Mapping[str, Any],
+def job_times(times: Mapping[str, float], rows: Mapping[str, str],
               data_seeds: Mapping[int, Any]) -> dict[str, float]:
   """The seconds of this job's own stages, from a workdir's times.json.
 
@@ -419,13 +419,13 @@ class SumJob:
                   source=f"exact+noise(sigma={sigma:g},seed={seed})").save(
                       self.noise_anchor_path(sigma, d))
 
-  def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> dict[str, Any] | None:
+  def anchor_study(self, pool: Stage1Data, anchor: AnchorArtifact) -> SigmaStudy | None:
     """sigma_g of each Stage 2 label / weighting variant against the exact log Z, written to
     anchor_study.json; the saved study when the file exists (a resumed job), None when it is off
     (``anchor_study.repeats`` = 0) and was never run."""
     path = self.dir / "anchor_study.json"
     if path.exists():
-      return json.loads(path.read_text())
+      return codec.load(SigmaStudy, path, "the anchor study")
     if not self.cfg.anchor_study.repeats:
       return None
     ids, emb = anchor.embeddings()  # Stage 2's cache, in the pool's order
@@ -436,8 +436,8 @@ class SumJob:
                         ns=self.cfg.n_study, folds=self.cfg.anchor_study.folds,
                         repeats=self.cfg.anchor_study.repeats, fit=self.stage2_cfg.fit,
                         seed=seeds.job_seed(self.cfg.seed, "anchor_study"))
-    res["verdict"] = sigma_verdict(res)
-    artifacts.write_json(path, res)
+    res = dataclasses.replace(res, verdict=sigma_verdict(res))
+    codec.save(res, path)
     return res
 
   def stage3_units(self, todo: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:

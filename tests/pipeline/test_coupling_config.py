@@ -4,7 +4,7 @@ import pytest
 
 from configs import coupling
 from configs import main as main_config
-from disa_jax.pipeline import endpoints as EP
+from disa_jax.pipeline import step_size as SZ
 from disa_jax.pipeline.job_config import MainConfig
 from disa_jax.rl.objectives import DisaCentred
 
@@ -14,7 +14,7 @@ def test_the_pilot_runs_every_cell_at_every_clip_and_lr_in_groups_of_three():
   assert len(cfg.methods) == len(coupling.ONPOLICY_CELLS) * len(coupling.CLIPS) * 3 == 30
   groups = {}
   for name in cfg.methods:
-    groups.setdefault(EP.pilot_group(name), []).append(name)
+    groups.setdefault(SZ.pilot_group(name), []).append(name)
   assert len(groups) == 10 and all(len(v) == 3 for v in groups.values())
   run = cfg.runs["disa_exact_centred_c0_lr1em3"]
   assert isinstance(run.objective, DisaCentred) and run.anchor == "exact"

@@ -159,13 +159,13 @@ def test_matched_accuracy_interpolates_to_the_level_and_flags_a_level_already_pa
   s = _series([100, 200, 300, 400], [4.0, 3.0, 2.0, 1.0], p=[0.4, 0.72, 0.69, 0.95],
               entropy=[2.0, 1.5, 1.4, 0.9])
   m = D.matched_accuracy(s)
-  assert m["0.5"]["step"] == pytest.approx(100 + 100 * 0.1 / 0.32)
-  assert m["0.5"]["entropy_correct"] == pytest.approx(2.0 - 0.5 * 0.1 / 0.32)
-  assert m["0.5"]["p_correct"] == 0.5 and not m["0.5"]["already_past"]
-  assert m["0.9"]["kl"] == pytest.approx(2.0 - 1.0 * 0.21 / 0.26)  # between 300 and 400
+  assert m["0.5"].step == pytest.approx(100 + 100 * 0.1 / 0.32)
+  assert m["0.5"].entropy_correct == pytest.approx(2.0 - 0.5 * 0.1 / 0.32)
+  assert m["0.5"].p_correct == 0.5 and not m["0.5"].already_past
+  assert m["0.9"].kl == pytest.approx(2.0 - 1.0 * 0.21 / 0.26)  # between 300 and 400
   assert D.matched_accuracy(s, levels=(0.99,)) == {"0.99": None}
   past = D.matched_accuracy(_series([100, 200], [2.0, 1.0], p=[0.93, 0.97]), levels=(0.9,))["0.9"]
-  assert past["already_past"] and past["step"] == 100 and past["p_correct"] == 0.93
+  assert past.already_past and past.step == 100 and past.p_correct == 0.93
 
 
 def test_mean_std_skips_missing_values():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import main as main_config
+from disa_jax import codec
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline import end_state_sim as S
 from disa_jax.pipeline.job_config import MainConfig
@@ -83,4 +84,7 @@ def test_the_committed_report_is_the_commands_output(tmp_path):
     assert S.scenarios()[i] == sc
     assert S.rates(CFG, sc, draws=committed["draws"], seed=committed["seed"] + i) == row["rule"]
   md = (ROOT / "docs/reports/end_state_rule.md").read_text()
-  assert md == "\n".join(S.markdown(committed)) + "\n"
+  rep = codec.decode(S.RuleReport, committed, "docs/reports/end_state_rule.json")
+  assert md == "\n".join(S.markdown(rep)) + "\n"
+  assert json.dumps(codec.encode(rep), indent=1) + "\n" == (
+      ROOT / "docs/reports/end_state_rule.json").read_text()  # (read back, written the same)

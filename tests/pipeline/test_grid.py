@@ -7,19 +7,21 @@ from pathlib import Path
 import pytest
 
 from configs import main as main_config
+from disa_jax import codec
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline import tables
 from disa_jax.pipeline.job_config import MainConfig
 from disa_jax.pipeline.plan import job_plan
+from disa_jax.pipeline.report_records import FigureSummary, RunFigures
 
 
 def test_summary_is_the_mean_sample_std_and_the_student_t_interval():
   s = G.summary([1.0, 2.0, 3.0])
   half = 4.302652729911275 / math.sqrt(3.0)  # t_{0.975, 2} x std 1 / sqrt(3)
-  assert s["mean"] == 2.0 and s["std"] == 1.0 and s["n"] == 3
-  assert s["ci95"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-9)
-  assert G.summary([5.0]) == {"mean": 5.0, "std": 0.0, "ci95": None, "n": 1}
-  assert G.summary([None, float("nan")])["n"] == 0
+  assert s.mean == 2.0 and s.std == 1.0 and s.n == 3
+  assert s.ci95 == pytest.approx((2.0 - half, 2.0 + half), rel=1e-9)
+  assert G.summary([5.0]) == FigureSummary(mean=5.0, std=0.0, ci95=None, n=1)
+  assert G.summary([None, float("nan")]).n == 0
 
 
 def test_the_window_keeps_the_last_fifth_of_training_rows_only():
@@ -40,21 +42,25 @@ def test_run_figures_count_the_seeds_that_reached_the_accuracy_level():
            G.SeedFigures(seed=1, kl=0.4, kl_mc=0.5, kl_correct=0.3, steps_to_level=None,
                          grad_sq=6.0, grad_sq_median=5.0, loss=2.0)]
   f = G.run_figures({"a": seeds})["a"]
-  assert f["seeds"] == 2 and f["reached"] == 1 and f["steps_to_0.9"]["mean"] == 64
-  assert f["kl"]["mean"] == pytest.approx(0.3) and f["grad_sq"]["std"] == pytest.approx(math.sqrt(2))
-  assert f["kl_mc"]["mean"] == pytest.approx(0.375)
-  assert f["loss_first_seed"] == 1.0
+  assert f.seeds == 2 and f.reached == 1 and f.steps_to_level.mean == 64
+  assert f.kl.mean == pytest.approx(0.3) and f.grad_sq.std == pytest.approx(math.sqrt(2))
+  assert f.kl_mc.mean == pytest.approx(0.375)
+  assert f.loss_first_seed == 1.0
+  assert list(codec.encode(f))[:3] == ["seeds", "reached", "steps_to_0.9"]  # (one key, 3rd)
 
 
 def _plan(preset="anchor_study_rl"):
   return job_plan(MainConfig.from_config(main_config.get_config(preset)), "/tmp/unused")
 
 
-def _fig(kl, loss, seeds=3):
-  one = lambda v: {"mean": v, "std": 0.1 if seeds > 1 else 0.0, "ci95": None, "n": seeds}
-  return {"seeds": seeds, "reached": seeds, "kl": one(kl), "kl_correct": one(kl / 2),
-          "steps_to_0.9": one(100.0), "grad_sq": one(50.0), "grad_sq_median": one(20.0),
-          "loss": one(loss + 100.0), "loss_first_seed": loss}  # (a diverged later seed)
+def _fig(kl, loss, seeds=3, ci95=None, kl_mc=None):
+  one = lambda v, ci=None: {"mean": v, "std": 0.1 if seeds > 1 else 0.0, "ci95": ci, "n": seeds}
+  fig = {"seeds": seeds, "reached": seeds, "kl": one(kl, ci95), "kl_correct": one(kl / 2),
+         "steps_to_0.9": one(100.0), "grad_sq": one(50.0), "grad_sq_median": one(20.0),
+         "loss": one(loss + 100.0), "loss_first_seed": loss}  # (a diverged later seed)
+  if kl_mc is not None:
+    fig["kl_mc"] = one(kl_mc, ci95)
+  return codec.decode(RunFigures, fig, "report.json")
 
 
 def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
@@ -65,10 +71,10 @@ def test_sigma_curve_orders_each_regime_by_sigma_with_the_prop4_envelope():
   curve = G.sigma_curve(plan, figures, fitted_sigma_g=0.4)
   assert list(curve) == ["sum, 1 update per batch"]
   pts = curve["sum, 1 update per batch"]
-  assert [p["run"] for p in pts] == ["sum_u1_exact", "sum_u1_fitted", "sum_u1_noise1"]
-  assert [p["sigma"] for p in pts] == [0.0, 0.4, 1.0]  # VarGrad has no anchor: not on the curve
-  assert pts[2]["loss_gap"] == pytest.approx(2.5)  # first seeds' losses, not the seed means
-  assert pts[2]["envelope"] == pytest.approx(1.0 + 2.0 * 1.0 * 2.0)  # sigma^2 + 2 sigma sqrt(4)
+  assert [p.run for p in pts] == ["sum_u1_exact", "sum_u1_fitted", "sum_u1_noise1"]
+  assert [p.sigma for p in pts] == [0.0, 0.4, 1.0]  # VarGrad has no anchor: not on the curve
+  assert pts[2].loss_gap == pytest.approx(2.5)  # first seeds' losses, not the seed means
+  assert pts[2].envelope == pytest.approx(1.0 + 2.0 * 1.0 * 2.0)  # sigma^2 + 2 sigma sqrt(4)
   assert plan.runs["sum_u4_noise2"].regime.label == "sum, 4 updates per batch"
 
 
@@ -80,25 +86,28 @@ def test_the_fitted_anchor_has_no_sigma_on_the_mean_scale():
 
 def test_the_regime_and_sigma_tables_render_the_grid_section():
   plan = _plan()
-  figures = {"sum_u1_exact": _fig(0.2, 4.0), "sum_u1_noise1": _fig(0.3, 6.5, 1)}
-  figures["sum_u1_exact"]["kl"]["ci95"] = [0.1, 0.3]
+  figures = {"sum_u1_exact": _fig(0.2, 4.0, ci95=[0.1, 0.3]), "sum_u1_noise1": _fig(0.3, 6.5, 1)}
+  grid = {"regimes": {m: plan.runs[m].regime.label for m in figures}}
   report = {"regime": {"per_method": {"sum_u1_exact": "end state (flat)"}},
-            "grid": {"regimes": {m: plan.runs[m].regime.label for m in figures},
-                     "figures": figures, "sigma_curve": G.sigma_curve(plan, figures, None)}}
-  rows = tables.regime_table(report)
+            "grid": codec.encode(grid | {"figures": figures,
+                                         "sigma_curve": G.sigma_curve(plan, figures, None)})}
+  rows = tables.regime_table(tables.read(report))
   assert rows[2] == ("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
                      "0.200 ± 0.100 [0.100, 0.300] | 0.100 | 100 (3/3) | 50 | 20 |")
   assert rows[3].startswith("| `sum_u1_noise1` | sum, 1 update per batch | 1 | - | 0.300 |")
-  sig = tables.sigma_table(report)
+  sig = tables.sigma_table(tables.read(report))
   assert sig[3] == "| sum, 1 update per batch | `sum_u1_noise1` | 1 | 1 | 0.300 | 2.5 | 5 |"
-  for f in figures.values():  # a report of issue 44's instrument: the Monte Carlo KL beside
-    f["kl_mc"] = dict(f["kl"], mean=f["kl"]["mean"] + 0.05)
+  # a report of issue 44's instrument: the Monte Carlo KL beside
+  figures = {"sum_u1_exact": _fig(0.2, 4.0, ci95=[0.1, 0.3], kl_mc=0.25),
+             "sum_u1_noise1": _fig(0.3, 6.5, 1, kl_mc=0.35)}
+  report["grid"] = codec.encode(grid | {"figures": figures,
+                                        "sigma_curve": G.sigma_curve(plan, figures, None)})
   report["instrument"] = {"primary_metric": "kl_decomposed"}
-  rows = tables.regime_table(report)
+  rows = tables.regime_table(tables.read(report))
   assert "| KL(pi ‖ pi~), decomposed | KL, Monte Carlo |" in rows[0] and rows[1].count("|") == 11
   assert rows[2].startswith("| `sum_u1_exact` | sum, 1 update per batch | 3 | end state (flat) | "
                             "0.200 ± 0.100 [0.100, 0.300] | 0.250 ± 0.100 [0.100, 0.300] | 0.100 |")
-  assert "| KL(pi ‖ pi~), decomposed |" in tables.sigma_table(report)[0]
+  assert "| KL(pi ‖ pi~), decomposed |" in tables.sigma_table(tables.read(report))[0]
 
 
 def test_the_tables_header_says_when_runs_have_seeds_of_their_own():

@@ -149,8 +149,8 @@ def test_the_report_reads_the_typed_train_section(tmp_path):
   c.train.total_steps = 50
   regime = report._regime(_job(c, tmp_path).plan,  # pylint: disable=protected-access
                           report.Dynamics(series={}, ends={}, states={}, matched_runs={}))
-  assert regime["steps"] == 50 and not regime["all_at_end_state"]
-  assert set(regime["per_method"].values()) == {"undecided (no exact measurements)"}
+  assert regime.steps == 50 and not regime.all_at_end_state
+  assert set(regime.per_method.values()) == {"undecided (no exact measurements)"}
 
 
 def test_every_run_and_stage3_seed_measures_and_is_evaluated_with_its_own_seeds(tmp_path):

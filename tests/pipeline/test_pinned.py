@@ -64,7 +64,7 @@ def test_a_fresh_workdir_copies_the_pinned_models_and_records_their_hashes(tmp_p
   assert src.source == "pinned" and src.fingerprint == src.pinned_fingerprint == want
   assert src.fingerprint["reference"] == fingerprint(job.ref_path)
   prov = provenance(src)
-  assert prov["models"]["fingerprint"] == want and prov["packages"]["jax"]
+  assert prov.models.fingerprint == want and prov.packages["jax"]
   assert job.build_models() == src  # a resumed job keeps them, checked against its record
 
 

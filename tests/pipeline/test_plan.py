@@ -8,8 +8,11 @@ import json
 import pytest
 
 from configs import main as main_config
+from disa_jax import codec
+from disa_jax.anchor import AnchorFitConfig
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report, tables
+from disa_jax.pipeline.anchor_study import SigmaStudy, StudyVerdict
 from disa_jax.pipeline.job_config import MainConfig, RunSpec, replace_paths
 from disa_jax.pipeline.plan import job_plan, replica_units
 from disa_jax.pipeline.sum_job import SumJob
@@ -67,7 +70,7 @@ def test_the_claims_take_their_roles_from_the_plan():
   plan = C.Plan(fix="", disa="tb", oracle="oracle", contrasts=(), controls=(), compare=(),
                 replay=())
   out = C.build_claims(ev, plan, None)
-  assert [c["claim"].split(" (")[0] for c in out] == [
+  assert [c.claim.split(" (")[0] for c in out] == [
       "tb ends as close to the target as the oracle oracle"]
   assert C.build_claims(ev, dataclasses.replace(plan, oracle=""), None) == []
 
@@ -161,8 +164,11 @@ def test_the_anchor_study_is_passed_in_memory_and_read_only_when_resumed(tmp_pat
   c.anchor_study.repeats = 0
   job = SumJob(MainConfig.from_config(c), tmp_path, progress=False)
   assert job.anchor_study(None, None) is None  # off, never run
-  saved = {"ns": [2, 4], "rows": [], "verdict": {"text": "-"}}
-  (tmp_path / "anchor_study.json").write_text(json.dumps(saved))
+  saved = SigmaStudy(ns=(2, 4), folds=3, repeats=2, seed=0, floor=0.1, fit=AnchorFitConfig(),
+                     rows=(), constant_sigma_g_mean=(1.0, 0.9), exact_std=1.5,
+                     pool_label_rmse=0.4, pool_size=8, seconds=1.0,
+                     verdict=StudyVerdict(verdicts={}, text="-", best=()))
+  (tmp_path / "anchor_study.json").write_text(json.dumps(codec.encode(saved)))
   assert job.anchor_study(None, None) == saved  # a resumed job: the file its first run wrote
 
 
@@ -179,7 +185,8 @@ def test_report_md_and_the_docs_draw_the_methods_table_with_one_renderer():
             "methods": {"reference": _row(0.5), "disa": _row(0.2, kl_decomposed_std=0.01,
                                                              kl_to_target_std=0.02, seeds=2)},
             "skipped_methods": {"lora_sft": "no Stage 1 sample has reward 1"}}
-  full, docs = tables.methods_table(report, every_row=True), tables.methods_table(report)
+  full = tables.methods_table(tables.read(report), every_row=True)
+  docs = tables.methods_table(tables.read(report))
   assert full[0] == ("| method | state | Mean@8 | distinct correct in 8 | P(correct) | entropy "
                      "over correct (target) | KL(pi ‖ pi~), decomposed | KL, Monte Carlo | KL "
                      "binary | P_c KL_c | P_w KL_w |")

@@ -42,9 +42,13 @@ def _report_json(**over):
   claim = {"claim": "Stage 1 error shrinks with N", "holds": True, "numbers": {"2": 0.3, "4": 0.1},
            "why": None, "runs": [], "from_transient": False}
   obj = {"config": {"beta": 15.0}, "regime": {"all_at_end_state": False, "per_method": {}},
-         "stage1": {"n": 4}, "stage2": {"best_epoch": 3}, "anchor_study": None, "nstudy": None,
+         "stage1": {"n": 4, "pool": 8, "label_scale": "mean", "ess_median": 2.0, "cv2_median": 0.5,
+                    "proposal_accuracy": 0.8, "prompts_without_correct_sample": 0,
+                    "grade_errors": 0, "n_study_variance": {"2": 0.3}, "log_z_exact_mean": 12.0,
+                    "log_z_exact_std": 1.5},
+         "stage2": {"best_epoch": 3, "val_mse_vs_labels": 0.2, "val_r2_vs_labels": 0.5, "n_val": 2}, "anchor_study": None, "nstudy": None,
          "anchor_gap": None, "methods": {"disa": {"kl_to_target": 0.4}},
-         "runs": {"disa": {"kl_to_target": 0.4}}, "end_state": {"disa": [{"reached": False}]},
+         "runs": {"disa": {"kl_to_target": 0.4}}, "end_state": {},
          "matched_accuracy": {}, "matched_accuracy_runs": {}, "stage3_seeds": [0],
          "run_seeds": {"disa": [0]}, "skipped_methods": {"lora_sft": "no reward-1 sample"},
          "claims": [claim], "times_s": {"stage1": 1.5}, "plots": ["training_curves.png"]}
@@ -58,8 +62,9 @@ def test_job_report_loads_report_json(tmp_path):
   assert rep.dir == tmp_path and rep.json_path == tmp_path / "report.json"
   assert rep.markdown() == "# the report\n" and rep.conditional_kl is None
   assert rep.methods["disa"]["kl_to_target"] == 0.4 and rep.stage3_seeds == (0,)
-  assert rep.claims == (Claim("Stage 1 error shrinks with N", True, {"2": 0.3, "4": 0.1}, None,
-                                (), False, verdict="holds"),)  # (a report from before issue 44)
+  assert rep.claims == (Claim(claim="Stage 1 error shrinks with N", holds=True,
+                              numbers={"2": 0.3, "4": 0.1}, why=None, runs=(),
+                              from_transient=False, verdict="holds"),)  # (from before issue 44)
   current = dict(_report_json()["claims"][0], verdict="undecided", holds=False, state="-",
                  test=None, why="no paired test")
   (tmp_path / "report.json").write_text(json.dumps(_report_json(claims=[current])))

@@ -36,10 +36,10 @@ def test_a_hand_edited_number_is_caught(tmp_path):
 
 def test_the_tables_render_the_reports_rows_and_verdicts():
   report = _report()
-  methods = tables.methods_table(report)
+  methods = tables.methods_table(tables.read(report))
   assert len(methods) == 2 + 3  # header + the Stage 3 methods (the reference row is left out)
   assert "| `disa` | 3 | transient (KL or conditional KL still moving) | 0.983 ± 0.004 |" in methods[3]
-  claims = tables.claims_table(report)
+  claims = tables.claims_table(tables.read(report))
   assert len(claims) == 2 + len(report["claims"])
   last = report["claims"][-1]
   assert not last["holds"] and claims[-1].startswith(f"| {last['claim']} | does NOT hold | TRANSIENT |")
@@ -47,7 +47,7 @@ def test_the_tables_render_the_reports_rows_and_verdicts():
   single = dict(report, methods={"grpo": {**report["methods"]["grpo"], "seeds": 1}})
   single["methods"]["grpo"] = {k: v for k, v in single["methods"]["grpo"].items()
                                if not k.endswith("_std")}
-  assert "2.567 ± 0.010 (MC)" in tables.methods_table(single)[2]  # one run: its MC error
+  assert "2.567 ± 0.010 (MC)" in tables.methods_table(tables.read(single))[2]  # one run: its MC error
 
 
 def test_the_command_prints_the_tables_and_checks_a_document(tmp_path, capsys):
@@ -71,7 +71,7 @@ def test_the_stage12_data_seeds_table_renders_each_draw():
   assert md[at + 2:at + 4] == ["| 0 | 0.2500 | 0.6100 | 0.5000 | 0.1250 | 9 |",
                                "| 1 | 0.3000 | 0.7200 | 0.5500 | 0.2500 | 4 |"]
   mean_scale = {"stage12_replicas": {"0": {"val_mse_vs_labels": 0.5, "best_epoch": 2}}}
-  assert tables.replicas_table(mean_scale)[2] == "| 0 | - | - | - | 0.5000 | 2 |"
+  assert tables.replicas_table(tables.read(mean_scale))[2] == "| 0 | - | - | - | 0.5000 | 2 |"
 
 
 def _current_report():
@@ -97,10 +97,10 @@ def _current_report():
 
 def test_a_current_report_shows_the_primary_kl_and_holm_adjusted_verdicts():
   report = _current_report()
-  methods = tables.methods_table(report)
+  methods = tables.methods_table(tables.read(report))
   assert methods[0].endswith("| KL(pi ‖ pi~), decomposed | KL, Monte Carlo |")
   assert "| 0.160 ± 0.005 | 0.170 ± 0.010 |" in methods[2]  # disa_pos_replay: mean ± std of each
-  claims = tables.claims_table(report)
+  claims = tables.claims_table(tables.read(report))
   assert claims[0] == "| claim | verdict | state | test | p | p (Holm) | why not |"
   assert claims[2] == ("| fix's KL to the target is below grpo's | holds | end state undecided | "
                        "Welch: diff -2.397, 95% CI [-2.532, -2.261], seeds 3 / 3 | 0.012 | 0.048 |  |")
@@ -115,5 +115,5 @@ def test_an_old_report_that_could_not_test_a_claim_reads_undecided():
   report["claims"].append({"claim": "x's KL to the target is below y's", "holds": False,
                            "numbers": {"seeds": [1, 1]}, "why": "fewer than 2 seeds on a side",
                            "runs": ["x", "y"], "from_transient": True})
-  assert tables.claims_table(report)[-1].startswith("| x's KL to the target is below y's | undecided |")
-  assert "does NOT hold" in tables.claims_table(_report())[-1]  # tested, not significant: as before
+  assert tables.claims_table(tables.read(report))[-1].startswith("| x's KL to the target is below y's | undecided |")
+  assert "does NOT hold" in tables.claims_table(tables.read(_report()))[-1]  # tested, not significant: as before
