@@ -157,10 +157,13 @@ class RunSpec:
     return config_lib.from_mapping(cls, raw | {"overrides": overrides}, where)
 
 
-def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+Override = int | float | str | bool  # a run's train override (`RunSpec.overrides`)
+
+
+def _dotted(tree: Mapping[str, "Override | Mapping"], prefix: str = "") -> dict[str, Override]:
   """``overrides`` as dotted paths: {'train': {'optim': {'grad_clip': 0.0}}} (what a ConfigDict can
   hold: it refuses dotted keys) -> {'train.optim.grad_clip': 0.0}; dotted keys pass through."""
-  out: dict[str, Any] = {}
+  out: dict[str, Override] = {}
   for key, v in tree.items():
     path = f"{prefix}{key}"
     out.update(_dotted(v, path + ".") if isinstance(v, dict) else {path: v})
