@@ -34,9 +34,11 @@ ONPOLICY_SEEDS = (0, 1, 2, 3, 4)
 # with one Stage 3 seed each (5 runs, as the other cells' 5 seeds; its unit is a replica: issue 62
 # item 5, a claim about the anchor's error is decided over replicas, not seeds of one anchor).
 ONPOLICY_REPLICA_SEEDS = (0,)
-# The on-policy step sizes the pilot chose, (cell, clip) -> lr: filled in from the pilot's report
-# (docs/reports/coupling_pilot.json, step_size section) before any main run; empty until then.
-ONPOLICY_LRS: dict[tuple[str, str], float] = {}
+# The on-policy step sizes the pilot chose, (cell, clip) -> lr, from its report
+# (docs/reports/coupling_pilot.json, step_size section: every group stable at its largest lr,
+# 1e-3), filled in before any main run.
+ONPOLICY_LRS: dict[tuple[str, str], float] = {(cell, clip): 1e-3 for cell in ONPOLICY_CELLS
+                                              for clip in CLIPS}
 # The presets (the on-policy ones exist once the pilot has chosen their step sizes).
 PRESETS = ("coupling_pilot",
            *(("coupling_onpolicy", "coupling_onpolicy_quick") if ONPOLICY_LRS else ()),

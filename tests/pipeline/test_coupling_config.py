@@ -54,3 +54,13 @@ def test_the_offpolicy_block_replicates_the_anchor_and_declares_its_equivalence_
   assert cfg.endpoints.margins == {"kl_auc": 0.11, "kl_correct_end": 0.05}
   assert len(cfg.endpoints.equivalence_pairs(cfg.methods)) == 4
   assert "kl_end" in cfg.endpoints.endpoints
+
+
+def test_the_onpolicy_preset_runs_the_pilots_lrs_and_the_anchor_on_replicas():
+  cfg = MainConfig.from_config(main_config.get_config("coupling_onpolicy"))
+  cells = [m for m in cfg.methods if "_rep" not in m]
+  assert len(cells) == 10 and all(cfg.runs[m].overrides["train.optim.lr"] == 1e-3 for m in cells)
+  assert set(cfg.replicated()) == {"disa_c0", "disa_c1"}
+  assert all(len(r) == 5 for r in cfg.replicated().values())
+  assert cfg.runs["vargrad_c0"].seeds == (0, 1, 2, 3, 4) and cfg.runs["disa_c0"].seeds == (0,)
+  assert len(cfg.endpoints.pairs(cfg.methods)) == 12 and "kl_end" in cfg.endpoints.endpoints

@@ -59,7 +59,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # entries were rewritten, every other preset's checked unchanged.
 # Issue 62's dense start of the default preset (validation.at_start, start_every, start_until): only
 # its 25 Stage 3 entries changed (with those fields reverted they hashed as before).
-# Issue 63 added the coupling presets' entries (coupling_pilot, coupling_offpolicy(_quick)); every
+# Issue 63 added the coupling presets' entries (coupling_pilot, coupling_offpolicy(_quick), and after the
+# pilot coupling_onpolicy(_quick)); every
 # other entry checked unchanged.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 

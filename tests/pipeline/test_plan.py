@@ -30,7 +30,8 @@ ROLES = {"": ("disa", "disa_exact"), "claims": ("disa", "disa_exact"),
          "anchor_testbed_rl_quick": ("disa", "disa_exact"),
          "anchor_testbed_offpolicy_pilot": ("", ""), "anchor_testbed_offpolicy": ("", ""),
          "anchor_testbed_offpolicy_mean": ("", ""), "coupling_pilot": ("", ""),
-         "coupling_offpolicy": ("", ""), "coupling_offpolicy_quick": ("", "")}
+         "coupling_offpolicy": ("", ""), "coupling_offpolicy_quick": ("", ""),
+         "coupling_onpolicy": ("", ""), "coupling_onpolicy_quick": ("", "")}
 
 
 def _plan(c, workdir="/tmp/unused"):
