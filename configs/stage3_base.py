@@ -143,6 +143,11 @@ def get_config() -> ml_collections.ConfigDict:
   t.validation = ml_collections.ConfigDict()
   t.validation.every = 50  # Validate every this many RL steps (needs data.validation_paths); 0 = never.
   t.validation.at_start = True  # Also validate the initial policy (step 0; a selection candidate).
+  # Other cadences before `every` (0 = none; the main job's tracking sets them):
+  t.validation.early_every = 0  # every this many steps before step dense_from
+  t.validation.dense_from = 0  # the first step of the `every` cadence (with early_every)
+  t.validation.start_every = 0  # before both: every this many steps ...
+  t.validation.start_until = 0  # ... up to this step
   t.validation.n = 8  # Samples per prompt (Mean@8 for math; 16 for code pass@16).
   t.validation.temperature = 0.6  # Validation temperature (paper: 0.6).
   t.validation.top_p = 0.95  # Validation top-p (paper: 0.95).

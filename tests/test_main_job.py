@@ -33,6 +33,7 @@ def _cfg(**over):
   c.train.optim.lr, c.train.optim.decay_frac = 3e-4, 0.15
   c.train.rollout.num_minibatches = 2
   c.track.every_before_window = 0
+  c.track.start_every = 0
   c.nstudy.enabled = True
   c.engine.separate_process = True
   c.task.n_max = 6
