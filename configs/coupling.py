@@ -62,7 +62,8 @@ MARGINS = {"kl_auc": 0.11, "kl_correct_end": 0.05}
 
 
 def lr_tag(lr: float) -> str:
-  """3e-4 -> 'lr3em4' (the pilot's run-name suffix)."""
+  """3e-4 -> 'lr3em4': the run-name suffix of this pilot's runs and of configs/main.py's
+  off-policy pilot (`pipeline.step_size.LR_TAG` reads it back)."""
   return f"lr{lr:.0e}".replace("e-0", "em")
 
 

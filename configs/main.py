@@ -446,7 +446,7 @@ def testbed_offpolicy_pilot() -> ml_collections.ConfigDict:
   only), at each of `TESTBED_OFFPOLICY_LRS`."""
   g = ml_collections.ConfigDict()
   for lr in TESTBED_OFFPOLICY_LRS:
-    name = f"u{TESTBED_OFFPOLICY_UPDATES}_exact_lr{lr:.0e}".replace("e-0", "em")
+    name = f"u{TESTBED_OFFPOLICY_UPDATES}_exact_{coupling.lr_tag(lr)}"
     g[name] = _run(_tb("disa", omega="clipped_ratio"), anchor="exact",
                    minibatches=TESTBED_OFFPOLICY_UPDATES, lr=lr, seeds=(0,))
   return g

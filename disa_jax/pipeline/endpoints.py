@@ -42,7 +42,6 @@ import numpy as np
 from disa_jax import codec
 from disa_jax.pipeline import censored, dynamics, seed_stats
 from disa_jax.pipeline.report_records import EndpointTest
-from disa_jax.rl.metrics import read_jsonl
 from disa_jax.workflows.stage3 import ExactSeries, Stage3Run
 
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
@@ -426,7 +425,7 @@ def step_logs(stage3: Mapping[tuple[str, int], Stage3Run],
       run = stage3.get((name, seed))
       if run is None or not run.metrics_path.exists():
         continue
-      rows = read_jsonl(str(run.metrics_path))
+      rows = run.metrics()
       means = {k: float(np.mean([r[k] for r in rows if k in r])) for k in STEP_LOGS
                if any(k in r for r in rows)}
       if means:

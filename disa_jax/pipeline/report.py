@@ -372,13 +372,13 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
   study = inputs.anchor_study
   nstudy = None if inputs.nstudy is None else inputs.nstudy.study_json()
   rule = plan.endpoint_rules
-  ends = (EP.section(EP.collect(stage3, {m: r.seeds for m, r in plan.runs.items()}),
+  run_seeds = {m: r.seeds for m, r in plan.runs.items()}
+  ends = (EP.section(EP.collect(stage3, run_seeds),
                      plan.endpoints, rule=rule, replicas=plan.replicas,
                      equivalence=rule.equivalence_pairs(plan.methods))
           if plan.endpoints else None)
   if ends is not None:
-    ends = dataclasses.replace(ends, step_logs=EP.step_logs(
-        stage3, {m: r.seeds for m, r in plan.runs.items()}))
+    ends = dataclasses.replace(ends, step_logs=EP.step_logs(stage3, run_seeds))
   pilot = (SZ.step_size_section(stage3, {m: (plan.runs[m].regime.lr, plan.runs[m].seeds)
                                          for m in rule.step_size}, rule) if rule.step_size else None)
   report = {"instrument": instrument(plan.end_state),

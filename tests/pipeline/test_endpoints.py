@@ -138,9 +138,11 @@ class _Run:
   def __init__(self, path: Path):
     self.metrics_path = path
 
+  def metrics(self):
+    return [json.loads(line) for line in self.metrics_path.open()]
+
   def exact_series(self, prefix):
-    rows = [json.loads(line) for line in self.metrics_path.open()]
-    return ExactSeries.from_rows(rows, self.metrics_path, prefix)
+    return ExactSeries.from_rows(self.metrics(), self.metrics_path, prefix)
 
 
 def test_collect_reads_the_training_and_the_held_out_measures_of_each_run(tmp_path):
