@@ -8,7 +8,6 @@ Presets with the same architecture, task range and warm-up specs share one entry
 (its pin.json names each file's sha256 and size); every job then copies it instead of training.
 """
 import dataclasses
-import json
 import os
 import sys
 
@@ -32,8 +31,8 @@ def execute(cfg: MainConfig):
   job = SumJob(dataclasses.replace(cfg, rebuild_models=True), _WORKDIR.value)
   job.build_models()
   out = pinned.pin(job.dir / "models", pinned.identity(cfg))
-  record = json.loads((out / "pin.json").read_text())
-  return {"pin": str(out), "bytes": record["bytes"], "fingerprint": record["fingerprint"]}
+  record = pinned.verify(out)
+  return {"pin": str(out), "bytes": record.bytes, "fingerprint": record.fingerprint}
 
 
 if __name__ == "__main__":

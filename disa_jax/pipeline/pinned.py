@@ -2,8 +2,8 @@
 
 XLA's CPU code differs by processor, so pi_ref and p_T trained from the same spec on two machines
 are two different models (issue 62: the anchor testbed existed in three builds). A pin is one
-directory of the store `STORE` per model identity (`identity`: the architecture, the task's range
-and both warm-up specs), named by the first 16 hex digits of that identity's sha256::
+directory of the store `STORE` per model identity (`PinIdentity`: the architecture, the task's
+range and both warm-up specs), named by the first 16 hex digits of that identity's sha256::
 
     <STORE>/<key>/pin.json         the identity, each file's sha256 and size, each model's
                                    fingerprint (`disa_jax.checkpoint.identity.fingerprint`), where
@@ -26,11 +26,12 @@ import platform
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from disa_jax import artifacts, codec
 from disa_jax.checkpoint.identity import fingerprint
 from disa_jax.pipeline.job_config import MainConfig
+from disa_jax.pipeline.sum_models import TinyLMSpec, WarmupSpec
 
 STORE = Path(__file__).resolve().parent / "pinned_models"
 MODELS = ("reference", "proposal")
@@ -41,16 +42,46 @@ class PinnedModelError(ValueError):
   """A pinned or a workdir's model is not what its record says (the message names the file)."""
 
 
-def identity(cfg: MainConfig) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PinIdentity:
   """What makes two builds of a job's models the same models (on one machine): the architecture,
-  the task's range and both warm-up specs, in JSON-normal form."""
-  return json.loads(json.dumps({
-      "arch": dataclasses.asdict(cfg.arch), "task": [cfg.task.n_min, cfg.task.n_max],
-      "reference": cfg.reference_model.record(), "proposal": cfg.proposal_model.record()}))
+  the task's range and both warm-up specs. `key` names its store entry: the first 16 hex digits of
+  the sha256 of its JSON form (sorted keys)."""
+  arch: TinyLMSpec
+  task: tuple[int, int]  # the task's (n_min, n_max)
+  reference: WarmupSpec
+  proposal: WarmupSpec
+
+  @property
+  def key(self) -> str:
+    return hashlib.sha256(json.dumps(codec.encode(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def key_of(ident: dict[str, Any]) -> str:
-  return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+def identity(cfg: MainConfig) -> PinIdentity:
+  return PinIdentity(arch=cfg.arch, task=(cfg.task.n_min, cfg.task.n_max),
+                     reference=cfg.reference_model, proposal=cfg.proposal_model)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PinnedFile:
+  sha256: str
+  bytes: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PinRecord:
+  """A store entry's ``pin.json``: its key and identity, each file's sha256 and size (paths
+  relative to the entry), each model's fingerprint, their total size, where and how long (seconds
+  of warm-up) the models were built."""
+  key: str
+  identity: PinIdentity
+  files: dict[str, PinnedFile]
+  fingerprint: dict[str, str]
+  bytes: int
+  built_on: str
+  build_seconds: float
+
+  FILE = "pin.json"
 
 
 def _file_hash(path: Path) -> str:
@@ -73,41 +104,40 @@ def cpu_name() -> str:
   return platform.processor() or platform.machine()
 
 
-def verify(pin_dir: Path) -> dict[str, Any]:
-  """pin.json of ``pin_dir`` after checking every file it lists against its sha256; raises
+def verify(pin_dir: Path) -> PinRecord:
+  """The ``pin.json`` of ``pin_dir`` after checking every file it lists against its sha256; raises
   `PinnedModelError` naming the first changed or missing file and both hashes."""
-  record = artifacts.read_json(pin_dir / "pin.json", "pinned models")
-  for rel, want in record["files"].items():
+  record = codec.load(PinRecord, pin_dir / PinRecord.FILE, "pinned models")
+  for rel, want in record.files.items():
     path = pin_dir / rel
     if not path.is_file():
       raise PinnedModelError(f"pinned model file {path} is missing (pin.json records sha256 "
-                             f"{want['sha256']})")
+                             f"{want.sha256})")
     got = _file_hash(path)
-    if got != want["sha256"]:
+    if got != want.sha256:
       raise PinnedModelError(f"pinned model file {path} has sha256 {got}, but pin.json records "
-                             f"{want['sha256']}: restore it (git checkout) or rebuild with "
+                             f"{want.sha256}: restore it (git checkout) or rebuild with "
                              "--config.rebuild_models=True")
   return record
 
 
-def pin(models_dir: Path, ident: dict[str, Any], *, store: Path | None = None) -> Path:
+def pin(models_dir: Path, ident: PinIdentity, *, store: Path | None = None) -> Path:
   """Writes the store entry of ``ident`` from the models in ``models_dir`` (``reference/`` and
   ``proposal/``, saved by `SumJob.build_models`), replacing an older one; returns its directory."""
   seconds = sum(artifacts.read_json(models_dir / m / "warmup.json", "warm-up record")["seconds"]
                 for m in MODELS)
-  out = (store or STORE) / key_of(ident)
+  out = (store or STORE) / ident.key
   tmp = out.with_name(out.name + ".tmp")
   shutil.rmtree(tmp, ignore_errors=True)
   files = {}
   for m in MODELS:
     shutil.copytree(models_dir / m, tmp / m)
-    files |= {f"{m}/{rel}": {"sha256": _file_hash(p), "bytes": p.stat().st_size}
+    files |= {f"{m}/{rel}": PinnedFile(sha256=_file_hash(p), bytes=p.stat().st_size)
               for rel, p in _files(tmp / m).items()}
-  record = {"key": out.name, "identity": ident, "files": files,
-            "fingerprint": {m: fingerprint(tmp / m) for m in MODELS},
-            "bytes": sum(f["bytes"] for f in files.values()),
-            "built_on": cpu_name(), "build_seconds": round(seconds, 1)}
-  artifacts.write_json(tmp / "pin.json", record)
+  codec.save(PinRecord(key=out.name, identity=ident, files=files,
+                       fingerprint={m: fingerprint(tmp / m) for m in MODELS},
+                       bytes=sum(f.bytes for f in files.values()), built_on=cpu_name(),
+                       build_seconds=round(seconds, 1)), tmp / PinRecord.FILE)
   shutil.rmtree(out, ignore_errors=True)
   tmp.rename(out)
   return out
@@ -164,7 +194,7 @@ def _copy_pinned(pin_dir: Path, models_dir: Path, m: str, want: str, key: str) -
   tmp.rename(dest)
 
 
-def provide(models_dir: Path, ident: dict[str, Any], *, rebuild: bool,
+def provide(models_dir: Path, ident: PinIdentity, *, rebuild: bool,
             train: Callable[[], None], store: Path | None = None,
             log: Callable[[str], None] | None = None) -> ModelSource:
   """The job's models in ``models_dir`` (``reference/``, ``proposal/``), recorded in
@@ -175,20 +205,20 @@ def provide(models_dir: Path, ident: dict[str, Any], *, rebuild: bool,
   if record_path.exists():
     return _check_resumed(models_dir, codec.load(ModelSource, record_path, "the models' record"),
                           rebuild)
-  key = key_of(ident)
+  key = ident.key
   pin_dir = (store or STORE) / key
   pinned = verify(pin_dir) if pin_dir.is_dir() else None
   if pinned is not None and not rebuild:
     for m in MODELS:
-      _copy_pinned(pin_dir, models_dir, m, pinned["fingerprint"][m], key)
+      _copy_pinned(pin_dir, models_dir, m, pinned.fingerprint[m], key)
     src = ModelSource("pinned", key, {m: fingerprint(models_dir / m) for m in MODELS},
-                      dict(pinned["fingerprint"]))
+                      dict(pinned.fingerprint))
   else:
     t0 = time.time()
     train()
     fp = {m: fingerprint(models_dir / m) for m in MODELS}
     src = ModelSource("trained", key if pinned else "", fp,
-                      dict(pinned["fingerprint"]) if pinned else {})
+                      dict(pinned.fingerprint) if pinned else {})
     for m in MODELS:
       old = src.pinned_fingerprint.get(m)
       (log or print)(f"models: {m} made on this machine ({time.time() - t0:.0f} s), fingerprint "

@@ -271,7 +271,7 @@ class SumJob:
           progress=self.progress, desc=f"warm-up {Path(path).name}")
       save_warmed_model(model, path, self.tok,
                         {k: v for k, v in summary.items() if k != "losses"}
-                        | {"spec": spec.record(), "init_from": init,
+                        | {"spec": config_lib.to_dict(spec), "init_from": init,
                            "task": [self.task.n_min, self.task.n_max]})
 
   def _check_saved_model(self, marker: Path, spec: WarmupSpec) -> None:
@@ -279,7 +279,7 @@ class SumJob:
     spec and the task's range; a marker from before the range was recorded is checked on its
     spec): a rerun with other settings never serves it."""
     saved = json.loads(marker.read_text())
-    want = {"spec": spec.record(), "task": [self.task.n_min, self.task.n_max]}
+    want = {"spec": config_lib.to_dict(spec), "task": [self.task.n_min, self.task.n_max]}
     diff = {k: (saved.get(k), v) for k, v in want.items()
             if k in saved and json.loads(json.dumps(saved[k])) != json.loads(json.dumps(v))}
     if diff:

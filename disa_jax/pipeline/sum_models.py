@@ -28,7 +28,6 @@ from flax import nnx
 from tqdm import tqdm
 
 from disa_jax import artifacts, codec, paths
-from disa_jax import config as config_lib
 from disa_jax.data import packing
 from disa_jax.models import ModelConfig, Transformer, save_pretrained
 from disa_jax.pipeline import seeds
@@ -114,11 +113,6 @@ class WarmupSpec:
       return self.correct_frac
     t = (n % 10) / 9 if self.correct_frac_of == "last_digit" else (n - n_min) / (n_max - n_min)
     return float(self.correct_frac ** (1.0 - t) * self.correct_frac_last ** t)
-
-  def record(self) -> dict[str, Any]:
-    """The spec as saved with its model (``correct_frac_last`` only where set, so that a model
-    saved before the field existed matches the same spec)."""
-    return config_lib.to_dict(self)
 
 
 def model_config(tokenizer, spec: TinyLMSpec) -> ModelConfig:

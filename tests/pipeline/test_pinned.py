@@ -47,12 +47,12 @@ def test_the_store_table_names_every_entry():
 @pytest.mark.parametrize("preset", PINNED_PRESETS)
 def test_each_pinned_preset_has_an_intact_store_entry(preset):
   cfg = MainConfig.from_config(main_config.get_config("" if preset == "default" else preset))
-  entry = pinned.STORE / pinned.key_of(pinned.identity(cfg))
+  entry = pinned.STORE / pinned.identity(cfg).key
   assert entry.name == _pinned_table()[preset]
   record = pinned.verify(entry)  # every file against its sha256
-  assert record["identity"] == pinned.identity(cfg)
-  assert record["bytes"] < 8 * 2 ** 20  # tiny models: a few MB at most
-  assert record["fingerprint"] == {m: fingerprint(entry / m) for m in pinned.MODELS}
+  assert record.identity == pinned.identity(cfg) and record.key == entry.name
+  assert record.bytes < 8 * 2 ** 20  # tiny models: a few MB at most
+  assert record.fingerprint == {m: fingerprint(entry / m) for m in pinned.MODELS}
 
 
 def test_a_fresh_workdir_copies_the_pinned_models_and_records_their_hashes(tmp_path, monkeypatch):
@@ -75,7 +75,7 @@ def test_a_copy_killed_midway_is_finished_by_the_rerun_and_a_foreign_model_refus
   pin; a model there that is not the pin's is refused, not trusted."""
   _no_training(monkeypatch)
   cfg = MainConfig.from_config(main_config.get_config())
-  entry = pinned.STORE / pinned.key_of(pinned.identity(cfg))
+  entry = pinned.STORE / pinned.identity(cfg).key
   models = tmp_path / "job" / "models"
   shutil.copytree(entry / "reference", models / "reference")
   (models / "proposal.partial").mkdir()
@@ -93,7 +93,7 @@ def test_a_copy_killed_midway_is_finished_by_the_rerun_and_a_foreign_model_refus
 def _tampered_store(tmp_path, monkeypatch) -> str:
   """A copy of the default job's store entry with one byte of pi_ref's weights changed."""
   cfg = MainConfig.from_config(main_config.get_config())
-  key = pinned.key_of(pinned.identity(cfg))
+  key = pinned.identity(cfg).key
   shutil.copytree(pinned.STORE / key, tmp_path / "store" / key)
   monkeypatch.setattr(pinned, "STORE", tmp_path / "store")
   weights = tmp_path / "store" / key / "reference" / "model.safetensors"

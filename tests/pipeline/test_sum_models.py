@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from disa_jax import config as config_lib
 from disa_jax.pipeline.sum_models import (NEAR_MISS, TinyLMSpec, WarmupSpec, _answer_text,
                                           train_sum_model)
 from disa_jax.tasks.sum import SumTask, make_tokenizer
@@ -28,8 +29,8 @@ def test_correct_share_falls_geometrically_from_first_to_last_n():
   mid = spec.correct_frac_at(53, 0, 159)  # a third of the way: 0.9^(2/3) 0.01^(1/3)
   assert mid == pytest.approx(0.9 ** (2 / 3) * 0.01 ** (1 / 3))
   assert WarmupSpec(correct_frac=0.6).correct_frac_at(100, 0, 159) == 0.6  # off: constant
-  assert "correct_frac_last" not in WarmupSpec(correct_frac=0.6).record()  # old markers match
-  assert WarmupSpec(correct_frac=0.6, correct_frac_last=0.1).record()["correct_frac_last"] == 0.1
+  assert "correct_frac_last" not in config_lib.to_dict(WarmupSpec(correct_frac=0.6))  # old markers match
+  assert config_lib.to_dict(WarmupSpec(correct_frac=0.6, correct_frac_last=0.1))["correct_frac_last"] == 0.1
 
 
 def test_drawn_answers_follow_the_share_of_their_prompt():
@@ -53,8 +54,8 @@ def test_pretraining_draws_only_correct_answers_and_is_recorded_only_where_set()
   rng = np.random.default_rng(0)
   assert all(_draw(rng, task, 40, spec, correct_only=True)[1] for _ in range(500))
   assert np.mean([_draw(rng, task, 40, spec)[1] for _ in range(500)]) < 0.05
-  assert "pretrain_steps" not in WarmupSpec(correct_frac=0.6).record()  # old markers match
-  assert spec.record()["pretrain_steps"] == 10
+  assert "pretrain_steps" not in config_lib.to_dict(WarmupSpec(correct_frac=0.6))  # old markers match
+  assert config_lib.to_dict(spec)["pretrain_steps"] == 10
   with pytest.raises(ValueError, match="pretrain_steps must be >= 0, got -1"):
     WarmupSpec(correct_frac=0.9, pretrain_steps=-1)
 
@@ -74,8 +75,8 @@ def test_near_misses_are_wrong_by_at_most_near_miss_and_never_negative():
       assert set(slips[slips != 0]) == set(range(1, NEAR_MISS + 1))
     if n == 40:
       assert set(slips[slips != 0]) == set(range(-NEAR_MISS, NEAR_MISS + 1)) - {0}
-  assert WarmupSpec(correct_frac=0.5, wrong_answers="near").record()["wrong_answers"] == "near"
-  assert "wrong_answers" not in WarmupSpec(correct_frac=0.5).record()
+  assert config_lib.to_dict(WarmupSpec(correct_frac=0.5, wrong_answers="near"))["wrong_answers"] == "near"
+  assert "wrong_answers" not in config_lib.to_dict(WarmupSpec(correct_frac=0.5))
   with pytest.raises(ValueError, match="wrong_answers must be one of .* got 'far'"):
     WarmupSpec(correct_frac=0.5, wrong_answers="far")
 
@@ -87,8 +88,8 @@ def test_the_share_can_follow_the_last_digit_of_n():
   for n in (9, 59, 159):
     assert spec.correct_frac_at(n, 0, 159) == pytest.approx(0.01)
   assert spec.correct_frac_at(4, 0, 159) == pytest.approx(0.9 ** (5 / 9) * 0.01 ** (4 / 9))
-  assert spec.record()["correct_frac_of"] == "last_digit"
-  assert "correct_frac_of" not in WarmupSpec(correct_frac=0.9).record()
+  assert config_lib.to_dict(spec)["correct_frac_of"] == "last_digit"
+  assert "correct_frac_of" not in config_lib.to_dict(WarmupSpec(correct_frac=0.9))
   with pytest.raises(ValueError, match="correct_frac_of must be one of .* got 'first_digit'"):
     WarmupSpec(correct_frac=0.9, correct_frac_of="first_digit")
 
