@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from disa_jax import codec
 from disa_jax.pipeline import endpoints, step_size, tables
 from disa_jax.pipeline.anchor_study import SigmaStudy, format_sigma_table
+from disa_jax.pipeline.provenance import Provenance
 from disa_jax.pipeline.report_records import MatchedSummary
 from disa_jax.pipeline.sum_models import TinyLMSpec
 
@@ -19,7 +20,7 @@ def report_md(report: Mapping[str, Any], arch: TinyLMSpec) -> list[str]:
   return [f"# DISA main job: sum task, {cfg['task']}, beta = {cfg['beta']}", "",
           f"Preset {cfg['preset']!r}, {cfg['stage3_steps']} Stage 3 steps per run. Engine: "
           f"{cfg['engine']}. Models: tiny Qwen3 ({arch.num_layers} layers, d = "
-          f"{arch.hidden_size}), trained here and reloaded from HF checkpoints.", "",
+          f"{arch.hidden_size}), {models_origin(_provenance(report))}.", "",
           *methods_md(tables.read(report)), *grid_md(report),
           *conditional_kl_md(report.get("conditional_kl")),
           *matched_md({m: {lvl: codec.decode(MatchedSummary, row, "report.json",
@@ -73,6 +74,25 @@ def grid_md(report: dict) -> list[str]:
            "log Z run and Prop. 4's envelope sigma^2 + 2 sigma sqrt(L_TB):", "",
            *tables.sigma_table(tables.read(report)), ""]
   return md
+
+
+def _provenance(report: Mapping[str, Any]) -> Provenance | None:
+  section = report.get("provenance")
+  return codec.decode(Provenance, section, "report.json") if section else None
+
+
+def models_origin(prov: Provenance | None) -> str:
+  """Where the job's models came from (report.json's ``provenance``): the pinned store entry, or
+  trained on the named processor; a report from before provenance was recorded (None) says what
+  every job did then."""
+  if prov is None:
+    return "trained here and reloaded from HF checkpoints"
+  m = prov.models
+  if m.source == "pinned":
+    return (f"the pinned pi_ref and p_T of store entry {m.key} (disa_jax/pipeline/pinned_models, "
+            "each file checked by sha256)")
+  other = f"; the pin {m.key} holds others" if m.pinned_fingerprint not in ({}, m.fingerprint) else ""
+  return f"trained on this machine ({prov.cpu}){other}"
 
 
 def methods_md(report: tables.Tables) -> list[str]:

@@ -44,6 +44,17 @@ def test_the_store_table_names_every_entry():
   assert set(_pinned_table().values()) == entries
 
 
+def test_every_preset_is_pinned_or_named_as_not_pinned():
+  """A preset added to configs/main.py is listed in the store's table (and so checked below) or
+  in its 'Not pinned' line; none is left out of both."""
+  text = (pinned.STORE / "README.md").read_text()
+  unpinned = next(l for l in text.splitlines() if l.startswith("Not pinned"))
+  unpinned = {p.strip(" .") for p in unpinned.split(":", 1)[1].split(",")}
+  names = {"default" if p == "" else p for p in main_config.PRESETS}
+  assert names - set(PINNED_PRESETS) - unpinned == set()
+  assert not set(PINNED_PRESETS) & unpinned and unpinned <= names
+
+
 @pytest.mark.parametrize("preset", PINNED_PRESETS)
 def test_each_pinned_preset_has_an_intact_store_entry(preset):
   cfg = MainConfig.from_config(main_config.get_config("" if preset == "default" else preset))

@@ -101,3 +101,22 @@ def test_the_report_keeps_only_its_own_jobs_times():
   assert job_times(times, rows, {0: None, 1: None}) == {
       "models": 1.0, "stage1": 2.0, "stage1_data1": 3.0, "stage3_disa": 5.0,
       "eval_reference": 7.0, "lora_sft": 9.0}
+
+
+def test_the_header_names_where_the_models_came_from():
+  """report.md's header reads the report's provenance: a pinned job names its store entry, a job
+  that trained its models names the processor (and a pin that holds others); an old report
+  without provenance keeps its sentence."""
+  fp = {"reference": "a" * 64, "proposal": "b" * 64}
+  prov = {"models": {"source": "pinned", "key": "d1c41785495c3ee5", "fingerprint": fp,
+                     "pinned_fingerprint": fp},
+          "packages": {"jax": "0.10.2"}, "python": "3.11.7", "cpu": "AMD EPYC"}
+  assert "store entry d1c41785495c3ee5" in MD.models_origin(MD._provenance({"provenance": prov}))
+  prov["models"] |= {"source": "trained", "pinned_fingerprint": {"reference": "c" * 64,
+                                                                 "proposal": "b" * 64}}
+  text = MD.models_origin(MD._provenance({"provenance": prov}))
+  assert text == "trained on this machine (AMD EPYC); the pin d1c41785495c3ee5 holds others"
+  prov["models"] |= {"key": "", "pinned_fingerprint": {}}
+  assert MD.models_origin(MD._provenance({"provenance": prov})) == "trained on this machine (AMD EPYC)"
+  assert MD.models_origin(MD._provenance({"provenance": {}})) == \
+      "trained here and reloaded from HF checkpoints"
