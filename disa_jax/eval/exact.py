@@ -399,6 +399,12 @@ class ExactTracker:
     self._flat_c = [c for cs in sets for c in cs]
     self._bounds = np.cumsum([0] + [len(cs) for cs in sets])
     self._lp_ref = ref_scorer.sequence_logprobs(self._flat_p, self._flat_c)
+    # Built once, for every measurement: each prompt's correct-answer prefixes (the conditional
+    # wrong-answer sampler's), and the correct sets packed for the policy's scorer (`measure`).
+    b = self._bounds
+    self._tries = [wrong_answers.PrefixTrie(self._flat_c[i:j]) for i, j in zip(b[:-1], b[1:])] \
+        if cfg.wrong_samples else []
+    self._correct_packed = None
     longest = max(len(c) for c in self._flat_c)
     if longest > max_tokens:
       raise ValueError(f"max_tokens={max_tokens} cannot hold a correct answer of {longest} tokens")
@@ -415,7 +421,9 @@ class ExactTracker:
       Monte Carlo terms), k, and the ``[P]`` per-prompt measures.
     """
     # per token: the conditional sampler's P(correct | prefix) needs them
-    tok_lp = policy_scorer.token_logprobs(self._flat_p, self._flat_c)
+    self._correct_packed = policy_scorer.pack(self._flat_p, self._flat_c,
+                                              reuse=self._correct_packed)
+    tok_lp = policy_scorer.token_logprobs_packed(self._correct_packed)
     lp_pol = np.asarray([float(np.sum(x, dtype=np.float64)) for x in tok_lp])
     b = self._bounds
     exact = [correct_set_terms(lp_pol[i:j], self._lp_ref[i:j], self.cfg.beta)
@@ -435,8 +443,8 @@ class ExactTracker:
     pi|w per prompt (`disa_jax.eval.wrong_answers`); a draw the task's grader accepts is an error
     (the correct set would miss it)."""
     b, k = self._bounds, self.cfg.wrong_samples
-    prefixes = [wrong_answers.CorrectPrefixes(self._flat_c[i:j], tok_lp[i:j])
-                for i, j in zip(b[:-1], b[1:])]
+    prefixes = [wrong_answers.CorrectPrefixes(self._flat_c[i:j], tok_lp[i:j], trie=trie)
+                for i, j, trie in zip(b[:-1], b[1:], self._tries)]
     drawn, lp_pol = wrong_answers.sample_wrong(
         policy_scorer, self.prompts, prefixes, k, max_tokens=self.max_tokens,
         stop_ids=(int(self.tokenizer.eos_token_id),), pad_id=policy_scorer.pad_id,

@@ -34,33 +34,84 @@ from typing import Any, Sequence
 import numpy as np
 
 
+class PrefixTrie:
+  """The prefixes of one prompt's correct answers, built once (the answers do not change while the
+  policy trains): each prefix's index, the next tokens on a correct path after it, and for every
+  answer token the slot of its suffix sum (see `CorrectPrefixes`).
+
+  Args:
+    answers: ``[C]`` correct responses (token ids, stop token included).
+  """
+
+  def __init__(self, answers: Sequence[Sequence[int]]):
+    self.lengths = np.asarray([len(a) for a in answers], np.int64)  # [C]
+    self.index: dict[tuple[int, ...], int] = {}  # prefix -> its slot in the masses
+    self.children: dict[tuple[int, ...], set[int]] = {}  # prefix -> next tokens on a path
+    ids = []  # the prefix of every (answer, j <= len): answer-major
+    for a in answers:
+      a = tuple(int(t) for t in a)
+      for j in range(len(a) + 1):
+        ids.append(self.index.setdefault(a[:j], len(self.index)))
+        if j < len(a):
+          self.children.setdefault(a[:j], set()).add(a[j])
+    self.prefix_ids = np.asarray(ids, np.int64)  # [sum(len + 1)]
+    width = int(self.lengths.max(initial=0))
+    # Answer c's token i goes to column len_c - 1 - i of its row (the row reversed, zeros after),
+    # so a row's cumulative sum at len_c - 1 - j is sum over i >= j of lp_i, added from the end.
+    self._rows = np.repeat(np.arange(len(answers)), self.lengths)
+    self._cols = np.concatenate([np.arange(n - 1, -1, -1) for n in self.lengths]
+                                + [np.zeros(0, np.int64)]).astype(np.int64)
+    self._width = width
+    # The (answer, j) entries of `prefix_ids` read column len_c - 1 - j of the sums (j < len_c)
+    # or nothing (j = len_c: the answer itself, suffix 0).
+    j = np.concatenate([np.arange(n + 1) for n in self.lengths] + [np.zeros(0, np.int64)])
+    n_of = np.repeat(self.lengths, self.lengths + 1)
+    self._read_row = np.repeat(np.arange(len(answers)), self.lengths + 1)
+    self._read_col = np.maximum(n_of - 1 - j, 0)
+    self._is_end = j == n_of
+
+  def suffix_mass(self, token_logprobs: Sequence[np.ndarray]) -> np.ndarray:
+    """``[num prefixes]`` P(correct | prefix): per answer and prefix length j, exp of the sum of
+    the answer's log-probs from token j on (summed from the last token, in float64), added up per
+    prefix in answer order."""
+    flat = np.concatenate([np.asarray(lp, np.float64).reshape(-1) for lp in token_logprobs]
+                          + [np.zeros(0)])
+    rev = np.zeros((self.lengths.size, max(self._width, 1)))
+    rev[self._rows, self._cols] = flat
+    sums = np.cumsum(rev, axis=1)  # [C, width] sequential along each row
+    suffix = np.where(self._is_end, 0.0, sums[self._read_row, self._read_col])
+    return np.bincount(self.prefix_ids, weights=np.exp(suffix), minlength=len(self.index))
+
+
 class CorrectPrefixes:
   """P(correct | x) under the policy for every prefix x of a prompt's correct answers.
 
   Args:
     answers: ``[C]`` correct responses (token ids, stop token included).
     token_logprobs: ``[C]`` arrays of their per-token log-probs under the policy.
+    trie: the answers' `PrefixTrie`, when the caller keeps one (built here otherwise).
   """
 
-  def __init__(self, answers: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray]):
+  def __init__(self, answers: Sequence[Sequence[int]], token_logprobs: Sequence[np.ndarray], *,
+               trie: PrefixTrie | None = None):
     if len(answers) != len(token_logprobs):
       raise ValueError(f"CorrectPrefixes needs one log-prob array per answer, got {len(answers)} "
                        f"answers and {len(token_logprobs)} arrays")
-    self._mass: dict[tuple[int, ...], float] = {}  # prefix -> P(correct | prefix)
-    self._children: dict[tuple[int, ...], set[int]] = {}  # prefix -> next tokens on a path
-    for a, lp in zip(answers, token_logprobs):
-      a, lp = tuple(int(t) for t in a), np.asarray(lp, np.float64)
-      if lp.shape != (len(a),):
-        raise ValueError(f"correct answer {a} has {len(a)} tokens but log-probs of shape {lp.shape}")
-      suffix = np.concatenate([np.cumsum(lp[::-1])[::-1], [0.0]])  # [len + 1] log pi(a_j: | a_<j)
-      for j in range(len(a) + 1):
-        self._mass[a[:j]] = self._mass.get(a[:j], 0.0) + float(np.exp(suffix[j]))
-        if j < len(a):
-          self._children.setdefault(a[:j], set()).add(a[j])
+    trie = trie if trie is not None else PrefixTrie(answers)
+    if trie.lengths.size != len(answers):
+      raise ValueError(f"CorrectPrefixes got a PrefixTrie of {trie.lengths.size} answers for "
+                       f"{len(answers)} answers")
+    for a, n, lp in zip(answers, trie.lengths, token_logprobs):
+      if np.shape(lp) != (n,):
+        raise ValueError(f"correct answer {tuple(int(t) for t in a)} has {n} tokens but log-probs "
+                         f"of shape {np.shape(lp)}")
+    self._index, self._children = trie.index, trie.children
+    self._mass = trie.suffix_mass(token_logprobs)  # [num prefixes]
 
   def p_correct(self, prefix: Sequence[int]) -> float:
     """P(correct | prefix), at most 1 (0 for a prefix off every correct answer's path)."""
-    return min(self._mass.get(tuple(prefix), 0.0), 1.0)
+    at = self._index.get(tuple(prefix))
+    return 0.0 if at is None else min(float(self._mass[at]), 1.0)
 
   def on_path(self, prefix: Sequence[int]) -> bool:
     """Whether ``prefix`` continues into some correct answer (its next tokens' mass changes)."""

@@ -9,6 +9,7 @@ to ``pad_to`` (one compiled program per length bucket; kept for comparison).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
@@ -56,6 +57,36 @@ def _to_device(rows: packing_lib.PackedRows) -> packing_lib.PackedRows:
   return jax.tree.map(jnp.asarray, rows)
 
 
+@dataclasses.dataclass(frozen=True)
+class Packed:
+  """N (prompt, response) sequences packed for a scorer (`SequenceScorer.pack`): kept by a caller
+  that scores the same sequences again with new weights (the exact tracker's correct sets).
+
+  Attributes:
+    layout: the layout they were packed in.
+    batches: the micro-batches.
+    count: N.
+    pad_id: the padding token of the rows.
+  """
+  layout: packing_lib.PackingLayout
+  batches: tuple[packing_lib.PackedBatch, ...]
+  count: int
+  pad_id: int
+
+
+def score_batches(fn: Callable[[packing_lib.PackedRows], jax.Array], packed: Packed, *,
+                  put: Callable[[packing_lib.PackedRows], Any] = _to_device,
+                  fetch: Callable[[jax.Array], np.ndarray] = np.asarray) -> list[np.ndarray]:
+  """Per-token values of each of ``packed``'s N responses: N float32 arrays,
+  ``[len(response_i)]`` (``fn``, ``put``, ``fetch``: as `score_packed`)."""
+  out: list[Any] = [None] * packed.count
+  for batch in packed.batches:
+    values = fetch(fn(put(batch.rows)))  # [R, L]
+    for i, v in batch.responses(values):
+      out[i] = np.array(v, np.float32)
+  return out
+
+
 def score_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
                  prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                  layout: packing_lib.PackingLayout, *, pad_id: int,
@@ -74,12 +105,9 @@ def score_packed(fn: Callable[[packing_lib.PackedRows], jax.Array],
   Returns:
     N float32 arrays, ``[len(response_i)]``.
   """
-  out: list[Any] = [None] * len(prompts)
-  for batch in packing_lib.pack(prompts, responses, layout, pad_id=pad_id):
-    values = fetch(fn(put(batch.rows)))  # [R, L]
-    for i, v in batch.responses(values):
-      out[i] = np.array(v, np.float32)
-  return out
+  packed = Packed(layout, tuple(packing_lib.pack(prompts, responses, layout, pad_id=pad_id)),
+                  len(prompts), pad_id)
+  return score_batches(fn, packed, put=put, fetch=fetch)
 
 
 def make_scoring_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, packing_lib.PackedRows], jax.Array]:
@@ -202,12 +230,26 @@ class SequenceScorer:
     self._grown = max(self._grown, layout.row_len) if self.packing else 0
     return layout
 
+  def pack(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+           reuse: Packed | None = None) -> Packed:
+    """The sequences packed in this call's layout (`layout`); ``reuse``, an earlier packing of the
+    same sequences, is returned as it is when its layout is this call's (the rows the scorer
+    grows to may have changed it: then they are packed anew)."""
+    layout = self.layout(packing_lib.sequence_lengths(prompts, responses))
+    if reuse is not None and (reuse.layout, reuse.count, reuse.pad_id) == (
+        layout, len(prompts), self.pad_id):
+      return reuse
+    return Packed(layout, tuple(packing_lib.pack(prompts, responses, layout, pad_id=self.pad_id)),
+                  len(prompts), self.pad_id)
+
+  def token_logprobs_packed(self, packed: Packed) -> list[np.ndarray]:
+    """Per-token log-probs of each packed response (`pack`): ``[len(response_i)]`` float32."""
+    return score_batches(lambda rows: self._score(self._state, rows), packed)
+
   def token_logprobs(self, prompts: Sequence[Sequence[int]],
                      responses: Sequence[Sequence[int]]) -> list[np.ndarray]:
     """Per-token log-probs of each response: a list of ``[len(response_i)]`` float32 arrays."""
-    layout = self.layout(packing_lib.sequence_lengths(prompts, responses))
-    return score_packed(lambda rows: self._score(self._state, rows), prompts, responses, layout,
-                        pad_id=self.pad_id)
+    return self.token_logprobs_packed(self.pack(prompts, responses))
 
   def next_token_logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                           index: np.ndarray) -> np.ndarray:

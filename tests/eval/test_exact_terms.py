@@ -83,7 +83,10 @@ def test_the_tracker_samples_each_measurement_with_its_steps_seed():
       raise _Stop
 
   class Scorer:
-    def token_logprobs(self, prompts, responses):
+    def pack(self, prompts, responses, *, reuse=None):
+      return responses
+
+    def token_logprobs_packed(self, responses):
       return [np.zeros(len(r), np.float32) for r in responses]
 
   tracker = X.ExactTracker.__new__(X.ExactTracker)  # only what measure reads before sampling
@@ -92,6 +95,7 @@ def test_the_tracker_samples_each_measurement_with_its_steps_seed():
   tracker.prompts, tracker.max_tokens = [[5, 6]], 8
   tracker._flat_p, tracker._flat_c = [[5, 6]], [[7, 2]]
   tracker._bounds, tracker._lp_ref = np.asarray([0, 1]), np.zeros(1)
+  tracker._correct_packed = None
   for step in (100, 200):
     with pytest.raises(_Stop):
       tracker.measure(Engine(), Scorer(), step=step)

@@ -49,6 +49,38 @@ def test_p_correct_of_each_prefix_sums_the_answers_through_it():
     W.CorrectPrefixes([(4, 9)], [np.zeros(3)])
 
 
+def _masses_one_by_one(answers, token_logprobs) -> dict:
+  """P(correct | prefix) added answer by answer and prefix by prefix in Python floats: the
+  reference the trie's vectorised sums are checked against (bit for bit)."""
+  mass = {}
+  for a, lp in zip(answers, token_logprobs):
+    a, lp = tuple(a), np.asarray(lp, np.float64)
+    suffix = np.concatenate([np.cumsum(lp[::-1])[::-1], [0.0]])
+    for j in range(len(a) + 1):
+      mass[a[:j]] = mass.get(a[:j], 0.0) + float(np.exp(suffix[j]))
+  return mass
+
+
+def test_the_trie_gives_every_prefix_the_masses_added_one_by_one_bit_for_bit():
+  """Random answer sets sharing prefixes (lengths 1-7, a vocabulary of 4 so that paths merge),
+  float32 log-probs as the scorer returns them: every prefix's P(correct | prefix) equals the
+  one-by-one sum exactly, and one trie serves new log-probs (the tracker's every measurement)."""
+  rng = np.random.default_rng(0)
+  for trial in range(20):
+    answers = sorted({tuple(rng.integers(0, 4, size=rng.integers(1, 8)).tolist())
+                      for _ in range(rng.integers(1, 60))})
+    trie = W.PrefixTrie(answers)
+    for _ in range(2):
+      lp = [np.log(rng.uniform(0.05, 1.0, size=len(a))).astype(np.float32) for a in answers]
+      pre = W.CorrectPrefixes(answers, lp, trie=trie)
+      want = _masses_one_by_one(answers, lp)
+      assert set(trie.index) == set(want), trial
+      for prefix, m in want.items():
+        assert pre.p_correct(prefix) == min(m, 1.0), (trial, prefix)
+  with pytest.raises(ValueError, match="PrefixTrie of 1 answers for 2 answers"):
+    W.CorrectPrefixes([(1,), (2,)], [np.zeros(1), np.zeros(1)], trie=W.PrefixTrie([(1,)]))
+
+
 def test_a_prefix_whose_every_token_rounds_to_zero_wrong_mass_samples_off_the_paths():
   # P(correct | (7,)) = 1 through both tokens on a path (rounded): only tokens off them remain
   pre = W.CorrectPrefixes([(7, 1), (7, 2)], [np.log([0.5, 1.0]), np.log([0.5, 1.0])])

@@ -30,6 +30,26 @@ def test_scorer_matches_unpadded_scoring_and_updates():
   np.testing.assert_allclose(scorer.token_logprobs(prompts[:1], responses[:1])[0], ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_kept_packing_is_reused_while_its_layout_holds_and_scores_as_a_fresh_one():
+  """The exact tracker packs its correct sets once (`SequenceScorer.pack` with ``reuse``): new
+  weights score the kept packing bit for bit as a fresh call; once the scorer's rows have grown
+  (a longer sequence scored since), the kept packing is not this call's layout and is packed
+  anew."""
+  prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+  responses = [[20, 21], [22, 23, 24, 25], [26], []]
+  scorer = SequenceScorer(make_tiny_model("qwen3", seed=0), pad_id=0, batch_size=3)
+  kept = scorer.pack(prompts, responses)
+  scorer.update(make_tiny_model("qwen3", seed=1))
+  assert scorer.pack(prompts, responses, reuse=kept) is kept
+  for a, b in zip(scorer.token_logprobs_packed(kept), scorer.token_logprobs(prompts, responses)):
+    assert a.dtype == np.float32 and np.array_equal(a, b)
+  scorer.token_logprobs([[1] * 40], [[2] * 40])  # 80 tokens: rows grow from 64 to 128
+  again = scorer.pack(prompts, responses, reuse=kept)
+  assert again is not kept and again.layout.row_len == 128 and kept.layout.row_len == 64
+  other_pad = SequenceScorer(make_tiny_model("qwen3", seed=0), pad_id=3, batch_size=3)
+  assert other_pad.pack(prompts, responses, reuse=kept) is not kept
+
+
 def test_shared_prompts_give_the_log_probs_of_one_copy_per_sequence_in_fewer_rows():
   """share_prompts: each prompt's sequences read one copy of its tokens per row (the exact
   tracker's correct sets: many answers to one prompt); the log-probs are the unshared ones."""

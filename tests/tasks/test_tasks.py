@@ -42,6 +42,12 @@ class _Scorer:
     self.calls += 1
     return [np.full(len(r), -1.0, np.float32) for r in responses]
 
+  def pack(self, prompts, responses, *, reuse=None):
+    return prompts, responses
+
+  def token_logprobs_packed(self, packed):
+    return self.token_logprobs(*packed)
+
 
 def test_the_built_in_tasks_are_registered_by_ability():
   assert {"code", "math", "sum_task"} <= set(tasks.task_names())
