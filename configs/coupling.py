@@ -154,6 +154,7 @@ def apply(c: ml_collections.ConfigDict, preset: str) -> None:
     c.anchor_replicas = ANCHOR_REPLICAS if preset == "coupling_onpolicy" else 1
     c.endpoints.compare = onpolicy_compare(tuple(grid.keys()))
     c.endpoints.endpoints = ENDPOINTS
+    c.endpoints.readings = tuple(CLIPS)  # the declared readings per clip arm (pipeline.readings)
   else:
     quick = preset == "coupling_offpolicy_quick"
     grid = offpolicy_grid(c.runs, (0,) if quick else OFFPOLICY_SEEDS,

@@ -653,6 +653,9 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.endpoints.endpoints = ("kl_auc", "kl_correct_end", "steps_to_p90")
   c.endpoints.equivalence = ()
   c.endpoints.margins = ml_collections.ConfigDict()
+  # The clip arms whose declared readings (issue 63's on-policy block, pipeline.readings) the
+  # report makes from its tests; () = none.
+  c.endpoints.readings = ()
 
   c.task = ml_collections.ConfigDict()
   c.task.n_min = 0  # prompts "Give two non-negative integers that sum to n:" for n = n_min..n_max

@@ -41,6 +41,7 @@ import numpy as np
 
 from disa_jax import codec
 from disa_jax.pipeline import censored, dynamics, seed_stats
+from disa_jax.pipeline import readings as RD
 from disa_jax.pipeline.report_records import EndpointTest
 from disa_jax.workflows.stage3 import ExactSeries, Stage3Run
 
@@ -73,6 +74,8 @@ class EndpointsConfig:
   endpoints: tuple[str, ...] = ENDPOINTS
   equivalence: tuple[str, ...] = ()
   margins: dict[str, float] = dataclasses.field(default_factory=dict)
+  # The clip arms whose declared readings the report makes (`pipeline.readings`; () = none).
+  readings: tuple[str, ...] = ()
 
   def __post_init__(self):
     if not 0.0 <= self.stable_floor < self.stable_level <= 1.0:
@@ -100,6 +103,19 @@ class EndpointsConfig:
     if len(set(self.step_size)) != len(self.step_size):
       raise ValueError(f"endpoints.step_size names a run twice: {self.step_size!r}")
     return tuple(self.step_size)
+
+  def reading_arms(self, methods: Sequence[str]) -> tuple[str, ...]:
+    """``readings``, each arm's runs (`readings.arm_runs`) checked against ``methods`` and its
+    tests against ``compare``."""
+    declared = set(self.compare)
+    for arm in self.readings:
+      runs = RD.arm_runs(arm)
+      need = [f"{runs[i]}:{runs[j]}" for i, j in ((0, 2), (0, 1), (1, 2))]
+      missing = [r for r in runs if r not in methods] + [p for p in need if p not in declared]
+      if missing:
+        raise ValueError(f"endpoints.readings arm {arm!r} needs the runs {runs} and the "
+                         f"comparisons {need}; missing {missing}")
+    return tuple(self.readings)
 
   def pairs(self, methods: Sequence[str]) -> list[tuple[str, str]]:
     """The comparisons as (A, B), each run checked against ``methods``."""
@@ -349,6 +365,7 @@ class EndpointsSection:
                                                                                 omit=None)
   equivalence: EquivalenceSection | None = codec.field(default=None, omit=None)
   step_logs: Mapping[str, StepLogCell] | None = codec.field(default=None, omit=None)
+  readings: RD.Readings | None = codec.field(default=None, omit=None)
 
 
 def section(per_run: PerRun, pairs: Sequence[tuple[str, str]], *,
@@ -490,8 +507,8 @@ def markdown(sec: EndpointsSection) -> list[str]:
     q = "-" if t.p_holm is None else f"{t.p_holm:.3g}"
     out.append(f"| `{t.a}` - `{t.b}` | {t.set} | {t.endpoint} | {diff} | {p} | {q} "
                f"| {t.verdict} |")
-  return (out + [""] + _replica_markdown(sec) + _equivalence_markdown(sec.equivalence)
-          + _step_logs_markdown(sec.step_logs))
+  return (out + [""] + RD.markdown(sec.readings) + _replica_markdown(sec)
+          + _equivalence_markdown(sec.equivalence) + _step_logs_markdown(sec.step_logs))
 
 
 def _replica_markdown(sec: EndpointsSection) -> list[str]:

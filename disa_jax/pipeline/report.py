@@ -42,6 +42,7 @@ from disa_jax.eval.exact import ExactTarget
 from disa_jax.pipeline import dynamics as D
 from disa_jax.pipeline.anchor_study import SigmaStudy
 from disa_jax.pipeline import endpoints as EP
+from disa_jax.pipeline import readings as RD
 from disa_jax.pipeline import step_size as SZ
 from disa_jax.pipeline import grid as G
 from disa_jax.pipeline.job_report import JobReport
@@ -378,7 +379,9 @@ def write_report(plan: JobPlan, inputs: ReportInputs) -> JobReport:
                      equivalence=rule.equivalence_pairs(plan.methods))
           if plan.endpoints else None)
   if ends is not None:
-    ends = dataclasses.replace(ends, step_logs=EP.step_logs(stage3, run_seeds))
+    arms = rule.reading_arms(plan.methods)
+    ends = dataclasses.replace(ends, step_logs=EP.step_logs(stage3, run_seeds),
+                               readings=RD.read(ends.tests, arms, ends.alpha) if arms else None)
   pilot = (SZ.step_size_section(stage3, {m: (plan.runs[m].regime.lr, plan.runs[m].seeds)
                                          for m in rule.step_size}, rule) if rule.step_size else None)
   report = {"instrument": instrument(plan.end_state),
