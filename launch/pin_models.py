@@ -17,7 +17,7 @@ if _ROOT not in sys.path:
 
 from absl import flags  # noqa: E402
 
-from disa_jax import launcher  # noqa: E402
+from disa_jax import codec, launcher  # noqa: E402
 from disa_jax.pipeline import pinned  # noqa: E402
 from disa_jax.pipeline.job_config import MainConfig  # noqa: E402
 from disa_jax.pipeline.sum_job import SumJob  # noqa: E402
@@ -31,7 +31,7 @@ def execute(cfg: MainConfig):
   job = SumJob(dataclasses.replace(cfg, rebuild_models=True), _WORKDIR.value)
   job.build_models()
   out = pinned.pin(job.dir / "models", pinned.identity(cfg))
-  record = pinned.verify(out)
+  record = codec.load(pinned.PinRecord, out / pinned.PinRecord.FILE, "pinned models")
   return {"pin": str(out), "bytes": record.bytes, "fingerprint": record.fingerprint}
 
 

@@ -110,7 +110,7 @@ class EndpointsConfig:
     declared = set(self.compare)
     for arm in self.readings:
       runs = RD.arm_runs(arm)
-      need = [f"{runs[i]}:{runs[j]}" for i, j in ((0, 2), (0, 1), (1, 2))]
+      need = [f"{a}_{arm}:{b}_{arm}" for a, b in RD.PAIRS]
       missing = [r for r in runs if r not in methods] + [p for p in need if p not in declared]
       if missing:
         raise ValueError(f"endpoints.readings arm {arm!r} needs the runs {runs} and the "
