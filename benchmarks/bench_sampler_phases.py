@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from disa_jax import testing
+from disa_jax import runtime, testing
 from disa_jax.rollout import SamplingParams
 from disa_jax.rollout.jax_sampler import JaxSampler
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
   times = {n: {k: {c: [] for c in CLOCKS} for k in (1, args.new_tokens)} for n in names}
   loads = []
   for block in range(args.blocks):
-    loads.append(os.getloadavg()[0])
+    loads.append(runtime.load_average())
     for name, sampler in samplers.items():
       for length in (1, args.new_tokens):
         time_calls(sampler, prompts, max_tokens=length, calls=args.warmup, first_seed=10 ** 6)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
   summary = summarise(times, args.new_tokens)
   print("\n".join(report(summary, args.new_tokens)))
   print(f"load average before each block: {[round(x, 1) for x in loads]}; now "
-        f"{os.getloadavg()[0]:.1f}")
+        f"{runtime.load_average():.1f}")
   result = {"argv": argv, "variants": names, "loads": loads, "summary": summary, "times": times}
   if args.json_out:
     with open(args.json_out, "w") as f:

@@ -8,7 +8,7 @@ records: `Claim`, `EndpointsSection`, `Provenance`) and lines up every decision 
 * each claim (matched by its text): its verdict ('holds' / 'does not hold' / 'undecided');
 * each declared endpoint test (A - B, endpoint, prompt set): 'A lower' / 'A higher' / 'A earlier'
   / 'A later' or 'undecided' (the reason in brackets dropped: its Holm p is shown beside);
-* each equivalence test: 'shown equivalent' or 'not shown';
+* each equivalence test: 'shown equivalent', 'equivalence not shown' or 'not tested';
 * each declared reading (prompt set, endpoint, arm): its pattern.
 
 A decision present in one report only is listed as such and counts as a difference. The header
@@ -109,6 +109,11 @@ def _esc(text: str) -> str:
   return text.replace("|", "\\|")
 
 
+def _cells(d: Decision | None) -> str:
+  """A side's two table cells: the outcome and its Holm p-value ('(absent)' where it has none)."""
+  return "(absent) | -" if d is None else f"{_esc(d.outcome)} | {_p(d.p_holm)}"
+
+
 def _where(p: Provenance | None) -> str:
   if p is None:
     return "no provenance recorded (a report from before issue 62)"
@@ -132,8 +137,7 @@ def compare(a: Side, b: Side) -> tuple[list[str], int]:
     da, db = a.decisions.get(k), b.decisions.get(k)
     same = da is not None and db is not None and da.outcome == db.outcome
     differ += not same
-    cell = lambda d: ("(absent)", "-") if d is None else (_esc(d.outcome), _p(d.p_holm))
-    lines.append(f"| {k[0]} | {_esc(k[1])} | {' | '.join(cell(da))} | {' | '.join(cell(db))} | "
+    lines.append(f"| {k[0]} | {_esc(k[1])} | {_cells(da)} | {_cells(db)} | "
                  f"{'same' if same else '**differs**'} |")
   total = len(set(a.decisions) | set(b.decisions))
   lines += ["", f"{total - differ} of {total} decisions the same, {differ} differ."]
