@@ -162,7 +162,7 @@ def measure(c: ModelConfig, row_len: int, remat: bool, *, prompt_len: int, respo
   del model  # its arrays are the state's, donated by each update
   update = rl_update.make_train_step(graphdef=graphdef, objective=train.objective,
                                      optimizer=optimizer, mesh=mesh, state_shardings=shardings)
-  placed = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
+  placed = rl_update.place_micro_batches(micro, mesh)
   # The trainer's first update: pi_ref and pi_old are the initial policy (scored as the trainer
   # does), so the importance weights are 1 and the gradient is not zero.
   score = make_scoring_fn(graphdef)

@@ -12,13 +12,15 @@ measurement (median, min-max); the ratio of each SD and time to the first settin
 average before and after. A setting is a number of conditional samples, whether the scorers
 share each prompt's tokens across its sequences (``--share-prompts 0,1``,
 `ExactTargetConfig.share_prompts`) and how the conditional samples are decoded
-(``--wrong-decode full,cached``, `ExactTargetConfig.wrong_decode`): every combination of the three
-lists. For each setting, the largest difference of ``kl_decomposed`` from the first setting of the
+(``--wrong-decode full,cached``, `ExactTargetConfig.wrong_decode`) and how many packed rows its
+scorers run per pass (``--scorer-rows 64,8``, `ExactTargetConfig.scorer_rows`): every combination
+of the four lists. For each setting, the largest difference of ``kl_decomposed`` from the first setting of the
 same wrong_samples at the same step (their samples are drawn from the same seeds).
 
     python benchmarks/bench_wrong_term.py --workdir /tmp/pilot \\
         --runs disa_pos_replay,disa,disa_exact_seed1,grpo [--reps 40] [--wrong-samples 0,32] \\
-        [--share-prompts 0] [--wrong-decode full] [--kl-samples 32] [--json out.json]
+        [--share-prompts 0] [--wrong-decode full] [--scorer-rows 64] [--kl-samples 32] \\
+        [--json out.json]
 """
 from __future__ import annotations
 
@@ -46,10 +48,11 @@ def _run(workdir: Path, run: str, args) -> dict:
   tok = load_tokenizer(ref_path)
   records = load_prompts(config["data"]["train_path"], "auto")
   rollout = config["train"]["rollout"]
-  cfgs = {setting(k, s, d): ExactTargetConfig(
+  cfgs = {setting(k, s, d, r): ExactTargetConfig(
       reference_path=ref_path, beta=config["exact_target"]["beta"], kl_samples=args.kl_samples,
-      wrong_samples=k, seed=args.seed, share_prompts=bool(s), wrong_decode=d)
-          for k in args.wrong_samples for s in args.share_prompts for d in args.wrong_decode}
+      wrong_samples=k, seed=args.seed, share_prompts=bool(s), wrong_decode=d, scorer_rows=r)
+          for k in args.wrong_samples for s in args.share_prompts for d in args.wrong_decode
+          for r in args.scorer_rows}
   first = next(iter(cfgs.values()))
   ref_model, policy_model = first.load_model(ref_path), first.load_model(policy_path)
   scorers = {k: (c.scorer(ref_model, tok.pad_token_id), c.scorer(policy_model, tok.pad_token_id))
@@ -77,11 +80,14 @@ def _run(workdir: Path, run: str, args) -> dict:
   return got
 
 
-def setting(wrong_samples: int, share_prompts: int, wrong_decode: str) -> str:
+def setting(wrong_samples: int, share_prompts: int, wrong_decode: str, scorer_rows: int = 64
+            ) -> str:
   """A setting's name in the results: 'w<wrong_samples>', with '_s1' appended where the scorers
-  share prompts and '_cached' where the wrong samples decode through a KV cache."""
+  share prompts, '_cached' where the wrong samples decode through a KV cache and '_r<rows>' where
+  the scorers run other than 64 rows per pass."""
   return (f"w{wrong_samples}" + ("_s1" if share_prompts else "")
-          + ("" if wrong_decode == "full" else f"_{wrong_decode}"))
+          + ("" if wrong_decode == "full" else f"_{wrong_decode}")
+          + ("" if scorer_rows == 64 else f"_r{scorer_rows}"))
 
 
 def _summary(got: dict, base: str) -> dict:
@@ -111,6 +117,7 @@ def main() -> None:
   p.add_argument("--wrong-samples", default="0,32")
   p.add_argument("--share-prompts", default="0", help="0, 1 or 0,1 (ExactTargetConfig)")
   p.add_argument("--wrong-decode", default="full", help="full, cached or full,cached")
+  p.add_argument("--scorer-rows", default="64", help="e.g. 64,8 (ExactTargetConfig)")
   p.add_argument("--kl-samples", type=int, default=32)
   p.add_argument("--seed", type=int, default=1000)
   p.add_argument("--json", default="")
@@ -118,12 +125,13 @@ def main() -> None:
   args.wrong_samples = [int(x) for x in args.wrong_samples.split(",")]
   args.share_prompts = [int(x) for x in args.share_prompts.split(",")]
   args.wrong_decode = args.wrong_decode.split(",")
+  args.scorer_rows = [int(x) for x in args.scorer_rows.split(",")]
   report = {"machine": runtime.host_description(), "load_before": runtime.load_average(),
             "runs": {}, "args": vars(args)}
   for run in args.runs.split(","):
     report["runs"][run] = _summary(_run(Path(args.workdir), run, args),
                                    setting(args.wrong_samples[0], args.share_prompts[0],
-                                           args.wrong_decode[0]))
+                                           args.wrong_decode[0], args.scorer_rows[0]))
     for k, r in report["runs"][run].items():
       diff = "".join(f" | {n} {v:.2e}" for n, v in r.items() if n.startswith("max_abs_diff"))
       print(f"{run:24s} {k:8s} kl_decomposed {r['mean']:.4f} +- {r['mean_se']:.4f} "

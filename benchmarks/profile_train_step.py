@@ -128,7 +128,7 @@ def build_phases(model: models.Transformer, seqs: SequenceScores, layout: packin
   params = state.params
   idx = np.arange(seqs.rollout.num_rows)
   micro = seqs.micro_batches(idx, layout, pad_id=0)
-  placed = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
+  placed = rl_update.place_micro_batches(micro, mesh)
   mb0 = placed[0]
 
   def loss(p):
@@ -150,8 +150,7 @@ def build_phases(model: models.Transformer, seqs: SequenceScores, layout: packin
       state_shardings=shardings,
       options=rl_update.StepOptions(donate=False, on_policy_old_logp=True))
   update(state, placed)  # builds the accumulator's initialiser
-  host = lambda: [rl_update.place_micro_batch(mb, mesh) for mb in
-                  seqs.micro_batches(idx, layout, pad_id=0)]
+  host = lambda: rl_update.place_micro_batches(seqs.micro_batches(idx, layout, pad_id=0), mesh)
   return {
       "forward": lambda: forward(params),
       "fwd+bwd": lambda: fwd_bwd(params),

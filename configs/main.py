@@ -118,6 +118,7 @@ DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 DEFAULT_TRACK = 16  # in the end-state window: 14 measurements (steps 672..880)
 DEFAULT_TRACK_BEFORE = 32  # before it: steps 96..640 (P(correct) passes 0.9 near step 40-80)
 DEFAULT_START_EVERY = 10  # and at step 0, every 10 steps to step 88 (the first 10%; issue 62)
+DEFAULT_SCORER_ROWS = 8  # packed rows per pass of the tracker's scorers (ExactTargetConfig.scorer_rows)
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
 CLAIMS_DECISIVE = ("disa_pos_replay", "disa", "disa_matched", "grpo_remedies")
@@ -348,10 +349,12 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   c.track.start_every = DEFAULT_START_EVERY
   c.engine.separate_process = False
   # The tracker's cheaper implementation (the same measures up to float32 rounding; the testbed's
-  # presets since issue 45): pays for part of the fifth run's seconds (issue 62).
+  # presets since issue 45): pays for part of the fifth run's seconds (issue 62), as do passes of 8
+  # scoring rows instead of 64 (issue 62: the job within 15 minutes).
   for section in (c.track, c.eval.exact_target):
     section.share_prompts = True
     section.wrong_decode = "cached"
+    section.scorer_rows = DEFAULT_SCORER_ROWS
 
 
 def _anchor_testbed(c: ml_collections.ConfigDict) -> None:
@@ -554,6 +557,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # Processes the evaluation rows are split over, each with its own in-process engine: 2 on this
   # 2-core CPU (one row keeps about one core busy), 1 on an accelerator.
   c.eval_workers = 2
+  # Each worker process on its own share of the CPUs (one core each here): two Stage 3 runs at once
+  # take 0.73x the wall time of two unpinned ones, bit-identical results
+  # (benchmarks/results/worker_pinning_cpu.json). False: every worker may use every CPU.
+  c.pin_workers = True
   # The most Stage 3 seeds of one run trained together in one process, the seeds as one vmapped
   # batch dimension (disa_jax.rl.seed_batch); 1 = each seed a run (process) of its own. Slower on
   # this 2-core CPU: 5 seeds of 800 steps (n = 0..7) took 743 s (the oracle) and 519 s (GRPO) per
@@ -624,6 +631,11 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # (benchmarks/results/exact_tracker_speed_cpu.json). Off in the presets run before them.
   c.track.share_prompts = False
   c.track.wrong_decode = "full"
+  # Packed rows per pass of the tracker's scorers (ExactTargetConfig.scorer_rows): the same measures
+  # up to float32 rounding; 8 takes a measurement of the default job's policies from 0.19 to 0.08 s,
+  # kl_decomposed within 1.2e-6 nats (benchmarks/results/exact_tracker_rows_cpu.json). 64 in the
+  # presets run before it.
+  c.track.scorer_rows = 64
   # The end-state rule (disa_jax.pipeline.dynamics, issues 44 and 62): a run is at its end state
   # when the 90% interval of the change of its primary KL (kl_decomposed) and of its conditional KL
   # over correct answers across the window lies inside +-delta, delta = max(delta_rel x the line's
@@ -766,6 +778,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   e.exact_target.wrong_samples = 64  # samples of pi|w per prompt (track.wrong_samples; 0 = off)
   e.exact_target.share_prompts = False  # (track.share_prompts)
   e.exact_target.wrong_decode = "full"  # (track.wrong_decode)
+  e.exact_target.scorer_rows = 64  # (track.scorer_rows)
 
   if preset == "claims":
     # The runs the claims turn on, the fix's controls (the report compares the fix with each), and

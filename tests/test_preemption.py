@@ -2,6 +2,7 @@
 SIGTERM, then exits, instead of training on as an orphan (a killed main job once left its two Stage 3 workers
 training for 55 minutes), and then takes no queued stage (a killed job's orphaned workers once saved
 their runs and started the next ones)."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,8 +67,8 @@ def test_request_sets_the_flag_as_the_signal_would():
 
 
 def test_the_main_jobs_stage3_pool_stops_with_the_job(monkeypatch, tmp_path):
-  """`SumJob.stage3_all` builds its pool (`job_workers.spawn_pool`) with the stop-with-parent
-  initializer."""
+  """`SumJob.stage3_all` builds its pool (`job_workers.spawn_pool`) with the worker start that
+  stops with the parent (`job_workers._start_worker` calls `preemption.stop_with_parent`)."""
   seen = {}
 
   class Pool(futures.ThreadPoolExecutor):
@@ -82,5 +83,9 @@ def test_the_main_jobs_stage3_pool_stops_with_the_job(monkeypatch, tmp_path):
     job.stage3_all()
   except RuntimeError:
     pass  # (no models here: the runs fail; the pool's arguments are what this test reads)
-  assert seen["initializer"] is preemption.stop_with_parent
-  assert seen["initargs"][0] > 0
+  assert seen["initializer"] is job_workers._start_worker  # pylint: disable=protected-access
+  assert seen["initargs"][0] == os.getpid()
+  called = []
+  monkeypatch.setattr(job_workers.preemption, "stop_with_parent", called.append)
+  job_workers._start_worker(123, None)  # pylint: disable=protected-access
+  assert called == [123]

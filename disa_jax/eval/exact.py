@@ -71,6 +71,11 @@ class ExactTargetConfig:
       'full' (the reference) runs the whole buffer for every token, 'cached' the prompts once
       and then one token per row through a KV cache (the same distributions up to float32
       rounding).
+    scorer_rows: packed rows per forward pass of the tracker's scorers (`SequenceScorer`
+      ``batch_size``). The same measures up to float32 rounding (a row's log-probs change in their
+      last bits with the pass's row count); on a CPU, passes of 8 rows take a measurement of the
+      default job's policies from 0.19 to 0.08 s, where 64 rows are mostly empty
+      (benchmarks/results/exact_tracker_rows_cpu.json).
   """
   reference_path: str = ""
   beta: float = 15.0
@@ -83,6 +88,7 @@ class ExactTargetConfig:
   wrong_samples: int = codec.field(default=0, omit=0)  # recorded only where set (config.to_dict)
   share_prompts: bool = codec.field(default=False, omit=False)  # (likewise)
   wrong_decode: str = codec.field(default="full", omit="full")  # (likewise)
+  scorer_rows: int = codec.field(default=64, omit=64)  # (likewise)
 
   def __post_init__(self):
     config_lib.check_attention_chunk(self.attention_chunk, "exact_target.attention_chunk")
@@ -98,6 +104,8 @@ class ExactTargetConfig:
     if self.wrong_decode not in wrong_answers.DECODES:
       raise ValueError(f"exact_target.wrong_decode must be one of {wrong_answers.DECODES}, got "
                        f"{self.wrong_decode!r}")
+    if not (isinstance(self.scorer_rows, int) and self.scorer_rows >= 1):
+      raise ValueError(f"exact_target.scorer_rows must be an int >= 1, got {self.scorer_rows!r}")
     if self.heldout_path and not self.reference_path:
       raise ValueError(f"exact_target.heldout_path={self.heldout_path!r} needs "
                        "exact_target.reference_path (the measures are off without it)")
@@ -112,8 +120,10 @@ class ExactTargetConfig:
                                   attention_impl=self.attention_impl)
 
   def scorer(self, model: Any, pad_id: int) -> Any:
-    """The `SequenceScorer` of these measures (64 rows per pass; packed rows grow with the data)."""
-    return SequenceScorer(model, pad_id=pad_id, batch_size=64, pad_to=16, packing=self.packing,
+    """The `SequenceScorer` of these measures (``scorer_rows`` rows per pass; packed rows grow with
+    the data)."""
+    return SequenceScorer(model, pad_id=pad_id, batch_size=self.scorer_rows, pad_to=16,
+                          packing=self.packing,
                           share_prompts=self.share_prompts)
 
 

@@ -246,10 +246,10 @@ class TrackConfig:
   end-state window and every ``every`` in it (`cadence`); with ``start_every`` (issue 62) at step 0
   (the initial policy) and every that many steps over the first ``start_share`` of the run, then
   every ``every``, so that a steps-to-level endpoint is rarely left-censored (with both, three
-  phases: the dense start, the sparse middle, the dense window). ``share_prompts`` and
-  ``wrong_decode``: the tracker's implementation (`ExactTargetConfig`'s fields of those names: the same measures up
-  to float32 rounding, 0.41x the seconds per measurement together on the anchor testbed,
-  benchmarks/results/exact_tracker_speed_cpu.json)."""
+  phases: the dense start, the sparse middle, the dense window). ``share_prompts``,
+  ``wrong_decode`` and ``scorer_rows``: the tracker's implementation (`ExactTargetConfig`'s fields
+  of those names: the same measures up to float32 rounding; the first two 0.41x the seconds per
+  measurement together on the anchor testbed, benchmarks/results/exact_tracker_speed_cpu.json)."""
   every: int = 100
   kl_samples: int = 16
   heldout: bool = False
@@ -257,6 +257,7 @@ class TrackConfig:
   every_before_window: int = 0
   share_prompts: bool = False
   wrong_decode: str = "full"
+  scorer_rows: int = 64
   start_every: int = 0
   start_share: float = 0.1
 
@@ -269,6 +270,8 @@ class TrackConfig:
     if self.wrong_decode not in wrong_answers.DECODES:
       raise ValueError(f"track.wrong_decode must be one of {wrong_answers.DECODES}, got "
                        f"{self.wrong_decode!r}")
+    if self.scorer_rows < 1:
+      raise ValueError(f"track.scorer_rows must be >= 1, got {self.scorer_rows!r}")
     if self.every_before_window < 0 or (self.every_before_window and not self.every):
       raise ValueError(f"track.every_before_window must be 0 (off), or > 0 with track.every > 0, "
                        f"got {self.every_before_window!r} (track.every={self.every})")
@@ -313,7 +316,9 @@ class MainConfig:
   `LoRASFTConfig`. Their path fields hold `JOB_PATH`: `SumJob` derives each stage's config from
   them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
   ``eval_workers``: processes the evaluation rows are split over (each with its own engine; a
-  row's results do not depend on the process or the rows before it). ``seed_batch``: the most
+  row's results do not depend on the process or the rows before it). ``pin_workers``: each
+  Stage 3 and evaluation worker process runs on its own share of the job's CPUs (`job_workers.spawn_pool`; results
+  unchanged, less wall time where the workers fill the CPUs). ``seed_batch``: the most
   Stage 3 seeds of one run trained together, as one batch dimension in one process
   (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or 'anchor' (the
   models, Stages 1-2 and the anchor study, then `stage12.write_anchor_report`).
@@ -338,6 +343,7 @@ class MainConfig:
   seeds: tuple[int, ...] = (0,)
   stage3_workers: int = 1
   eval_workers: int = 1
+  pin_workers: bool = True
   seed_batch: int = 1
   stages: str = "all"
   compilation_cache: bool = True

@@ -208,6 +208,7 @@ class SumJob:
               reference_path=self.ref_path if track.every else "", beta=self.cfg.beta,
               kl_samples=track.kl_samples, wrong_samples=track.wrong_samples,
               share_prompts=track.share_prompts, wrong_decode=track.wrong_decode,
+              scorer_rows=track.scorer_rows,
               seed=seeds.run_seed(self.cfg.seed, "track", method, seed),
               heldout_path=self.heldout_prompts_path if track.heldout and track.every else ""),
           export_dtype="float32")  # tiny float32 models, measured exactly after export
@@ -468,7 +469,8 @@ class SumJob:
     job_workers.run_stage3_units(
         [[bar(self.stage3_cfgs[k]) for k in unit] for unit in units],
         [[self.run_name(*k) for k in unit] for unit in units], workers,
-        lambda names, seconds: [self._record(f"stage3_{n}", seconds) for n in names])
+        lambda names, seconds: [self._record(f"stage3_{n}", seconds) for n in names],
+        pin=self.cfg.pin_workers)
     return {k: Stage3Run.load(wd[k]) for k in keys}
 
   def lora_sft(self, pool: Stage1Data) -> SftRun | None:
@@ -492,7 +494,8 @@ class SumJob:
     is read back from its directory)."""
     cfgs = [self._eval_config(row, path) for row, path in rows.items()]
     record = lambda row, seconds: self._record(f"eval_{row}", seconds)
-    job_workers.evaluate_in_workers(cfgs, self.ref_path, self.cfg.eval_workers, record)
+    job_workers.evaluate_in_workers(cfgs, self.ref_path, self.cfg.eval_workers, record,
+                                    pin=self.cfg.pin_workers)
     out: dict[str, EvalResult] = {}
     for row, s in job_workers.evaluate_rows(cfgs, self.ref_path, out).items():
       record(row, s)

@@ -88,16 +88,18 @@ class BatchScorer:
       self._embed = jax.jit(lambda p, rows, slots: packed_prompt_embeddings(
           nnx.merge(ref_graphdef, p), rows, slots), static_argnums=2)
 
-  def _put(self, rows: PackedRows) -> PackedRows:
+  def _put(self, rows: PackedRows | list[PackedRows]) -> PackedRows | list[PackedRows]:
+    """Host rows (or a list of them, placed in one batched transfer) as global arrays."""
     return distributed.shard_global_batch(rows, self._rows)
 
   def _slots(self, fn, params, packed: PackedRollout) -> list[np.ndarray]:
     """``[S, W]`` per-response-token log-probs of every training micro-batch of ``packed``,
     computed on its scoring micro-batches (`PackedRollout.scoring_micro`) and written into the
     training slots (zeros beyond each response and on empty slots)."""
-    # Every pass dispatched before the first fetch (one host transfer for all).
-    values = distributed.replicate_to_hosts([fn(params, self._put(pb.rows))
-                                             for pb in packed.scoring_micro])
+    # Every pass's rows placed together, every pass dispatched before the first fetch (one host
+    # transfer each way).
+    rows = self._put([pb.rows for pb in packed.scoring_micro])
+    values = distributed.replicate_to_hosts([fn(params, r) for r in rows])
     flat = np.concatenate([np.asarray(v, np.float32).reshape(-1) for v in values])
     return [np.where(mask > 0, flat[index], np.float32(0.0))  # [R, L] per pass -> [S, W]
             for index, mask in packed.scoring_index]

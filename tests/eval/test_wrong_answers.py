@@ -273,6 +273,31 @@ def test_shared_prompt_scorers_give_the_same_measures(sum_tracker):
   assert config_lib.to_dict(cfg)["share_prompts"] is True
 
 
+def test_fewer_scoring_rows_per_pass_give_the_same_measures(sum_tracker):
+  """ExactTargetConfig.scorer_rows: the tracker's scorers run that many packed rows per pass; the
+  same measures from the same seeds up to float32 rounding, the field recorded only where set, and
+  a row count below 1 refused naming the field."""
+  tracker, engine, scorer = sum_tracker
+  tok = task_tokenizer()
+  ref = models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(0))
+  policy = models.Transformer(sum_models.model_config(tok, SPEC), rngs=nnx.Rngs(1))
+  cfg = dataclasses.replace(tracker.cfg, scorer_rows=1)
+  small = cfg.scorer(policy, tok.pad_token_id)
+  assert (small.batch_size, scorer.batch_size) == (1, 64)
+  fewer = get_task("sum_task").measures(cfg, tok, tracker.prompts, tracker.metas,
+                                        lambda: cfg.scorer(ref, tok.pad_token_id), max_tokens=8)
+  assert len(fewer.ref_scorer.pack(fewer._flat_p, fewer._flat_c).batches) > 1  # several passes
+  a = tracker.measure(engine, scorer, step=3).to_json(per_prompt=False)
+  b = fewer.measure(engine, small, step=3).to_json(per_prompt=False)
+  assert set(a) == set(b)
+  for k in a:
+    assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), k
+  assert "scorer_rows" not in config_lib.to_dict(tracker.cfg)
+  assert config_lib.to_dict(cfg)["scorer_rows"] == 1
+  with pytest.raises(ValueError, match=r"exact_target.scorer_rows must be an int >= 1, got 0"):
+    X.ExactTargetConfig(scorer_rows=0)
+
+
 def test_a_draw_the_grader_accepts_is_an_error_naming_it(sum_tracker):
   tracker, engine, scorer = sum_tracker
   lenient = copy.copy(tracker)

@@ -122,7 +122,7 @@ def main(phase: str, workdir: str) -> None:
     micro = make_batch(step, model.config.vocab_size)
     sharding = NamedSharding(mesh, PartitionSpec(rl_update.BATCH_AXES))
     rows = distributed.process_rows(sharding, micro[0].rows.input_ids.shape, axis=0)
-    state, metrics = update(state, [rl_update.place_micro_batch(mb, mesh) for mb in micro])
+    state, metrics = update(state, rl_update.place_micro_batches(micro, mesh))
     ckpt.save(step + 1, ckpt_state(state), {"process_count": jax.process_count()}, force=True)
     ckpt.close()
 

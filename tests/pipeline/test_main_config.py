@@ -59,6 +59,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # entries were rewritten, every other preset's checked unchanged.
 # Issue 62's dense start of the default preset (validation.at_start, start_every, start_until): only
 # its 25 Stage 3 entries changed (with those fields reverted they hashed as before).
+# Issue 62's tracker scorer rows (track.scorer_rows / eval.exact_target.scorer_rows = 8 in the default
+# preset, recorded only where set): the diff of the default preset's entries is that field alone,
+# every other preset's entries hashed as committed; then the default preset's entries were rewritten.
 # Issue 63 added the coupling presets' entries (coupling_pilot, coupling_offpolicy(_quick), and after the
 # pilot coupling_onpolicy(_quick)); every
 # other entry checked unchanged.
@@ -222,18 +225,23 @@ def test_the_off_policy_pilot_runs_the_oracle_at_each_step_size_with_four_clippe
 
 
 def test_the_testbed_presets_track_with_the_cheaper_tracker_and_others_with_the_reference(tmp_path):
-  """track.share_prompts / track.wrong_decode reach every Stage 3 run's exact target and the
-  evaluation's own section its evaluations; the presets run before them keep the reference (the
-  default job took the cheaper one with issue 62)."""
-  for preset, want in (("anchor_testbed_rl", (True, "cached")), ("", (True, "cached")),
-                       ("claims", (False, "full"))):
+  """track.share_prompts / track.wrong_decode / track.scorer_rows reach every Stage 3 run's exact
+  target and the evaluation's own section its evaluations; the presets run before them keep the
+  reference (the default job took the cheaper one with issue 62, and 8 scoring rows)."""
+  for preset, want in (("anchor_testbed_rl", (True, "cached", 64)), ("", (True, "cached", 8)),
+                       ("claims", (False, "full", 64))):
     job = _job(main_config.get_config(preset), tmp_path / (preset or "default"))
     for cfg in job.stage3_cfgs.values():
-      assert (cfg.exact_target.share_prompts, cfg.exact_target.wrong_decode) == want, preset
+      et = cfg.exact_target
+      assert (et.share_prompts, et.wrong_decode, et.scorer_rows) == want, preset
     et = job.eval_template.exact_target
-    assert (et.share_prompts, et.wrong_decode) == want, preset
+    assert (et.share_prompts, et.wrong_decode, et.scorer_rows) == want, preset
   c = main_config.get_config("claims")
   c.track.wrong_decode = "kv"
   with pytest.raises(ValueError, match=r"track.wrong_decode must be one of \('full', 'cached'\), "
                                        "got 'kv'"):
+    MainConfig.from_config(c)
+  c = main_config.get_config("claims")
+  c.track.scorer_rows = 0
+  with pytest.raises(ValueError, match=r"track.scorer_rows must be >= 1, got 0"):
     MainConfig.from_config(c)

@@ -100,7 +100,7 @@ def _packed_update(method, seqs, layout, mesh=None):
                                    options=rl_update.StepOptions(donate=False))
   micro = micro_batches(seqs, layout)
   if mesh is not None:
-    micro = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
+    micro = rl_update.place_micro_batches(micro, mesh)
   new, metrics = step(state, micro)
   moved = lambda a, b: jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), a, b)
   return float(metrics["loss"]), moved(state.params, new.params), moved(state.obj_params,

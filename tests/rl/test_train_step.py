@@ -69,7 +69,7 @@ def _run(method, layout, steps=2, mesh=None, invalid_rows=0, adamw=False):
   for i in range(steps):
     micro = micro_batches(_seqs(i, invalid_rows), layout)
     if mesh is not None:
-      micro = [rl_update.place_micro_batch(mb, mesh) for mb in micro]
+      micro = rl_update.place_micro_batches(micro, mesh)
     state, metrics = step(state, micro)
     all_metrics.append(jax.tree.map(float, metrics))
   return state, all_metrics

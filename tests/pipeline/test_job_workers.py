@@ -1,0 +1,42 @@
+"""The main job's worker pool: each spawned worker on its own share of the job's CPUs
+(`job_workers.cpu_shares`, `job_workers.spawn_pool`)."""
+import os
+import time
+
+import pytest
+
+from disa_jax.pipeline import job_workers
+
+
+def _cpus_after(seconds: float) -> tuple[int, tuple[int, ...]]:
+  """(pid, CPUs) of the worker that ran it, after holding that worker for ``seconds`` (so that
+  the pool's other worker takes the next task)."""
+  time.sleep(seconds)
+  return os.getpid(), tuple(sorted(os.sched_getaffinity(0)))
+
+
+@pytest.mark.parametrize("cpus, workers, want", [
+    ((0, 1), 2, [(0,), (1,)]),
+    ((0, 1, 2, 3, 4), 2, [(0, 1, 2), (3, 4)]),
+    ((2, 5, 7, 9), 3, [(2, 5), (7,), (9,)]),
+    ((0, 1), 1, []),  # one worker: nothing to split
+    ((0,), 2, []),  # fewer CPUs than workers: every worker shares them
+])
+def test_the_cpus_are_split_into_disjoint_runs(monkeypatch, cpus, workers, want):
+  monkeypatch.setattr(job_workers.os, "sched_getaffinity", lambda pid: set(cpus), raising=False)
+  assert job_workers.cpu_shares(workers) == want
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs CPU affinity and at least 2 CPUs")
+@pytest.mark.parametrize("pin", [True, False])
+def test_each_worker_runs_on_its_own_share(pin):
+  mine = tuple(sorted(os.sched_getaffinity(0)))
+  with job_workers.spawn_pool(2, pin=pin) as ex:
+    got = dict(f.result() for f in [ex.submit(_cpus_after, 3.0) for _ in range(2)])
+  assert len(got) == 2, "both tasks ran in one worker"
+  if pin:
+    assert sorted(got.values()) == job_workers.cpu_shares(2)
+  else:
+    assert list(got.values()) == [mine, mine]
+  assert tuple(sorted(os.sched_getaffinity(0))) == mine  # the job's own process is not pinned
