@@ -43,14 +43,21 @@ from disa_jax.models.kv_bits import as_bits, from_bits
 
 # The decode attention implementations (`ModelOptions.decode_attention`; 'auto' = `resolve`).
 IMPLS = ("auto", "xla", "xla_live", "pallas")
+# 'auto' on a CPU loops over every block while the cache holds at most this many: there the
+# live-bounds loop's data-dependent trip count costs more than the few dead blocks it skips (the
+# JAX sampler on the default job's request, a cache of 5 blocks: 0.75x the seconds per decode step,
+# the same tokens and log-probs bit for bit; benchmarks/results/sampler_phases_cpu.txt).
+CPU_STATIC_BLOCKS = 8
 
 
-def resolve(impl: str, backend: str) -> str:
+def resolve(impl: str, backend: str, blocks: int | None = None) -> str:
   """'auto': 'xla_live' when the program is for a CPU (``backend``; its loop runs on the host
-  anyway, and skips the blocks past every slot's end), 'xla' elsewhere (no host round trip per
-  block); others unchanged."""
+  anyway, and skips the blocks past every slot's end) and the cache has more than
+  `CPU_STATIC_BLOCKS` ``blocks`` (None: unknown), 'xla' otherwise (no host round trip per block
+  on an accelerator; the same output either way, `ragged_attention`); others unchanged."""
   if impl == "auto":
-    return "xla_live" if backend == "cpu" else "xla"
+    many = blocks is None or blocks > CPU_STATIC_BLOCKS
+    return "xla_live" if backend == "cpu" and many else "xla"
   return impl
 
 

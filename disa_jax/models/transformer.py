@@ -139,7 +139,8 @@ class ModelOptions:
       reference loop over every block of the cache, `decode_attention`: no host round trip on a
       GPU), 'xla_live' (over the live blocks only: data-dependent loop bounds), 'pallas' (one
       kernel, `decode_attention_pallas`, for every layer), or 'auto' ('xla_live' when the model
-      compiles for a CPU, else 'xla').
+      compiles for a CPU and its cache has more than `decode_attention.CPU_STATIC_BLOCKS`
+      blocks, else 'xla').
   """
   remat: bool = False
   remat_policy: str = "full"
@@ -256,7 +257,8 @@ class Transformer(nnx.Module):
           k, v = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
         new_kv = (k_cache, v_cache)
       if isinstance(kv, D.RaggedKV):  # writes this layer's entries, attends over the live ones
-        impl = D.resolve(self.options.decode_attention, self._backend())
+        impl = D.resolve(self.options.decode_attention, self._backend(),
+                         kv.k.shape[3] // kv.block)
         attn, new_kv = kv.update_and_attend(q, k, v, layer, impl)
       else:
         chunk = self.options.attention_chunk

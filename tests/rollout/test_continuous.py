@@ -3,6 +3,7 @@ the dense reference path, decode attention over the live entries only (the XLA r
 Pallas kernel, in the interpreter here), one in-place cache, and the memory of 256 rows of a 4B
 model."""
 
+import dataclasses
 import functools
 import math
 
@@ -14,7 +15,7 @@ from flax import nnx
 
 from disa_jax import models
 from disa_jax.models import attention as A
-from disa_jax.models.decode_attention import ragged_attention
+from disa_jax.models.decode_attention import CPU_STATIC_BLOCKS, ragged_attention, resolve
 from disa_jax.models.kv_bits import as_bits, from_bits
 from disa_jax.models.decode_attention_pallas import pallas_ragged_attention
 from disa_jax.rollout import SamplingParams, continuous
@@ -46,6 +47,27 @@ def test_ragged_samples_what_the_dense_reference_samples(samplers, params):
   ragged, dense = samplers
   reference.assert_same_completions(ragged.generate(PROMPTS, params),
                                     dense.generate(PROMPTS, params), atol=1e-5)
+
+
+def test_the_static_and_live_bounds_loops_sample_the_same_bits(tiny_model):
+  """Decode attention 'xla' (every cache block, dead ones masked) and 'xla_live' (the live blocks
+  only) give the same tokens and log-probs bit for bit (the dead blocks add exactly 0), so 'auto'
+  may pick either; it takes the static loop on a CPU for a cache of few blocks."""
+  got = {}
+  for impl in ("xla", "xla_live"):
+    model = nnx.clone(tiny_model)
+    model.options = dataclasses.replace(model.options, decode_attention=impl)
+    sampler = JaxSampler(model, cache_layout="ragged", max_batch_size=8, min_batch_bucket=8,
+                         decode_block=4)
+    got[impl] = sampler.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=20,
+                                                         seed=3, return_raw_logprobs=True))
+  for a, b in zip(got["xla"], got["xla_live"]):
+    for x, y in zip(a, b):
+      assert list(x.token_ids) == list(y.token_ids)
+      np.testing.assert_array_equal(np.asarray(x.raw_logprobs), np.asarray(y.raw_logprobs))
+  assert resolve("auto", "cpu", CPU_STATIC_BLOCKS) == "xla"
+  assert resolve("auto", "cpu", CPU_STATIC_BLOCKS + 1) == resolve("auto", "cpu") == "xla_live"
+  assert resolve("auto", "gpu", 1000) == "xla" and resolve("pallas", "cpu", 2) == "pallas"
 
 
 def test_finished_rows_free_their_slots_for_waiting_rows(samplers):
