@@ -209,6 +209,9 @@ def exact_target() -> ml_collections.ConfigDict:
   # How the conditional wrong samples are decoded: 'full' (one pass per token) or 'cached' (a KV
   # cache; disa_jax.eval.wrong_answers.DECODES).
   e.wrong_decode = "full"
+  # Packed rows per forward pass of its scorers (the same measures to float rounding; on a CPU 8
+  # rows take a tiny model's measurement from 0.19 to 0.08 s, the main job's default preset uses 8).
+  e.scorer_rows = 64
   return e
 
 
