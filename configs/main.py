@@ -558,7 +558,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # 2-core CPU (one row keeps about one core busy), 1 on an accelerator.
   c.eval_workers = 2
   # Each worker process on its own share of the CPUs (one core each here): two Stage 3 runs at once
-  # take 0.73x the wall time of two unpinned ones, bit-identical results
+  # take 0.91x the wall time of two unpinned ones, bit-identical results
   # (benchmarks/results/worker_pinning_cpu.json). False: every worker may use every CPU.
   c.pin_workers = True
   # The most Stage 3 seeds of one run trained together in one process, the seeds as one vmapped

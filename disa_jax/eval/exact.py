@@ -123,8 +123,7 @@ class ExactTargetConfig:
     """The `SequenceScorer` of these measures (``scorer_rows`` rows per pass; packed rows grow with
     the data)."""
     return SequenceScorer(model, pad_id=pad_id, batch_size=self.scorer_rows, pad_to=16,
-                          packing=self.packing,
-                          share_prompts=self.share_prompts)
+                          packing=self.packing, share_prompts=self.share_prompts)
 
 
 def exact_log_z(log_p_correct_ref: np.ndarray, beta: float) -> np.ndarray:

@@ -317,8 +317,9 @@ class MainConfig:
   them with `dataclasses.replace` (paths under its workdir, the job's beta, seeds and engine).
   ``eval_workers``: processes the evaluation rows are split over (each with its own engine; a
   row's results do not depend on the process or the rows before it). ``pin_workers``: each
-  Stage 3 and evaluation worker process runs on its own share of the job's CPUs (`job_workers.spawn_pool`; results
-  unchanged, less wall time where the workers fill the CPUs). ``seed_batch``: the most
+  Stage 3 and evaluation worker process runs on its own share of the job's CPUs
+  (`job_workers.spawn_pool`; results unchanged, less wall time where the workers fill the CPUs).
+  ``seed_batch``: the most
   Stage 3 seeds of one run trained together, as one batch dimension in one process
   (`disa_jax.rl.seed_batch`; 1 = each seed a run of its own). ``stages``: 'all', or 'anchor' (the
   models, Stages 1-2 and the anchor study, then `stage12.write_anchor_report`).

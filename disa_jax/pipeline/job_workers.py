@@ -59,7 +59,7 @@ def spawn_pool(workers: int, *, pin: bool = True) -> futures.ProcessPoolExecutor
   worker (on its worker's CPUs).
 
   With ``pin`` each worker runs on its own share of this process's CPUs (`cpu_shares`): on a
-  2-core CPU, two Stage 3 runs of the default job at once take 0.73x the wall time of two
+  2-core CPU, two Stage 3 runs of the default job at once take 0.91x the wall time of two
   unpinned ones, the same results bit for bit (benchmarks/results/worker_pinning_cpu.json).
   """
   ctx = multiprocessing.get_context("spawn")
