@@ -76,16 +76,13 @@ def run_block(args, placement: str, rep: int) -> dict:
           "load_after": runtime.load_average()}
 
 
-def _span(xs: list[float]) -> dict[str, float]:
-  return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
 
 def summarise(blocks: list[dict], placements: list[str]) -> dict:
   out = {}
   for p in placements:
     mine = [b for b in blocks if b["placement"] == p]
-    out[p] = {"run_s": _span([b["median_run_s"] for b in mine]),
-              "step_s": _span([b["median_step_s"] for b in mine]),
+    out[p] = {"run_s": runtime.spread([b["median_run_s"] for b in mine]),
+              "step_s": runtime.spread([b["median_step_s"] for b in mine]),
               "blocks": len(mine)}
   first = out[placements[0]]
   for p in placements:

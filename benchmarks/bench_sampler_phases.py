@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import time
 
 import numpy as np
@@ -79,9 +78,6 @@ def time_calls(sampler: JaxSampler, prompts, *, max_tokens: int, calls: int, fir
   return out
 
 
-def _spread(xs: list[float]) -> dict[str, float]:
-  return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
 
 def summarise(times: dict[str, dict[int, dict[str, list[float]]]], new_tokens: int) -> dict:
   """Per variant and clock (``times[variant][length][clock]``, variants in order): medians
@@ -91,7 +87,7 @@ def summarise(times: dict[str, dict[int, dict[str, list[float]]]], new_tokens: i
   for name, by_len in times.items():
     out[name] = {}
     for clock in CLOCKS:
-      one, full = _spread(by_len[1][clock]), _spread(by_len[new_tokens][clock])
+      one, full = runtime.spread(by_len[1][clock]), runtime.spread(by_len[new_tokens][clock])
       out[name][clock] = {"prefill_s": one, "generate_s": full, "n": len(by_len[new_tokens][clock]),
                           "per_decode_step_s": (full["median"] - one["median"]) / (new_tokens - 1)}
   base = out[next(iter(out))]

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from disa_jax import codec, runtime  # noqa: E402
+from disa_jax import artifacts, codec, runtime  # noqa: E402
 from disa_jax.pipeline import job_workers  # noqa: E402
 from disa_jax.workflows.stage3 import Stage3Config  # noqa: E402
 
@@ -39,22 +39,23 @@ KINDS = ("pinned", "unpinned")
 
 def run_configs(workdir: Path, run: str, steps: int, out: Path) -> list[Stage3Config]:
   """Two copies of the job's ``run`` config cut to ``steps`` steps, in ``out/a`` and ``out/b``."""
-  cfg = codec.read_config(Stage3Config, json.loads((workdir / "stage3" / run / "config.json")
-                                                   .read_text()))
+  cfg = codec.load(Stage3Config, workdir / "stage3" / run / "config.json", "the run's config")
   train = dataclasses.replace(cfg.train, total_steps=steps, progress_bar=False)
   return [dataclasses.replace(cfg, workdir=str(out / name), train=train) for name in ("a", "b")]
 
 
+def _rows(run_dir: str) -> list[dict]:
+  return artifacts.read_jsonl(Path(run_dir, "metrics.jsonl"), "the Stage 3 metrics")
+
+
 def metrics(run_dir: str) -> list[dict]:
   """The run's metrics rows without the timings (what must not depend on pinning)."""
-  rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines()]
   return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"}
-          for r in rows]
+          for r in _rows(run_dir)]
 
 
 def step_median(run_dir: str, skip: int) -> float:
-  rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines()]
-  return statistics.median(r["time/step_s"] for r in rows if "time/step_s" in r
+  return statistics.median(r["time/step_s"] for r in _rows(run_dir) if "time/step_s" in r
                            and r["step"] > skip)
 
 
@@ -67,9 +68,6 @@ def run_block(cfgs: list[Stage3Config], pin: bool) -> float:
                                lambda names, seconds: None, pin=pin)
   return time.perf_counter() - t0
 
-
-def _spread(xs: list[float]) -> dict[str, float]:
-  return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def main() -> None:
@@ -98,7 +96,7 @@ def main() -> None:
       same = same and all(metrics(c.workdir) == want for c in cfgs)
       print(f"block {b} {kind:8s} wall {got[kind]['wall_s'][-1]:.1f} s (load before "
             f"{got[kind]['load'][-1]:.1f})", flush=True)
-  summary = {k: {"wall_s": _spread(g["wall_s"]), "step_s": _spread(g["step_s"])}
+  summary = {k: {"wall_s": runtime.spread(g["wall_s"]), "step_s": runtime.spread(g["step_s"])}
              for k, g in got.items()}
   ratio = {m: summary["pinned"][m]["median"] / summary["unpinned"][m]["median"]
            for m in ("wall_s", "step_s")}

@@ -14,8 +14,8 @@ share each prompt's tokens across its sequences (``--share-prompts 0,1``,
 `ExactTargetConfig.share_prompts`) and how the conditional samples are decoded
 (``--wrong-decode full,cached``, `ExactTargetConfig.wrong_decode`) and how many packed rows its
 scorers run per pass (``--scorer-rows 64,8``, `ExactTargetConfig.scorer_rows`): every combination
-of the four lists. For each setting, the largest difference of ``kl_decomposed`` from the first setting of the
-same wrong_samples at the same step (their samples are drawn from the same seeds).
+of the four lists. For each setting, the largest difference of ``kl_decomposed`` from the first
+setting of the same wrong_samples at the same step (their samples are drawn from the same seeds).
 
     python benchmarks/bench_wrong_term.py --workdir /tmp/pilot \\
         --runs disa_pos_replay,disa,disa_exact_seed1,grpo [--reps 40] [--wrong-samples 0,32] \\

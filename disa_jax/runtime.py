@@ -28,6 +28,7 @@ import ctypes
 import ctypes.util
 import importlib.util
 import os
+import statistics
 from typing import Any
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
@@ -122,3 +123,9 @@ def host_description() -> str:
 def load_average() -> float:
   """The 1-minute load average (what the benchmarks quote beside each timing)."""
   return os.getloadavg()[0]
+
+
+def spread(xs: Any) -> dict[str, float]:
+  """Median, min and max of repeated timings (how the benchmarks summarise their blocks)."""
+  xs = sorted(float(x) for x in xs)
+  return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1]}
