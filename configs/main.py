@@ -486,6 +486,11 @@ STALENESS = (0, 2)  # rollout.max_staleness of the staleness study's runs (issue
 STALENESS_LR = 5e-4  # the staleness study's train.optim.lr
 HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
 STALENESS_SEEDS = (0, 1, 2, 3, 4)  # Stage 3 seeds of every run (issue 45: five, for Fisher)
+# Issue 62 (item 5): the fitted anchor's cells run on STALENESS_REPLICAS independent Stage 1-2
+# replicas with one Stage 3 seed each (STALENESS_REPLICA_SEEDS; as many units as the other cells'
+# seeds): a claim about the anchor (e.g. 'k0_disa_exact<k0_disa') is decided over anchors.
+STALENESS_REPLICAS = 5
+STALENESS_REPLICA_SEEDS = (0,)
 # The staleness study's questions, each 'A<B' decided over seeds: does k = 2 raise each method's KL;
 # does TIS help GRPO at k = 2; is DISA's frozen anchor more robust to staleness than FlowRL's head;
 # does the anchor's error (sigma_g) matter on-policy and under staleness.
@@ -507,8 +512,9 @@ def staleness_grid() -> ml_collections.ConfigDict:
   grpo_tis = stage3_base.objective("grpo")
   grpo_tis.is_correction = "tis"  # min(pi_old / mu, 2) per token (veRL's / TRL's TIS)
   grpo_tis.is_cap = 2.0
+  one = STALENESS_REPLICA_SEEDS  # the fitted anchor's cells: one seed per anchor replica
   for k in STALENESS:
-    g[f"k{k}_disa"] = _run(_tb("disa"), staleness=k)
+    g[f"k{k}_disa"] = _run(_tb("disa"), staleness=k, seeds=one)
     g[f"k{k}_disa_exact"] = _run(_tb("disa"), anchor="exact", staleness=k)
     g[f"k{k}_flowrl"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k)
     g[f"k{k}_grpo"] = _run(stage3_base.objective("grpo"), staleness=k)
@@ -519,7 +525,7 @@ def staleness_grid() -> ml_collections.ConfigDict:
   # the end state would stay off) from "delayed updates at a step size near the edge diverge" (a
   # smaller step reaches the k = 0 end state: the fixed point does not depend on the lr).
   k = max(STALENESS)
-  g[f"k{k}_disa_halflr"] = _run(_tb("disa"), staleness=k, lr=HALF_LR)
+  g[f"k{k}_disa_halflr"] = _run(_tb("disa"), staleness=k, lr=HALF_LR, seeds=one)
   g[f"k{k}_disa_exact_halflr"] = _run(_tb("disa"), anchor="exact", staleness=k, lr=HALF_LR)
   g[f"k{k}_flowrl_halflr"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k, lr=HALF_LR)
   # The control of the explanation "a learned log Z absorbs the residual common to a prompt's rows,
@@ -874,10 +880,13 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     # Issue 45 (item 6) re-decided it at five seeds (STALENESS_SEEDS): with three a side no
     # Fisher test of failure counts can reach p < 0.05; 0 of 5 against 5 of 5 gives p = 0.008
     # (two-sided). 70 runs: 5,360 s on 2 cores (Intel Xeon, quiet; runs 114-166 s, two at a time).
+    # Issue 62 (declared in docs/preregistration.md on 2026-12-06 before this design ran): the
+    # pinned models, and the fitted anchor's 3 cells on 5 anchor replicas x 1 seed (still 70 runs).
     grid = staleness_grid()
     c.runs.update(grid)
     c.methods = tuple(grid.keys())
     c.seeds = STALENESS_SEEDS
+    c.anchor_replicas = STALENESS_REPLICAS
     c.fix = ""  # the preset's table is the study: the report compares the runs at their end states
     c.compare = STALENESS_COMPARE
     c.task.n_max = 15

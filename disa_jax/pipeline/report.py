@@ -221,12 +221,41 @@ def _claims(plan: JobPlan, s1: Stage1Section, runs: Mapping[str, C.Row], dyn: Dy
   seed_rows = {m: [(s, runs[row]) for s, row in zip(r.seeds, r.rows) if row in runs]
                for m, r in plan.runs.items()}
   ref = runs.get("reference")
-  ev = C.Evidence(seed_rows=seed_rows, method_states=dyn.states, matched_runs=dyn.matched_runs,
-                  end_state=plan.end_state, reference_kl=None if ref is None else ref[D.PRIMARY])
   roles = C.Plan(fix=fix or "", disa=plan.disa, oracle=plan.oracle, contrasts=tuple(contrasts),
                  controls=plan.controls, compare=plan.compare, replay=plan.replay_pairs)
+  rows, states, matched = _replica_claim_units(plan, roles, seed_rows, dyn)
+  ev = C.Evidence(seed_rows=rows, method_states=states, matched_runs=matched,
+                  end_state=plan.end_state, reference_kl=None if ref is None else ref[D.PRIMARY])
   return C.build_claims(ev, roles, s1.n_disjoint_abs_error
                         if plan.exact_on_label_scale else None)
+
+
+def _replica_claim_units(plan: JobPlan, roles: C.Plan, seed_rows: Mapping[str, C.SeedRows],
+                         dyn: Dynamics
+                         ) -> tuple[dict[str, C.SeedRows], dict[str, D.EndState],
+                                    dict[str, C.MatchedRuns]]:
+  """The claims' units (issue 62, item 5): a cell run on several anchor replicas
+  (`JobPlan.replicas`) is compared over its replicas, replica d's one Stage 3 seed standing as
+  unit d (its row, matched accuracy; the cell's end state pooled over the replicas), never over
+  the seeds of one anchor. A replicated cell that a claim names must run one seed per replica
+  (a replica's mean would average failure flags); it raises naming the cell otherwise."""
+  rows, states, matched = dict(seed_rows), dict(dyn.states), dict(dyn.matched_runs)
+  named = {roles.fix, roles.disa, roles.oracle, *roles.contrasts, *roles.controls,
+           *(n for pair in roles.replay for n in pair),
+           *(n for p in roles.compare for n in C.parse_comparison(p)[:2])}
+  for cell, reps in plan.replicas.items():
+    if cell not in named:
+      continue
+    seeds = {r: plan.runs[r].seeds for r in reps}
+    if any(len(s) != 1 for s in seeds.values()):
+      raise ValueError(f"claims over anchor replicas: cell {cell!r} is named in a claim, so each "
+                       f"of its replicas must run one Stage 3 seed; got {seeds}")
+    rows[cell] = [(d, r) for d, rep in enumerate(reps) for _, r in seed_rows.get(rep, ())]
+    matched[cell] = [(d, x) for d, rep in enumerate(reps) for _, x in dyn.matched_runs.get(rep, ())]
+    ends = [e for rep in reps for _, e in dyn.ends.get(rep, ())]
+    if ends:
+      states[cell] = D.method_end_state(ends, plan.end_state)
+  return rows, states, matched
 
 
 def _anchor_gap(plan: JobPlan, evals: Mapping[str, C.Row],

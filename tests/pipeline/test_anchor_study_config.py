@@ -100,9 +100,13 @@ def test_heldout_option_splits_the_stage3_prompts(tmp_path):
 
 def test_staleness_study_preset_sets_each_runs_staleness(tmp_path):
   job = _job(main_config.get_config("staleness_study"), tmp_path)
-  assert job.cfg.seeds == (0, 1, 2, 3, 4) and len(job.cfg.methods) == 14
+  assert job.cfg.seeds == (0, 1, 2, 3, 4) and len(job.cfg.methods) == 14 + 3 * 4
+  # the fitted anchor's 3 cells on 5 anchor replicas x 1 seed: 70 runs, as at 5 seeds of one anchor
+  assert sum(len(job.cfg.run_seeds(m)) for m in job.cfg.methods) == 70
+  assert job.cfg.run_seeds("k2_disa_halflr_rep4") == (0,) and len(job.replicas) == 5
   for name in job.cfg.methods:
     k, method = name.split("_", 1)
+    method = method.split("_rep")[0]
     cfg = job.stage3_cfgs[(name, 0)]
     assert cfg.train.rollout.max_staleness == int(k[1:]) in main_config.STALENESS, name
     half = method.endswith("_halflr")  # the TB delay control: the same run at half the lr

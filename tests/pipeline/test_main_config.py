@@ -65,6 +65,9 @@ from disa_jax.workflows.stage2 import Stage2Config
 # Issue 63 added the coupling presets' entries (coupling_pilot, coupling_offpolicy(_quick), and after the
 # pilot coupling_onpolicy(_quick)); every
 # other entry checked unchanged.
+# Issue 62 (item 5) ran the staleness study's fitted-anchor cells on 5 anchor replicas x 1 seed: its
+# entries' diff is seeds 1-4 of k0_disa / k2_disa / k2_disa_halflr removed and their 12 replica
+# runs added, every other entry (its own and every other preset's) hashed as committed.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 

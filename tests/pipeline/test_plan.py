@@ -246,3 +246,25 @@ def test_the_anchor_claims_unit_is_the_replica_mean():
   del values[plan.runs["disa_rep2"].rows[1]]
   with pytest.raises(KeyError, match="no value for row 'disa_rep2_seed1'"):
     replica_units(plan, values)
+
+
+def test_a_claim_about_a_replicated_cell_is_decided_over_its_anchor_replicas():
+  """Issue 62 (item 5): in the staleness study the fitted anchor's cells run on 5 Stage 1-2
+  replicas x 1 seed; 'k0_disa_exact<k0_disa' compares the exact log Z's 5 seeds with the 5 anchors,
+  not with one anchor's seeds. A replicated cell a claim names with 2 seeds per replica raises."""
+  plan = _plan(main_config.get_config("staleness_study"))
+  assert plan.replicas["k0_disa"] == ("k0_disa", *(f"k0_disa_rep{d}" for d in range(1, 5)))
+  rows = {m: [(s, {"kl": float(i * 10 + s)}) for s in r.seeds]
+          for i, (m, r) in enumerate(plan.runs.items())}
+  ends = report.Dynamics(series={}, ends={}, states={}, matched_runs={})
+  roles = C.Plan(fix="", disa="", oracle="", contrasts=(), controls=(),
+                 compare=plan.compare, replay=())
+  units, _, _ = report._replica_claim_units(plan, roles, rows, ends)
+  assert [r["kl"] for _, r in units["k0_disa"]] == [rows[n][0][1]["kl"]
+                                                    for n in plan.replicas["k0_disa"]]
+  assert [d for d, _ in units["k0_disa"]] == [0, 1, 2, 3, 4]
+  assert units["k0_disa_exact"] == rows["k0_disa_exact"]  # a cell without replicas: its seeds
+  c = main_config.get_config("staleness_study")
+  c.runs.k0_disa.seeds = (0, 1)
+  with pytest.raises(ValueError, match="cell 'k0_disa' is named in a claim"):
+    report._replica_claim_units(_plan(c), roles, rows, ends)
