@@ -207,6 +207,8 @@ def test_anchor_replicas_draw_their_own_stage12_with_the_stage3_seeds_nested(tmp
   fit seed and noise draw, the same Stage 3 seeds within each; the other runs are not replicated."""
   c = main_config.get_config("anchor_testbed_rl")
   c.anchor_replicas = 3
+  for cell in ("disa", "disa_noise025", "disa_noise1"):
+    c.runs[cell].seeds = ()  # (the preset runs them at seed 0 alone: here the job's seeds nest)
   cfg = MainConfig.from_config(c)
   plan = job_plan(cfg, tmp_path)
   cells = ("disa", "disa_noise025", "disa_noise1")
@@ -232,7 +234,7 @@ def test_anchor_replicas_draw_their_own_stage12_with_the_stage3_seeds_nested(tmp
 
 def test_the_anchor_claims_unit_is_the_replica_mean():
   c = main_config.get_config("anchor_testbed_rl")
-  c.anchor_replicas, c.seeds = 3, (0, 1)
+  c.anchor_replicas, c.seeds, c.runs.disa.seeds = 3, (0, 1), ()
   plan = _plan(c)
   values = {row: float(i) for i, row in enumerate(r for run in plan.runs.values() for r in run.rows)}
   units = replica_units(plan, values)
@@ -268,3 +270,18 @@ def test_a_claim_about_a_replicated_cell_is_decided_over_its_anchor_replicas():
   c.runs.k0_disa.seeds = (0, 1)
   with pytest.raises(ValueError, match="cell 'k0_disa' is named in a claim"):
     report._replica_claim_units(_plan(c), roles, rows, ends)
+
+
+@pytest.mark.parametrize("preset", ["anchor_testbed_rl", "anchor_testbed_offpolicy",
+                                    "anchor_testbed_offpolicy_mean", "staleness_study",
+                                    "coupling_onpolicy", "coupling_offpolicy"])
+def test_every_cell_that_reads_the_stage12_draw_runs_on_at_least_three_anchors(preset):
+  """Issue 62 (item 5): in every multi-seed preset whose claims compare a fitted anchor (or an
+  offset drawn with it), each such cell runs on >= 3 independent Stage 1-2 replicas."""
+  cfg = MainConfig.from_config(main_config.get_config(preset))
+  cells = [m for m in cfg.methods if cfg.runs[m].reads_stage12 and "_rep" not in m]
+  assert cells and cfg.anchor_replicas >= 3
+  assert set(cfg.replicated()) == set(cells)
+  for m in cells:
+    assert len(cfg.replicated()[m]) == cfg.anchor_replicas
+  assert len({cfg.run_seeds(m) for m in cfg.methods if m not in cells and "_rep" not in m}) == 1
