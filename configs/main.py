@@ -119,6 +119,7 @@ DEFAULT_TRACK = 16  # in the end-state window: 14 measurements (steps 672..880)
 DEFAULT_TRACK_BEFORE = 32  # before it: steps 96..640 (P(correct) passes 0.9 near step 40-80)
 DEFAULT_START_EVERY = 10  # and at step 0, every 10 steps to step 88 (the first 10%; issue 62)
 DEFAULT_SCORER_ROWS = 8  # packed rows per pass of the tracker's scorers (ExactTargetConfig.scorer_rows)
+DEFAULT_REPLICAS = len(DEFAULT_SEEDS)  # anchor replicas of the default job's fix and DISA
 CLAIMS_STEPS = 800  # on the small task (the claims preset): as the regime grid's runs
 # the claims preset's runs with 5 Stage 3 seeds (the decisive comparisons; the others have 3)
 CLAIMS_DECISIVE = ("disa_pos_replay", "disa", "disa_matched", "grpo_remedies")
@@ -336,6 +337,12 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   # `--config.methods=...` without both runs; the decision's family is docs/preregistration.md's.)
   c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "flowrl_paper")
   c.seeds = DEFAULT_SEEDS
+  # Issue 62 (item 5): the claims about the anchor's error ("ends as close to the target as the
+  # oracle") are decided over anchors: the two runs that read the Stage 1/2 draw (the fix's replay
+  # pool and anchor, DISA's anchor) on DEFAULT_REPLICAS Stage 1-2 replicas x seed 0 (25 runs still).
+  c.anchor_replicas = DEFAULT_REPLICAS
+  for cell in ("disa_pos_replay", "disa"):
+    c.runs[cell].seeds = (0,)
   c.task.n_max = DEFAULT_N_MAX
   c.arch.hidden_size = DEFAULT_WIDTH
   c.arch.intermediate_size = 2 * DEFAULT_WIDTH

@@ -30,6 +30,9 @@ def _cfg(**over):
   # the base settings the default job's own (`_decisive_default`) replace: one seed, 2 mini-batches
   # at a decaying lr, the N-study, and the engine in its generation process (shared memory)
   c.seeds = (0,)
+  c.anchor_replicas = 1  # (and the runs' own seeds: the job's, not the default's anchor replicas)
+  for cell in ("disa", "disa_pos_replay"):
+    c.runs[cell].seeds = ()
   c.train.optim.lr, c.train.optim.decay_frac = 3e-4, 0.15
   c.train.rollout.num_minibatches = 2
   c.track.every_before_window = 0

@@ -69,7 +69,8 @@ from disa_jax.workflows.stage2 import Stage2Config
 # entries' diff is seeds 1-4 of k0_disa / k2_disa / k2_disa_halflr removed and their 12 replica
 # runs added, every other entry (its own and every other preset's) hashed as committed. The same
 # for anchor_testbed_rl (disa, disa_noise025, disa_noise1) and anchor_testbed_offpolicy(_mean)
-# (u4_disa): 5 anchor replicas x seed 0 in place of seeds 1-4.
+# (u4_disa): 5 anchor replicas x seed 0 in place of seeds 1-4; and for the default preset
+# (disa_pos_replay, disa), its full entries rewritten.
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "pipeline" / "main_job_configs_1974253.json"
 
 

@@ -13,7 +13,7 @@ from disa_jax.anchor import AnchorFitConfig
 from disa_jax.pipeline import claims as C
 from disa_jax.pipeline import report, tables
 from disa_jax.pipeline.anchor_study import SigmaStudy, StudyVerdict
-from disa_jax.pipeline.job_config import MainConfig, RunSpec, replace_paths
+from disa_jax.pipeline.job_config import MainConfig, RunSpec, _is_replica, replace_paths
 from disa_jax.pipeline.plan import job_plan, replica_units
 from disa_jax.pipeline.sum_job import SumJob
 from disa_jax.rl.objectives import Disa
@@ -272,16 +272,16 @@ def test_a_claim_about_a_replicated_cell_is_decided_over_its_anchor_replicas():
     report._replica_claim_units(_plan(c), roles, rows, ends)
 
 
-@pytest.mark.parametrize("preset", ["anchor_testbed_rl", "anchor_testbed_offpolicy",
+@pytest.mark.parametrize("preset", ["", "anchor_testbed_rl", "anchor_testbed_offpolicy",
                                     "anchor_testbed_offpolicy_mean", "staleness_study",
                                     "coupling_onpolicy", "coupling_offpolicy"])
 def test_every_cell_that_reads_the_stage12_draw_runs_on_at_least_three_anchors(preset):
   """Issue 62 (item 5): in every multi-seed preset whose claims compare a fitted anchor (or an
   offset drawn with it), each such cell runs on >= 3 independent Stage 1-2 replicas."""
   cfg = MainConfig.from_config(main_config.get_config(preset))
-  cells = [m for m in cfg.methods if cfg.runs[m].reads_stage12 and "_rep" not in m]
+  cells = [m for m in cfg.methods if cfg.runs[m].reads_stage12 and not _is_replica(m)]
   assert cells and cfg.anchor_replicas >= 3
   assert set(cfg.replicated()) == set(cells)
   for m in cells:
     assert len(cfg.replicated()[m]) == cfg.anchor_replicas
-  assert len({cfg.run_seeds(m) for m in cfg.methods if m not in cells and "_rep" not in m}) == 1
+  assert len({cfg.run_seeds(m) for m in cfg.methods if m not in cells and not _is_replica(m)}) == 1

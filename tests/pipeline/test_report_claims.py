@@ -231,6 +231,7 @@ def _plan(methods, label_scale="sum", compare=()):
   for m in methods:
     c.runs[m] = main_config._run(main_config._tb("disa"))  # pylint: disable=protected-access
   c.methods, c.seeds, c.fix, c.compare = tuple(methods), (0, 1, 2), "", compare
+  c.anchor_replicas = 1  # (the default job's anchor replicas: not this helper's runs)
   c.stage1.label_scale = label_scale
   return job_plan(MainConfig.from_config(c), "/tmp/unused")
 
