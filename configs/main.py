@@ -17,7 +17,8 @@ Presets and their budgets (2 CPU cores):
 - default (`_decisive_default`, issue 44): the four runs the claims turn on (the fix
   ``disa_pos_replay``, the paper's DISA, the oracle ``disa_exact``, GRPO) and FlowRL as the paper
   runs it (``flowrl_paper``, issue 62: DISA against it is the paper's controlled comparison), 5
-  Stage 3 seeds each, on n = 0..7 with a tiny Qwen3 of width 64 (the pinned models), at lr 5e-4
+  units each (the fix and DISA on 5 anchor replicas x seed 0, the others on 5 Stage 3 seeds), on
+  n = 0..7 with a tiny Qwen3 of width 64 (the pinned models), at lr 5e-4
   (constant), on-policy, G = 16, 880 steps, tracked at step 0 and every 10 steps to step 88, then
   every 32 steps and every 16 in the end-state window (14 measurements there), LoRA-SFT and the
   evaluations; tuned FlowRL, GSPO and VarGrad are

@@ -7,8 +7,9 @@ two parts: the measurement's Monte Carlo error (white, its standard error known 
 ``kl_decomposed_se`` is) and the policy's own wandering between measurements, an AR(1) process of
 lag-1 correlation ``rho`` (unknown to the fit). The curves are flat, or still falling by a share of
 their value at the window's start, linearly or as a decaying exponential (most of the fall early
-in the window). The levels are the default job's final KL (0.015-0.027 nats, docs/reports/
-default.json) and 0.3-1 nat; the noise at the default job's level is its per-measurement scatter
+in the window). The levels are the default job's final KL (0.015-0.027 nats,
+docs/reports/default_8af3d05.json, the one-anchor job) and 0.3-1 nat; the noise at the default
+job's level is its per-measurement scatter
 (`DEFAULT_NOISE`: a total SD of 0.001 nats, half of it Monte Carlo error, the size of the
 Paule-Mandel excess scatter ``tau`` its quieter runs show), and 3% of the level at 0.3-1 nat (GRPO's
 ``tau`` at KL 1.2-1.3 in the same report: 1.5-3%).
