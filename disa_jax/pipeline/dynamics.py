@@ -392,10 +392,21 @@ def pool_trends(trends: Sequence[Trend], cfg: EndStateConfig = EndStateConfig())
     var, df = spread, float(k - 1)
   else:
     df_i = np.asarray([t.df for t in trends], np.float64)
-    var, df = own, float(se2.sum() ** 2 / np.sum(se2 ** 2 / df_i)) if own > 0 else float(df_i.sum())
+    var, df = own, _satterthwaite(se2, df_i) if own > 0 else float(df_i.sum())
   return Trend.decide(float(c.mean()), float(np.sqrt(var)), df,
                       float(np.mean([t.value for t in trends])), cfg, tau=None,
                       points=min(t.points for t in trends))
+
+
+def _satterthwaite(se2: np.ndarray, df_i: np.ndarray) -> float:
+  """Welch-Satterthwaite degrees of freedom of sum(se2); where the squares underflow (a stuck
+  curve's se ~ 1e-150: 0 / 0), the same formula on se2 / max(se2), which it does not change."""
+  with np.errstate(invalid="ignore", under="ignore"):
+    df = float(se2.sum() ** 2 / np.sum(se2 ** 2 / df_i))
+  if np.isfinite(df):
+    return df
+  w = se2 / se2.max()
+  return float(w.sum() ** 2 / np.sum(w ** 2 / df_i))
 
 
 def method_end_state(ends: Sequence[EndState], cfg: EndStateConfig = EndStateConfig()) -> EndState:

@@ -145,6 +145,17 @@ def test_a_method_pools_its_seeds_and_their_spread_counts():
   assert apart.change_se == pytest.approx(np.std([0.1, -0.1] * 2, ddof=1) / 2)
 
 
+def test_a_stuck_curves_tiny_error_pools_without_a_nan():
+  """A diverged run stuck at one value has a change error ~1e-150 (the staleness study's
+  k2_disa_rep4 on its own, a cell of one seed per anchor replica): its square underflows and the
+  Welch-Satterthwaite formula read 0 / 0; the pooled trend keeps the seed's degrees of freedom."""
+  stuck = D.Trend.decide(0.0, 1.04e-150, 8.0, 80.0, CFG, tau=0.0, points=13)
+  pooled = D.pool_trends([stuck])
+  assert pooled.df == 8.0 and pooled.change == 0.0
+  two = D.pool_trends([stuck, D.Trend.decide(0.0, 2.08e-150, 4.0, 80.0, CFG, tau=0.0, points=13)])
+  assert two.df == pytest.approx((1 + 4) ** 2 / (1 / 8 + 16 / 4))  # the formula on se^2 / max
+
+
 def test_method_end_state_is_undecided_when_a_seed_has_too_few_measurements():
   steps = np.arange(16, 801, 16)
   ok = D.end_state(_series(steps, np.full(steps.size, 0.3) + 1e-4 * np.sin(steps), se=0.001,
