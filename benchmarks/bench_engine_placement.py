@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -74,7 +73,6 @@ def run_block(args, placement: str, rep: int) -> dict:
           "median_run_s": statistics.median(runs.values()),
           "median_step_s": statistics.median(steps), "load_before": before,
           "load_after": runtime.load_average()}
-
 
 
 def summarise(blocks: list[dict], placements: list[str]) -> dict:

@@ -78,7 +78,6 @@ def time_calls(sampler: JaxSampler, prompts, *, max_tokens: int, calls: int, fir
   return out
 
 
-
 def summarise(times: dict[str, dict[int, dict[str, list[float]]]], new_tokens: int) -> dict:
   """Per variant and clock (``times[variant][length][clock]``, variants in order): medians
   (min-max) at 1 and N tokens, the per-decode-step time, and each figure's ratio to the first

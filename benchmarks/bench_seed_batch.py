@@ -131,7 +131,6 @@ def _load() -> str:
   return Path("/proc/loadavg").read_text().split(" ")[0]
 
 
-
 def summarise(blocks: list[dict], steps: int) -> dict:
   """Per block kind over its reps: the step time (a batch's step serves S seeds: per seed it is
   the step / S), the wall time per step per seed, and both as ratios to the first kind's."""
@@ -142,8 +141,9 @@ def summarise(blocks: list[dict], steps: int) -> dict:
     k["step"].append(statistics.median(r["step_median_per_seed"]) / r["seeds"])
     k["wall"].append(r["wall"] / steps / r["seeds"])
     k["loads"].append((b["load_before"], b["load_after"]))
-  out = {kind: {"step_per_seed_s": runtime.spread(v["step"]), "wall_per_step_per_seed_s": runtime.spread(v["wall"]),
-                "loads": v["loads"]} for kind, v in kinds.items()}
+  out = {kind: {"step_per_seed_s": runtime.spread(v["step"]),
+                "wall_per_step_per_seed_s": runtime.spread(v["wall"]), "loads": v["loads"]}
+         for kind, v in kinds.items()}
   first = out[blocks[0]["block"]]
   for row in out.values():
     for key in ("step_per_seed_s", "wall_per_step_per_seed_s"):

@@ -69,7 +69,6 @@ def run_block(cfgs: list[Stage3Config], pin: bool) -> float:
   return time.perf_counter() - t0
 
 
-
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--workdir", required=True, help="a finished main-job workdir")

@@ -322,6 +322,16 @@ def _small_task(c: ml_collections.ConfigDict, steps: int) -> None:
 TESTBED_N_MAX = 159  # the anchor testbed's prompts: n = 0..159 (" 100+59" + EOS: 8 tokens)
 
 
+def _on_anchor_replicas(c: ml_collections.ConfigDict, cells: tuple[str, ...],
+                        replicas: int) -> None:
+  """Issue 62 (item 5): ``cells`` (those of the preset that read the Stage 1/2 draw) on
+  ``replicas`` independent Stage 1-2 replicas with Stage 3 seed 0 each, so that a claim about the
+  anchor's error is decided over anchors; the other cells keep the preset's seeds."""
+  c.anchor_replicas = replicas
+  for cell in cells:
+    c.runs[cell].seeds = (0,)
+
+
 def _decisive_default(c: ml_collections.ConfigDict) -> None:
   """The default job: the four runs the claims turn on (the fix, DISA, the oracle, GRPO) with
   `DEFAULT_SEEDS`, on n = 0..`DEFAULT_N_MAX` at lr `SMALL_LR` (constant), on-policy, G =
@@ -341,9 +351,7 @@ def _decisive_default(c: ml_collections.ConfigDict) -> None:
   # Issue 62 (item 5): the claims about the anchor's error ("ends as close to the target as the
   # oracle") are decided over anchors: the two runs that read the Stage 1/2 draw (the fix's replay
   # pool and anchor, DISA's anchor) on DEFAULT_REPLICAS Stage 1-2 replicas x seed 0 (25 runs still).
-  c.anchor_replicas = DEFAULT_REPLICAS
-  for cell in ("disa_pos_replay", "disa"):
-    c.runs[cell].seeds = (0,)
+  _on_anchor_replicas(c, ("disa_pos_replay", "disa"), DEFAULT_REPLICAS)
   c.task.n_max = DEFAULT_N_MAX
   c.arch.hidden_size = DEFAULT_WIDTH
   c.arch.intermediate_size = 2 * DEFAULT_WIDTH
@@ -445,14 +453,6 @@ def _anchor_testbed_rl(c: ml_collections.ConfigDict, seeds: tuple[int, ...]) -> 
     section.wrong_decode = "cached"
 
 
-def _on_anchor_replicas(c: ml_collections.ConfigDict, cells: tuple[str, ...]) -> None:
-  """``cells`` (those of the preset that read the Stage 1/2 draw) on `TESTBED_REPLICAS` anchor
-  replicas with one Stage 3 seed each; the other cells keep the preset's seeds."""
-  c.anchor_replicas = TESTBED_REPLICAS
-  for cell in cells:
-    c.runs[cell].seeds = (0,)
-
-
 # The off-policy part's step size (issue 45; docs/preregistration.md, "The off-policy part"): the
 # largest of these at which the oracle, with 4 updates per rollout batch and omega = min(w, 10), is
 # stable. One run each, seed 0, in the preset anchor_testbed_offpolicy_pilot.
@@ -508,10 +508,9 @@ STALENESS_LR = 5e-4  # the staleness study's train.optim.lr
 HALF_LR = STALENESS_LR / 2  # its TB delay control's lr
 STALENESS_SEEDS = (0, 1, 2, 3, 4)  # Stage 3 seeds of every run (issue 45: five, for Fisher)
 # Issue 62 (item 5): the fitted anchor's cells run on STALENESS_REPLICAS independent Stage 1-2
-# replicas with one Stage 3 seed each (STALENESS_REPLICA_SEEDS; as many units as the other cells'
-# seeds): a claim about the anchor (e.g. 'k0_disa_exact<k0_disa') is decided over anchors.
+# replicas with one Stage 3 seed each (as many units as the other cells' seeds): a claim about the
+# anchor (e.g. 'k0_disa_exact<k0_disa') is decided over anchors.
 STALENESS_REPLICAS = 5
-STALENESS_REPLICA_SEEDS = (0,)
 # The staleness study's questions, each 'A<B' decided over seeds: does k = 2 raise each method's KL;
 # does TIS help GRPO at k = 2; is DISA's frozen anchor more robust to staleness than FlowRL's head;
 # does the anchor's error (sigma_g) matter on-policy and under staleness.
@@ -533,9 +532,8 @@ def staleness_grid() -> ml_collections.ConfigDict:
   grpo_tis = stage3_base.objective("grpo")
   grpo_tis.is_correction = "tis"  # min(pi_old / mu, 2) per token (veRL's / TRL's TIS)
   grpo_tis.is_cap = 2.0
-  one = STALENESS_REPLICA_SEEDS  # the fitted anchor's cells: one seed per anchor replica
   for k in STALENESS:
-    g[f"k{k}_disa"] = _run(_tb("disa"), staleness=k, seeds=one)
+    g[f"k{k}_disa"] = _run(_tb("disa"), staleness=k)
     g[f"k{k}_disa_exact"] = _run(_tb("disa"), anchor="exact", staleness=k)
     g[f"k{k}_flowrl"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k)
     g[f"k{k}_grpo"] = _run(stage3_base.objective("grpo"), staleness=k)
@@ -546,7 +544,7 @@ def staleness_grid() -> ml_collections.ConfigDict:
   # the end state would stay off) from "delayed updates at a step size near the edge diverge" (a
   # smaller step reaches the k = 0 end state: the fixed point does not depend on the lr).
   k = max(STALENESS)
-  g[f"k{k}_disa_halflr"] = _run(_tb("disa"), staleness=k, lr=HALF_LR, seeds=one)
+  g[f"k{k}_disa_halflr"] = _run(_tb("disa"), staleness=k, lr=HALF_LR)
   g[f"k{k}_disa_exact_halflr"] = _run(_tb("disa"), anchor="exact", staleness=k, lr=HALF_LR)
   g[f"k{k}_flowrl_halflr"] = _run(_tb("flowrl", head_lr=1e-2), staleness=k, lr=HALF_LR)
   # The control of the explanation "a learned log Z absorbs the residual common to a prompt's rows,
@@ -869,7 +867,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   if preset in ("anchor_testbed_rl", "anchor_testbed_rl_quick"):
     _anchor_testbed_rl(c, TESTBED_SEEDS if preset == "anchor_testbed_rl" else (0,))
     if preset == "anchor_testbed_rl":
-      _on_anchor_replicas(c, ("disa", "disa_noise025", "disa_noise1"))
+      _on_anchor_replicas(c, ("disa", "disa_noise025", "disa_noise1"), TESTBED_REPLICAS)
   if preset == "anchor_testbed_offpolicy_pilot":
     _anchor_testbed_rl(c, (0,))
     grid = testbed_offpolicy_pilot()
@@ -886,7 +884,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.methods = tuple(grid.keys())
     c.endpoints.compare = TESTBED_OFFPOLICY_COMPARE[scale]
     c.stage1.label_scale = scale  # the fitted anchor's labels on the runs' residual scale
-    _on_anchor_replicas(c, (f"u{TESTBED_OFFPOLICY_UPDATES}_disa",))
+    _on_anchor_replicas(c, (f"u{TESTBED_OFFPOLICY_UPDATES}_disa",), TESTBED_REPLICAS)
   if preset in coupling.PRESETS:  # issue 63's experiment on the testbed (configs/coupling.py)
     _anchor_testbed_rl(c, (0,))
     coupling.apply(c, preset)
@@ -910,7 +908,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
     c.runs.update(grid)
     c.methods = tuple(grid.keys())
     c.seeds = STALENESS_SEEDS
-    c.anchor_replicas = STALENESS_REPLICAS
+    _on_anchor_replicas(c, ("k0_disa", "k2_disa", "k2_disa_halflr"), STALENESS_REPLICAS)
     c.fix = ""  # the preset's table is the study: the report compares the runs at their end states
     c.compare = STALENESS_COMPARE
     c.task.n_max = 15
