@@ -127,10 +127,6 @@ def run_block(args) -> dict:
   return {"seeds": size, "wall": wall, "step_median_per_seed": steps}
 
 
-def _load() -> str:
-  return Path("/proc/loadavg").read_text().split(" ")[0]
-
-
 def summarise(blocks: list[dict], steps: int) -> dict:
   """Per block kind over its reps: the step time (a batch's step serves S seeds: per seed it is
   the step / S), the wall time per step per seed, and both as ratios to the first kind's."""
@@ -203,10 +199,11 @@ def main() -> None:
   blocks = []
   for rep in range(args.reps):
     for kind in kinds:
-      before = _load()
+      before = runtime.load_average()
       blocks.append({"block": kind, "rep": rep, "result": _child(args, kind, base),
-                     "load_before": before, "load_after": _load()})
-      print(f"rep {rep} {kind}: {blocks[-1]['result']} load {before} -> {_load()}", flush=True)
+                     "load_before": before, "load_after": runtime.load_average()})
+      print(f"rep {rep} {kind}: {blocks[-1]['result']} load {before:.2f} -> "
+            f"{blocks[-1]['load_after']:.2f}", flush=True)
   summary = summarise(blocks, args.steps)
   for kind, row in summary.items():
     st, wa = row["step_per_seed_s"], row["wall_per_step_per_seed_s"]

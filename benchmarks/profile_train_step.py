@@ -65,12 +65,15 @@ _COUNTED = ("fusion", "dot", "convolution", "custom-call", "copy", "transpose", 
             "while", "reduce-window", "dynamic-slice", "dynamic-update-slice", "sort", "call")
 
 
-def make_model(shape: str, *, remat: bool, unroll: int) -> models.Transformer:
-  """The `shape`'s Qwen3 with random weights (std 0.02), float32."""
+def make_model(shape: str, *, remat: bool, unroll: int, attention: str = "auto"
+               ) -> models.Transformer:
+  """The `shape`'s Qwen3 with random weights (std 0.02), float32, attention by ``attention``
+  (`disa_jax.config.ATTENTION_IMPLS`)."""
   config = models.ModelConfig(family="qwen3", qk_norm=True, tie_word_embeddings=False,
                               **SHAPES[shape])
   return models.Transformer(config, rngs=nnx.Rngs(0),
-                            options=models.ModelOptions(remat=remat, scan_unroll=unroll))
+                            options=models.ModelOptions(remat=remat, scan_unroll=unroll,
+                                                        attention_impl=attention))
 
 
 def make_sequences(shape: str, vocab: int) -> SequenceScores:
@@ -356,12 +359,13 @@ def main() -> None:
   ap.add_argument("--seqs-per-row", type=int, default=16, help="packed layouts: slots per row")
   ap.add_argument("--unroll", type=int, default=1)
   ap.add_argument("--remat", action="store_true")
+  ap.add_argument("--attention", default="auto", help="ModelOptions.attention_impl")
   ap.add_argument("--trace-dir", default=None, help="where traces are written (default: a temp dir)")
   ap.add_argument("--phases", default="forward,fwd+bwd,optimizer,train_step,host_pack,generate")
   ap.add_argument("--dump-hlo", default=None, help="write each phase's compiled HLO text here")
   args = ap.parse_args()
   runtime.tune_host_allocator()  # as the trainer's entry points do, before JAX's backend exists
-  model = make_model(args.shape, remat=args.remat, unroll=args.unroll)
+  model = make_model(args.shape, remat=args.remat, unroll=args.unroll, attention=args.attention)
   seqs = make_sequences(args.shape, model.config.vocab_size)
   layout = make_layout(args, seqs)
   b = seqs.rollout

@@ -46,22 +46,24 @@ def _to_float(name: str, v: Any) -> float:
     raise ValueError(f"metric {name!r} is not a scalar: {v!r}") from e
 
 
-def _summary_writer_cls():
-  """tensorboardX's SummaryWriter, imported without letting it pull in torch.
+def _tensorboard_classes():
+  """tensorboardX's ``(SummaryWriter, Summary)`` (the writer and the event's summary proto),
+  imported without letting it pull in torch.
 
   tensorboardX imports torch opportunistically when it is installed (test environments have it);
   this package must not import torch, so the import runs with torch marked unavailable unless
   something else has imported it already.
   """
-  if "torch" in sys.modules:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (see above)
-    return SummaryWriter
-  sys.modules["torch"] = None  # makes `import torch` raise ImportError, which tensorboardX handles
+  guard = "torch" not in sys.modules
+  if guard:
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
   try:
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (torch kept out)
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (see above)
+    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
   finally:
-    del sys.modules["torch"]
-  return SummaryWriter
+    if guard:
+      del sys.modules["torch"]
+  return SummaryWriter, Summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,9 +243,13 @@ class MetricsLogger:
              [r for r in scan.rows if r["step"] <= resume_step])
     with naming(self.path, "the run's metrics"):
       self._f = open(self.path, "a")
-    self._tb = None
+    self._tb = self._summary = None
     if tensorboard:
-      self._tb = _summary_writer_cls()(os.path.join(workdir, "tb"), purge_step=resume_step)
+      writer_cls, self._summary = _tensorboard_classes()
+      # tensorboardX names a file by the second it opened it: a resume within the same second
+      # would truncate the earlier file without a suffix of its own.
+      self._tb = writer_cls(os.path.join(workdir, "tb"), purge_step=resume_step,
+                            filename_suffix="" if resume_step is None else f".from{resume_step}")
     self._wandb = (WandbSink(wandb, workdir, resume_step=resume_step, run_config=run_config or {})
                    if wandb.enabled else None)
 
@@ -269,10 +275,11 @@ class MetricsLogger:
       self._f.write(json.dumps(rec, sort_keys=True) + "\n")
       self._f.flush()
       os.fsync(self._f.fileno())
-    if self._tb is not None:
-      for k, v in row.items():
-        if math.isfinite(v):
-          self._tb.add_scalar(k, v, global_step=int(step))
+    if self._tb is not None:  # one event holding every finite scalar of the step (one
+      # add_scalar per metric cost ~5.8 ms a step of 44 metrics, a twentieth of a default-job step)
+      values = [self._summary.Value(tag=k, simple_value=v) for k, v in row.items()
+                if math.isfinite(v)]
+      self._tb.file_writer.add_summary(self._summary(value=values), int(step))
     if self._wandb is not None:
       self._wandb.log(int(step), row)
     return row
