@@ -26,7 +26,8 @@ bf16 compute, f32 parameters (the AdamW master copy), clipped AdamW, remat with
 ``model.remat_policy`` (``--remat-policy`` compares several), the DISA objective,
 ``max_response_len`` wide per-sequence arrays, ``seqs_per_row`` slots per row, the attention query
 block ``model.attention_chunk`` (``--attention-chunk``; 0 = none) and ``model.attention_impl`` as
-it resolves on this CPU ('auto' = 'xla'; the GPU kernels do not compile here). The mesh is ``fsdp``
+it resolves on this CPU ('auto' = 'xla' for the plan's long rows, 'dense' at <= 256 tokens; the GPU
+kernels do not compile here). The mesh is ``fsdp``
 x 1 over fake CPU devices with the training rules (`parallel.TRAIN_RULES`); the layers run as a
 scan (what ``layer_loop='auto'`` picks on a GPU; one layer body is compiled).
 
@@ -348,7 +349,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   " default: the config's model.remat_policy)")
   ap.add_argument("--attention-impl", default=None,
                   help="attention implementation(s), comma-separated (default: the config's "
-                  "model.attention_impl: 'auto', which is 'xla' on a CPU, 'cudnn' with --card; "
+                  "model.attention_impl: 'auto', which is 'xla' on a CPU (rows over 256 tokens), "
+                  "'cudnn' with --card; "
                   "'dense' = the [T, T]-mask path); the CPU proxy compiles auto / xla / dense")
   ap.add_argument("--dense-check", action=argparse.BooleanOptionalAction, default=True,
                   help="also compile the 'dense' attention without chunks at the largest row "

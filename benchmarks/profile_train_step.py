@@ -57,6 +57,8 @@ from disa_jax.rl.batch import RolloutBatch, SequenceScores
 SHAPES = {
     "peer": dict(vocab_size=113, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=32, rope_theta=10000.0),
+    "default": dict(vocab_size=108, hidden_size=64, intermediate_size=128, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0),
     "d512": dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_layers=4,
                  num_heads=8, num_kv_heads=4, head_dim=64, rope_theta=1_000_000.0),
 }
@@ -84,9 +86,9 @@ def make_sequences(shape: str, vocab: int) -> SequenceScores:
   d512: 2 prompts x G=4, prompts and responses of 256 tokens (W = 256).
   """
   rng = np.random.default_rng(0)
-  if shape == "peer":
-    p, g, w = 8, 8, 8
-    plen = rng.integers(18, 20, p)
+  if shape in ("peer", "default"):
+    p, g, w = 8, 8 if shape == "peer" else 16, 8
+    plen = rng.integers(18, 20, p) if shape == "peer" else rng.integers(11, 13, p)
     rlen = rng.integers(1, w + 1, p * g)
   else:
     p, g, w = 2, 4, 256

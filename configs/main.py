@@ -605,6 +605,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   # report's anchor_replicas section gives each such cell's replica means (the unit of a claim
   # about the anchor's error).
   c.anchor_replicas = 1
+  # Stage 3's attention (the policy's and the reference's, `BackboneConfig.attention_impl`): 'auto'
+  # is 'dense' on a CPU for rows of <= 256 tokens (this task's 72), 'xla' beyond (issue 62: a
+  # default-job update 21.6 ms dense against 32.6 ms on 'xla', benchmarks/profile_train_step.py).
+  c.attention_impl = "auto"
   c.runs = runs()
   c.fix = "disa_pos_replay"  # the shipped DISA variant whose claims the report checks ('' = none)
   # The paper's DISA and its oracle (the exact log Z): the runs the claims and the anchor gap

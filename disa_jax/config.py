@@ -39,8 +39,9 @@ __all__ = ["ATTENTION_IMPLS", "REMAT_POLICIES", "check_attention_chunk", "check_
 
 qualify = codec.qualify
 
-# `Transformer` attention implementations (`disa_jax.models.attention_dispatch`): 'auto' = 'xla' on
-# a CPU, 'cudnn' on a GPU, 'splash' on a TPU (each falling back to 'xla' for what it cannot run).
+# `Transformer` attention implementations (`disa_jax.models.attention_dispatch`): 'auto' = 'dense'
+# for rows of <= 256 tokens and 'xla' for longer ones on a CPU, 'cudnn' on a GPU, 'splash' on a TPU
+# (each falling back to 'xla' for what it cannot run).
 ATTENTION_IMPLS = ("auto", "dense", "xla", "pallas", "cudnn", "splash")
 # What a rematerialised decoder layer keeps for the backward pass (`Transformer.remat_policy`).
 REMAT_POLICIES = ("full", "save_attn", "save_qkv_attn", "save_qkv_attn_mlp")

@@ -126,8 +126,9 @@ class ModelOptions:
       blocks of c whose probabilities the backward pass recomputes ('xla': a custom VJP,
       `attention_xla`; 'dense': `jax.checkpoint` per chunk): `[B, N, c, keys]` scores at a time,
       for long packed rows (any T). The fused implementations ignore it.
-    attention_impl: which attention runs the packed rows (`attention_dispatch`; 'auto' = 'xla' on a
-      CPU, 'cudnn' on a GPU, 'splash' on a TPU). The KV-cache path is always the dense one.
+    attention_impl: which attention runs the packed rows (`attention_dispatch`; 'auto' = 'dense'
+      for rows of <= 256 tokens and 'xla' for longer ones on a CPU, 'cudnn' on a GPU, 'splash' on
+      a TPU). The KV-cache path is always the dense one.
     max_segment_len: the longest segment (packed sequence) a row can hold; 0 = the row length. The
       'xla' attention skips keys further back (a band); a row that breaks the bound gets NaN.
     max_segments: the most segments a packed row can hold; 'cudnn' needs it (>= 1: its segment
@@ -383,7 +384,7 @@ class Transformer(nnx.Module):
     impl = attention_dispatch.resolve_impl(
         o.attention_impl, backend=self._backend(), dtype=q.dtype, head_dim=q.shape[-1],
         branches=layout.branch_ids is not None,
-        capability=getattr(self._device(), "compute_capability", None))
+        capability=getattr(self._device(), "compute_capability", None), row_len=q.shape[1])
     return attention_dispatch.attend(q, k, v, layout, impl=impl, chunk=o.attention_chunk,
                                      window=o.max_segment_len, max_segments=o.max_segments,
                                      sharding=self.sharding)

@@ -335,6 +335,8 @@ class MainConfig:
   noise draw) and the same Stage 3 seeds, nested within it (added to ``runs`` and ``methods`` here).
   The analysis unit of such a cell is the replica's mean over its Stage 3 seeds
   (`plan.replica_units`).
+  ``attention_impl``: the attention of Stage 3's policy and reference (their `BackboneConfig`;
+  `disa_jax.config.ATTENTION_IMPLS`): 'auto' runs the job's short rows dense on a CPU.
   """
   preset: str = "default"
   seed: int = 0
@@ -350,6 +352,7 @@ class MainConfig:
   compilation_cache: bool = True
   rebuild_models: bool = False
   anchor_replicas: int = 1
+  attention_impl: str = "auto"
   runs: dict[str, RunSpec] = dataclasses.field(default_factory=dict)
   fix: str = ""
   disa: str = ""
@@ -379,6 +382,7 @@ class MainConfig:
   def __post_init__(self):
     if not self.beta > 0:
       raise ValueError(f"beta must be > 0, got {self.beta!r}")
+    config_lib.check_attention_impl(self.attention_impl)
     self._add_replicas()
     unknown = [m for m in self.methods if m not in self.runs]
     if not self.methods or unknown:

@@ -197,7 +197,8 @@ class SumJob:
     try:
       return Stage3Config(
           workdir=str(self.plan.runs[method].dir(seed)),
-          model=BackboneConfig(policy_path=self.ref_path, dtype="float32", remat=False),
+          model=BackboneConfig(policy_path=self.ref_path, dtype="float32", remat=False,
+                               attention_impl=self.cfg.attention_impl),
           data=DataConfig(train_path=self.train_prompts_path, reward="sum_task", rendering="plain",
                           anchor_path=self._anchor_path(spec),
                           replay_path=str(self.replicas[spec.data_seed][0].dataset_path())

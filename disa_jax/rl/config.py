@@ -158,13 +158,18 @@ class RolloutConfig:
     batch_shards`); rows per micro-batch are ``micro_batch_rows`` rounded up to a multiple of it.
     """
     if self.packing:
-      row_len = self.row_len or self.max_prompt_len + self.max_response_len
+      row_len = self.packed_row_len
     else:
       row_len = round_up(max(lengths, default=1), pad_to)
     return micro_batch_layout(self.micro_batch_rows, packing=self.packing, row_len=row_len,
                               shards=shards, seqs_per_row=self.seqs_per_row,
                               share_prompts=self.share_prompts,
                               max_segment_len=self.max_segment_len)
+
+  @property
+  def packed_row_len(self) -> int:
+    """Tokens per packed row: ``row_len``, or max_prompt_len + max_response_len when 0."""
+    return self.row_len or self.max_prompt_len + self.max_response_len
 
   @property
   def max_segment_len(self) -> int:

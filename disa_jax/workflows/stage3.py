@@ -89,8 +89,9 @@ class BackboneConfig:
       backward pass recomputes, `[heads, c, keys]` at a time; `disa_jax.models.Transformer`);
       'xla' / 'dense' attention only.
     attention_impl: the attention of the policy and the reference over packed rows
-      (`disa_jax.config.ATTENTION_IMPLS`; 'auto' = 'xla' on a CPU, 'cudnn' on a GPU, 'splash' on
-      a TPU; `disa_jax.models.attention_dispatch`). Both models are told that a row holds at most
+      (`disa_jax.config.ATTENTION_IMPLS`; 'auto' = 'dense' for rows of <= 256 tokens and 'xla'
+      for longer ones on a CPU, 'cudnn' on a GPU, 'splash' on a TPU;
+      `disa_jax.models.attention_dispatch`). Both models are told that a row holds at most
       ``rollout.seqs_per_row`` sequences (cuDNN's packed layout) and that no segment is longer
       than `RolloutConfig.max_segment_len` (the 'xla' band; the packing refuses a longer one).
   """

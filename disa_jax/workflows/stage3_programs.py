@@ -103,7 +103,8 @@ def programs_for(name: str, config: ModelConfig, train: TrainConfig, mc: Any, me
   impl = attention_dispatch.resolve_impl(mc.attention_impl, backend=device.platform,
                                          dtype=jnp.dtype(mc.dtype), head_dim=config.head_dim,
                                          branches=False,
-                                         capability=getattr(device, "compute_capability", None))
+                                         capability=getattr(device, "compute_capability", None),
+                                         row_len=train.rollout.packed_row_len)
   model = nnx.eval_shape(lambda: Transformer(
       config, rngs=nnx.Rngs(0), dtype=jnp.dtype(mc.dtype), param_dtype=jnp.dtype(mc.param_dtype),
       options=options))

@@ -133,18 +133,19 @@ def test_settings_of_another_backbone():
 def test_remat_policies_are_planned(settings, sharded):
   """A policy that keeps q, k, v, the attention output and the MLP projections needs more
   temporaries than 'full' (which keeps each layer's input only); the plan says which it compiled,
-  and the attention is the CPU's block-sparse 'xla' ('auto')."""
+  and the attention is what 'auto' runs rows of 64 tokens with on a CPU ('dense'; 'xla' beyond 256
+  tokens)."""
   train, mc = settings
   _, (base, _) = sharded
-  assert (base.attention_impl, base.remat_policy) == ("xla", "full")
+  assert (base.attention_impl, base.remat_policy) == ("dense", "full")
   mesh = parallel.make_mesh(1, 8, 1, devices=jax.devices()[:8])
   saving = pm.programs_for("small", testing.tiny_config("qwen3", **SMALL), train,
                         dataclasses.replace(mc, remat_policy="save_qkv_attn_mlp"), mesh, CHUNK)
   more = pm.plan(saving, rows=8, row_len=ROW_LEN, with_score=False)
   assert more.remat_policy == "save_qkv_attn_mlp" and more.micro.temp > base.micro.temp
   rec = pm.plan_record(more, remat=True)
-  assert (rec["attention_impl"], rec["remat_policy"]) == ("xla", "save_qkv_attn_mlp")
-  assert pm.table_row(more, 1 << 40)[5:7] == ("xla/32", "save_qkv_attn_mlp")
+  assert (rec["attention_impl"], rec["remat_policy"]) == ("dense", "save_qkv_attn_mlp")
+  assert pm.table_row(more, 1 << 40)[5:7] == ("dense/32", "save_qkv_attn_mlp")
 
 
 def test_remat_policy_flags():

@@ -2,6 +2,8 @@
 query chunks against one dense block (values and gradients), masked rows, and the model using
 causal blocks only where its mask is causal."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -116,8 +118,9 @@ def test_causal_attention_needs_as_many_keys_as_queries():
 def test_the_model_runs_causal_blocks_on_packed_rows_and_dense_attention_with_a_cache(monkeypatch):
   """With 4-row causal blocks, packed rows' log-probs and gradients equal those of one block, and
   the cache path (keys != queries) still decodes: the model passes causal=True only without a
-  cache."""
+  cache. ('xla' by name: 'auto' runs rows this short dense on a CPU.)"""
   model = testing.make_tiny_model("qwen3", seed=5)
+  model.options = dataclasses.replace(model.options, attention_impl="xla")
   rng = np.random.default_rng(4)
   ids = jnp.asarray(rng.integers(3, 120, size=(2, 19)), jnp.int32)
   seg = jnp.asarray(np.where(np.arange(19) < 8, 1, 2)[None].repeat(2, 0), jnp.int32)

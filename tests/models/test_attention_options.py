@@ -130,8 +130,8 @@ def test_saving_the_attention_skips_its_forward_in_the_backward():
 
 def test_the_model_refuses_rows_longer_than_its_band():
   """Concrete segment ids are checked at once; traced ones (under jit) give the row NaN logits."""
-  model = testing.make_tiny_model("qwen3", seed=6)
-  model.options = dataclasses.replace(model.options, max_segment_len=11)
+  model = testing.make_tiny_model("qwen3", seed=6)  # the band is 'xla''s ('auto' is dense here)
+  model.options = dataclasses.replace(model.options, max_segment_len=11, attention_impl="xla")
   ids, seg, _, _ = _rows("packed")  # row 1: one segment of 20 tokens
   with pytest.raises(ValueError, match=r"max_segment_len=11: row 1 holds a segment of 20 tokens"):
     model(ids, segment_ids=seg)
@@ -235,3 +235,30 @@ def test_an_explicit_fused_impl_warns_once_when_it_falls_back(caplog):
   assert "attention_impl='cudnn'" in messages[0] and "dtype float32" in messages[0]
   assert "attention_impl='splash'" in messages[1] and "branch" in messages[1]
   assert all("running it on 'xla'" in m for m in messages)
+
+
+def test_auto_runs_short_rows_dense_and_long_ones_on_xla_on_a_cpu(monkeypatch):
+  """'auto' on a CPU: 'dense' up to `CPU_DENSE_MAX_ROW` tokens a row (faster there), 'xla' beyond
+  it or when the row length is not known; a name asked for is kept. The model passes its rows'
+  length: on 20-token rows 'auto' never calls the block loop and gives the dense model's logits
+  bit for bit."""
+  resolve = attention_dispatch.resolve_impl
+  limit = attention_dispatch.CPU_DENSE_MAX_ROW
+  kw = dict(backend="cpu", dtype=jnp.float32, head_dim=16, branches=True)
+  assert resolve("auto", row_len=72, **kw) == "dense"
+  assert resolve("auto", row_len=limit, **kw) == "dense"
+  assert resolve("auto", row_len=limit + 1, **kw) == "xla"
+  assert resolve("auto", **kw) == "xla"
+  assert resolve("xla", row_len=72, **kw) == "xla"
+  calls = []
+  original = attention_xla.xla_attention
+  monkeypatch.setattr(attention_xla, "xla_attention",
+                      lambda *a, **k: calls.append(1) or original(*a, **k))
+  ids, seg, br, pos = _rows("branches")
+  logits = {}
+  for impl in ("auto", "dense"):
+    model = testing.make_tiny_model("qwen3", seed=3)
+    model.options = dataclasses.replace(model.options, attention_impl=impl)
+    logits[impl] = np.asarray(model(ids, segment_ids=seg, branch_ids=br, positions=pos))
+  assert ids.shape[1] <= limit and not calls
+  np.testing.assert_array_equal(logits["auto"], logits["dense"])

@@ -162,7 +162,7 @@ def test_chunked_attention_equals_dense_on_packed_rows():
   ids, seg = _packed_rows()
   dense = testing.make_tiny_model("qwen3", seed=5)
   chunked = testing.make_tiny_model("qwen3", seed=5)
-  chunked.options = dataclasses.replace(chunked.options, attention_chunk=8)
+  chunked.options = dataclasses.replace(chunked.options, attention_chunk=8, attention_impl="xla")
   jaxpr = str(jax.make_jaxpr(lambda i: chunked(i, segment_ids=seg))(ids))
   assert "scan" in jaxpr and "custom_vjp" in jaxpr  # the blocked path: attention_xla's rolled loop
 
