@@ -100,27 +100,41 @@ def timed_stage3(cfgs: Sequence[Stage3Config]) -> float:
   return round(time.time() - t0, 2)
 
 
-def stage3_units(todo: Sequence[K], method_of: Callable[[K], str], size: int) -> list[list[K]]:
+def stage3_units(todo: Sequence[K], method_of: Callable[[K], str], size: int,
+                 work_of: Callable[[K], tuple[int, bool]] = lambda k: (1, False)
+                 ) -> list[list[K]]:
   """The runs of ``todo`` as units of work: each method's runs in chunks of at most ``size``
-  (trained together), the largest units first (the longest jobs start first on the workers),
-  each method's in the order of ``todo``."""
+  (trained together), the most work first, so that the longest jobs start first on the workers
+  and the short ones fill the end (a run's work: ``work_of(run)``, `TrainConfig.work`, its
+  sequences times the unit's runs, then whether a trainable objective state adds a pass); ties
+  in the order of ``todo``. (The default job in method order ended with one FlowRL run of 54 s
+  alone on two workers.)"""
   units = []
   for m in dict.fromkeys(method_of(k) for k in todo):
     mine = [k for k in todo if method_of(k) == m]
     units += [mine[i:i + size] for i in range(0, len(mine), size)]
-  return sorted(units, key=len, reverse=True)
+
+  def work(unit: list[K]) -> tuple[int, bool]:
+    sequences, state = work_of(unit[0])
+    return len(unit) * sequences, state
+
+  return sorted(units, key=work, reverse=True)
 
 
 def run_stage3_units(units: Sequence[Sequence[Stage3Config]], names: Sequence[Sequence[str]],
                      workers: int, record: Callable[[Sequence[str], float], None], *,
-                     pin: bool = True) -> None:
+                     pin: bool = True, then: Callable[[], Any] | None = None,
+                     record_then: Callable[[Any], None] = lambda _: None) -> None:
   """`timed_stage3` of each unit (``names[i]``: the runs of ``units[i]``), ``record(names,
   seconds)`` as each one ends.
 
   With one worker the units go one after another here, the first failure raising (naming the
   unit's runs when it has several). With more, each unit goes to the `spawn_pool` (its workers
   pinned to their own CPUs with ``pin``); a failed unit raises here naming its runs, after the
-  others finish.
+  others finish. ``then`` (picklable; work that needs no Stage 3 run, e.g. the evaluation of the
+  reference and the proposal) is submitted after the units, so it runs on the first worker that
+  the last units leave idle; ``record_then(its result)``. With one worker it is not run here (the
+  caller's later stages do that work).
   """
   if workers <= 1:
     for unit, unit_names in zip(units, names):
@@ -134,11 +148,17 @@ def run_stage3_units(units: Sequence[Sequence[Stage3Config]], names: Sequence[Se
   failed = {}
   with spawn_pool(workers, pin=pin) as ex:
     pending = [(unit_names, ex.submit(timed_stage3, unit)) for unit, unit_names in zip(units, names)]
+    after = ex.submit(then) if then is not None else None
     for unit_names, fut in pending:
       try:
         record(unit_names, fut.result())
       except Exception as e:  # pylint: disable=broad-except
         failed.update({n: e for n in unit_names})
+    if after is not None:
+      try:
+        record_then(after.result())
+      except Exception as e:  # pylint: disable=broad-except
+        failed["(after the runs)"] = e
   if failed:
     raise RuntimeError(f"Stage 3 runs failed: {failed}") from next(iter(failed.values()))
 

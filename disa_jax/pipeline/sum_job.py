@@ -26,6 +26,7 @@ Stage 3's units and the evaluation rows run in `pipeline.job_workers` (here or o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 import warnings
@@ -444,8 +445,9 @@ class SumJob:
 
   def stage3_units(self, todo: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
     """The (method, seed) runs of ``todo`` as units of work (`job_workers.stage3_units`): each
-    method's seeds in chunks of at most ``seed_batch`` trained together, the largest first."""
-    return job_workers.stage3_units(todo, lambda k: k[0], self.cfg.seed_batch)
+    method's seeds in chunks of at most ``seed_batch`` trained together, the most work first."""
+    return job_workers.stage3_units(todo, lambda k: k[0], self.cfg.seed_batch,
+                                    lambda k: self.stage3_cfgs[k].train.work)
 
   def stage3_all(self) -> dict[tuple[str, int], Stage3Run]:
     """Every (method, seed) run not yet exported (or without its summary), a unit of
@@ -467,11 +469,17 @@ class SumJob:
     quiet = workers > 1 or any(len(u) > 1 for u in units)  # (one bar per process and run)
     bar = lambda c: dataclasses.replace(c, train=dataclasses.replace(
         c.train, progress_bar=c.train.progress_bar and not quiet))
+    # The evaluation of the reference and the proposal needs no run: it fills the workers the last
+    # runs leave idle (the default job's last run used one of two workers for 54 s).
+    early = [self._eval_config(row, path) for row, path in
+             (("reference", self.ref_path), ("proposal", self.proposal_path))]
     job_workers.run_stage3_units(
         [[bar(self.stage3_cfgs[k]) for k in unit] for unit in units],
         [[self.run_name(*k) for k in unit] for unit in units], workers,
         lambda names, seconds: [self._record(f"stage3_{n}", seconds) for n in names],
-        pin=self.cfg.pin_workers)
+        pin=self.cfg.pin_workers,
+        then=functools.partial(job_workers.evaluate_rows, early, self.ref_path),
+        record_then=lambda seconds: [self._record(f"eval_{r}", s) for r, s in seconds.items()])
     return {k: Stage3Run.load(wd[k]) for k in keys}
 
   def lora_sft(self, pool: Stage1Data) -> SftRun | None:

@@ -434,6 +434,13 @@ class TrainConfig:
     return self.rollout.group_size + (self.replay_rows if add else 0)
 
   @property
+  def work(self) -> tuple[int, bool]:
+    """(sequences the run trains on: steps x prompts x rows per prompt, whether the objective's
+    trainable state adds a pass of its own): what a job orders its runs by, longest first."""
+    sequences = self.total_steps * self.rollout.prompts_per_batch * self.rows_per_prompt
+    return sequences, bool(self.objective.has_state)
+
+  @property
   def needs(self) -> Needs:
     """What the objective reads under this run's rollout settings (`Objective.needs`)."""
     return self.objective.needs(self.rollout)

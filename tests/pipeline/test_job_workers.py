@@ -40,3 +40,51 @@ def test_each_worker_runs_on_its_own_share(pin):
   else:
     assert list(got.values()) == [mine, mine]
   assert tuple(sorted(os.sched_getaffinity(0))) == mine  # the job's own process is not pinned
+
+
+class _Pool:
+  """A stand-in for `spawn_pool` that runs each task at once in this process (submission order)."""
+
+  def __init__(self, log):
+    self.log = log
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+  def submit(self, fn, *args):
+    from concurrent import futures  # pylint: disable=g-import-not-at-top
+    fut = futures.Future()
+    try:
+      fut.set_result(fn(*args))
+    except Exception as e:  # pylint: disable=broad-except
+      fut.set_exception(e)
+    return fut
+
+
+def test_work_after_the_runs_goes_to_the_pool_last_and_its_failure_is_named(monkeypatch):
+  """``then`` is submitted after every unit (it fills the workers the last runs leave idle), its
+  result recorded; with one worker it is left to the caller; its failure stops the job after the
+  runs, named."""
+  log = []
+  monkeypatch.setattr(job_workers, "spawn_pool", lambda workers, pin: _Pool(log))
+  monkeypatch.setattr(job_workers, "timed_stage3", lambda unit: log.append(unit) or 1.5)
+  got = []
+  job_workers.run_stage3_units([["a"], ["b"]], [["a"], ["b"]], 2,
+                               lambda names, s: got.append((names, s)),
+                               then=lambda: log.append("then") or {"reference": 2.0},
+                               record_then=got.append)
+  assert log == [["a"], ["b"], "then"]
+  assert got == [(["a"], 1.5), (["b"], 1.5), {"reference": 2.0}]
+  log.clear()
+  job_workers.run_stage3_units([["a"]], [["a"]], 1, lambda names, s: None,
+                               then=lambda: log.append("then"))
+  assert log == [["a"]]
+
+  def broken():
+    raise ValueError("the evaluation of row 'reference' failed")
+
+  with pytest.raises(RuntimeError, match=r"after the runs.*row 'reference' failed"):
+    job_workers.run_stage3_units([["a"]], [["a"]], 2, lambda names, s: None, then=broken)

@@ -8,6 +8,7 @@ others do; the main job groups a method's seeds into units of ``seed_batch``.
 import dataclasses
 import functools
 import json
+import re
 import threading
 import types
 
@@ -227,3 +228,17 @@ def test_the_job_trains_each_methods_seeds_in_units_of_seed_batch(tmp_path):
   c.seed_batch = 0
   with pytest.raises(ValueError, match="seed_batch must be an int >= 1, got 0"):
     MainConfig.from_config(c)
+
+
+def test_the_job_starts_the_runs_with_the_most_work_first(tmp_path):
+  """The default job's units: the fix (its replayed rows add a third to the sequences) first, then
+  FlowRL (its trainable log Z head), then the runs of equal work in method order (in method order
+  the last FlowRL run ran alone on two workers for 54 s)."""
+  job = SumJob(MainConfig.from_config(main_config.get_config()), tmp_path, progress=False)
+  todo = [(m, s) for m in job.cfg.methods for s in job.cfg.run_seeds(m)]
+  methods = [re.sub(r"_rep\d$", "", unit[0][0]) for unit in job.stage3_units(todo)]
+  assert methods == (["disa_pos_replay"] * 5 + ["flowrl_paper"] * 5 + ["disa"] * 5
+                     + ["disa_exact"] * 5 + ["grpo"] * 5)
+  fix, flowrl, grpo = (job.stage3_cfgs[(m, 0)].train.work
+                       for m in ("disa_pos_replay", "flowrl_paper", "grpo"))
+  assert fix == (880 * 8 * 24, False) and flowrl == (880 * 8 * 16, True) and grpo[1] is False
