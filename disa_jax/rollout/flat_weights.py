@@ -22,6 +22,9 @@ a push compute it.
 * `load` (the JAX sampler): one host -> device copy per bucket and one jitted split straight into
   the engine's own parameters (the same layouts: no transposes; a cast only when the engine's
   dtype differs from the push's).
+* `copy_into` (a JAX sampler in the trainer's own process, one process): no host at all, one jitted
+  cast and copy of every parameter into the engine's placement; the values `export` + `load` give.
+  On the default job's CPU runs the flat push took 3.7 ms a step (81 s of its 1,648 s of run time).
 
 Bit-exact: the cast is XLA's round-to-nearest-even (as NumPy's and ml_dtypes'), and a push in the
 engine's dtype copies bits.
@@ -409,6 +412,44 @@ def lower_programs(layout: FlatLayout, *, param_dtype: Any, sharding: Any = None
     out["split"].append(_split_fn(layout, bucket, dtypes, shardings).lower(
         sds((size,), layout.dtype)))
   return out
+
+
+@functools.lru_cache(maxsize=32)
+def _copy_fn(dtype: str | None, dtypes: tuple[str, ...], shardings: tuple[Any, ...]):
+  """Jitted: parameters (a list) -> each cast to ``dtype`` (None: kept), then to its ``dtypes``
+  entry, in new buffers placed by ``shardings``."""
+
+  def fn(arrays: list[jax.Array]) -> list[jax.Array]:
+    return [(x if dtype is None else x.astype(dtype)).astype(d) for x, d in zip(arrays, dtypes)]
+
+  return jax.jit(fn, out_shardings=list(shardings))
+
+
+def copy_into(model: models.Transformer, source: models.Transformer, dtype: Any = None) -> None:
+  """Loads ``source``'s parameters (a model of the same architecture in this process: the trainer's
+  policy) into ``model`` on the devices, with none of a flat push's host copies: each cast to
+  ``dtype`` (the push's; None: its own) and then to ``model``'s dtype, in new buffers placed as
+  ``model``'s (the trainer may donate its own afterwards). The values are those of `export` +
+  `load_into` (round-to-nearest-even both ways).
+
+  Raises:
+    ValueError: naming the first parameter the two models disagree on (path or shape).
+  """
+  current, src = model_params(model), model_params(source)
+  for path in sorted(set(current) | set(src)):
+    if path not in current or path not in src or current[path].shape != src[path].shape:
+      raise ValueError(f"copy_into: parameter {path!r} is "
+                       f"{getattr(src.get(path), 'shape', 'absent')} in the source and "
+                       f"{getattr(current.get(path), 'shape', 'absent')} in the model")
+  paths = sorted(current)
+  fn = _copy_fn(None if dtype is None else _np_dtype(dtype).name,
+                tuple(current[p].dtype.name for p in paths),
+                tuple(current[p].sharding for p in paths))
+  new = dict(zip(paths, fn([src[p] for p in paths])))
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, _nest(new))
+  nnx.update(model, state)
+  jax.block_until_ready(new)
 
 
 def load_into(model: models.Transformer, flat: FlatWeights) -> None:

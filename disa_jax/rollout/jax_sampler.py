@@ -338,6 +338,13 @@ class JaxSampler:
     return lowered["generate"].compile().memory_analysis(), continuous.cache_bytes(
         self.model.config, slots, padded + num_new, self.cache_dtype)
 
+  def load_params(self, source: models.Transformer, dtype: Any = None) -> None:
+    """The weights of ``source``, a model of this process (the trainer's policy), copied on the
+    devices (`flat_weights.copy_into`: the values a flat push of ``dtype`` gives, without its host
+    copies)."""
+    flat_weights.copy_into(self.model, source, dtype)
+    self._state = jax.block_until_ready(nnx.state(self.model))
+
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
     """Loads HF-named, HF-layout weights (every key used, every shape checked), or a flat push
     (`flat_weights.FlatWeights`: its buckets straight into the model's own layouts)."""

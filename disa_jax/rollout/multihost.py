@@ -33,10 +33,15 @@ def host_weights(model: Any, dtype: Any = None,
 def push_weights(model: Any, engine: Any, dtype: Any = None,
                  bucket_bytes: int = flat_weights.DEFAULT_BUCKET_BYTES) -> None:
   """Collective: exports ``model``'s weights (`host_weights`) and, on each host leader, loads them
-  into ``engine``.
+  into ``engine``. In a single process whose engine is in this process and loads a model's
+  parameters (`JaxSampler.load_params`), they are copied on the devices instead (the same values,
+  no host copies).
 
   ``engine`` may be None on processes that are not host leaders.
   """
+  if jax.process_count() == 1 and hasattr(engine, "load_params"):
+    engine.load_params(model, dtype)
+    return
   flat = host_weights(model, dtype, bucket_bytes)
   if distributed.is_host_leader():
     if engine is None:

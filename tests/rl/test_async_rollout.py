@@ -107,6 +107,10 @@ class VersionedEngine(tt.RecordingEngine):
     super().update_weights(state_dict)
     self.pushes += 1
 
+  def load_params(self, source, dtype=None):
+    super().load_params(source, dtype)
+    self.pushes += 1
+
   def generate(self, prompts, params):
     self.calls.append((params.seed, self.pushes))
     out = super().generate(prompts, params)

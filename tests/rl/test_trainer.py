@@ -76,6 +76,10 @@ class RecordingEngine(JaxSampler):
     self.synced_keys.append(sorted(state_dict))
     super().update_weights(state_dict)
 
+  def load_params(self, source, dtype=None):  # the push in the trainer's process
+    self.synced_keys.append(sorted(models.to_hf_state_dict(source)))
+    super().load_params(source, dtype)
+
 
 def _trainer(cfg, workdir, anchor="auto", engine=None):
   policy = testing.make_tiny_model(seed=0, **TINY)

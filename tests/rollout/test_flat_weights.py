@@ -186,3 +186,41 @@ def test_the_updaters_push_goes_in_its_bucket_size(tiny_model):
     with pytest.raises(ValueError,
                        match=f"EngineLink push_bucket_bytes must be an int >= 0 .*got {bad}"):
       EngineLink(None, push_bucket_bytes=bad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_sampler_in_the_trainers_process_gets_the_flat_pushs_values_without_the_host(
+    tiny_model, dtype, monkeypatch):
+  """One process, a JAX sampler: `push_weights` copies the policy on the devices
+  (`JaxSampler.load_params`), whose parameters equal, bit for bit, those a flat push of the same
+  dtype loads (pushed as bfloat16: rounded the same way), in buffers of the sampler's own; an
+  engine without ``load_params`` still gets the flat push; a model of another shape is refused,
+  naming the parameter."""
+  flat_one = JaxSampler(testing.make_tiny_model("qwen3", seed=5, head_dim=32))
+  direct = JaxSampler(testing.make_tiny_model("qwen3", seed=5, head_dim=32))
+  flat_one.update_weights(flat_weights.export(tiny_model, dtype, bucket_bytes=SMALL_BUCKETS))
+  exports, export = [], flat_weights.export
+  monkeypatch.setattr(flat_weights, "export", lambda *a, **k: exports.append(1) or export(*a, **k))
+  multihost.push_weights(tiny_model, direct, dtype)
+  assert not exports  # no flat export, no host copy
+  want, got = flat_weights.model_params(flat_one.model), flat_weights.model_params(direct.model)
+  assert sorted(got) == sorted(want)
+  for path in want:
+    np.testing.assert_array_equal(np.asarray(got[path]), np.asarray(want[path]), err_msg=path)
+    assert got[path].dtype == jnp.float32
+  assert dtype == "float32" or any(  # the bfloat16 push really rounded
+      not np.array_equal(np.asarray(got[p]), np.asarray(x))
+      for p, x in flat_weights.model_params(tiny_model).items())
+  source = flat_weights.model_params(tiny_model)
+  assert all(got[p].unsafe_buffer_pointer() != source[p].unsafe_buffer_pointer() for p in got)
+  pushed = []
+
+  class Engine:  # no load_params: the flat push
+    update_weights = lambda self, flat: pushed.append(flat)
+
+  multihost.push_weights(tiny_model, Engine(), dtype)
+  assert len(pushed) == 1 and isinstance(pushed[0], FlatWeights) and exports == [1]
+  deeper = testing.make_tiny_model("qwen3", seed=5, head_dim=32, num_layers=3)
+  with pytest.raises(ValueError, match="copy_into: parameter 'layers.attn_norm' is \\(2, 64\\) in "
+                                       "the source and \\(3, 64\\) in the model"):
+    flat_weights.copy_into(deeper, tiny_model)
