@@ -58,8 +58,9 @@ def _tensorboard_classes():
   if guard:
     sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX handles
   try:
+    # Optional heavy dependency, imported with torch kept out (see above).
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (see above)
-    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top  (same)
   finally:
     if guard:
       del sys.modules["torch"]
