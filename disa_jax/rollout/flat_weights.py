@@ -445,7 +445,9 @@ def copy_into(model: models.Transformer, source: models.Transformer, dtype: Any 
   fn = _copy_fn(None if dtype is None else _np_dtype(dtype).name,
                 tuple(current[p].dtype.name for p in paths),
                 tuple(current[p].sharding for p in paths))
-  new = dict(zip(paths, fn([src[p] for p in paths])))
+  # Placed first on the model's devices: a trainer sharded over several devices of this process
+  # (fsdp) and an engine on one.
+  new = dict(zip(paths, fn([jax.device_put(src[p], current[p].sharding) for p in paths])))
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, _nest(new))
   nnx.update(model, state)
