@@ -3,6 +3,8 @@
 Shapes (``--shape``):
 - ``peer``: the TRL bench's tiny Qwen3 (vocab 113, d=128, mlp 256, 2 layers, 4 heads / 2 kv heads,
   head_dim 32, untied) on its GRPO batch: 8 prompts of 18-19 tokens x G=8 responses of 1-8 tokens;
+- ``default``: the default job's pinned tiny Qwen3 (vocab 108, d=64, mlp 128, 2 layers, 4 heads / 2
+  kv heads, head_dim 16) on 8 prompts of 11-12 tokens x G=16 responses of 1-8 tokens;
 - ``d512``: `bench_models_speed.py`'s Qwen3 (vocab 32,000, d=512, 4 layers) on 2 prompts x G=4
   sequences of 256 + 256 tokens.
 
@@ -28,9 +30,9 @@ HLO's instruction counts (fusions, dots, copies, transposes, scatters, gathers, 
 and the thunks that take the time (from a `jax.profiler` trace: microseconds per call summed over
 threads, call count, share, and what a fusion contains).
 
-    python benchmarks/profile_train_step.py [--shape peer|d512] [--reps 20] [--top 15]
+    python benchmarks/profile_train_step.py [--shape peer|default|d512] [--reps 20] [--top 15]
         [--layout padded|packed|shared --rows 24 --row-len 72 --seqs-per-row 16] [--unroll 1]
-        [--remat] [--trace-dir DIR] [--phases forward,fwd+bwd,...]
+        [--remat] [--attention auto|dense|xla] [--trace-dir DIR] [--phases forward,fwd+bwd,...]
 """
 from __future__ import annotations
 

@@ -447,17 +447,18 @@ def copy_into(model: models.Transformer, source: models.Transformer, dtype: Any 
                 tuple(current[p].sharding for p in paths))
   # Placed first on the model's devices: a trainer sharded over several devices of this process
   # (fsdp) and an engine on one.
-  new = dict(zip(paths, fn([jax.device_put(src[p], current[p].sharding) for p in paths])))
-  state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, _nest(new))
-  nnx.update(model, state)
-  jax.block_until_ready(new)
+  _set_params(model, dict(zip(paths, fn([jax.device_put(src[p], current[p].sharding)
+                                           for p in paths]))))
 
 
 def load_into(model: models.Transformer, flat: FlatWeights) -> None:
   """Loads ``flat`` into ``model``'s parameters in place (`load`) and waits for the copies."""
+  _set_params(model, load(model_params(model), flat))
+
+
+def _set_params(model: models.Transformer, new: Mapping[str, jax.Array]) -> None:
+  """``model``'s parameters replaced by ``new`` (by path, `model_params`); waits for them."""
   state = nnx.state(model, nnx.Param)
-  new = load(model_params(model), flat)
   nnx.replace_by_pure_dict(state, _nest(new))
   nnx.update(model, state)
   jax.block_until_ready(new)
