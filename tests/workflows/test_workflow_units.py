@@ -9,6 +9,7 @@ from disa_jax.data.rows import save_prompts
 from disa_jax.estimators import RewardTransform, build_records
 from disa_jax.estimators.dataset import STAT_FIELDS, Stage1Data, Stage1Stats
 from disa_jax.rollout import flat_weights
+from disa_jax.rollout.jax_sampler import JaxSampler
 from disa_jax.rollout.types import Completion, SamplingParams
 from disa_jax.tasks.prompts import load_prompts
 from disa_jax import config as config_lib
@@ -248,11 +249,15 @@ def test_a_bad_push_bucket_size_is_refused_naming_the_field(bad):
 
 
 def test_the_push_bucket_size_of_the_config_is_the_one_stage3_pushes_with(tmp_path, monkeypatch):
-  """`engine.push_bucket_bytes` reaches the flat export of every weight push of a Stage 3 run."""
+  """`engine.push_bucket_bytes` reaches the flat export of every weight push of a Stage 3 run.
+
+  (An in-process JAX sampler takes the trainer's weights on the devices, `JaxSampler.load_params`,
+  with no flat export; without that method the run pushes flat, as to any other engine.)"""
   c = tiny_stage3_config(tmp_path, separate_process=False, steps=1)
   c.engine.push_bucket_bytes, c.export = 4096, False
   seen = []
   export = flat_weights.export
+  monkeypatch.delattr(JaxSampler, "load_params")
 
   def recording(*args, **kwargs):
     out = export(*args, **kwargs)
