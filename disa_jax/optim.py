@@ -143,13 +143,18 @@ class AccumulatingStep:
       const, step, acc, micro-batch, k)``, the optimizer step ``(state, acc)`` and the
       accumulator's initialiser ``(params) -> acc``, where ``acc = (gradient sums like params,
       count, metrics)``; empty without a mesh.
+    const: the loss's ``const`` of every call that gives none: an argument of the compiled micro
+      step, never a constant folded into it (a run's PRNG key: runs of other seeds share one
+      program and its compilation cache entry).
   """
 
   def __init__(self, loss_fn: Callable, apply_fn: Callable, params_of: Callable, *,
                donate: bool = True, micro_kw: dict[str, Any] | None = None,
-               finish_kw: dict[str, Any] | None = None, init_kw: dict[str, Any] | None = None):
+               finish_kw: dict[str, Any] | None = None, init_kw: dict[str, Any] | None = None,
+               const: Any = None):
     self._grad_fn, micro, finish = _micro_and_finish(loss_fn, apply_fn)
-    self._params_of, self._init_kw = params_of, init_kw or {}
+    self._params_of, self._init_kw, self._const = params_of, init_kw or {}, const
+    self._ks: list[jax.Array] = []  # the micro-batch indices as device scalars, made once
     self._micro_j = jax.jit(micro, donate_argnums=(3,), **(micro_kw or {}))
     # (the accumulator's buffers match no output of the optimizer step)
     self._finish_j = jax.jit(finish, donate_argnums=(0,) if donate else (), **(finish_kw or {}))
@@ -167,10 +172,12 @@ class AccumulatingStep:
   def __call__(self, state: Any, micro_batches: Sequence[Any], const: Any = None):
     if not micro_batches:
       raise ValueError("an update needs at least one micro-batch, got none")
+    const = self._const if const is None else const
     params, step = self._params_of(state)
     acc = self._init_acc(params, const, micro_batches[0])(params)
+    self._ks += [jnp.int32(k) for k in range(len(self._ks), len(micro_batches))]
     for k, mb in enumerate(micro_batches):
-      acc = self._micro_j(params, const, step, acc, mb, jnp.int32(k))
+      acc = self._micro_j(params, const, step, acc, mb, self._ks[k])
     return self._finish_j(state, acc)
 
   def lower(self, state: Any, mb: Any, const: Any = None) -> dict[str, jax.stages.Lowered]:
@@ -182,6 +189,7 @@ class AccumulatingStep:
       ``{'micro': the forward/backward + accumulate of one micro-batch, 'finish': the optimizer
       step}`` as `jax.stages.Lowered`.
     """
+    const = self._const if const is None else const
     params, step = self._params_of(state)
     acc = jax.eval_shape(self._init_acc(params, const, mb), params)
     k = jax.ShapeDtypeStruct((), jnp.int32)

@@ -265,6 +265,17 @@ def shard_global_batch(batch: Any, sharding: Any, axis: int = 0) -> Any:
   return jax.tree.map(lambda s, sub: jax.tree.map(functools.partial(one, s), sub), sharding, batch)
 
 
+def feed(batch: Any, sharding: Any) -> Any:
+  """A host batch as the argument of a jitted program that runs on ``sharding``'s devices: when
+  that is one device of one process, the host arrays themselves (the program's call transfers
+  them, ~6x cheaper than a ``jax.device_put`` of many small arrays: 0.4 against 2.3 ms for 64
+  arrays on a CPU); else `shard_global_batch`. ``sharding`` as there (one, or a tree of them)."""
+  if jax.process_count() == 1 and all(len(s.device_set) == 1 for s in jax.tree.leaves(
+      sharding, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))):
+    return jax.tree.map(np.asarray, batch)
+  return shard_global_batch(batch, sharding)
+
+
 def replicate_to_hosts(tree: Any) -> Any:
   """Every leaf as a full NumPy copy on every process (an all-gather across hosts when needed).
   In a single process: one batched ``jax.device_get`` of the tree (its transfers start together)."""

@@ -196,6 +196,16 @@ def evaluate_rows(cfgs: Sequence[EvalConfig], ref_path: str,
   return seconds
 
 
+def evaluate_ready(cfgs: Sequence[EvalConfig], ready: Sequence[Sequence[str]], ref_path: str
+                   ) -> dict[str, float]:
+  """`evaluate_rows` of the configs whose every file of ``ready[i]`` exists now (a Stage 3 row:
+  its run's export and summary; none: always), in order; the others are left to the job's
+  evaluation stage. The job runs it after its Stage 3 units, so it evaluates the rows of every run
+  but those still running on the other workers."""
+  return evaluate_rows([c for c, files in zip(cfgs, ready) if all(Path(f).exists() for f in files)],
+                       ref_path)
+
+
 def evaluate_in_workers(cfgs: Sequence[EvalConfig], ref_path: str, workers: int,
                         record: Callable[[str, float], None], *, pin: bool = True) -> None:
   """The rows of ``cfgs`` not yet evaluated, dealt round-robin to ``workers`` spawned processes

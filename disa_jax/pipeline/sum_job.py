@@ -469,16 +469,22 @@ class SumJob:
     quiet = workers > 1 or any(len(u) > 1 for u in units)  # (one bar per process and run)
     bar = lambda c: dataclasses.replace(c, train=dataclasses.replace(
         c.train, progress_bar=c.train.progress_bar and not quiet))
-    # The evaluation of the reference and the proposal needs no run: it fills the workers the last
-    # runs leave idle (the default job's last run used one of two workers for 54 s).
+    # The evaluation of the reference, the proposal and every run already exported fills the
+    # workers the last runs leave idle (the default job's last run used one of two workers for
+    # 55 s); the job's evaluation stage finds those rows done and evaluates the rest.
     early = [self._eval_config(row, path) for row, path in
              (("reference", self.ref_path), ("proposal", self.proposal_path))]
+    ready: list[tuple[str, ...]] = [(), ()]
+    for k in keys:
+      final = wd[k] / "final"  # where `run_stage3` exports; its summary is written after
+      early.append(self._eval_config(self.run_name(*k), str(final)))
+      ready.append((str(final / "export_info.json"), str(wd[k] / Stage3Run.FILE)))
     job_workers.run_stage3_units(
         [[bar(self.stage3_cfgs[k]) for k in unit] for unit in units],
         [[self.run_name(*k) for k in unit] for unit in units], workers,
         lambda names, seconds: [self._record(f"stage3_{n}", seconds) for n in names],
         pin=self.cfg.pin_workers,
-        then=functools.partial(job_workers.evaluate_rows, early, self.ref_path),
+        then=functools.partial(job_workers.evaluate_ready, early, ready, self.ref_path),
         record_then=lambda seconds: [self._record(f"eval_{r}", s) for r, s in seconds.items()])
     return {k: Stage3Run.load(wd[k]) for k in keys}
 

@@ -89,8 +89,9 @@ class BatchScorer:
           nnx.merge(ref_graphdef, p), rows, slots), static_argnums=2)
 
   def _put(self, rows: PackedRows | list[PackedRows]) -> PackedRows | list[PackedRows]:
-    """Host rows (or a list of them, placed in one batched transfer) as global arrays."""
-    return distributed.shard_global_batch(rows, self._rows)
+    """Host rows (or a list of them, placed in one batched transfer) as global arrays; on one
+    device the host arrays (`distributed.feed`)."""
+    return distributed.feed(rows, self._rows)
 
   def _slots(self, fn, params, packed: PackedRollout) -> list[np.ndarray]:
     """``[S, W]`` per-response-token log-probs of every training micro-batch of ``packed``,

@@ -138,11 +138,11 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
   """The `optim.AccumulatingStep` loss of one micro-batch: ``((params, obj_params), None, mb,
   step, k) -> (loss, (n, n, metrics))`` with n the objective's `normalizer`, and the
   train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the engine's
-  log-probs. The objective's state gets the key of (``options.key_seed``, step, k)."""
-  on_policy_old_logp, key_seed = options.on_policy_old_logp, options.key_seed
+  log-probs. The objective's state gets the key of (``options.key_seed``, step, k): ``const`` is
+  ``jax.random.key(options.key_seed)`` (`make_train_step`), an argument of the program."""
+  on_policy_old_logp = options.on_policy_old_logp
 
-  def micro_loss(params, const, mb: TrainBatch, step, k):
-    del const
+  def micro_loss(params, base_key, mb: TrainBatch, step, k):
     params, obj_params = params
     model = nnx.merge(graphdef, params)
     logp, hidden = policy_forward(model, mb)
@@ -153,7 +153,7 @@ def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
       mb = mb.replace(old_logp=jax.lax.stop_gradient(logp))
     state_out = None
     if objective.has_state:
-      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(key_seed), step), k)
+      key = jax.random.fold_in(jax.random.fold_in(base_key, step), k)
       state_out = objective.state_forward(nnx.merge(obj_graphdef, obj_params), hidden, mb, key)
     loss, metrics = objective.loss(logp, mb, state_out)
     n = objective.normalizer(mb)
@@ -205,8 +205,9 @@ def batch_shardings(mesh: Mesh) -> TrainBatch:
 def place_micro_batches(micro: Sequence[TrainBatch], mesh: Mesh) -> list[TrainBatch]:
   """Host micro-batches as global arrays on ``mesh`` (every process feeds its own rows), placed
   together: in one process one batched transfer for all of them (a placement's fixed cost paid
-  once per update, not once per micro-batch)."""
-  return distributed.shard_global_batch(list(micro), [batch_shardings(mesh)] * len(micro))
+  once per update, not once per micro-batch); on one device the host arrays, which the micro step
+  transfers itself (`distributed.feed`)."""
+  return distributed.feed(list(micro), [batch_shardings(mesh)] * len(micro))
 
 
 def _jit_shardings(mesh: Mesh | None, state_shardings: Any
@@ -262,7 +263,8 @@ def make_train_step(*,
   return AccumulatingStep(loss_fn, _apply_fn(optimizer, obj_optimizer, options),
                           lambda state: ((state.params, state.obj_params), state.step),
                           donate=options.donate, micro_kw=kw_micro, finish_kw=kw_finish,
-                          init_kw=kw_init)
+                          init_kw=kw_init, const=(jax.random.key(options.key_seed)
+                                                  if objective.has_state else None))
 
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:

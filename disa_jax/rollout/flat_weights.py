@@ -445,10 +445,13 @@ def copy_into(model: models.Transformer, source: models.Transformer, dtype: Any 
   fn = _copy_fn(None if dtype is None else _np_dtype(dtype).name,
                 tuple(current[p].dtype.name for p in paths),
                 tuple(current[p].sharding for p in paths))
-  # Placed first on the model's devices: a trainer sharded over several devices of this process
-  # (fsdp) and an engine on one.
-  _set_params(model, dict(zip(paths, fn([jax.device_put(src[p], current[p].sharding)
-                                           for p in paths]))))
+  # Placed first on the model's devices where they are elsewhere (a trainer sharded over several
+  # devices of this process (fsdp) and an engine on one); in one batched transfer.
+  moved = [p for p in paths if src[p].sharding.device_set != current[p].sharding.device_set]
+  if moved:
+    src.update(zip(moved, jax.device_put([src[p] for p in moved],
+                                         [current[p].sharding for p in moved])))
+  _set_params(model, dict(zip(paths, fn([src[p] for p in paths]))))
 
 
 def load_into(model: models.Transformer, flat: FlatWeights) -> None:

@@ -33,6 +33,35 @@ def test_first_fit_decreasing_places_every_sequence_once_within_capacity(seed):
         assert free[j] < lengths[i] or len(bins[j]) == max_items
 
 
+def _ffd_by_definition(lengths, capacity, max_items, counts):
+  """First-fit-decreasing as written in a textbook: longest first (ties by index), each into the
+  first bin, in opening order, with room for its tokens and its sequences."""
+  bins, free, count = [], [], []
+  for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    b = next((b for b in range(len(bins)) if free[b] >= lengths[i]
+              and count[b] + counts[i] <= max_items), len(bins))
+    if b == len(bins):
+      bins, free, count = bins + [[]], free + [capacity], count + [0]
+    bins[b].append(i)
+    free[b] -= lengths[i]
+    count[b] += counts[i]
+  return bins
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_fit_decreasing_places_as_the_definition_does(seed):
+  """The same bins, in the same order, as the definition: the packed layouts (and every number
+  trained on them) do not depend on how the planner searches."""
+  rng = np.random.default_rng(100 + seed)
+  for _ in range(200):
+    n, capacity, max_items = int(rng.integers(1, 80)), int(rng.integers(4, 200)), int(rng.integers(1, 10))
+    lengths = rng.integers(0, capacity + 1, n)  # empty responses too (shared-prompt units)
+    counts = rng.integers(1, max_items + 1, n) if seed % 2 else np.ones(n, np.int64)
+    got = packing.first_fit_decreasing(lengths, capacity, max_items,
+                                       counts if seed % 2 else None)
+    assert got == _ffd_by_definition(lengths.tolist(), capacity, max_items, counts.tolist())
+
+
 def test_first_fit_decreasing_is_tight_on_an_easy_instance():
   # 4 + 4 and 6 + 2 and 8: three full bins of 8 (no padding at all).
   bins = packing.first_fit_decreasing(np.array([4, 6, 8, 2, 4]), 8, 4)

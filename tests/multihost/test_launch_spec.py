@@ -137,3 +137,26 @@ def test_process_allgather_in_one_process_stacks_or_tiles():
   assert tiled["b"] == np.float32(2.5)
   assert distributed.any_process(True) and not distributed.any_process(False)
   assert distributed.host_leaders() == [0]
+
+
+def test_feed_hands_host_arrays_to_a_one_device_program_and_places_them_otherwise(monkeypatch):
+  """`feed`: on one device of one process the batch stays on the host (the jitted program's call
+  transfers it; no ``device_put``); a program over several devices, or several processes, get
+  `shard_global_batch`'s global arrays."""
+  batch = {"ids": np.arange(8 * 3).reshape(8, 3), "none": None}
+  one = NamedSharding(Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
+                           ("data", "fsdp", "tensor")), PartitionSpec(("data", "fsdp")))
+  two = NamedSharding(Mesh(np.asarray(jax.devices()[:2]).reshape(1, 2, 1),
+                           ("data", "fsdp", "tensor")), PartitionSpec(("data", "fsdp")))
+  with monkeypatch.context() as m:
+    m.setattr(distributed.jax, "device_put", None)  # never called on one device
+    host = distributed.feed(batch, {"ids": one, "none": one})
+  assert isinstance(host["ids"], np.ndarray) and host["none"] is None
+  placed = distributed.feed(batch, two)
+  assert isinstance(placed["ids"], jax.Array) and placed["ids"].sharding.is_equivalent_to(two, 2)
+  monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+  assert isinstance(distributed.feed(batch, one)["ids"], jax.Array)
+  monkeypatch.undo()
+  out = jax.jit(lambda x: x * 2, in_shardings=one)(host["ids"])  # placed by the program's call
+  assert out.sharding.is_equivalent_to(one, 2)
+  np.testing.assert_array_equal(np.asarray(out), batch["ids"] * 2)

@@ -88,3 +88,22 @@ def test_work_after_the_runs_goes_to_the_pool_last_and_its_failure_is_named(monk
 
   with pytest.raises(RuntimeError, match=r"after the runs.*row 'reference' failed"):
     job_workers.run_stage3_units([["a"]], [["a"]], 2, lambda names, s: None, then=broken)
+
+
+def test_the_tail_evaluates_only_the_rows_whose_runs_have_finished(tmp_path, monkeypatch):
+  """`evaluate_ready` (the work the job puts after its Stage 3 units): a row whose run has not
+  written its export and its summary yet is left to the job's evaluation stage, and the others
+  are evaluated in their order."""
+  done, half = tmp_path / "done", tmp_path / "half"
+  for d in (done, half):
+    (d / "final").mkdir(parents=True)
+    (d / "final" / "export_info.json").write_text("{}")
+  (done / "stage3_summary.json").write_text("{}")  # `half` is still writing its summary
+  seen = []
+  monkeypatch.setattr(job_workers, "evaluate_rows",
+                      lambda cfgs, ref: seen.extend(cfgs) or {c: 1.0 for c in cfgs})
+  files = lambda d: (str(d / "final" / "export_info.json"), str(d / "stage3_summary.json"))
+  out = job_workers.evaluate_ready(["reference", "half", "done", "missing"],
+                                   [(), files(half), files(done), files(tmp_path / "missing")],
+                                   "ref")
+  assert seen == ["reference", "done"] and set(out) == {"reference", "done"}

@@ -246,6 +246,22 @@ def test_head_dropout_is_seeded_and_joint_clip_bounds_both_gradients():
   np.testing.assert_allclose(step_norm, 0.1 * 1e-3, rtol=1e-3)  # SGD step = lr x clipped norm
 
 
+def test_runs_of_other_seeds_share_one_compiled_update():
+  """The dropout key's seed is an argument of the micro step, not a constant folded into it: the
+  FlowRL runs of five seeds compile (and cache) one program, not five."""
+  graphdef, head_graphdef, state, _, _, _, _ = _setup("flowrl")
+  obj = objectives.FlowRL(beta=2.0, scale="mean", head_dropout=0.5)
+  batch = micro_batches(_seqs(0), packed_layout(4, MAX_PROMPT + MAX_RESPONSE))
+  sgd = optax.sgd(0.1)
+  s0 = rl_update.TrainState(state.step, state.params, sgd.init(state.params), state.obj_params,
+                            sgd.init(state.obj_params))
+  texts = [rl_update.make_train_step(
+      graphdef=graphdef, objective=obj, optimizer=sgd, obj_graphdef=head_graphdef,
+      obj_optimizer=sgd, options=rl_update.StepOptions(donate=False, key_seed=seed)
+  ).lower(s0, batch[0])["micro"].as_text() for seed in (1, 2)]
+  assert texts[0] == texts[1]
+
+
 def test_lr_schedule_warmup_constant_and_final_decay():
   s = optim.lr_schedule(1.0, warmup_steps=4, decay_frac=0.25, decay_factor=0.1, total_updates=20)
   vals = [float(s(jnp.int32(c))) for c in range(20)]
