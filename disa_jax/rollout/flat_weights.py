@@ -164,12 +164,19 @@ class FlatLayout:
   def check_params(self, shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
     """Raises ValueError naming the first parameter of ``shapes`` (path -> shape) that is missing
     from this layout, absent from ``shapes`` or of another shape."""
-    want = {e.path: e.shape for e in self.entries}
-    for path in sorted(set(want) | set(shapes)):
-      got = tuple(shapes[path]) if path in shapes else None
-      if got != want.get(path):
-        raise ValueError(f"{where}: parameter {path!r} has shape {got} but the pushed layout has "
-                         f"{want.get(path)} (None = absent)")
+    want = {e.path: tuple(e.shape) for e in self.entries}
+    got = {path: tuple(shape) for path, shape in shapes.items()}
+    path = first_mismatch(got, want)
+    if path is not None:
+      raise ValueError(f"{where}: parameter {path!r} has shape {got.get(path)} but the pushed "
+                       f"layout has {want.get(path)} (None = absent)")
+
+
+def first_mismatch(a: Mapping[str, tuple[int, ...]], b: Mapping[str, tuple[int, ...]]
+                   ) -> str | None:
+  """The first path (sorted) that one of two {path: shape} maps lacks or shapes otherwise; None
+  when they agree."""
+  return next((p for p in sorted(set(a) | set(b)) if a.get(p) != b.get(p)), None)
 
 
 def _hf_view(rule: models.KeyRule, ours: np.ndarray, hf_shape: tuple[int, ...]) -> np.ndarray:
@@ -436,11 +443,12 @@ def copy_into(model: models.Transformer, source: models.Transformer, dtype: Any 
     ValueError: naming the first parameter the two models disagree on (path or shape).
   """
   current, src = model_params(model), model_params(source)
-  for path in sorted(set(current) | set(src)):
-    if path not in current or path not in src or current[path].shape != src[path].shape:
-      raise ValueError(f"copy_into: parameter {path!r} is "
-                       f"{getattr(src.get(path), 'shape', 'absent')} in the source and "
-                       f"{getattr(current.get(path), 'shape', 'absent')} in the model")
+  path = first_mismatch({p: x.shape for p, x in src.items()},
+                        {p: x.shape for p, x in current.items()})
+  if path is not None:
+    raise ValueError(f"copy_into: parameter {path!r} is "
+                     f"{getattr(src.get(path), 'shape', 'absent')} in the source and "
+                     f"{getattr(current.get(path), 'shape', 'absent')} in the model")
   paths = sorted(current)
   fn = _copy_fn(None if dtype is None else _np_dtype(dtype).name,
                 tuple(current[p].dtype.name for p in paths),

@@ -342,8 +342,8 @@ class JaxSampler:
     """The weights of ``source``, a model of this process (the trainer's policy), copied on the
     devices (`flat_weights.copy_into`: the values a flat push of ``dtype`` gives, without its host
     copies)."""
-    flat_weights.copy_into(self.model, source, dtype)
-    self._state = jax.block_until_ready(nnx.state(self.model))
+    flat_weights.copy_into(self.model, source, dtype)  # (waits for the copies)
+    self._state = nnx.state(self.model)
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
     """Loads HF-named, HF-layout weights (every key used, every shape checked), or a flat push
