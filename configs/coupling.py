@@ -56,7 +56,7 @@ ANCHOR_REPLICAS = 5  # the fitted anchor: 5 Stage 1-2 replicas x ...
 REPLICA_SEEDS = (0, 1)  # ... 2 Stage 3 seeds each (10 runs; the unit is a replica's mean)
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90", "kl_end")
 # Equivalence margins (nats), fixed before the runs: 10% of VarGrad's training-prompt means in the
-# committed mean-scale report (anchor_testbed_offpolicy_mean.json: kl_auc 1.118, kl_correct_end
+# committed mean-scale report (anchor_testbed_offpolicy_mean_oneanchor.json since 2026-12-07: kl_auc 1.118, kl_correct_end
 # 0.494).
 MARGINS = {"kl_auc": 0.11, "kl_correct_end": 0.05}
 
