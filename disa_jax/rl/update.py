@@ -135,7 +135,7 @@ class StepOptions:
 
 def _micro_loss_fn(graphdef: nnx.GraphDef, objective: Objective,
                    obj_graphdef: nnx.GraphDef | None, options: StepOptions):
-  """The `optim.AccumulatingStep` loss of one micro-batch: ``((params, obj_params), None, mb,
+  """The `optim.AccumulatingStep` loss of one micro-batch: ``((params, obj_params), base key, mb,
   step, k) -> (loss, (n, n, metrics))`` with n the objective's `normalizer`, and the
   train/inference mismatch (`losses.mismatch_metrics`) where the batch carries the engine's
   log-probs. The objective's state gets the key of (``options.key_seed``, step, k): ``const`` is
