@@ -126,27 +126,34 @@ VECTOR_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512d
                    "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile")
 
 
+def _cpuinfo() -> dict[str, str] | None:
+  """The first value of each /proc/cpuinfo field (the first CPU's); None where it cannot be read."""
+  try:
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+  except OSError:
+    return None
+  fields: dict[str, str] = {}
+  for line in lines:
+    key, sep, value = line.partition(":")
+    if sep:
+      fields.setdefault(key.strip(), value.strip())
+  return fields
+
+
 def cpu_model() -> dict:
   """The host CPU as a golden file names the machine its last bits belong to: vendor, family and
   model (/proc/cpuinfo; XLA:CPU tunes its code to the model, so two CPUs with the same
   `VECTOR_FEATURES` may still round differently) and its vector features."""
-  try:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-  except OSError:
+  info = _cpuinfo()
+  if info is None:
     return {}
-  field = lambda name: next((l.split(":", 1)[1].strip() for l in lines
-                             if l.split(":", 1)[0].strip() == name), "")
-  return {"vendor": field("vendor_id"), "family": field("cpu family"), "model": field("model"),
-          "features": vector_features()}
+  return {"vendor": info.get("vendor_id", ""), "family": info.get("cpu family", ""),
+          "model": info.get("model", ""), "features": vector_features()}
 
 
 def vector_features() -> list[str]:
   """The host CPU's `VECTOR_FEATURES` (empty where /proc/cpuinfo cannot be read)."""
-  try:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-  except OSError:
-    return []
-  flags = next((l.split(":", 1)[1].split() for l in lines if l.startswith("flags")), [])
+  flags = (_cpuinfo() or {}).get("flags", "").split()
   return sorted(set(flags) & set(VECTOR_FEATURES))
 
 
