@@ -9,7 +9,7 @@ with a TCP socket (each process's address goes through JAX's key-value store), a
 on each process sends every peer one byte a second and reads theirs. A peer is lost when its
 connection closes without the goodbye its process sends at a normal exit (killed, crashed, its host
 gone), or when nothing came from it for ``timeout_s`` (hung, or the network between them down).
-Then this process prints one line on stderr,
+Then this process prints one line on stderr, its last whatever other threads are printing,
 
     error: process 1 of 2 (host gpu007, pid 4242) is lost: its connection closed without a goodbye
     (killed or crashed); process 0 stops too (DISA_HEARTBEAT_TIMEOUT_S=15) ...
@@ -141,10 +141,10 @@ class PeerWatch:
         pass
 
   def _lost(self, p: _Peer, why: str) -> None:
-    sys.stderr.write(f"error: process {p.index} of {self.n} (host {p.host}, pid {p.pid}) is lost: "
-                     f"{why}; process {self.me} stops too ({ENV}={self.timeout_s:g}; a rerun "
-                     "resumes from the last checkpoint)\n")
-    sys.stderr.flush()
+    line = (f"error: process {p.index} of {self.n} (host {p.host}, pid {p.pid}) is lost: {why}; "
+            f"process {self.me} stops too ({ENV}={self.timeout_s:g}; a rerun resumes from the last "
+            "checkpoint)")
+    _last_words(line)
     os._exit(EXIT_CODE)
 
   def _read(self, p: _Peer, now: float) -> None:
@@ -196,3 +196,21 @@ def start(process_id: int, num_processes: int, *, timeout_s: float) -> PeerWatch
   state = jax_distributed.global_state
   return PeerWatch(state.client, process_id, num_processes, state.coordinator_address,
                    timeout_s=timeout_s)
+
+
+def _last_words(line: str) -> None:
+  """Writes `line` as the last line of stderr, whole, whatever the other threads are printing.
+
+  When a peer dies, this process's main thread is often inside a collective that fails at the same
+  moment, and its traceback (or XLA's log) is being written while this thread decides: fd 2 goes to
+  /dev/null first, so nothing written after this line follows it, and the line starts on a line of
+  its own (a leading newline ends any half-written one) in one write(2) to the original stderr.
+  """
+  try:
+    sys.stderr.flush()
+  except (OSError, ValueError):
+    pass
+  out = os.dup(2)
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 2)
+  os.write(out, f"\n{line}\n".encode())
