@@ -13,15 +13,19 @@ _BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
 def bits_dtype(dtype: Any) -> Any:
-  """The unsigned int type of ``dtype``'s width (the cache's storage type)."""
-  return _BITS[jnp.dtype(dtype).itemsize]
+  """The cache's storage type for ``dtype`` values: float32 itself, others the unsigned int of
+  their width."""
+  dtype = jnp.dtype(dtype)
+  return dtype if dtype == jnp.float32 else _BITS[dtype.itemsize]
 
 
 def as_bits(x: jax.Array) -> jax.Array:
-  """x's bits as unsigned ints of its width."""
-  return jax.lax.bitcast_convert_type(x, bits_dtype(x.dtype))
+  """x as the cache stores it (`bits_dtype`)."""
+  to = bits_dtype(x.dtype)
+  return x if to == x.dtype else jax.lax.bitcast_convert_type(x, to)
 
 
 def from_bits(bits: jax.Array, dtype: Any) -> jax.Array:
-  """The ``dtype`` values whose bits ``bits`` holds."""
-  return jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype))
+  """The ``dtype`` values that ``bits`` (stored as `bits_dtype`) holds."""
+  dtype = jnp.dtype(dtype)
+  return bits if bits.dtype == dtype else jax.lax.bitcast_convert_type(bits, dtype)

@@ -225,6 +225,22 @@ def test_one_cache_updated_in_place(tiny_model):
   assert memory.temp_size_in_bytes <= 0.1 * cache, (memory.temp_size_in_bytes, cache)
 
 
+def test_a_float32_cache_is_read_without_bit_conversions(tiny_model):
+  """A float32 cache is stored as float32 (XLA:CPU scatters it in place): the compiled decode
+  program has no bitcast-convert (each one materialised a copy of the cache block it read:
+  ~4.2 ms of the bench request's 18.2 ms, benchmarks/results/stage3_vs_trl_cpu_issue64_t64c.txt);
+  a bfloat16 cache is still stored as its uint16 bits, and the round trip is exact."""
+  sampler = JaxSampler(tiny_model, max_batch_size=64)
+  hlo = sampler.lower_programs(8, 8, 24, 8, programs=("generate",))["generate"].compile().as_text()
+  converts = [l for l in hlo.splitlines()
+              if "bitcast_convert" in l.replace("-", "_") and "attention/" in l]
+  assert not converts, converts[0][:300]  # (the sampler's uniform draws keep theirs)
+  assert continuous.empty_cache(tiny_model.config, 2, 16, jnp.float32)["k"].dtype == jnp.float32
+  assert continuous.empty_cache(tiny_model.config, 2, 16, jnp.bfloat16)["k"].dtype == jnp.uint16
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(64,)), jnp.bfloat16)
+  assert as_bits(x).dtype == jnp.uint16 and (from_bits(as_bits(x), jnp.bfloat16) == x).all()
+
+
 @pytest.mark.slow  # compiles a 36-layer (scanned) 4B program on the CPU: ~25 s
 def test_256_rows_of_a_4b_model_fit_one_h200():
   """qwen3-4b-base, 32 prompts of 256 tokens x 8 samples x 1,024 new tokens on 256 slots: the
