@@ -432,34 +432,83 @@ def _copy_fn(dtype: str | None, dtypes: tuple[str, ...], shardings: tuple[Any, .
   return jax.jit(fn, out_shardings=list(shardings))
 
 
+class DeviceCopy:
+  """`copy_into` prepared once for a model and a source of the same architecture (paths and shapes
+  checked, the model's dtypes and placements read and the jitted copy built here); each call then
+  flattens the source's parameters and runs the copy, without walking either model by path again
+  (a push of the default job's policy: 2.4 ms before, one walk of each model per call since).
+
+  Args:
+    model: the model to load into (its parameters' dtypes and placements are the copy's outputs).
+    source: a model of the same parameters (paths and shapes) in this process.
+    dtype: the push's dtype (None: the source's own).
+
+  Raises:
+    ValueError: naming the first parameter the two models disagree on (path or shape).
+  """
+
+  def __init__(self, model: models.Transformer, source: models.Transformer, dtype: Any = None):
+    current, src = model_params(model), model_params(source)
+    path = first_mismatch({p: x.shape for p, x in src.items()},
+                          {p: x.shape for p, x in current.items()})
+    if path is not None:
+      raise ValueError(f"copy_into: parameter {path!r} is "
+                       f"{getattr(src.get(path), 'shape', 'absent')} in the source and "
+                       f"{getattr(current.get(path), 'shape', 'absent')} in the model")
+    paths = sorted(current)
+    src_paths, self.source_def = _leaf_paths(nnx.state(source, nnx.Param))
+    model_paths, self.model_def = _leaf_paths(nnx.state(model))
+    self._take = [src_paths.index(p) for p in paths]  # source leaf of each copied parameter
+    self._put = [model_paths.index(p) for p in paths]  # its leaf in the model's whole state
+    self._shardings = [current[p].sharding for p in paths]
+    self._fn = _copy_fn(None if dtype is None else _np_dtype(dtype).name,
+                        tuple(current[p].dtype.name for p in paths), tuple(self._shardings))
+
+  def __call__(self, source: models.Transformer, state: nnx.State) -> nnx.State:
+    """``state`` (the model's whole state, `nnx.state(model)`) with the parameters of ``source``
+    copied in: new buffers, not yet waited for. The source must have the structure it had."""
+    leaves, tree = jax.tree.flatten(nnx.state(source, nnx.Param))
+    if tree != self.source_def:
+      raise ValueError("copy_into: the source's parameters changed structure since the copy was "
+                       "prepared")
+    src = [leaves[i] for i in self._take]
+    # Placed first on the model's devices where they are elsewhere (a trainer sharded over several
+    # devices of this process (fsdp) and an engine on one); in one batched transfer.
+    moved = [k for k, (x, s) in enumerate(zip(src, self._shardings))
+             if x.sharding.device_set != s.device_set]
+    if moved:
+      for k, x in zip(moved, jax.device_put([src[k] for k in moved],
+                                            [self._shardings[k] for k in moved])):
+        src[k] = x
+    out = jax.tree.leaves(state)
+    for k, x in zip(self._put, self._fn(src)):
+      out[k] = x
+    return jax.tree.unflatten(self.model_def, out)
+
+
+def _leaf_paths(state: nnx.State) -> tuple[list[str], Any]:
+  """The dotted path (as `model_params` names it) of each leaf of ``state``, in leaf order, and
+  its tree structure."""
+  with_paths, tree = jax.tree_util.tree_flatten_with_path(state)
+  names = [".".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+           for path, _ in with_paths]
+  return names, tree
+
+
 def copy_into(model: models.Transformer, source: models.Transformer, dtype: Any = None) -> None:
   """Loads ``source``'s parameters (a model of the same architecture in this process: the trainer's
   policy) into ``model`` on the devices, with none of a flat push's host copies: each cast to
   ``dtype`` (the push's; None: its own) and then to ``model``'s dtype, in new buffers placed as
   ``model``'s (the trainer may donate its own afterwards). The values are those of `export` +
-  `load_into` (round-to-nearest-even both ways).
+  `load_into` (round-to-nearest-even both ways). Waits for the copies. (`DeviceCopy` prepares
+  this once for repeated pushes.)
 
   Raises:
     ValueError: naming the first parameter the two models disagree on (path or shape).
   """
-  current, src = model_params(model), model_params(source)
-  path = first_mismatch({p: x.shape for p, x in src.items()},
-                        {p: x.shape for p, x in current.items()})
-  if path is not None:
-    raise ValueError(f"copy_into: parameter {path!r} is "
-                     f"{getattr(src.get(path), 'shape', 'absent')} in the source and "
-                     f"{getattr(current.get(path), 'shape', 'absent')} in the model")
-  paths = sorted(current)
-  fn = _copy_fn(None if dtype is None else _np_dtype(dtype).name,
-                tuple(current[p].dtype.name for p in paths),
-                tuple(current[p].sharding for p in paths))
-  # Placed first on the model's devices where they are elsewhere (a trainer sharded over several
-  # devices of this process (fsdp) and an engine on one); in one batched transfer.
-  moved = [p for p in paths if src[p].sharding.device_set != current[p].sharding.device_set]
-  if moved:
-    src.update(zip(moved, jax.device_put([src[p] for p in moved],
-                                         [current[p].sharding for p in moved])))
-  _set_params(model, dict(zip(paths, fn([src[p] for p in paths]))))
+  state = DeviceCopy(model, source, dtype)(source, nnx.state(model))
+  nnx.update(model, state)
+  jax.block_until_ready(state)
 
 
 def load_into(model: models.Transformer, flat: FlatWeights) -> None:

@@ -178,6 +178,7 @@ class JaxSampler:
     self.decode_block = decode_block
     self._graphdef, self._state = nnx.split(model)
     self._fns: dict[tuple, Any] = {}
+    self._copy: tuple | None = None  # (source, dtype, `flat_weights.DeviceCopy`) of load_params
     self._closed = False
     self.last_num_steps = 0  # 1 + decoding steps of the last jitted call (for tests and stats)
 
@@ -341,13 +342,16 @@ class JaxSampler:
   def load_params(self, source: models.Transformer, dtype: Any = None) -> None:
     """The weights of ``source``, a model of this process (the trainer's policy), copied on the
     devices (`flat_weights.copy_into`: the values a flat push of ``dtype`` gives, without its host
-    copies)."""
-    flat_weights.copy_into(self.model, source, dtype)  # (waits for the copies)
-    self._state = nnx.state(self.model)
+    copies); prepared once per source and dtype (`flat_weights.DeviceCopy`). Waits for them."""
+    if self._copy is None or self._copy[0] is not source or self._copy[1] != dtype:
+      self._copy = (source, dtype, flat_weights.DeviceCopy(self.model, source, dtype))
+    self._state = jax.block_until_ready(self._copy[2](source, self._state))
+    nnx.update(self.model, self._state)
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
     """Loads HF-named, HF-layout weights (every key used, every shape checked), or a flat push
     (`flat_weights.FlatWeights`: its buckets straight into the model's own layouts)."""
+    self._copy = None  # (its placements are read again at the next `load_params`)
     if isinstance(state_dict, flat_weights.FlatWeights):
       flat_weights.load_into(self.model, state_dict)
     else:

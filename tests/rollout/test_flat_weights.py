@@ -224,3 +224,43 @@ def test_a_sampler_in_the_trainers_process_gets_the_flat_pushs_values_without_th
   with pytest.raises(ValueError, match="copy_into: parameter 'layers.attn_norm' is \\(2, 64\\) in "
                                        "the source and \\(3, 64\\) in the model"):
     flat_weights.copy_into(deeper, tiny_model)
+
+
+def test_repeated_pushes_reuse_one_prepared_copy_and_follow_the_source(monkeypatch):
+  """`JaxSampler.load_params` prepares the copy once per source and dtype
+  (`flat_weights.DeviceCopy`): later pushes walk neither model by path (no `model_params`), and
+  still load the source's current values, into the sampler's state and its model; another dtype,
+  another source or a flat push in between prepares it again."""
+  source = testing.make_tiny_model("qwen3", seed=1, head_dim=32)
+  other = testing.make_tiny_model("qwen3", seed=2, head_dim=32)
+  sampler = JaxSampler(testing.make_tiny_model("qwen3", seed=5, head_dim=32))
+  walks, model_params = [], flat_weights.model_params
+  monkeypatch.setattr(flat_weights, "model_params",
+                      lambda m: walks.append(1) or model_params(m))
+
+  def pushed_equals(model):
+    got = model_params(nnx.merge(sampler._graphdef, sampler._state))  # what generate runs on
+    want = model_params(model)
+    assert sorted(got) == sorted(want)
+    assert all(np.array_equal(np.asarray(got[p]), np.asarray(want[p])) for p in want)
+    assert all(np.array_equal(np.asarray(x), np.asarray(got[p]))
+               for p, x in model_params(sampler.model).items())
+
+  sampler.load_params(source)
+  first = len(walks)
+  assert first == 2  # prepared: the two models walked once
+  pushed_equals(source)
+  nnx.update(source, jax.tree.map(lambda x: x + 1.0, nnx.state(source, nnx.Param)))
+  sampler.load_params(source)
+  assert len(walks) == first  # no walk by path
+  pushed_equals(source)  # the source's new values
+  sampler.load_params(other)
+  pushed_equals(other)
+  assert len(walks) == first + 2  # another source: prepared again
+  sampler.load_params(other, "bfloat16")
+  assert len(walks) == first + 4
+  sampler.update_weights(flat_weights.export(source, "float32", bucket_bytes=SMALL_BUCKETS))
+  walks.clear()
+  sampler.load_params(other, "bfloat16")
+  assert len(walks) == 2  # a flat push in between: the placements read again
+
