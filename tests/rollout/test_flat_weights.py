@@ -264,3 +264,14 @@ def test_repeated_pushes_reuse_one_prepared_copy_and_follow_the_source(monkeypat
   sampler.load_params(other, "bfloat16")
   assert len(walks) == 2  # a flat push in between: the placements read again
 
+
+
+def test_a_push_on_the_devices_does_not_compile_generate_again():
+  """The sampler's starting weights are committed like the pushed ones, so the generate program
+  compiled before the first `load_params` serves after it (it compiled twice per process)."""
+  sampler = JaxSampler(testing.make_tiny_model("qwen3", seed=5, head_dim=32), max_batch_size=8)
+  params = SamplingParams(n=2, max_tokens=4, seed=0)
+  sampler.generate([[1, 2, 3]], params)
+  sampler.load_params(testing.make_tiny_model("qwen3", seed=1, head_dim=32))
+  sampler.generate([[1, 2, 3]], params)
+  assert [fn._cache_size() for fn in sampler._fns.values()] == [1]
