@@ -206,11 +206,11 @@ def _last_words(line: str) -> None:
   /dev/null first, so nothing written after this line follows it, and the line starts on a line of
   its own (a leading newline ends any half-written one) in one write(2) to the original stderr.
   """
-  try:
-    sys.stderr.flush()
-  except (OSError, ValueError):
+  # (No sys.stderr.flush(): it would wait for the main thread's write lock; stderr's complete lines
+  # are out already, it being line-buffered, and a half line still in its buffer is dropped.)
+  try:  # (an fd 2 already closed must not keep this thread from exiting the process)
+    out = os.dup(2)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    os.write(out, f"\n{line}\n".encode())
+  except OSError:
     pass
-  out = os.dup(2)
-  null = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(null, 2)
-  os.write(out, f"\n{line}\n".encode())
