@@ -265,7 +265,6 @@ def test_repeated_pushes_reuse_one_prepared_copy_and_follow_the_source(monkeypat
   assert len(walks) == 2  # a flat push in between: the placements read again
 
 
-
 def test_a_push_on_the_devices_does_not_compile_generate_again():
   """The sampler's starting weights are committed like the pushed ones, so the generate program
   compiled before the first `load_params` serves after it (it compiled twice per process)."""
