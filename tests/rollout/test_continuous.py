@@ -49,6 +49,21 @@ def test_ragged_samples_what_the_dense_reference_samples(samplers, params):
                                     dense.generate(PROMPTS, params), atol=1e-5)
 
 
+def test_auto_runs_a_request_that_fits_on_the_dense_path_and_a_larger_one_ragged(samplers,
+                                                                               tiny_model):
+  """'auto': 8 rows on 8 slots (nothing waits) take the dense program and sample its bits; 20 rows
+  take the ragged program and sample the ragged path's bits."""
+  ragged, dense = samplers
+  auto = JaxSampler(tiny_model, cache_layout="auto", max_batch_size=8, min_batch_bucket=8,
+                    decode_block=16)
+  params = SamplingParams(n=4, temperature=1.0, max_tokens=20, seed=3, return_raw_logprobs=True)
+  assert [auto.layout_of(r) for r in (1, 8, 9, 20)] == ["dense", "dense", "ragged", "ragged"]
+  for prompts, want in ((PROMPTS[:2], dense), (PROMPTS, ragged)):
+    got = auto.generate(prompts, params)
+    reference.assert_same_completions(got, want.generate(prompts, params), atol=0.0)
+  assert sorted(key[0] for key in auto._fns) == ["dense", "ragged"]
+
+
 def test_the_static_and_live_bounds_loops_sample_the_same_bits(tiny_model):
   """Decode attention 'xla' (every cache block, dead ones masked) and 'xla_live' (the live blocks
   only) give the same tokens and log-probs bit for bit (the dead blocks add exactly 0), so 'auto'
