@@ -7,7 +7,7 @@ between ``<!-- family: NAME -->`` and ``<!-- end family -->``::
 
   | report | comparison | endpoint | set |
   |---|---|---|---|
-  | anchor_testbed_rl | disa:disa_exact | * | * |
+  | anchor_testbed_rl_oneanchor | disa:disa_exact | * | * |
 
 one row per (report under the reports directory, without ``.json``; a declared comparison 'A:B' of
 its ``endpoints`` section; an endpoint; a prompt set), ``*`` for every endpoint / set the report
