@@ -10,9 +10,11 @@ request that runs prefill and decode in `lax.while_loop`s which exit as soon as 
   ``max_batch_size``; each chunk runs to its longest row on a `[L, B, S, K, H]` cache created in the
   program, every row attending over all S positions.
 * 'auto': 'dense' for a request whose rows all fit ``max_batch_size`` (no row waits, so continuous
-  batching has nothing to refill, and the dense step is the cheaper one on a short cache: the
-  Stage 3 bench's 64-row request, 14.5 against 18.3 ms on a 2-core CPU), 'ragged' otherwise. Not
-  the default: the two paths round attention differently, so a preset moved to it draws new bits.
+  batching has nothing to refill, and the dense path is the cheaper one on a short cache: the
+  Stage 3 bench's 64-row request, 11.3-11.7 against 14.8-14.9 ms a call on a 2-core CPU, 40% of it
+  the ragged path's 8 admissions, 60% its decode steps; benchmarks/results/
+  sampler_phases_cpu_20261207.txt), 'ragged' otherwise. Not the default: the two paths round
+  attention differently, so a preset moved to it draws new bits.
 
 The n samples of a prompt share one prefill: the prompt runs once and its KV cache is repeated to
 its rows. Prompts are left-padded; the batch (slots), the padded prompt length and the number of
