@@ -1,6 +1,7 @@
 """The main job's pinned models (issue 62): a fresh workdir copies them (no training) and its report
 records their hashes; a changed pinned file is refused, naming it and both hashes; with
 ``rebuild_models`` the job trains its own and says whether the hash changed."""
+import dataclasses
 import json
 import shutil
 
@@ -28,6 +29,21 @@ def _pinned_table() -> dict[str, str]:
 PINNED_PRESETS = tuple(_pinned_table())
 
 
+def _build_table() -> list[tuple[str, dict[str, int], str]]:
+  """[(entry, {config path: warm-up seed}, preset)] from the store README's table of other builds
+  (rows '| entry | path=seed path=seed | preset, preset |')."""
+  out = []
+  for line in (pinned.STORE / "README.md").read_text().splitlines():
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if line.startswith("| ") and len(cells) == 3 and len(cells[0]) == 16 and "=" in cells[1]:
+      seeds = {k: int(v) for k, v in (kv.split("=") for kv in cells[1].split())}
+      out += [(cells[0], seeds, p) for p in cells[2].split(", ")]
+  return out
+
+
+BUILDS = _build_table()
+
+
 def _job(c, workdir) -> SumJob:
   return SumJob(MainConfig.from_config(c), workdir, progress=False)
 
@@ -41,7 +57,7 @@ def _no_training(monkeypatch):
 def test_the_store_table_names_every_entry():
   assert "default" in PINNED_PRESETS and "staleness_study" in PINNED_PRESETS
   entries = {p.name for p in pinned.STORE.iterdir() if p.is_dir()}
-  assert set(_pinned_table().values()) == entries
+  assert set(_pinned_table().values()) | {e for e, _, _ in BUILDS} == entries
 
 
 def test_every_preset_is_pinned_or_named_as_not_pinned():
@@ -64,6 +80,24 @@ def test_each_pinned_preset_has_an_intact_store_entry(preset):
   assert record.identity == pinned.identity(cfg) and record.key == entry.name
   assert record.bytes < 8 * 2 ** 20  # tiny models: a few MB at most
   assert record.fingerprint == {m: fingerprint(entry / m) for m in pinned.MODELS}
+
+
+@pytest.mark.parametrize("entry,seeds,preset", BUILDS,
+                         ids=[f"{p}-{e}" for e, _, p in BUILDS])
+def test_each_other_build_is_its_preset_with_other_warmup_seeds_and_intact(entry, seeds, preset):
+  """A second build of a preset's models (issue 62, item 5): the same spec but the warm-up seeds,
+  its own intact entry; the preset run with those seeds copies it."""
+  c = main_config.get_config(preset)
+  first = pinned.identity(MainConfig.from_config(c))
+  c.update_from_flattened_dict(seeds)
+  other = pinned.identity(MainConfig.from_config(c))
+  assert other.key == entry != first.key
+  assert dataclasses.replace(other, reference=dataclasses.replace(
+      other.reference, seed=first.reference.seed), proposal=dataclasses.replace(
+          other.proposal, seed=first.proposal.seed)) == first
+  record = pinned.verify(pinned.STORE / entry)
+  assert record.identity == other and record.bytes < 8 * 2 ** 20
+  assert record.fingerprint != pinned.verify(pinned.STORE / _pinned_table()[preset]).fingerprint
 
 
 def test_a_fresh_workdir_copies_the_pinned_models_and_records_their_hashes(tmp_path, monkeypatch):
