@@ -16,14 +16,20 @@ from disa_jax.pipeline.sum_job import SumJob
 
 
 
-def _pinned_table() -> dict[str, str]:
-  """{preset: entry} from the table of disa_jax/pipeline/pinned_models/README.md."""
-  out = {}
+def _entry_rows(columns: int) -> list[list[str]]:
+  """The cells of the store README's table rows of ``columns`` cells that name an entry (16 hex
+  digits) in their first cell."""
+  rows = []
   for line in (pinned.STORE / "README.md").read_text().splitlines():
     cells = [c.strip() for c in line.strip("|").split("|")]
-    if line.startswith("| ") and len(cells) == 2 and len(cells[0]) == 16:
-      out |= {p: cells[0] for p in cells[1].split(", ")}
-  return out
+    if line.startswith("| ") and len(cells) == columns and len(cells[0]) == 16:
+      rows.append(cells)
+  return rows
+
+
+def _pinned_table() -> dict[str, str]:
+  """{preset: entry} from the table of disa_jax/pipeline/pinned_models/README.md."""
+  return {p: entry for entry, presets in _entry_rows(2) for p in presets.split(", ")}
 
 
 PINNED_PRESETS = tuple(_pinned_table())
@@ -32,13 +38,9 @@ PINNED_PRESETS = tuple(_pinned_table())
 def _build_table() -> list[tuple[str, dict[str, int], str]]:
   """[(entry, {config path: warm-up seed}, preset)] from the store README's table of other builds
   (rows '| entry | path=seed path=seed | preset, preset |')."""
-  out = []
-  for line in (pinned.STORE / "README.md").read_text().splitlines():
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    if line.startswith("| ") and len(cells) == 3 and len(cells[0]) == 16 and "=" in cells[1]:
-      seeds = {k: int(v) for k, v in (kv.split("=") for kv in cells[1].split())}
-      out += [(cells[0], seeds, p) for p in cells[2].split(", ")]
-  return out
+  return [(entry, {k: int(v) for k, v in (kv.split("=") for kv in seeds.split())}, p)
+          for entry, seeds, presets in _entry_rows(3) if "=" in seeds
+          for p in presets.split(", ")]
 
 
 BUILDS = _build_table()
