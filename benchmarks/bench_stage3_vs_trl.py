@@ -16,9 +16,10 @@ Our step runs in a child process per block, one per variant (``--variants``):
   sitting, e.g. ``--variants git:54fbaa7,git:82d599f,new``);
 - a ``+malloc`` suffix sets the same allocator settings through ``GLIBC_TUNABLES`` (for a base
   tree without `disa_jax.runtime`), ``+nomalloc`` turns `disa_jax.runtime`'s off
-  (``DISA_HOST_MALLOC=0``), ``+dense`` / ``+auto`` sample on the JAX sampler's dense cache layout
-  (``cache_layout='dense'``, the path before continuous batching) or its 'auto' one (dense for a
-  request whose rows all fit the slots, as this bench's 64 rows do) instead of its default. XLA:CPU allocates each execution's temporaries as one block; above
+  (``DISA_HOST_MALLOC=0``), ``+dense`` / ``+ragged`` / ``+auto`` sample on the JAX sampler's
+  dense cache layout (``cache_layout='dense'``, the path before continuous batching), its ragged
+  one (continuous batching, the default before issue 64) or 'auto' (the default since: dense for
+  a request whose rows all fit the slots on a short cache, as this bench's 64 rows do). XLA:CPU allocates each execution's temporaries as one block; above
   64 MiB (the update's is 64.5 MiB on this model) glibc maps it fresh from the kernel on every call
   and every page faults again (16.5k minor faults per update); kept, the block is reused;
 - an ``@k<K>`` suffix runs the variant with asynchronous rollouts (``rollout.max_staleness = K``,
@@ -182,9 +183,10 @@ def parse_variant(variant: str) -> tuple[str, str, int]:
   head, _, k = variant.partition("@k")
   tree, _, opt = head.partition("+")
   known = tree in ("base", "new") or (tree.startswith("git:") and len(tree) > 4)
-  if not known or opt not in ("", "malloc", "nomalloc", "dense", "auto") or not (k == "" or k.isdigit()):
+  options = ("", "malloc", "nomalloc", "dense", "ragged", "auto")
+  if not known or opt not in options or not (k == "" or k.isdigit()):
     raise ValueError(f"--variants: unknown variant {variant!r} (base|new|git:<rev>, optionally "
-                     "+malloc, +nomalloc, +dense or +auto, then optionally @k<K>)")
+                     "+malloc, +nomalloc, +dense, +ragged or +auto, then optionally @k<K>)")
   return tree, f"+{opt}" if opt else "", int(k or 0)
 
 
@@ -198,7 +200,7 @@ def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, step
     env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
   if opt == "+nomalloc":
     env["DISA_HOST_MALLOC"] = "0"  # `disa_jax.runtime` leaves glibc's defaults
-  engine_options = {"cache_layout": opt[1:]} if opt in ("+dense", "+auto") else None
+  engine_options = {"cache_layout": opt[1:]} if opt in ("+dense", "+ragged", "+auto") else None
   args = [sys.executable, __file__, "--child", json.dumps(
       {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
        "layout": layout, "staleness": staleness, "engine_options": engine_options,
@@ -232,7 +234,7 @@ def _parse_args():
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--variants", default="new",
                   help="comma list of base | new | git:<rev>, each optionally +malloc "
-                       "(GLIBC_TUNABLES), +nomalloc (DISA_HOST_MALLOC=0), +dense or +auto "
+                       "(GLIBC_TUNABLES), +nomalloc (DISA_HOST_MALLOC=0), +dense, +ragged or +auto "
                        "(the sampler's cache layout), then optionally @k<K> (max_staleness K)")
   ap.add_argument("--baseline-rev", default=None, help="git revision of the 'base' variant")
   ap.add_argument("--layout", choices=sorted(LAYOUTS), default="shared",

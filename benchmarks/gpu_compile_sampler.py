@@ -95,7 +95,7 @@ def abstract_sampler(config: models.ModelConfig, impl: str, slots: int) -> JaxSa
   model = nnx.eval_shape(lambda: models.Transformer(
       config, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16,
       options=models.ModelOptions(layer_loop="scan", decode_attention=impl)))
-  return JaxSampler(model, max_batch_size=slots)
+  return JaxSampler(model, max_batch_size=slots, cache_layout="ragged")
 
 
 def triton_calls(lowered: jax.stages.Lowered) -> int:

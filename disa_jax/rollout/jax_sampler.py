@@ -3,18 +3,22 @@
 Two decode paths (``cache_layout``; 'auto' picks one per request), both one jitted call per
 request that runs prefill and decode in `lax.while_loop`s which exit as soon as every row is done:
 
-* 'ragged' (default, `disa_jax.rollout.continuous`): continuous batching of the rows on
-  ``max_batch_size`` slots of one head-major KV cache, donated and updated in place; each slot
-  attends over its own live entries only, and a row that stops frees its slot for a waiting row.
+* 'ragged' (`disa_jax.rollout.continuous`): continuous batching of the rows on ``max_batch_size``
+  slots of one head-major KV cache, donated and updated in place; each slot attends over its own
+  live entries only, and a row that stops frees its slot for a waiting row.
 * 'dense' (the reference the ragged path is tested against): the rows in chunks of
-  ``max_batch_size``; each chunk runs to its longest row on a `[L, B, S, K, H]` cache created in the
-  program, every row attending over all S positions.
-* 'auto': 'dense' for a request whose rows all fit ``max_batch_size`` (no row waits, so continuous
-  batching has nothing to refill, and the dense path is the cheaper one on a short cache: the
-  Stage 3 bench's 64-row request, 11.3-11.7 against 14.8-14.9 ms a call on a 2-core CPU, 40% of it
-  the ragged path's 8 admissions, 60% its decode steps; benchmarks/results/
-  sampler_phases_cpu_20261207.txt), 'ragged' otherwise. Not the default: the two paths round
-  attention differently, so a preset moved to it draws new bits.
+  ``max_batch_size``; each chunk runs to its longest row on a `[L, B, S, K, H]` cache created in
+  the program, every row attending over all S positions.
+* 'auto' (default): 'dense' for a request whose rows all fit ``max_batch_size`` on a cache of at
+  most ``decode_block`` positions (S = the padded prompt + the max_tokens bucket), 'ragged'
+  otherwise. With every row admitted at once no row waits, so continuous batching has nothing to
+  refill, and on a cache that short attending over every position costs nothing that the live
+  ranges would save: the dense path is the cheaper one (the Stage 3 bench's 64-row request,
+  11.3-11.7 against 14.8-14.9 ms a call on a 2-core CPU, 40% of it the ragged path's 8
+  admissions, 60% its decode steps; benchmarks/results/sampler_phases_cpu_20261207.txt). A
+  request with more rows than slots, or a long cache (Stage 3 at 16k tokens), runs ragged. The
+  two paths round attention differently, so the pipeline job's presets, whose committed reports
+  were drawn on the ragged path, name 'ragged' (`configs/main.py`).
 
 The n samples of a prompt share one prefill: the prompt runs once and its KV cache is repeated to
 its rows. Prompts are left-padded; the batch (slots), the padded prompt length and the number of
@@ -162,8 +166,8 @@ class JaxSampler:
     min_new_bucket: smallest output buffer length.
     cache_dtype: KV-cache dtype (default: the model's computation dtype).
     cache_layout: 'ragged' (continuous batching, `disa_jax.rollout.continuous`), 'dense' (the
-      reference) or 'auto' (dense when every row of a request fits ``max_batch_size``; see the
-      module docstring).
+      reference) or 'auto' (dense when every row of a request fits ``max_batch_size`` on a cache
+      of at most ``decode_block`` positions; see the module docstring).
     decode_block: ragged attention block, in positions (a power of two; capped by the padded
       prompt and output lengths, so it divides the cache length).
 
@@ -174,7 +178,7 @@ class JaxSampler:
 
   def __init__(self, model: models.Transformer, *, max_batch_size: int = 256,
                min_batch_bucket: int = 8, min_prompt_bucket: int = 16, min_new_bucket: int = 16,
-               cache_dtype: Any = None, cache_layout: str = "ragged", decode_block: int = 256):
+               cache_dtype: Any = None, cache_layout: str = "auto", decode_block: int = 256):
     if max_batch_size < 1:
       raise ValueError(f"JaxSampler.max_batch_size must be >= 1, got {max_batch_size}")
     if cache_layout not in CACHE_LAYOUTS:
@@ -244,16 +248,20 @@ class JaxSampler:
     num_new = _bucket(params.max_tokens, self.min_new_bucket)
     scalars = (jnp.int32(params.max_tokens), jnp.float32(params.temperature),
                jnp.int32(params.top_k), jnp.float32(params.top_p), jnp.asarray(stop_mask))
-    run = (self._generate_ragged if self.layout_of(len(rows)) == "ragged"
-           else self._generate_dense)
+    layout = self.layout_of(len(rows), max(len(p) for p in prompts), params.max_tokens)
+    run = self._generate_ragged if layout == "ragged" else self._generate_dense
     flat = run(prompts, rows, params, num_new, scalars)
     return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-  def layout_of(self, num_rows: int) -> str:
-    """The path a request of ``num_rows`` rows runs on: 'ragged' or 'dense'."""
-    if self.cache_layout == "auto":
-      return "dense" if num_rows <= self.max_batch_size else "ragged"
-    return self.cache_layout
+  def layout_of(self, num_rows: int, longest_prompt: int, max_tokens: int) -> str:
+    """The path a request of ``num_rows`` rows, prompts of at most ``longest_prompt`` tokens and
+    ``max_tokens`` new ones runs on: 'ragged' or 'dense'."""
+    if self.cache_layout != "auto":
+      return self.cache_layout
+    length = (_bucket(longest_prompt, self.min_prompt_bucket)
+              + _bucket(max_tokens, self.min_new_bucket))
+    fits = num_rows <= self.max_batch_size and length <= self.decode_block
+    return "dense" if fits else "ragged"
 
   def _keys(self, rows: Sequence[tuple[int, int]], size: int, params: SamplingParams):
     """`[size, 2]` keys of ``rows`` (the rest padding)."""
@@ -321,10 +329,18 @@ class JaxSampler:
       'prefill' (one admission of its loop, `continuous.prefill_step`) and 'decode' (one decode
       step of every slot, `continuous.decode_step`): the jitted functions the call runs, or its
       loop's body parts, with the cache (or the loop carry holding it) donated.
+
+    Raises:
+      ValueError: the sampler runs such a request on the dense path (`layout_of`).
     """
     bad = [p for p in programs if p not in PROGRAMS]
     if bad:
       raise ValueError(f"JaxSampler.lower_programs programs {bad}: expected some of {PROGRAMS}")
+    if self.layout_of(prompts * n, prompt_len, max_tokens) != "ragged":
+      raise ValueError(
+          f"JaxSampler.lower_programs: a request of {prompts} x {n} rows, prompt_len {prompt_len}, "
+          f"max_tokens {max_tokens} runs on the dense path with cache_layout="
+          f"{self.cache_layout!r}; these are the ragged path's programs (cache_layout='ragged')")
     key, slots, size, padded = self.ragged_plan(prompts * n, n, prompt_len, max_tokens)
     _, num_new, unit, group, block = key
     dtype = self.cache_dtype.name

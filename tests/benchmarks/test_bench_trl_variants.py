@@ -17,7 +17,7 @@ _spec.loader.exec_module(bench)
 @pytest.mark.parametrize("name,want", [
     ("new", ("new", "", 0)), ("new@k1", ("new", "", 1)), ("base+malloc", ("base", "+malloc", 0)),
     ("new+nomalloc@k2", ("new", "+nomalloc", 2)), ("git:54fbaa7", ("git:54fbaa7", "", 0)),
-    ("new+dense", ("new", "+dense", 0))])
+    ("new+dense", ("new", "+dense", 0)), ("new+ragged", ("new", "+ragged", 0))])
 def test_variants_name_their_tree_allocator_and_staleness(name, want):
   assert bench.parse_variant(name) == want
 

@@ -51,17 +51,23 @@ def test_ragged_samples_what_the_dense_reference_samples(samplers, params):
 
 def test_auto_runs_a_request_that_fits_on_the_dense_path_and_a_larger_one_ragged(samplers,
                                                                                tiny_model):
-  """'auto': 8 rows on 8 slots (nothing waits) take the dense program and sample its bits; 20 rows
-  take the ragged program and sample the ragged path's bits."""
+  """'auto' (the default): 8 rows on 8 slots of a 48-position cache (nothing waits, one
+  decode_block) take the dense program and sample its bits; 20 rows, or a cache longer than
+  decode_block, take the ragged program and sample the ragged path's bits."""
   ragged, dense = samplers
-  auto = JaxSampler(tiny_model, cache_layout="auto", max_batch_size=8, min_batch_bucket=8,
-                    decode_block=16)
+  auto = JaxSampler(tiny_model, max_batch_size=8, min_batch_bucket=8, decode_block=64)
+  assert auto.cache_layout == "auto"
   params = SamplingParams(n=4, temperature=1.0, max_tokens=20, seed=3, return_raw_logprobs=True)
-  assert [auto.layout_of(r) for r in (1, 8, 9, 20)] == ["dense", "dense", "ragged", "ragged"]
+  # (prompts of 7 tokens -> 16 positions, 20 new -> 32: a cache of 48)
+  assert [auto.layout_of(r, 7, 20) for r in (1, 8, 9, 20)] == ["dense", "dense", "ragged", "ragged"]
+  assert [auto.layout_of(8, p, t) for p, t in ((32, 32), (33, 20), (7, 33))] == [
+      "dense", "ragged", "ragged"]  # 32 + 32 positions fit; 64 + 32 and 16 + 64 do not
   for prompts, want in ((PROMPTS[:2], dense), (PROMPTS, ragged)):
     got = auto.generate(prompts, params)
     reference.assert_same_completions(got, want.generate(prompts, params), atol=0.0)
   assert sorted(key[0] for key in auto._fns) == ["dense", "ragged"]
+  with pytest.raises(ValueError, match=r"2 x 4 rows.*dense path.*cache_layout='ragged'"):
+    auto.lower_programs(2, 4, 7, 20)  # (the ragged programs of a request that runs dense)
 
 
 def test_the_static_and_live_bounds_loops_sample_the_same_bits(tiny_model):
@@ -245,7 +251,7 @@ def test_a_float32_cache_is_read_without_bit_conversions(tiny_model):
   program has no bitcast-convert (each one materialised a copy of the cache block it read:
   ~4.2 ms of the bench request's 18.2 ms, benchmarks/results/stage3_vs_trl_cpu_issue64_t64c.txt);
   a bfloat16 cache is still stored as its uint16 bits, and the round trip is exact."""
-  sampler = JaxSampler(tiny_model, max_batch_size=64)
+  sampler = JaxSampler(tiny_model, max_batch_size=64, cache_layout="ragged")
   hlo = sampler.lower_programs(8, 8, 24, 8, programs=("generate",))["generate"].compile().as_text()
   converts = [l for l in hlo.splitlines()
               if "bitcast_convert" in l.replace("-", "_") and "attention/" in l]

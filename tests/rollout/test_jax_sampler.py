@@ -133,13 +133,16 @@ def test_new_prompt_lengths_and_params_do_not_recompile(sampler):
 
 
 @pytest.mark.slow
-def test_samples_of_a_prompt_share_one_prefill(sampler):
-  """n = 4 samples of 3 prompts (12 rows on 16 slots) prefill each prompt once; greedy
-  completions and their raw log-probs equal those of the prompts repeated n times with n = 1
-  (one prefill per row)."""
+@pytest.mark.parametrize("layout,key", [("ragged", ("ragged", 16, 4, 4, 16)),
+                                        ("dense", ("dense", 16, 4))])
+def test_samples_of_a_prompt_share_one_prefill(tiny_ckpt, layout, key):
+  """n = 4 samples of 3 prompts (12 rows on 16 slots) prefill each prompt once, on either path;
+  greedy completions and their raw log-probs equal those of the prompts repeated n times with
+  n = 1 (one prefill per row)."""
+  sampler = JaxSampler.from_pretrained(tiny_ckpt, cache_layout=layout)
   params = SamplingParams(n=4, temperature=0.0, max_tokens=6, return_raw_logprobs=True)
   grouped = sampler.generate(PROMPTS, params)
-  assert ("ragged", 16, 4, 4, 16) in sampler._fns  # pylint: disable=protected-access  (group 4)
+  assert key in sampler._fns  # pylint: disable=protected-access  (group 4)
   flat = sampler.generate([p for p in PROMPTS for _ in range(4)], dataclasses.replace(params, n=1))
   for i, comps in enumerate(grouped):
     for j, c in enumerate(comps):
