@@ -181,9 +181,14 @@ def _verdict(t: FamilyTest, q: float, alpha: float) -> str:
     return f"not shown (left-censored runs at the first measurement: {sides}; Welch invalid)"
   if q >= alpha:
     return f"not shown (Holm p = {q:.3g} >= {alpha:g})"
-  lower, higher = (("A earlier", "A later") if t.test.method == "gehan" else
-                   ("A lower", "A higher"))
-  return lower if t.test.diff < 0 else higher
+  return direction(t.test)
+
+
+def direction(t: EndpointTest) -> str:
+  """A shown difference in words: 'A lower' / 'A higher' (a Gehan test of steps to a level:
+  'A earlier' / 'A later')."""
+  lower, higher = ("A earlier", "A later") if t.method == "gehan" else ("A lower", "A higher")
+  return lower if t.diff < 0 else higher
 
 
 def decide(tests: Sequence[FamilyTest], alpha: float = ALPHA) -> list[FamilyTest]:
