@@ -62,7 +62,9 @@ def test_the_command_names_a_missing_report(tmp_path, capsys):
 @pytest.mark.parametrize("name,reports,shown_all,shown_some", [
     ("anchor_testbed_rl", ("anchor_testbed_rl", "anchor_testbed_rl_build2"), 5, 1),
     ("anchor_testbed_offpolicy", ("anchor_testbed_offpolicy", "anchor_testbed_offpolicy_build2"),
-     11, 3)])
+     11, 3),
+    ("anchor_testbed_offpolicy_mean",
+     ("anchor_testbed_offpolicy_mean", "anchor_testbed_offpolicy_mean_build2"), 4, 4)])
 def test_the_committed_tables_are_the_commands_output(name, reports, shown_all, shown_some):
   """docs/reports/across_builds_<name>.* is what the command writes from the committed reports
   (the README's across-builds sentences read it)."""
