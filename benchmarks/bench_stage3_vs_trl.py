@@ -178,12 +178,15 @@ def extract_tree(rev: str, dest: Path) -> Path:
   return dest
 
 
+CACHE_OPTIONS = ("dense", "ragged", "auto")  # variant options naming the sampler's cache_layout
+
+
 def parse_variant(variant: str) -> tuple[str, str, int]:
   """'new+nomalloc@k1' -> ('new', '+nomalloc', 1): the tree, the option, the staleness."""
   head, _, k = variant.partition("@k")
   tree, _, opt = head.partition("+")
   known = tree in ("base", "new") or (tree.startswith("git:") and len(tree) > 4)
-  options = ("", "malloc", "nomalloc", "dense", "ragged", "auto")
+  options = ("", "malloc", "nomalloc", *CACHE_OPTIONS)
   if not known or opt not in options or not (k == "" or k.isdigit()):
     raise ValueError(f"--variants: unknown variant {variant!r} (base|new|git:<rev>, optionally "
                      "+malloc, +nomalloc, +dense, +ragged or +auto, then optionally @k<K>)")
@@ -200,7 +203,7 @@ def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, step
     env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
   if opt == "+nomalloc":
     env["DISA_HOST_MALLOC"] = "0"  # `disa_jax.runtime` leaves glibc's defaults
-  engine_options = {"cache_layout": opt[1:]} if opt in ("+dense", "+ragged", "+auto") else None
+  engine_options = {"cache_layout": opt[1:]} if opt[1:] in CACHE_OPTIONS else None
   args = [sys.executable, __file__, "--child", json.dumps(
       {"model_dir": model_dir, "workdir": str(workdir), "steps": steps, "seed": seed,
        "layout": layout, "staleness": staleness, "engine_options": engine_options,

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from disa_jax import codec
 from disa_jax.pipeline import family
 from disa_jax.pipeline.report_records import EndpointTest
 
@@ -144,13 +142,8 @@ def markdown(result: AcrossResult) -> list[str]:
 
 def run(name: str, report_names: Sequence[str], reports_dir: Path) -> AcrossResult:
   """Reads ``reports_dir/<report>.json`` for each name and `read_across` them."""
-  reports = {}
-  for r in report_names:
-    path = reports_dir / f"{r}.json"
-    if not path.is_file():
-      raise ValueError(f"across builds {name!r}: no report {path}")
-    reports[r] = family.read_report(json.loads(path.read_text()), path).tests
-  return read_across(name, reports)
+  reports = family.load_reports(report_names, reports_dir, f"across builds {name!r}")
+  return read_across(name, {r: rep.tests for r, rep in reports.items()})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,12 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args.name, args.reports, args.reports_dir)
   except ValueError as e:
     parser.exit(2, f"error: {e}\n")
-  md = "\n".join(markdown(result)) + "\n"
-  if args.out is not None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(codec.encode(result), indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(md)
-  print(md, end="")
+  family.write_outputs(args.out, result, "\n".join(markdown(result)) + "\n")
   return 0
 
 

@@ -227,15 +227,33 @@ def markdown(name: str, decided: Sequence[FamilyTest]) -> list[str]:
   return out
 
 
+def load_reports(names: Sequence[str], reports_dir: Path, what: str) -> dict[str, FamilyReport]:
+  """``reports_dir/<name>.json`` read (`read_report`) for each name; a missing file is an error
+  naming ``what`` asked for it and the path."""
+  reports = {}
+  for r in names:
+    path = reports_dir / f"{r}.json"
+    if not path.is_file():
+      raise ValueError(f"{what}: no report {path}")
+    reports[r] = read_report(json.loads(path.read_text()), path)
+  return reports
+
+
+def write_outputs(out: Path | None, result: Any, md: str) -> None:
+  """A command's result: ``<out>.json`` (`codec.encode`) and ``<out>.md`` when ``out`` is given,
+  and the markdown on stdout."""
+  if out is not None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(codec.encode(result), indent=1) + "\n")
+    out.with_suffix(".md").write_text(md)
+  print(md, end="")
+
+
 def run(prereg: Path, name: str, reports_dir: Path) -> FamilyResult:
   """The family ``name`` declared in ``prereg``, decided over the reports in ``reports_dir``."""
   rows = parse_family(prereg.read_text(), name, str(prereg))
-  reports = {}
-  for r in dict.fromkeys(row.report for row in rows):
-    path = reports_dir / f"{r}.json"
-    if not path.is_file():
-      raise ValueError(f"family {name!r}: no report {path}")
-    reports[r] = read_report(json.loads(path.read_text()), path)
+  reports = load_reports(list(dict.fromkeys(row.report for row in rows)), reports_dir,
+                         f"family {name!r}")
   decided = decide(family_tests(rows, reports))
   return FamilyResult(family=name, declared_in=prereg.name, alpha=ALPHA, tests=tuple(decided),
                       size=len(decided), flipped=sum(t.flipped for t in decided),
@@ -253,12 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args.prereg, args.family, args.reports)
   except ValueError as e:
     parser.exit(2, f"error: {e}\n")
-  md = "\n".join(markdown(args.family, result.tests)) + "\n"
-  if args.out is not None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(codec.encode(result), indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(md)
-  print(md, end="")
+  write_outputs(args.out, result, "\n".join(markdown(args.family, result.tests)) + "\n")
   return 0
 
 
