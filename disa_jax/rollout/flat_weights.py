@@ -285,6 +285,13 @@ def _host_bucket(layout: FlatLayout, bucket: int, params: Mapping[str, jax.Array
   return buf
 
 
+@functools.lru_cache(maxsize=8)
+def _layout(config: ModelConfig, dtype: str, bucket_bytes: int) -> FlatLayout:
+  """One `FlatLayout` object per model shape, dtype and bucket size, so that its plan is worked
+  out once per run, not once per push."""
+  return FlatLayout(config, dtype, bucket_bytes)
+
+
 def export(model: models.Transformer, dtype: Any = None, *,
            bucket_bytes: int = DEFAULT_BUCKET_BYTES, fetch: bool = True,
            assemble: str = "auto", host_memory: str = "auto") -> FlatWeights | None:
@@ -313,8 +320,8 @@ def export(model: models.Transformer, dtype: Any = None, *,
     ``fetch``.
   """
   params = model_params(model)
-  layout = FlatLayout(model.config, _np_dtype(model.param_dtype if dtype is None else dtype).name,
-                      bucket_bytes)
+  layout = _layout(model.config, _np_dtype(model.param_dtype if dtype is None else dtype).name,
+                   bucket_bytes)
   layout.check_params({p: x.shape for p, x in params.items()}, "flat export")
   if host_memory not in HOST_MEMORY:
     raise ValueError(f"flat export host_memory must be one of {HOST_MEMORY}, got {host_memory!r}")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -206,6 +207,13 @@ def _chunk_completions(comps: list[Completion], max_bytes: int) -> list[list[Com
 # ----------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8)
+def _encoded_layout(layout: flat_weights.FlatLayout) -> dict:
+  """A flat push's layout as it travels (encoded once per layout; every push of a run has the
+  same)."""
+  return codec.encode(layout)
+
+
 def _worker_main(spec: _WorkerSpec) -> None:
   """Entry point of the generation process."""
   # The trainer saves on SIGTERM / SIGUSR1, then closes this process; one that arrived while this
@@ -242,6 +250,7 @@ def _worker_main(spec: _WorkerSpec) -> None:
   ctl.state = _CTL.READY
 
   weights: shm.ShmBlock | None = None
+  layout: tuple[dict, flat_weights.FlatLayout] | None = None  # the last flat push's, as sent
   while True:
     meta, arrays = req.get()
     rid, cmd = meta["id"], meta["cmd"]
@@ -255,11 +264,13 @@ def _worker_main(spec: _WorkerSpec) -> None:
         params = codec.decode(SamplingParams, meta["params"], "params")
         ends = np.cumsum(arrays["lengths"])
         prompts = [arrays["tokens"][e - n:e] for e, n in zip(ends, arrays["lengths"])]
+        t0 = time.perf_counter()
         out = engine.generate(prompts, params)
+        engine_s = time.perf_counter() - t0
         flat = [c for per_prompt in out for c in per_prompt]
         chunks = _chunk_completions(flat, spec.result_bytes // 2)
         for k, chunk in enumerate(chunks):
-          res.put({"id": rid, "ok": True, "last": k == len(chunks) - 1},
+          res.put({"id": rid, "ok": True, "last": k == len(chunks) - 1, "engine_s": engine_s},
                   _pack_completions(chunk, params.return_raw_logprobs))
       elif cmd == "update_weights":
         if weights is None or weights.name != meta["block"]:
@@ -270,9 +281,10 @@ def _worker_main(spec: _WorkerSpec) -> None:
           known_names.add(weights.name)
         _, views = weights.read()
         if "flat" in meta:  # a flat push: its buckets, laid out by the trainer's layout
-          layout = codec.decode(flat_weights.FlatLayout, meta["flat"], "flat")
-          views = flat_weights.FlatWeights(layout, [views[f"b{i}"]
-                                                    for i in range(len(layout.bucket_sizes))])
+          if layout is None or meta["flat"] != layout[0]:  # decoded once while it is the same
+            layout = (meta["flat"], codec.decode(flat_weights.FlatLayout, meta["flat"], "flat"))
+          views = flat_weights.FlatWeights(layout[1], [
+              views[f"b{i}"] for i in range(len(layout[1].bucket_sizes))])
         t0 = time.perf_counter()
         engine.update_weights(views)
         load_s = time.perf_counter() - t0
@@ -324,6 +336,9 @@ class RemoteEngine:
     # Timing of the last update_weights: bytes, copy_s (into shared memory), load_s (engine's own load
     # in the worker), total_s (call to return).
     self.last_sync: dict[str, float] = {}
+    # Timing of the last generate: engine_s (the engine's own generate in the worker), total_s
+    # (call to return: the rest is the request's and the results' way through shared memory).
+    self.last_generate: dict[str, float] = {}
     self._names: set[str] = set()
     shm.cleanup_stale_segments()
 
@@ -532,12 +547,15 @@ class RemoteEngine:
     prompts = validate_prompts(prompt_token_ids)
     arrays = {"lengths": np.array([len(p) for p in prompts], np.int64),
               "tokens": np.concatenate(prompts)}
+    t0 = time.perf_counter()
     with self._lock:
       parts = self._call("generate", {"params": codec.encode(params)}, arrays)
     flat = [c for _, a in parts for c in _unpack_completions(a)]
     if len(flat) != len(prompts) * params.n:
       raise GenerationProcessError(f"expected {len(prompts) * params.n} completions, "
                                    f"got {len(flat)}")
+    self.last_generate = {"engine_s": float(parts[-1][0]["engine_s"]),
+                          "total_s": time.perf_counter() - t0}
     return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
   def update_weights(self, state_dict: Mapping[str, np.ndarray]) -> None:
@@ -547,7 +565,7 @@ class RemoteEngine:
     request = {}
     if isinstance(state_dict, flat_weights.FlatWeights):
       arrays = {f"b{i}": b for i, b in enumerate(state_dict.buffers)}
-      request = {"flat": codec.encode(state_dict.layout)}
+      request = {"flat": _encoded_layout(state_dict.layout)}
     else:
       arrays = {k: np.asarray(v) for k, v in state_dict.items()}
     nbytes = shm.message_nbytes({}, arrays)

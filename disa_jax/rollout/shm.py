@@ -8,8 +8,9 @@ Three pieces, all on `multiprocessing.shared_memory` segments:
   and the payload length. Any number of producers and consumers (threads or processes) may use it.
   The header is guarded by an in-process `threading.Lock` plus an `fcntl.flock` on the segment's file
   descriptor, which the kernel releases when a process dies, so a `kill -9` never leaves the ring
-  locked. Payloads are copied outside the lock (slot states WRITING / READING), and waiting is by
-  polling with a deadline and an optional liveness check, so no wait can hang forever.
+  locked. Payloads are copied outside the lock (slot states WRITING / READING). A waiter sleeps
+  on the ring's `doorbell.Doorbell`, which every change a waiter may want rings, with a deadline
+  and an optional liveness check at least every 50 ms, so no wait can hang forever.
 * `ShmBlock`: one segment holding one message (used for weights, rewritten in place each update).
 
 Lifetime. Segments are created with names `disa_ro_<creator pid>_<token>_<role>` and are not tracked
@@ -35,6 +36,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 & co. so np.dtype('bfloat16') works)
 import numpy as np
+
+from disa_jax.rollout import doorbell
 
 try:  # POSIX only; used to unlink names that the resource tracker does not know about.
   import _posixshmem  # type: ignore[import-not-found]
@@ -206,17 +209,13 @@ def unpack_message(buf: memoryview) -> tuple[dict, dict[str, np.ndarray]]:
 
 _MAGIC = 0x44495341524F4E47  # "DISARONG"
 _EMPTY, _WRITING, _FULL, _READING = 0, 1, 2, 3
-_GLOBAL_FIELDS = 8  # magic, num_slots, slot_bytes, next_seq, puts, gets, reserved x2
+_GLOBAL_FIELDS = 8  # magic, num_slots, slot_bytes, next_seq, puts, gets, doorbell, reserved
+_DOORBELL_FIELD = 6  # its low 32 bits: the `doorbell.Doorbell` word
 _SLOT_FIELDS = 4  # state, seq, nbytes, reserved
 
 
 class RingClosed(RuntimeError):
   """The ring's peer is gone (raised by a liveness check while waiting)."""
-
-
-def _sleep_backoff(i: int) -> None:
-  """Polling back-off: yield, then sleep up to 1 ms; after ~2 s idle, up to 5 ms (low idle CPU)."""
-  time.sleep(0.0 if i < 20 else min(1e-3 if i < 2000 else 5e-3, 2e-5 * (i - 19)))
 
 
 class ShmRing:
@@ -245,6 +244,8 @@ class ShmRing:
     self._slots = np.ndarray((self.num_slots, _SLOT_FIELDS), np.int64, buffer=shm.buf,
                              offset=_GLOBAL_FIELDS * 8)
     self._data_offset = _align((_GLOBAL_FIELDS + _SLOT_FIELDS * self.num_slots) * 8)
+    self._bell = doorbell.Doorbell(np.ndarray((1,), np.uint32, buffer=shm.buf,
+                                              offset=_DOORBELL_FIELD * 8))
 
   @classmethod
   def create(cls, name: str, num_slots: int, slot_bytes: int) -> "ShmRing":
@@ -288,7 +289,7 @@ class ShmRing:
           if check is not None and now >= next_check:
             check()
             next_check = now + 0.05
-          _sleep_backoff(i)
+          doorbell.sleep_backoff(i)  # the lock is held for microseconds: poll
           i += 1
       try:
         yield
@@ -319,6 +320,8 @@ class ShmRing:
       if nbytes is not None:
         self._slots[i, 2] = nbytes
       self._slots[i, 0] = state
+      if state in (_FULL, _EMPTY):  # a message to read, or a slot to write: wake the waiters
+        self._bell.ring()
 
   def _wait_claim(self, from_state: int, to_state: int, oldest: bool, timeout: float | None,
                   check: Callable[[], None] | None, what: str) -> int:
@@ -326,6 +329,7 @@ class ShmRing:
     i = 0
     next_check = time.monotonic() + 0.05
     while True:
+      seen = self._bell.value()  # before looking: a change after it ends the wait below at once
       left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
       slot = self._claim(from_state, to_state, oldest, left, check)
       if slot is not None:
@@ -336,7 +340,8 @@ class ShmRing:
       if check is not None and now >= next_check:
         check()
         next_check = now + 0.05
-      _sleep_backoff(i)
+      nap = min(0.05, next_check - now, 0.05 if deadline is None else deadline - now)
+      self._bell.wait(seen, nap, i)
       i += 1
 
   def put(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None, *,
@@ -389,6 +394,7 @@ class ShmRing:
       unlink_segment(self.name)
     # Drop our own views before unmapping.
     self._glob = self._slots = None
+    self._bell.close()
     close_segment(self._shm)
 
 

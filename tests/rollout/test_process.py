@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from disa_jax.rollout import (GenerationProcessError, ProcessOptions, RemoteEngine, SamplingParams,
-                              make_engine, shm)
+                              flat_weights, make_engine, process, shm)
+from disa_jax import codec
 from disa_jax.rollout.jax_sampler import JaxSampler
 from disa_jax.rollout.process import spawn_environment
 from tests.rollout import reference
@@ -84,6 +85,9 @@ def test_remote_matches_in_process_and_leaves_no_names(remote, tiny_ckpt, hf_sta
   local = JaxSampler.from_pretrained(tiny_ckpt)
   got, want = remote.generate(PROMPTS, PARAMS), local.generate(PROMPTS, PARAMS)
   assert [len(x) for x in got] == [PARAMS.n] * len(PROMPTS)
+  # The worker's own engine seconds, inside the call's (results came in several chunks)
+  timing = remote.last_generate
+  assert 0 < timing["engine_s"] < timing["total_s"], timing
   for pg, pw in zip(got, want):
     for a, b in zip(pg, pw):
       np.testing.assert_array_equal(a.token_ids, b.token_ids)
@@ -117,6 +121,20 @@ def test_remote_flat_push_equals_direct_load(remote, tiny_model, hf_state, monke
   # Each of the two pushes copied every bucket with two threads (the rest: generate requests).
   assert sorted(n for n, t in copies if t == 2) == sorted(buckets * 2), copies
   assert shm.list_segments(os.getpid()) == []
+
+
+def test_a_push_with_another_layout_is_decoded_anew(remote, tiny_model, hf_state):
+  """The worker decodes a flat push's layout once while it stays the same (as the trainer encodes
+  it once, `_encoded_layout`); a push laid out otherwise (one bucket, then several) loads by its
+  own layout: restoring the weights samples bit for bit as before."""
+  sizes = iter([0, 100_000])
+  push = lambda state: reference.flat_push(state, tiny_model.config, bucket_bytes=next(sizes))
+  reference.check_update_changes_and_restores(remote, PROMPTS, PARAMS, hf_state, seed=3,
+                                              push=push)
+  layout = reference.flat_push(hf_state, tiny_model.config, bucket_bytes=0).layout
+  again = flat_weights.FlatLayout(layout.config, layout.dtype, layout.bucket_bytes)
+  assert process._encoded_layout(again) is process._encoded_layout(layout)  # pylint: disable=protected-access
+  assert process._encoded_layout(layout) == codec.encode(layout)  # pylint: disable=protected-access
 
 
 def test_a_wall_clock_step_does_not_stop_a_healthy_generation_process(remote, monkeypatch):
