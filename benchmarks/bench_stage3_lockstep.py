@@ -296,8 +296,9 @@ def main():
   if args.json_out:
     Path(args.json_out).write_text(json.dumps(
         {"command": " ".join(sys.argv), "load_before_round": loads, "orders": orders,
-         "runs": {v: [[{k: h[k] for k in PHASES + ("reward",) if k in h} for h in run]
-                      for run in rs] for v, rs in runs.items()}}, indent=1))
+         "runs": {v: [[{k: float(f"{h[k]:.6g}") for k in PHASES + ("reward",) if k in h}
+                       for h in run]
+                      for run in rs] for v, rs in runs.items()}}, separators=(",", ":")))
 
 
 if __name__ == "__main__":
