@@ -210,7 +210,7 @@ def unpack_message(buf: memoryview) -> tuple[dict, dict[str, np.ndarray]]:
 _MAGIC = 0x44495341524F4E47  # "DISARONG"
 _EMPTY, _WRITING, _FULL, _READING = 0, 1, 2, 3
 _GLOBAL_FIELDS = 8  # magic, num_slots, slot_bytes, next_seq, puts, gets, doorbell, reserved
-_DOORBELL_FIELD = 6  # its low 32 bits: the `doorbell.Doorbell` word
+_DOORBELL_FIELD = 6  # its first 4 bytes: the `doorbell.Doorbell` word
 _SLOT_FIELDS = 4  # state, seq, nbytes, reserved
 
 
