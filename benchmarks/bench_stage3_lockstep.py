@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import bench_stage3_vs_trl as trl_bench
 
@@ -85,7 +86,7 @@ def _wait_turn(fd: int, timeout_s: float) -> None:
     raise RuntimeError("the ring of turns was closed")
 
 
-def take_turns(read_fd: int, write_fd: int, timeout_s: float) -> callable:
+def take_turns(read_fd: int, write_fd: int, timeout_s: float) -> Callable[[], None]:
   """Makes this process's `Trainer.step` wait for the token before each step and pass it on at
   the next (so the loop's bookkeeping after a step stays inside its turn); records the engine's
   split of the generate phase where the tree's engine reports it. Returns the function that
