@@ -122,20 +122,14 @@ def take_turns(read_fd: int, write_fd: int, timeout_s: float) -> Callable[[], No
 
 
 def _child(spec: str) -> None:
-  s = json.loads(spec)
-  try:  # as the launch entry points do (a tree from before `disa_jax.runtime` has none)
-    from disa_jax import runtime  # pylint: disable=g-import-not-at-top
-    runtime.tune_host_allocator()
-  except ImportError:
-    pass
+  s = trl_bench.start_child(spec)
   release = take_turns(s["read_fd"], s["write_fd"], s["timeout_s"])
-  Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
   try:
     hist = trl_bench.run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"],
                               engine_options=s["engine_options"])
   finally:
     release()
-  Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
+  trl_bench.write_history(s["out"], hist)
 
 
 def run_ring(variants: list[str], trees: dict[str, Path], model_dir: str, work: Path,

@@ -214,18 +214,30 @@ def run_ours_child(variant: str, tree: Path, model_dir: str, workdir: Path, step
   return json.loads(out.read_text())
 
 
-def _child(spec: str) -> None:
+def start_child(spec: str) -> dict:
+  """A child run's spec (JSON) parsed, the host allocator set up as the launch entry points set
+  it up (a tree from before `disa_jax.runtime` has none), its workdir made."""
   s = json.loads(spec)
-  try:  # as the launch entry points do (a tree from before `disa_jax.runtime` has none)
+  try:
     from disa_jax import runtime  # pylint: disable=g-import-not-at-top
     runtime.tune_host_allocator()
   except ImportError:
     pass
   Path(s["workdir"]).mkdir(parents=True, exist_ok=True)
+  return s
+
+
+def write_history(path: str, hist: list[dict]) -> None:
+  """A run's per-step metrics as the parent reads them back (floats)."""
+  Path(path).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
+
+
+def _child(spec: str) -> None:
+  s = start_child(spec)
   hist = run_ours(s["model_dir"], Path(s["workdir"]), s["steps"], seed=s["seed"],
                   layout=s["layout"], staleness=s["staleness"],
                   engine_options=s.get("engine_options"))
-  Path(s["out"]).write_text(json.dumps([{k: float(v) for k, v in h.items()} for h in hist]))
+  write_history(s["out"], hist)
 
 
 def _parse_args():
