@@ -10,7 +10,10 @@ on none, "not shown".
 
 `read_across` pairs the builds' tests by (A, B, endpoint, prompt set): each report must hold the
 same tests (a test missing from one is an error naming the report and the test), so the reading
-covers the whole declared family of every build.
+covers the whole declared family of every build. Where a later build runs only some comparisons of
+the design (declared so before its run: amendment 2026-12-07, 18:37 UTC), ``compare`` ('A:B', the
+design's own spelling) names them: every build must hold every test of those comparisons, each
+build's Holm p stays the one of its own report's family, and the other tests are not read.
 
     python -m disa_jax.pipeline.across_builds --name anchor_testbed_rl \\
         --reports anchor_testbed_rl anchor_testbed_rl_build2 \\
@@ -25,6 +28,7 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from disa_jax import codec
 from disa_jax.pipeline import family
 from disa_jax.pipeline.report_records import EndpointTest
 
@@ -62,12 +66,14 @@ class AcrossTest:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AcrossResult:
   """A design read across builds (``<out>.json``): its ``name``, the ``reports`` (one a build),
-  ``alpha``, every test and the count of each reading (``counts``)."""
+  ``alpha``, every test and the count of each reading (``counts``); ``compare``: the comparisons
+  read when only some of the design's were (left out of the JSON when all were)."""
   name: str
   reports: tuple[str, ...]
   alpha: float
   tests: tuple[AcrossTest, ...]
   counts: Mapping[str, int]
+  compare: tuple[str, ...] = codec.field(default=(), omit=())
 
 
 def _build_test(report: str, t: EndpointTest, alpha: float) -> BuildTest:
@@ -90,18 +96,35 @@ def _reading(builds: Sequence[BuildTest]) -> tuple[str, str]:
   return SHOWN_SOME, directions.pop()
 
 
+def _pairs(name: str, compare: Sequence[str]) -> set[tuple[str, str]]:
+  pairs = set()
+  for c in compare:
+    a, sep, b = c.partition(":")
+    if not sep or not a or not b or ":" in b:
+      raise ValueError(f"across builds {name!r}: compare entry {c!r} is not 'A:B'")
+    pairs.add((a, b))
+  return pairs
+
+
 def read_across(name: str, reports: Mapping[str, Sequence[EndpointTest]],
-                alpha: float = ALPHA) -> AcrossResult:
+                alpha: float = ALPHA, compare: Sequence[str] = ()) -> AcrossResult:
   """The tests of ``reports`` (report name -> its endpoint tests, one report a build) read by the
-  intersection-union rule (module docstring), in the first report's order."""
+  intersection-union rule (module docstring), in the first report's order; with ``compare``
+  ('A:B', ...) only the tests of those comparisons, which every report must hold."""
   if len(reports) < 2:
     raise ValueError(f"across builds {name!r}: needs the reports of 2 or more builds, got "
                      f"{list(reports)}")
+  pairs = _pairs(name, compare)
   keyed = {}
   for report, tests in reports.items():
     run = [t for t in tests if t.p is not None]
     if not run:
       raise ValueError(f"report {report!r} has no endpoint tests")
+    if pairs:
+      held = {(t.a, t.b) for t in run}
+      for a, b in sorted(pairs - held):
+        raise ValueError(f"report {report!r} has no test of the comparison {a}:{b}")
+      run = [t for t in run if (t.a, t.b) in pairs]
     keyed[report] = {(t.a, t.b, t.endpoint, t.set): t for t in run}
   first, *others = keyed
   for report in others:
@@ -121,16 +144,19 @@ def read_across(name: str, reports: Mapping[str, Sequence[EndpointTest]],
   counts = {r: sum(t.reading == r for t in out) for r in (SHOWN_ALL, SHOWN_SOME, OPPOSITE,
                                                           NOT_SHOWN)}
   return AcrossResult(name=name, reports=tuple(keyed), alpha=alpha, tests=tuple(out),
-                      counts=counts)
+                      counts=counts, compare=tuple(compare))
 
 
 def markdown(result: AcrossResult) -> list[str]:
   """The reading's table: every test, each build's difference and Holm p, the reading."""
   counts = "; ".join(f"{k}: {v}" for k, v in result.counts.items())
   head = " | ".join(f"{r}: diff, Holm p" for r in result.reports)
+  only = (f" Only the comparisons {', '.join(f'`{c}`' for c in result.compare)} are read (the "
+          f"design's part every build ran; each build's Holm p is its own report's family's)."
+          if result.compare else "")
   out = [f"`{result.name}` across {len(result.reports)} π_ref builds ({', '.join(result.reports)};"
          f" each report its own Holm family, α = {result.alpha:g}), read by intersection-union: "
-         f"{counts}.", "",
+         f"{counts}.{only}", "",
          f"| A - B | endpoint | set | {head} | reading |",
          "|---|---|---|" + "--:|" * len(result.reports) + "---|"]
   for t in result.tests:
@@ -140,10 +166,11 @@ def markdown(result: AcrossResult) -> list[str]:
   return out
 
 
-def run(name: str, report_names: Sequence[str], reports_dir: Path) -> AcrossResult:
+def run(name: str, report_names: Sequence[str], reports_dir: Path,
+        compare: Sequence[str] = ()) -> AcrossResult:
   """Reads ``reports_dir/<report>.json`` for each name and `read_across` them."""
   reports = family.load_reports(report_names, reports_dir, f"across builds {name!r}")
-  return read_across(name, {r: rep.tests for r, rep in reports.items()})
+  return read_across(name, {r: rep.tests for r, rep in reports.items()}, compare=compare)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,9 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="report names under --reports-dir, without .json, one a build")
   parser.add_argument("--reports-dir", type=Path, default=Path("docs/reports"))
   parser.add_argument("--out", type=Path, help="path stem: writes <out>.json and <out>.md")
+  parser.add_argument("--compare", nargs="+", default=(),
+                      help="read only these comparisons ('A:B'), as a build's declared sub-design")
   args = parser.parse_args(argv)
   try:
-    result = run(args.name, args.reports, args.reports_dir)
+    result = run(args.name, args.reports, args.reports_dir, args.compare)
   except ValueError as e:
     parser.exit(2, f"error: {e}\n")
   family.write_outputs(args.out, result, "\n".join(markdown(result)) + "\n")

@@ -53,6 +53,25 @@ def test_builds_that_do_not_share_the_design_are_refused_by_name():
     X.read_across("demo", {"b1": one, "b2": []})
 
 
+def test_a_declared_sub_design_reads_only_its_comparisons_which_every_build_must_hold(tmp_path):
+  whole = _build((0.01, 0.3), (0.01, 0.3), (0.01, -0.2), (0.2, 0.5))
+  part = [t for t in _build((0.001, 0.5), (0.30, 0.2), (0.02, 0.1), (0.04, -0.6)) if t.b == "z"]
+  got = X.read_across("demo", {"b1": whole, "b2": part}, compare=("x:z",))
+  assert [(t.b, t.endpoint, t.reading) for t in got.tests] == [
+      ("z", "kl_auc", X.OPPOSITE), ("z", "steps_to_p90", X.SHOWN_SOME)]
+  assert got.tests[1].builds[1].p_holm == 0.04  # each build's own family's Holm p
+  assert got.compare == ("x:z",)
+  assert "Only the comparisons `x:z` are read" in X.markdown(got)[0]
+  assert "compare" in codec.encode(got)
+  assert "compare" not in codec.encode(X.read_across("demo", {"b1": whole, "b2": whole}))
+  with pytest.raises(ValueError, match=r"report 'b2' has no test of the comparison x:y"):
+    X.read_across("demo", {"b1": whole, "b2": part}, compare=("x:y", "x:z"))
+  with pytest.raises(ValueError, match=r"report 'b2' lacks the test x - y / kl_auc / heldout"):
+    X.read_across("demo", {"b1": whole, "b2": part})  # the whole design: still refused
+  with pytest.raises(ValueError, match=r"compare entry 'x-z' is not 'A:B'"):
+    X.read_across("demo", {"b1": whole, "b2": part}, compare=("x-z",))
+
+
 def test_the_command_names_a_missing_report(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     X.main(["--name", "d", "--reports", "a", "b", "--reports-dir", str(tmp_path)])
