@@ -1,9 +1,6 @@
 """benchmarks/bench_gpu_train.py and bench_gpu_rollout.py on CPU with tiny models: the FLOP count,
 bad inputs, the plan files they read, and one run of each measurement."""
-import importlib.util
 import json
-import pathlib
-import sys
 
 import jax
 import pytest
@@ -11,21 +8,13 @@ from flax import nnx
 
 from disa_jax import testing
 from disa_jax.models.transformer import Transformer
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-  module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses need it
-  spec.loader.exec_module(module)
-  return module
+from tests.benchmarks.scripts import load
 
 
-sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_gpu_train imports plan_memory
-bt = _load("bench_gpu_train")
-br = _load("bench_gpu_rollout")
-bw = _load("bench_weight_push")
+
+bt = load("bench_gpu_train")
+br = load("bench_gpu_rollout")
+bw = load("bench_weight_push")
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -1,18 +1,14 @@
 """benchmarks/bench_job_variants.py: a block's command trains the default job's shape under the
 variant asked for, and the summary's medians and ratios are against the first variant."""
 import argparse
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_job_variants",
-                                               ROOT / "benchmarks" / "bench_job_variants.py")
-bp = sys.modules["bench_job_variants"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bp)
+from tests.benchmarks.scripts import load
+
+bp = load("bench_job_variants")
 
 
 def test_the_summary_takes_medians_over_blocks_and_ratios_to_the_first_variant():

@@ -1,9 +1,6 @@
 """benchmarks/bench_stage3_lockstep.py: the median's interval, the labels and the turn-taking."""
-import importlib.util
 import math
 import os
-import pathlib
-import sys
 import types
 
 import numpy as np
@@ -11,13 +8,9 @@ import pytest
 
 from disa_jax import rollout
 from disa_jax.rl import trainer as trainer_mod
+from tests.benchmarks.scripts import load
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("bench_stage3_lockstep",
-                                               ROOT / "benchmarks" / "bench_stage3_lockstep.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = load("bench_stage3_lockstep")
 
 
 def _below(n: int, k: int) -> float:

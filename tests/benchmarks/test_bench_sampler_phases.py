@@ -1,18 +1,13 @@
 """benchmarks/bench_sampler_phases.py: the per-decode-step figure is the difference of the two
 lengths' medians over the decode steps, ratios are to the first variant, and a variant's layout and
 decode attention reach the sampler it times."""
-import importlib.util
 import json
-import pathlib
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_sampler_phases",
-                                               ROOT / "benchmarks" / "bench_sampler_phases.py")
-bs = sys.modules["bench_sampler_phases"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bs)
+from tests.benchmarks.scripts import load
+
+bs = load("bench_sampler_phases")
 
 
 def _times(one, full):

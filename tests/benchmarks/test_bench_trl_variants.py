@@ -1,17 +1,11 @@
 """benchmarks/bench_stage3_vs_trl.py's variant names: tree, allocator option, staleness."""
-import importlib.util
-import pathlib
 import re
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("bench_stage3_vs_trl",
-                                               ROOT / "benchmarks" / "bench_stage3_vs_trl.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from tests.benchmarks.scripts import load
+
+bench = load("bench_stage3_vs_trl")
 
 
 @pytest.mark.parametrize("name,want", [

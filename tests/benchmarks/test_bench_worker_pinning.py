@@ -1,17 +1,11 @@
 """benchmarks/bench_worker_pinning.py's pieces on the main job's own Stage 3 config: the two copies
 it trains, and what it compares between pinned and unpinned runs."""
-import importlib.util
 import json
-import pathlib
-import sys
 
 from disa_jax import codec
+from tests.benchmarks.scripts import load
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_worker_pinning",
-                                               ROOT / "benchmarks" / "bench_worker_pinning.py")
-bp = sys.modules["bench_worker_pinning"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bp)
+bp = load("bench_worker_pinning")
 
 
 def test_two_copies_of_the_jobs_run_cut_to_the_steps(tmp_path):

@@ -1,10 +1,7 @@
 """benchmarks/bench_wrong_term.py on a tiny sum-task policy: each setting of the wrong-answer term
 measures the same policy on fresh samples, and the summary's ratios are against the first."""
 import argparse
-import importlib.util
 import json
-import pathlib
-import sys
 
 from flax import nnx
 
@@ -13,12 +10,9 @@ from disa_jax.data.rows import save_prompts
 from disa_jax.pipeline import sum_models
 from disa_jax.pipeline.sum_job import prompt_records
 from disa_jax.tasks.sum import SumTask, task_tokenizer
+from tests.benchmarks.scripts import load
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_wrong_term",
-                                               ROOT / "benchmarks" / "bench_wrong_term.py")
-bw = sys.modules["bench_wrong_term"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bw)
+bw = load("bench_wrong_term")
 SPEC = sum_models.TinyLMSpec(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                              num_kv_heads=1, head_dim=16)
 

@@ -1,18 +1,14 @@
 """The arithmetic of benchmarks/gpu_compile_sampler.py and tpu_compile_stage3.py that needs no
 compiler: the slots that fit a card, a decode step's lower bound, the decode attentions that pass,
 and the TPU slice names (the compiles themselves: tests/rollout/test_sampler_gpu_compile.py)."""
-import pathlib
-import sys
-
 import pytest
 
 from disa_jax import models
 from disa_jax.parallel import gpu_compile
+from tests.benchmarks.scripts import load
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_compile_sampler as gcs  # noqa: E402  pylint: disable=g-import-not-at-top
-import tpu_compile_stage3 as tcs  # noqa: E402  pylint: disable=g-import-not-at-top
+gcs = load("gpu_compile_sampler")
+tcs = load("tpu_compile_stage3")
 
 CONFIG = models.get_preset("qwen3-4b-base")
 H200 = gpu_compile.load_card("h200")

@@ -1,21 +1,17 @@
 """benchmarks/plan_memory.py on a small model and the suite's 8 fake CPU devices: the compiled
 memory analysis of the Stage 3 programs obeys what sharding and batch size imply."""
 import dataclasses
-import importlib.util
 import json
 import pathlib
-import sys
 
 import jax
 import pytest
 
 from disa_jax import parallel, testing
+from tests.benchmarks.scripts import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("plan_memory",
-                                               ROOT / "benchmarks" / "plan_memory.py")
-pm = sys.modules["plan_memory"] = importlib.util.module_from_spec(_spec)  # dataclasses need it
-_spec.loader.exec_module(pm)
+pm = load("plan_memory")
 
 # Large enough that the parameters dominate the arguments; every sharded axis divides by 8.
 SMALL = dict(hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
