@@ -78,17 +78,22 @@ def test_the_command_names_a_missing_report(tmp_path, capsys):
   assert e.value.code == 2 and f"no report {tmp_path / 'a.json'}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name,reports,shown_all,shown_some", [
-    ("anchor_testbed_rl", ("anchor_testbed_rl", "anchor_testbed_rl_build2"), 5, 1),
+@pytest.mark.parametrize("name,reports,compare,shown_all,shown_some", [
+    ("anchor_testbed_rl", ("anchor_testbed_rl", "anchor_testbed_rl_build2"), (), 5, 1),
     ("anchor_testbed_offpolicy", ("anchor_testbed_offpolicy", "anchor_testbed_offpolicy_build2"),
-     11, 3),
+     (), 11, 3),
     ("anchor_testbed_offpolicy_mean",
-     ("anchor_testbed_offpolicy_mean", "anchor_testbed_offpolicy_mean_build2"), 4, 4)])
-def test_the_committed_tables_are_the_commands_output(name, reports, shown_all, shown_some):
+     ("anchor_testbed_offpolicy_mean", "anchor_testbed_offpolicy_mean_build2"), (), 4, 4),
+    ("coupling_onpolicy_anchor", ("coupling_onpolicy", "coupling_onpolicy_anchor_build2"),
+     ("disa_c1:disa_exact_c1", "disa_c0:disa_exact_c0"), 0, 0)])
+def test_the_committed_tables_are_the_commands_output(name, reports, compare, shown_all,
+                                                      shown_some):
   """docs/reports/across_builds_<name>.* is what the command writes from the committed reports
   (the README's across-builds sentences read it)."""
-  got = X.run(name, reports, ROOT / "docs/reports")
+  got = X.run(name, reports, ROOT / "docs/reports", compare)
   assert (got.counts[X.SHOWN_ALL], got.counts[X.SHOWN_SOME]) == (shown_all, shown_some)
+  if compare:  # the sub-design's 2 comparisons x 4 endpoints x 2 prompt sets
+    assert len(got.tests) == 16
   stem = ROOT / "docs/reports" / f"across_builds_{name}"
   assert stem.with_suffix(".json").read_text() == json.dumps(codec.encode(got), indent=1) + "\n"
   assert stem.with_suffix(".md").read_text() == "\n".join(X.markdown(got)) + "\n"
