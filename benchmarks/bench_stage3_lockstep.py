@@ -32,7 +32,11 @@ shared memory).
     python benchmarks/bench_stage3_lockstep.py --warm-model DIR --variants new,new,git:54fbaa7
         [--steps 60 --rounds 6 --workdir W --json-out F]
 
-Use a multiple of (n - 1)! rounds for n variants (2 for three variants, 6 for four).
+Use a multiple of (n - 1)! rounds for n variants (2 for three variants, 6 for four). Sittings
+of one design (the same variant list; planned to be pooled before the later one ran) are read as
+one by their ``--json-out`` files:
+
+    python benchmarks/bench_stage3_lockstep.py --pool A.json B.json
 
 ``--warm-model`` is a warmed-up peer model directory that `bench_stage3_vs_trl.py` wrote
 (``<workdir>/peer0/warm``).
@@ -231,6 +235,22 @@ def summarize(labels: list[str], runs: dict[str, list[list[dict]]]) -> list[str]
   return lines
 
 
+def pool(paths: list[str]) -> tuple[list[str], dict[str, list[list[dict]]]]:
+  """The rounds of several ``--json-out`` results as one run's: the files' variant labels must
+  agree (an error names the file that differs)."""
+  labels: list[str] = []
+  runs: dict[str, list[list[dict]]] = {}
+  for path in paths:
+    got = list(json.loads(Path(path).read_text())["runs"].items())
+    if not labels:
+      labels, runs = [v for v, _ in got], {v: [] for v, _ in got}
+    elif [v for v, _ in got] != labels:
+      raise ValueError(f"{path}: variants {[v for v, _ in got]} differ from {paths[0]}'s {labels}")
+    for v, rounds in got:
+      runs[v].extend(rounds)
+  return labels, runs
+
+
 def _parse_args():
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,6 +267,8 @@ def _parse_args():
                   help="a child waiting longer than this for its turn stops")
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--json-out", default=None)
+  ap.add_argument("--pool", nargs="+", default=None,
+                  help="summarise the rounds of these --json-out files as one (runs nothing)")
   ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
   return ap.parse_args()
 
@@ -255,6 +277,14 @@ def main():
   args = _parse_args()
   if args.child:
     return _child(args.child)
+  if args.pool:
+    try:
+      labels, runs = pool(args.pool)
+    except (OSError, ValueError, KeyError) as e:
+      sys.exit(f"--pool: {e}")
+    print(f"lockstep GRPO steps, {len(runs[labels[0]])} rounds pooled from {', '.join(args.pool)}")
+    print("\n".join(summarize(labels, runs)))
+    return None
   if not args.warm_model or not Path(args.warm_model, "config.json").exists():
     sys.exit(f"--warm-model: no model directory at {args.warm_model!r}")
   variants = [v for v in args.variants.split(",") if v]

@@ -1,6 +1,8 @@
 """benchmarks/bench_stage3_lockstep.py: the median's interval, the labels and the turn-taking."""
+import json
 import math
 import os
+import sys
 import types
 
 import numpy as np
@@ -72,6 +74,28 @@ def test_rounds_compare_run_medians_after_compilation_where_both_logged():
   rs = [[{"time/step_s": 2.0}] * (c + 1)] * 6
   lines = bench.summarize(["x", "y"], {"x": rs, "y": [[{"time/step_s": 1.0}] * (c + 1)] * 6})
   assert "step      2.000 [2.000, 2.000] (n=6; 2.00 2.00 2.00 2.00 2.00 2.00)" in "\n".join(lines)
+
+
+def test_sittings_are_pooled_round_by_round_and_other_designs_refused(tmp_path, monkeypatch,
+                                                                      capsys):
+  c = bench.COMPILE_STEPS
+  run = lambda t: [{"time/step_s": t}] * (c + 1)
+  one, two, other = tmp_path / "1.json", tmp_path / "2.json", tmp_path / "3.json"
+  one.write_text(json.dumps({"runs": {"new": [run(2.0)] * 3, "git:x": [run(1.0)] * 3}}))
+  two.write_text(json.dumps({"runs": {"new": [run(3.0)] * 3, "git:x": [run(1.0)] * 3}}))
+  other.write_text(json.dumps({"runs": {"new": [run(3.0)], "git:y": [run(1.0)]}}))
+  labels, runs = bench.pool([str(one), str(two)])
+  assert labels == ["new", "git:x"] and len(runs["new"]) == 6
+  assert bench.round_ratios(runs["new"], runs["git:x"], "time/step_s") == [2.0] * 3 + [3.0] * 3
+  with pytest.raises(ValueError, match=r"3.json: variants \['new', 'git:y'\] differ from .*1.json"):
+    bench.pool([str(one), str(other)])
+  monkeypatch.setattr(sys, "argv", ["bench", "--pool", str(one), str(two)])
+  bench.main()
+  out = capsys.readouterr().out
+  assert "6 rounds pooled" in out and "(n=6; 2.00 2.00 2.00 3.00 3.00 3.00)" in out
+  monkeypatch.setattr(sys, "argv", ["bench", "--pool", str(one), str(other)])
+  with pytest.raises(SystemExit, match="--pool: .*3.json: variants"):
+    bench.main()
 
 
 def test_steps_wait_for_the_token_and_pass_it_on(monkeypatch):
