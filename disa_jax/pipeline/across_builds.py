@@ -19,7 +19,8 @@ build's Holm p stays the one of its own report's family, and the other tests are
         --reports anchor_testbed_rl anchor_testbed_rl_build2 \\
         --out docs/reports/across_builds_anchor_testbed_rl
 
-(reads ``docs/reports/<report>.json``; writes ``<out>.json`` and ``<out>.md``).
+(reads ``docs/reports/<report>.json``; writes ``<out>.json`` and ``<out>.md``; a sub-design:
+``--compare disa_c1:disa_exact_c1 disa_c0:disa_exact_c0``).
 """
 from __future__ import annotations
 
@@ -121,9 +122,10 @@ def read_across(name: str, reports: Mapping[str, Sequence[EndpointTest]],
     if not run:
       raise ValueError(f"report {report!r} has no endpoint tests")
     if pairs:
-      held = {(t.a, t.b) for t in run}
-      for a, b in sorted(pairs - held):
-        raise ValueError(f"report {report!r} has no test of the comparison {a}:{b}")
+      missing = sorted(pairs - {(t.a, t.b) for t in run})
+      if missing:
+        raise ValueError(f"report {report!r} has no test of the comparison "
+                         f"{missing[0][0]}:{missing[0][1]}")
       run = [t for t in run if (t.a, t.b) in pairs]
     keyed[report] = {(t.a, t.b, t.endpoint, t.set): t for t in run}
   first, *others = keyed
