@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 from disa_jax import codec
 from disa_jax.pipeline import family
-from disa_jax.pipeline.report_records import EndpointTest
+from disa_jax.pipeline.report_records import EndpointTest, split_comparison
 
 ALPHA = family.ALPHA
 SHOWN_ALL, SHOWN_SOME, OPPOSITE, NOT_SHOWN = ("shown on every build", "shown on some builds only",
@@ -100,10 +100,10 @@ def _reading(builds: Sequence[BuildTest]) -> tuple[str, str]:
 def _pairs(name: str, compare: Sequence[str]) -> set[tuple[str, str]]:
   pairs = set()
   for c in compare:
-    a, sep, b = c.partition(":")
-    if not sep or not a or not b or ":" in b:
+    split = split_comparison(c)
+    if split is None:
       raise ValueError(f"across builds {name!r}: compare entry {c!r} is not 'A:B'")
-    pairs.add((a, b))
+    pairs.add(split)
   return pairs
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from disa_jax import codec
 from disa_jax.pipeline import censored, dynamics, seed_stats
 from disa_jax.pipeline import readings as RD
-from disa_jax.pipeline.report_records import EndpointTest
+from disa_jax.pipeline.report_records import EndpointTest, split_comparison
 from disa_jax.workflows.stage3 import ExactSeries, Stage3Run
 
 ENDPOINTS = ("kl_auc", "kl_correct_end", "steps_to_p90")
@@ -126,15 +126,15 @@ def _split_pairs(pairs: Sequence[str], methods: Sequence[str], field: str
                  ) -> list[tuple[str, str]]:
   out = []
   for i, pair in enumerate(pairs):
-    a, sep, b = pair.partition(":")
-    if not sep or not a or not b or a == b:
+    split = split_comparison(pair)
+    if split is None:
       raise ValueError(f"endpoints.{field}[{i}] must be 'A:B' with two different runs, got "
                        f"{pair!r}")
-    for name in (a, b):
+    for name in split:
       if name not in methods:
         raise ValueError(f"endpoints.{field}[{i}]={pair!r}: {name!r} is not in methods "
                          f"{tuple(methods)}")
-    out.append((a, b))
+    out.append(split)
   return out
 
 

@@ -14,6 +14,15 @@ from disa_jax.anchor.diagnostics import Prop4Check
 Row = Mapping[str, float]  # an evaluation row: metric -> value (`report.eval_row`; k, seeds: counts)
 
 
+def split_comparison(entry: str) -> tuple[str, str] | None:
+  """A comparison as a design spells it, 'A:B' (two different runs, neither empty nor holding
+  ':'), as (A, B); None when ``entry`` is not spelt so (the caller names its field)."""
+  a, sep, b = entry.partition(":")
+  if not sep or not a or not b or a == b or ":" in b:
+    return None
+  return a, b
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClaimTest:
   """The test a claim is decided by (`pipeline.claims`; a claim's ``test`` in report.json).
