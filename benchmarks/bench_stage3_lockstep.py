@@ -241,12 +241,12 @@ def pool(paths: list[str]) -> tuple[list[str], dict[str, list[list[dict]]]]:
   labels: list[str] = []
   runs: dict[str, list[list[dict]]] = {}
   for path in paths:
-    got = list(json.loads(Path(path).read_text())["runs"].items())
+    got = json.loads(Path(path).read_text())["runs"]
     if not labels:
-      labels, runs = [v for v, _ in got], {v: [] for v, _ in got}
-    elif [v for v, _ in got] != labels:
-      raise ValueError(f"{path}: variants {[v for v, _ in got]} differ from {paths[0]}'s {labels}")
-    for v, rounds in got:
+      labels, runs = list(got), {v: [] for v in got}
+    elif list(got) != labels:
+      raise ValueError(f"{path}: variants {list(got)} differ from {paths[0]}'s {labels}")
+    for v, rounds in got.items():
       runs[v].extend(rounds)
   return labels, runs
 
