@@ -87,7 +87,9 @@ def test_the_command_names_a_missing_report(tmp_path, capsys):
     ("coupling_onpolicy_anchor", ("coupling_onpolicy", "coupling_onpolicy_anchor_build2"),
      ("disa_c1:disa_exact_c1", "disa_c0:disa_exact_c0"), 0, 0),
     ("coupling_offpolicy_k0", ("coupling_offpolicy", "coupling_offpolicy_k0_build2"),
-     ("k0_u4_disa:k0_u4_flowrl_paper", "k0_u4_disa:k0_u4_vargrad"), 6, 2)])
+     ("k0_u4_disa:k0_u4_flowrl_paper", "k0_u4_disa:k0_u4_vargrad"), 6, 2),
+    ("coupling_offpolicy_k2", ("coupling_offpolicy", "coupling_offpolicy_k2_build2"),
+     ("k2_u4_disa:k2_u4_flowrl_paper", "k2_u4_disa:k2_u4_vargrad"), 15, 1)])
 def test_the_committed_tables_are_the_commands_output(name, reports, compare, shown_all,
                                                       shown_some):
   """docs/reports/across_builds_<name>.* is what the command writes from the committed reports
