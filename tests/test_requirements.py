@@ -171,8 +171,14 @@ def _resolve(extras: Sequence[str], tmp_path: pathlib.Path) -> list[dict]:
                                      "--ignore-installed", "--quiet", "--report", str(report),
                                      f".[{e}]"], cwd=project, stdout=subprocess.DEVNULL,
                                     stderr=err))
-  for e, proc, log in zip(extras, procs, logs):
-    assert proc.wait(timeout=1200) == 0, (e, log.read_text()[-3000:])
+  try:
+    for e, proc, log in zip(extras, procs, logs):
+      assert proc.wait(timeout=1200) == 0, (e, log.read_text()[-3000:])
+  finally:  # a failed or timed-out resolution leaves no other pip running
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
   return [json.loads(r.read_text()) for r in reports]
 
 
